@@ -1,0 +1,345 @@
+//! The builder: the one place that holds kfuse's typing rules.
+//!
+//! Every constructor checks dtypes and shapes, inserts the casts that make a binary op's operands
+//! share a [`Kind`], and hash-conses the node (building the same node twice returns the same id,
+//! which is common-subexpression elimination for free). Literals are *weak*: `1 - x` takes `x`'s
+//! dtype, as in NumPy and PyTorch.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::{
+    broadcast_shapes, verify, BinaryOp, DType, Dim, Graph, Input, InputId, IrError, Kind, ListId,
+    Literal, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape, SymId, TernaryOp, UnaryOp,
+};
+
+/// Builds a [`Graph`] node by node. See the module docs for the rules.
+#[derive(Debug, Default)]
+pub struct GraphBuilder {
+    graph: Graph,
+    dedup: HashMap<Node, NodeId>,
+    lists: HashMap<Vec<NodeId>, ListId>,
+    weak: HashSet<NodeId>,
+}
+
+impl GraphBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Continues building on an existing graph (autodiff appends the backward nodes this way).
+    pub fn from_graph(graph: Graph) -> Self {
+        let dedup = graph.nodes.iter().enumerate().map(|(i, n)| (n.clone(), NodeId(i as u32))).collect();
+        let lists = graph.lists.iter().enumerate().map(|(i, l)| (l.clone(), ListId(i as u32))).collect();
+        GraphBuilder { graph, dedup, lists, weak: HashSet::new() }
+    }
+
+    /// The graph built so far (not verified).
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        self.graph.node(id)
+    }
+
+    /// The symbol with this name, created on first use.
+    pub fn symbol(&mut self, name: &str) -> SymId {
+        if let Some(s) = self.graph.symbol(name) {
+            return s;
+        }
+        self.graph.symbols.push(name.to_string());
+        SymId(self.graph.symbols.len() as u32 - 1)
+    }
+
+    /// Declares an input and returns the node that reads it.
+    pub fn input(&mut self, name: &str, dtype: DType, shape: Shape) -> Result<NodeId, IrError> {
+        if self.graph.input_by_name(name).is_some() {
+            return Err(IrError::DuplicateName(name.to_string()));
+        }
+        for d in &shape.0 {
+            if let Dim::Sym(s) = d {
+                if s.0 as usize >= self.graph.symbols.len() {
+                    return Err(IrError::UnknownSymbol(format!("?{}", s.0)));
+                }
+            }
+        }
+        self.graph.inputs.push(Input { name: name.to_string(), dtype, shape: shape.clone() });
+        let id = InputId(self.graph.inputs.len() as u32 - 1);
+        Ok(self.push(Node { op: Op::Input(id), dtype, shape }))
+    }
+
+    /// A float literal that adopts the dtype of what it meets (`f32` on its own).
+    pub fn lit_float(&mut self, v: f64) -> NodeId {
+        let id = self.constant(Literal::float(v), DType::F32);
+        self.weak.insert(id);
+        id
+    }
+
+    /// An integer literal that adopts the dtype of what it meets (`i32` on its own).
+    pub fn lit_int(&mut self, v: i64) -> NodeId {
+        let id = self.constant(Literal::Int(v), DType::I32);
+        self.weak.insert(id);
+        id
+    }
+
+    pub fn lit_bool(&mut self, v: bool) -> NodeId {
+        self.constant(Literal::Bool(v), DType::Bool)
+    }
+
+    /// A scalar constant of a fixed dtype.
+    pub fn constant(&mut self, lit: Literal, dtype: DType) -> NodeId {
+        let lit = match (lit, dtype.kind()) {
+            (l, Kind::Float) => Literal::float(l.as_f64()),
+            (Literal::Float(b), Kind::Int) => Literal::Int(f64::from_bits(b) as i64),
+            (l, Kind::Bool) => Literal::Bool(l.as_f64() != 0.0),
+            (l, _) => l,
+        };
+        self.push(Node { op: Op::Const(lit), dtype, shape: Shape::scalar() })
+    }
+
+    pub fn cast(&mut self, x: NodeId, dtype: DType) -> NodeId {
+        let n = self.node(x);
+        if n.dtype == dtype {
+            return x;
+        }
+        if let Op::Const(l) = n.op {
+            return self.constant(l, dtype);
+        }
+        let shape = n.shape.clone();
+        self.push(Node { op: Op::Cast(x), dtype, shape })
+    }
+
+    /// Converts `x` so that it computes as `dtype` does: a cast only when the kind changes.
+    fn to_kind_of(&mut self, x: NodeId, dtype: DType) -> NodeId {
+        let n = self.node(x);
+        if self.weak.contains(&x) {
+            return self.cast(x, dtype);
+        }
+        if n.dtype.kind() == dtype.kind() {
+            x
+        } else {
+            self.cast(x, dtype)
+        }
+    }
+
+    /// The dtype that operands `a` and `b` meet at, honouring weak literals.
+    fn meet(&self, op: &'static str, a: NodeId, b: NodeId) -> Result<DType, IrError> {
+        self.meet_all(op, &[a, b])
+    }
+
+    /// The dtype that all `operands` meet at: strong operands promote among themselves; weak
+    /// literals adopt the result, except that a float literal turns an int result into `f32`.
+    /// Bools meet only bools.
+    fn meet_all(&self, op: &'static str, operands: &[NodeId]) -> Result<DType, IrError> {
+        let dtypes: Vec<DType> = operands.iter().map(|&o| self.node(o).dtype).collect();
+        if dtypes.contains(&DType::Bool) {
+            if let Some(&other) = dtypes.iter().find(|d| **d != DType::Bool) {
+                return Err(IrError::KindMismatch { op, left: DType::Bool, right: other });
+            }
+            return Ok(DType::Bool);
+        }
+        let strong: Vec<DType> =
+            operands.iter().zip(&dtypes).filter(|(o, _)| !self.weak.contains(o)).map(|(_, d)| *d).collect();
+        let weak_float = operands.iter().zip(&dtypes).any(|(o, d)| self.weak.contains(o) && d.is_float());
+        let base = match strong.split_first() {
+            None => DType::I32,
+            Some((&first, rest)) => rest.iter().try_fold(first, |acc, &d| DType::promote(acc, d)).ok_or(IrError::BadDType {
+                op,
+                dtype: DType::Bool,
+                hint: "",
+            })?,
+        };
+        Ok(if base == DType::I32 && weak_float { DType::F32 } else { base })
+    }
+
+    pub fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId, IrError> {
+        let d = self.node(x).dtype;
+        let x = match (op, d.kind()) {
+            (UnaryOp::Not, Kind::Bool) => x,
+            (UnaryOp::Not, _) => return Err(IrError::BadDType { op: "not", dtype: d, hint: " (it takes bool)" }),
+            (_, Kind::Bool) => {
+                return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)" })
+            }
+            (op, Kind::Int) if op.is_float_math() => self.cast(x, DType::F32),
+            _ => x,
+        };
+        let n = self.node(x);
+        let (dtype, shape) = (n.dtype, n.shape.clone());
+        Ok(self.push(Node { op: Op::Unary(op, x), dtype, shape }))
+    }
+
+    pub fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
+        let mut meet = self.meet(op.name(), a, b)?;
+        if op.is_logical() {
+            if meet != DType::Bool {
+                return Err(IrError::BadDType { op: op.name(), dtype: meet, hint: " (it takes bool)" });
+            }
+        } else if meet == DType::Bool && !matches!(op, BinaryOp::Eq | BinaryOp::Ne) {
+            return Err(IrError::BadDType {
+                op: op.name(),
+                dtype: DType::Bool,
+                hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
+            });
+        }
+        if matches!(op, BinaryOp::Div | BinaryOp::Pow) && meet == DType::I32 {
+            meet = DType::F32; // true division, as in PyTorch
+        }
+        let (a, b) = (self.to_kind_of(a, meet), self.to_kind_of(b, meet));
+        let shape = self.broadcast(a, b)?;
+        let dtype = if op.is_comparison() { DType::Bool } else { meet };
+        Ok(self.push(Node { op: Op::Binary(op, a, b), dtype, shape }))
+    }
+
+    pub fn ternary(&mut self, op: TernaryOp, a: NodeId, b: NodeId, c: NodeId) -> Result<NodeId, IrError> {
+        match op {
+            TernaryOp::Select => self.select(a, b, c),
+            TernaryOp::Clamp => self.clamp(a, b, c),
+        }
+    }
+
+    /// `where(cond, a, b)`.
+    pub fn select(&mut self, cond: NodeId, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
+        let dc = self.node(cond).dtype;
+        if dc != DType::Bool {
+            return Err(IrError::BadDType { op: "where", dtype: dc, hint: " as its condition (it needs bool)" });
+        }
+        let meet = self.meet("where", a, b)?;
+        let (a, b) = (self.to_kind_of(a, meet), self.to_kind_of(b, meet));
+        let s = self.broadcast(cond, a)?;
+        let shape = self.broadcast_shape(&s, b)?;
+        Ok(self.push(Node { op: Op::Ternary(TernaryOp::Select, cond, a, b), dtype: meet, shape }))
+    }
+
+    /// `clamp(x, lo, hi)`.
+    pub fn clamp(&mut self, x: NodeId, lo: NodeId, hi: NodeId) -> Result<NodeId, IrError> {
+        let dtype = self.meet_all("clamp", &[x, lo, hi])?;
+        if dtype == DType::Bool {
+            return Err(IrError::BadDType { op: "clamp", dtype, hint: "" });
+        }
+        let (x, lo, hi) = (self.to_kind_of(x, dtype), self.to_kind_of(lo, dtype), self.to_kind_of(hi, dtype));
+        let s = self.broadcast(x, lo)?;
+        let shape = self.broadcast_shape(&s, hi)?;
+        Ok(self.push(Node { op: Op::Ternary(TernaryOp::Clamp, x, lo, hi), dtype, shape }))
+    }
+
+    /// `x[.., index]`; a negative index counts from the end.
+    pub fn component(&mut self, x: NodeId, index: i64) -> Result<NodeId, IrError> {
+        let n = self.node(x);
+        let size = match n.shape.last() {
+            Some(Dim::Const(c)) => c,
+            Some(Dim::Sym(_)) => return Err(IrError::ComponentNeedsConstAxis { shape: self.graph.shape_str(&n.shape) }),
+            None => return Err(IrError::RankTooLow { op: "component access", min: 1, shape: "[]".into() }),
+        };
+        let i = if index < 0 { index + size as i64 } else { index };
+        if i < 0 || i as u64 >= size {
+            return Err(IrError::ComponentOutOfRange { index, size });
+        }
+        let (dtype, shape) = (n.dtype, n.shape.without_last());
+        Ok(self.push(Node { op: Op::Component { x, index: i as u32 }, dtype, shape }))
+    }
+
+    /// Stacks parts of one shape along a new last axis.
+    pub fn stack(&mut self, parts: &[NodeId]) -> Result<NodeId, IrError> {
+        let first = *parts.first().ok_or(IrError::EmptyStack)?;
+        let dtype = self.meet_all("stack", parts)?;
+        let mut shape = self.node(first).shape.clone();
+        for &p in &parts[1..] {
+            shape = self.broadcast_shape(&shape, p)?;
+        }
+        let parts: Vec<NodeId> = parts.iter().map(|&p| self.to_kind_of(p, dtype)).collect();
+        let list = match self.lists.get(&parts) {
+            Some(&l) => l,
+            None => {
+                self.graph.lists.push(parts.clone());
+                let l = ListId(self.graph.lists.len() as u32 - 1);
+                self.lists.insert(parts.clone(), l);
+                l
+            }
+        };
+        let shape = shape.with_last(Dim::Const(parts.len() as u64));
+        Ok(self.push(Node { op: Op::Stack(list), dtype, shape }))
+    }
+
+    /// `x[.., None]`.
+    pub fn expand_last(&mut self, x: NodeId) -> NodeId {
+        let n = self.node(x);
+        let (dtype, shape) = (n.dtype, n.shape.with_last(Dim::Const(1)));
+        self.push(Node { op: Op::ExpandLast(x), dtype, shape })
+    }
+
+    /// The index along `axis` of each element of a tensor of `shape`.
+    pub fn iota(&mut self, shape: Shape, axis: u32) -> Result<NodeId, IrError> {
+        if axis as usize >= shape.rank() {
+            return Err(IrError::RankTooLow { op: "iota", min: axis as usize + 1, shape: self.graph.shape_str(&shape) });
+        }
+        Ok(self.push(Node { op: Op::Iota { axis }, dtype: DType::I32, shape }))
+    }
+
+    /// A reduction over every element or along the last axis, optionally masked.
+    pub fn reduce(&mut self, op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
+        let d = self.node(x).dtype;
+        let (x, dtype) = match (op, d) {
+            (ReduceOp::Count, DType::Bool) => (x, DType::I32),
+            (ReduceOp::Count, d) => return Err(IrError::BadDType { op: "count", dtype: d, hint: " (it counts the true elements of a bool tensor)" }),
+            (op, DType::Bool) => return Err(IrError::BadDType { op: op.name(), dtype: DType::Bool, hint: " (use count for bool tensors)" }),
+            (ReduceOp::Mean, DType::I32) => (self.cast(x, DType::F32), DType::F32),
+            (_, d) => (x, d),
+        };
+        let xs = self.node(x).shape.clone();
+        if let Some(m) = mask {
+            let ms = &self.node(m).shape;
+            if self.node(m).dtype != DType::Bool {
+                return Err(IrError::BadDType { op: "where:", dtype: self.node(m).dtype, hint: " as a reduction mask (it needs bool)" });
+            }
+            if !ms.broadcasts_to(&xs) {
+                return Err(IrError::MaskShape { op: op.name(), mask: self.graph.shape_str(ms), operand: self.graph.shape_str(&xs) });
+            }
+        }
+        let shape = match axis {
+            ReduceAxis::All => Shape::scalar(),
+            ReduceAxis::Last if xs.rank() == 0 => {
+                return Err(IrError::RankTooLow { op: op.name(), min: 1, shape: "[]".into() })
+            }
+            ReduceAxis::Last => xs.without_last(),
+        };
+        Ok(self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape }))
+    }
+
+    /// Names `node` as an output.
+    pub fn output(&mut self, name: &str, node: NodeId) -> Result<(), IrError> {
+        if self.graph.output_by_name(name).is_some() {
+            return Err(IrError::DuplicateName(name.to_string()));
+        }
+        self.graph.outputs.push(Output { name: name.to_string(), node });
+        Ok(())
+    }
+
+    /// Verifies and returns the graph.
+    pub fn finish(self) -> Result<Graph, IrError> {
+        verify(&self.graph)?;
+        Ok(self.graph)
+    }
+
+    fn broadcast(&self, a: NodeId, b: NodeId) -> Result<Shape, IrError> {
+        let sa = self.node(a).shape.clone();
+        self.broadcast_shape(&sa, b)
+    }
+
+    fn broadcast_shape(&self, sa: &Shape, b: NodeId) -> Result<Shape, IrError> {
+        let sb = &self.node(b).shape;
+        broadcast_shapes(sa, sb).ok_or_else(|| IrError::Broadcast {
+            left: self.graph.shape_str(sa),
+            right: self.graph.shape_str(sb),
+        })
+    }
+
+    fn push(&mut self, node: Node) -> NodeId {
+        if let Some(&id) = self.dedup.get(&node) {
+            return id;
+        }
+        self.graph.nodes.push(node.clone());
+        let id = NodeId(self.graph.nodes.len() as u32 - 1);
+        self.dedup.insert(node, id);
+        id
+    }
+}

@@ -1,0 +1,382 @@
+//! The graph: an arena of typed nodes, the declared inputs and the named outputs.
+
+use crate::{DType, Dim, Shape, SymId};
+
+/// A node in [`Graph::nodes`]. Operands always precede the nodes that use them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u32);
+
+/// A declared input, an index into [`Graph::inputs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InputId(pub u32);
+
+/// A list of operands (for [`Op::Stack`]), an index into [`Graph::lists`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A literal value. Floats are stored as their f64 bits so that nodes can be hashed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Literal {
+    Float(u64),
+    Int(i64),
+    Bool(bool),
+}
+
+impl Literal {
+    pub fn float(v: f64) -> Literal {
+        Literal::Float(v.to_bits())
+    }
+    /// The value as f64 (`true` is 1).
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Literal::Float(b) => f64::from_bits(b),
+            Literal::Int(i) => i as f64,
+            Literal::Bool(b) => b as u8 as f64,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Not,
+    Abs,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Sigmoid,
+    Tanh,
+    Erf,
+    Sin,
+    Cos,
+    Floor,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 13] = [
+        UnaryOp::Neg,
+        UnaryOp::Not,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sigmoid,
+        UnaryOp::Tanh,
+        UnaryOp::Erf,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Floor,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Not => "not",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Floor => "floor",
+        }
+    }
+    /// Math functions take floats only (an int operand is cast to `f32` by the builder).
+    pub fn is_float_math(self) -> bool {
+        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Min,
+    Max,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    And,
+    Or,
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "+",
+            BinaryOp::Sub => "-",
+            BinaryOp::Mul => "*",
+            BinaryOp::Div => "/",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Min => "min",
+            BinaryOp::Max => "max",
+            BinaryOp::Eq => "==",
+            BinaryOp::Ne => "!=",
+            BinaryOp::Lt => "<",
+            BinaryOp::Le => "<=",
+            BinaryOp::Gt => ">",
+            BinaryOp::Ge => ">=",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+        }
+    }
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::Eq | BinaryOp::Ne | BinaryOp::Lt | BinaryOp::Le | BinaryOp::Gt | BinaryOp::Ge)
+    }
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TernaryOp {
+    /// `where(cond, a, b)`.
+    Select,
+    /// `clamp(x, lo, hi)` = `min(max(x, lo), hi)`; kept whole for its PyTorch gradient.
+    Clamp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    /// Counts the `true` elements of a `bool` operand; the result is `i32`.
+    Count,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+            ReduceOp::Count => "count",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceAxis {
+    /// Over every element: the result is a scalar.
+    All,
+    /// Along the last axis: the result drops that axis.
+    Last,
+}
+
+/// What a node computes. Operands are other nodes; shapes broadcast like NumPy.
+///
+/// Empty reductions: `sum` and `count` give 0, `max` gives -inf, `min` +inf, `mean` NaN (0/0).
+/// Elements whose mask is `false` are left out of a reduction entirely, so NaN in them does not
+/// propagate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Input(InputId),
+    Const(Literal),
+    /// The index of each element along `axis` of the node's own shape (`i32`).
+    Iota { axis: u32 },
+    /// Conversion to the node's dtype (float to int truncates toward zero; to bool is `!= 0`).
+    Cast(NodeId),
+    Unary(UnaryOp, NodeId),
+    Binary(BinaryOp, NodeId, NodeId),
+    Ternary(TernaryOp, NodeId, NodeId, NodeId),
+    /// `x[.., index]`: one component of a last axis of constant size; drops that axis.
+    Component { x: NodeId, index: u32 },
+    /// The parts (of equal shape) stacked along a new last axis of constant size.
+    Stack(ListId),
+    /// `x[.., None]`: a new last axis of size 1.
+    ExpandLast(NodeId),
+    /// A reduction, optionally over only the elements where `mask` (broadcast to `x`) is true.
+    Reduce { op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId> },
+}
+
+impl Op {
+    /// The operands of this op, in order (for a stack, call [`Graph::operands`]).
+    pub fn for_each_operand(&self, lists: &[Vec<NodeId>], mut f: impl FnMut(NodeId)) {
+        match *self {
+            Op::Input(_) | Op::Const(_) | Op::Iota { .. } => {}
+            Op::Cast(x) | Op::Unary(_, x) | Op::Component { x, .. } | Op::ExpandLast(x) => f(x),
+            Op::Binary(_, a, b) => {
+                f(a);
+                f(b)
+            }
+            Op::Ternary(_, a, b, c) => {
+                f(a);
+                f(b);
+                f(c)
+            }
+            Op::Stack(l) => lists[l.0 as usize].iter().copied().for_each(f),
+            Op::Reduce { x, mask, .. } => {
+                f(x);
+                if let Some(m) = mask {
+                    f(m)
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    pub op: Op,
+    pub dtype: DType,
+    pub shape: Shape,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Input {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Shape,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Output {
+    pub name: String,
+    pub node: NodeId,
+}
+
+/// A whole computation: declared inputs, a node arena in topological order, named outputs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Graph {
+    /// Dimension symbol names, indexed by [`SymId`].
+    pub symbols: Vec<String>,
+    pub inputs: Vec<Input>,
+    pub nodes: Vec<Node>,
+    pub lists: Vec<Vec<NodeId>>,
+    pub outputs: Vec<Output>,
+}
+
+impl Graph {
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+    pub fn input(&self, id: InputId) -> &Input {
+        &self.inputs[id.0 as usize]
+    }
+    pub fn list(&self, id: ListId) -> &[NodeId] {
+        &self.lists[id.0 as usize]
+    }
+    pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
+        let mut v = Vec::new();
+        self.node(id).op.for_each_operand(&self.lists, |x| v.push(x));
+        v
+    }
+    pub fn input_by_name(&self, name: &str) -> Option<InputId> {
+        self.inputs.iter().position(|i| i.name == name).map(|i| InputId(i as u32))
+    }
+    pub fn output_by_name(&self, name: &str) -> Option<&Output> {
+        self.outputs.iter().find(|o| o.name == name)
+    }
+    /// The node that reads input `id`, if any node does.
+    pub fn input_node(&self, id: InputId) -> Option<NodeId> {
+        self.nodes.iter().position(|n| n.op == Op::Input(id)).map(|i| NodeId(i as u32))
+    }
+    pub fn symbol(&self, name: &str) -> Option<SymId> {
+        self.symbols.iter().position(|s| s == name).map(|i| SymId(i as u32))
+    }
+    /// Writes a shape with this graph's symbol names.
+    pub fn shape_str(&self, shape: &Shape) -> String {
+        shape.display(&self.symbols).to_string()
+    }
+    /// Resolves a symbolic shape with run-time sizes (`sizes[sym]`).
+    pub fn resolve_shape(&self, shape: &Shape, sizes: &[u64]) -> Vec<usize> {
+        shape
+            .0
+            .iter()
+            .map(|d| match *d {
+                Dim::Const(c) => c as usize,
+                Dim::Sym(s) => sizes[s.0 as usize] as usize,
+            })
+            .collect()
+    }
+    /// For each node, how many times it is used as an operand or output.
+    pub fn use_counts(&self) -> Vec<u32> {
+        let mut uses = vec![0u32; self.nodes.len()];
+        for n in &self.nodes {
+            n.op.for_each_operand(&self.lists, |x| uses[x.index()] += 1);
+        }
+        for o in &self.outputs {
+            uses[o.node.index()] += 1;
+        }
+        uses
+    }
+    /// Which nodes the outputs depend on (live nodes).
+    pub fn live_nodes(&self) -> Vec<bool> {
+        let mut live = vec![false; self.nodes.len()];
+        for o in &self.outputs {
+            live[o.node.index()] = true;
+        }
+        for i in (0..self.nodes.len()).rev() {
+            if live[i] {
+                self.nodes[i].op.for_each_operand(&self.lists, |x| live[x.index()] = true);
+            }
+        }
+        live
+    }
+}
+
+impl std::fmt::Display for Graph {
+    /// The typed graph, one node per line, as `kfuse check` prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, inp) in self.inputs.iter().enumerate() {
+            writeln!(f, "input  in{i} {}: {}{}", inp.name, inp.dtype, self.shape_str(&inp.shape))?;
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            let ty = format!("{}{}", n.dtype, self.shape_str(&n.shape));
+            let body = match n.op {
+                Op::Input(id) => format!("input {}", self.input(id).name),
+                Op::Const(l) => match l {
+                    Literal::Float(b) => format!("const {:?}", f64::from_bits(b)),
+                    Literal::Int(v) => format!("const {v}"),
+                    Literal::Bool(v) => format!("const {v}"),
+                },
+                Op::Iota { axis } => format!("iota axis={axis}"),
+                Op::Cast(x) => format!("cast v{}", x.0),
+                Op::Unary(op, x) => format!("{} v{}", op.name(), x.0),
+                Op::Binary(op, a, b) => format!("v{} {} v{}", a.0, op.name(), b.0),
+                Op::Ternary(TernaryOp::Select, c, a, b) => format!("where(v{}, v{}, v{})", c.0, a.0, b.0),
+                Op::Ternary(TernaryOp::Clamp, x, lo, hi) => format!("clamp(v{}, v{}, v{})", x.0, lo.0, hi.0),
+                Op::Component { x, index } => format!("v{}[.., {index}]", x.0),
+                Op::Stack(l) => {
+                    let parts: Vec<String> = self.list(l).iter().map(|p| format!("v{}", p.0)).collect();
+                    format!("stack({})", parts.join(", "))
+                }
+                Op::ExpandLast(x) => format!("v{}[.., None]", x.0),
+                Op::Reduce { op, axis, x, mask } => {
+                    let ax = match axis {
+                        ReduceAxis::All => "",
+                        ReduceAxis::Last => ", axis: -1",
+                    };
+                    let m = mask.map(|m| format!(", where: v{}", m.0)).unwrap_or_default();
+                    format!("{}(v{}{ax}{m})", op.name(), x.0)
+                }
+            };
+            writeln!(f, "v{i:<5} {ty:<16} = {body}")?;
+        }
+        for o in &self.outputs {
+            let n = self.node(o.node);
+            writeln!(f, "output {}: {}{} = v{}", o.name, n.dtype, self.shape_str(&n.shape), o.node.0)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,123 @@
+//! Symbolic shapes: each dimension is a named symbol bound at run time (`B`, `N`) or a constant.
+
+use std::fmt;
+
+/// Index of a dimension symbol in [`crate::Graph::symbols`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SymId(pub u32);
+
+/// One dimension of a shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dim {
+    /// A size known only at run time, shared by every tensor that names the same symbol.
+    Sym(SymId),
+    /// A size fixed in the description (`4` in `f32[B, N, 4]`).
+    Const(u64),
+}
+
+/// A shape: outermost dimension first, row-major. Rank 0 is a scalar.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Shape(pub Vec<Dim>);
+
+impl Shape {
+    pub fn scalar() -> Shape {
+        Shape(Vec::new())
+    }
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_scalar(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn dims(&self) -> &[Dim] {
+        &self.0
+    }
+    pub fn last(&self) -> Option<Dim> {
+        self.0.last().copied()
+    }
+    /// The shape without its last axis.
+    pub fn without_last(&self) -> Shape {
+        let mut d = self.0.clone();
+        d.pop();
+        Shape(d)
+    }
+    /// The shape with one more axis at the end.
+    pub fn with_last(&self, dim: Dim) -> Shape {
+        let mut d = self.0.clone();
+        d.push(dim);
+        Shape(d)
+    }
+    /// Writes the shape with symbol names, e.g. `[B, N, 4]`.
+    pub fn display<'a>(&'a self, symbols: &'a [String]) -> ShapeDisplay<'a> {
+        ShapeDisplay { shape: self, symbols }
+    }
+    /// Whether this shape broadcasts to `target` without changing `target`.
+    pub fn broadcasts_to(&self, target: &Shape) -> bool {
+        broadcast_shapes(self, target).as_ref() == Some(target)
+    }
+}
+
+/// NumPy broadcasting over symbolic dims: dims are aligned from the right; equal dims match, a
+/// constant 1 stretches to the other. Two different symbols do not broadcast (they may differ at
+/// run time), nor does a symbol with a constant other than 1.
+pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Option<Shape> {
+    let rank = a.rank().max(b.rank());
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = if i + a.rank() >= rank { Some(a.0[i + a.rank() - rank]) } else { None };
+        let db = if i + b.rank() >= rank { Some(b.0[i + b.rank() - rank]) } else { None };
+        let d = match (da, db) {
+            (Some(x), None) | (None, Some(x)) => x,
+            (Some(x), Some(y)) if x == y => x,
+            (Some(Dim::Const(1)), Some(y)) => y,
+            (Some(x), Some(Dim::Const(1))) => x,
+            _ => return None,
+        };
+        out.push(d);
+    }
+    Some(Shape(out))
+}
+
+pub struct ShapeDisplay<'a> {
+    shape: &'a Shape,
+    symbols: &'a [String],
+}
+
+impl fmt::Display for ShapeDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.shape.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match d {
+                Dim::Const(c) => write!(f, "{c}")?,
+                Dim::Sym(s) => match self.symbols.get(s.0 as usize) {
+                    Some(name) => f.write_str(name)?,
+                    None => write!(f, "?{}", s.0)?,
+                },
+            }
+        }
+        f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    fn s(d: &[Dim]) -> Shape {
+        Shape(d.to_vec())
+    }
+    #[test]
+    fn broadcasting_follows_numpy_rules() {
+        let b = Dim::Sym(SymId(0));
+        let n = Dim::Sym(SymId(1));
+        let one = Dim::Const(1);
+        assert_eq!(broadcast_shapes(&s(&[b, n]), &s(&[n])), Some(s(&[b, n])));
+        assert_eq!(broadcast_shapes(&s(&[b, one]), &s(&[b, n])), Some(s(&[b, n])));
+        assert_eq!(broadcast_shapes(&s(&[]), &s(&[b, n])), Some(s(&[b, n])));
+        assert_eq!(broadcast_shapes(&s(&[b]), &s(&[n])), None);
+        assert_eq!(broadcast_shapes(&s(&[Dim::Const(3)]), &s(&[Dim::Const(4)])), None);
+        assert_eq!(broadcast_shapes(&s(&[n, Dim::Const(4)]), &s(&[Dim::Const(4)])), Some(s(&[n, Dim::Const(4)])));
+    }
+}

@@ -1,0 +1,208 @@
+//! Host tensors (the values that go in and come out of a graph) and the binding of their run-time
+//! sizes to a graph's dimension symbols.
+
+use half::{bf16, f16};
+
+use crate::{DType, Dim, Graph};
+
+/// The elements of a host tensor, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I32(Vec<i32>),
+    Bool(Vec<bool>),
+}
+
+/// A dense row-major tensor in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+impl HostTensor {
+    pub fn new(shape: Vec<usize>, data: TensorData) -> HostTensor {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        HostTensor { shape, data }
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            TensorData::F32(_) => DType::F32,
+            TensorData::F16(_) => DType::F16,
+            TensorData::BF16(_) => DType::BF16,
+            TensorData::I32(_) => DType::I32,
+            TensorData::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.len() == 0
+    }
+
+    /// Builds a tensor of `dtype` from f64 values, rounding to nearest (ints truncate toward
+    /// zero, bools are `!= 0`).
+    pub fn from_f64(dtype: DType, shape: Vec<usize>, values: &[f64]) -> HostTensor {
+        let data = match dtype {
+            DType::F32 => TensorData::F32(values.iter().map(|&v| v as f32).collect()),
+            DType::F16 => TensorData::F16(values.iter().map(|&v| f16::from_f64(v)).collect()),
+            DType::BF16 => TensorData::BF16(values.iter().map(|&v| bf16::from_f64(v)).collect()),
+            DType::I32 => TensorData::I32(values.iter().map(|&v| v as i32).collect()),
+            DType::Bool => TensorData::Bool(values.iter().map(|&v| v != 0.0).collect()),
+        };
+        HostTensor::new(shape, data)
+    }
+
+    /// Every element as f64 (exact for every dtype kfuse has).
+    pub fn to_f64(&self) -> Vec<f64> {
+        self.data.to_f64()
+    }
+
+    /// The single element of a scalar (or one-element) tensor.
+    pub fn scalar_f64(&self) -> Option<f64> {
+        (self.len() == 1).then(|| self.to_f64()[0])
+    }
+
+    /// The tensor's bytes as stored in memory (little-endian; bool as one byte 0/1).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
+    /// Rebuilds a tensor from its memory bytes; `None` when the byte count does not match.
+    pub fn from_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Option<HostTensor> {
+        let n: usize = shape.iter().product();
+        if bytes.len() != n * dtype.size_bytes() {
+            return None;
+        }
+        let data = match dtype {
+            DType::F32 => TensorData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::F16 => TensorData::F16(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect()),
+            DType::BF16 => TensorData::BF16(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect()),
+            DType::I32 => TensorData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::Bool => TensorData::Bool(bytes.iter().map(|&b| b != 0).collect()),
+        };
+        Some(HostTensor::new(shape, data))
+    }
+}
+
+impl TensorData {
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::F32(v) => v.len(),
+            TensorData::F16(v) => v.len(),
+            TensorData::BF16(v) => v.len(),
+            TensorData::I32(v) => v.len(),
+            TensorData::Bool(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            TensorData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            TensorData::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+        }
+    }
+}
+
+/// Run-time sizes of a graph's symbols, checked against the inputs given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SymbolBindings {
+    /// `sizes[sym]`, one per [`Graph::symbols`].
+    pub sizes: Vec<u64>,
+}
+
+/// Why a set of input tensors does not fit a graph. Every message names the input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BindError {
+    #[error("missing input `{name}` (declared as {decl})")]
+    Missing { name: String, decl: String },
+    #[error("unknown input `{name}`; the inputs are: {known}")]
+    Unknown { name: String, known: String },
+    #[error("input `{name}` has dtype {got}, but is declared as {want}")]
+    DType { name: String, got: DType, want: DType },
+    #[error("input `{name}` has {got} axes (shape {shape:?}), but is declared with {want}: {decl}")]
+    Rank { name: String, got: usize, want: usize, shape: Vec<usize>, decl: String },
+    #[error("input `{name}` has size {got} on axis {axis}, but the declaration {decl} fixes it at {want}")]
+    ConstDim { name: String, axis: usize, got: usize, want: u64, decl: String },
+    #[error("input `{name}` has {sym} = {got} (axis {axis}), but `{first}` already set {sym} = {want}")]
+    SymbolClash { name: String, axis: usize, sym: String, got: usize, want: u64, first: String },
+}
+
+impl SymbolBindings {
+    /// Binds each symbol to the size the inputs give it, checking dtypes, ranks, constant dims and
+    /// agreement between inputs. `inputs` pairs names with tensors, in any order.
+    pub fn bind(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<SymbolBindings, BindError> {
+        let known = || graph.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+        for (name, _) in inputs {
+            if graph.input_by_name(name).is_none() {
+                return Err(BindError::Unknown { name: name.to_string(), known: known() });
+            }
+        }
+        let mut sizes: Vec<Option<(u64, String)>> = vec![None; graph.symbols.len()];
+        for decl in &graph.inputs {
+            let decl_str = format!("{}{}", decl.dtype, graph.shape_str(&decl.shape));
+            let t = inputs
+                .iter()
+                .find(|(n, _)| *n == decl.name)
+                .map(|(_, t)| *t)
+                .ok_or_else(|| BindError::Missing { name: decl.name.clone(), decl: decl_str.clone() })?;
+            if t.dtype() != decl.dtype {
+                return Err(BindError::DType { name: decl.name.clone(), got: t.dtype(), want: decl.dtype });
+            }
+            if t.shape.len() != decl.shape.rank() {
+                return Err(BindError::Rank {
+                    name: decl.name.clone(),
+                    got: t.shape.len(),
+                    want: decl.shape.rank(),
+                    shape: t.shape.clone(),
+                    decl: decl_str,
+                });
+            }
+            for (axis, (d, &got)) in decl.shape.0.iter().zip(&t.shape).enumerate() {
+                match *d {
+                    Dim::Const(c) if c as usize != got => {
+                        return Err(BindError::ConstDim { name: decl.name.clone(), axis, got, want: c, decl: decl_str })
+                    }
+                    Dim::Const(_) => {}
+                    Dim::Sym(s) => match &sizes[s.0 as usize] {
+                        Some((want, first)) if *want != got as u64 => {
+                            return Err(BindError::SymbolClash {
+                                name: decl.name.clone(),
+                                axis,
+                                sym: graph.symbols[s.0 as usize].clone(),
+                                got,
+                                want: *want,
+                                first: first.clone(),
+                            })
+                        }
+                        Some(_) => {}
+                        None => sizes[s.0 as usize] = Some((got as u64, decl.name.clone())),
+                    },
+                }
+            }
+        }
+        // A symbol no input mentions (possible only in hand-built graphs) binds to 0.
+        Ok(SymbolBindings { sizes: sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect() })
+    }
+
+    pub fn resolve(&self, graph: &Graph, shape: &crate::Shape) -> Vec<usize> {
+        graph.resolve_shape(shape, &self.sizes)
+    }
+}

@@ -1,0 +1,121 @@
+//! The verifier: checks that a graph obeys the rules the builder enforces, so that a pass that
+//! edits a graph by hand (or a bug) is caught before execution. Run it after every pass in tests.
+
+use std::collections::HashSet;
+
+use crate::{broadcast_shapes, BinaryOp, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape, TernaryOp};
+
+/// Checks operand order, dtypes, shapes, reductions, masks and names.
+pub fn verify(g: &Graph) -> Result<(), IrError> {
+    let bad = |i: usize, why: String| Err(IrError::Malformed(format!("v{i}: {why}")));
+    let mut names = HashSet::new();
+    for inp in &g.inputs {
+        if !names.insert(inp.name.as_str()) {
+            return Err(IrError::DuplicateName(inp.name.clone()));
+        }
+        check_symbols(g, &inp.shape)?;
+    }
+    let mut out_names = HashSet::new();
+    for o in &g.outputs {
+        if !out_names.insert(o.name.as_str()) {
+            return Err(IrError::DuplicateName(o.name.clone()));
+        }
+        if o.node.index() >= g.nodes.len() {
+            return Err(IrError::Malformed(format!("output {} names a missing node", o.name)));
+        }
+    }
+    for (i, n) in g.nodes.iter().enumerate() {
+        let mut early = None;
+        n.op.for_each_operand(&g.lists, |x| {
+            if x.index() >= i {
+                early = Some(x)
+            }
+        });
+        if let Some(x) = early {
+            return bad(i, format!("operand v{} does not precede it", x.0));
+        }
+        check_symbols(g, &n.shape)?;
+        let node = |x: crate::NodeId| g.node(x);
+        let bshape = |a: &Shape, b: &Shape| broadcast_shapes(a, b);
+        let ok = match n.op {
+            Op::Input(id) => {
+                let decl = g.inputs.get(id.0 as usize);
+                decl.is_some_and(|d| d.dtype == n.dtype && d.shape == n.shape)
+            }
+            Op::Const(_) => n.shape.is_scalar(),
+            Op::Iota { axis } => n.dtype == DType::I32 && (axis as usize) < n.shape.rank(),
+            Op::Cast(x) => node(x).shape == n.shape,
+            Op::Unary(op, x) => {
+                let d = node(x).dtype;
+                node(x).shape == n.shape
+                    && d == n.dtype
+                    && match op {
+                        crate::UnaryOp::Not => d == DType::Bool,
+                        op if op.is_float_math() => d.is_float(),
+                        _ => d != DType::Bool,
+                    }
+            }
+            Op::Binary(op, a, b) => {
+                let (da, db) = (node(a).dtype, node(b).dtype);
+                let kind_ok = da.kind() == db.kind();
+                let dtype_ok = if op.is_comparison() {
+                    n.dtype == DType::Bool
+                } else if op.is_logical() {
+                    da == DType::Bool && n.dtype == DType::Bool
+                } else {
+                    da != DType::Bool && n.dtype.kind() == da.kind() && !(matches!(op, BinaryOp::Div | BinaryOp::Pow) && da.kind() == Kind::Int)
+                };
+                kind_ok && dtype_ok && bshape(&node(a).shape, &node(b).shape).as_ref() == Some(&n.shape)
+            }
+            Op::Ternary(op, a, b, c) => {
+                let s = bshape(&node(a).shape, &node(b).shape).and_then(|s| bshape(&s, &node(c).shape));
+                let kinds = match op {
+                    TernaryOp::Select => node(a).dtype == DType::Bool && node(b).dtype.kind() == node(c).dtype.kind() && node(b).dtype.kind() == n.dtype.kind(),
+                    TernaryOp::Clamp => [a, b, c].iter().all(|&x| node(x).dtype.kind() == n.dtype.kind()) && n.dtype != DType::Bool,
+                };
+                kinds && s.as_ref() == Some(&n.shape)
+            }
+            Op::Component { x, index } => {
+                let xs = &node(x).shape;
+                matches!(xs.last(), Some(Dim::Const(c)) if (index as u64) < c) && xs.without_last() == n.shape && node(x).dtype == n.dtype
+            }
+            Op::Stack(l) => {
+                let parts = g.lists.get(l.0 as usize).map(|v| v.as_slice()).unwrap_or(&[]);
+                !parts.is_empty()
+                    && parts.iter().all(|&p| p.index() < i && node(p).dtype.kind() == n.dtype.kind())
+                    && n.shape.last() == Some(Dim::Const(parts.len() as u64))
+                    && parts.iter().all(|&p| node(p).shape.broadcasts_to(&n.shape.without_last()))
+            }
+            Op::ExpandLast(x) => node(x).shape.with_last(Dim::Const(1)) == n.shape && node(x).dtype == n.dtype,
+            Op::Reduce { op, axis, x, mask } => {
+                let xs = &node(x).shape;
+                let shape_ok = match axis {
+                    ReduceAxis::All => n.shape.is_scalar(),
+                    ReduceAxis::Last => xs.rank() >= 1 && xs.without_last() == n.shape,
+                };
+                let dtype_ok = match op {
+                    ReduceOp::Count => node(x).dtype == DType::Bool && n.dtype == DType::I32,
+                    ReduceOp::Mean => node(x).dtype.is_float() && n.dtype == node(x).dtype,
+                    _ => node(x).dtype != DType::Bool && n.dtype == node(x).dtype,
+                };
+                let mask_ok = mask.is_none_or(|m| node(m).dtype == DType::Bool && node(m).shape.broadcasts_to(xs));
+                shape_ok && dtype_ok && mask_ok
+            }
+        };
+        if !ok {
+            return bad(i, format!("{:?} with dtype {} and shape {} breaks the typing rules", n.op, n.dtype, g.shape_str(&n.shape)));
+        }
+    }
+    Ok(())
+}
+
+fn check_symbols(g: &Graph, s: &Shape) -> Result<(), IrError> {
+    for d in &s.0 {
+        if let Dim::Sym(sym) = d {
+            if sym.0 as usize >= g.symbols.len() {
+                return Err(IrError::UnknownSymbol(format!("?{}", sym.0)));
+            }
+        }
+    }
+    Ok(())
+}
