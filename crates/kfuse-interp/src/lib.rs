@@ -1,1 +1,164 @@
-//! placeholder: being written
+//! The CPU reference interpreter: the executable meaning of every kfuse IR op and the oracle
+//! that every GPU test compares against.
+//!
+//! A graph is evaluated node by node over whole tensors (one `Vec<f64>` per live node, dropped
+//! after its last use), in parallel with rayon over fixed-size chunks.
+//!
+//! Semantics, in addition to those documented on [`kfuse_ir::Op`]:
+//! - Every float, whatever its storage dtype, is computed in f64 and never rounded inside the
+//!   graph; [`run`] rounds outputs to their dtype (to nearest, ties to even, for f16/bf16).
+//! - `i32` arithmetic is two's-complement: results wrap to `i32` after every op.
+//! - `min`/`max`/`clamp` propagate NaN (PyTorch's `torch.minimum`/`maximum`), as do the
+//!   `max`/`min` reductions.
+//! - Casts: float to int truncates toward zero and saturates at the `i32` range, NaN giving 0;
+//!   anything to bool is `!= 0` (NaN is true); bool to a number is 0 or 1.
+//! - Empty reductions: `sum`/`count` 0, `mean` NaN, float `max` -inf and `min` +inf, `i32` `max`
+//!   `i32::MIN` and `min` `i32::MAX`.
+//! - Reductions are bit-for-bit deterministic whatever the thread count (fixed chunks, pairwise
+//!   sums in index order).
+//!
+//! Not handled here: graph transformations (kfuse-passes) and anything on a GPU.
+#![forbid(unsafe_code)]
+
+mod broadcast;
+mod elementwise;
+mod error;
+mod eval;
+mod layout;
+mod reduce;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use kfuse_ir::{verify, DType, Graph, HostTensor, Kind, Op, SymbolBindings, TensorData};
+
+pub use error::InterpError;
+use eval::{element_count, evaluate_bound, Value};
+
+/// One output of a graph as computed: unrounded f64 values (ints exact, bools 0/1), row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluated {
+    /// The output's name.
+    pub name: String,
+    /// The output's resolved shape.
+    pub shape: Vec<usize>,
+    /// The output's values in f64, before rounding to the output's dtype.
+    pub values: Vec<f64>,
+}
+
+/// Evaluates `graph` on `inputs` (pairs of declared name and tensor, in any order) and returns
+/// every output's unrounded f64 values, in `graph.outputs` order.
+pub fn evaluate(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Evaluated>, InterpError> {
+    check_graph(graph)?;
+    check_unique(inputs.iter().map(|(n, _)| *n))?;
+    for (name, t) in inputs {
+        check_length(name, &t.shape, t.len())?;
+    }
+    let bindings = SymbolBindings::bind(graph, inputs)?;
+    let values = graph
+        .inputs
+        .iter()
+        .map(|decl| {
+            // `bind` has checked that every declared input is present.
+            let t = inputs.iter().find(|(n, _)| *n == decl.name).map(|(_, t)| *t);
+            let values = t.map(|t| tensor_to_f64(&t.data)).unwrap_or_default();
+            Value { shape: t.map(|t| t.shape.clone()).unwrap_or_default(), values: Arc::new(values) }
+        })
+        .collect::<Vec<_>>();
+    evaluate_bound(graph, &bindings, &values)
+}
+
+/// Evaluates `graph` like [`evaluate`], then stores each output in its node's dtype (floats
+/// rounded to nearest-even, as [`HostTensor::from_f64`] does).
+pub fn run(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>, InterpError> {
+    let evaluated = evaluate(graph, inputs)?;
+    Ok(graph
+        .outputs
+        .iter()
+        .zip(evaluated)
+        .map(|(o, e)| {
+            let dtype = graph.node(o.node).dtype;
+            (e.name, HostTensor::from_f64(dtype, e.shape, &e.values))
+        })
+        .collect())
+}
+
+/// Same as [`evaluate`], but from f64 input values (for gradient checks by finite differences):
+/// each input is `(name, shape, values)`. The dtype is taken from the input's declaration; float
+/// inputs keep their f64 values unrounded, `i32` inputs truncate toward zero (saturating, NaN
+/// giving 0) and `bool` inputs are `!= 0`.
+pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> Result<Vec<Evaluated>, InterpError> {
+    check_graph(graph)?;
+    check_unique(inputs.iter().map(|(n, _, _)| *n))?;
+    for (name, shape, values) in inputs {
+        check_length(name, shape, values.len())?;
+    }
+    // Binding needs tensors of the declared dtype; it reads only their dtype and shape.
+    let declared = |name: &str| graph.input_by_name(name).map_or(DType::F32, |id| graph.input(id).dtype);
+    let placeholders: Vec<HostTensor> = inputs
+        .iter()
+        .map(|(name, shape, _)| {
+            let n = shape.iter().product::<usize>();
+            HostTensor::from_f64(declared(name), shape.clone(), &vec![0.0; n])
+        })
+        .collect();
+    let named: Vec<(&str, &HostTensor)> = inputs.iter().zip(&placeholders).map(|((n, _, _), t)| (*n, t)).collect();
+    let bindings = SymbolBindings::bind(graph, &named)?;
+    let values = graph
+        .inputs
+        .iter()
+        .map(|decl| {
+            let given = inputs.iter().find(|(n, _, _)| *n == decl.name);
+            let kind = decl.dtype.kind();
+            let values: Vec<f64> = given
+                .map(|(_, _, v)| v.par_iter().map(|&x| elementwise::cast_value(x, Kind::Float, kind)).collect())
+                .unwrap_or_default();
+            Value { shape: given.map(|(_, s, _)| s.clone()).unwrap_or_default(), values: Arc::new(values) }
+        })
+        .collect::<Vec<_>>();
+    evaluate_bound(graph, &bindings, &values)
+}
+
+/// Verifies the graph (after checking what the verifier itself would index out of range).
+fn check_graph(graph: &Graph) -> Result<(), InterpError> {
+    for (i, n) in graph.nodes.iter().enumerate() {
+        if let Op::Stack(l) = n.op {
+            if l.0 as usize >= graph.lists.len() {
+                return Err(kfuse_ir::IrError::Malformed(format!("v{i}: stack list {} does not exist", l.0)).into());
+            }
+        }
+    }
+    verify(graph)?;
+    Ok(())
+}
+
+fn check_unique<'a>(names: impl Iterator<Item = &'a str>) -> Result<(), InterpError> {
+    let mut seen = HashSet::new();
+    for name in names {
+        if !seen.insert(name) {
+            return Err(InterpError::DuplicateInput { name: name.to_string() });
+        }
+    }
+    Ok(())
+}
+
+fn check_length(name: &str, shape: &[usize], got: usize) -> Result<(), InterpError> {
+    let expected = element_count(|| format!("input {name}"), shape)?;
+    if expected != got {
+        return Err(InterpError::DataLength { name: name.to_string(), shape: shape.to_vec(), expected, got });
+    }
+    Ok(())
+}
+
+/// Every element as f64, in parallel (exact for every dtype).
+fn tensor_to_f64(data: &TensorData) -> Vec<f64> {
+    match data {
+        TensorData::F32(v) => v.par_iter().map(|&x| x as f64).collect(),
+        TensorData::F16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
+        TensorData::BF16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
+        TensorData::I32(v) => v.par_iter().map(|&x| x as f64).collect(),
+        TensorData::Bool(v) => v.par_iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
+    }
+}

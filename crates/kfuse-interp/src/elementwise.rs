@@ -1,0 +1,223 @@
+//! Elementwise ops: the meaning of every unary, binary and ternary op and of casts, per compute
+//! kind, and the parallel drivers that apply them over whole broadcast tensors.
+//!
+//! Value representation (shared by the whole interpreter): every element is an `f64`. Floats are
+//! the f64 value itself (never rounded to their storage dtype inside the graph); `i32` values are
+//! exact integers in `i32` range; `bool` is 0.0 or 1.0. Integer arithmetic is done in `i64` and
+//! wrapped to `i32` after every op, which is exactly two's-complement `i32` arithmetic (as on the
+//! GPU). Division and `pow` never see integers: the builder casts them to `f32` first.
+//!
+//! Does not handle reductions or layout ops (see `reduce` and `layout`).
+
+use rayon::prelude::*;
+
+use kfuse_ir::{BinaryOp, DType, Kind, UnaryOp};
+
+use crate::broadcast::BroadcastView;
+use crate::InterpError;
+
+/// Output elements per parallel task. Fixed, so that chunking never depends on the thread count.
+pub(crate) const CHUNK: usize = 1 << 13;
+
+/// Wraps an integer result to `i32` (two's complement) and stores it as f64.
+pub(crate) fn wrap_i32(v: i64) -> f64 {
+    v as i32 as f64
+}
+
+fn truth(v: f64) -> f64 {
+    if v != 0.0 {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// PyTorch's `torch.minimum`: NaN if either operand is NaN; `-0.0` is below `+0.0`.
+pub(crate) fn min_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a < b || (a == b && a.is_sign_negative()) {
+        a
+    } else {
+        b
+    }
+}
+
+/// PyTorch's `torch.maximum`: NaN if either operand is NaN; `+0.0` is above `-0.0`.
+pub(crate) fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a > b || (a == b && a.is_sign_positive()) {
+        a
+    } else {
+        b
+    }
+}
+
+/// The logistic function, in the form that cannot overflow for either sign of `x`.
+fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Converts one value from `from`'s kind to `to`'s: float to int truncates toward zero and
+/// saturates at the `i32` range (NaN gives 0, as the GPU's `cvt.rzi` does); anything to bool is
+/// `!= 0` (so NaN is true); bool to a number is 0 or 1; float to float is exact (no rounding).
+pub(crate) fn cast_value(v: f64, from: Kind, to: Kind) -> f64 {
+    match (from, to) {
+        (Kind::Float, Kind::Int) => v as i32 as f64,
+        (_, Kind::Bool) => truth(v),
+        _ => v,
+    }
+}
+
+/// Applies `f` to every element of a tensor of `shape` given as a broadcast view.
+pub(crate) fn map1(len: usize, a: &BroadcastView, f: impl Fn(f64) -> f64 + Sync) -> Vec<f64> {
+    let mut out = vec![0.0; len];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+        let a = a.chunk(c * CHUNK, dst.len());
+        for (d, &x) in dst.iter_mut().zip(a.iter()) {
+            *d = f(x);
+        }
+    });
+    out
+}
+
+fn map2(len: usize, a: &BroadcastView, b: &BroadcastView, f: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+    let mut out = vec![0.0; len];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+        let (a, b) = (a.chunk(c * CHUNK, dst.len()), b.chunk(c * CHUNK, dst.len()));
+        for ((d, &x), &y) in dst.iter_mut().zip(a.iter()).zip(b.iter()) {
+            *d = f(x, y);
+        }
+    });
+    out
+}
+
+/// Applies `f` to three broadcast operands.
+pub(crate) fn map3(
+    len: usize,
+    a: &BroadcastView,
+    b: &BroadcastView,
+    c: &BroadcastView,
+    f: impl Fn(f64, f64, f64) -> f64 + Sync,
+) -> Vec<f64> {
+    let mut out = vec![0.0; len];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, dst)| {
+        let start = i * CHUNK;
+        let (a, b, c) = (a.chunk(start, dst.len()), b.chunk(start, dst.len()), c.chunk(start, dst.len()));
+        for (((d, &x), &y), &z) in dst.iter_mut().zip(a.iter()).zip(b.iter()).zip(c.iter()) {
+            *d = f(x, y, z);
+        }
+    });
+    out
+}
+
+/// A unary op over a whole tensor of compute kind `kind`.
+pub(crate) fn unary(node: u32, op: UnaryOp, dtype: DType, len: usize, x: &BroadcastView) -> Result<Vec<f64>, InterpError> {
+    let unsupported = || InterpError::Unsupported { node, op: op.name(), dtype };
+    Ok(match (dtype.kind(), op) {
+        (Kind::Bool, UnaryOp::Not) => map1(len, x, |v| if v != 0.0 { 0.0 } else { 1.0 }),
+        (Kind::Bool, _) | (_, UnaryOp::Not) => return Err(unsupported()),
+        (Kind::Int, UnaryOp::Neg) => map1(len, x, |v| wrap_i32(-(v as i64))),
+        (Kind::Int, UnaryOp::Abs) => map1(len, x, |v| wrap_i32((v as i64).abs())),
+        (Kind::Int, _) => return Err(unsupported()),
+        (Kind::Float, op) => match op {
+            UnaryOp::Neg => map1(len, x, |v| -v),
+            UnaryOp::Abs => map1(len, x, f64::abs),
+            UnaryOp::Exp => map1(len, x, f64::exp),
+            UnaryOp::Log => map1(len, x, f64::ln),
+            UnaryOp::Sqrt => map1(len, x, f64::sqrt),
+            UnaryOp::Rsqrt => map1(len, x, |v| 1.0 / v.sqrt()),
+            UnaryOp::Sigmoid => map1(len, x, sigmoid),
+            UnaryOp::Tanh => map1(len, x, f64::tanh),
+            UnaryOp::Erf => map1(len, x, libm::erf),
+            UnaryOp::Sin => map1(len, x, f64::sin),
+            UnaryOp::Cos => map1(len, x, f64::cos),
+            UnaryOp::Floor => map1(len, x, f64::floor),
+            UnaryOp::Not => return Err(unsupported()),
+        },
+    })
+}
+
+/// A binary op over two broadcast operands of compute kind `kind` (they share it).
+pub(crate) fn binary(
+    node: u32,
+    op: BinaryOp,
+    operand_dtype: DType,
+    len: usize,
+    a: &BroadcastView,
+    b: &BroadcastView,
+) -> Result<Vec<f64>, InterpError> {
+    let unsupported = || InterpError::Unsupported { node, op: op.name(), dtype: operand_dtype };
+    let b2 = |x: bool| if x { 1.0 } else { 0.0 };
+    // Comparisons mean the same for every kind: ints and bools are exact in f64.
+    let compare = match op {
+        BinaryOp::Eq => Some(map2(len, a, b, |x, y| b2(x == y))),
+        BinaryOp::Ne => Some(map2(len, a, b, |x, y| b2(x != y))),
+        BinaryOp::Lt => Some(map2(len, a, b, |x, y| b2(x < y))),
+        BinaryOp::Le => Some(map2(len, a, b, |x, y| b2(x <= y))),
+        BinaryOp::Gt => Some(map2(len, a, b, |x, y| b2(x > y))),
+        BinaryOp::Ge => Some(map2(len, a, b, |x, y| b2(x >= y))),
+        _ => None,
+    };
+    if let Some(values) = compare {
+        return Ok(values);
+    }
+    Ok(match (operand_dtype.kind(), op) {
+        (Kind::Bool, BinaryOp::And) => map2(len, a, b, |x, y| b2(x != 0.0 && y != 0.0)),
+        (Kind::Bool, BinaryOp::Or) => map2(len, a, b, |x, y| b2(x != 0.0 || y != 0.0)),
+        (Kind::Bool, _) | (_, BinaryOp::And | BinaryOp::Or) => return Err(unsupported()),
+        (Kind::Int, BinaryOp::Add) => map2(len, a, b, |x, y| wrap_i32(x as i64 + y as i64)),
+        (Kind::Int, BinaryOp::Sub) => map2(len, a, b, |x, y| wrap_i32(x as i64 - y as i64)),
+        (Kind::Int, BinaryOp::Mul) => map2(len, a, b, |x, y| wrap_i32(x as i64 * y as i64)),
+        (Kind::Int, BinaryOp::Min) => map2(len, a, b, f64::min),
+        (Kind::Int, BinaryOp::Max) => map2(len, a, b, f64::max),
+        (Kind::Int, _) => return Err(unsupported()),
+        (Kind::Float, BinaryOp::Add) => map2(len, a, b, |x, y| x + y),
+        (Kind::Float, BinaryOp::Sub) => map2(len, a, b, |x, y| x - y),
+        (Kind::Float, BinaryOp::Mul) => map2(len, a, b, |x, y| x * y),
+        (Kind::Float, BinaryOp::Div) => map2(len, a, b, |x, y| x / y),
+        (Kind::Float, BinaryOp::Pow) => map2(len, a, b, f64::powf),
+        (Kind::Float, BinaryOp::Min) => map2(len, a, b, min_nan),
+        (Kind::Float, BinaryOp::Max) => map2(len, a, b, max_nan),
+        (Kind::Float, _) => return Err(unsupported()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_and_max_propagate_nan_and_order_signed_zeros() {
+        assert!(min_nan(f64::NAN, 1.0).is_nan() && min_nan(1.0, f64::NAN).is_nan());
+        assert!(max_nan(f64::NAN, 1.0).is_nan() && max_nan(1.0, f64::NAN).is_nan());
+        assert!(min_nan(0.0, -0.0).is_sign_negative() && min_nan(-0.0, 0.0).is_sign_negative());
+        assert!(max_nan(0.0, -0.0).is_sign_positive() && max_nan(-0.0, 0.0).is_sign_positive());
+        assert_eq!(min_nan(2.0, -3.0), -3.0);
+        assert_eq!(max_nan(2.0, -3.0), 2.0);
+    }
+
+    #[test]
+    fn casts_truncate_saturate_and_test_nonzero() {
+        assert_eq!(cast_value(-2.7, Kind::Float, Kind::Int), -2.0);
+        assert_eq!(cast_value(2.7, Kind::Float, Kind::Int), 2.0);
+        assert_eq!(cast_value(f64::NAN, Kind::Float, Kind::Int), 0.0);
+        assert_eq!(cast_value(1e12, Kind::Float, Kind::Int), i32::MAX as f64);
+        assert_eq!(cast_value(f64::NAN, Kind::Float, Kind::Bool), 1.0);
+        assert_eq!(cast_value(-0.0, Kind::Float, Kind::Bool), 0.0);
+        assert_eq!(cast_value(0.1, Kind::Float, Kind::Float), 0.1);
+    }
+
+    #[test]
+    fn sigmoid_is_stable_at_both_ends() {
+        assert_eq!(sigmoid(-1000.0), 0.0);
+        assert_eq!(sigmoid(1000.0), 1.0);
+        assert!((sigmoid(0.5) - 1.0 / (1.0 + (-0.5f64).exp())).abs() < 1e-16);
+    }
+}

@@ -1,0 +1,168 @@
+//! The evaluation loop: walks the live nodes in order, computes each one over whole tensors, and
+//! drops every intermediate after its last use.
+//!
+//! Inputs arrive already bound and converted to f64 (see `lib.rs`). Values are shared through
+//! `Arc`, so inputs, `x[.., None]` and same-kind casts cost no copy.
+
+use std::sync::Arc;
+
+use kfuse_ir::{Graph, Kind, Literal, NodeId, Op, ReduceAxis, SymbolBindings, TernaryOp};
+
+use crate::broadcast::BroadcastView;
+use crate::elementwise::{self, cast_value, map1, map3, max_nan, min_nan, wrap_i32};
+use crate::{layout, reduce, Evaluated, InterpError};
+
+/// A computed tensor: its resolved shape and its values (see `elementwise` for the encoding).
+#[derive(Clone, Debug)]
+pub(crate) struct Value {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) values: Arc<Vec<f64>>,
+}
+
+/// The element count of `shape`, or an error naming `what` when it overflows.
+pub(crate) fn element_count(what: impl FnOnce() -> String, shape: &[usize]) -> Result<usize, InterpError> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| InterpError::SizeOverflow { what: what(), shape: shape.to_vec() })
+}
+
+/// Evaluates the graph's outputs, in `graph.outputs` order. `inputs[i]` holds input `i`'s values.
+pub(crate) fn evaluate_bound(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value]) -> Result<Vec<Evaluated>, InterpError> {
+    let live = graph.live_nodes();
+    // Remaining uses of each node by live nodes; outputs are pinned with one extra use.
+    let mut remaining = vec![0u32; graph.nodes.len()];
+    for (i, node) in graph.nodes.iter().enumerate() {
+        if live[i] {
+            node.op.for_each_operand(&graph.lists, |x| remaining[x.index()] += 1);
+        }
+    }
+    for o in &graph.outputs {
+        remaining[o.node.index()] += 1;
+    }
+    let mut env: Vec<Option<Value>> = vec![None; graph.nodes.len()];
+    for i in 0..graph.nodes.len() {
+        if !live[i] {
+            continue;
+        }
+        let value = eval_node(graph, bindings, inputs, &env, i)?;
+        env[i] = Some(value);
+        graph.nodes[i].op.for_each_operand(&graph.lists, |x| {
+            remaining[x.index()] -= 1;
+            if remaining[x.index()] == 0 {
+                env[x.index()] = None;
+            }
+        });
+    }
+    graph
+        .outputs
+        .iter()
+        .map(|o| {
+            let v = env[o.node.index()].clone().ok_or_else(|| missing(o.node))?;
+            let values = Arc::try_unwrap(v.values).unwrap_or_else(|shared| (*shared).clone());
+            Ok(Evaluated { name: o.name.clone(), shape: v.shape, values })
+        })
+        .collect()
+}
+
+fn missing(node: NodeId) -> InterpError {
+    InterpError::Graph(kfuse_ir::IrError::Malformed(format!("v{} was used before it was computed", node.0)))
+}
+
+/// Computes node `i` from its (already computed) operands.
+fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[Option<Value>], i: usize) -> Result<Value, InterpError> {
+    let node = &graph.nodes[i];
+    let id = i as u32;
+    let shape = bindings.resolve(graph, &node.shape);
+    let len = element_count(|| format!("v{i}"), &shape)?;
+    let kind = node.dtype.kind();
+    let operand = |x: NodeId| env.get(x.index()).and_then(|v| v.as_ref()).ok_or_else(|| missing(x));
+    let view = |x: NodeId, target: &[usize]| -> Result<BroadcastView, InterpError> {
+        let v = operand(x)?;
+        BroadcastView::new(id, &v.values, &v.shape, target)
+    };
+    let fresh = |values: Vec<f64>| Value { shape: shape.clone(), values: Arc::new(values) };
+    let value = match node.op {
+        Op::Input(input) => {
+            let v = inputs.get(input.0 as usize).ok_or_else(|| missing(NodeId(id)))?;
+            if v.shape != shape {
+                return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
+            }
+            v.clone()
+        }
+        Op::Const(lit) => {
+            let v = match (lit, kind) {
+                (Literal::Int(n), Kind::Int) => wrap_i32(n),
+                (Literal::Float(_), Kind::Int) => cast_value(lit.as_f64(), Kind::Float, Kind::Int),
+                (l, k) => cast_value(l.as_f64(), Kind::Float, k),
+            };
+            // A constant is a scalar; a hand-built graph could give it a larger (broadcast) shape.
+            fresh(vec![v; len])
+        }
+        Op::Iota { axis } => {
+            let axis = axis as usize;
+            if axis >= shape.len() {
+                return Err(InterpError::Graph(kfuse_ir::IrError::Malformed(format!("v{i}: iota axis {axis} out of range"))));
+            }
+            fresh(layout::iota(&shape, axis))
+        }
+        Op::Cast(x) => {
+            let from = graph.node(x).dtype.kind();
+            let v = operand(x)?;
+            if from == kind || matches!((from, kind), (Kind::Int | Kind::Bool, Kind::Float) | (Kind::Bool, Kind::Int)) {
+                // The value is unchanged: share it.
+                Value { shape: v.shape.clone(), values: Arc::clone(&v.values) }
+            } else {
+                fresh(map1(len, &view(x, &shape)?, |e| cast_value(e, from, kind)))
+            }
+        }
+        Op::Unary(op, x) => fresh(elementwise::unary(id, op, graph.node(x).dtype, len, &view(x, &shape)?)?),
+        Op::Binary(op, a, b) => {
+            fresh(elementwise::binary(id, op, graph.node(a).dtype, len, &view(a, &shape)?, &view(b, &shape)?)?)
+        }
+        Op::Ternary(op, a, b, c) => {
+            let (va, vb, vc) = (view(a, &shape)?, view(b, &shape)?, view(c, &shape)?);
+            fresh(match op {
+                TernaryOp::Select => map3(len, &va, &vb, &vc, |c, x, y| if c != 0.0 { x } else { y }),
+                TernaryOp::Clamp => map3(len, &va, &vb, &vc, |x, lo, hi| min_nan(max_nan(x, lo), hi)),
+            })
+        }
+        Op::Component { x, index } => {
+            let v = operand(x)?;
+            let size = v.shape.last().copied().unwrap_or(0);
+            if index as usize >= size || v.shape[..v.shape.len() - 1] != shape[..] {
+                return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
+            }
+            fresh(layout::component(&v.values, size, index as usize, len))
+        }
+        Op::Stack(list) => {
+            let parts = graph.lists.get(list.0 as usize).ok_or_else(|| missing(NodeId(id)))?;
+            let inner = &shape[..shape.len().saturating_sub(1)];
+            if shape.last() != Some(&parts.len()) {
+                return Err(InterpError::Broadcast { node: id, operand: inner.to_vec(), target: shape.clone() });
+            }
+            let views = parts.iter().map(|&p| view(p, inner)).collect::<Result<Vec<_>, _>>()?;
+            fresh(layout::stack(&views, len / parts.len().max(1)))
+        }
+        Op::ExpandLast(x) => {
+            let v = operand(x)?;
+            Value { shape: shape.clone(), values: Arc::clone(&v.values) }
+        }
+        Op::Reduce { op, axis, x, mask } => {
+            let xv = operand(x)?;
+            let x_kind = graph.node(x).dtype.kind();
+            let mask_view = mask.map(|m| view(m, &xv.shape)).transpose()?;
+            match axis {
+                ReduceAxis::All => fresh(vec![reduce::reduce_all(op, x_kind, &xv.values, mask_view.as_ref()); len]),
+                ReduceAxis::Last => {
+                    let row_len = xv.shape.last().copied().unwrap_or(0);
+                    if xv.shape.is_empty() || xv.shape[..xv.shape.len() - 1] != shape[..] {
+                        return Err(InterpError::Broadcast { node: id, operand: xv.shape.clone(), target: shape });
+                    }
+                    fresh(reduce::reduce_last(op, x_kind, &xv.values, len, row_len, mask_view.as_ref()))
+                }
+            }
+        }
+    };
+    Ok(value)
+}
