@@ -1,1 +1,99 @@
-//! placeholder: being written
+//! The `.kf` language: a small, NumPy-flavoured description of a computation, parsed and lowered
+//! into a typed [`kfuse_ir::Graph`] through [`kfuse_ir::GraphBuilder`] (which holds every typing
+//! rule; this crate holds none of its own beyond names, arities and axes).
+//!
+//! ```text
+//! # Comments start with #. Statements end at a line break (not inside brackets).
+//! input pred:   f32[B, N, 4]          # dtype f32 f16 bf16 i32 bool; dims are symbols or sizes
+//! input scale:  f32                   # a scalar (also `f32[]`)
+//! let valid = pred[.., 3] != 0        # last-axis component; negative indices count from the end
+//! w = where(valid, 1.0, 0.0)          # `let` is optional
+//! output loss = sum(pred[.., 0] * w, where: valid) / max(count(valid), 1)
+//! output half: f16 = pred * scale     # an output dtype casts
+//! output d = grad(loss, pred)         # gradient of a scalar float w.r.t. an input
+//! ```
+//!
+//! Precedence, loosest first: `or`, `and`, `not`, comparisons (non-chaining), `+ -`, `* /`,
+//! unary `-`, postfix `[.., K]` / `[.., None]`. Functions: `where(c, a, b)`, `min(a, b)`,
+//! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `abs exp log sqrt rsqrt sigmoid tanh erf sin cos
+//! floor`, reductions `sum mean max min count` (one positional argument, optional `where: MASK`
+//! and `axis: -1`), casts `f32 f16 bf16 i32 bool`, and `grad(OF, INPUT)`.
+//!
+//! Every error is a [`Diagnostic`] with file, line, column, a caret under the span and what was
+//! expected. No input makes this crate panic (a property test feeds it random text). It does not
+//! execute or compile anything: the interpreter and code generator consume the graph.
+#![forbid(unsafe_code)]
+
+mod ast;
+mod builtins;
+mod diagnostic;
+mod lexer;
+mod lower;
+mod parser;
+mod suggest;
+
+pub use diagnostic::{Diagnostic, DiagnosticKind};
+
+use kfuse_ir::{DType, Dim, Graph, Shape};
+
+use diagnostic::{Report, Span};
+use lower::Lowerer;
+use parser::Parser;
+
+/// Parses and type-checks a `.kf` program; `file_name` is how errors name the file.
+pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic> {
+    program(source).map_err(|r| r.place(source, file_name))
+}
+
+fn program(source: &str) -> Result<Graph, Report> {
+    let toks = lexer::lex(source)?;
+    let stmts = Parser::new(&toks).program()?;
+    Lowerer::new(source).program(&stmts)
+}
+
+/// For MLP activations: an expression over the given scalar/tensor variables, as a graph with those
+/// inputs (in order) and one output named "y".
+///
+/// Dimension symbols in the variables' shapes (`Dim::Sym(SymId(k))`) name symbols `s0`, `s1`, ...
+/// of the new graph, so that `SymId(k)` keeps its meaning. Errors name the file `<expression>`.
+pub fn parse_expression(source: &str, vars: &[(&str, DType, Shape)]) -> Result<Graph, Diagnostic> {
+    expression(source, vars).map_err(|r| r.place(source, "<expression>"))
+}
+
+/// The most dimension symbols `parse_expression` creates for its variables.
+const MAX_EXPRESSION_SYMBOLS: u32 = 1024;
+
+fn expression(source: &str, vars: &[(&str, DType, Shape)]) -> Result<Graph, Report> {
+    let toks = lexer::lex(source)?;
+    let expr = Parser::new(&toks).standalone_expression()?;
+    let mut lower = Lowerer::new(source);
+    let max_sym = vars
+        .iter()
+        .flat_map(|(_, _, s)| s.dims())
+        .filter_map(|d| match d {
+            Dim::Sym(s) => Some(s.0),
+            Dim::Const(_) => None,
+        })
+        .max();
+    if let Some(max) = max_sym {
+        // Symbols are created densely up to the largest id; refuse absurd ids instead of
+        // allocating billions of names.
+        if max >= MAX_EXPRESSION_SYMBOLS {
+            return Err(Report::new(
+                DiagnosticKind::Shape,
+                Span::new(0, 0),
+                format!("a variable's shape uses dimension symbol id {max}"),
+            )
+            .expected(format!("symbol ids below {MAX_EXPRESSION_SYMBOLS}")));
+        }
+        for k in 0..=max {
+            lower.b.symbol(&format!("s{k}"));
+        }
+    }
+    for (name, dtype, shape) in vars {
+        lower.declare_input(name, *dtype, shape.clone())?;
+    }
+    let y = lower.expr(&expr)?;
+    lower.b.output("y", y).map_err(|e| lower.ir_report(e, Span::new(0, source.len()), &[]))?;
+    lower.finish()
+}

@@ -1,0 +1,262 @@
+//! Built-in functions: argument checking and lowering of calls.
+//!
+//! `where`, `clamp`, `pow`, elementwise `min`/`max` (two arguments), the one-argument math
+//! functions, reductions `sum mean max min count` (with `where:` and `axis: -1`), the casts
+//! `f32 f16 bf16 i32 bool`, and `grad`. There are no user-defined functions.
+
+use kfuse_ir::{BinaryOp, DType, NodeId, ReduceAxis, ReduceOp, UnaryOp};
+
+use crate::ast::{Arg, Expr, ExprKind, Ident};
+use crate::diagnostic::{DiagnosticKind, Report, Span};
+use crate::lower::Lowerer;
+use crate::suggest::closest;
+
+/// Every built-in function name, for suggestions.
+pub(crate) const FUNCTIONS: &[&str] = &[
+    "where", "min", "max", "clamp", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos",
+    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "bool", "grad",
+];
+
+fn unary_function(name: &str) -> Option<UnaryOp> {
+    UnaryOp::ALL.into_iter().find(|op| !matches!(op, UnaryOp::Neg | UnaryOp::Not) && op.name() == name)
+}
+
+fn reduction(name: &str) -> Option<ReduceOp> {
+    Some(match name {
+        "sum" => ReduceOp::Sum,
+        "mean" => ReduceOp::Mean,
+        "max" => ReduceOp::Max,
+        "min" => ReduceOp::Min,
+        "count" => ReduceOp::Count,
+        _ => return None,
+    })
+}
+
+/// A call's arguments split into positional ones and `keyword: value` ones.
+struct SplitArgs<'a> {
+    positional: Vec<&'a Expr>,
+    keywords: Vec<(&'a Ident, &'a Expr)>,
+}
+
+impl SplitArgs<'_> {
+    fn keyword(&self, name: &str) -> Option<&Expr> {
+        self.keywords.iter().find(|(k, _)| k.name == name).map(|(_, v)| *v)
+    }
+}
+
+impl Lowerer<'_> {
+    /// Lowers `func(args)` spanning `span`.
+    pub(crate) fn call(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let name = func.name.as_str();
+        if let Some(op) = unary_function(name) {
+            let a = split(func, args, &[])?;
+            let [x] = exact(func, &a, span, &format!("{name}(x)"))?;
+            let x = self.expr(x)?;
+            return self.b.unary(op, x).map_err(|e| self.ir_report(e, span, &[]));
+        }
+        if let Some(dtype) = DType::from_name(name) {
+            let a = split(func, args, &[])?;
+            let [x] = exact(func, &a, span, &format!("{name}(x)"))?;
+            let x = self.expr(x)?;
+            return Ok(self.b.cast(x, dtype));
+        }
+        match name {
+            "where" => {
+                let a = split(func, args, &[])?;
+                let [c, x, y] = exact(func, &a, span, "where(condition, a, b)")?;
+                let (cn, xn, yn) = (self.expr(c)?, self.expr(x)?, self.expr(y)?);
+                self.b.select(cn, xn, yn).map_err(|e| {
+                    let at = if self.dtype(cn) != DType::Bool { c.span } else { span };
+                    self.ir_report(e, at, &[xn, yn])
+                })
+            }
+            "clamp" => {
+                let a = split(func, args, &[])?;
+                let [x, lo, hi] = exact(func, &a, span, "clamp(x, lo, hi)")?;
+                let (x, lo, hi) = (self.expr(x)?, self.expr(lo)?, self.expr(hi)?);
+                self.b.clamp(x, lo, hi).map_err(|e| self.ir_report(e, span, &[]))
+            }
+            "pow" => {
+                let a = split(func, args, &[])?;
+                let [x, y] = exact(func, &a, span, "pow(base, exponent)")?;
+                self.binary(BinaryOp::Pow, x, y, span)
+            }
+            "min" | "max" => self.min_or_max(func, args, span),
+            "sum" | "mean" | "count" => self.reduce(func, args, span),
+            "grad" => self.grad(func, args, span),
+            _ => Err(self.unknown_function(func)),
+        }
+    }
+
+    fn binary(&mut self, op: BinaryOp, x: &Expr, y: &Expr, span: Span) -> Result<NodeId, Report> {
+        let (x, y) = (self.expr(x)?, self.expr(y)?);
+        self.b.binary(op, x, y).map_err(|e| self.ir_report(e, span, &[x, y]))
+    }
+
+    /// `min(a, b)` / `max(a, b)` are elementwise; with one positional argument they reduce.
+    fn min_or_max(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let n = func.name.as_str();
+        let a = split(func, args, &["where", "axis"])?;
+        match a.positional.as_slice() {
+            [_] => self.reduce(func, args, span),
+            [x, y] => {
+                if let Some((k, v)) = a.keywords.first() {
+                    return Err(Report::new(
+                        DiagnosticKind::Arguments,
+                        k.span.to(v.span),
+                        format!("`{n}(a, b)` is elementwise and takes no `{}:`", k.name),
+                    )
+                    .expected(format!("{n}(a, b), or {n}(x, where: mask, axis: -1) to reduce")));
+                }
+                let op = if n == "min" { BinaryOp::Min } else { BinaryOp::Max };
+                self.binary(op, x, y, span)
+            }
+            other => Err(Report::new(
+                DiagnosticKind::Arguments,
+                span,
+                format!("`{n}` takes 1 argument (a reduction) or 2 (elementwise), got {}", other.len()),
+            )
+            .expected(format!("{n}(x), {n}(x, where: mask, axis: -1) or {n}(a, b)"))),
+        }
+    }
+
+    /// `sum mean max min count` with optional `where:` and `axis:`.
+    fn reduce(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let n = func.name.as_str();
+        let Some(op) = reduction(n) else { return Err(self.unknown_function(func)) };
+        let a = split(func, args, &["where", "axis"])?;
+        let [x] = exact(func, &a, span, &format!("{n}(x, where: mask, axis: -1)"))?;
+        let xn = self.expr(x)?;
+        let mask = match a.keyword("where") {
+            Some(m) => Some((self.expr(m)?, m.span)),
+            None => None,
+        };
+        let axis = match a.keyword("axis") {
+            None => ReduceAxis::All,
+            Some(ax) => self.axis(n, ax, self.b.node(xn).shape.rank())?,
+        };
+        self.b.reduce(op, axis, xn, mask.map(|m| m.0)).map_err(|e| {
+            let at = match (&e, mask) {
+                (kfuse_ir::IrError::MaskShape { .. }, Some((_, s))) => s,
+                (kfuse_ir::IrError::BadDType { op: "where:", .. }, Some((_, s))) => s,
+                _ => span,
+            };
+            self.ir_report(e, at, &[])
+        })
+    }
+
+    /// Reads an `axis:` argument: only the last axis (`-1`, or `rank - 1`) is supported.
+    fn axis(&self, func: &str, ax: &Expr, rank: usize) -> Result<ReduceAxis, Report> {
+        let value = match &ax.kind {
+            ExprKind::Int(v) => Some(*v),
+            ExprKind::Neg(x) => match x.kind {
+                ExprKind::Int(v) => Some(-v),
+                _ => None,
+            },
+            _ => None,
+        };
+        let last = i64::try_from(rank).ok().map(|r| r - 1);
+        match value {
+            Some(-1) => Ok(ReduceAxis::Last),
+            Some(v) if rank > 0 && Some(v) == last => Ok(ReduceAxis::Last),
+            Some(v) => Err(Report::new(
+                DiagnosticKind::Axis,
+                ax.span,
+                format!("`{func}` reduces over every element or along the last axis only, and axis {v} is not the last axis of a rank-{rank} operand"),
+            )
+            .expected("axis: -1 (the last axis), or no axis to reduce over every element")),
+            None => Err(Report::new(DiagnosticKind::Axis, ax.span, "the axis must be an integer literal")
+                .expected("axis: -1 (the last axis), or no axis to reduce over every element")),
+        }
+    }
+
+    /// `grad(of, wrt)`: the gradient of a scalar float with respect to an input.
+    fn grad(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &[])?;
+        let [of, wrt] = exact(func, &a, span, "grad(scalar, input)")?;
+        let of_node = self.expr(of)?;
+        let node = self.b.node(of_node);
+        if !node.shape.is_scalar() {
+            return Err(Report::new(
+                DiagnosticKind::Grad,
+                of.span,
+                format!("`grad` differentiates a scalar, but this value has shape {}", self.shape_str(of_node)),
+            )
+            .expected("a scalar: reduce it first, e.g. grad(sum(x), input) or grad(mean(x), input)"));
+        }
+        if !node.dtype.is_float() {
+            return Err(Report::new(DiagnosticKind::Grad, of.span, format!("`grad` differentiates a float, but this value is {}", node.dtype))
+                .expected("a float scalar (f32, f16 or bf16)"));
+        }
+        let not_input = |what: String| {
+            Report::new(DiagnosticKind::Grad, wrt.span, format!("`grad` differentiates with respect to an input, but {what} is not one"))
+                .expected("the name of an `input`, as in grad(loss, pred)")
+        };
+        let ExprKind::Name(name) = &wrt.kind else { return Err(not_input("this expression".into())) };
+        let binding = self.lookup(&Ident { name: name.clone(), span: wrt.span })?;
+        if !binding.is_input {
+            return Err(not_input(format!("`{name}`")));
+        }
+        kfuse_passes::grad(&mut self.b, of_node, binding.node).map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    fn unknown_function(&self, func: &Ident) -> Report {
+        let n = &func.name;
+        if self.scope.contains_key(n) {
+            return Report::new(DiagnosticKind::UnknownFunction, func.span, format!("`{n}` is a value, not a function"))
+                .expected(format!("a function: {}", FUNCTIONS.join(", ")));
+        }
+        let r = Report::new(DiagnosticKind::UnknownFunction, func.span, format!("unknown function `{n}`"));
+        match closest(n, FUNCTIONS.iter().copied()) {
+            Some(s) => r.expected(format!("a built-in function; did you mean `{s}`?")),
+            None => r.expected(format!("a built-in function: {}", FUNCTIONS.join(", "))),
+        }
+    }
+}
+
+/// Splits arguments, refusing positional-after-keyword, unknown and repeated keywords.
+fn split<'a>(func: &Ident, args: &'a [Arg], allowed: &[&str]) -> Result<SplitArgs<'a>, Report> {
+    let mut out = SplitArgs { positional: Vec::new(), keywords: Vec::new() };
+    for arg in args {
+        match &arg.keyword {
+            None if !out.keywords.is_empty() => {
+                return Err(Report::new(DiagnosticKind::Arguments, arg.span(), "positional argument after a keyword argument")
+                    .expected("positional arguments first, then `keyword: value` ones"));
+            }
+            None => out.positional.push(&arg.value),
+            Some(k) if !allowed.contains(&k.name.as_str()) => {
+                let what = if allowed.is_empty() {
+                    "no keyword arguments".to_string()
+                } else {
+                    let names: Vec<String> = allowed.iter().map(|a| format!("`{a}:`")).collect();
+                    format!("one of {}", names.join(", "))
+                };
+                return Err(Report::new(
+                    DiagnosticKind::Arguments,
+                    arg.span(),
+                    format!("`{}` has no keyword argument `{}:`", func.name, k.name),
+                )
+                .expected(what));
+            }
+            Some(k) if out.keyword(&k.name).is_some() => {
+                return Err(Report::new(DiagnosticKind::Arguments, arg.span(), format!("keyword `{}:` given twice", k.name))
+                    .expected("each keyword at most once"));
+            }
+            Some(k) => out.keywords.push((k, &arg.value)),
+        }
+    }
+    Ok(out)
+}
+
+/// Exactly `N` positional arguments, or a report quoting `signature`.
+fn exact<'a, const N: usize>(func: &Ident, a: &SplitArgs<'a>, span: Span, signature: &str) -> Result<[&'a Expr; N], Report> {
+    <[&Expr; N]>::try_from(a.positional.as_slice()).map_err(|_| {
+        let plural = if N == 1 { "" } else { "s" };
+        Report::new(
+            DiagnosticKind::Arguments,
+            span,
+            format!("`{}` takes {N} argument{plural}, got {}", func.name, a.positional.len()),
+        )
+        .expected(signature.to_string())
+    })
+}

@@ -1,0 +1,273 @@
+//! Lowering: statements and expressions to IR nodes, straight through `kfuse_ir::GraphBuilder`,
+//! which holds every typing rule. This module adds what the builder cannot know: names and their
+//! scopes, source spans, and the wording of each error for the person who wrote the source.
+//! Calls of built-in functions are lowered in `builtins.rs`.
+
+use std::collections::HashMap;
+
+use kfuse_ir::{DType, Dim, Graph, GraphBuilder, IrError, NodeId, Shape, UnaryOp};
+
+use crate::ast::{DimAst, Expr, ExprKind, Ident, Stmt};
+use crate::builtins::FUNCTIONS;
+use crate::diagnostic::{DiagnosticKind, Report, Span};
+use crate::suggest::closest;
+
+/// A value name in scope.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Binding {
+    pub node: NodeId,
+    pub span: Span,
+    /// Whether the name is an `input` (what `grad` differentiates with respect to).
+    pub is_input: bool,
+}
+
+/// Builds one graph from statements, keeping the names in scope.
+pub(crate) struct Lowerer<'s> {
+    pub b: GraphBuilder,
+    pub scope: HashMap<String, Binding>,
+    /// Names that later statements define, to say "defined later" rather than "unknown".
+    later: HashMap<String, Span>,
+    src: &'s str,
+}
+
+impl<'s> Lowerer<'s> {
+    pub fn new(src: &'s str) -> Lowerer<'s> {
+        Lowerer { b: GraphBuilder::new(), scope: HashMap::new(), later: HashMap::new(), src }
+    }
+
+    /// Lowers a whole program and returns the verified graph.
+    pub fn program(mut self, stmts: &[Stmt]) -> Result<Graph, Report> {
+        for s in stmts {
+            if let Some(name) = s.defined_name() {
+                self.later.entry(name.name.clone()).or_insert(name.span);
+            }
+        }
+        for s in stmts {
+            self.statement(s)?;
+        }
+        if self.b.graph().outputs.is_empty() {
+            let end = Span::new(self.src.len(), self.src.len());
+            return Err(Report::new(DiagnosticKind::NoOutput, end, "the program defines no output")
+                .expected("at least one `output NAME = EXPR`"));
+        }
+        self.finish()
+    }
+
+    /// Verifies and returns the graph; a verifier failure is kfuse's bug, reported as such.
+    pub fn finish(self) -> Result<Graph, Report> {
+        self.b.finish().map_err(|e| {
+            Report::new(DiagnosticKind::Internal, Span::new(0, 0), format!("internal error: {e}"))
+                .expected("a graph the verifier accepts (this is a bug in kfuse; please report it)")
+        })
+    }
+
+    fn statement(&mut self, s: &Stmt) -> Result<(), Report> {
+        match s {
+            Stmt::Input { name, dtype, dims } => {
+                let shape = Shape(
+                    dims.iter()
+                        .map(|d| match d {
+                            DimAst::Sym(s) => Dim::Sym(self.b.symbol(s)),
+                            DimAst::Const(c) => Dim::Const(*c),
+                        })
+                        .collect(),
+                );
+                self.check_new_name(name)?;
+                let node = self.b.input(&name.name, *dtype, shape).map_err(|e| self.ir_report(e, name.span, &[]))?;
+                self.bind(name, node, true);
+            }
+            Stmt::Let { name, value } => {
+                self.check_new_name(name)?;
+                let node = self.expr(value)?;
+                self.bind(name, node, false);
+            }
+            Stmt::Output { name, dtype, value } => {
+                let node = match value {
+                    Some(v) => {
+                        self.check_new_name(name)?;
+                        self.expr(v)?
+                    }
+                    None => self.lookup(name)?.node,
+                };
+                let node = match dtype {
+                    Some(d) => self.b.cast(node, *d),
+                    None => node,
+                };
+                self.b.output(&name.name, node).map_err(|e| self.ir_report(e, name.span, &[]))?;
+                if value.is_some() {
+                    self.bind(name, node, false);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Declares a named input (for `parse_expression`, whose inputs come from the caller).
+    pub fn declare_input(&mut self, name: &str, dtype: DType, shape: Shape) -> Result<(), Report> {
+        let ident = Ident { name: name.to_string(), span: Span::new(0, 0) };
+        if self.scope.contains_key(name) {
+            return Err(Report::new(DiagnosticKind::DuplicateName, ident.span, format!("variable `{name}` is given twice"))
+                .expected("distinct variable names"));
+        }
+        let node = self.b.input(name, dtype, shape).map_err(|e| self.ir_report(e, ident.span, &[]))?;
+        self.bind(&ident, node, true);
+        Ok(())
+    }
+
+    fn bind(&mut self, name: &Ident, node: NodeId, is_input: bool) {
+        self.scope.insert(name.name.clone(), Binding { node, span: name.span, is_input });
+    }
+
+    fn check_new_name(&self, name: &Ident) -> Result<(), Report> {
+        match self.scope.get(&name.name) {
+            Some(prev) => Err(Report::new(DiagnosticKind::DuplicateName, name.span, format!("`{}` is already defined", name.name))
+                .expected(format!("a new name (`{}` was first defined at line {})", name.name, self.line_of(prev.span)))),
+            None => Ok(()),
+        }
+    }
+
+    fn line_of(&self, span: Span) -> usize {
+        let end = span.start.min(self.src.len());
+        self.src.as_bytes()[..end].iter().filter(|&&c| c == b'\n').count() + 1
+    }
+
+    /// The binding of a name, or a report that says why there is none.
+    pub fn lookup(&self, name: &Ident) -> Result<Binding, Report> {
+        if let Some(b) = self.scope.get(&name.name) {
+            return Ok(*b);
+        }
+        let n = &name.name;
+        let report = Report::new(DiagnosticKind::UnknownName, name.span, format!("unknown name `{n}`"));
+        Err(if let Some(def) = self.later.get(n) {
+            report.expected(format!("a name defined above this line (`{n}` is defined later, at line {})", self.line_of(*def)))
+        } else if let Some(s) = closest(n, self.scope.keys().map(String::as_str)) {
+            report.expected(format!("a defined name; did you mean `{s}`?"))
+        } else if FUNCTIONS.contains(&n.as_str()) {
+            report.expected(format!("a value; `{n}` is a function, call it as {n}(...)"))
+        } else if self.b.graph().symbol(n).is_some() {
+            report.expected(format!("a value; `{n}` is a dimension symbol, which has no value here"))
+        } else {
+            report.expected("a name defined above by `input`, `let` or `output`")
+        })
+    }
+
+    /// Lowers an expression to a node.
+    pub fn expr(&mut self, e: &Expr) -> Result<NodeId, Report> {
+        match &e.kind {
+            ExprKind::Int(v) => self.int_literal(*v, e.span),
+            ExprKind::Float(v) => Ok(self.b.lit_float(*v)),
+            ExprKind::Bool(v) => Ok(self.b.lit_bool(*v)),
+            ExprKind::Name(n) => Ok(self.lookup(&Ident { name: n.clone(), span: e.span })?.node),
+            // A negated literal stays a (weak) literal, so `x * -1.5` keeps x's dtype.
+            ExprKind::Neg(x) => match x.kind {
+                ExprKind::Int(v) => self.int_literal(-v, e.span),
+                ExprKind::Float(v) => Ok(self.b.lit_float(-v)),
+                _ => {
+                    let x = self.expr(x)?;
+                    self.b.unary(UnaryOp::Neg, x).map_err(|err| self.ir_report(err, e.span, &[]))
+                }
+            },
+            ExprKind::Not(x) => {
+                let x = self.expr(x)?;
+                self.b.unary(UnaryOp::Not, x).map_err(|err| self.ir_report(err, e.span, &[]))
+            }
+            ExprKind::Binary(op, a, c) => {
+                let (a, c) = (self.expr(a)?, self.expr(c)?);
+                self.b.binary(*op, a, c).map_err(|err| self.ir_report(err, e.span, &[a, c]))
+            }
+            ExprKind::Component { x, index, index_span } => {
+                let x = self.expr(x)?;
+                self.b.component(x, *index).map_err(|err| {
+                    let span = if matches!(err, IrError::ComponentOutOfRange { .. }) { *index_span } else { e.span };
+                    self.ir_report(err, span, &[])
+                })
+            }
+            ExprKind::ExpandLast(x) => {
+                let x = self.expr(x)?;
+                Ok(self.b.expand_last(x))
+            }
+            ExprKind::Call { func, args } => self.call(func, args, e.span),
+        }
+    }
+
+    /// Integer literals are `i32`: larger ones would silently wrap in an `i32` computation.
+    fn int_literal(&mut self, v: i64, span: Span) -> Result<NodeId, Report> {
+        if i32::try_from(v).is_err() {
+            return Err(Report::new(DiagnosticKind::Type, span, format!("integer literal {v} does not fit in i32"))
+                .expected(format!("an integer from {} to {}, or a float literal like {v}.0", i32::MIN, i32::MAX)));
+        }
+        Ok(self.b.lit_int(v))
+    }
+
+    pub fn dtype(&self, node: NodeId) -> DType {
+        self.b.node(node).dtype
+    }
+
+    pub fn shape_str(&self, node: NodeId) -> String {
+        self.b.graph().shape_str(&self.b.node(node).shape)
+    }
+
+    /// Turns a builder error into a report at `span`. `operands` (when given) are the operands in
+    /// source order, so that a kind mismatch names them in the order the user wrote them.
+    pub fn ir_report(&self, e: IrError, span: Span, operands: &[NodeId]) -> Report {
+        let kind = match e {
+            IrError::Broadcast { .. }
+            | IrError::ComponentOutOfRange { .. }
+            | IrError::ComponentNeedsConstAxis { .. }
+            | IrError::RankTooLow { .. }
+            | IrError::MaskShape { .. }
+            | IrError::EmptyStack => DiagnosticKind::Shape,
+            IrError::BadDType { .. } | IrError::KindMismatch { .. } => DiagnosticKind::Type,
+            IrError::DuplicateName(_) => DiagnosticKind::DuplicateName,
+            IrError::NotDifferentiable { .. } => DiagnosticKind::Grad,
+            IrError::UnknownSymbol(_) | IrError::Malformed(_) => DiagnosticKind::Internal,
+        };
+        let mut message = e.to_string();
+        let expected: String = match &e {
+            IrError::Broadcast { .. } => {
+                "shapes that broadcast: aligned from the right, equal dimensions or 1 (x[.., None] adds a last axis of size 1)".into()
+            }
+            IrError::BadDType { op, .. } => expected_operands(op).into(),
+            IrError::KindMismatch { op, .. } => {
+                if let [a, c] = operands {
+                    message = format!("`{op}` needs operands of the same kind, got {} and {}", self.dtype(*a), self.dtype(*c));
+                }
+                expected_same_kind(op).into()
+            }
+            IrError::ComponentOutOfRange { size: 0, .. } => "a last axis with at least one component".into(),
+            IrError::ComponentOutOfRange { size, .. } => format!("an index from -{size} to {}", size - 1),
+            IrError::ComponentNeedsConstAxis { .. } => "a tensor whose last dimension is a constant, as in f32[N, 4]".into(),
+            IrError::RankTooLow { min, .. } => format!("a tensor of rank {min} or more, not a scalar"),
+            IrError::MaskShape { .. } => {
+                "a mask whose shape broadcasts to the operand's (a [B, N] mask over a [B, N, 4] operand is written mask[.., None])".into()
+            }
+            IrError::DuplicateName(_) => "a name that is not used yet".into(),
+            IrError::NotDifferentiable { .. } => "a scalar float built from differentiable operations of the input".into(),
+            IrError::EmptyStack | IrError::UnknownSymbol(_) | IrError::Malformed(_) => {
+                "a graph the builder accepts (this is a bug in kfuse; please report it)".into()
+            }
+        };
+        Report::new(kind, span, message).expected(expected)
+    }
+}
+
+fn expected_operands(op: &str) -> &'static str {
+    match op {
+        "and" | "or" | "not" => "bool operands, such as comparisons",
+        "where" => "a bool condition, such as x > 0",
+        "where:" => "a bool mask, such as where: x > 0",
+        "count" => "a bool tensor, as in count(x > 0)",
+        "sum" | "mean" | "max" | "min" => "numbers to reduce (count(...) counts the true elements of a bool tensor)",
+        _ => "numbers: f32, f16, bf16 or i32",
+    }
+}
+
+fn expected_same_kind(op: &str) -> &'static str {
+    match op {
+        "==" | "!=" => "two numbers or two bools",
+        "and" | "or" => "bools on both sides",
+        "where" => "two branches of the same kind: two numbers or two bools",
+        "clamp" => "numbers for x, lo and hi",
+        _ => "numbers on both sides (use where(c, 1.0, 0.0) to turn a bool into a number)",
+    }
+}

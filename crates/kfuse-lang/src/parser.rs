@@ -1,0 +1,379 @@
+//! The parser: tokens to statements and expressions, by recursive descent.
+//!
+//! Precedence, loosest first (as in Python): `or` < `and` < `not` < comparisons (which do not
+//! chain) < `+ -` < `* /` < unary `-` < postfix `[.., K]` / `[.., None]`. Binary operators are
+//! left-associative. Nesting is bounded by [`MAX_DEPTH`] so that no input can overflow the stack.
+//! Names, types and arities are checked later, by the lowering.
+
+use kfuse_ir::{BinaryOp, DType};
+
+use crate::ast::{Arg, DimAst, Expr, ExprKind, Ident, Stmt};
+use crate::diagnostic::{DiagnosticKind, Report, Span};
+use crate::lexer::{Tok, Token};
+
+/// The deepest expression nesting accepted (parentheses, operators, calls together).
+pub(crate) const MAX_DEPTH: u32 = 200;
+
+const EXPR_START: &str = "an expression (a name, a number, `(`, `-` or `not`)";
+
+/// A parser over a token list that ends with [`Tok::Eof`].
+pub(crate) struct Parser<'t> {
+    toks: &'t [Token],
+    pos: usize,
+    nesting: u32,
+}
+
+impl<'t> Parser<'t> {
+    pub fn new(toks: &'t [Token]) -> Parser<'t> {
+        Parser { toks, pos: 0, nesting: 0 }
+    }
+
+    /// A whole program: statements separated by line breaks.
+    pub fn program(&mut self) -> Result<Vec<Stmt>, Report> {
+        let mut stmts = Vec::new();
+        loop {
+            self.skip_newlines();
+            if self.peek().tok == Tok::Eof {
+                return Ok(stmts);
+            }
+            stmts.push(self.statement()?);
+            self.end_of_statement()?;
+        }
+    }
+
+    /// A lone expression, optionally surrounded by blank lines and comments.
+    pub fn standalone_expression(&mut self) -> Result<Expr, Report> {
+        self.skip_newlines();
+        let e = self.expr()?;
+        self.skip_newlines();
+        match self.peek().tok {
+            Tok::Eof => Ok(e),
+            _ => Err(self.unexpected("an operator or the end of the expression")),
+        }
+    }
+
+    fn peek(&self) -> &Token {
+        // The list ends with Eof and `pos` never passes it.
+        &self.toks[self.pos.min(self.toks.len().saturating_sub(1))]
+    }
+
+    fn peek_at(&self, ahead: usize) -> &Tok {
+        let last = self.toks.len().saturating_sub(1);
+        &self.toks[(self.pos + ahead).min(last)].tok
+    }
+
+    fn bump(&mut self) -> Token {
+        let t = self.peek().clone();
+        if t.tok != Tok::Eof {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn eat(&mut self, tok: &Tok) -> Option<Span> {
+        (&self.peek().tok == tok).then(|| self.bump().span)
+    }
+
+    fn expect(&mut self, tok: &Tok, expected: &str) -> Result<Span, Report> {
+        self.eat(tok).ok_or_else(|| self.unexpected(expected))
+    }
+
+    fn unexpected(&self, expected: &str) -> Report {
+        let t = self.peek();
+        Report::new(DiagnosticKind::Syntax, t.span, format!("unexpected {}", t.tok.describe())).expected(expected)
+    }
+
+    fn skip_newlines(&mut self) {
+        while self.eat(&Tok::Newline).is_some() {}
+    }
+
+    fn end_of_statement(&mut self) -> Result<(), Report> {
+        match self.peek().tok {
+            Tok::Newline | Tok::Eof => Ok(()),
+            _ => Err(self.unexpected("an operator or the end of the line")),
+        }
+    }
+
+    fn ident(&mut self, expected: &str) -> Result<Ident, Report> {
+        match &self.peek().tok {
+            Tok::Ident(name) => {
+                let name = name.clone();
+                Ok(Ident { name, span: self.bump().span })
+            }
+            _ => Err(self.unexpected(expected)),
+        }
+    }
+
+    fn statement(&mut self) -> Result<Stmt, Report> {
+        match &self.peek().tok {
+            Tok::Input => {
+                self.bump();
+                let name = self.ident("the input's name, as in `input x: f32[N]`")?;
+                self.expect(&Tok::Colon, "`:` and the input's type, as in `input x: f32[N]`")?;
+                let dtype = self.dtype()?;
+                let dims = self.dims()?;
+                Ok(Stmt::Input { name, dtype, dims })
+            }
+            Tok::Let => {
+                self.bump();
+                let name = self.ident("a name to define, as in `let y = x * 2`")?;
+                self.expect(&Tok::Assign, "`=` and a value")?;
+                Ok(Stmt::Let { name, value: self.expr()? })
+            }
+            Tok::Output => {
+                self.bump();
+                let name = self.ident("the output's name, as in `output loss = ...`")?;
+                let dtype = match self.eat(&Tok::Colon) {
+                    Some(_) => Some(self.dtype()?),
+                    None => None,
+                };
+                let value = match self.peek().tok {
+                    Tok::Newline | Tok::Eof => None,
+                    _ => {
+                        self.expect(&Tok::Assign, "`=` and a value, or the end of the line")?;
+                        Some(self.expr()?)
+                    }
+                };
+                Ok(Stmt::Output { name, dtype, value })
+            }
+            Tok::Ident(_) if *self.peek_at(1) == Tok::Assign => {
+                let name = self.ident("a name")?;
+                self.bump();
+                Ok(Stmt::Let { name, value: self.expr()? })
+            }
+            Tok::Ident(_) => {
+                self.bump();
+                Err(self.unexpected("`=`: a statement is `input ...`, `let NAME = ...`, `NAME = ...` or `output NAME = ...`"))
+            }
+            _ => Err(self.unexpected("a statement: `input NAME: TYPE`, `let NAME = EXPR`, `NAME = EXPR` or `output NAME = EXPR`")),
+        }
+    }
+
+    fn dtype(&mut self) -> Result<DType, Report> {
+        const TYPES: &str = "a dtype: f32, f16, bf16, i32 or bool";
+        match &self.peek().tok {
+            Tok::Ident(name) => match DType::from_name(name) {
+                Some(d) => {
+                    self.bump();
+                    Ok(d)
+                }
+                None => {
+                    let t = self.peek();
+                    Err(Report::new(DiagnosticKind::Syntax, t.span, format!("unknown dtype `{name}`")).expected(TYPES))
+                }
+            },
+            _ => Err(self.unexpected(TYPES)),
+        }
+    }
+
+    /// `[B, N, 4]`, `[]` or nothing (a scalar).
+    fn dims(&mut self) -> Result<Vec<DimAst>, Report> {
+        let mut dims = Vec::new();
+        if self.eat(&Tok::LBracket).is_none() {
+            return Ok(dims);
+        }
+        const DIM: &str = "a dimension: a symbol like `N` or a size like `4`";
+        loop {
+            if self.eat(&Tok::RBracket).is_some() {
+                return Ok(dims);
+            }
+            match self.peek().tok.clone() {
+                Tok::Ident(s) => dims.push(DimAst::Sym(s)),
+                Tok::Int(v) => dims.push(DimAst::Const(u64::try_from(v).map_err(|_| self.unexpected(DIM))?)),
+                _ => return Err(self.unexpected(DIM)),
+            }
+            self.bump();
+            if self.eat(&Tok::Comma).is_none() {
+                self.expect(&Tok::RBracket, "`,` or `]`")?;
+                return Ok(dims);
+            }
+        }
+    }
+
+    /// Builds an expression node, refusing nesting deeper than [`MAX_DEPTH`].
+    fn node(&self, kind: ExprKind, span: Span) -> Result<Expr, Report> {
+        let depth = Expr::child_depth(&kind) + 1;
+        if depth > MAX_DEPTH || self.nesting > MAX_DEPTH {
+            return Err(too_deep(span));
+        }
+        Ok(Expr { kind, span, depth })
+    }
+
+    /// Runs `f` one level deeper in the recursion, refusing to go past [`MAX_DEPTH`].
+    fn nested<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, Report>) -> Result<T, Report> {
+        if self.nesting >= MAX_DEPTH {
+            return Err(too_deep(self.peek().span));
+        }
+        self.nesting += 1;
+        let r = f(self);
+        self.nesting -= 1;
+        r
+    }
+
+    pub fn expr(&mut self) -> Result<Expr, Report> {
+        self.nested(|p| p.or())
+    }
+
+    fn binary_chain(
+        &mut self,
+        ops: &[(Tok, BinaryOp)],
+        mut operand: impl FnMut(&mut Self) -> Result<Expr, Report>,
+    ) -> Result<Expr, Report> {
+        let mut lhs = operand(self)?;
+        while let Some(&(_, op)) = ops.iter().find(|(t, _)| *t == self.peek().tok) {
+            self.bump();
+            let rhs = operand(self)?;
+            let span = lhs.span.to(rhs.span);
+            lhs = self.node(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), span)?;
+        }
+        Ok(lhs)
+    }
+
+    fn or(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::Or, BinaryOp::Or)], |p| p.and())
+    }
+
+    fn and(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::And, BinaryOp::And)], |p| p.not())
+    }
+
+    fn not(&mut self) -> Result<Expr, Report> {
+        match self.eat(&Tok::Not) {
+            Some(span) => {
+                let x = self.nested(|p| p.not())?;
+                let span = span.to(x.span);
+                self.node(ExprKind::Not(Box::new(x)), span)
+            }
+            None => self.comparison(),
+        }
+    }
+
+    fn comparison(&mut self) -> Result<Expr, Report> {
+        let lhs = self.additive()?;
+        let Some(op) = comparison_op(&self.peek().tok) else { return Ok(lhs) };
+        self.bump();
+        let rhs = self.additive()?;
+        if comparison_op(&self.peek().tok).is_some() {
+            let t = self.peek();
+            return Err(Report::new(DiagnosticKind::Syntax, t.span, "comparisons do not chain")
+                .expected("one comparison; join two with `and`, as in (a < b) and (b < c)"));
+        }
+        let span = lhs.span.to(rhs.span);
+        self.node(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), span)
+    }
+
+    fn additive(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::Plus, BinaryOp::Add), (Tok::Minus, BinaryOp::Sub)], |p| p.multiplicative())
+    }
+
+    fn multiplicative(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::Star, BinaryOp::Mul), (Tok::Slash, BinaryOp::Div)], |p| p.unary())
+    }
+
+    fn unary(&mut self) -> Result<Expr, Report> {
+        match self.eat(&Tok::Minus) {
+            Some(span) => {
+                let x = self.nested(|p| p.unary())?;
+                let span = span.to(x.span);
+                self.node(ExprKind::Neg(Box::new(x)), span)
+            }
+            None => self.postfix(),
+        }
+    }
+
+    fn postfix(&mut self) -> Result<Expr, Report> {
+        let mut x = self.primary()?;
+        while let Some(open) = self.eat(&Tok::LBracket) {
+            const INDEX: &str = "`..` then a component: x[.., 0], x[.., -1] or x[.., None]";
+            self.expect(&Tok::DotDot, INDEX)?;
+            self.expect(&Tok::Comma, INDEX)?;
+            let neg = self.eat(&Tok::Minus);
+            let kind = match (self.peek().tok.clone(), neg) {
+                (Tok::None, None) => {
+                    self.bump();
+                    ExprKind::ExpandLast(Box::new(x))
+                }
+                (Tok::Int(v), _) => {
+                    let t = self.bump();
+                    let index_span = neg.map_or(t.span, |n| n.to(t.span));
+                    let index = if neg.is_some() { -v } else { v };
+                    ExprKind::Component { x: Box::new(x), index, index_span }
+                }
+                _ => return Err(self.unexpected("a component index (an integer, maybe negative) or `None`")),
+            };
+            let close = self.expect(&Tok::RBracket, "`]`")?;
+            let span = match &kind {
+                ExprKind::ExpandLast(x) | ExprKind::Component { x, .. } => x.span.to(close),
+                _ => open.to(close),
+            };
+            x = self.node(kind, span)?;
+        }
+        Ok(x)
+    }
+
+    fn primary(&mut self) -> Result<Expr, Report> {
+        let t = self.peek().clone();
+        let kind = match t.tok {
+            Tok::Int(v) => ExprKind::Int(v),
+            Tok::Float(v) => ExprKind::Float(v),
+            Tok::True => ExprKind::Bool(true),
+            Tok::False => ExprKind::Bool(false),
+            Tok::LParen => {
+                self.bump();
+                let mut e = self.expr()?;
+                let close = self.expect(&Tok::RParen, "`)` or an operator")?;
+                e.span = t.span.to(close);
+                return Ok(e);
+            }
+            Tok::Ident(name) if *self.peek_at(1) == Tok::LParen => {
+                let func = Ident { name, span: t.span };
+                self.bump();
+                self.bump();
+                let args = self.nested(|p| p.arguments())?;
+                let close = self.expect(&Tok::RParen, "`,` or `)`")?;
+                return self.node(ExprKind::Call { func, args }, t.span.to(close));
+            }
+            Tok::Ident(name) => ExprKind::Name(name),
+            _ => return Err(self.unexpected(EXPR_START)),
+        };
+        self.bump();
+        self.node(kind, t.span)
+    }
+
+    /// Call arguments up to (not including) the closing `)`.
+    fn arguments(&mut self) -> Result<Vec<Arg>, Report> {
+        let mut args = Vec::new();
+        while self.peek().tok != Tok::RParen {
+            let keyword = match (&self.peek().tok, self.peek_at(1)) {
+                (Tok::Ident(_), Tok::Colon) => {
+                    let k = self.ident("a keyword")?;
+                    self.bump();
+                    Some(k)
+                }
+                _ => None,
+            };
+            args.push(Arg { keyword, value: self.expr()? });
+            if self.eat(&Tok::Comma).is_none() {
+                break;
+            }
+        }
+        Ok(args)
+    }
+}
+
+fn comparison_op(t: &Tok) -> Option<BinaryOp> {
+    Some(match t {
+        Tok::EqEq => BinaryOp::Eq,
+        Tok::NotEq => BinaryOp::Ne,
+        Tok::Lt => BinaryOp::Lt,
+        Tok::Le => BinaryOp::Le,
+        Tok::Gt => BinaryOp::Gt,
+        Tok::Ge => BinaryOp::Ge,
+        _ => return None,
+    })
+}
+
+fn too_deep(span: Span) -> Report {
+    Report::new(DiagnosticKind::Syntax, span, format!("expression nested more than {MAX_DEPTH} levels deep"))
+        .expected("a shallower expression: name parts of it with `let`")
+}
