@@ -1,1 +1,30 @@
-//! placeholder: being written
+//! kfuse-runtime: the only layer of kfuse that touches CUDA.
+//!
+//! - [`compile`] turns CUDA C++ source into a cubin (plus PTX fallback) with NVRTC, no GPU
+//!   needed;
+//! - [`KernelCache`] keeps compiled modules in memory and on disk, keyed by a stable blake3
+//!   [`CacheKey`];
+//! - [`Gpu`] is one device with one stream: buffers, kernel loading through the cache, launches
+//!   and timing events;
+//! - [`testing`] gates NVRTC- and GPU-tier tests.
+//!
+//! It takes CUDA source strings and knows nothing of the IR. Libraries are loaded at run time
+//! (cudarc `dynamic-loading`); their absence is an error value, never a panic.
+
+mod arch;
+pub mod cache;
+mod error;
+mod gpu;
+mod key;
+mod nvrtc;
+pub mod testing;
+
+pub use arch::Arch;
+pub use cache::{CacheOutcome, KernelCache};
+pub use error::RuntimeError;
+pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, KernelArg};
+pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
+pub use nvrtc::{
+    cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions,
+    CompiledModule,
+};

@@ -1,0 +1,609 @@
+//! One CUDA device: a context, one stream, device buffers, kernel loading through the kernel
+//! cache, launches and timing events.
+//!
+//! All work of a `Gpu` goes to its single stream, so stream order alone orders allocation, use
+//! and free; buffers, functions and events carry the id of the `Gpu` that made them and are
+//! refused by any other. Does not handle: multi-stream overlap, graphs, peer copies.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUresult};
+use cudarc::driver::{
+    result as dresult, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream,
+    DevicePtr, DriverError, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::cache::KernelCache;
+use crate::nvrtc::{check_no_nul, key_with_options, nvrtc_version, CompileOptions, CompiledModule};
+use crate::{Arch, CacheKey, RuntimeError};
+
+/// Dynamic shared memory a kernel may use without opting in.
+const DEFAULT_DYNAMIC_SHARED_LIMIT: u32 = 48 * 1024;
+
+/// Whether libcuda can be loaded; checked once because cudarc panics on a missing library.
+pub fn driver_available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: is_culib_present only tries to dlopen candidate library names; no preconditions.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+fn next_gpu_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A module loaded on this device and the functions looked up in it.
+struct LoadedModule {
+    module: Arc<CudaModule>,
+    functions: HashMap<String, GpuFunction>,
+}
+
+/// One CUDA device with one stream.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    id: u64,
+    ordinal: usize,
+    arch: Arch,
+    compile_arch: Arch,
+    name: String,
+    sm_count: u32,
+    l2_bytes: usize,
+    max_shared_optin: u32,
+    cache: Arc<KernelCache>,
+    modules: Mutex<HashMap<CacheKey, LoadedModule>>,
+}
+
+/// A kernel function loaded on one `Gpu`.
+#[derive(Clone)]
+pub struct GpuFunction {
+    function: CudaFunction,
+    name: Arc<str>,
+    key: CacheKey,
+    gpu_id: u64,
+    ordinal: usize,
+    /// The largest dynamic shared memory size this function has been opted in to.
+    shared_opt_in: Arc<AtomicU32>,
+}
+
+impl GpuFunction {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The cache key of the module holding it.
+    pub fn key(&self) -> CacheKey {
+        self.key
+    }
+}
+
+/// A device allocation owned by one `Gpu`, freed (in stream order) when dropped.
+pub struct DeviceBuffer {
+    // None for an empty buffer: CUDA cannot allocate zero bytes, kernels see a null pointer.
+    slice: Option<CudaSlice<u8>>,
+    gpu_id: u64,
+    ordinal: usize,
+}
+
+impl DeviceBuffer {
+    /// Size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.slice.as_ref().map_or(0, |s| s.len())
+    }
+}
+
+/// A kernel argument. `Buffer` passes the buffer's device pointer.
+#[derive(Clone, Copy)]
+pub enum KernelArg<'a> {
+    /// A device pointer (`T*` in the kernel).
+    Buffer(&'a DeviceBuffer),
+    /// `long long`.
+    I64(i64),
+    /// `int`.
+    I32(i32),
+    /// `unsigned int`.
+    U32(u32),
+    /// `float`.
+    F32(f32),
+}
+
+/// A recorded point on a `Gpu`'s stream, for timing.
+pub struct GpuEvent {
+    event: CudaEvent,
+    gpu_id: u64,
+    ordinal: usize,
+}
+
+/// Argument values owned for the duration of one launch (the driver reads them by address).
+enum ArgValue {
+    Pointer(u64),
+    I64(i64),
+    I32(i32),
+    U32(u32),
+    F32(f32),
+}
+
+impl Gpu {
+    /// Opens device `ordinal` with the process-wide kernel cache ([`KernelCache::global`]).
+    pub fn open(ordinal: usize) -> Result<Gpu, RuntimeError> {
+        Gpu::open_with_cache(ordinal, KernelCache::global())
+    }
+
+    /// Opens device `ordinal` with a given kernel cache.
+    pub fn open_with_cache(ordinal: usize, cache: Arc<KernelCache>) -> Result<Gpu, RuntimeError> {
+        if !driver_available() {
+            return Err(RuntimeError::DriverMissing);
+        }
+        dresult::init().map_err(|e| match e.0 {
+            CUresult::CUDA_ERROR_NO_DEVICE => RuntimeError::NoDevice {
+                detail: "cuInit reports CUDA_ERROR_NO_DEVICE".to_string(),
+            },
+            _ => RuntimeError::Driver {
+                call: "cuInit",
+                ordinal,
+                source: e,
+            },
+        })?;
+        let count = dresult::device::get_count().map_err(|source| RuntimeError::Driver {
+            call: "cuDeviceGetCount",
+            ordinal,
+            source,
+        })?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if count == 0 {
+            return Err(RuntimeError::NoDevice {
+                detail: "cuDeviceGetCount returned 0".to_string(),
+            });
+        }
+        if ordinal >= count {
+            return Err(RuntimeError::DeviceOutOfRange { ordinal, count });
+        }
+        let driver = |call: &'static str| move |source| RuntimeError::Driver { call, ordinal, source };
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: this context object is private to this Gpu, and every buffer it allocates is
+        // used only on this Gpu's single stream (buffers carry the Gpu id and other Gpus refuse
+        // them), so stream order already orders allocation, kernel use and free; cudarc's
+        // per-buffer events would only add overhead.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("cuDeviceGetAttribute(compute capability)"))?;
+        let arch = Arch::new(
+            u32::try_from(major).unwrap_or(0),
+            u32::try_from(minor).unwrap_or(0),
+        );
+        let attribute = |attr: CUdevice_attribute, call: &'static str| {
+            ctx.attribute(attr)
+                .map_err(driver(call))
+                .map(|v| u32::try_from(v).unwrap_or(0))
+        };
+        let sm_count = attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+        )?;
+        let l2_bytes = attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+            "cuDeviceGetAttribute(L2_CACHE_SIZE)",
+        )?;
+        let max_shared_optin = attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)",
+        )?;
+        let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
+        Ok(Gpu {
+            compile_arch: compile_arch_for(arch),
+            ctx,
+            stream,
+            id: next_gpu_id(),
+            ordinal,
+            arch,
+            name,
+            sm_count,
+            l2_bytes: usize::try_from(l2_bytes).unwrap_or(0),
+            max_shared_optin,
+            cache,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The device's compute capability.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+    /// The architecture kernels are compiled for: the device's, or the newest NVRTC supports
+    /// below it (then the PTX fallback is what loads).
+    pub fn compile_arch(&self) -> Arch {
+        self.compile_arch
+    }
+    /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn name(&self) -> String {
+        self.name.clone()
+    }
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+    /// L2 cache size in bytes.
+    pub fn l2_bytes(&self) -> usize {
+        self.l2_bytes
+    }
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    /// Largest dynamic shared memory per block after opting in.
+    pub fn max_shared_bytes(&self) -> u32 {
+        self.max_shared_optin
+    }
+    /// The kernel cache this Gpu compiles through.
+    pub fn cache(&self) -> &Arc<KernelCache> {
+        &self.cache
+    }
+
+    fn driver_error(&self, call: &'static str) -> impl Fn(DriverError) -> RuntimeError {
+        let ordinal = self.ordinal;
+        move |source| RuntimeError::Driver { call, ordinal, source }
+    }
+
+    /// Compiles `source` for this device through the cache, loads it (cubin first, PTX
+    /// fallback) and looks up `fn_name`. A second call with the same source and name costs a
+    /// hash of the source and a map lookup.
+    pub fn load_kernel(&self, source: &str, fn_name: &str) -> Result<GpuFunction, RuntimeError> {
+        let opts = CompileOptions::for_arch(self.compile_arch);
+        let bypass = self.cache.is_bypassed();
+        if !bypass {
+            let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
+            let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(function) = modules.get(&key).and_then(|m| m.functions.get(fn_name)) {
+                return Ok(function.clone());
+            }
+        }
+        check_no_nul("the kernel name", fn_name)?;
+        let (compiled, _outcome) = self.cache.get_or_compile(source, &opts)?;
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        let loaded = match modules.entry(compiled.key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(LoadedModule {
+                module: self.load_module(&compiled)?,
+                functions: HashMap::new(),
+            }),
+        };
+        if let Some(function) = loaded.functions.get(fn_name) {
+            return Ok(function.clone());
+        }
+        let function = loaded.module.load_function(fn_name).map_err(|e| match e.0 {
+            CUresult::CUDA_ERROR_NOT_FOUND => RuntimeError::FunctionNotFound {
+                fn_name: fn_name.to_string(),
+                key: compiled.key.to_hex(),
+            },
+            _ => RuntimeError::Driver {
+                call: "cuModuleGetFunction",
+                ordinal: self.ordinal,
+                source: e,
+            },
+        })?;
+        let function = GpuFunction {
+            function,
+            name: Arc::from(fn_name),
+            key: compiled.key,
+            gpu_id: self.id,
+            ordinal: self.ordinal,
+            shared_opt_in: Arc::new(AtomicU32::new(DEFAULT_DYNAMIC_SHARED_LIMIT)),
+        };
+        if !bypass {
+            loaded.functions.insert(fn_name.to_string(), function.clone());
+        }
+        Ok(function)
+    }
+
+    /// Loads a compiled module: the cubin first; the PTX (driver JIT, slow) only if the cubin
+    /// is refused.
+    pub fn load_module(&self, compiled: &CompiledModule) -> Result<Arc<CudaModule>, RuntimeError> {
+        let started = Instant::now();
+        let cubin_error = match self.ctx.load_module(Ptx::from_binary(compiled.cubin.clone())) {
+            Ok(module) => return Ok(module),
+            Err(e) => e.to_string(),
+        };
+        let ptx_error = if compiled.ptx.is_empty() {
+            "no PTX kept".to_string()
+        } else if let Err(e) = check_no_nul("the PTX", &compiled.ptx) {
+            e.to_string()
+        } else {
+            match self.ctx.load_module(Ptx::from_src(compiled.ptx.clone())) {
+                Ok(module) => {
+                    eprintln!(
+                        "kfuse: warning: cubin of {} ({}) refused by device {} ({}): {cubin_error}; loaded its PTX through the driver JIT in {:.1} ms",
+                        compiled.key, compiled.arch, self.ordinal, self.arch,
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    return Ok(module);
+                }
+                Err(e) => e.to_string(),
+            }
+        };
+        Err(RuntimeError::ModuleLoad {
+            key: compiled.key.to_hex(),
+            arch: compiled.arch,
+            ordinal: self.ordinal,
+            cubin_error,
+            ptx_error,
+        })
+    }
+
+    /// Allocates `bytes` of zeroed device memory.
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, RuntimeError> {
+        if bytes == 0 {
+            return Ok(self.empty_buffer());
+        }
+        let slice = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| self.alloc_error(e, bytes))?;
+        Ok(self.wrap(slice))
+    }
+
+    /// Copies `bytes` to a new device buffer.
+    pub fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer, RuntimeError> {
+        if bytes.is_empty() {
+            return Ok(self.empty_buffer());
+        }
+        let slice = self
+            .stream
+            .clone_htod(bytes)
+            .map_err(|e| self.alloc_error(e, bytes.len()))?;
+        Ok(self.wrap(slice))
+    }
+
+    /// Copies a buffer back to the host (waits for prior work on the stream).
+    pub fn download(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
+        self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
+        match &buf.slice {
+            None => Ok(Vec::new()),
+            Some(slice) => self
+                .stream
+                .clone_dtoh(slice)
+                .map_err(self.driver_error("cuMemcpyDtoHAsync")),
+        }
+    }
+
+    /// Sets every byte of `buf` to `byte` (to poison outputs in tests).
+    pub fn fill(&self, buf: &DeviceBuffer, byte: u8) -> Result<(), RuntimeError> {
+        self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
+        let Some(slice) = &buf.slice else {
+            return Ok(());
+        };
+        self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
+        let (pointer, _record) = slice.device_ptr(&self.stream);
+        // SAFETY: `pointer` addresses `slice.len()` bytes allocated by this Gpu's context and
+        // kept alive by `buf` (borrowed for this call); the memset is queued on the same stream
+        // as every other use of the buffer, so it cannot race with them.
+        unsafe { dresult::memset_d8_async(pointer, byte, slice.len(), self.stream.cu_stream()) }
+            .map_err(self.driver_error("cuMemsetD8Async"))
+    }
+
+    /// Launches `f` with a 1-D grid. `shared_bytes` above 48 KiB opts the function in to that
+    /// much dynamic shared memory (up to the device's limit).
+    pub fn launch(
+        &self,
+        f: &GpuFunction,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), RuntimeError> {
+        self.check_owner("kernel function", f.gpu_id, f.ordinal)?;
+        let invalid = |reason: String| RuntimeError::InvalidLaunch {
+            fn_name: f.name.to_string(),
+            ordinal: self.ordinal,
+            reason,
+        };
+        if grid == 0 || block == 0 {
+            return Err(invalid(format!(
+                "grid ({grid}) and block ({block}) must both be at least 1; skip the launch for empty work"
+            )));
+        }
+        if shared_bytes > self.max_shared_optin.max(DEFAULT_DYNAMIC_SHARED_LIMIT) {
+            return Err(invalid(format!(
+                "{shared_bytes} bytes of dynamic shared memory requested; this device allows at most {} per block",
+                self.max_shared_optin
+            )));
+        }
+        if shared_bytes > f.shared_opt_in.load(Ordering::Acquire) {
+            self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
+            let value = i32::try_from(shared_bytes)
+                .map_err(|_| invalid(format!("shared_bytes {shared_bytes} exceeds i32")))?;
+            f.function
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    value,
+                )
+                .map_err(self.driver_error("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
+            f.shared_opt_in.fetch_max(shared_bytes, Ordering::AcqRel);
+        }
+        let mut values = Vec::with_capacity(args.len());
+        for arg in args {
+            values.push(match *arg {
+                KernelArg::Buffer(buf) => {
+                    self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
+                    let pointer = match &buf.slice {
+                        Some(slice) => slice.device_ptr(&self.stream).0,
+                        None => 0,
+                    };
+                    ArgValue::Pointer(pointer)
+                }
+                KernelArg::I64(v) => ArgValue::I64(v),
+                KernelArg::I32(v) => ArgValue::I32(v),
+                KernelArg::U32(v) => ArgValue::U32(v),
+                KernelArg::F32(v) => ArgValue::F32(v),
+            });
+        }
+        let mut builder = self.stream.launch_builder(&f.function);
+        for value in &values {
+            match value {
+                ArgValue::Pointer(v) => builder.arg(v),
+                ArgValue::I64(v) => builder.arg(v),
+                ArgValue::I32(v) => builder.arg(v),
+                ArgValue::U32(v) => builder.arg(v),
+                ArgValue::F32(v) => builder.arg(v),
+            };
+        }
+        let config = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: shared_bytes,
+        };
+        // SAFETY: every pointer argument is the live device allocation of a DeviceBuffer of this
+        // Gpu borrowed for this call (freed only in stream order after the kernel), scalars are
+        // plain values in `values`, which outlives the launch call. That the argument list
+        // matches the kernel's signature is the caller's contract, as in any CUDA launch.
+        unsafe { builder.launch(config) }.map_err(|source| RuntimeError::Launch {
+            fn_name: f.name.to_string(),
+            grid,
+            block,
+            shared_bytes,
+            ordinal: self.ordinal,
+            source,
+        })?;
+        Ok(())
+    }
+
+    /// Waits for all work queued on this Gpu's stream.
+    pub fn synchronize(&self) -> Result<(), RuntimeError> {
+        self.stream
+            .synchronize()
+            .map_err(self.driver_error("cuStreamSynchronize"))
+    }
+
+    /// Records a timing event at the current end of the stream.
+    pub fn record_event(&self) -> Result<GpuEvent, RuntimeError> {
+        let event = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(self.driver_error("cuEventRecord"))?;
+        Ok(GpuEvent {
+            event,
+            gpu_id: self.id,
+            ordinal: self.ordinal,
+        })
+    }
+
+    /// Milliseconds between two events of this Gpu (waits for `end`).
+    pub fn elapsed_ms(&self, start: &GpuEvent, end: &GpuEvent) -> Result<f32, RuntimeError> {
+        self.check_owner("event", start.gpu_id, start.ordinal)?;
+        self.check_owner("event", end.gpu_id, end.ordinal)?;
+        start
+            .event
+            .elapsed_ms(&end.event)
+            .map_err(self.driver_error("cuEventElapsedTime"))
+    }
+
+    fn empty_buffer(&self) -> DeviceBuffer {
+        DeviceBuffer {
+            slice: None,
+            gpu_id: self.id,
+            ordinal: self.ordinal,
+        }
+    }
+
+    fn wrap(&self, slice: CudaSlice<u8>) -> DeviceBuffer {
+        DeviceBuffer {
+            slice: Some(slice),
+            gpu_id: self.id,
+            ordinal: self.ordinal,
+        }
+    }
+
+    fn alloc_error(&self, source: DriverError, bytes: usize) -> RuntimeError {
+        match source.0 {
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => RuntimeError::OutOfMemory {
+                bytes,
+                ordinal: self.ordinal,
+            },
+            _ => RuntimeError::Driver {
+                call: "cuMemAlloc",
+                ordinal: self.ordinal,
+                source,
+            },
+        }
+    }
+
+    fn check_owner(&self, what: &'static str, gpu_id: u64, ordinal: usize) -> Result<(), RuntimeError> {
+        if gpu_id == self.id {
+            Ok(())
+        } else {
+            Err(RuntimeError::ForeignHandle {
+                what,
+                owner_ordinal: ordinal,
+                ordinal: self.ordinal,
+            })
+        }
+    }
+}
+
+/// The arch to compile for: the device's when NVRTC supports it, else the newest supported one
+/// below it (its cubin will not load on a newer major, but its PTX will, through the JIT).
+fn compile_arch_for(device: Arch) -> Arch {
+    match crate::nvrtc::supported_archs() {
+        Ok(archs) if !archs.is_empty() && !archs.contains(&device) => archs
+            .iter()
+            .copied()
+            .filter(|a| *a <= device)
+            .max()
+            .unwrap_or(device),
+        _ => device,
+    }
+}
+
+/// Opens device 0, or the ordinal in `KFUSE_DEVICE`.
+pub fn open_default() -> Result<Gpu, RuntimeError> {
+    let ordinal = match std::env::var("KFUSE_DEVICE") {
+        Ok(value) => value.trim().parse::<usize>().map_err(|_| RuntimeError::InvalidEnv {
+            name: "KFUSE_DEVICE",
+            value: value.clone(),
+            expected: "a device ordinal such as 0 or 1",
+        })?,
+        Err(_) => 0,
+    };
+    Gpu::open(ordinal)
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gpu")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("arch", &self.arch)
+            .field("sm_count", &self.sm_count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for GpuFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuFunction")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("ordinal", &self.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("bytes", &self.bytes())
+            .field("ordinal", &self.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for GpuEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuEvent").field("ordinal", &self.ordinal).finish_non_exhaustive()
+    }
+}

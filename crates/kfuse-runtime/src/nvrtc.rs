@@ -1,0 +1,266 @@
+//! NVRTC: compile CUDA C++ source to a cubin for one real architecture, keeping the PTX as a
+//! fallback for newer GPUs. A thin safe wrapper over cudarc's `nvrtc::{sys, result}` layers
+//! (cudarc's safe layer only returns PTX).
+//!
+//! Handles: library absence (an error value, never cudarc's panic), NUL bytes in inputs, the
+//! program log on success and failure, RAII destruction of the NVRTC program on every path.
+//! Does not handle: headers (kfuse sources are header-free), caching (see `cache`).
+
+use std::ffi::{c_char, CString};
+use std::sync::OnceLock;
+
+use cudarc::nvrtc::{result, sys};
+
+use crate::key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
+use crate::{Arch, RuntimeError};
+
+/// Options of one compilation: the target and any extra NVRTC flags.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// The real architecture to produce a cubin for.
+    pub arch: Arch,
+    /// Extra NVRTC options appended after kfuse's fixed ones, in this order.
+    pub extra: Vec<String>,
+}
+
+impl CompileOptions {
+    /// Options for `arch` with no extra flags.
+    pub fn for_arch(arch: Arch) -> CompileOptions {
+        CompileOptions {
+            arch,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The exact option list given to NVRTC: `--gpu-architecture=sm_XY --std=c++17
+    /// -default-device` and then `extra`. Deterministic; part of the cache key.
+    pub fn nvrtc_options(&self) -> Vec<String> {
+        let mut options = Vec::with_capacity(3 + self.extra.len());
+        options.push(format!("--gpu-architecture={}", self.arch));
+        options.push("--std=c++17".to_string());
+        options.push("-default-device".to_string());
+        options.extend(self.extra.iter().cloned());
+        options
+    }
+}
+
+/// The result of one NVRTC compilation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompiledModule {
+    /// The cache key of (source, options, arch, NVRTC version, kfuse version, format).
+    pub key: CacheKey,
+    /// The architecture the cubin is for.
+    pub arch: Arch,
+    /// The cubin (an ELF image), loaded first.
+    pub cubin: Vec<u8>,
+    /// The PTX, the fallback when the cubin does not load.
+    pub ptx: String,
+    /// NVRTC's log (warnings; usually empty).
+    pub log: String,
+}
+
+/// Whether libnvrtc can be loaded; checked once per process because cudarc panics on a
+/// missing library.
+pub fn nvrtc_available() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: is_culib_present only tries to dlopen candidate library names and drops them;
+    // it has no preconditions (cudarc marks every dynamic-loading entry point unsafe).
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// NVRTC's (major, minor) version, or [`RuntimeError::NvrtcMissing`] when libnvrtc is absent.
+pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
+    static VERSION: OnceLock<(i32, i32)> = OnceLock::new();
+    if let Some(version) = VERSION.get() {
+        return Ok(*version);
+    }
+    if !nvrtc_available() {
+        return Err(RuntimeError::NvrtcMissing);
+    }
+    let mut major: i32 = 0;
+    let mut minor: i32 = 0;
+    // SAFETY: libnvrtc is loadable (checked just above, so cudarc's loader will not panic), and
+    // nvrtcVersion writes two ints through the two valid, exclusive pointers it is given.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|code| RuntimeError::Nvrtc {
+            call: "nvrtcVersion",
+            code,
+        })?;
+    Ok(*VERSION.get_or_init(|| (major, minor)))
+}
+
+/// The real architectures this NVRTC can target, ascending.
+pub fn supported_archs() -> Result<Vec<Arch>, RuntimeError> {
+    nvrtc_version()?;
+    let mut count: i32 = 0;
+    // SAFETY: libnvrtc is loaded (nvrtc_version succeeded); the pointer is valid for one int.
+    unsafe { sys::nvrtcGetNumSupportedArchs(&mut count) }
+        .result()
+        .map_err(|code| RuntimeError::Nvrtc {
+            call: "nvrtcGetNumSupportedArchs",
+            code,
+        })?;
+    let mut raw = vec![0i32; usize::try_from(count).unwrap_or(0)];
+    // SAFETY: `raw` holds exactly the `count` ints NVRTC just said it will write.
+    unsafe { sys::nvrtcGetSupportedArchs(raw.as_mut_ptr()) }
+        .result()
+        .map_err(|code| RuntimeError::Nvrtc {
+            call: "nvrtcGetSupportedArchs",
+            code,
+        })?;
+    let mut archs: Vec<Arch> = raw
+        .into_iter()
+        .filter_map(|sm| u32::try_from(sm).ok())
+        .map(|sm| Arch::new(sm / 10, sm % 10))
+        .collect();
+    archs.sort();
+    Ok(archs)
+}
+
+/// The cache key `compile(source, opts)` would produce, without compiling.
+pub fn cache_key(source: &str, opts: &CompileOptions) -> Result<CacheKey, RuntimeError> {
+    let nvrtc = nvrtc_version()?;
+    Ok(key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc))
+}
+
+pub(crate) fn key_with_options(
+    source: &str,
+    options: &[String],
+    arch: Arch,
+    nvrtc_version: (i32, i32),
+) -> CacheKey {
+    CacheKey::from_parts(&KeyParts {
+        source,
+        options,
+        arch,
+        nvrtc_version,
+        kfuse_version: KFUSE_VERSION,
+        format_version: CACHE_FORMAT_VERSION,
+    })
+}
+
+/// Compiles `source` with NVRTC to a cubin for `opts.arch`, keeping the PTX. No caching.
+pub fn compile(source: &str, opts: &CompileOptions) -> Result<CompiledModule, RuntimeError> {
+    let nvrtc = nvrtc_version()?;
+    let options = opts.nvrtc_options();
+    for option in &options {
+        check_no_nul("an NVRTC option", option)?;
+    }
+    let key = key_with_options(source, &options, opts.arch, nvrtc);
+    let program = Program::create(source)?;
+    // SAFETY: `program.handle` was created by nvrtcCreateProgram and is destroyed only by
+    // Program's Drop, after this call; options were checked to contain no NUL (cudarc unwraps
+    // CString::new on them).
+    let compiled = unsafe { result::compile_program(program.handle, &options) };
+    let log = program.log()?;
+    if let Err(code) = compiled {
+        return Err(RuntimeError::Compile {
+            arch: opts.arch,
+            options,
+            log,
+            code,
+        });
+    }
+    let cubin = program.cubin()?;
+    let ptx = program.ptx()?;
+    Ok(CompiledModule {
+        key,
+        arch: opts.arch,
+        cubin,
+        ptx,
+        log,
+    })
+}
+
+pub(crate) fn check_no_nul(what: &'static str, text: &str) -> Result<(), RuntimeError> {
+    match text.bytes().position(|b| b == 0) {
+        Some(offset) => Err(RuntimeError::InteriorNul { what, offset }),
+        None => Ok(()),
+    }
+}
+
+/// An NVRTC program, destroyed when dropped (on every path, errors included).
+struct Program {
+    handle: sys::nvrtcProgram,
+    // NVRTC may keep pointers into the source until the program is destroyed.
+    _source: CString,
+}
+
+impl Program {
+    fn create(source: &str) -> Result<Program, RuntimeError> {
+        check_no_nul("the CUDA source", source)?;
+        let source = CString::new(source).map_err(|e| RuntimeError::InteriorNul {
+            what: "the CUDA source",
+            offset: e.nul_position(),
+        })?;
+        let handle = result::create_program(&source, Some(c"kfuse.cu")).map_err(|code| {
+            RuntimeError::Nvrtc {
+                call: "nvrtcCreateProgram",
+                code,
+            }
+        })?;
+        Ok(Program {
+            handle,
+            _source: source,
+        })
+    }
+
+    fn log(&self) -> Result<String, RuntimeError> {
+        // SAFETY: the handle is live (created in `create`, destroyed only in Drop).
+        let raw = unsafe { result::get_program_log(self.handle) }.map_err(|code| {
+            RuntimeError::Nvrtc {
+                call: "nvrtcGetProgramLog",
+                code,
+            }
+        })?;
+        Ok(c_chars_to_string(&raw))
+    }
+
+    fn ptx(&self) -> Result<String, RuntimeError> {
+        // SAFETY: the handle is live and was compiled successfully.
+        let raw = unsafe { result::get_ptx(self.handle) }.map_err(|code| RuntimeError::Nvrtc {
+            call: "nvrtcGetPTX",
+            code,
+        })?;
+        Ok(c_chars_to_string(&raw))
+    }
+
+    fn cubin(&self) -> Result<Vec<u8>, RuntimeError> {
+        let mut size: usize = 0;
+        // SAFETY: the handle is live and compiled; `size` is a valid out-pointer.
+        unsafe { sys::nvrtcGetCUBINSize(self.handle, &mut size) }
+            .result()
+            .map_err(|code| RuntimeError::Nvrtc {
+                call: "nvrtcGetCUBINSize",
+                code,
+            })?;
+        let mut cubin = vec![0u8; size];
+        // SAFETY: `cubin` holds exactly the `size` bytes NVRTC reported for this program.
+        unsafe { sys::nvrtcGetCUBIN(self.handle, cubin.as_mut_ptr().cast::<c_char>()) }
+            .result()
+            .map_err(|code| RuntimeError::Nvrtc {
+                call: "nvrtcGetCUBIN",
+                code,
+            })?;
+        Ok(cubin)
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from nvrtcCreateProgram and this is its only destruction.
+        // A failure to destroy cannot be reported from Drop; it only leaks host memory.
+        let _ = unsafe { result::destroy_program(self.handle) };
+    }
+}
+
+/// Converts NVRTC's NUL-terminated char buffer to a String, dropping the terminator.
+fn c_chars_to_string(raw: &[c_char]) -> String {
+    let bytes: Vec<u8> = raw
+        .iter()
+        .map(|&c| c.to_ne_bytes()[0])
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
