@@ -1,14 +1,11 @@
-//! Graph-to-graph passes over the kfuse IR (autodiff; more to come).
+//! Graph-to-graph passes over the kfuse IR: reverse-mode autodiff ([`grad`]).
+//!
+//! Passes append to or rewrite a graph through [`kfuse_ir::GraphBuilder`], so their output obeys
+//! the same typing rules as hand-built graphs. They do no I/O and know nothing of GPUs.
 #![forbid(unsafe_code)]
 
-use kfuse_ir::{GraphBuilder, IrError, NodeId};
+mod autodiff;
+mod emit;
+mod unbroadcast;
 
-/// Appends to `b` the gradient of the scalar float node `of` with respect to the input node `wrt`
-/// and returns the gradient node (shaped and typed like `wrt`).
-///
-/// Work in progress: reverse-mode autodiff is being written (issue 4); until then every call
-/// returns [`IrError::NotDifferentiable`].
-pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrError> {
-    let _ = (b, of, wrt);
-    Err(IrError::NotDifferentiable { what: "grad".into(), why: "autodiff is not implemented yet".into() })
-}
+pub use autodiff::grad;

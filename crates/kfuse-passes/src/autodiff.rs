@@ -1,0 +1,583 @@
+//! Reverse-mode automatic differentiation on the IR.
+//!
+//! [`grad`] walks the nodes between the input `wrt` and the scalar `of` backwards, once each,
+//! accumulating for every node the gradient of `of` with respect to it (its *adjoint*), and appends
+//! the backward nodes to the same builder. Forward nodes are reused as they are, so shared
+//! subexpressions are computed once. Only nodes that depend on `wrt` and are floats take part.
+//!
+//! Adjoints are *lazily broadcast*: an adjoint's shape broadcasts to its node's shape (the adjoint
+//! of a value summed over all axes stays a scalar). Gradients of an operand that was broadcast are
+//! summed back by [`crate::unbroadcast`]. Gradients of several components of one `[.., K]` tensor
+//! are kept apart and combined with one `stack` (zeros where no gradient arrived).
+//!
+//! Subgradients follow PyTorch: `abs` at 0 gives 0; `clamp` passes the gradient where
+//! `lo <= x <= hi`; elementwise `max`/`min` ties split it half and half; `max`/`min` reductions
+//! share it evenly among tied elements; `where` sends it to the selected branch only; `sqrt` at 0
+//! gives inf; `floor` and the comparisons have none; masked-out elements get exactly 0.
+//!
+//! Not handled: gradients with respect to a non-input node, integer or bool inputs, or a
+//! non-scalar `of` (all reported as [`IrError::NotDifferentiable`]).
+
+use std::collections::BTreeMap;
+
+use kfuse_ir::{BinaryOp, Dim, GraphBuilder, IrError, Node, NodeId, Op, ReduceAxis, ReduceOp, TernaryOp, UnaryOp};
+
+use crate::emit::Emitter;
+use crate::unbroadcast::reduce_to;
+
+/// Appends to `b` the gradient of the scalar float node `of` with respect to the input node `wrt`
+/// and returns the gradient node (shaped and typed like `wrt`).
+///
+/// If `of` does not depend on `wrt` the gradient is zeros. Errors: `of` not a scalar float,
+/// `wrt` not an input node or not a float input, node ids outside the graph, and broadcast
+/// patterns whose gradient the IR cannot sum (see [`crate::unbroadcast`]).
+pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrError> {
+    let count = b.graph().nodes.len();
+    for (role, id) in [("of", of), ("wrt", wrt)] {
+        if id.index() >= count {
+            return Err(IrError::Malformed(format!("grad: `{role}` is v{}, but the graph has {count} nodes", id.0)));
+        }
+    }
+    check_of(b, of)?;
+    check_wrt(b, wrt)?;
+    let wrt_node = b.node(wrt).clone();
+    let active = activity(b, of, wrt);
+    let mut em = Emitter { b };
+    let mut result = None;
+    if active[of.index()] {
+        let mut adj: Vec<Adjoint> = (0..=of.index()).map(|_| Adjoint::default()).collect();
+        adj[of.index()].full = Some(em.lit(1.0));
+        for i in (wrt.index()..=of.index()).rev() {
+            if !active[i] {
+                continue;
+            }
+            let id = NodeId(u32::try_from(i).map_err(|_| IrError::Malformed("node index exceeds u32".into()))?);
+            let node = em.b.node(id).clone();
+            let Some(g) = adj[i].collect(&mut em, &node)? else {
+                continue;
+            };
+            if id == wrt {
+                result = Some(g);
+                break;
+            }
+            let mut step = Step { em: &mut em, adj: &mut adj, active: &active, node: &node, id, g };
+            step.propagate()?;
+        }
+    }
+    let g = match result {
+        Some(g) => g,
+        None => em.lit(0.0),
+    };
+    let g = em.broadcast_to(g, &wrt_node.shape)?;
+    Ok(em.b.cast(g, wrt_node.dtype))
+}
+
+/// A readable name for node `id`: the output that shows it, or `v<id>` and its op.
+fn describe(b: &GraphBuilder, id: NodeId) -> String {
+    let g = b.graph();
+    if let Some(o) = g.outputs.iter().find(|o| o.node == id) {
+        return format!("output `{}`", o.name);
+    }
+    match g.node(id).op {
+        Op::Input(i) => format!("input `{}`", g.input(i).name),
+        op => format!("v{} ({op:?})", id.0),
+    }
+}
+
+fn check_of(b: &GraphBuilder, of: NodeId) -> Result<(), IrError> {
+    let n = b.node(of);
+    if !n.dtype.is_float() || !n.shape.is_scalar() {
+        return Err(IrError::NotDifferentiable {
+            what: describe(b, of),
+            why: format!(
+                "grad needs a scalar float value to differentiate, but it is {}{} (reduce it with sum or mean first)",
+                n.dtype,
+                b.graph().shape_str(&n.shape)
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn check_wrt(b: &GraphBuilder, wrt: NodeId) -> Result<(), IrError> {
+    let n = b.node(wrt);
+    let Op::Input(_) = n.op else {
+        return Err(IrError::NotDifferentiable {
+            what: describe(b, wrt),
+            why: "grad is taken with respect to an input; this node is computed".into(),
+        });
+    };
+    if !n.dtype.is_float() {
+        return Err(IrError::NotDifferentiable {
+            what: describe(b, wrt),
+            why: format!("it has dtype {}, and only float inputs have gradients", n.dtype),
+        });
+    }
+    Ok(())
+}
+
+/// For each node up to `of`: whether it is a float that depends on `wrt`.
+fn activity(b: &GraphBuilder, of: NodeId, wrt: NodeId) -> Vec<bool> {
+    let g = b.graph();
+    let mut active = vec![false; of.index() + 1];
+    if wrt.index() > of.index() {
+        return active;
+    }
+    active[wrt.index()] = true;
+    for i in wrt.index() + 1..=of.index() {
+        let n = &g.nodes[i];
+        let mut any = false;
+        n.op.for_each_operand(&g.lists, |x| any |= active[x.index()]);
+        active[i] = any && n.dtype.is_float();
+    }
+    active
+}
+
+/// The gradient accumulated for one node: whole-tensor contributions, and per-component ones
+/// (from `x[.., k]`) that are stacked when the node is reached.
+#[derive(Default)]
+struct Adjoint {
+    full: Option<NodeId>,
+    parts: BTreeMap<u32, NodeId>,
+}
+
+impl Adjoint {
+    /// The node's total adjoint, or `None` if no gradient reached it.
+    fn collect(&mut self, em: &mut Emitter<'_>, node: &Node) -> Result<Option<NodeId>, IrError> {
+        if self.parts.is_empty() {
+            return Ok(self.full);
+        }
+        let Some(Dim::Const(k)) = node.shape.last() else {
+            return Err(IrError::Malformed("component gradients on a node without a constant last axis".into()));
+        };
+        let zero = em.lit(0.0);
+        let mut slots = Vec::new();
+        for i in 0..k {
+            let i = u32::try_from(i).map_err(|_| IrError::Malformed("component axis exceeds u32".into()))?;
+            slots.push(self.parts.get(&i).copied().unwrap_or(zero));
+        }
+        let stacked = em.stack(&slots)?;
+        Ok(Some(match self.full {
+            Some(f) => em.add(f, stacked)?,
+            None => stacked,
+        }))
+    }
+}
+
+/// One backward step: the adjoint `g` of `node` (id `id`) handed to its active operands.
+struct Step<'e, 'b> {
+    em: &'e mut Emitter<'b>,
+    adj: &'e mut [Adjoint],
+    active: &'e [bool],
+    node: &'e Node,
+    id: NodeId,
+    g: NodeId,
+}
+
+impl Step<'_, '_> {
+    fn is_active(&self, x: NodeId) -> bool {
+        self.active.get(x.index()).copied().unwrap_or(false)
+    }
+
+    /// Adds contribution `c` (shape broadcasting to this node's shape) to operand `x`'s adjoint,
+    /// summed over the axes along which `x` was broadcast.
+    fn send(&mut self, x: NodeId, c: NodeId) -> Result<(), IrError> {
+        if !self.is_active(x) || self.em.is_zero(c) {
+            return Ok(());
+        }
+        let target = self.em.shape(x);
+        let c = reduce_to(self.em, c, &self.node.shape, &target)?;
+        let slot = &mut self.adj[x.index()].full;
+        *slot = Some(match *slot {
+            Some(prev) => self.em.add(prev, c)?,
+            None => c,
+        });
+        Ok(())
+    }
+
+    fn propagate(&mut self) -> Result<(), IrError> {
+        let g = self.g;
+        match self.node.op {
+            Op::Input(_) | Op::Const(_) | Op::Iota { .. } => Ok(()),
+            Op::Cast(x) => self.send(x, g),
+            Op::Unary(op, x) => {
+                let c = self.unary(op, x)?;
+                match c {
+                    Some(c) => self.send(x, c),
+                    None => Ok(()),
+                }
+            }
+            Op::Binary(op, a, b) => self.binary(op, a, b),
+            Op::Ternary(TernaryOp::Select, cond, a, b) => {
+                let zero = self.em.lit(0.0);
+                if self.is_active(a) {
+                    let ca = self.em.select(cond, g, zero)?;
+                    self.send(a, ca)?;
+                }
+                if self.is_active(b) {
+                    let cb = self.em.select(cond, zero, g)?;
+                    self.send(b, cb)?;
+                }
+                Ok(())
+            }
+            Op::Ternary(TernaryOp::Clamp, x, lo, hi) => self.clamp(x, lo, hi),
+            Op::Component { x, index } => {
+                if !self.is_active(x) {
+                    return Ok(());
+                }
+                let parts = &mut self.adj[x.index()].parts;
+                let prev = parts.get(&index).copied();
+                let sum = match prev {
+                    Some(p) => self.em.add(p, g)?,
+                    None => g,
+                };
+                self.adj[x.index()].parts.insert(index, sum);
+                Ok(())
+            }
+            Op::Stack(list) => {
+                let parts = self.em.b.graph().list(list).to_vec();
+                let k = parts.len();
+                let inner = self.node.shape.without_last();
+                for (i, p) in parts.into_iter().enumerate() {
+                    if !self.is_active(p) {
+                        continue;
+                    }
+                    let gi = self.slice_last(g, i, k)?;
+                    let target = self.em.shape(p);
+                    let c = reduce_to(self.em, gi, &inner, &target)?;
+                    let slot = &mut self.adj[p.index()].full;
+                    *slot = Some(match *slot {
+                        Some(prev) => self.em.add(prev, c)?,
+                        None => c,
+                    });
+                }
+                Ok(())
+            }
+            Op::ExpandLast(x) => {
+                let c = self.slice_last(g, 0, 1)?;
+                self.send_exact(x, c)
+            }
+            Op::Reduce { op, axis, x, mask } => self.reduce(op, axis, x, mask),
+        }
+    }
+
+    /// Like [`Step::send`] for ops whose operand has the result's shape minus or plus an axis
+    /// (no broadcasting between them).
+    fn send_exact(&mut self, x: NodeId, c: NodeId) -> Result<(), IrError> {
+        if !self.is_active(x) || self.em.is_zero(c) {
+            return Ok(());
+        }
+        let slot = &mut self.adj[x.index()].full;
+        *slot = Some(match *slot {
+            Some(prev) => self.em.add(prev, c)?,
+            None => c,
+        });
+        Ok(())
+    }
+
+    /// Component `i` of `g`, whose shape broadcasts to `[.., k]` (a scalar `g` or one with a last
+    /// axis of size 1 is the same for every component).
+    fn slice_last(&mut self, g: NodeId, i: usize, k: usize) -> Result<NodeId, IrError> {
+        let shape = self.em.shape(g);
+        match shape.last() {
+            None => Ok(g),
+            Some(Dim::Const(1)) => self.em.component(g, 0),
+            Some(Dim::Const(c)) if usize::try_from(c).ok() == Some(k) => {
+                let i = u32::try_from(i).map_err(|_| IrError::Malformed("stack index exceeds u32".into()))?;
+                self.em.component(g, i)
+            }
+            _ => Err(IrError::Malformed(format!("a gradient of shape {} for a stack of {k} parts", self.em.b.graph().shape_str(&shape)))),
+        }
+    }
+
+    /// The contribution of a unary op's adjoint to its operand, `None` where there is none.
+    fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<Option<NodeId>, IrError> {
+        let (g, y) = (self.g, self.id);
+        let em = &mut *self.em;
+        let c = match op {
+            UnaryOp::Not | UnaryOp::Floor => return Ok(None),
+            UnaryOp::Neg => em.neg(g)?,
+            UnaryOp::Abs => {
+                // sign(x) * g with sign(0) = 0, as PyTorch.
+                let zero = em.lit(0.0);
+                let pos = em.compare(BinaryOp::Gt, x, zero)?;
+                let negative = em.compare(BinaryOp::Lt, x, zero)?;
+                let ng = em.neg(g)?;
+                let inner = em.select(negative, ng, zero)?;
+                em.select(pos, g, inner)?
+            }
+            UnaryOp::Exp => em.mul(g, y)?,
+            UnaryOp::Log => em.div(g, x)?,
+            UnaryOp::Sqrt => {
+                let half = em.lit(0.5);
+                let h = em.mul(g, half)?;
+                em.div(h, y)?
+            }
+            UnaryOp::Rsqrt => {
+                // d/dx x^(-1/2) = -1/2 * y^3.
+                let y2 = em.mul(y, y)?;
+                let y3 = em.mul(y2, y)?;
+                let k = em.lit(-0.5);
+                let d = em.mul(y3, k)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Sigmoid => {
+                let one = em.lit(1.0);
+                let om = em.sub(one, y)?;
+                let d = em.mul(y, om)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Tanh => {
+                let one = em.lit(1.0);
+                let y2 = em.mul(y, y)?;
+                let d = em.sub(one, y2)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Erf => {
+                let x2 = em.mul(x, x)?;
+                let nx2 = em.neg(x2)?;
+                let e = em.unary(UnaryOp::Exp, nx2)?;
+                let k = em.lit(std::f64::consts::FRAC_2_SQRT_PI);
+                let d = em.mul(e, k)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Sin => {
+                let c = em.unary(UnaryOp::Cos, x)?;
+                em.mul(g, c)?
+            }
+            UnaryOp::Cos => {
+                let s = em.unary(UnaryOp::Sin, x)?;
+                let gs = em.mul(g, s)?;
+                em.neg(gs)?
+            }
+        };
+        Ok(Some(c))
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<(), IrError> {
+        let (g, y) = (self.g, self.id);
+        let (act_a, act_b) = (self.is_active(a), self.is_active(b));
+        match op {
+            BinaryOp::Add => {
+                self.send(a, g)?;
+                self.send(b, g)
+            }
+            BinaryOp::Sub => {
+                self.send(a, g)?;
+                if act_b {
+                    let n = self.em.neg(g)?;
+                    self.send(b, n)?;
+                }
+                Ok(())
+            }
+            BinaryOp::Mul => {
+                if act_a {
+                    let c = self.em.mul(g, b)?;
+                    self.send(a, c)?;
+                }
+                if act_b {
+                    let c = self.em.mul(g, a)?;
+                    self.send(b, c)?;
+                }
+                Ok(())
+            }
+            BinaryOp::Div => {
+                if act_a {
+                    let c = self.em.div(g, b)?;
+                    self.send(a, c)?;
+                }
+                if act_b {
+                    // d(a/b)/db = -(a/b)/b.
+                    let gy = self.em.mul(g, y)?;
+                    let q = self.em.div(gy, b)?;
+                    let c = self.em.neg(q)?;
+                    self.send(b, c)?;
+                }
+                Ok(())
+            }
+            BinaryOp::Pow => self.pow(a, b),
+            BinaryOp::Max | BinaryOp::Min => {
+                // Ties split the gradient half and half (torch.maximum / torch.minimum).
+                let wins = if op == BinaryOp::Max { BinaryOp::Gt } else { BinaryOp::Lt };
+                let zero = self.em.lit(0.0);
+                let half = self.em.lit(0.5);
+                let tie = self.em.compare(BinaryOp::Eq, a, b)?;
+                let hg = self.em.mul(g, half)?;
+                let on_tie = self.em.select(tie, hg, zero)?;
+                for (x, other, act) in [(a, b, act_a), (b, a, act_b)] {
+                    if act {
+                        let w = self.em.compare(wins, x, other)?;
+                        let c = self.em.select(w, g, on_tie)?;
+                        self.send(x, c)?;
+                    }
+                }
+                Ok(())
+            }
+            // Comparisons and logic give bools, which are never active.
+            _ => Ok(()),
+        }
+    }
+
+    /// `y = a ^ b`, with PyTorch's conventions: no gradient to `a` where `b == 0`, none to `b`
+    /// where `a == 0 and b >= 0`.
+    fn pow(&mut self, a: NodeId, b: NodeId) -> Result<(), IrError> {
+        let (g, y) = (self.g, self.id);
+        let em = &mut *self.em;
+        let zero = em.lit(0.0);
+        if self.active.get(a.index()).copied().unwrap_or(false) {
+            let c = match em.float_const(b) {
+                Some(0.0) => None,
+                Some(e) => {
+                    let scaled = {
+                        let k = em.lit(e);
+                        em.mul(g, k)?
+                    };
+                    let p = if e - 1.0 == 1.0 {
+                        a
+                    } else {
+                        let e1 = em.lit(e - 1.0);
+                        em.b.binary(BinaryOp::Pow, a, e1)?
+                    };
+                    // x^0 is 1, so a power of 0 (e == 1) multiplies by nothing.
+                    Some(if e == 1.0 { scaled } else { em.mul(scaled, p)? })
+                }
+                None => {
+                    let one = em.lit(1.0);
+                    let e1 = em.sub(b, one)?;
+                    let p = em.b.binary(BinaryOp::Pow, a, e1)?;
+                    let gb = em.mul(g, b)?;
+                    let t = em.mul(gb, p)?;
+                    let b_zero = em.compare(BinaryOp::Eq, b, zero)?;
+                    Some(em.select(b_zero, zero, t)?)
+                }
+            };
+            if let Some(c) = c {
+                self.send(a, c)?;
+            }
+        }
+        if self.is_active(b) {
+            let em = &mut *self.em;
+            let l = em.unary(UnaryOp::Log, a)?;
+            let gy = em.mul(g, y)?;
+            let t = em.mul(gy, l)?;
+            let c = match em.float_const(a) {
+                Some(v) if v != 0.0 => t,
+                _ => {
+                    let a_zero = em.compare(BinaryOp::Eq, a, zero)?;
+                    let b_nonneg = em.compare(BinaryOp::Ge, b, zero)?;
+                    let cond = em.compare(BinaryOp::And, a_zero, b_nonneg)?;
+                    em.select(cond, zero, t)?
+                }
+            };
+            self.send(b, c)?;
+        }
+        Ok(())
+    }
+
+    /// `clamp(x, lo, hi)` as PyTorch's `clamp_backward_min_max`: `x` gets the gradient where
+    /// `lo <= x <= hi`; `lo` where `x < lo` (and `lo < hi`); `hi` where `x > hi` or `hi < lo`.
+    fn clamp(&mut self, x: NodeId, lo: NodeId, hi: NodeId) -> Result<(), IrError> {
+        let g = self.g;
+        let zero = self.em.lit(0.0);
+        if self.is_active(x) {
+            let ge = self.em.compare(BinaryOp::Ge, x, lo)?;
+            let le = self.em.compare(BinaryOp::Le, x, hi)?;
+            let inside = self.em.compare(BinaryOp::And, ge, le)?;
+            let c = self.em.select(inside, g, zero)?;
+            self.send(x, c)?;
+        }
+        if self.is_active(lo) {
+            let below = self.em.compare(BinaryOp::Lt, x, lo)?;
+            let ordered = self.em.compare(BinaryOp::Lt, lo, hi)?;
+            let cond = self.em.compare(BinaryOp::And, below, ordered)?;
+            let c = self.em.select(cond, g, zero)?;
+            self.send(lo, c)?;
+        }
+        if self.is_active(hi) {
+            let above = self.em.compare(BinaryOp::Gt, x, hi)?;
+            let crossed = self.em.compare(BinaryOp::Lt, hi, lo)?;
+            let cond = self.em.compare(BinaryOp::Or, above, crossed)?;
+            let c = self.em.select(cond, g, zero)?;
+            self.send(hi, c)?;
+        }
+        Ok(())
+    }
+
+    fn reduce(&mut self, op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<(), IrError> {
+        if !self.is_active(x) {
+            return Ok(());
+        }
+        let (g, y) = (self.g, self.id);
+        let xs = self.em.shape(x);
+        let zero = self.em.lit(0.0);
+        let c = match op {
+            ReduceOp::Count => return Ok(()),
+            ReduceOp::Sum => {
+                let gb = self.spread(g, axis);
+                self.masked(mask, gb)?
+            }
+            ReduceOp::Mean => {
+                let n = self.element_count(axis, x, mask)?;
+                let share = self.em.div(g, n)?;
+                let gb = self.spread(share, axis);
+                self.masked(mask, gb)?
+            }
+            ReduceOp::Max | ReduceOp::Min => {
+                // The gradient is shared evenly among the elements equal to the result (PyTorch's
+                // amax/amin); elements left out by the mask never take part.
+                let yb = self.spread(y, axis);
+                let hit = self.em.compare(BinaryOp::Eq, x, yb)?;
+                let hit = match mask {
+                    Some(m) => self.em.compare(BinaryOp::And, hit, m)?,
+                    None => hit,
+                };
+                let ties = self.em.reduce(ReduceOp::Count, axis, hit, None)?;
+                let share = self.em.div(g, ties)?;
+                let sb = self.spread(share, axis);
+                self.em.select(hit, sb, zero)?
+            }
+        };
+        debug_assert!(self.em.shape(c).broadcasts_to(&xs));
+        self.send_exact(x, c)
+    }
+
+    /// A value shaped like a reduction's result, made to broadcast against the reduced operand.
+    fn spread(&mut self, v: NodeId, axis: ReduceAxis) -> NodeId {
+        match axis {
+            ReduceAxis::Last if !self.em.shape(v).is_scalar() => self.em.expand_last(v),
+            _ => v,
+        }
+    }
+
+    /// `c` where `mask` holds and exactly 0 elsewhere.
+    fn masked(&mut self, mask: Option<NodeId>, c: NodeId) -> Result<NodeId, IrError> {
+        match mask {
+            Some(m) => {
+                let zero = self.em.lit(0.0);
+                self.em.select(m, c, zero)
+            }
+            None => Ok(c),
+        }
+    }
+
+    /// How many elements of `x` a reduction along `axis` (under `mask`) takes in.
+    fn element_count(&mut self, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
+        let xs = self.em.shape(x);
+        if mask.is_none() {
+            let dims: &[Dim] = match axis {
+                ReduceAxis::All => xs.dims(),
+                ReduceAxis::Last => &xs.dims()[xs.rank().saturating_sub(1)..],
+            };
+            let consts: Option<Vec<u64>> = dims.iter().map(|d| if let Dim::Const(c) = d { Some(*c) } else { None }).collect();
+            if let Some(c) = consts {
+                // Exact in f64 for any tensor that fits in memory.
+                return Ok(self.em.lit(c.iter().map(|&v| v as f64).product()));
+            }
+        }
+        let (counted, mask) = match mask {
+            Some(m) if self.em.shape(m) == xs => (m, None),
+            m => (self.em.true_of(&xs)?, m),
+        };
+        self.em.reduce(ReduceOp::Count, axis, counted, mask)
+    }
+}
