@@ -140,15 +140,22 @@ impl<'s> Lowerer<'s> {
         let report = Report::new(DiagnosticKind::UnknownName, name.span, format!("unknown name `{n}`"));
         Err(if let Some(def) = self.later.get(n) {
             report.expected(format!("a name defined above this line (`{n}` is defined later, at line {})", self.line_of(*def)))
-        } else if let Some(s) = closest(n, self.scope.keys().map(String::as_str)) {
-            report.expected(format!("a defined name; did you mean `{s}`?"))
         } else if FUNCTIONS.contains(&n.as_str()) {
             report.expected(format!("a value; `{n}` is a function, call it as {n}(...)"))
         } else if self.b.graph().symbol(n).is_some() {
             report.expected(format!("a value; `{n}` is a dimension symbol, which has no value here"))
+        } else if let Some(s) = closest(n, self.sorted_names()) {
+            report.expected(format!("a defined name; did you mean `{s}`?"))
         } else {
             report.expected("a name defined above by `input`, `let` or `output`")
         })
+    }
+
+    /// The names in scope, sorted so that suggestions do not depend on hash order.
+    fn sorted_names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.scope.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
     }
 
     /// Lowers an expression to a node.

@@ -2,7 +2,8 @@
 //!
 //! Precedence, loosest first (as in Python): `or` < `and` < `not` < comparisons (which do not
 //! chain) < `+ -` < `* /` < unary `-` < postfix `[.., K]` / `[.., None]`. Binary operators are
-//! left-associative. Nesting is bounded by [`MAX_DEPTH`] so that no input can overflow the stack.
+//! left-associative. Nesting is bounded ([`MAX_NESTING`], [`MAX_DEPTH`]) so that no input can
+//! overflow the stack.
 //! Names, types and arities are checked later, by the lowering.
 
 use kfuse_ir::{BinaryOp, DType};
@@ -11,8 +12,12 @@ use crate::ast::{Arg, DimAst, Expr, ExprKind, Ident, Stmt};
 use crate::diagnostic::{DiagnosticKind, Report, Span};
 use crate::lexer::{Tok, Token};
 
-/// The deepest expression nesting accepted (parentheses, operators, calls together).
-pub(crate) const MAX_DEPTH: u32 = 200;
+/// The deepest expression tree accepted (a chain `a + b + ...` nests one level per operator).
+pub(crate) const MAX_DEPTH: u32 = 256;
+
+/// The deepest parser recursion accepted (parentheses, calls, unary operators); each level costs
+/// a dozen stack frames, so this is kept well inside a 2 MiB thread stack.
+pub(crate) const MAX_NESTING: u32 = 64;
 
 const EXPR_START: &str = "an expression (a name, a number, `(`, `-` or `not`)";
 
@@ -193,7 +198,7 @@ impl<'t> Parser<'t> {
     /// Builds an expression node, refusing nesting deeper than [`MAX_DEPTH`].
     fn node(&self, kind: ExprKind, span: Span) -> Result<Expr, Report> {
         let depth = Expr::child_depth(&kind) + 1;
-        if depth > MAX_DEPTH || self.nesting > MAX_DEPTH {
+        if depth > MAX_DEPTH {
             return Err(too_deep(span));
         }
         Ok(Expr { kind, span, depth })
@@ -201,8 +206,9 @@ impl<'t> Parser<'t> {
 
     /// Runs `f` one level deeper in the recursion, refusing to go past [`MAX_DEPTH`].
     fn nested<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, Report>) -> Result<T, Report> {
-        if self.nesting >= MAX_DEPTH {
-            return Err(too_deep(self.peek().span));
+        if self.nesting >= MAX_NESTING {
+            return Err(Report::new(DiagnosticKind::Syntax, self.peek().span, format!("expression nested more than {MAX_NESTING} levels deep"))
+                .expected("fewer nested parentheses or calls: name parts of the expression with `let`"));
         }
         self.nesting += 1;
         let r = f(self);

@@ -1,13 +1,20 @@
 //! "Did you mean" suggestions: the closest known name by edit distance, if it is close enough
 //! to be a likely typo. Nothing else.
 
-/// The candidate closest to `wrong` (Levenshtein distance at most a third of its length, and
-/// at least 1), ties going to the first.
+/// The candidate closest to `wrong`: Levenshtein distance at most a third of its length (at
+/// least 1, but names of one or two characters only match up to case), ties going to the first.
 pub(crate) fn closest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    let limit = (wrong.chars().count() / 3).max(1);
+    let len = wrong.chars().count();
+    let limit = (len / 3).max(1);
     let mut best: Option<(usize, &str)> = None;
     for c in candidates {
-        let d = edit_distance(wrong, c);
+        let d = if c.eq_ignore_ascii_case(wrong) {
+            1
+        } else if len < 3 {
+            continue;
+        } else {
+            edit_distance(wrong, c)
+        };
         if d <= limit && d > 0 && !matches!(best, Some((bd, _)) if bd <= d) {
             best = Some((d, c));
         }
@@ -39,5 +46,7 @@ mod tests {
         assert_eq!(closest("ara1", ["area1", "valid"]), Some("area1"));
         assert_eq!(closest("sigmod", ["sigmoid", "sin"]), Some("sigmoid"));
         assert_eq!(closest("zzz", ["area1", "valid"]), None);
+        assert_eq!(closest("N", ["x", "n"]), Some("n"));
+        assert_eq!(closest("y", ["x"]), None);
     }
 }
