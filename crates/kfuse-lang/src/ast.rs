@@ -60,10 +60,17 @@ pub(crate) enum ExprKind {
     Not(Box<Expr>),
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
     /// `x[.., index]`; `index_span` covers the index for out-of-range reports.
-    Component { x: Box<Expr>, index: i64, index_span: Span },
+    Component {
+        x: Box<Expr>,
+        index: i64,
+        index_span: Span,
+    },
     /// `x[.., None]`.
     ExpandLast(Box<Expr>),
-    Call { func: Ident, args: Vec<Arg> },
+    Call {
+        func: Ident,
+        args: Vec<Arg>,
+    },
 }
 
 /// A call argument, positional or `name: value`.

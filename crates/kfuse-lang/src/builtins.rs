@@ -185,12 +185,20 @@ impl Lowerer<'_> {
             .expected("a scalar: reduce it first, e.g. grad(sum(x), input) or grad(mean(x), input)"));
         }
         if !node.dtype.is_float() {
-            return Err(Report::new(DiagnosticKind::Grad, of.span, format!("`grad` differentiates a float, but this value is {}", node.dtype))
-                .expected("a float scalar (f32, f16 or bf16)"));
+            return Err(Report::new(
+                DiagnosticKind::Grad,
+                of.span,
+                format!("`grad` differentiates a float, but this value is {}", node.dtype),
+            )
+            .expected("a float scalar (f32, f16 or bf16)"));
         }
         let not_input = |what: String| {
-            Report::new(DiagnosticKind::Grad, wrt.span, format!("`grad` differentiates with respect to an input, but {what} is not one"))
-                .expected("the name of an `input`, as in grad(loss, pred)")
+            Report::new(
+                DiagnosticKind::Grad,
+                wrt.span,
+                format!("`grad` differentiates with respect to an input, but {what} is not one"),
+            )
+            .expected("the name of an `input`, as in grad(loss, pred)")
         };
         let ExprKind::Name(name) = &wrt.kind else { return Err(not_input("this expression".into())) };
         let binding = self.lookup(&Ident { name: name.clone(), span: wrt.span })?;
@@ -203,8 +211,12 @@ impl Lowerer<'_> {
     fn unknown_function(&self, func: &Ident) -> Report {
         let n = &func.name;
         if self.scope.contains_key(n) {
-            return Report::new(DiagnosticKind::UnknownFunction, func.span, format!("`{n}` is a value, not a function"))
-                .expected(format!("a function: {}", FUNCTIONS.join(", ")));
+            return Report::new(
+                DiagnosticKind::UnknownFunction,
+                func.span,
+                format!("`{n}` is a value, not a function"),
+            )
+            .expected(format!("a function: {}", FUNCTIONS.join(", ")));
         }
         let r = Report::new(DiagnosticKind::UnknownFunction, func.span, format!("unknown function `{n}`"));
         match closest(n, FUNCTIONS.iter().copied()) {
@@ -220,8 +232,12 @@ fn split<'a>(func: &Ident, args: &'a [Arg], allowed: &[&str]) -> Result<SplitArg
     for arg in args {
         match &arg.keyword {
             None if !out.keywords.is_empty() => {
-                return Err(Report::new(DiagnosticKind::Arguments, arg.span(), "positional argument after a keyword argument")
-                    .expected("positional arguments first, then `keyword: value` ones"));
+                return Err(Report::new(
+                    DiagnosticKind::Arguments,
+                    arg.span(),
+                    "positional argument after a keyword argument",
+                )
+                .expected("positional arguments first, then `keyword: value` ones"));
             }
             None => out.positional.push(&arg.value),
             Some(k) if !allowed.contains(&k.name.as_str()) => {
@@ -239,8 +255,12 @@ fn split<'a>(func: &Ident, args: &'a [Arg], allowed: &[&str]) -> Result<SplitArg
                 .expected(what));
             }
             Some(k) if out.keyword(&k.name).is_some() => {
-                return Err(Report::new(DiagnosticKind::Arguments, arg.span(), format!("keyword `{}:` given twice", k.name))
-                    .expected("each keyword at most once"));
+                return Err(Report::new(
+                    DiagnosticKind::Arguments,
+                    arg.span(),
+                    format!("keyword `{}:` given twice", k.name),
+                )
+                .expected("each keyword at most once"));
             }
             Some(k) => out.keywords.push((k, &arg.value)),
         }
@@ -249,7 +269,12 @@ fn split<'a>(func: &Ident, args: &'a [Arg], allowed: &[&str]) -> Result<SplitArg
 }
 
 /// Exactly `N` positional arguments, or a report quoting `signature`.
-fn exact<'a, const N: usize>(func: &Ident, a: &SplitArgs<'a>, span: Span, signature: &str) -> Result<[&'a Expr; N], Report> {
+fn exact<'a, const N: usize>(
+    func: &Ident,
+    a: &SplitArgs<'a>,
+    span: Span,
+    signature: &str,
+) -> Result<[&'a Expr; N], Report> {
     <[&Expr; N]>::try_from(a.positional.as_slice()).map_err(|_| {
         let plural = if N == 1 { "" } else { "s" };
         Report::new(

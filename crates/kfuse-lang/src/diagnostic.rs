@@ -174,9 +174,8 @@ mod tests {
     fn places_and_renders_a_caret_under_the_span() {
         let src = "input x: f32\n\nlet y = valid + x\n";
         let start = src.find("valid").unwrap_or(0);
-        let d = Report::new(DiagnosticKind::Type, Span::new(start, start + 9), "bad")
-            .expected("good")
-            .place(src, "a.kf");
+        let d =
+            Report::new(DiagnosticKind::Type, Span::new(start, start + 9), "bad").expected("good").place(src, "a.kf");
         assert_eq!((d.line, d.column, d.width), (3, 9, 9));
         assert_eq!(
             d.render(),
@@ -201,6 +200,10 @@ mod tests {
         let d = Report::new(DiagnosticKind::Syntax, Span::new(start + 1, start + 2), "x").place(src, "f");
         // The span starts inside `ü` and is moved to its start: column 10 (characters, not bytes).
         assert_eq!(d.column, 10);
-        assert!(d.render().contains("\n  | \t        ^\n") || d.render().ends_with("\n  | \t        ^"), "{}", d.render());
+        assert!(
+            d.render().contains("\n  | \t        ^\n") || d.render().ends_with("\n  | \t        ^"),
+            "{}",
+            d.render()
+        );
     }
 }

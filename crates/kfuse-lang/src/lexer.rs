@@ -263,47 +263,52 @@ mod tests {
 
     #[test]
     fn numbers_ranges_and_keywords() {
-        assert_eq!(toks("1 1.5 1e-7 .5 2."), vec![
-            Tok::Int(1),
-            Tok::Float(1.5),
-            Tok::Float(1e-7),
-            Tok::Float(0.5),
-            Tok::Float(2.0),
-            Tok::Eof
-        ]);
-        assert_eq!(toks("x[.., -1]"), vec![
-            Tok::Ident("x".into()),
-            Tok::LBracket,
-            Tok::DotDot,
-            Tok::Comma,
-            Tok::Minus,
-            Tok::Int(1),
-            Tok::RBracket,
-            Tok::Eof
-        ]);
-        assert_eq!(toks("let a = not b # c\n"), vec![
-            Tok::Let,
-            Tok::Ident("a".into()),
-            Tok::Assign,
-            Tok::Not,
-            Tok::Ident("b".into()),
-            Tok::Newline,
-            Tok::Eof
-        ]);
+        assert_eq!(
+            toks("1 1.5 1e-7 .5 2."),
+            vec![Tok::Int(1), Tok::Float(1.5), Tok::Float(1e-7), Tok::Float(0.5), Tok::Float(2.0), Tok::Eof]
+        );
+        assert_eq!(
+            toks("x[.., -1]"),
+            vec![
+                Tok::Ident("x".into()),
+                Tok::LBracket,
+                Tok::DotDot,
+                Tok::Comma,
+                Tok::Minus,
+                Tok::Int(1),
+                Tok::RBracket,
+                Tok::Eof
+            ]
+        );
+        assert_eq!(
+            toks("let a = not b # c\n"),
+            vec![
+                Tok::Let,
+                Tok::Ident("a".into()),
+                Tok::Assign,
+                Tok::Not,
+                Tok::Ident("b".into()),
+                Tok::Newline,
+                Tok::Eof
+            ]
+        );
     }
 
     #[test]
     fn line_breaks_inside_brackets_are_dropped() {
-        assert_eq!(toks("f(a,\n b)\n"), vec![
-            Tok::Ident("f".into()),
-            Tok::LParen,
-            Tok::Ident("a".into()),
-            Tok::Comma,
-            Tok::Ident("b".into()),
-            Tok::RParen,
-            Tok::Newline,
-            Tok::Eof
-        ]);
+        assert_eq!(
+            toks("f(a,\n b)\n"),
+            vec![
+                Tok::Ident("f".into()),
+                Tok::LParen,
+                Tok::Ident("a".into()),
+                Tok::Comma,
+                Tok::Ident("b".into()),
+                Tok::RParen,
+                Tok::Newline,
+                Tok::Eof
+            ]
+        );
     }
 
     #[test]

@@ -41,6 +41,16 @@ use lower::Lowerer;
 use parser::Parser;
 
 /// Parses and type-checks a `.kf` program; `file_name` is how errors name the file.
+///
+/// ```
+/// let g = kfuse_lang::parse_program("input x: f32[N]\noutput y = sum(x * x)\n", "demo.kf")?;
+/// assert_eq!(g.outputs[0].name, "y");
+/// let err = kfuse_lang::parse_program("input x: f32[N]\noutput y = x +\n", "demo.kf").unwrap_err();
+/// assert_eq!((err.line, err.column), (2, 15));
+/// # Ok::<(), kfuse_lang::Diagnostic>(())
+/// ```
+// The diagnostic is returned by value as the public API promises; errors are rare and cold.
+#[allow(clippy::result_large_err)]
 pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic> {
     program(source).map_err(|r| r.place(source, file_name))
 }
@@ -56,6 +66,7 @@ fn program(source: &str) -> Result<Graph, Report> {
 ///
 /// Dimension symbols in the variables' shapes (`Dim::Sym(SymId(k))`) name symbols `s0`, `s1`, ...
 /// of the new graph, so that `SymId(k)` keeps its meaning. Errors name the file `<expression>`.
+#[allow(clippy::result_large_err)]
 pub fn parse_expression(source: &str, vars: &[(&str, DType, Shape)]) -> Result<Graph, Diagnostic> {
     expression(source, vars).map_err(|r| r.place(source, "<expression>"))
 }

@@ -106,8 +106,12 @@ impl<'s> Lowerer<'s> {
     pub fn declare_input(&mut self, name: &str, dtype: DType, shape: Shape) -> Result<(), Report> {
         let ident = Ident { name: name.to_string(), span: Span::new(0, 0) };
         if self.scope.contains_key(name) {
-            return Err(Report::new(DiagnosticKind::DuplicateName, ident.span, format!("variable `{name}` is given twice"))
-                .expected("distinct variable names"));
+            return Err(Report::new(
+                DiagnosticKind::DuplicateName,
+                ident.span,
+                format!("variable `{name}` is given twice"),
+            )
+            .expected("distinct variable names"));
         }
         let node = self.b.input(name, dtype, shape).map_err(|e| self.ir_report(e, ident.span, &[]))?;
         self.bind(&ident, node, true);
@@ -120,8 +124,16 @@ impl<'s> Lowerer<'s> {
 
     fn check_new_name(&self, name: &Ident) -> Result<(), Report> {
         match self.scope.get(&name.name) {
-            Some(prev) => Err(Report::new(DiagnosticKind::DuplicateName, name.span, format!("`{}` is already defined", name.name))
-                .expected(format!("a new name (`{}` was first defined at line {})", name.name, self.line_of(prev.span)))),
+            Some(prev) => Err(Report::new(
+                DiagnosticKind::DuplicateName,
+                name.span,
+                format!("`{}` is already defined", name.name),
+            )
+            .expected(format!(
+                "a new name (`{}` was first defined at line {})",
+                name.name,
+                self.line_of(prev.span)
+            ))),
             None => Ok(()),
         }
     }
@@ -139,7 +151,10 @@ impl<'s> Lowerer<'s> {
         let n = &name.name;
         let report = Report::new(DiagnosticKind::UnknownName, name.span, format!("unknown name `{n}`"));
         Err(if let Some(def) = self.later.get(n) {
-            report.expected(format!("a name defined above this line (`{n}` is defined later, at line {})", self.line_of(*def)))
+            report.expected(format!(
+                "a name defined above this line (`{n}` is defined later, at line {})",
+                self.line_of(*def)
+            ))
         } else if FUNCTIONS.contains(&n.as_str()) {
             report.expected(format!("a value; `{n}` is a function, call it as {n}(...)"))
         } else if self.b.graph().symbol(n).is_some() {
@@ -184,6 +199,15 @@ impl<'s> Lowerer<'s> {
             }
             ExprKind::Component { x, index, index_span } => {
                 let x = self.expr(x)?;
+                // The IR stores component indices as u32; refuse larger ones before they wrap.
+                if i32::try_from(*index).is_err() {
+                    return Err(Report::new(
+                        DiagnosticKind::Shape,
+                        *index_span,
+                        format!("component index {index} is too large"),
+                    )
+                    .expected(format!("an index of the last axis, of magnitude at most {}", i32::MAX)));
+                }
                 self.b.component(x, *index).map_err(|err| {
                     let span = if matches!(err, IrError::ComponentOutOfRange { .. }) { *index_span } else { e.span };
                     self.ir_report(err, span, &[])

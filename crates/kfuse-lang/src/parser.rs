@@ -148,9 +148,13 @@ impl<'t> Parser<'t> {
             }
             Tok::Ident(_) => {
                 self.bump();
-                Err(self.unexpected("`=`: a statement is `input ...`, `let NAME = ...`, `NAME = ...` or `output NAME = ...`"))
+                Err(self.unexpected(
+                    "`=`: a statement is `input ...`, `let NAME = ...`, `NAME = ...` or `output NAME = ...`",
+                ))
             }
-            _ => Err(self.unexpected("a statement: `input NAME: TYPE`, `let NAME = EXPR`, `NAME = EXPR` or `output NAME = EXPR`")),
+            _ => Err(self.unexpected(
+                "a statement: `input NAME: TYPE`, `let NAME = EXPR`, `NAME = EXPR` or `output NAME = EXPR`",
+            )),
         }
     }
 
@@ -207,8 +211,12 @@ impl<'t> Parser<'t> {
     /// Runs `f` one level deeper in the recursion, refusing to go past [`MAX_DEPTH`].
     fn nested<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, Report>) -> Result<T, Report> {
         if self.nesting >= MAX_NESTING {
-            return Err(Report::new(DiagnosticKind::Syntax, self.peek().span, format!("expression nested more than {MAX_NESTING} levels deep"))
-                .expected("fewer nested parentheses or calls: name parts of the expression with `let`"));
+            return Err(Report::new(
+                DiagnosticKind::Syntax,
+                self.peek().span,
+                format!("expression nested more than {MAX_NESTING} levels deep"),
+            )
+            .expected("fewer nested parentheses or calls: name parts of the expression with `let`"));
         }
         self.nesting += 1;
         let r = f(self);

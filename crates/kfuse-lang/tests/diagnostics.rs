@@ -17,7 +17,15 @@ fn error(body: &str) -> Diagnostic {
 
 /// The error's kind, line (counted in `body`, from 1), column, underlined text, and the
 /// fragments its message and expected line must contain.
-fn check(d: &Diagnostic, kind: DiagnosticKind, line: usize, column: usize, underlined: &str, message: &str, expected: &str) {
+fn check(
+    d: &Diagnostic,
+    kind: DiagnosticKind,
+    line: usize,
+    column: usize,
+    underlined: &str,
+    message: &str,
+    expected: &str,
+) {
     let body_line = d.line - HEADER.lines().count();
     let text: String = d.source_line.chars().skip(d.column - 1).take(d.width).collect();
     assert_eq!((d.kind, body_line, d.column, text.as_str()), (kind, line, column, underlined), "{d}");
@@ -65,7 +73,15 @@ fn syntax_errors_say_what_was_expected() {
 #[test]
 fn unknown_names_suggest_a_close_one_or_say_it_comes_later() {
     use DiagnosticKind::UnknownName;
-    check(&error("let area1 = x[.., 0]\nlet y = ara1 * 2\n"), UnknownName, 2, 9, "ara1", "unknown name `ara1`", "did you mean `area1`?");
+    check(
+        &error("let area1 = x[.., 0]\nlet y = ara1 * 2\n"),
+        UnknownName,
+        2,
+        9,
+        "ara1",
+        "unknown name `ara1`",
+        "did you mean `area1`?",
+    );
     check(&error("let y = z * 2\nlet z = x\n"), UnknownName, 1, 9, "z", "unknown name `z`", "defined later, at line 4");
     check(&error("let y = qqqqq\n"), UnknownName, 1, 9, "qqqqq", "unknown name", "defined above");
     check(&error("let y = N\n"), UnknownName, 1, 9, "N", "unknown name", "dimension symbol");
@@ -74,12 +90,28 @@ fn unknown_names_suggest_a_close_one_or_say_it_comes_later() {
 #[test]
 fn type_and_shape_errors_point_at_the_operation() {
     use DiagnosticKind::{Shape, Type};
-    check(&error("let y = x[.., 0] * valid\n"), Type, 1, 9, "x[.., 0] * valid", "got f32 and bool", "numbers on both sides");
+    check(
+        &error("let y = x[.., 0] * valid\n"),
+        Type,
+        1,
+        9,
+        "x[.., 0] * valid",
+        "got f32 and bool",
+        "numbers on both sides",
+    );
     check(&error("let y = not x\n"), Type, 1, 9, "not x", "`not` does not accept f32", "bool operands");
     check(&error("let y = where(x, 1, 0)\n"), Type, 1, 15, "x", "`where` does not accept f32", "bool condition");
     check(&error("let y = x[.., 4]\n"), Shape, 1, 15, "4", "component index 4 is out of range", "from -4 to 3");
     check(&error("let y = x[.., -5]\n"), Shape, 1, 15, "-5", "out of range", "from -4 to 3");
-    check(&error("let y = x[.., 0] + x\n"), Shape, 1, 9, "x[.., 0] + x", "cannot broadcast shape [N] with shape [N, 4]", "broadcast");
+    check(
+        &error("let y = x[.., 0] + x\n"),
+        Shape,
+        1,
+        9,
+        "x[.., 0] + x",
+        "cannot broadcast shape [N] with shape [N, 4]",
+        "broadcast",
+    );
     check(&error("let y = sum(x, where: valid)\n"), Shape, 1, 23, "valid", "does not broadcast", "mask[.., None]");
     check(&error("let y = valid[.., 0]\n"), Shape, 1, 9, "valid[.., 0]", "constant size", "constant");
     check(&error("let y = 3000000000 * x\n"), Type, 1, 9, "3000000000", "does not fit in i32", "3000000000.0");
@@ -88,28 +120,103 @@ fn type_and_shape_errors_point_at_the_operation() {
 #[test]
 fn calls_check_functions_arity_keywords_and_axes() {
     use DiagnosticKind::{Arguments, Axis, UnknownFunction};
-    check(&error("let y = sigmod(x)\n"), UnknownFunction, 1, 9, "sigmod", "unknown function `sigmod`", "did you mean `sigmoid`?");
+    check(
+        &error("let y = sigmod(x)\n"),
+        UnknownFunction,
+        1,
+        9,
+        "sigmod",
+        "unknown function `sigmod`",
+        "did you mean `sigmoid`?",
+    );
     check(&error("let y = x(1)\n"), UnknownFunction, 1, 9, "x", "is a value, not a function", "a function");
-    check(&error("let y = clamp(x, 0)\n"), Arguments, 1, 9, "clamp(x, 0)", "`clamp` takes 3 arguments, got 2", "clamp(x, lo, hi)");
+    check(
+        &error("let y = clamp(x, 0)\n"),
+        Arguments,
+        1,
+        9,
+        "clamp(x, 0)",
+        "`clamp` takes 3 arguments, got 2",
+        "clamp(x, lo, hi)",
+    );
     check(&error("let y = exp(x, x)\n"), Arguments, 1, 9, "exp(x, x)", "takes 1 argument, got 2", "exp(x)");
-    check(&error("let y = max(x, x, x)\n"), Arguments, 1, 9, "max(x, x, x)", "1 argument (a reduction) or 2", "max(a, b)");
+    check(
+        &error("let y = max(x, x, x)\n"),
+        Arguments,
+        1,
+        9,
+        "max(x, x, x)",
+        "1 argument (a reduction) or 2",
+        "max(a, b)",
+    );
     check(&error("let y = max(x, 0, axis: -1)\n"), Arguments, 1, 19, "axis: -1", "elementwise", "to reduce");
-    check(&error("let y = sum(x, wher: valid)\n"), Arguments, 1, 16, "wher: valid", "no keyword argument `wher:`", "`where:`, `axis:`");
-    check(&error("let y = sum(where: valid, x)\n"), Arguments, 1, 27, "x", "positional argument after", "positional arguments first");
+    check(
+        &error("let y = sum(x, wher: valid)\n"),
+        Arguments,
+        1,
+        16,
+        "wher: valid",
+        "no keyword argument `wher:`",
+        "`where:`, `axis:`",
+    );
+    check(
+        &error("let y = sum(where: valid, x)\n"),
+        Arguments,
+        1,
+        27,
+        "x",
+        "positional argument after",
+        "positional arguments first",
+    );
     check(&error("let y = sum(x, axis: 0)\n"), Axis, 1, 22, "0", "last axis only", "axis: -1");
     check(&error("let y = sum(x, axis: n)\n"), Axis, 1, 22, "n", "integer literal", "axis: -1");
-    assert!(parse_program(&format!("{HEADER}output y = sum(x, axis: 1)\n"), "t.kf").is_ok(), "axis 1 is the last of [N, 4]");
+    assert!(
+        parse_program(&format!("{HEADER}output y = sum(x, axis: 1)\n"), "t.kf").is_ok(),
+        "axis 1 is the last of [N, 4]"
+    );
 }
 
 #[test]
 fn duplicates_missing_outputs_and_grad_misuse_are_reported() {
     use DiagnosticKind::{DuplicateName, Grad, NoOutput};
-    check(&error("let y = x\nlet y = x\n"), DuplicateName, 2, 5, "y", "`y` is already defined", "first defined at line 3");
+    check(
+        &error("let y = x\nlet y = x\n"),
+        DuplicateName,
+        2,
+        5,
+        "y",
+        "`y` is already defined",
+        "first defined at line 3",
+    );
     check(&error("input x: f32\n"), DuplicateName, 1, 7, "x", "already defined", "line 1");
     check(&error("let y = x\n"), NoOutput, 1, 10, "", "no output", "output NAME = EXPR");
-    check(&error("output g = grad(x, x)\n"), Grad, 1, 17, "x", "differentiates a scalar, but this value has shape [N, 4]", "reduce it first");
-    check(&error("output g = grad(count(valid), x)\n"), Grad, 1, 17, "count(valid)", "differentiates a float", "float scalar");
-    check(&error("let s = sum(x)\noutput g = grad(s, s)\n"), Grad, 2, 20, "s", "`s` is not one", "the name of an `input`");
+    check(
+        &error("output g = grad(x, x)\n"),
+        Grad,
+        1,
+        17,
+        "x",
+        "differentiates a scalar, but this value has shape [N, 4]",
+        "reduce it first",
+    );
+    check(
+        &error("output g = grad(count(valid), x)\n"),
+        Grad,
+        1,
+        17,
+        "count(valid)",
+        "differentiates a float",
+        "float scalar",
+    );
+    check(
+        &error("let s = sum(x)\noutput g = grad(s, s)\n"),
+        Grad,
+        2,
+        20,
+        "s",
+        "`s` is not one",
+        "the name of an `input`",
+    );
 }
 
 #[test]
@@ -123,7 +230,11 @@ fn grad_of_a_scalar_reaches_autodiff_and_its_errors_point_at_the_call() {
         }
         // Autodiff is pending: its error is a diagnostic under the grad call.
         Err(d) => {
-            assert_eq!((d.kind, d.line, d.column, d.width), (DiagnosticKind::Grad, 4, 13, "grad(loss, x)".len()), "{d}");
+            assert_eq!(
+                (d.kind, d.line, d.column, d.width),
+                (DiagnosticKind::Grad, 4, 13, "grad(loss, x)".len()),
+                "{d}"
+            );
         }
     }
 }
@@ -162,8 +273,11 @@ output w = f32(t) * sum(
 #[test]
 fn expressions_build_a_graph_with_the_given_inputs_and_output_y() {
     let n = Shape(vec![Dim::Sym(SymId(0)), Dim::Const(8)]);
-    let g = parse_expression("x * sigmoid(1.702 * x) + b", &[("x", DType::F16, n.clone()), ("b", DType::F32, Shape::scalar())])
-        .unwrap_or_else(|d| panic!("{d}"));
+    let g = parse_expression(
+        "x * sigmoid(1.702 * x) + b",
+        &[("x", DType::F16, n.clone()), ("b", DType::F32, Shape::scalar())],
+    )
+    .unwrap_or_else(|d| panic!("{d}"));
     let names: Vec<&str> = g.inputs.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["x", "b"]);
     assert_eq!(g.inputs[0].shape, n);

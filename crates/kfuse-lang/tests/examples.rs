@@ -120,5 +120,6 @@ fn giou_graph_is_stable() {
         v50    f32[]            = cast v49
         v51    f32[]            = v47 / v50
         output loss: f32[] = v51
-    "#]].assert_eq(&g.to_string());
+    "#]]
+    .assert_eq(&g.to_string());
 }
