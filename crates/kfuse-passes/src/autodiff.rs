@@ -509,7 +509,6 @@ impl Step<'_, '_> {
         }
         let (g, y) = (self.g, self.id);
         let xs = self.em.shape(x);
-        let zero = self.em.lit(0.0);
         let c = match op {
             ReduceOp::Count => return Ok(()),
             ReduceOp::Sum => {
@@ -534,6 +533,7 @@ impl Step<'_, '_> {
                 let ties = self.em.reduce(ReduceOp::Count, axis, hit, None)?;
                 let share = self.em.div(g, ties)?;
                 let sb = self.spread(share, axis);
+                let zero = self.em.lit(0.0);
                 self.em.select(hit, sb, zero)?
             }
         };
