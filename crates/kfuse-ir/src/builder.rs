@@ -231,7 +231,7 @@ impl GraphBuilder {
             None => return Err(IrError::RankTooLow { op: "component access", min: 1, shape: "[]".into() }),
         };
         let i = if index < 0 { index + size as i64 } else { index };
-        if i < 0 || i as u64 >= size {
+        if i < 0 || i as u64 >= size || i > u32::MAX as i64 {
             return Err(IrError::ComponentOutOfRange { index, size });
         }
         let (dtype, shape) = (n.dtype, n.shape.without_last());
@@ -314,10 +314,11 @@ impl GraphBuilder {
         Ok(())
     }
 
-    /// Verifies and returns the graph.
+    /// Drops nodes no output depends on (input reads stay), verifies, and returns the graph.
     pub fn finish(self) -> Result<Graph, IrError> {
-        verify(&self.graph)?;
-        Ok(self.graph)
+        let graph = prune_dead(self.graph);
+        verify(&graph)?;
+        Ok(graph)
     }
 
     fn broadcast(&self, a: NodeId, b: NodeId) -> Result<Shape, IrError> {
@@ -342,4 +343,42 @@ impl GraphBuilder {
         self.dedup.insert(node, id);
         id
     }
+}
+
+/// Removes dead nodes (left behind by weak literals that were retyped, or unused `let`s) and
+/// renumbers the rest, keeping their order.
+fn prune_dead(g: Graph) -> Graph {
+    let live = g.live_nodes();
+    let mut remap = vec![NodeId(u32::MAX); g.nodes.len()];
+    let mut out = Graph { symbols: g.symbols.clone(), inputs: g.inputs.clone(), ..Graph::default() };
+    let mut lists: HashMap<Vec<NodeId>, ListId> = HashMap::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if !live[i] && !matches!(n.op, Op::Input(_)) {
+            continue;
+        }
+        let r = |x: NodeId| remap[x.index()];
+        let op = match n.op {
+            op @ (Op::Input(_) | Op::Const(_) | Op::Iota { .. }) => op,
+            Op::Cast(x) => Op::Cast(r(x)),
+            Op::Unary(u, x) => Op::Unary(u, r(x)),
+            Op::Binary(b, x, y) => Op::Binary(b, r(x), r(y)),
+            Op::Ternary(t, a, b, c) => Op::Ternary(t, r(a), r(b), r(c)),
+            Op::Component { x, index } => Op::Component { x: r(x), index },
+            Op::ExpandLast(x) => Op::ExpandLast(r(x)),
+            Op::Reduce { op, axis, x, mask } => Op::Reduce { op, axis, x: r(x), mask: mask.map(r) },
+            Op::Stack(l) => {
+                let parts: Vec<NodeId> = g.list(l).iter().map(|&p| r(p)).collect();
+                let next = ListId(lists.len() as u32);
+                let id = *lists.entry(parts.clone()).or_insert_with(|| {
+                    out.lists.push(parts);
+                    next
+                });
+                Op::Stack(id)
+            }
+        };
+        out.nodes.push(Node { op, dtype: n.dtype, shape: n.shape.clone() });
+        remap[i] = NodeId(out.nodes.len() as u32 - 1);
+    }
+    out.outputs = g.outputs.iter().map(|o| Output { name: o.name.clone(), node: remap[o.node.index()] }).collect();
+    out
 }
