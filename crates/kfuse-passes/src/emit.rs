@@ -6,6 +6,11 @@
 //! stays small and fuses well. Everything else goes through [`GraphBuilder`], so every node is
 //! typed, broadcast-checked and hash-consed.
 //!
+//! Gradients that are zero outside a mask, `where(m, g, 0)`, keep that form through products,
+//! quotients, negation, sums and selects: `where(m, g, 0) * x` is built as `where(m, g * x, 0)`.
+//! Masked-out elements then stay exactly 0 even where `x` holds NaN or infinity (padding
+//! garbage), and the kernel needs the rest of the expression only under the mask.
+//!
 //! Folding `0 * x` to `0` treats a zero gradient as a structural zero (it does not turn into NaN
 //! when `x` is infinite), which is the intended meaning of "no gradient flows here".
 //!
@@ -13,7 +18,7 @@
 //! shape the caller has in mind (a scalar 0, for example). [`Emitter::broadcast_to`] materialises a
 //! value at an exact shape when that matters.
 
-use kfuse_ir::{BinaryOp, DType, GraphBuilder, IrError, Literal, NodeId, Op, ReduceAxis, ReduceOp, Shape, UnaryOp};
+use kfuse_ir::{BinaryOp, DType, GraphBuilder, IrError, Literal, NodeId, Op, ReduceAxis, ReduceOp, Shape, TernaryOp, UnaryOp};
 
 /// A [`GraphBuilder`] with folding constructors.
 pub(crate) struct Emitter<'a> {
@@ -51,12 +56,35 @@ impl Emitter<'_> {
         Some(self.b.constant(Literal::float(f(x, y)), dtype))
     }
 
+    /// `(m, g)` when `n` is `where(m, g, 0)`.
+    fn zero_outside(&self, n: NodeId) -> Option<(NodeId, NodeId)> {
+        match self.b.node(n).op {
+            Op::Ternary(TernaryOp::Select, m, g, z) if self.is_zero(z) => Some((m, g)),
+            _ => None,
+        }
+    }
+
+    /// `where(m, inner, 0)`, built as it is (re-hoisting here could swap two masks forever).
+    fn keep_where(&mut self, m: NodeId, inner: NodeId) -> Result<NodeId, IrError> {
+        if self.is_zero(inner) {
+            return Ok(inner);
+        }
+        let zero = self.lit(0.0);
+        self.b.select(m, inner, zero)
+    }
+
     pub fn add(&mut self, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
         if self.is_zero(a) {
             return Ok(b);
         }
         if self.is_zero(b) {
             return Ok(a);
+        }
+        if let (Some((m, x)), Some((m2, y))) = (self.zero_outside(a), self.zero_outside(b)) {
+            if m == m2 {
+                let s = self.add(x, y)?;
+                return self.keep_where(m, s);
+            }
         }
         if let Some(c) = self.fold(a, b, |x, y| x + y) {
             return Ok(c);
@@ -71,6 +99,12 @@ impl Emitter<'_> {
         if self.is_zero(a) {
             return self.neg(b);
         }
+        if let (Some((m, x)), Some((m2, y))) = (self.zero_outside(a), self.zero_outside(b)) {
+            if m == m2 {
+                let s = self.sub(x, y)?;
+                return self.keep_where(m, s);
+            }
+        }
         if let Some(c) = self.fold(a, b, |x, y| x - y) {
             return Ok(c);
         }
@@ -84,6 +118,10 @@ impl Emitter<'_> {
         }
         if let Op::Unary(UnaryOp::Neg, x) = self.b.node(a).op {
             return Ok(x);
+        }
+        if let Some((m, x)) = self.zero_outside(a) {
+            let n = self.neg(x)?;
+            return self.keep_where(m, n);
         }
         self.b.unary(UnaryOp::Neg, a)
     }
@@ -104,6 +142,14 @@ impl Emitter<'_> {
         if let Some(c) = self.fold(a, b, |x, y| x * y) {
             return Ok(c);
         }
+        if let Some((m, x)) = self.zero_outside(a) {
+            let p = self.mul(x, b)?;
+            return self.keep_where(m, p);
+        }
+        if let Some((m, y)) = self.zero_outside(b) {
+            let p = self.mul(a, y)?;
+            return self.keep_where(m, p);
+        }
         if self.float_const(a) == Some(-1.0) {
             return self.neg(b);
         }
@@ -123,6 +169,10 @@ impl Emitter<'_> {
         if let Some(c) = self.fold(a, b, |x, y| x / y) {
             return Ok(c);
         }
+        if let Some((m, x)) = self.zero_outside(a) {
+            let q = self.div(x, b)?;
+            return self.keep_where(m, q);
+        }
         self.b.binary(BinaryOp::Div, a, b)
     }
 
@@ -135,7 +185,8 @@ impl Emitter<'_> {
         self.b.binary(op, a, b)
     }
 
-    /// `where(cond, a, b)`; `where(c, x, x)` is `x` (lazily broadcast).
+    /// `where(cond, a, b)`; `where(c, x, x)` is `x` (lazily broadcast); two branches that are
+    /// zero outside one mask make a select that is zero outside it.
     pub fn select(&mut self, cond: NodeId, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
         if a == b {
             return Ok(a);
@@ -143,6 +194,19 @@ impl Emitter<'_> {
         if let (Some(x), Some(y)) = (self.float_const(a), self.float_const(b)) {
             if x.to_bits() == y.to_bits() {
                 return Ok(a);
+            }
+        }
+        let (ma, mb) = (self.zero_outside(a), self.zero_outside(b));
+        let shared = match (ma, mb) {
+            (Some((m, x)), Some((m2, y))) if m == m2 => Some((m, x, y)),
+            (Some((m, x)), None) if self.is_zero(b) => Some((m, x, b)),
+            (None, Some((m, y))) if self.is_zero(a) => Some((m, a, y)),
+            _ => None,
+        };
+        if let Some((m, x, y)) = shared {
+            if m != cond {
+                let inner = self.select(cond, x, y)?;
+                return self.keep_where(m, inner);
             }
         }
         self.b.select(cond, a, b)
