@@ -20,7 +20,10 @@ mod nvrtc;
 pub mod testing;
 
 pub use arch::Arch;
-pub use cache::{CacheOutcome, KernelCache};
+pub use cache::{
+    CacheConfig, CacheCounters, CacheEntryInfo, CacheMode, CacheOutcome, CacheStats, ClearReport,
+    KernelCache, VerifyProblem, VerifyReport,
+};
 pub use error::RuntimeError;
 pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, KernelArg};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};

@@ -1,0 +1,175 @@
+//! The on-disk entry format: a fixed header (magic, format version, arch, key, payload lengths,
+//! blake3 checksum) followed by the cubin, the PTX and the NVRTC log.
+//!
+//! Decoding rejects anything that is not exactly a valid entry for the expected key and arch:
+//! short files, foreign files, other format versions, wrong lengths, a wrong checksum. It does
+//! not touch the file system.
+
+use crate::key::CACHE_FORMAT_VERSION;
+use crate::nvrtc::CompiledModule;
+use crate::{Arch, CacheKey};
+
+const MAGIC: [u8; 8] = *b"KFUSEKC\0";
+/// magic 8, format 4, arch 4 + 4, key 32, three lengths 3 x 8, checksum 32.
+pub(crate) const HEADER_LEN: usize = 8 + 4 + 8 + 32 + 24 + 32;
+const CHECKSUM_AT: usize = HEADER_LEN - 32;
+/// Larger entries are treated as damaged rather than read into memory.
+pub(crate) const MAX_ENTRY_BYTES: u64 = 512 << 20;
+
+/// Serialises a compiled module into one entry file's bytes.
+pub(crate) fn encode(module: &CompiledModule) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(
+        HEADER_LEN + module.cubin.len() + module.ptx.len() + module.log.len(),
+    );
+    bytes.extend_from_slice(&MAGIC);
+    bytes.extend_from_slice(&CACHE_FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&module.arch.major.to_le_bytes());
+    bytes.extend_from_slice(&module.arch.minor.to_le_bytes());
+    bytes.extend_from_slice(&module.key.0);
+    for len in [module.cubin.len(), module.ptx.len(), module.log.len()] {
+        bytes.extend_from_slice(&(len as u64).to_le_bytes());
+    }
+    bytes.extend_from_slice(&[0u8; 32]);
+    bytes.extend_from_slice(&module.cubin);
+    bytes.extend_from_slice(module.ptx.as_bytes());
+    bytes.extend_from_slice(module.log.as_bytes());
+    let checksum = checksum(&bytes);
+    bytes[CHECKSUM_AT..HEADER_LEN].copy_from_slice(&checksum);
+    bytes
+}
+
+/// blake3 over the whole entry with the checksum field taken as zero.
+fn checksum(bytes: &[u8]) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&bytes[..CHECKSUM_AT]);
+    hasher.update(&[0u8; 32]);
+    hasher.update(&bytes[HEADER_LEN..]);
+    *hasher.finalize().as_bytes()
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Parses and checks an entry; the error says what is wrong with it.
+pub(crate) fn decode(bytes: &[u8], key: &CacheKey, arch: Arch) -> Result<CompiledModule, String> {
+    if bytes.is_empty() {
+        return Err("empty file".to_string());
+    }
+    if bytes.len() < HEADER_LEN {
+        return Err(format!("truncated: {} bytes, shorter than the {HEADER_LEN}-byte header", bytes.len()));
+    }
+    if bytes[..8] != MAGIC {
+        return Err("not a kfuse cache entry (bad magic)".to_string());
+    }
+    let format = u32_at(bytes, 8);
+    if format != CACHE_FORMAT_VERSION {
+        return Err(format!("cache format version {format}, this kfuse reads {CACHE_FORMAT_VERSION}"));
+    }
+    let stored_arch = Arch::new(u32_at(bytes, 12), u32_at(bytes, 16));
+    let lens = [u64_at(bytes, 52), u64_at(bytes, 60), u64_at(bytes, 68)];
+    let payload = (bytes.len() - HEADER_LEN) as u64;
+    let declared = lens.iter().try_fold(0u64, |sum, len| sum.checked_add(*len));
+    if declared != Some(payload) {
+        return Err(format!(
+            "truncated or padded: header declares {} payload bytes, file holds {payload}",
+            declared.map_or("overflowing".to_string(), |d| d.to_string())
+        ));
+    }
+    if checksum(bytes)[..] != bytes[CHECKSUM_AT..HEADER_LEN] {
+        return Err("checksum mismatch (the file is damaged)".to_string());
+    }
+    if bytes[20..52] != key.0 {
+        return Err("entry holds another key than its file name says".to_string());
+    }
+    if stored_arch != arch {
+        return Err(format!("entry is for {stored_arch}, found in the {arch} folder"));
+    }
+    // The lengths sum to the payload, which fits in memory, so each fits in usize.
+    let cubin_len = usize::try_from(lens[0]).map_err(|_| "cubin length overflows".to_string())?;
+    let ptx_len = usize::try_from(lens[1]).map_err(|_| "PTX length overflows".to_string())?;
+    let cubin_end = HEADER_LEN + cubin_len;
+    let ptx_end = cubin_end + ptx_len;
+    let cubin = bytes[HEADER_LEN..cubin_end].to_vec();
+    if cubin.len() < 4 || cubin[..4] != *b"\x7fELF" {
+        return Err("cubin is not an ELF image".to_string());
+    }
+    let ptx = String::from_utf8(bytes[cubin_end..ptx_end].to_vec())
+        .map_err(|_| "PTX is not UTF-8".to_string())?;
+    let log = String::from_utf8_lossy(&bytes[ptx_end..]).into_owned();
+    Ok(CompiledModule {
+        key: *key,
+        arch,
+        cubin,
+        ptx,
+        log,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module() -> CompiledModule {
+        CompiledModule {
+            key: CacheKey([7; 32]),
+            arch: Arch::new(9, 0),
+            cubin: b"\x7fELF and more".to_vec(),
+            ptx: ".version 9.0\n.target sm_90\n".to_string(),
+            log: "warning: none".to_string(),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let m = module();
+        assert_eq!(decode(&encode(&m), &m.key, m.arch), Ok(m));
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let m = module();
+        let good = encode(&m);
+        for byte in 0..good.len() {
+            for bit in 0..8 {
+                let mut bad = good.clone();
+                bad[byte] ^= 1 << bit;
+                assert!(decode(&bad, &m.key, m.arch).is_err(), "flip of bit {bit} in byte {byte} undetected");
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_detected() {
+        let m = module();
+        let good = encode(&m);
+        for len in 0..good.len() {
+            assert!(decode(&good[..len], &m.key, m.arch).is_err(), "truncation to {len} undetected");
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(decode(&longer, &m.key, m.arch).is_err());
+    }
+
+    #[test]
+    fn wrong_key_arch_or_version_is_detected() {
+        let m = module();
+        let good = encode(&m);
+        assert!(decode(&good, &CacheKey([8; 32]), m.arch).unwrap_err().contains("another key"));
+        assert!(decode(&good, &m.key, Arch::new(8, 0)).unwrap_err().contains("sm_90"));
+        let mut other_version = good.clone();
+        other_version[8] = 99;
+        let fixed = checksum(&other_version);
+        other_version[CHECKSUM_AT..HEADER_LEN].copy_from_slice(&fixed);
+        assert!(decode(&other_version, &m.key, m.arch).unwrap_err().contains("format version 99"));
+        assert!(decode(b"hello, I am a text file that is long enough to pass the header length check, really, yes, quite long indeed!!", &m.key, m.arch).unwrap_err().contains("magic"));
+    }
+}
