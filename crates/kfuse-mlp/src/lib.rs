@@ -1,1 +1,28 @@
-//! placeholder: being written
+//! kfuse's MLP path: a PyTorch MLP (model.json + safetensors, see `tools/export_mlp.py`) becomes
+//! one fused tensor-core CUDA kernel generated for its exact widths, activations and dtypes,
+//! compiled with NVRTC and cached by kfuse-runtime; the same model runs on the CPU through the
+//! interpreter as the oracle.
+//!
+//! Entry points: [`MlpModel::load`], [`run_cpu`], [`run_gpu`], [`bench_gpu`], and for tests and
+//! tools [`emit_kernel`], [`reference_f64`], [`testing`].
+//! Does not handle: training/backward, layers other than Linear + elementwise activation.
+#![forbid(unsafe_code)]
+
+mod activation;
+mod bench;
+mod cpu;
+mod error;
+mod gpu;
+mod kernel;
+mod model;
+pub mod testing;
+mod tiled;
+
+pub use activation::{Activation, NAMED_ACTIVATIONS};
+pub use bench::{bench_gpu, measure_ceilings, BenchOptions, BenchReport};
+pub use cpu::{check_input, compare_rows, erf_f64, evaluate_cpu, reference_f64, run_cpu, run_cpu_as, ErrorReport};
+pub use error::{MlpError, Result};
+pub use gpu::{prepare, run_gpu, PreparedMlp};
+pub use kernel::{emit_kernel, fusable, MlpKernel, MlpKernelOptions, H100_SHARED_LIMIT};
+pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
+pub use tiled::{emit_tiled, TiledLayerKernel, TiledPlan};

@@ -1,0 +1,319 @@
+//! The fused kernel's generator: from a model and the I/O dtypes to one CUDA source (constants,
+//! activation functions, the reviewed templates `mlp_prelude.cuh` / `mlp_kernel.cuh`, and a
+//! generated `kf_forward` that chains the layers), plus the packed parameter blob the kernel
+//! copies to shared memory, and the launch geometry.
+//!
+//! Handles: any depth, widths 1..=256 on every layer (padded to 16/8), f16 or bf16 weights,
+//! f32/f16/bf16 inputs and outputs. Does not handle: models whose weights do not fit in shared
+//! memory or whose layers are too wide for register-resident activations (K + N > 640 padded);
+//! [`emit_kernel`] reports those as errors and `tiled.rs` runs them instead.
+//! Pure: no GPU, no I/O; the same model and options give the same bytes.
+
+use std::fmt::Write;
+
+use half::{bf16, f16};
+
+use kfuse_ir::DType;
+
+use crate::error::{MlpError, Result};
+use crate::model::MlpModel;
+
+const PRELUDE: &str = include_str!("mlp_prelude.cuh");
+const KERNEL: &str = include_str!("mlp_kernel.cuh");
+
+/// Shared memory per block that a kernel may use on an H100 (227 KiB), the default limit.
+pub const H100_SHARED_LIMIT: u32 = 232_448;
+
+/// Register budget (32-bit registers per thread) for one row tile's input + output fragments;
+/// the rest of the 255 covers accumulators, addresses and the activation's temporaries.
+const FRAGMENT_REGISTER_BUDGET: usize = 128;
+/// Padded K + N above which a layer's fragments cannot stay in registers (spills).
+const MAX_FUSED_K_PLUS_N: usize = 640;
+
+/// Choices for [`emit_kernel`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlpKernelOptions {
+    /// Dtype of the input rows in global memory.
+    pub in_dtype: DType,
+    /// Dtype of the output rows in global memory.
+    pub out_dtype: DType,
+    /// Shared memory one block may use (the device's opt-in limit).
+    pub shared_limit: u32,
+    /// Warps per block; `None` picks the most (up to 8) that fit.
+    pub warps: Option<u32>,
+    /// 16-row tiles per warp; `None` picks from the register budget (1..=4).
+    pub row_tiles_per_warp: Option<u32>,
+}
+
+impl Default for MlpKernelOptions {
+    fn default() -> Self {
+        MlpKernelOptions { in_dtype: DType::F16, out_dtype: DType::F16, shared_limit: H100_SHARED_LIMIT, warps: None, row_tiles_per_warp: None }
+    }
+}
+
+/// A generated fused kernel: source, name, parameters and launch geometry together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpKernel {
+    /// `kf_mlp_<hash>`, a function of the source.
+    pub name: String,
+    /// Header-free CUDA C++.
+    pub source: String,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory per block.
+    pub shared_bytes: u32,
+    /// Warps per block.
+    pub warps: u32,
+    /// 16-row tiles per warp.
+    pub row_tiles_per_warp: u32,
+    /// Rows one warp handles at a time (16 × row tiles).
+    pub rows_per_warp: u32,
+    /// Rows all warps of a block handle at a time.
+    pub rows_per_block: u32,
+    /// The weights (fragment order) and f32 biases, to upload and pass as `params`.
+    pub params: Vec<u8>,
+    /// Input dtype the kernel reads.
+    pub in_dtype: DType,
+    /// Output dtype the kernel writes.
+    pub out_dtype: DType,
+    /// Whether inputs take the direct cp.async path (dtype = weight dtype, width % 8 == 0).
+    pub fast_input: bool,
+}
+
+fn round_up(v: usize, m: usize) -> usize {
+    v.div_ceil(m) * m
+}
+
+fn kind(dtype: DType) -> Result<u32> {
+    match dtype {
+        DType::F32 => Ok(0),
+        DType::F16 => Ok(1),
+        DType::BF16 => Ok(2),
+        other => Err(MlpError::InputDType { dtype: other }),
+    }
+}
+
+fn bits16(dtype: DType, v: f32) -> u16 {
+    match dtype {
+        DType::BF16 => bf16::from_f32(v).to_bits(),
+        _ => f16::from_f32(v).to_bits(),
+    }
+}
+
+/// Per layer: (padded k, padded n, weight offset, bias offset or 0, has bias).
+#[derive(Clone, Copy, Debug)]
+struct LayerLayout {
+    k_pad: usize,
+    n_pad: usize,
+    w_off: usize,
+    b_off: usize,
+}
+
+/// Packs every layer's weights into mma B-fragment order and appends the f32 biases.
+fn pack_params(model: &MlpModel) -> (Vec<u8>, Vec<LayerLayout>) {
+    let mut blob: Vec<u8> = Vec::new();
+    let mut layouts = Vec::with_capacity(model.layers.len());
+    let last = model.layers.len() - 1;
+    for (li, layer) in model.layers.iter().enumerate() {
+        let k_pad = round_up(layer.inputs, 16);
+        let n_pad = if li == last { round_up(layer.outputs, 8) } else { round_up(layer.outputs, 16) };
+        let w_off = blob.len();
+        let at = |n: usize, k: usize| -> u16 {
+            if n < layer.outputs && k < layer.inputs {
+                bits16(model.dtype, layer.weight[n * layer.inputs + k])
+            } else {
+                0
+            }
+        };
+        for j in 0..n_pad / 8 {
+            for kk in 0..k_pad / 16 {
+                for lane in 0..32 {
+                    let (n, k) = (8 * j + lane / 4, 16 * kk + 2 * (lane % 4));
+                    for v in [at(n, k), at(n, k + 1), at(n, k + 8), at(n, k + 9)] {
+                        blob.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+        }
+        let b_off = blob.len();
+        if let Some(b) = &layer.bias {
+            for i in 0..n_pad {
+                blob.extend_from_slice(&b.get(i).copied().unwrap_or(0.0).to_le_bytes());
+            }
+        }
+        blob.resize(round_up(blob.len(), 16), 0);
+        layouts.push(LayerLayout { k_pad, n_pad, w_off, b_off });
+    }
+    (blob, layouts)
+}
+
+/// Registers one row tile needs for the fragments of its widest layer.
+fn fragment_registers(layouts: &[LayerLayout]) -> usize {
+    layouts.iter().map(|l| (l.k_pad + l.n_pad) / 4).max().unwrap_or(0)
+}
+
+/// Whether the model can run as one fused kernel (else `run_gpu` takes the tiled path).
+pub fn fusable(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
+    emit_kernel(model, opts).is_ok()
+}
+
+/// Generates the fused kernel for `model` with `opts`.
+pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKernel> {
+    let in_kind = kind(opts.in_dtype)?;
+    let out_kind = kind(opts.out_dtype).map_err(|_| MlpError::OutputDType { dtype: opts.out_dtype })?;
+    if model.layers.is_empty() {
+        return Err(MlpError::TooLarge { what: "layers (an empty model)", value: 0, limit: 0 });
+    }
+    let (params, layouts) = pack_params(model);
+    for (i, l) in layouts.iter().enumerate() {
+        if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
+            return Err(MlpError::SharedMemory {
+                what: format!("layer {i} ({}→{}): too wide to keep its activations in registers", model.layers[i].inputs, model.layers[i].outputs),
+                needed: (l.k_pad + l.n_pad) as u64,
+                limit: MAX_FUSED_K_PLUS_N as u64,
+            });
+        }
+    }
+    let in_w = model.input_width();
+    let out_w = model.output_width();
+    let in_bytes = opts.in_dtype.size_bytes();
+    let out_bytes = opts.out_dtype.size_bytes();
+    let in_pad = round_up(in_w, 16);
+    let fast_input = opts.in_dtype == model.dtype && in_w % 8 == 0;
+    let row_stride = in_pad * 2 + 16;
+    let per_tile = fragment_registers(&layouts).max(1);
+    let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or((FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 4));
+    let param_bytes = params.len();
+    let warp_smem = |r: usize| {
+        let rows = 16 * r;
+        let frag = rows * row_stride;
+        let stage = if fast_input { frag } else { round_up(rows * in_w * in_bytes, 16) };
+        let frag_extra = if fast_input { 0 } else { frag };
+        let out_tile = round_up(rows * out_w * out_bytes, 16);
+        (stage, frag_extra, out_tile, 2 * stage + frag_extra + out_tile)
+    };
+    let limit = opts.shared_limit as usize;
+    let mut choice = None;
+    'search: for r in (1..=r_max.max(1)).rev() {
+        let w_candidates: Vec<usize> = match opts.warps {
+            Some(w) => vec![w as usize],
+            None => (1..=8).rev().collect(),
+        };
+        for w in w_candidates {
+            if param_bytes + w * warp_smem(r).3 <= limit {
+                choice = Some((r, w));
+                break 'search;
+            }
+        }
+    }
+    let (r, warps) = choice.ok_or_else(|| MlpError::SharedMemory {
+        what: format!("the weights of {} ({} bytes) plus one warp's tiles", model.summary(), param_bytes),
+        needed: (param_bytes + warp_smem(1).3) as u64,
+        limit: limit as u64,
+    })?;
+    let (stage, frag_extra, out_tile, per_warp) = warp_smem(r);
+    let shared = param_bytes + warps * per_warp;
+    let too_large = |what: &'static str, v: usize| MlpError::TooLarge { what, value: v as u64, limit: u32::MAX as u64 };
+    let shared_bytes = u32::try_from(shared).map_err(|_| too_large("shared memory bytes", shared))?;
+
+    let mut src = String::new();
+    let acts: Vec<&str> = model.layers.iter().map(|l| l.activation.expression.as_str()).collect();
+    let _ = writeln!(src, "// kfuse fused MLP kernel, generated by kfuse-mlp: do not edit.");
+    let _ = writeln!(src, "// model: {}", model.summary());
+    for (i, a) in acts.iter().enumerate() {
+        let _ = writeln!(src, "// layer {i} activation: {}", a.replace('\n', " "));
+    }
+    let _ = writeln!(src, "// input {} [rows, {in_w}], output {} [rows, {out_w}]; {warps} warps x {r} row tiles of 16", opts.in_dtype, opts.out_dtype);
+    let _ = writeln!(src, "#define KF_KERNEL_NAME KF_NAME_PLACEHOLDER");
+    let defs: [(&str, usize); 21] = [
+        ("KF_COMPUTE_BF16", usize::from(model.dtype == DType::BF16)),
+        ("KF_WARPS", warps),
+        ("KF_THREADS", 32 * warps),
+        ("KF_R", r),
+        ("KF_WARP_ROWS", 16 * r),
+        ("KF_IN", in_w),
+        ("KF_IN_PAD", in_pad),
+        ("KF_KT0", in_pad / 16),
+        ("KF_IN_BYTES", in_bytes),
+        ("KF_IN_KIND", in_kind as usize),
+        ("KF_OUT", out_w),
+        ("KF_OUT_BYTES", out_bytes),
+        ("KF_OUT_KIND", out_kind as usize),
+        ("KF_FAST_INPUT", usize::from(fast_input)),
+        ("KF_ROW_STRIDE", row_stride),
+        ("KF_STAGE_BYTES", stage),
+        ("KF_FRAG_BYTES", frag_extra),
+        ("KF_OUT_TILE_BYTES", out_tile),
+        ("KF_WARP_SMEM", per_warp),
+        ("KF_PARAM_BYTES", param_bytes),
+        ("KF_LAYERS", model.layers.len()),
+    ];
+    for (name, value) in defs {
+        let _ = writeln!(src, "#define {name} {value}");
+    }
+    src.push('\n');
+    for (i, layer) in model.layers.iter().enumerate() {
+        if layer.activation.is_identity() {
+            let _ = writeln!(src, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return x; }} }};");
+        } else {
+            let f = layer.activation.device_function(i, &format!("kf_act_{i}"))?;
+            src.push_str(f.trim_end());
+            src.push('\n');
+            let _ = writeln!(src, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return kf_act_{i}(x); }} }};");
+        }
+    }
+    src.push('\n');
+    src.push_str(PRELUDE);
+    src.push('\n');
+    // The generated layer chain.
+    let _ = writeln!(src, "// The layers in order; h<i> holds layer i's input fragments.");
+    let _ = writeln!(src, "__device__ __forceinline__ void kf_forward(const unsigned (&h0)[KF_R][KF_KT0][4], unsigned char* __restrict__ out_tile,");
+    let _ = writeln!(src, "                                           const unsigned char* __restrict__ smem, int lane) {{");
+    let last = model.layers.len() - 1;
+    for (i, (layer, l)) in model.layers.iter().zip(&layouts).enumerate() {
+        let has_bias = usize::from(layer.bias.is_some());
+        let kt = l.k_pad / 16;
+        let off = |o: usize| if has_bias == 1 || o != l.b_off { o } else { 0 };
+        if i == last {
+            let _ = writeln!(
+                src,
+                "    kf_output_layer<{kt}, {}, {}, {}, {has_bias}, KfAct{i}>(h{i}, out_tile, smem, lane);",
+                l.n_pad / 8,
+                l.w_off,
+                off(l.b_off)
+            );
+        } else {
+            let nt16 = l.n_pad / 16;
+            let _ = writeln!(src, "    unsigned h{}[KF_R][{nt16}][4];", i + 1);
+            let _ = writeln!(
+                src,
+                "    kf_hidden_layer<{kt}, {nt16}, {}, {}, {}, {has_bias}, KfAct{i}>(h{i}, h{}, smem, lane);",
+                l.w_off,
+                off(l.b_off),
+                layer.outputs,
+                i + 1
+            );
+        }
+    }
+    let _ = writeln!(src, "}}\n");
+    src.push_str(KERNEL);
+    let hash = blake3::hash(src.as_bytes()).to_hex();
+    let name = format!("kf_mlp_{}", &hash.as_str()[..16]);
+    let source = src.replace("KF_NAME_PLACEHOLDER", &name);
+    let block = u32::try_from(32 * warps).map_err(|_| too_large("threads", 32 * warps))?;
+    let rows_per_warp = u32::try_from(16 * r).map_err(|_| too_large("rows per warp", 16 * r))?;
+    Ok(MlpKernel {
+        name,
+        source,
+        block,
+        shared_bytes,
+        warps: block / 32,
+        row_tiles_per_warp: rows_per_warp / 16,
+        rows_per_warp,
+        rows_per_block: rows_per_warp * (block / 32),
+        params,
+        in_dtype: opts.in_dtype,
+        out_dtype: opts.out_dtype,
+        fast_input,
+    })
+}

@@ -1,0 +1,238 @@
+// kfuse fully fused MLP: device helpers and layer templates (hand-written, reviewed; embedded in
+// every generated MLP kernel by kfuse-mlp's emitter with include_str!).
+//
+// The generator defines, before this file, every KF_* constant (widths, dtypes, tile sizes,
+// shared-memory layout) as a compile-time constant, and one `KfActN` struct per layer whose
+// static `apply(float)` is that layer's activation (a .kf expression compiled by kfuse-codegen).
+//
+// Data layout on chip (one warp's view; a warp owns KF_R row tiles of 16 rows):
+//   * activations of the current layer: A fragments of mma.m16n8k16 in registers,
+//     `unsigned a[KF_R][K/16][4]` (two f16/bf16 values per register). They never leave the
+//     registers between layers: the f32 accumulator (C) fragment of two adjacent n8 tiles has
+//     exactly the thread/element mapping of an A fragment of a k16 chunk, so a layer's output is
+//     packed in place into the next layer's input.
+//   * weights: in shared memory, pre-arranged on the host in "fragment order": the B fragment
+//     (k16 x n8) of n-tile j and k-chunk kk for lane l is the 8 bytes at
+//     ((j * KT + kk) * 32 + l) * 8. One LDS.64 per lane fetches it; a warp reads 256 contiguous
+//     bytes, so there are no bank conflicts and no ldmatrix/swizzle bookkeeping.
+//   * biases: f32 in shared memory, zero-padded to the padded width.
+//
+// Padding: widths are padded to 16 (k and hidden n) or 8 (the last layer's n). Padded weights and
+// biases are zero and padded activations are forced to zero, so padding never changes a result
+// (even for activations with act(0) != 0, or act(0) = inf).
+
+// ---------------------------------------------------------------------------------------------
+// PTX helpers. Inline PTX keeps the source header-free (NVRTC has no cuda_fp16.h / mma.h).
+// ---------------------------------------------------------------------------------------------
+
+// The 32-bit shared-state-space address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned kf_smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Asynchronous 16-byte global -> shared copy (sm_80+), bypassing L1 (.cg: inputs are streamed
+// once). Bytes past `src_bytes` are zero-filled, which masks the tail of the last tile.
+__device__ __forceinline__ void kf_cp_async16(unsigned dst, const void* src, unsigned src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void kf_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void kf_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// Four 8x8 b16 matrices from shared memory: with lane l pointing at row (l & 15), column
+// 8 * (l >> 4) of a 16x16 tile, the result is that tile's A fragment {a0a1, a2a3, a4a5, a6a7}.
+__device__ __forceinline__ void kf_ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a * b on the tensor cores: m16n8k16, A row-major, B column-major (= PyTorch's [out, in]
+// weight layout), f32 accumulate. Not volatile: the compiler may interleave independent mmas.
+__device__ __forceinline__ void kf_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if KF_COMPUTE_BF16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two floats to packed f16x2 / bf16x2, round to nearest even; `lo` goes to the low half
+// (element 0). cvt puts its first source operand in the upper half.
+__device__ __forceinline__ unsigned kf_f16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ unsigned kf_bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// Two floats in the compute dtype (the dtype of the weights and of on-chip activations).
+__device__ __forceinline__ unsigned kf_pack2(float lo, float hi) {
+#if KF_COMPUTE_BF16
+    return kf_bf16x2(lo, hi);
+#else
+    return kf_f16x2(lo, hi);
+#endif
+}
+
+// One 16-bit value (low half of `bits`) to f32.
+__device__ __forceinline__ float kf_f16_to_f32(unsigned short bits) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+    return f;
+}
+__device__ __forceinline__ float kf_bf16_to_f32(unsigned short bits) {
+    float f;
+    asm("mov.b32 %0, %1;" : "=f"(f) : "r"(((unsigned)bits) << 16));
+    return f;
+}
+
+// Element kinds of inputs and outputs (KF_IN_KIND, KF_OUT_KIND).
+#define KF_KIND_F32 0
+#define KF_KIND_F16 1
+#define KF_KIND_BF16 2
+
+// Reads one element of kind KIND at p (shared or global) as f32.
+template <int KIND>
+__device__ __forceinline__ float kf_load_elem(const unsigned char* p) {
+    if (KIND == KF_KIND_F32) return *reinterpret_cast<const float*>(p);
+    if (KIND == KF_KIND_F16) return kf_f16_to_f32(*reinterpret_cast<const unsigned short*>(p));
+    return kf_bf16_to_f32(*reinterpret_cast<const unsigned short*>(p));
+}
+
+// Two adjacent output elements of kind KIND (row-major, `cols` per row) at (row, col) and
+// (row, col + 1) of a shared-memory tile; elements at col >= KF_OUT are padding and skipped.
+template <int KIND>
+__device__ __forceinline__ void kf_store_pair(unsigned char* tile, int row, int col, float v0, float v1) {
+    const int e = row * KF_OUT + col;
+    if (KIND == KF_KIND_F32) {
+        float* p = reinterpret_cast<float*>(tile) + e;
+        if ((KF_OUT % 2) == 0 && col + 1 < KF_OUT) {
+            *reinterpret_cast<float2*>(p) = make_float2(v0, v1);  // 8-byte aligned: e is even
+        } else {
+            if (col < KF_OUT) p[0] = v0;
+            if (col + 1 < KF_OUT) p[1] = v1;
+        }
+    } else {
+        const unsigned w = (KIND == KF_KIND_F16) ? kf_f16x2(v0, v1) : kf_bf16x2(v0, v1);
+        unsigned short* p = reinterpret_cast<unsigned short*>(tile) + e;
+        if ((KF_OUT % 2) == 0 && col + 1 < KF_OUT) {
+            *reinterpret_cast<unsigned*>(p) = w;  // 4-byte aligned: e is even
+        } else {
+            if (col < KF_OUT) p[0] = (unsigned short)(w & 0xffffu);
+            if (col + 1 < KF_OUT) p[1] = (unsigned short)(w >> 16);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers. Loops over compile-time widths are fully unrolled, so every register array below is
+// indexed by constants only and stays in registers (no local memory).
+// ---------------------------------------------------------------------------------------------
+
+// A hidden layer for this warp's KF_R row tiles: h = act(a · Wᵀ + b), written as the next
+// layer's A fragments.
+//   KT      k16 chunks of the input (padded input width / 16)
+//   NT16    k16 chunks of the output (padded output width / 16); there are 2 * NT16 n8 tiles
+//   W_OFF   byte offset of this layer's fragment-ordered weights in shared memory
+//   B_OFF   byte offset of its f32 biases (ignored without bias)
+//   N_REAL  the real output width; columns at or past it are padding, forced to zero
+template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
+__device__ __forceinline__ void kf_hidden_layer(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
+                                                const unsigned char* __restrict__ smem, int lane) {
+    const uint2* w = reinterpret_cast<const uint2*>(smem + W_OFF) + lane;
+    const float* bias = reinterpret_cast<const float*>(smem + B_OFF);
+    const int quad = lane & 3;  // this thread's column pair (2 * quad, 2 * quad + 1) in an n8 tile
+#pragma unroll
+    for (int j = 0; j < 2 * NT16; ++j) {
+        if (8 * j >= N_REAL) {  // an n8 tile made only of padding: no math, zeros out
+#pragma unroll
+            for (int r = 0; r < KF_R; ++r) {
+                h[r][j >> 1][(j & 1) * 2 + 0] = 0u;
+                h[r][j >> 1][(j & 1) * 2 + 1] = 0u;
+            }
+            continue;
+        }
+        // n-outer, k-inner: one n8 tile's accumulators live at a time (4 * KF_R floats), which
+        // is what leaves registers for the input and output fragments; each B fragment loaded
+        // from shared memory is reused by KF_R mmas, which keeps shared-memory bandwidth under
+        // the tensor cores' appetite.
+        float acc[KF_R][4];
+#pragma unroll
+        for (int r = 0; r < KF_R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            const uint2 b = w[(j * KT + kk) * 32];
+#pragma unroll
+            for (int r = 0; r < KF_R; ++r) kf_mma(acc[r], a[r][kk], b.x, b.y);
+        }
+        const int col = 8 * j + 2 * quad;
+        float b0 = 0.f, b1 = 0.f;
+        if (HAS_BIAS) {
+            const float2 bb = *reinterpret_cast<const float2*>(bias + col);
+            b0 = bb.x;
+            b1 = bb.y;
+        }
+#pragma unroll
+        for (int r = 0; r < KF_R; ++r) {
+            // Accumulator layout: acc[0..1] row (lane / 4), acc[2..3] row (lane / 4 + 8), columns
+            // col and col + 1 -- the same thread owns the same elements of the next A fragment.
+            float v0 = Act::apply(acc[r][0] + b0), v1 = Act::apply(acc[r][1] + b1);
+            float v2 = Act::apply(acc[r][2] + b0), v3 = Act::apply(acc[r][3] + b1);
+            if (8 * j + 8 > N_REAL) {  // the last, partly padded n8 tile only (known at compile time)
+                if (col >= N_REAL) v0 = v2 = 0.f;
+                if (col + 1 >= N_REAL) v1 = v3 = 0.f;
+            }
+            h[r][j >> 1][(j & 1) * 2 + 0] = kf_pack2(v0, v1);
+            h[r][j >> 1][(j & 1) * 2 + 1] = kf_pack2(v2, v3);
+        }
+    }
+}
+
+// The last layer: y = act(a · Wᵀ + b) in f32, converted to the output kind and written to this
+// warp's output tile in shared memory ([16 * KF_R rows][KF_OUT] row-major, the global layout),
+// from where it is copied out with 16-byte coalesced stores.
+//   NT8     n8 tiles of the output (KF_OUT padded to 8, / 8)
+template <int KT, int NT8, int W_OFF, int B_OFF, int HAS_BIAS, class Act>
+__device__ __forceinline__ void kf_output_layer(const unsigned (&a)[KF_R][KT][4], unsigned char* __restrict__ out_tile,
+                                                const unsigned char* __restrict__ smem, int lane) {
+    const uint2* w = reinterpret_cast<const uint2*>(smem + W_OFF) + lane;
+    const float* bias = reinterpret_cast<const float*>(smem + B_OFF);
+    const int group = lane >> 2;  // this thread's rows in a 16-row tile: group and group + 8
+    const int quad = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NT8; ++j) {
+        float acc[KF_R][4];
+#pragma unroll
+        for (int r = 0; r < KF_R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            const uint2 b = w[(j * KT + kk) * 32];
+#pragma unroll
+            for (int r = 0; r < KF_R; ++r) kf_mma(acc[r], a[r][kk], b.x, b.y);
+        }
+        const int col = 8 * j + 2 * quad;
+        float b0 = 0.f, b1 = 0.f;
+        if (HAS_BIAS) {
+            const float2 bb = *reinterpret_cast<const float2*>(bias + col);
+            b0 = bb.x;
+            b1 = bb.y;
+        }
+#pragma unroll
+        for (int r = 0; r < KF_R; ++r) {
+            kf_store_pair<KF_OUT_KIND>(out_tile, 16 * r + group, col, Act::apply(acc[r][0] + b0), Act::apply(acc[r][1] + b1));
+            kf_store_pair<KF_OUT_KIND>(out_tile, 16 * r + group + 8, col, Act::apply(acc[r][2] + b0), Act::apply(acc[r][3] + b1));
+        }
+    }
+}

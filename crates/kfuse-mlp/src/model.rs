@@ -1,0 +1,254 @@
+//! Loading an MLP: a `model.json` description next to a safetensors file holding a PyTorch
+//! `state_dict`, checked layer by layer.
+//!
+//! Handles: weights stored as F16, BF16 or F32 (each weight is rounded to the model's `dtype`
+//! on load, so the CPU and GPU paths compute the same function; biases keep their stored values
+//! in f32), optional biases, named or expression activations, widths taken from the weights and
+//! checked to chain. Does not handle: layers other than `Linear` (no convolutions, norms or
+//! residual connections), weights in other dtypes (f64, ints, fp8).
+
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+
+use kfuse_ir::DType;
+
+use crate::activation::Activation;
+use crate::error::{MlpError, Result};
+
+/// The `format` string of model.json files this crate reads and writes.
+pub const MODEL_FORMAT: &str = "kfuse-mlp/1";
+
+/// model.json, as written by `tools/export_mlp.py`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelDescription {
+    /// Always [`MODEL_FORMAT`].
+    pub format: String,
+    /// The safetensors file, relative to model.json's folder (or absolute).
+    pub weights: String,
+    /// The weights' dtype in the kernel: "f16" or "bf16".
+    pub dtype: String,
+    /// The layers, input side first.
+    pub layers: Vec<LayerDescription>,
+}
+
+/// One `Linear` layer followed by an activation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerDescription {
+    /// Name of the `[out, in]` weight tensor in the safetensors file.
+    pub weight: String,
+    /// Name of the `[out]` bias tensor, if the layer has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias: Option<String>,
+    /// A named activation or a `.kf` expression in `x`; absent means "none".
+    #[serde(default = "default_activation")]
+    pub activation: String,
+}
+
+fn default_activation() -> String {
+    "none".to_string()
+}
+
+/// One loaded layer: `y = activation(x · Wᵀ + b)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpLayer {
+    /// The weight tensor's name (for messages).
+    pub weight_name: String,
+    /// Input width (`in_features`).
+    pub inputs: usize,
+    /// Output width (`out_features`).
+    pub outputs: usize,
+    /// `[outputs, inputs]` row-major, as PyTorch stores it; values exactly representable in the
+    /// model's dtype.
+    pub weight: Vec<f32>,
+    /// `[outputs]`, or `None` for a layer without bias.
+    pub bias: Option<Vec<f32>>,
+    /// The activation applied after the bias.
+    pub activation: Activation,
+}
+
+/// A loaded, checked MLP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlpModel {
+    /// Weight dtype in the kernel ([`DType::F16`] or [`DType::BF16`]).
+    pub dtype: DType,
+    /// The layers, input side first; widths chain.
+    pub layers: Vec<MlpLayer>,
+}
+
+fn read_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> MlpError + 'a {
+    move |source| MlpError::Io { what, path: path.to_path_buf(), source }
+}
+
+/// Parses "f16" / "bf16" (the model's dtype).
+fn model_dtype(path: &Path, name: &str) -> Result<DType> {
+    match name {
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => Err(MlpError::ModelDType { path: path.to_path_buf(), found: other.to_string() }),
+    }
+}
+
+/// Rounds an f32 to the model's dtype (exact for values already in it).
+pub(crate) fn round_to(dtype: DType, v: f32) -> f32 {
+    match dtype {
+        DType::BF16 => bf16::from_f32(v).to_f32(),
+        _ => f16::from_f32(v).to_f32(),
+    }
+}
+
+/// The tensor's elements as f32 (exact for F16, BF16 and F32 storage).
+fn tensor_values(layer: usize, name: &str, view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>> {
+    let bytes = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        other => return Err(MlpError::TensorDType { layer, tensor: name.to_string(), dtype: format!("{other:?}") }),
+    })
+}
+
+impl MlpModel {
+    /// Loads `json_path` and the safetensors file it names, checking every layer.
+    pub fn load(json_path: impl AsRef<Path>) -> Result<MlpModel> {
+        let json_path = json_path.as_ref();
+        let text = std::fs::read_to_string(json_path).map_err(read_error("model description", json_path))?;
+        let desc: ModelDescription = serde_json::from_str(&text)
+            .map_err(|e| MlpError::Json { path: json_path.to_path_buf(), message: e.to_string() })?;
+        let folder = json_path.parent().unwrap_or(Path::new("."));
+        MlpModel::from_description(&desc, json_path, &folder.join(&desc.weights))
+    }
+
+    /// Builds a model from a parsed description and the path of its weights file; `json_path`
+    /// only labels errors.
+    pub fn from_description(desc: &ModelDescription, json_path: &Path, weights_path: &Path) -> Result<MlpModel> {
+        if desc.format != MODEL_FORMAT {
+            return Err(MlpError::Format { path: json_path.to_path_buf(), found: desc.format.clone() });
+        }
+        let dtype = model_dtype(json_path, &desc.dtype)?;
+        if desc.layers.is_empty() {
+            return Err(MlpError::NoLayers { path: json_path.to_path_buf() });
+        }
+        let bytes = std::fs::read(weights_path).map_err(read_error("weights file", weights_path))?;
+        let tensors = SafeTensors::deserialize(&bytes)
+            .map_err(|e| MlpError::Safetensors { path: weights_path.to_path_buf(), message: e.to_string() })?;
+        let available = || {
+            let mut names = tensors.names();
+            names.sort();
+            let shown: Vec<&str> = names.iter().take(24).copied().collect();
+            let more = names.len().saturating_sub(shown.len());
+            if more > 0 {
+                format!("{} (and {more} more)", shown.join(", "))
+            } else if shown.is_empty() {
+                "no tensors".to_string()
+            } else {
+                shown.join(", ")
+            }
+        };
+        let get = |layer: usize, role: &'static str, name: &str| {
+            tensors.tensor(name).map_err(|_| MlpError::MissingTensor {
+                layer,
+                role,
+                tensor: name.to_string(),
+                path: weights_path.to_path_buf(),
+                available: available(),
+            })
+        };
+        let mut layers: Vec<MlpLayer> = Vec::with_capacity(desc.layers.len());
+        for (i, ld) in desc.layers.iter().enumerate() {
+            let w = get(i, "weight", &ld.weight)?;
+            let shape = w.shape().to_vec();
+            if shape.len() != 2 {
+                return Err(MlpError::TensorRank {
+                    layer: i,
+                    role: "weight",
+                    tensor: ld.weight.clone(),
+                    shape,
+                    want: 2,
+                    layout: "[out_features, in_features], as nn.Linear stores it",
+                });
+            }
+            if shape.contains(&0) {
+                return Err(MlpError::EmptyTensor { layer: i, tensor: ld.weight.clone(), shape });
+            }
+            let (outputs, inputs) = (shape[0], shape[1]);
+            if let Some(prev) = layers.last() {
+                if prev.outputs != inputs {
+                    return Err(MlpError::WidthChain {
+                        layer: i,
+                        tensor: ld.weight.clone(),
+                        input: inputs,
+                        prev: i - 1,
+                        prev_out: prev.outputs,
+                    });
+                }
+            }
+            let weight: Vec<f32> = tensor_values(i, &ld.weight, &w)?.into_iter().map(|v| round_to(dtype, v)).collect();
+            let bias = match &ld.bias {
+                None => None,
+                Some(name) => {
+                    let b = get(i, "bias", name)?;
+                    if b.shape().len() != 1 {
+                        return Err(MlpError::TensorRank {
+                            layer: i,
+                            role: "bias",
+                            tensor: name.clone(),
+                            shape: b.shape().to_vec(),
+                            want: 1,
+                            layout: "[out_features]",
+                        });
+                    }
+                    let values = tensor_values(i, name, &b)?;
+                    if values.len() != outputs {
+                        return Err(MlpError::BiasShape { layer: i, tensor: name.clone(), got: values.len(), want: outputs });
+                    }
+                    Some(values)
+                }
+            };
+            let activation = Activation::resolve(i, &ld.activation)?;
+            layers.push(MlpLayer { weight_name: ld.weight.clone(), inputs, outputs, weight, bias, activation });
+        }
+        Ok(MlpModel { dtype, layers })
+    }
+
+    /// The widths along the model: input width, then each layer's output width.
+    pub fn widths(&self) -> Vec<usize> {
+        let mut w = Vec::with_capacity(self.layers.len() + 1);
+        if let Some(first) = self.layers.first() {
+            w.push(first.inputs);
+        }
+        w.extend(self.layers.iter().map(|l| l.outputs));
+        w
+    }
+
+    /// Input width of the first layer.
+    pub fn input_width(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.inputs)
+    }
+
+    /// Output width of the last layer.
+    pub fn output_width(&self) -> usize {
+        self.layers.last().map_or(0, |l| l.outputs)
+    }
+
+    /// Multiply-adds per row (the FLOP count per row is twice this).
+    pub fn macs_per_row(&self) -> u64 {
+        self.layers.iter().map(|l| (l.inputs as u64) * (l.outputs as u64)).sum()
+    }
+
+    /// A one-line summary, e.g. `f16 64→64→16 [relu, none]`.
+    pub fn summary(&self) -> String {
+        let widths: Vec<String> = self.widths().iter().map(|w| w.to_string()).collect();
+        let acts: Vec<&str> = self.layers.iter().map(|l| l.activation.spec.as_str()).collect();
+        format!("{} {} [{}]", self.dtype, widths.join("→"), acts.join(", "))
+    }
+}
+
+/// The path of a model's weights file as model.json names it (for tools that copy models).
+pub fn weights_path(json_path: &Path, desc: &ModelDescription) -> PathBuf {
+    json_path.parent().unwrap_or(Path::new(".")).join(&desc.weights)
+}

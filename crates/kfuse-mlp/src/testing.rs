@@ -1,0 +1,147 @@
+//! Test helpers, usable without PyTorch: random models written as safetensors + model.json into a
+//! folder, random inputs, and a small deterministic random number generator.
+//!
+//! Weights are drawn like PyTorch's `nn.Linear` default (uniform in ±1/√in), so activations
+//! stay of order one through deep models. Not for production models.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+
+use kfuse_ir::{DType, HostTensor};
+
+use crate::error::{MlpError, Result};
+use crate::model::{LayerDescription, ModelDescription, MODEL_FORMAT};
+
+/// SplitMix64: tiny, deterministic, good enough for test data.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    /// A generator seeded from the clock (fresh data per run); returns the seed to print.
+    pub fn from_time() -> (Rng, u64) {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x5eed);
+        (Rng(seed), seed)
+    }
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        let u = (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        lo + (hi - lo) * u
+    }
+}
+
+/// What [`write_model`] writes.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    /// Model dtype written into model.json (f16 or bf16).
+    pub dtype: DType,
+    /// Dtype the tensors are stored with in the safetensors file (f16, bf16 or f32).
+    pub file_dtype: DType,
+    /// Input width, then each layer's output width.
+    pub widths: Vec<usize>,
+    /// One activation per layer.
+    pub activations: Vec<String>,
+    /// Whether each layer gets a bias.
+    pub with_bias: bool,
+    /// Seed of the weights.
+    pub seed: u64,
+}
+
+impl ModelSpec {
+    /// `widths` with `hidden` after every layer but the last (which gets none), f16, with biases.
+    pub fn new(widths: &[usize], hidden: &str) -> ModelSpec {
+        let n = widths.len().saturating_sub(1);
+        let activations = (0..n).map(|i| if i + 1 == n { "none".to_string() } else { hidden.to_string() }).collect();
+        ModelSpec {
+            dtype: DType::F16,
+            file_dtype: DType::F16,
+            widths: widths.to_vec(),
+            activations,
+            with_bias: true,
+            seed: 1,
+        }
+    }
+}
+
+fn encode(dtype: DType, values: &[f32]) -> (Dtype, Vec<u8>) {
+    match dtype {
+        DType::F32 => (Dtype::F32, values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::BF16 => (Dtype::BF16, values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect()),
+        _ => (Dtype::F16, values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect()),
+    }
+}
+
+/// Writes `<dir>/<name>.json` and `<dir>/<name>.safetensors` for `spec`; returns the json path.
+/// Tensors are named like an `nn.Sequential` of Linear + activation modules (`0.weight`,
+/// `2.weight`, ...).
+pub fn write_model(dir: &Path, name: &str, spec: &ModelSpec) -> Result<PathBuf> {
+    let mut rng = Rng::new(spec.seed);
+    let mut blobs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut layers = Vec::new();
+    for (i, pair) in spec.widths.windows(2).enumerate() {
+        let (inp, out) = (pair[0], pair[1]);
+        let bound = 1.0 / (inp as f64).sqrt();
+        let w: Vec<f32> = (0..inp * out).map(|_| rng.uniform(-bound, bound) as f32).collect();
+        let (dt, bytes) = encode(spec.file_dtype, &w);
+        let wname = format!("{}.weight", 2 * i);
+        blobs.push((wname.clone(), dt, vec![out, inp], bytes));
+        let bias = if spec.with_bias {
+            let b: Vec<f32> = (0..out).map(|_| rng.uniform(-bound, bound) as f32).collect();
+            let (dt, bytes) = encode(spec.file_dtype, &b);
+            let bname = format!("{}.bias", 2 * i);
+            blobs.push((bname.clone(), dt, vec![out], bytes));
+            Some(bname)
+        } else {
+            None
+        };
+        let activation = spec.activations.get(i).cloned().unwrap_or_else(|| "none".to_string());
+        layers.push(LayerDescription { weight: wname, bias, activation });
+    }
+    let weights_file = format!("{name}.safetensors");
+    let views = blobs
+        .iter()
+        .map(|(n, dt, shape, bytes)| {
+            TensorView::new(*dt, shape.clone(), bytes)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| MlpError::Safetensors { path: dir.join(&weights_file), message: e.to_string() })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let st_path = dir.join(&weights_file);
+    safetensors::serialize_to_file(views, None::<HashMap<String, String>>, &st_path)
+        .map_err(|e| MlpError::Safetensors { path: st_path.clone(), message: e.to_string() })?;
+    let desc = ModelDescription {
+        format: MODEL_FORMAT.to_string(),
+        weights: weights_file,
+        dtype: spec.dtype.name().to_string(),
+        layers,
+    };
+    let json_path = dir.join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(&desc)
+        .map_err(|e| MlpError::Json { path: json_path.clone(), message: e.to_string() })?;
+    std::fs::write(&json_path, text).map_err(|source| MlpError::Io { what: "model description", path: json_path.clone(), source })?;
+    Ok(json_path)
+}
+
+/// A `[rows, cols]` input of uniform values in [-1, 1), stored in `dtype`.
+pub fn random_input(dtype: DType, rows: usize, cols: usize, rng: &mut Rng) -> HostTensor {
+    let values: Vec<f64> = (0..rows * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    HostTensor::from_f64(dtype, vec![rows, cols], &values)
+}

@@ -1,0 +1,66 @@
+//! NVRTC tier: generated kernels for several shapes and dtypes compile for sm_80 and sm_90
+//! (runs where libnvrtc loads; prints SKIPPED otherwise). Most template bugs surface here.
+
+use kfuse_ir::DType;
+use kfuse_mlp::testing::{write_model, ModelSpec};
+use kfuse_mlp::{emit_kernel, emit_tiled, MlpKernelOptions, MlpModel};
+use kfuse_runtime::{compile, testing::nvrtc_or_skip, Arch, CompileOptions};
+
+fn model(dir: &std::path::Path, name: &str, widths: &[usize], act: &str, dtype: DType, bias: bool) -> MlpModel {
+    let mut spec = ModelSpec::new(widths, act);
+    spec.dtype = dtype;
+    spec.with_bias = bias;
+    let path = write_model(dir, name, &spec).expect("write model");
+    MlpModel::load(path).expect("load model")
+}
+
+fn compile_both(source: &str, what: &str) {
+    for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
+        let t = std::time::Instant::now();
+        let mut opts = CompileOptions::for_arch(arch);
+        if std::env::var("KF_PTXAS_V").is_ok() {
+            opts.extra.push("--ptxas-options=-v".to_string());
+        }
+        let out = compile(source, &opts);
+        match out {
+            Ok(m) => {
+                println!("{what} {arch}: {} bytes cubin in {:.0} ms; log: {}", m.cubin.len(), t.elapsed().as_secs_f64() * 1e3, m.log.trim());
+                assert!(!m.cubin.is_empty());
+            }
+            Err(e) => panic!("{what} failed to compile for {arch}: {e}\n--- source ---\n{source}"),
+        }
+    }
+}
+
+#[test]
+fn fused_kernels_compile_for_sm80_and_sm90() {
+    if nvrtc_or_skip("fused_kernels_compile_for_sm80_and_sm90").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acts = std::env::var("KF_TEST_ACT").unwrap_or_else(|_| "relu".to_string());
+    let cases: Vec<(&str, Vec<usize>, DType, DType, DType, bool)> = vec![
+        ("bench1", vec![64, 64, 64, 64, 64, 16], DType::F16, DType::F16, DType::F16, false),
+        ("bench2", vec![64, 128, 128, 128, 128, 16], DType::F16, DType::F16, DType::F16, false),
+        ("bench3", vec![32, 64, 128, 96, 64, 32, 16], DType::F16, DType::F16, DType::F16, true),
+        ("odd", vec![3, 24, 100, 5], DType::BF16, DType::F32, DType::F32, true),
+        ("w256", vec![256, 256, 32], DType::BF16, DType::BF16, DType::BF16, true),
+        ("one", vec![16, 1], DType::F16, DType::BF16, DType::F16, true),
+        ("mixed", vec![24, 16, 24], DType::F16, DType::BF16, DType::BF16, false),
+    ];
+    for (name, widths, wd, ind, outd, bias) in cases {
+        let m = model(dir.path(), name, &widths, &acts, wd, bias);
+        let k = emit_kernel(&m, &MlpKernelOptions { in_dtype: ind, out_dtype: outd, ..MlpKernelOptions::default() }).expect("emit");
+        println!("{name}: warps {} rows/warp {} shared {} fast {}", k.warps, k.rows_per_warp, k.shared_bytes, k.fast_input);
+        compile_both(&k.source, name);
+    }
+    let m = model(dir.path(), "tiled", &[40, 256, 256, 256, 7], &acts, DType::F16, true);
+    match emit_kernel(&m, &MlpKernelOptions::default()) {
+        Ok(k) => panic!("three 256-wide layers (288 KiB of f16 weights) should not fit; got {} bytes", k.shared_bytes),
+        Err(err) => assert!(err.to_string().contains("shared memory"), "{err}"),
+    }
+    let plan = emit_tiled(&m, DType::F32, DType::F16, "test").expect("tiled");
+    for l in &plan.layers {
+        compile_both(&l.source, "tiled layer");
+    }
+}
