@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
-    broadcast_shapes, verify, BinaryOp, DType, Dim, Graph, Input, InputId, IrError, Kind, ListId,
+    broadcast_shapes, verify, BinaryOp, Constraint, DType, Dim, Graph, Input, InputId, IrError, Kind, ListId,
     Literal, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape, SymId, TernaryOp, UnaryOp,
 };
 
@@ -305,6 +305,18 @@ impl GraphBuilder {
         Ok(self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape }))
     }
 
+    /// Declares the ragged layout of an `i32` input (see [`Constraint`]); the values are checked
+    /// at bind time. An input takes at most one layout.
+    pub fn constrain(&mut self, c: Constraint) -> Result<(), IrError> {
+        crate::verify::check_constraint(&self.graph, c)?;
+        if self.graph.constraint_of(c.input()).is_some() {
+            let name = self.graph.input(c.input()).name.clone();
+            return Err(IrError::BadConstraint { input: name, layout: c.name(), why: "it already has a layout".into() });
+        }
+        self.graph.constraints.push(c);
+        Ok(())
+    }
+
     /// Names `node` as an output.
     pub fn output(&mut self, name: &str, node: NodeId) -> Result<(), IrError> {
         if self.graph.output_by_name(name).is_some() {
@@ -350,7 +362,12 @@ impl GraphBuilder {
 fn prune_dead(g: Graph) -> Graph {
     let live = g.live_nodes();
     let mut remap = vec![NodeId(u32::MAX); g.nodes.len()];
-    let mut out = Graph { symbols: g.symbols.clone(), inputs: g.inputs.clone(), ..Graph::default() };
+    let mut out = Graph {
+        symbols: g.symbols.clone(),
+        inputs: g.inputs.clone(),
+        constraints: g.constraints.clone(),
+        ..Graph::default()
+    };
     let mut lists: HashMap<Vec<NodeId>, ListId> = HashMap::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if !live[i] && !matches!(n.op, Op::Input(_)) {

@@ -24,6 +24,8 @@ pub enum IrError {
     DuplicateName(String),
     #[error("unknown dimension symbol `{0}`")]
     UnknownSymbol(String),
+    #[error("input `{input}` cannot be declared as {layout}: {why}")]
+    BadConstraint { input: String, layout: &'static str, why: String },
     #[error("graph is malformed: {0}")]
     Malformed(String),
     #[error("`{what}` is not differentiable here: {why}")]

@@ -255,6 +255,41 @@ pub struct Output {
     pub node: NodeId,
 }
 
+/// A promise about the *values* of an `i32` input that describes ragged data. It changes no
+/// node's meaning; [`crate::SymbolBindings::bind`] checks it before anything runs, so that every
+/// consumer (interpreter, GPU executor) refuses bad ragged metadata with the same message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Constraint {
+    /// Padded + lengths: every element `l` of the input satisfies `0 <= l <= max` (one count of
+    /// valid rows per batch row; `max` is the padded row count, such as `N`).
+    Lengths { input: InputId, max: Dim },
+    /// Packed + offsets: the rank-1 input holds segment boundaries `offsets[0] = 0`,
+    /// non-decreasing, with `offsets[S - 1] = total` (the packed row count, such as `T`).
+    Offsets { input: InputId, total: Dim },
+}
+
+impl Constraint {
+    /// The input the constraint is about.
+    pub fn input(self) -> InputId {
+        match self {
+            Constraint::Lengths { input, .. } | Constraint::Offsets { input, .. } => input,
+        }
+    }
+    /// The layout's name as the language writes it (`lengths`, `offsets`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Constraint::Lengths { .. } => "lengths",
+            Constraint::Offsets { .. } => "offsets",
+        }
+    }
+    /// The dimension the constraint bounds (`max` or `total`).
+    pub fn dim(self) -> Dim {
+        match self {
+            Constraint::Lengths { max: d, .. } | Constraint::Offsets { total: d, .. } => d,
+        }
+    }
+}
+
 /// A whole computation: declared inputs, a node arena in topological order, named outputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Graph {
@@ -264,6 +299,8 @@ pub struct Graph {
     pub nodes: Vec<Node>,
     pub lists: Vec<Vec<NodeId>>,
     pub outputs: Vec<Output>,
+    /// Value constraints on ragged-metadata inputs (lengths, offsets), checked at bind time.
+    pub constraints: Vec<Constraint>,
 }
 
 impl Graph {
@@ -293,6 +330,17 @@ impl Graph {
     }
     pub fn symbol(&self, name: &str) -> Option<SymId> {
         self.symbols.iter().position(|s| s == name).map(|i| SymId(i as u32))
+    }
+    /// The constraint on input `id`, if it has one.
+    pub fn constraint_of(&self, id: InputId) -> Option<Constraint> {
+        self.constraints.iter().copied().find(|c| c.input() == id)
+    }
+    /// Writes one dimension with this graph's symbol names (`N`, `4`).
+    pub fn dim_str(&self, dim: Dim) -> String {
+        match dim {
+            Dim::Const(c) => c.to_string(),
+            Dim::Sym(s) => self.symbols.get(s.0 as usize).cloned().unwrap_or_else(|| format!("?{}", s.0)),
+        }
     }
     /// Writes a shape with this graph's symbol names.
     pub fn shape_str(&self, shape: &Shape) -> String {
@@ -340,6 +388,10 @@ impl std::fmt::Display for Graph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (i, inp) in self.inputs.iter().enumerate() {
             writeln!(f, "input  in{i} {}: {}{}", inp.name, inp.dtype, self.shape_str(&inp.shape))?;
+        }
+        for c in &self.constraints {
+            let name = self.inputs.get(c.input().0 as usize).map_or("?", |i| i.name.as_str());
+            writeln!(f, "constraint in{} {name} as {}({})", c.input().0, c.name(), self.dim_str(c.dim()))?;
         }
         for (i, n) in self.nodes.iter().enumerate() {
             let ty = format!("{}{}", n.dtype, self.shape_str(&n.shape));

@@ -102,6 +102,17 @@ impl Graph {
             e.s(&o.name);
             e.u(o.node.0 as u64);
         }
+        // Encoded only when present, so that the hash (and every kernel name derived from it) of
+        // a graph without ragged metadata is what it was before constraints existed.
+        if !self.constraints.is_empty() {
+            e.s("constraints");
+            e.u(self.constraints.len() as u64);
+            for c in &self.constraints {
+                e.s(c.name());
+                e.u(c.input().0 as u64);
+                e.shape(&Shape(vec![c.dim()]));
+            }
+        }
         GraphHash(*e.0.finalize().as_bytes())
     }
 }

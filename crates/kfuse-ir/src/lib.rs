@@ -27,7 +27,7 @@ pub use builder::GraphBuilder;
 pub use dtype::{DType, Kind};
 pub use error::IrError;
 pub use graph::{
-    BinaryOp, Graph, Input, InputId, ListId, Literal, Node, NodeId, Op, Output, ReduceAxis,
+    BinaryOp, Constraint, Graph, Input, InputId, ListId, Literal, Node, NodeId, Op, Output, ReduceAxis,
     ReduceOp, TernaryOp, UnaryOp,
 };
 pub use hash::GraphHash;

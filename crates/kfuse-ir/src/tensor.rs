@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 
-use crate::{DType, Dim, Graph};
+use crate::{Constraint, DType, Dim, Graph};
 
 /// The elements of a host tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,6 +143,27 @@ pub enum BindError {
     ConstDim { name: String, axis: usize, got: usize, want: u64, decl: String },
     #[error("input `{name}` has {sym} = {got} (axis {axis}), but `{first}` already set {sym} = {want}")]
     SymbolClash { name: String, axis: usize, sym: String, got: usize, want: u64, first: String },
+    /// A `lengths` input holds a negative count. `index` is written `3` or `1, 2`.
+    #[error("input `{name}`: {name}[{index}] = {value} is negative (a length counts valid rows, from 0)")]
+    LengthNegative { name: String, index: String, value: i32 },
+    /// A `lengths` input holds a count above its declared maximum.
+    #[error("input `{name}`: {name}[{index}] = {value} is greater than {dim} = {max}")]
+    LengthTooLarge { name: String, index: String, value: i32, dim: String, max: u64 },
+    /// An `offsets` input with no element at all.
+    #[error("input `{name}` is empty, but offsets need at least one element (offsets[0] = 0; B rows need B + 1)")]
+    OffsetsEmpty { name: String },
+    /// An `offsets` input whose first element is not 0.
+    #[error("input `{name}`: {name}[0] = {value}, but must be 0")]
+    OffsetStart { name: String, value: i32 },
+    /// An `offsets` input that decreases somewhere.
+    #[error("input `{name}`: {name}[{index}] = {value} is less than {name}[{prev_index}] = {prev} (offsets must not decrease)")]
+    OffsetDecrease { name: String, index: usize, value: i32, prev_index: usize, prev: i32 },
+    /// An `offsets` input with a boundary beyond the packed row count.
+    #[error("input `{name}`: {name}[{index}] = {value} is past the end ({dim} = {total})")]
+    OffsetPastEnd { name: String, index: usize, value: i32, dim: String, total: u64 },
+    /// An `offsets` input whose last boundary is not the packed row count.
+    #[error("input `{name}`: the last offset {name}[{index}] = {value} must equal {dim} = {total}")]
+    OffsetEnd { name: String, index: usize, value: i32, dim: String, total: u64 },
 }
 
 impl SymbolBindings {
@@ -199,10 +220,83 @@ impl SymbolBindings {
             }
         }
         // A symbol no input mentions (possible only in hand-built graphs) binds to 0.
-        Ok(SymbolBindings { sizes: sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect() })
+        let bindings = SymbolBindings { sizes: sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect() };
+        for &c in &graph.constraints {
+            bindings.check_constraint(graph, c, inputs)?;
+        }
+        Ok(bindings)
+    }
+
+    /// The run-time size of one dimension.
+    fn dim_size(&self, dim: Dim) -> u64 {
+        match dim {
+            Dim::Const(c) => c,
+            Dim::Sym(s) => self.sizes.get(s.0 as usize).copied().unwrap_or(0),
+        }
+    }
+
+    /// Checks the values of a lengths/offsets input (its dtype and shape are already checked).
+    fn check_constraint(&self, graph: &Graph, c: Constraint, inputs: &[(&str, &HostTensor)]) -> Result<(), BindError> {
+        let Some(decl) = graph.inputs.get(c.input().0 as usize) else { return Ok(()) };
+        let Some((_, t)) = inputs.iter().find(|(n, _)| *n == decl.name) else { return Ok(()) };
+        // The dtype was checked against the declaration, and the verifier made that i32.
+        let TensorData::I32(values) = &t.data else { return Ok(()) };
+        let name = decl.name.clone();
+        let bound = self.dim_size(c.dim());
+        let dim = graph.dim_str(c.dim());
+        match c {
+            Constraint::Lengths { .. } => {
+                for (i, &value) in values.iter().enumerate() {
+                    if value < 0 {
+                        return Err(BindError::LengthNegative { name, index: multi_index(i, &t.shape), value });
+                    }
+                    if value as u64 > bound {
+                        let index = multi_index(i, &t.shape);
+                        return Err(BindError::LengthTooLarge { name, index, value, dim, max: bound });
+                    }
+                }
+            }
+            Constraint::Offsets { .. } => {
+                let Some(&first) = values.first() else { return Err(BindError::OffsetsEmpty { name }) };
+                if first != 0 {
+                    return Err(BindError::OffsetStart { name, value: first });
+                }
+                for (index, w) in values.windows(2).enumerate().map(|(i, w)| (i + 1, w)) {
+                    let (prev, value) = (w[0], w[1]);
+                    if value < prev {
+                        return Err(BindError::OffsetDecrease { name, index, value, prev_index: index - 1, prev });
+                    }
+                    if value as u64 > bound {
+                        return Err(BindError::OffsetPastEnd { name, index, value, dim, total: bound });
+                    }
+                }
+                let index = values.len() - 1;
+                let value = values[index];
+                if value as u64 != bound {
+                    return Err(BindError::OffsetEnd { name, index, value, dim, total: bound });
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn resolve(&self, graph: &Graph, shape: &crate::Shape) -> Vec<usize> {
         graph.resolve_shape(shape, &self.sizes)
     }
+}
+
+/// The position of flat element `flat` of a row-major tensor of `shape`, written `3` or `1, 2`.
+fn multi_index(flat: usize, shape: &[usize]) -> String {
+    let mut rest = flat;
+    let mut idx = vec![0usize; shape.len()];
+    for (k, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            idx[k] = rest % n;
+            rest /= n;
+        }
+    }
+    if idx.is_empty() {
+        return "0".into();
+    }
+    idx.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }

@@ -3,9 +3,11 @@
 
 use std::collections::HashSet;
 
-use crate::{broadcast_shapes, BinaryOp, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape, TernaryOp};
+use crate::{
+    broadcast_shapes, BinaryOp, Constraint, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape, TernaryOp,
+};
 
-/// Checks operand order, dtypes, shapes, reductions, masks and names.
+/// Checks operand order, dtypes, shapes, reductions, masks, names and input constraints.
 pub fn verify(g: &Graph) -> Result<(), IrError> {
     let bad = |i: usize, why: String| Err(IrError::Malformed(format!("v{i}: {why}")));
     let mut names = HashSet::new();
@@ -14,6 +16,14 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             return Err(IrError::DuplicateName(inp.name.clone()));
         }
         check_symbols(g, &inp.shape)?;
+    }
+    let mut constrained = HashSet::new();
+    for &c in &g.constraints {
+        check_constraint(g, c)?;
+        if !constrained.insert(c.input()) {
+            let name = g.inputs.get(c.input().0 as usize).map_or(String::new(), |i| i.name.clone());
+            return Err(IrError::BadConstraint { input: name, layout: c.name(), why: "it already has a layout".into() });
+        }
     }
     let mut out_names = HashSet::new();
     for o in &g.outputs {
@@ -107,6 +117,22 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
         }
     }
     Ok(())
+}
+
+/// Checks one constraint on its own: the input exists, is `i32`, is rank 1 for offsets, and the
+/// bounding dimension names a symbol of the graph.
+pub(crate) fn check_constraint(g: &Graph, c: Constraint) -> Result<(), IrError> {
+    let Some(inp) = g.inputs.get(c.input().0 as usize) else {
+        return Err(IrError::Malformed(format!("a {} constraint names missing input in{}", c.name(), c.input().0)));
+    };
+    let bad = |why: String| Err(IrError::BadConstraint { input: inp.name.clone(), layout: c.name(), why });
+    if inp.dtype != DType::I32 {
+        return bad(format!("it is {}, and {} must be i32", inp.dtype, c.name()));
+    }
+    if matches!(c, Constraint::Offsets { .. }) && inp.shape.rank() != 1 {
+        return bad(format!("it has shape {}, and offsets must have one axis, as in i32[S]", g.shape_str(&inp.shape)));
+    }
+    check_symbols(g, &Shape(vec![c.dim()]))
 }
 
 fn check_symbols(g: &Graph, s: &Shape) -> Result<(), IrError> {

@@ -248,7 +248,7 @@ impl<'s> Lowerer<'s> {
             | IrError::RankTooLow { .. }
             | IrError::MaskShape { .. }
             | IrError::EmptyStack => DiagnosticKind::Shape,
-            IrError::BadDType { .. } | IrError::KindMismatch { .. } => DiagnosticKind::Type,
+            IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => DiagnosticKind::Type,
             IrError::DuplicateName(_) => DiagnosticKind::DuplicateName,
             IrError::NotDifferentiable { .. } => DiagnosticKind::Grad,
             IrError::UnknownSymbol(_) | IrError::Malformed(_) => DiagnosticKind::Internal,
@@ -273,6 +273,10 @@ impl<'s> Lowerer<'s> {
                 "a mask whose shape broadcasts to the operand's (a [B, N] mask over a [B, N, 4] operand is written mask[.., None])".into()
             }
             IrError::DuplicateName(_) => "a name that is not used yet".into(),
+            IrError::BadConstraint { layout: "offsets", .. } => {
+                "an i32 input of one axis, as in `input offsets: i32[S] as offsets(T)`".into()
+            }
+            IrError::BadConstraint { .. } => "an i32 input, as in `input lengths: i32[B] as lengths(N)`".into(),
             IrError::NotDifferentiable { .. } => "a scalar float built from differentiable operations of the input".into(),
             IrError::EmptyStack | IrError::UnknownSymbol(_) | IrError::Malformed(_) => {
                 "a graph the builder accepts (this is a bug in kfuse; please report it)".into()
