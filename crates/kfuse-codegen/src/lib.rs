@@ -1,1 +1,145 @@
-//! placeholder: being written
+//! kfuse-codegen: fusion planning and CUDA C++ generation. Pure Rust: no GPU, no I/O.
+//!
+//! [`plan`] turns a verified [`Graph`] into a [`Plan`]: the device buffers a run needs and the
+//! kernels to launch in order, each a header-free CUDA C++ translation unit (compile with NVRTC for
+//! sm_80 or newer). [`emit_device_function`] turns a scalar graph (an MLP activation) into a
+//! `__device__` function to inline into another kernel.
+//!
+//! # What the generated kernels do
+//! - The graph is fused into as few kernels as its data dependencies allow: one per (reduction
+//!   level, domain). A full reduction whose result feeds element work again (`x / sum(x)`) ends a
+//!   level; its scalar crosses to the next kernel through a one-element Temp buffer.
+//! - Each kernel runs a grid-stride loop over its domain with a 64-bit flat index. A small
+//!   constant last axis (≤ 8, e.g. the 4 box coordinates of `[B, N, 4]`) is kept per thread as
+//!   components and moved as one vector load/store (`float4` for f32 × 4, `uint2` for f16 × 4).
+//! - Sinks guarded by the same predicate (masked reductions, `count(m)`, outputs that are
+//!   `where(m, a, b)`) share one `if (m)`; loads needed only inside it are issued inside it, so
+//!   padded elements cost only the read of what the predicate needs.
+//! - Last-axis reductions loop over the row in the thread that owns the row (one pass per
+//!   reduction; `softmax`-like chains re-read the row).
+//! - Full reductions: per-thread f64 accumulators, a block reduction in a fixed order (warp
+//!   shuffles), one f64 partial per slot per block, a `__threadfence` + ticket (`atomicAdd` on a
+//!   counter): the last block folds all partials in a fixed order, computes the scalar epilogue
+//!   (e.g. `sum / max(count, 1)`), writes scalar outputs and resets the counter to 0. No float
+//!   atomics: results are bit-identical from run to run for a given grid size. f64 is used from
+//!   the first addition on, so float sums lose nothing to the accumulation order.
+//! - Float arithmetic is f32 whatever the storage dtype; f16/bf16 are read and written directly
+//!   with inline-PTX conversions; `min`/`max` propagate NaN; i32 arithmetic wraps.
+//!
+//! Not handled: gathers/indexing beyond component access, reductions over a middle axis, and
+//! warp-per-row scheduling of long rows (rows run one per thread).
+#![forbid(unsafe_code)]
+
+mod analysis;
+mod cuda;
+mod emit;
+mod error;
+mod kernel;
+mod plan;
+
+use kfuse_ir::{verify, Graph, Kind};
+
+pub use analysis::MAX_COMPONENTS;
+pub use error::CodegenError;
+pub use plan::{BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Param, Plan, SizeExpr};
+
+use emit::{temp_dtype, Emitter, Mode};
+
+/// Plans and generates the kernels that compute every output of `graph`.
+///
+/// The same graph and options always give the same plan, byte for byte.
+pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> {
+    verify(graph)?;
+    if graph.outputs.is_empty() {
+        return Err(CodegenError::NoOutputs);
+    }
+    if opts.block_size % 32 != 0 || !(32..=1024).contains(&opts.block_size) {
+        return Err(CodegenError::BadBlockSize { block_size: opts.block_size });
+    }
+    let an = analysis::analyse(graph)?;
+    let hash = graph.stable_hash();
+
+    let mut buffers = Vec::new();
+    for (i, inp) in graph.inputs.iter().enumerate() {
+        let elems = kernel::size_expr(inp.shape.dims())?;
+        buffers.push(BufferDecl { kind: BufferKind::Input(kfuse_ir::InputId(i as u32)), elem: ElemType::Tensor(inp.dtype), elems });
+    }
+    let outputs_base = buffers.len();
+    for (o, out) in graph.outputs.iter().enumerate() {
+        let node = graph.node(out.node);
+        let elems = kernel::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
+        buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
+    }
+    let temps_base = buffers.len();
+    for &n in an.temps.keys() {
+        let dtype = temp_dtype(graph.node(n).dtype);
+        buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::Tensor(dtype), elems: SizeExpr::constant(1) });
+    }
+    let mut reduction = Vec::new();
+    for (k, info) in an.kernels.iter().enumerate() {
+        if info.slots == 0 {
+            reduction.push(None);
+            continue;
+        }
+        let p = buffers.len();
+        buffers.push(BufferDecl {
+            kind: BufferKind::Partials { kernel: k, slots_per_block: info.slots },
+            elem: ElemType::F64,
+            elems: SizeExpr::constant(u64::from(info.slots)),
+        });
+        buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(1) });
+        reduction.push(Some((p, p + 1)));
+    }
+    let index = kernel::BufferIndex { outputs_base, temps_base, reduction };
+    let kernels = (0..an.kernels.len()).map(|k| kernel::emit_kernel(graph, &an, k, opts, &hash, &index)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Plan { graph_hash: hash, buffers, kernels })
+}
+
+/// Emits `__device__ __forceinline__ float fn_name(float in0, ...)` computing the single scalar
+/// float output of a graph whose inputs are all scalar floats (one parameter per input, in
+/// declaration order). The text is header-free; the helpers it needs are included under
+/// `#ifndef` guards, so several such functions can share one translation unit.
+pub fn emit_device_function(graph: &Graph, fn_name: &str) -> Result<String, CodegenError> {
+    verify(graph)?;
+    let valid_name = fn_name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && fn_name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid_name {
+        return Err(CodegenError::BadFunctionName { name: fn_name.to_string() });
+    }
+    for inp in &graph.inputs {
+        if !inp.shape.is_scalar() || !inp.dtype.is_float() {
+            return Err(CodegenError::DeviceFunctionInput {
+                name: inp.name.clone(),
+                dtype: inp.dtype.to_string(),
+                shape: graph.shape_str(&inp.shape),
+            });
+        }
+    }
+    let [out] = graph.outputs.as_slice() else {
+        return Err(CodegenError::DeviceFunctionOutputs { count: graph.outputs.len() });
+    };
+    let node = graph.node(out.node);
+    if !node.shape.is_scalar() || node.dtype.kind() != Kind::Float {
+        return Err(CodegenError::DeviceFunctionOutput {
+            name: out.name.clone(),
+            dtype: node.dtype.to_string(),
+            shape: graph.shape_str(&node.shape),
+        });
+    }
+    let mut em = Emitter::new(graph, None, Mode::DeviceFn, Vec::new(), 0);
+    let v = em.eval(out.node, &[])?;
+    em.push_stmt(format!("return {v};"));
+    let (lines, uses) = em.into_lines();
+    let mut src = String::new();
+    for h in &uses.helpers {
+        src.push_str(&cuda::helper_source(*h));
+    }
+    let params: Vec<String> = graph.inputs.iter().enumerate().map(|(i, inp)| format!("float in{i} /* {} */", inp.name)).collect();
+    src.push_str(&format!("// kfuse device function for graph {}: output {}\n", graph.stable_hash(), out.name));
+    src.push_str(&format!("__device__ __forceinline__ float {fn_name}({}) {{\n", params.join(", ")));
+    for l in lines {
+        src.push_str(&format!("    {l}\n"));
+    }
+    src.push_str("}\n");
+    Ok(src)
+}

@@ -1,0 +1,224 @@
+//! Fusion planning: which kernels a graph needs and what each one computes.
+//!
+//! - Every node gets a *level*: the number of full reductions on its longest dependency path.
+//!   Element work of level `L` can only run after the reductions it reads have finished, so it
+//!   goes into a kernel of level `L`; a full reduction over level-`L` work is a *sink* of that
+//!   kernel, and its scalar result is level `L + 1`.
+//! - Sinks (full reductions, non-scalar outputs) are grouped by (level, domain); each group is one
+//!   kernel. The domain of a sink is its shape without a small constant last axis (at most
+//!   [`MAX_COMPONENTS`] wide), which becomes per-thread *components* read and written as vectors.
+//! - Every scalar that depends on a full reduction has a *home*: the kernel whose epilogue (run by
+//!   the last block) computes it. A later kernel reads it from a [`crate::BufferKind::Temp`].
+//!
+//! A `ReduceAxis::Last` reduction over a rank-1 tensor is a full reduction and handled as one.
+//! Not handled here: anything about CUDA text (see `emit` and `kernel`).
+
+use std::collections::BTreeMap;
+
+use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
+
+use crate::CodegenError;
+
+/// The widest small constant last axis that is kept in registers as components of one domain
+/// element (and loaded/stored as one vector when its byte size allows).
+pub const MAX_COMPONENTS: u64 = 8;
+
+/// A full reduction `(op, x, mask)`, or `None` for any other node.
+pub(crate) fn full_reduce(g: &Graph, n: NodeId) -> Option<(ReduceOp, NodeId, Option<NodeId>)> {
+    match g.node(n).op {
+        Op::Reduce { op, axis, x, mask } if axis == ReduceAxis::All || g.node(x).shape.rank() == 1 => Some((op, x, mask)),
+        _ => None,
+    }
+}
+
+/// Splits a sink shape into its domain and its component count (`None`: no component axis).
+pub(crate) fn split_domain(dims: &[Dim]) -> (Vec<Dim>, Option<u32>) {
+    match dims.split_last() {
+        Some((Dim::Const(c), rest)) if *c <= MAX_COMPONENTS => (rest.to_vec(), Some(*c as u32)),
+        _ => (dims.to_vec(), None),
+    }
+}
+
+/// What a kernel writes per domain element.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SinkKind {
+    /// A full reduction node, accumulated into partial slots starting at `slot`.
+    Reduce { node: NodeId, slot: u32 },
+    /// A non-scalar graph output (index into `graph.outputs`).
+    Output { index: usize },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Sink {
+    pub kind: SinkKind,
+    /// Components per domain element (the sink's small constant last axis), if any.
+    pub comps: Option<u32>,
+}
+
+/// One planned kernel before code generation.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KernelInfo {
+    pub level: u32,
+    pub dims: Vec<Dim>,
+    pub sinks: Vec<Sink>,
+    /// Partial-accumulator slots per block (0: the kernel has no full reduction).
+    pub slots: u32,
+    /// Scalar outputs written by this kernel's epilogue.
+    pub scalar_outputs: Vec<usize>,
+    /// Scalar nodes this kernel's epilogue stores into Temp buffers for later kernels.
+    pub temp_writes: Vec<NodeId>,
+}
+
+/// The result of planning: kernels in launch order plus per-node facts.
+#[derive(Clone, Debug)]
+pub(crate) struct Analysis {
+    pub kernels: Vec<KernelInfo>,
+    /// For each node: the kernel whose epilogue computes it, for scalars that depend on a full
+    /// reduction (and full reductions themselves); `None` for values computed where needed.
+    pub home: Vec<Option<usize>>,
+    /// Temp buffer number (in node order) of each scalar that crosses kernels.
+    pub temps: BTreeMap<NodeId, usize>,
+}
+
+/// How many partial slots a full reduction needs (`mean` keeps a sum and a count).
+pub(crate) fn slots_of(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Mean => 2,
+        _ => 1,
+    }
+}
+
+/// Plans the kernels of a verified graph.
+pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
+    let live = g.live_nodes();
+    let mut level = vec![0u32; g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        let mut l = 0;
+        n.op.for_each_operand(&g.lists, |x| l = l.max(level[x.index()]));
+        if full_reduce(g, NodeId(i as u32)).is_some() {
+            l += 1;
+        }
+        level[i] = l;
+    }
+
+    // Sinks in a fixed order: reductions in node order, then tensor outputs in output order.
+    let mut keyed: Vec<((u32, Vec<Dim>), SinkKind, Option<u32>)> = Vec::new();
+    for i in 0..g.nodes.len() {
+        let id = NodeId(i as u32);
+        if let (true, Some((_, x, _))) = (live[i], full_reduce(g, id)) {
+            let (dims, comps) = split_domain(g.node(x).shape.dims());
+            keyed.push(((level[i] - 1, dims), SinkKind::Reduce { node: id, slot: 0 }, comps));
+        }
+    }
+    for (index, o) in g.outputs.iter().enumerate() {
+        let shape = &g.node(o.node).shape;
+        if !shape.is_scalar() {
+            let (dims, comps) = split_domain(shape.dims());
+            keyed.push(((level[o.node.index()], dims), SinkKind::Output { index }, comps));
+        }
+    }
+    let mut keys: Vec<(u32, Vec<Dim>)> = Vec::new();
+    for (k, _, _) in &keyed {
+        if !keys.contains(k) {
+            keys.push(k.clone());
+        }
+    }
+    keys.sort_by_key(|k| k.0); // stable: first appearance within a level
+    let mut kernels: Vec<KernelInfo> =
+        keys.iter().map(|(level, dims)| KernelInfo { level: *level, dims: dims.clone(), ..Default::default() }).collect();
+    let mut home: Vec<Option<usize>> = vec![None; g.nodes.len()];
+    for (key, mut kind, comps) in keyed {
+        let k = keys.iter().position(|x| *x == key).ok_or(CodegenError::Internal { node: 0, what: "sink key vanished" })?;
+        if let SinkKind::Reduce { node, slot } = &mut kind {
+            let (op, _, _) = full_reduce(g, *node).ok_or(CodegenError::Internal { node: node.0, what: "not a reduction" })?;
+            *slot = kernels[k].slots;
+            kernels[k].slots += slots_of(op);
+            home[node.index()] = Some(k);
+        }
+        kernels[k].sinks.push(Sink { kind, comps });
+    }
+    for (i, n) in g.nodes.iter().enumerate() {
+        if home[i].is_none() {
+            let mut h: Option<usize> = None;
+            n.op.for_each_operand(&g.lists, |x| h = h.max(home[x.index()]));
+            home[i] = h;
+        }
+    }
+    for (index, o) in g.outputs.iter().enumerate() {
+        if g.node(o.node).shape.is_scalar() {
+            let k = match home[o.node.index()] {
+                Some(k) => k,
+                None => {
+                    if kernels.is_empty() {
+                        kernels.push(KernelInfo::default()); // a one-element kernel for constant outputs
+                    }
+                    0
+                }
+            };
+            kernels[k].scalar_outputs.push(index);
+        }
+    }
+
+    // Scalars that cross kernels, found from the last kernel backwards so that each kernel's
+    // epilogue knows every Temp it must write before its own dependencies are collected.
+    let mut requested: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for k in (0..kernels.len()).rev() {
+        let mut roots: Vec<NodeId> = Vec::new();
+        for s in &kernels[k].sinks {
+            match s.kind {
+                SinkKind::Reduce { node, .. } => g.node(node).op.for_each_operand(&g.lists, |x| roots.push(x)),
+                SinkKind::Output { index } => roots.push(g.outputs[index].node),
+            }
+        }
+        collect_crossings(g, &home, k, roots, Phase::Element, &mut requested)?;
+        let mut roots: Vec<NodeId> = kernels[k].scalar_outputs.iter().map(|&o| g.outputs[o].node).collect();
+        roots.extend(requested.iter().filter(|(_, &h)| h == k).map(|(&n, _)| n));
+        collect_crossings(g, &home, k, roots, Phase::Epilogue, &mut requested)?;
+    }
+    let mut temps = BTreeMap::new();
+    for (t, (&n, &h)) in requested.iter().enumerate() {
+        temps.insert(n, t);
+        kernels[h].temp_writes.push(n);
+    }
+    Ok(Analysis { kernels, home, temps })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Element,
+    Epilogue,
+}
+
+/// Walks the values kernel `k` computes from `roots` and records every scalar it must read from
+/// an earlier kernel (`requested`: node → writing kernel).
+fn collect_crossings(
+    g: &Graph,
+    home: &[Option<usize>],
+    k: usize,
+    roots: Vec<NodeId>,
+    phase: Phase,
+    requested: &mut BTreeMap<NodeId, usize>,
+) -> Result<(), CodegenError> {
+    let mut seen = vec![false; g.nodes.len()];
+    let mut stack = roots;
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut seen[n.index()], true) {
+            continue;
+        }
+        let node = g.node(n);
+        if let (true, Some(h)) = (node.shape.is_scalar(), home[n.index()]) {
+            if h < k {
+                requested.insert(n, h);
+                continue;
+            }
+            if h > k || phase == Phase::Element {
+                return Err(CodegenError::Internal { node: n.0, what: "a scalar is needed before the kernel that computes it" });
+            }
+            if full_reduce(g, n).is_some() {
+                continue; // this kernel's own reduction: a partial-slot result in the epilogue
+            }
+        }
+        node.op.for_each_operand(&g.lists, |x| stack.push(x));
+    }
+    Ok(())
+}

@@ -1,0 +1,630 @@
+//! Expression emission: turns graph nodes, evaluated at a point of the iteration space, into
+//! CUDA statements with named values (`v0`, `v1`, …).
+//!
+//! A node is evaluated at a *context*: one coordinate per axis of its own shape, each a domain
+//! coordinate, a row-loop variable or a constant (a component index). Operands get their context
+//! by NumPy broadcasting (right-aligned, size-1 axes pinned to 0), component access appends a
+//! constant, stacking consumes one. Every (node, context) is computed once per scope (memoised),
+//! so common subexpressions and shared loads are free.
+//!
+//! Code is built in a stack of blocks (the loop body, `if` branches, row loops). A value is placed
+//! in the innermost block it may live in: never outside an `if` (so loads needed only under a
+//! predicate stay lazy), but outside every row loop whose variable it does not use (so row
+//! invariants are hoisted). Inputs whose small constant last axis is accessed by component are
+//! loaded once per point as one vector (`float4`, `uint2`, …).
+//!
+//! Not handled here: kernel structure, accumulators' reduction across threads, parameters (see
+//! `kernel`).
+
+use std::collections::{BTreeSet, HashMap};
+
+use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceOp, SymId, TernaryOp, UnaryOp};
+
+use crate::analysis::{full_reduce, Analysis};
+use crate::cuda::{self, Helper};
+use crate::CodegenError;
+
+/// One coordinate of an evaluation context.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Coord {
+    /// Coordinate `axis` of the kernel's domain (derived from the flat index `i`).
+    Dom(u32),
+    /// The variable of row loop number `n` (`j<n>`).
+    Loop(u32),
+    Const(u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Node(NodeId, Vec<Coord>),
+    Vector(NodeId, Vec<Coord>),
+    DomCoord(u32),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockKind {
+    Root,
+    Branch,
+    Loop(u32),
+}
+
+#[derive(Debug)]
+struct Block {
+    kind: BlockKind,
+    header: String,
+    lines: Vec<String>,
+    memo: HashMap<Key, String>,
+}
+
+/// Where the emitted code runs, which decides how inputs and cross-kernel scalars are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Inside the grid-stride loop of kernel `kernel` (flat index `i`).
+    Element { kernel: usize },
+    /// In the epilogue of kernel `kernel` (thread 0 of the last block).
+    Epilogue { kernel: usize },
+    /// A `__device__` function whose inputs are scalar parameters `in<k>`.
+    DeviceFn,
+}
+
+/// What the emitted code refers to, for the kernel's parameter list and helper section.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Uses {
+    pub inputs: BTreeSet<u32>,
+    pub temps_read: BTreeSet<usize>,
+    pub syms: BTreeSet<SymId>,
+    pub helpers: BTreeSet<Helper>,
+}
+
+pub(crate) struct Emitter<'a> {
+    g: &'a Graph,
+    an: Option<&'a Analysis>,
+    mode: Mode,
+    /// The kernel's domain (empty outside element mode).
+    dims: Vec<Dim>,
+    blocks: Vec<Block>,
+    next_var: u32,
+    next_loop: u32,
+    pub uses: Uses,
+    /// Epilogue mode: for each of this kernel's full reductions, the names of its final slots.
+    pub slot_results: HashMap<NodeId, Vec<String>>,
+}
+
+type R<T> = Result<T, CodegenError>;
+
+impl<'a> Emitter<'a> {
+    pub fn new(g: &'a Graph, an: Option<&'a Analysis>, mode: Mode, dims: Vec<Dim>, first_var: u32) -> Self {
+        let root = Block { kind: BlockKind::Root, header: String::new(), lines: Vec::new(), memo: HashMap::new() };
+        Emitter { g, an, mode, dims, blocks: vec![root], next_var: first_var, next_loop: 0, uses: Uses::default(), slot_results: HashMap::new() }
+    }
+
+    /// The next unused value number (to continue numbering in another emitter).
+    pub fn next_var(&self) -> u32 {
+        self.next_var
+    }
+
+    /// The root block's lines; every other block must be closed.
+    pub fn into_lines(mut self) -> (Vec<String>, Uses) {
+        let root = self.blocks.swap_remove(0);
+        (root.lines, self.uses)
+    }
+
+    pub fn fresh(&mut self, prefix: &str) -> String {
+        let v = format!("{prefix}{}", self.next_var);
+        self.next_var += 1;
+        v
+    }
+
+    /// Appends a statement to the innermost block.
+    pub fn push_stmt(&mut self, line: String) {
+        if let Some(b) = self.blocks.last_mut() {
+            b.lines.push(line);
+        }
+    }
+
+    /// Opens `if (cond) {`; values computed inside stay inside.
+    pub fn open_branch(&mut self, cond: &str) {
+        self.open(BlockKind::Branch, format!("if ({cond}) {{"));
+    }
+
+    /// Opens `else {` right after a closed branch.
+    pub fn open_else(&mut self) {
+        self.open(BlockKind::Branch, "else {".to_string());
+    }
+
+    fn open(&mut self, kind: BlockKind, header: String) {
+        self.blocks.push(Block { kind, header, lines: Vec::new(), memo: HashMap::new() });
+    }
+
+    /// Closes the innermost block into its parent (`} else {` when an else follows).
+    pub fn close(&mut self) {
+        if self.blocks.len() < 2 {
+            return;
+        }
+        let Some(b) = self.blocks.pop() else { return };
+        let Some(parent) = self.blocks.last_mut() else { return };
+        if b.header == "else {" && parent.lines.last().is_some_and(|l| l == "}") {
+            parent.lines.pop();
+            parent.lines.push("} else {".to_string());
+        } else {
+            parent.lines.push(b.header);
+        }
+        parent.lines.extend(b.lines.into_iter().map(|l| format!("    {l}")));
+        parent.lines.push("}".to_string());
+    }
+
+    fn lookup(&self, key: &Key) -> Option<String> {
+        self.blocks.iter().rev().find_map(|b| b.memo.get(key).cloned())
+    }
+
+    /// The innermost block a value with context `ctx` may live in (see the module docs).
+    fn target_depth(&self, ctx: &[Coord]) -> usize {
+        let loop_depth = |l: u32| self.blocks.iter().position(|b| b.kind == BlockKind::Loop(l));
+        let dv = ctx.iter().filter_map(|c| if let Coord::Loop(l) = c { loop_depth(*l) } else { None }).max().unwrap_or(0);
+        match (dv + 1..self.blocks.len()).find(|&d| matches!(self.blocks[d].kind, BlockKind::Loop(_))) {
+            Some(d) => d - 1,
+            None => self.blocks.len() - 1,
+        }
+    }
+
+    fn bind(&mut self, depth: usize, key: Key, ty: &str, expr: String, note: &str) -> String {
+        let name = self.fresh("v");
+        let b = &mut self.blocks[depth];
+        b.lines.push(format!("const {ty} {name} = {expr}; // {note}"));
+        b.memo.insert(key, name.clone());
+        name
+    }
+
+    /// The name of a size symbol's parameter.
+    pub fn sym(&mut self, s: SymId) -> String {
+        self.uses.syms.insert(s);
+        format!("sz{}", s.0)
+    }
+
+    pub fn dim(&mut self, d: Dim) -> String {
+        match d {
+            Dim::Const(c) => c.to_string(),
+            Dim::Sym(s) => self.sym(s),
+        }
+    }
+
+    /// The product of `dims` as a C expression (`1` when empty).
+    pub fn product(&mut self, dims: &[Dim]) -> String {
+        let parts: Vec<String> = dims.iter().filter(|d| **d != Dim::Const(1)).map(|&d| self.dim(d)).collect();
+        if parts.is_empty() {
+            "1".to_string()
+        } else {
+            parts.join(" * ")
+        }
+    }
+
+    fn coord(&mut self, c: &Coord) -> String {
+        match *c {
+            Coord::Const(k) => k.to_string(),
+            Coord::Loop(l) => format!("j{l}"),
+            Coord::Dom(a) => {
+                let key = Key::DomCoord(a);
+                if let Some(v) = self.lookup(&key) {
+                    return v;
+                }
+                let dims = self.dims.clone();
+                let a = a as usize;
+                let inner = self.product(&dims[a + 1..]);
+                let mut e = if inner == "1" { "i".to_string() } else { format!("(i / ({inner}))") };
+                if a > 0 {
+                    let d = self.dim(dims[a]);
+                    e = format!("{e} % {d}");
+                }
+                let depth = self.target_depth(&[]);
+                self.bind(depth, key, "long long", e, &format!("coordinate {a} of the domain"))
+            }
+        }
+    }
+
+    /// The row-major element offset of `ctx` in a tensor of shape `dims` (the flat index `i`
+    /// directly when the tensor's leading axes are the domain).
+    fn offset(&mut self, dims: &[Dim], ctx: &[Coord]) -> String {
+        let r = self.dims.len();
+        let aligned = matches!(self.mode, Mode::Element { .. })
+            && dims.len() >= r
+            && dims[..r] == self.dims[..]
+            && ctx[..r].iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32));
+        let (mut acc, start) = if aligned { (Some("i".to_string()), r) } else { (None, 0) };
+        for (d, c) in dims[start..].iter().zip(&ctx[start..]) {
+            let c = self.coord(c);
+            acc = Some(match acc {
+                None => c,
+                Some(a) => {
+                    let a = if a.contains(' ') { format!("({a})") } else { a };
+                    let d = self.dim(*d);
+                    if c == "0" {
+                        format!("{a} * {d}")
+                    } else {
+                        format!("{a} * {d} + {c}")
+                    }
+                }
+            });
+        }
+        acc.unwrap_or_else(|| "0".to_string())
+    }
+
+    /// The context of operand `x` of a node with shape `dims` evaluated at `ctx` (broadcast).
+    pub fn operand_ctx(&self, dims: &[Dim], ctx: &[Coord], x: NodeId) -> Vec<Coord> {
+        let xd = self.g.node(x).shape.dims();
+        let off = dims.len() - xd.len();
+        xd.iter()
+            .enumerate()
+            .map(|(a, d)| if *d == Dim::Const(1) && dims[off + a] != Dim::Const(1) { Coord::Const(0) } else { ctx[off + a].clone() })
+            .collect()
+    }
+
+    /// Emits whatever computes node `n` at context `ctx` and returns an expression for it (a
+    /// value name or a literal).
+    pub fn eval(&mut self, n: NodeId, ctx: &[Coord]) -> R<String> {
+        let g = self.g;
+        let node = g.node(n);
+        if let Op::Const(l) = node.op {
+            return Ok(cuda::literal(l, node.dtype));
+        }
+        let key = Key::Node(n, ctx.to_vec());
+        if let Some(v) = self.lookup(&key) {
+            return Ok(v);
+        }
+        if let Some(v) = self.eval_elsewhere(n, &key)? {
+            return Ok(v);
+        }
+        let dims = node.shape.dims().to_vec();
+        let ty = cuda::value_type(node.dtype);
+        let expr = match node.op {
+            Op::Const(_) => return Err(CodegenError::Internal { node: n.0, what: "constant reached the value path" }),
+            Op::Component { x, index } => {
+                let mut c = ctx.to_vec();
+                c.push(Coord::Const(u64::from(index)));
+                return self.eval(x, &c);
+            }
+            Op::ExpandLast(x) => return self.eval(x, &ctx[..ctx.len() - 1]),
+            Op::Stack(l) => return self.eval_stack(n, l, &dims, ctx),
+            Op::Input(id) => return self.load_input(n, id.0, ctx),
+            Op::Iota { axis } => format!("(int){}", self.coord(&ctx[axis as usize])),
+            Op::Cast(x) => {
+                let v = self.eval(x, &self.operand_ctx(&dims, ctx, x))?;
+                cast(g.node(x).dtype.kind(), node.dtype.kind(), &v)
+            }
+            Op::Unary(op, x) => {
+                let v = self.eval(x, &self.operand_ctx(&dims, ctx, x))?;
+                unary(op, node.dtype.kind(), &v)
+            }
+            Op::Binary(op, a, b) => {
+                let va = self.eval(a, &self.operand_ctx(&dims, ctx, a))?;
+                let vb = self.eval(b, &self.operand_ctx(&dims, ctx, b))?;
+                let kind = g.node(a).dtype.kind();
+                if kind == Kind::Float && matches!(op, BinaryOp::Min | BinaryOp::Max) {
+                    self.uses.helpers.insert(Helper::MinMaxF32);
+                }
+                binary(op, kind, &va, &vb)
+            }
+            Op::Ternary(op, a, b, c) => {
+                let va = self.eval(a, &self.operand_ctx(&dims, ctx, a))?;
+                let vb = self.eval(b, &self.operand_ctx(&dims, ctx, b))?;
+                let vc = self.eval(c, &self.operand_ctx(&dims, ctx, c))?;
+                match (op, node.dtype.kind()) {
+                    (TernaryOp::Select, _) => format!("({va} ? {vb} : {vc})"),
+                    (TernaryOp::Clamp, Kind::Float) => {
+                        self.uses.helpers.insert(Helper::MinMaxF32);
+                        format!("kf_minf(kf_maxf({va}, {vb}), {vc})")
+                    }
+                    (TernaryOp::Clamp, _) => {
+                        let lo = binary(BinaryOp::Max, Kind::Int, &va, &vb);
+                        binary(BinaryOp::Min, Kind::Int, &lo, &vc)
+                    }
+                }
+            }
+            Op::Reduce { op, x, mask, .. } => return self.row_reduce(n, op, x, mask, ctx),
+        };
+        let depth = self.target_depth(ctx);
+        Ok(self.bind(depth, key, ty, expr, &format!("n{}", n.0)))
+    }
+
+    /// Scalars that another kernel (a Temp buffer) or this kernel's final reduction provides.
+    fn eval_elsewhere(&mut self, n: NodeId, key: &Key) -> R<Option<String>> {
+        let (Some(an), false) = (self.an, self.mode == Mode::DeviceFn) else { return Ok(None) };
+        let node = self.g.node(n);
+        let Some(h) = an.home[n.index()].filter(|_| node.shape.is_scalar()) else { return Ok(None) };
+        let kernel = match self.mode {
+            Mode::Element { kernel } | Mode::Epilogue { kernel } => kernel,
+            Mode::DeviceFn => return Ok(None),
+        };
+        let depth = self.target_depth(&[]);
+        if h < kernel {
+            let t = *an.temps.get(&n).ok_or(CodegenError::Internal { node: n.0, what: "cross-kernel scalar without a temp" })?;
+            self.uses.temps_read.insert(t);
+            let e = cuda::load_conversion(temp_dtype(node.dtype), &format!("tmp{t}[0]"));
+            let ty = cuda::value_type(node.dtype);
+            return Ok(Some(self.bind(depth, key.clone(), ty, e, &format!("n{} from an earlier kernel", n.0))));
+        }
+        if h > kernel || matches!(self.mode, Mode::Element { .. }) {
+            return Err(CodegenError::Internal { node: n.0, what: "a scalar is needed before the kernel that computes it" });
+        }
+        let Some((op, x, _)) = full_reduce(self.g, n) else { return Ok(None) };
+        let slots = self.slot_results.get(&n).cloned().ok_or(CodegenError::Internal { node: n.0, what: "reduction without slots" })?;
+        let e = finish_reduce(op, self.g.node(x).dtype, &slots);
+        Ok(Some(self.bind(depth, key.clone(), cuda::value_type(node.dtype), e, &format!("n{}", n.0))))
+    }
+
+    fn eval_stack(&mut self, n: NodeId, l: kfuse_ir::ListId, dims: &[Dim], ctx: &[Coord]) -> R<String> {
+        let parts = self.g.list(l).to_vec();
+        let inner = &dims[..dims.len() - 1];
+        let pctx = &ctx[..ctx.len() - 1];
+        let part_ctx = |s: &Self, p: NodeId| s.operand_ctx(inner, pctx, p);
+        if let Some(Coord::Const(k)) = ctx.last() {
+            let p = *parts.get(*k as usize).ok_or(CodegenError::Internal { node: n.0, what: "stack index out of range" })?;
+            return self.eval(p, &part_ctx(self, p));
+        }
+        // A run-time index into the stacked axis: evaluate every part and select.
+        let sel = self.coord(&ctx[ctx.len() - 1]);
+        let mut e = String::new();
+        for (k, &p) in parts.iter().enumerate().rev() {
+            let v = self.eval(p, &part_ctx(self, p))?;
+            e = if e.is_empty() { v } else { format!("({sel} == {k} ? {v} : {e})") };
+        }
+        let key = Key::Node(n, ctx.to_vec());
+        let depth = self.target_depth(ctx);
+        let ty = cuda::value_type(self.g.node(n).dtype);
+        Ok(self.bind(depth, key, ty, e, &format!("n{}", n.0)))
+    }
+
+    fn load_input(&mut self, n: NodeId, input: u32, ctx: &[Coord]) -> R<String> {
+        if self.mode == Mode::DeviceFn {
+            return Ok(format!("in{input}"));
+        }
+        self.uses.inputs.insert(input);
+        let node = self.g.node(n);
+        let (dtype, dims) = (node.dtype, node.shape.dims().to_vec());
+        let name = format!("in{input}");
+        if let (Some(Dim::Const(c)), Some(Coord::Const(k))) = (dims.last(), ctx.last()) {
+            if let Some(vty) = cuda::vector_type(dtype, *c) {
+                let prefix = ctx[..ctx.len() - 1].to_vec();
+                let vkey = Key::Vector(n, prefix.clone());
+                let v = match self.lookup(&vkey) {
+                    Some(v) => v,
+                    None => {
+                        let off = self.offset(&dims[..dims.len() - 1], &prefix);
+                        let depth = self.target_depth(&prefix);
+                        let e = format!("reinterpret_cast<const {vty}*>({name})[{off}]");
+                        self.bind(depth, vkey, vty, e, &format!("{} {c} x {dtype} at once", self.g.inputs[input as usize].name))
+                    }
+                };
+                self.note_conversion(dtype);
+                let e = cuda::vector_extract(&v, dtype, *c, *k);
+                if dtype == DType::F32 {
+                    return Ok(e); // a lane of a float4: nothing to compute
+                }
+                let depth = self.target_depth(ctx);
+                let note = format!("{}[.., {k}]", self.g.inputs[input as usize].name);
+                return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
+            }
+        }
+        let off = self.offset(&dims, ctx);
+        self.note_conversion(dtype);
+        let e = cuda::load_conversion(dtype, &format!("{name}[{off}]"));
+        let depth = self.target_depth(ctx);
+        let note = format!("{} {dtype}", self.g.inputs[input as usize].name);
+        Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note))
+    }
+
+    /// Records the conversion helper that loads or stores of `dtype` use.
+    pub fn note_conversion(&mut self, dtype: DType) {
+        match dtype {
+            DType::F16 => {
+                self.uses.helpers.insert(Helper::F16);
+            }
+            DType::BF16 => {
+                self.uses.helpers.insert(Helper::BF16);
+            }
+            _ => {}
+        }
+    }
+
+    /// A reduction along the last axis: a loop over the row in the block the result belongs to.
+    fn row_reduce(&mut self, n: NodeId, op: ReduceOp, x: NodeId, mask: Option<NodeId>, ctx: &[Coord]) -> R<String> {
+        if self.mode == Mode::DeviceFn {
+            return Err(CodegenError::Unsupported { node: n.0, what: "reductions inside a device function (its inputs are scalars)".into() });
+        }
+        if full_reduce(self.g, n).is_some() {
+            return Err(CodegenError::Internal { node: n.0, what: "a full reduction reached the row-loop path" });
+        }
+        let depth = self.target_depth(ctx);
+        let saved = self.blocks.split_off(depth + 1);
+        let xd = self.g.node(x).dtype;
+        let accs = self.declare_accumulators(depth, op, xd);
+        let l = self.next_loop;
+        self.next_loop += 1;
+        let xdims = self.g.node(x).shape.dims().to_vec();
+        let extent = self.dim(xdims[xdims.len() - 1]);
+        self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
+        let mut xctx = ctx.to_vec();
+        xctx.push(Coord::Loop(l));
+        let guard = self.reduce_guard(op, x, mask, &xctx);
+        if let Some((m, mctx)) = &guard {
+            let mv = self.eval(*m, mctx)?;
+            self.open_branch(&mv);
+        }
+        self.reduce_update(op, x, mask, &xctx, &accs)?;
+        if guard.is_some() {
+            self.close();
+        }
+        self.close();
+        self.blocks.extend(saved);
+        let e = finish_reduce(op, xd, &accs);
+        let ty = cuda::value_type(self.g.node(n).dtype);
+        Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), ty, e, &format!("n{} {} along the last axis", n.0, op.name())))
+    }
+
+    /// Declares the f64 accumulators of a reduction in block `depth` and returns their names.
+    pub fn declare_accumulators(&mut self, depth: usize, op: ReduceOp, xd: DType) -> Vec<String> {
+        let n = crate::analysis::slots_of(op);
+        let init = reduce_identity(op, xd);
+        (0..n)
+            .map(|k| {
+                let a = self.fresh("a");
+                let v = if k == 0 { init.clone() } else { "0.0".to_string() };
+                self.blocks[depth].lines.push(format!("double {a} = {v};"));
+                a
+            })
+            .collect()
+    }
+
+    /// Looks through `x[.., None]`, component access and stacking at a constant index, so that
+    /// the same value reached two ways has one (node, context) key.
+    pub fn canonical(&self, mut n: NodeId, mut ctx: Vec<Coord>) -> (NodeId, Vec<Coord>) {
+        loop {
+            let node = self.g.node(n);
+            match node.op {
+                Op::ExpandLast(x) => {
+                    ctx.pop();
+                    n = x;
+                }
+                Op::Component { x, index } => {
+                    ctx.push(Coord::Const(u64::from(index)));
+                    n = x;
+                }
+                Op::Stack(l) => {
+                    let Some(Coord::Const(k)) = ctx.last().cloned() else { return (n, ctx) };
+                    let Some(&p) = self.g.list(l).get(k as usize) else { return (n, ctx) };
+                    let dims = node.shape.dims().to_vec();
+                    ctx = self.operand_ctx(&dims[..dims.len() - 1], &ctx[..ctx.len() - 1], p);
+                    n = p;
+                }
+                _ => return (n, ctx),
+            }
+        }
+    }
+
+    /// The predicate under which a reduction element counts: its mask, or for an unmasked
+    /// `count` the counted value itself (so `count(m)` shares the branch of everything masked by
+    /// `m`). Returns the node and its context.
+    pub fn reduce_guard(&self, op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: &[Coord]) -> Option<(NodeId, Vec<Coord>)> {
+        let xdims = self.g.node(x).shape.dims().to_vec();
+        match (op, mask) {
+            (ReduceOp::Count, None) => Some(self.canonical(x, xctx.to_vec())),
+            (_, Some(m)) => Some(self.canonical(m, self.operand_ctx(&xdims, xctx, m))),
+            _ => None,
+        }
+    }
+
+    /// Adds one element to the accumulators, assuming its guard holds.
+    pub fn reduce_update(&mut self, op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: &[Coord], accs: &[String]) -> R<()> {
+        let a = &accs[0];
+        let line = match op {
+            ReduceOp::Count if mask.is_none() => format!("{a} += 1.0;"),
+            ReduceOp::Count => {
+                let v = self.eval(x, xctx)?;
+                format!("{a} += {v} ? 1.0 : 0.0;")
+            }
+            ReduceOp::Sum => format!("{a} += (double){};", self.eval(x, xctx)?),
+            ReduceOp::Mean => format!("{a} += (double){}; {} += 1.0;", self.eval(x, xctx)?, accs[1]),
+            ReduceOp::Max | ReduceOp::Min => {
+                self.uses.helpers.insert(Helper::MinMaxF64);
+                let f = if op == ReduceOp::Max { "kf_max_f64" } else { "kf_min_f64" };
+                format!("{a} = {f}({a}, (double){});", self.eval(x, xctx)?)
+            }
+        };
+        self.push_stmt(line);
+        Ok(())
+    }
+}
+
+/// The storage dtype of a Temp buffer holding a scalar computed as `dtype` (floats stay f32:
+/// a value crossing kernels is not rounded to f16/bf16).
+pub(crate) fn temp_dtype(dtype: DType) -> DType {
+    match dtype.kind() {
+        Kind::Float => DType::F32,
+        Kind::Int => DType::I32,
+        Kind::Bool => DType::Bool,
+    }
+}
+
+/// The f64 starting value of a reduction's first accumulator (the empty result; for `i32`
+/// max/min the extreme `i32`, as the interpreter gives).
+pub(crate) fn reduce_identity(op: ReduceOp, xd: DType) -> String {
+    match (op, xd.kind()) {
+        (ReduceOp::Max, Kind::Int) => "-2147483648.0".into(),
+        (ReduceOp::Min, Kind::Int) => "2147483647.0".into(),
+        (ReduceOp::Max, _) => "__longlong_as_double(0xfff0000000000000ll)".into(),
+        (ReduceOp::Min, _) => "__longlong_as_double(0x7ff0000000000000ll)".into(),
+        _ => "0.0".into(),
+    }
+}
+
+/// The reduction's result from its final f64 accumulators, in the result's computed type.
+pub(crate) fn finish_reduce(op: ReduceOp, xd: DType, accs: &[String]) -> String {
+    let a = &accs[0];
+    match (op, xd.kind()) {
+        (ReduceOp::Count, _) => format!("(int)(long long){a}"),
+        (ReduceOp::Mean, _) => format!("(float)({a} / {})", accs[1]),
+        (ReduceOp::Sum, Kind::Int) => format!("(int)(long long){a}"),
+        (_, Kind::Int) => format!("(int){a}"),
+        _ => format!("(float){a}"),
+    }
+}
+
+fn cast(from: Kind, to: Kind, v: &str) -> String {
+    match (from, to) {
+        // Float to float is exact: no rounding inside a graph.
+        (Kind::Float, Kind::Float) | (Kind::Int, Kind::Int) | (Kind::Bool, Kind::Bool) => v.to_string(),
+        (Kind::Float, Kind::Int) => format!("(int){v}"), // cvt.rzi: truncates, saturates, NaN -> 0
+        (Kind::Float, Kind::Bool) => format!("({v} != 0.0f)"),
+        (Kind::Int, Kind::Bool) => format!("({v} != 0)"),
+        (Kind::Int, Kind::Float) => format!("(float){v}"),
+        (Kind::Bool, Kind::Float) => format!("({v} ? 1.0f : 0.0f)"),
+        (Kind::Bool, _) => format!("({v} ? 1 : 0)"),
+    }
+}
+
+fn unary(op: UnaryOp, kind: Kind, v: &str) -> String {
+    match (op, kind) {
+        (UnaryOp::Neg, Kind::Int) => format!("(int)(0u - (unsigned int){v})"),
+        (UnaryOp::Abs, Kind::Int) => format!("({v} < 0 ? (int)(0u - (unsigned int){v}) : {v})"),
+        (UnaryOp::Neg, _) => format!("-{v}"),
+        (UnaryOp::Not, _) => format!("!{v}"),
+        (UnaryOp::Abs, _) => format!("fabsf({v})"),
+        (UnaryOp::Exp, _) => format!("expf({v})"),
+        (UnaryOp::Log, _) => format!("logf({v})"),
+        (UnaryOp::Sqrt, _) => format!("sqrtf({v})"),
+        (UnaryOp::Rsqrt, _) => format!("rsqrtf({v})"),
+        (UnaryOp::Sigmoid, _) => format!("1.0f / (1.0f + expf(-{v}))"),
+        (UnaryOp::Tanh, _) => format!("tanhf({v})"),
+        (UnaryOp::Erf, _) => format!("erff({v})"),
+        (UnaryOp::Sin, _) => format!("sinf({v})"),
+        (UnaryOp::Cos, _) => format!("cosf({v})"),
+        (UnaryOp::Floor, _) => format!("floorf({v})"),
+    }
+}
+
+fn binary(op: BinaryOp, kind: Kind, a: &str, b: &str) -> String {
+    use BinaryOp::*;
+    let sym = match op {
+        Add => "+",
+        Sub => "-",
+        Mul => "*",
+        Div => "/",
+        Eq => "==",
+        Ne => "!=",
+        Lt => "<",
+        Le => "<=",
+        Gt => ">",
+        Ge => ">=",
+        And => "&&",
+        Or => "||",
+        Pow => return format!("powf({a}, {b})"),
+        Min if kind == Kind::Float => return format!("kf_minf({a}, {b})"),
+        Max if kind == Kind::Float => return format!("kf_maxf({a}, {b})"),
+        Min => return format!("({a} < {b} ? {a} : {b})"),
+        Max => return format!("({a} > {b} ? {a} : {b})"),
+    };
+    if kind == Kind::Int && matches!(op, Add | Sub | Mul) {
+        // i32 arithmetic wraps (as the interpreter's does); signed overflow is undefined in C++.
+        return format!("(int)((unsigned int){a} {sym} (unsigned int){b})");
+    }
+    format!("{a} {sym} {b}")
+}

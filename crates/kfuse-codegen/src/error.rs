@@ -1,0 +1,39 @@
+//! The one error type of kfuse-codegen. Every variant names what is unsupported or malformed and
+//! where (the IR node `n<id>` as `Graph`'s `Display` prints it as `v<id>`).
+
+use kfuse_ir::IrError;
+
+/// Why a graph could not be planned or a device function not emitted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CodegenError {
+    /// The graph does not pass `kfuse_ir::verify`.
+    #[error("the graph is malformed: {0}")]
+    InvalidGraph(#[from] IrError),
+    /// The graph names no output, so there is nothing to compute.
+    #[error("the graph has no outputs, so there is nothing to generate")]
+    NoOutputs,
+    /// `CodegenOptions::block_size` is not a multiple of 32 in `32..=1024`.
+    #[error("block size {block_size} is not supported: it must be a multiple of 32 between 32 and 1024")]
+    BadBlockSize { block_size: u32 },
+    /// A constant size product overflows `u64`.
+    #[error("the constant part of a size at node v{node} overflows 64 bits")]
+    SizeOverflow { node: u32 },
+    /// A pattern the generator does not handle; `what` says which and what would work instead.
+    #[error("unsupported at node v{node}: {what}")]
+    Unsupported { node: u32, what: String },
+    /// `emit_device_function` needs scalar float inputs.
+    #[error("device function input `{name}` is {dtype}{shape}, but only scalar float inputs are supported")]
+    DeviceFunctionInput { name: String, dtype: String, shape: String },
+    /// `emit_device_function` needs exactly one output.
+    #[error("a device function needs exactly one output, the graph has {count}")]
+    DeviceFunctionOutputs { count: usize },
+    /// `emit_device_function`'s output must be a scalar float.
+    #[error("device function output `{name}` is {dtype}{shape}, but it must be a scalar float")]
+    DeviceFunctionOutput { name: String, dtype: String, shape: String },
+    /// The function name is not a C identifier.
+    #[error("`{name}` is not a valid C identifier for a device function")]
+    BadFunctionName { name: String },
+    /// A planner invariant broke: a bug in kfuse-codegen, reported instead of a panic.
+    #[error("internal planner error at node v{node}: {what} (please report this with the graph)")]
+    Internal { node: u32, what: &'static str },
+}

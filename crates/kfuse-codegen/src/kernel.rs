@@ -1,0 +1,405 @@
+//! Kernel assembly: the grid-stride loop over a kernel's domain, its sinks grouped under shared
+//! predicates, the deterministic two-stage full reduction with a self-resetting ticket, the
+//! scalar epilogue, and the signature with one commented parameter per line.
+//!
+//! Index type: always 64-bit (`long long i`). Sizes are run-time values, so a plan cannot know
+//! that a domain stays under 2^31 elements; the loop is memory-bound, and the 64-bit increment and
+//! compare cost nothing measurable there, while a 32-bit index over a 64-bit count would be a
+//! silent overflow. Coordinates are derived with 64-bit div/mod only when a broadcast operand
+//! needs them (never for operands shaped like the domain, which use `i` directly).
+//!
+//! Not handled here: expression emission (see `emit`), the buffer list (see `lib`).
+
+use std::fmt::Write as _;
+
+use kfuse_ir::{Dim, Graph, GraphHash, NodeId, Op, ReduceOp, TernaryOp};
+
+use crate::analysis::{full_reduce, Analysis, SinkKind};
+use crate::cuda::{self, Helper};
+use crate::emit::{reduce_identity, temp_dtype, Coord, Emitter, Mode};
+use crate::plan::{GridSpec, Kernel, Param};
+use crate::{CodegenError, CodegenOptions};
+
+/// Where each kind of buffer sits in `Plan::buffers`.
+pub(crate) struct BufferIndex {
+    pub outputs_base: usize,
+    pub temps_base: usize,
+    /// Per kernel: the (partials, counter) buffers, when it has full reductions.
+    pub reduction: Vec<Option<(usize, usize)>>,
+}
+
+/// An action of the loop body, run under its group's predicate (or its negation).
+enum Action {
+    Update { op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: Vec<Coord>, accs: Vec<String> },
+    Store { output: usize, values: Vec<(NodeId, Vec<Coord>)> },
+}
+
+type Guard = Option<(NodeId, Vec<Coord>)>;
+
+struct Group {
+    guard: Guard,
+    then: Vec<Action>,
+    otherwise: Vec<Action>,
+}
+
+/// How the final reduction combines one slot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    Sum,
+    Max,
+    Min,
+}
+
+pub(crate) fn emit_kernel(
+    g: &Graph,
+    an: &Analysis,
+    k: usize,
+    opts: &CodegenOptions,
+    hash: &GraphHash,
+    buffers: &BufferIndex,
+) -> Result<Kernel, CodegenError> {
+    let info = &an.kernels[k];
+    let name = format!("kf_{}_{k}", hash.short());
+    let dom: Vec<Coord> = (0..info.dims.len() as u32).map(Coord::Dom).collect();
+    let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
+
+    // Sinks become actions, grouped by the predicate that guards them.
+    let mut slots: Vec<(Combine, String, String)> = Vec::new(); // (combine, init, what)
+    let mut groups: Vec<Group> = Vec::new();
+    let mut slot_results = std::collections::HashMap::new();
+    for sink in &info.sinks {
+        let comps: Vec<Option<u64>> = match sink.comps {
+            Some(c) => (0..u64::from(c)).map(Some).collect(),
+            None => vec![None],
+        };
+        let ctx_of = |c: Option<u64>| {
+            let mut ctx = dom.clone();
+            ctx.extend(c.map(Coord::Const));
+            ctx
+        };
+        match sink.kind {
+            SinkKind::Reduce { node, slot } => {
+                let (op, x, mask) = full_reduce(g, node).ok_or(CodegenError::Internal { node: node.0, what: "sink is not a reduction" })?;
+                let xd = g.node(x).dtype;
+                let n_slots = crate::analysis::slots_of(op);
+                let accs: Vec<String> = (slot..slot + n_slots).map(|s| format!("acc{s}")).collect();
+                slot_results.insert(node, (slot..slot + n_slots).map(|s| format!("r{s}")).collect::<Vec<_>>());
+                let what = match mask {
+                    Some(m) => format!("{} n{} where n{} (n{})", op.name(), x.0, m.0, node.0),
+                    None => format!("{} n{} (n{})", op.name(), x.0, node.0),
+                };
+                let combine = match op {
+                    ReduceOp::Max => Combine::Max,
+                    ReduceOp::Min => Combine::Min,
+                    _ => Combine::Sum,
+                };
+                slots.push((combine, reduce_identity(op, xd), what.clone()));
+                if op == ReduceOp::Mean {
+                    slots.push((Combine::Sum, "0.0".into(), format!("count of {what}")));
+                }
+                for c in comps {
+                    let xctx = ctx_of(c);
+                    let guard = em.reduce_guard(op, x, mask, &xctx);
+                    group_for(&mut groups, guard).then.push(Action::Update { op, x, mask, xctx, accs: accs.clone() });
+                }
+            }
+            SinkKind::Output { index } => {
+                let node = g.outputs[index].node;
+                let selects: Vec<_> = comps
+                    .iter()
+                    .map(|&c| resolve_select(&em, g, node, ctx_of(c)).map(|(gd, a, b)| (em.canonical(gd.0, gd.1), a, b)))
+                    .collect();
+                let first_guard = selects.first().and_then(|s| s.as_ref().map(|s| s.0.clone()));
+                let shared = first_guard.is_some() && selects.iter().all(|s| s.as_ref().map(|s| &s.0) == first_guard.as_ref());
+                if shared {
+                    let (then, otherwise): (Vec<_>, Vec<_>) = selects.into_iter().flatten().map(|s| (s.1, s.2)).unzip();
+                    let grp = group_for(&mut groups, first_guard);
+                    grp.then.push(Action::Store { output: index, values: then });
+                    grp.otherwise.push(Action::Store { output: index, values: otherwise });
+                } else {
+                    let values = comps.iter().map(|&c| (node, ctx_of(c))).collect();
+                    group_for(&mut groups, None).then.push(Action::Store { output: index, values });
+                }
+            }
+        }
+    }
+
+    for grp in &groups {
+        match &grp.guard {
+            None => run_actions(&mut em, g, &grp.then)?,
+            Some((m, mctx)) => {
+                let mv = em.eval(*m, mctx)?;
+                em.open_branch(&mv);
+                run_actions(&mut em, g, &grp.then)?;
+                em.close();
+                if !grp.otherwise.is_empty() {
+                    em.open_else();
+                    run_actions(&mut em, g, &grp.otherwise)?;
+                    em.close();
+                }
+            }
+        }
+    }
+    let n_expr = em.product(&info.dims);
+    let next_var = em.next_var();
+    let (body, mut uses) = em.into_lines();
+
+    // The epilogue: scalar outputs and Temp values, computed once by one thread.
+    let mut ep = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next_var);
+    ep.slot_results = slot_results;
+    let mut outputs_written: Vec<usize> = info.sinks.iter().filter_map(|s| if let SinkKind::Output { index } = s.kind { Some(index) } else { None }).collect();
+    for &o in &info.scalar_outputs {
+        let node = g.outputs[o].node;
+        let v = ep.eval(node, &[])?;
+        let d = g.node(node).dtype;
+        ep.note_conversion(d);
+        ep.push_stmt(format!("out{o}[0] = {}; // output {}", cuda::store_conversion(d, &v), g.outputs[o].name));
+        outputs_written.push(o);
+    }
+    let mut temps_written = Vec::new();
+    for &n in &info.temp_writes {
+        let t = *an.temps.get(&n).ok_or(CodegenError::Internal { node: n.0, what: "temp write without a temp" })?;
+        let v = ep.eval(n, &[])?;
+        ep.push_stmt(format!("tmp{t}[0] = {}; // n{} for a later kernel", cuda::store_conversion(temp_dtype(g.node(n).dtype), &v), n.0));
+        temps_written.push(t);
+    }
+    let (epilogue, ep_uses) = ep.into_lines();
+    uses.inputs.extend(ep_uses.inputs);
+    uses.temps_read.extend(ep_uses.temps_read);
+    uses.syms.extend(ep_uses.syms);
+    uses.helpers.extend(ep_uses.helpers);
+    for (c, _, _) in &slots {
+        uses.helpers.insert(match c {
+            Combine::Sum => Helper::BlockSum,
+            Combine::Max => Helper::BlockMax,
+            Combine::Min => Helper::BlockMin,
+        });
+        if *c != Combine::Sum {
+            uses.helpers.insert(Helper::MinMaxF64);
+        }
+    }
+
+    // Parameters, in buffer order, then sizes.
+    let mut params: Vec<(Param, String, String)> = Vec::new(); // (param, declaration, comment)
+    for &i in &uses.inputs {
+        let inp = &g.inputs[i as usize];
+        let decl = format!("const {}* __restrict__ in{i}", cuda::storage_type(inp.dtype));
+        params.push((Param::Buffer(i as usize), decl, format!("{} {}{}", inp.name, inp.dtype, g.shape_str(&inp.shape))));
+    }
+    outputs_written.sort_unstable();
+    outputs_written.dedup();
+    for &o in &outputs_written {
+        let node = g.node(g.outputs[o].node);
+        let decl = format!("{}* __restrict__ out{o}", cuda::storage_type(node.dtype));
+        params.push((Param::Buffer(buffers.outputs_base + o), decl, format!("output {} {}{}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape))));
+    }
+    let temp_nodes: Vec<(NodeId, usize)> = an.temps.iter().map(|(&n, &t)| (n, t)).collect();
+    for (n, t) in temp_nodes {
+        let d = temp_dtype(g.node(n).dtype);
+        let (constness, note) = if temps_written.contains(&t) {
+            ("", format!("n{} {} scalar, written here for a later kernel", n.0, d))
+        } else if uses.temps_read.contains(&t) {
+            ("const ", format!("n{} {} scalar from an earlier kernel", n.0, d))
+        } else {
+            continue;
+        };
+        let decl = format!("{constness}{}* __restrict__ tmp{t}", cuda::storage_type(d));
+        params.push((Param::Buffer(buffers.temps_base + t), decl, note));
+    }
+    let n_slots = slots.len();
+    if n_slots > 0 {
+        let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without partials" })?;
+        params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
+        params.push((Param::Buffer(c), "unsigned int* __restrict__ counter".into(), "ticket: 0 at launch, left at 0".into()));
+    }
+    for &s in &uses.syms {
+        params.push((Param::Size(s), format!("long long sz{}", s.0), format!("size {}", g.symbols[s.0 as usize])));
+    }
+
+    // The translation unit.
+    let block = opts.block_size;
+    let mut src = String::new();
+    let _ = writeln!(src, "// Generated by kfuse-codegen; do not edit.");
+    let _ = writeln!(src, "// kernel {name} ({} of {}) of graph {hash}", k + 1, an.kernels.len());
+    let _ = writeln!(src, "// options: block_size={block}; reduction level {}", info.level);
+    let _ = writeln!(src, "// domain: {} elements, one per iteration of a grid-stride loop, 64-bit flat index", g.shape_str(&kfuse_ir::Shape(info.dims.clone())));
+    for s in &info.sinks {
+        let comps = s.comps.map(|c| format!(" ({c} components per element)")).unwrap_or_default();
+        let what = match s.kind {
+            SinkKind::Reduce { node, slot } => format!("full reduction n{} into partial slot {slot}", node.0),
+            SinkKind::Output { index } => format!("output {}", g.outputs[index].name),
+        };
+        let _ = writeln!(src, "// sink: {what}{comps}");
+    }
+    src.push('\n');
+    for h in &uses.helpers {
+        src.push_str(&cuda::helper_source(*h));
+    }
+    let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({block}) {name}(");
+    for (j, (_, decl, comment)) in params.iter().enumerate() {
+        let sep = if j + 1 < params.len() { "," } else { "" };
+        let _ = writeln!(src, "    {decl}{sep} // {comment}");
+    }
+    src.push_str(")\n{\n");
+    let _ = writeln!(src, "    const long long n = {n_expr};");
+    for (s, (_, init, what)) in slots.iter().enumerate() {
+        let _ = writeln!(src, "    double acc{s} = {init}; // {what}");
+    }
+    src.push_str("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n");
+    for l in &body {
+        let _ = writeln!(src, "        {l}");
+    }
+    src.push_str("    }\n");
+    if n_slots > 0 {
+        write_reduction_tail(&mut src, &slots, &epilogue);
+    } else if !epilogue.is_empty() {
+        src.push_str("    if (blockIdx.x == 0 && threadIdx.x == 0) {\n");
+        for l in &epilogue {
+            let _ = writeln!(src, "        {l}");
+        }
+        src.push_str("    }\n");
+    }
+    src.push_str("}\n");
+
+    let work = size_expr(&info.dims)?;
+    Ok(Kernel {
+        name,
+        source: src,
+        params: params.into_iter().map(|p| p.0).collect(),
+        block,
+        grid: GridSpec::Work { work, per_block: u64::from(block), max_blocks_per_sm: (2048 / block).clamp(1, 8) },
+    })
+}
+
+/// Block reduction, per-block partials, the ticket, and the last block's fixed-order final
+/// reduction followed by the epilogue.
+fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String]) {
+    let block_fn = |c: Combine| match c {
+        Combine::Sum => "kf_block_sum",
+        Combine::Max => "kf_block_max",
+        Combine::Min => "kf_block_min",
+    };
+    src.push_str("    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.\n");
+    src.push_str("    __shared__ double kf_smem[32];\n    __shared__ bool kf_last_block;\n");
+    for (s, (c, _, _)) in slots.iter().enumerate() {
+        let _ = writeln!(src, "    acc{s} = {}(acc{s}, kf_smem);", block_fn(*c));
+    }
+    src.push_str("    if (threadIdx.x == 0) {\n");
+    for s in 0..slots.len() {
+        let _ = writeln!(src, "        partials[{s}u * gridDim.x + blockIdx.x] = acc{s};");
+    }
+    src.push_str("        __threadfence(); // publish the partials before taking a ticket\n");
+    src.push_str("        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;\n    }\n");
+    src.push_str("    __syncthreads();\n    if (!kf_last_block) return;\n    __threadfence();\n");
+    src.push_str("    // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one\n");
+    src.push_str("    // block reduction; no float atomics, so the result is bit-identical for a given grid size.\n");
+    for (s, (_, init, _)) in slots.iter().enumerate() {
+        let _ = writeln!(src, "    double r{s} = {init};");
+    }
+    src.push_str("    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {\n");
+    for (s, (c, _, _)) in slots.iter().enumerate() {
+        let p = format!("((volatile double*)partials)[{s}u * gridDim.x + b]");
+        let line = match c {
+            Combine::Sum => format!("r{s} += {p};"),
+            Combine::Max => format!("r{s} = kf_max_f64(r{s}, {p});"),
+            Combine::Min => format!("r{s} = kf_min_f64(r{s}, {p});"),
+        };
+        let _ = writeln!(src, "        {line}");
+    }
+    src.push_str("    }\n");
+    for (s, (c, _, _)) in slots.iter().enumerate() {
+        let _ = writeln!(src, "    r{s} = {}(r{s}, kf_smem);", block_fn(*c));
+    }
+    src.push_str("    if (threadIdx.x == 0) {\n");
+    for l in epilogue {
+        let _ = writeln!(src, "        {l}");
+    }
+    src.push_str("        *counter = 0u; // self-resetting ticket: the next launch needs no memset\n    }\n");
+}
+
+fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), CodegenError> {
+    for a in actions {
+        match a {
+            Action::Update { op, x, mask, xctx, accs } => em.reduce_update(*op, *x, *mask, xctx, accs)?,
+            Action::Store { output, values } => {
+                let node = g.node(g.outputs[*output].node);
+                let d = node.dtype;
+                em.note_conversion(d);
+                let mut vals = Vec::with_capacity(values.len());
+                for (n, ctx) in values {
+                    vals.push(em.eval(*n, ctx)?);
+                }
+                let name = &g.outputs[*output].name;
+                if !has_component_axis(g, *output) {
+                    em.push_stmt(format!("out{output}[i] = {}; // {name}", cuda::store_conversion(d, &vals[0])));
+                } else if let Some(vty) = cuda::vector_type(d, vals.len() as u64) {
+                    em.push_stmt(format!("reinterpret_cast<{vty}*>(out{output})[i] = {}; // {name}", cuda::vector_pack(d, &vals)));
+                } else {
+                    let c = vals.len();
+                    for (k, v) in vals.iter().enumerate() {
+                        em.push_stmt(format!("out{output}[i * {c} + {k}] = {}; // {name}", cuda::store_conversion(d, v)));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether output `o` was split into a domain and a small component axis.
+fn has_component_axis(g: &Graph, o: usize) -> bool {
+    crate::analysis::split_domain(g.node(g.outputs[o].node).shape.dims()).1.is_some()
+}
+
+/// The `where(c, a, b)` that decides a tensor output's value at `ctx`, looking through stacking
+/// and component access: `(guard, then, else)` with their contexts.
+#[allow(clippy::type_complexity)]
+fn resolve_select(em: &Emitter, g: &Graph, mut n: NodeId, mut ctx: Vec<Coord>) -> Option<((NodeId, Vec<Coord>), (NodeId, Vec<Coord>), (NodeId, Vec<Coord>))> {
+    loop {
+        let node = g.node(n);
+        let dims = node.shape.dims().to_vec();
+        match node.op {
+            Op::Ternary(TernaryOp::Select, c, a, b) => {
+                let cc = em.operand_ctx(&dims, &ctx, c);
+                let ac = em.operand_ctx(&dims, &ctx, a);
+                let bc = em.operand_ctx(&dims, &ctx, b);
+                return Some(((c, cc), (a, ac), (b, bc)));
+            }
+            Op::Stack(l) => {
+                let Some(Coord::Const(k)) = ctx.last().cloned() else { return None };
+                let p = *g.list(l).get(k as usize)?;
+                let inner = &dims[..dims.len() - 1];
+                ctx = em.operand_ctx(inner, &ctx[..ctx.len() - 1], p);
+                n = p;
+            }
+            Op::Component { x, index } => {
+                ctx.push(Coord::Const(u64::from(index)));
+                n = x;
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn group_for(groups: &mut Vec<Group>, guard: Guard) -> &mut Group {
+    let pos = match groups.iter().position(|g| g.guard == guard) {
+        Some(p) => p,
+        None => {
+            groups.push(Group { guard, then: Vec::new(), otherwise: Vec::new() });
+            groups.len() - 1
+        }
+    };
+    &mut groups[pos]
+}
+
+/// The element count of `dims` as a [`crate::SizeExpr`].
+pub(crate) fn size_expr(dims: &[Dim]) -> Result<crate::SizeExpr, CodegenError> {
+    let mut e = crate::SizeExpr::constant(1);
+    for d in dims {
+        match *d {
+            Dim::Const(c) => e.constant = e.constant.checked_mul(c).ok_or(CodegenError::SizeOverflow { node: 0 })?,
+            Dim::Sym(s) => e.symbols.push(s),
+        }
+    }
+    Ok(e)
+}

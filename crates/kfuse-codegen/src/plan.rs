@@ -1,0 +1,171 @@
+//! The plan: the value that the executor runs. It lists every device buffer a run needs and the
+//! kernels to launch, in order, on one stream. Nothing here touches a GPU; the executor (crate
+//! `kfuse`) allocates, binds and launches exactly what this describes.
+
+use kfuse_ir::{DType, GraphHash, InputId, SymId};
+
+/// Options that change the generated code (they are printed in each kernel's header comment).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CodegenOptions {
+    /// Threads per block of every generated kernel: a multiple of 32 in `32..=1024`.
+    pub block_size: u32,
+}
+
+impl Default for CodegenOptions {
+    fn default() -> Self {
+        CodegenOptions { block_size: 256 }
+    }
+}
+
+/// Everything needed to run a graph on a GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// `graph.stable_hash()`; kernel names carry its short form.
+    pub graph_hash: GraphHash,
+    /// Every device buffer a run needs, referenced by index from [`Param::Buffer`]. The first
+    /// `graph.inputs.len()` entries are the inputs in declaration order, then the outputs in
+    /// `graph.outputs` order, then temporaries, partials and counters.
+    pub buffers: Vec<BufferDecl>,
+    /// The kernels, to be launched in this order on one stream (each may read what an earlier
+    /// one wrote into a [`BufferKind::Temp`]).
+    pub kernels: Vec<Kernel>,
+}
+
+/// One device buffer.
+///
+/// Every buffer must start at a 16-byte aligned address (`cuMemAlloc` gives 256): kernels load
+/// and store small trailing component axes as one 4-, 8- or 16-byte vector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferDecl {
+    /// What the buffer holds and who fills it.
+    pub kind: BufferKind,
+    /// The element type (its size in bytes is [`ElemType::size_bytes`]).
+    pub elem: ElemType,
+    /// The element count: for [`BufferKind::Partials`] it is the count *per block* (multiply by
+    /// the grid size chosen for that kernel, see [`BufferDecl::elem_count`]); otherwise the total.
+    pub elems: SizeExpr,
+}
+
+/// What a buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferKind {
+    /// A graph input: the executor uploads the user's tensor (in its storage dtype, row-major).
+    Input(InputId),
+    /// A graph output (index into `graph.outputs`), stored in the output node's dtype. Every
+    /// element is written by the kernels; scalar outputs hold one element.
+    Output(usize),
+    /// A scalar value that one kernel writes and a later kernel reads (one element; no
+    /// initialisation needed).
+    Temp,
+    /// Per-block partial accumulators of the full reductions of kernel `kernel`: `f64`,
+    /// slot-major (`slot * gridDim.x + blockIdx.x`), `slots_per_block * grid` elements. No
+    /// initialisation needed; allocate for the largest grid that kernel may be launched with.
+    Partials { kernel: usize, slots_per_block: u32 },
+    /// One `u32` ticket counter of kernel `kernel`: the executor zeroes it ONCE when it allocates
+    /// it; the kernel leaves it at 0 again when it finishes, so repeated launches need no memset.
+    /// Never launch two instances of the same kernel with the same counter concurrently.
+    Counter { kernel: usize },
+}
+
+/// The element type of a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ElemType {
+    /// A tensor element in a graph dtype (`bool` is one byte, 0 or 1; f16/bf16 are raw bits).
+    Tensor(DType),
+    /// An IEEE double (partial accumulators).
+    F64,
+    /// A 32-bit unsigned integer (ticket counters).
+    U32,
+}
+
+impl ElemType {
+    /// Bytes per element.
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            ElemType::Tensor(d) => d.size_bytes() as u64,
+            ElemType::F64 => 8,
+            ElemType::U32 => 4,
+        }
+    }
+}
+
+impl BufferDecl {
+    /// The element count for run-time `sizes` (indexed by [`SymId`]) and, for partials, the grid
+    /// size (blocks) of the kernel that uses them; `grid_blocks` is ignored for other kinds.
+    pub fn elem_count(&self, sizes: &[u64], grid_blocks: u64) -> Option<u64> {
+        let n = self.elems.eval(sizes)?;
+        match self.kind {
+            BufferKind::Partials { .. } => n.checked_mul(grid_blocks),
+            _ => Some(n),
+        }
+    }
+}
+
+/// A size: `constant * Π sizes[sym]` over `symbols` (a symbol may repeat).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SizeExpr {
+    pub constant: u64,
+    pub symbols: Vec<SymId>,
+}
+
+impl SizeExpr {
+    /// A size that does not depend on the run.
+    pub fn constant(c: u64) -> SizeExpr {
+        SizeExpr { constant: c, symbols: Vec::new() }
+    }
+    /// The value for run-time `sizes` (indexed by [`SymId`]); `None` on overflow or a missing
+    /// symbol.
+    pub fn eval(&self, sizes: &[u64]) -> Option<u64> {
+        self.symbols.iter().try_fold(self.constant, |acc, s| acc.checked_mul(*sizes.get(s.0 as usize)?))
+    }
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// The `extern "C"` entry point: `kf_<graph hash short>_<index>`.
+    pub name: String,
+    /// A whole header-free CUDA C++ translation unit defining `name` (compile it with NVRTC
+    /// for the device's arch, sm_80 or newer).
+    pub source: String,
+    /// The kernel's parameters in order: buffers as device pointers, sizes as `long long`.
+    pub params: Vec<Param>,
+    /// Threads per block (`blockDim.x`; y and z are 1). The kernel uses only static shared
+    /// memory (under 1 KiB).
+    pub block: u32,
+    /// How many blocks to launch (`gridDim.x`).
+    pub grid: GridSpec,
+}
+
+/// One kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Param {
+    /// The device pointer of `Plan::buffers[index]`.
+    Buffer(usize),
+    /// The run-time size of a dimension symbol, passed as a signed 64-bit integer (`i64`).
+    Size(SymId),
+}
+
+/// How the executor chooses the grid size.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum GridSpec {
+    /// `blocks = clamp(ceil(work / per_block), 1, max_blocks_per_sm * sm_count)`: the kernel
+    /// loops over `work` items with a grid-stride loop, so any grid size is correct; at least one
+    /// block always runs (it writes the results of empty reductions).
+    Work { work: SizeExpr, per_block: u64, max_blocks_per_sm: u32 },
+}
+
+impl GridSpec {
+    /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors (the
+    /// formula above; `None` when a size is missing or overflows).
+    pub fn blocks(&self, sizes: &[u64], sm_count: u32) -> Option<u32> {
+        match self {
+            GridSpec::Work { work, per_block, max_blocks_per_sm } => {
+                let work = work.eval(sizes)?;
+                let wanted = work.div_ceil((*per_block).max(1));
+                let cap = u64::from(*max_blocks_per_sm).checked_mul(u64::from(sm_count))?.max(1);
+                u32::try_from(wanted.clamp(1, cap)).ok()
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Representative graphs shared by the golden, plan-shape and NVRTC tests, built with
+//! `GraphBuilder` exactly as a user would.
+#![allow(dead_code)]
+
+use kfuse_ir::{BinaryOp as B, DType, Dim, Graph, GraphBuilder, IrError, NodeId, ReduceAxis, ReduceOp, Shape, UnaryOp};
+
+fn bin(b: &mut GraphBuilder, op: B, x: NodeId, y: NodeId) -> Result<NodeId, IrError> {
+    b.binary(op, x, y)
+}
+
+/// The GIoU loss of a padded box batch (torchvision's `generalized_box_iou_loss`, eps 1e-7,
+/// intersection clamped at 0): a target row whose y2 is 0 is padding.
+/// `loss = sum(1 - giou, where: valid) / max(count(valid), 1)`.
+pub fn giou(pred_dtype: DType, target_dtype: DType) -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let n = b.symbol("N");
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", pred_dtype, shape.clone())?;
+    let target = b.input("target", target_dtype, shape)?;
+    let (x1, y1, x2, y2) = (b.component(pred, 0)?, b.component(pred, 1)?, b.component(pred, 2)?, b.component(pred, 3)?);
+    let (x1g, y1g, x2g, y2g) = (b.component(target, 0)?, b.component(target, 1)?, b.component(target, 2)?, b.component(target, 3)?);
+    let zero = b.lit_float(0.0);
+    let valid = bin(&mut b, B::Ne, y2g, zero)?;
+    let eps = b.lit_float(1e-7);
+    let ix1 = bin(&mut b, B::Max, x1, x1g)?;
+    let iy1 = bin(&mut b, B::Max, y1, y1g)?;
+    let ix2 = bin(&mut b, B::Min, x2, x2g)?;
+    let iy2 = bin(&mut b, B::Min, y2, y2g)?;
+    let iw = bin(&mut b, B::Sub, ix2, ix1)?;
+    let ih = bin(&mut b, B::Sub, iy2, iy1)?;
+    let iw = bin(&mut b, B::Max, iw, zero)?;
+    let ih = bin(&mut b, B::Max, ih, zero)?;
+    let inter = bin(&mut b, B::Mul, iw, ih)?;
+    let w1 = bin(&mut b, B::Sub, x2, x1)?;
+    let h1 = bin(&mut b, B::Sub, y2, y1)?;
+    let a1 = bin(&mut b, B::Mul, w1, h1)?;
+    let w2 = bin(&mut b, B::Sub, x2g, x1g)?;
+    let h2 = bin(&mut b, B::Sub, y2g, y1g)?;
+    let a2 = bin(&mut b, B::Mul, w2, h2)?;
+    let areas = bin(&mut b, B::Add, a1, a2)?;
+    let union = bin(&mut b, B::Sub, areas, inter)?;
+    let ue = bin(&mut b, B::Add, union, eps)?;
+    let iou = bin(&mut b, B::Div, inter, ue)?;
+    let cx1 = bin(&mut b, B::Min, x1, x1g)?;
+    let cy1 = bin(&mut b, B::Min, y1, y1g)?;
+    let cx2 = bin(&mut b, B::Max, x2, x2g)?;
+    let cy2 = bin(&mut b, B::Max, y2, y2g)?;
+    let cw = bin(&mut b, B::Sub, cx2, cx1)?;
+    let ch = bin(&mut b, B::Sub, cy2, cy1)?;
+    let area_c = bin(&mut b, B::Mul, cw, ch)?;
+    let gap = bin(&mut b, B::Sub, area_c, union)?;
+    let ce = bin(&mut b, B::Add, area_c, eps)?;
+    let penalty = bin(&mut b, B::Div, gap, ce)?;
+    let giou = bin(&mut b, B::Sub, iou, penalty)?;
+    let one = b.lit_float(1.0);
+    let l = bin(&mut b, B::Sub, one, giou)?;
+    let total = b.reduce(ReduceOp::Sum, ReduceAxis::All, l, Some(valid))?;
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None)?;
+    let one_i = b.lit_int(1);
+    let denom = bin(&mut b, B::Max, count, one_i)?;
+    let loss = bin(&mut b, B::Div, total, denom)?;
+    b.output("loss", loss)?;
+    b.finish()
+}
+
+/// Softmax cross-entropy along the last axis with integer labels, averaged over the batch:
+/// `mean(logsumexp(x) - x[label])`, the label picked with an iota comparison.
+pub fn softmax_xent() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let c = b.symbol("C");
+    let x = b.input("logits", DType::F32, Shape(vec![Dim::Sym(bs), Dim::Sym(c)]))?;
+    let labels = b.input("labels", DType::I32, Shape(vec![Dim::Sym(bs)]))?;
+    let m = b.reduce(ReduceOp::Max, ReduceAxis::Last, x, None)?;
+    let m1 = b.expand_last(m);
+    let shifted = bin(&mut b, B::Sub, x, m1)?;
+    let e = b.unary(UnaryOp::Exp, shifted)?;
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::Last, e, None)?;
+    let ls = b.unary(UnaryOp::Log, s)?;
+    let lse = bin(&mut b, B::Add, ls, m)?;
+    let iota = b.iota(Shape(vec![Dim::Sym(bs), Dim::Sym(c)]), 1)?;
+    let l1 = b.expand_last(labels);
+    let onehot = bin(&mut b, B::Eq, iota, l1)?;
+    let zero = b.lit_float(0.0);
+    let picked = b.select(onehot, x, zero)?;
+    let picked = b.reduce(ReduceOp::Sum, ReduceAxis::Last, picked, None)?;
+    let per_row = bin(&mut b, B::Sub, lse, picked)?;
+    let loss = b.reduce(ReduceOp::Mean, ReduceAxis::All, per_row, None)?;
+    b.output("loss", loss)?;
+    b.finish()
+}
+
+/// Plain elementwise tensor outputs over one domain: a broadcast bias, an f16 output, and a
+/// `[B, N, 4]` output stored as one vector per element.
+pub fn elementwise() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let n = b.symbol("N");
+    let x = b.input("x", DType::F32, Shape(vec![Dim::Sym(bs), Dim::Sym(n)]))?;
+    let bias = b.input("bias", DType::F32, Shape(vec![Dim::Sym(n)]))?;
+    let boxes = b.input("boxes", DType::F32, Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]))?;
+    let s = b.unary(UnaryOp::Sigmoid, x)?;
+    let two = b.lit_float(2.0);
+    let s2 = bin(&mut b, B::Mul, s, two)?;
+    let y = bin(&mut b, B::Add, s2, bias)?;
+    let y = b.cast(y, DType::F16);
+    b.output("y", y)?;
+    let half = b.lit_float(0.5);
+    let scaled = bin(&mut b, B::Mul, boxes, half)?;
+    b.output("scaled", scaled)?;
+    b.finish()
+}
+
+/// A full reduction feeding element work: `x / sum(x)` (two kernels) plus the sum itself.
+pub fn normalize() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let n = b.symbol("N");
+    let x = b.input("x", DType::F32, Shape(vec![Dim::Sym(n)]))?;
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::All, x, None)?;
+    let y = bin(&mut b, B::Div, x, s)?;
+    b.output("y", y)?;
+    b.output("total", s)?;
+    b.finish()
+}
+
+/// A masked gradient-like output: `where(valid[.., None], pred - target, 0)` over `[B, N, 4]`,
+/// next to the masked count, so both share one predicate branch.
+pub fn masked_delta() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let n = b.symbol("N");
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", DType::F32, shape.clone())?;
+    let target = b.input("target", DType::F32, shape)?;
+    let y2 = b.component(target, 3)?;
+    let zero = b.lit_float(0.0);
+    let valid = bin(&mut b, B::Ne, y2, zero)?;
+    let v1 = b.expand_last(valid);
+    let d = bin(&mut b, B::Sub, pred, target)?;
+    let g = b.select(v1, d, zero)?;
+    b.output("delta", g)?;
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None)?;
+    b.output("count", count)?;
+    b.finish()
+}
+
+/// Every representative graph, by name.
+pub fn all() -> Vec<(&'static str, Graph)> {
+    let mut v = Vec::new();
+    let mut add = |name: &'static str, g: Result<Graph, IrError>| match g {
+        Ok(g) => v.push((name, g)),
+        Err(e) => panic!("test graph {name} does not build: {e}"),
+    };
+    add("giou_f32", giou(DType::F32, DType::F32));
+    add("giou_f16", giou(DType::F16, DType::F16));
+    add("giou_bf16", giou(DType::BF16, DType::BF16));
+    add("softmax_xent", softmax_xent());
+    add("elementwise", elementwise());
+    add("normalize", normalize());
+    add("masked_delta", masked_delta());
+    v
+}
