@@ -118,11 +118,10 @@ impl Activation {
 
     /// The activation as a header-free `__device__ __forceinline__ float <fn_name>(float x)`.
     pub fn device_function(&self, layer: usize, fn_name: &str) -> Result<String> {
-        codegen_pending(&self.graph, fn_name).map_err(|e| MlpError::ActivationCodegen {
+        kfuse_codegen::emit_device_function(&self.graph, fn_name).map_err(|e| MlpError::ActivationCodegen {
             layer,
             expression: self.expression.clone(),
             message: e.to_string(),
         })
     }
 }
-fn codegen_pending(_g: &Graph, _n: &str) -> std::result::Result<String, String> { Err("codegen pending".into()) }

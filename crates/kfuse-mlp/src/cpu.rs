@@ -83,6 +83,7 @@ pub fn run_cpu(model: &MlpModel, input: &HostTensor) -> Result<HostTensor> {
 
 /// The model on `input` through the CPU interpreter path, stored in `out_dtype`.
 pub fn run_cpu_as(model: &MlpModel, input: &HostTensor, out_dtype: DType) -> Result<HostTensor> {
+    check_input(model, input)?;
     if !matches!(out_dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(MlpError::OutputDType { dtype: out_dtype });
     }

@@ -1,0 +1,205 @@
+//! Pure tier: model loading (every bad input named in issue 5 gives a clear error naming the
+//! layer or tensor), the CPU interpreter path against the independent f64 reference, the
+//! kernel generator's determinism and a golden file of one model's kernel.
+
+use std::path::{Path, PathBuf};
+
+use kfuse_ir::{DType, HostTensor};
+use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::{compare_rows, emit_kernel, erf_f64, evaluate_cpu, reference_f64, run_cpu, MlpError, MlpKernelOptions, MlpModel};
+
+fn write(dir: &Path, name: &str, spec: &ModelSpec) -> PathBuf {
+    write_model(dir, name, spec).expect("write model")
+}
+
+/// Rewrites model.json through a closure on its JSON value.
+fn edit_json(path: &Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("json");
+    f(&mut v);
+    std::fs::write(path, serde_json::to_string(&v).expect("to string")).expect("write");
+}
+
+fn load_err(path: &Path) -> String {
+    match MlpModel::load(path) {
+        Ok(m) => panic!("expected an error, loaded {}", m.summary()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn loads_widths_and_dtypes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = ModelSpec::new(&[5, 24, 3], "silu");
+    spec.dtype = DType::BF16;
+    spec.file_dtype = DType::F32; // f32 weights are rounded to the model dtype on load
+    let m = MlpModel::load(write(dir.path(), "m", &spec)).expect("load");
+    assert_eq!(m.widths(), vec![5, 24, 3]);
+    assert_eq!(m.dtype, DType::BF16);
+    assert_eq!(m.layers[0].activation.spec, "silu");
+    assert_eq!(m.layers[1].activation.spec, "none");
+    for v in &m.layers[0].weight {
+        assert_eq!(*v, half::bf16::from_f32(*v).to_f32(), "weights must be bf16-exact");
+    }
+    assert!(m.layers[0].bias.is_some());
+}
+
+#[test]
+fn every_bad_input_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = ModelSpec::new(&[8, 16, 16, 4], "relu");
+    let fresh = |name: &str| write(dir.path(), name, &spec);
+
+    // Missing weights file.
+    let p = fresh("a");
+    std::fs::remove_file(dir.path().join("a.safetensors")).expect("rm");
+    let e = load_err(&p);
+    assert!(e.contains("weights file") && e.contains("a.safetensors"), "{e}");
+
+    // Unreadable (corrupt) weights file.
+    let p = fresh("b");
+    std::fs::write(dir.path().join("b.safetensors"), b"not a safetensors file").expect("write");
+    let e = load_err(&p);
+    assert!(e.contains("not a valid safetensors"), "{e}");
+
+    // A tensor named in model.json but absent from the file.
+    let p = fresh("c");
+    edit_json(&p, |v| v["layers"][1]["weight"] = "9.weight".into());
+    let e = load_err(&p);
+    assert!(e.contains("layer 1") && e.contains("`9.weight`") && e.contains("2.weight"), "{e}");
+    let p = fresh("c2");
+    edit_json(&p, |v| v["layers"][2]["bias"] = "nope".into());
+    let e = load_err(&p);
+    assert!(e.contains("layer 2") && e.contains("`nope`") && e.contains("bias"), "{e}");
+
+    // Widths that do not chain: layer 2 reads layer 0's weight ([16, 8]) after a 16-wide layer.
+    let p = fresh("d");
+    edit_json(&p, |v| {
+        v["layers"][2]["weight"] = "0.weight".into();
+        v["layers"][2]["bias"] = serde_json::Value::Null;
+    });
+    let e = load_err(&p);
+    assert!(e.contains("layer 2") && e.contains("do not chain") && e.contains("layer 1 produces 16"), "{e}");
+
+    // A wrong-rank tensor: a bias used as a weight.
+    let p = fresh("e");
+    edit_json(&p, |v| v["layers"][0]["weight"] = "0.bias".into());
+    let e = load_err(&p);
+    assert!(e.contains("layer 0") && e.contains("`0.bias`") && e.contains("rank 2"), "{e}");
+
+    // Unknown activation name.
+    let p = fresh("f");
+    edit_json(&p, |v| v["layers"][1]["activation"] = "swishy".into());
+    let e = load_err(&p);
+    assert!(e.contains("layer 1") && e.contains("unknown activation `swishy`") && e.contains("gelu_tanh"), "{e}");
+
+    // An expression that does not parse, and one that uses another variable.
+    let p = fresh("g");
+    edit_json(&p, |v| v["layers"][0]["activation"] = "x * (1 +".into());
+    let e = load_err(&p);
+    assert!(e.contains("layer 0") && e.contains("not a valid expression"), "{e}");
+    let p = fresh("h");
+    edit_json(&p, |v| v["layers"][1]["activation"] = "x * sigmoid(y)".into());
+    let e = load_err(&p);
+    assert!(e.contains("layer 1") && e.contains("not a valid expression"), "{e}");
+
+    // Format and dtype fields, and an empty layer list.
+    let p = fresh("i");
+    edit_json(&p, |v| v["format"] = "kfuse-mlp/9".into());
+    assert!(load_err(&p).contains("unsupported format"));
+    let p = fresh("j");
+    edit_json(&p, |v| v["dtype"] = "f64".into());
+    assert!(load_err(&p).contains("unsupported weight dtype `f64`"));
+    let p = fresh("k");
+    edit_json(&p, |v| v["layers"] = serde_json::json!([]));
+    assert!(load_err(&p).contains("no layers"));
+
+    // Missing model.json.
+    let e = load_err(&dir.path().join("absent.json"));
+    assert!(e.contains("model description"), "{e}");
+
+    // Inputs: wrong width, zero rows, wrong rank, int dtype.
+    let m = MlpModel::load(fresh("ok")).expect("load");
+    let bad_width = HostTensor::from_f64(DType::F32, vec![2, 7], &[0.0; 14]);
+    let e = run_cpu(&m, &bad_width).expect_err("width").to_string();
+    assert!(e.contains("7 columns") && e.contains("takes 8"), "{e}");
+    let empty = HostTensor::from_f64(DType::F32, vec![0, 8], &[]);
+    assert!(matches!(run_cpu(&m, &empty), Err(MlpError::EmptyBatch)));
+    let rank3 = HostTensor::from_f64(DType::F32, vec![1, 1, 8], &[0.0; 8]);
+    assert!(matches!(run_cpu(&m, &rank3), Err(MlpError::InputRank { .. })));
+    let ints = HostTensor::from_f64(DType::I32, vec![1, 8], &[0.0; 8]);
+    assert!(matches!(run_cpu(&m, &ints), Err(MlpError::InputDType { .. })));
+}
+
+#[test]
+fn custom_expressions_and_named_activations_load() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = ModelSpec::new(&[4, 8, 8, 2], "x * sigmoid(1.702 * x)");
+    spec.activations[1] = "where(x > 0, x, 0.2 * x)".to_string();
+    let m = MlpModel::load(write(dir.path(), "m", &spec)).expect("load");
+    assert_eq!(m.layers[0].activation.expression, "x * sigmoid(1.702 * x)");
+    let mut rng = Rng::new(3);
+    let x = random_input(DType::F32, 5, 4, &mut rng);
+    let got = evaluate_cpu(&m, &x).expect("cpu");
+    let want = reference_f64(&m, &x).expect("reference");
+    let e = compare_rows(&got, &want, 2);
+    assert!(e.rel_err < 1e-12, "{e:?}");
+}
+
+#[test]
+fn erf_matches_known_values() {
+    for (x, want) in [(0.0, 0.0), (0.5, 0.5204998778130465), (1.0, 0.8427007929497149), (2.0, 0.9953222650189527), (-3.0, -0.9999779095030014)] {
+        assert!((erf_f64(x) - want).abs() < 1e-15, "erf({x}) = {} want {want}", erf_f64(x));
+    }
+}
+
+#[test]
+fn cpu_path_matches_f64_reference_for_widths_and_depths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let acts = ["relu", "leaky_relu", "silu", "gelu", "gelu_tanh", "sigmoid", "tanh", "softplus", "sin", "exp", "none"];
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    let mut case = 0;
+    for (wi, &w) in [16usize, 24, 64, 100, 128, 256].iter().enumerate() {
+        for depth in 1..=8usize {
+            if (depth + wi) % 3 != 0 && depth != 1 && depth != 8 {
+                continue; // a representative set: every width and every depth, not the full product
+            }
+            let mut widths = vec![w; depth + 1];
+            widths[depth] = 1 + (depth * 7) % 17;
+            let act = acts[case % acts.len()];
+            case += 1;
+            let mut spec = ModelSpec::new(&widths, act);
+            spec.seed = rng.next_u64();
+            spec.with_bias = depth % 2 == 1;
+            let m = MlpModel::load(write(dir.path(), &format!("m{case}"), &spec)).expect("load");
+            let rows = [1usize, 3, 129][case % 3];
+            let x = random_input(DType::F32, rows, w, &mut rng);
+            let got = evaluate_cpu(&m, &x).expect("cpu");
+            let want = reference_f64(&m, &x).expect("reference");
+            let e = compare_rows(&got, &want, m.output_width());
+            assert!(e.rel_err < 1e-12 && e.non_finite == 0, "{} ({act}, {rows} rows): {e:?}", m.summary());
+        }
+    }
+    assert!(case >= 20, "only {case} cases");
+}
+
+#[test]
+fn generated_source_is_deterministic_and_matches_golden() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = ModelSpec::new(&[24, 40, 5], "relu");
+    spec.seed = 11;
+    let m1 = MlpModel::load(write(dir.path(), "a", &spec)).expect("load");
+    let m2 = MlpModel::load(write(dir.path(), "b", &spec)).expect("load");
+    let opts = MlpKernelOptions { in_dtype: DType::F32, out_dtype: DType::BF16, ..MlpKernelOptions::default() };
+    let k1 = emit_kernel(&m1, &opts).expect("emit");
+    let k2 = emit_kernel(&m2, &opts).expect("emit");
+    assert_eq!(k1.source, k2.source);
+    assert_eq!(k1.params, k2.params);
+    assert!(!k1.source.contains("#include"));
+    assert!(k1.source.contains(&format!("KF_KERNEL_NAME {}", k1.name)));
+    // Padded widths: 24 -> 32 in, 40 -> 48 hidden, 5 -> 8 out; params = weights + f32 biases.
+    assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 4 + 8 * 48 * 2 + 8 * 4 + 0);
+    let generated: String = k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
+    let forward: String = k1.source.split("// The layers in order").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
+    expect_test::expect_file!["golden/mlp_24_40_5_relu.cu.txt"].assert_eq(&format!("{generated}\n// ...\n// The layers in order{forward}\n}}\n"));
+}
