@@ -18,7 +18,10 @@
 //! shape the caller has in mind (a scalar 0, for example). [`Emitter::broadcast_to`] materialises a
 //! value at an exact shape when that matters.
 
-use kfuse_ir::{BinaryOp, DType, GraphBuilder, IrError, Literal, NodeId, Op, ReduceAxis, ReduceOp, Shape, TernaryOp, UnaryOp};
+use kfuse_ir::{
+    BinaryOp, DType, GraphBuilder, IrError, Literal, NodeId, Op, ReduceAxis, ReduceOp, Shape,
+    TernaryOp, UnaryOp,
+};
 
 /// A [`GraphBuilder`] with folding constructors.
 pub(crate) struct Emitter<'a> {
@@ -52,7 +55,8 @@ impl Emitter<'_> {
     /// Folds `f(a, b)` when both are float constants.
     fn fold(&mut self, a: NodeId, b: NodeId, f: impl Fn(f64, f64) -> f64) -> Option<NodeId> {
         let (x, y) = (self.float_const(a)?, self.float_const(b)?);
-        let dtype = DType::promote(self.b.node(a).dtype, self.b.node(b).dtype).unwrap_or(DType::F32);
+        let dtype =
+            DType::promote(self.b.node(a).dtype, self.b.node(b).dtype).unwrap_or(DType::F32);
         Some(self.b.constant(Literal::float(f(x, y)), dtype))
     }
 
@@ -233,7 +237,13 @@ impl Emitter<'_> {
         self.b.select(all, x, x)
     }
 
-    pub fn reduce(&mut self, op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
+    pub fn reduce(
+        &mut self,
+        op: ReduceOp,
+        axis: ReduceAxis,
+        x: NodeId,
+        mask: Option<NodeId>,
+    ) -> Result<NodeId, IrError> {
         self.b.reduce(op, axis, x, mask)
     }
 
