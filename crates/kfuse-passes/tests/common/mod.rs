@@ -188,7 +188,9 @@ pub fn check_graph(graph: &Graph, inputs: &Inputs, wrt: &[&str]) -> Result<(), S
             minus.0[slot].2[i] = x - h;
             let fd = (plus.loss(graph) - minus.loss(graph)) / (2.0 * h);
             let tol = RTOL * a.abs().max(fd.abs()) + ATOL * (1.0 + loss.abs());
-            if !((a - fd).abs() <= tol) {
+            // Written so that a NaN on either side fails the check.
+            let within = (a - fd).abs() <= tol;
+            if !within {
                 return Err(format!("d loss / d {name}[{i}] at {x}: autodiff {a}, finite differences {fd} (tolerance {tol})\n{graph}"));
             }
         }
