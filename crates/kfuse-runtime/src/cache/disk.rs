@@ -126,8 +126,9 @@ impl DiskStore {
         let temp = dir.join(format!(".tmp-{}-{nanos}-{nonce}", std::process::id()));
         let result = (|| {
             let mut file = OpenOptions::new().write(true).create_new(true).open(&temp)?;
+            // No fsync: a crash can leave a torn entry, which the checksum turns into a repair;
+            // syncing would cost milliseconds on every write, counters included.
             file.write_all(bytes)?;
-            file.sync_data()?;
             drop(file);
             fs::rename(&temp, target)
         })();
