@@ -370,3 +370,17 @@ fn backward_reuses_forward_nodes() {
         p.b.graph()
     );
 }
+
+/// A stack whose parts broadcast against each other: the scalar part's gradient sums over `B`.
+#[test]
+fn stack_parts_of_different_shapes() {
+    let mut p = Problem::new();
+    let x = p.input("x", &["B"], &[3], vec![0.3, -1.2, 2.0]);
+    let s = p.input("s", &[], &[], vec![0.7]);
+    let w = p.input("w", &["B", "2"], &[3, 2], vec![1.0, -2.0, 0.5, 3.0, -1.5, 0.25]);
+    let xs = p.b.unary(UnaryOp::Tanh, x).unwrap();
+    let ss = p.b.binary(BinaryOp::Mul, s, s).unwrap();
+    let st = p.b.stack(&[xs, ss]).unwrap();
+    let loss = weighted_sum(&mut p.b, w, st);
+    p.check(loss, &["x", "s"]).unwrap();
+}
