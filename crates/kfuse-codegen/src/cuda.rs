@@ -181,24 +181,32 @@ __device__ __forceinline__ unsigned short kf_f32_to_bf16(float f) { unsigned sho
 #endif
 "
         .to_string(),
-        Helper::MinMaxF32 => min_max("F32", "float", "kf_minf", "kf_maxf", "__float_as_int(a) < 0"),
-        Helper::MinMaxF64 => min_max("F64", "double", "kf_min_f64", "kf_max_f64", "__double_as_longlong(a) < 0"),
+        Helper::MinMaxF32 => min_max("F32", "float", "kf_minf", "kf_maxf", ("__float_as_int", "__int_as_float"), ("fminf", "fmaxf")),
+        Helper::MinMaxF64 => min_max("F64", "double", "kf_min_f64", "kf_max_f64", ("__double_as_longlong", "__longlong_as_double"), ("fmin", "fmax")),
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
         Helper::BlockMin => block_reduce("min", "kf_min_f64(v, o)", "__longlong_as_double(0x7ff0000000000000ll)"),
     }
 }
 
-/// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` would drop the NaN), with
-/// `-0 < +0` as the interpreter orders them.
-fn min_max(tag: &str, ty: &str, min: &str, max: &str, negative: &str) -> String {
+/// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),
+/// with `-0 < +0` as the interpreter orders them. Branch-free: the hardware min/max, then the
+/// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
+fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str)) -> String {
+    let ((as_bits, from_bits), (hw_min, hw_max)) = (bits, hw);
     format!(
         "\
 #ifndef KF_HELPER_MINMAX_{tag}
 #define KF_HELPER_MINMAX_{tag}
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
-__device__ __forceinline__ {ty} {min}({ty} a, {ty} b) {{ return (a != a || b != b) ? a + b : (a < b || (a == b && {negative})) ? a : b; }}
-__device__ __forceinline__ {ty} {max}({ty} a, {ty} b) {{ return (a != a || b != b) ? a + b : (a > b || (a == b && !({negative}))) ? a : b; }}
+__device__ __forceinline__ {ty} {min}({ty} a, {ty} b) {{
+    const {ty} m = (a == b) ? {from_bits}({as_bits}(a) | {as_bits}(b)) : {hw_min}(a, b);
+    return (a != a || b != b) ? a + b : m;
+}}
+__device__ __forceinline__ {ty} {max}({ty} a, {ty} b) {{
+    const {ty} m = (a == b) ? {from_bits}({as_bits}(a) & {as_bits}(b)) : {hw_max}(a, b);
+    return (a != a || b != b) ? a + b : m;
+}}
 #endif
 "
     )

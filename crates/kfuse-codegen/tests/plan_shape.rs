@@ -1,0 +1,206 @@
+//! Plan-shape tests: kernel counts, buffers, parameters, predicate hoisting, vector access, and
+//! clear errors for what is not supported.
+
+mod common;
+
+use kfuse_codegen::{emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Param, SizeExpr};
+use kfuse_ir::{BinaryOp, DType, Dim, GraphBuilder, InputId, ReduceAxis, ReduceOp, Shape, SymId, UnaryOp};
+
+fn opts() -> CodegenOptions {
+    CodegenOptions::default()
+}
+
+/// The loop body of a kernel (from the grid-stride loop to the block reduction).
+fn body(src: &str) -> &str {
+    let start = src.find("for (long long i =").expect("grid-stride loop");
+    let end = src.find("// Each block reduces").unwrap_or(src.len());
+    &src[start..end]
+}
+
+#[test]
+fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
+    let g = common::giou(DType::F32, DType::F32).expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let k = &p.kernels[0];
+    assert_eq!(k.name, format!("kf_{}_0", g.stable_hash().short()));
+    let b = body(&k.source);
+    // target is read first, as one float4; the branch on valid comes next; pred is read inside.
+    let target_load = b.find("reinterpret_cast<const float4*>(in1)[i]").expect("target float4 load");
+    let branch = b.find("if (v").expect("predicate branch");
+    let pred_load = b.find("reinterpret_cast<const float4*>(in0)[i]").expect("pred float4 load");
+    assert!(target_load < branch && branch < pred_load, "pred must be loaded inside the branch:\n{b}");
+    assert_eq!(b.matches("in0").count(), 1, "pred is loaded exactly once");
+    assert_eq!(b.matches("if (").count(), 1, "sum and count share one branch");
+    // Both the masked sum and the count accumulate inside that branch.
+    let inside = &b[branch..];
+    assert!(inside.contains("acc0 +=") && inside.contains("acc1 += 1.0;"));
+    // Buffers: 2 inputs, 1 output, partials (2 slots) and a counter.
+    let kinds: Vec<BufferKind> = p.buffers.iter().map(|b| b.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            BufferKind::Input(InputId(0)),
+            BufferKind::Input(InputId(1)),
+            BufferKind::Output(0),
+            BufferKind::Partials { kernel: 0, slots_per_block: 2 },
+            BufferKind::Counter { kernel: 0 },
+        ]
+    );
+    assert_eq!(p.buffers[3].elem, ElemType::F64);
+    assert_eq!(p.buffers[4].elem, ElemType::U32);
+    assert_eq!(p.buffers[0].elems, SizeExpr { constant: 4, symbols: vec![SymId(0), SymId(1)] });
+    assert_eq!(
+        k.params,
+        vec![Param::Buffer(0), Param::Buffer(1), Param::Buffer(2), Param::Buffer(3), Param::Buffer(4), Param::Size(SymId(0)), Param::Size(SymId(1))]
+    );
+    let GridSpec::Work { work, per_block, max_blocks_per_sm } = &k.grid;
+    assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0), SymId(1)] });
+    assert_eq!((*per_block, *max_blocks_per_sm), (256, 8));
+    // The grid formula: B=16384, N=256 on 132 SMs caps at 8 blocks per SM; B=N=1 still runs one.
+    assert_eq!(k.grid.blocks(&[16384, 256], 132), Some(1056));
+    assert_eq!(k.grid.blocks(&[1024, 256], 132), Some(1024));
+    assert_eq!(k.grid.blocks(&[0, 256], 132), Some(1));
+    assert_eq!(p.buffers[3].elem_count(&[1024, 256], 1024), Some(2048));
+    // The ticket is reset by the last block.
+    assert!(k.source.contains("*counter = 0u;"));
+    assert!(k.source.contains("atomicAdd(counter, 1u)"));
+    assert!(!k.source.contains("#include"));
+}
+
+#[test]
+fn half_precision_inputs_use_8_byte_vectors_and_ptx_conversions() {
+    for (dtype, conv) in [(DType::F16, "kf_f16_to_f32"), (DType::BF16, "kf_bf16_to_f32")] {
+        let g = common::giou(dtype, dtype).expect("graph");
+        let p = plan(&g, &opts()).expect("plan");
+        let src = &p.kernels[0].source;
+        assert!(src.contains("const unsigned short* __restrict__ in0"));
+        assert!(src.contains("reinterpret_cast<const uint2*>(in1)[i]"));
+        assert!(src.contains(conv));
+        let b = body(src);
+        assert!(b.find("if (v").expect("branch") < b.find("(in0)").expect("pred load"));
+        assert!(!src.contains("#include") && !src.contains("__half"));
+    }
+}
+
+#[test]
+fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
+    let g = common::softmax_xent().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let src = &p.kernels[0].source;
+    assert_eq!(src.matches("for (long long j").count(), 3, "max, sum-exp and the picked logit each loop over the row");
+    // The row max is computed before the exp-sum loop that uses it.
+    assert!(src.find("kf_max_f64(a").expect("max loop") < src.find("expf(").expect("exp"));
+    // The label is loaded once per row, outside the loops.
+    assert_eq!(src.matches("in1[").count(), 1);
+}
+
+#[test]
+fn reduction_feeding_elementwise_splits_into_two_kernels_through_a_temp() {
+    let g = common::normalize().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 2);
+    let temp = p.buffers.iter().position(|b| b.kind == BufferKind::Temp).expect("temp");
+    assert_eq!(p.buffers[temp].elem, ElemType::Tensor(DType::F32));
+    assert!(p.kernels[0].params.contains(&Param::Buffer(temp)));
+    assert!(p.kernels[1].params.contains(&Param::Buffer(temp)));
+    assert!(p.kernels[0].source.contains("tmp0[0] = "));
+    assert!(p.kernels[1].source.contains("const float* __restrict__ tmp0"));
+    // The second kernel has no reduction, hence no partials or counter.
+    assert!(!p.kernels[1].source.contains("partials"));
+    assert_eq!(p.kernels[1].name, format!("kf_{}_1", g.stable_hash().short()));
+}
+
+#[test]
+fn elementwise_outputs_fuse_and_store_vectors() {
+    let g = common::elementwise().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let src = &p.kernels[0].source;
+    assert!(src.contains("reinterpret_cast<float4*>(out1)[i] = make_float4("));
+    assert!(src.contains("out0[i] = kf_f32_to_f16("));
+    assert!(src.contains("i % sz1"), "the broadcast bias needs the N coordinate");
+    assert!(!src.contains("atomicAdd"));
+}
+
+#[test]
+fn masked_tensor_output_shares_the_count_branch() {
+    let g = common::masked_delta().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    let b = body(&p.kernels[0].source);
+    assert_eq!(b.matches("if (").count(), 1, "{b}");
+    assert!(b.contains("} else {"));
+    assert!(b.find("if (").expect("branch") < b.find("(in0)").expect("pred load"));
+}
+
+#[test]
+fn odd_component_counts_fall_back_to_scalar_access() {
+    let mut b = GraphBuilder::new();
+    let n = b.symbol("N");
+    let x = b.input("x", DType::F32, Shape(vec![Dim::Sym(n), Dim::Const(3)])).expect("input");
+    let two = b.lit_float(2.0);
+    let y = b.binary(BinaryOp::Mul, x, two).expect("mul");
+    b.output("y", y).expect("output");
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::All, x, None).expect("sum");
+    b.output("s", s).expect("output");
+    let g = b.finish().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let src = &p.kernels[0].source;
+    assert!(src.contains("in0[i * 3 + 2]") && src.contains("out0[i * 3 + 2] = "), "{src}");
+}
+
+#[test]
+fn constant_only_outputs_get_a_one_element_kernel() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, Shape::scalar()).expect("input");
+    let y = b.unary(UnaryOp::Exp, x).expect("exp");
+    b.output("y", y).expect("output");
+    let g = b.finish().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    assert!(p.kernels[0].source.contains("if (blockIdx.x == 0 && threadIdx.x == 0)"));
+    assert!(p.kernels[0].source.contains("out0[0] = "));
+}
+
+#[test]
+fn errors_are_values_that_say_what_is_wrong() {
+    let g = common::giou(DType::F32, DType::F32).expect("graph");
+    assert_eq!(plan(&g, &CodegenOptions { block_size: 100 }), Err(CodegenError::BadBlockSize { block_size: 100 }));
+    assert_eq!(plan(&g, &CodegenOptions { block_size: 2048 }), Err(CodegenError::BadBlockSize { block_size: 2048 }));
+    let empty = GraphBuilder::new().finish().expect("graph");
+    assert_eq!(plan(&empty, &opts()), Err(CodegenError::NoOutputs));
+    // A device function of a tensor graph names the offending input.
+    match emit_device_function(&g, "f") {
+        Err(CodegenError::DeviceFunctionInput { name, .. }) => assert_eq!(name, "pred"),
+        other => panic!("expected DeviceFunctionInput, got {other:?}"),
+    }
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, Shape::scalar()).expect("input");
+    b.output("y", x).expect("output");
+    let g = b.finish().expect("graph");
+    assert!(matches!(emit_device_function(&g, "2bad"), Err(CodegenError::BadFunctionName { .. })));
+    let msg = CodegenError::BadBlockSize { block_size: 100 }.to_string();
+    assert!(msg.contains("multiple of 32"), "{msg}");
+}
+
+#[test]
+fn device_function_is_a_header_free_float_function() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::F32, Shape::scalar()).expect("input");
+    let s = b.unary(UnaryOp::Sigmoid, x).expect("sigmoid");
+    let y = b.binary(BinaryOp::Mul, x, s).expect("mul");
+    b.output("silu", y).expect("output");
+    let g = b.finish().expect("graph");
+    let src = emit_device_function(&g, "act_silu").expect("device fn");
+    expect_test::expect![[r#"
+        // kfuse device function for graph e0ebfac400a7e7b86c3353db97dbc0a0b62965055ec25abd90a7da1a33081b93: output silu
+        __device__ __forceinline__ float act_silu(float in0 /* x */) {
+            const float v0 = 1.0f / (1.0f + expf(-in0)); // n1
+            const float v1 = in0 * v0; // n2
+            return v1;
+        }
+    "#]]
+    .assert_eq(&src);
+}
