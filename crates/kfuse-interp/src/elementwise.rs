@@ -75,38 +75,33 @@ pub(crate) fn cast_value(v: f64, from: Kind, to: Kind) -> f64 {
     }
 }
 
-/// Applies `f` to every element of a tensor of `shape` given as a broadcast view.
-pub(crate) fn map1(len: usize, a: &BroadcastView, f: impl Fn(f64) -> f64 + Sync) -> Vec<f64> {
-    let mut out = vec![0.0; len];
+/// Writes `f` of every element of a broadcast view into `out` (every element is overwritten).
+pub(crate) fn map1(out: &mut [f64], a: &BroadcastView, f: impl Fn(f64) -> f64 + Sync) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
         let a = a.chunk(c * CHUNK, dst.len());
         for (d, &x) in dst.iter_mut().zip(a.iter()) {
             *d = f(x);
         }
     });
-    out
 }
 
-fn map2(len: usize, a: &BroadcastView, b: &BroadcastView, f: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
-    let mut out = vec![0.0; len];
+fn map2(out: &mut [f64], a: &BroadcastView, b: &BroadcastView, f: impl Fn(f64, f64) -> f64 + Sync) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
         let (a, b) = (a.chunk(c * CHUNK, dst.len()), b.chunk(c * CHUNK, dst.len()));
         for ((d, &x), &y) in dst.iter_mut().zip(a.iter()).zip(b.iter()) {
             *d = f(x, y);
         }
     });
-    out
 }
 
-/// Applies `f` to three broadcast operands.
+/// Writes `f` of three broadcast operands into `out` (every element is overwritten).
 pub(crate) fn map3(
-    len: usize,
+    out: &mut [f64],
     a: &BroadcastView,
     b: &BroadcastView,
     c: &BroadcastView,
     f: impl Fn(f64, f64, f64) -> f64 + Sync,
-) -> Vec<f64> {
-    let mut out = vec![0.0; len];
+) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, dst)| {
         let start = i * CHUNK;
         let (a, b, c) = (a.chunk(start, dst.len()), b.chunk(start, dst.len()), c.chunk(start, dst.len()));
@@ -114,79 +109,81 @@ pub(crate) fn map3(
             *d = f(x, y, z);
         }
     });
-    out
 }
 
-/// A unary op over a whole tensor of compute kind `kind`.
-pub(crate) fn unary(node: u32, op: UnaryOp, dtype: DType, len: usize, x: &BroadcastView) -> Result<Vec<f64>, InterpError> {
+/// A unary op on operands of `dtype`, written into `out`.
+pub(crate) fn unary(node: u32, op: UnaryOp, dtype: DType, out: &mut [f64], x: &BroadcastView) -> Result<(), InterpError> {
     let unsupported = || InterpError::Unsupported { node, op: op.name(), dtype };
-    Ok(match (dtype.kind(), op) {
-        (Kind::Bool, UnaryOp::Not) => map1(len, x, |v| if v != 0.0 { 0.0 } else { 1.0 }),
+    match (dtype.kind(), op) {
+        (Kind::Bool, UnaryOp::Not) => map1(out, x, |v| if v != 0.0 { 0.0 } else { 1.0 }),
         (Kind::Bool, _) | (_, UnaryOp::Not) => return Err(unsupported()),
-        (Kind::Int, UnaryOp::Neg) => map1(len, x, |v| wrap_i32(-(v as i64))),
-        (Kind::Int, UnaryOp::Abs) => map1(len, x, |v| wrap_i32((v as i64).abs())),
+        (Kind::Int, UnaryOp::Neg) => map1(out, x, |v| wrap_i32(-(v as i64))),
+        (Kind::Int, UnaryOp::Abs) => map1(out, x, |v| wrap_i32((v as i64).abs())),
         (Kind::Int, _) => return Err(unsupported()),
         (Kind::Float, op) => match op {
-            UnaryOp::Neg => map1(len, x, |v| -v),
-            UnaryOp::Abs => map1(len, x, f64::abs),
-            UnaryOp::Exp => map1(len, x, f64::exp),
-            UnaryOp::Log => map1(len, x, f64::ln),
-            UnaryOp::Sqrt => map1(len, x, f64::sqrt),
-            UnaryOp::Rsqrt => map1(len, x, |v| 1.0 / v.sqrt()),
-            UnaryOp::Sigmoid => map1(len, x, sigmoid),
-            UnaryOp::Tanh => map1(len, x, f64::tanh),
-            UnaryOp::Erf => map1(len, x, libm::erf),
-            UnaryOp::Sin => map1(len, x, f64::sin),
-            UnaryOp::Cos => map1(len, x, f64::cos),
-            UnaryOp::Floor => map1(len, x, f64::floor),
+            UnaryOp::Neg => map1(out, x, |v| -v),
+            UnaryOp::Abs => map1(out, x, f64::abs),
+            UnaryOp::Exp => map1(out, x, f64::exp),
+            UnaryOp::Log => map1(out, x, f64::ln),
+            UnaryOp::Sqrt => map1(out, x, f64::sqrt),
+            UnaryOp::Rsqrt => map1(out, x, |v| 1.0 / v.sqrt()),
+            UnaryOp::Sigmoid => map1(out, x, sigmoid),
+            UnaryOp::Tanh => map1(out, x, f64::tanh),
+            UnaryOp::Erf => map1(out, x, libm::erf),
+            UnaryOp::Sin => map1(out, x, f64::sin),
+            UnaryOp::Cos => map1(out, x, f64::cos),
+            UnaryOp::Floor => map1(out, x, f64::floor),
             UnaryOp::Not => return Err(unsupported()),
         },
-    })
+    }
+    Ok(())
 }
 
-/// A binary op over two broadcast operands of compute kind `kind` (they share it).
+/// A binary op on two broadcast operands of `operand_dtype`'s kind (they share it), written into
+/// `out`.
 pub(crate) fn binary(
     node: u32,
     op: BinaryOp,
     operand_dtype: DType,
-    len: usize,
+    out: &mut [f64],
     a: &BroadcastView,
     b: &BroadcastView,
-) -> Result<Vec<f64>, InterpError> {
+) -> Result<(), InterpError> {
     let unsupported = || InterpError::Unsupported { node, op: op.name(), dtype: operand_dtype };
     let b2 = |x: bool| if x { 1.0 } else { 0.0 };
     // Comparisons mean the same for every kind: ints and bools are exact in f64.
-    let compare = match op {
-        BinaryOp::Eq => Some(map2(len, a, b, |x, y| b2(x == y))),
-        BinaryOp::Ne => Some(map2(len, a, b, |x, y| b2(x != y))),
-        BinaryOp::Lt => Some(map2(len, a, b, |x, y| b2(x < y))),
-        BinaryOp::Le => Some(map2(len, a, b, |x, y| b2(x <= y))),
-        BinaryOp::Gt => Some(map2(len, a, b, |x, y| b2(x > y))),
-        BinaryOp::Ge => Some(map2(len, a, b, |x, y| b2(x >= y))),
-        _ => None,
-    };
-    if let Some(values) = compare {
-        return Ok(values);
+    match op {
+        BinaryOp::Eq => map2(out, a, b, |x, y| b2(x == y)),
+        BinaryOp::Ne => map2(out, a, b, |x, y| b2(x != y)),
+        BinaryOp::Lt => map2(out, a, b, |x, y| b2(x < y)),
+        BinaryOp::Le => map2(out, a, b, |x, y| b2(x <= y)),
+        BinaryOp::Gt => map2(out, a, b, |x, y| b2(x > y)),
+        BinaryOp::Ge => map2(out, a, b, |x, y| b2(x >= y)),
+        _ => {}
     }
-    Ok(match (operand_dtype.kind(), op) {
-        (Kind::Bool, BinaryOp::And) => map2(len, a, b, |x, y| b2(x != 0.0 && y != 0.0)),
-        (Kind::Bool, BinaryOp::Or) => map2(len, a, b, |x, y| b2(x != 0.0 || y != 0.0)),
+    if op.is_comparison() {
+        return Ok(());
+    }
+    match (operand_dtype.kind(), op) {
+        (Kind::Bool, BinaryOp::And) => map2(out, a, b, |x, y| b2(x != 0.0 && y != 0.0)),
+        (Kind::Bool, BinaryOp::Or) => map2(out, a, b, |x, y| b2(x != 0.0 || y != 0.0)),
         (Kind::Bool, _) | (_, BinaryOp::And | BinaryOp::Or) => return Err(unsupported()),
-        (Kind::Int, BinaryOp::Add) => map2(len, a, b, |x, y| wrap_i32(x as i64 + y as i64)),
-        (Kind::Int, BinaryOp::Sub) => map2(len, a, b, |x, y| wrap_i32(x as i64 - y as i64)),
-        (Kind::Int, BinaryOp::Mul) => map2(len, a, b, |x, y| wrap_i32(x as i64 * y as i64)),
-        (Kind::Int, BinaryOp::Min) => map2(len, a, b, f64::min),
-        (Kind::Int, BinaryOp::Max) => map2(len, a, b, f64::max),
+        (Kind::Int, BinaryOp::Add) => map2(out, a, b, |x, y| wrap_i32(x as i64 + y as i64)),
+        (Kind::Int, BinaryOp::Sub) => map2(out, a, b, |x, y| wrap_i32(x as i64 - y as i64)),
+        (Kind::Int, BinaryOp::Mul) => map2(out, a, b, |x, y| wrap_i32(x as i64 * y as i64)),
+        (Kind::Int, BinaryOp::Min) => map2(out, a, b, f64::min),
+        (Kind::Int, BinaryOp::Max) => map2(out, a, b, f64::max),
         (Kind::Int, _) => return Err(unsupported()),
-        (Kind::Float, BinaryOp::Add) => map2(len, a, b, |x, y| x + y),
-        (Kind::Float, BinaryOp::Sub) => map2(len, a, b, |x, y| x - y),
-        (Kind::Float, BinaryOp::Mul) => map2(len, a, b, |x, y| x * y),
-        (Kind::Float, BinaryOp::Div) => map2(len, a, b, |x, y| x / y),
-        (Kind::Float, BinaryOp::Pow) => map2(len, a, b, f64::powf),
-        (Kind::Float, BinaryOp::Min) => map2(len, a, b, min_nan),
-        (Kind::Float, BinaryOp::Max) => map2(len, a, b, max_nan),
+        (Kind::Float, BinaryOp::Add) => map2(out, a, b, |x, y| x + y),
+        (Kind::Float, BinaryOp::Sub) => map2(out, a, b, |x, y| x - y),
+        (Kind::Float, BinaryOp::Mul) => map2(out, a, b, |x, y| x * y),
+        (Kind::Float, BinaryOp::Div) => map2(out, a, b, |x, y| x / y),
+        (Kind::Float, BinaryOp::Pow) => map2(out, a, b, f64::powf),
+        (Kind::Float, BinaryOp::Min) => map2(out, a, b, min_nan),
+        (Kind::Float, BinaryOp::Max) => map2(out, a, b, max_nan),
         (Kind::Float, _) => return Err(unsupported()),
-    })
+    }
+    Ok(())
 }
 
 #[cfg(test)]

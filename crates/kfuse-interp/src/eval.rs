@@ -1,15 +1,20 @@
 //! The evaluation loop: walks the live nodes in order, computes each one over whole tensors, and
 //! drops every intermediate after its last use.
 //!
-//! Inputs arrive already bound and converted to f64 (see `lib.rs`). Values are shared through
-//! `Arc`, so inputs, `x[.., None]` and same-kind casts cost no copy.
+//! Inputs arrive already bound (see `lib.rs`), either as f64 values or as host tensors that are
+//! converted to f64 on first use, except that an input read only through component accesses
+//! (`box[.., 0]`) is never converted as a whole. Values are shared through `Arc`, so inputs,
+//! `x[.., None]` and same-kind casts cost no copy.
 
 use std::sync::Arc;
 
-use kfuse_ir::{Graph, Kind, Literal, NodeId, Op, ReduceAxis, SymbolBindings, TernaryOp};
+use rayon::prelude::*;
+
+use kfuse_ir::{Graph, HostTensor, Kind, Literal, NodeId, Op, ReduceAxis, SymbolBindings, TensorData, TernaryOp};
 
 use crate::broadcast::BroadcastView;
 use crate::elementwise::{self, cast_value, map1, map3, max_nan, min_nan, wrap_i32};
+use crate::pool::BufferPool;
 use crate::{layout, reduce, Evaluated, InterpError};
 
 /// A computed tensor: its resolved shape and its values (see `elementwise` for the encoding).
@@ -27,9 +32,42 @@ pub(crate) fn element_count(what: impl FnOnce() -> String, shape: &[usize]) -> R
         .ok_or_else(|| InterpError::SizeOverflow { what: what(), shape: shape.to_vec() })
 }
 
+/// An input's values as given to the evaluator.
+pub(crate) enum InputValues<'a> {
+    /// A caller's tensor, converted to f64 when first needed.
+    Host(&'a HostTensor),
+    /// Values already in f64.
+    F64(Value),
+}
+
+/// Every element as f64, in parallel (exact for every dtype).
+pub(crate) fn tensor_to_f64(data: &TensorData) -> Vec<f64> {
+    match data {
+        TensorData::F32(v) => v.par_iter().map(|&x| x as f64).collect(),
+        TensorData::F16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
+        TensorData::BF16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
+        TensorData::I32(v) => v.par_iter().map(|&x| x as f64).collect(),
+        TensorData::Bool(v) => v.par_iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
+    }
+}
+
 /// Evaluates the graph's outputs, in `graph.outputs` order. `inputs[i]` holds input `i`'s values.
-pub(crate) fn evaluate_bound(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value]) -> Result<Vec<Evaluated>, InterpError> {
+pub(crate) fn evaluate_bound(graph: &Graph, bindings: &SymbolBindings, inputs: &[InputValues]) -> Result<Vec<Evaluated>, InterpError> {
     let live = graph.live_nodes();
+    // Nodes whose every live use is a component access `x[.., i]` (and that are no output).
+    let mut only_components = vec![true; graph.nodes.len()];
+    for (j, node) in graph.nodes.iter().enumerate() {
+        if live[j] {
+            node.op.for_each_operand(&graph.lists, |x| {
+                if !matches!(node.op, Op::Component { x: cx, .. } if cx == x) {
+                    only_components[x.index()] = false;
+                }
+            });
+        }
+    }
+    for o in &graph.outputs {
+        only_components[o.node.index()] = false;
+    }
     // Remaining uses of each node by live nodes; outputs are pinned with one extra use.
     let mut remaining = vec![0u32; graph.nodes.len()];
     for (i, node) in graph.nodes.iter().enumerate() {
@@ -41,16 +79,27 @@ pub(crate) fn evaluate_bound(graph: &Graph, bindings: &SymbolBindings, inputs: &
         remaining[o.node.index()] += 1;
     }
     let mut env: Vec<Option<Value>> = vec![None; graph.nodes.len()];
+    let mut pool = BufferPool::default();
     for i in 0..graph.nodes.len() {
         if !live[i] {
             continue;
         }
-        let value = eval_node(graph, bindings, inputs, &env, i)?;
+        let value = if only_components[i] && matches!(graph.nodes[i].op, Op::Input(_)) {
+            // Its users read the caller's tensor directly; only the shape is needed here.
+            Value { shape: bindings.resolve(graph, &graph.nodes[i].shape), values: Arc::new(Vec::new()) }
+        } else {
+            eval_node(graph, bindings, inputs, &env, &mut pool, i)?
+        };
         env[i] = Some(value);
         graph.nodes[i].op.for_each_operand(&graph.lists, |x| {
             remaining[x.index()] -= 1;
             if remaining[x.index()] == 0 {
-                env[x.index()] = None;
+                // The last holder of shared values gets the buffer back for reuse.
+                if let Some(dead) = env[x.index()].take() {
+                    if let Ok(buffer) = Arc::try_unwrap(dead.values) {
+                        pool.give(buffer);
+                    }
+                }
             }
         });
     }
@@ -70,7 +119,14 @@ fn missing(node: NodeId) -> InterpError {
 }
 
 /// Computes node `i` from its (already computed) operands.
-fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[Option<Value>], i: usize) -> Result<Value, InterpError> {
+fn eval_node(
+    graph: &Graph,
+    bindings: &SymbolBindings,
+    inputs: &[InputValues],
+    env: &[Option<Value>],
+    pool: &mut BufferPool,
+    i: usize,
+) -> Result<Value, InterpError> {
     let node = &graph.nodes[i];
     let id = i as u32;
     let shape = bindings.resolve(graph, &node.shape);
@@ -82,13 +138,17 @@ fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[
         BroadcastView::new(id, &v.values, &v.shape, target)
     };
     let fresh = |values: Vec<f64>| Value { shape: shape.clone(), values: Arc::new(values) };
+    let out = |pool: &mut BufferPool| pool.take(len);
     let value = match node.op {
         Op::Input(input) => {
-            let v = inputs.get(input.0 as usize).ok_or_else(|| missing(NodeId(id)))?;
+            let v = match inputs.get(input.0 as usize).ok_or_else(|| missing(NodeId(id)))? {
+                InputValues::F64(v) => v.clone(),
+                InputValues::Host(t) => Value { shape: t.shape.clone(), values: Arc::new(tensor_to_f64(&t.data)) },
+            };
             if v.shape != shape {
                 return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
             }
-            v.clone()
+            v
         }
         Op::Const(lit) => {
             let v = match (lit, kind) {
@@ -104,7 +164,9 @@ fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[
             if axis >= shape.len() {
                 return Err(InterpError::Graph(kfuse_ir::IrError::Malformed(format!("v{i}: iota axis {axis} out of range"))));
             }
-            fresh(layout::iota(&shape, axis))
+            let mut o = out(pool);
+            layout::iota(&mut o, &shape, axis);
+            fresh(o)
         }
         Op::Cast(x) => {
             let from = graph.node(x).dtype.kind();
@@ -113,19 +175,32 @@ fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[
                 // The value is unchanged: share it.
                 Value { shape: v.shape.clone(), values: Arc::clone(&v.values) }
             } else {
-                fresh(map1(len, &view(x, &shape)?, |e| cast_value(e, from, kind)))
+                let x = view(x, &shape)?;
+                let mut o = out(pool);
+                map1(&mut o, &x, |e| cast_value(e, from, kind));
+                fresh(o)
             }
         }
-        Op::Unary(op, x) => fresh(elementwise::unary(id, op, graph.node(x).dtype, len, &view(x, &shape)?)?),
+        Op::Unary(op, x) => {
+            let x = view(x, &shape)?;
+            let mut o = out(pool);
+            elementwise::unary(id, op, node.dtype, &mut o, &x)?;
+            fresh(o)
+        }
         Op::Binary(op, a, b) => {
-            fresh(elementwise::binary(id, op, graph.node(a).dtype, len, &view(a, &shape)?, &view(b, &shape)?)?)
+            let (va, vb) = (view(a, &shape)?, view(b, &shape)?);
+            let mut o = out(pool);
+            elementwise::binary(id, op, graph.node(a).dtype, &mut o, &va, &vb)?;
+            fresh(o)
         }
         Op::Ternary(op, a, b, c) => {
             let (va, vb, vc) = (view(a, &shape)?, view(b, &shape)?, view(c, &shape)?);
-            fresh(match op {
-                TernaryOp::Select => map3(len, &va, &vb, &vc, |c, x, y| if c != 0.0 { x } else { y }),
-                TernaryOp::Clamp => map3(len, &va, &vb, &vc, |x, lo, hi| min_nan(max_nan(x, lo), hi)),
-            })
+            let mut o = out(pool);
+            match op {
+                TernaryOp::Select => map3(&mut o, &va, &vb, &vc, |c, x, y| if c != 0.0 { x } else { y }),
+                TernaryOp::Clamp => map3(&mut o, &va, &vb, &vc, |x, lo, hi| min_nan(max_nan(x, lo), hi)),
+            }
+            fresh(o)
         }
         Op::Component { x, index } => {
             let v = operand(x)?;
@@ -133,7 +208,20 @@ fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[
             if index as usize >= size || v.shape[..v.shape.len() - 1] != shape[..] {
                 return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
             }
-            fresh(layout::component(&v.values, size, index as usize, len))
+            let mut o = out(pool);
+            let host = match graph.node(x).op {
+                Op::Input(input) => match inputs.get(input.0 as usize) {
+                    Some(InputValues::Host(t)) if v.values.len() != t.len() => Some(*t),
+                    _ => None,
+                },
+                _ => None,
+            };
+            match host {
+                // The input was left unconverted (see `evaluate_bound`).
+                Some(t) => layout::component_of_host(&mut o, &t.data, size, index as usize),
+                None => layout::component(&mut o, &v.values, size, index as usize),
+            }
+            fresh(o)
         }
         Op::Stack(list) => {
             let parts = graph.lists.get(list.0 as usize).ok_or_else(|| missing(NodeId(id)))?;
@@ -142,7 +230,9 @@ fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[
                 return Err(InterpError::Broadcast { node: id, operand: inner.to_vec(), target: shape.clone() });
             }
             let views = parts.iter().map(|&p| view(p, inner)).collect::<Result<Vec<_>, _>>()?;
-            fresh(layout::stack(&views, len / parts.len().max(1)))
+            let mut o = out(pool);
+            layout::stack(&mut o, &views);
+            fresh(o)
         }
         Op::ExpandLast(x) => {
             let v = operand(x)?;
@@ -159,7 +249,9 @@ fn eval_node(graph: &Graph, bindings: &SymbolBindings, inputs: &[Value], env: &[
                     if xv.shape.is_empty() || xv.shape[..xv.shape.len() - 1] != shape[..] {
                         return Err(InterpError::Broadcast { node: id, operand: xv.shape.clone(), target: shape });
                     }
-                    fresh(reduce::reduce_last(op, x_kind, &xv.values, len, row_len, mask_view.as_ref()))
+                    let mut o = out(pool);
+                    reduce::reduce_last(&mut o, op, x_kind, &xv.values, row_len, mask_view.as_ref());
+                    fresh(o)
                 }
             }
         }

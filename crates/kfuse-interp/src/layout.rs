@@ -1,44 +1,55 @@
 //! Layout ops: `iota`, component access `x[.., i]` and `stack` along a new last axis.
 //! (`x[.., None]` needs no work: the values are shared unchanged.) Does not handle arithmetic.
 
+use kfuse_ir::TensorData;
 use rayon::prelude::*;
 
 use crate::broadcast::BroadcastView;
 use crate::elementwise::CHUNK;
 
-/// The index along `axis` of every element of a tensor of `shape` (`axis < shape.len()`).
-pub(crate) fn iota(shape: &[usize], axis: usize) -> Vec<f64> {
-    let len: usize = shape.iter().product();
+/// Writes the index along `axis` of every element of a tensor of `shape` (`axis < shape.len()`).
+pub(crate) fn iota(out: &mut [f64], shape: &[usize], axis: usize) {
     let inner: usize = shape[axis + 1..].iter().product();
     let size = shape[axis];
-    let mut out = vec![0.0; len];
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
         for (j, d) in dst.iter_mut().enumerate() {
             *d = ((c * CHUNK + j) / inner % size) as f64;
         }
     });
-    out
 }
 
-/// `x[.., index]` of a dense `x` whose last axis has `size` elements; `len` results.
-pub(crate) fn component(x: &[f64], size: usize, index: usize, len: usize) -> Vec<f64> {
-    let mut out = vec![0.0; len];
+/// Writes `x[.., index]` of a dense `x` whose last axis has `size` elements.
+pub(crate) fn component(out: &mut [f64], x: &[f64], size: usize, index: usize) {
+    component_of(out, x, size, index, |v| v);
+}
+
+/// `x[.., index]` read straight from an input tensor's storage, so that a large input used only
+/// through its components is never converted to f64 as a whole.
+pub(crate) fn component_of_host(out: &mut [f64], x: &TensorData, size: usize, index: usize) {
+    match x {
+        TensorData::F32(v) => component_of(out, v, size, index, f64::from),
+        TensorData::F16(v) => component_of(out, v, size, index, |h| h.to_f64()),
+        TensorData::BF16(v) => component_of(out, v, size, index, |h| h.to_f64()),
+        TensorData::I32(v) => component_of(out, v, size, index, f64::from),
+        TensorData::Bool(v) => component_of(out, v, size, index, |b| if b { 1.0 } else { 0.0 }),
+    }
+}
+
+fn component_of<T: Copy + Sync>(out: &mut [f64], x: &[T], size: usize, index: usize, to_f64: impl Fn(T) -> f64 + Sync) {
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
         let base = c * CHUNK;
         for (j, d) in dst.iter_mut().enumerate() {
-            *d = x[(base + j) * size + index];
+            *d = to_f64(x[(base + j) * size + index]);
         }
     });
-    out
 }
 
-/// Stacks `parts` (each viewed at the stack's shape without its last axis, `inner_len` elements)
-/// along a new last axis.
-pub(crate) fn stack(parts: &[BroadcastView], inner_len: usize) -> Vec<f64> {
+/// Writes `parts` (each viewed at the stack's shape without its last axis) stacked along a new
+/// last axis; `out` has `parts.len()` elements per inner element.
+pub(crate) fn stack(out: &mut [f64], parts: &[BroadcastView]) {
     let k = parts.len();
-    let mut out = vec![0.0; inner_len * k];
     if k == 0 {
-        return out;
+        return;
     }
     out.par_chunks_mut(CHUNK * k).enumerate().for_each(|(c, dst)| {
         let (start, n) = (c * CHUNK, dst.len() / k);
@@ -49,5 +60,4 @@ pub(crate) fn stack(parts: &[BroadcastView], inner_len: usize) -> Vec<f64> {
             }
         }
     });
-    out
 }

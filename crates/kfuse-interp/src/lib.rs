@@ -25,6 +25,7 @@ mod elementwise;
 mod error;
 mod eval;
 mod layout;
+mod pool;
 mod reduce;
 
 use std::collections::HashSet;
@@ -32,10 +33,10 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use kfuse_ir::{verify, DType, Graph, HostTensor, Kind, Op, SymbolBindings, TensorData};
+use kfuse_ir::{verify, DType, Graph, HostTensor, Kind, Op, SymbolBindings};
 
 pub use error::InterpError;
-use eval::{element_count, evaluate_bound, Value};
+use eval::{element_count, evaluate_bound, InputValues, Value};
 
 /// One output of a graph as computed: unrounded f64 values (ints exact, bools 0/1), row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,9 +63,10 @@ pub fn evaluate(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Eva
         .iter()
         .map(|decl| {
             // `bind` has checked that every declared input is present.
-            let t = inputs.iter().find(|(n, _)| *n == decl.name).map(|(_, t)| *t);
-            let values = t.map(|t| tensor_to_f64(&t.data)).unwrap_or_default();
-            Value { shape: t.map(|t| t.shape.clone()).unwrap_or_default(), values: Arc::new(values) }
+            match inputs.iter().find(|(n, _)| *n == decl.name) {
+                Some((_, t)) => InputValues::Host(t),
+                None => InputValues::F64(Value { shape: Vec::new(), values: Arc::new(Vec::new()) }),
+            }
         })
         .collect::<Vec<_>>();
     evaluate_bound(graph, &bindings, &values)
@@ -115,7 +117,7 @@ pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> R
             let values: Vec<f64> = given
                 .map(|(_, _, v)| v.par_iter().map(|&x| elementwise::cast_value(x, Kind::Float, kind)).collect())
                 .unwrap_or_default();
-            Value { shape: given.map(|(_, s, _)| s.clone()).unwrap_or_default(), values: Arc::new(values) }
+            InputValues::F64(Value { shape: given.map(|(_, s, _)| s.clone()).unwrap_or_default(), values: Arc::new(values) })
         })
         .collect::<Vec<_>>();
     evaluate_bound(graph, &bindings, &values)
@@ -150,15 +152,4 @@ fn check_length(name: &str, shape: &[usize], got: usize) -> Result<(), InterpErr
         return Err(InterpError::DataLength { name: name.to_string(), shape: shape.to_vec(), expected, got });
     }
     Ok(())
-}
-
-/// Every element as f64, in parallel (exact for every dtype).
-fn tensor_to_f64(data: &TensorData) -> Vec<f64> {
-    match data {
-        TensorData::F32(v) => v.par_iter().map(|&x| x as f64).collect(),
-        TensorData::F16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
-        TensorData::BF16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
-        TensorData::I32(v) => v.par_iter().map(|&x| x as f64).collect(),
-        TensorData::Bool(v) => v.par_iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
-    }
 }

@@ -131,17 +131,16 @@ pub(crate) fn reduce_all(op: ReduceOp, kind: Kind, x: &[f64], mask: Option<&Broa
     finish(op, kind, combine(&parts))
 }
 
-/// `op` along the last axis (of length `row_len`) of `x`, with `mask` viewed at `x`'s shape;
-/// `rows` results.
+/// Writes `op` along the last axis (of length `row_len`) of `x` into `out` (one element per
+/// row), with `mask` viewed at `x`'s shape.
 pub(crate) fn reduce_last(
+    out: &mut [f64],
     op: ReduceOp,
     kind: Kind,
     x: &[f64],
-    rows: usize,
     row_len: usize,
     mask: Option<&BroadcastView>,
-) -> Vec<f64> {
-    let mut out = vec![0.0; rows];
+) {
     let rows_per_task = (CHUNK / row_len.max(1)).max(1);
     out.par_chunks_mut(rows_per_task).enumerate().for_each(|(c, dst)| {
         for (j, d) in dst.iter_mut().enumerate() {
@@ -166,7 +165,6 @@ pub(crate) fn reduce_last(
             *d = finish(op, kind, combined);
         }
     });
-    out
 }
 
 #[cfg(test)]
