@@ -1,0 +1,111 @@
+//! GPU tier: the fused kernel (and the tiled fallback) against the CPU interpreter path on fresh
+//! random data, outputs poisoned before each run (run_gpu fills them with 0xFF = NaN), for widths
+//! 16, 24, 64, 100, 128, 256, depths 1..8, batches 1, 127, 128, 129 (and 2^21 for one model,
+//! compared on a subsample), f16 and bf16 weights and f32/f16/bf16 I/O. Prints each case's
+//! per-row worst relative error. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
+
+use kfuse_ir::{DType, HostTensor};
+use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, run_gpu, BenchOptions, MlpModel};
+use kfuse_runtime::testing::gpu_or_skip;
+
+/// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (issue 5).
+const TOL_16BIT: f64 = 1e-2;
+
+struct Case {
+    widths: Vec<usize>,
+    act: &'static str,
+    wdtype: DType,
+    io: (DType, DType),
+    bias: bool,
+}
+
+fn check_case(gpu: &kfuse_runtime::Gpu, dir: &std::path::Path, n: usize, case: &Case, rows: &[usize], rng: &mut Rng) {
+    let mut spec = ModelSpec::new(&case.widths, case.act);
+    spec.dtype = case.wdtype;
+    spec.with_bias = case.bias;
+    spec.seed = rng.next_u64();
+    let model = MlpModel::load(write_model(dir, &format!("m{n}"), &spec).expect("write")).expect("load");
+    for &r in rows {
+        let x = random_input(case.io.0, r, model.input_width(), rng);
+        let got = run_gpu(gpu, &model, &x, case.io.1).expect("run_gpu");
+        let want = evaluate_cpu(&model, &x).expect("cpu");
+        let e = compare_rows(&got.to_f64(), &want, model.output_width());
+        println!(
+            "{} io {}->{} rows {r}: rel {:.2e} max abs {:.2e} worst row {:.2e} (row {})",
+            model.summary(), case.io.0, case.io.1, e.rel_err, e.max_abs_err, e.worst_row_rel_err, e.worst_row
+        );
+        assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", model.summary());
+        assert!(e.worst_row_rel_err <= TOL_16BIT, "{} rows {r}: {e:?}", model.summary());
+    }
+}
+
+#[test]
+fn fused_mlp_matches_cpu_interpreter() {
+    let Some(gpu) = gpu_or_skip("fused_mlp_matches_cpu_interpreter") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    use DType::*;
+    let cases = [
+        Case { widths: vec![16, 16], act: "none", wdtype: F16, io: (F16, F16), bias: true },
+        Case { widths: vec![24, 24, 24, 5], act: "relu", wdtype: BF16, io: (BF16, F32), bias: true },
+        Case { widths: vec![64, 64, 64, 64, 64, 16], act: "relu", wdtype: F16, io: (F16, F16), bias: false },
+        Case { widths: vec![100, 100, 100, 100, 3], act: "gelu", wdtype: F16, io: (F32, F32), bias: true },
+        Case { widths: vec![64, 128, 128, 128, 128, 16], act: "relu", wdtype: BF16, io: (BF16, BF16), bias: false },
+        Case { widths: vec![32, 64, 128, 96, 64, 32, 16], act: "silu", wdtype: F16, io: (F16, F16), bias: true },
+        Case { widths: vec![256, 256, 7], act: "tanh", wdtype: F16, io: (F16, F32), bias: true },
+        Case { widths: vec![24, 16, 16, 16, 16, 16, 16, 16, 24], act: "leaky_relu", wdtype: F16, io: (BF16, F16), bias: true },
+        Case { widths: vec![3, 17, 1], act: "x * sigmoid(1.702 * x)", wdtype: BF16, io: (F32, BF16), bias: true },
+        Case { widths: vec![128, 64, 2], act: "softplus", wdtype: F16, io: (F16, F16), bias: true },
+        Case { widths: vec![16, 24, 16], act: "gelu_tanh", wdtype: BF16, io: (F16, F32), bias: false },
+    ];
+    for (n, case) in cases.iter().enumerate() {
+        check_case(&gpu, dir.path(), n, case, &[1, 127, 128, 129, 1023], &mut rng);
+    }
+}
+
+#[test]
+fn tiled_fallback_matches_cpu_interpreter() {
+    let Some(gpu) = gpu_or_skip("tiled_fallback_matches_cpu_interpreter") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    let mut spec = ModelSpec::new(&[40, 256, 256, 256, 7], "silu");
+    spec.seed = rng.next_u64();
+    let model = MlpModel::load(write_model(dir.path(), "wide", &spec).expect("write")).expect("load");
+    let (prepared, _) = prepare(&gpu, &model, DType::F16, DType::F32).expect("prepare");
+    let note = prepared.note().expect("this model must take the tiled path").to_string();
+    println!("{note}");
+    assert!(note.contains("tiled"));
+    check_case(&gpu, dir.path(), 99, &Case { widths: vec![40, 256, 256, 256, 7], act: "silu", wdtype: DType::F16, io: (DType::F16, DType::F32), bias: true }, &[1, 129, 255], &mut rng);
+}
+
+#[test]
+fn large_batch_subsample_and_bench_report() {
+    let Some(gpu) = gpu_or_skip("large_batch_subsample_and_bench_report") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = ModelSpec::new(&[64, 64, 64, 64, 64, 16], "relu");
+    spec.with_bias = false;
+    let model = MlpModel::load(write_model(dir.path(), "big", &spec).expect("write")).expect("load");
+    let (_, seed) = Rng::from_time();
+    let opts = BenchOptions { batch: 1 << 21, iterations: 20, check_rows: 8192, seed, ..BenchOptions::default() };
+    let report = bench_gpu(&gpu, &model, &opts).expect("bench");
+    println!("{}", report.render());
+    assert_eq!(report.check.non_finite, 0);
+    assert!(report.check.worst_row_rel_err <= TOL_16BIT, "{:?}", report.check);
+    // Also the odd batch 2^21 + 1 (a one-row tail tile), subsampled through run_gpu.
+    let mut rng = Rng::new(seed ^ 1);
+    let rows = (1 << 21) + 1;
+    let x = random_input(DType::F16, rows, 64, &mut rng);
+    let got = run_gpu(&gpu, &model, &x, DType::F16).expect("run");
+    let picks: Vec<usize> = (0..2048).map(|i| i * (rows - 1) / 2047).collect();
+    let xs: Vec<f64> = x.to_f64();
+    let sub: Vec<f64> = picks.iter().flat_map(|&r| xs[r * 64..(r + 1) * 64].to_vec()).collect();
+    let want = evaluate_cpu(&model, &HostTensor::from_f64(DType::F16, vec![picks.len(), 64], &sub)).expect("cpu");
+    let g = got.to_f64();
+    let got_sub: Vec<f64> = picks.iter().flat_map(|&r| g[r * 16..(r + 1) * 16].to_vec()).collect();
+    let e = compare_rows(&got_sub, &want, 16);
+    println!("2^21+1 rows, {} sampled: {e:?}", picks.len());
+    assert!(e.worst_row_rel_err <= TOL_16BIT && e.non_finite == 0, "{e:?}");
+}
