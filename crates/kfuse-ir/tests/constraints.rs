@@ -113,7 +113,10 @@ fn good_lengths_bind_including_empty_and_full_rows() {
 
 #[test]
 fn bad_lengths_name_the_input_and_position() {
-    assert_eq!(message(bind_lengths(&[1, 2, 3, 300], 256)), "input `lengths`: lengths[3] = 300 is greater than N = 256");
+    assert_eq!(
+        message(bind_lengths(&[1, 2, 3, 300], 256)),
+        "input `lengths`: lengths[3] = 300 is greater than N = 256"
+    );
     assert_eq!(
         message(bind_lengths(&[-1, 2], 4)),
         "input `lengths`: lengths[0] = -1 is negative (a length counts valid rows, from 0)"

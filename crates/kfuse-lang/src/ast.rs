@@ -19,11 +19,31 @@ pub(crate) enum DimAst {
     Const(u64),
 }
 
+/// Which ragged layout an `i32` input describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LayoutKind {
+    /// `as lengths(N)`: valid rows per batch row, each in `0..=N`.
+    Lengths,
+    /// `as offsets(T)`: segment boundaries of `T` packed rows.
+    Offsets,
+}
+
+/// `as lengths(DIM)` / `as offsets(DIM)` after an input's type.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Layout {
+    pub kind: LayoutKind,
+    pub dim: DimAst,
+    /// The whole `as ...(...)` clause.
+    pub span: Span,
+    /// The dimension inside the parentheses.
+    pub dim_span: Span,
+}
+
 /// One statement (one line, or several when brackets span lines).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Stmt {
-    /// `input NAME: DTYPE[DIMS]`.
-    Input { name: Ident, dtype: DType, dims: Vec<DimAst> },
+    /// `input NAME: DTYPE[DIMS]`, optionally followed by `as lengths(DIM)` or `as offsets(DIM)`.
+    Input { name: Ident, dtype: DType, dims: Vec<DimAst>, layout: Option<Layout> },
     /// `let NAME = EXPR` or `NAME = EXPR`.
     Let { name: Ident, value: Expr },
     /// `output NAME[: DTYPE] = EXPR`, or `output NAME[: DTYPE]` for an existing value.

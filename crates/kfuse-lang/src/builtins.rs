@@ -2,9 +2,10 @@
 //!
 //! `where`, `clamp`, `pow`, elementwise `min`/`max` (two arguments), the one-argument math
 //! functions, reductions `sum mean max min count` (with `where:` and `axis: -1`), the casts
-//! `f32 f16 bf16 i32 bool`, and `grad`. There are no user-defined functions.
+//! `f32 f16 bf16 i32 bool`, `grad`, and the ragged-data helpers `mask(lengths)` and `size(D)`,
+//! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
-use kfuse_ir::{BinaryOp, DType, NodeId, ReduceAxis, ReduceOp, UnaryOp};
+use kfuse_ir::{BinaryOp, Constraint, DType, Dim, NodeId, Op, ReduceAxis, ReduceOp, Shape, UnaryOp};
 
 use crate::ast::{Arg, Expr, ExprKind, Ident};
 use crate::diagnostic::{DiagnosticKind, Report, Span};
@@ -14,7 +15,7 @@ use crate::suggest::closest;
 /// Every built-in function name, for suggestions.
 pub(crate) const FUNCTIONS: &[&str] = &[
     "where", "min", "max", "clamp", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos",
-    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "bool", "grad",
+    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "bool", "grad", "mask", "size",
 ];
 
 fn unary_function(name: &str) -> Option<UnaryOp> {
@@ -41,6 +42,10 @@ struct SplitArgs<'a> {
 impl SplitArgs<'_> {
     fn keyword(&self, name: &str) -> Option<&Expr> {
         self.keywords.iter().find(|(k, _)| k.name == name).map(|(_, v)| *v)
+    }
+    /// The span of `name: value`, keyword included.
+    fn keyword_span(&self, name: &str) -> Option<Span> {
+        self.keywords.iter().find(|(k, _)| k.name == name).map(|(k, v)| k.span.to(v.span))
     }
 }
 
@@ -84,6 +89,8 @@ impl Lowerer<'_> {
             "min" | "max" => self.min_or_max(func, args, span),
             "sum" | "mean" | "count" => self.reduce(func, args, span),
             "grad" => self.grad(func, args, span),
+            "mask" => self.mask(func, args, span),
+            "size" => self.size(func, args, span),
             _ => Err(self.unknown_function(func)),
         }
     }
@@ -123,7 +130,9 @@ impl Lowerer<'_> {
     /// `sum mean max min count` with optional `where:` and `axis:`.
     fn reduce(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
         let n = func.name.as_str();
-        let Some(op) = reduction(n) else { return Err(self.unknown_function(func)) };
+        let Some(op) = reduction(n) else {
+            return Err(self.unknown_function(func));
+        };
         let a = split(func, args, &["where", "axis"])?;
         let [x] = exact(func, &a, span, &format!("{n}(x, where: mask, axis: -1)"))?;
         let xn = self.expr(x)?;
@@ -135,6 +144,8 @@ impl Lowerer<'_> {
             None => ReduceAxis::All,
             Some(ax) => self.axis(n, ax, self.b.node(xn).shape.rank())?,
         };
+        // A mask error points at the whole `where: MASK` argument.
+        let mask = mask.map(|(m, s)| (m, a.keyword_span("where").unwrap_or(s)));
         self.b.reduce(op, axis, xn, mask.map(|m| m.0)).map_err(|e| {
             let at = match (&e, mask) {
                 (kfuse_ir::IrError::MaskShape { .. }, Some((_, s))) => s,
@@ -200,12 +211,88 @@ impl Lowerer<'_> {
             )
             .expected("the name of an `input`, as in grad(loss, pred)")
         };
-        let ExprKind::Name(name) = &wrt.kind else { return Err(not_input("this expression".into())) };
+        let ExprKind::Name(name) = &wrt.kind else {
+            return Err(not_input("this expression".into()));
+        };
         let binding = self.lookup(&Ident { name: name.clone(), span: wrt.span })?;
         if !binding.is_input {
             return Err(not_input(format!("`{name}`")));
         }
         kfuse_passes::grad(&mut self.b, of_node, binding.node).map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `mask(lengths)`: `bool[..., B, N]` with `mask[.., b, n] = n < lengths[.., b]`, for an input
+    /// declared `as lengths(N)`. Lowered as `iota(last axis) < lengths[.., None]`: it depends on
+    /// the lengths only, so the code generator can skip (and not even read) invalid slots.
+    fn mask(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &[])?;
+        let [x] = exact(func, &a, span, "mask(lengths)")?;
+        let xn = self.expr(x)?;
+        let constraint = match self.b.node(xn).op {
+            Op::Input(id) => self.b.graph().constraint_of(id),
+            _ => None,
+        };
+        let what = match &x.kind {
+            ExprKind::Name(n) => format!("`{n}`"),
+            _ => "this expression".into(),
+        };
+        let max = match constraint {
+            Some(Constraint::Lengths { max, .. }) => max,
+            Some(Constraint::Offsets { .. }) => {
+                return Err(Report::new(
+                    DiagnosticKind::Type,
+                    x.span,
+                    format!("`mask` takes lengths, but {what} is declared as offsets (packed rows are all valid and need no mask)"),
+                )
+                .expected("an input declared as lengths, as in `input lengths: i32[B] as lengths(N)`, then mask(lengths)"))
+            }
+            None => {
+                return Err(Report::new(
+                    DiagnosticKind::Type,
+                    x.span,
+                    format!("`mask` takes an input declared as lengths, but {what} is not one"),
+                )
+                .expected("an input declared `as lengths(N)`, as in `input lengths: i32[B] as lengths(N)`; then mask(lengths)[b, n] is n < lengths[b]"))
+            }
+        };
+        let shape = self.b.node(xn).shape.with_last(max);
+        let axis = u32::try_from(shape.rank() - 1).map_err(|_| {
+            Report::new(DiagnosticKind::Shape, x.span, "the lengths have too many axes")
+                .expected("lengths of a few axes")
+        })?;
+        let iota = self.b.iota(shape, axis).map_err(|e| self.ir_report(e, span, &[]))?;
+        let lengths = self.b.expand_last(xn);
+        self.b.binary(BinaryOp::Lt, iota, lengths).map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `size(D)`: the run-time size of dimension symbol `D` as an `i32` scalar, lowered as
+    /// `count(iota([D]) >= 0)` so that no new op is needed.
+    fn size(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &[])?;
+        let [d] = exact(func, &a, span, "size(D), for a dimension symbol D")?;
+        let sym = match &d.kind {
+            ExprKind::Name(n) => self.b.graph().symbol(n),
+            _ => None,
+        };
+        let Some(sym) = sym else {
+            let what = match &d.kind {
+                ExprKind::Name(n) => format!("`{n}` is not a dimension symbol of any input"),
+                _ => "this is not a dimension symbol".into(),
+            };
+            let mut symbols = self.b.graph().symbols.clone();
+            symbols.sort_unstable();
+            let known = if symbols.is_empty() {
+                "a dimension symbol named in an input's type, as in size(N) after `input x: f32[N]`".to_string()
+            } else {
+                format!("a dimension symbol named in an input's type: {}", symbols.join(", "))
+            };
+            return Err(Report::new(DiagnosticKind::Type, d.span, format!("`size` takes a dimension, but {what}"))
+                .expected(known));
+        };
+        let iota = self.b.iota(Shape(vec![Dim::Sym(sym)]), 0).map_err(|e| self.ir_report(e, span, &[]))?;
+        let zero = self.b.lit_int(0);
+        let all = self.b.binary(BinaryOp::Ge, iota, zero).map_err(|e| self.ir_report(e, span, &[]))?;
+        self.b.reduce(ReduceOp::Count, ReduceAxis::All, all, None).map_err(|e| self.ir_report(e, span, &[]))
     }
 
     fn unknown_function(&self, func: &Ident) -> Report {

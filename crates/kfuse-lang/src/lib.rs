@@ -11,13 +11,20 @@
 //! output loss = sum(pred[.., 0] * w, where: valid) / max(count(valid), 1)
 //! output half: f16 = pred * scale     # an output dtype casts
 //! output d = grad(loss, pred)         # gradient of a scalar float w.r.t. an input
+//!
+//! input lengths: i32[B] as lengths(N) # ragged, padded: 0 <= lengths[b] <= N, checked at run time
+//! let valid = mask(lengths)           # bool[B, N]: valid[b, n] is n < lengths[b]
+//! input offsets: i32[S] as offsets(T) # ragged, packed: offsets[0] = 0 <= ... <= offsets[S-1] = T
+//! let rows = size(T)                  # the run-time size of a dimension symbol, as an i32
 //! ```
 //!
 //! Precedence, loosest first: `or`, `and`, `not`, comparisons (non-chaining), `+ -`, `* /`,
 //! unary `-`, postfix `[.., K]` / `[.., None]`. Functions: `where(c, a, b)`, `min(a, b)`,
 //! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `abs exp log sqrt rsqrt sigmoid tanh erf sin cos
 //! floor`, reductions `sum mean max min count` (one positional argument, optional `where: MASK`
-//! and `axis: -1`), casts `f32 f16 bf16 i32 bool`, and `grad(OF, INPUT)`.
+//! and `axis: -1`), casts `f32 f16 bf16 i32 bool`, `grad(OF, INPUT)`, and for ragged data
+//! `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and `offsets` are words only after an input's
+//! type, so they remain usable as names.
 //!
 //! Every error is a [`Diagnostic`] with file, line, column, a caret under the span and what was
 //! expected. No input makes this crate panic (a property test feeds it random text). It does not

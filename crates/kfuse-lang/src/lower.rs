@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 
-use kfuse_ir::{DType, Dim, Graph, GraphBuilder, IrError, NodeId, Shape, UnaryOp};
+use kfuse_ir::{Constraint, DType, Dim, Graph, GraphBuilder, IrError, NodeId, Op, Shape, SymId, UnaryOp};
 
-use crate::ast::{DimAst, Expr, ExprKind, Ident, Stmt};
+use crate::ast::{DimAst, Expr, ExprKind, Ident, Layout, LayoutKind, Stmt};
 use crate::builtins::FUNCTIONS;
 use crate::diagnostic::{DiagnosticKind, Report, Span};
 use crate::suggest::closest;
@@ -27,12 +27,21 @@ pub(crate) struct Lowerer<'s> {
     pub scope: HashMap<String, Binding>,
     /// Names that later statements define, to say "defined later" rather than "unknown".
     later: HashMap<String, Span>,
+    /// The symbol of each `as lengths(N)` / `as offsets(T)` clause with where it was written; an
+    /// input's shape must use it, or it would bind to nothing at run time.
+    layout_symbols: Vec<(SymId, Span)>,
     src: &'s str,
 }
 
 impl<'s> Lowerer<'s> {
     pub fn new(src: &'s str) -> Lowerer<'s> {
-        Lowerer { b: GraphBuilder::new(), scope: HashMap::new(), later: HashMap::new(), src }
+        Lowerer {
+            b: GraphBuilder::new(),
+            scope: HashMap::new(),
+            later: HashMap::new(),
+            layout_symbols: Vec::new(),
+            src,
+        }
     }
 
     /// Lowers a whole program and returns the verified graph.
@@ -45,6 +54,7 @@ impl<'s> Lowerer<'s> {
         for s in stmts {
             self.statement(s)?;
         }
+        self.check_layout_symbols()?;
         if self.b.graph().outputs.is_empty() {
             let end = Span::new(self.src.len(), self.src.len());
             return Err(Report::new(DiagnosticKind::NoOutput, end, "the program defines no output")
@@ -63,7 +73,7 @@ impl<'s> Lowerer<'s> {
 
     fn statement(&mut self, s: &Stmt) -> Result<(), Report> {
         match s {
-            Stmt::Input { name, dtype, dims } => {
+            Stmt::Input { name, dtype, dims, layout } => {
                 let shape = Shape(
                     dims.iter()
                         .map(|d| match d {
@@ -74,6 +84,9 @@ impl<'s> Lowerer<'s> {
                 );
                 self.check_new_name(name)?;
                 let node = self.b.input(&name.name, *dtype, shape).map_err(|e| self.ir_report(e, name.span, &[]))?;
+                if let Some(layout) = layout {
+                    self.declare_layout(node, layout)?;
+                }
                 self.bind(name, node, true);
             }
             Stmt::Let { name, value } => {
@@ -97,6 +110,50 @@ impl<'s> Lowerer<'s> {
                 if value.is_some() {
                     self.bind(name, node, false);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `as lengths(DIM)` / `as offsets(DIM)` on the input read by `node`.
+    fn declare_layout(&mut self, node: NodeId, layout: &Layout) -> Result<(), Report> {
+        let Op::Input(input) = self.b.node(node).op else {
+            return Err(Report::new(
+                DiagnosticKind::Internal,
+                layout.span,
+                "internal error: an input without an input node",
+            )
+            .expected("an input node (this is a bug in kfuse; please report it)"));
+        };
+        let dim = match &layout.dim {
+            DimAst::Sym(s) => {
+                let sym = self.b.symbol(s);
+                self.layout_symbols.push((sym, layout.dim_span));
+                Dim::Sym(sym)
+            }
+            DimAst::Const(c) => Dim::Const(*c),
+        };
+        let c = match layout.kind {
+            LayoutKind::Lengths => Constraint::Lengths { input, max: dim },
+            LayoutKind::Offsets => Constraint::Offsets { input, total: dim },
+        };
+        self.b.constrain(c).map_err(|e| self.ir_report(e, layout.span, &[]))
+    }
+
+    /// Every symbol named by a layout clause must size some input's axis.
+    fn check_layout_symbols(&self) -> Result<(), Report> {
+        let g = self.b.graph();
+        for &(sym, span) in &self.layout_symbols {
+            if !g.inputs.iter().any(|i| i.shape.dims().contains(&Dim::Sym(sym))) {
+                let name = g.dim_str(Dim::Sym(sym));
+                return Err(Report::new(
+                    DiagnosticKind::Shape,
+                    span,
+                    format!("dimension `{name}` sizes no input's axis, so nothing gives it a value"),
+                )
+                .expected(format!(
+                    "a dimension of the padded or packed inputs, as in `input pred: f32[B, {name}, 4]` or `f32[{name}, 4]`"
+                )));
             }
         }
         Ok(())
@@ -158,7 +215,7 @@ impl<'s> Lowerer<'s> {
         } else if FUNCTIONS.contains(&n.as_str()) {
             report.expected(format!("a value; `{n}` is a function, call it as {n}(...)"))
         } else if self.b.graph().symbol(n).is_some() {
-            report.expected(format!("a value; `{n}` is a dimension symbol, which has no value here"))
+            report.expected(format!("a value; `{n}` is a dimension symbol (size({n}) is its run-time size as an i32)"))
         } else if let Some(s) = closest(n, self.sorted_names()) {
             report.expected(format!("a defined name; did you mean `{s}`?"))
         } else {
@@ -248,7 +305,9 @@ impl<'s> Lowerer<'s> {
             | IrError::RankTooLow { .. }
             | IrError::MaskShape { .. }
             | IrError::EmptyStack => DiagnosticKind::Shape,
-            IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => DiagnosticKind::Type,
+            IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => {
+                DiagnosticKind::Type
+            }
             IrError::DuplicateName(_) => DiagnosticKind::DuplicateName,
             IrError::NotDifferentiable { .. } => DiagnosticKind::Grad,
             IrError::UnknownSymbol(_) | IrError::Malformed(_) => DiagnosticKind::Internal,

@@ -8,7 +8,7 @@
 
 use kfuse_ir::{BinaryOp, DType};
 
-use crate::ast::{Arg, DimAst, Expr, ExprKind, Ident, Stmt};
+use crate::ast::{Arg, DimAst, Expr, ExprKind, Ident, Layout, LayoutKind, Stmt};
 use crate::diagnostic::{DiagnosticKind, Report, Span};
 use crate::lexer::{Tok, Token};
 
@@ -117,7 +117,8 @@ impl<'t> Parser<'t> {
                 self.expect(&Tok::Colon, "`:` and the input's type, as in `input x: f32[N]`")?;
                 let dtype = self.dtype()?;
                 let dims = self.dims()?;
-                Ok(Stmt::Input { name, dtype, dims })
+                let layout = self.layout()?;
+                Ok(Stmt::Input { name, dtype, dims, layout })
             }
             Tok::Let => {
                 self.bump();
@@ -199,6 +200,32 @@ impl<'t> Parser<'t> {
         }
     }
 
+    /// An optional `as lengths(DIM)` / `as offsets(DIM)` after an input's type. `as`, `lengths`
+    /// and `offsets` are contextual words, so they stay usable as names elsewhere.
+    fn layout(&mut self) -> Result<Option<Layout>, Report> {
+        const LAYOUT: &str = "a ragged layout: `as lengths(N)` (valid rows per batch row) or `as offsets(T)` (packed segment boundaries)";
+        let start = match &self.peek().tok {
+            Tok::Ident(w) if w == "as" => self.bump().span,
+            _ => return Ok(None),
+        };
+        let kind = match &self.peek().tok {
+            Tok::Ident(w) if w == "lengths" => LayoutKind::Lengths,
+            Tok::Ident(w) if w == "offsets" => LayoutKind::Offsets,
+            _ => return Err(self.unexpected(LAYOUT)),
+        };
+        self.bump();
+        self.expect(&Tok::LParen, "`(` and a dimension, as in `as lengths(N)`")?;
+        const DIM: &str = "a dimension: a symbol like `N` or a size like `256`";
+        let dim = match self.peek().tok.clone() {
+            Tok::Ident(s) => DimAst::Sym(s),
+            Tok::Int(v) => DimAst::Const(u64::try_from(v).map_err(|_| self.unexpected(DIM))?),
+            _ => return Err(self.unexpected(DIM)),
+        };
+        let dim_span = self.bump().span;
+        let close = self.expect(&Tok::RParen, "`)`")?;
+        Ok(Some(Layout { kind, dim, span: start.to(close), dim_span }))
+    }
+
     /// Builds an expression node, refusing nesting deeper than [`MAX_DEPTH`].
     fn node(&self, kind: ExprKind, span: Span) -> Result<Expr, Report> {
         let depth = Expr::child_depth(&kind) + 1;
@@ -264,7 +291,9 @@ impl<'t> Parser<'t> {
 
     fn comparison(&mut self) -> Result<Expr, Report> {
         let lhs = self.additive()?;
-        let Some(op) = comparison_op(&self.peek().tok) else { return Ok(lhs) };
+        let Some(op) = comparison_op(&self.peek().tok) else {
+            return Ok(lhs);
+        };
         self.bump();
         let rhs = self.additive()?;
         if comparison_op(&self.peek().tok).is_some() {

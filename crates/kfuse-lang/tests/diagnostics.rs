@@ -112,7 +112,15 @@ fn type_and_shape_errors_point_at_the_operation() {
         "cannot broadcast shape [N] with shape [N, 4]",
         "broadcast",
     );
-    check(&error("let y = sum(x, where: valid)\n"), Shape, 1, 23, "valid", "does not broadcast", "mask[.., None]");
+    check(
+        &error("let y = sum(x, where: valid)\n"),
+        Shape,
+        1,
+        16,
+        "where: valid",
+        "does not broadcast",
+        "mask[.., None]",
+    );
     check(&error("let y = valid[.., 0]\n"), Shape, 1, 9, "valid[.., 0]", "constant size", "constant");
     check(&error("let y = 3000000000 * x\n"), Type, 1, 9, "3000000000", "does not fit in i32", "3000000000.0");
 }
@@ -294,4 +302,73 @@ fn expressions_build_a_graph_with_the_given_inputs_and_output_y() {
     assert_eq!(parse_expression("x", &dup).err().map(|d| d.kind), Some(DiagnosticKind::DuplicateName));
     let huge = [("x", DType::F32, Shape(vec![Dim::Sym(SymId(u32::MAX))]))];
     assert_eq!(parse_expression("x", &huge).err().map(|d| d.kind), Some(DiagnosticKind::Shape));
+}
+
+/// Parses `src` (a whole program), expecting an error.
+fn program_error(src: &str) -> Diagnostic {
+    match parse_program(src, "r.kf") {
+        Ok(g) => panic!("expected an error for {src:?}, got a graph:\n{g}"),
+        Err(d) => d,
+    }
+}
+
+/// Line, column, underlined text, and fragments of the message and expected line.
+fn check_at(
+    d: &Diagnostic,
+    kind: DiagnosticKind,
+    line: usize,
+    column: usize,
+    underlined: &str,
+    message: &str,
+    expected: &str,
+) {
+    let text: String = d.source_line.chars().skip(d.column - 1).take(d.width).collect();
+    assert_eq!((d.kind, d.line, d.column, text.as_str()), (kind, line, column, underlined), "{d}");
+    assert!(d.message.contains(message), "message {:?} lacks {message:?}\n{d}", d.message);
+    let exp = d.expected.clone().unwrap_or_default();
+    assert!(exp.contains(expected), "expected-line {exp:?} lacks {expected:?}\n{d}");
+}
+
+#[test]
+fn ragged_layouts_mask_and_size_are_checked() {
+    use DiagnosticKind::{Arguments, Shape, Syntax, Type};
+    const PADDED: &str = "input x: f32[B, N]\ninput lengths: i32[B] as lengths(N)\ninput plain: i32[B]\n";
+    let e = |body: &str| program_error(&format!("{PADDED}{body}"));
+    check_at(&e("output m = mask(plain)\n"), Type, 4, 17, "plain", "`plain` is not one", "as lengths(N)");
+    check_at(&e("output m = mask(x > 0)\n"), Type, 4, 17, "x > 0", "this expression is not one", "mask(lengths)");
+    check_at(
+        &e("output m = mask(lengths, 3)\n"),
+        Arguments,
+        4,
+        12,
+        "mask(lengths, 3)",
+        "takes 1 argument",
+        "mask(lengths)",
+    );
+    check_at(&e("output s = size(x)\n"), Type, 4, 17, "x", "`x` is not a dimension symbol", "B, N");
+    check_at(&e("output s = size(4)\n"), Type, 4, 17, "4", "not a dimension symbol", "B, N");
+    check_at(&e("output s = size(M)\n"), Type, 4, 17, "M", "`M` is not a dimension symbol", "B, N");
+    // A [B, N] mask over a [B, N, 4] operand: the caret is on the whole `where:` argument.
+    let d = program_error("input v: f32[B, N, 4]\ninput l: i32[B] as lengths(N)\noutput s = sum(v, where: mask(l))\n");
+    check_at(&d, Shape, 3, 19, "where: mask(l)", "does not broadcast", "mask[.., None]");
+    let d = program_error("input v: f32[T, 4]\ninput o: i32[S] as offsets(T)\noutput m = mask(o)\n");
+    check_at(&d, Type, 3, 17, "o", "declared as offsets", "as lengths(N)");
+    // Layout clauses.
+    let d = program_error("input l: f32[B] as lengths(N)\ninput x: f32[B, N]\noutput y = sum(x)\n");
+    check_at(&d, Type, 1, 17, "as lengths(N)", "cannot be declared as lengths: it is f32", "an i32 input");
+    let d = program_error("input o: i32[B, K] as offsets(T)\ninput x: f32[T]\noutput y = sum(x)\n");
+    check_at(&d, Type, 1, 20, "as offsets(T)", "offsets must have one axis", "i32[S] as offsets(T)");
+    let d = program_error("input l: i32[B] as widths(N)\noutput y = sum(l)\n");
+    check_at(&d, Syntax, 1, 20, "widths", "unexpected name `widths`", "`as lengths(N)`");
+    let d = program_error("input l: i32[B] as lengths N\noutput y = sum(l)\n");
+    check_at(&d, Syntax, 1, 28, "N", "unexpected name `N`", "`(`");
+    let d = program_error("input l: i32[B] as lengths(-1)\noutput y = sum(l)\n");
+    check_at(&d, Syntax, 1, 28, "-", "unexpected `-`", "a dimension");
+    let d = program_error("input l: i32[B] as lengths(M)\ninput x: f32[B, N]\noutput y = sum(x)\n");
+    check_at(&d, Shape, 1, 28, "M", "dimension `M` sizes no input's axis", "f32[B, M, 4]");
+    // `as`, `lengths`, `offsets`, `mask` and `size` stay usable as value names.
+    let ok = "input lengths: i32[B]\nlet as = lengths + 1\nlet offsets = as * 2\noutput size = sum(offsets)\n";
+    parse_program(ok, "ok.kf").unwrap_or_else(|d| panic!("{d}"));
+    // A symbol used as a value says how to get its size.
+    check_at(&e("output s = N + 1\n"), DiagnosticKind::UnknownName, 4, 12, "N", "unknown name", "size(N)");
 }

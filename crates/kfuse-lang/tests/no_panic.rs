@@ -6,9 +6,17 @@ use kfuse_lang::{parse_expression, parse_program, Diagnostic};
 use proptest::prelude::*;
 
 const GIOU: &str = include_str!("../../../examples/giou.kf");
+const RAGGED: [&str; 2] =
+    [include_str!("../../../examples/giou_train_lengths.kf"), include_str!("../../../examples/giou_train_packed.kf")];
 
 const TOKENS: &[&str] = &[
     "input",
+    "as",
+    "lengths",
+    "offsets",
+    "mask",
+    "size",
+    "grad",
     "let",
     "output",
     "x",
@@ -122,6 +130,17 @@ proptest! {
         let mut end = (at + cut).min(GIOU.len());
         while !GIOU.is_char_boundary(end) { end -= 1; }
         let src = format!("{}{insert}{}", &GIOU[..at], &GIOU[end..]);
+        check_program(&src);
+    }
+
+    #[test]
+    fn random_edits_of_the_ragged_examples_never_panic(which in 0usize..2, at in 0usize..2000, cut in 0usize..8, insert in "[a-zA-Z0-9()\\[\\],.:=+*/<> \n-]{0,4}") {
+        let text = RAGGED[which];
+        let mut at = at.min(text.len());
+        while !text.is_char_boundary(at) { at -= 1; }
+        let mut end = (at + cut).min(text.len());
+        while !text.is_char_boundary(end) { end -= 1; }
+        let src = format!("{}{insert}{}", &text[..at], &text[end..]);
         check_program(&src);
     }
 }
