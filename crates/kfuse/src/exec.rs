@@ -1,0 +1,151 @@
+//! Runs a fused kernel plan on a GPU: allocates the plan's buffers for the run-time sizes, uploads
+//! the inputs, launches the kernels in order on the device's stream and downloads the outputs.
+//!
+//! Not here: compilation and caching (kfuse-runtime's `Gpu::load_kernel` does both), and timing
+//! (the `bench` module drives [`CudaProgram::launch`] between CUDA events).
+
+use kfuse_codegen::{BufferKind, Param, Plan};
+use kfuse_ir::{Graph, HostTensor, SymbolBindings};
+use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg};
+
+use crate::{Error, Program};
+
+/// A program compiled and loaded for one GPU, ready to run on any sizes.
+pub struct CudaProgram<'g> {
+    gpu: &'g Gpu,
+    graph: Graph,
+    plan: Plan,
+    functions: Vec<GpuFunction>,
+}
+
+/// The device buffers and launch geometry of one set of inputs.
+pub struct BoundRun {
+    sizes: Vec<u64>,
+    grids: Vec<u32>,
+    buffers: Vec<DeviceBuffer>,
+}
+
+impl BoundRun {
+    /// Launch geometry chosen for each kernel (blocks).
+    pub fn grids(&self) -> &[u32] {
+        &self.grids
+    }
+    /// Run-time size of each dimension symbol.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+}
+
+impl<'g> CudaProgram<'g> {
+    /// Plans the program and loads every kernel (compiled through the kernel cache).
+    pub fn prepare(gpu: &'g Gpu, program: &Program) -> Result<CudaProgram<'g>, Error> {
+        let plan = program.plan()?;
+        let functions = plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
+        Ok(CudaProgram { gpu, graph: program.graph.clone(), plan, functions })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Checks the inputs against the declarations, allocates every buffer and uploads the inputs.
+    pub fn bind(&self, inputs: &[(&str, &HostTensor)]) -> Result<BoundRun, Error> {
+        let sizes = SymbolBindings::bind(&self.graph, inputs)?.sizes;
+        let sm = self.gpu.sm_count().max(1);
+        let grids = self
+            .plan
+            .kernels
+            .iter()
+            .map(|k| k.grid.blocks(&sizes, sm).ok_or_else(|| Error::Exec(format!("kernel {} needs too many blocks for these sizes", k.name))))
+            .collect::<Result<Vec<u32>, Error>>()?;
+        let mut buffers = Vec::with_capacity(self.plan.buffers.len());
+        for decl in &self.plan.buffers {
+            let grid = match decl.kind {
+                BufferKind::Partials { kernel, .. } => u64::from(grids[kernel]),
+                _ => 0,
+            };
+            let too_big = || Error::Exec(format!("a buffer of {:?} for these sizes does not fit in memory", decl.kind));
+            let elems = decl.elem_count(&sizes, grid).ok_or_else(too_big)?;
+            let bytes = elems
+                .checked_mul(decl.elem.size_bytes())
+                .and_then(|b| usize::try_from(b).ok())
+                .ok_or_else(too_big)?;
+            let buf = match decl.kind {
+                BufferKind::Input(id) => {
+                    let name = &self.graph.input(id).name;
+                    let t = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| *t).ok_or_else(|| Error::Exec(format!("missing input `{name}`")))?;
+                    if t.is_empty() {
+                        self.gpu.alloc_zeroed(16)?
+                    } else {
+                        self.gpu.upload(&t.to_bytes())?
+                    }
+                }
+                // Zero-sized tensors still get a valid pointer; no kernel touches it.
+                _ => self.gpu.alloc_zeroed(bytes.max(16))?,
+            };
+            buffers.push(buf);
+        }
+        Ok(BoundRun { sizes, grids, buffers })
+    }
+
+    /// Enqueues every kernel of the plan (asynchronous).
+    pub fn launch(&self, run: &BoundRun) -> Result<(), Error> {
+        for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
+            let args: Vec<KernelArg<'_>> = k
+                .params
+                .iter()
+                .map(|p| match *p {
+                    Param::Buffer(b) => KernelArg::Buffer(&run.buffers[b]),
+                    Param::Size(s) => KernelArg::I64(run.sizes[s.0 as usize] as i64),
+                })
+                .collect();
+            self.gpu.launch(f, run.grids[i], k.block, 0, &args)?;
+        }
+        Ok(())
+    }
+
+    /// Fills every output buffer with `byte` (tests poison outputs to catch unwritten elements).
+    pub fn poison_outputs(&self, run: &BoundRun, byte: u8) -> Result<(), Error> {
+        for (decl, buf) in self.plan.buffers.iter().zip(&run.buffers) {
+            if matches!(decl.kind, BufferKind::Output(_)) {
+                self.gpu.fill(buf, byte)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the GPU and copies the outputs back, in the graph's output order.
+    pub fn download(&self, run: &BoundRun) -> Result<Vec<(String, HostTensor)>, Error> {
+        self.gpu.synchronize()?;
+        let mut out = Vec::with_capacity(self.graph.outputs.len());
+        for (i, o) in self.graph.outputs.iter().enumerate() {
+            let (bi, _) = self
+                .plan
+                .buffers
+                .iter()
+                .enumerate()
+                .find(|(_, d)| d.kind == BufferKind::Output(i))
+                .ok_or_else(|| Error::Exec(format!("the plan has no buffer for output `{}`", o.name)))?;
+            let node = self.graph.node(o.node);
+            let shape = self.graph.resolve_shape(&node.shape, &run.sizes);
+            let n: usize = shape.iter().product();
+            let mut bytes = self.gpu.download(&run.buffers[bi])?;
+            bytes.truncate(n * node.dtype.size_bytes());
+            let t = HostTensor::from_bytes(node.dtype, shape, &bytes)
+                .ok_or_else(|| Error::Exec(format!("output `{}` came back with {} bytes", o.name, bytes.len())))?;
+            out.push((o.name.clone(), t));
+        }
+        Ok(out)
+    }
+
+    /// Binds, launches and downloads: one whole run.
+    pub fn run(&self, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>, Error> {
+        let bound = self.bind(inputs)?;
+        self.launch(&bound)?;
+        self.download(&bound)
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        self.gpu
+    }
+}
