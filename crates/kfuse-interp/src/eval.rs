@@ -84,7 +84,11 @@ pub(crate) fn evaluate_bound(graph: &Graph, bindings: &SymbolBindings, inputs: &
         if !live[i] {
             continue;
         }
-        let value = if only_components[i] && matches!(graph.nodes[i].op, Op::Input(_)) {
+        let host_input = match graph.nodes[i].op {
+            Op::Input(id) => matches!(inputs.get(id.0 as usize), Some(InputValues::Host(_))),
+            _ => false,
+        };
+        let value = if only_components[i] && host_input {
             // Its users read the caller's tensor directly; only the shape is needed here.
             Value { shape: bindings.resolve(graph, &graph.nodes[i].shape), values: Arc::new(Vec::new()) }
         } else {

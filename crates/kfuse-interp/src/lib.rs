@@ -97,13 +97,15 @@ pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> R
     for (name, shape, values) in inputs {
         check_length(name, shape, values.len())?;
     }
-    // Binding needs tensors of the declared dtype; it reads only their dtype and shape.
+    // Binding needs tensors of the declared dtype: their shapes bind the symbols, and the values of
+    // i32 inputs are checked against layout constraints (lengths, offsets).
     let declared = |name: &str| graph.input_by_name(name).map_or(DType::F32, |id| graph.input(id).dtype);
     let placeholders: Vec<HostTensor> = inputs
         .iter()
-        .map(|(name, shape, _)| {
-            let n = shape.iter().product::<usize>();
-            HostTensor::from_f64(declared(name), shape.clone(), &vec![0.0; n])
+        .map(|(name, shape, values)| {
+            let dtype = declared(name);
+            let values = if dtype == DType::I32 { values.clone() } else { vec![0.0; values.len()] };
+            HostTensor::from_f64(dtype, shape.clone(), &values)
         })
         .collect();
     let named: Vec<(&str, &HostTensor)> = inputs.iter().zip(&placeholders).map(|((n, _, _), t)| (*n, t)).collect();
