@@ -245,6 +245,7 @@ pub(crate) fn emit_kernel(
     for (s, (_, init, what)) in slots.iter().enumerate() {
         let _ = writeln!(src, "    double acc{s} = {init}; // {what}");
     }
+    src.push_str("    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight\n");
     src.push_str("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n");
     for l in &body {
         let _ = writeln!(src, "        {l}");

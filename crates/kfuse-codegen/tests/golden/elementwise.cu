@@ -23,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_fe17890dc8e1a591_0(
 )
 {
     const long long n = sz0 * sz1;
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v0 = in0[i]; // x f32
         const float v1 = 1.0f / (1.0f + expf(-v0)); // n3

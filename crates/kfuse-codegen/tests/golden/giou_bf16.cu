@@ -54,6 +54,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_61c2f7088542d5d4_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n44 where n11 (n45)
     double acc1 = 0.0; // count n11 (n46)
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const uint2 v0 = reinterpret_cast<const uint2*>(in1)[i]; // target 4 x bf16 at once
         const float v1 = kf_bf16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]

@@ -48,6 +48,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_904a5d7b2d53c7d1_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n44 where n11 (n45)
     double acc1 = 0.0; // count n11 (n46)
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
         const bool v1 = v0.w != 0.0f; // n11

@@ -36,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_51a83f57e3649aa4_0(
 {
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // count n4 (n8)
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
         const bool v1 = v0.w != 0.0f; // n4

@@ -33,6 +33,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_0(
 {
     const long long n = sz0;
     double acc0 = 0.0; // sum n0 (n1)
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v0 = in0[i]; // x f32
         acc0 += (double)v0;
@@ -81,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_1(
 )
 {
     const long long n = sz0;
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float v0 = in0[i]; // x f32
         const float v1 = tmp0[0]; // n1 from an earlier kernel

@@ -47,6 +47,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
     const long long n = sz0;
     double acc0 = 0.0; // mean n15 (n16)
     double acc1 = 0.0; // count of mean n15 (n16)
+    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         double a0 = 0.0;
         double a2 = __longlong_as_double(0xfff0000000000000ll);
