@@ -8,9 +8,8 @@
 use std::fmt;
 use std::time::Instant;
 
-use kfuse_ir::{DType, Graph, HostTensor, Kind, SymbolBindings};
+use kfuse_ir::{DType, Graph, HostTensor, SymbolBindings};
 use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::exec::CudaProgram;
@@ -85,7 +84,7 @@ pub struct OutputCheck {
     pub max_abs_err: f64,
 }
 
-/// Random inputs for the given symbol sizes: floats uniform in [-1, 1), ints in [0, 8), bools fair.
+/// Random inputs for the given symbol sizes (see [`crate::testdata`] for what they hold).
 pub fn random_inputs(graph: &Graph, sizes: &[(String, u64)], seed: u64) -> Result<Vec<(String, HostTensor)>, Error> {
     let mut vals = vec![None; graph.symbols.len()];
     for (name, v) in sizes {
@@ -97,23 +96,7 @@ pub fn random_inputs(graph: &Graph, sizes: &[(String, u64)], seed: u64) -> Resul
         .zip(&graph.symbols)
         .map(|(v, n)| v.ok_or_else(|| Error::Exec(format!("give a size for dimension `{n}` with --dim {n}=SIZE"))))
         .collect::<Result<_, _>>()?;
-    let mut rng = StdRng::seed_from_u64(seed);
-    Ok(graph
-        .inputs
-        .iter()
-        .map(|inp| {
-            let shape = graph.resolve_shape(&inp.shape, &sizes);
-            let n: usize = shape.iter().product();
-            let v: Vec<f64> = (0..n)
-                .map(|_| match inp.dtype.kind() {
-                    Kind::Float => rng.random_range(-1.0..1.0),
-                    Kind::Int => rng.random_range(0..8) as f64,
-                    Kind::Bool => rng.random_bool(0.5) as u8 as f64,
-                })
-                .collect();
-            (inp.name.clone(), HostTensor::from_f64(inp.dtype, shape, &v))
-        })
-        .collect())
+    crate::testdata::random_inputs_for(graph, &sizes, seed)
 }
 
 /// Relative error of `got` against `want`: ‖got − want‖₂ / ‖want‖₂ (absolute when `want` is 0),

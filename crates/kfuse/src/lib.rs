@@ -15,6 +15,7 @@ pub mod boxes;
 pub mod demo;
 pub mod exec;
 pub mod npy;
+pub mod testdata;
 
 use std::path::Path;
 

@@ -2,10 +2,26 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kfuse::{bench, boxes, exec, npy, Device, HostTensor, Program};
+use kfuse_mlp::MlpModel;
+use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, KernelCache};
+
+/// Prints a line to stdout; a closed pipe (`kfuse cache list | head`) ends the program quietly
+/// instead of panicking as `println!` would.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+        }
+    }};
+}
 
 #[derive(Parser)]
 #[command(name = "kfuse", version, about = "Run-time kernel fusion: .kf descriptions to fused CUDA kernels (with a CPU reference interpreter)")]
@@ -64,6 +80,23 @@ enum Command {
         #[command(subcommand)]
         what: GenCommand,
     },
+    /// Compile a .kf file's kernels with NVRTC into the kernel cache; needs no GPU.
+    Compile {
+        file: PathBuf,
+        /// Target architecture, e.g. sm_90 (default: the GPU's).
+        #[arg(long)]
+        arch: Option<String>,
+    },
+    /// Inspect and maintain the on-disk kernel cache ($KFUSE_CACHE_DIR, default ~/.cache/kfuse).
+    Cache {
+        #[command(subcommand)]
+        what: CacheCommand,
+    },
+    /// Fully fused MLP inference from a PyTorch model (model.json + safetensors).
+    Mlp {
+        #[command(subcommand)]
+        what: MlpCommand,
+    },
     /// The main job for a newcomer: a ragged batch through the fused GIoU loss, GPU when found.
     Demo {
         #[arg(long, default_value_t = 1024)]
@@ -72,6 +105,71 @@ enum Command {
         max_boxes: usize,
         #[arg(long, value_enum, default_value = "auto")]
         device: DeviceArg,
+    },
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Entries, bytes, hits, misses, repairs.
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every entry with its arch, size and last use.
+    List,
+    /// Remove every entry.
+    Clear,
+    /// Check every entry; report and remove bad ones.
+    Verify,
+    /// Compile every .kf file of a folder into the cache.
+    Warm {
+        dir: PathBuf,
+        #[arg(long)]
+        arch: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FloatArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<FloatArg> for kfuse::DType {
+    fn from(f: FloatArg) -> kfuse::DType {
+        match f {
+            FloatArg::F32 => kfuse::DType::F32,
+            FloatArg::F16 => kfuse::DType::F16,
+            FloatArg::Bf16 => kfuse::DType::BF16,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum MlpCommand {
+    /// Run a model on an input .npy ([rows, in] in f32, f16 or bf16).
+    Run {
+        model: PathBuf,
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        /// Output dtype (default: the input's).
+        #[arg(long, value_enum)]
+        out_dtype: Option<FloatArg>,
+        #[arg(long, value_enum, default_value = "auto")]
+        device: DeviceArg,
+    },
+    /// Time the fused kernel on random rows, against the card's ceilings and the CPU path.
+    Bench {
+        model: PathBuf,
+        #[arg(long, default_value_t = 1 << 21)]
+        batch: usize,
+        #[arg(long, value_enum, default_value = "f16")]
+        io_dtype: FloatArg,
+        #[arg(long)]
+        json: Option<PathBuf>,
     },
 }
 
@@ -110,14 +208,14 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Check { file } => {
             let p = load(&file)?;
-            print!("{}", p.graph);
+            say!("{}", p.graph);
             Ok(())
         }
         Command::Emit { file } => {
             let p = load(&file)?;
             let plan = p.plan()?;
             for k in &plan.kernels {
-                println!("{}", k.source);
+                say!("{}", k.source);
             }
             Ok(())
         }
@@ -149,7 +247,7 @@ fn run(cli: Cli) -> Result<()> {
             let gpu = kfuse_runtime::open_default().context("`kfuse bench` times the GPU")?;
             let opts = bench::BenchOptions { iters, baseline };
             let report = bench::run(&gpu, &p, &tensors, &opts)?;
-            print!("{report}");
+            say!("{report}");
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
             }
@@ -161,16 +259,151 @@ fn run(cli: Cli) -> Result<()> {
             for (name, t) in b.named() {
                 npy::write_npy(&out.join(format!("{name}.npy")), t)?;
             }
-            println!(
+            say!(
                 "wrote {batch} images × {max_boxes} slots ({} valid boxes, {:.2} per image) to {}",
                 b.valid_boxes(),
                 b.valid_boxes() as f64 / batch.max(1) as f64,
                 out.display()
             );
-            println!("files: pred.npy target.npy (f32[B, N, 4]), lengths.npy (i32[B]), pred_packed.npy target_packed.npy (f32[T, 4]), offsets.npy (i32[B+1])");
+            say!("files: pred.npy target.npy (f32[B, N, 4]), lengths.npy (i32[B]), pred_packed.npy target_packed.npy (f32[T, 4]), offsets.npy (i32[B+1])");
             Ok(())
         }
+        Command::Compile { file, arch } => {
+            let p = load(&file)?;
+            let arch = pick_arch(arch)?;
+            let cache = KernelCache::global();
+            for k in p.plan()?.kernels {
+                let t0 = Instant::now();
+                let (m, outcome) = cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?;
+                say!(
+                    "{} {arch} key {} {} ({:.1} ms, cubin {} bytes)",
+                    k.name,
+                    m.key.to_hex(),
+                    outcome_word(outcome),
+                    t0.elapsed().as_secs_f64() * 1e3,
+                    m.cubin.len()
+                );
+            }
+            Ok(())
+        }
+        Command::Cache { what } => cache_command(what),
+        Command::Mlp { what } => mlp_command(what),
         Command::Demo { batch, max_boxes, device } => kfuse::demo::run(batch, max_boxes, pick_device(device)?),
+    }
+}
+
+fn outcome_word(o: CacheOutcome) -> &'static str {
+    match o {
+        CacheOutcome::MemoryHit => "hit (memory)",
+        CacheOutcome::DiskHit => "hit (disk)",
+        CacheOutcome::Compiled => "miss (compiled)",
+        CacheOutcome::Repaired => "miss (bad entry repaired)",
+    }
+}
+
+/// The arch asked for, else the GPU's; without either, an error that says what to pass.
+fn pick_arch(arch: Option<String>) -> Result<Arch> {
+    match arch {
+        Some(a) => Ok(a.parse()?),
+        None => match kfuse_runtime::open_default() {
+            Ok(gpu) => Ok(gpu.compile_arch()),
+            Err(e) => bail!("no GPU to take the architecture from ({e}); pass --arch, e.g. --arch sm_90"),
+        },
+    }
+}
+
+fn cache_command(what: CacheCommand) -> Result<()> {
+    let cache = KernelCache::global();
+    match what {
+        CacheCommand::Stats { json } => {
+            let s = cache.stats();
+            if json {
+                say!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                let dir = s.dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(none)".into());
+                say!("folder:   {dir}{}", if s.bypassed { " (bypassed by KFUSE_NO_CACHE)" } else { "" });
+                say!("entries:  {} ({} bytes of {} allowed)", s.entries, s.bytes, s.max_bytes);
+                let c = &s.persisted;
+                say!("all processes: {} disk hits, {} misses (compiles), {} repairs, {} failed writes, {} evictions", c.disk_hits, c.compiles, c.repairs, c.write_failures, c.evictions);
+            }
+        }
+        CacheCommand::List => {
+            for e in cache.list()? {
+                say!("{} {} {:>9} bytes  last used {}  {}", e.arch, e.key.to_hex(), e.bytes, e.last_used_unix_s, e.path.display());
+            }
+        }
+        CacheCommand::Clear => {
+            let r = cache.clear()?;
+            say!("removed {} entries ({} bytes)", r.entries, r.bytes);
+        }
+        CacheCommand::Verify => {
+            let r = cache.verify()?;
+            for p in &r.problems {
+                say!("bad: {} — {}{}", p.path.display(), p.reason, if p.removed { " (removed)" } else { " (could not remove)" });
+            }
+            say!("checked {} entries: {} valid, {} bad", r.checked, r.valid, r.problems.len());
+        }
+        CacheCommand::Warm { dir, arch } => {
+            let arch = pick_arch(arch)?;
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .with_context(|| format!("reading {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "kf"))
+                .collect();
+            files.sort();
+            let bar = indicatif::ProgressBar::new(files.len() as u64);
+            bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
+            let (mut compiled, mut hits, mut failed) = (0, 0, 0);
+            for f in &files {
+                bar.set_message(f.display().to_string());
+                let result = Program::from_file(f).map_err(anyhow::Error::from).and_then(|p| {
+                    for k in p.plan()?.kernels {
+                        match cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?.1 {
+                            CacheOutcome::Compiled | CacheOutcome::Repaired => compiled += 1,
+                            _ => hits += 1,
+                        }
+                    }
+                    Ok(())
+                });
+                if let Err(e) = result {
+                    failed += 1;
+                    bar.println(format!("skipped {}: {e:#}", f.display()));
+                }
+                bar.inc(1);
+            }
+            bar.finish_and_clear();
+            say!("{} files for {arch}: {compiled} kernels compiled, {hits} already cached, {failed} files failed", files.len());
+        }
+    }
+    Ok(())
+}
+
+fn mlp_command(what: MlpCommand) -> Result<()> {
+    match what {
+        MlpCommand::Run { model, input, output, out_dtype, device } => {
+            let m = MlpModel::load(&model)?;
+            let x = npy::read_npy(&input)?;
+            let out_dtype = out_dtype.map(Into::into).unwrap_or(x.dtype());
+            let y = match pick_device(device)? {
+                Device::Cpu => kfuse_mlp::run_cpu_as(&m, &x, out_dtype)?,
+                Device::Cuda => kfuse_mlp::run_gpu(&kfuse_runtime::open_default()?, &m, &x, out_dtype)?,
+            };
+            npy::write_npy(&output, &y)?;
+            say!("{}: {:?} {} -> {}", m.summary(), y.shape, y.dtype(), output.display());
+            Ok(())
+        }
+        MlpCommand::Bench { model, batch, io_dtype, json } => {
+            let m = MlpModel::load(&model)?;
+            let gpu = kfuse_runtime::open_default().context("`kfuse mlp bench` times the GPU")?;
+            let d: kfuse::DType = io_dtype.into();
+            let opts = kfuse_mlp::BenchOptions { batch, in_dtype: d, out_dtype: d, ..Default::default() };
+            let report = kfuse_mlp::bench_gpu(&gpu, &m, &opts)?;
+            say!("{}", report.render());
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -216,12 +449,12 @@ fn parse_dims(specs: &[String]) -> Result<Vec<(String, u64)>> {
 fn write_outputs(outputs: &[(String, HostTensor)], dir: &Path) -> Result<()> {
     for (name, t) in outputs {
         if t.shape.is_empty() {
-            println!("{name} = {}", format_scalar(t));
+            say!("{name} = {}", format_scalar(t));
         } else {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join(format!("{name}.npy"));
             npy::write_npy(&path, t)?;
-            println!("{name}: {}{:?} -> {}", t.dtype(), t.shape, path.display());
+            say!("{name}: {}{:?} -> {}", t.dtype(), t.shape, path.display());
         }
     }
     Ok(())

@@ -1,0 +1,97 @@
+//! GPU tier: every example program, in f32, f16 and bf16, at odd sizes, on fresh random data,
+//! with poisoned outputs, against the CPU interpreter. Skips (printing why) without a GPU, fails
+//! instead with KFUSE_REQUIRE_GPU=1.
+
+mod common;
+
+use kfuse::{bench::compare, exec::CudaProgram, testdata, DType, HostTensor, Program};
+use kfuse_runtime::testing::gpu_or_skip;
+
+/// Relative error allowed against the interpreter: f32 arithmetic against f64; f16/bf16 outputs
+/// are rounded to their storage precision on both sides, so one rounding step may differ.
+fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F16 | DType::BF16 => 1e-2,
+        _ => 1e-5,
+    }
+}
+
+/// Size sets tried for every program: each symbol takes each size in turn (others at 3),
+/// plus all symbols at 1, and a larger case.
+fn size_sets(symbols: usize) -> Vec<Vec<u64>> {
+    let mut sets = vec![vec![1; symbols], vec![0; symbols]];
+    for s in 0..symbols {
+        for v in [1u64, 3, 255, 256, 1023] {
+            let mut set = vec![3; symbols];
+            set[s] = v;
+            sets.push(set);
+        }
+    }
+    sets.push(vec![257; symbols]);
+    sets
+}
+
+fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype: DType) {
+    let inputs = testdata::random_inputs_for(&p.graph, sizes, seed).unwrap();
+    let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let want = p.run_cpu(&named).unwrap_or_else(|e| panic!("{} {sizes:?}: interpreter: {e}", p.origin));
+    let prog = CudaProgram::prepare(gpu, p).unwrap_or_else(|e| panic!("{}: {e}", p.origin));
+    let bound = prog.bind(&named).unwrap();
+    prog.poison_outputs(&bound, 0x7f).unwrap();
+    prog.launch(&bound).unwrap();
+    let got = prog.download(&bound).unwrap();
+    for ((name, g), (_, w)) in got.iter().zip(&want) {
+        assert_eq!(g.shape, w.shape, "{} {name}", p.origin);
+        assert_eq!(g.dtype(), w.dtype(), "{} {name}", p.origin);
+        let (rel, max_abs) = compare(g, w);
+        let tol = tolerance(g.dtype());
+        assert!(
+            rel <= tol,
+            "{} ({dtype}) output {name} at sizes {sizes:?} (symbols {:?}): rel err {rel:.3e} > {tol:.0e}, max abs err {max_abs:.3e}",
+            p.origin,
+            p.graph.symbols
+        );
+    }
+    // Run again on the same buffers: the self-resetting tickets give bit-identical results.
+    prog.launch(&bound).unwrap();
+    let again = prog.download(&bound).unwrap();
+    assert_eq!(again, got, "{} at {sizes:?}: a second launch differs", p.origin);
+}
+
+#[test]
+fn every_example_matches_the_interpreter_on_the_gpu() {
+    let Some(gpu) = gpu_or_skip("every_example_matches_the_interpreter_on_the_gpu") else { return };
+    let mut cases = 0;
+    for (stem, src) in common::examples() {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let p = Program::from_source(&testdata::with_float_dtype(&src, dtype), &format!("examples/{stem}.kf ({dtype})")).unwrap();
+            for (i, mut sizes) in size_sets(p.graph.symbols.len()).into_iter().enumerate() {
+                // An offsets input holds B + 1 >= 1 boundaries.
+                for c in &p.graph.constraints {
+                    if let (kfuse_ir::Constraint::Offsets { input, .. }, Some(kfuse_ir::Dim::Sym(s))) = (c, p.graph.input(c.input()).shape.0.first()) {
+                        let _ = input;
+                        sizes[s.0 as usize] = sizes[s.0 as usize].max(1);
+                    }
+                }
+                check(&gpu, &p, &sizes, 1000 + i as u64, dtype);
+                cases += 1;
+            }
+        }
+    }
+    println!("{cases} GPU cases agreed with the interpreter");
+}
+
+#[test]
+fn giou_on_a_seed_like_batch_agrees_to_1e5() {
+    let Some(gpu) = gpu_or_skip("giou_on_a_seed_like_batch_agrees_to_1e5") else { return };
+    let src = std::fs::read_to_string(common::examples_dir().join("giou.kf")).unwrap();
+    let p = Program::from_source(&src, "examples/giou.kf").unwrap();
+    for (batch, n) in [(1024, 256), (16384, 256), (1, 1), (3, 1023)] {
+        let b = kfuse::boxes::generate(batch, n, 7).unwrap();
+        let inputs = [("pred", &b.pred), ("target", &b.target)];
+        let want = p.run_cpu(&inputs).unwrap();
+        let got = CudaProgram::prepare(&gpu, &p).unwrap().run(&inputs).unwrap();
+        let (rel, _) = compare(&got[0].1, &want[0].1);
+        assert!(rel <= 1e-5, "B={batch} N={n}: loss {:?} vs {:?}, rel err {rel:.2e}", got[0].1.scalar_f64(), want[0].1.scalar_f64());
+    }
+}
