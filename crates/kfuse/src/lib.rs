@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod boxes;
+pub mod cachebench;
 pub mod demo;
 pub mod exec;
 pub mod npy;
@@ -49,6 +50,8 @@ pub enum Error {
     Runtime(#[from] kfuse_runtime::RuntimeError),
     #[error(transparent)]
     Npy(#[from] npy::NpyError),
+    #[error(transparent)]
+    Gen(#[from] boxes::GenError),
     #[error("{0}")]
     Exec(String),
 }

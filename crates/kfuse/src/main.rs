@@ -121,6 +121,18 @@ enum CacheCommand {
     Clear,
     /// Check every entry; report and remove bad ones.
     Verify,
+    /// The seed scenario: 1000 builds of one fused op and 100 of each of 10, cold then warm (fresh
+    /// process); compiles, lookup times, first GIoU result. Needs a GPU.
+    Bench {
+        /// Cache folder to use (default: a fresh temporary one).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Internal: run one phase and write its figures here.
+        #[arg(long, hide = true)]
+        phase_out: Option<PathBuf>,
+    },
     /// Compile every .kf file of a folder into the cache.
     Warm {
         dir: PathBuf,
@@ -185,6 +197,9 @@ enum GenCommand {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Float dtype of the box files.
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: FloatArg,
     },
 }
 
@@ -253,11 +268,11 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Gen { what: GenCommand::Boxes { batch, max_boxes, out, seed } } => {
+        Command::Gen { what: GenCommand::Boxes { batch, max_boxes, out, seed, dtype } } => {
             let b = boxes::generate(batch, max_boxes, seed)?;
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             for (name, t) in b.named() {
-                npy::write_npy(&out.join(format!("{name}.npy")), t)?;
+                npy::write_npy(&out.join(format!("{name}.npy")), &boxes::convert_floats(t, dtype.into()))?;
             }
             say!(
                 "wrote {batch} images × {max_boxes} slots ({} valid boxes, {:.2} per image) to {}",
@@ -342,6 +357,35 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 say!("bad: {} — {}{}", p.path.display(), p.reason, if p.removed { " (removed)" } else { " (could not remove)" });
             }
             say!("checked {} entries: {} valid, {} bad", r.checked, r.valid, r.problems.len());
+        }
+        CacheCommand::Bench { dir, json, phase_out } => {
+            if let (Some(out), Some(dir)) = (&phase_out, &dir) {
+                let gpu = kfuse::cachebench::open_with_cache_dir(dir)?;
+                let r = kfuse::cachebench::run_phase(&gpu, "warm")?;
+                std::fs::write(out, serde_json::to_string(&r)?)?;
+                return Ok(());
+            }
+            let dir = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("kfuse-cache-bench-{}", std::process::id())));
+            let _ = std::fs::remove_dir_all(&dir);
+            let gpu = kfuse::cachebench::open_with_cache_dir(&dir).context("`kfuse cache bench` needs a GPU")?;
+            let cold = kfuse::cachebench::run_phase(&gpu, "cold")?;
+            drop(gpu);
+            let out = dir.join("warm-phase.json");
+            let status = std::process::Command::new(std::env::current_exe()?)
+                .args(["cache", "bench", "--dir"])
+                .arg(&dir)
+                .arg("--phase-out")
+                .arg(&out)
+                .status()?;
+            if !status.success() {
+                bail!("the warm phase (a fresh process) failed: {status}");
+            }
+            let warm: kfuse::cachebench::PhaseReport = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+            let phases = [cold, warm];
+            say!("{}", kfuse::cachebench::render(&phases));
+            if let Some(path) = json {
+                std::fs::write(&path, serde_json::to_string_pretty(&phases)?)?;
+            }
         }
         CacheCommand::Warm { dir, arch } => {
             let arch = pick_arch(arch)?;
