@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 
-use kfuse_ir::{Dim, Graph, GraphHash, NodeId, Op, ReduceOp, TernaryOp};
+use kfuse_ir::{InputId, Dim, Graph, GraphHash, NodeId, Op, ReduceOp, TernaryOp};
 
 use crate::analysis::{full_reduce, Analysis, SinkKind};
 use crate::cuda::{self, Helper};
@@ -124,11 +124,18 @@ pub(crate) fn emit_kernel(
         }
     }
 
+    // Inputs loaded outside any predicate branch (or by a predicate itself) are read for every
+    // element; the others only where their branch's predicate holds.
+    let mut unconditional: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     for grp in &groups {
         match &grp.guard {
-            None => run_actions(&mut em, g, &grp.then)?,
+            None => {
+                run_actions(&mut em, g, &grp.then)?;
+                unconditional.extend(em.uses.inputs.iter().copied());
+            }
             Some((m, mctx)) => {
                 let mv = em.eval(*m, mctx)?;
+                unconditional.extend(em.uses.inputs.iter().copied());
                 em.open_branch(&mv);
                 run_actions(&mut em, g, &grp.then)?;
                 em.close();
@@ -143,6 +150,7 @@ pub(crate) fn emit_kernel(
     let n_expr = em.product(&info.dims);
     let next_var = em.next_var();
     let (body, mut uses) = em.into_lines();
+    let lazy_inputs: Vec<InputId> = uses.inputs.iter().filter(|i| !unconditional.contains(i)).map(|&i| InputId(i)).collect();
 
     // The epilogue: scalar outputs and Temp values, computed once by one thread.
     let mut ep = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next_var);
@@ -269,6 +277,7 @@ pub(crate) fn emit_kernel(
         params: params.into_iter().map(|p| p.0).collect(),
         block,
         grid: GridSpec::Work { work, per_block: u64::from(block), max_blocks_per_sm: (2048 / block).clamp(1, 8) },
+        lazy_inputs,
     })
 }
 

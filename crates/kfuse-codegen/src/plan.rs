@@ -135,6 +135,10 @@ pub struct Kernel {
     pub block: u32,
     /// How many blocks to launch (`gridDim.x`).
     pub grid: GridSpec,
+    /// Inputs this kernel loads only inside a hoisted predicate's branch (e.g. `pred` under
+    /// `target[.., 3] != 0`): their bytes are touched only for the elements where it holds.
+    /// Benchmarks leave them out of the bytes a run must move.
+    pub lazy_inputs: Vec<InputId>,
 }
 
 /// One kernel parameter.

@@ -18,36 +18,43 @@ fn check(name: &str, file: ExpectFile) {
 
 #[test]
 fn giou_f32_golden() {
+    golden_env();
     check("giou_f32", expect_file!["golden/giou_f32.cu"]);
 }
 
 #[test]
 fn giou_f16_golden() {
+    golden_env();
     check("giou_f16", expect_file!["golden/giou_f16.cu"]);
 }
 
 #[test]
 fn giou_bf16_golden() {
+    golden_env();
     check("giou_bf16", expect_file!["golden/giou_bf16.cu"]);
 }
 
 #[test]
 fn softmax_xent_golden() {
+    golden_env();
     check("softmax_xent", expect_file!["golden/softmax_xent.cu"]);
 }
 
 #[test]
 fn elementwise_golden() {
+    golden_env();
     check("elementwise", expect_file!["golden/elementwise.cu"]);
 }
 
 #[test]
 fn normalize_golden() {
+    golden_env();
     check("normalize", expect_file!["golden/normalize.cu"]);
 }
 
 #[test]
 fn masked_delta_golden() {
+    golden_env();
     check("masked_delta", expect_file!["golden/masked_delta.cu"]);
 }
 
@@ -70,4 +77,12 @@ fn block_size_is_printed_and_used() {
     assert!(p.kernels[0].source.contains("__launch_bounds__(128)"));
     assert!(p.kernels[0].source.contains("block_size=128"));
     assert_eq!(p.kernels[0].block, 128);
+}
+
+/// Golden files are found through CARGO_MANIFEST_DIR, which cargo sets; a test executable run
+/// directly (as on the GPU machine, which has no Rust) gets the compile-time value instead.
+fn golden_env() {
+    if std::env::var_os("CARGO_MANIFEST_DIR").is_none() {
+        std::env::set_var("CARGO_MANIFEST_DIR", env!("CARGO_MANIFEST_DIR"));
+    }
 }

@@ -201,5 +201,14 @@ fn generated_source_is_deterministic_and_matches_golden() {
     assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 4 + 8 * 48 * 2 + 8 * 4 + 0);
     let generated: String = k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
     let forward: String = k1.source.split("// The layers in order").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
+    golden_env();
     expect_test::expect_file!["golden/mlp_24_40_5_relu.cu.txt"].assert_eq(&format!("{generated}\n// ...\n// The layers in order{forward}\n}}\n"));
+}
+
+/// Golden files are found through CARGO_MANIFEST_DIR, which cargo sets; a test executable run
+/// directly (as on the GPU machine, which has no Rust) gets the compile-time value instead.
+fn golden_env() {
+    if std::env::var_os("CARGO_MANIFEST_DIR").is_none() {
+        std::env::set_var("CARGO_MANIFEST_DIR", env!("CARGO_MANIFEST_DIR"));
+    }
 }

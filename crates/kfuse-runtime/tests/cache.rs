@@ -114,7 +114,7 @@ fn sixteen_processes_on_an_empty_folder_compile_once() {
     let start = dir.path().join("start");
     let probes: Vec<_> = (0..16)
         .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_kfuse-cache-probe"))
+            Command::new(probe_exe())
                 .arg("--dir")
                 .arg(&cache_dir)
                 .arg("--start-file")
@@ -365,4 +365,19 @@ fn compile_errors_are_not_cached() {
         assert!(matches!(err, kfuse_runtime::RuntimeError::Compile { .. }), "{err}");
     }
     assert_eq!(cache.stats().entries, 0);
+}
+
+/// The probe binary: where cargo built it, or (for test executables copied to a machine without
+/// Rust, such as the GPU machine's bundle) the copy on PATH.
+fn probe_exe() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kfuse-cache-probe"));
+    if built.exists() {
+        return built;
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("kfuse-cache-probe"))
+        .find(|p| p.exists())
+        .unwrap_or(built)
 }

@@ -13,6 +13,7 @@ fn generated_source_of_every_example_is_pinned() {
         let p = Program::from_source(&src, &format!("examples/{stem}.kf")).unwrap();
         let plan = p.plan().unwrap_or_else(|e| panic!("{stem}: {e}"));
         let text: String = plan.kernels.iter().map(|k| format!("{}\n", k.source)).collect();
+        golden_env();
         expect_test::expect_file![format!("golden/{stem}.cu")].assert_eq(&text);
         // Deterministic: planning again gives the same bytes.
         let again: String = p.plan().unwrap().kernels.iter().map(|k| format!("{}\n", k.source)).collect();
@@ -43,4 +44,12 @@ fn every_example_compiles_for_sm80_and_sm90_in_every_float_dtype() {
         }
     }
     assert!(compiled >= 12 * 3 * 2, "compiled {compiled} kernels");
+}
+
+/// Golden files are found through CARGO_MANIFEST_DIR, which cargo sets; a test executable run
+/// directly (as on the GPU machine, which has no Rust) gets the compile-time value instead.
+fn golden_env() {
+    if std::env::var_os("CARGO_MANIFEST_DIR").is_none() {
+        std::env::set_var("CARGO_MANIFEST_DIR", env!("CARGO_MANIFEST_DIR"));
+    }
 }
