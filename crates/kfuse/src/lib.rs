@@ -36,7 +36,7 @@ pub enum Device {
 pub enum Error {
     #[error("cannot read {path}: {source}")]
     Read { path: String, source: std::io::Error },
-    #[error("{0}")]
+    #[error(transparent)]
     Parse(#[from] kfuse_lang::Diagnostic),
     #[error(transparent)]
     Ir(#[from] kfuse_ir::IrError),
