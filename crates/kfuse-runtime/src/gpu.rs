@@ -252,9 +252,25 @@ impl Gpu {
 
     /// Compiles `source` for this device through the cache, loads it (cubin first, PTX
     /// fallback) and looks up `fn_name`. A second call with the same source and name costs a
-    /// hash of the source and a map lookup.
+    /// hash of the source and a map lookup. Same as [`Gpu::load_kernel_with_options`] with no
+    /// extra options.
     pub fn load_kernel(&self, source: &str, fn_name: &str) -> Result<GpuFunction, RuntimeError> {
-        let opts = CompileOptions::for_arch(self.compile_arch);
+        self.load_kernel_with_options(source, fn_name, &[])
+    }
+
+    /// [`Gpu::load_kernel`] with extra NVRTC options (e.g. `--use_fast_math`), appended after
+    /// kfuse's fixed ones in this order. The extras are part of the cache key: the same source
+    /// with different extras is a different kernel.
+    pub fn load_kernel_with_options(
+        &self,
+        source: &str,
+        fn_name: &str,
+        extra: &[String],
+    ) -> Result<GpuFunction, RuntimeError> {
+        let opts = CompileOptions {
+            arch: self.compile_arch,
+            extra: extra.to_vec(),
+        };
         let bypass = self.cache.is_bypassed();
         if !bypass {
             let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);

@@ -164,3 +164,45 @@ fn events_time_a_launch() {
     assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
     assert!(bytes_f32(&gpu.download(&out).expect("download")).iter().all(|&v| v == 2.0));
 }
+
+#[test]
+fn extra_options_reach_nvrtc_and_key_the_loaded_kernel() {
+    let Some(gpu) = gpu_or_skip("extra_options_reach_nvrtc_and_key_the_loaded_kernel") else { return };
+    // VALUE is only defined by the extra option, so the kernel only compiles with it.
+    let source = SCALE_ADD.replace("a * x[i] + b", "a * x[i] + b + VALUE").replace("scale_add", "scale_add_value");
+    let err = gpu.load_kernel(&source, "scale_add_value").expect_err("VALUE undefined without the option");
+    assert!(matches!(err, RuntimeError::Compile { .. }), "{err}");
+    let three = vec!["-DVALUE=3.0f".to_string()];
+    let five = vec!["-DVALUE=5.0f".to_string(), "--use_fast_math".to_string()];
+    let f3 = gpu.load_kernel_with_options(&source, "scale_add_value", &three).expect("loads with -DVALUE=3");
+    let f5 = gpu.load_kernel_with_options(&source, "scale_add_value", &five).expect("loads with -DVALUE=5");
+    assert_ne!(f3.key(), f5.key(), "extra options are part of the key");
+    let compiles = gpu.cache().stats().session.compiles;
+    let again = gpu.load_kernel_with_options(&source, "scale_add_value", &three).expect("loads again");
+    assert_eq!(again.key(), f3.key());
+    assert_eq!(gpu.cache().stats().session.compiles, compiles, "the same extras do not recompile");
+    const TOLERANCE_F32: f32 = 1e-5;
+    for n in [1usize, 3, 255, 256, 1023] {
+        let x = random_floats(n, seed() ^ n as u64);
+        let xb = gpu.upload(&f32_bytes(&x)).expect("upload");
+        for (f, value) in [(&f3, 3.0f32), (&f5, 5.0f32)] {
+            let out = gpu.alloc_zeroed(n * 4).expect("alloc");
+            gpu.fill(&out, 0xFF).expect("poison");
+            let grid = u32::try_from(n.div_ceil(256)).expect("grid fits");
+            let args = [
+                KernelArg::Buffer(&out),
+                KernelArg::Buffer(&xb),
+                KernelArg::F32(2.0),
+                KernelArg::F32(-1.0),
+                KernelArg::I64(i64::try_from(n).expect("n fits")),
+            ];
+            gpu.launch(f, grid, 256, 0, &args).expect("launch");
+            let got = bytes_f32(&gpu.download(&out).expect("download"));
+            assert_eq!(got.len(), n);
+            for (i, (g, xi)) in got.iter().zip(&x).enumerate() {
+                let want = 2.0 * xi - 1.0 + value;
+                assert!((g - want).abs() <= TOLERANCE_F32 * want.abs().max(1.0), "VALUE={value} n={n} i={i}: {g} vs {want}");
+            }
+        }
+    }
+}

@@ -82,3 +82,22 @@ fn extra_options_reach_nvrtc() {
     let module = compile(source, &opts).expect("compiles with -DVALUE=7");
     assert!(module.ptx.contains("7;"), "PTX should store the constant 7");
 }
+
+#[test]
+fn extra_options_are_part_of_the_key() {
+    let Some(()) = nvrtc_or_skip("extra_options_are_part_of_the_key") else { return };
+    let plain = CompileOptions::for_arch(Arch::new(9, 0));
+    let fast = CompileOptions { arch: Arch::new(9, 0), extra: vec!["--use_fast_math".to_string()] };
+    let fast_twice = CompileOptions {
+        arch: Arch::new(9, 0),
+        extra: vec!["--use_fast_math".to_string(), "--use_fast_math".to_string()],
+    };
+    let key = |opts: &CompileOptions| kfuse_runtime::cache_key(AXPY, opts).expect("key computes");
+    assert_ne!(key(&plain), key(&fast), "--use_fast_math must change the key");
+    assert_ne!(key(&fast), key(&fast_twice), "the option list is keyed, not a set");
+    assert_eq!(key(&fast), key(&fast.clone()));
+    // The key compile() reports is the one cache_key() predicts, options included.
+    let module = compile(AXPY, &fast).expect("compiles with --use_fast_math");
+    assert_eq!(module.key, key(&fast));
+    assert!(fast.nvrtc_options().ends_with(&["--use_fast_math".to_string()]));
+}
