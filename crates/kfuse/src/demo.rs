@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kfuse_ir::HostTensor;
+use kfuse_ir::{DType, HostTensor};
 
 use crate::{boxes, exec::CudaProgram, Device, Error, Program};
 
@@ -58,6 +58,43 @@ pub fn run(batch: usize, max_boxes: usize, device: Device) -> anyhow::Result<()>
         }
     }
     println!("next: kfuse emit examples/giou.kf  (the generated CUDA)   kfuse bench examples/giou.kf --dim B=16384 --dim N=256");
+    println!();
+    mlp_section(device)
+}
+
+/// The MLP part: a model like a user's (widths 32→64→128→96→64→32→16, SiLU, biases, f16
+/// weights) written as model.json + safetensors, run as one fused tensor-core kernel.
+fn mlp_section(device: Device) -> anyhow::Result<()> {
+    use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+    println!("kfuse demo: a fully fused MLP (model.json + safetensors, as tools/export_mlp.py writes from PyTorch)");
+    let dir = std::env::temp_dir().join(format!("kfuse-demo-mlp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut spec = ModelSpec::new(&[32, 64, 128, 96, 64, 32, 16], "silu");
+    spec.with_bias = true;
+    let path = write_model(&dir, "demo", &spec)?;
+    let model = kfuse_mlp::MlpModel::load(&path)?;
+    let rows = 16_385; // not a multiple of any tile: the tail is masked, not padded by the caller
+    let x = random_input(DType::F16, rows, model.input_width(), &mut Rng::new(1));
+    println!("model: {}; {rows} rows in f16", model.summary());
+    let t0 = Instant::now();
+    let cpu = kfuse_mlp::evaluate_cpu(&model, &x)?;
+    let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
+    match device {
+        Device::Cpu => println!("CPU interpreter path: {cpu_ms:.0} ms (no GPU here: with one, the model runs as one generated kernel)"),
+        Device::Cuda => {
+            let gpu = kfuse_runtime::open_default()?;
+            let t0 = Instant::now();
+            let y = kfuse_mlp::run_gpu(&gpu, &model, &x, DType::F16)?;
+            let first_ms = t0.elapsed().as_secs_f64() * 1e3;
+            let e = kfuse_mlp::compare_rows(&y.to_f64(), &cpu, model.output_width());
+            println!(
+                "GPU: first call {first_ms:.1} ms incl. compile or cache load; vs CPU interpreter: rel err {:.2e}, max abs err {:.2e}, worst row {:.2e}",
+                e.rel_err, e.max_abs_err, e.worst_row_rel_err
+            );
+            println!("next: kfuse mlp bench {} --batch 2097152", path.display());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
