@@ -59,6 +59,21 @@ pub struct Timed {
     pub max_rel_err: f64,
 }
 
+impl Timed {
+    fn new(name: &str, launches: usize, l2_flushed: Timing, back_to_back: Timing, bytes: u64, max_rel_err: f64) -> Timed {
+        Timed {
+            name: name.to_string(),
+            launches,
+            gbps_back_to_back: bytes as f64 / (back_to_back.median_us * 1e3),
+            gbps_l2_flushed: bytes as f64 / (l2_flushed.median_us * 1e3),
+            l2_flushed,
+            back_to_back,
+            bytes,
+            max_rel_err,
+        }
+    }
+}
+
 /// Everything `kfuse bench` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
@@ -154,16 +169,8 @@ pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: 
 
     let flush = gpu.alloc_zeroed((gpu.l2_bytes() * 2).max(64 << 20))?;
     let (bytes, masked_inputs) = must_touch_bytes(prog.plan(), &cpu, inputs, &program.graph);
-    let kfuse = time(gpu, &flush, iters, || prog.launch(&bound)).map(|(l2, b2b)| Timed {
-        name: "kfuse (generated)".into(),
-        launches: prog.plan().kernels.len(),
-        gbps_back_to_back: bytes as f64 / (b2b.median_us * 1e3),
-        gbps_l2_flushed: bytes as f64 / (l2.median_us * 1e3),
-        l2_flushed: l2,
-        back_to_back: b2b,
-        bytes,
-        max_rel_err,
-    })?;
+    let (l2, b2b) = time(gpu, &flush, iters, || prog.launch(&bound))?;
+    let kfuse = Timed::new("kfuse (generated)", prog.plan().kernels.len(), l2, b2b, bytes, max_rel_err);
 
     let copy_bandwidth_gbps = copy_bandwidth(gpu)?;
     let baseline = match opts.baseline.as_deref() {
@@ -295,16 +302,7 @@ fn giou_baseline(gpu: &Gpu, flush: &DeviceBuffer, inputs: &[(String, HostTensor)
     let want = cpu.iter().find(|(n, _)| n == "loss").map(|(_, t)| t).ok_or_else(|| Error::Exec("--baseline giou needs an output `loss`".into()))?;
     let (max_rel_err, _) = compare(&got, want);
     let (l2, b2b) = time(gpu, flush, iters, launch)?;
-    Ok(Timed {
-        name: "hand-written CUDA (one thread per box)".into(),
-        launches: 1,
-        gbps_back_to_back: bytes as f64 / (b2b.median_us * 1e3),
-        gbps_l2_flushed: bytes as f64 / (l2.median_us * 1e3),
-        l2_flushed: l2,
-        back_to_back: b2b,
-        bytes,
-        max_rel_err,
-    })
+    Ok(Timed::new("hand-written CUDA (one thread per box)", 1, l2, b2b, bytes, max_rel_err))
 }
 
 /// Today's date in UTC as YYYY-MM-DD (civil-from-days, no time crate needed).
