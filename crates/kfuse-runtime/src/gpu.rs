@@ -18,7 +18,8 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::cache::KernelCache;
-use crate::nvrtc::{check_no_nul, key_with_options, nvrtc_version, CompileOptions, CompiledModule};
+use crate::lookup::{LookupKey, SourceMap};
+use crate::nvrtc::{check_no_nul, CompileOptions, CompiledModule};
 use crate::{Arch, CacheKey, RuntimeError};
 
 /// Dynamic shared memory a kernel may use without opting in.
@@ -56,6 +57,8 @@ pub struct Gpu {
     max_shared_optin: u32,
     cache: Arc<KernelCache>,
     modules: Mutex<HashMap<CacheKey, LoadedModule>>,
+    /// First-level lookup: (source, function, extra options) → loaded function.
+    functions: SourceMap<GpuFunction>,
 }
 
 /// A kernel function loaded on one `Gpu`.
@@ -208,6 +211,7 @@ impl Gpu {
             max_shared_optin,
             cache,
             modules: Mutex::new(HashMap::new()),
+            functions: SourceMap::new(),
         })
     }
 
@@ -252,8 +256,8 @@ impl Gpu {
 
     /// Compiles `source` for this device through the cache, loads it (cubin first, PTX
     /// fallback) and looks up `fn_name`. A second call with the same source and name costs a
-    /// hash of the source and a map lookup. Same as [`Gpu::load_kernel_with_options`] with no
-    /// extra options.
+    /// fast hash of the source, one map probe and one comparison of the source (see
+    /// [`crate::lookup`]). Same as [`Gpu::load_kernel_with_options`] with no extra options.
     pub fn load_kernel(&self, source: &str, fn_name: &str) -> Result<GpuFunction, RuntimeError> {
         self.load_kernel_with_options(source, fn_name, &[])
     }
@@ -267,18 +271,22 @@ impl Gpu {
         fn_name: &str,
         extra: &[String],
     ) -> Result<GpuFunction, RuntimeError> {
+        let lookup = LookupKey {
+            source,
+            name: fn_name,
+            arch: self.compile_arch,
+            extra,
+        };
+        let bypass = self.cache.is_bypassed();
+        if !bypass {
+            if let Some(function) = self.functions.get(&lookup) {
+                return Ok(function);
+            }
+        }
         let opts = CompileOptions {
             arch: self.compile_arch,
             extra: extra.to_vec(),
         };
-        let bypass = self.cache.is_bypassed();
-        if !bypass {
-            let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
-            let modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(function) = modules.get(&key).and_then(|m| m.functions.get(fn_name)) {
-                return Ok(function.clone());
-            }
-        }
         check_no_nul("the kernel name", fn_name)?;
         let (compiled, _outcome) = self.cache.get_or_compile(source, &opts)?;
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
@@ -311,10 +319,11 @@ impl Gpu {
             ordinal: self.ordinal,
             shared_opt_in: Arc::new(AtomicU32::new(DEFAULT_DYNAMIC_SHARED_LIMIT)),
         };
-        if !bypass {
-            loaded.functions.insert(fn_name.to_string(), function.clone());
+        if bypass {
+            return Ok(function);
         }
-        Ok(function)
+        loaded.functions.insert(fn_name.to_string(), function.clone());
+        Ok(self.functions.insert(&lookup, function))
     }
 
     /// Loads a compiled module: the cubin first; the PTX (driver JIT, slow) only if the cubin

@@ -4,6 +4,8 @@
 //!   needed;
 //! - [`KernelCache`] keeps compiled modules in memory and on disk, keyed by a stable blake3
 //!   [`CacheKey`];
+//! - [`lookup::SourceMap`] is the first-level memory lookup both use (a fast hash verified by
+//!   equality, so a repeat costs about one map probe);
 //! - [`Gpu`] is one device with one stream: buffers, kernel loading through the cache, launches
 //!   and timing events;
 //! - [`testing`] gates NVRTC- and GPU-tier tests.
@@ -16,6 +18,7 @@ pub mod cache;
 mod error;
 mod gpu;
 mod key;
+pub mod lookup;
 mod nvrtc;
 pub mod testing;
 

@@ -1,7 +1,8 @@
 //! The kernel cache (issue 3): compiled cubin + PTX by content key, in memory and on disk.
 //!
-//! - Memory: (key) → `Arc<CompiledModule>`; a repeat costs a key hash and a map lookup. Each key
-//!   has its own slot mutex, so threads asking for the same new kernel compile it once while
+//! - Memory: (source, arch, extra options) → `Arc<CompiledModule>` first (a [`SourceMap`]: a
+//!   repeat costs a fast hash, one map probe and one source comparison), then (key) → slot for
+//!   what is not there yet. Each key has its own slot mutex, so threads asking for the same new kernel compile it once while
 //!   different kernels compile in parallel. (The (key, device) → loaded function tier lives in
 //!   [`crate::Gpu`].)
 //! - Disk: see `disk` for the layout. Bad entries are warnings and recompiles (`Repaired`); a
@@ -21,6 +22,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use disk::{DiskStore, ReadOutcome};
+
+use crate::lookup::{LookupKey, SourceMap};
 
 use crate::nvrtc::{compile, key_with_options, nvrtc_version, CompileOptions, CompiledModule};
 use crate::{Arch, CacheKey, RuntimeError};
@@ -246,6 +249,8 @@ pub struct KernelCache {
     config: CacheConfig,
     disk: Option<DiskStore>,
     memory: Mutex<HashMap<CacheKey, Arc<Slot>>>,
+    /// First-level lookup of modules already in `memory`.
+    by_source: SourceMap<Arc<CompiledModule>>,
     counters: AtomicCounters,
     warned_lock: AtomicBool,
     warned_stats: AtomicBool,
@@ -291,6 +296,7 @@ impl KernelCache {
             config,
             disk,
             memory: Mutex::new(HashMap::new()),
+            by_source: SourceMap::new(),
             counters: AtomicCounters::default(),
             warned_lock: AtomicBool::new(false),
             warned_stats: AtomicBool::new(false),
@@ -324,6 +330,16 @@ impl KernelCache {
             self.record(CacheCounters { compiles: 1, ..Default::default() }, false);
             return Ok((Arc::new(module), CacheOutcome::Compiled));
         }
+        let lookup = LookupKey {
+            source,
+            name: "",
+            arch: opts.arch,
+            extra: &opts.extra,
+        };
+        if let Some(found) = self.by_source.get(&lookup) {
+            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok((found, CacheOutcome::MemoryHit));
+        }
         let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
         let slot = {
             let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
@@ -344,6 +360,7 @@ impl KernelCache {
         };
         let module = Arc::new(module);
         *held = Some(module.clone());
+        self.by_source.insert(&lookup, module.clone());
         Ok((module, outcome))
     }
 
@@ -502,6 +519,7 @@ impl KernelCache {
     /// Removes every entry from disk and memory.
     pub fn clear(&self) -> Result<ClearReport, RuntimeError> {
         self.memory.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.by_source.clear();
         let Some(disk) = &self.disk else {
             return Ok(ClearReport::default());
         };
