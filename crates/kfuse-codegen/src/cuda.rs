@@ -158,6 +158,8 @@ pub(crate) enum Helper {
     BlockSum,
     BlockMax,
     BlockMin,
+    DivMod,
+    StoreStreaming,
 }
 
 /// The definition of `h`, guarded so that it may appear more than once in a translation unit.
@@ -186,6 +188,33 @@ __device__ __forceinline__ unsigned short kf_f32_to_bf16(float f) { unsigned sho
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
         Helper::BlockMin => block_reduce("min", "kf_min_f64(v, o)", "__longlong_as_double(0x7ff0000000000000ll)"),
+        Helper::DivMod => "\
+#ifndef KF_HELPER_DIVMOD
+#define KF_HELPER_DIVMOD
+// Index division for non-negative operands: 32-bit when both fit (a uniform branch in practice;
+// about a quarter of the instructions of the 64-bit sequence), 64-bit otherwise.
+__device__ __forceinline__ long long kf_div(long long a, long long b) {
+    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a / (unsigned int)b) : a / b;
+}
+__device__ __forceinline__ long long kf_mod(long long a, long long b) {
+    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a % (unsigned int)b) : a % b;
+}
+#endif
+"
+        .to_string(),
+        Helper::StoreStreaming => "\
+#ifndef KF_HELPER_STORE_CS
+#define KF_HELPER_STORE_CS
+// Streaming (evict-first) stores for outputs that nothing re-reads: st.global.cs.
+__device__ __forceinline__ void kf_st_cs(float4* p, float4 v) { asm volatile(\"st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\" :: \"l\"(p), \"f\"(v.x), \"f\"(v.y), \"f\"(v.z), \"f\"(v.w)); }
+__device__ __forceinline__ void kf_st_cs(float2* p, float2 v) { asm volatile(\"st.global.cs.v2.f32 [%0], {%1, %2};\" :: \"l\"(p), \"f\"(v.x), \"f\"(v.y)); }
+__device__ __forceinline__ void kf_st_cs(float* p, float v) { asm volatile(\"st.global.cs.f32 [%0], %1;\" :: \"l\"(p), \"f\"(v)); }
+__device__ __forceinline__ void kf_st_cs(uint4* p, uint4 v) { asm volatile(\"st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\" :: \"l\"(p), \"r\"(v.x), \"r\"(v.y), \"r\"(v.z), \"r\"(v.w)); }
+__device__ __forceinline__ void kf_st_cs(uint2* p, uint2 v) { asm volatile(\"st.global.cs.v2.u32 [%0], {%1, %2};\" :: \"l\"(p), \"r\"(v.x), \"r\"(v.y)); }
+__device__ __forceinline__ void kf_st_cs(unsigned int* p, unsigned int v) { asm volatile(\"st.global.cs.u32 [%0], %1;\" :: \"l\"(p), \"r\"(v)); }
+#endif
+"
+        .to_string(),
     }
 }
 

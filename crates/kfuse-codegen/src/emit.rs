@@ -88,6 +88,12 @@ pub(crate) struct Emitter<'a> {
     pub uses: Uses,
     /// Epilogue mode: for each of this kernel's full reductions, the names of its final slots.
     pub slot_results: HashMap<NodeId, Vec<String>>,
+    /// Row-structured element mode: the last domain coordinate is the column variable `col`
+    /// and the others derive from the row number `row` (no per-element division).
+    pub row_mode: bool,
+    /// Values fixed by the caller instead of computed (node → C expression), e.g. a scale
+    /// factor replaced by `1.0f` when a kernel computes an unscaled gradient.
+    pub substitutions: HashMap<NodeId, String>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -95,7 +101,19 @@ type R<T> = Result<T, CodegenError>;
 impl<'a> Emitter<'a> {
     pub fn new(g: &'a Graph, an: Option<&'a Analysis>, mode: Mode, dims: Vec<Dim>, first_var: u32) -> Self {
         let root = Block { kind: BlockKind::Root, header: String::new(), lines: Vec::new(), memo: HashMap::new() };
-        Emitter { g, an, mode, dims, blocks: vec![root], next_var: first_var, next_loop: 0, uses: Uses::default(), slot_results: HashMap::new() }
+        Emitter {
+            g,
+            an,
+            mode,
+            dims,
+            blocks: vec![root],
+            next_var: first_var,
+            next_loop: 0,
+            uses: Uses::default(),
+            slot_results: HashMap::new(),
+            row_mode: false,
+            substitutions: HashMap::new(),
+        }
     }
 
     /// The next unused value number (to continue numbering in another emitter).
@@ -125,6 +143,12 @@ impl<'a> Emitter<'a> {
     /// Opens `if (cond) {`; values computed inside stay inside.
     pub fn open_branch(&mut self, cond: &str) {
         self.open(BlockKind::Branch, format!("if ({cond}) {{"));
+    }
+
+    /// Opens a column loop of row mode (`header` is the whole `for (...) {` line); values
+    /// computed inside stay inside, like a branch's.
+    pub fn open_column_loop(&mut self, header: String) {
+        self.open(BlockKind::Branch, header);
     }
 
     /// Opens `else {` right after a closed branch.
@@ -209,13 +233,23 @@ impl<'a> Emitter<'a> {
                 }
                 let dims = self.dims.clone();
                 let a = a as usize;
-                let inner = self.product(&dims[a + 1..]);
-                let mut e = if inner == "1" { "i".to_string() } else { format!("(i / ({inner}))") };
+                let last = dims.len().saturating_sub(1);
+                if self.row_mode && a == last {
+                    return "col".to_string();
+                }
+                // Row mode: the row number is the flat index over every axis but the last, so the
+                // derivation is the same with `row` for `i` and the last axis left out.
+                let (flat, end, depth) = if self.row_mode { ("row", last, 0) } else { ("i", dims.len(), self.target_depth(&[])) };
+                let inner = self.product(&dims[a + 1..end]);
+                if self.row_mode && inner == "1" && a == 0 {
+                    return "row".to_string();
+                }
+                self.uses.helpers.insert(Helper::DivMod);
+                let mut e = if inner == "1" { flat.to_string() } else { format!("kf_div({flat}, {inner})") };
                 if a > 0 {
                     let d = self.dim(dims[a]);
-                    e = format!("{e} % {d}");
+                    e = format!("kf_mod({e}, {d})");
                 }
-                let depth = self.target_depth(&[]);
                 self.bind(depth, key, "long long", e, &format!("coordinate {a} of the domain"))
             }
         }
@@ -265,6 +299,9 @@ impl<'a> Emitter<'a> {
         let node = g.node(n);
         if let Op::Const(l) = node.op {
             return Ok(cuda::literal(l, node.dtype));
+        }
+        if let Some(v) = self.substitutions.get(&n) {
+            return Ok(v.clone());
         }
         let key = Key::Node(n, ctx.to_vec());
         if let Some(v) = self.lookup(&key) {

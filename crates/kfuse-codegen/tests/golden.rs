@@ -53,6 +53,12 @@ fn normalize_golden() {
 }
 
 #[test]
+fn masked_delta_lengths_golden() {
+    golden_env();
+    check("masked_delta_lengths", expect_file!["golden/masked_delta_lengths.cu"]);
+}
+
+#[test]
 fn masked_delta_golden() {
     golden_env();
     check("masked_delta", expect_file!["golden/masked_delta.cu"]);

@@ -120,8 +120,32 @@ fn elementwise_outputs_fuse_and_store_vectors() {
     let src = &p.kernels[0].source;
     assert!(src.contains("reinterpret_cast<float4*>(out1)[i] = make_float4("));
     assert!(src.contains("out0[i] = kf_f32_to_f16("));
-    assert!(src.contains("i % sz1"), "the broadcast bias needs the N coordinate");
+    assert!(src.contains("kf_mod(i, sz1)"), "the broadcast bias needs the N coordinate (32-bit when sizes allow)");
     assert!(!src.contains("atomicAdd"));
+}
+
+#[test]
+fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
+    let g = common::masked_delta_lengths().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    // Kernel 0: the output and the masked sum and count share the mask, so one row-mode kernel.
+    let k = &p.kernels[0];
+    let src = &k.source;
+    assert!(src.contains("const int v0 = in2[row];"), "the bound is read once per row:\n{src}");
+    assert!(src.contains("for (long long col = lane; col < kf_hi; col += 32)"));
+    assert!(src.contains("for (long long col = kf_hi + lane; col < sz1; col += 32)"), "padding is a column range of zeros");
+    assert!(!src.contains("kf_div") && !src.contains("kf_mod") && !src.contains(" / (sz"), "no per-element division");
+    assert!(src.contains("kf_st_cs(reinterpret_cast<float4*>(out0) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));"));
+    // The valid range loads pred and target; the padding range loads nothing.
+    let valid_loop = &src[src.find("col < kf_hi").expect("valid loop")..src.find("col = kf_hi + lane").expect("pad loop")];
+    assert!(valid_loop.contains("in0") && valid_loop.contains("in1") && valid_loop.contains("acc1 += 1.0;"));
+    let pad_loop = &src[src.find("col = kf_hi + lane").expect("pad loop")..];
+    assert!(!pad_loop[..pad_loop.find("\n    }\n").unwrap_or(pad_loop.len())].contains("in0"));
+    // The grid counts rows, 8 warps (rows) per 256-thread block.
+    let GridSpec::Work { work, per_block, .. } = &k.grid;
+    assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0)] });
+    assert_eq!(*per_block, 8);
+    assert_eq!(k.lazy_inputs, vec![InputId(0), InputId(1)]);
 }
 
 #[test]

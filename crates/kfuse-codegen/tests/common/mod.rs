@@ -145,6 +145,32 @@ pub fn masked_delta() -> Result<Graph, IrError> {
     b.finish()
 }
 
+/// The lengths form of `masked_delta`: `valid = iota(N) < lengths[.., None]` (what `mask(lengths)`
+/// lowers to), a masked sum and count over it, and `where(valid[.., None], pred - target, 0)`.
+pub fn masked_delta_lengths() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let n = b.symbol("N");
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", DType::F32, shape.clone())?;
+    let target = b.input("target", DType::F32, shape)?;
+    let lengths = b.input("lengths", DType::I32, Shape(vec![Dim::Sym(bs)]))?;
+    let iota = b.iota(Shape(vec![Dim::Sym(bs), Dim::Sym(n)]), 1)?;
+    let l1 = b.expand_last(lengths);
+    let valid = bin(&mut b, B::Lt, iota, l1)?;
+    let v1 = b.expand_last(valid);
+    let zero = b.lit_float(0.0);
+    let d = bin(&mut b, B::Sub, pred, target)?;
+    let g = b.select(v1, d, zero)?;
+    b.output("delta", g)?;
+    let x0 = b.component(d, 0)?;
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::All, x0, Some(valid))?;
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None)?;
+    let mean = bin(&mut b, B::Div, s, count)?;
+    b.output("mean_dx", mean)?;
+    b.finish()
+}
+
 /// Every representative graph, by name.
 pub fn all() -> Vec<(&'static str, Graph)> {
     let mut v = Vec::new();
@@ -159,5 +185,6 @@ pub fn all() -> Vec<(&'static str, Graph)> {
     add("elementwise", elementwise());
     add("normalize", normalize());
     add("masked_delta", masked_delta());
+    add("masked_delta_lengths", masked_delta_lengths());
     v
 }
