@@ -20,6 +20,7 @@ use cudarc::nvrtc::Ptx;
 use crate::cache::KernelCache;
 use crate::lookup::{LookupKey, SourceMap};
 use crate::nvrtc::{check_no_nul, CompileOptions, CompiledModule};
+use crate::timing;
 use crate::{Arch, CacheKey, RuntimeError};
 
 /// Dynamic shared memory a kernel may use without opting in.
@@ -114,6 +115,21 @@ pub enum KernelArg<'a> {
     F32(f32),
 }
 
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A primitive host element type without padding, uploadable by [`Gpu::upload_slice`].
+pub trait HostElement: sealed::Sealed + Copy {}
+
+macro_rules! host_elements {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl HostElement for $t {}
+    )*};
+}
+host_elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, bool);
+
 /// A recorded point on a `Gpu`'s stream, for timing.
 pub struct GpuEvent {
     event: CudaEvent,
@@ -138,9 +154,12 @@ impl Gpu {
 
     /// Opens device `ordinal` with a given kernel cache.
     pub fn open_with_cache(ordinal: usize, cache: Arc<KernelCache>) -> Result<Gpu, RuntimeError> {
+        let opened = Instant::now();
         if !driver_available() {
             return Err(RuntimeError::DriverMissing);
         }
+        timing::log("open: load libcuda", opened);
+        let step = Instant::now();
         dresult::init().map_err(|e| match e.0 {
             CUresult::CUDA_ERROR_NO_DEVICE => RuntimeError::NoDevice {
                 detail: "cuInit reports CUDA_ERROR_NO_DEVICE".to_string(),
@@ -165,8 +184,12 @@ impl Gpu {
         if ordinal >= count {
             return Err(RuntimeError::DeviceOutOfRange { ordinal, count });
         }
+        timing::log("open: cuInit + device count", step);
+        let step = Instant::now();
         let driver = |call: &'static str| move |source| RuntimeError::Driver { call, ordinal, source };
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        timing::log("open: primary context", step);
+        let step = Instant::now();
         // SAFETY: this context object is private to this Gpu, and every buffer it allocates is
         // used only on this Gpu's single stream (buffers carry the Gpu id and other Gpus refuse
         // them), so stream order already orders allocation, kernel use and free; cudarc's
@@ -198,8 +221,13 @@ impl Gpu {
             "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)",
         )?;
         let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
+        timing::log("open: stream + attributes", step);
+        let step = Instant::now();
+        let compile_arch = compile_arch_for(arch);
+        timing::log("open: NVRTC version + supported archs (loads libnvrtc)", step);
+        timing::log("open: total", opened);
         Ok(Gpu {
-            compile_arch: compile_arch_for(arch),
+            compile_arch,
             ctx,
             stream,
             id: next_gpu_id(),
@@ -288,15 +316,25 @@ impl Gpu {
             extra: extra.to_vec(),
         };
         check_no_nul("the kernel name", fn_name)?;
-        let (compiled, _outcome) = self.cache.get_or_compile(source, &opts)?;
+        let step = Instant::now();
+        let (compiled, outcome) = self.cache.get_or_compile(source, &opts)?;
+        if timing::enabled() {
+            timing::log(&format!("load_kernel {fn_name}: cache lookup ({outcome:?})"), step);
+        }
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         let loaded = match modules.entry(compiled.key) {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(LoadedModule {
-                module: self.load_module(&compiled)?,
-                functions: HashMap::new(),
-            }),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let step = Instant::now();
+                let module = self.load_module(&compiled)?;
+                timing::log("load_kernel: cuModuleLoadData", step);
+                entry.insert(LoadedModule {
+                    module,
+                    functions: HashMap::new(),
+                })
+            }
         };
+        let step = Instant::now();
         if let Some(function) = loaded.functions.get(fn_name) {
             return Ok(function.clone());
         }
@@ -311,6 +349,7 @@ impl Gpu {
                 source: e,
             },
         })?;
+        timing::log("load_kernel: cuModuleGetFunction", step);
         let function = GpuFunction {
             function,
             name: Arc::from(fn_name),
@@ -382,6 +421,18 @@ impl Gpu {
             .clone_htod(bytes)
             .map_err(|e| self.alloc_error(e, bytes.len()))?;
         Ok(self.wrap(slice))
+    }
+
+    /// Copies a slice of plain host values (f32, i32, u16 bit patterns of f16/bf16, bool, ...)
+    /// to a new device buffer in their native (little-endian) layout, without an intermediate
+    /// byte vector.
+    pub fn upload_slice<T: HostElement>(&self, values: &[T]) -> Result<DeviceBuffer, RuntimeError> {
+        let bytes = std::mem::size_of_val(values);
+        // SAFETY: `HostElement` is sealed and implemented only for primitive types without padding
+        // (every byte of a `[T]` is initialised); the byte view covers exactly the slice's
+        // `size_of_val` bytes, is only read, and lives no longer than the borrow of `values`.
+        let view = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), bytes) };
+        self.upload(view)
     }
 
     /// Copies a buffer back to the host (waits for prior work on the stream).

@@ -21,6 +21,7 @@ mod key;
 pub mod lookup;
 mod nvrtc;
 pub mod testing;
+pub mod timing;
 
 pub use arch::Arch;
 pub use cache::{
@@ -28,7 +29,9 @@ pub use cache::{
     KernelCache, VerifyProblem, VerifyReport,
 };
 pub use error::RuntimeError;
-pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, KernelArg};
+pub use gpu::{
+    driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg,
+};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use nvrtc::{
     cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions,

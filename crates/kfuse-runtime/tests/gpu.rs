@@ -206,3 +206,21 @@ fn extra_options_reach_nvrtc_and_key_the_loaded_kernel() {
         }
     }
 }
+
+#[test]
+fn upload_slice_matches_byte_upload_for_every_element_type() {
+    let Some(gpu) = gpu_or_skip("upload_slice_matches_byte_upload_for_every_element_type") else { return };
+    for n in [1usize, 3, 255, 256, 1023] {
+        let floats = random_floats(n, seed() ^ n as u64);
+        let got = gpu.download(&gpu.upload_slice(&floats).expect("upload f32")).expect("download");
+        assert_eq!(got, f32_bytes(&floats), "f32 n={n}");
+        let halves: Vec<u16> = floats.iter().map(|f| (f.to_bits() >> 16) as u16).collect();
+        let want: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        assert_eq!(gpu.download(&gpu.upload_slice(&halves).expect("upload u16")).expect("download"), want, "u16 n={n}");
+        let flags: Vec<bool> = floats.iter().map(|f| *f > 0.0).collect();
+        let want: Vec<u8> = flags.iter().map(|&b| u8::from(b)).collect();
+        assert_eq!(gpu.download(&gpu.upload_slice(&flags).expect("upload bool")).expect("download"), want, "bool n={n}");
+    }
+    let empty: [f32; 0] = [];
+    assert_eq!(gpu.upload_slice(&empty).expect("empty upload").bytes(), 0);
+}

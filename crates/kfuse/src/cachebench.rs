@@ -6,9 +6,15 @@
 //! A "build" is what a framework does when it creates a fused op: parse the description, plan and
 //! generate the CUDA source, and get the loaded function (`Gpu::load_kernel`, which goes through
 //! the memory tier, then the disk tier, then NVRTC).
+//!
+//! Also reported, separately from the first result: the time `Gpu::open` took (context creation
+//! and loading NVRTC), an optional driver first-use probe (`KFUSE_BENCH_DRIVER_PROBE=1`: one small
+//! allocation, upload and download before the first result, to show what a fresh context's first
+//! device-memory use costs on its own), and a second run in the same process (the steady state).
+//! `KFUSE_LOG_TIMING=1` prints a step-by-step breakdown to stderr.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kfuse_runtime::{Gpu, KernelCache};
@@ -40,6 +46,31 @@ pub struct PhaseReport {
     pub first_parse_plan_ms: f64,
     pub first_load_ms: f64,
     pub first_run_ms: f64,
+    /// How long `Gpu::open` took in this process (context, stream, NVRTC loading).
+    #[serde(default)]
+    pub open_ms: f64,
+    /// The driver first-use probe before the first result (0 when not asked for).
+    #[serde(default)]
+    pub driver_probe_ms: f64,
+    /// A second bind + launch + download of the same inputs in the same process.
+    #[serde(default)]
+    pub second_run_ms: f64,
+}
+
+/// `Gpu::open`'s duration in this process, set by [`open_with_cache_dir`].
+static OPEN_MS: OnceLock<f64> = OnceLock::new();
+
+/// One small allocation, upload and download: a fresh context's first device-memory use.
+fn driver_probe(gpu: &Gpu) -> Result<f64, Error> {
+    let started = Instant::now();
+    let zeroed = gpu.alloc_zeroed(16)?;
+    let uploaded = gpu.upload(&[1u8; 4096])?;
+    let back = gpu.download(&uploaded)?;
+    gpu.synchronize()?;
+    if back.len() != 4096 || back.iter().any(|&b| b != 1) || gpu.download(&zeroed)?.iter().any(|&b| b != 0) {
+        return Err(Error::Exec("the driver probe read back wrong bytes".into()));
+    }
+    Ok(ms(started.elapsed()))
 }
 
 /// The GIoU program with its epsilon changed: `variant` 0 is the shipped one; others are distinct
@@ -60,6 +91,8 @@ fn ms(d: Duration) -> f64 {
 pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
     let data = boxes::generate(1024, 256, 0)?;
     let inputs = [("pred", &data.pred), ("target", &data.target)];
+    let probe = std::env::var("KFUSE_BENCH_DRIVER_PROBE").is_ok_and(|v| v.trim() == "1");
+    let driver_probe_ms = if probe { driver_probe(gpu)? } else { 0.0 };
 
     let t0 = Instant::now();
     let program = Program::from_source(&giou_variant(0), "examples/giou.kf")?;
@@ -73,6 +106,12 @@ pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
         return Err(Error::Exec("the GIoU program gave no scalar loss".into()));
     }
     let _ = plan;
+    let s0 = Instant::now();
+    let again = prog.run(&inputs)?;
+    let second_run_ms = ms(s0.elapsed());
+    if again.first().and_then(|(_, t)| t.scalar_f64()) != out.first().and_then(|(_, t)| t.scalar_f64()) {
+        return Err(Error::Exec("the second GIoU run gave a different loss".into()));
+    }
 
     let started = Instant::now();
     let mut builds = Vec::new();
@@ -112,6 +151,9 @@ pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
         first_parse_plan_ms: ms(t1 - t0),
         first_load_ms: ms(t2 - t1),
         first_run_ms: ms(t3 - t2),
+        open_ms: OPEN_MS.get().copied().unwrap_or(0.0),
+        driver_probe_ms,
+        second_run_ms,
     })
 }
 
@@ -119,7 +161,10 @@ pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
 pub fn open_with_cache_dir(dir: &Path) -> Result<Gpu, Error> {
     let cache = Arc::new(KernelCache::with_dir(dir, kfuse_runtime::cache::DEFAULT_MAX_BYTES));
     let ordinal = std::env::var("KFUSE_DEVICE").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    Ok(Gpu::open_with_cache(ordinal, cache)?)
+    let started = Instant::now();
+    let gpu = Gpu::open_with_cache(ordinal, cache)?;
+    let _ = OPEN_MS.set(ms(started.elapsed()));
+    Ok(gpu)
 }
 
 /// The table `kfuse cache bench` prints.
@@ -128,12 +173,13 @@ pub fn render(phases: &[PhaseReport]) -> String {
     if let Some(p) = phases.first() {
         s += &format!("kfuse cache bench on {}: {} builds per phase (1 op x {SAME_BUILDS}, {DISTINCT_OPS} ops x {DISTINCT_BUILDS}; the first op is one of the ten)\n", p.device, p.builds);
     }
-    s += "| phase | compiles | disk hits | total ms | build p50 µs | lookup p50 µs | lookup p99 µs | first GIoU result ms (parse+plan / load / run) |\n";
-    s += "|---|---:|---:|---:|---:|---:|---:|---|\n";
+    s += "| phase | compiles | disk hits | total ms | build p50 µs | lookup p50 µs | lookup p99 µs | first GIoU result ms (parse+plan / load / run) | Gpu::open ms | driver probe ms | 2nd run ms |\n";
+    s += "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n";
     for p in phases {
         s += &format!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} ({:.2} / {:.2} / {:.2}) |\n",
-            p.phase, p.compiles, p.disk_hits, p.total_ms, p.build_median_us, p.lookup_median_us, p.lookup_p99_us, p.first_result_ms, p.first_parse_plan_ms, p.first_load_ms, p.first_run_ms
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} ({:.2} / {:.2} / {:.2}) | {:.1} | {} | {:.2} |\n",
+            p.phase, p.compiles, p.disk_hits, p.total_ms, p.build_median_us, p.lookup_median_us, p.lookup_p99_us, p.first_result_ms, p.first_parse_plan_ms, p.first_load_ms, p.first_run_ms,
+            p.open_ms, if p.driver_probe_ms > 0.0 { format!("{:.2}", p.driver_probe_ms) } else { "not run".to_string() }, p.second_run_ms
         );
     }
     s

@@ -4,9 +4,12 @@
 //! Not here: compilation and caching (kfuse-runtime's `Gpu::load_kernel` does both), and timing
 //! (the `bench` module drives [`CudaProgram::launch`] between CUDA events).
 
+use std::time::Instant;
+
+use half::slice::HalfFloatSliceExt;
 use kfuse_codegen::{BufferKind, Param, Plan};
-use kfuse_ir::{Graph, HostTensor, SymbolBindings};
-use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg};
+use kfuse_ir::{Graph, HostTensor, SymbolBindings, TensorData};
+use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg};
 
 use crate::{Error, Program};
 
@@ -50,7 +53,9 @@ impl<'g> CudaProgram<'g> {
 
     /// Checks the inputs against the declarations, allocates every buffer and uploads the inputs.
     pub fn bind(&self, inputs: &[(&str, &HostTensor)]) -> Result<BoundRun, Error> {
+        let step = Instant::now();
         let sizes = SymbolBindings::bind(&self.graph, inputs)?.sizes;
+        timing::log("bind: symbol bindings", step);
         let sm = self.gpu.sm_count().max(1);
         let grids = self
             .plan
@@ -70,6 +75,7 @@ impl<'g> CudaProgram<'g> {
                 .checked_mul(decl.elem.size_bytes())
                 .and_then(|b| usize::try_from(b).ok())
                 .ok_or_else(too_big)?;
+            let step = Instant::now();
             let buf = match decl.kind {
                 BufferKind::Input(id) => {
                     let name = &self.graph.input(id).name;
@@ -77,12 +83,15 @@ impl<'g> CudaProgram<'g> {
                     if t.is_empty() {
                         self.gpu.alloc_zeroed(16)?
                     } else {
-                        self.gpu.upload(&t.to_bytes())?
+                        upload_tensor(self.gpu, t)?
                     }
                 }
                 // Zero-sized tensors still get a valid pointer; no kernel touches it.
                 _ => self.gpu.alloc_zeroed(bytes.max(16))?,
             };
+            if timing::enabled() {
+                timing::log(&format!("bind: buffer {:?} ({} B)", decl.kind, buf.bytes()), step);
+            }
             buffers.push(buf);
         }
         Ok(BoundRun { sizes, grids, buffers })
@@ -99,7 +108,11 @@ impl<'g> CudaProgram<'g> {
                     Param::Size(s) => KernelArg::I64(run.sizes[s.0 as usize] as i64),
                 })
                 .collect();
+            let step = Instant::now();
             self.gpu.launch(f, run.grids[i], k.block, 0, &args)?;
+            if timing::enabled() {
+                timing::log(&format!("launch {} (grid {}, block {})", k.name, run.grids[i], k.block), step);
+            }
         }
         Ok(())
     }
@@ -116,7 +129,10 @@ impl<'g> CudaProgram<'g> {
 
     /// Waits for the GPU and copies the outputs back, in the graph's output order.
     pub fn download(&self, run: &BoundRun) -> Result<Vec<(String, HostTensor)>, Error> {
+        let step = Instant::now();
         self.gpu.synchronize()?;
+        timing::log("download: synchronize (waits for the kernels)", step);
+        let step = Instant::now();
         let mut out = Vec::with_capacity(self.graph.outputs.len());
         for (i, o) in self.graph.outputs.iter().enumerate() {
             let (bi, _) = self
@@ -135,6 +151,7 @@ impl<'g> CudaProgram<'g> {
                 .ok_or_else(|| Error::Exec(format!("output `{}` came back with {} bytes", o.name, bytes.len())))?;
             out.push((o.name.clone(), t));
         }
+        timing::log("download: copy outputs back", step);
         Ok(out)
     }
 
@@ -148,4 +165,16 @@ impl<'g> CudaProgram<'g> {
     pub fn gpu(&self) -> &Gpu {
         self.gpu
     }
+}
+
+/// Uploads a host tensor straight from its elements (no intermediate byte vector: `to_bytes`
+/// would copy, and page-fault in, a second full-size buffer).
+fn upload_tensor(gpu: &Gpu, t: &HostTensor) -> Result<DeviceBuffer, Error> {
+    Ok(match &t.data {
+        TensorData::F32(v) => gpu.upload_slice(v)?,
+        TensorData::F16(v) => gpu.upload_slice(v.reinterpret_cast())?,
+        TensorData::BF16(v) => gpu.upload_slice(v.reinterpret_cast())?,
+        TensorData::I32(v) => gpu.upload_slice(v)?,
+        TensorData::Bool(v) => gpu.upload_slice(v)?,
+    })
 }
