@@ -5,8 +5,11 @@
 //! Index type: always 64-bit (`long long i`). Sizes are run-time values, so a plan cannot know
 //! that a domain stays under 2^31 elements; the loop is memory-bound, and the 64-bit increment and
 //! compare cost nothing measurable there, while a 32-bit index over a 64-bit count would be a
-//! silent overflow. Coordinates are derived with 64-bit div/mod only when a broadcast operand
-//! needs them (never for operands shaped like the domain, which use `i` directly).
+//! silent overflow. Coordinates are derived only when a broadcast operand needs them (never for
+//! operands shaped like the domain, which use `i` directly), through `kf_div`/`kf_mod`: 32-bit
+//! division when the index and divisor fit in 32 bits (decided at run time, a warp-uniform branch
+//! in practice), 64-bit otherwise. In row mode (lengths masks) the row and column are loop
+//! variables and no division happens per element.
 //!
 //! Not handled here: expression emission (see `emit`), the buffer list (see `lib`).
 
@@ -26,12 +29,16 @@ pub(crate) struct BufferIndex {
     pub temps_base: usize,
     /// Per kernel: the (partials, counter) buffers, when it has full reductions.
     pub reduction: Vec<Option<(usize, usize)>>,
+    /// The one-pass masked gradient's buffers, when the plan uses one (kernel 0 fills the list).
+    pub onepass: Option<crate::onepass::OnePassBuffers>,
 }
 
 /// An action of the loop body, run under its group's predicate (or its negation).
 enum Action {
     Update { op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: Vec<Coord>, accs: Vec<String> },
     Store { output: usize, values: Vec<(NodeId, Vec<Coord>)> },
+    /// Appends `(i, values)` to the one-pass list (one atomic per warp).
+    Append { values: Vec<(NodeId, Vec<Coord>)> },
 }
 
 type Guard = Option<(NodeId, Vec<Coord>)>;
@@ -124,6 +131,26 @@ pub(crate) fn emit_kernel(
         }
     }
 
+    // One pass: this kernel also computes the masked output unscaled and lists it (see onepass).
+    let onepass = buffers.onepass.as_ref().filter(|_| k == 0);
+    if let Some(bufs) = onepass {
+        let pass = &bufs.pass;
+        em.substitutions = pass.substitutions.iter().cloned().collect();
+        let out = g.outputs[pass.output].node;
+        let (mut then, mut otherwise, mut guard) = (Vec::new(), Vec::new(), None);
+        for c in 0..u64::from(pass.comps) {
+            let mut ctx = dom.clone();
+            ctx.push(Coord::Const(c));
+            let (gd, a, b) = resolve_select(&em, g, out, ctx).ok_or(CodegenError::Internal { node: out.0, what: "one-pass output is not a select" })?;
+            guard = Some(em.canonical(gd.0, gd.1));
+            then.push(a);
+            otherwise.push(b);
+        }
+        let grp = group_for(&mut groups, guard);
+        grp.then.push(Action::Append { values: then });
+        grp.otherwise.push(Action::Store { output: pass.output, values: otherwise });
+    }
+
     // Inputs loaded outside any predicate branch (or by a predicate itself) are read for every
     // element; the others only where their branch's predicate holds.
     let mut unconditional: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
@@ -184,6 +211,7 @@ pub(crate) fn emit_kernel(
     let mut ep = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next_var);
     ep.slot_results = slot_results;
     let mut outputs_written: Vec<usize> = info.sinks.iter().filter_map(|s| if let SinkKind::Output { index } = s.kind { Some(index) } else { None }).collect();
+    outputs_written.extend(onepass.map(|b| b.pass.output));
     for &o in &info.scalar_outputs {
         let node = g.outputs[o].node;
         let v = ep.eval(node, &[])?;
@@ -198,6 +226,9 @@ pub(crate) fn emit_kernel(
         let v = ep.eval(n, &[])?;
         ep.push_stmt(format!("tmp{t}[0] = {}; // n{} for a later kernel", cuda::store_conversion(temp_dtype(g.node(n).dtype), &v), n.0));
         temps_written.push(t);
+    }
+    if onepass.is_some() {
+        ep.push_stmt("list_count[0] = atomicExch(list_slots, 0ull); // the list length for the next kernel; the slot counter is reset".to_string());
     }
     let (epilogue, ep_uses) = ep.into_lines();
     uses.inputs.extend(ep_uses.inputs);
@@ -241,6 +272,12 @@ pub(crate) fn emit_kernel(
         };
         let decl = format!("{constness}{}* __restrict__ tmp{t}", cuda::storage_type(d));
         params.push((Param::Buffer(buffers.temps_base + t), decl, note));
+    }
+    if let Some(b) = onepass {
+        params.push((Param::Buffer(b.index), "unsigned long long* __restrict__ list_index".into(), "flat indices of the listed entries".into()));
+        params.push((Param::Buffer(b.values), "float* __restrict__ list_values".into(), format!("{} unscaled f32 values per listed entry", b.pass.comps)));
+        params.push((Param::Buffer(b.slots), "unsigned long long* __restrict__ list_slots".into(), "list slot counter: 0 at launch, left at 0".into()));
+        params.push((Param::Buffer(b.count), "unsigned long long* __restrict__ list_count".into(), "list length, written here for a later kernel".into()));
     }
     let n_slots = slots.len();
     if n_slots > 0 {
@@ -379,6 +416,29 @@ fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), Co
     for a in actions {
         match a {
             Action::Update { op, x, mask, xctx, accs } => em.reduce_update(*op, *x, *mask, xctx, accs)?,
+            Action::Append { values } => {
+                let mut vals = Vec::with_capacity(values.len());
+                for (n, ctx) in values {
+                    vals.push(em.eval(*n, ctx)?);
+                }
+                em.push_stmt("// Append (i, unscaled values) to the list: one atomic per warp, any order.".to_string());
+                em.push_stmt("const unsigned kf_active = __activemask();".to_string());
+                em.push_stmt("const unsigned kf_leader = __ffs(kf_active) - 1u;".to_string());
+                em.push_stmt("const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));".to_string());
+                em.push_stmt("unsigned long long kf_base = 0ull;".to_string());
+                em.push_stmt("if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));".to_string());
+                em.push_stmt("const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;".to_string());
+                em.push_stmt("list_index[kf_slot] = (unsigned long long)i;".to_string());
+                match cuda::vector_type(DType::F32, vals.len() as u64) {
+                    Some(vty) => em.push_stmt(format!("reinterpret_cast<{vty}*>(list_values)[kf_slot] = {};", cuda::vector_pack(DType::F32, &vals))),
+                    None => {
+                        let c = vals.len();
+                        for (k, v) in vals.iter().enumerate() {
+                            em.push_stmt(format!("list_values[kf_slot * {c} + {k}] = {v};"));
+                        }
+                    }
+                }
+            }
             Action::Store { output, values } => {
                 let node = g.node(g.outputs[*output].node);
                 let d = node.dtype;
@@ -417,7 +477,7 @@ fn has_component_axis(g: &Graph, o: usize) -> bool {
 /// The `where(c, a, b)` that decides a tensor output's value at `ctx`, looking through stacking
 /// and component access: `(guard, then, else)` with their contexts.
 #[allow(clippy::type_complexity)]
-fn resolve_select(em: &Emitter, g: &Graph, mut n: NodeId, mut ctx: Vec<Coord>) -> Option<((NodeId, Vec<Coord>), (NodeId, Vec<Coord>), (NodeId, Vec<Coord>))> {
+pub(crate) fn resolve_select(em: &Emitter, g: &Graph, mut n: NodeId, mut ctx: Vec<Coord>) -> Option<((NodeId, Vec<Coord>), (NodeId, Vec<Coord>), (NodeId, Vec<Coord>))> {
     loop {
         let node = g.node(n);
         let dims = node.shape.dims().to_vec();

@@ -23,6 +23,14 @@
 //!   (e.g. `sum / max(count, 1)`), writes scalar outputs and resets the counter to 0. No float
 //!   atomics: results are bit-identical from run to run for a given grid size. f64 is used from
 //!   the first addition on, so float sums lose nothing to the accumulation order.
+//! - Row mode: when every sink of a kernel shares a lengths mask `iota(last) < b[.., None]`
+//!   (`mask(lengths)`), one warp takes one row (grid-stride over rows), its lanes stride over
+//!   `[0, clamp(b, 0, N))` for the masked work and over the rest for the `else` values (e.g. the
+//!   zeros of a gradient, streaming stores): padding costs no predicate evaluation, no division.
+//! - One pass: a masked output `where(m, s * h, 0)` that needs a scale `s` from full reductions
+//!   is computed unscaled in the reduction kernel and listed (index, h) where `m` holds; the
+//!   second kernel rescales only the listed entries (see `onepass`).
+//! - Index division for broadcast operands is 32-bit whenever the flat index and divisor fit.
 //! - Float arithmetic is f32 whatever the storage dtype; f16/bf16 are read and written directly
 //!   with inline-PTX conversions; `min`/`max` propagate NaN; i32 arithmetic wraps.
 //!
@@ -35,6 +43,7 @@ mod cuda;
 mod emit;
 mod error;
 mod kernel;
+mod onepass;
 mod plan;
 
 use kfuse_ir::{verify, Graph, Kind};
@@ -90,8 +99,28 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(1) });
         reduction.push(Some((p, p + 1)));
     }
-    let index = kernel::BufferIndex { outputs_base, temps_base, reduction };
-    let kernels = (0..an.kernels.len()).map(|k| kernel::emit_kernel(graph, &an, k, opts, &hash, &index)).collect::<Result<Vec<_>, _>>()?;
+    let onepass = match onepass::detect(graph, &an) {
+        Some(pass) => {
+            let dims = &an.kernels[0].dims;
+            let elems = kernel::size_expr(dims)?;
+            let mut values = elems.clone();
+            values.constant = values.constant.checked_mul(u64::from(pass.comps)).ok_or(CodegenError::SizeOverflow { node: 0 })?;
+            let first = buffers.len();
+            buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::U64, elems });
+            buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::Tensor(kfuse_ir::DType::F32), elems: values });
+            buffers.push(BufferDecl { kind: BufferKind::ListCounter { kernel: 0 }, elem: ElemType::U64, elems: SizeExpr::constant(1) });
+            buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::U64, elems: SizeExpr::constant(1) });
+            Some(onepass::OnePassBuffers { pass, index: first, values: first + 1, slots: first + 2, count: first + 3 })
+        }
+        None => None,
+    };
+    let index = kernel::BufferIndex { outputs_base, temps_base, reduction, onepass };
+    let kernels = (0..an.kernels.len())
+        .map(|k| match (&index.onepass, k) {
+            (Some(bufs), 1) => onepass::emit_rescale_kernel(graph, &an, bufs, opts, &hash, temps_base),
+            _ => kernel::emit_kernel(graph, &an, k, opts, &hash, &index),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Plan { graph_hash: hash, buffers, kernels })
 }
 

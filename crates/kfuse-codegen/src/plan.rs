@@ -65,6 +65,12 @@ pub enum BufferKind {
     /// it; the kernel leaves it at 0 again when it finishes, so repeated launches need no memset.
     /// Never launch two instances of the same kernel with the same counter concurrently.
     Counter { kernel: usize },
+    /// Working memory that kernel `kernel` writes and a later kernel of the same run reads
+    /// (e.g. the compact list of a one-pass masked gradient). No initialisation needed.
+    Scratch { kernel: usize },
+    /// One `u64` slot counter of kernel `kernel` (entries appended to a [`BufferKind::Scratch`]
+    /// list): the executor zeroes it ONCE when it allocates it; the kernel leaves it at 0 again.
+    ListCounter { kernel: usize },
 }
 
 /// The element type of a buffer.
@@ -76,6 +82,8 @@ pub enum ElemType {
     F64,
     /// A 32-bit unsigned integer (ticket counters).
     U32,
+    /// A 64-bit unsigned integer (list indices and lengths).
+    U64,
 }
 
 impl ElemType {
@@ -85,6 +93,7 @@ impl ElemType {
             ElemType::Tensor(d) => d.size_bytes() as u64,
             ElemType::F64 => 8,
             ElemType::U32 => 4,
+            ElemType::U64 => 8,
         }
     }
 }

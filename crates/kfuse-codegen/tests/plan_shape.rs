@@ -148,6 +148,54 @@ fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
     assert_eq!(k.lazy_inputs, vec![InputId(0), InputId(1)]);
 }
 
+/// `where(valid[.., None], (pred - target) * s^factors, 0)` with `s = 1 / max(count(valid), 1)`.
+fn scaled_masked_delta(factors: u32) -> kfuse_ir::Graph {
+    let mut b = GraphBuilder::new();
+    let (bs, n) = (b.symbol("B"), b.symbol("N"));
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", DType::F32, shape.clone()).expect("input");
+    let target = b.input("target", DType::F32, shape).expect("input");
+    let y2 = b.component(target, 3).expect("component");
+    let zero = b.lit_float(0.0);
+    let valid = b.binary(BinaryOp::Ne, y2, zero).expect("ne");
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
+    let one_i = b.lit_int(1);
+    let denom = b.binary(BinaryOp::Max, count, one_i).expect("max");
+    let denom = b.cast(denom, DType::F32);
+    let one = b.lit_float(1.0);
+    let s = b.binary(BinaryOp::Div, one, denom).expect("div");
+    let mut v = b.binary(BinaryOp::Sub, pred, target).expect("sub");
+    for _ in 0..factors {
+        v = b.binary(BinaryOp::Mul, v, s).expect("mul");
+    }
+    let v1 = b.expand_last(valid);
+    let out = b.select(v1, v, zero).expect("select");
+    b.output("grad", out).expect("output");
+    b.finish().expect("graph")
+}
+
+#[test]
+fn scaled_masked_gradient_is_listed_in_one_pass() {
+    // Linear in the crossing scale: kernel 0 lists the unscaled values, kernel 1 rescales them.
+    let p = plan(&scaled_masked_delta(1), &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 2);
+    let k0 = &p.kernels[0].source;
+    assert!(k0.contains("atomicAdd(list_slots"), "kernel 0 lists the valid entries:\n{k0}");
+    assert!(k0.contains("atomicExch(list_slots, 0ull)"), "the slot counter is reset by the last block");
+    assert!(k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "kernel 0 writes the zeros");
+    let k1 = &p.kernels[1].source;
+    assert!(!k1.contains("in1") && !k1.contains("in0"), "kernel 1 reads no input:\n{k1}");
+    assert!(k1.contains("kf_s * kf_h.x"));
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::ListCounter { kernel: 0 } && b.elem == ElemType::U64));
+    assert_eq!(p.buffers.iter().filter(|b| b.kind == BufferKind::Scratch { kernel: 0 }).count(), 2);
+    // Quadratic in the scale: the two-kernel plan, whose second kernel re-reads the predicate.
+    let p = plan(&scaled_masked_delta(2), &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 2);
+    assert!(!p.kernels[0].source.contains("list_slots"));
+    assert!(p.kernels[1].source.contains("in1"), "{}", p.kernels[1].source);
+    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. } | BufferKind::ListCounter { .. })));
+}
+
 #[test]
 fn masked_tensor_output_shares_the_count_branch() {
     let g = common::masked_delta().expect("graph");

@@ -27,7 +27,12 @@ extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output loss f32[]
+    float* __restrict__ out1, // output dpred f32[B, N, 4]
     float* __restrict__ tmp0, // n25 f32 scalar, written here for a later kernel
+    unsigned long long* __restrict__ list_index, // flat indices of the listed entries
+    float* __restrict__ list_values, // 4 unscaled f32 values per listed entry
+    unsigned long long* __restrict__ list_slots, // list slot counter: 0 at launch, left at 0
+    unsigned long long* __restrict__ list_count, // list length, written here for a later kernel
     double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
     long long sz0, // size B
@@ -81,6 +86,65 @@ extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_0(
             const float v35 = (v30 ? v33 : v34); // n15
             acc0 += (double)v35;
             acc1 += 1.0;
+            const float v36 = 1.0f * v6; // n28
+            const float v37 = 1.0f * v3; // n27
+            const float v38 = v37 * 0.5f; // n29
+            const float v39 = v36 + v38; // n30
+            const float v40 = (v5 ? v39 : 0.0f); // n31
+            const bool v41 = v3 > 0.0f; // n32
+            const float v42 = (v5 ? 0.0f : 1.0f); // n26
+            const bool v43 = v3 < 0.0f; // n33
+            const float v44 = -v42; // n34
+            const float v45 = (v43 ? v44 : 0.0f); // n35
+            const float v46 = (v41 ? v42 : v45); // n36
+            const float v47 = v40 + v46; // n37
+            const float v48 = 1.0f * v15; // n28
+            const float v49 = 1.0f * v12; // n27
+            const float v50 = v49 * 0.5f; // n29
+            const float v51 = v48 + v50; // n30
+            const float v52 = (v14 ? v51 : 0.0f); // n31
+            const bool v53 = v12 > 0.0f; // n32
+            const float v54 = (v14 ? 0.0f : 1.0f); // n26
+            const bool v55 = v12 < 0.0f; // n33
+            const float v56 = -v54; // n34
+            const float v57 = (v55 ? v56 : 0.0f); // n35
+            const float v58 = (v53 ? v54 : v57); // n36
+            const float v59 = v52 + v58; // n37
+            const float v60 = 1.0f * v23; // n28
+            const float v61 = 1.0f * v20; // n27
+            const float v62 = v61 * 0.5f; // n29
+            const float v63 = v60 + v62; // n30
+            const float v64 = (v22 ? v63 : 0.0f); // n31
+            const bool v65 = v20 > 0.0f; // n32
+            const float v66 = (v22 ? 0.0f : 1.0f); // n26
+            const bool v67 = v20 < 0.0f; // n33
+            const float v68 = -v66; // n34
+            const float v69 = (v67 ? v68 : 0.0f); // n35
+            const float v70 = (v65 ? v66 : v69); // n36
+            const float v71 = v64 + v70; // n37
+            const float v72 = 1.0f * v31; // n28
+            const float v73 = 1.0f * v28; // n27
+            const float v74 = v73 * 0.5f; // n29
+            const float v75 = v72 + v74; // n30
+            const float v76 = (v30 ? v75 : 0.0f); // n31
+            const bool v77 = v28 > 0.0f; // n32
+            const float v78 = (v30 ? 0.0f : 1.0f); // n26
+            const bool v79 = v28 < 0.0f; // n33
+            const float v80 = -v78; // n34
+            const float v81 = (v79 ? v80 : 0.0f); // n35
+            const float v82 = (v77 ? v78 : v81); // n36
+            const float v83 = v76 + v82; // n37
+            // Append (i, unscaled values) to the list: one atomic per warp, any order.
+            const unsigned kf_active = __activemask();
+            const unsigned kf_leader = __ffs(kf_active) - 1u;
+            const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
+            unsigned long long kf_base = 0ull;
+            if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));
+            const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
+            list_index[kf_slot] = (unsigned long long)i;
+            reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v47, v59, v71, v83);
+        } else {
+            reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -108,15 +172,16 @@ extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v36 = (float)r0; // n17
-        const int v37 = (int)(long long)r1; // n19
-        const int v38 = (int)((unsigned int)4 * (unsigned int)v37); // n20
-        const int v39 = (v38 > 1 ? v38 : 1); // n22
-        const float v40 = (float)v39; // n23
-        const float v41 = v36 / v40; // n24
-        out0[0] = v41; // output loss
-        const float v42 = 1.0f / v40; // n25
-        tmp0[0] = v42; // n25 for a later kernel
+        const float v84 = (float)r0; // n17
+        const int v85 = (int)(long long)r1; // n19
+        const int v86 = (int)((unsigned int)4 * (unsigned int)v85); // n20
+        const int v87 = (v86 > 1 ? v86 : 1); // n22
+        const float v88 = (float)v87; // n23
+        const float v89 = v84 / v88; // n24
+        out0[0] = v89; // output loss
+        const float v90 = 1.0f / v88; // n25
+        tmp0[0] = v90; // n25 for a later kernel
+        list_count[0] = atomicExch(list_slots, 0ull); // the list length for the next kernel; the slot counter is reset
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -124,95 +189,23 @@ extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_0(
 // Generated by kfuse-codegen; do not edit.
 // kernel kf_24a681dae3020c60_1 (2 of 2) of graph 24a681dae3020c602abbcd92a0c42f7806af9a18cf99672ef3277e565ea6c77a
 // options: block_size=256; reduction level 1
-// domain: [B, N] elements, one per iteration of a grid-stride loop, 64-bit flat index
-// sink: output dpred (4 components per element)
+// one-pass rescale: output dpred = n25 * h at the entries kernel 0 listed (h computed there with the scale at 1)
 
 
 extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_1(
-    const float* __restrict__ in0, // pred f32[B, N, 4]
-    const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out1, // output dpred f32[B, N, 4]
-    const float* __restrict__ tmp0, // n25 f32 scalar from an earlier kernel
-    long long sz0, // size B
-    long long sz1 // size N
+    const float* __restrict__ tmp0, // n25 f32 scalar from an earlier kernel (the scale)
+    const unsigned long long* __restrict__ list_index, // flat domain indices listed by kernel 0
+    const float* __restrict__ list_values, // 4 unscaled f32 values per entry
+    const unsigned long long* __restrict__ list_count // entries listed by kernel 0
 )
 {
-    const long long n = sz0 * sz1;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v1 = v0.w != 0.0f; // n5
-        if (v1) {
-            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-            const float v3 = v2.x - v0.x; // n6
-            const float v4 = fabsf(v3); // n7
-            const bool v5 = v4 < 1.0f; // n8
-            const float v6 = tmp0[0]; // n25 from an earlier kernel
-            const float v7 = 0.5f * v3; // n10
-            const float v8 = v6 * v7; // n28
-            const float v9 = v6 * v3; // n27
-            const float v10 = v9 * 0.5f; // n29
-            const float v11 = v8 + v10; // n30
-            const float v12 = (v5 ? v11 : 0.0f); // n31
-            const bool v13 = v3 > 0.0f; // n32
-            const float v14 = (v5 ? 0.0f : v6); // n26
-            const bool v15 = v3 < 0.0f; // n33
-            const float v16 = -v14; // n34
-            const float v17 = (v15 ? v16 : 0.0f); // n35
-            const float v18 = (v13 ? v14 : v17); // n36
-            const float v19 = v12 + v18; // n37
-            const float v20 = v2.y - v0.y; // n6
-            const float v21 = fabsf(v20); // n7
-            const bool v22 = v21 < 1.0f; // n8
-            const float v23 = 0.5f * v20; // n10
-            const float v24 = v6 * v23; // n28
-            const float v25 = v6 * v20; // n27
-            const float v26 = v25 * 0.5f; // n29
-            const float v27 = v24 + v26; // n30
-            const float v28 = (v22 ? v27 : 0.0f); // n31
-            const bool v29 = v20 > 0.0f; // n32
-            const float v30 = (v22 ? 0.0f : v6); // n26
-            const bool v31 = v20 < 0.0f; // n33
-            const float v32 = -v30; // n34
-            const float v33 = (v31 ? v32 : 0.0f); // n35
-            const float v34 = (v29 ? v30 : v33); // n36
-            const float v35 = v28 + v34; // n37
-            const float v36 = v2.z - v0.z; // n6
-            const float v37 = fabsf(v36); // n7
-            const bool v38 = v37 < 1.0f; // n8
-            const float v39 = 0.5f * v36; // n10
-            const float v40 = v6 * v39; // n28
-            const float v41 = v6 * v36; // n27
-            const float v42 = v41 * 0.5f; // n29
-            const float v43 = v40 + v42; // n30
-            const float v44 = (v38 ? v43 : 0.0f); // n31
-            const bool v45 = v36 > 0.0f; // n32
-            const float v46 = (v38 ? 0.0f : v6); // n26
-            const bool v47 = v36 < 0.0f; // n33
-            const float v48 = -v46; // n34
-            const float v49 = (v47 ? v48 : 0.0f); // n35
-            const float v50 = (v45 ? v46 : v49); // n36
-            const float v51 = v44 + v50; // n37
-            const float v52 = v2.w - v0.w; // n6
-            const float v53 = fabsf(v52); // n7
-            const bool v54 = v53 < 1.0f; // n8
-            const float v55 = 0.5f * v52; // n10
-            const float v56 = v6 * v55; // n28
-            const float v57 = v6 * v52; // n27
-            const float v58 = v57 * 0.5f; // n29
-            const float v59 = v56 + v58; // n30
-            const float v60 = (v54 ? v59 : 0.0f); // n31
-            const bool v61 = v52 > 0.0f; // n32
-            const float v62 = (v54 ? 0.0f : v6); // n26
-            const bool v63 = v52 < 0.0f; // n33
-            const float v64 = -v62; // n34
-            const float v65 = (v63 ? v64 : 0.0f); // n35
-            const float v66 = (v61 ? v62 : v65); // n36
-            const float v67 = v60 + v66; // n37
-            reinterpret_cast<float4*>(out1)[i] = make_float4(v19, v35, v51, v67); // dpred
-        } else {
-            reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
-        }
+    const unsigned long long m = list_count[0];
+    const float kf_s = tmp0[0];
+    for (unsigned long long j = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; j < m; j += (unsigned long long)gridDim.x * blockDim.x) {
+        const unsigned long long i = list_index[j];
+        const float4 kf_h = reinterpret_cast<const float4*>(list_values)[j];
+        reinterpret_cast<float4*>(out1)[i] = make_float4(kf_s * kf_h.x, kf_s * kf_h.y, kf_s * kf_h.z, kf_s * kf_h.w);
     }
 }
 
