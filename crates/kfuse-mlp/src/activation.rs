@@ -28,6 +28,21 @@ pub const NAMED_ACTIVATIONS: [(&str, &str); 11] = [
     ("exp", "exp(x)"),
 ];
 
+/// How the fused kernel evaluates an activation: the two that dominate real models get
+/// hand-written packed forms (see `mlp_prelude.cuh`); every other expression goes through the
+/// f32 device function that kfuse-codegen emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActivationKind {
+    /// `x`: nothing to do.
+    Identity,
+    /// Exactly the `relu` expression, `max(x, 0)`.
+    Relu,
+    /// Exactly the `silu` expression, `x * sigmoid(x)`.
+    Silu,
+    /// Any other expression.
+    Expression,
+}
+
 /// One layer's activation: what the user wrote and the expression it stands for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Activation {
@@ -90,6 +105,22 @@ impl Activation {
     /// Whether this is the identity (`none` or `x`); the kernel then skips the call.
     pub fn is_identity(&self) -> bool {
         self.expression.trim() == "x"
+    }
+
+    /// Which evaluation the fused kernel uses: the hand-written relu or silu when the expression
+    /// is exactly the named one's (however it was written in model.json), else the generic one.
+    pub fn kind(&self) -> ActivationKind {
+        let e = self.expression.trim();
+        let named = |n: &str| NAMED_ACTIVATIONS.iter().find(|(name, _)| *name == n).map(|(_, x)| *x);
+        if e == "x" {
+            ActivationKind::Identity
+        } else if Some(e) == named("relu") {
+            ActivationKind::Relu
+        } else if Some(e) == named("silu") {
+            ActivationKind::Silu
+        } else {
+            ActivationKind::Expression
+        }
     }
 
     /// Evaluates the activation on every element of `values` with the CPU interpreter, in f64.

@@ -7,7 +7,8 @@ use kfuse_runtime::{Gpu, KernelArg};
 
 use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
-use crate::gpu::prepare;
+use crate::gpu::prepare_with;
+use crate::kernel::{ActivationMath, CompileEffort, MlpKernelOptions};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
 
@@ -30,11 +31,19 @@ pub struct BenchOptions {
     pub check_rows: usize,
     /// Seed of the random input.
     pub seed: u64,
+    /// Warps per block (`None`: the generator's choice).
+    pub warps: Option<u32>,
+    /// 16-row tiles per warp (`None`: the generator's choice).
+    pub row_tiles_per_warp: Option<u32>,
+    /// How SiLU is evaluated.
+    pub activation_math: ActivationMath,
+    /// NVRTC's optimisation effort.
+    pub compile_effort: CompileEffort,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7 }
+        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full }
     }
 }
 
@@ -126,8 +135,17 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
     if opts.batch == 0 {
         return Err(MlpError::EmptyBatch);
     }
-    let (prepared, first_call_ms) = prepare(gpu, model, opts.in_dtype, opts.out_dtype)?;
-    let (_, cached_call_ms) = prepare(gpu, model, opts.in_dtype, opts.out_dtype)?;
+    let kopts = MlpKernelOptions {
+        in_dtype: opts.in_dtype,
+        out_dtype: opts.out_dtype,
+        shared_limit: gpu.max_shared_bytes(),
+        warps: opts.warps,
+        row_tiles_per_warp: opts.row_tiles_per_warp,
+        activation_math: opts.activation_math,
+        compile_effort: opts.compile_effort,
+    };
+    let (prepared, first_call_ms) = prepare_with(gpu, model, &kopts)?;
+    let (_, cached_call_ms) = prepare_with(gpu, model, &kopts)?;
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);
     let x = gpu.upload(&input.to_bytes())?;

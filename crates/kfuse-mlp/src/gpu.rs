@@ -48,11 +48,19 @@ fn too_large(what: &'static str, value: usize) -> MlpError {
 /// Compiles and uploads `model` for inputs of `in_dtype` and outputs of `out_dtype`; returns it
 /// and the wall time this took (the first-call compile time when the cache is cold).
 pub fn prepare(gpu: &Gpu, model: &MlpModel, in_dtype: DType, out_dtype: DType) -> Result<(PreparedMlp, f64)> {
-    let start = Instant::now();
     let opts = MlpKernelOptions { in_dtype, out_dtype, shared_limit: gpu.max_shared_bytes(), ..MlpKernelOptions::default() };
+    prepare_with(gpu, model, &opts)
+}
+
+/// [`prepare`] with explicit kernel choices (tile sizes, activation math; for tuning). The
+/// shared-memory limit is capped at the device's.
+pub fn prepare_with(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions) -> Result<(PreparedMlp, f64)> {
+    let start = Instant::now();
+    let (in_dtype, out_dtype) = (opts.in_dtype, opts.out_dtype);
+    let opts = MlpKernelOptions { shared_limit: opts.shared_limit.min(gpu.max_shared_bytes()), ..opts.clone() };
     let prepared = match emit_kernel(model, &opts) {
         Ok(kernel) => {
-            let function = gpu.load_kernel(&kernel.source, &kernel.name)?;
+            let function = gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?;
             let params = gpu.upload(&kernel.params)?;
             PreparedMlp::Fused { kernel, function, params, max_blocks: gpu.sm_count().max(1) }
         }

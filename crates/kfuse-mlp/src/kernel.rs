@@ -15,6 +15,7 @@ use half::{bf16, f16};
 
 use kfuse_ir::DType;
 
+use crate::activation::ActivationKind;
 use crate::error::{MlpError, Result};
 use crate::model::MlpModel;
 
@@ -46,6 +47,32 @@ const FRAGMENT_REGISTER_BUDGET: usize = 128;
 /// Padded K + N above which a layer's fragments cannot stay in registers (spills).
 const MAX_FUSED_K_PLUS_N: usize = 640;
 
+/// How the fused kernel evaluates SiLU (every other activation is unaffected).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationMath {
+    /// f16 models: SiLU on packed f16 pairs through `tanh.approx.f16x2` (one MUFU op per two
+    /// elements; error a few f16 ulps of the row's scale). bf16 models use [`Self::F32`]'s form.
+    #[default]
+    Packed,
+    /// SiLU in f32 as `x * rcp(1 + exp(-x))` with approximate exp and reciprocal (two MUFU ops
+    /// per element; error far under the storage rounding).
+    F32,
+}
+
+/// How hard NVRTC optimises the fused kernel (the first call's compile time against speed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompileEffort {
+    /// NVRTC's default optimisation.
+    #[default]
+    Full,
+    /// `--Ofast-compile=min`: NVRTC's mildest fast-compile level.
+    Reduced,
+}
+
+/// NVRTC options of every fused kernel: approximate division and square root and f32 denormals
+/// flushed, for activation expressions (whose values are rounded to f16/bf16 between layers).
+const FAST_MATH_OPTIONS: [&str; 3] = ["-ftz=true", "-prec-div=false", "-prec-sqrt=false"];
+
 /// Choices for [`emit_kernel`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MlpKernelOptions {
@@ -55,15 +82,19 @@ pub struct MlpKernelOptions {
     pub out_dtype: DType,
     /// Shared memory one block may use (the device's opt-in limit).
     pub shared_limit: u32,
-    /// Warps per block; `None` picks the most (up to 8) that fit.
+    /// Warps per block (1..=16); `None` picks the most (up to 8) that fit.
     pub warps: Option<u32>,
-    /// 16-row tiles per warp; `None` picks from the register budget (1..=4).
+    /// 16-row tiles per warp (1..=8); `None` picks from the register budget (1..=4).
     pub row_tiles_per_warp: Option<u32>,
+    /// How SiLU is evaluated.
+    pub activation_math: ActivationMath,
+    /// NVRTC's optimisation effort.
+    pub compile_effort: CompileEffort,
 }
 
 impl Default for MlpKernelOptions {
     fn default() -> Self {
-        MlpKernelOptions { in_dtype: DType::F16, out_dtype: DType::F16, shared_limit: H100_SHARED_LIMIT, warps: None, row_tiles_per_warp: None }
+        MlpKernelOptions { in_dtype: DType::F16, out_dtype: DType::F16, shared_limit: H100_SHARED_LIMIT, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full }
     }
 }
 
@@ -94,6 +125,8 @@ pub struct MlpKernel {
     pub out_dtype: DType,
     /// Whether inputs take the direct cp.async path (dtype = weight dtype, width % 8 == 0).
     pub fast_input: bool,
+    /// Extra NVRTC options to compile `source` with (`Gpu::load_kernel_with_options`).
+    pub nvrtc_options: Vec<String>,
 }
 
 fn round_up(v: usize, m: usize) -> usize {
@@ -141,12 +174,17 @@ fn pack_params(model: &MlpModel) -> (Vec<u8>, Vec<LayerLayout>) {
                 0
             }
         };
-        for j in 0..n_pad / 8 {
+        // The last layer: one n8 tile per 8-byte fragment; hidden layers: two n8 tiles (2j and
+        // 2j + 1, i.e. one k16 chunk of the next layer's input) per 16 bytes (see mlp_prelude.cuh).
+        let tiles_per_fetch = if li == last { 1 } else { 2 };
+        for j in 0..n_pad / (8 * tiles_per_fetch) {
             for kk in 0..k_pad / 16 {
                 for lane in 0..32 {
-                    let (n, k) = (8 * j + lane / 4, 16 * kk + 2 * (lane % 4));
-                    for v in [at(n, k), at(n, k + 1), at(n, k + 8), at(n, k + 9)] {
-                        blob.extend_from_slice(&v.to_le_bytes());
+                    for t in 0..tiles_per_fetch {
+                        let (n, k) = (8 * (tiles_per_fetch * j + t) + lane / 4, 16 * kk + 2 * (lane % 4));
+                        for v in [at(n, k), at(n, k + 1), at(n, k + 8), at(n, k + 9)] {
+                            blob.extend_from_slice(&v.to_le_bytes());
+                        }
                     }
                 }
             }
@@ -179,6 +217,12 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let out_kind = kind(opts.out_dtype).map_err(|_| MlpError::OutputDType { dtype: opts.out_dtype })?;
     if model.layers.is_empty() {
         return Err(MlpError::TooLarge { what: "layers (an empty model)", value: 0, limit: 0 });
+    }
+    if let Some(w) = opts.warps.filter(|w| !(1..=16).contains(w)) {
+        return Err(MlpError::TooLarge { what: "warps per block (1..=16)", value: u64::from(w), limit: 16 });
+    }
+    if let Some(r) = opts.row_tiles_per_warp.filter(|r| !(1..=8).contains(r)) {
+        return Err(MlpError::TooLarge { what: "row tiles per warp (1..=8)", value: u64::from(r), limit: 8 });
     }
     let (params, layouts) = pack_params(model);
     for (i, l) in layouts.iter().enumerate() {
@@ -269,24 +313,45 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     }
     src.push('\n');
     src.push_str(FAST_MATH);
+    let last = model.layers.len() - 1;
+    // The KfAct structs use the prelude's helpers, so they go after it.
+    let mut act_structs = String::new();
     for (i, layer) in model.layers.iter().enumerate() {
-        if layer.activation.is_identity() {
-            let _ = writeln!(src, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return x; }} }};");
-        } else {
+        // Hidden layers get `pack(lo, hi)` (activation + conversion to a compute-dtype pair),
+        // the last layer `apply(x)` (its f32 result is converted to the output dtype later).
+        let kind = layer.activation.kind();
+        let generic = matches!(kind, ActivationKind::Expression) || (i == last && kind == ActivationKind::Relu);
+        if generic {
             let f = layer.activation.device_function(i, &format!("kf_act_{i}"))?;
             src.push_str(f.trim_end());
             src.push('\n');
-            let _ = writeln!(src, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return kf_act_{i}(x); }} }};");
+        }
+        let packed_silu = opts.activation_math == ActivationMath::Packed && model.dtype == DType::F16;
+        let body = match (i == last, kind) {
+            (false, ActivationKind::Identity) => "kf_pack2(lo, hi)".to_string(),
+            (false, ActivationKind::Relu) => "kf_pack2_relu(lo, hi)".to_string(),
+            (false, ActivationKind::Silu) if packed_silu => "kf_silu_f16x2(lo, hi)".to_string(),
+            (false, ActivationKind::Silu) => "kf_pack2(kf_silu_f32(lo), kf_silu_f32(hi))".to_string(),
+            (false, _) => format!("kf_pack2(kf_act_{i}(lo), kf_act_{i}(hi))"),
+            (true, ActivationKind::Identity) => "x".to_string(),
+            (true, ActivationKind::Silu) => "kf_silu_f32(x)".to_string(),
+            (true, _) => format!("kf_act_{i}(x)"),
+        };
+        if i == last {
+            let _ = writeln!(act_structs, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return {body}; }} }};");
+        } else {
+            let _ = writeln!(act_structs, "struct KfAct{i} {{ static __device__ __forceinline__ unsigned pack(float lo, float hi) {{ return {body}; }} }};");
         }
     }
     src.push('\n');
     src.push_str(PRELUDE);
     src.push('\n');
+    src.push_str(&act_structs);
+    src.push('\n');
     // The generated layer chain.
     let _ = writeln!(src, "// The layers in order; h<i> holds layer i's input fragments.");
     let _ = writeln!(src, "__device__ __forceinline__ void kf_forward(const unsigned (&h0)[KF_R][KF_KT0][4], unsigned char* __restrict__ out_tile,");
     let _ = writeln!(src, "                                           const unsigned char* __restrict__ smem, int lane) {{");
-    let last = model.layers.len() - 1;
     for (i, (layer, l)) in model.layers.iter().zip(&layouts).enumerate() {
         let has_bias = usize::from(layer.bias.is_some());
         let kt = l.k_pad / 16;
@@ -332,5 +397,10 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         in_dtype: opts.in_dtype,
         out_dtype: opts.out_dtype,
         fast_input,
+        nvrtc_options: FAST_MATH_OPTIONS
+            .iter()
+            .map(|o| o.to_string())
+            .chain((opts.compile_effort == CompileEffort::Reduced).then(|| "--Ofast-compile=min".to_string()))
+            .collect(),
     })
 }

@@ -2,8 +2,11 @@
 // every generated MLP kernel by kfuse-mlp's emitter with include_str!).
 //
 // The generator defines, before this file, every KF_* constant (widths, dtypes, tile sizes,
-// shared-memory layout) as a compile-time constant, and one `KfActN` struct per layer whose
-// static `apply(float)` is that layer's activation (a .kf expression compiled by kfuse-codegen).
+// shared-memory layout) as a compile-time constant, and one `KfActN` struct per layer: for a
+// hidden layer its static `pack(float, float)` applies the activation to two columns and packs
+// them into the compute dtype; for the last layer its static `apply(float)` is the activation.
+// ReLU and SiLU use the hand-written helpers below; other activations are .kf expressions
+// compiled by kfuse-codegen.
 //
 // Data layout on chip (one warp's view; a warp owns KF_R row tiles of 16 rows):
 //   * activations of the current layer: A fragments of mma.m16n8k16 in registers,
@@ -11,10 +14,11 @@
 //     registers between layers: the f32 accumulator (C) fragment of two adjacent n8 tiles has
 //     exactly the thread/element mapping of an A fragment of a k16 chunk, so a layer's output is
 //     packed in place into the next layer's input.
-//   * weights: in shared memory, pre-arranged on the host in "fragment order": the B fragment
-//     (k16 x n8) of n-tile j and k-chunk kk for lane l is the 8 bytes at
-//     ((j * KT + kk) * 32 + l) * 8. One LDS.64 per lane fetches it; a warp reads 256 contiguous
-//     bytes, so there are no bank conflicts and no ldmatrix/swizzle bookkeeping.
+//   * weights: in shared memory, pre-arranged on the host in "fragment order": for the last
+//     layer, the B fragment (k16 x n8) of n-tile j and k-chunk kk for lane l is the 8 bytes at
+//     ((j * KT + kk) * 32 + l) * 8 (one LDS.64); for hidden layers, n-tiles come in pairs and
+//     lane l's 16 bytes for pair j are at ((j * KT + kk) * 32 + l) * 16 (one LDS.128). A warp
+//     reads contiguous bytes, so there are no bank conflicts and no ldmatrix/swizzle bookkeeping.
 //   * biases: f32 in shared memory, zero-padded to the padded width.
 //
 // Padding: widths are padded to 16 (k and hidden n) or 8 (the last layer's n). Padded weights and
@@ -86,6 +90,43 @@ __device__ __forceinline__ unsigned kf_pack2(float lo, float hi) {
 #endif
 }
 
+// ReLU fused into the conversion: one cvt.relu per pair (negative -> +0, NaN stays NaN). Exact:
+// rounding is monotone and keeps 0, so relu-then-round equals round-then-relu.
+__device__ __forceinline__ unsigned kf_pack2_relu(float lo, float hi) {
+    unsigned r;
+#if KF_COMPUTE_BF16
+    asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+// SiLU in f32, x * sigmoid(x) as x * rcp(1 + 2^(-x log2 e)): two MUFU ops, relative error near
+// 2^-21 (far under the f16/bf16 storage rounding). x -> -inf gives -0 (x = -inf itself: NaN,
+// like x * sigmoid(x) evaluated in any precision).
+__device__ __forceinline__ float kf_silu_f32(float x) {
+    const float e = __expf(-x);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+    return x * r;
+}
+
+// SiLU on a pair, packed f16 (f16 models, KF_ACT_MATH packed): silu(x) = h + h * tanh(h) with
+// h = x / 2, evaluated on f16x2 values: one MUFU.TANH per two elements instead of two MUFU ops
+// per element. The pre-activation is rounded to f16 first, saturating (|x| > 65504 becomes
+// +-65504, so silu of a huge negative value is 0 rather than -inf + inf). Error: tanh.approx's
+// (about 2^-11 absolute near +-1) scaled by |h|, i.e. at most a few f16 ulps of the row's scale
+// (largest relative to the value itself in the far negative tail, where silu is tiny).
+__device__ __forceinline__ unsigned kf_silu_f16x2(float lo, float hi) {
+    unsigned x, h, t, y;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(x) : "f"(hi), "f"(lo));
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(h) : "r"(x), "r"(0x38003800u));  // 0x3800 = 0.5
+    asm("tanh.approx.f16x2 %0, %1;" : "=r"(t) : "r"(h));
+    asm("fma.rn.f16x2 %0, %1, %2, %1;" : "=r"(y) : "r"(h), "r"(t));
+    return y;
+}
+
 // One 16-bit value (low half of `bits`) to f32.
 __device__ __forceinline__ float kf_f16_to_f32(unsigned short bits) {
     float f;
@@ -144,58 +185,65 @@ __device__ __forceinline__ void kf_store_pair(unsigned char* tile, int row, int 
 // A hidden layer for this warp's KF_R row tiles: h = act(a · Wᵀ + b), written as the next
 // layer's A fragments.
 //   KT      k16 chunks of the input (padded input width / 16)
-//   NT16    k16 chunks of the output (padded output width / 16); there are 2 * NT16 n8 tiles
-//   W_OFF   byte offset of this layer's fragment-ordered weights in shared memory
+//   NT16    k16 chunks of the output (padded output width / 16): pairs of n8 tiles
+//   W_OFF   byte offset of this layer's weights in shared memory, in "pair fragment order": the
+//           B fragments of n8 tiles 2j and 2j + 1 for k-chunk kk and lane l are the 16 bytes at
+//           ((j * KT + kk) * 32 + l) * 16 (one conflict-free LDS.128 per lane feeds 2 * KF_R mmas)
 //   B_OFF   byte offset of its f32 biases (ignored without bias)
 //   N_REAL  the real output width; columns at or past it are padding, forced to zero
+//   Act     `static unsigned pack(float lo, float hi)`: the activation of two adjacent columns,
+//           packed into one compute-dtype pair
 template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
 __device__ __forceinline__ void kf_hidden_layer(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
                                                 const unsigned char* __restrict__ smem, int lane) {
-    const uint2* w = reinterpret_cast<const uint2*>(smem + W_OFF) + lane;
+    const uint4* w = reinterpret_cast<const uint4*>(smem + W_OFF) + lane;
     const float* bias = reinterpret_cast<const float*>(smem + B_OFF);
     const int quad = lane & 3;  // this thread's column pair (2 * quad, 2 * quad + 1) in an n8 tile
 #pragma unroll
-    for (int j = 0; j < 2 * NT16; ++j) {
-        if (8 * j >= N_REAL) {  // an n8 tile made only of padding: no math, zeros out
-#pragma unroll
-            for (int r = 0; r < KF_R; ++r) {
-                h[r][j >> 1][(j & 1) * 2 + 0] = 0u;
-                h[r][j >> 1][(j & 1) * 2 + 1] = 0u;
-            }
-            continue;
+    for (int j = 0; j < NT16; ++j) {
+        // n-outer, k-inner: one output k16 chunk's accumulators (two n8 tiles) live at a time,
+        // 8 * KF_R floats, which leaves registers for the input and output fragments; the
+        // 2 * KF_R accumulator chains are independent, so the mmas of one k step overlap.
+        // The bias is the accumulators' starting value.
+        const int col = 16 * j + 2 * quad;  // tile 2j: col, col + 1; tile 2j + 1: col + 8, col + 9
+        float2 b_lo = make_float2(0.f, 0.f), b_hi = make_float2(0.f, 0.f);
+        if (HAS_BIAS) {
+            b_lo = *reinterpret_cast<const float2*>(bias + col);
+            b_hi = *reinterpret_cast<const float2*>(bias + col + 8);
         }
-        // n-outer, k-inner: one n8 tile's accumulators live at a time (4 * KF_R floats), which
-        // is what leaves registers for the input and output fragments; each B fragment loaded
-        // from shared memory is reused by KF_R mmas, which keeps shared-memory bandwidth under
-        // the tensor cores' appetite.
-        float acc[KF_R][4];
+        float acc[KF_R][2][4];
 #pragma unroll
-        for (int r = 0; r < KF_R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+        for (int r = 0; r < KF_R; ++r) {
+            acc[r][0][0] = acc[r][0][2] = b_lo.x;
+            acc[r][0][1] = acc[r][0][3] = b_lo.y;
+            acc[r][1][0] = acc[r][1][2] = b_hi.x;
+            acc[r][1][1] = acc[r][1][3] = b_hi.y;
+        }
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
-            const uint2 b = w[(j * KT + kk) * 32];
+            const uint4 b = w[(j * KT + kk) * 32];
 #pragma unroll
-            for (int r = 0; r < KF_R; ++r) kf_mma(acc[r], a[r][kk], b.x, b.y);
+            for (int r = 0; r < KF_R; ++r) {
+                kf_mma(acc[r][0], a[r][kk], b.x, b.y);
+                kf_mma(acc[r][1], a[r][kk], b.z, b.w);
+            }
         }
-        const int col = 8 * j + 2 * quad;
-        float b0 = 0.f, b1 = 0.f;
-        if (HAS_BIAS) {
-            const float2 bb = *reinterpret_cast<const float2*>(bias + col);
-            b0 = bb.x;
-            b1 = bb.y;
+        // Accumulator layout: acc[.][t][0..1] row (lane / 4), acc[.][t][2..3] row (lane / 4 + 8),
+        // columns col + 8t and col + 8t + 1 -- the same thread owns the same elements of the next
+        // layer's A fragment for k-chunk j: {row g lo cols, row g+8 lo cols, row g hi, row g+8 hi}.
+        // Columns past N_REAL (only in the last chunk, known at compile time) are zeroed after
+        // the activation, since act(0) need not be 0.
+        unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
+        if (16 * j + 16 > N_REAL) {
+            mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
+            mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
         }
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
-            // Accumulator layout: acc[0..1] row (lane / 4), acc[2..3] row (lane / 4 + 8), columns
-            // col and col + 1 -- the same thread owns the same elements of the next A fragment.
-            float v0 = Act::apply(acc[r][0] + b0), v1 = Act::apply(acc[r][1] + b1);
-            float v2 = Act::apply(acc[r][2] + b0), v3 = Act::apply(acc[r][3] + b1);
-            if (8 * j + 8 > N_REAL) {  // the last, partly padded n8 tile only (known at compile time)
-                if (col >= N_REAL) v0 = v2 = 0.f;
-                if (col + 1 >= N_REAL) v1 = v3 = 0.f;
-            }
-            h[r][j >> 1][(j & 1) * 2 + 0] = kf_pack2(v0, v1);
-            h[r][j >> 1][(j & 1) * 2 + 1] = kf_pack2(v2, v3);
+            h[r][j][0] = Act::pack(acc[r][0][0], acc[r][0][1]) & mask_lo;
+            h[r][j][1] = Act::pack(acc[r][0][2], acc[r][0][3]) & mask_lo;
+            h[r][j][2] = Act::pack(acc[r][1][0], acc[r][1][1]) & mask_hi;
+            h[r][j][3] = Act::pack(acc[r][1][2], acc[r][1][3]) & mask_hi;
         }
     }
 }
@@ -213,26 +261,25 @@ __device__ __forceinline__ void kf_output_layer(const unsigned (&a)[KF_R][KT][4]
     const int quad = lane & 3;
 #pragma unroll
     for (int j = 0; j < NT8; ++j) {
+        const int col = 8 * j + 2 * quad;
+        float2 bb = make_float2(0.f, 0.f);
+        if (HAS_BIAS) bb = *reinterpret_cast<const float2*>(bias + col);
         float acc[KF_R][4];
 #pragma unroll
-        for (int r = 0; r < KF_R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+        for (int r = 0; r < KF_R; ++r) {
+            acc[r][0] = acc[r][2] = bb.x;  // the bias is the accumulators' starting value
+            acc[r][1] = acc[r][3] = bb.y;
+        }
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
             const uint2 b = w[(j * KT + kk) * 32];
 #pragma unroll
             for (int r = 0; r < KF_R; ++r) kf_mma(acc[r], a[r][kk], b.x, b.y);
         }
-        const int col = 8 * j + 2 * quad;
-        float b0 = 0.f, b1 = 0.f;
-        if (HAS_BIAS) {
-            const float2 bb = *reinterpret_cast<const float2*>(bias + col);
-            b0 = bb.x;
-            b1 = bb.y;
-        }
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
-            kf_store_pair<KF_OUT_KIND>(out_tile, 16 * r + group, col, Act::apply(acc[r][0] + b0), Act::apply(acc[r][1] + b1));
-            kf_store_pair<KF_OUT_KIND>(out_tile, 16 * r + group + 8, col, Act::apply(acc[r][2] + b0), Act::apply(acc[r][3] + b1));
+            kf_store_pair<KF_OUT_KIND>(out_tile, 16 * r + group, col, Act::apply(acc[r][0]), Act::apply(acc[r][1]));
+            kf_store_pair<KF_OUT_KIND>(out_tile, 16 * r + group + 8, col, Act::apply(acc[r][2]), Act::apply(acc[r][3]));
         }
     }
 }

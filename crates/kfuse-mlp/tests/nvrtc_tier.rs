@@ -14,10 +14,11 @@ fn model(dir: &std::path::Path, name: &str, widths: &[usize], act: &str, dtype: 
     MlpModel::load(path).expect("load model")
 }
 
-fn compile_both(source: &str, what: &str) {
+fn compile_both(source: &str, extra: &[String], what: &str) {
     for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
         let t = std::time::Instant::now();
         let mut opts = CompileOptions::for_arch(arch);
+        opts.extra = extra.to_vec();
         if std::env::var("KF_PTXAS_V").is_ok() {
             opts.extra.push("--ptxas-options=-v".to_string());
         }
@@ -39,20 +40,29 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let acts = std::env::var("KF_TEST_ACT").unwrap_or_else(|_| "relu".to_string());
-    let cases: Vec<(&str, Vec<usize>, DType, DType, DType, bool)> = vec![
-        ("bench1", vec![64, 64, 64, 64, 64, 16], DType::F16, DType::F16, DType::F16, false),
-        ("bench2", vec![64, 128, 128, 128, 128, 16], DType::F16, DType::F16, DType::F16, false),
-        ("bench3", vec![32, 64, 128, 96, 64, 32, 16], DType::F16, DType::F16, DType::F16, true),
-        ("odd", vec![3, 24, 100, 5], DType::BF16, DType::F32, DType::F32, true),
-        ("w256", vec![256, 256, 32], DType::BF16, DType::BF16, DType::BF16, true),
-        ("one", vec![16, 1], DType::F16, DType::BF16, DType::F16, true),
-        ("mixed", vec![24, 16, 24], DType::F16, DType::BF16, DType::BF16, false),
+    use kfuse_mlp::{ActivationMath::F32, CompileEffort::Reduced};
+    let base = MlpKernelOptions::default();
+    // (name, widths, activation, weight dtype, in, out, bias, kernel choices)
+    let cases: Vec<(&str, Vec<usize>, &str, DType, DType, DType, bool, MlpKernelOptions)> = vec![
+        ("bench1", vec![64, 64, 64, 64, 64, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
+        ("bench2", vec![64, 128, 128, 128, 128, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
+        ("bench3", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, base.clone()),
+        ("bench3-f32math", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: F32, ..base.clone() }),
+        ("bench1-16w", vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { warps: Some(16), row_tiles_per_warp: Some(2), ..base.clone() }),
+        ("bench2-fastcompile", vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { compile_effort: Reduced, ..base.clone() }),
+        ("odd", vec![3, 24, 100, 5], &acts, DType::BF16, DType::F32, DType::F32, true, base.clone()),
+        ("odd-silu", vec![3, 24, 100, 5], "silu", DType::F16, DType::F32, DType::F32, true, base.clone()),
+        ("bf16-silu", vec![24, 40, 24], "silu", DType::BF16, DType::BF16, DType::F32, true, base.clone()),
+        ("gelu", vec![16, 40, 24], "gelu", DType::F16, DType::F16, DType::F32, true, base.clone()),
+        ("w256", vec![256, 256, 32], &acts, DType::BF16, DType::BF16, DType::BF16, true, base.clone()),
+        ("one", vec![16, 1], &acts, DType::F16, DType::BF16, DType::F16, true, base.clone()),
+        ("mixed", vec![24, 16, 24], &acts, DType::F16, DType::BF16, DType::BF16, false, base.clone()),
     ];
-    for (name, widths, wd, ind, outd, bias) in cases {
-        let m = model(dir.path(), name, &widths, &acts, wd, bias);
-        let k = emit_kernel(&m, &MlpKernelOptions { in_dtype: ind, out_dtype: outd, ..MlpKernelOptions::default() }).expect("emit");
-        println!("{name}: warps {} rows/warp {} shared {} fast {}", k.warps, k.rows_per_warp, k.shared_bytes, k.fast_input);
-        compile_both(&k.source, name);
+    for (name, widths, act, wd, ind, outd, bias, kopts) in cases {
+        let m = model(dir.path(), name, &widths, act, wd, bias);
+        let k = emit_kernel(&m, &MlpKernelOptions { in_dtype: ind, out_dtype: outd, ..kopts }).expect("emit");
+        println!("{name}: warps {} rows/warp {} shared {} fast {} options {:?}", k.warps, k.rows_per_warp, k.shared_bytes, k.fast_input, k.nvrtc_options);
+        compile_both(&k.source, &k.nvrtc_options, name);
     }
     let m = model(dir.path(), "tiled", &[40, 256, 256, 256, 7], &acts, DType::F16, true);
     match emit_kernel(&m, &MlpKernelOptions::default()) {
@@ -61,6 +71,6 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     }
     let plan = emit_tiled(&m, DType::F32, DType::F16, "test").expect("tiled");
     for l in &plan.layers {
-        compile_both(&l.source, "tiled layer");
+        compile_both(&l.source, &[], "tiled layer");
     }
 }

@@ -200,9 +200,10 @@ fn generated_source_is_deterministic_and_matches_golden() {
     // Padded widths: 24 -> 32 in, 40 -> 48 hidden, 5 -> 8 out; params = weights + f32 biases.
     assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 4 + 8 * 48 * 2 + 8 * 4 + 0);
     let generated: String = k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
-    let forward: String = k1.source.split("// The layers in order").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
+    // The activation structs (after the prelude) and the generated layer chain.
+    let forward: String = k1.source.split("\nstruct KfAct0").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
     golden_env();
-    expect_test::expect_file!["golden/mlp_24_40_5_relu.cu.txt"].assert_eq(&format!("{generated}\n// ...\n// The layers in order{forward}\n}}\n"));
+    expect_test::expect_file!["golden/mlp_24_40_5_relu.cu.txt"].assert_eq(&format!("{generated}\n// ...\nstruct KfAct0{forward}\n}}\n// NVRTC options: {:?}\n", k1.nvrtc_options));
 }
 
 /// Golden files are found through CARGO_MANIFEST_DIR, which cargo sets; a test executable run
