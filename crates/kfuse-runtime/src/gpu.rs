@@ -222,6 +222,14 @@ impl Gpu {
         )?;
         let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
         timing::log("open: stream + attributes", step);
+        // The driver sets up device memory management lazily, on a context's first allocation
+        // (8-11 ms on the H100, whatever the size). Paying it here makes `open` return a context
+        // that is ready in full, so the first run of a kernel costs only its own work.
+        let step = Instant::now();
+        let first = stream.alloc_zeros::<u8>(16).map_err(driver("cuMemAlloc (first allocation)"))?;
+        drop(first);
+        stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        timing::log("open: first allocation (driver memory setup)", step);
         let step = Instant::now();
         let compile_arch = compile_arch_for(arch);
         timing::log("open: NVRTC version + supported archs (loads libnvrtc)", step);

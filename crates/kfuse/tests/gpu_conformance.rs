@@ -68,11 +68,16 @@ fn every_example_matches_the_interpreter_on_the_gpu() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let p = Program::from_source(&testdata::with_float_dtype(&src, dtype), &format!("examples/{stem}.kf ({dtype})")).unwrap();
             for (i, mut sizes) in size_sets(p.graph.symbols.len()).into_iter().enumerate() {
-                // An offsets input holds B + 1 >= 1 boundaries.
+                // An offsets input holds S = B + 1 >= 1 boundaries, and with no segment (S = 1)
+                // there is no packed row either (T = 0).
                 for c in &p.graph.constraints {
-                    if let (kfuse_ir::Constraint::Offsets { input, .. }, Some(kfuse_ir::Dim::Sym(s))) = (c, p.graph.input(c.input()).shape.0.first()) {
-                        let _ = input;
+                    if let (kfuse_ir::Constraint::Offsets { total: kfuse_ir::Dim::Sym(t), .. }, Some(kfuse_ir::Dim::Sym(s))) =
+                        (c, p.graph.input(c.input()).shape.0.first())
+                    {
                         sizes[s.0 as usize] = sizes[s.0 as usize].max(1);
+                        if sizes[s.0 as usize] == 1 {
+                            sizes[t.0 as usize] = 0;
+                        }
                     }
                 }
                 check(&gpu, &p, &sizes, 1000 + i as u64, dtype);
