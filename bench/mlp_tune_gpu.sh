@@ -16,7 +16,7 @@ KFUSE_CACHE_DIR=$(mktemp -d) timeout 150 "$B/mlp_tune" "$O/tune.jsonl" "$M" > "$
 echo "mlp_tune rc $?"
 echo "== kfuse mlp bench (cold cache per model)"
 for m in mlp64x4_relu mlp128x4_relu mlp_silu_bias; do
-  KFUSE_CACHE_DIR=$(mktemp -d) timeout 30 "$B/kfuse" mlp bench "$M/$m.json" --json "$O/bench_$m.json" >> "$O/bench.log" 2>&1
+  KFUSE_LOG_COMPILES=1 KFUSE_CACHE_DIR=$(mktemp -d) timeout 30 "$B/kfuse" mlp bench "$M/$m.json" --json "$O/bench_$m.json" >> "$O/bench.log" 2>&1
   echo "$m rc $?"
 done
 grep -E "^(model|kernel|compile|time|check)" "$O/bench.log"
@@ -24,7 +24,7 @@ if [ "${TORCH:-0}" = 1 ]; then
   timeout 60 python3 tools/bench_mlp_torch.py --models "$M"/mlp64x4_relu.json "$M"/mlp128x4_relu.json "$M"/mlp_silu_bias.json --no-compile --json "$O/torch.json" 2>&1 | tail -4
 fi
 echo "== gpu tier"
-KFUSE_REQUIRE_GPU=1 KFUSE_CACHE_DIR=$(mktemp -d) timeout "${TIER_S:-50}" "$B/gpu_tier" --nocapture --test-threads 1 > "$O/gpu_tier.log" 2>&1
+KFUSE_REQUIRE_GPU=1 KFUSE_CACHE_DIR=$(mktemp -d) timeout "${TIER_S:-90}" "$B/gpu_tier" --nocapture --test-threads 1 > "$O/gpu_tier.log" 2>&1
 echo "gpu_tier rc $?"
 grep -E "^test |test result|panicked" "$O/gpu_tier.log"
 echo "== tune table"

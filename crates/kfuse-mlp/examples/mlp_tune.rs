@@ -36,30 +36,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => tmp.path().to_path_buf(),
     };
     use ActivationMath::{Packed, F32};
-    use CompileEffort::{Full, Reduced};
+    use CompileEffort::Full;
     let d: Variant = (None, None, Packed, Full);
+    let old: Variant = (Some(8), Some(4), Packed, Full);
     let models: [(&str, Vec<usize>, &str, bool, Vec<Variant>); 3] = [
-        (
-            "mlp64x4_relu",
-            vec![64, 64, 64, 64, 64, 16],
-            "relu",
-            false,
-            vec![d, (None, None, Packed, Reduced), (Some(8), Some(2), Packed, Full), (Some(16), Some(2), Packed, Full), (Some(16), Some(1), Packed, Full), (Some(12), Some(2), Packed, Full)],
-        ),
-        (
-            "mlp128x4_relu",
-            vec![64, 128, 128, 128, 128, 16],
-            "relu",
-            false,
-            vec![d, (None, None, Packed, Reduced), (Some(16), Some(1), Packed, Full), (Some(8), Some(1), Packed, Full), (Some(4), Some(4), Packed, Full)],
-        ),
-        (
-            "mlp_silu_bias",
-            vec![32, 64, 128, 96, 64, 32, 16],
-            "silu",
-            true,
-            vec![d, (None, None, Packed, Reduced), (None, None, F32, Full), (Some(16), Some(1), Packed, Full), (Some(8), Some(1), Packed, Full), (Some(6), Some(3), Packed, Full)],
-        ),
+        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, vec![d, old, (Some(16), Some(2), Packed, Full), d]),
+        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, vec![d, (Some(12), Some(1), Packed, Full), d]),
+        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, vec![d, (None, None, F32, Full), (Some(12), Some(1), Packed, Full), d]),
     ];
     let mut table = Vec::new();
     for (name, widths, act, bias, variants) in models {

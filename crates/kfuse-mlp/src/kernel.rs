@@ -41,8 +41,9 @@ __device__ __forceinline__ float kf_tanh_approx(float x) { float y; asm(\"tanh.a
 /// Shared memory per block that a kernel may use on an H100 (227 KiB), the default limit.
 pub const H100_SHARED_LIMIT: u32 = 232_448;
 
-/// Register budget (32-bit registers per thread) for one row tile's input + output fragments;
-/// the rest of the 255 covers accumulators, addresses and the activation's temporaries.
+/// Register budget (32-bit registers per thread) for a warp's input + output fragments (all its
+/// row tiles); the rest of the 255 covers accumulators, addresses and the activation's
+/// temporaries.
 const FRAGMENT_REGISTER_BUDGET: usize = 128;
 /// Padded K + N above which a layer's fragments cannot stay in registers (spills).
 const MAX_FUSED_K_PLUS_N: usize = 640;
@@ -82,9 +83,10 @@ pub struct MlpKernelOptions {
     pub out_dtype: DType,
     /// Shared memory one block may use (the device's opt-in limit).
     pub shared_limit: u32,
-    /// Warps per block (1..=16); `None` picks the most (up to 8) that fit.
+    /// Warps per block (1..=16); `None` picks the most that fit the register file (estimated)
+    /// and shared memory.
     pub warps: Option<u32>,
-    /// 16-row tiles per warp (1..=8); `None` picks from the register budget (1..=4).
+    /// 16-row tiles per warp (1..=8); `None` picks from the register budget (1..=2).
     pub row_tiles_per_warp: Option<u32>,
     /// How SiLU is evaluated.
     pub activation_math: ActivationMath,
@@ -242,7 +244,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let fast_input = opts.in_dtype == model.dtype && in_w % 8 == 0;
     let row_stride = in_pad * 2 + 16;
     let per_tile = fragment_registers(&layouts).max(1);
-    let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or((FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 4));
+    // Two row tiles per warp where the fragments allow: each B fragment then feeds 2 x 2 mmas,
+    // enough to keep shared-memory traffic under the tensor cores' rate (one tile per warp was
+    // 13-25% slower on an H100, 2026-11-22); more tiles only grow the unrolled code (compile
+    // time) without measured gain.
+    let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or((FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 2));
     let param_bytes = params.len();
     let warp_smem = |r: usize| {
         let rows = 16 * r;
@@ -255,9 +261,13 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let limit = opts.shared_limit as usize;
     let mut choice = None;
     'search: for r in (1..=r_max.max(1)).rev() {
+        // Warps: as many as the register file holds at the estimated registers per thread
+        // (fragments x 1.5 + 40, fitted to ptxas reports of the benchmark models), in multiples
+        // of 4 (one per scheduler) above 8; 8 or fewer always qualify (255 registers each).
+        let est_regs = r * per_tile * 3 / 2 + 40;
         let w_candidates: Vec<usize> = match opts.warps {
             Some(w) => vec![w as usize],
-            None => (1..=8).rev().collect(),
+            None => [16usize, 12, 8, 7, 6, 5, 4, 3, 2, 1].into_iter().filter(|&w| w <= 8 || 65536 / (32 * w) >= est_regs).collect(),
         };
         for w in w_candidates {
             if param_bytes + w * warp_smem(r).3 <= limit {
