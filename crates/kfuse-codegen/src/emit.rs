@@ -94,6 +94,22 @@ pub(crate) struct Emitter<'a> {
     /// Values fixed by the caller instead of computed (node → C expression), e.g. a scale
     /// factor replaced by `1.0f` when a kernel computes an unscaled gradient.
     pub substitutions: HashMap<NodeId, String>,
+    /// Grid-stride element mode with batched loads: `Some` collects every load the loop body
+    /// makes for each element at the flat index `i` outside any branch; the body reads
+    /// `kf_pf<k>[kf_u]` instead, and the kernel issues those loads for all of a thread's batched
+    /// elements before the first use (several independent loads in flight per thread).
+    pub prefetch: Option<Vec<Prefetch>>,
+}
+
+/// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Prefetch {
+    /// The C type of one loaded element or vector (a storage type, e.g. `float4`, `uint2`).
+    pub ty: String,
+    /// The load expression in terms of the flat index `i`.
+    pub load: String,
+    /// What it loads (for the comment).
+    pub note: String,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -113,6 +129,7 @@ impl<'a> Emitter<'a> {
             slot_results: HashMap::new(),
             row_mode: false,
             substitutions: HashMap::new(),
+            prefetch: None,
         }
     }
 
@@ -428,7 +445,9 @@ impl<'a> Emitter<'a> {
                         let off = self.offset(&dims[..dims.len() - 1], &prefix);
                         let depth = self.target_depth(&prefix);
                         let e = format!("reinterpret_cast<const {vty}*>({name})[{off}]");
-                        self.bind(depth, vkey, vty, e, &format!("{} {c} x {dtype} at once", self.g.inputs[input as usize].name))
+                        let note = format!("{} {c} x {dtype} at once", self.g.inputs[input as usize].name);
+                        let e = self.prefetched(depth, &off, vty, e, &note);
+                        self.bind(depth, vkey, vty, e, &note)
                     }
                 };
                 self.note_conversion(dtype);
@@ -443,10 +462,30 @@ impl<'a> Emitter<'a> {
         }
         let off = self.offset(&dims, ctx);
         self.note_conversion(dtype);
-        let e = cuda::load_conversion(dtype, &format!("{name}[{off}]"));
         let depth = self.target_depth(ctx);
         let note = format!("{} {dtype}", self.g.inputs[input as usize].name);
+        let raw = self.prefetched(depth, &off, cuda::storage_type(dtype), format!("{name}[{off}]"), &note);
+        let e = cuda::load_conversion(dtype, &raw);
         Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note))
+    }
+
+    /// A load `load` of type `ty` placed in block `depth` at offset `off`: when it is one of the
+    /// body's unconditional per-element loads and prefetching is on, it is recorded and the
+    /// prefetched register (`kf_pf<k>[kf_u]`) is returned instead.
+    fn prefetched(&mut self, depth: usize, off: &str, ty: &str, load: String, note: &str) -> String {
+        match &mut self.prefetch {
+            Some(list) if depth == 0 && off == "i" => {
+                let k = match list.iter().position(|p| p.load == load) {
+                    Some(k) => k,
+                    None => {
+                        list.push(Prefetch { ty: ty.to_string(), load, note: note.to_string() });
+                        list.len() - 1
+                    }
+                };
+                format!("kf_pf{k}[kf_u]")
+            }
+            _ => load,
+        }
     }
 
     /// Records the conversion helper that loads or stores of `dtype` use.

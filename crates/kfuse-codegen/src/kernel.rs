@@ -34,6 +34,7 @@ pub(crate) struct BufferIndex {
 }
 
 /// An action of the loop body, run under its group's predicate (or its negation).
+#[derive(Clone)]
 enum Action {
     Update { op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: Vec<Coord>, accs: Vec<String> },
     Store { output: usize, values: Vec<(NodeId, Vec<Coord>)> },
@@ -163,18 +164,28 @@ pub(crate) fn emit_kernel(
         unconditional.extend(em.uses.inputs.iter().copied());
         let cols = em.dim(last_dim);
         em.push_stmt(format!("const long long kf_hi = {bv} < 0 ? 0ll : ((long long){bv} < {cols} ? (long long){bv} : {cols}); // columns where the predicate holds"));
+        // Outputs that are all zero where the predicate fails: one byte range per row, filled
+        // first (the stores drain while the valid columns compute) with 16-byte streaming stores.
+        let (fills, rest): (Vec<&Action>, Vec<&Action>) = grp.otherwise.iter().partition(|a| zero_fill_bytes(&em, g, a).is_some());
+        for a in fills {
+            if let (Action::Store { output, .. }, Some(esz)) = (a, zero_fill_bytes(&em, g, a)) {
+                write_zero_fill(&mut em, g, *output, esz, &cols);
+            }
+        }
         em.open_column_loop("for (long long col = lane; col < kf_hi; col += 32) {".to_string());
         em.push_stmt("const long long i = rowbase + col;".to_string());
         run_actions(&mut em, g, &grp.then)?;
         em.close();
-        if !grp.otherwise.is_empty() {
+        let rest: Vec<Action> = rest.into_iter().cloned().collect();
+        if !rest.is_empty() {
             em.push_stmt("#pragma unroll 4".to_string());
             em.open_column_loop(format!("for (long long col = kf_hi + lane; col < {cols}; col += 32) {{"));
             em.push_stmt("const long long i = rowbase + col;".to_string());
-            run_actions(&mut em, g, &grp.otherwise)?;
+            run_actions(&mut em, g, &rest)?;
             em.close();
         }
     } else {
+        em.prefetch = Some(Vec::new());
         for grp in &groups {
             match &grp.guard {
                 None => {
@@ -204,6 +215,7 @@ pub(crate) fn emit_kernel(
     };
     let n_expr = em.product(&info.dims);
     let next_var = em.next_var();
+    let prefetch = em.prefetch.take().unwrap_or_default();
     let (body, mut uses) = em.into_lines();
     let lazy_inputs: Vec<InputId> = uses.inputs.iter().filter(|i| !unconditional.contains(i)).map(|&i| InputId(i)).collect();
 
@@ -313,7 +325,12 @@ pub(crate) fn emit_kernel(
     for h in &uses.helpers {
         src.push_str(&cuda::helper_source(*h));
     }
-    let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({block}) {name}(");
+    // Batched loops: at most 64 registers per thread (1024 threads per SM resident), and a grid of
+    // exactly that many blocks per SM, so that every block is resident at once (one wave).
+    let batched = !row_mode && !prefetch.is_empty();
+    let resident_blocks = if batched { (1024 / block).max(1) } else { (2048 / block).clamp(1, 8) };
+    let bounds = if batched { format!("{block}, {resident_blocks}") } else { block.to_string() };
+    let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {name}(");
     for (j, (_, decl, comment)) in params.iter().enumerate() {
         let sep = if j + 1 < params.len() { "," } else { "" };
         let _ = writeln!(src, "    {decl}{sep} // {comment}");
@@ -332,14 +349,16 @@ pub(crate) fn emit_kernel(
         src.push_str("    // One warp per row; its lanes stride over the row's columns.\n");
         src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += ((long long)gridDim.x * blockDim.x) >> 5) {\n");
         let _ = writeln!(src, "        const long long rowbase = row * {cols_expr};");
-    } else {
+        write_body(&mut src, &body, "        ");
+        src.push_str("    }\n");
+    } else if prefetch.is_empty() {
         src.push_str("    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight\n");
         src.push_str("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n");
+        write_body(&mut src, &body, "        ");
+        src.push_str("    }\n");
+    } else {
+        write_batched_loop(&mut src, &prefetch, &body);
     }
-    for l in &body {
-        let _ = writeln!(src, "        {l}");
-    }
-    src.push_str("    }\n");
     if n_slots > 0 {
         write_reduction_tail(&mut src, &slots, &epilogue);
     } else if !epilogue.is_empty() {
@@ -361,9 +380,45 @@ pub(crate) fn emit_kernel(
         source: src,
         params: params.into_iter().map(|p| p.0).collect(),
         block,
-        grid: GridSpec::Work { work, per_block, max_blocks_per_sm: (2048 / block).clamp(1, 8) },
+        grid: GridSpec::Work { work, per_block, max_blocks_per_sm: resident_blocks },
         lazy_inputs,
     })
+}
+
+/// Elements each thread handles per iteration of a batched grid-stride loop.
+const BATCH: u32 = 4;
+
+fn write_body(src: &mut String, body: &[String], indent: &str) {
+    for l in body {
+        let _ = writeln!(src, "{indent}{l}");
+    }
+}
+
+/// The grid-stride loop with batched loads: each iteration takes the thread's next [`BATCH`]
+/// elements `i0 + u * stride` (the same elements, in the same order, as the plain loop), issues
+/// every prefetched load of all of them first, then runs the body for each in turn. Per-thread
+/// accumulation order is unchanged, so results equal the plain loop's for the same grid.
+fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body: &[String]) {
+    let _ = writeln!(src, "    const long long kf_stride = (long long)gridDim.x * blockDim.x;");
+    let _ = writeln!(src, "    // {BATCH} elements per thread and iteration: their loads are all in flight before the first use.");
+    let _ = writeln!(src, "    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += {BATCH}ll * kf_stride) {{");
+    for (k, p) in prefetch.iter().enumerate() {
+        let _ = writeln!(src, "        {} kf_pf{k}[{BATCH}]; // {}", p.ty, p.note);
+    }
+    let _ = writeln!(src, "        #pragma unroll");
+    let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
+    src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
+    src.push_str("            if (i < n) {\n");
+    for (k, p) in prefetch.iter().enumerate() {
+        let _ = writeln!(src, "                kf_pf{k}[kf_u] = {};", p.load);
+    }
+    src.push_str("            }\n        }\n");
+    let _ = writeln!(src, "        #pragma unroll");
+    let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
+    src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
+    src.push_str("            if (i >= n) break;\n");
+    write_body(src, body, "            ");
+    src.push_str("        }\n    }\n");
 }
 
 /// Block reduction, per-block partials, the ticket, and the last block's fixed-order final
@@ -467,6 +522,49 @@ fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), Co
         }
     }
     Ok(())
+}
+
+/// For a store of nothing but zero literals (all bits zero in storage) whose bytes per domain
+/// element divide 16: those bytes.
+fn zero_fill_bytes(em: &Emitter, g: &Graph, a: &Action) -> Option<u64> {
+    let Action::Store { output, values } = a else { return None };
+    let all_zero = values.iter().all(|(n, ctx)| {
+        let (c, _) = em.canonical(*n, ctx.clone());
+        matches!(g.node(c).op, Op::Const(l) if l.as_f64().to_bits() == 0)
+    });
+    let esz = values.len() as u64 * g.node(g.outputs[*output].node).dtype.size_bytes() as u64;
+    (all_zero && esz > 0 && 16 % esz == 0 && (has_component_axis(g, *output) || values.len() == 1)).then_some(esz)
+}
+
+/// Row mode: zeroes the elements `[kf_hi, cols)` of the row of output `o` (`esz` bytes each) as
+/// one byte range: 16-byte streaming stores over the whole 16-byte chunks, element stores for
+/// the partial chunks at either end (fewer than 16 / `esz` elements each, one per lane).
+fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str) {
+    em.uses.helpers.insert(Helper::StoreStreaming);
+    let name = &g.outputs[o].name;
+    let per = 16 / esz;
+    let (ety, zero) = match esz {
+        1 => ("unsigned char", "(unsigned char)0"),
+        2 => ("unsigned short", "(unsigned short)0"),
+        4 => ("unsigned int", "0u"),
+        8 => ("uint2", "make_uint2(0u, 0u)"),
+        _ => ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+    };
+    em.push_stmt(format!("{{ // zero fill of {name} over columns [kf_hi, {cols}): 16-byte streaming stores"));
+    em.push_stmt(format!("    const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + {cols}; // elements"));
+    if per == 1 {
+        em.push_stmt("    #pragma unroll 4".to_string());
+        em.push_stmt(format!("    for (long long e = kf_za + lane; e < kf_zb; e += 32) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + e, make_uint4(0u, 0u, 0u, 0u));"));
+    } else {
+        em.push_stmt(format!("    const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1));
+        em.push_stmt(format!("    const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb; // head elements [kf_za, kf_zh)"));
+        em.push_stmt(format!("    const long long kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // tail elements [kf_zt, kf_zb)"));
+        em.push_stmt(format!("    if (kf_za + lane < kf_zh) reinterpret_cast<{ety}*>(out{o})[kf_za + lane] = {zero};"));
+        em.push_stmt(format!("    if (kf_zt + lane < kf_zb) reinterpret_cast<{ety}*>(out{o})[kf_zt + lane] = {zero};"));
+        em.push_stmt("    #pragma unroll 4".to_string());
+        em.push_stmt(format!("    for (long long c = kf_zc + lane; c < kf_zd; c += 32) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + c, make_uint4(0u, 0u, 0u, 0u));"));
+    }
+    em.push_stmt("}".to_string());
 }
 
 /// Whether output `o` was split into a domain and a small component axis.

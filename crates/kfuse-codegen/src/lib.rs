@@ -9,7 +9,11 @@
 //! - The graph is fused into as few kernels as its data dependencies allow: one per (reduction
 //!   level, domain). A full reduction whose result feeds element work again (`x / sum(x)`) ends a
 //!   level; its scalar crosses to the next kernel through a one-element Temp buffer.
-//! - Each kernel runs a grid-stride loop over its domain with a 64-bit flat index. A small
+//! - Each kernel runs a grid-stride loop over its domain with a 64-bit flat index. When the body
+//!   loads inputs at the flat index outside any branch, the loop is batched: each thread takes 4
+//!   elements per iteration (the same elements in the same order), issues all their loads first,
+//!   then runs the body for each; such kernels cap registers at 64 (`__launch_bounds__(block,
+//!   1024 / block)`) and launch exactly the blocks that are resident at once. A small
 //!   constant last axis (≤ 8, e.g. the 4 box coordinates of `[B, N, 4]`) is kept per thread as
 //!   components and moved as one vector load/store (`float4` for f32 × 4, `uint2` for f16 × 4).
 //! - Sinks guarded by the same predicate (masked reductions, `count(m)`, outputs that are
@@ -25,8 +29,9 @@
 //!   the first addition on, so float sums lose nothing to the accumulation order.
 //! - Row mode: when every sink of a kernel shares a lengths mask `iota(last) < b[.., None]`
 //!   (`mask(lengths)`), one warp takes one row (grid-stride over rows), its lanes stride over
-//!   `[0, clamp(b, 0, N))` for the masked work and over the rest for the `else` values (e.g. the
-//!   zeros of a gradient, streaming stores): padding costs no predicate evaluation, no division.
+//!   `[0, clamp(b, 0, N))` for the masked work and over the rest for the `else` values: padding
+//!   costs no predicate evaluation, no division. An all-zero `else` output (a gradient's padding)
+//!   is one byte range per row, zeroed first with 16-byte streaming stores across elements.
 //! - One pass: a masked output `where(m, s * h, 0)` that needs a scale `s` from full reductions
 //!   is computed unscaled in the reduction kernel and listed (index, h) where `m` holds; the
 //!   second kernel rescales only the listed entries (see `onepass`).

@@ -80,7 +80,8 @@ fn planning_twice_gives_identical_bytes() {
 fn block_size_is_printed_and_used() {
     let g = common::giou(kfuse_ir::DType::F32, kfuse_ir::DType::F32).expect("graph");
     let p = plan(&g, &CodegenOptions { block_size: 128 }).expect("plan");
-    assert!(p.kernels[0].source.contains("__launch_bounds__(128)"));
+    // Batched grid-stride kernels also state their resident blocks per SM (1024 threads).
+    assert!(p.kernels[0].source.contains("__launch_bounds__(128, 8)"));
     assert!(p.kernels[0].source.contains("block_size=128"));
     assert_eq!(p.kernels[0].block, 128);
 }

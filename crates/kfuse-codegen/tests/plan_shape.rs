@@ -12,7 +12,7 @@ fn opts() -> CodegenOptions {
 
 /// The loop body of a kernel (from the grid-stride loop to the block reduction).
 fn body(src: &str) -> &str {
-    let start = src.find("for (long long i =").expect("grid-stride loop");
+    let start = src.find("for (long long i =").or_else(|| src.find("for (long long kf_i0 =")).expect("grid-stride loop");
     let end = src.find("// Each block reduces").unwrap_or(src.len());
     &src[start..end]
 }
@@ -31,7 +31,10 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
     let pred_load = b.find("reinterpret_cast<const float4*>(in0)[i]").expect("pred float4 load");
     assert!(target_load < branch && branch < pred_load, "pred must be loaded inside the branch:\n{b}");
     assert_eq!(b.matches("in0").count(), 1, "pred is loaded exactly once");
-    assert_eq!(b.matches("if (").count(), 1, "sum and count share one branch");
+    assert_eq!(b.matches("if (v").count(), 1, "sum and count share one branch");
+    // Batched loop: the target loads of the thread's 4 elements come before the first use.
+    assert!(b.find("kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];").expect("prefetch") < b.find("if (i >= n) break;").expect("body"));
+    assert!(k.source.contains("__launch_bounds__(256, 4)"));
     // Both the masked sum and the count accumulate inside that branch.
     let inside = &b[branch..];
     assert!(inside.contains("acc0 +=") && inside.contains("acc1 += 1.0;"));
@@ -56,10 +59,10 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
     );
     let GridSpec::Work { work, per_block, max_blocks_per_sm } = &k.grid;
     assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0), SymId(1)] });
-    assert_eq!((*per_block, *max_blocks_per_sm), (256, 8));
-    // The grid formula: B=16384, N=256 on 132 SMs caps at 8 blocks per SM; B=N=1 still runs one.
-    assert_eq!(k.grid.blocks(&[16384, 256], 132), Some(1056));
-    assert_eq!(k.grid.blocks(&[1024, 256], 132), Some(1024));
+    assert_eq!((*per_block, *max_blocks_per_sm), (256, 4));
+    // The grid formula: B=16384, N=256 on 132 SMs caps at 4 blocks per SM (all resident); B=N=1 still runs one.
+    assert_eq!(k.grid.blocks(&[16384, 256], 132), Some(528));
+    assert_eq!(k.grid.blocks(&[1024, 256], 132), Some(528));
     assert_eq!(k.grid.blocks(&[0, 256], 132), Some(1));
     assert_eq!(p.buffers[3].elem_count(&[1024, 256], 1024), Some(2048));
     // The ticket is reset by the last block.
@@ -133,14 +136,16 @@ fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
     let src = &k.source;
     assert!(src.contains("const int v0 = in2[row];"), "the bound is read once per row:\n{src}");
     assert!(src.contains("for (long long col = lane; col < kf_hi; col += 32)"));
-    assert!(src.contains("for (long long col = kf_hi + lane; col < sz1; col += 32)"), "padding is a column range of zeros");
+    // Padding is one zero byte range per row, 16-byte streaming stores, filled before the valid columns.
+    let fill = src.find("const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + sz1;").expect("zero fill");
+    assert!(src.contains("for (long long e = kf_za + lane; e < kf_zb; e += 32) kf_st_cs(reinterpret_cast<uint4*>(out0) + e, make_uint4(0u, 0u, 0u, 0u));"));
     assert!(!src.contains("kf_div") && !src.contains("kf_mod") && !src.contains(" / (sz"), "no per-element division");
-    assert!(src.contains("kf_st_cs(reinterpret_cast<float4*>(out0) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));"));
-    // The valid range loads pred and target; the padding range loads nothing.
-    let valid_loop = &src[src.find("col < kf_hi").expect("valid loop")..src.find("col = kf_hi + lane").expect("pad loop")];
+    // The valid range loads pred and target; the fill loads nothing.
+    let valid = src.find("for (long long col = lane; col < kf_hi; col += 32)").expect("valid loop");
+    assert!(fill < valid);
+    let valid_loop = &src[valid..];
     assert!(valid_loop.contains("in0") && valid_loop.contains("in1") && valid_loop.contains("acc1 += 1.0;"));
-    let pad_loop = &src[src.find("col = kf_hi + lane").expect("pad loop")..];
-    assert!(!pad_loop[..pad_loop.find("\n    }\n").unwrap_or(pad_loop.len())].contains("in0"));
+    assert!(!src[fill..valid].contains("in0") && !src[fill..valid].contains("in1"));
     // The grid counts rows, 8 warps (rows) per 256-thread block.
     let GridSpec::Work { work, per_block, .. } = &k.grid;
     assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0)] });
@@ -201,9 +206,9 @@ fn masked_tensor_output_shares_the_count_branch() {
     let g = common::masked_delta().expect("graph");
     let p = plan(&g, &opts()).expect("plan");
     let b = body(&p.kernels[0].source);
-    assert_eq!(b.matches("if (").count(), 1, "{b}");
+    assert_eq!(b.matches("if (v").count(), 1, "{b}");
     assert!(b.contains("} else {"));
-    assert!(b.find("if (").expect("branch") < b.find("(in0)").expect("pred load"));
+    assert!(b.find("if (v").expect("branch") < b.find("(in0)").expect("pred load"));
 }
 
 #[test]

@@ -23,7 +23,7 @@ __device__ __forceinline__ long long kf_mod(long long a, long long b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_fe17890dc8e1a591_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_fe17890dc8e1a591_0(
     const float* __restrict__ in0, // x f32[B, N]
     const float* __restrict__ in1, // bias f32[N]
     const float* __restrict__ in2, // boxes f32[B, N, 4]
@@ -34,21 +34,37 @@ extern "C" __global__ void __launch_bounds__(256) kf_fe17890dc8e1a591_0(
 )
 {
     const long long n = sz0 * sz1;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = in0[i]; // x f32
-        const float v1 = 1.0f / (1.0f + expf(-v0)); // n3
-        const float v2 = v1 * 2.0f; // n5
-        const long long v3 = kf_mod(i, sz1); // coordinate 1 of the domain
-        const float v4 = in1[v3]; // bias f32
-        const float v5 = v2 + v4; // n6
-        const float v6 = v5; // n7
-        out0[i] = kf_f32_to_f16(v6); // y
-        const float4 v7 = reinterpret_cast<const float4*>(in2)[i]; // boxes 4 x f32 at once
-        const float v8 = v7.x * 0.5f; // n9
-        const float v9 = v7.y * 0.5f; // n9
-        const float v10 = v7.z * 0.5f; // n9
-        const float v11 = v7.w * 0.5f; // n9
-        reinterpret_cast<float4*>(out1)[i] = make_float4(v8, v9, v10, v11); // scaled
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // x f32
+        float4 kf_pf1[4]; // boxes 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in0[i];
+                kf_pf1[kf_u] = reinterpret_cast<const float4*>(in2)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = kf_pf0[kf_u]; // x f32
+            const float v1 = 1.0f / (1.0f + expf(-v0)); // n3
+            const float v2 = v1 * 2.0f; // n5
+            const long long v3 = kf_mod(i, sz1); // coordinate 1 of the domain
+            const float v4 = in1[v3]; // bias f32
+            const float v5 = v2 + v4; // n6
+            const float v6 = v5; // n7
+            out0[i] = kf_f32_to_f16(v6); // y
+            const float4 v7 = kf_pf1[kf_u]; // boxes 4 x f32 at once
+            const float v8 = v7.x * 0.5f; // n9
+            const float v9 = v7.y * 0.5f; // n9
+            const float v10 = v7.z * 0.5f; // n9
+            const float v11 = v7.w * 0.5f; // n9
+            reinterpret_cast<float4*>(out1)[i] = make_float4(v8, v9, v10, v11); // scaled
+        }
     }
 }

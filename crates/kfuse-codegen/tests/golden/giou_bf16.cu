@@ -41,7 +41,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_61c2f7088542d5d4_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_61c2f7088542d5d4_0(
     const unsigned short* __restrict__ in0, // pred bf16[B, N, 4]
     const unsigned short* __restrict__ in1, // target bf16[B, N, 4]
     unsigned short* __restrict__ out0, // output loss bf16[]
@@ -54,53 +54,67 @@ extern "C" __global__ void __launch_bounds__(256) kf_61c2f7088542d5d4_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n44 where n11 (n45)
     double acc1 = 0.0; // count n11 (n46)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const uint2 v0 = reinterpret_cast<const uint2*>(in1)[i]; // target 4 x bf16 at once
-        const float v1 = kf_bf16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]
-        const bool v2 = v1 != 0.0f; // n11
-        if (v2) {
-            const uint2 v3 = reinterpret_cast<const uint2*>(in0)[i]; // pred 4 x bf16 at once
-            const float v4 = kf_bf16_to_f32((unsigned short)v3.y); // pred[.., 2]
-            const float v5 = kf_bf16_to_f32((unsigned short)v0.y); // target[.., 2]
-            const float v6 = kf_minf(v4, v5); // n14
-            const float v7 = kf_bf16_to_f32((unsigned short)v3.x); // pred[.., 0]
-            const float v8 = kf_bf16_to_f32((unsigned short)v0.x); // target[.., 0]
-            const float v9 = kf_maxf(v7, v8); // n12
-            const float v10 = v6 - v9; // n16
-            const float v11 = kf_maxf(v10, 0.0f); // n18
-            const float v12 = kf_bf16_to_f32((unsigned short)(v3.y >> 16)); // pred[.., 3]
-            const float v13 = kf_minf(v12, v1); // n15
-            const float v14 = kf_bf16_to_f32((unsigned short)(v3.x >> 16)); // pred[.., 1]
-            const float v15 = kf_bf16_to_f32((unsigned short)(v0.x >> 16)); // target[.., 1]
-            const float v16 = kf_maxf(v14, v15); // n13
-            const float v17 = v13 - v16; // n17
-            const float v18 = kf_maxf(v17, 0.0f); // n19
-            const float v19 = v11 * v18; // n20
-            const float v20 = v4 - v7; // n21
-            const float v21 = v12 - v14; // n22
-            const float v22 = v20 * v21; // n23
-            const float v23 = v5 - v8; // n24
-            const float v24 = v1 - v15; // n25
-            const float v25 = v23 * v24; // n26
-            const float v26 = v22 + v25; // n27
-            const float v27 = v26 - v19; // n28
-            const float v28 = v27 + 1e-7f; // n30
-            const float v29 = v19 / v28; // n31
-            const float v30 = kf_maxf(v4, v5); // n34
-            const float v31 = kf_minf(v7, v8); // n32
-            const float v32 = v30 - v31; // n36
-            const float v33 = kf_maxf(v12, v1); // n35
-            const float v34 = kf_minf(v14, v15); // n33
-            const float v35 = v33 - v34; // n37
-            const float v36 = v32 * v35; // n38
-            const float v37 = v36 - v27; // n39
-            const float v38 = v36 + 1e-7f; // n40
-            const float v39 = v37 / v38; // n41
-            const float v40 = v29 - v39; // n42
-            const float v41 = 1.0f - v40; // n44
-            acc0 += (double)v41;
-            acc1 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        uint2 kf_pf0[4]; // target 4 x bf16 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const uint2*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const uint2 v0 = kf_pf0[kf_u]; // target 4 x bf16 at once
+            const float v1 = kf_bf16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]
+            const bool v2 = v1 != 0.0f; // n11
+            if (v2) {
+                const uint2 v3 = reinterpret_cast<const uint2*>(in0)[i]; // pred 4 x bf16 at once
+                const float v4 = kf_bf16_to_f32((unsigned short)v3.y); // pred[.., 2]
+                const float v5 = kf_bf16_to_f32((unsigned short)v0.y); // target[.., 2]
+                const float v6 = kf_minf(v4, v5); // n14
+                const float v7 = kf_bf16_to_f32((unsigned short)v3.x); // pred[.., 0]
+                const float v8 = kf_bf16_to_f32((unsigned short)v0.x); // target[.., 0]
+                const float v9 = kf_maxf(v7, v8); // n12
+                const float v10 = v6 - v9; // n16
+                const float v11 = kf_maxf(v10, 0.0f); // n18
+                const float v12 = kf_bf16_to_f32((unsigned short)(v3.y >> 16)); // pred[.., 3]
+                const float v13 = kf_minf(v12, v1); // n15
+                const float v14 = kf_bf16_to_f32((unsigned short)(v3.x >> 16)); // pred[.., 1]
+                const float v15 = kf_bf16_to_f32((unsigned short)(v0.x >> 16)); // target[.., 1]
+                const float v16 = kf_maxf(v14, v15); // n13
+                const float v17 = v13 - v16; // n17
+                const float v18 = kf_maxf(v17, 0.0f); // n19
+                const float v19 = v11 * v18; // n20
+                const float v20 = v4 - v7; // n21
+                const float v21 = v12 - v14; // n22
+                const float v22 = v20 * v21; // n23
+                const float v23 = v5 - v8; // n24
+                const float v24 = v1 - v15; // n25
+                const float v25 = v23 * v24; // n26
+                const float v26 = v22 + v25; // n27
+                const float v27 = v26 - v19; // n28
+                const float v28 = v27 + 1e-7f; // n30
+                const float v29 = v19 / v28; // n31
+                const float v30 = kf_maxf(v4, v5); // n34
+                const float v31 = kf_minf(v7, v8); // n32
+                const float v32 = v30 - v31; // n36
+                const float v33 = kf_maxf(v12, v1); // n35
+                const float v34 = kf_minf(v14, v15); // n33
+                const float v35 = v33 - v34; // n37
+                const float v36 = v32 * v35; // n38
+                const float v37 = v36 - v27; // n39
+                const float v38 = v36 + 1e-7f; // n40
+                const float v39 = v37 / v38; // n41
+                const float v40 = v29 - v39; // n42
+                const float v41 = 1.0f - v40; // n44
+                acc0 += (double)v41;
+                acc1 += 1.0;
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.

@@ -35,7 +35,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_904a5d7b2d53c7d1_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_904a5d7b2d53c7d1_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output loss f32[]
@@ -48,45 +48,59 @@ extern "C" __global__ void __launch_bounds__(256) kf_904a5d7b2d53c7d1_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n44 where n11 (n45)
     double acc1 = 0.0; // count n11 (n46)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v1 = v0.w != 0.0f; // n11
-        if (v1) {
-            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-            const float v3 = kf_minf(v2.z, v0.z); // n15
-            const float v4 = kf_maxf(v2.x, v0.x); // n13
-            const float v5 = v3 - v4; // n17
-            const float v6 = kf_maxf(v5, 0.0f); // n19
-            const float v7 = kf_minf(v2.w, v0.w); // n16
-            const float v8 = kf_maxf(v2.y, v0.y); // n14
-            const float v9 = v7 - v8; // n18
-            const float v10 = kf_maxf(v9, 0.0f); // n20
-            const float v11 = v6 * v10; // n21
-            const float v12 = v2.z - v2.x; // n22
-            const float v13 = v2.w - v2.y; // n23
-            const float v14 = v12 * v13; // n24
-            const float v15 = v0.z - v0.x; // n25
-            const float v16 = v0.w - v0.y; // n26
-            const float v17 = v15 * v16; // n27
-            const float v18 = v14 + v17; // n28
-            const float v19 = v18 - v11; // n29
-            const float v20 = v19 + 1e-7f; // n30
-            const float v21 = v11 / v20; // n31
-            const float v22 = kf_maxf(v2.z, v0.z); // n34
-            const float v23 = kf_minf(v2.x, v0.x); // n32
-            const float v24 = v22 - v23; // n36
-            const float v25 = kf_maxf(v2.w, v0.w); // n35
-            const float v26 = kf_minf(v2.y, v0.y); // n33
-            const float v27 = v25 - v26; // n37
-            const float v28 = v24 * v27; // n38
-            const float v29 = v28 - v19; // n39
-            const float v30 = v28 + 1e-7f; // n40
-            const float v31 = v29 / v30; // n41
-            const float v32 = v21 - v31; // n42
-            const float v33 = 1.0f - v32; // n44
-            acc0 += (double)v33;
-            acc1 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
+            const bool v1 = v0.w != 0.0f; // n11
+            if (v1) {
+                const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float v3 = kf_minf(v2.z, v0.z); // n15
+                const float v4 = kf_maxf(v2.x, v0.x); // n13
+                const float v5 = v3 - v4; // n17
+                const float v6 = kf_maxf(v5, 0.0f); // n19
+                const float v7 = kf_minf(v2.w, v0.w); // n16
+                const float v8 = kf_maxf(v2.y, v0.y); // n14
+                const float v9 = v7 - v8; // n18
+                const float v10 = kf_maxf(v9, 0.0f); // n20
+                const float v11 = v6 * v10; // n21
+                const float v12 = v2.z - v2.x; // n22
+                const float v13 = v2.w - v2.y; // n23
+                const float v14 = v12 * v13; // n24
+                const float v15 = v0.z - v0.x; // n25
+                const float v16 = v0.w - v0.y; // n26
+                const float v17 = v15 * v16; // n27
+                const float v18 = v14 + v17; // n28
+                const float v19 = v18 - v11; // n29
+                const float v20 = v19 + 1e-7f; // n30
+                const float v21 = v11 / v20; // n31
+                const float v22 = kf_maxf(v2.z, v0.z); // n34
+                const float v23 = kf_minf(v2.x, v0.x); // n32
+                const float v24 = v22 - v23; // n36
+                const float v25 = kf_maxf(v2.w, v0.w); // n35
+                const float v26 = kf_minf(v2.y, v0.y); // n33
+                const float v27 = v25 - v26; // n37
+                const float v28 = v24 * v27; // n38
+                const float v29 = v28 - v19; // n39
+                const float v30 = v28 + 1e-7f; // n40
+                const float v31 = v29 / v30; // n41
+                const float v32 = v21 - v31; // n42
+                const float v33 = 1.0f - v32; // n44
+                acc0 += (double)v33;
+                acc1 += 1.0;
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.

@@ -23,7 +23,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_51a83f57e3649aa4_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_51a83f57e3649aa4_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output delta f32[B, N, 4]
@@ -36,20 +36,34 @@ extern "C" __global__ void __launch_bounds__(256) kf_51a83f57e3649aa4_0(
 {
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // count n4 (n8)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v1 = v0.w != 0.0f; // n4
-        if (v1) {
-            acc0 += 1.0;
-            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-            const float v3 = v2.x - v0.x; // n6
-            const float v4 = v2.y - v0.y; // n6
-            const float v5 = v2.z - v0.z; // n6
-            const float v6 = v2.w - v0.w; // n6
-            reinterpret_cast<float4*>(out0)[i] = make_float4(v3, v4, v5, v6); // delta
-        } else {
-            reinterpret_cast<float4*>(out0)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // delta
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
+            const bool v1 = v0.w != 0.0f; // n4
+            if (v1) {
+                acc0 += 1.0;
+                const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float v3 = v2.x - v0.x; // n6
+                const float v4 = v2.y - v0.y; // n6
+                const float v5 = v2.z - v0.z; // n6
+                const float v6 = v2.w - v0.w; // n6
+                reinterpret_cast<float4*>(out0)[i] = make_float4(v3, v4, v5, v6); // delta
+            } else {
+                reinterpret_cast<float4*>(out0)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // delta
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.

@@ -22,7 +22,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_399afccc75b6c64a_0(
     const float* __restrict__ in0, // x f32[N]
     float* __restrict__ out1, // output total f32[]
     float* __restrict__ tmp0, // n1 f32 scalar, written here for a later kernel
@@ -33,10 +33,24 @@ extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_0(
 {
     const long long n = sz0;
     double acc0 = 0.0; // sum n0 (n1)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = in0[i]; // x f32
-        acc0 += (double)v0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // x f32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in0[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = kf_pf0[kf_u]; // x f32
+            acc0 += (double)v0;
+        }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
     __shared__ double kf_smem[32];
@@ -74,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_0(
 // sink: output y
 
 
-extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_1(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_399afccc75b6c64a_1(
     const float* __restrict__ in0, // x f32[N]
     float* __restrict__ out0, // output y f32[N]
     const float* __restrict__ tmp0, // n1 f32 scalar from an earlier kernel
@@ -82,11 +96,25 @@ extern "C" __global__ void __launch_bounds__(256) kf_399afccc75b6c64a_1(
 )
 {
     const long long n = sz0;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = in0[i]; // x f32
-        const float v1 = tmp0[0]; // n1 from an earlier kernel
-        const float v2 = v0 / v1; // n2
-        out0[i] = v2; // y
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // x f32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in0[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = kf_pf0[kf_u]; // x f32
+            const float v1 = tmp0[0]; // n1 from an earlier kernel
+            const float v2 = v0 / v1; // n2
+            out0[i] = v2; // y
+        }
     }
 }

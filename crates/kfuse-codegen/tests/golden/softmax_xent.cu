@@ -34,7 +34,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_fb25441b8ec4e128_0(
     const float* __restrict__ in0, // logits f32[B, C]
     const int* __restrict__ in1, // labels i32[B]
     float* __restrict__ out0, // output loss f32[]
@@ -47,36 +47,50 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
     const long long n = sz0;
     double acc0 = 0.0; // mean n15 (n16)
     double acc1 = 0.0; // count of mean n15 (n16)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        double a0 = 0.0;
-        double a2 = __longlong_as_double(0xfff0000000000000ll);
-        for (long long j1 = 0; j1 < sz1; ++j1) {
-            const float v3 = in0[i * sz1 + j1]; // logits f32
-            a2 = kf_max_f64(a2, (double)v3);
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        int kf_pf0[4]; // labels i32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in1[i];
+            }
         }
-        const float v4 = (float)a2; // n2 max along the last axis
-        for (long long j0 = 0; j0 < sz1; ++j0) {
-            const float v1 = in0[i * sz1 + j0]; // logits f32
-            const float v5 = v1 - v4; // n4
-            const float v6 = expf(v5); // n5
-            a0 += (double)v6;
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            double a0 = 0.0;
+            double a2 = __longlong_as_double(0xfff0000000000000ll);
+            for (long long j1 = 0; j1 < sz1; ++j1) {
+                const float v3 = in0[i * sz1 + j1]; // logits f32
+                a2 = kf_max_f64(a2, (double)v3);
+            }
+            const float v4 = (float)a2; // n2 max along the last axis
+            for (long long j0 = 0; j0 < sz1; ++j0) {
+                const float v1 = in0[i * sz1 + j0]; // logits f32
+                const float v5 = v1 - v4; // n4
+                const float v6 = expf(v5); // n5
+                a0 += (double)v6;
+            }
+            const float v7 = (float)a0; // n6 sum along the last axis
+            const float v8 = logf(v7); // n7
+            const float v9 = v8 + v4; // n8
+            double a10 = 0.0;
+            const int v12 = kf_pf0[kf_u]; // labels i32
+            for (long long j2 = 0; j2 < sz1; ++j2) {
+                const int v11 = (int)j2; // n9
+                const bool v13 = v11 == v12; // n11
+                const float v14 = in0[i * sz1 + j2]; // logits f32
+                const float v15 = (v13 ? v14 : 0.0f); // n13
+                a10 += (double)v15;
+            }
+            const float v16 = (float)a10; // n14 sum along the last axis
+            const float v17 = v9 - v16; // n15
+            acc0 += (double)v17; acc1 += 1.0;
         }
-        const float v7 = (float)a0; // n6 sum along the last axis
-        const float v8 = logf(v7); // n7
-        const float v9 = v8 + v4; // n8
-        double a10 = 0.0;
-        const int v12 = in1[i]; // labels i32
-        for (long long j2 = 0; j2 < sz1; ++j2) {
-            const int v11 = (int)j2; // n9
-            const bool v13 = v11 == v12; // n11
-            const float v14 = in0[i * sz1 + j2]; // logits f32
-            const float v15 = (v13 ? v14 : 0.0f); // n13
-            a10 += (double)v15;
-        }
-        const float v16 = (float)a10; // n14 sum along the last axis
-        const float v17 = v9 - v16; // n15
-        acc0 += (double)v17; acc1 += 1.0;
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
     __shared__ double kf_smem[32];

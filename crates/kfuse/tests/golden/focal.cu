@@ -34,7 +34,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_46cbc72fd56a9f92_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_46cbc72fd56a9f92_0(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out0, // output loss f32[]
@@ -47,34 +47,50 @@ extern "C" __global__ void __launch_bounds__(256) kf_46cbc72fd56a9f92_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // mean n28 (n29)
     double acc1 = 0.0; // count of mean n28 (n29)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = in1[i]; // targets f32
-        const float v1 = 0.25f * v0; // n20
-        const float v2 = 1.0f - 0.25f; // n21
-        const float v3 = 1.0f - v0; // n17
-        const float v4 = v2 * v3; // n22
-        const float v5 = v1 + v4; // n23
-        const float v6 = in0[i]; // logits f32
-        const float v7 = kf_maxf(v6, 0.0f); // n5
-        const float v8 = v6 * v0; // n6
-        const float v9 = v7 - v8; // n7
-        const float v10 = fabsf(v6); // n8
-        const float v11 = -v10; // n9
-        const float v12 = expf(v11); // n10
-        const float v13 = 1.0f + v12; // n12
-        const float v14 = logf(v13); // n13
-        const float v15 = v9 + v14; // n14
-        const float v16 = v5 * v15; // n24
-        const float v17 = 1.0f / (1.0f + expf(-v6)); // n3
-        const float v18 = v17 * v0; // n15
-        const float v19 = 1.0f - v17; // n16
-        const float v20 = v19 * v3; // n18
-        const float v21 = v18 + v20; // n19
-        const float v22 = 1.0f - v21; // n25
-        const float v23 = powf(v22, 2.0f); // n27
-        const float v24 = v16 * v23; // n28
-        acc0 += (double)v24; acc1 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // targets f32
+        float kf_pf1[4]; // logits f32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in1[i];
+                kf_pf1[kf_u] = in0[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = kf_pf0[kf_u]; // targets f32
+            const float v1 = 0.25f * v0; // n20
+            const float v2 = 1.0f - 0.25f; // n21
+            const float v3 = 1.0f - v0; // n17
+            const float v4 = v2 * v3; // n22
+            const float v5 = v1 + v4; // n23
+            const float v6 = kf_pf1[kf_u]; // logits f32
+            const float v7 = kf_maxf(v6, 0.0f); // n5
+            const float v8 = v6 * v0; // n6
+            const float v9 = v7 - v8; // n7
+            const float v10 = fabsf(v6); // n8
+            const float v11 = -v10; // n9
+            const float v12 = expf(v11); // n10
+            const float v13 = 1.0f + v12; // n12
+            const float v14 = logf(v13); // n13
+            const float v15 = v9 + v14; // n14
+            const float v16 = v5 * v15; // n24
+            const float v17 = 1.0f / (1.0f + expf(-v6)); // n3
+            const float v18 = v17 * v0; // n15
+            const float v19 = 1.0f - v17; // n16
+            const float v20 = v19 * v3; // n18
+            const float v21 = v18 + v20; // n19
+            const float v22 = 1.0f - v21; // n25
+            const float v23 = powf(v22, 2.0f); // n27
+            const float v24 = v16 * v23; // n28
+            acc0 += (double)v24; acc1 += 1.0;
+        }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
     __shared__ double kf_smem[32];

@@ -46,7 +46,7 @@ __device__ __forceinline__ long long kf_mod(long long a, long long b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_14ee97f127e31032_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_14ee97f127e31032_0(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out0, // output loss f32[]
@@ -61,39 +61,55 @@ extern "C" __global__ void __launch_bounds__(256) kf_14ee97f127e31032_0(
     double acc0 = 0.0; // mean n29 (n30)
     double acc1 = 0.0; // count of mean n29 (n30)
     double acc2 = 0.0; // count n32 (n33)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = in1[i]; // targets f32
-        const float v1 = 0.25f * v0; // n21
-        const float v2 = 1.0f - 0.25f; // n22
-        const float v3 = 1.0f - v0; // n18
-        const float v4 = v2 * v3; // n23
-        const float v5 = v1 + v4; // n24
-        const float v6 = in0[i]; // logits f32
-        const float v7 = kf_maxf(v6, 0.0f); // n6
-        const float v8 = v6 * v0; // n7
-        const float v9 = v7 - v8; // n8
-        const float v10 = fabsf(v6); // n9
-        const float v11 = -v10; // n10
-        const float v12 = expf(v11); // n11
-        const float v13 = 1.0f + v12; // n13
-        const float v14 = logf(v13); // n14
-        const float v15 = v9 + v14; // n15
-        const float v16 = v5 * v15; // n25
-        const float v17 = 1.0f / (1.0f + expf(-v6)); // n3
-        const float v18 = v17 * v0; // n16
-        const float v19 = 1.0f - v17; // n17
-        const float v20 = v19 * v3; // n19
-        const float v21 = v18 + v20; // n20
-        const float v22 = 1.0f - v21; // n26
-        const float v23 = powf(v22, 2.0f); // n28
-        const float v24 = v16 * v23; // n29
-        acc0 += (double)v24; acc1 += 1.0;
-        const long long v25 = kf_div(i, sz1); // coordinate 0 of the domain
-        const int v26 = (int)v25; // n31
-        const bool v27 = v26 >= 0; // n32
-        if (v27) {
-            acc2 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // targets f32
+        float kf_pf1[4]; // logits f32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in1[i];
+                kf_pf1[kf_u] = in0[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = kf_pf0[kf_u]; // targets f32
+            const float v1 = 0.25f * v0; // n21
+            const float v2 = 1.0f - 0.25f; // n22
+            const float v3 = 1.0f - v0; // n18
+            const float v4 = v2 * v3; // n23
+            const float v5 = v1 + v4; // n24
+            const float v6 = kf_pf1[kf_u]; // logits f32
+            const float v7 = kf_maxf(v6, 0.0f); // n6
+            const float v8 = v6 * v0; // n7
+            const float v9 = v7 - v8; // n8
+            const float v10 = fabsf(v6); // n9
+            const float v11 = -v10; // n10
+            const float v12 = expf(v11); // n11
+            const float v13 = 1.0f + v12; // n13
+            const float v14 = logf(v13); // n14
+            const float v15 = v9 + v14; // n15
+            const float v16 = v5 * v15; // n25
+            const float v17 = 1.0f / (1.0f + expf(-v6)); // n3
+            const float v18 = v17 * v0; // n16
+            const float v19 = 1.0f - v17; // n17
+            const float v20 = v19 * v3; // n19
+            const float v21 = v18 + v20; // n20
+            const float v22 = 1.0f - v21; // n26
+            const float v23 = powf(v22, 2.0f); // n28
+            const float v24 = v16 * v23; // n29
+            acc0 += (double)v24; acc1 += 1.0;
+            const long long v25 = kf_div(i, sz1); // coordinate 0 of the domain
+            const int v26 = (int)v25; // n31
+            const bool v27 = v26 >= 0; // n32
+            if (v27) {
+                acc2 += 1.0;
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -155,7 +171,7 @@ __device__ __forceinline__ float kf_maxf(float a, float b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_14ee97f127e31032_1(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_14ee97f127e31032_1(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out1, // output dlogits f32[B, C]
@@ -165,62 +181,78 @@ extern "C" __global__ void __launch_bounds__(256) kf_14ee97f127e31032_1(
 )
 {
     const long long n = sz0 * sz1;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = in0[i]; // logits f32
-        const bool v1 = v0 > 0.0f; // n49
-        const float v2 = tmp0[0]; // n35 from an earlier kernel
-        const float v3 = 1.0f / (1.0f + expf(-v0)); // n3
-        const float v4 = in1[i]; // targets f32
-        const float v5 = v3 * v4; // n16
-        const float v6 = 1.0f - v3; // n17
-        const float v7 = 1.0f - v4; // n18
-        const float v8 = v6 * v7; // n19
-        const float v9 = v5 + v8; // n20
-        const float v10 = 1.0f - v9; // n26
-        const float v11 = powf(v10, 2.0f); // n28
-        const float v12 = v2 * v11; // n36
-        const float v13 = 0.25f * v4; // n21
-        const float v14 = 1.0f - 0.25f; // n22
-        const float v15 = v14 * v7; // n23
-        const float v16 = v13 + v15; // n24
-        const float v17 = v12 * v16; // n41
-        const float v18 = fabsf(v0); // n9
-        const float v19 = -v18; // n10
-        const float v20 = expf(v19); // n11
-        const float v21 = 1.0f + v20; // n13
-        const float v22 = v17 / v21; // n46
-        const float v23 = v22 * v20; // n47
-        const float v24 = -v23; // n48
-        const bool v25 = v0 < 0.0f; // n50
-        const float v26 = (v25 ? v23 : 0.0f); // n51
-        const float v27 = (v1 ? v24 : v26); // n52
-        const float v28 = -v17; // n53
-        const float v29 = v28 * v4; // n54
-        const float v30 = v27 + v29; // n55
-        const bool v31 = v0 == 0.0f; // n57
-        const float v32 = v17 * 0.5f; // n58
-        const float v33 = (v31 ? v32 : 0.0f); // n59
-        const float v34 = (v1 ? v17 : v33); // n60
-        const float v35 = v30 + v34; // n61
-        const float v36 = kf_maxf(v0, 0.0f); // n6
-        const float v37 = v0 * v4; // n7
-        const float v38 = v36 - v37; // n8
-        const float v39 = logf(v21); // n14
-        const float v40 = v38 + v39; // n15
-        const float v41 = v16 * v40; // n25
-        const float v42 = v2 * v41; // n37
-        const float v43 = v42 * 2.0f; // n38
-        const float v44 = v43 * v10; // n39
-        const float v45 = -v44; // n40
-        const float v46 = v45 * v7; // n42
-        const float v47 = -v46; // n43
-        const float v48 = v45 * v4; // n44
-        const float v49 = v47 + v48; // n45
-        const float v50 = v3 * v6; // n62
-        const float v51 = v49 * v50; // n63
-        const float v52 = v35 + v51; // n64
-        out1[i] = v52; // dlogits
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // logits f32
+        float kf_pf1[4]; // targets f32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in0[i];
+                kf_pf1[kf_u] = in1[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = kf_pf0[kf_u]; // logits f32
+            const bool v1 = v0 > 0.0f; // n49
+            const float v2 = tmp0[0]; // n35 from an earlier kernel
+            const float v3 = 1.0f / (1.0f + expf(-v0)); // n3
+            const float v4 = kf_pf1[kf_u]; // targets f32
+            const float v5 = v3 * v4; // n16
+            const float v6 = 1.0f - v3; // n17
+            const float v7 = 1.0f - v4; // n18
+            const float v8 = v6 * v7; // n19
+            const float v9 = v5 + v8; // n20
+            const float v10 = 1.0f - v9; // n26
+            const float v11 = powf(v10, 2.0f); // n28
+            const float v12 = v2 * v11; // n36
+            const float v13 = 0.25f * v4; // n21
+            const float v14 = 1.0f - 0.25f; // n22
+            const float v15 = v14 * v7; // n23
+            const float v16 = v13 + v15; // n24
+            const float v17 = v12 * v16; // n41
+            const float v18 = fabsf(v0); // n9
+            const float v19 = -v18; // n10
+            const float v20 = expf(v19); // n11
+            const float v21 = 1.0f + v20; // n13
+            const float v22 = v17 / v21; // n46
+            const float v23 = v22 * v20; // n47
+            const float v24 = -v23; // n48
+            const bool v25 = v0 < 0.0f; // n50
+            const float v26 = (v25 ? v23 : 0.0f); // n51
+            const float v27 = (v1 ? v24 : v26); // n52
+            const float v28 = -v17; // n53
+            const float v29 = v28 * v4; // n54
+            const float v30 = v27 + v29; // n55
+            const bool v31 = v0 == 0.0f; // n57
+            const float v32 = v17 * 0.5f; // n58
+            const float v33 = (v31 ? v32 : 0.0f); // n59
+            const float v34 = (v1 ? v17 : v33); // n60
+            const float v35 = v30 + v34; // n61
+            const float v36 = kf_maxf(v0, 0.0f); // n6
+            const float v37 = v0 * v4; // n7
+            const float v38 = v36 - v37; // n8
+            const float v39 = logf(v21); // n14
+            const float v40 = v38 + v39; // n15
+            const float v41 = v16 * v40; // n25
+            const float v42 = v2 * v41; // n37
+            const float v43 = v42 * 2.0f; // n38
+            const float v44 = v43 * v10; // n39
+            const float v45 = -v44; // n40
+            const float v46 = v45 * v7; // n42
+            const float v47 = -v46; // n43
+            const float v48 = v45 * v4; // n44
+            const float v49 = v47 + v48; // n45
+            const float v50 = v3 * v6; // n62
+            const float v51 = v49 * v50; // n63
+            const float v52 = v35 + v51; // n64
+            out1[i] = v52; // dlogits
+        }
     }
 }
 

@@ -35,7 +35,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_9df3e9c70aa07e3c_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output loss f32[]
@@ -55,135 +55,149 @@ extern "C" __global__ void __launch_bounds__(256) kf_9df3e9c70aa07e3c_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n45 where n5 (n46)
     double acc1 = 0.0; // count n5 (n47)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v1 = v0.w != 0.0f; // n5
-        if (v1) {
-            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-            const float v3 = kf_minf(v2.z, v0.z); // n14
-            const float v4 = kf_maxf(v2.x, v0.x); // n8
-            const float v5 = v3 - v4; // n17
-            const float v6 = kf_maxf(v5, 0.0f); // n18
-            const float v7 = kf_minf(v2.w, v0.w); // n16
-            const float v8 = kf_maxf(v2.y, v0.y); // n11
-            const float v9 = v7 - v8; // n19
-            const float v10 = kf_maxf(v9, 0.0f); // n20
-            const float v11 = v6 * v10; // n21
-            const float v12 = v2.z - v2.x; // n22
-            const float v13 = v2.w - v2.y; // n23
-            const float v14 = v12 * v13; // n24
-            const float v15 = v0.z - v0.x; // n25
-            const float v16 = v0.w - v0.y; // n26
-            const float v17 = v15 * v16; // n27
-            const float v18 = v14 + v17; // n28
-            const float v19 = v18 - v11; // n29
-            const float v20 = v19 + 1e-7f; // n30
-            const float v21 = v11 / v20; // n31
-            const float v22 = kf_maxf(v2.z, v0.z); // n32
-            const float v23 = kf_minf(v2.x, v0.x); // n33
-            const float v24 = v22 - v23; // n34
-            const float v25 = kf_maxf(v2.w, v0.w); // n35
-            const float v26 = kf_minf(v2.y, v0.y); // n36
-            const float v27 = v25 - v26; // n37
-            const float v28 = v24 * v27; // n38
-            const float v29 = v28 - v19; // n39
-            const float v30 = v28 + 1e-7f; // n40
-            const float v31 = v29 / v30; // n41
-            const float v32 = v21 - v31; // n42
-            const float v33 = 1.0f - v32; // n45
-            acc0 += (double)v33;
-            acc1 += 1.0;
-            const bool v34 = v2.x < v0.x; // n77
-            const float v35 = 1.0f * v31; // n54
-            const float v36 = v35 / v30; // n55
-            const float v37 = -v36; // n56
-            const float v38 = 1.0f / v30; // n53
-            const float v39 = v37 + v38; // n57
-            const float v40 = v39 * v27; // n59
-            const float v41 = -v40; // n73
-            const bool v42 = v2.x == v0.x; // n74
-            const float v43 = v41 * 0.5f; // n75
-            const float v44 = (v42 ? v43 : 0.0f); // n76
-            const float v45 = (v34 ? v41 : v44); // n78
-            const float v46 = -v38; // n58
-            const float v47 = (-1.0f) * v21; // n85
-            const float v48 = v47 / v20; // n86
-            const float v49 = -v48; // n87
-            const float v50 = v46 + v49; // n88
-            const float v51 = v50 * v13; // n91
-            const float v52 = -v51; // n97
-            const float v53 = v45 + v52; // n98
-            const bool v54 = v2.x > v0.x; // n133
-            const bool v55 = v5 > 0.0f; // n110
-            const float v56 = (-1.0f) / v20; // n84
-            const float v57 = -v50; // n89
-            const float v58 = v56 + v57; // n90
-            const float v59 = v58 * v10; // n99
-            const bool v60 = v5 == 0.0f; // n107
-            const float v61 = v59 * 0.5f; // n108
-            const float v62 = (v60 ? v61 : 0.0f); // n109
-            const float v63 = (v55 ? v59 : v62); // n111
-            const float v64 = -v63; // n112
-            const float v65 = v64 * 0.5f; // n131
-            const float v66 = (v42 ? v65 : 0.0f); // n132
-            const float v67 = (v54 ? v64 : v66); // n134
-            const float v68 = v53 + v67; // n135
-            const bool v69 = v2.y < v0.y; // n66
-            const float v70 = v39 * v24; // n60
-            const float v71 = -v70; // n61
-            const bool v72 = v2.y == v0.y; // n63
-            const float v73 = v71 * 0.5f; // n64
-            const float v74 = (v72 ? v73 : 0.0f); // n65
-            const float v75 = (v69 ? v71 : v74); // n67
-            const float v76 = v50 * v12; // n92
-            const float v77 = -v76; // n94
-            const float v78 = v75 + v77; // n95
-            const bool v79 = v2.y > v0.y; // n127
-            const bool v80 = v9 > 0.0f; // n104
-            const float v81 = v58 * v6; // n100
-            const bool v82 = v9 == 0.0f; // n101
-            const float v83 = v81 * 0.5f; // n102
-            const float v84 = (v82 ? v83 : 0.0f); // n103
-            const float v85 = (v80 ? v81 : v84); // n105
-            const float v86 = -v85; // n106
-            const float v87 = v86 * 0.5f; // n125
-            const float v88 = (v72 ? v87 : 0.0f); // n126
-            const float v89 = (v79 ? v86 : v88); // n128
-            const float v90 = v78 + v89; // n129
-            const bool v91 = v2.z > v0.z; // n82
-            const bool v92 = v2.z == v0.z; // n79
-            const float v93 = v40 * 0.5f; // n80
-            const float v94 = (v92 ? v93 : 0.0f); // n81
-            const float v95 = (v91 ? v40 : v94); // n83
-            const float v96 = v95 + v51; // n96
-            const bool v97 = v2.z < v0.z; // n121
-            const float v98 = v63 * 0.5f; // n119
-            const float v99 = (v92 ? v98 : 0.0f); // n120
-            const float v100 = (v97 ? v63 : v99); // n122
-            const float v101 = v96 + v100; // n123
-            const bool v102 = v2.w > v0.w; // n71
-            const bool v103 = v2.w == v0.w; // n68
-            const float v104 = v70 * 0.5f; // n69
-            const float v105 = (v103 ? v104 : 0.0f); // n70
-            const float v106 = (v102 ? v70 : v105); // n72
-            const float v107 = v106 + v76; // n93
-            const bool v108 = v2.w < v0.w; // n115
-            const float v109 = v85 * 0.5f; // n113
-            const float v110 = (v103 ? v109 : 0.0f); // n114
-            const float v111 = (v108 ? v85 : v110); // n116
-            const float v112 = v107 + v111; // n117
-            // Append (i, unscaled values) to the list: one atomic per warp, any order.
-            const unsigned kf_active = __activemask();
-            const unsigned kf_leader = __ffs(kf_active) - 1u;
-            const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
-            unsigned long long kf_base = 0ull;
-            if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));
-            const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
-            list_index[kf_slot] = (unsigned long long)i;
-            reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v68, v90, v101, v112);
-        } else {
-            reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
+            const bool v1 = v0.w != 0.0f; // n5
+            if (v1) {
+                const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float v3 = kf_minf(v2.z, v0.z); // n14
+                const float v4 = kf_maxf(v2.x, v0.x); // n8
+                const float v5 = v3 - v4; // n17
+                const float v6 = kf_maxf(v5, 0.0f); // n18
+                const float v7 = kf_minf(v2.w, v0.w); // n16
+                const float v8 = kf_maxf(v2.y, v0.y); // n11
+                const float v9 = v7 - v8; // n19
+                const float v10 = kf_maxf(v9, 0.0f); // n20
+                const float v11 = v6 * v10; // n21
+                const float v12 = v2.z - v2.x; // n22
+                const float v13 = v2.w - v2.y; // n23
+                const float v14 = v12 * v13; // n24
+                const float v15 = v0.z - v0.x; // n25
+                const float v16 = v0.w - v0.y; // n26
+                const float v17 = v15 * v16; // n27
+                const float v18 = v14 + v17; // n28
+                const float v19 = v18 - v11; // n29
+                const float v20 = v19 + 1e-7f; // n30
+                const float v21 = v11 / v20; // n31
+                const float v22 = kf_maxf(v2.z, v0.z); // n32
+                const float v23 = kf_minf(v2.x, v0.x); // n33
+                const float v24 = v22 - v23; // n34
+                const float v25 = kf_maxf(v2.w, v0.w); // n35
+                const float v26 = kf_minf(v2.y, v0.y); // n36
+                const float v27 = v25 - v26; // n37
+                const float v28 = v24 * v27; // n38
+                const float v29 = v28 - v19; // n39
+                const float v30 = v28 + 1e-7f; // n40
+                const float v31 = v29 / v30; // n41
+                const float v32 = v21 - v31; // n42
+                const float v33 = 1.0f - v32; // n45
+                acc0 += (double)v33;
+                acc1 += 1.0;
+                const bool v34 = v2.x < v0.x; // n77
+                const float v35 = 1.0f * v31; // n54
+                const float v36 = v35 / v30; // n55
+                const float v37 = -v36; // n56
+                const float v38 = 1.0f / v30; // n53
+                const float v39 = v37 + v38; // n57
+                const float v40 = v39 * v27; // n59
+                const float v41 = -v40; // n73
+                const bool v42 = v2.x == v0.x; // n74
+                const float v43 = v41 * 0.5f; // n75
+                const float v44 = (v42 ? v43 : 0.0f); // n76
+                const float v45 = (v34 ? v41 : v44); // n78
+                const float v46 = -v38; // n58
+                const float v47 = (-1.0f) * v21; // n85
+                const float v48 = v47 / v20; // n86
+                const float v49 = -v48; // n87
+                const float v50 = v46 + v49; // n88
+                const float v51 = v50 * v13; // n91
+                const float v52 = -v51; // n97
+                const float v53 = v45 + v52; // n98
+                const bool v54 = v2.x > v0.x; // n133
+                const bool v55 = v5 > 0.0f; // n110
+                const float v56 = (-1.0f) / v20; // n84
+                const float v57 = -v50; // n89
+                const float v58 = v56 + v57; // n90
+                const float v59 = v58 * v10; // n99
+                const bool v60 = v5 == 0.0f; // n107
+                const float v61 = v59 * 0.5f; // n108
+                const float v62 = (v60 ? v61 : 0.0f); // n109
+                const float v63 = (v55 ? v59 : v62); // n111
+                const float v64 = -v63; // n112
+                const float v65 = v64 * 0.5f; // n131
+                const float v66 = (v42 ? v65 : 0.0f); // n132
+                const float v67 = (v54 ? v64 : v66); // n134
+                const float v68 = v53 + v67; // n135
+                const bool v69 = v2.y < v0.y; // n66
+                const float v70 = v39 * v24; // n60
+                const float v71 = -v70; // n61
+                const bool v72 = v2.y == v0.y; // n63
+                const float v73 = v71 * 0.5f; // n64
+                const float v74 = (v72 ? v73 : 0.0f); // n65
+                const float v75 = (v69 ? v71 : v74); // n67
+                const float v76 = v50 * v12; // n92
+                const float v77 = -v76; // n94
+                const float v78 = v75 + v77; // n95
+                const bool v79 = v2.y > v0.y; // n127
+                const bool v80 = v9 > 0.0f; // n104
+                const float v81 = v58 * v6; // n100
+                const bool v82 = v9 == 0.0f; // n101
+                const float v83 = v81 * 0.5f; // n102
+                const float v84 = (v82 ? v83 : 0.0f); // n103
+                const float v85 = (v80 ? v81 : v84); // n105
+                const float v86 = -v85; // n106
+                const float v87 = v86 * 0.5f; // n125
+                const float v88 = (v72 ? v87 : 0.0f); // n126
+                const float v89 = (v79 ? v86 : v88); // n128
+                const float v90 = v78 + v89; // n129
+                const bool v91 = v2.z > v0.z; // n82
+                const bool v92 = v2.z == v0.z; // n79
+                const float v93 = v40 * 0.5f; // n80
+                const float v94 = (v92 ? v93 : 0.0f); // n81
+                const float v95 = (v91 ? v40 : v94); // n83
+                const float v96 = v95 + v51; // n96
+                const bool v97 = v2.z < v0.z; // n121
+                const float v98 = v63 * 0.5f; // n119
+                const float v99 = (v92 ? v98 : 0.0f); // n120
+                const float v100 = (v97 ? v63 : v99); // n122
+                const float v101 = v96 + v100; // n123
+                const bool v102 = v2.w > v0.w; // n71
+                const bool v103 = v2.w == v0.w; // n68
+                const float v104 = v70 * 0.5f; // n69
+                const float v105 = (v103 ? v104 : 0.0f); // n70
+                const float v106 = (v102 ? v70 : v105); // n72
+                const float v107 = v106 + v76; // n93
+                const bool v108 = v2.w < v0.w; // n115
+                const float v109 = v85 * 0.5f; // n113
+                const float v110 = (v103 ? v109 : 0.0f); // n114
+                const float v111 = (v108 ? v85 : v110); // n116
+                const float v112 = v107 + v111; // n117
+                // Append (i, unscaled values) to the list: one atomic per warp, any order.
+                const unsigned kf_active = __activemask();
+                const unsigned kf_leader = __ffs(kf_active) - 1u;
+                const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
+                unsigned long long kf_base = 0ull;
+                if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));
+                const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
+                list_index[kf_slot] = (unsigned long long)i;
+                reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v68, v90, v101, v112);
+            } else {
+                reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.

@@ -182,6 +182,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_0945bdf16409336e_1(
         const long long rowbase = row * sz1;
         const int v0 = in2[row]; // lengths i32
         const long long kf_hi = v0 < 0 ? 0ll : ((long long)v0 < sz1 ? (long long)v0 : sz1); // columns where the predicate holds
+        { // zero fill of dpred over columns [kf_hi, sz1): 16-byte streaming stores
+            const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + sz1; // elements
+            #pragma unroll 4
+            for (long long e = kf_za + lane; e < kf_zb; e += 32) kf_st_cs(reinterpret_cast<uint4*>(out1) + e, make_uint4(0u, 0u, 0u, 0u));
+        }
         for (long long col = lane; col < kf_hi; col += 32) {
             const long long i = rowbase + col;
             const float4 v1 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
@@ -297,11 +302,6 @@ extern "C" __global__ void __launch_bounds__(256) kf_0945bdf16409336e_1(
             const float v111 = (v108 ? v85 : v110); // n119
             const float v112 = v107 + v111; // n120
             kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4(v68, v90, v101, v112)); // dpred
-        }
-        #pragma unroll 4
-        for (long long col = kf_hi + lane; col < sz1; col += 32) {
-            const long long i = rowbase + col;
-            kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f)); // dpred
         }
     }
 }

@@ -46,7 +46,7 @@ __device__ __forceinline__ long long kf_mod(long long a, long long b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_ece3d0956d35640b_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_ece3d0956d35640b_0(
     const float* __restrict__ in0, // pred f32[T, 4]
     const float* __restrict__ in1, // target f32[T, 4]
     float* __restrict__ out0, // output loss f32[]
@@ -60,47 +60,63 @@ extern "C" __global__ void __launch_bounds__(256) kf_ece3d0956d35640b_0(
     const long long n = sz0;
     double acc0 = 0.0; // sum n46 (n47)
     double acc1 = 0.0; // count n49 (n50)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-        const float4 v1 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const float v2 = kf_minf(v0.z, v1.z); // n12
-        const float v3 = kf_maxf(v0.x, v1.x); // n6
-        const float v4 = v2 - v3; // n16
-        const float v5 = kf_maxf(v4, 0.0f); // n19
-        const float v6 = kf_minf(v0.w, v1.w); // n15
-        const float v7 = kf_maxf(v0.y, v1.y); // n9
-        const float v8 = v6 - v7; // n20
-        const float v9 = kf_maxf(v8, 0.0f); // n21
-        const float v10 = v5 * v9; // n22
-        const float v11 = v0.z - v0.x; // n23
-        const float v12 = v0.w - v0.y; // n24
-        const float v13 = v11 * v12; // n25
-        const float v14 = v1.z - v1.x; // n26
-        const float v15 = v1.w - v1.y; // n27
-        const float v16 = v14 * v15; // n28
-        const float v17 = v13 + v16; // n29
-        const float v18 = v17 - v10; // n30
-        const float v19 = v18 + 1e-7f; // n31
-        const float v20 = v10 / v19; // n32
-        const float v21 = kf_maxf(v0.z, v1.z); // n33
-        const float v22 = kf_minf(v0.x, v1.x); // n34
-        const float v23 = v21 - v22; // n35
-        const float v24 = kf_maxf(v0.w, v1.w); // n36
-        const float v25 = kf_minf(v0.y, v1.y); // n37
-        const float v26 = v24 - v25; // n38
-        const float v27 = v23 * v26; // n39
-        const float v28 = v27 - v18; // n40
-        const float v29 = v27 + 1e-7f; // n41
-        const float v30 = v28 / v29; // n42
-        const float v31 = v20 - v30; // n43
-        const float v32 = 1.0f - v31; // n46
-        acc0 += (double)v32;
-        const long long v33 = i; // coordinate 0 of the domain
-        const int v34 = (int)v33; // n48
-        const bool v35 = v34 >= 0; // n49
-        if (v35) {
-            acc1 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // pred 4 x f32 at once
+        float4 kf_pf1[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in0)[i];
+                kf_pf1[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // pred 4 x f32 at once
+            const float4 v1 = kf_pf1[kf_u]; // target 4 x f32 at once
+            const float v2 = kf_minf(v0.z, v1.z); // n12
+            const float v3 = kf_maxf(v0.x, v1.x); // n6
+            const float v4 = v2 - v3; // n16
+            const float v5 = kf_maxf(v4, 0.0f); // n19
+            const float v6 = kf_minf(v0.w, v1.w); // n15
+            const float v7 = kf_maxf(v0.y, v1.y); // n9
+            const float v8 = v6 - v7; // n20
+            const float v9 = kf_maxf(v8, 0.0f); // n21
+            const float v10 = v5 * v9; // n22
+            const float v11 = v0.z - v0.x; // n23
+            const float v12 = v0.w - v0.y; // n24
+            const float v13 = v11 * v12; // n25
+            const float v14 = v1.z - v1.x; // n26
+            const float v15 = v1.w - v1.y; // n27
+            const float v16 = v14 * v15; // n28
+            const float v17 = v13 + v16; // n29
+            const float v18 = v17 - v10; // n30
+            const float v19 = v18 + 1e-7f; // n31
+            const float v20 = v10 / v19; // n32
+            const float v21 = kf_maxf(v0.z, v1.z); // n33
+            const float v22 = kf_minf(v0.x, v1.x); // n34
+            const float v23 = v21 - v22; // n35
+            const float v24 = kf_maxf(v0.w, v1.w); // n36
+            const float v25 = kf_minf(v0.y, v1.y); // n37
+            const float v26 = v24 - v25; // n38
+            const float v27 = v23 * v26; // n39
+            const float v28 = v27 - v18; // n40
+            const float v29 = v27 + 1e-7f; // n41
+            const float v30 = v28 / v29; // n42
+            const float v31 = v20 - v30; // n43
+            const float v32 = 1.0f - v31; // n46
+            acc0 += (double)v32;
+            const long long v33 = i; // coordinate 0 of the domain
+            const int v34 = (int)v33; // n48
+            const bool v35 = v34 >= 0; // n49
+            if (v35) {
+                acc1 += 1.0;
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -161,7 +177,7 @@ __device__ __forceinline__ float kf_maxf(float a, float b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_ece3d0956d35640b_1(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_ece3d0956d35640b_1(
     const float* __restrict__ in0, // pred f32[T, 4]
     const float* __restrict__ in1, // target f32[T, 4]
     float* __restrict__ out1, // output dpred f32[T, 4]
@@ -171,121 +187,137 @@ extern "C" __global__ void __launch_bounds__(256) kf_ece3d0956d35640b_1(
 )
 {
     const long long n = sz0;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-        const float4 v1 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v2 = v0.x < v1.x; // n80
-        const float v3 = tmp0[0]; // n54 from an earlier kernel
-        const float v4 = kf_maxf(v0.z, v1.z); // n33
-        const float v5 = kf_minf(v0.x, v1.x); // n34
-        const float v6 = v4 - v5; // n35
-        const float v7 = kf_maxf(v0.w, v1.w); // n36
-        const float v8 = kf_minf(v0.y, v1.y); // n37
-        const float v9 = v7 - v8; // n38
-        const float v10 = v6 * v9; // n39
-        const float v11 = v0.z - v0.x; // n23
-        const float v12 = v0.w - v0.y; // n24
-        const float v13 = v11 * v12; // n25
-        const float v14 = v1.z - v1.x; // n26
-        const float v15 = v1.w - v1.y; // n27
-        const float v16 = v14 * v15; // n28
-        const float v17 = v13 + v16; // n29
-        const float v18 = kf_minf(v0.z, v1.z); // n12
-        const float v19 = kf_maxf(v0.x, v1.x); // n6
-        const float v20 = v18 - v19; // n16
-        const float v21 = kf_maxf(v20, 0.0f); // n19
-        const float v22 = kf_minf(v0.w, v1.w); // n15
-        const float v23 = kf_maxf(v0.y, v1.y); // n9
-        const float v24 = v22 - v23; // n20
-        const float v25 = kf_maxf(v24, 0.0f); // n21
-        const float v26 = v21 * v25; // n22
-        const float v27 = v17 - v26; // n30
-        const float v28 = v10 - v27; // n40
-        const float v29 = v10 + 1e-7f; // n41
-        const float v30 = v28 / v29; // n42
-        const float v31 = v3 * v30; // n57
-        const float v32 = v31 / v29; // n58
-        const float v33 = -v32; // n59
-        const float v34 = v3 / v29; // n56
-        const float v35 = v33 + v34; // n60
-        const float v36 = v35 * v9; // n62
-        const float v37 = -v36; // n76
-        const bool v38 = v0.x == v1.x; // n77
-        const float v39 = v37 * 0.5f; // n78
-        const float v40 = (v38 ? v39 : 0.0f); // n79
-        const float v41 = (v2 ? v37 : v40); // n81
-        const float v42 = -v34; // n61
-        const float v43 = tmp1[0]; // n55 from an earlier kernel
-        const float v44 = v27 + 1e-7f; // n31
-        const float v45 = v26 / v44; // n32
-        const float v46 = v43 * v45; // n88
-        const float v47 = v46 / v44; // n89
-        const float v48 = -v47; // n90
-        const float v49 = v42 + v48; // n91
-        const float v50 = v49 * v12; // n94
-        const float v51 = -v50; // n100
-        const float v52 = v41 + v51; // n101
-        const bool v53 = v0.x > v1.x; // n133
-        const bool v54 = v20 > 0.0f; // n113
-        const float v55 = v43 / v44; // n87
-        const float v56 = -v49; // n92
-        const float v57 = v55 + v56; // n93
-        const float v58 = v57 * v25; // n102
-        const bool v59 = v20 == 0.0f; // n110
-        const float v60 = v58 * 0.5f; // n111
-        const float v61 = (v59 ? v60 : 0.0f); // n112
-        const float v62 = (v54 ? v58 : v61); // n114
-        const float v63 = -v62; // n115
-        const float v64 = v63 * 0.5f; // n131
-        const float v65 = (v38 ? v64 : 0.0f); // n132
-        const float v66 = (v53 ? v63 : v65); // n134
-        const float v67 = v52 + v66; // n135
-        const bool v68 = v0.y < v1.y; // n69
-        const float v69 = v35 * v6; // n63
-        const float v70 = -v69; // n64
-        const bool v71 = v0.y == v1.y; // n66
-        const float v72 = v70 * 0.5f; // n67
-        const float v73 = (v71 ? v72 : 0.0f); // n68
-        const float v74 = (v68 ? v70 : v73); // n70
-        const float v75 = v49 * v11; // n95
-        const float v76 = -v75; // n97
-        const float v77 = v74 + v76; // n98
-        const bool v78 = v0.y > v1.y; // n128
-        const bool v79 = v24 > 0.0f; // n107
-        const float v80 = v57 * v21; // n103
-        const bool v81 = v24 == 0.0f; // n104
-        const float v82 = v80 * 0.5f; // n105
-        const float v83 = (v81 ? v82 : 0.0f); // n106
-        const float v84 = (v79 ? v80 : v83); // n108
-        const float v85 = -v84; // n109
-        const float v86 = v85 * 0.5f; // n126
-        const float v87 = (v71 ? v86 : 0.0f); // n127
-        const float v88 = (v78 ? v85 : v87); // n129
-        const float v89 = v77 + v88; // n130
-        const bool v90 = v0.z > v1.z; // n85
-        const bool v91 = v0.z == v1.z; // n82
-        const float v92 = v36 * 0.5f; // n83
-        const float v93 = (v91 ? v92 : 0.0f); // n84
-        const float v94 = (v90 ? v36 : v93); // n86
-        const float v95 = v94 + v50; // n99
-        const bool v96 = v0.z < v1.z; // n123
-        const float v97 = v62 * 0.5f; // n121
-        const float v98 = (v91 ? v97 : 0.0f); // n122
-        const float v99 = (v96 ? v62 : v98); // n124
-        const float v100 = v95 + v99; // n125
-        const bool v101 = v0.w > v1.w; // n74
-        const bool v102 = v0.w == v1.w; // n71
-        const float v103 = v69 * 0.5f; // n72
-        const float v104 = (v102 ? v103 : 0.0f); // n73
-        const float v105 = (v101 ? v69 : v104); // n75
-        const float v106 = v105 + v75; // n96
-        const bool v107 = v0.w < v1.w; // n118
-        const float v108 = v84 * 0.5f; // n116
-        const float v109 = (v102 ? v108 : 0.0f); // n117
-        const float v110 = (v107 ? v84 : v109); // n119
-        const float v111 = v106 + v110; // n120
-        reinterpret_cast<float4*>(out1)[i] = make_float4(v67, v89, v100, v111); // dpred
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // pred 4 x f32 at once
+        float4 kf_pf1[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in0)[i];
+                kf_pf1[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // pred 4 x f32 at once
+            const float4 v1 = kf_pf1[kf_u]; // target 4 x f32 at once
+            const bool v2 = v0.x < v1.x; // n80
+            const float v3 = tmp0[0]; // n54 from an earlier kernel
+            const float v4 = kf_maxf(v0.z, v1.z); // n33
+            const float v5 = kf_minf(v0.x, v1.x); // n34
+            const float v6 = v4 - v5; // n35
+            const float v7 = kf_maxf(v0.w, v1.w); // n36
+            const float v8 = kf_minf(v0.y, v1.y); // n37
+            const float v9 = v7 - v8; // n38
+            const float v10 = v6 * v9; // n39
+            const float v11 = v0.z - v0.x; // n23
+            const float v12 = v0.w - v0.y; // n24
+            const float v13 = v11 * v12; // n25
+            const float v14 = v1.z - v1.x; // n26
+            const float v15 = v1.w - v1.y; // n27
+            const float v16 = v14 * v15; // n28
+            const float v17 = v13 + v16; // n29
+            const float v18 = kf_minf(v0.z, v1.z); // n12
+            const float v19 = kf_maxf(v0.x, v1.x); // n6
+            const float v20 = v18 - v19; // n16
+            const float v21 = kf_maxf(v20, 0.0f); // n19
+            const float v22 = kf_minf(v0.w, v1.w); // n15
+            const float v23 = kf_maxf(v0.y, v1.y); // n9
+            const float v24 = v22 - v23; // n20
+            const float v25 = kf_maxf(v24, 0.0f); // n21
+            const float v26 = v21 * v25; // n22
+            const float v27 = v17 - v26; // n30
+            const float v28 = v10 - v27; // n40
+            const float v29 = v10 + 1e-7f; // n41
+            const float v30 = v28 / v29; // n42
+            const float v31 = v3 * v30; // n57
+            const float v32 = v31 / v29; // n58
+            const float v33 = -v32; // n59
+            const float v34 = v3 / v29; // n56
+            const float v35 = v33 + v34; // n60
+            const float v36 = v35 * v9; // n62
+            const float v37 = -v36; // n76
+            const bool v38 = v0.x == v1.x; // n77
+            const float v39 = v37 * 0.5f; // n78
+            const float v40 = (v38 ? v39 : 0.0f); // n79
+            const float v41 = (v2 ? v37 : v40); // n81
+            const float v42 = -v34; // n61
+            const float v43 = tmp1[0]; // n55 from an earlier kernel
+            const float v44 = v27 + 1e-7f; // n31
+            const float v45 = v26 / v44; // n32
+            const float v46 = v43 * v45; // n88
+            const float v47 = v46 / v44; // n89
+            const float v48 = -v47; // n90
+            const float v49 = v42 + v48; // n91
+            const float v50 = v49 * v12; // n94
+            const float v51 = -v50; // n100
+            const float v52 = v41 + v51; // n101
+            const bool v53 = v0.x > v1.x; // n133
+            const bool v54 = v20 > 0.0f; // n113
+            const float v55 = v43 / v44; // n87
+            const float v56 = -v49; // n92
+            const float v57 = v55 + v56; // n93
+            const float v58 = v57 * v25; // n102
+            const bool v59 = v20 == 0.0f; // n110
+            const float v60 = v58 * 0.5f; // n111
+            const float v61 = (v59 ? v60 : 0.0f); // n112
+            const float v62 = (v54 ? v58 : v61); // n114
+            const float v63 = -v62; // n115
+            const float v64 = v63 * 0.5f; // n131
+            const float v65 = (v38 ? v64 : 0.0f); // n132
+            const float v66 = (v53 ? v63 : v65); // n134
+            const float v67 = v52 + v66; // n135
+            const bool v68 = v0.y < v1.y; // n69
+            const float v69 = v35 * v6; // n63
+            const float v70 = -v69; // n64
+            const bool v71 = v0.y == v1.y; // n66
+            const float v72 = v70 * 0.5f; // n67
+            const float v73 = (v71 ? v72 : 0.0f); // n68
+            const float v74 = (v68 ? v70 : v73); // n70
+            const float v75 = v49 * v11; // n95
+            const float v76 = -v75; // n97
+            const float v77 = v74 + v76; // n98
+            const bool v78 = v0.y > v1.y; // n128
+            const bool v79 = v24 > 0.0f; // n107
+            const float v80 = v57 * v21; // n103
+            const bool v81 = v24 == 0.0f; // n104
+            const float v82 = v80 * 0.5f; // n105
+            const float v83 = (v81 ? v82 : 0.0f); // n106
+            const float v84 = (v79 ? v80 : v83); // n108
+            const float v85 = -v84; // n109
+            const float v86 = v85 * 0.5f; // n126
+            const float v87 = (v71 ? v86 : 0.0f); // n127
+            const float v88 = (v78 ? v85 : v87); // n129
+            const float v89 = v77 + v88; // n130
+            const bool v90 = v0.z > v1.z; // n85
+            const bool v91 = v0.z == v1.z; // n82
+            const float v92 = v36 * 0.5f; // n83
+            const float v93 = (v91 ? v92 : 0.0f); // n84
+            const float v94 = (v90 ? v36 : v93); // n86
+            const float v95 = v94 + v50; // n99
+            const bool v96 = v0.z < v1.z; // n123
+            const float v97 = v62 * 0.5f; // n121
+            const float v98 = (v91 ? v97 : 0.0f); // n122
+            const float v99 = (v96 ? v62 : v98); // n124
+            const float v100 = v95 + v99; // n125
+            const bool v101 = v0.w > v1.w; // n74
+            const bool v102 = v0.w == v1.w; // n71
+            const float v103 = v69 * 0.5f; // n72
+            const float v104 = (v102 ? v103 : 0.0f); // n73
+            const float v105 = (v101 ? v69 : v104); // n75
+            const float v106 = v105 + v75; // n96
+            const bool v107 = v0.w < v1.w; // n118
+            const float v108 = v84 * 0.5f; // n116
+            const float v109 = (v102 ? v108 : 0.0f); // n117
+            const float v110 = (v107 ? v84 : v109); // n119
+            const float v111 = v106 + v110; // n120
+            reinterpret_cast<float4*>(out1)[i] = make_float4(v67, v89, v100, v111); // dpred
+        }
     }
 }
 

@@ -23,7 +23,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_6174deb36f0fe3a6_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_6174deb36f0fe3a6_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output loss f32[]
@@ -36,50 +36,64 @@ extern "C" __global__ void __launch_bounds__(256) kf_6174deb36f0fe3a6_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n15 where n16 (n17)
     double acc1 = 0.0; // count n5 (n19)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v1 = v0.w != 0.0f; // n5
-        if (v1) {
-            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-            const float v3 = v2.x - v0.x; // n6
-            const float v4 = fabsf(v3); // n7
-            const bool v5 = v4 < 1.0f; // n8
-            const float v6 = 0.5f * v3; // n10
-            const float v7 = v6 * v3; // n11
-            const float v8 = v7 / 1.0f; // n12
-            const float v9 = 0.5f * 1.0f; // n13
-            const float v10 = v4 - v9; // n14
-            const float v11 = (v5 ? v8 : v10); // n15
-            acc0 += (double)v11;
-            const float v12 = v2.y - v0.y; // n6
-            const float v13 = fabsf(v12); // n7
-            const bool v14 = v13 < 1.0f; // n8
-            const float v15 = 0.5f * v12; // n10
-            const float v16 = v15 * v12; // n11
-            const float v17 = v16 / 1.0f; // n12
-            const float v18 = v13 - v9; // n14
-            const float v19 = (v14 ? v17 : v18); // n15
-            acc0 += (double)v19;
-            const float v20 = v2.z - v0.z; // n6
-            const float v21 = fabsf(v20); // n7
-            const bool v22 = v21 < 1.0f; // n8
-            const float v23 = 0.5f * v20; // n10
-            const float v24 = v23 * v20; // n11
-            const float v25 = v24 / 1.0f; // n12
-            const float v26 = v21 - v9; // n14
-            const float v27 = (v22 ? v25 : v26); // n15
-            acc0 += (double)v27;
-            const float v28 = v2.w - v0.w; // n6
-            const float v29 = fabsf(v28); // n7
-            const bool v30 = v29 < 1.0f; // n8
-            const float v31 = 0.5f * v28; // n10
-            const float v32 = v31 * v28; // n11
-            const float v33 = v32 / 1.0f; // n12
-            const float v34 = v29 - v9; // n14
-            const float v35 = (v30 ? v33 : v34); // n15
-            acc0 += (double)v35;
-            acc1 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
+            const bool v1 = v0.w != 0.0f; // n5
+            if (v1) {
+                const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float v3 = v2.x - v0.x; // n6
+                const float v4 = fabsf(v3); // n7
+                const bool v5 = v4 < 1.0f; // n8
+                const float v6 = 0.5f * v3; // n10
+                const float v7 = v6 * v3; // n11
+                const float v8 = v7 / 1.0f; // n12
+                const float v9 = 0.5f * 1.0f; // n13
+                const float v10 = v4 - v9; // n14
+                const float v11 = (v5 ? v8 : v10); // n15
+                acc0 += (double)v11;
+                const float v12 = v2.y - v0.y; // n6
+                const float v13 = fabsf(v12); // n7
+                const bool v14 = v13 < 1.0f; // n8
+                const float v15 = 0.5f * v12; // n10
+                const float v16 = v15 * v12; // n11
+                const float v17 = v16 / 1.0f; // n12
+                const float v18 = v13 - v9; // n14
+                const float v19 = (v14 ? v17 : v18); // n15
+                acc0 += (double)v19;
+                const float v20 = v2.z - v0.z; // n6
+                const float v21 = fabsf(v20); // n7
+                const bool v22 = v21 < 1.0f; // n8
+                const float v23 = 0.5f * v20; // n10
+                const float v24 = v23 * v20; // n11
+                const float v25 = v24 / 1.0f; // n12
+                const float v26 = v21 - v9; // n14
+                const float v27 = (v22 ? v25 : v26); // n15
+                acc0 += (double)v27;
+                const float v28 = v2.w - v0.w; // n6
+                const float v29 = fabsf(v28); // n7
+                const bool v30 = v29 < 1.0f; // n8
+                const float v31 = 0.5f * v28; // n10
+                const float v32 = v31 * v28; // n11
+                const float v33 = v32 / 1.0f; // n12
+                const float v34 = v29 - v9; // n14
+                const float v35 = (v30 ? v33 : v34); // n15
+                acc0 += (double)v35;
+                acc1 += 1.0;
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.

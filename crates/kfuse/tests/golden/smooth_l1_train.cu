@@ -23,7 +23,7 @@ __device__ double kf_block_sum(double v, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_24a681dae3020c60_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output loss f32[]
@@ -42,109 +42,123 @@ extern "C" __global__ void __launch_bounds__(256) kf_24a681dae3020c60_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n15 where n16 (n17)
     double acc1 = 0.0; // count n5 (n19)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const bool v1 = v0.w != 0.0f; // n5
-        if (v1) {
-            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-            const float v3 = v2.x - v0.x; // n6
-            const float v4 = fabsf(v3); // n7
-            const bool v5 = v4 < 1.0f; // n8
-            const float v6 = 0.5f * v3; // n10
-            const float v7 = v6 * v3; // n11
-            const float v8 = v7 / 1.0f; // n12
-            const float v9 = 0.5f * 1.0f; // n13
-            const float v10 = v4 - v9; // n14
-            const float v11 = (v5 ? v8 : v10); // n15
-            acc0 += (double)v11;
-            const float v12 = v2.y - v0.y; // n6
-            const float v13 = fabsf(v12); // n7
-            const bool v14 = v13 < 1.0f; // n8
-            const float v15 = 0.5f * v12; // n10
-            const float v16 = v15 * v12; // n11
-            const float v17 = v16 / 1.0f; // n12
-            const float v18 = v13 - v9; // n14
-            const float v19 = (v14 ? v17 : v18); // n15
-            acc0 += (double)v19;
-            const float v20 = v2.z - v0.z; // n6
-            const float v21 = fabsf(v20); // n7
-            const bool v22 = v21 < 1.0f; // n8
-            const float v23 = 0.5f * v20; // n10
-            const float v24 = v23 * v20; // n11
-            const float v25 = v24 / 1.0f; // n12
-            const float v26 = v21 - v9; // n14
-            const float v27 = (v22 ? v25 : v26); // n15
-            acc0 += (double)v27;
-            const float v28 = v2.w - v0.w; // n6
-            const float v29 = fabsf(v28); // n7
-            const bool v30 = v29 < 1.0f; // n8
-            const float v31 = 0.5f * v28; // n10
-            const float v32 = v31 * v28; // n11
-            const float v33 = v32 / 1.0f; // n12
-            const float v34 = v29 - v9; // n14
-            const float v35 = (v30 ? v33 : v34); // n15
-            acc0 += (double)v35;
-            acc1 += 1.0;
-            const float v36 = 1.0f * v6; // n28
-            const float v37 = 1.0f * v3; // n27
-            const float v38 = v37 * 0.5f; // n29
-            const float v39 = v36 + v38; // n30
-            const float v40 = (v5 ? v39 : 0.0f); // n31
-            const bool v41 = v3 > 0.0f; // n32
-            const float v42 = (v5 ? 0.0f : 1.0f); // n26
-            const bool v43 = v3 < 0.0f; // n33
-            const float v44 = -v42; // n34
-            const float v45 = (v43 ? v44 : 0.0f); // n35
-            const float v46 = (v41 ? v42 : v45); // n36
-            const float v47 = v40 + v46; // n37
-            const float v48 = 1.0f * v15; // n28
-            const float v49 = 1.0f * v12; // n27
-            const float v50 = v49 * 0.5f; // n29
-            const float v51 = v48 + v50; // n30
-            const float v52 = (v14 ? v51 : 0.0f); // n31
-            const bool v53 = v12 > 0.0f; // n32
-            const float v54 = (v14 ? 0.0f : 1.0f); // n26
-            const bool v55 = v12 < 0.0f; // n33
-            const float v56 = -v54; // n34
-            const float v57 = (v55 ? v56 : 0.0f); // n35
-            const float v58 = (v53 ? v54 : v57); // n36
-            const float v59 = v52 + v58; // n37
-            const float v60 = 1.0f * v23; // n28
-            const float v61 = 1.0f * v20; // n27
-            const float v62 = v61 * 0.5f; // n29
-            const float v63 = v60 + v62; // n30
-            const float v64 = (v22 ? v63 : 0.0f); // n31
-            const bool v65 = v20 > 0.0f; // n32
-            const float v66 = (v22 ? 0.0f : 1.0f); // n26
-            const bool v67 = v20 < 0.0f; // n33
-            const float v68 = -v66; // n34
-            const float v69 = (v67 ? v68 : 0.0f); // n35
-            const float v70 = (v65 ? v66 : v69); // n36
-            const float v71 = v64 + v70; // n37
-            const float v72 = 1.0f * v31; // n28
-            const float v73 = 1.0f * v28; // n27
-            const float v74 = v73 * 0.5f; // n29
-            const float v75 = v72 + v74; // n30
-            const float v76 = (v30 ? v75 : 0.0f); // n31
-            const bool v77 = v28 > 0.0f; // n32
-            const float v78 = (v30 ? 0.0f : 1.0f); // n26
-            const bool v79 = v28 < 0.0f; // n33
-            const float v80 = -v78; // n34
-            const float v81 = (v79 ? v80 : 0.0f); // n35
-            const float v82 = (v77 ? v78 : v81); // n36
-            const float v83 = v76 + v82; // n37
-            // Append (i, unscaled values) to the list: one atomic per warp, any order.
-            const unsigned kf_active = __activemask();
-            const unsigned kf_leader = __ffs(kf_active) - 1u;
-            const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
-            unsigned long long kf_base = 0ull;
-            if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));
-            const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
-            list_index[kf_slot] = (unsigned long long)i;
-            reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v47, v59, v71, v83);
-        } else {
-            reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
+            const bool v1 = v0.w != 0.0f; // n5
+            if (v1) {
+                const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float v3 = v2.x - v0.x; // n6
+                const float v4 = fabsf(v3); // n7
+                const bool v5 = v4 < 1.0f; // n8
+                const float v6 = 0.5f * v3; // n10
+                const float v7 = v6 * v3; // n11
+                const float v8 = v7 / 1.0f; // n12
+                const float v9 = 0.5f * 1.0f; // n13
+                const float v10 = v4 - v9; // n14
+                const float v11 = (v5 ? v8 : v10); // n15
+                acc0 += (double)v11;
+                const float v12 = v2.y - v0.y; // n6
+                const float v13 = fabsf(v12); // n7
+                const bool v14 = v13 < 1.0f; // n8
+                const float v15 = 0.5f * v12; // n10
+                const float v16 = v15 * v12; // n11
+                const float v17 = v16 / 1.0f; // n12
+                const float v18 = v13 - v9; // n14
+                const float v19 = (v14 ? v17 : v18); // n15
+                acc0 += (double)v19;
+                const float v20 = v2.z - v0.z; // n6
+                const float v21 = fabsf(v20); // n7
+                const bool v22 = v21 < 1.0f; // n8
+                const float v23 = 0.5f * v20; // n10
+                const float v24 = v23 * v20; // n11
+                const float v25 = v24 / 1.0f; // n12
+                const float v26 = v21 - v9; // n14
+                const float v27 = (v22 ? v25 : v26); // n15
+                acc0 += (double)v27;
+                const float v28 = v2.w - v0.w; // n6
+                const float v29 = fabsf(v28); // n7
+                const bool v30 = v29 < 1.0f; // n8
+                const float v31 = 0.5f * v28; // n10
+                const float v32 = v31 * v28; // n11
+                const float v33 = v32 / 1.0f; // n12
+                const float v34 = v29 - v9; // n14
+                const float v35 = (v30 ? v33 : v34); // n15
+                acc0 += (double)v35;
+                acc1 += 1.0;
+                const float v36 = 1.0f * v6; // n28
+                const float v37 = 1.0f * v3; // n27
+                const float v38 = v37 * 0.5f; // n29
+                const float v39 = v36 + v38; // n30
+                const float v40 = (v5 ? v39 : 0.0f); // n31
+                const bool v41 = v3 > 0.0f; // n32
+                const float v42 = (v5 ? 0.0f : 1.0f); // n26
+                const bool v43 = v3 < 0.0f; // n33
+                const float v44 = -v42; // n34
+                const float v45 = (v43 ? v44 : 0.0f); // n35
+                const float v46 = (v41 ? v42 : v45); // n36
+                const float v47 = v40 + v46; // n37
+                const float v48 = 1.0f * v15; // n28
+                const float v49 = 1.0f * v12; // n27
+                const float v50 = v49 * 0.5f; // n29
+                const float v51 = v48 + v50; // n30
+                const float v52 = (v14 ? v51 : 0.0f); // n31
+                const bool v53 = v12 > 0.0f; // n32
+                const float v54 = (v14 ? 0.0f : 1.0f); // n26
+                const bool v55 = v12 < 0.0f; // n33
+                const float v56 = -v54; // n34
+                const float v57 = (v55 ? v56 : 0.0f); // n35
+                const float v58 = (v53 ? v54 : v57); // n36
+                const float v59 = v52 + v58; // n37
+                const float v60 = 1.0f * v23; // n28
+                const float v61 = 1.0f * v20; // n27
+                const float v62 = v61 * 0.5f; // n29
+                const float v63 = v60 + v62; // n30
+                const float v64 = (v22 ? v63 : 0.0f); // n31
+                const bool v65 = v20 > 0.0f; // n32
+                const float v66 = (v22 ? 0.0f : 1.0f); // n26
+                const bool v67 = v20 < 0.0f; // n33
+                const float v68 = -v66; // n34
+                const float v69 = (v67 ? v68 : 0.0f); // n35
+                const float v70 = (v65 ? v66 : v69); // n36
+                const float v71 = v64 + v70; // n37
+                const float v72 = 1.0f * v31; // n28
+                const float v73 = 1.0f * v28; // n27
+                const float v74 = v73 * 0.5f; // n29
+                const float v75 = v72 + v74; // n30
+                const float v76 = (v30 ? v75 : 0.0f); // n31
+                const bool v77 = v28 > 0.0f; // n32
+                const float v78 = (v30 ? 0.0f : 1.0f); // n26
+                const bool v79 = v28 < 0.0f; // n33
+                const float v80 = -v78; // n34
+                const float v81 = (v79 ? v80 : 0.0f); // n35
+                const float v82 = (v77 ? v78 : v81); // n36
+                const float v83 = v76 + v82; // n37
+                // Append (i, unscaled values) to the list: one atomic per warp, any order.
+                const unsigned kf_active = __activemask();
+                const unsigned kf_leader = __ffs(kf_active) - 1u;
+                const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
+                unsigned long long kf_base = 0ull;
+                if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));
+                const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
+                list_index[kf_slot] = (unsigned long long)i;
+                reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v47, v59, v71, v83);
+            } else {
+                reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.

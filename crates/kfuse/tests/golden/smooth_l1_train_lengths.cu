@@ -160,6 +160,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_a0e237413fd479ff_1(
         const long long rowbase = row * sz1;
         const int v0 = in2[row]; // lengths i32
         const long long kf_hi = v0 < 0 ? 0ll : ((long long)v0 < sz1 ? (long long)v0 : sz1); // columns where the predicate holds
+        { // zero fill of dpred over columns [kf_hi, sz1): 16-byte streaming stores
+            const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + sz1; // elements
+            #pragma unroll 4
+            for (long long e = kf_za + lane; e < kf_zb; e += 32) kf_st_cs(reinterpret_cast<uint4*>(out1) + e, make_uint4(0u, 0u, 0u, 0u));
+        }
         for (long long col = lane; col < kf_hi; col += 32) {
             const long long i = rowbase + col;
             const float4 v1 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
@@ -230,11 +235,6 @@ extern "C" __global__ void __launch_bounds__(256) kf_a0e237413fd479ff_1(
             const float v66 = (v61 ? v62 : v65); // n38
             const float v67 = v60 + v66; // n39
             kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4(v19, v35, v51, v67)); // dpred
-        }
-        #pragma unroll 4
-        for (long long col = kf_hi + lane; col < sz1; col += 32) {
-            const long long i = rowbase + col;
-            kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f)); // dpred
         }
     }
 }

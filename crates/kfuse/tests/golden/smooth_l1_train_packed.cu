@@ -34,7 +34,7 @@ __device__ __forceinline__ long long kf_mod(long long a, long long b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_06d5254205d7efa5_0(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_06d5254205d7efa5_0(
     const float* __restrict__ in0, // pred f32[T, 4]
     const float* __restrict__ in1, // target f32[T, 4]
     float* __restrict__ out0, // output loss f32[]
@@ -47,52 +47,68 @@ extern "C" __global__ void __launch_bounds__(256) kf_06d5254205d7efa5_0(
     const long long n = sz0;
     double acc0 = 0.0; // sum n13 (n14)
     double acc1 = 0.0; // count n18 (n19)
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-        const float4 v1 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const float v2 = v0.x - v1.x; // n4
-        const float v3 = fabsf(v2); // n5
-        const bool v4 = v3 < 1.0f; // n6
-        const float v5 = 0.5f * v2; // n8
-        const float v6 = v5 * v2; // n9
-        const float v7 = v6 / 1.0f; // n10
-        const float v8 = 0.5f * 1.0f; // n11
-        const float v9 = v3 - v8; // n12
-        const float v10 = (v4 ? v7 : v9); // n13
-        acc0 += (double)v10;
-        const float v11 = v0.y - v1.y; // n4
-        const float v12 = fabsf(v11); // n5
-        const bool v13 = v12 < 1.0f; // n6
-        const float v14 = 0.5f * v11; // n8
-        const float v15 = v14 * v11; // n9
-        const float v16 = v15 / 1.0f; // n10
-        const float v17 = v12 - v8; // n12
-        const float v18 = (v13 ? v16 : v17); // n13
-        acc0 += (double)v18;
-        const float v19 = v0.z - v1.z; // n4
-        const float v20 = fabsf(v19); // n5
-        const bool v21 = v20 < 1.0f; // n6
-        const float v22 = 0.5f * v19; // n8
-        const float v23 = v22 * v19; // n9
-        const float v24 = v23 / 1.0f; // n10
-        const float v25 = v20 - v8; // n12
-        const float v26 = (v21 ? v24 : v25); // n13
-        acc0 += (double)v26;
-        const float v27 = v0.w - v1.w; // n4
-        const float v28 = fabsf(v27); // n5
-        const bool v29 = v28 < 1.0f; // n6
-        const float v30 = 0.5f * v27; // n8
-        const float v31 = v30 * v27; // n9
-        const float v32 = v31 / 1.0f; // n10
-        const float v33 = v28 - v8; // n12
-        const float v34 = (v29 ? v32 : v33); // n13
-        acc0 += (double)v34;
-        const long long v35 = i; // coordinate 0 of the domain
-        const int v36 = (int)v35; // n16
-        const bool v37 = v36 >= 0; // n18
-        if (v37) {
-            acc1 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // pred 4 x f32 at once
+        float4 kf_pf1[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in0)[i];
+                kf_pf1[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // pred 4 x f32 at once
+            const float4 v1 = kf_pf1[kf_u]; // target 4 x f32 at once
+            const float v2 = v0.x - v1.x; // n4
+            const float v3 = fabsf(v2); // n5
+            const bool v4 = v3 < 1.0f; // n6
+            const float v5 = 0.5f * v2; // n8
+            const float v6 = v5 * v2; // n9
+            const float v7 = v6 / 1.0f; // n10
+            const float v8 = 0.5f * 1.0f; // n11
+            const float v9 = v3 - v8; // n12
+            const float v10 = (v4 ? v7 : v9); // n13
+            acc0 += (double)v10;
+            const float v11 = v0.y - v1.y; // n4
+            const float v12 = fabsf(v11); // n5
+            const bool v13 = v12 < 1.0f; // n6
+            const float v14 = 0.5f * v11; // n8
+            const float v15 = v14 * v11; // n9
+            const float v16 = v15 / 1.0f; // n10
+            const float v17 = v12 - v8; // n12
+            const float v18 = (v13 ? v16 : v17); // n13
+            acc0 += (double)v18;
+            const float v19 = v0.z - v1.z; // n4
+            const float v20 = fabsf(v19); // n5
+            const bool v21 = v20 < 1.0f; // n6
+            const float v22 = 0.5f * v19; // n8
+            const float v23 = v22 * v19; // n9
+            const float v24 = v23 / 1.0f; // n10
+            const float v25 = v20 - v8; // n12
+            const float v26 = (v21 ? v24 : v25); // n13
+            acc0 += (double)v26;
+            const float v27 = v0.w - v1.w; // n4
+            const float v28 = fabsf(v27); // n5
+            const bool v29 = v28 < 1.0f; // n6
+            const float v30 = 0.5f * v27; // n8
+            const float v31 = v30 * v27; // n9
+            const float v32 = v31 / 1.0f; // n10
+            const float v33 = v28 - v8; // n12
+            const float v34 = (v29 ? v32 : v33); // n13
+            acc0 += (double)v34;
+            const long long v35 = i; // coordinate 0 of the domain
+            const int v36 = (int)v35; // n16
+            const bool v37 = v36 >= 0; // n18
+            if (v37) {
+                acc1 += 1.0;
+            }
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -140,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_06d5254205d7efa5_0(
 // sink: output dpred (4 components per element)
 
 
-extern "C" __global__ void __launch_bounds__(256) kf_06d5254205d7efa5_1(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_06d5254205d7efa5_1(
     const float* __restrict__ in0, // pred f32[T, 4]
     const float* __restrict__ in1, // target f32[T, 4]
     float* __restrict__ out1, // output dpred f32[T, 4]
@@ -149,76 +165,92 @@ extern "C" __global__ void __launch_bounds__(256) kf_06d5254205d7efa5_1(
 )
 {
     const long long n = sz0;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float4 v0 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
-        const float4 v1 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
-        const float v2 = v0.x - v1.x; // n4
-        const float v3 = fabsf(v2); // n5
-        const bool v4 = v3 < 1.0f; // n6
-        const float v5 = tmp0[0]; // n25 from an earlier kernel
-        const float v6 = 0.5f * v2; // n8
-        const float v7 = v5 * v6; // n29
-        const float v8 = v5 * v2; // n28
-        const float v9 = v8 * 0.5f; // n30
-        const float v10 = v7 + v9; // n31
-        const float v11 = (v4 ? v10 : 0.0f); // n32
-        const bool v12 = v2 > 0.0f; // n33
-        const float v13 = (v4 ? 0.0f : v5); // n27
-        const bool v14 = v2 < 0.0f; // n34
-        const float v15 = -v13; // n35
-        const float v16 = (v14 ? v15 : 0.0f); // n36
-        const float v17 = (v12 ? v13 : v16); // n37
-        const float v18 = v11 + v17; // n38
-        const float v19 = v0.y - v1.y; // n4
-        const float v20 = fabsf(v19); // n5
-        const bool v21 = v20 < 1.0f; // n6
-        const float v22 = 0.5f * v19; // n8
-        const float v23 = v5 * v22; // n29
-        const float v24 = v5 * v19; // n28
-        const float v25 = v24 * 0.5f; // n30
-        const float v26 = v23 + v25; // n31
-        const float v27 = (v21 ? v26 : 0.0f); // n32
-        const bool v28 = v19 > 0.0f; // n33
-        const float v29 = (v21 ? 0.0f : v5); // n27
-        const bool v30 = v19 < 0.0f; // n34
-        const float v31 = -v29; // n35
-        const float v32 = (v30 ? v31 : 0.0f); // n36
-        const float v33 = (v28 ? v29 : v32); // n37
-        const float v34 = v27 + v33; // n38
-        const float v35 = v0.z - v1.z; // n4
-        const float v36 = fabsf(v35); // n5
-        const bool v37 = v36 < 1.0f; // n6
-        const float v38 = 0.5f * v35; // n8
-        const float v39 = v5 * v38; // n29
-        const float v40 = v5 * v35; // n28
-        const float v41 = v40 * 0.5f; // n30
-        const float v42 = v39 + v41; // n31
-        const float v43 = (v37 ? v42 : 0.0f); // n32
-        const bool v44 = v35 > 0.0f; // n33
-        const float v45 = (v37 ? 0.0f : v5); // n27
-        const bool v46 = v35 < 0.0f; // n34
-        const float v47 = -v45; // n35
-        const float v48 = (v46 ? v47 : 0.0f); // n36
-        const float v49 = (v44 ? v45 : v48); // n37
-        const float v50 = v43 + v49; // n38
-        const float v51 = v0.w - v1.w; // n4
-        const float v52 = fabsf(v51); // n5
-        const bool v53 = v52 < 1.0f; // n6
-        const float v54 = 0.5f * v51; // n8
-        const float v55 = v5 * v54; // n29
-        const float v56 = v5 * v51; // n28
-        const float v57 = v56 * 0.5f; // n30
-        const float v58 = v55 + v57; // n31
-        const float v59 = (v53 ? v58 : 0.0f); // n32
-        const bool v60 = v51 > 0.0f; // n33
-        const float v61 = (v53 ? 0.0f : v5); // n27
-        const bool v62 = v51 < 0.0f; // n34
-        const float v63 = -v61; // n35
-        const float v64 = (v62 ? v63 : 0.0f); // n36
-        const float v65 = (v60 ? v61 : v64); // n37
-        const float v66 = v59 + v65; // n38
-        reinterpret_cast<float4*>(out1)[i] = make_float4(v18, v34, v50, v66); // dpred
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float4 kf_pf0[4]; // pred 4 x f32 at once
+        float4 kf_pf1[4]; // target 4 x f32 at once
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = reinterpret_cast<const float4*>(in0)[i];
+                kf_pf1[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float4 v0 = kf_pf0[kf_u]; // pred 4 x f32 at once
+            const float4 v1 = kf_pf1[kf_u]; // target 4 x f32 at once
+            const float v2 = v0.x - v1.x; // n4
+            const float v3 = fabsf(v2); // n5
+            const bool v4 = v3 < 1.0f; // n6
+            const float v5 = tmp0[0]; // n25 from an earlier kernel
+            const float v6 = 0.5f * v2; // n8
+            const float v7 = v5 * v6; // n29
+            const float v8 = v5 * v2; // n28
+            const float v9 = v8 * 0.5f; // n30
+            const float v10 = v7 + v9; // n31
+            const float v11 = (v4 ? v10 : 0.0f); // n32
+            const bool v12 = v2 > 0.0f; // n33
+            const float v13 = (v4 ? 0.0f : v5); // n27
+            const bool v14 = v2 < 0.0f; // n34
+            const float v15 = -v13; // n35
+            const float v16 = (v14 ? v15 : 0.0f); // n36
+            const float v17 = (v12 ? v13 : v16); // n37
+            const float v18 = v11 + v17; // n38
+            const float v19 = v0.y - v1.y; // n4
+            const float v20 = fabsf(v19); // n5
+            const bool v21 = v20 < 1.0f; // n6
+            const float v22 = 0.5f * v19; // n8
+            const float v23 = v5 * v22; // n29
+            const float v24 = v5 * v19; // n28
+            const float v25 = v24 * 0.5f; // n30
+            const float v26 = v23 + v25; // n31
+            const float v27 = (v21 ? v26 : 0.0f); // n32
+            const bool v28 = v19 > 0.0f; // n33
+            const float v29 = (v21 ? 0.0f : v5); // n27
+            const bool v30 = v19 < 0.0f; // n34
+            const float v31 = -v29; // n35
+            const float v32 = (v30 ? v31 : 0.0f); // n36
+            const float v33 = (v28 ? v29 : v32); // n37
+            const float v34 = v27 + v33; // n38
+            const float v35 = v0.z - v1.z; // n4
+            const float v36 = fabsf(v35); // n5
+            const bool v37 = v36 < 1.0f; // n6
+            const float v38 = 0.5f * v35; // n8
+            const float v39 = v5 * v38; // n29
+            const float v40 = v5 * v35; // n28
+            const float v41 = v40 * 0.5f; // n30
+            const float v42 = v39 + v41; // n31
+            const float v43 = (v37 ? v42 : 0.0f); // n32
+            const bool v44 = v35 > 0.0f; // n33
+            const float v45 = (v37 ? 0.0f : v5); // n27
+            const bool v46 = v35 < 0.0f; // n34
+            const float v47 = -v45; // n35
+            const float v48 = (v46 ? v47 : 0.0f); // n36
+            const float v49 = (v44 ? v45 : v48); // n37
+            const float v50 = v43 + v49; // n38
+            const float v51 = v0.w - v1.w; // n4
+            const float v52 = fabsf(v51); // n5
+            const bool v53 = v52 < 1.0f; // n6
+            const float v54 = 0.5f * v51; // n8
+            const float v55 = v5 * v54; // n29
+            const float v56 = v5 * v51; // n28
+            const float v57 = v56 * 0.5f; // n30
+            const float v58 = v55 + v57; // n31
+            const float v59 = (v53 ? v58 : 0.0f); // n32
+            const bool v60 = v51 > 0.0f; // n33
+            const float v61 = (v53 ? 0.0f : v5); // n27
+            const bool v62 = v51 < 0.0f; // n34
+            const float v63 = -v61; // n35
+            const float v64 = (v62 ? v63 : 0.0f); // n36
+            const float v65 = (v60 ? v61 : v64); // n37
+            const float v66 = v59 + v65; // n38
+            reinterpret_cast<float4*>(out1)[i] = make_float4(v18, v34, v50, v66); // dpred
+        }
     }
 }
 

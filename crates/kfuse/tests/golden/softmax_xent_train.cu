@@ -168,7 +168,7 @@ __device__ __forceinline__ long long kf_mod(long long a, long long b) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_1(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out1, // output dlogits f32[B, C]
@@ -178,68 +178,84 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
 )
 {
     const long long n = sz0 * sz1;
-    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float v0 = tmp0[0]; // n21 from an earlier kernel
-        const float v1 = in1[i]; // targets f32
-        const float v2 = v0 * v1; // n22
-        double a3 = 0.0;
-        const long long v4 = kf_div(i, sz1); // coordinate 0 of the domain
-        for (long long j0 = 0; j0 < sz1; ++j0) {
-            const float v5 = in1[v4 * sz1 + j0]; // targets f32
-            const float v6 = v0 * v5; // n22
-            const float v7 = -v6; // n23
-            a3 += (double)v7;
-        }
-        const float v8 = (float)a3; // n24 sum along the last axis
-        double a9 = 0.0;
-        double a11 = __longlong_as_double(0xfff0000000000000ll);
-        for (long long j2 = 0; j2 < sz1; ++j2) {
-            const float v12 = in0[v4 * sz1 + j2]; // logits f32
-            a11 = kf_max_f64(a11, (double)v12);
-        }
-        const float v13 = (float)a11; // n2 max along the last axis
-        for (long long j1 = 0; j1 < sz1; ++j1) {
-            const float v10 = in0[v4 * sz1 + j1]; // logits f32
-            const float v14 = v10 - v13; // n4
-            const float v15 = expf(v14); // n5
-            a9 += (double)v15;
-        }
-        const float v16 = (float)a9; // n6 sum along the last axis
-        const float v17 = v8 / v16; // n27
-        const float v18 = in0[i]; // logits f32
-        const float v19 = v18 - v13; // n4
-        const float v20 = expf(v19); // n5
-        const float v21 = v17 * v20; // n29
-        const float v22 = v2 + v21; // n30
-        const bool v23 = v18 == v13; // n35
-        double a24 = 0.0;
-        for (long long j3 = 0; j3 < sz1; ++j3) {
-            const float v25 = in1[v4 * sz1 + j3]; // targets f32
-            const float v26 = v0 * v25; // n22
-            const float v27 = in0[v4 * sz1 + j3]; // logits f32
-            const float v28 = v27 - v13; // n4
-            const float v29 = expf(v28); // n5
-            const float v30 = v17 * v29; // n29
-            const float v31 = v26 + v30; // n30
-            const float v32 = -v31; // n31
-            a24 += (double)v32;
-        }
-        const float v33 = (float)a24; // n32 sum along the last axis
-        double a34 = 0.0;
-        for (long long j4 = 0; j4 < sz1; ++j4) {
-            const float v35 = in0[v4 * sz1 + j4]; // logits f32
-            const bool v36 = v35 == v13; // n35
-            if (v36) {
-                a34 += 1.0;
+    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+        float kf_pf0[4]; // targets f32
+        float kf_pf1[4]; // logits f32
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                kf_pf0[kf_u] = in1[i];
+                kf_pf1[kf_u] = in0[i];
             }
         }
-        const int v37 = (int)(long long)a34; // n36 count along the last axis
-        const float v38 = (float)v37; // n37
-        const float v39 = v33 / v38; // n38
-        const float v40 = (v23 ? v39 : 0.0f); // n41
-        const float v41 = v22 + v40; // n42
-        out1[i] = v41; // dlogits
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i >= n) break;
+            const float v0 = tmp0[0]; // n21 from an earlier kernel
+            const float v1 = kf_pf0[kf_u]; // targets f32
+            const float v2 = v0 * v1; // n22
+            double a3 = 0.0;
+            const long long v4 = kf_div(i, sz1); // coordinate 0 of the domain
+            for (long long j0 = 0; j0 < sz1; ++j0) {
+                const float v5 = in1[v4 * sz1 + j0]; // targets f32
+                const float v6 = v0 * v5; // n22
+                const float v7 = -v6; // n23
+                a3 += (double)v7;
+            }
+            const float v8 = (float)a3; // n24 sum along the last axis
+            double a9 = 0.0;
+            double a11 = __longlong_as_double(0xfff0000000000000ll);
+            for (long long j2 = 0; j2 < sz1; ++j2) {
+                const float v12 = in0[v4 * sz1 + j2]; // logits f32
+                a11 = kf_max_f64(a11, (double)v12);
+            }
+            const float v13 = (float)a11; // n2 max along the last axis
+            for (long long j1 = 0; j1 < sz1; ++j1) {
+                const float v10 = in0[v4 * sz1 + j1]; // logits f32
+                const float v14 = v10 - v13; // n4
+                const float v15 = expf(v14); // n5
+                a9 += (double)v15;
+            }
+            const float v16 = (float)a9; // n6 sum along the last axis
+            const float v17 = v8 / v16; // n27
+            const float v18 = kf_pf1[kf_u]; // logits f32
+            const float v19 = v18 - v13; // n4
+            const float v20 = expf(v19); // n5
+            const float v21 = v17 * v20; // n29
+            const float v22 = v2 + v21; // n30
+            const bool v23 = v18 == v13; // n35
+            double a24 = 0.0;
+            for (long long j3 = 0; j3 < sz1; ++j3) {
+                const float v25 = in1[v4 * sz1 + j3]; // targets f32
+                const float v26 = v0 * v25; // n22
+                const float v27 = in0[v4 * sz1 + j3]; // logits f32
+                const float v28 = v27 - v13; // n4
+                const float v29 = expf(v28); // n5
+                const float v30 = v17 * v29; // n29
+                const float v31 = v26 + v30; // n30
+                const float v32 = -v31; // n31
+                a24 += (double)v32;
+            }
+            const float v33 = (float)a24; // n32 sum along the last axis
+            double a34 = 0.0;
+            for (long long j4 = 0; j4 < sz1; ++j4) {
+                const float v35 = in0[v4 * sz1 + j4]; // logits f32
+                const bool v36 = v35 == v13; // n35
+                if (v36) {
+                    a34 += 1.0;
+                }
+            }
+            const int v37 = (int)(long long)a34; // n36 count along the last axis
+            const float v38 = (float)v37; // n37
+            const float v39 = v33 / v38; // n38
+            const float v40 = (v23 ? v39 : 0.0f); // n41
+            const float v41 = v22 + v40; // n42
+            out1[i] = v41; // dlogits
+        }
     }
 }
 
