@@ -7,6 +7,10 @@
 //! f32/f16/bf16 inputs and outputs. Does not handle: models whose weights do not fit in shared
 //! memory or whose layers are too wide for register-resident activations (K + N > 640 padded);
 //! [`emit_kernel`] reports those as errors and `tiled.rs` runs them instead.
+//! Activations: ReLU is fused into the f32→f16/bf16 conversion (exact); SiLU of f16 models runs on
+//! packed f16 pairs (see `kf_silu_f16x2` in mlp_prelude.cuh: a few f16 ulps of the row's scale;
+//! [`ActivationMath::F32`] for the f32 form); other expressions are f32 device functions from
+//! kfuse-codegen, compiled with approximate division (see `FAST_MATH_OPTIONS`).
 //! Pure: no GPU, no I/O; the same model and options give the same bytes.
 
 use std::fmt::Write;
