@@ -45,6 +45,9 @@ for m in /tmp/kfb/mlp/*.json; do
   KFUSE_CACHE_DIR=/tmp/kfb/mlp-cold-$(basename "$m" .json) run kfuse mlp bench "$m" --json /tmp/kfb/json/mlp_$(basename "$m")
 done
 
+# The MLP path end to end against PyTorch: export_mlp.py from real nn.Modules, kfuse mlp run (GPU, CPU).
+run python3 tools/check_mlp_vs_torch.py --json /tmp/kfb/json/mlp_vs_torch.json
+
 python3 - "$OUT/bench_results.json" /tmp/kfb/json/*.json <<'PY'
 import json, sys
 out = {p.rsplit("/", 1)[-1][:-5]: json.load(open(p)) for p in sys.argv[2:]}
