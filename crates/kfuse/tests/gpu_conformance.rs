@@ -31,6 +31,19 @@ fn size_sets(symbols: usize) -> Vec<Vec<u64>> {
     sets
 }
 
+/// A new seed every run (fresh random data), printed so that a failure can be replayed with
+/// KFUSE_TEST_SEED.
+fn fresh_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        println!("conformance seed: {seed} (replay with KFUSE_TEST_SEED={seed})");
+        seed
+    })
+}
+
 fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype: DType) {
     let inputs = testdata::random_inputs_for(&p.graph, sizes, seed).unwrap();
     let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
@@ -47,7 +60,7 @@ fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype:
         let tol = tolerance(g.dtype());
         assert!(
             rel <= tol,
-            "{} ({dtype}) output {name} at sizes {sizes:?} (symbols {:?}): rel err {rel:.3e} > {tol:.0e}, max abs err {max_abs:.3e}",
+            "{} ({dtype}) output {name} at sizes {sizes:?} (symbols {:?}), seed {seed}: rel err {rel:.3e} > {tol:.0e}, max abs err {max_abs:.3e}",
             p.origin,
             p.graph.symbols
         );
@@ -80,7 +93,7 @@ fn every_example_matches_the_interpreter_on_the_gpu() {
                         }
                     }
                 }
-                check(&gpu, &p, &sizes, 1000 + i as u64, dtype);
+                check(&gpu, &p, &sizes, fresh_seed() + i as u64, dtype);
                 cases += 1;
             }
         }
@@ -94,7 +107,7 @@ fn giou_on_a_seed_like_batch_agrees_to_1e5() {
     let src = std::fs::read_to_string(common::examples_dir().join("giou.kf")).unwrap();
     let p = Program::from_source(&src, "examples/giou.kf").unwrap();
     for (batch, n) in [(1024, 256), (16384, 256), (1, 1), (3, 1023)] {
-        let b = kfuse::boxes::generate(batch, n, 7).unwrap();
+        let b = kfuse::boxes::generate(batch, n, fresh_seed()).unwrap();
         let inputs = [("pred", &b.pred), ("target", &b.target)];
         let want = p.run_cpu(&inputs).unwrap();
         let got = CudaProgram::prepare(&gpu, &p).unwrap().run(&inputs).unwrap();
