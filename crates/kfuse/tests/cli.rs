@@ -8,7 +8,17 @@ use std::process::{Command, Output};
 use kfuse::{boxes, npy, DType, HostTensor};
 
 fn kfuse(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kfuse")).args(args).output().expect("kfuse runs")
+    Command::new(kfuse_exe()).args(args).output().expect("kfuse runs")
+}
+
+/// The binary cargo built, or (for test executables copied to a machine without Rust, such as the
+/// GPU machine's bundle) the `kfuse` on PATH.
+fn kfuse_exe() -> PathBuf {
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse"));
+    if built.exists() {
+        return built;
+    }
+    std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("kfuse")).find(|p| p.exists()).unwrap_or(built)
 }
 
 fn examples() -> PathBuf {
@@ -136,7 +146,7 @@ fn no_gpu_and_no_nvrtc_are_clear_errors() {
     let out = kfuse(&["run", &giou(), "--device", "cuda", "--input", &format!("pred={p}"), "--input", &format!("target={t}")]);
     fails_with(&out, &["CUDA driver is not available"]);
     // Without libnvrtc on the library path, compiling is an error that says what to install.
-    let out = Command::new(env!("CARGO_BIN_EXE_kfuse"))
+    let out = Command::new(kfuse_exe())
         .args(["compile", &giou(), "--arch", "sm_90"])
         .env("LD_LIBRARY_PATH", d.path())
         .env("KFUSE_CACHE_DIR", d.path().join("cache"))
