@@ -224,7 +224,8 @@ impl Op {
                 f(b);
                 f(c)
             }
-            Op::Stack(l) => lists[l.0 as usize].iter().copied().for_each(f),
+            // A list id out of range (a malformed graph) has no operands; the verifier reports it.
+            Op::Stack(l) => lists.get(l.0 as usize).into_iter().flatten().copied().for_each(f),
             Op::Reduce { x, mask, .. } => {
                 f(x);
                 if let Some(m) = mask {
@@ -310,8 +311,9 @@ impl Graph {
     pub fn input(&self, id: InputId) -> &Input {
         &self.inputs[id.0 as usize]
     }
+    /// The parts of a stack (empty for a list id out of range, which the verifier rejects).
     pub fn list(&self, id: ListId) -> &[NodeId] {
-        &self.lists[id.0 as usize]
+        self.lists.get(id.0 as usize).map_or(&[], |l| l.as_slice())
     }
     pub fn operands(&self, id: NodeId) -> Vec<NodeId> {
         let mut v = Vec::new();

@@ -102,3 +102,14 @@ fn binding_checks_inputs() {
     let e = SymbolBindings::bind(&g, &[("pred", &target), ("target", &target)]).unwrap_err();
     assert!(e.to_string().contains("dtype f16"));
 }
+
+#[test]
+fn verifier_rejects_a_stack_of_a_missing_list_without_panicking() {
+    let (mut b, p, _) = giou_like();
+    let c = b.component(p, 0).unwrap();
+    let s = b.stack(&[c, c]).unwrap();
+    b.output("s", s).unwrap();
+    let mut g = b.finish().unwrap();
+    g.lists.clear();
+    assert!(matches!(verify(&g), Err(IrError::Malformed(_))));
+}
