@@ -115,3 +115,25 @@ fn giou_on_a_seed_like_batch_agrees_to_1e5() {
         assert!(rel <= 1e-5, "B={batch} N={n}: loss {:?} vs {:?}, rel err {rel:.2e}", got[0].1.scalar_f64(), want[0].1.scalar_f64());
     }
 }
+
+#[test]
+fn a_new_batch_size_never_recompiles() {
+    let Some(gpu) = gpu_or_skip("a_new_batch_size_never_recompiles") else { return };
+    let src = std::fs::read_to_string(common::examples_dir().join("giou_train.kf")).unwrap();
+    let p = Program::from_source(&src, "examples/giou_train.kf").unwrap();
+    let prog = CudaProgram::prepare(&gpu, &p).unwrap();
+    let compiles = gpu.cache().stats().session.compiles;
+    for (batch, n) in [(1, 1), (7, 300), (1024, 256), (5000, 3)] {
+        let b = kfuse::boxes::generate(batch, n, fresh_seed()).unwrap();
+        let inputs = [("pred", &b.pred), ("target", &b.target)];
+        let got = prog.run(&inputs).unwrap();
+        let want = p.run_cpu(&inputs).unwrap();
+        for ((name, g), (_, w)) in got.iter().zip(&want) {
+            let (rel, _) = compare(g, w);
+            assert!(rel <= 1e-5, "B={batch} N={n} {name}: rel err {rel:.2e}");
+        }
+        // Preparing again (a new op object for the same description) finds the kernels in memory.
+        CudaProgram::prepare(&gpu, &p).unwrap();
+    }
+    assert_eq!(gpu.cache().stats().session.compiles, compiles, "sizes are kernel arguments: no compile after the first");
+}
