@@ -118,7 +118,10 @@ fn giou_on_a_seed_like_batch_agrees_to_1e5() {
 
 #[test]
 fn a_new_batch_size_never_recompiles() {
-    let Some(gpu) = gpu_or_skip("a_new_batch_size_never_recompiles") else { return };
+    let Some(shared) = gpu_or_skip("a_new_batch_size_never_recompiles") else { return };
+    // A private cache, so that kernels compiled by tests running beside this one don't count.
+    let cache = std::sync::Arc::new(kfuse_runtime::KernelCache::memory_only());
+    let gpu = kfuse_runtime::Gpu::open_with_cache(shared.ordinal(), cache).unwrap();
     let src = std::fs::read_to_string(common::examples_dir().join("giou_train.kf")).unwrap();
     let p = Program::from_source(&src, "examples/giou_train.kf").unwrap();
     let prog = CudaProgram::prepare(&gpu, &p).unwrap();
