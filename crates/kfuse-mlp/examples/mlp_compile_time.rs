@@ -4,12 +4,14 @@
 //!
 //! `cargo run --release -p kfuse-mlp --example mlp_compile_time [-- "OPTS" ...]`: each argument
 //! is one whitespace-separated option set (the empty set is always measured first). Env:
-//! KF_MODEL (one model's name), KF_WARPS, KF_R (tile choices), KF_MATH=f32 (SiLU math).
+//! KF_MODEL (one model's name), KF_WARPS, KF_R (tile choices), KF_MATH=f32|tanhf32 (SiLU math),
+//! KF_UNROLL=1 (repeated layers unrolled instead of looped),
+//! KF_DUMP=DIR (writes each model's source and cubin there, for nvdisasm).
 
 use std::time::Instant;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{emit_kernel, ActivationMath, MlpKernelOptions, MlpModel};
+use kfuse_mlp::{emit_kernel, ActivationMath, MlpKernelOptions, MlpModel, RepeatedLayers};
 use kfuse_runtime::{compile, Arch, CompileOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,8 +37,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let model = MlpModel::load(write_model(dir.path(), name, &spec)?)?;
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
         let mut kopts = MlpKernelOptions { warps: env("KF_WARPS"), row_tiles_per_warp: env("KF_R"), ..MlpKernelOptions::default() };
-        if std::env::var("KF_MATH").is_ok_and(|v| v == "f32") {
-            kopts.activation_math = ActivationMath::F32;
+        match std::env::var("KF_MATH").as_deref() {
+            Ok("f32") => kopts.activation_math = ActivationMath::F32,
+            Ok("tanhf32") => kopts.activation_math = ActivationMath::TanhF32,
+            _ => {}
+        }
+        if std::env::var("KF_UNROLL").is_ok_and(|v| v == "1") {
+            kopts.repeated_layers = RepeatedLayers::Unrolled;
         }
         let kernel = emit_kernel(&model, &kopts)?;
         println!("{name}: {} warps x {} row tiles, {} B shared", kernel.warps, kernel.row_tiles_per_warp, kernel.shared_bytes);
@@ -48,6 +55,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t = Instant::now();
             let m = compile(&kernel.source, &opts)?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
+            if let Ok(d) = std::env::var("KF_DUMP") {
+                std::fs::write(format!("{d}/{name}.cu"), &kernel.source)?;
+                std::fs::write(format!("{d}/{name}.cubin"), &m.cubin)?;
+            }
             let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
             let ptxas = m.log.lines().find(|l| l.contains("Compile time")).unwrap_or("").trim().to_string();
             println!("{name:14} {:40} {ms:7.0} ms cubin {:6} B | {regs} | {ptxas}", format!("{set:?}"), m.cubin.len());

@@ -5,15 +5,16 @@
 //! `mlp_tune [OUT.jsonl [MODEL_DIR]]`: one JSON report per line to OUT.jsonl when given; the
 //! models (model.json + safetensors) are written to MODEL_DIR when given, for `kfuse mlp bench`. Run with a fresh
 //! KFUSE_CACHE_DIR so that each variant's first call is a cold compile. Prints SKIPPED without
-//! a GPU.
+//! a GPU. Env: KF_MODEL runs one model only.
 
 use std::io::Write;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{bench_gpu, ActivationMath, BenchOptions, CompileEffort, MlpModel};
+use kfuse_mlp::{bench_gpu, ActivationMath, BenchOptions, CompileEffort, MlpModel, RepeatedLayers};
 
-/// (warps, row tiles, activation math, compile effort); `None` = the generator's default.
-type Variant = (Option<u32>, Option<u32>, ActivationMath, CompileEffort);
+/// (warps, row tiles, activation math, compile effort, repeated layers); `None` = the generator's
+/// default.
+type Variant = (Option<u32>, Option<u32>, ActivationMath, CompileEffort, RepeatedLayers);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gpu = match kfuse_runtime::open_default() {
@@ -35,27 +36,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => tmp.path().to_path_buf(),
     };
-    use ActivationMath::{Packed, F32};
+    use ActivationMath::{Packed, TanhF32};
     use CompileEffort::Full;
-    let d: Variant = (None, None, Packed, Full);
-    let old: Variant = (Some(8), Some(4), Packed, Full);
+    use RepeatedLayers::{Loop, Unrolled};
+    let d: Variant = (None, None, Packed, Full, Loop);
+    let unrolled: Variant = (None, None, Packed, Full, Unrolled);
     let models: [(&str, Vec<usize>, &str, bool, Vec<Variant>); 3] = [
-        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, vec![d, old, (Some(16), Some(2), Packed, Full), d]),
-        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, vec![d, (Some(12), Some(1), Packed, Full), d]),
-        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, vec![d, (None, None, F32, Full), (Some(12), Some(1), Packed, Full), d]),
+        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, vec![d, unrolled, d, unrolled]),
+        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, vec![d, unrolled, d, unrolled]),
+        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, vec![d, (None, None, TanhF32, Full, Loop), (Some(12), Some(2), Packed, Full, Loop), (Some(12), Some(2), TanhF32, Full, Loop), d]),
     ];
+    let only = std::env::var("KF_MODEL").ok();
     let mut table = Vec::new();
     for (name, widths, act, bias, variants) in models {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let mut spec = ModelSpec::new(&widths, act);
         spec.with_bias = bias;
         let model = MlpModel::load(write_model(&dir, name, &spec)?)?;
-        for (warps, r, math, effort) in variants {
-            let opts = BenchOptions { warps, row_tiles_per_warp: r, activation_math: math, compile_effort: effort, ..BenchOptions::default() };
-            let label = format!("{name} w{} r{} {math:?} {effort:?}", warps.map_or("-".into(), |w| w.to_string()), r.map_or("-".into(), |r| r.to_string()));
+        for (warps, r, math, effort, repeated) in variants {
+            let opts = BenchOptions { warps, row_tiles_per_warp: r, activation_math: math, compile_effort: effort, repeated_layers: repeated, ..BenchOptions::default() };
+            let label = format!("{name} w{} r{} {math:?} {effort:?} {repeated:?}", warps.map_or("-".into(), |w| w.to_string()), r.map_or("-".into(), |r| r.to_string()));
             match bench_gpu(&gpu, &model, &opts) {
                 Ok(rep) => {
                     let line = format!(
-                        "{label:44} {:2}x{:2} {:8.4} ms {:6.1} TF/s {:5.0} GB/s first {:6.0} ms rel {:.2e} worst row {:.2e} nonfinite {}",
+                        "{label:52} {:2}x{:2} {:8.4} ms {:6.1} TF/s {:5.0} GB/s first {:6.0} ms rel {:.2e} worst row {:.2e} nonfinite {}",
                         rep.warps_per_block.unwrap_or(0),
                         rep.rows_per_warp.unwrap_or(0) / 16,
                         rep.kernel_ms_median,
@@ -73,8 +79,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     }
                 }
                 Err(e) => {
-                    println!("{label:44} FAILED: {e}");
-                    table.push(format!("{label:44} FAILED: {e}"));
+                    println!("{label:52} FAILED: {e}");
+                    table.push(format!("{label:52} FAILED: {e}"));
                 }
             }
         }

@@ -8,7 +8,7 @@ use kfuse_runtime::{Gpu, KernelArg};
 use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
 use crate::gpu::prepare_with;
-use crate::kernel::{ActivationMath, CompileEffort, MlpKernelOptions};
+use crate::kernel::{ActivationMath, CompileEffort, MlpKernelOptions, RepeatedLayers};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
 
@@ -39,11 +39,13 @@ pub struct BenchOptions {
     pub activation_math: ActivationMath,
     /// NVRTC's optimisation effort.
     pub compile_effort: CompileEffort,
+    /// Runs of identical hidden layers: a loop or unrolled.
+    pub repeated_layers: RepeatedLayers,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full }
+        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Loop }
     }
 }
 
@@ -143,6 +145,7 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
         row_tiles_per_warp: opts.row_tiles_per_warp,
         activation_math: opts.activation_math,
         compile_effort: opts.compile_effort,
+        repeated_layers: opts.repeated_layers,
     };
     let (prepared, first_call_ms) = prepare_with(gpu, model, &kopts)?;
     let (_, cached_call_ms) = prepare_with(gpu, model, &kopts)?;

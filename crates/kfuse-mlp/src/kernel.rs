@@ -7,9 +7,11 @@
 //! f32/f16/bf16 inputs and outputs. Does not handle: models whose weights do not fit in shared
 //! memory or whose layers are too wide for register-resident activations (K + N > 640 padded);
 //! [`emit_kernel`] reports those as errors and `tiled.rs` runs them instead.
-//! Activations: ReLU is fused into the f32→f16/bf16 conversion (exact); SiLU of f16 models runs on
-//! packed f16 pairs (see `kf_silu_f16x2` in mlp_prelude.cuh: a few f16 ulps of the row's scale;
-//! [`ActivationMath::F32`] for the f32 form); other expressions are f32 device functions from
+//! Activations: ReLU is fused into the f32→f16/bf16 conversion (exact); SiLU of hidden layers is
+//! `h + h·tanh(h)` with `h = x/2`, the ½ folded into the layer's weights and bias on the host, on
+//! packed f16 pairs for f16 models (see `kf_silu_half_f16x2` in mlp_prelude.cuh: a few f16 ulps of
+//! the row's scale; [`ActivationMath::TanhF32`] and [`ActivationMath::F32`] for f32 forms); other
+//! expressions are f32 device functions from
 //! kfuse-codegen, compiled with approximate division (see `FAST_MATH_OPTIONS`).
 //! Pure: no GPU, no I/O; the same model and options give the same bytes.
 
@@ -55,10 +57,15 @@ const MAX_FUSED_K_PLUS_N: usize = 640;
 /// How the fused kernel evaluates SiLU (every other activation is unaffected).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ActivationMath {
-    /// f16 models: SiLU on packed f16 pairs through `tanh.approx.f16x2` (one MUFU op per two
-    /// elements; error a few f16 ulps of the row's scale). bf16 models use [`Self::F32`]'s form.
+    /// f16 models: hidden SiLU as `h + h·tanh(h)` on packed f16 pairs (`tanh.approx.f16x2`, which
+    /// sm_90 runs as two MUFU.TANH.F16; error a few f16 ulps of the row's scale), with the layer's
+    /// weights and bias halved on the host so that the accumulators hold `h = x/2`. bf16 models
+    /// use [`Self::F32`]'s form.
     #[default]
     Packed,
+    /// Hidden SiLU as `h + h·tanh(h)` in f32 (`tanh.approx.f32`, one MUFU op and one FMA per
+    /// element), with the ½ folded into the weights as for [`Self::Packed`]; any model dtype.
+    TanhF32,
     /// SiLU in f32 as `x * rcp(1 + exp(-x))` with approximate exp and reciprocal (two MUFU ops
     /// per element; error far under the storage rounding).
     F32,
@@ -72,6 +79,19 @@ pub enum CompileEffort {
     Full,
     /// `--Ofast-compile=min`: NVRTC's mildest fast-compile level.
     Reduced,
+}
+
+/// How consecutive identical hidden layers (same width in and out, bias presence, activation) are
+/// emitted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RepeatedLayers {
+    /// One run-time loop over the run (`kf_hidden_loop`): one copy of the layer's code, so NVRTC
+    /// compiles less (the first call's time), at the price of moving the result back into the
+    /// loop's fragment registers after each layer.
+    #[default]
+    Loop,
+    /// Every layer unrolled (the compiler sees the whole chain).
+    Unrolled,
 }
 
 /// NVRTC options of every fused kernel: approximate division and square root and f32 denormals
@@ -96,11 +116,22 @@ pub struct MlpKernelOptions {
     pub activation_math: ActivationMath,
     /// NVRTC's optimisation effort.
     pub compile_effort: CompileEffort,
+    /// Runs of identical hidden layers: a loop or unrolled.
+    pub repeated_layers: RepeatedLayers,
 }
 
 impl Default for MlpKernelOptions {
     fn default() -> Self {
-        MlpKernelOptions { in_dtype: DType::F16, out_dtype: DType::F16, shared_limit: H100_SHARED_LIMIT, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full }
+        MlpKernelOptions {
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            shared_limit: H100_SHARED_LIMIT,
+            warps: None,
+            row_tiles_per_warp: None,
+            activation_math: ActivationMath::Packed,
+            compile_effort: CompileEffort::Full,
+            repeated_layers: RepeatedLayers::Loop,
+        }
     }
 }
 
@@ -164,8 +195,9 @@ struct LayerLayout {
     b_off: usize,
 }
 
-/// Packs every layer's weights into mma B-fragment order and appends the f32 biases.
-fn pack_params(model: &MlpModel) -> (Vec<u8>, Vec<LayerLayout>) {
+/// Packs every layer's weights into mma B-fragment order and appends the f32 biases; layers with
+/// `halved[i]` get weights and bias times ½ (SiLU's `h = x/2`, see [`ActivationMath::Packed`]).
+fn pack_params(model: &MlpModel, halved: &[bool]) -> (Vec<u8>, Vec<LayerLayout>) {
     let mut blob: Vec<u8> = Vec::new();
     let mut layouts = Vec::with_capacity(model.layers.len());
     let last = model.layers.len() - 1;
@@ -173,9 +205,10 @@ fn pack_params(model: &MlpModel) -> (Vec<u8>, Vec<LayerLayout>) {
         let k_pad = round_up(layer.inputs, 16);
         let n_pad = if li == last { round_up(layer.outputs, 8) } else { round_up(layer.outputs, 16) };
         let w_off = blob.len();
+        let scale = if halved.get(li).copied().unwrap_or(false) { 0.5f32 } else { 1.0 };
         let at = |n: usize, k: usize| -> u16 {
             if n < layer.outputs && k < layer.inputs {
-                bits16(model.dtype, layer.weight[n * layer.inputs + k])
+                bits16(model.dtype, scale * layer.weight[n * layer.inputs + k])
             } else {
                 0
             }
@@ -198,7 +231,7 @@ fn pack_params(model: &MlpModel) -> (Vec<u8>, Vec<LayerLayout>) {
         let b_off = blob.len();
         if let Some(b) = &layer.bias {
             for i in 0..n_pad {
-                blob.extend_from_slice(&b.get(i).copied().unwrap_or(0.0).to_le_bytes());
+                blob.extend_from_slice(&(scale * b.get(i).copied().unwrap_or(0.0)).to_le_bytes());
             }
         }
         blob.resize(round_up(blob.len(), 16), 0);
@@ -230,7 +263,12 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     if let Some(r) = opts.row_tiles_per_warp.filter(|r| !(1..=8).contains(r)) {
         return Err(MlpError::TooLarge { what: "row tiles per warp (1..=8)", value: u64::from(r), limit: 8 });
     }
-    let (params, layouts) = pack_params(model);
+    // Hidden SiLU layers whose kernel form takes h = x/2 from the accumulators.
+    let last = model.layers.len() - 1;
+    let packed_silu = opts.activation_math == ActivationMath::Packed && model.dtype == DType::F16;
+    let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
+    let halved: Vec<bool> = model.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu).collect();
+    let (params, layouts) = pack_params(model, &halved);
     for (i, l) in layouts.iter().enumerate() {
         if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
             return Err(MlpError::SharedMemory {
@@ -327,7 +365,6 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     }
     src.push('\n');
     src.push_str(FAST_MATH);
-    let last = model.layers.len() - 1;
     // The KfAct structs use the prelude's helpers, so they go after it.
     let mut act_structs = String::new();
     for (i, layer) in model.layers.iter().enumerate() {
@@ -340,11 +377,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             src.push_str(f.trim_end());
             src.push('\n');
         }
-        let packed_silu = opts.activation_math == ActivationMath::Packed && model.dtype == DType::F16;
         let body = match (i == last, kind) {
             (false, ActivationKind::Identity) => "kf_pack2(lo, hi)".to_string(),
             (false, ActivationKind::Relu) => "kf_pack2_relu(lo, hi)".to_string(),
-            (false, ActivationKind::Silu) if packed_silu => "kf_silu_f16x2(lo, hi)".to_string(),
+            (false, ActivationKind::Silu) if packed_silu => "kf_silu_half_f16x2(lo, hi)".to_string(),
+            (false, ActivationKind::Silu) if half_silu => "kf_pack2(kf_silu_half_f32(lo), kf_silu_half_f32(hi))".to_string(),
             (false, ActivationKind::Silu) => "kf_pack2(kf_silu_f32(lo), kf_silu_f32(hi))".to_string(),
             (false, _) => format!("kf_pack2(kf_act_{i}(lo), kf_act_{i}(hi))"),
             (true, ActivationKind::Identity) => "x".to_string(),
@@ -366,8 +403,45 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let _ = writeln!(src, "// The layers in order; h<i> holds layer i's input fragments.");
     let _ = writeln!(src, "__device__ __forceinline__ void kf_forward(const unsigned (&h0)[KF_R][KF_KT0][4], unsigned char* __restrict__ out_tile,");
     let _ = writeln!(src, "                                           const unsigned char* __restrict__ smem, int lane) {{");
+    // Hidden layer j continues layer i's run when it is square like i, identical to it, and its
+    // parameters sit one stride further (a loop then addresses them as W_OFF + l * STRIDE).
+    let same = |i: usize, j: usize| {
+        let (a, b) = (&model.layers[i], &model.layers[j]);
+        let (la, lb) = (&layouts[i], &layouts[j]);
+        j < last
+            && a.inputs == a.outputs
+            && la.k_pad == la.n_pad
+            && (a.inputs, a.outputs) == (b.inputs, b.outputs)
+            && a.bias.is_some() == b.bias.is_some()
+            && a.activation.expression == b.activation.expression
+            && halved[i] == halved[j]
+            && lb.w_off - la.w_off == (j - i) * (layouts[i + 1].w_off - la.w_off)
+            && lb.b_off - lb.w_off == la.b_off - la.w_off
+    };
+    let mut skip_to = 0;
     for (i, (layer, l)) in model.layers.iter().zip(&layouts).enumerate() {
+        if i < skip_to {
+            continue;
+        }
         let has_bias = usize::from(layer.bias.is_some());
+        let run = if opts.repeated_layers == RepeatedLayers::Loop && i != last { (i + 1..last).take_while(|&j| same(i, j)).count() + 1 } else { 1 };
+        if run >= 2 {
+            let kt = l.k_pad / 16;
+            let stride = layouts[i + 1].w_off - l.w_off;
+            let b_rel = if has_bias == 1 { l.b_off - l.w_off } else { 0 };
+            let _ = writeln!(src, "    unsigned h{}[KF_R][{kt}][4];", i + run);
+            let _ = writeln!(src, "    kf_copy_frags<{kt}>(h{i}, h{});", i + run);
+            let _ = writeln!(
+                src,
+                "    kf_hidden_loop<{kt}, {run}, {}, {stride}, {b_rel}, {}, {has_bias}, KfAct{i}>(h{}, smem, lane);  // layers {i}..={}",
+                l.w_off,
+                layer.outputs,
+                i + run,
+                i + run - 1
+            );
+            skip_to = i + run;
+            continue;
+        }
         let kt = l.k_pad / 16;
         let off = |o: usize| if has_bias == 1 || o != l.b_off { o } else { 0 };
         if i == last {

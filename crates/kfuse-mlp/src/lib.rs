@@ -23,6 +23,6 @@ pub use bench::{bench_gpu, measure_ceilings, BenchOptions, BenchReport};
 pub use cpu::{check_input, compare_rows, erf_f64, evaluate_cpu, reference_f64, run_cpu, run_cpu_as, ErrorReport};
 pub use error::{MlpError, Result};
 pub use gpu::{prepare, prepare_with, run_gpu, PreparedMlp};
-pub use kernel::{emit_kernel, fusable, ActivationMath, CompileEffort, MlpKernel, MlpKernelOptions, H100_SHARED_LIMIT};
+pub use kernel::{emit_kernel, fusable, ActivationMath, CompileEffort, MlpKernel, MlpKernelOptions, RepeatedLayers, H100_SHARED_LIMIT};
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
 pub use tiled::{emit_tiled, TiledLayerKernel, TiledPlan};

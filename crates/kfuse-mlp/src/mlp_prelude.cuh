@@ -112,19 +112,28 @@ __device__ __forceinline__ float kf_silu_f32(float x) {
     return x * r;
 }
 
-// SiLU on a pair, packed f16 (f16 models, KF_ACT_MATH packed): silu(x) = h + h * tanh(h) with
-// h = x / 2, evaluated on f16x2 values: one MUFU.TANH per two elements instead of two MUFU ops
-// per element. The pre-activation is rounded to f16 first, saturating (|x| > 65504 becomes
-// +-65504, so silu of a huge negative value is 0 rather than -inf + inf). Error: tanh.approx's
-// (about 2^-11 absolute near +-1) scaled by |h|, i.e. at most a few f16 ulps of the row's scale
-// (largest relative to the value itself in the far negative tail, where silu is tiny).
-__device__ __forceinline__ unsigned kf_silu_f16x2(float lo, float hi) {
-    unsigned x, h, t, y;
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(x) : "f"(hi), "f"(lo));
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(h) : "r"(x), "r"(0x38003800u));  // 0x3800 = 0.5
+// SiLU of a pair from accumulators that hold h = x / 2: silu(x) = x * sigmoid(x) = h + h * tanh(h).
+// The host halves the layer's weights and bias (exact for f16 values above 2^-13 and for f32
+// biases; subnormal f16 weights lose at most one bit, 2^-25 absolute), so no multiply by 1/2 here.
+//
+// Packed f16 (f16 models, ActivationMath::Packed): h is rounded to f16 saturating (|h| > 65504
+// becomes +-65504, so silu of a huge negative value is 0 rather than -inf + inf), one
+// tanh.approx.f16x2 (two MUFU.TANH.F16 on sm_90, no packed form) and one f16x2 FMA. Error:
+// tanh.approx's (about 2^-11 absolute near +-1) scaled by |h|, i.e. at most a few f16 ulps of the
+// row's scale (largest relative to the value itself in the far negative tail, where silu is tiny).
+__device__ __forceinline__ unsigned kf_silu_half_f16x2(float hlo, float hhi) {
+    unsigned h, t, y;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hhi), "f"(hlo));
     asm("tanh.approx.f16x2 %0, %1;" : "=r"(t) : "r"(h));
     asm("fma.rn.f16x2 %0, %1, %2, %1;" : "=r"(y) : "r"(h), "r"(t));
     return y;
+}
+// The same in f32 (ActivationMath::TanhF32, any compute dtype): one MUFU.TANH (f32) and one FFMA
+// per element, then one conversion per pair; error about 2^-11 relative to |h|.
+__device__ __forceinline__ float kf_silu_half_f32(float h) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(h));
+    return __fmaf_rn(h, t, h);
 }
 
 // One 16-bit value (low half of `bits`) to f32.
@@ -193,11 +202,12 @@ __device__ __forceinline__ void kf_store_pair(unsigned char* tile, int row, int 
 //   N_REAL  the real output width; columns at or past it are padding, forced to zero
 //   Act     `static unsigned pack(float lo, float hi)`: the activation of two adjacent columns,
 //           packed into one compute-dtype pair
-template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
-__device__ __forceinline__ void kf_hidden_layer(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
-                                                const unsigned char* __restrict__ smem, int lane) {
-    const uint4* w = reinterpret_cast<const uint4*>(smem + W_OFF) + lane;
-    const float* bias = reinterpret_cast<const float*>(smem + B_OFF);
+// kf_hidden_layer_at is its body, with the weights at `wp` and the biases at `bias` (run-time
+// addresses in shared memory, for kf_hidden_loop); kf_hidden_layer (below) the compile-time form.
+template <int KT, int NT16, int N_REAL, int HAS_BIAS, class Act>
+__device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
+                                                   const unsigned char* __restrict__ wp, const float* __restrict__ bias, int lane) {
+    const uint4* w = reinterpret_cast<const uint4*>(wp) + lane;
     const int quad = lane & 3;  // this thread's column pair (2 * quad, 2 * quad + 1) in an n8 tile
 #pragma unroll
     for (int j = 0; j < NT16; ++j) {
@@ -244,6 +254,49 @@ __device__ __forceinline__ void kf_hidden_layer(const unsigned (&a)[KF_R][KT][4]
             h[r][j][1] = Act::pack(acc[r][0][2], acc[r][0][3]) & mask_lo;
             h[r][j][2] = Act::pack(acc[r][1][0], acc[r][1][1]) & mask_hi;
             h[r][j][3] = Act::pack(acc[r][1][2], acc[r][1][3]) & mask_hi;
+        }
+    }
+}
+
+template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
+__device__ __forceinline__ void kf_hidden_layer(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
+                                                const unsigned char* __restrict__ smem, int lane) {
+    kf_hidden_layer_at<KT, NT16, N_REAL, HAS_BIAS, Act>(a, h, smem + W_OFF, reinterpret_cast<const float*>(smem + B_OFF), lane);
+}
+
+// Copies a fragment array (the input of a kf_hidden_loop, which works in place).
+template <int KT>
+__device__ __forceinline__ void kf_copy_frags(const unsigned (&src)[KF_R][KT][4], unsigned (&dst)[KF_R][KT][4]) {
+#pragma unroll
+    for (int r = 0; r < KF_R; ++r) {
+#pragma unroll
+        for (int k = 0; k < KT; ++k) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dst[r][k][c] = src[r][k][c];
+        }
+    }
+}
+
+// COUNT identical square hidden layers (same width KT * 16 in and out, N_REAL, bias presence and
+// activation) whose parameters follow each other STRIDE bytes apart from W_OFF (biases at W_OFF +
+// B_REL of each), applied in place to `h` in a run-time loop: one copy of the layer's code instead
+// of COUNT unrolled ones (NVRTC's time grows with the unrolled code). The register arrays are
+// still indexed by constants only: the layer's own loops are unrolled, and the result is moved
+// back into `h` element by element.
+template <int KT, int COUNT, int W_OFF, int STRIDE, int B_REL, int N_REAL, int HAS_BIAS, class Act>
+__device__ __forceinline__ void kf_hidden_loop(unsigned (&h)[KF_R][KT][4], const unsigned char* __restrict__ smem, int lane) {
+#pragma unroll 1
+    for (int l = 0; l < COUNT; ++l) {
+        const unsigned char* wp = smem + W_OFF + l * STRIDE;
+        unsigned t[KF_R][KT][4];
+        kf_hidden_layer_at<KT, KT, N_REAL, HAS_BIAS, Act>(h, t, wp, reinterpret_cast<const float*>(wp + B_REL), lane);
+#pragma unroll
+        for (int r = 0; r < KF_R; ++r) {
+#pragma unroll
+            for (int k = 0; k < KT; ++k) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) h[r][k][c] = t[r][k][c];
+            }
         }
     }
 }
