@@ -38,7 +38,8 @@ pub(crate) struct BufferIndex {
 enum Action {
     Update { op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: Vec<Coord>, accs: Vec<String> },
     Store { output: usize, values: Vec<(NodeId, Vec<Coord>)> },
-    /// Appends `(i, values)` to the one-pass list (one atomic per warp).
+    /// Appends `(i, values)` to the block's segment of the one-pass list (one shared-memory
+    /// atomic per warp).
     Append { values: Vec<(NodeId, Vec<Coord>)> },
 }
 
@@ -240,7 +241,7 @@ pub(crate) fn emit_kernel(
         temps_written.push(t);
     }
     if onepass.is_some() {
-        ep.push_stmt("list_count[0] = atomicExch(list_slots, 0ull); // the list length for the next kernel; the slot counter is reset".to_string());
+        ep.push_stmt("list_grid[0] = gridDim.x; // one list segment per block, for the next kernel".to_string());
     }
     let (epilogue, ep_uses) = ep.into_lines();
     uses.inputs.extend(ep_uses.inputs);
@@ -288,13 +289,16 @@ pub(crate) fn emit_kernel(
     if let Some(b) = onepass {
         params.push((Param::Buffer(b.index), "unsigned long long* __restrict__ list_index".into(), "flat indices of the listed entries".into()));
         params.push((Param::Buffer(b.values), "float* __restrict__ list_values".into(), format!("{} unscaled f32 values per listed entry", b.pass.comps)));
-        params.push((Param::Buffer(b.slots), "unsigned long long* __restrict__ list_slots".into(), "list slot counter: 0 at launch, left at 0".into()));
-        params.push((Param::Buffer(b.count), "unsigned long long* __restrict__ list_count".into(), "list length, written here for a later kernel".into()));
+        params.push((Param::Buffer(b.grid), "unsigned long long* __restrict__ list_grid".into(), "this grid's size (list segments), written here for a later kernel".into()));
     }
     let n_slots = slots.len();
     if n_slots > 0 {
         let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without partials" })?;
-        params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
+        let note = match onepass {
+            Some(_) => format!("{n_slots} f64 partial slots per block and the list segment's length, slot-major"),
+            None => format!("{n_slots} f64 partial slots per block, slot-major"),
+        };
+        params.push((Param::Buffer(p), "double* __restrict__ partials".into(), note));
         params.push((Param::Buffer(c), "unsigned int* __restrict__ counter".into(), "ticket: 0 at launch, left at 0".into()));
     }
     for &s in &uses.syms {
@@ -345,6 +349,12 @@ pub(crate) fn emit_kernel(
     for (s, (_, init, what)) in slots.iter().enumerate() {
         let _ = writeln!(src, "    double acc{s} = {init}; // {what}");
     }
+    if onepass.is_some() {
+        if row_mode {
+            return Err(CodegenError::Internal { node: 0, what: "one-pass list in row mode" });
+        }
+        write_list_segment(&mut src);
+    }
     if row_mode {
         src.push_str("    // One warp per row; its lanes stride over the row's columns.\n");
         src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += ((long long)gridDim.x * blockDim.x) >> 5) {\n");
@@ -360,7 +370,11 @@ pub(crate) fn emit_kernel(
         write_batched_loop(&mut src, &prefetch, &body);
     }
     if n_slots > 0 {
-        write_reduction_tail(&mut src, &slots, &epilogue);
+        let publish = match onepass {
+            Some(_) => vec![format!("partials[{n_slots}u * gridDim.x + blockIdx.x] = __longlong_as_double((long long)kf_list_n); // segment length (the block sums above synchronised the block)")],
+            None => Vec::new(),
+        };
+        write_reduction_tail(&mut src, &slots, &publish, &epilogue);
     } else if !epilogue.is_empty() {
         src.push_str("    if (blockIdx.x == 0 && threadIdx.x == 0) {\n");
         for l in &epilogue {
@@ -421,9 +435,22 @@ fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body
     src.push_str("        }\n    }\n");
 }
 
-/// Block reduction, per-block partials, the ticket, and the last block's fixed-order final
-/// reduction followed by the epilogue.
-fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String]) {
+/// The one-pass list's per-block segment. Thread `t` of the grid-stride loop owns the elements
+/// `t, t + S, ...` (`S` threads in all): `q = n / S` of them, one more when `t < n % S`; so the
+/// threads before block `b`'s first thread `T` own `T * q + min(T, n % S)` elements, and block
+/// `b`'s entries fit in a segment that starts there. A shared-memory slot counter numbers them.
+fn write_list_segment(src: &mut String) {
+    src.push_str("    // One-pass list: this block appends to its own segment, numbered by a shared-memory counter.\n");
+    src.push_str("    __shared__ unsigned long long kf_list_n; // entries this block listed\n");
+    src.push_str("    if (threadIdx.x == 0) kf_list_n = 0ull;\n    __syncthreads();\n");
+    src.push_str("    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;\n");
+    src.push_str("    const long long kf_list_r = n % kf_list_s;\n");
+    src.push_str("    const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block\n");
+}
+
+/// Block reduction, per-block partials (then `publish`, thread 0's extra per-block writes), the
+/// ticket, and the last block's fixed-order final reduction followed by the epilogue.
+fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, String)], publish: &[String], epilogue: &[String]) {
     let block_fn = |c: Combine| match c {
         Combine::Sum => "kf_block_sum",
         Combine::Max => "kf_block_max",
@@ -437,6 +464,9 @@ fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, String)], e
     src.push_str("    if (threadIdx.x == 0) {\n");
     for s in 0..slots.len() {
         let _ = writeln!(src, "        partials[{s}u * gridDim.x + blockIdx.x] = acc{s};");
+    }
+    for l in publish {
+        let _ = writeln!(src, "        {l}");
     }
     src.push_str("        __threadfence(); // publish the partials before taking a ticket\n");
     src.push_str("        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;\n    }\n");
@@ -476,13 +506,13 @@ fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), Co
                 for (n, ctx) in values {
                     vals.push(em.eval(*n, ctx)?);
                 }
-                em.push_stmt("// Append (i, unscaled values) to the list: one atomic per warp, any order.".to_string());
+                em.push_stmt("// Append (i, unscaled values) to this block's list segment: one shared atomic per warp, any order.".to_string());
                 em.push_stmt("const unsigned kf_active = __activemask();".to_string());
                 em.push_stmt("const unsigned kf_leader = __ffs(kf_active) - 1u;".to_string());
                 em.push_stmt("const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));".to_string());
                 em.push_stmt("unsigned long long kf_base = 0ull;".to_string());
-                em.push_stmt("if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));".to_string());
-                em.push_stmt("const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;".to_string());
+                em.push_stmt("if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(&kf_list_n, (unsigned long long)__popc(kf_active));".to_string());
+                em.push_stmt("const unsigned long long kf_slot = (unsigned long long)kf_list_base + __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;".to_string());
                 em.push_stmt("list_index[kf_slot] = (unsigned long long)i;".to_string());
                 match cuda::vector_type(DType::F32, vals.len() as u64) {
                     Some(vty) => em.push_stmt(format!("reinterpret_cast<{vty}*>(list_values)[kf_slot] = {};", cuda::vector_pack(DType::F32, &vals))),

@@ -89,22 +89,25 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         let dtype = temp_dtype(graph.node(n).dtype);
         buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::Tensor(dtype), elems: SizeExpr::constant(1) });
     }
+    let pass = onepass::detect(graph, &an);
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
         if info.slots == 0 {
             reduction.push(None);
             continue;
         }
+        // A one-pass kernel 0 keeps one more slot per block: its list segment's length.
+        let slots = info.slots + u32::from(k == 0 && pass.is_some());
         let p = buffers.len();
         buffers.push(BufferDecl {
-            kind: BufferKind::Partials { kernel: k, slots_per_block: info.slots },
+            kind: BufferKind::Partials { kernel: k, slots_per_block: slots },
             elem: ElemType::F64,
-            elems: SizeExpr::constant(u64::from(info.slots)),
+            elems: SizeExpr::constant(u64::from(slots)),
         });
         buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(1) });
         reduction.push(Some((p, p + 1)));
     }
-    let onepass = match onepass::detect(graph, &an) {
+    let onepass = match pass {
         Some(pass) => {
             let dims = &an.kernels[0].dims;
             let elems = kernel::size_expr(dims)?;
@@ -113,9 +116,10 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             let first = buffers.len();
             buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::U64, elems });
             buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::Tensor(kfuse_ir::DType::F32), elems: values });
-            buffers.push(BufferDecl { kind: BufferKind::ListCounter { kernel: 0 }, elem: ElemType::U64, elems: SizeExpr::constant(1) });
             buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::U64, elems: SizeExpr::constant(1) });
-            Some(onepass::OnePassBuffers { pass, index: first, values: first + 1, slots: first + 2, count: first + 3 })
+            let (partials, _) = reduction[0].ok_or(CodegenError::Internal { node: pass.scale.0, what: "one-pass kernel 0 without partials" })?;
+            let length_slot = an.kernels[0].slots;
+            Some(onepass::OnePassBuffers { pass, index: first, values: first + 1, grid: first + 2, partials, length_slot })
         }
         None => None,
     };

@@ -3,10 +3,13 @@
 //! (typically `v = s * h(inputs)` with `s = 1 / max(count(m), 1)`), and plans it as
 //!
 //! - kernel 0 (the reduction kernel): under `m` it also computes `h = v` evaluated with the scale
-//!   `s = 1` and appends `(flat index, h)` to a compact list (any order: an atomic slot counter,
-//!   aggregated per warp); where `m` fails it stores the zeros. Its last block records the list
-//!   length and resets the slot counter.
-//! - kernel 1: `out[index] = s * h` for the listed entries only.
+//!   `s = 1` and appends `(flat index, h)` to its block's segment of a compact list (any order
+//!   within the segment: a shared-memory slot counter, one atomic per warp; no global atomics).
+//!   The segment of block `b` starts at the count of elements the threads of blocks `< b` own in
+//!   the grid-stride loop, so it always fits; each block stores its segment's length in an extra
+//!   partial slot, and the last block records the grid size. Where `m` fails it stores the zeros.
+//! - kernel 1: `out[index] = s * h` for the listed entries only, walking the segments (block
+//!   `b` takes segments `b, b + grid, ...`, so any grid is correct).
 //!
 //! So the predicate's inputs (e.g. `target` under `target[.., 3] != 0`) are read once instead of
 //! twice. The values are deterministic (each entry's value does not depend on the list order), so
@@ -218,10 +221,12 @@ pub(crate) struct OnePassBuffers {
     pub index: usize,
     /// `f32` unscaled values, `comps` per entry.
     pub values: usize,
-    /// `u64` slot counter (zeroed once, left at 0).
-    pub slots: usize,
-    /// `u64` list length, written by kernel 0's last block for kernel 1.
-    pub count: usize,
+    /// `u64` Temp: kernel 0's grid size (one list segment per block), written by its last block.
+    pub grid: usize,
+    /// Kernel 0's partials: slot `length_slot` of block `b` holds the length of `b`'s segment
+    /// (the bits of a `u64` in the `f64` slot).
+    pub partials: usize,
+    pub length_slot: u32,
 }
 
 /// Kernel 1 of a one-pass plan: `out[index] = s * h` over the listed entries.
@@ -275,40 +280,60 @@ pub(crate) fn emit_rescale_kernel(
     let _ = writeln!(src, "    const float* __restrict__ tmp{t}, // n{} f32 scalar from an earlier kernel (the scale)", pass.scale.0);
     src.push_str("    const unsigned long long* __restrict__ list_index, // flat domain indices listed by kernel 0\n");
     let _ = writeln!(src, "    const float* __restrict__ list_values, // {c} unscaled f32 values per entry");
-    src.push_str("    const unsigned long long* __restrict__ list_count // entries listed by kernel 0\n)\n{\n");
-    src.push_str("    const unsigned long long m = list_count[0];\n");
+    let _ = writeln!(src, "    const double* __restrict__ partials, // kernel 0's partials: slot {} holds each segment's length (u64 bits)", bufs.length_slot);
+    src.push_str("    const unsigned long long* __restrict__ list_grid, // kernel 0's grid size: one list segment per block\n");
+    let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: 1 }, an.kernels[1].dims.clone(), 0);
+    let n_expr = em.product(&an.kernels[1].dims);
+    let syms: Vec<kfuse_ir::SymId> = em.uses.syms.iter().copied().collect();
+    for (j, s) in syms.iter().enumerate() {
+        let sep = if j + 1 < syms.len() { "," } else { "" };
+        let _ = writeln!(src, "    long long sz{}{sep} // size {}", s.0, g.symbols[s.0 as usize]);
+    }
+    src.push_str(")\n{\n");
+    let _ = writeln!(src, "    const long long n = {n_expr};");
     let _ = writeln!(src, "    const float kf_s = tmp{t}[0];");
-    src.push_str("    for (unsigned long long j = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; j < m; j += (unsigned long long)gridDim.x * blockDim.x) {\n");
-    src.push_str("        const unsigned long long i = list_index[j];\n");
+    src.push_str("    const unsigned long long kf_grid0 = list_grid[0];\n");
+    let _ = writeln!(src, "    // Kernel 0 ran kf_grid0 blocks of {block} threads; its thread t owned elements t, t + S, ... (S threads).");
+    let _ = writeln!(src, "    const long long kf_s0 = (long long)kf_grid0 * {block}ll, kf_q = n / kf_s0, kf_r = n % kf_s0;");
+    src.push_str("    for (unsigned long long seg = blockIdx.x; seg < kf_grid0; seg += gridDim.x) {\n");
+    let _ = writeln!(src, "        const long long kf_t = (long long)seg * {block}ll;");
+    src.push_str("        const long long kf_base = kf_t * kf_q + (kf_t < kf_r ? kf_t : kf_r); // the segment's first entry\n");
+    let _ = writeln!(src, "        const long long kf_len = __double_as_longlong(partials[{}ull * kf_grid0 + seg]);", bufs.length_slot);
+    src.push_str("        for (long long kf_j = threadIdx.x; kf_j < kf_len; kf_j += blockDim.x) {\n");
+    src.push_str("            const long long j = kf_base + kf_j;\n");
+    src.push_str("            const unsigned long long i = list_index[j];\n");
     if let Some(vty) = hv {
-        let _ = writeln!(src, "        const {vty} kf_h = reinterpret_cast<const {vty}*>(list_values)[j];");
+        let _ = writeln!(src, "            const {vty} kf_h = reinterpret_cast<const {vty}*>(list_values)[j];");
     }
     match cuda::vector_type(d, c as u64) {
         Some(vty) => {
-            let _ = writeln!(src, "        reinterpret_cast<{vty}*>(out{o})[i] = {};", cuda::vector_pack(d, &vals));
+            let _ = writeln!(src, "            reinterpret_cast<{vty}*>(out{o})[i] = {};", cuda::vector_pack(d, &vals));
         }
         None => {
             for (k, v) in vals.iter().enumerate() {
-                let _ = writeln!(src, "        out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v));
+                let _ = writeln!(src, "            out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v));
             }
         }
     }
-    src.push_str("    }\n}\n");
+    src.push_str("        }\n    }\n}\n");
     let dims = &an.kernels[1].dims;
+    let mut params = vec![
+        crate::Param::Buffer(g.inputs.len() + o),
+        crate::Param::Buffer(temps_base + t),
+        crate::Param::Buffer(bufs.index),
+        crate::Param::Buffer(bufs.values),
+        crate::Param::Buffer(bufs.partials),
+        crate::Param::Buffer(bufs.grid),
+    ];
+    params.extend(syms.into_iter().map(crate::Param::Size));
     Ok(crate::Kernel {
         name,
         source: src,
-        params: vec![
-            crate::Param::Buffer(g.inputs.len() + o),
-            crate::Param::Buffer(temps_base + t),
-            crate::Param::Buffer(bufs.index),
-            crate::Param::Buffer(bufs.values),
-            crate::Param::Buffer(bufs.count),
-        ],
+        params,
         block,
-        // The list holds at most one entry per domain element; most launches need far fewer
-        // threads, but the grid is fixed before the length is known (a few blocks per SM).
-        grid: crate::GridSpec::Work { work: crate::kernel::size_expr(dims)?, per_block: u64::from(block) * 8, max_blocks_per_sm: 2 },
+        // One block per segment of kernel 0 when the grids agree (kernel 0's batched grid: one
+        // resident wave of `1024 / block` blocks per SM); any other grid is also correct.
+        grid: crate::GridSpec::Work { work: crate::kernel::size_expr(dims)?, per_block: u64::from(block), max_blocks_per_sm: (1024 / block).max(1) },
         lazy_inputs: Vec::new(),
     })
 }

@@ -70,6 +70,7 @@ pub enum BufferKind {
     Scratch { kernel: usize },
     /// One `u64` slot counter of kernel `kernel` (entries appended to a [`BufferKind::Scratch`]
     /// list): the executor zeroes it ONCE when it allocates it; the kernel leaves it at 0 again.
+    /// (Current plans no longer emit it: one-pass lists number their entries per block.)
     ListCounter { kernel: usize },
 }
 

@@ -185,13 +185,17 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
     let p = plan(&scaled_masked_delta(1), &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 2);
     let k0 = &p.kernels[0].source;
-    assert!(k0.contains("atomicAdd(list_slots"), "kernel 0 lists the valid entries:\n{k0}");
-    assert!(k0.contains("atomicExch(list_slots, 0ull)"), "the slot counter is reset by the last block");
+    assert!(k0.contains("atomicAdd(&kf_list_n"), "kernel 0 lists the valid entries in its block's segment:\n{k0}");
+    assert!(!k0.contains("atomicAdd(list"), "no global list counter:\n{k0}");
+    assert!(k0.contains("partials[1u * gridDim.x + blockIdx.x] = __longlong_as_double((long long)kf_list_n)"), "segment length in the extra slot");
+    assert!(k0.contains("list_grid[0] = gridDim.x;"), "the last block records the grid");
     assert!(k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "kernel 0 writes the zeros");
     let k1 = &p.kernels[1].source;
     assert!(!k1.contains("in1") && !k1.contains("in0"), "kernel 1 reads no input:\n{k1}");
     assert!(k1.contains("kf_s * kf_h.x"));
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::ListCounter { kernel: 0 } && b.elem == ElemType::U64));
+    assert!(k1.contains("partials[1ull * kf_grid0 + seg]"), "kernel 1 walks the segments:\n{k1}");
+    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::ListCounter { .. })));
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 2 } && b.elem == ElemType::F64));
     assert_eq!(p.buffers.iter().filter(|b| b.kind == BufferKind::Scratch { kernel: 0 }).count(), 2);
     // Quadratic in the scale: the two-kernel plan, whose second kernel re-reads the predicate.
     let p = plan(&scaled_masked_delta(2), &opts()).expect("plan");

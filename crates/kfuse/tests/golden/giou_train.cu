@@ -44,9 +44,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     float* __restrict__ tmp1, // n52 f32 scalar, written here for a later kernel
     unsigned long long* __restrict__ list_index, // flat indices of the listed entries
     float* __restrict__ list_values, // 4 unscaled f32 values per listed entry
-    unsigned long long* __restrict__ list_slots, // list slot counter: 0 at launch, left at 0
-    unsigned long long* __restrict__ list_count, // list length, written here for a later kernel
-    double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
+    unsigned long long* __restrict__ list_grid, // this grid's size (list segments), written here for a later kernel
+    double* __restrict__ partials, // 2 f64 partial slots per block and the list segment's length, slot-major
     unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
     long long sz0, // size B
     long long sz1 // size N
@@ -55,6 +54,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n45 where n5 (n46)
     double acc1 = 0.0; // count n5 (n47)
+    // One-pass list: this block appends to its own segment, numbered by a shared-memory counter.
+    __shared__ unsigned long long kf_list_n; // entries this block listed
+    if (threadIdx.x == 0) kf_list_n = 0ull;
+    __syncthreads();
+    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;
+    const long long kf_list_r = n % kf_list_s;
+    const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block
     const long long kf_stride = (long long)gridDim.x * blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
     for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
@@ -186,13 +192,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
                 const float v110 = (v103 ? v109 : 0.0f); // n114
                 const float v111 = (v108 ? v85 : v110); // n116
                 const float v112 = v107 + v111; // n117
-                // Append (i, unscaled values) to the list: one atomic per warp, any order.
+                // Append (i, unscaled values) to this block's list segment: one shared atomic per warp, any order.
                 const unsigned kf_active = __activemask();
                 const unsigned kf_leader = __ffs(kf_active) - 1u;
                 const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
                 unsigned long long kf_base = 0ull;
-                if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(list_slots, (unsigned long long)__popc(kf_active));
-                const unsigned long long kf_slot = __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
+                if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(&kf_list_n, (unsigned long long)__popc(kf_active));
+                const unsigned long long kf_slot = (unsigned long long)kf_list_base + __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
                 list_index[kf_slot] = (unsigned long long)i;
                 reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v68, v90, v101, v112);
             } else {
@@ -208,6 +214,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     if (threadIdx.x == 0) {
         partials[0u * gridDim.x + blockIdx.x] = acc0;
         partials[1u * gridDim.x + blockIdx.x] = acc1;
+        partials[2u * gridDim.x + blockIdx.x] = __longlong_as_double((long long)kf_list_n); // segment length (the block sums above synchronised the block)
         __threadfence(); // publish the partials before taking a ticket
         kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
     }
@@ -235,7 +242,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
         tmp0[0] = v118; // n51 for a later kernel
         const float v119 = -v118; // n52
         tmp1[0] = v119; // n52 for a later kernel
-        list_count[0] = atomicExch(list_slots, 0ull); // the list length for the next kernel; the slot counter is reset
+        list_grid[0] = gridDim.x; // one list segment per block, for the next kernel
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -251,15 +258,27 @@ extern "C" __global__ void __launch_bounds__(256) kf_9df3e9c70aa07e3c_1(
     const float* __restrict__ tmp0, // n51 f32 scalar from an earlier kernel (the scale)
     const unsigned long long* __restrict__ list_index, // flat domain indices listed by kernel 0
     const float* __restrict__ list_values, // 4 unscaled f32 values per entry
-    const unsigned long long* __restrict__ list_count // entries listed by kernel 0
+    const double* __restrict__ partials, // kernel 0's partials: slot 2 holds each segment's length (u64 bits)
+    const unsigned long long* __restrict__ list_grid, // kernel 0's grid size: one list segment per block
+    long long sz0, // size B
+    long long sz1 // size N
 )
 {
-    const unsigned long long m = list_count[0];
+    const long long n = sz0 * sz1;
     const float kf_s = tmp0[0];
-    for (unsigned long long j = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; j < m; j += (unsigned long long)gridDim.x * blockDim.x) {
-        const unsigned long long i = list_index[j];
-        const float4 kf_h = reinterpret_cast<const float4*>(list_values)[j];
-        reinterpret_cast<float4*>(out1)[i] = make_float4(kf_s * kf_h.x, kf_s * kf_h.y, kf_s * kf_h.z, kf_s * kf_h.w);
+    const unsigned long long kf_grid0 = list_grid[0];
+    // Kernel 0 ran kf_grid0 blocks of 256 threads; its thread t owned elements t, t + S, ... (S threads).
+    const long long kf_s0 = (long long)kf_grid0 * 256ll, kf_q = n / kf_s0, kf_r = n % kf_s0;
+    for (unsigned long long seg = blockIdx.x; seg < kf_grid0; seg += gridDim.x) {
+        const long long kf_t = (long long)seg * 256ll;
+        const long long kf_base = kf_t * kf_q + (kf_t < kf_r ? kf_t : kf_r); // the segment's first entry
+        const long long kf_len = __double_as_longlong(partials[2ull * kf_grid0 + seg]);
+        for (long long kf_j = threadIdx.x; kf_j < kf_len; kf_j += blockDim.x) {
+            const long long j = kf_base + kf_j;
+            const unsigned long long i = list_index[j];
+            const float4 kf_h = reinterpret_cast<const float4*>(list_values)[j];
+            reinterpret_cast<float4*>(out1)[i] = make_float4(kf_s * kf_h.x, kf_s * kf_h.y, kf_s * kf_h.z, kf_s * kf_h.w);
+        }
     }
 }
 
