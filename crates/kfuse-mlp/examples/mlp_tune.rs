@@ -39,12 +39,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     use ActivationMath::{Packed, TanhF32};
     use CompileEffort::Full;
     use RepeatedLayers::{Loop, Unrolled};
-    let d: Variant = (None, None, Packed, Full, Loop);
-    let unrolled: Variant = (None, None, Packed, Full, Unrolled);
+    let d: Variant = (None, None, Packed, Full, Unrolled);
+    let looped: Variant = (None, None, Packed, Full, Loop);
     let models: [(&str, Vec<usize>, &str, bool, Vec<Variant>); 3] = [
-        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, vec![d, unrolled, d, unrolled]),
-        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, vec![d, unrolled, d, unrolled]),
-        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, vec![d, (None, None, TanhF32, Full, Loop), (Some(12), Some(2), Packed, Full, Loop), (Some(12), Some(2), TanhF32, Full, Loop), d]),
+        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, vec![d, looped, d, looped]),
+        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, vec![d, looped, d, looped]),
+        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, vec![d, (None, None, TanhF32, Full, Unrolled), d]),
     ];
     let only = std::env::var("KF_MODEL").ok();
     let mut table = Vec::new();

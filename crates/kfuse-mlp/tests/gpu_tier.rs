@@ -2,11 +2,12 @@
 //! random data, outputs poisoned before each run (run_gpu fills them with 0xFF = NaN), for widths
 //! 16, 24, 64, 100, 128, 256, depths 1..8, batches 1, 127, 128, 129 (and 2^21 for one model,
 //! compared on a subsample), f16 and bf16 weights and f32/f16/bf16 I/O. Prints each case's
-//! per-row worst relative error. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
+//! per-row worst relative error; the repeated-layer loop and the f32 SiLU forms through
+//! prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
-use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, run_gpu, BenchOptions, MlpModel};
+use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, MlpKernelOptions, MlpModel, RepeatedLayers};
 use kfuse_runtime::testing::gpu_or_skip;
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (issue 5).
@@ -117,4 +118,45 @@ fn large_batch_subsample_and_bench_report() {
     let e = compare_rows(&got_sub, &want, 16);
     println!("2^21+1 rows, {} sampled: {e:?}", picks.len());
     assert!(e.worst_row_rel_err <= TOL_16BIT && e.non_finite == 0, "{e:?}");
+}
+
+#[test]
+fn layer_loop_and_silu_forms_match_cpu_interpreter() {
+    let Some(gpu) = gpu_or_skip("layer_loop_and_silu_forms_match_cpu_interpreter") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    let loop_opts = |math| MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, activation_math: math, ..MlpKernelOptions::default() };
+    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 4] = [
+        (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false, loop_opts(ActivationMath::Packed)),
+        (vec![64, 128, 128, 128, 128, 16], "relu", DType::BF16, false, loop_opts(ActivationMath::Packed)),
+        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::Packed)),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::TanhF32)),
+    ];
+    for (n, (widths, act, dtype, bias, opts)) in cases.into_iter().enumerate() {
+        let mut spec = ModelSpec::new(&widths, act);
+        spec.dtype = dtype;
+        spec.with_bias = bias;
+        spec.seed = rng.next_u64();
+        let model = MlpModel::load(write_model(dir.path(), &format!("l{n}"), &spec).expect("write")).expect("load");
+        let opts = MlpKernelOptions { in_dtype: dtype, out_dtype: dtype, shared_limit: gpu.max_shared_bytes(), ..opts };
+        let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
+        assert!(prepared.kernel().is_some_and(|k| !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<")));
+        for rows in [1usize, 255, 1023] {
+            let x = random_input(dtype, rows, model.input_width(), &mut rng);
+            let xb = gpu.upload(&x.to_bytes()).expect("upload");
+            let out_w = model.output_width();
+            let y = gpu.alloc_zeroed(rows * out_w * dtype.size_bytes()).expect("alloc");
+            gpu.fill(&y, 0xff).expect("poison");
+            prepared.launch(&gpu, &xb, &y, rows).expect("launch");
+            let got = HostTensor::from_bytes(dtype, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
+            let want = evaluate_cpu(&model, &x).expect("cpu");
+            let e = compare_rows(&got.to_f64(), &want, out_w);
+            println!("{} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", model.summary(), opts.repeated_layers, opts.activation_math, e.rel_err, e.worst_row_rel_err, e.worst_row);
+            assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", model.summary());
+            assert!(e.rel_err <= TOL_16BIT, "{} rows {rows}: {e:?}", model.summary());
+            let row_bound = if dtype == DType::BF16 { 40.0 * TOL_16BIT } else { 10.0 * TOL_16BIT };
+            assert!(e.worst_row_rel_err <= row_bound, "{} rows {rows}: {e:?}", model.summary());
+        }
+    }
 }

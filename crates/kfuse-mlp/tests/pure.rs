@@ -213,3 +213,40 @@ fn golden_env() {
         std::env::set_var("CARGO_MANIFEST_DIR", env!("CARGO_MANIFEST_DIR"));
     }
 }
+
+#[test]
+fn repeated_layers_loop_and_silu_half_weights() {
+    use kfuse_mlp::{ActivationMath, RepeatedLayers};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Layers 0..=3 are 64→64 ReLU without bias: one loop of 4 when asked, 4 unrolled calls else.
+    let mut spec = ModelSpec::new(&[64, 64, 64, 64, 64, 16], "relu");
+    spec.with_bias = false;
+    let m = MlpModel::load(write(dir.path(), "sq", &spec)).expect("load");
+    let looped = emit_kernel(&m, &MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, ..MlpKernelOptions::default() }).expect("emit");
+    let unrolled = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit");
+    assert!(looped.source.contains("kf_hidden_loop<4, 4, 0, 8192, 0, 64, 0, KfAct0>(h4, smem, lane);"), "{}", looped.source);
+    assert_eq!(looped.source.matches("    kf_hidden_layer<").count(), 0);
+    assert_eq!(unrolled.source.matches("    kf_hidden_layer<").count(), 4);
+    assert_eq!(looped.params, unrolled.params);
+    // Packed SiLU halves hidden SiLU layers' weights and biases (h = x/2); the last layer and
+    // the F32 form keep them.
+    let mut spec = ModelSpec::new(&[16, 16, 8], "silu");
+    spec.seed = 5;
+    let m = MlpModel::load(write(dir.path(), "silu", &spec)).expect("load");
+    let half = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit").params;
+    let full = emit_kernel(&m, &MlpKernelOptions { activation_math: ActivationMath::F32, ..MlpKernelOptions::default() }).expect("emit").params;
+    assert_eq!(half.len(), full.len());
+    let f16_at = |b: &[u8], i: usize| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+    let layer0_weights = 16 * 16;
+    let mut nonzero = 0;
+    for i in 0..layer0_weights {
+        assert_eq!(f16_at(&half, i), 0.5 * f16_at(&full, i), "weight {i}");
+        nonzero += usize::from(f16_at(&full, i) != 0.0);
+    }
+    assert!(nonzero > 200);
+    let bias = |b: &[u8], i: usize| f32::from_le_bytes([b[2 * layer0_weights + 4 * i], b[2 * layer0_weights + 4 * i + 1], b[2 * layer0_weights + 4 * i + 2], b[2 * layer0_weights + 4 * i + 3]]);
+    for i in 0..16 {
+        assert_eq!(bias(&half, i), 0.5 * bias(&full, i), "bias {i}");
+    }
+    assert_eq!(half[2 * layer0_weights + 64..], full[2 * layer0_weights + 64..], "the last layer keeps its weights");
+}
