@@ -99,6 +99,9 @@ pub(crate) struct Emitter<'a> {
     /// `kf_pf<k>[kf_u]` instead, and the kernel issues those loads for all of a thread's batched
     /// elements before the first use (several independent loads in flight per thread).
     pub prefetch: Option<Vec<Prefetch>>,
+    /// While the body's first top-level branch is open (batched loops): its condition. Loads at
+    /// the flat index directly inside it are prefetched too, each under that condition.
+    pub prefetch_guard: Option<String>,
 }
 
 /// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
@@ -110,6 +113,8 @@ pub(crate) struct Prefetch {
     pub load: String,
     /// What it loads (for the comment).
     pub note: String,
+    /// `Some(cond)`: issued only where `cond` (the body's first branch condition) holds.
+    pub guard: Option<String>,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -130,6 +135,7 @@ impl<'a> Emitter<'a> {
             row_mode: false,
             substitutions: HashMap::new(),
             prefetch: None,
+            prefetch_guard: None,
         }
     }
 
@@ -473,12 +479,17 @@ impl<'a> Emitter<'a> {
     /// body's unconditional per-element loads and prefetching is on, it is recorded and the
     /// prefetched register (`kf_pf<k>[kf_u]`) is returned instead.
     fn prefetched(&mut self, depth: usize, off: &str, ty: &str, load: String, note: &str) -> String {
+        let guard = match depth {
+            0 => None,
+            1 if self.prefetch_guard.is_some() && self.blocks.len() == 2 => self.prefetch_guard.clone(),
+            _ => return load,
+        };
         match &mut self.prefetch {
-            Some(list) if depth == 0 && off == "i" => {
-                let k = match list.iter().position(|p| p.load == load) {
+            Some(list) if off == "i" => {
+                let k = match list.iter().position(|p| p.load == load && p.guard == guard) {
                     Some(k) => k,
                     None => {
-                        list.push(Prefetch { ty: ty.to_string(), load, note: note.to_string() });
+                        list.push(Prefetch { ty: ty.to_string(), load, note: note.to_string(), guard });
                         list.len() - 1
                     }
                 };

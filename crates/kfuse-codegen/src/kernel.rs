@@ -187,7 +187,7 @@ pub(crate) fn emit_kernel(
         }
     } else {
         em.prefetch = Some(Vec::new());
-        for grp in &groups {
+        for (gi, grp) in groups.iter().enumerate() {
             match &grp.guard {
                 None => {
                     run_actions(&mut em, g, &grp.then)?;
@@ -197,7 +197,11 @@ pub(crate) fn emit_kernel(
                     let mv = em.eval(*m, mctx)?;
                     unconditional.extend(em.uses.inputs.iter().copied());
                     em.open_branch(&mv);
+                    // The first group's predicate is all the body computes before its branch,
+                    // so the branch's loads can be issued (under it) with the batch's others.
+                    em.prefetch_guard = (gi == 0).then(|| mv.clone());
                     run_actions(&mut em, g, &grp.then)?;
+                    em.prefetch_guard = None;
                     em.close();
                     if !grp.otherwise.is_empty() {
                         em.open_else();
@@ -423,10 +427,34 @@ fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body
     let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
     src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
     src.push_str("            if (i < n) {\n");
-    for (k, p) in prefetch.iter().enumerate() {
+    for (k, p) in prefetch.iter().enumerate().filter(|(_, p)| p.guard.is_none()) {
         let _ = writeln!(src, "                kf_pf{k}[kf_u] = {};", p.load);
     }
     src.push_str("            }\n        }\n");
+    // Loads under the first branch: its predicate (the body's lines before the branch, all
+    // `const` values of the loads above) decides which are issued, still before the first use.
+    if let Some(cond) = prefetch.iter().find_map(|p| p.guard.clone()) {
+        let open = format!("if ({cond}) {{");
+        // The branch always opens at the top level of the body; were it not found, the loads
+        // would be issued for every element (correct, only more bytes).
+        let (prefix, open) = match body.iter().position(|l| *l == open) {
+            Some(at) => (&body[..at], open),
+            None => (&body[..0], "if (true) {".to_string()),
+        };
+        {
+            src.push_str("        // Loads needed only where the predicate holds: issued for all the elements before the first use.\n");
+            let _ = writeln!(src, "        #pragma unroll");
+            let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
+            src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
+            src.push_str("            if (i < n) {\n");
+            write_body(src, prefix, "                ");
+            let _ = writeln!(src, "                {open}");
+            for (k, p) in prefetch.iter().enumerate().filter(|(_, p)| p.guard.is_some()) {
+                let _ = writeln!(src, "                    kf_pf{k}[kf_u] = {};", p.load);
+            }
+            src.push_str("                }\n            }\n        }\n");
+        }
+    }
     let _ = writeln!(src, "        #pragma unroll");
     let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
     src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");

@@ -31,7 +31,10 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
     let pred_load = b.find("reinterpret_cast<const float4*>(in0)[i]").expect("pred float4 load");
     assert!(target_load < branch && branch < pred_load, "pred must be loaded inside the branch:\n{b}");
     assert_eq!(b.matches("in0").count(), 1, "pred is loaded exactly once");
-    assert_eq!(b.matches("if (v").count(), 1, "sum and count share one branch");
+    // One branch in the guarded prefetch (pred is loaded there, for all 4 elements), one in the body.
+    assert_eq!(b.matches("if (v").count(), 2, "sum and count share one branch");
+    assert!(b.contains("kf_pf1[kf_u] = reinterpret_cast<const float4*>(in0)[i];"), "pred prefetched under the predicate:\n{b}");
+    let branch = b.rfind("if (v").expect("body branch");
     // Batched loop: the target loads of the thread's 4 elements come before the first use.
     assert!(b.find("kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];").expect("prefetch") < b.find("if (i >= n) break;").expect("body"));
     assert!(k.source.contains("__launch_bounds__(256, 4)"));
@@ -210,7 +213,7 @@ fn masked_tensor_output_shares_the_count_branch() {
     let g = common::masked_delta().expect("graph");
     let p = plan(&g, &opts()).expect("plan");
     let b = body(&p.kernels[0].source);
-    assert_eq!(b.matches("if (v").count(), 1, "{b}");
+    assert_eq!(b.matches("if (v").count(), 2, "the guarded prefetch and the body share the predicate:\n{b}");
     assert!(b.contains("} else {"));
     assert!(b.find("if (v").expect("branch") < b.find("(in0)").expect("pred load"));
 }

@@ -58,11 +58,25 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_61c2f7088542d5d4_0(
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
     for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
         uint2 kf_pf0[4]; // target 4 x bf16 at once
+        uint2 kf_pf1[4]; // pred 4 x bf16 at once
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
             const long long i = kf_i0 + kf_u * kf_stride;
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const uint2*>(in1)[i];
+            }
+        }
+        // Loads needed only where the predicate holds: issued for all the elements before the first use.
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                const uint2 v0 = kf_pf0[kf_u]; // target 4 x bf16 at once
+                const float v1 = kf_bf16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]
+                const bool v2 = v1 != 0.0f; // n11
+                if (v2) {
+                    kf_pf1[kf_u] = reinterpret_cast<const uint2*>(in0)[i];
+                }
             }
         }
         #pragma unroll
@@ -73,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_61c2f7088542d5d4_0(
             const float v1 = kf_bf16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]
             const bool v2 = v1 != 0.0f; // n11
             if (v2) {
-                const uint2 v3 = reinterpret_cast<const uint2*>(in0)[i]; // pred 4 x bf16 at once
+                const uint2 v3 = kf_pf1[kf_u]; // pred 4 x bf16 at once
                 const float v4 = kf_bf16_to_f32((unsigned short)v3.y); // pred[.., 2]
                 const float v5 = kf_bf16_to_f32((unsigned short)v0.y); // target[.., 2]
                 const float v6 = kf_minf(v4, v5); // n14

@@ -65,11 +65,24 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
     for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
         float4 kf_pf0[4]; // target 4 x f32 at once
+        float4 kf_pf1[4]; // pred 4 x f32 at once
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
             const long long i = kf_i0 + kf_u * kf_stride;
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+            }
+        }
+        // Loads needed only where the predicate holds: issued for all the elements before the first use.
+        #pragma unroll
+        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+            const long long i = kf_i0 + kf_u * kf_stride;
+            if (i < n) {
+                const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
+                const bool v1 = v0.w != 0.0f; // n5
+                if (v1) {
+                    kf_pf1[kf_u] = reinterpret_cast<const float4*>(in0)[i];
+                }
             }
         }
         #pragma unroll
@@ -79,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
             const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
             const bool v1 = v0.w != 0.0f; // n5
             if (v1) {
-                const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float4 v2 = kf_pf1[kf_u]; // pred 4 x f32 at once
                 const float v3 = kf_minf(v2.z, v0.z); // n14
                 const float v4 = kf_maxf(v2.x, v0.x); // n8
                 const float v5 = v3 - v4; // n17
