@@ -381,3 +381,82 @@ fn probe_exe() -> std::path::PathBuf {
         .find(|p| p.exists())
         .unwrap_or(built)
 }
+
+/// Root ignores folder permissions, so the read-only case is also run as an unprivileged user
+/// (`setpriv`, util-linux) in a probe process: a pre-warmed folder it can only read gives a disk
+/// hit, and a new kernel still compiles, with nothing written.
+#[cfg(unix)]
+#[test]
+fn read_only_cache_folder_as_an_unprivileged_user() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(()) = nvrtc_or_skip("read_only_cache_folder_as_an_unprivileged_user") else { return };
+    let root = tempfile::tempdir().expect("tempdir");
+    let probe = |dir: &std::path::Path, variant: u32, as_nobody: bool| {
+        let mut cmd = if as_nobody {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(probe_exe());
+            c
+        } else {
+            Command::new(probe_exe())
+        };
+        cmd.arg("--dir").arg(dir).args(["--variant", &variant.to_string()]).output()
+    };
+    let dir = root.path().join("cache");
+    let warm = probe(&dir, 7, false).expect("probe runs");
+    assert!(warm.status.success(), "{}", String::from_utf8_lossy(&warm.stderr));
+    let mut paths = vec![root.path().to_path_buf()];
+    for e in walk(&dir) {
+        paths.push(e);
+    }
+    for p in &paths {
+        let mode = if p.is_dir() { 0o555 } else { 0o444 };
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+    let entries_before = walk(&dir).len();
+    let hit = probe(&dir, 7, true);
+    let restore = || {
+        for p in &paths {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o755));
+        }
+    };
+    let hit = match hit {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => {
+            restore();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("setpriv") || err.contains("Permission denied") || out.status.code() == Some(126) {
+                println!("SKIPPED: read_only_cache_folder_as_an_unprivileged_user: cannot run the probe as an unprivileged user here: {err}");
+                return;
+            }
+            panic!("probe as nobody failed on a read-only cache: {err}");
+        }
+        Err(e) => {
+            restore();
+            println!("SKIPPED: read_only_cache_folder_as_an_unprivileged_user: setpriv unavailable: {e}");
+            return;
+        }
+    };
+    let line: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&hit.stdout).trim()).expect("JSON");
+    assert_eq!(line["outcome"], "DiskHit", "a read-only folder is still read");
+    let miss = probe(&dir, 8, true).expect("probe runs");
+    assert!(miss.status.success(), "a new kernel compiles though nothing can be written: {}", String::from_utf8_lossy(&miss.stderr));
+    let line: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&miss.stdout).trim()).expect("JSON");
+    assert_eq!(line["outcome"], "Compiled");
+    assert!(String::from_utf8_lossy(&miss.stderr).contains("warning"), "the failed write is a warning");
+    assert_eq!(walk(&dir).len(), entries_before, "nothing was written");
+    restore();
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            }
+            out.push(p);
+        }
+    }
+    out
+}
