@@ -173,7 +173,8 @@ pub(crate) fn emit_kernel(
                 write_zero_fill(&mut em, g, *output, esz, &cols);
             }
         }
-        em.open_column_loop("for (long long col = lane; col < kf_hi; col += 32) {".to_string());
+        let stride = if grp.otherwise.is_empty() { "kf_g" } else { "32" };
+        em.open_column_loop(format!("for (long long col = lane; col < kf_hi; col += {stride}) {{"));
         em.push_stmt("const long long i = rowbase + col;".to_string());
         run_actions(&mut em, g, &grp.then)?;
         em.close();
@@ -213,6 +214,9 @@ pub(crate) fn emit_kernel(
         }
     }
     let row_mode = em.row_mode;
+    // Row mode with nothing to do past a row's bound: a row takes a group of fewer lanes (see
+    // `write_row_groups`), so more rows, each with a few valid columns, are loaded at once.
+    let row_groups = row_mode && groups.first().is_some_and(|g| g.otherwise.is_empty());
     let rows_expr = em.product(&info.dims[..info.dims.len().saturating_sub(1)]);
     let cols_expr = match last_dim {
         Some(d) => em.dim(d),
@@ -316,7 +320,9 @@ pub(crate) fn emit_kernel(
     let _ = writeln!(src, "// kernel {name} ({} of {}) of graph {hash}", k + 1, an.kernels.len());
     let _ = writeln!(src, "// options: block_size={block}; reduction level {}", info.level);
     let dom_str = g.shape_str(&kfuse_ir::Shape(info.dims.clone()));
-    if row_mode {
+    if row_groups {
+        let _ = writeln!(src, "// domain: {dom_str} elements as rows of the last axis, a group of 32 down to {MIN_ROW_LANES} lanes per row (grid-stride over rows); only the columns below the row's bound are computed");
+    } else if row_mode {
         let _ = writeln!(src, "// domain: {dom_str} elements as rows of the last axis, one warp per row (grid-stride over rows); only the columns below the row's bound are computed");
     } else {
         let _ = writeln!(src, "// domain: {dom_str} elements, one per iteration of a grid-stride loop, 64-bit flat index");
@@ -344,7 +350,10 @@ pub(crate) fn emit_kernel(
         let _ = writeln!(src, "    {decl}{sep} // {comment}");
     }
     src.push_str(")\n{\n");
-    if row_mode {
+    if row_groups {
+        let _ = writeln!(src, "    const long long rows = {rows_expr};");
+        write_row_groups(&mut src);
+    } else if row_mode {
         let _ = writeln!(src, "    const long long rows = {rows_expr};");
         src.push_str("    const long long lane = threadIdx.x & 31u;\n");
     } else {
@@ -359,7 +368,13 @@ pub(crate) fn emit_kernel(
         }
         write_list_segment(&mut src);
     }
-    if row_mode {
+    if row_groups {
+        src.push_str("    // One group of kf_g lanes per row; its lanes stride over the row's columns.\n");
+        src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> kf_gs; row < rows; row += ((long long)gridDim.x * blockDim.x) >> kf_gs) {\n");
+        let _ = writeln!(src, "        const long long rowbase = row * {cols_expr};");
+        write_body(&mut src, &body, "        ");
+        src.push_str("    }\n");
+    } else if row_mode {
         src.push_str("    // One warp per row; its lanes stride over the row's columns.\n");
         src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += ((long long)gridDim.x * blockDim.x) >> 5) {\n");
         let _ = writeln!(src, "        const long long rowbase = row * {cols_expr};");
@@ -371,7 +386,7 @@ pub(crate) fn emit_kernel(
         write_body(&mut src, &body, "        ");
         src.push_str("    }\n");
     } else {
-        write_batched_loop(&mut src, &prefetch, &body);
+        write_batched_loop(&mut src, &prefetch, &body, block);
     }
     if n_slots > 0 {
         let publish = match onepass {
@@ -403,6 +418,23 @@ pub(crate) fn emit_kernel(
     })
 }
 
+/// The fewest lanes a row group of row mode may have (4 lanes x 16 bytes: two whole sectors).
+const MIN_ROW_LANES: u32 = 4;
+
+/// Row groups: a row takes `kf_g` lanes (32, 16, 8 or down to [`MIN_ROW_LANES`]), the most with
+/// which the grid's threads cover every row in one pass (the fewest when they cannot). A grid of
+/// warps that each take one row would otherwise walk its rows one after another, a load latency
+/// (the bound) and another (the columns) per row. `kf_g` depends only on the row count and the
+/// grid, so each thread's accumulation order, and the result, is fixed for a given grid.
+fn write_row_groups(src: &mut String) {
+    src.push_str("    // Lanes per row: the most of 32, 16, ... with which this grid covers every row in one pass.\n");
+    src.push_str("    const long long kf_threads = (long long)gridDim.x * blockDim.x;\n");
+    src.push_str("    int kf_gs = 5; // log2 of the lanes per row\n");
+    let _ = writeln!(src, "    while (kf_gs > {} && rows > (kf_threads >> kf_gs)) --kf_gs;", MIN_ROW_LANES.trailing_zeros());
+    src.push_str("    const long long kf_g = 1ll << kf_gs;\n");
+    src.push_str("    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group\n");
+}
+
 /// Elements each thread handles per iteration of a batched grid-stride loop.
 const BATCH: u32 = 4;
 
@@ -412,20 +444,26 @@ fn write_body(src: &mut String, body: &[String], indent: &str) {
     }
 }
 
-/// The grid-stride loop with batched loads: each iteration takes the thread's next [`BATCH`]
-/// elements `i0 + u * stride` (the same elements, in the same order, as the plain loop), issues
-/// every prefetched load of all of them first, then runs the body for each in turn. Per-thread
-/// accumulation order is unchanged, so results equal the plain loop's for the same grid.
-fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body: &[String]) {
+/// The grid-stride loop with batched loads: each iteration takes [`BATCH`] steps of the grid
+/// stride; at each step the block covers its `block` consecutive elements (coalesced, as in the
+/// plain loop) but rotated by one more warp per step, so a column of a row whose length divides
+/// the stride does not always fall to the same warp (a few warps would otherwise see every valid
+/// box of a padded batch and serialise on its loads). Every prefetched load of the thread's
+/// elements is issued first, then the body runs for each in turn. The mapping depends only on
+/// the grid, so results are bit-identical from run to run for a given grid.
+fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body: &[String], block: u32) {
     let _ = writeln!(src, "    const long long kf_stride = (long long)gridDim.x * blockDim.x;");
     let _ = writeln!(src, "    // {BATCH} elements per thread and iteration: their loads are all in flight before the first use.");
-    let _ = writeln!(src, "    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += {BATCH}ll * kf_stride) {{");
+    let _ = writeln!(src, "    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid");
+    let _ = writeln!(src, "    // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.");
+    let _ = writeln!(src, "    unsigned kf_rot = 0u; // in [0, {block})");
+    let _ = writeln!(src, "    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += {BATCH}ll * kf_stride, kf_rot = (kf_rot + {}u) % {block}u) {{", BATCH * 32);
     for (k, p) in prefetch.iter().enumerate() {
         let _ = writeln!(src, "        {} kf_pf{k}[{BATCH}]; // {}", p.ty, p.note);
     }
     let _ = writeln!(src, "        #pragma unroll");
     let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
-    src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
+    let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
     src.push_str("            if (i < n) {\n");
     for (k, p) in prefetch.iter().enumerate().filter(|(_, p)| p.guard.is_none()) {
         let _ = writeln!(src, "                kf_pf{k}[kf_u] = {};", p.load);
@@ -445,7 +483,7 @@ fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body
             src.push_str("        // Loads needed only where the predicate holds: issued for all the elements before the first use.\n");
             let _ = writeln!(src, "        #pragma unroll");
             let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
-            src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
+            let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
             src.push_str("            if (i < n) {\n");
             write_body(src, prefix, "                ");
             let _ = writeln!(src, "                {open}");
@@ -457,16 +495,18 @@ fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body
     }
     let _ = writeln!(src, "        #pragma unroll");
     let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {BATCH}; ++kf_u) {{");
-    src.push_str("            const long long i = kf_i0 + kf_u * kf_stride;\n");
+    let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
     src.push_str("            if (i >= n) break;\n");
     write_body(src, body, "            ");
     src.push_str("        }\n    }\n");
 }
 
-/// The one-pass list's per-block segment. Thread `t` of the grid-stride loop owns the elements
-/// `t, t + S, ...` (`S` threads in all): `q = n / S` of them, one more when `t < n % S`; so the
-/// threads before block `b`'s first thread `T` own `T * q + min(T, n % S)` elements, and block
-/// `b`'s entries fit in a segment that starts there. A shared-memory slot counter numbers them.
+/// The one-pass list's per-block segment. Block `b` owns the elements `e` with `e mod S` among its
+/// threads' numbers `[T, T + block)` (`S` threads in all, `T = b * block`; in batched loops the
+/// block's threads take them in a rotated order, the same set): thread number `t` stands for
+/// `q = n / S` elements, one more when `t < n % S`; so the blocks before `b` own
+/// `T * q + min(T, n % S)` elements, and block `b`'s entries fit in a segment that starts there.
+/// A shared-memory slot counter numbers them.
 fn write_list_segment(src: &mut String) {
     src.push_str("    // One-pass list: this block appends to its own segment, numbered by a shared-memory counter.\n");
     src.push_str("    __shared__ unsigned long long kf_list_n; // entries this block listed\n");

@@ -11,7 +11,9 @@
 //!   level; its scalar crosses to the next kernel through a one-element Temp buffer.
 //! - Each kernel runs a grid-stride loop over its domain with a 64-bit flat index. When the body
 //!   loads inputs at the flat index outside any branch, the loop is batched: each thread takes 4
-//!   elements per iteration (the same elements in the same order), issues all their loads first,
+//!   elements per iteration (a block's elements at each stride step rotated by one warp per step,
+//!   so columns that a stride multiple of the row would pin to a few warps spread over all of
+//!   them), issues all their loads first,
 //!   then runs the body for each; such kernels cap registers at 64 (`__launch_bounds__(block,
 //!   1024 / block)`) and launch exactly the blocks that are resident at once. A small
 //!   constant last axis (≤ 8, e.g. the 4 box coordinates of `[B, N, 4]`) is kept per thread as
@@ -28,7 +30,9 @@
 //!   atomics: results are bit-identical from run to run for a given grid size. f64 is used from
 //!   the first addition on, so float sums lose nothing to the accumulation order.
 //! - Row mode: when every sink of a kernel shares a lengths mask `iota(last) < b[.., None]`
-//!   (`mask(lengths)`), one warp takes one row (grid-stride over rows), its lanes stride over
+//!   (`mask(lengths)`), one warp takes one row (grid-stride over rows; a kernel with nothing to
+//!   do past a row's bound gives a row 32 down to 4 lanes instead, the most with which the grid
+//!   covers every row in one pass), its lanes stride over
 //!   `[0, clamp(b, 0, N))` for the masked work and over the rest for the `else` values: padding
 //!   costs no predicate evaluation, no division. An all-zero `else` output (a gradient's padding)
 //!   is one byte range per row, zeroed first with 16-byte streaming stores across elements.

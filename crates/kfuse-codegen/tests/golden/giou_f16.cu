@@ -56,12 +56,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_3a8abaaffa47589b_0(
     double acc1 = 0.0; // count n11 (n46)
     const long long kf_stride = (long long)gridDim.x * blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
-    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
+    // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.
+    unsigned kf_rot = 0u; // in [0, 256)
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += 4ll * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
         uint2 kf_pf0[4]; // target 4 x f16 at once
         uint2 kf_pf1[4]; // pred 4 x f16 at once
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const uint2*>(in1)[i];
             }
@@ -69,7 +72,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_3a8abaaffa47589b_0(
         // Loads needed only where the predicate holds: issued for all the elements before the first use.
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 const uint2 v0 = kf_pf0[kf_u]; // target 4 x f16 at once
                 const float v1 = kf_f16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]
@@ -81,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_3a8abaaffa47589b_0(
         }
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i >= n) break;
             const uint2 v0 = kf_pf0[kf_u]; // target 4 x f16 at once
             const float v1 = kf_f16_to_f32((unsigned short)(v0.y >> 16)); // target[.., 3]

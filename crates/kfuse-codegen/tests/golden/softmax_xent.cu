@@ -49,18 +49,21 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_fb25441b8ec4e128_0(
     double acc1 = 0.0; // count of mean n15 (n16)
     const long long kf_stride = (long long)gridDim.x * blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
-    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
+    // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.
+    unsigned kf_rot = 0u; // in [0, 256)
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += 4ll * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
         int kf_pf0[4]; // labels i32
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 kf_pf0[kf_u] = in1[i];
             }
         }
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i >= n) break;
             double a0 = 0.0;
             double a2 = __longlong_as_double(0xfff0000000000000ll);

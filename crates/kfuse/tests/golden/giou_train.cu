@@ -63,12 +63,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block
     const long long kf_stride = (long long)gridDim.x * blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
-    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; kf_i0 < n; kf_i0 += 4ll * kf_stride) {
+    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
+    // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.
+    unsigned kf_rot = 0u; // in [0, 256)
+    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += 4ll * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
         float4 kf_pf0[4]; // target 4 x f32 at once
         float4 kf_pf1[4]; // pred 4 x f32 at once
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
             }
@@ -76,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
         // Loads needed only where the predicate holds: issued for all the elements before the first use.
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
                 const bool v1 = v0.w != 0.0f; // n5
@@ -87,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
         }
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride;
+            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i >= n) break;
             const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
             const bool v1 = v0.w != 0.0f; // n5
