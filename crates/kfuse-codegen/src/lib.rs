@@ -71,7 +71,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if graph.outputs.is_empty() {
         return Err(CodegenError::NoOutputs);
     }
-    if opts.block_size % 32 != 0 || !(32..=1024).contains(&opts.block_size) {
+    if !opts.block_size.is_multiple_of(32) || !(32..=1024).contains(&opts.block_size) {
         return Err(CodegenError::BadBlockSize { block_size: opts.block_size });
     }
     let an = analysis::analyse(graph)?;

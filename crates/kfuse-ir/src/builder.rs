@@ -110,7 +110,7 @@ impl GraphBuilder {
     }
 
     /// Converts `x` so that it computes as `dtype` does: a cast only when the kind changes.
-    fn to_kind_of(&mut self, x: NodeId, dtype: DType) -> NodeId {
+    fn retype_for(&mut self, x: NodeId, dtype: DType) -> NodeId {
         let n = self.node(x);
         if self.weak.contains(&x) {
             return self.cast(x, dtype);
@@ -184,7 +184,7 @@ impl GraphBuilder {
         if matches!(op, BinaryOp::Div | BinaryOp::Pow) && meet == DType::I32 {
             meet = DType::F32; // true division, as in PyTorch
         }
-        let (a, b) = (self.to_kind_of(a, meet), self.to_kind_of(b, meet));
+        let (a, b) = (self.retype_for(a, meet), self.retype_for(b, meet));
         let shape = self.broadcast(a, b)?;
         let dtype = if op.is_comparison() { DType::Bool } else { meet };
         Ok(self.push(Node { op: Op::Binary(op, a, b), dtype, shape }))
@@ -204,7 +204,7 @@ impl GraphBuilder {
             return Err(IrError::BadDType { op: "where", dtype: dc, hint: " as its condition (it needs bool)" });
         }
         let meet = self.meet("where", a, b)?;
-        let (a, b) = (self.to_kind_of(a, meet), self.to_kind_of(b, meet));
+        let (a, b) = (self.retype_for(a, meet), self.retype_for(b, meet));
         let s = self.broadcast(cond, a)?;
         let shape = self.broadcast_shape(&s, b)?;
         Ok(self.push(Node { op: Op::Ternary(TernaryOp::Select, cond, a, b), dtype: meet, shape }))
@@ -216,7 +216,7 @@ impl GraphBuilder {
         if dtype == DType::Bool {
             return Err(IrError::BadDType { op: "clamp", dtype, hint: "" });
         }
-        let (x, lo, hi) = (self.to_kind_of(x, dtype), self.to_kind_of(lo, dtype), self.to_kind_of(hi, dtype));
+        let (x, lo, hi) = (self.retype_for(x, dtype), self.retype_for(lo, dtype), self.retype_for(hi, dtype));
         let s = self.broadcast(x, lo)?;
         let shape = self.broadcast_shape(&s, hi)?;
         Ok(self.push(Node { op: Op::Ternary(TernaryOp::Clamp, x, lo, hi), dtype, shape }))
@@ -246,7 +246,7 @@ impl GraphBuilder {
         for &p in &parts[1..] {
             shape = self.broadcast_shape(&shape, p)?;
         }
-        let parts: Vec<NodeId> = parts.iter().map(|&p| self.to_kind_of(p, dtype)).collect();
+        let parts: Vec<NodeId> = parts.iter().map(|&p| self.retype_for(p, dtype)).collect();
         let list = match self.lists.get(&parts) {
             Some(&l) => l,
             None => {

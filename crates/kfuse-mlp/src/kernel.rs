@@ -284,7 +284,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let in_bytes = opts.in_dtype.size_bytes();
     let out_bytes = opts.out_dtype.size_bytes();
     let in_pad = round_up(in_w, 16);
-    let fast_input = opts.in_dtype == model.dtype && in_w % 8 == 0;
+    let fast_input = opts.in_dtype == model.dtype && in_w.is_multiple_of(8);
     let row_stride = in_pad * 2 + 16;
     let per_tile = fragment_registers(&layouts).max(1);
     // Two row tiles per warp where the fragments allow: each B fragment then feeds 2 x 2 mmas,

@@ -36,8 +36,9 @@ pub enum Device {
 pub enum Error {
     #[error("cannot read {path}: {source}")]
     Read { path: String, source: std::io::Error },
+    /// Boxed: a diagnostic carries its source line and is much larger than the other errors.
     #[error(transparent)]
-    Parse(#[from] kfuse_lang::Diagnostic),
+    Parse(Box<kfuse_lang::Diagnostic>),
     #[error(transparent)]
     Ir(#[from] kfuse_ir::IrError),
     #[error(transparent)]
@@ -54,6 +55,12 @@ pub enum Error {
     Gen(#[from] boxes::GenError),
     #[error("{0}")]
     Exec(String),
+}
+
+impl From<kfuse_lang::Diagnostic> for Error {
+    fn from(d: kfuse_lang::Diagnostic) -> Error {
+        Error::Parse(Box::new(d))
+    }
 }
 
 /// A type-checked computation, ready to run on either device.
