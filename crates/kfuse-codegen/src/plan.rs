@@ -68,10 +68,6 @@ pub enum BufferKind {
     /// Working memory that kernel `kernel` writes and a later kernel of the same run reads
     /// (e.g. the compact list of a one-pass masked gradient). No initialisation needed.
     Scratch { kernel: usize },
-    /// One `u64` slot counter of kernel `kernel` (entries appended to a [`BufferKind::Scratch`]
-    /// list): the executor zeroes it ONCE when it allocates it; the kernel leaves it at 0 again.
-    /// (Current plans no longer emit it: one-pass lists number their entries per block.)
-    ListCounter { kernel: usize },
 }
 
 /// The element type of a buffer.

@@ -197,7 +197,6 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
     assert!(!k1.contains("in1") && !k1.contains("in0"), "kernel 1 reads no input:\n{k1}");
     assert!(k1.contains("kf_s * kf_h.x"));
     assert!(k1.contains("partials[1ull * kf_grid0 + seg]"), "kernel 1 walks the segments:\n{k1}");
-    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::ListCounter { .. })));
     assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 2 } && b.elem == ElemType::F64));
     assert_eq!(p.buffers.iter().filter(|b| b.kind == BufferKind::Scratch { kernel: 0 }).count(), 2);
     // Quadratic in the scale: the two-kernel plan, whose second kernel re-reads the predicate.
@@ -205,7 +204,7 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
     assert_eq!(p.kernels.len(), 2);
     assert!(!p.kernels[0].source.contains("list_slots"));
     assert!(p.kernels[1].source.contains("in1"), "{}", p.kernels[1].source);
-    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. } | BufferKind::ListCounter { .. })));
+    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })));
 }
 
 #[test]
