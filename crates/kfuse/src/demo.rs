@@ -6,13 +6,15 @@ use std::time::Instant;
 
 use kfuse_ir::{DType, HostTensor};
 
-use crate::{boxes, exec::CudaProgram, Device, Error, Program};
+use kfuse_runtime::Gpu;
+
+use crate::{boxes, exec::CudaProgram, Error, Program};
 
 /// The GIoU loss shipped with kfuse (`examples/giou.kf`), embedded so the demo runs anywhere.
 pub const GIOU_KF: &str = include_str!("../../../examples/giou.kf");
 
-/// Runs the demo; prints as it goes.
-pub fn run(batch: usize, max_boxes: usize, device: Device) -> anyhow::Result<()> {
+/// Runs the demo on `gpu`, or on the CPU interpreter when there is none; prints as it goes.
+pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Gpu>) -> anyhow::Result<()> {
     println!("kfuse demo: the GIoU box loss over a ragged batch, fused into one kernel");
     let t0 = Instant::now();
     let data = boxes::generate(batch, max_boxes, 0)?;
@@ -29,16 +31,15 @@ pub fn run(batch: usize, max_boxes: usize, device: Device) -> anyhow::Result<()>
     let cpu = program.run_cpu(&inputs)?;
     let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
     let cpu_loss = scalar(&cpu, "loss")?;
-    match device {
-        Device::Cpu => {
+    match gpu {
+        None => {
             println!("device: CPU (reference interpreter, f64)");
             println!("loss = {cpu_loss:.7}   [{cpu_ms:.1} ms]");
             println!("(no GPU here: with one, the same file runs as one fused CUDA kernel)");
         }
-        Device::Cuda => {
-            let gpu = kfuse_runtime::open_default()?;
+        Some(gpu) => {
             let t0 = Instant::now();
-            let prog = CudaProgram::prepare(&gpu, &program)?;
+            let prog = CudaProgram::prepare(gpu, &program)?;
             let bound = prog.bind(&inputs)?;
             prog.launch(&bound)?;
             let out = prog.download(&bound)?;
@@ -59,12 +60,12 @@ pub fn run(batch: usize, max_boxes: usize, device: Device) -> anyhow::Result<()>
     }
     println!("next: kfuse emit examples/giou.kf  (the generated CUDA)   kfuse bench examples/giou.kf --dim B=16384 --dim N=256");
     println!();
-    mlp_section(device)
+    mlp_section(gpu)
 }
 
 /// The MLP part: a model like a user's (widths 32→64→128→96→64→32→16, SiLU, biases, f16
 /// weights) written as model.json + safetensors, run as one fused tensor-core kernel.
-fn mlp_section(device: Device) -> anyhow::Result<()> {
+fn mlp_section(gpu: Option<&Gpu>) -> anyhow::Result<()> {
     use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
     println!("kfuse demo: a fully fused MLP (model.json + safetensors, as tools/export_mlp.py writes from PyTorch)");
     let dir = std::env::temp_dir().join(format!("kfuse-demo-mlp-{}", std::process::id()));
@@ -79,12 +80,11 @@ fn mlp_section(device: Device) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let cpu = kfuse_mlp::evaluate_cpu(&model, &x)?;
     let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
-    match device {
-        Device::Cpu => println!("CPU interpreter path: {cpu_ms:.0} ms (no GPU here: with one, the model runs as one generated kernel)"),
-        Device::Cuda => {
-            let gpu = kfuse_runtime::open_default()?;
+    match gpu {
+        None => println!("CPU interpreter path: {cpu_ms:.0} ms (no GPU here: with one, the model runs as one generated kernel)"),
+        Some(gpu) => {
             let t0 = Instant::now();
-            let y = kfuse_mlp::run_gpu(&gpu, &model, &x, DType::F16)?;
+            let y = kfuse_mlp::run_gpu(gpu, &model, &x, DType::F16)?;
             let first_ms = t0.elapsed().as_secs_f64() * 1e3;
             let e = kfuse_mlp::compare_rows(&y.to_f64(), &cpu, model.output_width());
             println!(

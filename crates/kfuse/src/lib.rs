@@ -22,15 +22,6 @@ use std::path::Path;
 
 pub use kfuse_ir::{DType, Graph, HostTensor};
 
-/// Where a program runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    /// The reference interpreter (f64 arithmetic, parallel with rayon).
-    Cpu,
-    /// The first CUDA GPU (or `KFUSE_DEVICE`), through generated kernels.
-    Cuda,
-}
-
 /// Everything that can go wrong between a description and its results.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -6,9 +6,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use kfuse::{bench, boxes, exec, npy, Device, HostTensor, Program};
+use kfuse::{bench, boxes, exec, npy, HostTensor, Program};
 use kfuse_mlp::MlpModel;
-use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, KernelCache};
+use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
 
 /// Prints a line to stdout; a closed pipe (`kfuse cache list | head`) ends the program quietly
 /// instead of panicking as `println!` would.
@@ -238,13 +238,9 @@ fn run(cli: Cli) -> Result<()> {
             let p = load(&file)?;
             let tensors = read_inputs(&inputs)?;
             let named: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-            let device = pick_device(device)?;
-            let outputs = match device {
-                Device::Cpu => p.run_cpu(&named)?,
-                Device::Cuda => {
-                    let gpu = kfuse_runtime::open_default()?;
-                    exec::CudaProgram::prepare(&gpu, &p)?.run(&named)?
-                }
+            let outputs = match open_device(device)? {
+                None => p.run_cpu(&named)?,
+                Some(gpu) => exec::CudaProgram::prepare(&gpu, &p)?.run(&named)?,
             };
             write_outputs(&outputs, &output)
         }
@@ -303,7 +299,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Cache { what } => cache_command(what),
         Command::Mlp { what } => mlp_command(what),
-        Command::Demo { batch, max_boxes, device } => kfuse::demo::run(batch, max_boxes, pick_device(device)?),
+        Command::Demo { batch, max_boxes, device } => kfuse::demo::run(batch, max_boxes, open_device(device)?.as_ref()),
     }
 }
 
@@ -428,9 +424,9 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
             let m = MlpModel::load(&model)?;
             let x = npy::read_npy(&input)?;
             let out_dtype = out_dtype.map(Into::into).unwrap_or(x.dtype());
-            let y = match pick_device(device)? {
-                Device::Cpu => kfuse_mlp::run_cpu_as(&m, &x, out_dtype)?,
-                Device::Cuda => kfuse_mlp::run_gpu(&kfuse_runtime::open_default()?, &m, &x, out_dtype)?,
+            let y = match open_device(device)? {
+                None => kfuse_mlp::run_cpu_as(&m, &x, out_dtype)?,
+                Some(gpu) => kfuse_mlp::run_gpu(&gpu, &m, &x, out_dtype)?,
             };
             npy::write_npy(&output, &y)?;
             say!("{}: {:?} {} -> {}", m.summary(), y.shape, y.dtype(), output.display());
@@ -455,15 +451,16 @@ fn load(file: &Path) -> Result<Program> {
     Ok(Program::from_file(file)?)
 }
 
-fn pick_device(d: DeviceArg) -> Result<Device> {
+/// The GPU to run on (opened once: opening costs a context), or `None` for the CPU interpreter.
+fn open_device(d: DeviceArg) -> Result<Option<Gpu>> {
     Ok(match d {
-        DeviceArg::Cpu => Device::Cpu,
-        DeviceArg::Cuda => Device::Cuda,
+        DeviceArg::Cpu => None,
+        DeviceArg::Cuda => Some(kfuse_runtime::open_default()?),
         DeviceArg::Auto => match kfuse_runtime::open_default() {
-            Ok(_) => Device::Cuda,
+            Ok(gpu) => Some(gpu),
             Err(e) => {
                 eprintln!("kfuse: no GPU ({e}); running on the CPU interpreter");
-                Device::Cpu
+                None
             }
         },
     })
