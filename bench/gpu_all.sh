@@ -4,18 +4,9 @@
 #   device run: bash .gpu/run bash bench/gpu_all.sh      (carry .gpu)
 # Writes bench_results.json (every figure) and bench.log under $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/kfuse-out}
-mkdir -p "$OUT" /tmp/kfb/json
-D=/tmp/kfb/data
-log="$OUT/bench.log"
-run() { echo "+ $*" | tee -a "$log"; "$@" 2>&1 | tee -a "$log"; }
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-for B in 1024 16384; do
-  for dt in f32 bf16; do kfuse gen boxes --batch $B --max-boxes 256 --out $D/$B-$dt --dtype $dt >>"$log"; done
-done
-mkdir -p /tmp/kfb/bf16
-for f in examples/*.kf; do sed 's/f32\[/bf16[/' "$f" > /tmp/kfb/bf16/$(basename "$f"); done
+log="${OUT:-/tmp/kfuse-out}/bench.log"
+. "$(dirname "$0")/common.sh"
+make_data
 
 # Issue 2: the GIoU forward loss against the hand-written kernel and the copy bandwidth.
 for B in 1024 16384; do
@@ -23,18 +14,7 @@ for B in 1024 16384; do
       --baseline giou --json /tmp/kfb/json/giou_fwd_f32_B$B.json
 done
 
-# Issue 4: forward + backward, three layouts, f32 and bf16.
-for B in 1024 16384; do
-  for dt in f32 bf16; do
-    dir=examples; [ $dt = bf16 ] && dir=/tmp/kfb/bf16
-    run kfuse bench $dir/giou_train.kf --input pred=$D/$B-$dt/pred.npy --input target=$D/$B-$dt/target.npy \
-        --json /tmp/kfb/json/giou_train_padded_${dt}_B$B.json
-    run kfuse bench $dir/giou_train_lengths.kf --input pred=$D/$B-$dt/pred.npy --input target=$D/$B-$dt/target.npy \
-        --input lengths=$D/$B-$dt/lengths.npy --json /tmp/kfb/json/giou_train_lengths_${dt}_B$B.json
-    run kfuse bench $dir/giou_train_packed.kf --input pred=$D/$B-$dt/pred_packed.npy --input target=$D/$B-$dt/target_packed.npy \
-        --input offsets=$D/$B-$dt/offsets.npy --json /tmp/kfb/json/giou_train_packed_${dt}_B$B.json
-  done
-done
+bench_training
 
 # Issue 3: compile once (cold process, then a fresh process on the warm disk cache).
 run kfuse cache bench --json /tmp/kfb/json/cache_bench.json

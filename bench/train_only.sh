@@ -4,28 +4,10 @@
 #   ../shared/tools/gpu-bundle                              # here
 #   device run: bash .gpu/run bash bench/train_only.sh      (carry .gpu)
 set -uo pipefail
-OUT=${OUT:-/tmp/kfuse-out}
-mkdir -p "$OUT" /tmp/kfb/json /tmp/kfb/bf16
-D=/tmp/kfb/data
-log="$OUT/train.log"
-run() { echo "+ $*" | tee -a "$log"; "$@" 2>&1 | tee -a "$log"; }
-
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee -a "$log"
-for B in 1024 16384; do
-  for dt in f32 bf16; do kfuse gen boxes --batch $B --max-boxes 256 --out $D/$B-$dt --dtype $dt >>"$log"; done
-done
-for f in examples/giou_train*.kf; do sed 's/f32\[/bf16[/' "$f" > /tmp/kfb/bf16/$(basename "$f"); done
-for B in 16384 1024; do
-  for dt in f32 bf16; do
-    dir=examples; [ $dt = bf16 ] && dir=/tmp/kfb/bf16
-    run kfuse bench $dir/giou_train.kf --input pred=$D/$B-$dt/pred.npy --input target=$D/$B-$dt/target.npy \
-        --json /tmp/kfb/json/giou_train_padded_${dt}_B$B.json
-    run kfuse bench $dir/giou_train_lengths.kf --input pred=$D/$B-$dt/pred.npy --input target=$D/$B-$dt/target.npy \
-        --input lengths=$D/$B-$dt/lengths.npy --json /tmp/kfb/json/giou_train_lengths_${dt}_B$B.json
-    run kfuse bench $dir/giou_train_packed.kf --input pred=$D/$B-$dt/pred_packed.npy --input target=$D/$B-$dt/target_packed.npy \
-        --input offsets=$D/$B-$dt/offsets.npy --json /tmp/kfb/json/giou_train_packed_${dt}_B$B.json
-  done
-done
+log="${OUT:-/tmp/kfuse-out}/train.log"
+. "$(dirname "$0")/common.sh"
+make_data
+bench_training
 cp /tmp/kfb/json/*.json "$OUT/" 2>/dev/null
 # Per-kernel split of the B=16384 padded and lengths runs (ncu, clocks left alone), when asked.
 if [ "${KFB_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
