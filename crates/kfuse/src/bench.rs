@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use kfuse_ir::{DType, Graph, HostTensor, SymbolBindings};
+use kfuse_ir::{DType, Graph, HostTensor};
 use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg};
 use serde::Serialize;
 
@@ -141,7 +141,6 @@ pub fn compare(got: &HostTensor, want: &HostTensor) -> (f64, f64) {
 /// Times `program` on `gpu` with `inputs`.
 pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: &BenchOptions) -> Result<BenchReport, Error> {
     let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let bindings = SymbolBindings::bind(&program.graph, &named)?;
     let iters = opts.iters.max(10);
 
     let t0 = Instant::now();
@@ -155,8 +154,10 @@ pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: 
     gpu.synchronize()?;
     let prepare_ms = t0.elapsed().as_secs_f64() * 1e3;
 
+    // The checked run reuses the bound buffers, poisoned first, so an unwritten element shows.
     prog.poison_outputs(&bound, 0xff)?;
-    let gpu_out = prog.run(&named)?;
+    prog.launch(&bound)?;
+    let gpu_out = prog.download(&bound)?;
     let outputs: Vec<OutputCheck> = gpu_out
         .iter()
         .zip(&cpu)
@@ -182,7 +183,7 @@ pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: 
         file: program.origin.clone(),
         device: gpu.name(),
         date_utc: today_utc(),
-        sizes: program.graph.symbols.iter().cloned().zip(bindings.sizes.iter().copied()).collect(),
+        sizes: program.graph.symbols.iter().cloned().zip(bound.sizes().iter().copied()).collect(),
         copy_bandwidth_gbps,
         prepare_ms,
         interpreter_ms,
