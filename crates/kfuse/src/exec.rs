@@ -42,7 +42,11 @@ impl BoundRun {
 impl<'g> CudaProgram<'g> {
     /// Plans the program and loads every kernel (compiled through the kernel cache).
     pub fn prepare(gpu: &'g Gpu, program: &Program) -> Result<CudaProgram<'g>, Error> {
-        let plan = program.plan()?;
+        CudaProgram::from_plan(gpu, program, program.plan()?)
+    }
+
+    /// Loads the kernels of a plan already made from `program`.
+    pub fn from_plan(gpu: &'g Gpu, program: &Program, plan: Plan) -> Result<CudaProgram<'g>, Error> {
         let functions = plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
         Ok(CudaProgram { gpu, graph: program.graph.clone(), plan, functions })
     }
