@@ -68,7 +68,8 @@ pub fn generate(batch: usize, max_boxes: usize, seed: u64) -> Result<BoxBatch, G
         return Err(GenError::MaxBoxes(max_boxes));
     }
     let elems = batch as u128 * max_boxes as u128 * 4;
-    if elems > (1u128 << 34) {
+    // 2^30 floats is 4 GiB a tensor; beyond that the allocation, not the user, would fail.
+    if elems > (1u128 << 30) {
         return Err(GenError::TooLarge { batch, max_boxes, elems });
     }
     let mut rng = StdRng::seed_from_u64(seed);
