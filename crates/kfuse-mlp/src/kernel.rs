@@ -79,6 +79,10 @@ pub enum CompileEffort {
     Full,
     /// `--Ofast-compile=min`: NVRTC's mildest fast-compile level.
     Reduced,
+    /// `--Ofast-compile=mid`: about a third of the default's compile time (dev machine, sm_90,
+    /// 2026-11-22: 130-180 ms against 370-1270 ms for the issue-5 models), for a first call that
+    /// cannot wait for the fully optimised kernel.
+    Fast,
 }
 
 /// How consecutive identical hidden layers (same width in and out, bias presence, activation) are
@@ -489,7 +493,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         nvrtc_options: FAST_MATH_OPTIONS
             .iter()
             .map(|o| o.to_string())
-            .chain((opts.compile_effort == CompileEffort::Reduced).then(|| "--Ofast-compile=min".to_string()))
+            .chain(match opts.compile_effort {
+                CompileEffort::Full => None,
+                CompileEffort::Reduced => Some("--Ofast-compile=min".to_string()),
+                CompileEffort::Fast => Some("--Ofast-compile=mid".to_string()),
+            })
             .collect(),
     })
 }
