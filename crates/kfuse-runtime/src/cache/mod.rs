@@ -14,6 +14,7 @@
 
 mod disk;
 mod entry;
+mod probe;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
