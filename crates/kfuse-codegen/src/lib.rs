@@ -37,8 +37,9 @@
 //!   costs no predicate evaluation, no division. An all-zero `else` output (a gradient's padding)
 //!   is one byte range per row, zeroed first with 16-byte streaming stores across elements.
 //! - One pass: a masked output `where(m, s * h, 0)` that needs a scale `s` from full reductions
-//!   is computed unscaled in the reduction kernel and listed (index, h) where `m` holds; the
-//!   second kernel rescales only the listed entries (see `onepass`).
+//!   is computed unscaled in the reduction kernel and listed (index, h) where `m` holds; after a
+//!   grid-wide barrier (a cooperative launch) each block rescales the entries it listed, so a
+//!   loss and its gradient are one launch (see `onepass`).
 //! - Index division for broadcast operands is 32-bit whenever the flat index and divisor fit.
 //! - Float arithmetic is f32 whatever the storage dtype; f16/bf16 are read and written directly
 //!   with inline-PTX conversions; `min`/`max` propagate NaN; i32 arithmetic wraps.
@@ -59,7 +60,7 @@ use kfuse_ir::{verify, Graph, Kind};
 
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
-pub use plan::{BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Param, Plan, SizeExpr};
+pub use plan::{BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, Param, Plan, SizeExpr};
 
 use emit::{temp_dtype, Emitter, Mode};
 
@@ -100,15 +101,16 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             reduction.push(None);
             continue;
         }
-        // A one-pass kernel 0 keeps one more slot per block: its list segment's length.
-        let slots = info.slots + u32::from(k == 0 && pass.is_some());
+        let slots = info.slots;
+        // A one-pass kernel 0 is cooperative: its counter also holds the grid barrier's generation.
+        let counters = if k == 0 && pass.is_some() { 2 } else { 1 };
         let p = buffers.len();
         buffers.push(BufferDecl {
             kind: BufferKind::Partials { kernel: k, slots_per_block: slots },
             elem: ElemType::F64,
             elems: SizeExpr::constant(u64::from(slots)),
         });
-        buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(1) });
+        buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(counters) });
         reduction.push(Some((p, p + 1)));
     }
     let onepass = match pass {
@@ -120,20 +122,17 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             let first = buffers.len();
             buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::U64, elems });
             buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::Tensor(kfuse_ir::DType::F32), elems: values });
-            buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::U64, elems: SizeExpr::constant(1) });
-            let (partials, _) = reduction[0].ok_or(CodegenError::Internal { node: pass.scale.0, what: "one-pass kernel 0 without partials" })?;
-            let length_slot = an.kernels[0].slots;
-            Some(onepass::OnePassBuffers { pass, index: first, values: first + 1, grid: first + 2, partials, length_slot })
+            if reduction[0].is_none() {
+                return Err(CodegenError::Internal { node: pass.scale.0, what: "one-pass kernel 0 without partials" });
+            }
+            Some(onepass::OnePassBuffers { pass, index: first, values: first + 1 })
         }
         None => None,
     };
     let index = kernel::BufferIndex { outputs_base, temps_base, reduction, onepass };
-    let kernels = (0..an.kernels.len())
-        .map(|k| match (&index.onepass, k) {
-            (Some(bufs), 1) => onepass::emit_rescale_kernel(graph, &an, bufs, opts, &hash, temps_base),
-            _ => kernel::emit_kernel(graph, &an, k, opts, &hash, &index),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
+    let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
+    let kernels = (0..launched).map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index)).collect::<Result<Vec<_>, _>>()?;
     Ok(Plan { graph_hash: hash, buffers, kernels })
 }
 

@@ -2,23 +2,28 @@
 //! output `where(m, v, 0)` with `v` linear in the scalars of the first kernel's reductions
 //! (typically `v = s * h(inputs)` with `s = 1 / max(count(m), 1)`), and plans it as
 //!
-//! - kernel 0 (the reduction kernel): under `m` it also computes `h = v` evaluated with the scale
-//!   `s = 1` and appends `(flat index, h)` to its block's segment of a compact list (any order
-//!   within the segment: a shared-memory slot counter, one atomic per warp; no global atomics).
-//!   The segment of block `b` starts at the count of elements the threads of blocks `< b` own in
-//!   the grid-stride loop, so it always fits; each block stores its segment's length in an extra
-//!   partial slot, and the last block records the grid size. Where `m` fails it stores the zeros.
-//! - kernel 1: `out[index] = s * h` for the listed entries only, walking the segments (block
-//!   `b` takes segments `b, b + grid, ...`, so any grid is correct).
+//! one cooperative kernel (every block resident at once):
+//!
+//! - before its grid barrier, the reduction kernel's loop: under `m` it also computes `h = v`
+//!   evaluated with the scale `s = 1` and appends `(flat index, h)` to its block's segment of a
+//!   compact list (any order within the segment: a shared-memory slot counter, one atomic per
+//!   warp; no global atomics). The segment of block `b` starts at the count of elements the
+//!   threads of blocks `< b` own in the grid-stride loop, so it always fits. Where `m` fails it
+//!   stores the zeros (in row mode, the lengths layout: one zero fill per row's padding).
+//! - the barrier: the last block to take the reduction ticket folds the partials, writes the
+//!   scalar outputs and the scale, and releases the others by bumping a generation counter.
+//! - after it: each block writes `out[index] = s * h` for the entries it listed itself.
 //!
 //! So the predicate's inputs (e.g. `target` under `target[.., 3] != 0`) are read once instead of
-//! twice. The values are deterministic (each entry's value does not depend on the list order), so
-//! runs are bit-identical; they round as `s * h(1)` instead of `h(s)` (a few f32 ulps apart).
+//! twice, and a loss with its gradient is one launch instead of two. The values are
+//! deterministic (each entry's value does not depend on the list order), so runs are
+//! bit-identical for a given grid; they round as `s * h(1)` instead of `h(s)` (a few f32 ulps
+//! apart).
 //!
 //! Not handled (the two-kernel plan is kept): more than one crossing scale that is not a constant
 //! multiple of the first, anything non-linear in the scale, a non-zero `else` value, outputs
-//! without a small component axis, row-mode (lengths) masks (their second kernel already touches
-//! only what it must), and graphs with more kernels or other sinks in the second kernel.
+//! without a small component axis, and graphs with more kernels or other sinks in the second
+//! kernel.
 
 use std::collections::HashMap;
 
@@ -84,7 +89,7 @@ pub(crate) fn detect(g: &Graph, an: &Analysis) -> Option<OnePass> {
         ctx.push(Coord::Const(c));
         let (gd, (a, _), (b, _)) = crate::kernel::resolve_select(&em, g, out, ctx)?;
         let gd = em.canonical(gd.0, gd.1);
-        if guard.as_ref().is_some_and(|x| *x != gd) || is_lengths_mask(g, gd.0) {
+        if guard.as_ref().is_some_and(|x| *x != gd) {
             return None;
         }
         guard = Some(gd);
@@ -97,11 +102,6 @@ pub(crate) fn detect(g: &Graph, an: &Analysis) -> Option<OnePass> {
         return None;
     }
     Some(OnePass { output: *index, comps, scale, substitutions })
-}
-
-/// `iota(last) < bound`: the row-mode predicate, whose second kernel needs no list.
-fn is_lengths_mask(g: &Graph, m: NodeId) -> bool {
-    matches!(g.node(m).op, Op::Binary(BinaryOp::Lt, a, _) if matches!(g.node(a).op, Op::Iota { .. }))
 }
 
 /// The f32 value of scalar `t` when `scale` is 1, for `t` built from `scale` and constants by
@@ -221,30 +221,16 @@ pub(crate) struct OnePassBuffers {
     pub index: usize,
     /// `f32` unscaled values, `comps` per entry.
     pub values: usize,
-    /// `u64` Temp: kernel 0's grid size (one list segment per block), written by its last block.
-    pub grid: usize,
-    /// Kernel 0's partials: slot `length_slot` of block `b` holds the length of `b`'s segment
-    /// (the bits of a `u64` in the `f64` slot).
-    pub partials: usize,
-    pub length_slot: u32,
 }
 
-/// Kernel 1 of a one-pass plan: `out[index] = s * h` over the listed entries.
-pub(crate) fn emit_rescale_kernel(
-    g: &Graph,
-    an: &Analysis,
-    bufs: &OnePassBuffers,
-    opts: &crate::CodegenOptions,
-    hash: &kfuse_ir::GraphHash,
-    temps_base: usize,
-) -> Result<crate::Kernel, crate::CodegenError> {
+/// The code after a one-pass kernel's grid barrier: the block writes `out[index] = s * h` for
+/// the entries of its own list segment (`kf_list_base`, `kf_list_n`), with the scale `s` that the
+/// last block wrote before releasing the barrier (read volatile: it was written during this
+/// launch).
+pub(crate) fn rescale_lines(g: &Graph, an: &Analysis, pass: &OnePass) -> Result<Vec<String>, crate::CodegenError> {
     use crate::cuda;
-    use std::fmt::Write as _;
-    let pass = &bufs.pass;
-    let name = format!("kf_{}_1", hash.short());
     let o = pass.output;
-    let out = g.node(g.outputs[o].node);
-    let d = out.dtype;
+    let d = g.node(g.outputs[o].node).dtype;
     let t = *an.temps.get(&pass.scale).ok_or(crate::CodegenError::Internal { node: pass.scale.0, what: "scale without a temp" })?;
     let c = pass.comps as usize;
     let lanes = ["x", "y", "z", "w"];
@@ -255,85 +241,24 @@ pub(crate) fn emit_rescale_kernel(
             None => format!("kf_s * list_values[j * {c} + {k}]"),
         })
         .collect();
-    let mut helpers = std::collections::BTreeSet::new();
-    match d {
-        kfuse_ir::DType::F16 => {
-            helpers.insert(cuda::Helper::F16);
-        }
-        kfuse_ir::DType::BF16 => {
-            helpers.insert(cuda::Helper::BF16);
-        }
-        _ => {}
-    }
-    let block = opts.block_size;
-    let mut src = String::new();
-    let _ = writeln!(src, "// Generated by kfuse-codegen; do not edit.");
-    let _ = writeln!(src, "// kernel {name} (2 of 2) of graph {hash}");
-    let _ = writeln!(src, "// options: block_size={block}; reduction level 1");
-    let _ = writeln!(src, "// one-pass rescale: output {} = n{} * h at the entries kernel 0 listed (h computed there with the scale at 1)", g.outputs[o].name, pass.scale.0);
-    src.push('\n');
-    for h in &helpers {
-        src.push_str(&cuda::helper_source(*h));
-    }
-    let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({block}) {name}(");
-    let _ = writeln!(src, "    {}* __restrict__ out{o}, // output {} {}{}", cuda::storage_type(d), g.outputs[o].name, d, g.shape_str(&out.shape));
-    let _ = writeln!(src, "    const float* __restrict__ tmp{t}, // n{} f32 scalar from an earlier kernel (the scale)", pass.scale.0);
-    src.push_str("    const unsigned long long* __restrict__ list_index, // flat domain indices listed by kernel 0\n");
-    let _ = writeln!(src, "    const float* __restrict__ list_values, // {c} unscaled f32 values per entry");
-    let _ = writeln!(src, "    const double* __restrict__ partials, // kernel 0's partials: slot {} holds each segment's length (u64 bits)", bufs.length_slot);
-    src.push_str("    const unsigned long long* __restrict__ list_grid, // kernel 0's grid size: one list segment per block\n");
-    let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: 1 }, an.kernels[1].dims.clone(), 0);
-    let n_expr = em.product(&an.kernels[1].dims);
-    let syms: Vec<kfuse_ir::SymId> = em.uses.syms.iter().copied().collect();
-    for (j, s) in syms.iter().enumerate() {
-        let sep = if j + 1 < syms.len() { "," } else { "" };
-        let _ = writeln!(src, "    long long sz{}{sep} // size {}", s.0, g.symbols[s.0 as usize]);
-    }
-    src.push_str(")\n{\n");
-    let _ = writeln!(src, "    const long long n = {n_expr};");
-    let _ = writeln!(src, "    const float kf_s = tmp{t}[0];");
-    src.push_str("    const unsigned long long kf_grid0 = list_grid[0];\n");
-    let _ = writeln!(src, "    // Kernel 0 ran kf_grid0 blocks of {block} threads; its thread t owned elements t, t + S, ... (S threads).");
-    let _ = writeln!(src, "    const long long kf_s0 = (long long)kf_grid0 * {block}ll, kf_q = n / kf_s0, kf_r = n % kf_s0;");
-    src.push_str("    for (unsigned long long seg = blockIdx.x; seg < kf_grid0; seg += gridDim.x) {\n");
-    let _ = writeln!(src, "        const long long kf_t = (long long)seg * {block}ll;");
-    src.push_str("        const long long kf_base = kf_t * kf_q + (kf_t < kf_r ? kf_t : kf_r); // the segment's first entry\n");
-    let _ = writeln!(src, "        const long long kf_len = __double_as_longlong(partials[{}ull * kf_grid0 + seg]);", bufs.length_slot);
-    src.push_str("        for (long long kf_j = threadIdx.x; kf_j < kf_len; kf_j += blockDim.x) {\n");
-    src.push_str("            const long long j = kf_base + kf_j;\n");
-    src.push_str("            const unsigned long long i = list_index[j];\n");
+    let mut lines = vec![
+        format!("// After the barrier: the scale n{} is final; each block rescales the entries it listed.", pass.scale.0),
+        format!("const float kf_s = ((volatile float*)tmp{t})[0];"),
+        "for (long long kf_j = threadIdx.x; kf_j < (long long)kf_list_n; kf_j += blockDim.x) {".to_string(),
+        "    const long long j = kf_list_base + kf_j;".to_string(),
+        "    const unsigned long long i = list_index[j];".to_string(),
+    ];
     if let Some(vty) = hv {
-        let _ = writeln!(src, "            const {vty} kf_h = reinterpret_cast<const {vty}*>(list_values)[j];");
+        lines.push(format!("    const {vty} kf_h = reinterpret_cast<const {vty}*>(list_values)[j];"));
     }
     match cuda::vector_type(d, c as u64) {
-        Some(vty) => {
-            let _ = writeln!(src, "            reinterpret_cast<{vty}*>(out{o})[i] = {};", cuda::vector_pack(d, &vals));
-        }
+        Some(vty) => lines.push(format!("    reinterpret_cast<{vty}*>(out{o})[i] = {}; // {}", cuda::vector_pack(d, &vals), g.outputs[o].name)),
         None => {
             for (k, v) in vals.iter().enumerate() {
-                let _ = writeln!(src, "            out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v));
+                lines.push(format!("    out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v)));
             }
         }
     }
-    src.push_str("        }\n    }\n}\n");
-    let dims = &an.kernels[1].dims;
-    let mut params = vec![
-        crate::Param::Buffer(g.inputs.len() + o),
-        crate::Param::Buffer(temps_base + t),
-        crate::Param::Buffer(bufs.index),
-        crate::Param::Buffer(bufs.values),
-        crate::Param::Buffer(bufs.partials),
-        crate::Param::Buffer(bufs.grid),
-    ];
-    params.extend(syms.into_iter().map(crate::Param::Size));
-    Ok(crate::Kernel {
-        name,
-        source: src,
-        params,
-        block,
-        // One block per segment of kernel 0 when the grids agree (kernel 0's batched grid: one
-        // resident wave of `1024 / block` blocks per SM); any other grid is also correct.
-        grid: crate::GridSpec::Work { work: crate::kernel::size_expr(dims)?, per_block: u64::from(block), max_blocks_per_sm: (1024 / block).max(1) },
-        lazy_inputs: Vec::new(),
-    })
+    lines.push("}".to_string());
+    Ok(lines)
 }

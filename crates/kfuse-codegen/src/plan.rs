@@ -61,12 +61,14 @@ pub enum BufferKind {
     /// slot-major (`slot * gridDim.x + blockIdx.x`), `slots_per_block * grid` elements. No
     /// initialisation needed; allocate for the largest grid that kernel may be launched with.
     Partials { kernel: usize, slots_per_block: u32 },
-    /// One `u32` ticket counter of kernel `kernel`: the executor zeroes it ONCE when it allocates
-    /// it; the kernel leaves it at 0 again when it finishes, so repeated launches need no memset.
-    /// Never launch two instances of the same kernel with the same counter concurrently.
+    /// The `u32` ticket counter of kernel `kernel` (and, for a [`Launch::Cooperative`] kernel, a
+    /// second `u32`: the generation of its grid barrier): the executor zeroes it ONCE when it
+    /// allocates it; the kernel leaves the ticket at 0 again when it finishes (the generation
+    /// only counts up), so repeated launches need no memset. Never launch two instances of the
+    /// same kernel with the same counter concurrently.
     Counter { kernel: usize },
-    /// Working memory that kernel `kernel` writes and a later kernel of the same run reads
-    /// (e.g. the compact list of a one-pass masked gradient). No initialisation needed.
+    /// Working memory of kernel `kernel` (e.g. the compact list of a one-pass masked gradient,
+    /// written before its grid barrier and read after it). No initialisation needed.
     Scratch { kernel: usize },
 }
 
@@ -145,6 +147,19 @@ pub struct Kernel {
     /// `target[.., 3] != 0`): their bytes are touched only for the elements where it holds.
     /// Benchmarks leave them out of the bytes a run must move.
     pub lazy_inputs: Vec<InputId>,
+    /// How the executor launches it.
+    pub launch: Launch,
+}
+
+/// How the executor launches a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Launch {
+    /// `cuLaunchKernel`: blocks may run in any order, a few at a time.
+    Plain,
+    /// `cuLaunchCooperativeKernel`, with the grid capped at the blocks the device holds at once
+    /// for this kernel (occupancy times multiprocessors): the kernel waits on a grid-wide
+    /// barrier, which needs every block resident. Any grid size is otherwise correct.
+    Cooperative,
 }
 
 /// One kernel parameter.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use kfuse_codegen::{emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Param, SizeExpr};
+use kfuse_codegen::{emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Launch, Param, SizeExpr};
 use kfuse_ir::{BinaryOp, DType, Dim, GraphBuilder, InputId, ReduceAxis, ReduceOp, Shape, SymId, UnaryOp};
 
 fn opts() -> CodegenOptions {
@@ -158,14 +158,27 @@ fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
 
 /// `where(valid[.., None], (pred - target) * s^factors, 0)` with `s = 1 / max(count(valid), 1)`.
 fn scaled_masked_delta(factors: u32) -> kfuse_ir::Graph {
+    scaled_delta(factors, false)
+}
+
+/// The same with `valid = iota(N) < lengths[.., None]` (what `mask(lengths)` lowers to) when
+/// `lengths`, else `valid = target[.., 3] != 0`.
+fn scaled_delta(factors: u32, lengths: bool) -> kfuse_ir::Graph {
     let mut b = GraphBuilder::new();
     let (bs, n) = (b.symbol("B"), b.symbol("N"));
     let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
     let pred = b.input("pred", DType::F32, shape.clone()).expect("input");
     let target = b.input("target", DType::F32, shape).expect("input");
-    let y2 = b.component(target, 3).expect("component");
     let zero = b.lit_float(0.0);
-    let valid = b.binary(BinaryOp::Ne, y2, zero).expect("ne");
+    let valid = if lengths {
+        let lengths = b.input("lengths", DType::I32, Shape(vec![Dim::Sym(bs)])).expect("input");
+        let iota = b.iota(Shape(vec![Dim::Sym(bs), Dim::Sym(n)]), 1).expect("iota");
+        let l1 = b.expand_last(lengths);
+        b.binary(BinaryOp::Lt, iota, l1).expect("lt")
+    } else {
+        let y2 = b.component(target, 3).expect("component");
+        b.binary(BinaryOp::Ne, y2, zero).expect("ne")
+    };
     let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
     let one_i = b.lit_int(1);
     let denom = b.binary(BinaryOp::Max, count, one_i).expect("max");
@@ -183,26 +196,51 @@ fn scaled_masked_delta(factors: u32) -> kfuse_ir::Graph {
 }
 
 #[test]
+fn lengths_scaled_gradient_is_one_row_mode_pass() {
+    // Lengths layout: one cooperative row-mode kernel zero-fills each row's padding, lists the
+    // valid columns' unscaled values in its block's segment (counted in rows of its warps), then
+    // rescales them past the grid barrier.
+    let p = plan(&scaled_delta(1, true), &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let k = &p.kernels[0];
+    assert_eq!(k.launch, Launch::Cooperative);
+    let src = &k.source;
+    assert!(src.contains("const int v0 = in2[row];"), "row mode:\n{src}");
+    assert!(src.contains("kf_list_t = ((long long)blockIdx.x * blockDim.x) >> 5; // warps"), "segments over rows:\n{src}");
+    assert!(src.contains("* sz1; // elements of the rows of the warps before this block"));
+    let fill = src.find("kf_zb = rowbase + sz1").expect("zero fill");
+    let append = src.find("atomicAdd(&kf_list_n").expect("list");
+    let release = src.find("atomicAdd(counter + 1, 1u)").expect("barrier");
+    let rescale = src.find("kf_s * kf_h.x").expect("rescale");
+    assert!(fill < append && append < release && release < rescale, "{src}");
+    let GridSpec::Work { per_block, .. } = &k.grid;
+    assert_eq!(*per_block, 8, "one warp per row");
+}
+
+#[test]
 fn scaled_masked_gradient_is_listed_in_one_pass() {
-    // Linear in the crossing scale: kernel 0 lists the unscaled values, kernel 1 rescales them.
+    // Linear in the crossing scale: one cooperative kernel lists the unscaled values, then after
+    // its grid barrier each block rescales the entries it listed.
     let p = plan(&scaled_masked_delta(1), &opts()).expect("plan");
-    assert_eq!(p.kernels.len(), 2);
+    assert_eq!(p.kernels.len(), 1);
+    assert_eq!(p.kernels[0].launch, Launch::Cooperative);
     let k0 = &p.kernels[0].source;
-    assert!(k0.contains("atomicAdd(&kf_list_n"), "kernel 0 lists the valid entries in its block's segment:\n{k0}");
+    assert!(k0.contains("atomicAdd(&kf_list_n"), "the kernel lists the valid entries in its block's segment:\n{k0}");
     assert!(!k0.contains("atomicAdd(list"), "no global list counter:\n{k0}");
-    assert!(k0.contains("partials[1u * gridDim.x + blockIdx.x] = __longlong_as_double((long long)kf_list_n)"), "segment length in the extra slot");
-    assert!(k0.contains("list_grid[0] = gridDim.x;"), "the last block records the grid");
-    assert!(k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "kernel 0 writes the zeros");
-    let k1 = &p.kernels[1].source;
-    assert!(!k1.contains("in1") && !k1.contains("in0"), "kernel 1 reads no input:\n{k1}");
-    assert!(k1.contains("kf_s * kf_h.x"));
-    assert!(k1.contains("partials[1ull * kf_grid0 + seg]"), "kernel 1 walks the segments:\n{k1}");
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 2 } && b.elem == ElemType::F64));
+    assert!(k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "the zeros are written in the loop");
+    let barrier = k0.find("atomicAdd(counter + 1, 1u)").expect("the last block releases the barrier");
+    let wait = k0.find("((volatile unsigned int*)counter)[1] == kf_gen").expect("the others wait for it");
+    let rescale = k0.find("kf_s * kf_h.x").expect("rescale");
+    assert!(barrier < rescale && wait < rescale, "the rescale runs past the barrier:\n{k0}");
+    assert!(k0.contains("kf_j < (long long)kf_list_n"), "each block walks its own segment:\n{k0}");
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elem == ElemType::F64));
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(2)), "ticket and barrier generation");
     assert_eq!(p.buffers.iter().filter(|b| b.kind == BufferKind::Scratch { kernel: 0 }).count(), 2);
     // Quadratic in the scale: the two-kernel plan, whose second kernel re-reads the predicate.
     let p = plan(&scaled_masked_delta(2), &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 2);
-    assert!(!p.kernels[0].source.contains("list_slots"));
+    assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain));
+    assert!(!p.kernels[0].source.contains("kf_list_n"));
     assert!(p.kernels[1].source.contains("in1"), "{}", p.kernels[1].source);
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })));
 }

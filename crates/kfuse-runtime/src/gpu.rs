@@ -56,6 +56,8 @@ pub struct Gpu {
     sm_count: u32,
     l2_bytes: usize,
     max_shared_optin: u32,
+    /// Whether the device runs cooperative launches (all blocks resident at once).
+    cooperative: bool,
     cache: Arc<KernelCache>,
     modules: Mutex<HashMap<CacheKey, LoadedModule>>,
     /// First-level lookup: (source, function, extra options) → loaded function.
@@ -135,6 +137,15 @@ pub struct GpuEvent {
     event: CudaEvent,
     gpu_id: u64,
     ordinal: usize,
+}
+
+/// How a kernel is launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaunchMode {
+    /// `cuLaunchKernel`.
+    Plain,
+    /// `cuLaunchCooperativeKernel`: every block resident at once.
+    Cooperative,
 }
 
 /// Argument values owned for the duration of one launch (the driver reads them by address).
@@ -220,6 +231,10 @@ impl Gpu {
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)",
         )?;
+        let cooperative = attribute(
+            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
+            "cuDeviceGetAttribute(COOPERATIVE_LAUNCH)",
+        )? != 0;
         let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
         timing::log("open: stream + attributes", step);
         // The driver sets up device memory management lazily, on a context's first allocation
@@ -245,6 +260,7 @@ impl Gpu {
             sm_count,
             l2_bytes: usize::try_from(l2_bytes).unwrap_or(0),
             max_shared_optin,
+            cooperative,
             cache,
             modules: Mutex::new(HashMap::new()),
             functions: SourceMap::new(),
@@ -480,6 +496,53 @@ impl Gpu {
         shared_bytes: u32,
         args: &[KernelArg<'_>],
     ) -> Result<(), RuntimeError> {
+        self.launch_as(LaunchMode::Plain, f, grid, block, shared_bytes, args)
+    }
+
+    /// Launches `f` cooperatively (`cuLaunchCooperativeKernel`): the driver guarantees that all
+    /// `grid` blocks are resident at once, so the kernel may wait on a grid-wide barrier; a grid
+    /// larger than [`Gpu::max_resident_blocks`] is refused with an error, never run.
+    pub fn launch_cooperative(
+        &self,
+        f: &GpuFunction,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), RuntimeError> {
+        if !self.cooperative {
+            return Err(RuntimeError::InvalidLaunch {
+                fn_name: f.name.to_string(),
+                ordinal: self.ordinal,
+                reason: format!("{} does not support cooperative launches (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH is 0)", self.name),
+            });
+        }
+        self.launch_as(LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
+    }
+
+    /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory can be
+    /// resident on the whole device at once (the occupancy calculator's blocks per
+    /// multiprocessor times the multiprocessor count): the largest cooperative grid.
+    pub fn max_resident_blocks(&self, f: &GpuFunction, block: u32, shared_bytes: u32) -> Result<u32, RuntimeError> {
+        self.check_owner("kernel function", f.gpu_id, f.ordinal)?;
+        self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
+        let shared = usize::try_from(shared_bytes).unwrap_or(usize::MAX);
+        let per_sm = f
+            .function
+            .occupancy_max_active_blocks_per_multiprocessor(block, shared, None)
+            .map_err(self.driver_error("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        Ok(per_sm.saturating_mul(self.sm_count))
+    }
+
+    fn launch_as(
+        &self,
+        mode: LaunchMode,
+        f: &GpuFunction,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), RuntimeError> {
         self.check_owner("kernel function", f.gpu_id, f.ordinal)?;
         let invalid = |reason: String| RuntimeError::InvalidLaunch {
             fn_name: f.name.to_string(),
@@ -545,7 +608,13 @@ impl Gpu {
         // Gpu borrowed for this call (freed only in stream order after the kernel), scalars are
         // plain values in `values`, which outlives the launch call. That the argument list
         // matches the kernel's signature is the caller's contract, as in any CUDA launch.
-        unsafe { builder.launch(config) }.map_err(|source| RuntimeError::Launch {
+        let launched = match mode {
+            // SAFETY: as above.
+            LaunchMode::Plain => unsafe { builder.launch(config) },
+            // SAFETY: as above; the driver checks that the grid can be resident at once.
+            LaunchMode::Cooperative => unsafe { builder.launch_cooperative(config) },
+        };
+        launched.map(|_| ()).map_err(|source| RuntimeError::Launch {
             fn_name: f.name.to_string(),
             grid,
             block,

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use half::slice::HalfFloatSliceExt;
-use kfuse_codegen::{BufferKind, Param, Plan};
+use kfuse_codegen::{BufferKind, Launch, Param, Plan};
 use kfuse_ir::{Graph, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg};
 
@@ -19,6 +19,8 @@ pub struct CudaProgram<'g> {
     graph: Graph,
     plan: Plan,
     functions: Vec<GpuFunction>,
+    /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
+    resident: Vec<Option<u32>>,
 }
 
 /// The device buffers and launch geometry of one set of inputs.
@@ -48,7 +50,19 @@ impl<'g> CudaProgram<'g> {
     /// Loads the kernels of a plan already made from `program`.
     pub fn from_plan(gpu: &'g Gpu, program: &Program, plan: Plan) -> Result<CudaProgram<'g>, Error> {
         let functions = plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
-        Ok(CudaProgram { gpu, graph: program.graph.clone(), plan, functions })
+        let resident = plan
+            .kernels
+            .iter()
+            .zip(&functions)
+            .map(|(k, f)| match k.launch {
+                Launch::Plain => Ok(None),
+                Launch::Cooperative => match gpu.max_resident_blocks(f, k.block, 0)? {
+                    0 => Err(Error::Exec(format!("kernel {} cannot have even one block of {} threads resident on this device", k.name, k.block))),
+                    n => Ok(Some(n)),
+                },
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        Ok(CudaProgram { gpu, graph: program.graph.clone(), plan, functions, resident })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -65,7 +79,12 @@ impl<'g> CudaProgram<'g> {
             .plan
             .kernels
             .iter()
-            .map(|k| k.grid.blocks(&sizes, sm).ok_or_else(|| Error::Exec(format!("kernel {} needs too many blocks for these sizes", k.name))))
+            .zip(&self.resident)
+            .map(|(k, resident)| {
+                let blocks = k.grid.blocks(&sizes, sm).ok_or_else(|| Error::Exec(format!("kernel {} needs too many blocks for these sizes", k.name)))?;
+                // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
+                Ok(resident.map_or(blocks, |r| blocks.min(r)))
+            })
             .collect::<Result<Vec<u32>, Error>>()?;
         let mut buffers = Vec::with_capacity(self.plan.buffers.len());
         for decl in &self.plan.buffers {
@@ -113,7 +132,10 @@ impl<'g> CudaProgram<'g> {
                 })
                 .collect();
             let step = Instant::now();
-            self.gpu.launch(f, run.grids[i], k.block, 0, &args)?;
+            match k.launch {
+                Launch::Plain => self.gpu.launch(f, run.grids[i], k.block, 0, &args)?,
+                Launch::Cooperative => self.gpu.launch_cooperative(f, run.grids[i], k.block, 0, &args)?,
+            }
             if timing::enabled() {
                 timing::log(&format!("launch {} (grid {}, block {})", k.name, run.grids[i], k.block), step);
             }
