@@ -15,6 +15,9 @@ pub enum CodegenError {
     /// `CodegenOptions::block_size` is not a multiple of 32 in `32..=1024`.
     #[error("block size {block_size} is not supported: it must be a multiple of 32 between 32 and 1024")]
     BadBlockSize { block_size: u32 },
+    /// `CodegenOptions::elems_per_thread` is outside `1..=16`.
+    #[error("{elems_per_thread} elements per thread is not supported: it must be between 1 and 16")]
+    BadElemsPerThread { elems_per_thread: u32 },
     /// A constant size product overflows `u64`.
     #[error("the constant part of a size at node v{node} overflows 64 bits")]
     SizeOverflow { node: u32 },

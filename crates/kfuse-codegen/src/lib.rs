@@ -75,6 +75,9 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !opts.block_size.is_multiple_of(32) || !(32..=1024).contains(&opts.block_size) {
         return Err(CodegenError::BadBlockSize { block_size: opts.block_size });
     }
+    if !(1..=16).contains(&opts.elems_per_thread) {
+        return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
+    }
     let an = analysis::analyse(graph)?;
     let hash = graph.stable_hash();
 

@@ -9,11 +9,14 @@ use kfuse_ir::{DType, GraphHash, InputId, SymId};
 pub struct CodegenOptions {
     /// Threads per block of every generated kernel: a multiple of 32 in `32..=1024`.
     pub block_size: u32,
+    /// Elements each thread takes per iteration of a batched grid-stride loop (their loads are
+    /// all issued before the first use): `1..=16`.
+    pub elems_per_thread: u32,
 }
 
 impl Default for CodegenOptions {
     fn default() -> Self {
-        CodegenOptions { block_size: 256 }
+        CodegenOptions { block_size: 256, elems_per_thread: 4 }
     }
 }
 

@@ -79,7 +79,7 @@ fn planning_twice_gives_identical_bytes() {
 #[test]
 fn block_size_is_printed_and_used() {
     let g = common::giou(kfuse_ir::DType::F32, kfuse_ir::DType::F32).expect("graph");
-    let p = plan(&g, &CodegenOptions { block_size: 128 }).expect("plan");
+    let p = plan(&g, &CodegenOptions { block_size: 128, ..CodegenOptions::default() }).expect("plan");
     // Batched grid-stride kernels also state their resident blocks per SM (1024 threads).
     assert!(p.kernels[0].source.contains("__launch_bounds__(128, 8)"));
     assert!(p.kernels[0].source.contains("block_size=128"));

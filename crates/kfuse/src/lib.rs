@@ -60,6 +60,9 @@ pub struct Program {
     /// Where it came from (a file name, or `<builder>`), for messages.
     pub origin: String,
     pub graph: Graph,
+    /// Code generation choices (block size, elements per thread); the defaults unless a caller
+    /// tunes them.
+    pub codegen: kfuse_codegen::CodegenOptions,
 }
 
 impl Program {
@@ -72,17 +75,17 @@ impl Program {
     /// Parses and type-checks `.kf` source; `file_name` appears in diagnostics.
     pub fn from_source(source: &str, file_name: &str) -> Result<Program, Error> {
         let graph = kfuse_lang::parse_program(source, file_name)?;
-        Ok(Program { origin: file_name.to_string(), graph })
+        Ok(Program { origin: file_name.to_string(), graph, codegen: Default::default() })
     }
 
     /// Wraps a graph built with the Rust builder.
     pub fn from_graph(graph: Graph) -> Program {
-        Program { origin: "<builder>".into(), graph }
+        Program { origin: "<builder>".into(), graph, codegen: Default::default() }
     }
 
     /// The fused kernel plan (generated CUDA included); pure, needs no GPU.
     pub fn plan(&self) -> Result<kfuse_codegen::Plan, Error> {
-        Ok(kfuse_codegen::plan(&self.graph, &kfuse_codegen::CodegenOptions::default())?)
+        Ok(kfuse_codegen::plan(&self.graph, &self.codegen)?)
     }
 
     /// Runs on the CPU reference interpreter; outputs in declaration order.

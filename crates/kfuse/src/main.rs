@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kfuse::{bench, boxes, exec, npy, HostTensor, Program};
 use kfuse_mlp::MlpModel;
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
@@ -38,12 +38,33 @@ enum DeviceArg {
     Cuda,
 }
 
+/// Code generation tuning (the defaults are what every other command uses).
+#[derive(Args, Debug, Clone, Copy)]
+struct Tuning {
+    /// Threads per block of the generated kernels (a multiple of 32, 32..=1024).
+    #[arg(long, default_value_t = 256)]
+    block_size: u32,
+    /// Elements per thread and iteration of batched grid-stride loops (1..=16).
+    #[arg(long, default_value_t = 4)]
+    elems_per_thread: u32,
+}
+
+impl Tuning {
+    fn options(self) -> kfuse_codegen::CodegenOptions {
+        kfuse_codegen::CodegenOptions { block_size: self.block_size, elems_per_thread: self.elems_per_thread }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Parse and type-check a .kf file; print the typed graph.
     Check { file: PathBuf },
     /// Print the generated CUDA source of a .kf file.
-    Emit { file: PathBuf },
+    Emit {
+        file: PathBuf,
+        #[command(flatten)]
+        tuning: Tuning,
+    },
     /// Run a .kf file: tensor outputs go to DIR/NAME.npy, scalars are printed as `NAME = VALUE`.
     Run {
         file: PathBuf,
@@ -74,6 +95,8 @@ enum Command {
         /// Write the figures as JSON here too.
         #[arg(long)]
         json: Option<PathBuf>,
+        #[command(flatten)]
+        tuning: Tuning,
     },
     /// Generate data sets.
     Gen {
@@ -226,8 +249,9 @@ fn run(cli: Cli) -> Result<()> {
             say!("{}", p.graph);
             Ok(())
         }
-        Command::Emit { file } => {
-            let p = load(&file)?;
+        Command::Emit { file, tuning } => {
+            let mut p = load(&file)?;
+            p.codegen = tuning.options();
             let plan = p.plan()?;
             for k in &plan.kernels {
                 say!("{}", k.source);
@@ -244,8 +268,9 @@ fn run(cli: Cli) -> Result<()> {
             };
             write_outputs(&outputs, &output)
         }
-        Command::Bench { file, inputs, dims, baseline, iters, json } => {
-            let p = load(&file)?;
+        Command::Bench { file, inputs, dims, baseline, iters, json, tuning } => {
+            let mut p = load(&file)?;
+            p.codegen = tuning.options();
             let tensors = if dims.is_empty() {
                 read_inputs(&inputs)?
             } else {
