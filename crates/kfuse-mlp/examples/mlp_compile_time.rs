@@ -1,9 +1,13 @@
 //! Times NVRTC on the fused kernels of the three issue-5 benchmark models (64→4×64→16 ReLU,
 //! 64→4×128→16 ReLU, 32→…→16 SiLU with bias) for sm_90, once per NVRTC option set, and prints
-//! the ptxas resource report. No GPU needed: only libnvrtc.
+//! the ptxas resource report, then one line per model with the two tiers' compile times (the
+//! fast form `CompileEffort::Fast` that serves a cold first call, and the fully optimised kernel
+//! compiled in the background). No GPU needed: only libnvrtc. For cold figures run it with
+//! `CUDA_CACHE_DISABLE=1` (NVRTC 12.9+ keeps its own cache in the driver's compute cache).
 //!
 //! `cargo run --release -p kfuse-mlp --example mlp_compile_time [-- "OPTS" ...]`: each argument
-//! is one whitespace-separated option set (the empty set is always measured first). Env:
+//! is one whitespace-separated option set added to the optimised kernel's options (the
+//! optimised and the fast tier are always measured first). Env:
 //! KF_MODEL (one model's name), KF_WARPS, KF_R (tile choices), KF_MATH=f32|tanhf32 (SiLU math),
 //! KF_UNROLL=1 (repeated layers unrolled instead of looped),
 //! KF_DUMP=DIR (writes each model's source and cubin there, for nvdisasm).
@@ -11,7 +15,7 @@
 use std::time::Instant;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{emit_kernel, ActivationMath, MlpKernelOptions, MlpModel, RepeatedLayers};
+use kfuse_mlp::{emit_kernel, ActivationMath, CompileEffort, MlpKernelOptions, MlpModel, RepeatedLayers};
 use kfuse_runtime::{compile, Arch, CompileOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,8 +29,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false),
         ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true),
     ];
-    let mut sets: Vec<Vec<String>> = vec![Vec::new()];
-    sets.extend(std::env::args().skip(1).map(|a| a.split_whitespace().map(str::to_string).collect()));
+    let extra_sets: Vec<Vec<String>> = std::env::args().skip(1).map(|a| a.split_whitespace().map(str::to_string).collect()).collect();
+    let mut summary: Vec<String> = Vec::new();
     let only: Option<String> = std::env::var("KF_MODEL").ok();
     for (name, widths, act, bias) in models {
         if only.as_deref().is_some_and(|o| o != name) {
@@ -46,11 +50,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             kopts.repeated_layers = RepeatedLayers::Unrolled;
         }
         let kernel = emit_kernel(&model, &kopts)?;
+        let fast = emit_kernel(&model, &MlpKernelOptions { compile_effort: CompileEffort::Fast, ..kopts.clone() })?;
         println!("{name}: {} warps x {} row tiles, {} B shared", kernel.warps, kernel.row_tiles_per_warp, kernel.shared_bytes);
-        for set in &sets {
+        // (label, full option list): the two tiers, then the optimised options plus each extra set.
+        let mut sets: Vec<(String, Vec<String>)> = vec![("full".to_string(), kernel.nvrtc_options.clone()), ("fast".to_string(), fast.nvrtc_options.clone())];
+        for set in &extra_sets {
+            sets.push((format!("{set:?}"), kernel.nvrtc_options.iter().chain(set).cloned().collect()));
+        }
+        let mut tier_ms = [0.0f64; 2];
+        for (i, (label, options)) in sets.iter().enumerate() {
             let mut opts = CompileOptions::for_arch(Arch::new(9, 0));
-            opts.extra = kernel.nvrtc_options.clone();
-            opts.extra.extend(set.iter().cloned());
+            opts.extra = options.clone();
             opts.extra.push("--ptxas-options=-v".to_string());
             let t = Instant::now();
             let m = compile(&kernel.source, &opts)?;
@@ -61,8 +71,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
             let ptxas = m.log.lines().find(|l| l.contains("Compile time")).unwrap_or("").trim().to_string();
-            println!("{name:14} {:40} {ms:7.0} ms cubin {:6} B | {regs} | {ptxas}", format!("{set:?}"), m.cubin.len());
+            println!("{name:14} {label:40} {ms:7.0} ms cubin {:6} B | {regs} | {ptxas}", m.cubin.len());
+            if let Some(slot) = tier_ms.get_mut(i) {
+                *slot = ms;
+            }
         }
+        summary.push(format!("{name:14} fast tier {:6.0} ms   full tier {:6.0} ms", tier_ms[1], tier_ms[0]));
+    }
+    println!("\ncompile time per tier (sm_90, this CPU; CUDA_CACHE_DISABLE={}):", std::env::var("CUDA_CACHE_DISABLE").unwrap_or_default());
+    for line in summary {
+        println!("{line}");
     }
     Ok(())
 }

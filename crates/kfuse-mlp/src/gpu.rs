@@ -1,30 +1,50 @@
-//! Running a model on a GPU: [`prepare`] compiles (through kfuse-runtime's NVRTC + cache) and
-//! uploads the parameters once; [`PreparedMlp::launch`] runs it on device buffers; [`run_gpu`]
-//! does both for one host tensor, poisoning the output first so unwritten elements show up.
+//! Running a model on a GPU: [`prepare`] / [`prepare_tiered`] compile (through kfuse-runtime's
+//! NVRTC + kernel cache) and upload the parameters once; [`PreparedMlp::launch`] runs it on
+//! device buffers; [`run_gpu`] does both for one host tensor, poisoning the output first so
+//! unwritten elements show up.
+//!
+//! Tiered compilation (see `tier.rs`): when the fully optimised fused kernel is not in the kernel
+//! cache (memory or disk), [`prepare`] compiles its `--Ofast-compile=mid` form (a third of the
+//! compile time) and returns at once, while a background thread compiles the optimised one into
+//! the cache; [`PreparedMlp::launch`] checks with one atomic load whether that thread is done and
+//! then loads the optimised kernel (a cache hit) and uses it from then on. When the optimised
+//! kernel is already cached, no fast form is compiled. [`PreparedMlp::wait_optimized`] blocks
+//! until the switch; [`Tiering::FullOnly`] (and [`prepare_with`]) opt out.
 //!
 //! Handles: the fused kernel, and the tiled fallback (with its note) when the model does not fit.
 //! Does not handle: several GPUs, streams other than the Gpu's own, inputs already on the device
-//! in another process.
+//! in another process, tiering of the tiled fallback (compiled in full at once).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use kfuse_ir::{DType, HostTensor};
-use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg};
+use kfuse_runtime::{CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg};
 
 use crate::cpu::check_input;
 use crate::error::{MlpError, Result};
-use crate::kernel::{emit_kernel, MlpKernel, MlpKernelOptions};
+use crate::kernel::{emit_kernel, CompileEffort, MlpKernel, MlpKernelOptions};
 use crate::model::MlpModel;
+use crate::tier::{BackgroundCompile, KernelTier, Tiering};
 use crate::tiled::{emit_tiled, TiledPlan};
 
 /// A compiled, uploaded model on one GPU.
-pub enum PreparedMlp {
+pub struct PreparedMlp {
+    body: Body,
+    in_dtype: DType,
+    out_dtype: DType,
+    started_at: Instant,
+    prepare_ms: f64,
+}
+
+enum Body {
     /// The fused kernel.
     Fused {
-        /// The generated kernel.
+        /// The generated kernel (its `nvrtc_options` are the requested ones).
         kernel: MlpKernel,
-        /// Its loaded function.
-        function: GpuFunction,
+        /// Its loaded function(s).
+        functions: FusedFunctions,
         /// The packed parameters on the device.
         params: DeviceBuffer,
         /// Blocks per launch (persistent: one per SM at most).
@@ -41,28 +61,67 @@ pub enum PreparedMlp {
     },
 }
 
+enum FusedFunctions {
+    /// The requested kernel, loaded before `prepare` returned.
+    Single(GpuFunction),
+    /// The fast form now, the requested kernel once its background compile is done.
+    Tiered(Box<Tiered>),
+}
+
+struct Tiered {
+    fast: GpuFunction,
+    background: BackgroundCompile,
+    /// The requested kernel, loaded on the first launch after its compile finished.
+    full: OnceLock<GpuFunction>,
+    /// Set once the switch failed and was warned about: launches stay on `fast` quietly.
+    gave_up: AtomicBool,
+    /// Print tier switches (`KFUSE_LOG_COMPILES=1`).
+    log: bool,
+}
+
+/// When the fully optimised kernel of a [`PreparedMlp`] was ready.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct TierReady {
+    /// Milliseconds from the start of `prepare` until the requested kernel was compiled into the
+    /// cache: the background compile's end when the first call used the fast form, else
+    /// `prepare`'s own duration.
+    pub ready_ms: f64,
+    /// How long the background compile took on its thread, when there was one.
+    pub background_compile_ms: Option<f64>,
+}
+
 fn too_large(what: &'static str, value: usize) -> MlpError {
     MlpError::TooLarge { what, value: value as u64, limit: u32::MAX as u64 }
 }
 
-/// Compiles and uploads `model` for inputs of `in_dtype` and outputs of `out_dtype`; returns it
-/// and the wall time this took (the first-call compile time when the cache is cold).
+/// Compiles and uploads `model` for inputs of `in_dtype` and outputs of `out_dtype`, tiered
+/// ([`Tiering::Background`]): when the optimised kernel is not cached, the fast form serves the
+/// first launches. Returns it and the wall time this took (the first-call compile time when the
+/// cache is cold).
 pub fn prepare(gpu: &Gpu, model: &MlpModel, in_dtype: DType, out_dtype: DType) -> Result<(PreparedMlp, f64)> {
     let opts = MlpKernelOptions { in_dtype, out_dtype, shared_limit: gpu.max_shared_bytes(), ..MlpKernelOptions::default() };
-    prepare_with(gpu, model, &opts)
+    prepare_tiered(gpu, model, &opts, Tiering::Background)
 }
 
-/// [`prepare`] with explicit kernel choices (tile sizes, activation math; for tuning). The
-/// shared-memory limit is capped at the device's.
+/// [`prepare`] with explicit kernel choices (tile sizes, activation math, compile effort; for
+/// tuning), compiling exactly that kernel before returning ([`Tiering::FullOnly`]): what it
+/// launches is what `opts` asked for. The shared-memory limit is capped at the device's.
 pub fn prepare_with(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions) -> Result<(PreparedMlp, f64)> {
-    let start = Instant::now();
+    prepare_tiered(gpu, model, opts, Tiering::FullOnly)
+}
+
+/// [`prepare_with`] with a choice of tiering. [`Tiering::Background`] starts with the fast form
+/// only when `opts.compile_effort` is [`CompileEffort::Full`], the kernel cache is not bypassed
+/// (`KFUSE_NO_CACHE=1`) and the optimised kernel is in neither the memory nor the disk cache.
+pub fn prepare_tiered(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, tiering: Tiering) -> Result<(PreparedMlp, f64)> {
+    let started_at = Instant::now();
     let (in_dtype, out_dtype) = (opts.in_dtype, opts.out_dtype);
     let opts = MlpKernelOptions { shared_limit: opts.shared_limit.min(gpu.max_shared_bytes()), ..opts.clone() };
-    let prepared = match emit_kernel(model, &opts) {
+    let body = match emit_kernel(model, &opts) {
         Ok(kernel) => {
-            let function = gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?;
+            let functions = load_fused(gpu, model, &opts, &kernel, tiering)?;
             let params = gpu.upload(&kernel.params)?;
-            PreparedMlp::Fused { kernel, function, params, max_blocks: gpu.sm_count().max(1) }
+            Body::Fused { kernel, functions, params, max_blocks: gpu.sm_count().max(1) }
         }
         Err(MlpError::SharedMemory { what, needed, limit }) => {
             let why = format!("{what}: needs {needed}, limit {limit}");
@@ -72,39 +131,171 @@ pub fn prepare_with(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions) -> Res
                 let f = gpu.load_kernel(&l.source, &l.name)?;
                 layers.push((f, gpu.upload(&l.weight_bytes)?, gpu.upload(&l.bias_bytes)?));
             }
-            PreparedMlp::Tiled { plan, layers, widths: model.layers.iter().map(|l| l.outputs).collect() }
+            Body::Tiled { plan, layers, widths: model.layers.iter().map(|l| l.outputs).collect() }
         }
         Err(other) => return Err(other),
     };
-    Ok((prepared, start.elapsed().as_secs_f64() * 1e3))
+    let prepare_ms = started_at.elapsed().as_secs_f64() * 1e3;
+    Ok((PreparedMlp { body, in_dtype, out_dtype, started_at, prepare_ms }, prepare_ms))
+}
+
+/// Loads the requested kernel, or (tiering applies and it is not cached) its fast form with the
+/// requested one compiling in the background.
+fn load_fused(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, kernel: &MlpKernel, tiering: Tiering) -> Result<FusedFunctions> {
+    let cache = gpu.cache();
+    let full_opts = CompileOptions { arch: gpu.compile_arch(), extra: kernel.nvrtc_options.clone() };
+    let may_tier = tiering == Tiering::Background && opts.compile_effort == CompileEffort::Full && !cache.is_bypassed();
+    if !may_tier || cache.get_cached(&kernel.source, &full_opts)?.is_some() {
+        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?));
+    }
+    // The fast form differs only in its NVRTC options; should the generator ever make it differ
+    // in source or parameters, the two could not share `params` and geometry: no tiering then.
+    let fast = emit_kernel(model, &MlpKernelOptions { compile_effort: CompileEffort::Fast, ..opts.clone() })?;
+    if fast.source != kernel.source || fast.params != kernel.params || fast.nvrtc_options == kernel.nvrtc_options {
+        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?));
+    }
+    // Started first: on a machine with cores to spare the two compiles overlap.
+    let background = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), full_opts);
+    let log = cache.config().log_compiles;
+    let fast = gpu.load_kernel_with_options(&fast.source, &fast.name, &fast.nvrtc_options)?;
+    if log {
+        eprintln!("kfuse: {} is not cached: running its fast-compiled form, compiling the optimised kernel in the background", kernel.name);
+    }
+    Ok(FusedFunctions::Tiered(Box::new(Tiered { fast, background, full: OnceLock::new(), gave_up: AtomicBool::new(false), log })))
+}
+
+impl Tiered {
+    /// The kernel a launch uses now: the optimised one if loaded or ready to load, else the fast
+    /// form. Never waits for the compile; a failed switch is warned about once.
+    fn current(&self, gpu: &Gpu, kernel: &MlpKernel) -> &GpuFunction {
+        if let Some(full) = self.full.get() {
+            return full;
+        }
+        if !self.background.is_finished() || self.gave_up.load(Ordering::Relaxed) {
+            return &self.fast;
+        }
+        match self.promote(gpu, kernel) {
+            Ok(full) => full,
+            Err(e) => {
+                if !self.gave_up.swap(true, Ordering::Relaxed) {
+                    eprintln!("kfuse: warning: {e}");
+                }
+                &self.fast
+            }
+        }
+    }
+
+    /// Loads the optimised kernel (a cache hit) once its background compile has finished.
+    fn promote(&self, gpu: &Gpu, kernel: &MlpKernel) -> Result<&GpuFunction> {
+        if let Some(full) = self.full.get() {
+            return Ok(full);
+        }
+        let outcome = self.background.outcome().ok_or_else(|| MlpError::TierUnavailable {
+            tier: KernelTier::Full.as_str(),
+            kernel: kernel.name.clone(),
+            why: "it is still compiling in the background; call wait_optimized first",
+        })?;
+        let compile_ms = outcome.result.map_err(|failure| MlpError::OptimizedCompile {
+            kernel: kernel.name.clone(),
+            arch: gpu.compile_arch(),
+            message: failure.to_string(),
+        })?;
+        let function = gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?;
+        if self.log {
+            eprintln!("kfuse: {}: switched to the optimised kernel (compiled in the background in {compile_ms:.0} ms)", kernel.name);
+        }
+        Ok(self.full.get_or_init(|| function))
+    }
 }
 
 impl PreparedMlp {
     /// The tiled path's note (why the model is not fused), or `None` for the fused kernel.
     pub fn note(&self) -> Option<&str> {
-        match self {
-            PreparedMlp::Fused { .. } => None,
-            PreparedMlp::Tiled { plan, .. } => Some(&plan.note),
+        match &self.body {
+            Body::Fused { .. } => None,
+            Body::Tiled { plan, .. } => Some(&plan.note),
         }
     }
 
-    /// The fused kernel, if this model is fused.
+    /// The fused kernel (source, geometry, the requested NVRTC options), if this model is fused.
     pub fn kernel(&self) -> Option<&MlpKernel> {
-        match self {
-            PreparedMlp::Fused { kernel, .. } => Some(kernel),
-            PreparedMlp::Tiled { .. } => None,
+        match &self.body {
+            Body::Fused { kernel, .. } => Some(kernel),
+            Body::Tiled { .. } => None,
         }
+    }
+
+    /// Wall time of the `prepare` that made this, ms.
+    pub fn prepare_ms(&self) -> f64 {
+        self.prepare_ms
+    }
+
+    /// Whether the first call got the fast form (the optimised kernel was not cached), whatever
+    /// the launches use now.
+    pub fn was_tiered(&self) -> bool {
+        matches!(&self.body, Body::Fused { functions: FusedFunctions::Tiered(_), .. })
+    }
+
+    /// The kernel [`Self::launch`] uses as of its last switch: [`KernelTier::Fast`] until the
+    /// optimised kernel has been loaded (by a launch after its compile finished, or by
+    /// [`Self::wait_optimized`]), [`KernelTier::Full`] from then on and for untiered models.
+    pub fn active_tier(&self) -> KernelTier {
+        match &self.body {
+            Body::Fused { functions: FusedFunctions::Tiered(t), .. } if t.full.get().is_none() => KernelTier::Fast,
+            _ => KernelTier::Full,
+        }
+    }
+
+    /// Whether launches run the requested (fully optimised) kernel: `active_tier() == Full`.
+    pub fn is_optimized(&self) -> bool {
+        self.active_tier() == KernelTier::Full
+    }
+
+    /// Blocks until the optimised kernel is compiled, loads it on `gpu` (the GPU given to
+    /// `prepare`) so that every later launch uses it, and says when it was ready. Returns at once
+    /// for untiered models. A failed background compile is [`MlpError::OptimizedCompile`]; the
+    /// fast form keeps working.
+    pub fn wait_optimized(&self, gpu: &Gpu) -> Result<TierReady> {
+        let Body::Fused { kernel, functions: FusedFunctions::Tiered(tiered), .. } = &self.body else {
+            return Ok(TierReady { ready_ms: self.prepare_ms, background_compile_ms: None });
+        };
+        let outcome = tiered.background.wait();
+        tiered.promote(gpu, kernel)?;
+        let ready_ms = outcome.finished_at.saturating_duration_since(self.started_at).as_secs_f64() * 1e3;
+        Ok(TierReady { ready_ms, background_compile_ms: outcome.result.ok() })
     }
 
     /// Queues the model on `rows` rows: `input` holds `[rows, in]`, `output` gets `[rows, out]`,
-    /// in the dtypes given to [`prepare`]. Asynchronous: synchronize or download to wait.
+    /// in the dtypes given to [`prepare`]. Asynchronous: synchronize or download to wait. Uses the
+    /// optimised kernel as soon as it is ready (see the module docs), never waiting for it.
     pub fn launch(&self, gpu: &Gpu, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
+        self.launch_on(gpu, None, input, output, rows)
+    }
+
+    /// [`Self::launch`] with one tier's kernel, for benchmarks: [`KernelTier::Fast`] needs a
+    /// tiered model ([`Self::was_tiered`]); [`KernelTier::Full`] needs the optimised kernel to
+    /// be compiled (loads it if needed). Otherwise [`MlpError::TierUnavailable`].
+    pub fn launch_tier(&self, gpu: &Gpu, tier: KernelTier, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
+        self.launch_on(gpu, Some(tier), input, output, rows)
+    }
+
+    fn launch_on(&self, gpu: &Gpu, tier: Option<KernelTier>, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
         if rows == 0 {
             return Err(MlpError::EmptyBatch);
         }
         let rows_i64 = i64::try_from(rows).map_err(|_| too_large("rows", rows))?;
-        match self {
-            PreparedMlp::Fused { kernel, function, params, max_blocks } => {
+        match &self.body {
+            Body::Fused { kernel, functions, params, max_blocks } => {
+                let unavailable = |why| MlpError::TierUnavailable { tier: KernelTier::Fast.as_str(), kernel: kernel.name.clone(), why };
+                let function = match (functions, tier) {
+                    (FusedFunctions::Single(f), None | Some(KernelTier::Full)) => f,
+                    (FusedFunctions::Single(_), Some(KernelTier::Fast)) => {
+                        return Err(unavailable("the optimised kernel was cached, so no fast form was compiled"))
+                    }
+                    (FusedFunctions::Tiered(t), None) => t.current(gpu, kernel),
+                    (FusedFunctions::Tiered(t), Some(KernelTier::Fast)) => &t.fast,
+                    (FusedFunctions::Tiered(t), Some(KernelTier::Full)) => t.promote(gpu, kernel)?,
+                };
                 let rpb = kernel.rows_per_block as usize;
                 let blocks = u32::try_from(rows.div_ceil(rpb)).unwrap_or(u32::MAX).min(*max_blocks).max(1);
                 gpu.launch(
@@ -115,7 +306,11 @@ impl PreparedMlp {
                     &[KernelArg::Buffer(input), KernelArg::Buffer(output), KernelArg::Buffer(params), KernelArg::I64(rows_i64)],
                 )?;
             }
-            PreparedMlp::Tiled { layers, widths, .. } => {
+            Body::Tiled { plan, layers, widths } => {
+                if tier == Some(KernelTier::Fast) {
+                    let why = "the tiled fallback is compiled in full at once and has no fast form";
+                    return Err(MlpError::TierUnavailable { tier: KernelTier::Fast.as_str(), kernel: format!("the tiled path ({})", plan.note), why });
+                }
                 let mut temps: Vec<DeviceBuffer> = Vec::new();
                 let last = layers.len() - 1;
                 for (i, (f, w, b)) in layers.iter().enumerate() {
@@ -146,14 +341,32 @@ impl PreparedMlp {
 }
 
 /// Runs `model` on `input` (f32, f16 or bf16 `[rows, in]`) on the GPU; the result is stored in
-/// `out_dtype`. Compiles on first use (cached); the output is poisoned (all bits set: NaN)
-/// before the launch.
+/// `out_dtype`. Compiles on first use (tiered and cached: see [`prepare`]); the output is
+/// poisoned (all bits set: NaN) before the launch.
 pub fn run_gpu(gpu: &Gpu, model: &MlpModel, input: &HostTensor, out_dtype: DType) -> Result<HostTensor> {
-    let rows = check_input(model, input)?;
-    if !matches!(out_dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(MlpError::OutputDType { dtype: out_dtype });
-    }
+    check_input(model, input)?;
+    check_output_dtype(out_dtype)?;
     let (prepared, _) = prepare(gpu, model, input.dtype(), out_dtype)?;
+    run_prepared(gpu, &prepared, model, input, out_dtype)
+}
+
+fn check_output_dtype(out_dtype: DType) -> Result<()> {
+    match out_dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        _ => Err(MlpError::OutputDType { dtype: out_dtype }),
+    }
+}
+
+/// [`run_gpu`] with a model prepared already (by [`prepare`] for `input.dtype()` and
+/// `out_dtype`): uploads `input`, poisons the output, launches, downloads.
+pub fn run_prepared(gpu: &Gpu, prepared: &PreparedMlp, model: &MlpModel, input: &HostTensor, out_dtype: DType) -> Result<HostTensor> {
+    let rows = check_input(model, input)?;
+    check_output_dtype(out_dtype)?;
+    for (what, prepared_for, given) in [("input", prepared.in_dtype, input.dtype()), ("output", prepared.out_dtype, out_dtype)] {
+        if prepared_for != given {
+            return Err(MlpError::PreparedDType { what, prepared: prepared_for, given });
+        }
+    }
     let x = gpu.upload(&input.to_bytes())?;
     let out_bytes = rows.checked_mul(model.output_width() * out_dtype.size_bytes()).ok_or_else(|| too_large("output bytes", rows))?;
     let y = gpu.alloc_zeroed(out_bytes)?;

@@ -162,3 +162,46 @@ fn no_gpu_and_no_nvrtc_are_clear_errors() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("loss = "));
 }
+
+/// GPU tier: `kfuse mlp run` on a cold kernel cache answers from the fast-compiled kernel, says so
+/// in one stderr line and leaves the optimised kernel in the disk cache; the next run uses it
+/// (no such line). Both results match the CPU interpreter.
+#[test]
+fn mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached() {
+    let Some(gpu) = kfuse_runtime::testing::gpu_or_skip("mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached") else {
+        return;
+    };
+    drop(gpu);
+    use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+    let d = tempfile::tempdir().unwrap();
+    let model_path = write_model(d.path(), "m", &ModelSpec::new(&[24, 48, 48, 8], "silu")).unwrap();
+    let model = kfuse_mlp::MlpModel::load(&model_path).unwrap();
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    let x = random_input(DType::F16, 255, 24, &mut rng);
+    let xp = write(d.path(), "x.npy", &x);
+    let want = kfuse_mlp::evaluate_cpu(&model, &x).unwrap();
+    let mut lines = Vec::new();
+    for phase in ["cold", "warm"] {
+        let out_path = d.path().join(format!("y_{phase}.npy"));
+        let out = Command::new(kfuse_exe())
+            .args(["mlp", "run", &model_path.display().to_string(), "--input", &xp, "--output", &out_path.display().to_string(), "--device", "cuda"])
+            .env("KFUSE_CACHE_DIR", d.path().join("cache"))
+            .env("CUDA_CACHE_DISABLE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{phase}: {err}");
+        let notice = err.lines().filter(|l| l.contains("fast-compiled kernel")).count();
+        assert_eq!(notice, usize::from(phase == "cold"), "{phase} stderr:\n{err}");
+        if phase == "cold" {
+            assert!(err.contains("for the next run"), "{err}");
+        }
+        let got = npy::read_npy(&out_path).unwrap();
+        let e = kfuse_mlp::compare_rows(&got.to_f64(), &want, 8);
+        println!("{phase}: {e:?}");
+        assert!(e.non_finite == 0 && e.rel_err <= 1e-2, "{phase}: {e:?}");
+        lines.push(String::from_utf8_lossy(&out.stdout).split("->").next().unwrap_or_default().to_string());
+    }
+    assert_eq!(lines[0], lines[1], "the summary line differs between the cold and the warm run");
+}
