@@ -288,8 +288,13 @@ fn constant_only_outputs_get_a_one_element_kernel() {
 #[test]
 fn errors_are_values_that_say_what_is_wrong() {
     let g = common::giou(DType::F32, DType::F32).expect("graph");
-    assert_eq!(plan(&g, &CodegenOptions { block_size: 100 }), Err(CodegenError::BadBlockSize { block_size: 100 }));
-    assert_eq!(plan(&g, &CodegenOptions { block_size: 2048 }), Err(CodegenError::BadBlockSize { block_size: 2048 }));
+    let with = |block_size, elems_per_thread| CodegenOptions { block_size, elems_per_thread };
+    assert_eq!(plan(&g, &with(100, 4)), Err(CodegenError::BadBlockSize { block_size: 100 }));
+    assert_eq!(plan(&g, &with(2048, 4)), Err(CodegenError::BadBlockSize { block_size: 2048 }));
+    assert_eq!(plan(&g, &with(256, 0)), Err(CodegenError::BadElemsPerThread { elems_per_thread: 0 }));
+    assert_eq!(plan(&g, &with(256, 17)), Err(CodegenError::BadElemsPerThread { elems_per_thread: 17 }));
+    let eight = plan(&g, &with(256, 8)).expect("plan");
+    assert!(eight.kernels[0].source.contains("elems_per_thread=8") && eight.kernels[0].source.contains("kf_pf0[8]"), "{}", eight.kernels[0].source);
     let empty = GraphBuilder::new().finish().expect("graph");
     assert_eq!(plan(&empty, &opts()), Err(CodegenError::NoOutputs));
     // A device function of a tensor graph names the offending input.
