@@ -5,18 +5,71 @@
 //! `mlp_tune [OUT.jsonl [MODEL_DIR]]`: one JSON report per line to OUT.jsonl when given; the
 //! models (model.json + safetensors) are written to MODEL_DIR when given, for `kfuse mlp bench`. Run with a fresh
 //! KFUSE_CACHE_DIR so that each variant's first call is a cold compile. Prints SKIPPED without
-//! a GPU. Env: KF_MODEL runs one model only.
+//! a GPU. Env: KF_MODEL runs one model only; KF_SILU_MATH lists the SiLU model's variants,
+//! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
+//! eighths) and `balanced` (PackedFmaBalanced), each optionally with `@W` (W warps per block,
+//! e.g. `fma2@12`), default `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
+//! with KF_LOOP=1 also with looped repeated layers; KF_DUMP=DIR writes each SiLU variant's
+//! source and sm_90 cubin there first (NVRTC only, for cuobjdump/nvdisasm; no GPU needed).
 
 use std::io::Write;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{bench_gpu, ActivationMath, BenchOptions, CompileEffort, MlpModel, RepeatedLayers};
+use kfuse_mlp::{bench_gpu, emit_kernel, ActivationMath, BenchOptions, CompileEffort, MlpKernelOptions, MlpModel, RepeatedLayers};
 
 /// (warps, row tiles, activation math, compile effort, repeated layers); `None` = the generator's
 /// default.
 type Variant = (Option<u32>, Option<u32>, ActivationMath, CompileEffort, RepeatedLayers);
 
+/// One SiLU math variant by name (see the module docs).
+fn parse_math(name: &str) -> Result<ActivationMath, String> {
+    match name {
+        "packed" => Ok(ActivationMath::Packed),
+        "tanhf32" => Ok(ActivationMath::TanhF32),
+        "f32" => Ok(ActivationMath::F32),
+        "balanced" => Ok(ActivationMath::PackedFmaBalanced),
+        _ => name
+            .strip_prefix("fma")
+            .and_then(|n| n.parse::<u8>().ok())
+            .map(|eighths| ActivationMath::PackedFma { eighths })
+            .ok_or_else(|| format!("KF_SILU_MATH: unknown variant `{name}` (packed, tanhf32, f32, fma0..fma8, balanced)")),
+    }
+}
+
+/// Writes the SiLU model's source and sm_90 cubin for each (math, warps) variant into `dir`.
+fn dump(dir: &std::path::Path, model: &MlpModel, variants: &[(ActivationMath, Option<u32>)]) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    for (n, (math, warps)) in variants.iter().enumerate() {
+        let kernel = emit_kernel(model, &MlpKernelOptions { activation_math: *math, warps: *warps, ..MlpKernelOptions::default() })?;
+        let mut opts = kfuse_runtime::CompileOptions::for_arch(kfuse_runtime::Arch::new(9, 0));
+        opts.extra = kernel.nvrtc_options.clone();
+        opts.extra.push("--ptxas-options=-v".to_string());
+        let m = kfuse_runtime::compile(&kernel.source, &opts)?;
+        let stem = format!("silu_{n}_{}_w{}", format!("{math:?}").replace([' ', '{', '}', ':'], ""), kernel.warps);
+        std::fs::write(dir.join(format!("{stem}.cu")), &kernel.source)?;
+        std::fs::write(dir.join(format!("{stem}.cubin")), &m.cubin)?;
+        let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
+        println!("dumped {stem}: {regs}");
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // (math, warps) per SiLU variant.
+    let silu_variants: Vec<(ActivationMath, Option<u32>)> = std::env::var("KF_SILU_MATH")
+        .unwrap_or_else(|_| "packed,fma1,fma2,fma3,fma4,balanced,packed".to_string())
+        .split(',')
+        .map(|v| {
+            let (math, warps) = v.trim().split_once('@').map_or((v.trim(), None), |(m, w)| (m, Some(w)));
+            let warps = warps.map(|w| w.parse::<u32>().map_err(|e| format!("KF_SILU_MATH: warps in `{v}`: {e}"))).transpose()?;
+            Ok::<_, String>((parse_math(math)?, warps))
+        })
+        .collect::<Result<_, _>>()?;
+    if let Ok(d) = std::env::var("KF_DUMP") {
+        let tmp = tempfile::tempdir()?;
+        let spec = ModelSpec { with_bias: true, ..ModelSpec::new(&[32, 64, 128, 96, 64, 32, 16], "silu") };
+        dump(std::path::Path::new(&d), &MlpModel::load(write_model(tmp.path(), "mlp_silu_bias", &spec)?)?, &silu_variants)?;
+    }
     let gpu = match kfuse_runtime::open_default() {
         Ok(g) => g,
         Err(e) => {
@@ -36,15 +89,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => tmp.path().to_path_buf(),
     };
-    use ActivationMath::{Packed, TanhF32};
+    use ActivationMath::Packed;
     use CompileEffort::Full;
     use RepeatedLayers::{Loop, Unrolled};
     let d: Variant = (None, None, Packed, Full, Unrolled);
     let looped: Variant = (None, None, Packed, Full, Loop);
+    let relu = if std::env::var("KF_LOOP").is_ok_and(|v| v == "1") { vec![d, looped, d, looped] } else { vec![d, d] };
+    let silu: Vec<Variant> = silu_variants.iter().map(|&(m, w)| (w, None, m, Full, Unrolled)).collect();
     let models: [(&str, Vec<usize>, &str, bool, Vec<Variant>); 3] = [
-        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, vec![d, looped, d, looped]),
-        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, vec![d, looped, d, looped]),
-        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, vec![d, (None, None, TanhF32, Full, Unrolled), d]),
+        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, relu.clone()),
+        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, relu),
+        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, silu),
     ];
     let only = std::env::var("KF_MODEL").ok();
     let mut table = Vec::new();

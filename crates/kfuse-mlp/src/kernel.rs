@@ -63,6 +63,22 @@ pub enum ActivationMath {
     /// use [`Self::F32`]'s form.
     #[default]
     Packed,
+    /// [`Self::Packed`], with `eighths` of every 8 packed pairs of each hidden SiLU layer (0..=8)
+    /// evaluated without the SFU: `exp` by exponent-bit construction and a polynomial, `tanh` as
+    /// a polynomial in it, all on f16 pairs (`kf_silu_half_f16x2_fma` in mlp_prelude.cuh: 15
+    /// FMA/integer-pipe instructions a pair instead of 2 MUFU + 1; error of the same order as
+    /// the MUFU form, checked on every f16 input by this module's tests). For f16 models whose
+    /// SFU (MUFU) pipe limits the kernel; bf16 models use [`Self::F32`]'s form.
+    PackedFma {
+        /// Pairs of every 8 that take the FMA form (0 is [`Self::Packed`], 8 all of them).
+        eighths: u8,
+    },
+    /// [`Self::PackedFma`] with the share chosen per layer so that the layer's SFU time about
+    /// matches its tensor-core time: `8 − 1.5 · K/16` eighths (clamped to 0..=8) for a layer of
+    /// input width K (padded), i.e. 5/8 at K = 32, 2/8 at K = 64, none from K = 96 (per k16 chunk
+    /// of output, a warp issues 2R·K/16 mmas of ~6 SM-sub-partition cycles and 8R MUFU of ~8 on
+    /// an H100, R = row tiles).
+    PackedFmaBalanced,
     /// Hidden SiLU as `h + h·tanh(h)` in f32 (`tanh.approx.f32`, one MUFU op and one FMA per
     /// element), with the ½ folded into the weights as for [`Self::Packed`]; any model dtype.
     TanhF32,
@@ -270,7 +286,13 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     }
     // Hidden SiLU layers whose kernel form takes h = x/2 from the accumulators.
     let last = model.layers.len() - 1;
-    let packed_silu = opts.activation_math == ActivationMath::Packed && model.dtype == DType::F16;
+    if let ActivationMath::PackedFma { eighths } = opts.activation_math {
+        if eighths > 8 {
+            return Err(MlpError::TooLarge { what: "SiLU pairs on the FMA pipe, in eighths", value: u64::from(eighths), limit: 8 });
+        }
+    }
+    let packed_silu = matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced)
+        && model.dtype == DType::F16;
     let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
     let halved: Vec<bool> = model.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu).collect();
     let (params, layouts) = pack_params(model, &halved);
@@ -283,6 +305,19 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             });
         }
     }
+    // Eighths of each hidden layer's packed SiLU pairs that take the FMA-pipe form.
+    let fma_eighths: Vec<usize> = layouts
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match opts.activation_math {
+            _ if !packed_silu || i == last || model.layers[i].activation.kind() != ActivationKind::Silu => 0,
+            ActivationMath::PackedFma { eighths } => usize::from(eighths),
+            // 8 − 1.5 · KT, rounded half up, clamped to 0..=8.
+            ActivationMath::PackedFmaBalanced => (16usize.saturating_sub(3 * (l.k_pad / 16)) + 1) / 2,
+            _ => 0,
+        })
+        .map(|q| q.min(8))
+        .collect();
     let in_w = model.input_width();
     let out_w = model.output_width();
     let in_bytes = opts.in_dtype.size_bytes();
@@ -395,6 +430,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         };
         if i == last {
             let _ = writeln!(act_structs, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return {body}; }} }};");
+        } else if fma_eighths[i] > 0 {
+            let _ = writeln!(
+                act_structs,
+                "struct KfAct{i} {{ static __device__ __forceinline__ unsigned pack(float lo, float hi) {{ return {body}; }}\n    static __device__ __forceinline__ unsigned pack_fma(float lo, float hi) {{ return kf_silu_half_f16x2_fma(lo, hi); }} }};"
+            );
         } else {
             let _ = writeln!(act_structs, "struct KfAct{i} {{ static __device__ __forceinline__ unsigned pack(float lo, float hi) {{ return {body}; }} }};");
         }
@@ -420,6 +460,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             && a.bias.is_some() == b.bias.is_some()
             && a.activation.expression == b.activation.expression
             && halved[i] == halved[j]
+            && fma_eighths[i] == fma_eighths[j]
             && lb.w_off - la.w_off == (j - i) * (layouts[i + 1].w_off - la.w_off)
             && lb.b_off - lb.w_off == la.b_off - la.w_off
     };
@@ -429,6 +470,8 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             continue;
         }
         let has_bias = usize::from(layer.bias.is_some());
+        // The FMA share as the templates' last argument, only where it is not 0 (their default).
+        let q = if fma_eighths[i] > 0 { format!(", {}", fma_eighths[i]) } else { String::new() };
         let run = if opts.repeated_layers == RepeatedLayers::Loop && i != last { (i + 1..last).take_while(|&j| same(i, j)).count() + 1 } else { 1 };
         if run >= 2 {
             let kt = l.k_pad / 16;
@@ -438,7 +481,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             let _ = writeln!(src, "    kf_copy_frags<{kt}>(h{i}, h{});", i + run);
             let _ = writeln!(
                 src,
-                "    kf_hidden_loop<{kt}, {run}, {}, {stride}, {b_rel}, {}, {has_bias}, KfAct{i}>(h{}, smem, lane);  // layers {i}..={}",
+                "    kf_hidden_loop<{kt}, {run}, {}, {stride}, {b_rel}, {}, {has_bias}, KfAct{i}{q}>(h{}, smem, lane);  // layers {i}..={}",
                 l.w_off,
                 layer.outputs,
                 i + run,
@@ -462,7 +505,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             let _ = writeln!(src, "    unsigned h{}[KF_R][{nt16}][4];", i + 1);
             let _ = writeln!(
                 src,
-                "    kf_hidden_layer<{kt}, {nt16}, {}, {}, {}, {has_bias}, KfAct{i}>(h{i}, h{}, smem, lane);",
+                "    kf_hidden_layer<{kt}, {nt16}, {}, {}, {}, {has_bias}, KfAct{i}{q}>(h{i}, h{}, smem, lane);",
                 l.w_off,
                 off(l.b_off),
                 layer.outputs,
@@ -500,4 +543,133 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Host transcription of `kf_silu_half_f16x2_fma` (mlp_prelude.cuh), op for op on one f16
+    //! half, with the constants read from the prelude's `#define KF_SF_*` lines; checked against
+    //! silu in f64 on every finite f16 input.
+
+    use half::f16;
+
+    use super::PRELUDE;
+
+    /// The 32-bit constant `KF_SF_<name>` defined in the prelude.
+    fn constant32(name: &str) -> u32 {
+        let key = format!("#define KF_SF_{name} 0x");
+        let line = PRELUDE.lines().find(|l| l.starts_with(&key)).unwrap_or_else(|| panic!("no {key} in mlp_prelude.cuh"));
+        let hex: String = line[key.len()..].chars().take_while(char::is_ascii_hexdigit).collect();
+        u32::from_str_radix(&hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    /// The f16 of the pair constant `KF_SF_<name>` (both halves equal).
+    fn constant(name: &str) -> f16 {
+        let v = constant32(name);
+        assert_eq!(v >> 16, v & 0xffff, "KF_SF_{name}: both halves must be equal");
+        f16::from_bits((v & 0xffff) as u16)
+    }
+
+    /// `fma.rn.f16`: the exact product (22 bits) plus c in f64, rounded once more to f16.
+    fn fma(a: f16, b: f16, c: f16) -> f16 {
+        f16::from_f64(a.to_f64() * b.to_f64() + c.to_f64())
+    }
+
+    /// One half of kf_silu_half_f16x2_fma for the f16 value `h` (= x/2), as the GPU computes it;
+    /// `k` gives the prelude's constants.
+    fn silu_half_fma(h: f16, k: &impl Fn(&str) -> f16, exp_bias: u32) -> f16 {
+        let a = f16::from_bits(h.to_bits() & 0x7fff);
+        let a = if a.to_f64() < k("AMAX").to_f64() { a } else { k("AMAX") }; // min.f16x2
+        let r = fma(a, k("NEG_K"), k("MAGIC"));
+        let nf = f16::from_f64(k("MAGIC").to_f64() - r.to_f64());
+        let f = fma(a, k("NEG_K"), nf);
+        let p = fma(fma(f, k("C2"), k("C1")), f, k("ONE"));
+        // The kernel's 32-bit integer step on the pair (h, h): both halves must give the same E.
+        let pair = |v: f16| u32::from(v.to_bits()) * 0x1_0001;
+        let e32 = pair(p).wrapping_add(pair(r) << 10).wrapping_sub(exp_bias);
+        assert_eq!(e32 >> 16, e32 & 0xffff, "h = {h}: the halves of 2^n * 2^f differ");
+        let e = f16::from_bits((e32 & 0xffff) as u16);
+        let t = fma(fma(fma(fma(k("D4"), e, k("D3")), e, k("D2")), e, k("D1")), e, k("ONE"));
+        let t = f16::from_bits((t.to_bits() & 0x7fff) | (h.to_bits() & 0x8000));
+        fma(h, t, h)
+    }
+
+    #[test]
+    fn fma_share_reaches_the_layer_templates() {
+        use crate::testing::{write_model, ModelSpec};
+        use crate::{emit_kernel, ActivationMath, MlpKernelOptions, MlpModel};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = ModelSpec::new(&[32, 64, 128, 96, 64, 32, 16], "silu");
+        let model = MlpModel::load(write_model(dir.path(), "silu", &spec).expect("write")).expect("load");
+        let with = |math| emit_kernel(&model, &MlpKernelOptions { activation_math: math, ..MlpKernelOptions::default() });
+        let packed = with(ActivationMath::Packed).expect("packed");
+        assert_eq!(with(ActivationMath::PackedFma { eighths: 0 }).expect("fma0"), packed);
+        assert!(!packed.source.contains("return kf_silu_half_f16x2_fma(lo, hi);"));
+        // Balanced: 8 − 1.5 KT eighths: KT = 2 → 5, 4 → 2, 8 and 6 → 0 (no argument), 4 → 2.
+        let balanced = with(ActivationMath::PackedFmaBalanced).expect("balanced").source;
+        let args: Vec<&str> = balanced.lines().filter(|l| l.contains("kf_hidden_layer<")).filter_map(|l| l.split("KfAct").nth(1)).collect();
+        assert_eq!(args, ["0, 5>(h0, h1, smem, lane);", "1, 2>(h1, h2, smem, lane);", "2>(h2, h3, smem, lane);", "3>(h3, h4, smem, lane);", "4, 2>(h4, h5, smem, lane);"]);
+        assert_eq!(with(ActivationMath::PackedFma { eighths: 3 }).expect("fma3").source.matches(", 3>(h").count(), 5);
+        let err = with(ActivationMath::PackedFma { eighths: 9 }).expect_err("9 eighths");
+        assert!(err.to_string().contains("eighths"), "{err}");
+    }
+
+    fn silu(x: f64) -> f64 {
+        x / (1.0 + (-x).exp())
+    }
+
+    #[test]
+    fn exponent_constants_match_their_derivation() {
+        // r = 1039 + n has bits 0x6400 + n + 15; << 10 leaves 0x6400 >> 6 in the high half.
+        assert_eq!(constant32("EXP_BIAS"), ((15 << 10) | (0x6400 >> 6)) << 16 | 15 << 10);
+        assert_eq!(constant("MAGIC").to_f64(), 1039.0);
+        assert_eq!(constant("MAGIC").to_bits(), 0x6400 + 15);
+    }
+
+    /// The packed MUFU form with an exactly rounded tanh (a lower bound on its error).
+    fn silu_half_rounded_tanh(h: f16) -> f16 {
+        fma(h, f16::from_f64(h.to_f64().tanh()), h)
+    }
+
+    /// (worst error / max(|silu|, 1), at h; mean and rms error for h ~ N(0, 1)) of `form` over
+    /// every finite f16 h with |h| <= 16384 (above 32752 the result 2h overflows f16 in every form).
+    fn errors(form: impl Fn(f16) -> f16) -> (f64, f64, f64, f64) {
+        let (mut worst, mut worst_h) = (0.0f64, 0.0f64);
+        let (mut sum, mut sum2, mut weight) = (0.0f64, 0.0f64, 0.0f64);
+        for bits in 0..=u16::MAX {
+            let h = f16::from_bits(bits);
+            if !h.is_finite() || h.to_f64().abs() > 16384.0 {
+                continue;
+            }
+            let got = form(h).to_f64();
+            let want = silu(2.0 * h.to_f64());
+            let err = got - want;
+            let scaled = err.abs() / want.abs().max(1.0);
+            if scaled > worst {
+                (worst, worst_h) = (scaled, h.to_f64());
+            }
+            // Mean and rms for h ~ N(0, 1): each f16 value weighted by density times spacing.
+            let x = h.to_f64();
+            if x.abs() <= 4.0 && x != 0.0 {
+                let spacing = f16::from_bits(bits + 1).to_f64() - x;
+                let w = (-x * x / 2.0).exp() * spacing.abs();
+                (sum, sum2, weight) = (sum + w * err, sum2 + w * err * err, weight + w);
+            }
+        }
+        (worst, worst_h, sum / weight, (sum2 / weight).sqrt())
+    }
+
+    #[test]
+    fn fma_silu_matches_f64_on_every_f16_input() {
+        let names = ["AMAX", "NEG_K", "MAGIC", "ONE", "C1", "C2", "D1", "D2", "D3", "D4"];
+        let table: Vec<(&str, f16)> = names.iter().map(|&n| (n, constant(n))).collect();
+        let k = |n: &str| table.iter().find(|(m, _)| *m == n).map(|p| p.1).unwrap_or_else(|| panic!("constant {n}"));
+        let exp_bias = constant32("EXP_BIAS");
+        let (worst, worst_h, mean, rms) = errors(|h| silu_half_fma(h, &k, exp_bias));
+        let (ref_worst, _, ref_mean, ref_rms) = errors(silu_half_rounded_tanh);
+        println!("FMA form: worst error / max(|silu|, 1) {worst:.2e} at h = {worst_h}; h ~ N(0,1): mean {mean:+.2e}, rms {rms:.2e}");
+        println!("exactly rounded tanh: worst {ref_worst:.2e}; mean {ref_mean:+.2e}, rms {ref_rms:.2e}");
+        assert!(worst <= 1.5e-3, "worst {worst:.3e} at h = {worst_h}");
+        assert!(rms <= 1.5 * ref_rms && mean.abs() <= 1e-4, "mean {mean:.3e}, rms {rms:.3e} (rounded tanh: {ref_rms:.3e})");
+    }
 }

@@ -128,6 +128,52 @@ __device__ __forceinline__ unsigned kf_silu_half_f16x2(float hlo, float hhi) {
     asm("fma.rn.f16x2 %0, %1, %2, %1;" : "=r"(y) : "r"(h), "r"(t));
     return y;
 }
+// The same pair on the FMA and integer pipes, no MUFU (ActivationMath::PackedFma*: the kernel
+// sends a compile-time share of a layer's pairs here so that the SFU, which runs tanh.approx.f16x2
+// as two MUFU ops, is less of a bottleneck; 15 f16x2/integer instructions instead of 2 MUFU + 1).
+// With a = min(|h|, KF_SF_AMAX) (so that 2^n below stays a normal f16):
+//   E = e^(-2a) = 2^u, u = -a * 2 log2(e) = n + f: n = round(u) from the rounding of
+//       r = 1039 + u (f16 spacing 1 in [1024, 2048); 1039 = 1024 + 15, the f16 exponent bias),
+//       f = u - n in [-1/2, 1/2] by one fma (exact up to the last rounding);
+//       2^f by a degree-2 polynomial (relative error 2.0e-3); 2^n added to its exponent bits:
+//       r's bits << 10 put n + 15 into each half's exponent field (and the constant 0x190 into the
+//       high half's low bits, both removed by the final subtraction; no carry crosses halves);
+//   tanh(a) = (1 - E) / (1 + E) by a degree-4 polynomial in E on [0, 1], fitted for the error of
+//       h * tanh(h) (weight a; 1.7e-4), its constant term exactly 1 (tanh -> 1 for large a);
+//   tanh(h) = copysign(tanh(a), h), silu = h + h * tanh(h) as in kf_silu_half_f16x2.
+// Every constant is an f16 pair; kernel.rs's host transcription reads these #defines, and its test
+// checks every f16 input against silu in f64 (max error 1.1e-3 of max(|silu|, 1), final f16
+// rounding included; rms 2.9e-4 for h ~ N(0, 1), against 1.4e-4 for the exactly rounded tanh).
+#define KF_SF_AMAX 0x44DA44DAu   // 4.8515625: u >= -14
+#define KF_SF_NEG_K 0xC1C5C1C5u  // -2.884765625 = -2 log2(e) in f16
+#define KF_SF_MAGIC 0x640F640Fu  // 1039
+#define KF_SF_ONE 0x3C003C00u    // 1
+#define KF_SF_C1 0x39A039A0u     // 2^f ~ 1 + C1 f + C2 f^2: 0.703125
+#define KF_SF_C2 0x33B033B0u     // 0.240234375
+#define KF_SF_D1 0xBFFABFFAu     // tanh(a) ~ 1 + D1 E + D2 E^2 + D3 E^3 + D4 E^4: -1.994140625
+#define KF_SF_D2 0x3F8E3F8Eu     // 1.888671875
+#define KF_SF_D3 0xBD85BD85u     // -1.3798828125
+#define KF_SF_D4 0x37F337F3u     // 0.496826171875
+#define KF_SF_EXP_BIAS 0x3D903C00u  // (15 << 10 | 0x190) << 16 | 15 << 10
+__device__ __forceinline__ unsigned kf_hfma2(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ unsigned kf_silu_half_f16x2_fma(float hlo, float hhi) {
+    unsigned h, a, nf;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hhi), "f"(hlo));
+    asm("abs.f16x2 %0, %1;" : "=r"(a) : "r"(h));
+    asm("min.f16x2 %0, %1, %2;" : "=r"(a) : "r"(a), "r"(KF_SF_AMAX));
+    const unsigned r = kf_hfma2(a, KF_SF_NEG_K, KF_SF_MAGIC);  // 1039 + n, n in [-14, 0]
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(nf) : "r"(KF_SF_MAGIC), "r"(r));  // -n, exact
+    const unsigned f = kf_hfma2(a, KF_SF_NEG_K, nf);
+    const unsigned p = kf_hfma2(kf_hfma2(f, KF_SF_C2, KF_SF_C1), f, KF_SF_ONE);  // 2^f
+    const unsigned e = p + (r << 10) - KF_SF_EXP_BIAS;                            // 2^n * 2^f
+    unsigned t = kf_hfma2(kf_hfma2(kf_hfma2(kf_hfma2(KF_SF_D4, e, KF_SF_D3), e, KF_SF_D2), e, KF_SF_D1), e, KF_SF_ONE);
+    t = (t & 0x7FFF7FFFu) | (h & 0x80008000u);  // copysign(tanh(a), h)
+    return kf_hfma2(h, t, h);
+}
 // The same in f32 (ActivationMath::TanhF32, any compute dtype): one MUFU.TANH (f32) and one FFMA
 // per element, then one conversion per pair; error about 2^-11 relative to |h|.
 __device__ __forceinline__ float kf_silu_half_f32(float h) {
@@ -201,10 +247,35 @@ __device__ __forceinline__ void kf_store_pair(unsigned char* tile, int row, int 
 //   B_OFF   byte offset of its f32 biases (ignored without bias)
 //   N_REAL  the real output width; columns at or past it are padding, forced to zero
 //   Act     `static unsigned pack(float lo, float hi)`: the activation of two adjacent columns,
-//           packed into one compute-dtype pair
+//           packed into one compute-dtype pair (and, when FMA_Q > 0, `pack_fma`: the same on
+//           the FMA pipe, see kf_silu_half_f16x2_fma)
+//   FMA_Q   how many of every 8 packed pairs take Act::pack_fma (0..=8): pair c of k16 chunk j has
+//           slot (j & 1) + 2 * rank(c), rank = 0, 2, 1, 3 for c = 0..3, and slots below FMA_Q do
+//           (all KF_R row tiles alike), so a share q/8 is spread evenly over chunks and n8 tiles
 // kf_hidden_layer_at is its body, with the weights at `wp` and the biases at `bias` (run-time
 // addresses in shared memory, for kf_hidden_loop); kf_hidden_layer (below) the compile-time form.
-template <int KT, int NT16, int N_REAL, int HAS_BIAS, class Act>
+// Chooses pack or pack_fma; the primary template never names pack_fma, so activations without
+// one (FMA_Q = 0) compile.
+template <bool FMA, class Act>
+struct KfPackSel {
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) { return Act::pack(lo, hi); }
+};
+template <class Act>
+struct KfPackSel<true, Act> {
+    static __device__ __forceinline__ unsigned pack(float lo, float hi) { return Act::pack_fma(lo, hi); }
+};
+// Pair c of k16 chunk j of a layer with FMA_Q: whether it takes the FMA form (constant once the
+// loops are unrolled).
+template <int FMA_Q>
+__device__ __forceinline__ bool kf_fma_slot(int j, int c) {
+    return (j & 1) + 2 * (((c & 1) << 1) | (c >> 1)) < FMA_Q;
+}
+template <int FMA_Q, class Act>
+__device__ __forceinline__ unsigned kf_pack_at(int j, int c, float lo, float hi) {
+    return kf_fma_slot<FMA_Q>(j, c) ? KfPackSel<(FMA_Q > 0), Act>::pack(lo, hi) : Act::pack(lo, hi);
+}
+
+template <int KT, int NT16, int N_REAL, int HAS_BIAS, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
                                                    const unsigned char* __restrict__ wp, const float* __restrict__ bias, int lane) {
     const uint4* w = reinterpret_cast<const uint4*>(wp) + lane;
@@ -250,18 +321,18 @@ __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT]
         }
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
-            h[r][j][0] = Act::pack(acc[r][0][0], acc[r][0][1]) & mask_lo;
-            h[r][j][1] = Act::pack(acc[r][0][2], acc[r][0][3]) & mask_lo;
-            h[r][j][2] = Act::pack(acc[r][1][0], acc[r][1][1]) & mask_hi;
-            h[r][j][3] = Act::pack(acc[r][1][2], acc[r][1][3]) & mask_hi;
+            h[r][j][0] = kf_pack_at<FMA_Q, Act>(j, 0, acc[r][0][0], acc[r][0][1]) & mask_lo;
+            h[r][j][1] = kf_pack_at<FMA_Q, Act>(j, 1, acc[r][0][2], acc[r][0][3]) & mask_lo;
+            h[r][j][2] = kf_pack_at<FMA_Q, Act>(j, 2, acc[r][1][0], acc[r][1][1]) & mask_hi;
+            h[r][j][3] = kf_pack_at<FMA_Q, Act>(j, 3, acc[r][1][2], acc[r][1][3]) & mask_hi;
         }
     }
 }
 
-template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
+template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_hidden_layer(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
                                                 const unsigned char* __restrict__ smem, int lane) {
-    kf_hidden_layer_at<KT, NT16, N_REAL, HAS_BIAS, Act>(a, h, smem + W_OFF, reinterpret_cast<const float*>(smem + B_OFF), lane);
+    kf_hidden_layer_at<KT, NT16, N_REAL, HAS_BIAS, Act, FMA_Q>(a, h, smem + W_OFF, reinterpret_cast<const float*>(smem + B_OFF), lane);
 }
 
 // Copies a fragment array (the input of a kf_hidden_loop, which works in place).
@@ -283,13 +354,13 @@ __device__ __forceinline__ void kf_copy_frags(const unsigned (&src)[KF_R][KT][4]
 // of COUNT unrolled ones (NVRTC's time grows with the unrolled code). The register arrays are
 // still indexed by constants only: the layer's own loops are unrolled, and the result is moved
 // back into `h` element by element.
-template <int KT, int COUNT, int W_OFF, int STRIDE, int B_REL, int N_REAL, int HAS_BIAS, class Act>
+template <int KT, int COUNT, int W_OFF, int STRIDE, int B_REL, int N_REAL, int HAS_BIAS, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_hidden_loop(unsigned (&h)[KF_R][KT][4], const unsigned char* __restrict__ smem, int lane) {
 #pragma unroll 1
     for (int l = 0; l < COUNT; ++l) {
         const unsigned char* wp = smem + W_OFF + l * STRIDE;
         unsigned t[KF_R][KT][4];
-        kf_hidden_layer_at<KT, KT, N_REAL, HAS_BIAS, Act>(h, t, wp, reinterpret_cast<const float*>(wp + B_REL), lane);
+        kf_hidden_layer_at<KT, KT, N_REAL, HAS_BIAS, Act, FMA_Q>(h, t, wp, reinterpret_cast<const float*>(wp + B_REL), lane);
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
 #pragma unroll

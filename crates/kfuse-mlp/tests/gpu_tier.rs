@@ -2,8 +2,8 @@
 //! random data, outputs poisoned before each run (run_gpu fills them with 0xFF = NaN), for widths
 //! 16, 24, 64, 100, 128, 256, depths 1..8, batches 1, 127, 128, 129 (and 2^21 for one model,
 //! compared on a subsample), f16 and bf16 weights and f32/f16/bf16 I/O. Prints each case's
-//! per-row worst relative error; the repeated-layer loop and the f32 SiLU forms through
-//! prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
+//! per-row worst relative error; the repeated-layer loop, the f32 SiLU forms and the FMA-pipe
+//! SiLU form (ActivationMath::PackedFma*) through prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
@@ -127,11 +127,16 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
     let (mut rng, seed) = Rng::from_time();
     println!("seed {seed}");
     let loop_opts = |math| MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, activation_math: math, ..MlpKernelOptions::default() };
-    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 4] = [
+    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 8] = [
         (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false, loop_opts(ActivationMath::Packed)),
         (vec![64, 128, 128, 128, 128, 16], "relu", DType::BF16, false, loop_opts(ActivationMath::Packed)),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::Packed)),
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::TanhF32)),
+        // SiLU pairs on the FMA pipe (kf_silu_half_f16x2_fma): a share, all of them, per layer.
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 3 })),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 8 })),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFmaBalanced)),
+        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 5 })),
     ];
     for (n, (widths, act, dtype, bias, opts)) in cases.into_iter().enumerate() {
         let mut spec = ModelSpec::new(&widths, act);
@@ -142,6 +147,8 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         let opts = MlpKernelOptions { in_dtype: dtype, out_dtype: dtype, shared_limit: gpu.max_shared_bytes(), ..opts };
         let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
         assert!(prepared.kernel().is_some_and(|k| !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<")));
+        let fma_form = matches!(opts.activation_math, ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced);
+        assert!(prepared.kernel().is_some_and(|k| k.source.contains("return kf_silu_half_f16x2_fma(lo, hi);") == fma_form), "the FMA form must be used exactly when asked for");
         for rows in [1usize, 255, 1023] {
             let x = random_input(dtype, rows, model.input_width(), &mut rng);
             let xb = gpu.upload(&x.to_bytes()).expect("upload");

@@ -40,7 +40,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let acts = std::env::var("KF_TEST_ACT").unwrap_or_else(|_| "relu".to_string());
-    use kfuse_mlp::{ActivationMath::F32, ActivationMath::TanhF32, CompileEffort::Reduced, RepeatedLayers::Loop};
+    use kfuse_mlp::{ActivationMath::F32, ActivationMath::PackedFma, ActivationMath::PackedFmaBalanced, ActivationMath::TanhF32, CompileEffort::Reduced, RepeatedLayers::Loop};
     let base = MlpKernelOptions::default();
     // (name, widths, activation, weight dtype, in, out, bias, kernel choices)
     let cases: Vec<(&str, Vec<usize>, &str, DType, DType, DType, bool, MlpKernelOptions)> = vec![
@@ -53,6 +53,11 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
         ("bench2-loop", vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { repeated_layers: Loop, ..base.clone() }),
         ("deep16-loop-silu", vec![24, 16, 16, 16, 16, 16, 24], "silu", DType::BF16, DType::F16, DType::F32, true, MlpKernelOptions { repeated_layers: Loop, activation_math: TanhF32, ..base.clone() }),
         ("bench3-tanhf32", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: TanhF32, ..base.clone() }),
+        ("bench3-fma2", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: PackedFma { eighths: 2 }, ..base.clone() }),
+        ("bench3-fma8", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: PackedFma { eighths: 8 }, ..base.clone() }),
+        ("bench3-fma-balanced", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: PackedFmaBalanced, ..base.clone() }),
+        ("deep16-loop-fma", vec![24, 16, 16, 16, 16, 16, 24], "silu", DType::F16, DType::F32, DType::F16, true, MlpKernelOptions { repeated_layers: Loop, activation_math: PackedFma { eighths: 3 }, ..base.clone() }),
+        ("odd-silu-fma-bf16", vec![3, 24, 100, 5], "silu", DType::BF16, DType::F32, DType::F32, true, MlpKernelOptions { activation_math: PackedFmaBalanced, ..base.clone() }),
         ("bench2-fastcompile", vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { compile_effort: Reduced, ..base.clone() }),
         ("odd", vec![3, 24, 100, 5], &acts, DType::BF16, DType::F32, DType::F32, true, base.clone()),
         ("odd-silu", vec![3, 24, 100, 5], "silu", DType::F16, DType::F32, DType::F32, true, base.clone()),
