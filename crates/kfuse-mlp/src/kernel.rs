@@ -10,7 +10,8 @@
 //! Activations: ReLU is fused into the f32→f16/bf16 conversion (exact); SiLU of hidden layers is
 //! `h + h·tanh(h)` with `h = x/2`, the ½ folded into the layer's weights and bias on the host, on
 //! packed f16 pairs for f16 models (see `kf_silu_half_f16x2` in mlp_prelude.cuh: a few f16 ulps of
-//! the row's scale; [`ActivationMath::TanhF32`] and [`ActivationMath::F32`] for f32 forms); other
+//! the row's scale; [`ActivationMath::TanhF32`] and [`ActivationMath::F32`] for f32 forms,
+//! [`ActivationMath::PackedFma`] for a share of the pairs without the SFU); other
 //! expressions are f32 device functions from
 //! kfuse-codegen, compiled with approximate division (see `FAST_MATH_OPTIONS`).
 //! Pure: no GPU, no I/O; the same model and options give the same bytes.
@@ -68,7 +69,9 @@ pub enum ActivationMath {
     /// a polynomial in it, all on f16 pairs (`kf_silu_half_f16x2_fma` in mlp_prelude.cuh: 15
     /// FMA/integer-pipe instructions a pair instead of 2 MUFU + 1; error of the same order as
     /// the MUFU form, checked on every f16 input by this module's tests). For f16 models whose
-    /// SFU (MUFU) pipe limits the kernel; bf16 models use [`Self::F32`]'s form.
+    /// SFU (MUFU) pipe limits the kernel; bf16 models use [`Self::F32`]'s form. H100,
+    /// 2026-11-22, SiLU bench model: slower than [`Self::Packed`] at every share (0.355 ms at
+    /// 1/8 to 0.528 at 8/8 against 0.334-0.341), in proportion to the instructions added.
     PackedFma {
         /// Pairs of every 8 that take the FMA form (0 is [`Self::Packed`], 8 all of them).
         eighths: u8,
@@ -313,7 +316,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             _ if !packed_silu || i == last || model.layers[i].activation.kind() != ActivationKind::Silu => 0,
             ActivationMath::PackedFma { eighths } => usize::from(eighths),
             // 8 − 1.5 · KT, rounded half up, clamped to 0..=8.
-            ActivationMath::PackedFmaBalanced => (16usize.saturating_sub(3 * (l.k_pad / 16)) + 1) / 2,
+            ActivationMath::PackedFmaBalanced => 16usize.saturating_sub(3 * (l.k_pad / 16)).div_ceil(2),
             _ => 0,
         })
         .map(|q| q.min(8))
