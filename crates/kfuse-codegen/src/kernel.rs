@@ -158,6 +158,7 @@ pub(crate) fn emit_kernel(
     // element; the others only where their branch's predicate holds.
     let mut unconditional: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &groups);
+    let mut grouped_rows = false; // row mode with a group of lanes per row (see `write_row_groups`)
     let last_dim = info.dims.last().copied();
     if let (Some((b, bctx)), Some(last_dim), [grp]) = (&row_bound, last_dim, groups.as_slice()) {
         // Row mode: the predicate is `col < bound(row)`, so each branch is a column range.
@@ -166,19 +167,36 @@ pub(crate) fn emit_kernel(
         unconditional.extend(em.uses.inputs.iter().copied());
         let cols = em.dim(last_dim);
         em.push_stmt(format!("const long long kf_hi = {bv} < 0 ? 0ll : ((long long){bv} < {cols} ? (long long){bv} : {cols}); // columns where the predicate holds"));
-        // Outputs that are all zero where the predicate fails: one byte range per row, filled
-        // first (the stores drain while the valid columns compute) with 16-byte streaming stores.
+        // Outputs that are all zero where the predicate fails: one byte range per row, zeroed
+        // with 16-byte streaming stores. A warp per row fills first (the stores drain while the
+        // valid columns compute); a one-pass kernel gives a row a group of lanes (every row in
+        // one pass, see `write_row_groups`) and fills last, so that its loads are not queued
+        // behind the stores.
         let (fills, rest): (Vec<&Action>, Vec<&Action>) = grp.otherwise.iter().partition(|a| zero_fill_bytes(&em, g, a).is_some());
-        for a in fills {
-            if let (Action::Store { output, .. }, Some(esz)) = (a, zero_fill_bytes(&em, g, a)) {
-                write_zero_fill(&mut em, g, *output, esz, &cols);
+        let fills: Vec<(usize, u64)> = fills
+            .into_iter()
+            .filter_map(|a| match (a, zero_fill_bytes(&em, g, a)) {
+                (Action::Store { output, .. }, Some(esz)) => Some((*output, esz)),
+                _ => None,
+            })
+            .collect();
+        let grouped = grp.otherwise.is_empty() || (onepass.is_some() && rest.is_empty());
+        grouped_rows = grouped;
+        let stride = if grouped { "kf_g" } else { "32" };
+        if !grouped {
+            for &(output, esz) in &fills {
+                write_zero_fill(&mut em, g, output, esz, &cols, stride);
             }
         }
-        let stride = if grp.otherwise.is_empty() { "kf_g" } else { "32" };
         em.open_column_loop(format!("for (long long col = lane; col < kf_hi; col += {stride}) {{"));
         em.push_stmt("const long long i = rowbase + col;".to_string());
         run_actions(&mut em, g, &grp.then)?;
         em.close();
+        if grouped {
+            for &(output, esz) in &fills {
+                write_zero_fill(&mut em, g, output, esz, &cols, stride);
+            }
+        }
         let rest: Vec<Action> = rest.into_iter().cloned().collect();
         if !rest.is_empty() {
             em.push_stmt("#pragma unroll 4".to_string());
@@ -215,9 +233,10 @@ pub(crate) fn emit_kernel(
         }
     }
     let row_mode = em.row_mode;
-    // Row mode with nothing to do past a row's bound: a row takes a group of fewer lanes (see
-    // `write_row_groups`), so more rows, each with a few valid columns, are loaded at once.
-    let row_groups = row_mode && groups.first().is_some_and(|g| g.otherwise.is_empty());
+    // Row mode with nothing to do past a row's bound but zero fills in a one-pass kernel: a row
+    // takes a group of fewer lanes (see `write_row_groups`), so more rows, each with a few valid
+    // columns, are loaded at once.
+    let row_groups = row_mode && grouped_rows;
     let rows_expr = em.product(&info.dims[..info.dims.len().saturating_sub(1)]);
     let cols_expr = match last_dim {
         Some(d) => em.dim(d),
@@ -367,7 +386,7 @@ pub(crate) fn emit_kernel(
         let _ = writeln!(src, "    double acc{s} = {init}; // {what}");
     }
     if onepass.is_some() {
-        write_list_segment(&mut src, row_mode.then_some(cols_expr.as_str()));
+        write_list_segment(&mut src, row_mode.then_some((cols_expr.as_str(), if row_groups { "kf_gs" } else { "5" })));
     }
     if row_groups {
         src.push_str("    // One group of kf_g lanes per row; its lanes stride over the row's columns.\n");
@@ -521,16 +540,16 @@ fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body
 /// In row mode the same count runs over rows and warps (warp `w` of `W` takes rows `w, w + W,
 /// ...`), times the row length. A shared-memory slot counter numbers the entries. Thread 0 also
 /// reads the grid barrier's generation before its block takes a ticket.
-fn write_list_segment(src: &mut String, row_cols: Option<&str>) {
+fn write_list_segment(src: &mut String, row_cols: Option<(&str, &str)>) {
     src.push_str("    // One-pass list: this block appends to its own segment, numbered by a shared-memory counter.\n");
     src.push_str("    __shared__ unsigned long long kf_list_n; // entries this block listed\n");
     src.push_str("    unsigned int kf_gen = 0u; // thread 0: the grid barrier's generation at launch\n");
     src.push_str("    if (threadIdx.x == 0) { kf_list_n = 0ull; kf_gen = ((volatile unsigned int*)counter)[1]; }\n    __syncthreads();\n");
-    if let Some(cols) = row_cols {
-        src.push_str("    const long long kf_list_s = ((long long)gridDim.x * blockDim.x) >> 5, kf_list_t = ((long long)blockIdx.x * blockDim.x) >> 5; // warps\n");
+    if let Some((cols, shift)) = row_cols {
+        let _ = writeln!(src, "    const long long kf_list_s = ((long long)gridDim.x * blockDim.x) >> {shift}, kf_list_t = ((long long)blockIdx.x * blockDim.x) >> {shift}; // rows in flight");
         src.push_str("    const long long kf_list_r = rows % kf_list_s;\n");
         src.push_str("    const long long kf_list_base = (kf_list_t * (rows / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r)) * ");
-        let _ = writeln!(src, "{cols}; // elements of the rows of the warps before this block");
+        let _ = writeln!(src, "{cols}; // elements of the rows of the lanes before this block");
     } else {
         src.push_str("    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;\n");
         src.push_str("    const long long kf_list_r = n % kf_list_s;\n");
@@ -683,8 +702,9 @@ fn zero_fill_bytes(em: &Emitter, g: &Graph, a: &Action) -> Option<u64> {
 
 /// Row mode: zeroes the elements `[kf_hi, cols)` of the row of output `o` (`esz` bytes each) as
 /// one byte range: 16-byte streaming stores over the whole 16-byte chunks, element stores for
-/// the partial chunks at either end (fewer than 16 / `esz` elements each, one per lane).
-fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str) {
+/// the partial chunks at either end (fewer than 16 / `esz` elements each); the row's lanes take
+/// every `stride`-th store (32: a warp per row; `kf_g`: a row group).
+fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str, stride: &str) {
     em.uses.helpers.insert(Helper::StoreStreaming);
     let name = &g.outputs[o].name;
     let per = 16 / esz;
@@ -699,15 +719,15 @@ fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str) 
     em.push_stmt(format!("    const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + {cols}; // elements"));
     if per == 1 {
         em.push_stmt("    #pragma unroll 4".to_string());
-        em.push_stmt(format!("    for (long long e = kf_za + lane; e < kf_zb; e += 32) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + e, make_uint4(0u, 0u, 0u, 0u));"));
+        em.push_stmt(format!("    for (long long e = kf_za + lane; e < kf_zb; e += {stride}) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + e, make_uint4(0u, 0u, 0u, 0u));"));
     } else {
         em.push_stmt(format!("    const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1));
         em.push_stmt(format!("    const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb; // head elements [kf_za, kf_zh)"));
         em.push_stmt(format!("    const long long kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // tail elements [kf_zt, kf_zb)"));
-        em.push_stmt(format!("    if (kf_za + lane < kf_zh) reinterpret_cast<{ety}*>(out{o})[kf_za + lane] = {zero};"));
-        em.push_stmt(format!("    if (kf_zt + lane < kf_zb) reinterpret_cast<{ety}*>(out{o})[kf_zt + lane] = {zero};"));
+        em.push_stmt(format!("    for (long long e = kf_za + lane; e < kf_zh; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"));
+        em.push_stmt(format!("    for (long long e = kf_zt + lane; e < kf_zb; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"));
         em.push_stmt("    #pragma unroll 4".to_string());
-        em.push_stmt(format!("    for (long long c = kf_zc + lane; c < kf_zd; c += 32) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + c, make_uint4(0u, 0u, 0u, 0u));"));
+        em.push_stmt(format!("    for (long long c = kf_zc + lane; c < kf_zd; c += {stride}) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + c, make_uint4(0u, 0u, 0u, 0u));"));
     }
     em.push_stmt("}".to_string());
 }

@@ -60,7 +60,7 @@ use kfuse_ir::{verify, Graph, Kind};
 
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
-pub use plan::{BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, Param, Plan, SizeExpr};
+pub use plan::{BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param, Plan, SizeExpr};
 
 use emit::{temp_dtype, Emitter, Mode};
 
@@ -97,7 +97,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         let dtype = temp_dtype(graph.node(n).dtype);
         buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::Tensor(dtype), elems: SizeExpr::constant(1) });
     }
-    let pass = onepass::detect(graph, &an);
+    let pass = onepass::detect(graph, &an, opts.lengths_gradient);
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
         if info.slots == 0 {

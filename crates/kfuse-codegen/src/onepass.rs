@@ -22,8 +22,9 @@
 //!
 //! Not handled (the two-kernel plan is kept): more than one crossing scale that is not a constant
 //! multiple of the first, anything non-linear in the scale, a non-zero `else` value, outputs
-//! without a small component axis, and graphs with more kernels or other sinks in the second
-//! kernel.
+//! without a small component axis, graphs with more kernels or other sinks in the second kernel,
+//! and lengths masks unless `CodegenOptions::lengths_gradient` asks for one pass (measured slower
+//! on the H100 so far: the warp-per-row second kernel already touches only what it must).
 
 use std::collections::HashMap;
 
@@ -57,7 +58,7 @@ enum Deg {
 }
 
 /// Recognises the one-pass form (see the module docs).
-pub(crate) fn detect(g: &Graph, an: &Analysis) -> Option<OnePass> {
+pub(crate) fn detect(g: &Graph, an: &Analysis, lengths: crate::LengthsGradient) -> Option<OnePass> {
     let [k0, k1] = an.kernels.as_slice() else { return None };
     if k0.level != 0 || k1.level != 1 || k0.dims != k1.dims || k0.slots == 0 || k1.slots != 0 {
         return None;
@@ -89,7 +90,7 @@ pub(crate) fn detect(g: &Graph, an: &Analysis) -> Option<OnePass> {
         ctx.push(Coord::Const(c));
         let (gd, (a, _), (b, _)) = crate::kernel::resolve_select(&em, g, out, ctx)?;
         let gd = em.canonical(gd.0, gd.1);
-        if guard.as_ref().is_some_and(|x| *x != gd) {
+        if guard.as_ref().is_some_and(|x| *x != gd) || (lengths == crate::LengthsGradient::TwoKernels && is_lengths_mask(g, gd.0)) {
             return None;
         }
         guard = Some(gd);
@@ -102,6 +103,11 @@ pub(crate) fn detect(g: &Graph, an: &Analysis) -> Option<OnePass> {
         return None;
     }
     Some(OnePass { output: *index, comps, scale, substitutions })
+}
+
+/// `iota(last) < bound`: the row-mode predicate of `mask(lengths)`.
+fn is_lengths_mask(g: &Graph, m: NodeId) -> bool {
+    matches!(g.node(m).op, Op::Binary(BinaryOp::Lt, a, _) if matches!(g.node(a).op, Op::Iota { .. }))
 }
 
 /// The f32 value of scalar `t` when `scale` is 1, for `t` built from `scale` and constants by

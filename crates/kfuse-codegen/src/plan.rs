@@ -12,12 +12,27 @@ pub struct CodegenOptions {
     /// Elements each thread takes per iteration of a batched grid-stride loop (their loads are
     /// all issued before the first use): `1..=16`.
     pub elems_per_thread: u32,
+    /// How a gradient masked by `mask(lengths)` and scaled by a full reduction is planned.
+    pub lengths_gradient: LengthsGradient,
 }
 
 impl Default for CodegenOptions {
     fn default() -> Self {
-        CodegenOptions { block_size: 256, elems_per_thread: 4 }
+        CodegenOptions { block_size: 256, elems_per_thread: 4, lengths_gradient: LengthsGradient::TwoKernels }
     }
+}
+
+/// The plan of a scaled gradient under a lengths mask (e.g. `grad(loss, pred)` of a mean over
+/// `mask(lengths)`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LengthsGradient {
+    /// A row-group kernel for the reductions, then a warp-per-row kernel that zero-fills each
+    /// row's padding and computes the valid columns' gradient with the scale.
+    #[default]
+    TwoKernels,
+    /// One cooperative row-group kernel: the valid columns' loss terms and unscaled gradient
+    /// (listed), each row's zero fill, the grid barrier, the rescale (see `onepass`).
+    OnePass,
 }
 
 /// Everything needed to run a graph on a GPU.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use kfuse_codegen::{emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Launch, Param, SizeExpr};
+use kfuse_codegen::{emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Launch, LengthsGradient, Param, SizeExpr};
 use kfuse_ir::{BinaryOp, DType, Dim, GraphBuilder, InputId, ReduceAxis, ReduceOp, Shape, SymId, UnaryOp};
 
 fn opts() -> CodegenOptions {
@@ -197,24 +197,32 @@ fn scaled_delta(factors: u32, lengths: bool) -> kfuse_ir::Graph {
 
 #[test]
 fn lengths_scaled_gradient_is_one_row_mode_pass() {
-    // Lengths layout: one cooperative row-mode kernel zero-fills each row's padding, lists the
-    // valid columns' unscaled values in its block's segment (counted in rows of its warps), then
-    // rescales them past the grid barrier.
+    // Lengths layout, by default: two kernels (row groups for the count, a warp per row for the
+    // gradient).
     let p = plan(&scaled_delta(1, true), &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 2);
+    assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain));
+    // Asked for one pass: one cooperative row-group kernel lists the valid columns' unscaled
+    // values in its block's segment (counted in rows of its lane groups), zero-fills each row's
+    // padding, then rescales past the grid barrier.
+    let one_pass = CodegenOptions { lengths_gradient: LengthsGradient::OnePass, ..opts() };
+    let p = plan(&scaled_delta(1, true), &one_pass).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let k = &p.kernels[0];
     assert_eq!(k.launch, Launch::Cooperative);
     let src = &k.source;
     assert!(src.contains("const int v0 = in2[row];"), "row mode:\n{src}");
-    assert!(src.contains("kf_list_t = ((long long)blockIdx.x * blockDim.x) >> 5; // warps"), "segments over rows:\n{src}");
-    assert!(src.contains("* sz1; // elements of the rows of the warps before this block"));
-    let fill = src.find("kf_zb = rowbase + sz1").expect("zero fill");
+    assert!(src.contains("kf_list_t = ((long long)blockIdx.x * blockDim.x) >> kf_gs; // rows in flight"), "segments over rows:\n{src}");
+    assert!(src.contains("* sz1; // elements of the rows of the lanes before this block"));
+    assert!(src.contains("for (long long col = lane; col < kf_hi; col += kf_g)"), "row groups:\n{src}");
+    assert!(src.contains("e < kf_zb; e += kf_g) kf_st_cs("), "the group's lanes fill:\n{src}");
     let append = src.find("atomicAdd(&kf_list_n").expect("list");
+    let fill = src.find("kf_zb = rowbase + sz1").expect("zero fill");
     let release = src.find("atomicAdd(counter + 1, 1u)").expect("barrier");
     let rescale = src.find("kf_s * kf_h.x").expect("rescale");
-    assert!(fill < append && append < release && release < rescale, "{src}");
+    assert!(append < fill && fill < release && release < rescale, "{src}");
     let GridSpec::Work { per_block, .. } = &k.grid;
-    assert_eq!(*per_block, 8, "one warp per row");
+    assert_eq!(*per_block, 64, "4 lanes per row at the most rows");
 }
 
 #[test]
@@ -288,7 +296,7 @@ fn constant_only_outputs_get_a_one_element_kernel() {
 #[test]
 fn errors_are_values_that_say_what_is_wrong() {
     let g = common::giou(DType::F32, DType::F32).expect("graph");
-    let with = |block_size, elems_per_thread| CodegenOptions { block_size, elems_per_thread };
+    let with = |block_size, elems_per_thread| CodegenOptions { block_size, elems_per_thread, ..opts() };
     assert_eq!(plan(&g, &with(100, 4)), Err(CodegenError::BadBlockSize { block_size: 100 }));
     assert_eq!(plan(&g, &with(2048, 4)), Err(CodegenError::BadBlockSize { block_size: 2048 }));
     assert_eq!(plan(&g, &with(256, 0)), Err(CodegenError::BadElemsPerThread { elems_per_thread: 0 }));

@@ -47,11 +47,26 @@ struct Tuning {
     /// Elements per thread and iteration of batched grid-stride loops (1..=16).
     #[arg(long, default_value_t = 4)]
     elems_per_thread: u32,
+    /// How a scaled gradient under `mask(lengths)` is planned.
+    #[arg(long, value_enum, default_value = "two-kernels")]
+    lengths_gradient: LengthsGradientArg,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LengthsGradientArg {
+    /// A reduction kernel, then a warp-per-row gradient kernel.
+    TwoKernels,
+    /// One cooperative kernel with a grid barrier.
+    OnePass,
 }
 
 impl Tuning {
     fn options(self) -> kfuse_codegen::CodegenOptions {
-        kfuse_codegen::CodegenOptions { block_size: self.block_size, elems_per_thread: self.elems_per_thread }
+        let lengths_gradient = match self.lengths_gradient {
+            LengthsGradientArg::TwoKernels => kfuse_codegen::LengthsGradient::TwoKernels,
+            LengthsGradientArg::OnePass => kfuse_codegen::LengthsGradient::OnePass,
+        };
+        kfuse_codegen::CodegenOptions { block_size: self.block_size, elems_per_thread: self.elems_per_thread, lengths_gradient }
     }
 }
 
