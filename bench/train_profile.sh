@@ -37,4 +37,4 @@ if command -v ncu >/dev/null; then
 fi
 echo "== summary (b2b median µs)" | tee -a "$log"
 grep -E "^(\+ kfuse bench|kfuse \(generated\))" "$log" | sed 's/--input.*--iters 200//' | tee -a "$log"
-cp "$log" $P/ && tar -C /tmp/kfb -czf "${OUT:-/tmp/kfuse-out}/profile.tar.gz" profile --exclude='profile/o'
+cp "$log" $P/ && rm -rf $P/o && tar -C /tmp/kfb -czf "${OUT:-/tmp/kfuse-out}/profile.tar.gz" profile
