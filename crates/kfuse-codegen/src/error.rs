@@ -18,6 +18,9 @@ pub enum CodegenError {
     /// `CodegenOptions::elems_per_thread` is outside `1..=16`.
     #[error("{elems_per_thread} elements per thread is not supported: it must be between 1 and 16")]
     BadElemsPerThread { elems_per_thread: u32 },
+    /// `CodegenOptions::batched_threads_per_sm` is not a multiple of the block size up to 2048.
+    #[error("{threads} threads per multiprocessor is not supported with blocks of {block_size}: it must be a multiple of the block size, at most 2048")]
+    BadThreadsPerSm { threads: u32, block_size: u32 },
     /// A constant size product overflows `u64`.
     #[error("the constant part of a size at node v{node} overflows 64 bits")]
     SizeOverflow { node: u32 },

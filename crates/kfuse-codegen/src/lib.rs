@@ -75,6 +75,10 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !opts.block_size.is_multiple_of(32) || !(32..=1024).contains(&opts.block_size) {
         return Err(CodegenError::BadBlockSize { block_size: opts.block_size });
     }
+    let t = opts.batched_threads_per_sm;
+    if !t.is_multiple_of(opts.block_size) || !(opts.block_size..=2048).contains(&t) {
+        return Err(CodegenError::BadThreadsPerSm { threads: t, block_size: opts.block_size });
+    }
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }

@@ -12,13 +12,17 @@ pub struct CodegenOptions {
     /// Elements each thread takes per iteration of a batched grid-stride loop (their loads are
     /// all issued before the first use): `1..=16`.
     pub elems_per_thread: u32,
+    /// Threads per multiprocessor that a batched loop's launch bounds promise (and its grid
+    /// fills): registers per thread are capped at 65536 / this. A multiple of `block_size` in
+    /// `block_size..=2048`.
+    pub batched_threads_per_sm: u32,
     /// How a gradient masked by `mask(lengths)` and scaled by a full reduction is planned.
     pub lengths_gradient: LengthsGradient,
 }
 
 impl Default for CodegenOptions {
     fn default() -> Self {
-        CodegenOptions { block_size: 256, elems_per_thread: 4, lengths_gradient: LengthsGradient::TwoKernels }
+        CodegenOptions { block_size: 256, elems_per_thread: 4, batched_threads_per_sm: 1024, lengths_gradient: LengthsGradient::TwoKernels }
     }
 }
 

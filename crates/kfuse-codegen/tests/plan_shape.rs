@@ -301,6 +301,13 @@ fn errors_are_values_that_say_what_is_wrong() {
     assert_eq!(plan(&g, &with(2048, 4)), Err(CodegenError::BadBlockSize { block_size: 2048 }));
     assert_eq!(plan(&g, &with(256, 0)), Err(CodegenError::BadElemsPerThread { elems_per_thread: 0 }));
     assert_eq!(plan(&g, &with(256, 17)), Err(CodegenError::BadElemsPerThread { elems_per_thread: 17 }));
+    let threads = |batched_threads_per_sm| CodegenOptions { batched_threads_per_sm, ..opts() };
+    assert_eq!(plan(&g, &threads(300)), Err(CodegenError::BadThreadsPerSm { threads: 300, block_size: 256 }));
+    assert_eq!(plan(&g, &threads(4096)), Err(CodegenError::BadThreadsPerSm { threads: 4096, block_size: 256 }));
+    let k = &plan(&g, &threads(768)).expect("plan").kernels[0];
+    assert!(k.source.contains("__launch_bounds__(256, 3)") && k.source.contains("batched_threads_per_sm=768"), "{}", k.source);
+    let GridSpec::Work { max_blocks_per_sm, .. } = &k.grid;
+    assert_eq!(*max_blocks_per_sm, 3);
     let eight = plan(&g, &with(256, 8)).expect("plan");
     assert!(eight.kernels[0].source.contains("elems_per_thread=8") && eight.kernels[0].source.contains("kf_pf0[8]"), "{}", eight.kernels[0].source);
     let empty = GraphBuilder::new().finish().expect("graph");

@@ -47,6 +47,10 @@ struct Tuning {
     /// Elements per thread and iteration of batched grid-stride loops (1..=16).
     #[arg(long, default_value_t = 4)]
     elems_per_thread: u32,
+    /// Threads per multiprocessor promised by batched loops' launch bounds (registers per thread
+    /// are capped at 65536 / this; a multiple of the block size, at most 2048).
+    #[arg(long, default_value_t = 1024)]
+    threads_per_sm: u32,
     /// How a scaled gradient under `mask(lengths)` is planned.
     #[arg(long, value_enum, default_value = "two-kernels")]
     lengths_gradient: LengthsGradientArg,
@@ -66,7 +70,12 @@ impl Tuning {
             LengthsGradientArg::TwoKernels => kfuse_codegen::LengthsGradient::TwoKernels,
             LengthsGradientArg::OnePass => kfuse_codegen::LengthsGradient::OnePass,
         };
-        kfuse_codegen::CodegenOptions { block_size: self.block_size, elems_per_thread: self.elems_per_thread, lengths_gradient }
+        kfuse_codegen::CodegenOptions {
+            block_size: self.block_size,
+            elems_per_thread: self.elems_per_thread,
+            batched_threads_per_sm: self.threads_per_sm,
+            lengths_gradient,
+        }
     }
 }
 
