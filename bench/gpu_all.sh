@@ -22,7 +22,7 @@ run kfuse cache bench --json /tmp/kfb/json/cache_bench.json
 # Issue 5: the fused MLP on the three benchmark models, with PyTorch timed on the same weights.
 run python3 tools/bench_mlp_torch.py --make /tmp/kfb/mlp --no-compile --json /tmp/kfb/json/mlp_torch.json
 for m in /tmp/kfb/mlp/*.json; do
-  KFUSE_CACHE_DIR=/tmp/kfb/mlp-cold-$(basename "$m" .json) run kfuse mlp bench "$m" --json /tmp/kfb/json/mlp_$(basename "$m")
+  CUDA_CACHE_DISABLE=1 KFUSE_CACHE_DIR=/tmp/kfb/mlp-cold-$(basename "$m" .json) run kfuse mlp bench "$m" --json /tmp/kfb/json/mlp_$(basename "$m")
 done
 
 # The MLP path end to end against PyTorch: export_mlp.py from real nn.Modules, kfuse mlp run (GPU, CPU).
