@@ -140,3 +140,32 @@ fn a_new_batch_size_never_recompiles() {
     }
     assert_eq!(gpu.cache().stats().session.compiles, compiles, "sizes are kernel arguments: no compile after the first");
 }
+
+#[test]
+fn tuned_plans_match_the_interpreter_on_the_gpu() {
+    // The code generation choices `kfuse bench` can tune: the one-pass lengths gradient (one
+    // cooperative kernel with row groups), other launch bounds and elements per thread, another
+    // block size; each on the training examples at odd sizes, relaunched bit-identically.
+    let Some(gpu) = gpu_or_skip("tuned_plans_match_the_interpreter_on_the_gpu") else { return };
+    use kfuse_codegen::{CodegenOptions, LengthsGradient};
+    let tunings = [
+        CodegenOptions { lengths_gradient: LengthsGradient::OnePass, ..CodegenOptions::default() },
+        CodegenOptions { batched_threads_per_sm: 768, elems_per_thread: 2, ..CodegenOptions::default() },
+        CodegenOptions { block_size: 128, batched_threads_per_sm: 512, elems_per_thread: 8, ..CodegenOptions::default() },
+    ];
+    let mut cases = 0;
+    for stem in ["giou_train", "giou_train_lengths", "smooth_l1_train_lengths"] {
+        let src = std::fs::read_to_string(common::examples_dir().join(format!("{stem}.kf"))).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            for (t, tuning) in tunings.iter().enumerate() {
+                let mut p = Program::from_source(&testdata::with_float_dtype(&src, dtype), &format!("examples/{stem}.kf ({dtype}, tuning {t})")).unwrap();
+                p.codegen = tuning.clone();
+                for (i, sizes) in [vec![0, 3], vec![1, 1], vec![3, 255], vec![257, 1023], vec![1023, 3]].into_iter().enumerate() {
+                    check(&gpu, &p, &sizes, fresh_seed() + 100 * t as u64 + i as u64, dtype);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    println!("{cases} tuned GPU cases agreed with the interpreter");
+}
