@@ -180,10 +180,9 @@ pub(crate) fn emit_kernel(
                 _ => None,
             })
             .collect();
-        let grouped = grp.otherwise.is_empty() || (onepass.is_some() && rest.is_empty());
-        grouped_rows = grouped;
-        let stride = if grouped { "kf_g" } else { "32" };
-        if !grouped {
+        grouped_rows = grp.otherwise.is_empty() || (onepass.is_some() && rest.is_empty());
+        let stride = if grouped_rows { "kf_g" } else { "32" };
+        if !grouped_rows {
             for &(output, esz) in &fills {
                 write_zero_fill(&mut em, g, output, esz, &cols, stride);
             }
@@ -192,7 +191,7 @@ pub(crate) fn emit_kernel(
         em.push_stmt("const long long i = rowbase + col;".to_string());
         run_actions(&mut em, g, &grp.then)?;
         em.close();
-        if grouped {
+        if grouped_rows {
             for &(output, esz) in &fills {
                 write_zero_fill(&mut em, g, output, esz, &cols, stride);
             }

@@ -208,6 +208,14 @@ fn warn(message: &str) {
     eprintln!("kfuse: warning: {message}");
 }
 
+/// What [`KernelCache::memory_probe`] found.
+enum MemoryProbe<'a> {
+    /// The module, through the source map.
+    Found(Arc<CompiledModule>),
+    /// Not in the source map: the lookup key, the cache key and the key's slot.
+    Slot { lookup: LookupKey<'a>, key: CacheKey, slot: Arc<Slot> },
+}
+
 #[derive(Default)]
 struct Slot {
     module: Mutex<Option<Arc<CompiledModule>>>,
@@ -331,20 +339,9 @@ impl KernelCache {
             self.record(CacheCounters { compiles: 1, ..Default::default() }, false);
             return Ok((Arc::new(module), CacheOutcome::Compiled));
         }
-        let lookup = LookupKey {
-            source,
-            name: "",
-            arch: opts.arch,
-            extra: &opts.extra,
-        };
-        if let Some(found) = self.by_source.get(&lookup) {
-            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((found, CacheOutcome::MemoryHit));
-        }
-        let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
-        let slot = {
-            let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            memory.entry(key).or_default().clone()
+        let (lookup, key, slot) = match self.memory_probe(source, opts)? {
+            MemoryProbe::Found(found) => return Ok((found, CacheOutcome::MemoryHit)),
+            MemoryProbe::Slot { lookup, key, slot } => (lookup, key, slot),
         };
         let mut held = slot.module.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(found) = held.as_ref() {
@@ -363,6 +360,27 @@ impl KernelCache {
         *held = Some(module.clone());
         self.by_source.insert(&lookup, module.clone());
         Ok((module, outcome))
+    }
+
+    /// The first steps of every lookup: the source map (a memory hit without hashing the key),
+    /// else the key and its memory slot (created empty when new).
+    fn memory_probe<'a>(&self, source: &'a str, opts: &'a CompileOptions) -> Result<MemoryProbe<'a>, RuntimeError> {
+        let lookup = LookupKey {
+            source,
+            name: "",
+            arch: opts.arch,
+            extra: &opts.extra,
+        };
+        if let Some(found) = self.by_source.get(&lookup) {
+            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(MemoryProbe::Found(found));
+        }
+        let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
+        let slot = {
+            let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+            memory.entry(key).or_default().clone()
+        };
+        Ok(MemoryProbe::Slot { lookup, key, slot })
     }
 
     /// The disk path of a lookup: read; on a miss take the key's lock, read again (another

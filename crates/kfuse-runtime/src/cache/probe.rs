@@ -11,12 +11,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, TryLockError};
 
-use crate::lookup::LookupKey;
-use crate::nvrtc::{key_with_options, nvrtc_version, CompileOptions, CompiledModule};
+use crate::nvrtc::{CompileOptions, CompiledModule};
 use crate::RuntimeError;
 
 use super::disk::ReadOutcome;
-use super::{CacheCounters, CacheOutcome, KernelCache};
+use super::{CacheCounters, CacheOutcome, KernelCache, MemoryProbe};
 
 impl KernelCache {
     /// The compiled module for (`source`, `opts`) if it is already in memory
@@ -32,20 +31,9 @@ impl KernelCache {
         if self.is_bypassed() {
             return Ok(None);
         }
-        let lookup = LookupKey {
-            source,
-            name: "",
-            arch: opts.arch,
-            extra: &opts.extra,
-        };
-        if let Some(found) = self.by_source.get(&lookup) {
-            self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some((found, CacheOutcome::MemoryHit)));
-        }
-        let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
-        let slot = {
-            let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
-            memory.entry(key).or_default().clone()
+        let (lookup, key, slot) = match self.memory_probe(source, opts)? {
+            MemoryProbe::Found(found) => return Ok(Some((found, CacheOutcome::MemoryHit))),
+            MemoryProbe::Slot { lookup, key, slot } => (lookup, key, slot),
         };
         // A held slot lock means a compile (or disk read) of this key is under way: not cached
         // yet, and waiting for it is exactly what the caller wants to avoid.
