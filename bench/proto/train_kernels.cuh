@@ -1,0 +1,461 @@
+// Prototype kernels (device code only).
+#pragma once
+typedef unsigned long long u64;
+#include "pad_gen.cu"
+#include "len_gen.cu"
+#include "giou_fb.cuh"
+__device__ __forceinline__ float lo16(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi16(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ unsigned pack2(float a, float b) { return (unsigned)kf_f32_to_bf16(a) | ((unsigned)kf_f32_to_bf16(b) << 16); }
+__device__ __forceinline__ void st_cs4(uint4* p, uint4 v) { asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)); }
+
+// ---------------------------------------------------------------- floors
+__global__ void zero_fill(uint4* out, long long nchunks) {
+    const long long s = (long long)gridDim.x * blockDim.x;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < nchunks; c += s) out[c] = make_uint4(0, 0, 0, 0);
+}
+__global__ void zero_fill_cs(uint4* out, long long nchunks) {
+    const long long s = (long long)gridDim.x * blockDim.x;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < nchunks; c += s) st_cs4(out + c, make_uint4(0, 0, 0, 0));
+}
+__global__ void copy16(const uint4* __restrict__ in, uint4* __restrict__ out, long long nchunks) {
+    const long long s = (long long)gridDim.x * blockDim.x;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < nchunks; c += s) out[c] = in[c];
+}
+
+// ---------------------------------------------------------------- shared epilogue pieces
+struct Tail {
+    unsigned short* loss; float* scale; u64* list_index; float4* list_values; double* partials; unsigned* counter;
+};
+
+// Block sums, last block folds, writes loss and scale, releases the grid barrier; every block then rescales
+// its own list segment [base, base + n).
+__device__ __forceinline__ void finish_cooperative(double acc0, double acc1, unsigned gen, const Tail& t, long long base, long long n, unsigned short* dpred) {
+    __shared__ double smem[32];
+    __shared__ bool last;
+    acc0 = kf_block_sum(acc0, smem);
+    acc1 = kf_block_sum(acc1, smem);
+    if (threadIdx.x == 0) {
+        t.partials[blockIdx.x] = acc0; t.partials[gridDim.x + blockIdx.x] = acc1;
+        __threadfence();
+        last = atomicAdd(t.counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        double r0 = 0, r1 = 0;
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) { r0 += ((volatile double*)t.partials)[b]; r1 += ((volatile double*)t.partials)[gridDim.x + b]; }
+        r0 = kf_block_sum(r0, smem); r1 = kf_block_sum(r1, smem);
+        if (threadIdx.x == 0) {
+            const int c = (int)(long long)r1; const float d = (float)(c > 1 ? c : 1);
+            t.loss[0] = kf_f32_to_bf16((float)r0 / d);
+            t.scale[0] = 1.0f / d;
+            *t.counter = 0u; __threadfence(); atomicAdd(t.counter + 1, 1u);
+        }
+    } else if (threadIdx.x == 0) {
+        while (((volatile unsigned*)t.counter)[1] == gen) __nanosleep(100);
+        __threadfence();
+    }
+    __syncthreads();
+    const float s = ((volatile float*)t.scale)[0];
+    for (long long j = threadIdx.x; j < n; j += blockDim.x) {
+        const u64 i = t.list_index[base + j];
+        const float4 h = t.list_values[base + j];
+        reinterpret_cast<uint2*>(dpred)[i] = make_uint2(pack2(s * h.x, s * h.y), pack2(s * h.z, s * h.w));
+    }
+}
+
+// ---------------------------------------------------------------- padded + predicate, compacted
+// 16-byte chunks (2 boxes). Invalid chunks: one 16-byte zero store. Valid boxes: index queued in shared
+// memory, then computed densely (full warps) once the queue holds a block's worth, and at the end.
+template <int EPT, int MINB, int MODE = 0>
+__global__ void __launch_bounds__(256, MINB) pad_compact(const uint2* __restrict__ pred, const uint4* __restrict__ target, unsigned short* __restrict__ dpred,
+                                                         Tail t, long long nbox) {
+    constexpr int QCAP = 256 * EPT * 2 + 256;
+    __shared__ unsigned q[QCAP]; // box index relative to nothing (n < 2^32 in this prototype)
+    __shared__ int qn;
+    __shared__ long long listn;
+    unsigned gen = 0;
+    if (threadIdx.x == 0) { qn = 0; listn = 0; gen = ((volatile unsigned*)t.counter)[1]; }
+    __syncthreads();
+    const long long nchunks = nbox / 2; // even in the prototype
+    const long long stride = (long long)gridDim.x * 256;
+    const long long per_block = 2ll * 256 * EPT * ((nchunks + stride * EPT - 1) / (stride * EPT));
+    const long long base = blockIdx.x * per_block;
+    double acc0 = 0, acc1 = 0;
+    const uint4* tg = target;
+    auto drain = [&](int count) {
+        // threads [0, count) take q[qn - count + tid]
+        int n0 = qn - count;
+        if (MODE < 2 && (int)threadIdx.x < count) {
+            const unsigned i = q[n0 + threadIdx.x];
+            const uint2 tv = reinterpret_cast<const uint2*>(target)[i];
+            const uint2 pv = pred[i];
+            float4 g;
+            const float l = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+            acc0 += (double)l; acc1 += 1.0;
+            const long long slot = base + listn + threadIdx.x;
+            t.list_index[slot] = i; t.list_values[slot] = g;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) { qn = n0; listn += count; }
+        __syncthreads();
+    };
+    for (long long c0 = (long long)blockIdx.x * 256 + threadIdx.x; c0 < nchunks; c0 += EPT * stride) {
+        uint4 v[EPT];
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) { const long long c = c0 + u * stride; if (c < nchunks) v[u] = tg[c]; }
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) {
+            const long long c = c0 + u * stride;
+            if (c < nchunks) {
+                const bool a = hi16(v[u].y) != 0.0f, b = hi16(v[u].w) != 0.0f;
+                if (!a && !b) st_cs4(reinterpret_cast<uint4*>(dpred) + c, make_uint4(0, 0, 0, 0));
+                else {
+                    if (!a) reinterpret_cast<uint2*>(dpred)[2 * c] = make_uint2(0, 0);
+                    if (!b) reinterpret_cast<uint2*>(dpred)[2 * c + 1] = make_uint2(0, 0);
+                    const int k = (int)a + (int)b;
+                    const int at = atomicAdd(&qn, k);
+                    if (a) q[at] = (unsigned)(2 * c);
+                    if (b) q[at + (int)a] = (unsigned)(2 * c + 1);
+                }
+            }
+        }
+        __syncthreads();
+        int n_now = qn;
+        while (n_now >= 256) { drain(256); n_now = qn; }
+        __syncthreads(); // every thread has read qn before the next appends
+    }
+    __syncthreads();
+    if (qn > 0) drain(qn);
+    if (MODE == 0) finish_cooperative(acc0, acc1, gen, t, base, listn, dpred);
+}
+
+// Inline variant: 16-byte chunks, valid boxes computed where found (divergent), no queue.
+template <int EPT, int MINB>
+__global__ void __launch_bounds__(256, MINB) pad_inline16(const uint2* __restrict__ pred, const uint4* __restrict__ target, unsigned short* __restrict__ dpred,
+                                                          Tail t, long long nbox) {
+    __shared__ unsigned long long listn;
+    unsigned gen = 0;
+    if (threadIdx.x == 0) { listn = 0; gen = ((volatile unsigned*)t.counter)[1]; }
+    __syncthreads();
+    const long long nchunks = nbox / 2;
+    const long long stride = (long long)gridDim.x * 256;
+    const long long per_block = 2ll * 256 * EPT * ((nchunks + stride * EPT - 1) / (stride * EPT));
+    const long long base = blockIdx.x * per_block;
+    double acc0 = 0, acc1 = 0;
+    for (long long c0 = (long long)blockIdx.x * 256 + threadIdx.x; c0 < nchunks; c0 += EPT * stride) {
+        uint4 v[EPT];
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) { const long long c = c0 + u * stride; if (c < nchunks) v[u] = target[c]; }
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) {
+            const long long c = c0 + u * stride;
+            if (c >= nchunks) break;
+            const bool a = hi16(v[u].y) != 0.0f, b = hi16(v[u].w) != 0.0f;
+            if (!a && !b) { st_cs4(reinterpret_cast<uint4*>(dpred) + c, make_uint4(0, 0, 0, 0)); continue; }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const bool ok = h ? b : a;
+                const long long i = 2 * c + h;
+                if (!ok) { reinterpret_cast<uint2*>(dpred)[i] = make_uint2(0, 0); continue; }
+                const unsigned tx = h ? v[u].z : v[u].x, ty = h ? v[u].w : v[u].y;
+                const uint2 pv = pred[i];
+                float4 g;
+                const float l = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tx), hi16(tx), lo16(ty), hi16(ty), g);
+                acc0 += (double)l; acc1 += 1.0;
+                const unsigned act = __activemask();
+                const unsigned leader = __ffs(act) - 1u;
+                const unsigned rank = __popc(act & ((1u << (threadIdx.x & 31u)) - 1u));
+                unsigned long long b0 = 0;
+                if ((threadIdx.x & 31u) == leader) b0 = atomicAdd(&listn, (unsigned long long)__popc(act));
+                const long long slot = base + __shfl_sync(act, b0, leader) + rank;
+                t.list_index[slot] = i; t.list_values[slot] = g;
+            }
+        }
+    }
+    __syncthreads();
+    finish_cooperative(acc0, acc1, gen, t, base, (long long)listn, dpred);
+}
+
+// ---------------------------------------------------------------- padded + lengths
+// Denominator taken from the lengths: every block sums clamp(lengths, 0, N) itself (B ints from L2), so the
+// gradient is scaled at once and the only cross-block step is the loss (last block folds). Plain launch.
+__device__ __forceinline__ float count_from_lengths(const int* __restrict__ len, long long B, long long N) {
+    __shared__ double smem[32];
+    __shared__ float s_scale;
+    long long c = 0;
+    for (long long b = threadIdx.x; b < B; b += blockDim.x) { const int l = len[b]; c += l < 0 ? 0 : (l > N ? N : l); }
+    const double tot = kf_block_sum((double)c, smem);
+    if (threadIdx.x == 0) { const long long n = (long long)tot; s_scale = 1.0f / (float)(n > 1 ? n : 1); }
+    __syncthreads();
+    return s_scale;
+}
+__device__ __forceinline__ void finish_plain(double acc0, double acc1, unsigned short* loss, double* partials, unsigned* counter) {
+    __shared__ double smem[32];
+    __shared__ bool last;
+    acc0 = kf_block_sum(acc0, smem);
+    acc1 = kf_block_sum(acc1, smem);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = acc0; partials[gridDim.x + blockIdx.x] = acc1;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double r0 = 0, r1 = 0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) { r0 += ((volatile double*)partials)[b]; r1 += ((volatile double*)partials)[gridDim.x + b]; }
+    r0 = kf_block_sum(r0, smem); r1 = kf_block_sum(r1, smem);
+    if (threadIdx.x == 0) {
+        const int c = (int)(long long)r1; const float d = (float)(c > 1 ? c : 1);
+        loss[0] = kf_f32_to_bf16((float)r0 / d);
+        *counter = 0u;
+    }
+}
+
+// Flat 16-byte chunks of dpred; a chunk's row from a 32-bit division; lengths read through L1.
+template <int EPT, bool PRECOUNT>
+__global__ void __launch_bounds__(256) len_flat(const uint2* __restrict__ pred, const uint2* __restrict__ target, const int* __restrict__ lengths,
+                                                unsigned short* __restrict__ dpred, unsigned short* loss, const float* pre_scale, double* partials, unsigned* counter,
+                                                long long B, long long N) {
+    const float s = PRECOUNT ? pre_scale[0] : count_from_lengths(lengths, B, N);
+    const long long nchunks = B * N / 2; // N even in the prototype
+    const unsigned half_n = (unsigned)(N / 2);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    double acc0 = 0, acc1 = 0;
+    for (long long c0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; c0 < nchunks; c0 += EPT * stride) {
+        int len[EPT];
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) { const long long c = c0 + u * stride; if (c < nchunks) len[u] = __ldg(lengths + (unsigned)c / half_n); }
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) {
+            const long long c = c0 + u * stride;
+            if (c >= nchunks) break;
+            const unsigned row = (unsigned)c / half_n;
+            const int col = (int)(2 * ((unsigned)c - row * half_n));
+            if (col >= len[u]) { st_cs4(reinterpret_cast<uint4*>(dpred) + c, make_uint4(0, 0, 0, 0)); continue; }
+            for (int h = 0; h < 2; ++h) {
+                const long long i = 2 * c + h;
+                if (col + h >= len[u]) { reinterpret_cast<uint2*>(dpred)[i] = make_uint2(0, 0); continue; }
+                const uint2 tv = target[i], pv = pred[i];
+                float4 g;
+                const float l = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+                acc0 += (double)l; acc1 += 1.0;
+                reinterpret_cast<uint2*>(dpred)[i] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+            }
+        }
+    }
+    finish_plain(acc0, acc1, loss, partials, counter);
+}
+__global__ void count_kernel(const int* __restrict__ len, float* scale, long long B, long long N) {
+    const float s = count_from_lengths(len, B, N);
+    if (threadIdx.x == 0) scale[0] = s;
+}
+
+// Row tiles: a warp takes 32 rows, reads their lengths in one load, then for each row: zero fill of
+// [len, N) with 16-byte stores (N even), valid boxes computed by lanes.
+template <bool PRECOUNT, int RT>
+__global__ void __launch_bounds__(256) len_rows(const uint2* __restrict__ pred, const uint2* __restrict__ target, const int* __restrict__ lengths,
+                                                unsigned short* __restrict__ dpred, unsigned short* loss, const float* pre_scale, double* partials, unsigned* counter,
+                                                long long B, long long N) {
+    const float s = PRECOUNT ? pre_scale[0] : count_from_lengths(lengths, B, N);
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * 8;
+    double acc0 = 0, acc1 = 0;
+    for (long long r0 = ((long long)blockIdx.x * 8 + (threadIdx.x >> 5)) * RT; r0 < B; r0 += warps * RT) {
+        const int mylen = (lane < RT && r0 + lane < B) ? __ldg(lengths + r0 + lane) : 0;
+        const int rows = B - r0 < RT ? (int)(B - r0) : RT;
+        for (int r = 0; r < rows; ++r) {
+            const int l = __shfl_sync(0xffffffffu, mylen, r);
+            const int hi = l < 0 ? 0 : (l > N ? (int)N : l);
+            const long long rb = (r0 + r) * N;
+            // valid boxes
+            for (int col = lane; col < hi; col += 32) {
+                const long long i = rb + col;
+                const uint2 tv = target[i], pv = pred[i];
+                float4 g;
+                const float lo = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+                acc0 += (double)lo; acc1 += 1.0;
+                reinterpret_cast<uint2*>(dpred)[i] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+            }
+            // zero fill: odd head box, then chunks
+            long long a = rb + hi, e = rb + N;
+            if ((a & 1) && lane == 0) reinterpret_cast<uint2*>(dpred)[a] = make_uint2(0, 0);
+            a = (a + 1) / 2;
+            for (long long c = a + lane; c < e / 2; c += 32) st_cs4(reinterpret_cast<uint4*>(dpred) + c, make_uint4(0, 0, 0, 0));
+        }
+    }
+    finish_plain(acc0, acc1, loss, partials, counter);
+}
+
+
+// ---------------------------------------------------------------- padded, warp-level queues (no block sync in the loop)
+template <int EPT, int MINB>
+__global__ void __launch_bounds__(256, MINB) pad_compact_warp(const uint2* __restrict__ pred, const uint4* __restrict__ target, unsigned short* __restrict__ dpred,
+                                                              Tail t, long long nbox) {
+    constexpr int WCAP = 32 * EPT * 2 + 32;
+    __shared__ unsigned q[8][WCAP];
+    __shared__ unsigned long long listn;
+    unsigned gen = 0;
+    if (threadIdx.x == 0) { listn = 0; gen = ((volatile unsigned*)t.counter)[1]; }
+    __syncthreads();
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    unsigned* wq = q[w];
+    int wn = 0; // warp-uniform queue length
+    const long long nchunks = nbox / 2;
+    const long long stride = (long long)gridDim.x * 256;
+    const long long per_block = 2ll * 256 * EPT * ((nchunks + stride * EPT - 1) / (stride * EPT));
+    const long long base = blockIdx.x * per_block;
+    double acc0 = 0, acc1 = 0;
+    auto drain = [&](int count) { // warp-uniform; lanes [0, count) take wq[wn - count + lane]
+        const int n0 = wn - count;
+        unsigned long long b0 = 0;
+        if (lane == 0) b0 = atomicAdd(&listn, (unsigned long long)count);
+        b0 = __shfl_sync(0xffffffffu, b0, 0);
+        if (lane < count) {
+            const unsigned i = wq[n0 + lane];
+            const uint2 tv = reinterpret_cast<const uint2*>(target)[i];
+            const uint2 pv = pred[i];
+            float4 g;
+            const float l = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+            acc0 += (double)l; acc1 += 1.0;
+            t.list_index[base + b0 + lane] = i; t.list_values[base + b0 + lane] = g;
+        }
+        __syncwarp();
+        wn = n0;
+    };
+    for (long long c0 = (long long)blockIdx.x * 256 + threadIdx.x; c0 < nchunks; c0 += EPT * stride) {
+        uint4 v[EPT];
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) { const long long c = c0 + u * stride; if (c < nchunks) v[u] = target[c]; }
+#pragma unroll
+        for (int u = 0; u < EPT; ++u) {
+            const long long c = c0 + u * stride;
+            const bool in = c < nchunks;
+            const bool a = in && hi16(v[u].y) != 0.0f, b = in && hi16(v[u].w) != 0.0f;
+            if (in && !a && !b) st_cs4(reinterpret_cast<uint4*>(dpred) + c, make_uint4(0, 0, 0, 0));
+            else if (in) {
+                if (!a) reinterpret_cast<uint2*>(dpred)[2 * c] = make_uint2(0, 0);
+                if (!b) reinterpret_cast<uint2*>(dpred)[2 * c + 1] = make_uint2(0, 0);
+            }
+            const unsigned ma = __ballot_sync(0xffffffffu, a), mb = __ballot_sync(0xffffffffu, b);
+            const unsigned below = (1u << lane) - 1u;
+            const int pa = __popc(ma & below) + __popc(mb & below);
+            if (a) wq[wn + pa] = (unsigned)(2 * c);
+            if (b) wq[wn + pa + (int)a] = (unsigned)(2 * c + 1);
+            wn += __popc(ma) + __popc(mb);
+        }
+        __syncwarp();
+        while (wn >= 32) drain(32);
+    }
+    __syncwarp();
+    if (wn > 0) drain(wn);
+    __syncthreads();
+    finish_cooperative(acc0, acc1, gen, t, base, (long long)listn, dpred);
+}
+
+// ---------------------------------------------------------------- lengths, role split
+// Blocks [0, gf): zero fill of [len, N) per row (rows in tiles of RT per warp, lengths loaded once per tile).
+// Blocks [gf, grid): the valid boxes, flattened per warp over 32 rows (warp scan of the lengths), scaled at once by
+// 1 / max(sum(lengths), 1) that each such block computes itself; the loss folded by the last of them.
+template <int RT, int CM = 0>
+__global__ void __launch_bounds__(256) len_split(const uint2* __restrict__ pred, const uint2* __restrict__ target, const int* __restrict__ lengths,
+                                                 unsigned short* __restrict__ dpred, unsigned short* loss, double* partials, unsigned* counter,
+                                                 long long B, long long N, int gf, const float* pre_scale = nullptr) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if ((int)blockIdx.x < gf) {
+        const long long fw = (long long)gf * 8;
+        for (long long r0 = ((long long)blockIdx.x * 8 + w) * RT; r0 < B; r0 += fw * RT) {
+            const int mylen = (lane < RT && r0 + lane < B) ? __ldg(lengths + r0 + lane) : 0;
+            const int rows = B - r0 < RT ? (int)(B - r0) : RT;
+            for (int r = 0; r < rows; ++r) {
+                const int l = __shfl_sync(0xffffffffu, mylen, r);
+                const long long hi = l < 0 ? 0 : (l > N ? N : l);
+                long long a = (r0 + r) * N + hi;
+                const long long e = (r0 + r + 1) * N;
+                if ((a & 1) && a < e) { if (lane == 0) reinterpret_cast<uint2*>(dpred)[a] = make_uint2(0, 0); ++a; }
+                const long long cz = e / 2;
+                for (long long c = a / 2 + lane; c < cz; c += 32) st_cs4(reinterpret_cast<uint4*>(dpred) + c, make_uint4(0, 0, 0, 0));
+                if ((e & 1) && lane == 0 && e - 1 >= a) reinterpret_cast<uint2*>(dpred)[e - 1] = make_uint2(0, 0);
+            }
+        }
+        return;
+    }
+    const int cb = blockIdx.x - gf, gc = gridDim.x - gf;
+    // the denominator from the lengths
+    __shared__ double smem[32];
+    __shared__ float s_scale;
+    float s;
+    if (CM == 1) s = pre_scale[0];
+    else {
+        long long cnt = 0;
+        if (CM == 0) {
+            for (long long b = threadIdx.x; b < B; b += blockDim.x) { const int l = __ldg(lengths + b); cnt += l < 0 ? 0 : (l > N ? N : l); }
+        } else {
+            const long long nv = B / 4;
+            const int4* l4 = reinterpret_cast<const int4*>(lengths);
+            auto cl = [&](int l) -> long long { return l < 0 ? 0 : (l > N ? N : l); };
+            long long b = threadIdx.x;
+            for (; b + 7 * 256 < nv; b += 8 * 256) {
+                int4 v[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) v[k] = __ldg(l4 + b + k * 256);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) cnt += cl(v[k].x) + cl(v[k].y) + cl(v[k].z) + cl(v[k].w);
+            }
+            for (; b < nv; b += 256) { const int4 v = __ldg(l4 + b); cnt += cl(v.x) + cl(v.y) + cl(v.z) + cl(v.w); }
+            for (long long r = nv * 4 + threadIdx.x; r < B; r += 256) cnt += cl(__ldg(lengths + r));
+        }
+        const double tot = kf_block_sum((double)cnt, smem);
+        if (threadIdx.x == 0) { const long long n = (long long)tot; s_scale = 1.0f / (float)(n > 1 ? n : 1); }
+        __syncthreads();
+        s = s_scale;
+    }
+    double acc0 = 0, acc1 = 0;
+    const long long cw = (long long)gc * 8;
+    for (long long r0 = ((long long)cb * 8 + w) * 32; r0 < B; r0 += cw * 32) {
+        const int l0 = r0 + lane < B ? __ldg(lengths + r0 + lane) : 0;
+        const int l = l0 < 0 ? 0 : (l0 > N ? (int)N : l0);
+        int incl = l; // inclusive warp scan
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) { const int y = __shfl_up_sync(0xffffffffu, incl, o); if (lane >= o) incl += y; }
+        const int total = __shfl_sync(0xffffffffu, incl, 31);
+        for (int j0 = 0; j0 < total; j0 += 32) {
+            const int j = j0 + lane;
+            // row of box j: the first lane whose inclusive prefix exceeds j
+            int r = 0;
+#pragma unroll
+            for (int step = 16; step > 0; step >>= 1) { const int v = __shfl_sync(0xffffffffu, incl, r + step - 1); if (j >= v) r += step; }
+            const int before = __shfl_sync(0xffffffffu, incl - l, r);
+            if (j < total) {
+                const long long i = (r0 + r) * N + (j - before);
+                const uint2 tv = target[i], pv = pred[i];
+                float4 g;
+                const float lo = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+                acc0 += (double)lo; acc1 += 1.0;
+                reinterpret_cast<uint2*>(dpred)[i] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+            }
+        }
+    }
+    // loss: the compute blocks' partials, folded by the last of them
+    __shared__ bool last;
+    acc0 = kf_block_sum(acc0, smem);
+    acc1 = kf_block_sum(acc1, smem);
+    if (threadIdx.x == 0) {
+        partials[cb] = acc0; partials[gc + cb] = acc1;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == (unsigned)gc - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double r0 = 0, r1 = 0;
+    for (int b = threadIdx.x; b < gc; b += blockDim.x) { r0 += ((volatile double*)partials)[b]; r1 += ((volatile double*)partials)[gc + b]; }
+    r0 = kf_block_sum(r0, smem); r1 = kf_block_sum(r1, smem);
+    if (threadIdx.x == 0) {
+        const int c = (int)(long long)r1; const float d = (float)(c > 1 ? c : 1);
+        loss[0] = kf_f32_to_bf16((float)r0 / d);
+        *counter = 0u;
+    }
+}
