@@ -6,9 +6,10 @@
 # 64->4x128->16 ReLU, 32->...->16 SiLU with bias), with COLD compiles: CUDA_CACHE_DISABLE=1 (NVRTC
 # 12.9+ keeps its own cache in the driver's compute cache, which made repeat compiles in new
 # processes take 23-73 ms) and a fresh KFUSE_CACHE_DIR per model:
-#   1. `kfuse mlp bench` cold: first call (prepare with the fast-compiled form, first result
-#      downloaded), the fast form's kernel time, when the optimised kernel was ready (background
-#      compile), the optimised kernel's time;
+#   1. `kfuse mlp bench` cold, three times per model in new processes, each on its own fresh
+#      cache folder (the first with KFUSE_LOG_TIMING=1: where the first call's time goes): first
+#      call (prepare with the fast-compiled form, first result downloaded), the fast form's kernel
+#      time, when the optimised kernel was ready (background compile), the optimised kernel's time;
 #   2. the same again in a new process on the now warm disk cache (no fast form expected);
 #   3. `kfuse mlp bench --full-only` cold (the untiered first call, for comparison);
 #   4. `kfuse mlp run` cold then warm (the one-line notice, the results compared);
@@ -31,6 +32,8 @@ ls "$W"/models/*.json >/dev/null 2>&1 || { echo "no models were made (PyTorch mi
 
 for m in "$W"/models/*.json; do
   name=$(basename "$m" .json)
+  KFUSE_LOG_TIMING=1 KFUSE_CACHE_DIR=$W/cache2-$name run kfuse mlp bench "$m" --json "$W/json/${name}_cold2.json"
+  KFUSE_CACHE_DIR=$W/cache3-$name run kfuse mlp bench "$m" --json "$W/json/${name}_cold3.json"
   KFUSE_CACHE_DIR=$W/cache-$name run kfuse mlp bench "$m" --json "$W/json/${name}_cold.json"
   KFUSE_CACHE_DIR=$W/cache-$name run kfuse mlp bench "$m" --json "$W/json/${name}_warm.json"
   KFUSE_CACHE_DIR=$W/fullonly-$name run kfuse mlp bench "$m" --full-only --json "$W/json/${name}_fullonly.json"
@@ -77,6 +80,12 @@ print(f"{'run':28} {'tier':5} {'load':>5} {'prepare':>8} {'1st res':>8} {'fast k
 for k, r in out.items():
     print(f"{k:28} {r['first_call_tier'].lower():5} {f(r.get('model_load_ms'))[:5]:>5} {f(r['first_call_ms']):>8} {f(r['first_result_ms']):>8} "
           f"{f(r['fast_kernel_ms_median'], 4):>9} {f(r['full_ready_ms']):>9} {f(r['full_compile_ms']):>8} {f(r['kernel_ms_median'], 4):>9} {r['check']['rel_err']:8.1e}")
+cold = {}
+for k, r in out.items():
+    if "_cold" in k:
+        cold.setdefault(k.split("_cold")[0], []).append(r["first_call_ms"])
+for name, v in sorted(cold.items()):
+    print(f"cold first calls {name:16} {' '.join(f'{x:.0f}' for x in sorted(v))} ms (max {max(v):.0f}; target < 300)")
 print("ms; prepare = first call's compile + load + upload; 1st res = prepare to first result downloaded (2^21 rows);")
 print("full rdy = from the first call's start until the optimised kernel was compiled; bg comp = its background NVRTC time")
 PY

@@ -4,12 +4,14 @@
 //! unwritten elements show up.
 //!
 //! Tiered compilation (see `tier.rs`): when the fully optimised fused kernel is not in the kernel
-//! cache (memory or disk), [`prepare`] compiles its `--Ofast-compile=mid` form (a third of the
-//! compile time) and returns at once, while a background thread compiles the optimised one into
-//! the cache; [`PreparedMlp::launch`] checks with one atomic load whether that thread is done and
-//! then loads the optimised kernel (a cache hit) and uses it from then on. When the optimised
-//! kernel is already cached, no fast form is compiled. [`PreparedMlp::wait_optimized`] blocks
-//! until the switch; [`Tiering::FullOnly`] (and [`prepare_with`]) opt out.
+//! cache (memory or disk), [`prepare`] compiles its fast form ([`crate::emit_fast_form`]: less
+//! code, `--Ofast-compile=mid`, the same parameters; a fifth to a third of the optimised compile
+//! time) and returns, and only then starts a background thread that compiles the optimised one
+//! into the cache, so that the two compiles never compete for the CPU during the first call;
+//! [`PreparedMlp::launch`] checks with one atomic load whether that thread is done and then loads
+//! the optimised kernel (a cache hit) and uses it from then on. When the optimised kernel is
+//! already cached, no fast form is compiled. [`PreparedMlp::wait_optimized`] blocks until the
+//! switch; [`Tiering::FullOnly`] (and [`prepare_with`]) opt out.
 //!
 //! Handles: the fused kernel, and the tiled fallback (with its note) when the model does not fit.
 //! Does not handle: several GPUs, streams other than the Gpu's own, inputs already on the device
@@ -26,7 +28,7 @@ use crate::cpu::check_input;
 use crate::error::{MlpError, Result};
 use crate::kernel::{emit_kernel, CompileEffort, MlpKernel, MlpKernelOptions};
 use crate::model::MlpModel;
-use crate::tier::{BackgroundCompile, KernelTier, Tiering};
+use crate::tier::{emit_fast_form, BackgroundCompile, KernelTier, Tiering};
 use crate::tiled::{emit_tiled, TiledPlan};
 
 /// A compiled, uploaded model on one GPU.
@@ -70,6 +72,8 @@ enum FusedFunctions {
 
 struct Tiered {
     fast: GpuFunction,
+    /// The fast form's launch geometry (its own: it may use fewer rows per warp).
+    fast_geometry: Geometry,
     background: BackgroundCompile,
     /// The requested kernel, loaded on the first launch after its compile finished.
     full: OnceLock<GpuFunction>,
@@ -77,6 +81,23 @@ struct Tiered {
     gave_up: AtomicBool,
     /// Print tier switches (`KFUSE_LOG_COMPILES=1`).
     log: bool,
+}
+
+/// How one compiled form of the fused kernel is launched.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    /// Threads per block.
+    block: u32,
+    /// Dynamic shared memory per block.
+    shared_bytes: u32,
+    /// Rows all warps of a block handle at a time.
+    rows_per_block: u32,
+}
+
+impl Geometry {
+    fn of(kernel: &MlpKernel) -> Geometry {
+        Geometry { block: kernel.block, shared_bytes: kernel.shared_bytes, rows_per_block: kernel.rows_per_block }
+    }
 }
 
 /// When the fully optimised kernel of a [`PreparedMlp`] was ready.
@@ -148,39 +169,40 @@ fn load_fused(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, kernel: &Mlp
     if !may_tier || cache.get_cached(&kernel.source, &full_opts)?.is_some() {
         return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?));
     }
-    // The fast form differs only in its NVRTC options; should the generator ever make it differ
-    // in source or parameters, the two could not share `params` and geometry: no tiering then.
-    let fast = emit_kernel(model, &MlpKernelOptions { compile_effort: CompileEffort::Fast, ..opts.clone() })?;
-    if fast.source != kernel.source || fast.params != kernel.params || fast.nvrtc_options == kernel.nvrtc_options {
+    // The fast form shares `params` (checked by emit_fast_form); without one, no tiering.
+    let Some(fast_kernel) = emit_fast_form(model, opts, kernel, kfuse_runtime::nvrtc_version()?) else {
         return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?));
-    }
-    // Started first: on a machine with cores to spare the two compiles overlap.
+    };
+    let fast = gpu.load_kernel_with_options(&fast_kernel.source, &fast_kernel.name, &fast_kernel.nvrtc_options)?;
+    // Started once the fast form is compiled: a concurrent optimised compile slowed the fast one
+    // (dev machine, 2 cores: +30-100 ms), for an optimised kernel ready that much sooner.
     let background = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), full_opts);
     let log = cache.config().log_compiles;
-    let fast = gpu.load_kernel_with_options(&fast.source, &fast.name, &fast.nvrtc_options)?;
     if log {
         eprintln!("kfuse: {} is not cached: running its fast-compiled form, compiling the optimised kernel in the background", kernel.name);
     }
-    Ok(FusedFunctions::Tiered(Box::new(Tiered { fast, background, full: OnceLock::new(), gave_up: AtomicBool::new(false), log })))
+    let fast_geometry = Geometry::of(&fast_kernel);
+    Ok(FusedFunctions::Tiered(Box::new(Tiered { fast, fast_geometry, background, full: OnceLock::new(), gave_up: AtomicBool::new(false), log })))
 }
 
 impl Tiered {
-    /// The kernel a launch uses now: the optimised one if loaded or ready to load, else the fast
-    /// form. Never waits for the compile; a failed switch is warned about once.
-    fn current(&self, gpu: &Gpu, kernel: &MlpKernel) -> &GpuFunction {
+    /// The kernel a launch uses now and its geometry: the optimised one if loaded or ready to
+    /// load, else the fast form. Never waits for the compile; a failed switch is warned about
+    /// once.
+    fn current(&self, gpu: &Gpu, kernel: &MlpKernel) -> (&GpuFunction, Geometry) {
         if let Some(full) = self.full.get() {
-            return full;
+            return (full, Geometry::of(kernel));
         }
         if !self.background.is_finished() || self.gave_up.load(Ordering::Relaxed) {
-            return &self.fast;
+            return (&self.fast, self.fast_geometry);
         }
         match self.promote(gpu, kernel) {
-            Ok(full) => full,
+            Ok(full) => (full, Geometry::of(kernel)),
             Err(e) => {
                 if !self.gave_up.swap(true, Ordering::Relaxed) {
                     eprintln!("kfuse: warning: {e}");
                 }
-                &self.fast
+                (&self.fast, self.fast_geometry)
             }
         }
     }
@@ -287,22 +309,22 @@ impl PreparedMlp {
         match &self.body {
             Body::Fused { kernel, functions, params, max_blocks } => {
                 let unavailable = |why| MlpError::TierUnavailable { tier: KernelTier::Fast.as_str(), kernel: kernel.name.clone(), why };
-                let function = match (functions, tier) {
-                    (FusedFunctions::Single(f), None | Some(KernelTier::Full)) => f,
+                let (function, geometry) = match (functions, tier) {
+                    (FusedFunctions::Single(f), None | Some(KernelTier::Full)) => (f, Geometry::of(kernel)),
                     (FusedFunctions::Single(_), Some(KernelTier::Fast)) => {
                         return Err(unavailable("the optimised kernel was cached, so no fast form was compiled"))
                     }
                     (FusedFunctions::Tiered(t), None) => t.current(gpu, kernel),
-                    (FusedFunctions::Tiered(t), Some(KernelTier::Fast)) => &t.fast,
-                    (FusedFunctions::Tiered(t), Some(KernelTier::Full)) => t.promote(gpu, kernel)?,
+                    (FusedFunctions::Tiered(t), Some(KernelTier::Fast)) => (&t.fast, t.fast_geometry),
+                    (FusedFunctions::Tiered(t), Some(KernelTier::Full)) => (t.promote(gpu, kernel)?, Geometry::of(kernel)),
                 };
-                let rpb = kernel.rows_per_block as usize;
+                let rpb = geometry.rows_per_block.max(1) as usize;
                 let blocks = u32::try_from(rows.div_ceil(rpb)).unwrap_or(u32::MAX).min(*max_blocks).max(1);
                 gpu.launch(
                     function,
                     blocks,
-                    kernel.block,
-                    kernel.shared_bytes,
+                    geometry.block,
+                    geometry.shared_bytes,
                     &[KernelArg::Buffer(input), KernelArg::Buffer(output), KernelArg::Buffer(params), KernelArg::I64(rows_i64)],
                 )?;
             }

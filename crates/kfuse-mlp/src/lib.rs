@@ -26,7 +26,7 @@ pub use bench::{bench_gpu, measure_ceilings, nvrtc_cache_disabled, BenchOptions,
 pub use cpu::{check_input, compare_rows, erf_f64, evaluate_cpu, reference_f64, run_cpu, run_cpu_as, ErrorReport};
 pub use error::{MlpError, Result};
 pub use gpu::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
-pub use tier::{BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};
+pub use tier::{emit_fast_form, BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};
 pub use kernel::{emit_kernel, fusable, ActivationMath, CompileEffort, MlpKernel, MlpKernelOptions, RepeatedLayers, H100_SHARED_LIMIT};
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
 pub use tiled::{emit_tiled, TiledLayerKernel, TiledPlan};

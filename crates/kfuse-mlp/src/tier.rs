@@ -1,7 +1,9 @@
 //! Tiered compilation's pieces (issue 5, first call under 0.3 s): the choice ([`Tiering`]), the
-//! two kernels' names ([`KernelTier`]), and [`BackgroundCompile`], one background thread that
-//! compiles the fully optimised kernel with NVRTC into kfuse-runtime's kernel cache (memory and
-//! disk) while launches run the quickly compiled one.
+//! two kernels' names ([`KernelTier`]), the fast form's generation ([`emit_fast_form`]: less code
+//! and cheaper NVRTC options than the optimised kernel, the same parameters), and
+//! [`BackgroundCompile`], one background thread that compiles the fully optimised kernel with
+//! NVRTC into kfuse-runtime's kernel cache (memory and disk) while launches run the quickly
+//! compiled one.
 //!
 //! The thread does CPU work only (NVRTC, cache files): it needs no GPU context. Loading the
 //! module happens later on the launching thread, through the cache, which then hits (see
@@ -15,6 +17,43 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use kfuse_runtime::{CompileOptions, KernelCache, RuntimeError};
+
+use crate::kernel::{emit_kernel, CompileEffort, MlpKernel, MlpKernelOptions, RepeatedLayers};
+use crate::model::MlpModel;
+
+/// The first NVRTC version that knows `-minimal` (CUDA 12.4).
+const NVRTC_MINIMAL_SINCE: (i32, i32) = (12, 4);
+
+/// The stand-in kernel that serves a cold first call while `full` (emitted from `model` and
+/// `opts`) compiles in the background, or `None` when no form shares `full`'s parameter blob and
+/// I/O dtypes (then there is no tiering). Tried in order, the first that shares them wins:
+/// 1. `--Ofast-compile=mid`, identical hidden layers as one run-time loop
+///    ([`RepeatedLayers::Loop`]) and one 16-row tile per warp: the least code for NVRTC; its
+///    launch geometry (warps, block, shared memory, rows per block) is its own;
+/// 2. `full`'s source with `--Ofast-compile=mid` (the same geometry).
+///
+/// With NVRTC 12.4 or later (`nvrtc_version`), `-minimal` is added to the options: it leaves out
+/// the runtime-API declarations a header-free kernel never uses (the cubin is byte-identical on
+/// the issue-5 models with NVRTC 13.0). Dev machine (2 shared cores, no GPU, NVRTC 13.0, sm_90,
+/// `CUDA_CACHE_DISABLE=1`, 2026-11-22; runs vary by ±25%), compile of the issue-5 models
+/// (64→4×64→16 ReLU, 64→4×128→16 ReLU, 32→64→128→96→64→32→16 SiLU+bias): this fast form
+/// 84-113 / 96-116 / 169-214 ms; 2. (the previous fast form) 135-206 / 134-204 / 173-252 ms;
+/// the optimised kernel 326-579 / 1027-1220 / 707-1181 ms. Separately: `-minimal` saves 15-35
+/// ms, the layer loop 40-60 ms on the ReLU models, one row tile per warp 30-70 ms on SiLU;
+/// `--Ofast-compile=max` saves nothing measurable (and makes a 9× larger cubin), `-G` doubles
+/// the time, `--split-compile=0` changes nothing.
+pub fn emit_fast_form(model: &MlpModel, opts: &MlpKernelOptions, full: &MlpKernel, nvrtc_version: (i32, i32)) -> Option<MlpKernel> {
+    let fast = MlpKernelOptions { compile_effort: CompileEffort::Fast, ..opts.clone() };
+    let smallest = MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, row_tiles_per_warp: Some(1), ..fast.clone() };
+    let mut chosen = [smallest, fast]
+        .iter()
+        .filter_map(|o| emit_kernel(model, o).ok())
+        .find(|k| k.params == full.params && (k.in_dtype, k.out_dtype) == (full.in_dtype, full.out_dtype) && k.nvrtc_options != full.nvrtc_options)?;
+    if nvrtc_version >= NVRTC_MINIMAL_SINCE {
+        chosen.nvrtc_options.push("-minimal".to_string());
+    }
+    Some(chosen)
+}
 
 /// Whether [`crate::prepare_tiered`] may start with a quickly compiled kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -32,8 +71,8 @@ pub enum Tiering {
 /// Which of a prepared model's kernels a launch uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum KernelTier {
-    /// The stand-in compiled with `--Ofast-compile=mid` because the requested kernel was not
-    /// cached: quick to compile, slower to run.
+    /// The stand-in ([`emit_fast_form`], compiled with `--Ofast-compile=mid`) because the
+    /// requested kernel was not cached: quick to compile, slower to run.
     Fast,
     /// The kernel of the requested options (the fully optimised one by default), or the tiled
     /// path's kernels.

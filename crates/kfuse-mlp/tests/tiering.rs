@@ -1,7 +1,8 @@
-//! Tiered compilation (issue 5). NVRTC tier: the fast form (`--Ofast-compile=mid`) compiles for
-//! sm_80 and sm_90 for several widths, activations and dtypes, shares the optimised kernel's
-//! source and parameters, and a background compile lands in the kernel cache (memory, and disk
-//! for a fresh process). GPU tier (skips without a GPU unless KFUSE_REQUIRE_GPU=1): a cold
+//! Tiered compilation (issue 5). NVRTC tier: the fast form (`emit_fast_form`: `--Ofast-compile=mid`,
+//! looped repeated layers, one row tile per warp) compiles for sm_80 and sm_90 for several widths,
+//! activations and dtypes and shares the optimised kernel's parameters, and a background compile
+//! lands in the kernel cache (memory, and disk for a fresh process). GPU tier (skips without a
+//! GPU unless KFUSE_REQUIRE_GPU=1): a cold
 //! prepare runs the fast form, which matches the CPU interpreter; after `wait_optimized` the
 //! optimised kernel is in use and matches too; a warm prepare (same cache, or a new cache on the
 //! same folder) compiles no fast form; `FullOnly` never tiers.
@@ -11,7 +12,8 @@ use std::sync::Arc;
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_kernel, evaluate_cpu, prepare, prepare_tiered, BackgroundCompile, CompileEffort, KernelTier, MlpKernelOptions, MlpModel, PreparedMlp, Tiering,
+    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, prepare, prepare_tiered, BackgroundCompile, CompileEffort, KernelTier, MlpKernelOptions, MlpModel,
+    PreparedMlp, RepeatedLayers, Tiering,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
@@ -47,13 +49,24 @@ fn fast_form_compiles_for_sm80_and_sm90_and_shares_the_kernel() {
         let m = model(dir.path(), name, &widths, act, wd, bias, 3);
         let full_opts = MlpKernelOptions { in_dtype: io, out_dtype: io, ..MlpKernelOptions::default() };
         let full = emit_kernel(&m, &full_opts).expect("emit full");
-        let fast = emit_kernel(&m, &MlpKernelOptions { compile_effort: CompileEffort::Fast, ..full_opts }).expect("emit fast");
-        // Tiering shares the parameters and geometry: only the options may differ.
-        assert_eq!(fast.source, full.source, "{name}");
+        let nvrtc = kfuse_runtime::nvrtc_version().expect("version");
+        let fast = emit_fast_form(&m, &full_opts, &full, nvrtc).expect("a fast form");
+        // Tiering shares the parameter blob and the I/O dtypes; the geometry is the fast form's
+        // own (one row tile per warp), its source has the layer loop where layers repeat.
         assert_eq!(fast.params, full.params, "{name}");
-        assert_eq!((fast.block, fast.shared_bytes), (full.block, full.shared_bytes), "{name}");
+        assert_eq!((fast.in_dtype, fast.out_dtype), (full.in_dtype, full.out_dtype), "{name}");
+        assert_eq!(fast.row_tiles_per_warp, 1, "{name}");
+        assert_eq!(fast.rows_per_block, 16 * fast.warps, "{name}");
+        assert_eq!(fast.source.contains("kf_hidden_loop<"), name == "relu64", "{name}: the layer loop is used where layers repeat");
         assert!(fast.nvrtc_options.iter().any(|o| o == "--Ofast-compile=mid"), "{name}: {:?}", fast.nvrtc_options);
+        assert_eq!(fast.nvrtc_options.iter().any(|o| o == "-minimal"), nvrtc >= (12, 4), "{name}: {:?}", fast.nvrtc_options);
         assert!(!full.nvrtc_options.iter().any(|o| o.starts_with("--Ofast-compile")), "{name}: {:?}", full.nvrtc_options);
+        // An old NVRTC gets no -minimal; the optimised kernel's own loop form shares the blob too.
+        let old = emit_fast_form(&m, &full_opts, &full, (12, 3)).expect("a fast form");
+        assert!(!old.nvrtc_options.iter().any(|o| o == "-minimal"), "{name}: {:?}", old.nvrtc_options);
+        let looped_opts = MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, ..full_opts.clone() };
+        let looped = emit_kernel(&m, &looped_opts).expect("emit looped");
+        assert_eq!(emit_fast_form(&m, &looped_opts, &looped, nvrtc).map(|k| k.source), Some(fast.source.clone()), "{name}");
         for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
             let t = std::time::Instant::now();
             let out = compile(&fast.source, &CompileOptions { arch, extra: fast.nvrtc_options.clone() });
