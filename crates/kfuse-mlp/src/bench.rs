@@ -17,7 +17,7 @@ use kfuse_runtime::{Gpu, KernelArg};
 use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
 use crate::gpu::prepare_tiered;
-use crate::kernel::{ActivationMath, CompileEffort, MlpKernelOptions, RepeatedLayers};
+use crate::kernel::{ActivationMath, BiasOperand, CompileEffort, MlpKernelOptions, RepeatedLayers};
 use crate::tier::{KernelTier, Tiering};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
@@ -53,11 +53,13 @@ pub struct BenchOptions {
     pub repeated_layers: RepeatedLayers,
     /// Whether the first call may run the fast-compiled form (then timed separately).
     pub tiering: Tiering,
+    /// How biases start the accumulators.
+    pub bias_operand: BiasOperand,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background }
+        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background, bias_operand: BiasOperand::Quads }
     }
 }
 
@@ -198,6 +200,7 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
         activation_math: opts.activation_math,
         compile_effort: opts.compile_effort,
         repeated_layers: opts.repeated_layers,
+        bias_operand: opts.bias_operand,
     };
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);

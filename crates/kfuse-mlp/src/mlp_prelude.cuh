@@ -19,7 +19,10 @@
 //     ((j * KT + kk) * 32 + l) * 8 (one LDS.64); for hidden layers, n-tiles come in pairs and
 //     lane l's 16 bytes for pair j are at ((j * KT + kk) * 32 + l) * 16 (one LDS.128). A warp
 //     reads contiguous bytes, so there are no bank conflicts and no ldmatrix/swizzle bookkeeping.
-//   * biases: f32 in shared memory, zero-padded to the padded width.
+//   * biases: f32 in shared memory, zero-padded to the padded width; with KF_BIAS_QUADS, per n8
+//     tile t and lane quad q (lane & 3) the 16 bytes {b[c], b[c + 1], b[c], b[c + 1]}, c = 8t + 2q,
+//     at (t * 4 + q) * 16: the C operand of the tile's first mma (one LDS.128, no moves); else
+//     in column order (one LDS.64 per tile, copied into each accumulator).
 //
 // Padding: widths are padded to 16 (k and hidden n) or 8 (the last layer's n). Padded weights and
 // biases are zero and padded activations are forced to zero, so padding never changes a result
@@ -66,6 +69,22 @@ __device__ __forceinline__ void kf_mma(float (&d)[4], const unsigned (&a)[4], un
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// d = a * b + c on the tensor cores, c read from other registers than d: the first k step of
+// a chain, with c the bias quad {b[col], b[col + 1], b[col], b[col + 1]} of this lane's n8 tile
+// straight from one LDS.128 (KF_BIAS_QUADS; every row tile of the warp reads the same quad), so
+// no register moves build the accumulators' start.
+__device__ __forceinline__ void kf_mma_c(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, const float4& c) {
+#if KF_COMPUTE_BF16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
+#else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c.x), "f"(c.y), "f"(c.z), "f"(c.w));
 #endif
 }
 
@@ -287,12 +306,29 @@ __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT]
         // 2 * KF_R accumulator chains are independent, so the mmas of one k step overlap.
         // The bias is the accumulators' starting value.
         const int col = 16 * j + 2 * quad;  // tile 2j: col, col + 1; tile 2j + 1: col + 8, col + 9
+        float acc[KF_R][2][4];
+#if KF_BIAS_QUADS
+        // The bias quads of tiles 2j and 2j + 1 are the first mma's C operands (kf_mma_c).
+        float4 c_lo = make_float4(0.f, 0.f, 0.f, 0.f), c_hi = c_lo;
+        if (HAS_BIAS) {
+            c_lo = reinterpret_cast<const float4*>(bias)[(2 * j) * 4 + quad];
+            c_hi = reinterpret_cast<const float4*>(bias)[(2 * j + 1) * 4 + quad];
+        }
+        {
+            const uint4 b = w[(j * KT) * 32];
+#pragma unroll
+            for (int r = 0; r < KF_R; ++r) {
+                kf_mma_c(acc[r][0], a[r][0], b.x, b.y, c_lo);
+                kf_mma_c(acc[r][1], a[r][0], b.z, b.w, c_hi);
+            }
+        }
+        constexpr int KK0 = 1;
+#else
         float2 b_lo = make_float2(0.f, 0.f), b_hi = make_float2(0.f, 0.f);
         if (HAS_BIAS) {
             b_lo = *reinterpret_cast<const float2*>(bias + col);
             b_hi = *reinterpret_cast<const float2*>(bias + col + 8);
         }
-        float acc[KF_R][2][4];
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
             acc[r][0][0] = acc[r][0][2] = b_lo.x;
@@ -300,8 +336,10 @@ __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT]
             acc[r][1][0] = acc[r][1][2] = b_hi.x;
             acc[r][1][1] = acc[r][1][3] = b_hi.y;
         }
+        constexpr int KK0 = 0;
+#endif
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
+        for (int kk = KK0; kk < KT; ++kk) {
             const uint4 b = w[(j * KT + kk) * 32];
 #pragma unroll
             for (int r = 0; r < KF_R; ++r) {
@@ -386,16 +424,28 @@ __device__ __forceinline__ void kf_output_layer(const unsigned (&a)[KF_R][KT][4]
 #pragma unroll
     for (int j = 0; j < NT8; ++j) {
         const int col = 8 * j + 2 * quad;
+        float acc[KF_R][4];
+#if KF_BIAS_QUADS
+        float4 c = make_float4(0.f, 0.f, 0.f, 0.f);  // the bias quad: the first mma's C operand
+        if (HAS_BIAS) c = reinterpret_cast<const float4*>(bias)[j * 4 + quad];
+        {
+            const uint2 b = w[(j * KT) * 32];
+#pragma unroll
+            for (int r = 0; r < KF_R; ++r) kf_mma_c(acc[r], a[r][0], b.x, b.y, c);
+        }
+        constexpr int KK0 = 1;
+#else
         float2 bb = make_float2(0.f, 0.f);
         if (HAS_BIAS) bb = *reinterpret_cast<const float2*>(bias + col);
-        float acc[KF_R][4];
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
             acc[r][0] = acc[r][2] = bb.x;  // the bias is the accumulators' starting value
             acc[r][1] = acc[r][3] = bb.y;
         }
+        constexpr int KK0 = 0;
+#endif
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk) {
+        for (int kk = KK0; kk < KT; ++kk) {
             const uint2 b = w[(j * KT + kk) * 32];
 #pragma unroll
             for (int r = 0; r < KF_R; ++r) kf_mma(acc[r], a[r][kk], b.x, b.y);

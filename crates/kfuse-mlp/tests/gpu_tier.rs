@@ -3,11 +3,12 @@
 //! 16, 24, 64, 100, 128, 256, depths 1..8, batches 1, 127, 128, 129 (and 2^21 for one model,
 //! compared on a subsample), f16 and bf16 weights and f32/f16/bf16 I/O. Prints each case's
 //! per-row worst relative error; the repeated-layer loop, the f32 SiLU forms and the FMA-pipe
-//! SiLU form (ActivationMath::PackedFma*) through prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
+//! SiLU form (ActivationMath::PackedFma*), both bias forms (BiasOperand) and a 12-warp SiLU kernel
+//! (168-register cap) through prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
-use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, MlpKernelOptions, MlpModel, RepeatedLayers};
+use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, BiasOperand, MlpKernelOptions, MlpModel, RepeatedLayers};
 use kfuse_runtime::testing::gpu_or_skip;
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (issue 5).
@@ -127,7 +128,8 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
     let (mut rng, seed) = Rng::from_time();
     println!("seed {seed}");
     let loop_opts = |math| MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, activation_math: math, ..MlpKernelOptions::default() };
-    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 8] = [
+    let pairs = |math| MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..loop_opts(math) };
+    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 11] = [
         (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false, loop_opts(ActivationMath::Packed)),
         (vec![64, 128, 128, 128, 128, 16], "relu", DType::BF16, false, loop_opts(ActivationMath::Packed)),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::Packed)),
@@ -137,6 +139,11 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 8 })),
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFmaBalanced)),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 5 })),
+        // The bias forms: column-order pairs (BiasOperand::Pairs) against the default quads,
+        // unrolled and in the loop, f16 and bf16.
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }),
+        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::BF16, true, pairs(ActivationMath::Packed)),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() }),
     ];
     for (n, (widths, act, dtype, bias, opts)) in cases.into_iter().enumerate() {
         let mut spec = ModelSpec::new(&widths, act);
@@ -146,7 +153,10 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         let model = MlpModel::load(write_model(dir.path(), &format!("l{n}"), &spec).expect("write")).expect("load");
         let opts = MlpKernelOptions { in_dtype: dtype, out_dtype: dtype, shared_limit: gpu.max_shared_bytes(), ..opts };
         let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
-        assert!(prepared.kernel().is_some_and(|k| !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<")));
+        let looped = opts.repeated_layers == RepeatedLayers::Loop;
+        assert!(prepared.kernel().is_some_and(|k| !looped || !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<")));
+        let quads = opts.bias_operand == BiasOperand::Quads;
+        assert!(prepared.kernel().is_some_and(|k| k.source.contains(&format!("#define KF_BIAS_QUADS {}", u8::from(quads)))));
         let fma_form = matches!(opts.activation_math, ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced);
         assert!(prepared.kernel().is_some_and(|k| k.source.contains("return kf_silu_half_f16x2_fma(lo, hi);") == fma_form), "the FMA form must be used exactly when asked for");
         for rows in [1usize, 255, 1023] {
@@ -159,7 +169,7 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             let got = HostTensor::from_bytes(dtype, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
             let want = evaluate_cpu(&model, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
-            println!("{} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", model.summary(), opts.repeated_layers, opts.activation_math, e.rel_err, e.worst_row_rel_err, e.worst_row);
+            println!("{} {:?} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", model.summary(), opts.repeated_layers, opts.activation_math, opts.bias_operand, e.rel_err, e.worst_row_rel_err, e.worst_row);
             assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", model.summary());
             assert!(e.rel_err <= TOL_16BIT, "{} rows {rows}: {e:?}", model.summary());
             let row_bound = if dtype == DType::BF16 { 40.0 * TOL_16BIT } else { 10.0 * TOL_16BIT };

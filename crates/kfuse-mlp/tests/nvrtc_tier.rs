@@ -47,6 +47,8 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
         ("bench1", vec![64, 64, 64, 64, 64, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench2", vec![64, 128, 128, 128, 128, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench3", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, base.clone()),
+        ("bench3-bias-pairs", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { bias_operand: kfuse_mlp::BiasOperand::Pairs, ..base.clone() }),
+        ("odd-bias-pairs-bf16", vec![3, 24, 100, 5], "gelu", DType::BF16, DType::F32, DType::F16, true, MlpKernelOptions { bias_operand: kfuse_mlp::BiasOperand::Pairs, repeated_layers: Loop, ..base.clone() }),
         ("bench3-f32math", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: F32, ..base.clone() }),
         ("bench1-16w", vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { warps: Some(16), row_tiles_per_warp: Some(2), ..base.clone() }),
         ("bench1-loop", vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { repeated_layers: Loop, ..base.clone() }),

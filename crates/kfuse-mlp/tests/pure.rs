@@ -197,8 +197,9 @@ fn generated_source_is_deterministic_and_matches_golden() {
     assert_eq!(k1.params, k2.params);
     assert!(!k1.source.contains("#include"));
     assert!(k1.source.contains(&format!("KF_KERNEL_NAME {}", k1.name)));
-    // Padded widths: 24 -> 32 in, 40 -> 48 hidden, 5 -> 8 out; params = weights + f32 biases.
-    assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 4 + 8 * 48 * 2 + 8 * 4 + 0);
+    // Padded widths: 24 -> 32 in, 40 -> 48 hidden, 5 -> 8 out; params = weights + f32 bias quads
+    // (4 floats per column pair: BiasOperand::Quads, the default).
+    assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 8 + 8 * 48 * 2 + 8 * 8 + 0);
     let generated: String = k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
     // The activation structs (after the prelude) and the generated layer chain.
     let forward: String = k1.source.split("\nstruct KfAct0").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
@@ -245,8 +246,49 @@ fn repeated_layers_loop_and_silu_half_weights() {
     }
     assert!(nonzero > 200);
     let bias = |b: &[u8], i: usize| f32::from_le_bytes([b[2 * layer0_weights + 4 * i], b[2 * layer0_weights + 4 * i + 1], b[2 * layer0_weights + 4 * i + 2], b[2 * layer0_weights + 4 * i + 3]]);
-    for i in 0..16 {
+    // 16 biases as 8 quads of 4 floats.
+    for i in 0..32 {
         assert_eq!(bias(&half, i), 0.5 * bias(&full, i), "bias {i}");
     }
-    assert_eq!(half[2 * layer0_weights + 64..], full[2 * layer0_weights + 64..], "the last layer keeps its weights");
+    assert_eq!(half[2 * layer0_weights + 128..], full[2 * layer0_weights + 128..], "the last layer keeps its weights");
+}
+
+#[test]
+fn bias_quads_repeat_the_column_pairs() {
+    use kfuse_mlp::BiasOperand;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Hidden widths 40 (padded 48) and the last 5 (padded 8), with and without bias.
+    for (n, with_bias) in [true, false].into_iter().enumerate() {
+        let mut spec = ModelSpec::new(&[24, 40, 5], "silu");
+        spec.with_bias = with_bias;
+        spec.seed = 3 + n as u64;
+        let m = MlpModel::load(write(dir.path(), &format!("q{n}"), &spec)).expect("load");
+        let quads = emit_kernel(&m, &MlpKernelOptions::default()).expect("quads");
+        let pairs = emit_kernel(&m, &MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }).expect("pairs");
+        assert!(quads.source.contains("#define KF_BIAS_QUADS 1") && pairs.source.contains("#define KF_BIAS_QUADS 0"));
+        if !with_bias {
+            assert_eq!(quads.params, pairs.params, "no bias: the same blob");
+            continue;
+        }
+        // Walk both blobs layer by layer: weights equal, then each pair (b[c], b[c+1]) of the
+        // column-order biases is the quad {b[c], b[c+1], b[c], b[c+1]}.
+        let layers = [(48 * 32 * 2, 48usize), (8 * 48 * 2, 8)];
+        let (mut q, mut p) = (0usize, 0usize);
+        let mut nonzero = 0;
+        for (weight_bytes, n_pad) in layers {
+            assert_eq!(quads.params[q..q + weight_bytes], pairs.params[p..p + weight_bytes]);
+            (q, p) = (q + weight_bytes, p + weight_bytes);
+            let f = |b: &[u8], at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            for c in (0..n_pad).step_by(2) {
+                let (lo, hi) = (f(&pairs.params, p + 4 * c), f(&pairs.params, p + 4 * c + 4));
+                let quad: Vec<f32> = (0..4).map(|i| f(&quads.params, q + 8 * c + 4 * i)).collect();
+                assert_eq!(quad, [lo, hi, lo, hi], "quad of columns {c}, {}", c + 1);
+                nonzero += usize::from(lo != 0.0) + usize::from(hi != 0.0);
+            }
+            (q, p) = (q + 8 * n_pad, p + 4 * n_pad);
+            (q, p) = (q.div_ceil(16) * 16, p.div_ceil(16) * 16);
+        }
+        assert_eq!((q, p), (quads.params.len(), pairs.params.len()));
+        assert!(nonzero >= 40, "only {nonzero} nonzero biases");
+    }
 }

@@ -1,0 +1,172 @@
+//! Times the fused kernel's tile and math variants on the three issue-5 benchmark models
+//! (64→4×64→16 ReLU, 64→4×128→16 ReLU, 32→64→128→96→64→32→16 SiLU with bias; f16, batch 2^21)
+//! on the first GPU, checking each against the CPU interpreter path, and prints one table.
+//!
+//! `mlp_tune [OUT.jsonl [MODEL_DIR]]`: one JSON report per line to OUT.jsonl when given; the
+//! models (model.json + safetensors) are written to MODEL_DIR when given, for `kfuse mlp bench`. Run with a fresh
+//! KFUSE_CACHE_DIR so that each variant's first call is a cold compile. Prints SKIPPED without
+//! a GPU. Env: KF_MODEL runs one model only; KF_SILU_MATH lists the SiLU model's variants,
+//! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
+//! eighths) and `balanced` (PackedFmaBalanced), each optionally followed by `@W` (W warps per
+//! block), `/R` (R row tiles per warp) and `+pairs` (BiasOperand::Pairs, the bias form before
+//! 2026-11-23), e.g. `fma2@12`, `packed@16/1`, `packed+pairs`; default
+//! `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
+//! with KF_LOOP=1 also with looped repeated layers, with KF_RELU_PAIRS=1 also with
+//! BiasOperand::Pairs (a no-bias model: the same kernel but for one #define); KF_DUMP=DIR writes
+//! each variant's source and sm_90 cubin there first (the models KF_MODEL selects; NVRTC only,
+//! for cuobjdump/nvdisasm; no GPU needed).
+//!
+//! A binary (not an example) so that `../shared/tools/gpu-bundle` packs it for the GPU machine.
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+
+use kfuse_mlp::testing::{write_model, ModelSpec};
+use kfuse_mlp::{bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, CompileEffort, MlpKernelOptions, MlpModel, RepeatedLayers};
+
+/// (warps, row tiles, activation math, compile effort, repeated layers, bias form); `None` = the
+/// generator's default.
+type Variant = (Option<u32>, Option<u32>, ActivationMath, CompileEffort, RepeatedLayers, BiasOperand);
+
+/// One KF_SILU_MATH entry: `MATH[@W][/R][+pairs]` (see the module docs).
+fn parse_variant(entry: &str) -> Result<Variant, String> {
+    let entry = entry.trim();
+    let (entry, bias) = match entry.strip_suffix("+pairs") {
+        Some(e) => (e, BiasOperand::Pairs),
+        None => (entry, BiasOperand::Quads),
+    };
+    let (entry, rows) = entry.split_once('/').map_or((entry, None), |(e, r)| (e, Some(r)));
+    let (math, warps) = entry.split_once('@').map_or((entry, None), |(m, w)| (m, Some(w)));
+    let number = |v: Option<&str>, what: &str| v.map(|v| v.parse::<u32>().map_err(|e| format!("KF_SILU_MATH: {what} in `{entry}`: {e}"))).transpose();
+    Ok((number(warps, "warps")?, number(rows, "row tiles")?, parse_math(math)?, CompileEffort::Full, RepeatedLayers::Unrolled, bias))
+}
+
+/// One SiLU math variant by name (see the module docs).
+fn parse_math(name: &str) -> Result<ActivationMath, String> {
+    match name {
+        "packed" => Ok(ActivationMath::Packed),
+        "tanhf32" => Ok(ActivationMath::TanhF32),
+        "f32" => Ok(ActivationMath::F32),
+        "balanced" => Ok(ActivationMath::PackedFmaBalanced),
+        _ => name
+            .strip_prefix("fma")
+            .and_then(|n| n.parse::<u8>().ok())
+            .map(|eighths| ActivationMath::PackedFma { eighths })
+            .ok_or_else(|| format!("KF_SILU_MATH: unknown variant `{name}` (packed, tanhf32, f32, fma0..fma8, balanced)")),
+    }
+}
+
+/// Writes the model's source and sm_90 cubin for each variant into `dir`.
+fn dump(dir: &std::path::Path, name: &str, model: &MlpModel, variants: &[Variant]) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    for (n, &(warps, rows, math, effort, repeated, bias)) in variants.iter().enumerate() {
+        let kernel = emit_kernel(
+            model,
+            &MlpKernelOptions { activation_math: math, warps, row_tiles_per_warp: rows, compile_effort: effort, repeated_layers: repeated, bias_operand: bias, ..MlpKernelOptions::default() },
+        )?;
+        let mut opts = kfuse_runtime::CompileOptions::for_arch(kfuse_runtime::Arch::new(9, 0));
+        opts.extra = kernel.nvrtc_options.clone();
+        opts.extra.push("--ptxas-options=-v".to_string());
+        let m = kfuse_runtime::compile(&kernel.source, &opts)?;
+        let stem = format!("{name}_{n}_{}_w{}_r{}_{bias:?}", format!("{math:?}").replace([' ', '{', '}', ':'], ""), kernel.warps, kernel.row_tiles_per_warp);
+        std::fs::write(dir.join(format!("{stem}.cu")), &kernel.source)?;
+        std::fs::write(dir.join(format!("{stem}.cubin")), &m.cubin)?;
+        let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
+        println!("dumped {stem}: {regs}");
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let silu: Vec<Variant> = std::env::var("KF_SILU_MATH")
+        .unwrap_or_else(|_| "packed,fma1,fma2,fma3,fma4,balanced,packed".to_string())
+        .split(',')
+        .map(parse_variant)
+        .collect::<Result<_, _>>()?;
+    use ActivationMath::Packed;
+    use CompileEffort::Full;
+    use RepeatedLayers::{Loop, Unrolled};
+    let d: Variant = (None, None, Packed, Full, Unrolled, BiasOperand::Quads);
+    let looped: Variant = (None, None, Packed, Full, Loop, BiasOperand::Quads);
+    let pairs: Variant = (None, None, Packed, Full, Unrolled, BiasOperand::Pairs);
+    let mut relu = if std::env::var("KF_LOOP").is_ok_and(|v| v == "1") { vec![d, looped, d, looped] } else { vec![d, d] };
+    if std::env::var("KF_RELU_PAIRS").is_ok_and(|v| v == "1") {
+        relu.push(pairs);
+    }
+    let models: [(&str, Vec<usize>, &str, bool, Vec<Variant>); 3] = [
+        ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, relu.clone()),
+        ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, relu),
+        ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, silu),
+    ];
+    let only = std::env::var("KF_MODEL").ok();
+    if let Ok(d) = std::env::var("KF_DUMP") {
+        let tmp = tempfile::tempdir()?;
+        for (name, widths, act, bias, variants) in &models {
+            if only.as_deref().is_some_and(|o| o != *name) {
+                continue;
+            }
+            let spec = ModelSpec { with_bias: *bias, ..ModelSpec::new(widths, act) };
+            dump(std::path::Path::new(&d), name, &MlpModel::load(write_model(tmp.path(), name, &spec)?)?, variants)?;
+        }
+    }
+    let gpu = match kfuse_runtime::open_default() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("SKIPPED: no GPU ({e})");
+            return Ok(());
+        }
+    };
+    let mut out = match std::env::args().nth(1) {
+        Some(p) => Some(std::fs::File::create(p)?),
+        None => None,
+    };
+    let tmp = tempfile::tempdir()?;
+    let dir = match std::env::args().nth(2) {
+        Some(d) => {
+            std::fs::create_dir_all(&d)?;
+            std::path::PathBuf::from(d)
+        }
+        None => tmp.path().to_path_buf(),
+    };
+    let mut table = Vec::new();
+    for (name, widths, act, bias, variants) in models {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        let mut spec = ModelSpec::new(&widths, act);
+        spec.with_bias = bias;
+        let model = MlpModel::load(write_model(&dir, name, &spec)?)?;
+        for (warps, r, math, effort, repeated, bias) in variants {
+            let opts = BenchOptions { warps, row_tiles_per_warp: r, activation_math: math, compile_effort: effort, repeated_layers: repeated, bias_operand: bias, ..BenchOptions::default() };
+            let label = format!("{name} w{} r{} {math:?} {effort:?} {repeated:?} {bias:?}", warps.map_or("-".into(), |w| w.to_string()), r.map_or("-".into(), |r| r.to_string()));
+            match bench_gpu(&gpu, &model, &opts) {
+                Ok(rep) => {
+                    let line = format!(
+                        "{label:60} {:2}x{:2} {:8.4} ms {:6.1} TF/s {:5.0} GB/s first {:6.0} ms rel {:.2e} worst row {:.2e} nonfinite {}",
+                        rep.warps_per_block.unwrap_or(0),
+                        rep.rows_per_warp.unwrap_or(0) / 16,
+                        rep.kernel_ms_median,
+                        rep.tflops,
+                        rep.gbps,
+                        rep.first_call_ms,
+                        rep.check.rel_err,
+                        rep.check.worst_row_rel_err,
+                        rep.check.non_finite
+                    );
+                    println!("{line}");
+                    table.push(line);
+                    if let Some(f) = out.as_mut() {
+                        writeln!(f, "{}", serde_json::json!({"variant": label, "report": rep}))?;
+                    }
+                }
+                Err(e) => {
+                    println!("{label:60} FAILED: {e}");
+                    table.push(format!("{label:60} FAILED: {e}"));
+                }
+            }
+        }
+    }
+    println!("\n{}", table.join("\n"));
+    Ok(())
+}
