@@ -8,8 +8,8 @@
 //! a GPU. Env: KF_MODEL runs one model only; KF_SILU_MATH lists the SiLU model's variants,
 //! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
 //! eighths) and `balanced` (PackedFmaBalanced), each optionally followed by `@W` (W warps per
-//! block), `/R` (R row tiles per warp) and `+pairs` (BiasOperand::Pairs, the bias form before
-//! 2026-11-23), e.g. `fma2@12`, `packed@16/1`, `packed+pairs`; default
+//! block), `/R` (R row tiles per warp) and `+pairs` (BiasOperand::Pairs, the earlier
+//! bias form), e.g. `fma2@12`, `packed@16/1`, `packed+pairs`; default
 //! `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
 //! with KF_LOOP=1 also with looped repeated layers, with KF_RELU_PAIRS=1 also with
 //! BiasOperand::Pairs (a no-bias model: the same kernel but for one #define); KF_DUMP=DIR writes
