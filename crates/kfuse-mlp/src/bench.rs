@@ -17,7 +17,7 @@ use kfuse_runtime::{Gpu, KernelArg};
 use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
 use crate::gpu::prepare_tiered;
-use crate::kernel::{ActivationMath, BiasOperand, CompileEffort, MlpKernelOptions, RepeatedLayers};
+use crate::kernel::{ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, RepeatedLayers};
 use crate::tier::{KernelTier, Tiering};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
@@ -55,11 +55,15 @@ pub struct BenchOptions {
     pub tiering: Tiering,
     /// How biases start the accumulators.
     pub bias_operand: BiasOperand,
+    /// Where hidden layers accumulate.
+    pub hidden_accumulator: HiddenAccumulator,
+    /// The order of a hidden layer's output chunks.
+    pub chunk_order: ChunkOrder,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background, bias_operand: BiasOperand::Quads }
+        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background, bias_operand: BiasOperand::Quads, hidden_accumulator: HiddenAccumulator::F32, chunk_order: ChunkOrder::Sequential }
     }
 }
 
@@ -201,6 +205,8 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
         compile_effort: opts.compile_effort,
         repeated_layers: opts.repeated_layers,
         bias_operand: opts.bias_operand,
+        hidden_accumulator: opts.hidden_accumulator,
+        chunk_order: opts.chunk_order,
     };
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);

@@ -27,6 +27,6 @@ pub use cpu::{check_input, compare_rows, erf_f64, evaluate_cpu, reference_f64, r
 pub use error::{MlpError, Result};
 pub use gpu::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
 pub use tier::{emit_fast_form, BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};
-pub use kernel::{emit_kernel, fusable, ActivationMath, BiasOperand, CompileEffort, MlpKernel, MlpKernelOptions, RepeatedLayers, H100_SHARED_LIMIT};
+pub use kernel::{emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel, MlpKernelOptions, RepeatedLayers, H100_SHARED_LIMIT};
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
 pub use tiled::{emit_tiled, TiledLayerKernel, TiledPlan};

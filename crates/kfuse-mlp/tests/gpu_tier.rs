@@ -8,7 +8,7 @@
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
-use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, BiasOperand, MlpKernelOptions, MlpModel, RepeatedLayers};
+use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers};
 use kfuse_runtime::testing::gpu_or_skip;
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (issue 5).
@@ -129,7 +129,9 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
     println!("seed {seed}");
     let loop_opts = |math| MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, activation_math: math, ..MlpKernelOptions::default() };
     let pairs = |math| MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..loop_opts(math) };
-    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 11] = [
+    let acc16 = |o: MlpKernelOptions| MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..o };
+    let pipe = |o: MlpKernelOptions| MlpKernelOptions { chunk_order: ChunkOrder::Pipelined, ..o };
+    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 20] = [
         (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false, loop_opts(ActivationMath::Packed)),
         (vec![64, 128, 128, 128, 128, 16], "relu", DType::BF16, false, loop_opts(ActivationMath::Packed)),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::Packed)),
@@ -144,6 +146,18 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::BF16, true, pairs(ActivationMath::Packed)),
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() }),
+        // f16 accumulators (HiddenAccumulator::F16): unrolled at 8 and 12 warps and 3 row tiles,
+        // in the loop, ReLU, padded widths; bf16 and the FMA share keep f32 (checked below).
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, acc16(MlpKernelOptions::default())),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, acc16(MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() })),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, acc16(MlpKernelOptions { row_tiles_per_warp: Some(3), ..MlpKernelOptions::default() })),
+        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, acc16(loop_opts(ActivationMath::Packed))),
+        (vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, true, acc16(loop_opts(ActivationMath::Packed))),
+        (vec![3, 24, 100, 5], "silu", DType::F16, true, acc16(MlpKernelOptions::default())),
+        (vec![3, 24, 100, 5], "silu", DType::BF16, true, acc16(MlpKernelOptions::default())),
+        // Pipelined chunk order (ChunkOrder::Pipelined), both bias forms, padded widths.
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, pipe(MlpKernelOptions::default())),
+        (vec![3, 24, 100, 5], "silu", DType::F16, true, pipe(MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() })),
     ];
     for (n, (widths, act, dtype, bias, opts)) in cases.into_iter().enumerate() {
         let mut spec = ModelSpec::new(&widths, act);
@@ -154,7 +168,11 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         let opts = MlpKernelOptions { in_dtype: dtype, out_dtype: dtype, shared_limit: gpu.max_shared_bytes(), ..opts };
         let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
         let looped = opts.repeated_layers == RepeatedLayers::Loop;
-        assert!(prepared.kernel().is_some_and(|k| !looped || !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<")));
+        assert!(prepared.kernel().is_some_and(|k| !looped || !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<") || k.source.contains("kf_hidden_loop_h<")));
+        let f16_acc = opts.hidden_accumulator == HiddenAccumulator::F16 && dtype == DType::F16;
+        assert!(prepared.kernel().is_some_and(|k| (k.source.contains("kf_hidden_layer_h<") || k.source.contains("kf_hidden_loop_h<")) == f16_acc), "f16 accumulators exactly when asked for and possible");
+        let pipelined = opts.chunk_order == ChunkOrder::Pipelined;
+        assert!(prepared.kernel().is_some_and(|k| k.source.contains("kf_hidden_layer_p<") == pipelined), "the pipelined form exactly when asked for");
         let quads = opts.bias_operand == BiasOperand::Quads;
         assert!(prepared.kernel().is_some_and(|k| k.source.contains(&format!("#define KF_BIAS_QUADS {}", u8::from(quads)))));
         let fma_form = matches!(opts.activation_math, ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced);
@@ -169,7 +187,20 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             let got = HostTensor::from_bytes(dtype, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
             let want = evaluate_cpu(&model, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
-            println!("{} {:?} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", model.summary(), opts.repeated_layers, opts.activation_math, opts.bias_operand, e.rel_err, e.worst_row_rel_err, e.worst_row);
+            println!(
+                "{} {:?} {:?} {:?} {:?} {:?} w{:?} r{:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
+                model.summary(),
+                opts.repeated_layers,
+                opts.activation_math,
+                opts.bias_operand,
+                opts.hidden_accumulator,
+                opts.chunk_order,
+                opts.warps,
+                opts.row_tiles_per_warp,
+                e.rel_err,
+                e.worst_row_rel_err,
+                e.worst_row
+            );
             assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", model.summary());
             assert!(e.rel_err <= TOL_16BIT, "{} rows {rows}: {e:?}", model.summary());
             let row_bound = if dtype == DType::BF16 { 40.0 * TOL_16BIT } else { 10.0 * TOL_16BIT };

@@ -40,6 +40,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let acts = std::env::var("KF_TEST_ACT").unwrap_or_else(|_| "relu".to_string());
+    use kfuse_mlp::{ChunkOrder::Pipelined, HiddenAccumulator::F16 as F16Acc};
     use kfuse_mlp::{ActivationMath::F32, ActivationMath::PackedFma, ActivationMath::PackedFmaBalanced, ActivationMath::TanhF32, CompileEffort::Reduced, RepeatedLayers::Loop};
     let base = MlpKernelOptions::default();
     // (name, widths, activation, weight dtype, in, out, bias, kernel choices)
@@ -60,6 +61,12 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
         ("bench3-fma-balanced", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { activation_math: PackedFmaBalanced, ..base.clone() }),
         ("deep16-loop-fma", vec![24, 16, 16, 16, 16, 16, 24], "silu", DType::F16, DType::F32, DType::F16, true, MlpKernelOptions { repeated_layers: Loop, activation_math: PackedFma { eighths: 3 }, ..base.clone() }),
         ("odd-silu-fma-bf16", vec![3, 24, 100, 5], "silu", DType::BF16, DType::F32, DType::F32, true, MlpKernelOptions { activation_math: PackedFmaBalanced, ..base.clone() }),
+        ("bench3-acc16", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { hidden_accumulator: F16Acc, ..base.clone() }),
+        ("bench3-acc16-12w", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { hidden_accumulator: F16Acc, warps: Some(12), ..base.clone() }),
+        ("deep16-loop-acc16", vec![24, 16, 16, 16, 16, 16, 24], "silu", DType::F16, DType::F32, DType::F16, true, MlpKernelOptions { hidden_accumulator: F16Acc, repeated_layers: Loop, ..base.clone() }),
+        ("odd-relu-acc16", vec![3, 24, 100, 5], "relu", DType::F16, DType::F32, DType::F32, true, MlpKernelOptions { hidden_accumulator: F16Acc, ..base.clone() }),
+        ("bench3-pipe", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, MlpKernelOptions { chunk_order: Pipelined, ..base.clone() }),
+        ("odd-gelu-pipe-pairs-bf16", vec![3, 24, 100, 5], "gelu", DType::BF16, DType::F32, DType::F16, true, MlpKernelOptions { chunk_order: Pipelined, bias_operand: kfuse_mlp::BiasOperand::Pairs, ..base.clone() }),
         ("bench2-fastcompile", vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, DType::F16, DType::F16, false, MlpKernelOptions { compile_effort: Reduced, ..base.clone() }),
         ("odd", vec![3, 24, 100, 5], &acts, DType::BF16, DType::F32, DType::F32, true, base.clone()),
         ("odd-silu", vec![3, 24, 100, 5], "silu", DType::F16, DType::F32, DType::F32, true, base.clone()),

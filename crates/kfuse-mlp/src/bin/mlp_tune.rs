@@ -8,13 +8,15 @@
 //! a GPU. Env: KF_MODEL runs one model only; KF_SILU_MATH lists the SiLU model's variants,
 //! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
 //! eighths) and `balanced` (PackedFmaBalanced), each optionally followed by `@W` (W warps per
-//! block), `/R` (R row tiles per warp) and `+pairs` (BiasOperand::Pairs, the earlier
-//! bias form), e.g. `fma2@12`, `packed@16/1`, `packed+pairs`; default
+//! block), `/R` (R row tiles per warp) and any of the suffixes `+pairs` (BiasOperand::Pairs, the
+//! earlier bias form), `+acc16` (HiddenAccumulator::F16) and `+pipe` (ChunkOrder::Pipelined),
+//! e.g. `fma2@12`, `packed@16/1`, `packed+pairs`, `packed@12+acc16`; default
 //! `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
 //! with KF_LOOP=1 also with looped repeated layers, with KF_RELU_PAIRS=1 also with
 //! BiasOperand::Pairs (a no-bias model: the same kernel but for one #define); KF_DUMP=DIR writes
 //! each variant's source and sm_90 cubin there first (the models KF_MODEL selects; NVRTC only,
-//! for cuobjdump/nvdisasm; no GPU needed).
+//! for cuobjdump/nvdisasm; no GPU needed). KF_FULL_ONLY=1 compiles the optimised kernel before the
+//! first call (Tiering::FullOnly), so that every launch is of the timed kernel (for ncu).
 //!
 //! A binary (not an example) so that `../shared/tools/gpu-bundle` packs it for the GPU machine.
 
@@ -23,23 +25,91 @@
 use std::io::Write;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, CompileEffort, MlpKernelOptions, MlpModel, RepeatedLayers};
+use kfuse_mlp::{
+    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers, Tiering,
+};
 
-/// (warps, row tiles, activation math, compile effort, repeated layers, bias form); `None` = the
-/// generator's default.
-type Variant = (Option<u32>, Option<u32>, ActivationMath, CompileEffort, RepeatedLayers, BiasOperand);
+/// One kernel variant; `None` = the generator's default.
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    warps: Option<u32>,
+    rows: Option<u32>,
+    math: ActivationMath,
+    effort: CompileEffort,
+    repeated: RepeatedLayers,
+    bias: BiasOperand,
+    acc: HiddenAccumulator,
+    order: ChunkOrder,
+}
 
-/// One KF_SILU_MATH entry: `MATH[@W][/R][+pairs]` (see the module docs).
+impl Variant {
+    /// The generator's defaults with `repeated` and `bias`.
+    fn default_with(repeated: RepeatedLayers, bias: BiasOperand) -> Self {
+        let d = MlpKernelOptions::default();
+        Variant { warps: None, rows: None, math: d.activation_math, effort: d.compile_effort, repeated, bias, acc: d.hidden_accumulator, order: d.chunk_order }
+    }
+
+    /// `MlpKernelOptions` for it.
+    fn options(&self) -> MlpKernelOptions {
+        MlpKernelOptions {
+            activation_math: self.math,
+            warps: self.warps,
+            row_tiles_per_warp: self.rows,
+            compile_effort: self.effort,
+            repeated_layers: self.repeated,
+            bias_operand: self.bias,
+            hidden_accumulator: self.acc,
+            chunk_order: self.order,
+            ..MlpKernelOptions::default()
+        }
+    }
+
+    /// Warps, row tiles and [`Self::forms`], for tables.
+    fn label(&self) -> String {
+        format!("w{} r{} {}", self.warps.map_or("-".into(), |w| w.to_string()), self.rows.map_or("-".into(), |r| r.to_string()), self.forms())
+    }
+
+    /// The math and every option that differs from the default, e.g. `Packed Pairs acc16`.
+    fn forms(&self) -> String {
+        let mut l = format!("{:?}", self.math);
+        for (on, tag) in [
+            (self.effort != CompileEffort::Full, format!(" {:?}", self.effort)),
+            (self.repeated != RepeatedLayers::Unrolled, format!(" {:?}", self.repeated)),
+            (self.bias != BiasOperand::Quads, format!(" {:?}", self.bias)),
+            (self.acc != HiddenAccumulator::F32, " acc16".to_string()),
+            (self.order != ChunkOrder::Sequential, " pipe".to_string()),
+        ] {
+            if on {
+                l.push_str(&tag);
+            }
+        }
+        l
+    }
+}
+
+/// (name, widths, hidden activation, biases, variants) of one benchmark model.
+type ModelCase = (&'static str, Vec<usize>, &'static str, bool, Vec<Variant>);
+
+/// One KF_SILU_MATH entry: `MATH[@W][/R][+pairs][+acc16][+pipe]` (see the module docs).
 fn parse_variant(entry: &str) -> Result<Variant, String> {
-    let entry = entry.trim();
-    let (entry, bias) = match entry.strip_suffix("+pairs") {
-        Some(e) => (e, BiasOperand::Pairs),
-        None => (entry, BiasOperand::Quads),
-    };
-    let (entry, rows) = entry.split_once('/').map_or((entry, None), |(e, r)| (e, Some(r)));
-    let (math, warps) = entry.split_once('@').map_or((entry, None), |(m, w)| (m, Some(w)));
+    let mut parts = entry.trim().split('+');
+    let head = parts.next().unwrap_or_default();
+    let mut v = Variant::default_with(RepeatedLayers::Unrolled, BiasOperand::Quads);
+    for suffix in parts {
+        match suffix {
+            "pairs" => v.bias = BiasOperand::Pairs,
+            "acc16" => v.acc = HiddenAccumulator::F16,
+            "pipe" => v.order = ChunkOrder::Pipelined,
+            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe)")),
+        }
+    }
+    let (head, rows) = head.split_once('/').map_or((head, None), |(e, r)| (e, Some(r)));
+    let (math, warps) = head.split_once('@').map_or((head, None), |(m, w)| (m, Some(w)));
     let number = |v: Option<&str>, what: &str| v.map(|v| v.parse::<u32>().map_err(|e| format!("KF_SILU_MATH: {what} in `{entry}`: {e}"))).transpose();
-    Ok((number(warps, "warps")?, number(rows, "row tiles")?, parse_math(math)?, CompileEffort::Full, RepeatedLayers::Unrolled, bias))
+    v.warps = number(warps, "warps")?;
+    v.rows = number(rows, "row tiles")?;
+    v.math = parse_math(math)?;
+    Ok(v)
 }
 
 /// One SiLU math variant by name (see the module docs).
@@ -60,16 +130,13 @@ fn parse_math(name: &str) -> Result<ActivationMath, String> {
 /// Writes the model's source and sm_90 cubin for each variant into `dir`.
 fn dump(dir: &std::path::Path, name: &str, model: &MlpModel, variants: &[Variant]) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(dir)?;
-    for (n, &(warps, rows, math, effort, repeated, bias)) in variants.iter().enumerate() {
-        let kernel = emit_kernel(
-            model,
-            &MlpKernelOptions { activation_math: math, warps, row_tiles_per_warp: rows, compile_effort: effort, repeated_layers: repeated, bias_operand: bias, ..MlpKernelOptions::default() },
-        )?;
+    for (n, v) in variants.iter().enumerate() {
+        let kernel = emit_kernel(model, &v.options())?;
         let mut opts = kfuse_runtime::CompileOptions::for_arch(kfuse_runtime::Arch::new(9, 0));
         opts.extra = kernel.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let m = kfuse_runtime::compile(&kernel.source, &opts)?;
-        let stem = format!("{name}_{n}_{}_w{}_r{}_{bias:?}", format!("{math:?}").replace([' ', '{', '}', ':'], ""), kernel.warps, kernel.row_tiles_per_warp);
+        let stem = format!("{name}_{n}_w{}_r{}_{}", kernel.warps, kernel.row_tiles_per_warp, v.forms().replace(' ', "_").replace(['{', '}', ':', ','], ""));
         std::fs::write(dir.join(format!("{stem}.cu")), &kernel.source)?;
         std::fs::write(dir.join(format!("{stem}.cubin")), &m.cubin)?;
         let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
@@ -84,17 +151,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(parse_variant)
         .collect::<Result<_, _>>()?;
-    use ActivationMath::Packed;
-    use CompileEffort::Full;
     use RepeatedLayers::{Loop, Unrolled};
-    let d: Variant = (None, None, Packed, Full, Unrolled, BiasOperand::Quads);
-    let looped: Variant = (None, None, Packed, Full, Loop, BiasOperand::Quads);
-    let pairs: Variant = (None, None, Packed, Full, Unrolled, BiasOperand::Pairs);
+    let d = Variant::default_with(Unrolled, BiasOperand::Quads);
+    let looped = Variant::default_with(Loop, BiasOperand::Quads);
+    let pairs = Variant::default_with(Unrolled, BiasOperand::Pairs);
+    let tiering = if std::env::var("KF_FULL_ONLY").is_ok_and(|v| v == "1") { Tiering::FullOnly } else { Tiering::Background };
     let mut relu = if std::env::var("KF_LOOP").is_ok_and(|v| v == "1") { vec![d, looped, d, looped] } else { vec![d, d] };
     if std::env::var("KF_RELU_PAIRS").is_ok_and(|v| v == "1") {
         relu.push(pairs);
     }
-    let models: [(&str, Vec<usize>, &str, bool, Vec<Variant>); 3] = [
+    let models: [ModelCase; 3] = [
         ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, relu.clone()),
         ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, relu),
         ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true, silu),
@@ -137,9 +203,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut spec = ModelSpec::new(&widths, act);
         spec.with_bias = bias;
         let model = MlpModel::load(write_model(&dir, name, &spec)?)?;
-        for (warps, r, math, effort, repeated, bias) in variants {
-            let opts = BenchOptions { warps, row_tiles_per_warp: r, activation_math: math, compile_effort: effort, repeated_layers: repeated, bias_operand: bias, ..BenchOptions::default() };
-            let label = format!("{name} w{} r{} {math:?} {effort:?} {repeated:?} {bias:?}", warps.map_or("-".into(), |w| w.to_string()), r.map_or("-".into(), |r| r.to_string()));
+        for v in variants {
+            let opts = BenchOptions {
+                warps: v.warps,
+                row_tiles_per_warp: v.rows,
+                activation_math: v.math,
+                compile_effort: v.effort,
+                repeated_layers: v.repeated,
+                bias_operand: v.bias,
+                hidden_accumulator: v.acc,
+                chunk_order: v.order,
+                tiering,
+                ..BenchOptions::default()
+            };
+            let label = format!("{name} {}", v.label());
             match bench_gpu(&gpu, &model, &opts) {
                 Ok(rep) => {
                     let line = format!(
