@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use kfuse_runtime::{CompileOptions, KernelCache, RuntimeError};
 
+use crate::generic::emit_generic;
 use crate::kernel::{emit_kernel, CompileEffort, MlpKernel, MlpKernelOptions, RepeatedLayers};
 use crate::model::MlpModel;
 
@@ -27,6 +28,10 @@ const NVRTC_MINIMAL_SINCE: (i32, i32) = (12, 4);
 /// The stand-in kernel that serves a cold first call while `full` (emitted from `model` and
 /// `opts`) compiles in the background, or `None` when no form shares `full`'s parameter blob and
 /// I/O dtypes (then there is no tiering). Tried in order, the first that shares them wins:
+/// 0. the generic kernel ([`crate::emit_generic`], generic.rs): code independent of the widths
+///    and the depth (run-time loops over a layer table), `--Ofast-compile=mid`; refused when
+///    its two 16-row activation buffers per warp do not fit next to the weights, or when the
+///    blob's layout is not the one it knows;
 /// 1. `--Ofast-compile=mid`, identical hidden layers as one run-time loop
 ///    ([`RepeatedLayers::Loop`]) and one 16-row tile per warp: the least code for NVRTC; its
 ///    launch geometry (warps, block, shared memory, rows per block) is its own;
@@ -43,13 +48,20 @@ const NVRTC_MINIMAL_SINCE: (i32, i32) = (12, 4);
 /// `--Ofast-compile=max` saves nothing measurable (and makes a 9× larger cubin), `-G` doubles
 /// the time, `--split-compile=0` changes nothing.
 pub fn emit_fast_form(model: &MlpModel, opts: &MlpKernelOptions, full: &MlpKernel, nvrtc_version: (i32, i32)) -> Option<MlpKernel> {
+    let minimal = nvrtc_version >= NVRTC_MINIMAL_SINCE;
+    if let Ok(mut generic) = emit_generic(model, opts, full) {
+        if minimal {
+            generic.nvrtc_options.push("-minimal".to_string());
+        }
+        return Some(generic);
+    }
     let fast = MlpKernelOptions { compile_effort: CompileEffort::Fast, ..opts.clone() };
     let smallest = MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, row_tiles_per_warp: Some(1), ..fast.clone() };
     let mut chosen = [smallest, fast]
         .iter()
         .filter_map(|o| emit_kernel(model, o).ok())
         .find(|k| k.params == full.params && (k.in_dtype, k.out_dtype) == (full.in_dtype, full.out_dtype) && k.nvrtc_options != full.nvrtc_options)?;
-    if nvrtc_version >= NVRTC_MINIMAL_SINCE {
+    if minimal {
         chosen.nvrtc_options.push("-minimal".to_string());
     }
     Some(chosen)

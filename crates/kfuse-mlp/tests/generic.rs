@@ -1,0 +1,264 @@
+//! The generic fast form (`emit_generic`, tiered compilation's stand-in kernel). Pure tier: its
+//! code is the same for models of any widths and depth with the same dtypes and activations (only
+//! the layer table differs), it is deterministic, shares the optimised kernel's parameter blob,
+//! refuses a blob it does not understand or too little shared memory (and `emit_fast_form` then
+//! falls back to the looped form), and a golden file of one model's generated part. NVRTC tier:
+//! it compiles for sm_80 and sm_90 for many shapes, dtypes, activations and bias forms. GPU tier
+//! (skips without a GPU unless KFUSE_REQUIRE_GPU=1): launched directly, it matches the CPU
+//! interpreter on fresh random data, outputs poisoned, batches 1, 127, 129, 4099, widths 16, 24,
+//! 100, 256, depth 1 and 8, f16 and bf16 weights, f32/f16/bf16 I/O, and relaunches bit-identically.
+
+use kfuse_ir::{DType, HostTensor};
+use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::{
+    compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, GenericRefusal, MlpKernel, MlpKernelOptions,
+    MlpModel,
+};
+use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
+use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
+
+/// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (as in
+/// gpu_tier.rs).
+const TOL_16BIT: f64 = 1e-2;
+
+/// One model of the tests: widths, activations (one per layer), weight dtype, bias.
+struct Case {
+    widths: Vec<usize>,
+    acts: Vec<&'static str>,
+    dtype: DType,
+    bias: bool,
+    io: (DType, DType),
+    math: ActivationMath,
+    bias_form: BiasOperand,
+}
+
+impl Case {
+    /// `hidden` after every layer but the last (none), f16 I/O, default kernel choices.
+    fn new(widths: &[usize], hidden: &'static str, dtype: DType, bias: bool) -> Case {
+        let n = widths.len() - 1;
+        let acts = (0..n).map(|i| if i + 1 == n { "none" } else { hidden }).collect();
+        Case { widths: widths.to_vec(), acts, dtype, bias, io: (DType::F16, DType::F16), math: ActivationMath::Packed, bias_form: BiasOperand::Quads }
+    }
+    fn io(self, input: DType, output: DType) -> Case {
+        Case { io: (input, output), ..self }
+    }
+    fn last(mut self, act: &'static str) -> Case {
+        if let Some(a) = self.acts.last_mut() {
+            *a = act;
+        }
+        self
+    }
+    fn model(&self, dir: &std::path::Path, name: &str, seed: u64) -> MlpModel {
+        let mut spec = ModelSpec::new(&self.widths, "none");
+        spec.activations = self.acts.iter().map(|a| a.to_string()).collect();
+        spec.dtype = self.dtype;
+        spec.with_bias = self.bias;
+        spec.seed = seed;
+        MlpModel::load(write_model(dir, name, &spec).expect("write model")).expect("load model")
+    }
+    fn options(&self, shared_limit: Option<u32>) -> MlpKernelOptions {
+        let base = MlpKernelOptions { in_dtype: self.io.0, out_dtype: self.io.1, activation_math: self.math, bias_operand: self.bias_form, ..MlpKernelOptions::default() };
+        MlpKernelOptions { shared_limit: shared_limit.unwrap_or(base.shared_limit), ..base }
+    }
+}
+
+/// The optimised kernel and its generic fast form.
+fn both(model: &MlpModel, opts: &MlpKernelOptions) -> (MlpKernel, MlpKernel) {
+    let full = emit_kernel(model, opts).expect("emit the optimised kernel");
+    match emit_generic(model, opts, &full) {
+        Ok(generic) => (full, generic),
+        Err(why) => panic!("{}: no generic form: {why:?}", model.summary()),
+    }
+}
+
+/// The source without the model's data: the layer table, the name (a hash of the whole source)
+/// and the comment lines naming the model.
+fn code(source: &str) -> String {
+    let (pre, rest) = source.split_once("__constant__ int kg_table[").unwrap_or_else(|| panic!("no layer table in:\n{source}"));
+    let post = rest.split_once("\n};\n").map(|(_, post)| post).unwrap_or_else(|| panic!("an unterminated layer table:\n{source}"));
+    let pre: Vec<&str> = pre.lines().filter(|l| !(l.starts_with("// model:") || l.starts_with("// input ") || l.starts_with("#define KG_NAME"))).collect();
+    format!("{}\n{post}", pre.join("\n"))
+}
+
+fn cases() -> Vec<Case> {
+    use DType::*;
+    let mut pairs = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
+    pairs.bias_form = BiasOperand::Pairs;
+    let mut tanh32 = Case::new(&[24, 40, 24], "silu", BF16, true).io(F32, F32);
+    tanh32.math = ActivationMath::TanhF32;
+    let mut f32math = Case::new(&[100, 100, 100, 100, 3], "silu", F16, true).io(F32, BF16);
+    f32math.math = ActivationMath::F32;
+    let mut fma = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
+    fma.math = ActivationMath::PackedFmaBalanced;
+    vec![
+        Case::new(&[16, 16], "none", F16, true),
+        Case::new(&[16, 16], "none", BF16, false).io(F32, F32).last("relu"),
+        Case::new(&[24, 24, 24, 24, 24, 24, 24, 24, 5], "relu", BF16, true).io(F32, F32),
+        Case::new(&[24, 16, 16, 16, 16, 16, 16, 16, 24], "leaky_relu", F16, true).io(BF16, F16),
+        Case::new(&[100, 100, 100, 3], "gelu", F16, true).io(F32, F16),
+        Case::new(&[256, 256, 32], "tanh", BF16, false).io(BF16, BF16),
+        Case::new(&[256, 100, 24, 16], "silu", F16, true).io(F32, F32).last("sigmoid"),
+        Case::new(&[64, 64, 64, 64, 64, 16], "relu", F16, false),
+        Case::new(&[64, 128, 128, 128, 128, 16], "relu", BF16, false),
+        Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true),
+        Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", BF16, true).io(F32, F32),
+        Case::new(&[3, 17, 1], "x * sigmoid(1.702 * x)", BF16, true).io(F32, BF16),
+        pairs,
+        tanh32,
+        f32math,
+        fma,
+    ]
+}
+
+#[test]
+fn generic_code_depends_on_dtypes_and_activations_not_on_widths() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let relu = |widths: &[usize], bias: bool, name: &str| Case::new(widths, "relu", DType::F16, bias).model(dir.path(), name, 7);
+    let models = [relu(&[64, 64, 64, 64, 64, 16], false, "a"), relu(&[64, 128, 128, 128, 128, 16], false, "b"), relu(&[3, 24, 100, 5], true, "c"), relu(&[256, 24, 8], true, "d")];
+    let opts = MlpKernelOptions::default();
+    let kernels: Vec<(MlpKernel, MlpKernel)> = models.iter().map(|m| both(m, &opts)).collect();
+    for (m, (full, generic)) in models.iter().zip(&kernels) {
+        let what = m.summary();
+        assert!(code(&generic.source) == code(&kernels[0].1.source), "{what}: the code differs from the first model's");
+        assert!(generic.name.starts_with("kf_mlp_generic_") && generic.source.contains(&format!("#define KG_NAME {}", generic.name)), "{what}");
+        assert!(!generic.source.contains("#include"), "{what}");
+        assert_eq!(generic.params, full.params, "{what}: the blob is shared with the optimised kernel");
+        assert_eq!((generic.in_dtype, generic.out_dtype), (full.in_dtype, full.out_dtype));
+        assert_eq!((generic.row_tiles_per_warp, generic.rows_per_warp, generic.rows_per_block), (1, 16, 16 * generic.warps), "{what}");
+        assert!((1..=16).contains(&generic.warps) && generic.block == 32 * generic.warps, "{what}");
+        assert!(generic.shared_bytes as usize > generic.params.len() && generic.shared_bytes <= opts.shared_limit, "{what}");
+        assert!(generic.nvrtc_options.iter().any(|o| o == "--Ofast-compile=mid"), "{what}: {:?}", generic.nvrtc_options);
+        // Deterministic: the same model again gives the same bytes.
+        assert_eq!(&both(m, &opts).1, generic, "{what}");
+    }
+    // The dtypes and the activations do change the code.
+    let silu = Case::new(&[64, 64, 64, 64, 64, 16], "silu", DType::F16, false).model(dir.path(), "e", 7);
+    let bf16 = Case::new(&[64, 64, 64, 64, 64, 16], "relu", DType::BF16, false).model(dir.path(), "f", 7);
+    let f32_io = MlpKernelOptions { in_dtype: DType::F32, ..opts.clone() };
+    for other in [both(&silu, &opts).1, both(&bf16, &opts).1, both(&models[0], &f32_io).1] {
+        assert!(code(&other.source) != code(&kernels[0].1.source), "{}: the same code as another model's", other.name);
+    }
+}
+
+#[test]
+fn generic_refuses_a_foreign_blob_or_too_little_shared_memory_and_tiering_falls_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Case::new(&[64, 64, 64, 64, 64, 16], "relu", DType::F16, false).model(dir.path(), "r", 3);
+    let opts = MlpKernelOptions::default();
+    let mut full = emit_kernel(&m, &opts).expect("emit");
+    // A blob of another layout (here: one weight changed) is refused, never misread.
+    full.params[0] ^= 1;
+    assert!(matches!(emit_generic(&m, &opts, &full), Err(GenericRefusal::Layout)));
+    let fallback = emit_fast_form(&m, &opts, &full, (13, 0));
+    assert!(fallback.is_none(), "no form shares a blob that kernel.rs did not make");
+    let full = emit_kernel(&m, &opts).expect("emit");
+    // Too little shared memory for the weights plus one warp's two 16-row buffers.
+    let tight = MlpKernelOptions { shared_limit: u32::try_from(full.params.len()).expect("size") + 1024, ..opts.clone() };
+    match emit_generic(&m, &tight, &full) {
+        Err(GenericRefusal::SharedMemory { needed }) => assert_eq!(needed, full.params.len() + 2 * 16 * (2 * 64 + 16)),
+        other => panic!("expected a shared-memory refusal, got {other:?}"),
+    }
+    let fast = emit_fast_form(&m, &opts, &full, (13, 0)).expect("a fast form");
+    assert!(fast.name.starts_with("kf_mlp_generic_") && fast.nvrtc_options.iter().any(|o| o == "-minimal"), "{:?}", fast.nvrtc_options);
+    // A wide hidden layer: the generic form's two buffers per warp hold 256 columns, the looped
+    // form's input stages only 16, so with little shared memory only the looped form fits, and
+    // tiering uses it.
+    let wide = Case::new(&[16, 256, 16], "relu", DType::F16, true).model(dir.path(), "w", 3);
+    let params = emit_kernel(&wide, &opts).expect("emit").params.len();
+    let tight = MlpKernelOptions { shared_limit: u32::try_from(params + 8192).expect("size"), ..opts.clone() };
+    let full = emit_kernel(&wide, &tight).expect("the optimised kernel fits with one warp");
+    assert!(matches!(emit_generic(&wide, &tight, &full), Err(GenericRefusal::SharedMemory { .. })));
+    let fast = emit_fast_form(&wide, &tight, &full, (13, 0)).expect("a fast form");
+    assert!(fast.name.starts_with("kf_mlp_") && !fast.name.starts_with("kf_mlp_generic_"), "{}", fast.name);
+    assert!(fast.nvrtc_options.iter().any(|o| o == "--Ofast-compile=mid") && fast.params == full.params);
+}
+
+#[test]
+fn generic_generated_part_matches_golden() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let m = Case::new(&[24, 40, 5], "relu", DType::F16, true).last("gelu").model(dir.path(), "g", 11);
+    let opts = MlpKernelOptions { in_dtype: DType::F32, out_dtype: DType::BF16, ..MlpKernelOptions::default() };
+    let (_, generic) = both(&m, &opts);
+    // The generated head (defines, layer table, activation functions) and the dispatchers.
+    let head = generic.source.split("// ---------------------------------------------------------------------------------------------\n// PTX helpers").next().unwrap_or("");
+    let head: String = head.split("// kfuse generic MLP kernel: the quick-to-compile").next().unwrap_or("").to_string();
+    let dispatch = generic.source.split("(they use the helpers above).\n").nth(1).and_then(|s| s.split("\n// Converts this warp").next()).unwrap_or("");
+    if std::env::var_os("CARGO_MANIFEST_DIR").is_none() {
+        std::env::set_var("CARGO_MANIFEST_DIR", env!("CARGO_MANIFEST_DIR"));
+    }
+    expect_test::expect_file!["golden/generic_24_40_5_relu_gelu.cu.txt"]
+        .assert_eq(&format!("{head}// ... mlp_generic.cuh's helpers ...\n{dispatch}// ... mlp_generic.cuh's layers and kernel ...\n// NVRTC options: {:?}\n", generic.nvrtc_options));
+}
+
+#[test]
+fn generic_compiles_for_sm80_and_sm90() {
+    if nvrtc_or_skip("generic_compiles_for_sm80_and_sm90").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (n, case) in cases().iter().enumerate() {
+        let m = case.model(dir.path(), &format!("c{n}"), 5);
+        let (_, generic) = both(&m, &case.options(None));
+        for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
+            let t = std::time::Instant::now();
+            let mut opts = CompileOptions { arch, extra: generic.nvrtc_options.clone() };
+            opts.extra.push("--ptxas-options=-v".to_string());
+            match compile(&generic.source, &opts) {
+                Ok(module) => {
+                    let regs = module.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
+                    println!("{} {arch}: {} B cubin in {:.0} ms; {regs}", m.summary(), module.cubin.len(), t.elapsed().as_secs_f64() * 1e3);
+                    assert!(!module.cubin.is_empty());
+                    assert!(!module.log.contains("bytes spill stores") || module.log.contains(" 0 bytes spill stores"), "{}: spills: {}", m.summary(), module.log);
+                }
+                Err(e) => panic!("{}: the generic form failed to compile for {arch}: {e}\n--- source ---\n{}", m.summary(), generic.source),
+            }
+        }
+    }
+}
+
+#[test]
+fn generic_kernel_matches_cpu_interpreter() {
+    let Some(gpu) = gpu_or_skip("generic_kernel_matches_cpu_interpreter") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    for (n, case) in cases().iter().enumerate() {
+        let m = case.model(dir.path(), &format!("g{n}"), rng.next_u64());
+        let (_, generic) = both(&m, &case.options(Some(gpu.max_shared_bytes())));
+        let f = gpu.load_kernel_with_options(&generic.source, &generic.name, &generic.nvrtc_options).expect("compile and load");
+        let params = gpu.upload(&generic.params).expect("upload params");
+        let (io_in, io_out) = case.io;
+        for rows in [1usize, 127, 129, 4099] {
+            let x = random_input(io_in, rows, m.input_width(), &mut rng);
+            let xb = gpu.upload(&x.to_bytes()).expect("upload");
+            let out_w = m.output_width();
+            let y = gpu.alloc_zeroed(rows * out_w * io_out.size_bytes()).expect("alloc");
+            let mut results = Vec::new();
+            for _ in 0..2 {
+                gpu.fill(&y, 0xff).expect("poison");
+                let blocks = u32::try_from(rows.div_ceil(generic.rows_per_block as usize)).expect("blocks").min(gpu.sm_count()).max(1);
+                let args = [KernelArg::Buffer(&xb), KernelArg::Buffer(&y), KernelArg::Buffer(&params), KernelArg::I64(rows as i64)];
+                gpu.launch(&f, blocks, generic.block, generic.shared_bytes, &args).expect("launch");
+                results.push(gpu.download(&y).expect("download"));
+            }
+            assert_eq!(results[0], results[1], "{}: a relaunch differs", m.summary());
+            let got = HostTensor::from_bytes(io_out, vec![rows, out_w], &results[0]).expect("size");
+            let want = evaluate_cpu(&m, &x).expect("cpu");
+            let e = compare_rows(&got.to_f64(), &want, out_w);
+            println!(
+                "{} io {io_in}->{io_out} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
+                m.summary(),
+                case.math,
+                case.bias_form,
+                e.rel_err,
+                e.worst_row_rel_err,
+                e.worst_row
+            );
+            assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", m.summary());
+            assert!(e.rel_err <= TOL_16BIT, "{} rows {rows}: {e:?}", m.summary());
+            let bf16 = m.dtype == DType::BF16 || io_out == DType::BF16;
+            let row_bound = if bf16 { 40.0 * TOL_16BIT } else { 10.0 * TOL_16BIT };
+            assert!(e.worst_row_rel_err <= row_bound, "{} rows {rows}: {e:?}", m.summary());
+        }
+    }
+}
