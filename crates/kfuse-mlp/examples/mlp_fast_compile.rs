@@ -58,6 +58,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     compile("extern \"C\" __global__ void kf_warm_up(float* p) { p[threadIdx.x] = 1.f; }", &CompileOptions::for_arch(Arch::new(9, 0)))?;
     summary.push(format!("first NVRTC compile in the process (a 1-line kernel): {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
+    // The floor: the same 1-line kernel again, with the fast forms' options.
+    let mut floor = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let opts = CompileOptions { arch: Arch::new(9, 0), extra: ["-ftz=true", "--Ofast-compile=mid", "-minimal"].map(String::from).to_vec() };
+        let (t, c) = (Instant::now(), thread_cpu_ms());
+        compile("extern \"C\" __global__ void kf_floor(float* p) { p[threadIdx.x] = 2.f; }", &opts)?;
+        floor.0.push(t.elapsed().as_secs_f64() * 1e3);
+        if let (Some(c0), Some(c1)) = (c, thread_cpu_ms()) {
+            floor.1.push(c1 - c0);
+        }
+    }
+    let floor_cpu = if floor.1.is_empty() { "-".to_string() } else { stats(&mut floor.1) };
+    summary.push(format!("{:16} {:30} wall {} cpu {floor_cpu} ({runs} runs)", "1-line kernel", "(the floor)", stats(&mut floor.0)));
     for (name, widths, act, bias, dtype, io) in models {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;

@@ -1,6 +1,6 @@
 //! The generic fast form of tiered compilation (issue 5): one MLP kernel whose code depends only
 //! on the weight dtype, the I/O dtypes and the set of activation functions, not on the widths or
-//! the depth. Layers, 32-column output chunks and k16 input steps are run-time loops
+//! the depth. Layers, n8 output tiles and k16 input steps are run-time loops
 //! (`mlp_generic.cuh`) driven by a small layer table in constant memory, so NVRTC compiles about
 //! the same, small amount of code for every model (a first call's compile, see `tier.rs`). It reads
 //! the optimised kernel's parameter blob unchanged: [`emit_generic`] derives the blob's layout

@@ -3,8 +3,8 @@
 // the activation dispatchers).
 //
 // Its CODE does not depend on the model's widths or depth: every layer runs through one run-time
-// loop (layers) over run-time loops (32-column chunks of the output, k16 steps of the input), with
-// the layer's shape read from the table `kg_table` in constant memory. So NVRTC compiles about the
+// loop (layers) over run-time loops (n8 tiles of the output, k16 steps of the input), with the
+// layer's shape read from the table `kg_table` in constant memory. So NVRTC compiles about the
 // same amount of code for every model; only the dtypes and the set of activation functions change
 // the code. It reads the optimised kernel's parameter blob unchanged (generic.rs checks the layout).
 //
