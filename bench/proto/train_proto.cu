@@ -94,7 +94,8 @@ int main() {
 
     // reference: the generated padded kernel
     long long sz0 = B, sz1 = N;
-    void* a_pad[] = {&pred, &target, &loss, &dpred, &scale, &li, &lv, &partials, &counter, &sz0, &sz1};
+    unsigned* counter_pad; CK(cudaMalloc(&counter_pad, 16)); CK(cudaMemset(counter_pad, 0, 16)); // [0] arrivals, [1] departures
+    void* a_pad[] = {&pred, &target, &loss, &dpred, &li, &lv, &partials, &counter_pad, &sz0, &sz1};
     auto gen_pad = [&]() { coop((const void*)kf_225d6bb11374dcad_0, a_pad); };
     poison(); gen_pad(); CK(cudaDeviceSynchronize());
     CK(cudaMemcpy(href.data(), dpred, tb, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(&lref, loss, 2, cudaMemcpyDeviceToHost));
@@ -102,64 +103,54 @@ int main() {
 
     printf("== floors\n");
     timeit("cudaMemset dpred (32 MB)", [&]() { CK(cudaMemsetAsync(dpred, 0, tb)); }, flush, flush_bytes, tb);
-    for (int g : {sms * 4, sms * 16}) {
-        char nm[64];
-        snprintf(nm, 64, "zero_fill grid %d", g); timeit(nm, [&]() { zero_fill<<<g, 256>>>((uint4*)dpred, nchunks); }, flush, flush_bytes, tb);
-        snprintf(nm, 64, "zero_fill_cs grid %d", g); timeit(nm, [&]() { zero_fill_cs<<<g, 256>>>((uint4*)dpred, nchunks); }, flush, flush_bytes, tb);
-        snprintf(nm, 64, "copy16 target->dpred grid %d", g); timeit(nm, [&]() { copy16<<<g, 256>>>((const uint4*)target, (uint4*)dpred, nchunks); }, flush, flush_bytes, pad_bytes);
-    }
+    { const int g = sms * 4;
+      timeit("zero_fill_cs", [&]() { zero_fill_cs<<<g, 256>>>((uint4*)dpred, nchunks); }, flush, flush_bytes, tb);
+      timeit("copy16 target->dpred", [&]() { copy16<<<g, 256>>>((const uint4*)target, (uint4*)dpred, nchunks); }, flush, flush_bytes, pad_bytes); }
 
     printf("== padded + predicate (must move %.1f MB; 70%% of 2.80 TB/s = %.2f us)\n", pad_bytes / 1e6, pad_bytes / 2.8e6 / 0.7);
     timeit("generated (cooperative, 1024x4)", gen_pad, flush, flush_bytes, pad_bytes);
+    Bar* bar; CK(cudaMalloc(&bar, sizeof(Bar))); CK(cudaMemset(bar, 0, sizeof(Bar)));
 #define PADV(KERNEL, EPT, MINB) { \
         auto fn = (const void*)KERNEL<EPT, MINB>; const uint2* pp = (const uint2*)pred; const uint4* tt = (const uint4*)target; long long nb = nbox; \
         void* args[] = {&pp, &tt, &dpred, &tail, &nb}; \
         char nm[80]; snprintf(nm, 80, #KERNEL "<%d,%d> grid %d", EPT, MINB, grid_of(fn)); \
         poison(); coop(fn, args); check(nm); timeit(nm, [&]() { coop(fn, args); }, flush, flush_bytes, pad_bytes); }
-    PADV(pad_compact, 2, 4) PADV(pad_compact, 4, 4) PADV(pad_compact, 2, 8) PADV(pad_compact, 4, 8) PADV(pad_compact, 8, 4) PADV(pad_compact, 1, 8)
-#define PADD(EPT, MODE) { \
-        auto fn = (const void*)pad_compact<EPT, 4, MODE>; const uint2* pp = (const uint2*)pred; const uint4* tt = (const uint4*)target; long long nb = nbox; \
-        void* args[] = {&pp, &tt, &dpred, &tail, &nb}; \
-        char nm[80]; snprintf(nm, 80, "diag pad_compact<%d,4> mode %d (1: no tail, 2: no compute/tail)", EPT, MODE); \
-        timeit(nm, [&]() { coop(fn, args); }, flush, flush_bytes, pad_bytes); \
-        timeit("  same, plain launch", [&]() { CK(cudaLaunchKernel(fn, grid_of(fn), 256, args, 0, 0)); }, flush, flush_bytes, pad_bytes); }
-    PADD(2, 1) PADD(2, 2)
-    { auto fn = (const void*)pad_compact<2, 4, 0>; const uint2* pp = (const uint2*)pred; const uint4* tt = (const uint4*)target; long long nb = nbox;
-      void* args[] = {&pp, &tt, &dpred, &tail, &nb};
-      for (int per : {1, 2, 3}) { char nm[80]; snprintf(nm, 80, "pad_compact<2,4> cooperative grid %d", per * sms);
-        timeit(nm, [&]() { CK(cudaLaunchCooperativeKernel(fn, per * sms, 256, args, 0, 0)); }, flush, flush_bytes, pad_bytes); } }
+#define PAD2(EPT, MINB, LCAP) { \
+        auto fn = (const void*)pad_compact2<EPT, MINB, LCAP>; const uint2* pp = (const uint2*)pred; const uint4* tt = (const uint4*)target; long long nb = nbox; \
+        void* args[] = {&pp, &tt, &dpred, &tail, &bar, &nb}; \
+        char nm[80]; snprintf(nm, 80, "pad_compact2<%d,%d,%d> grid %d", EPT, MINB, LCAP, grid_of(fn)); \
+        poison(); coop(fn, args); check(nm); timeit(nm, [&]() { coop(fn, args); }, flush, flush_bytes, pad_bytes); }
+    PAD2(2, 4, 512) PAD2(2, 4, 64)
+    timeit("generated (cooperative, 1024x4) again", gen_pad, flush, flush_bytes, pad_bytes);
 
     printf("== padded + lengths (must move %.1f MB; 70%% = %.2f us)\n", len_bytes / 1e6, len_bytes / 2.8e6 / 0.7);
-    void* a_l0[] = {&pred, &target, &lengths, &loss, &scale, &li /*tmp1*/, &partials, &counter, &sz0, &sz1};
     float* tmp1 = (float*)li;
     void* a_l0b[] = {&pred, &target, &lengths, &loss, &scale, &tmp1, &partials, &counter, &sz0, &sz1};
     void* a_l1[] = {&pred, &target, &lengths, &dpred, &scale, &tmp1, &sz0, &sz1};
-    (void)a_l0;
-    const int lg0 = (int)std::min<long long>(B / 64, sms * 8), lg1 = (int)std::min<long long>(B / 8, sms * 8); // kfuse plan grids: rows / (rows per block), capped at 8 per SM
+    const int lg0 = (int)std::min<long long>(B / 64, sms * 8), lg1 = (int)std::min<long long>(B / 8, sms * 8); // kfuse plan grids
     auto gen_len = [&]() {
         CK(cudaLaunchKernel((const void*)kf_595cf59383a6d678_0, lg0, 256, a_l0b, 0, 0));
         CK(cudaLaunchKernel((const void*)kf_595cf59383a6d678_1, lg1, 256, a_l1, 0, 0));
     };
     poison(); gen_len(); check("generated lengths (two kernels)");
     timeit("generated lengths (two kernels)", gen_len, flush, flush_bytes, len_bytes);
+    const int lgr = (int)std::min<long long>((B + 7) / 8, sms * 2);
+    void* a_rows[] = {&pred, &target, &lengths, &loss, &dpred, &partials, &counter, &sz0, &sz1};
+    auto gen_rows = [&]() { CK(cudaLaunchKernel((const void*)kf_len_rows, lgr, 512, a_rows, 0, 0)); };
+    poison(); gen_rows(); check("generated lengths, rows plan (one launch)");
+    timeit("generated lengths, rows plan (one launch)", gen_rows, flush, flush_bytes, len_bytes);
     {
         char nm[96];
-        auto run = [&](const char* what, int gf, int gc, auto launch) {
-            snprintf(nm, 96, "%s fill %d compute %d", what, gf, gc);
-            if (gf > 0 && gc > 0) { poison(); launch(); check(nm); }
-            timeit(nm, launch, flush, flush_bytes, len_bytes);
-        };
-        for (int gf : {sms * 2, sms * 4}) run("len_split<8> fill only", gf, 0, [&]() { len_split<8><<<gf, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, gf); });
-        for (int gc : {sms / 2, sms}) {
-            run("len_split<8,0> compute only, scalar self count", 0, gc, [&]() { len_split<8, 0><<<gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, 0); });
-            run("len_split<8,2> compute only, int4 self count", 0, gc, [&]() { len_split<8, 2><<<gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, 0); });
-            run("len_split<8,1> compute only, precounted", 0, gc, [&]() { len_split<8, 1><<<gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, 0, scale); });
-        }
-        run("count_kernel alone", 0, 1, [&]() { count_kernel<<<1, 1024>>>(lengths, scale, B, N); });
-        for (int gf : {sms * 2, sms * 4}) for (int gc : {sms / 2, sms}) {
-            run("len_split<8,2> int4 self count", gf, gc, [&]() { len_split<8, 2><<<gf + gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, gf); });
-            run("count_kernel + len_split<8,1>", gf, gc, [&]() { count_kernel<<<1, 1024>>>(lengths, scale, B, N); len_split<8, 1><<<gf + gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, gf, scale); });
-        }
+        auto run = [&](auto launch) { poison(); launch(); check(nm); timeit(nm, launch, flush, flush_bytes, len_bytes); };
+        { const int gf = sms * 4, gc = sms;
+          snprintf(nm, 96, "len_split<8,2> fill %d compute %d (session 3 best)", gf, gc);
+          run([&]() { len_split<8, 2><<<gf + gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, gf); }); }
+#define LENF(BT, S, SPT, G) { const int g = (G); \
+        snprintf(nm, 96, "len_fused<%d,S=%d,%d> grid %d", BT, S, SPT, g); \
+        if ((B / g + 1) * S > BT * SPT) printf("skip %s\n", nm); \
+        else run([&]() { len_fused<BT, S, SPT, (int)(16384 / 4 / BT)><<<g, BT>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N); }); }
+        LENF(512, 8, 1, sms * 2) LENF(1024, 8, 1, sms)
+        timeit("generated lengths, rows plan, again", gen_rows, flush, flush_bytes, len_bytes);
     }
     printf("done\n");
     return 0;

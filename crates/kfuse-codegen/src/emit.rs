@@ -144,6 +144,11 @@ impl<'a> Emitter<'a> {
         self.next_var
     }
 
+    /// Continues the numbering of another emitter (see [`Emitter::next_var`]).
+    pub fn set_next_var(&mut self, v: u32) {
+        self.next_var = v;
+    }
+
     /// The root block's lines; every other block must be closed.
     pub fn into_lines(mut self) -> (Vec<String>, Uses) {
         let root = self.blocks.swap_remove(0);

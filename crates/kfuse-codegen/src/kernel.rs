@@ -21,6 +21,7 @@ use crate::analysis::{full_reduce, Analysis, SinkKind};
 use crate::cuda::{self, Helper};
 use crate::emit::{reduce_identity, temp_dtype, Coord, Emitter, Mode};
 use crate::plan::{GridSpec, Kernel, Launch, Param};
+use crate::tail::{write_barrier_tail, write_reduction_tail};
 use crate::{CodegenError, CodegenOptions};
 
 /// Where each kind of buffer sits in `Plan::buffers`.
@@ -35,25 +36,26 @@ pub(crate) struct BufferIndex {
 
 /// An action of the loop body, run under its group's predicate (or its negation).
 #[derive(Clone)]
-enum Action {
+pub(crate) enum Action {
     Update { op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: Vec<Coord>, accs: Vec<String> },
     Store { output: usize, values: Vec<(NodeId, Vec<Coord>)> },
-    /// Appends `(i, values)` to the block's segment of the one-pass list (one shared-memory
-    /// atomic per warp).
+    /// Appends `(i, values)` to the block's one-pass list: slot `kf_ln + threadIdx.x` of a
+    /// compaction drain (see `onepass`), in shared memory or past its capacity in the block's
+    /// global segment.
     Append { values: Vec<(NodeId, Vec<Coord>)> },
 }
 
-type Guard = Option<(NodeId, Vec<Coord>)>;
+pub(crate) type Guard = Option<(NodeId, Vec<Coord>)>;
 
-struct Group {
-    guard: Guard,
-    then: Vec<Action>,
-    otherwise: Vec<Action>,
+pub(crate) struct Group {
+    pub guard: Guard,
+    pub then: Vec<Action>,
+    pub otherwise: Vec<Action>,
 }
 
 /// How the final reduction combines one slot.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Combine {
+pub(crate) enum Combine {
     Sum,
     Max,
     Min,
@@ -150,17 +152,35 @@ pub(crate) fn emit_kernel(
             otherwise.push(b);
         }
         let grp = group_for(&mut groups, guard);
-        grp.then.push(Action::Append { values: then });
+        grp.then.push(match pass.rows {
+            true => Action::Store { output: pass.output, values: then },
+            false => Action::Append { values: then },
+        });
         grp.otherwise.push(Action::Store { output: pass.output, values: otherwise });
     }
+    // The rows plan (one plain launch, see `rows`) or the compacted one (cooperative).
+    let rows_pass = onepass.filter(|b| b.pass.rows);
+    let onepass = onepass.filter(|b| !b.pass.rows);
+    let mut next_var = em.next_var();
+    let rows_src = match rows_pass {
+        Some(_) => {
+            let (src, nv) = crate::rows::rows_loop(&mut em, g, an, k, &groups, &dom, next_var)?;
+            next_var = nv;
+            Some(src)
+        }
+        None => None,
+    };
 
     // Inputs loaded outside any predicate branch (or by a predicate itself) are read for every
     // element; the others only where their branch's predicate holds.
     let mut unconditional: std::collections::BTreeSet<u32> = std::collections::BTreeSet::new();
     let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &groups);
     let mut grouped_rows = false; // row mode with a group of lanes per row (see `write_row_groups`)
+    let mut compacted = None; // one pass: the group whose elements are queued (see `onepass`)
     let last_dim = info.dims.last().copied();
-    if let (Some((b, bctx)), Some(last_dim), [grp]) = (&row_bound, last_dim, groups.as_slice()) {
+    if rows_src.is_some() {
+        // Emitted above.
+    } else if let (Some((b, bctx)), Some(last_dim), [grp]) = (&row_bound, last_dim, groups.as_slice()) {
         // Row mode: the predicate is `col < bound(row)`, so each branch is a column range.
         em.row_mode = true;
         let bv = em.eval(*b, bctx)?;
@@ -216,11 +236,18 @@ pub(crate) fn emit_kernel(
                     let mv = em.eval(*m, mctx)?;
                     unconditional.extend(em.uses.inputs.iter().copied());
                     em.open_branch(&mv);
-                    // The first group's predicate is all the body computes before its branch,
-                    // so the branch's loads can be issued (under it) with the batch's others.
-                    em.prefetch_guard = (gi == 0).then(|| mv.clone());
-                    run_actions(&mut em, g, &grp.then)?;
-                    em.prefetch_guard = None;
+                    if onepass.is_some() && grp.then.iter().any(|a| matches!(a, Action::Append { .. })) {
+                        // One pass: the element is queued; full sets of lanes compute it later.
+                        em.push_stmt("kf_q[atomicAdd(&kf_qn, 1)] = i; // computed by kf_drain".to_string());
+                        compacted = Some(gi);
+                    } else {
+                        // The first group's predicate is all the body computes before its
+                        // branch, so the branch's loads can be issued (under it) with the
+                        // batch's others.
+                        em.prefetch_guard = (gi == 0).then(|| mv.clone());
+                        run_actions(&mut em, g, &grp.then)?;
+                        em.prefetch_guard = None;
+                    }
                     em.close();
                     if !grp.otherwise.is_empty() {
                         em.open_else();
@@ -232,6 +259,23 @@ pub(crate) fn emit_kernel(
         }
     }
     let row_mode = em.row_mode;
+    // One pass: the queued group's work with direct loads, run by full sets of lanes.
+    let mut drain = Vec::new();
+    if rows_src.is_none() {
+        next_var = em.next_var();
+    }
+    if let Some(gi) = compacted {
+        let mut dem = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), next_var);
+        dem.substitutions = em.substitutions.clone();
+        run_actions(&mut dem, g, &groups[gi].then)?;
+        next_var = dem.next_var();
+        let (lines, duses) = dem.into_lines();
+        drain = lines;
+        em.uses.inputs.extend(duses.inputs);
+        em.uses.temps_read.extend(duses.temps_read);
+        em.uses.syms.extend(duses.syms);
+        em.uses.helpers.extend(duses.helpers);
+    }
     // Row mode with nothing to do past a row's bound but zero fills in a one-pass kernel: a row
     // takes a group of fewer lanes (see `write_row_groups`), so more rows, each with a few valid
     // columns, are loaded at once.
@@ -242,7 +286,6 @@ pub(crate) fn emit_kernel(
         None => "1".to_string(),
     };
     let n_expr = em.product(&info.dims);
-    let next_var = em.next_var();
     let prefetch = em.prefetch.take().unwrap_or_default();
     let (body, mut uses) = em.into_lines();
     let lazy_inputs: Vec<InputId> = uses.inputs.iter().filter(|i| !unconditional.contains(i)).map(|&i| InputId(i)).collect();
@@ -251,24 +294,33 @@ pub(crate) fn emit_kernel(
     let mut ep = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next_var);
     ep.slot_results = slot_results;
     let mut outputs_written: Vec<usize> = info.sinks.iter().filter_map(|s| if let SinkKind::Output { index } = s.kind { Some(index) } else { None }).collect();
-    outputs_written.extend(onepass.map(|b| b.pass.output));
+    outputs_written.extend(onepass.or(rows_pass).map(|b| b.pass.output));
     for &o in &info.scalar_outputs {
         let node = g.outputs[o].node;
         let v = ep.eval(node, &[])?;
         let d = g.node(node).dtype;
         ep.note_conversion(d);
-        ep.push_stmt(format!("out{o}[0] = {}; // output {}", cuda::store_conversion(d, &v), g.outputs[o].name));
+        // One pass: every block computes the epilogue past the grid barrier; block 0 writes.
+        let only = if onepass.is_some() { "if (blockIdx.x == 0) " } else { "" };
+        ep.push_stmt(format!("{only}out{o}[0] = {}; // output {}", cuda::store_conversion(d, &v), g.outputs[o].name));
         outputs_written.push(o);
     }
     let mut temps_written = Vec::new();
     for &n in &info.temp_writes {
         let t = *an.temps.get(&n).ok_or(CodegenError::Internal { node: n.0, what: "temp write without a temp" })?;
-        // One pass: only the scale is read (after the grid barrier); the others became literals.
-        let reader = match onepass {
-            Some(b) if b.pass.scale != n => continue,
-            Some(_) => "the blocks past the grid barrier",
-            None => "a later kernel",
-        };
+        // One pass: only the scale is read (after the grid barrier, from shared memory); the
+        // others became literals.
+        if rows_pass.is_some() {
+            continue; // each block computes them from the count (see `rows`)
+        }
+        if let Some(b) = onepass {
+            if b.pass.scale == n {
+                let v = ep.eval(n, &[])?;
+                ep.push_stmt(format!("kf_scale = {v}; // n{} for this block's rescale", n.0));
+            }
+            continue;
+        }
+        let reader = "a later kernel";
         let v = ep.eval(n, &[])?;
         ep.push_stmt(format!("tmp{t}[0] = {}; // n{} for {reader}", cuda::store_conversion(temp_dtype(g.node(n).dtype), &v), n.0));
         temps_written.push(t);
@@ -307,8 +359,7 @@ pub(crate) fn emit_kernel(
     for (n, t) in temp_nodes {
         let d = temp_dtype(g.node(n).dtype);
         let (constness, note) = if temps_written.contains(&t) {
-            let reader = if onepass.is_some() { "read past the grid barrier" } else { "for a later kernel" };
-            ("", format!("n{} {} scalar, written here {reader}", n.0, d))
+            ("", format!("n{} {} scalar, written here for a later kernel", n.0, d))
         } else if uses.temps_read.contains(&t) {
             ("const ", format!("n{} {} scalar from an earlier kernel", n.0, d))
         } else {
@@ -317,16 +368,16 @@ pub(crate) fn emit_kernel(
         let decl = format!("{constness}{}* __restrict__ tmp{t}", cuda::storage_type(d));
         params.push((Param::Buffer(buffers.temps_base + t), decl, note));
     }
-    if let Some(b) = onepass {
-        params.push((Param::Buffer(b.index), "unsigned long long* __restrict__ list_index".into(), "flat indices of the listed entries".into()));
-        params.push((Param::Buffer(b.values), "float* __restrict__ list_values".into(), format!("{} unscaled f32 values per listed entry", b.pass.comps)));
+    if let Some((index, values)) = onepass.and_then(|b| b.list) {
+        params.push((Param::Buffer(index), "unsigned long long* __restrict__ list_index".into(), "flat indices of the entries past shared memory".into()));
+        params.push((Param::Buffer(values), "float* __restrict__ list_values".into(), format!("their {} unscaled f32 values", onepass.map_or(0, |b| b.pass.comps))));
     }
     let n_slots = slots.len();
     if n_slots > 0 {
         let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without partials" })?;
         params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
         let note = match onepass {
-            Some(_) => "[0]: ticket, 0 at launch, left at 0; [1]: grid barrier generation",
+            Some(_) => "grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0",
             None => "ticket: 0 at launch, left at 0",
         };
         params.push((Param::Buffer(c), "unsigned int* __restrict__ counter".into(), note.into()));
@@ -336,13 +387,15 @@ pub(crate) fn emit_kernel(
     }
 
     // The translation unit.
-    let block = opts.block_size;
+    let block = if rows_src.is_some() { crate::rows::ROWS_BLOCK } else { opts.block_size };
     let mut src = String::new();
     let _ = writeln!(src, "// Generated by kfuse-codegen; do not edit.");
     let _ = writeln!(src, "// kernel {name} ({} of {launched}) of graph {hash}", k + 1);
     let _ = writeln!(src, "// options: block_size={block}{}; reduction level {}", tuning_note(opts), info.level);
     let dom_str = g.shape_str(&kfuse_ir::Shape(info.dims.clone()));
-    if row_groups {
+    if rows_src.is_some() {
+        let _ = writeln!(src, "// domain: {dom_str} elements as rows of the last axis, in tiles of rows per block (see kfuse-codegen's rows plan); only the columns below the row's bound are computed, the others zero-filled");
+    } else if row_groups {
         let _ = writeln!(src, "// domain: {dom_str} elements as rows of the last axis, a group of 32 down to {MIN_ROW_LANES} lanes per row (grid-stride over rows); only the columns below the row's bound are computed");
     } else if row_mode {
         let _ = writeln!(src, "// domain: {dom_str} elements as rows of the last axis, one warp per row (grid-stride over rows); only the columns below the row's bound are computed");
@@ -365,14 +418,17 @@ pub(crate) fn emit_kernel(
     // exactly that many blocks per SM, so that every block is resident at once (one wave).
     let batched = !row_mode && !prefetch.is_empty();
     let resident_blocks = if batched { (opts.batched_threads_per_sm / block).max(1) } else { (2048 / block).clamp(1, 8) };
-    let bounds = if batched { format!("{block}, {resident_blocks}") } else { block.to_string() };
+    let resident_blocks = if rows_src.is_some() { 2 } else { resident_blocks };
+    let bounds = if batched || rows_src.is_some() { format!("{block}, {resident_blocks}") } else { block.to_string() };
     let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {name}(");
     for (j, (_, decl, comment)) in params.iter().enumerate() {
         let sep = if j + 1 < params.len() { "," } else { "" };
         let _ = writeln!(src, "    {decl}{sep} // {comment}");
     }
     src.push_str(")\n{\n");
-    if row_groups {
+    if rows_src.is_some() {
+        // The rows loop declares its own sizes.
+    } else if row_groups {
         let _ = writeln!(src, "    const long long rows = {rows_expr};");
         write_row_groups(&mut src);
     } else if row_mode {
@@ -384,10 +440,12 @@ pub(crate) fn emit_kernel(
     for (s, (_, init, what)) in slots.iter().enumerate() {
         let _ = writeln!(src, "    double acc{s} = {init}; // {what}");
     }
-    if onepass.is_some() {
-        write_list_segment(&mut src, row_mode.then_some((cols_expr.as_str(), if row_groups { "kf_gs" } else { "5" })));
+    if let Some(b) = onepass {
+        crate::onepass::write_compaction_state(&mut src, block, opts.elems_per_thread, b.pass.comps, &drain);
     }
-    if row_groups {
+    if let Some(rs) = &rows_src {
+        src.push_str(rs);
+    } else if row_groups {
         src.push_str("    // One group of kf_g lanes per row; its lanes stride over the row's columns.\n");
         src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> kf_gs; row < rows; row += ((long long)gridDim.x * blockDim.x) >> kf_gs) {\n");
         let _ = writeln!(src, "        const long long rowbase = row * {cols_expr};");
@@ -405,14 +463,18 @@ pub(crate) fn emit_kernel(
         write_body(&mut src, &body, "        ");
         src.push_str("    }\n");
     } else {
-        write_batched_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread);
+        let queue = if onepass.is_some() { crate::onepass::QUEUE_DRAIN } else { &[] };
+        write_batched_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, queue);
     }
     if n_slots > 0 {
-        let after_barrier = match onepass {
-            Some(b) => Some(crate::onepass::rescale_lines(g, an, &b.pass)?),
-            None => None,
-        };
-        write_reduction_tail(&mut src, &slots, &epilogue, after_barrier.as_deref());
+        match onepass {
+            Some(b) => {
+                src.push_str(crate::onepass::FINAL_DRAIN);
+                let rescale = crate::onepass::rescale_lines(g, &b.pass)?;
+                write_barrier_tail(&mut src, &slots, &epilogue, &rescale);
+            }
+            None => write_reduction_tail(&mut src, &slots, &epilogue),
+        }
     } else if !epilogue.is_empty() {
         src.push_str("    if (blockIdx.x == 0 && threadIdx.x == 0) {\n");
         for l in &epilogue {
@@ -422,7 +484,10 @@ pub(crate) fn emit_kernel(
     }
     src.push_str("}\n");
 
-    let (work, per_block) = if row_mode {
+    let (work, per_block) = if rows_src.is_some() {
+        // A block per 8 rows at least, two per SM at most (then tiles of up to 64 rows).
+        (size_expr(&info.dims[..info.dims.len() - 1])?, 8)
+    } else if row_mode {
         // Row groups: blocks enough for the fewest lanes per row (a smaller grid, measured 25%
         // faster on a loss kernel over 16384 short rows than warps covering the rows in one pass).
         (size_expr(&info.dims[..info.dims.len() - 1])?, u64::from(block / if row_groups { MIN_ROW_LANES } else { 32 }))
@@ -485,7 +550,7 @@ fn write_body(src: &mut String, body: &[String], indent: &str) {
 /// box of a padded batch and serialise on its loads). Every prefetched load of the thread's
 /// elements is issued first, then the body runs for each in turn. The mapping depends only on
 /// the grid, so results are bit-identical from run to run for a given grid.
-fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body: &[String], block: u32, batch: u32) {
+fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body: &[String], block: u32, batch: u32, after_batch: &[&str]) {
     let _ = writeln!(src, "    const long long kf_stride = (long long)gridDim.x * blockDim.x;");
     let _ = writeln!(src, "    // {batch} elements per thread and iteration: their loads are all in flight before the first use.");
     let _ = writeln!(src, "    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid");
@@ -532,109 +597,14 @@ fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body
     let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
     src.push_str("            if (i >= n) break;\n");
     write_body(src, body, "            ");
-    src.push_str("        }\n    }\n");
+    src.push_str("        }\n");
+    for l in after_batch {
+        let _ = writeln!(src, "        {l}");
+    }
+    src.push_str("    }\n");
 }
 
-/// The one-pass list's per-block segment. Block `b` owns the elements `e` with `e mod S` among its
-/// threads' numbers `[T, T + block)` (`S` threads in all, `T = b * block`; in batched loops the
-/// block's threads take them in a rotated order, the same set): thread number `t` stands for
-/// `q = n / S` elements, one more when `t < n % S`; so the blocks before `b` own
-/// `T * q + min(T, n % S)` elements, and block `b`'s entries fit in a segment that starts there.
-/// In row mode the same count runs over rows and warps (warp `w` of `W` takes rows `w, w + W,
-/// ...`), times the row length. A shared-memory slot counter numbers the entries. Thread 0 also
-/// reads the grid barrier's generation before its block takes a ticket.
-fn write_list_segment(src: &mut String, row_cols: Option<(&str, &str)>) {
-    src.push_str("    // One-pass list: this block appends to its own segment, numbered by a shared-memory counter.\n");
-    src.push_str("    __shared__ unsigned long long kf_list_n; // entries this block listed\n");
-    src.push_str("    unsigned int kf_gen = 0u; // thread 0: the grid barrier's generation at launch\n");
-    src.push_str("    if (threadIdx.x == 0) { kf_list_n = 0ull; kf_gen = ((volatile unsigned int*)counter)[1]; }\n    __syncthreads();\n");
-    if let Some((cols, shift)) = row_cols {
-        let _ = writeln!(src, "    const long long kf_list_s = ((long long)gridDim.x * blockDim.x) >> {shift}, kf_list_t = ((long long)blockIdx.x * blockDim.x) >> {shift}; // rows in flight");
-        src.push_str("    const long long kf_list_r = rows % kf_list_s;\n");
-        src.push_str("    const long long kf_list_base = (kf_list_t * (rows / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r)) * ");
-        let _ = writeln!(src, "{cols}; // elements of the rows of the lanes before this block");
-    } else {
-        src.push_str("    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;\n");
-        src.push_str("    const long long kf_list_r = n % kf_list_s;\n");
-        src.push_str("    const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block\n");
-    }
-}
-
-/// Block reduction, per-block partials, the ticket, and the last block's fixed-order final
-/// reduction followed by the epilogue. With `after_barrier` (a cooperative kernel), the ticket is
-/// also a grid barrier: the last block, once its epilogue is written, releases the others by
-/// bumping the generation in `counter[1]`, which their thread 0 polls; then every block runs
-/// `after_barrier`.
-fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String], after_barrier: Option<&[String]>) {
-    let block_fn = |c: Combine| match c {
-        Combine::Sum => "kf_block_sum",
-        Combine::Max => "kf_block_max",
-        Combine::Min => "kf_block_min",
-    };
-    src.push_str("    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.\n");
-    src.push_str("    __shared__ double kf_smem[32];\n    __shared__ bool kf_last_block;\n");
-    for (s, (c, _, _)) in slots.iter().enumerate() {
-        let _ = writeln!(src, "    acc{s} = {}(acc{s}, kf_smem);", block_fn(*c));
-    }
-    src.push_str("    if (threadIdx.x == 0) {\n");
-    for s in 0..slots.len() {
-        let _ = writeln!(src, "        partials[{s}u * gridDim.x + blockIdx.x] = acc{s};");
-    }
-    src.push_str("        __threadfence(); // publish the partials before taking a ticket\n");
-    src.push_str("        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;\n    }\n");
-    src.push_str("    __syncthreads();\n");
-    let ind = match after_barrier {
-        None => {
-            src.push_str("    if (!kf_last_block) return;\n");
-            "    "
-        }
-        Some(_) => {
-            src.push_str("    if (kf_last_block) {\n");
-            "        "
-        }
-    };
-    let _ = writeln!(src, "{ind}__threadfence();");
-    let _ = writeln!(src, "{ind}// The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one");
-    let _ = writeln!(src, "{ind}// block reduction; no float atomics, so the result is bit-identical for a given grid size.");
-    for (s, (_, init, _)) in slots.iter().enumerate() {
-        let _ = writeln!(src, "{ind}double r{s} = {init};");
-    }
-    let _ = writeln!(src, "{ind}for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {{");
-    for (s, (c, _, _)) in slots.iter().enumerate() {
-        let p = format!("((volatile double*)partials)[{s}u * gridDim.x + b]");
-        let line = match c {
-            Combine::Sum => format!("r{s} += {p};"),
-            Combine::Max => format!("r{s} = kf_max_f64(r{s}, {p});"),
-            Combine::Min => format!("r{s} = kf_min_f64(r{s}, {p});"),
-        };
-        let _ = writeln!(src, "{ind}    {line}");
-    }
-    let _ = writeln!(src, "{ind}}}");
-    for (s, (c, _, _)) in slots.iter().enumerate() {
-        let _ = writeln!(src, "{ind}r{s} = {}(r{s}, kf_smem);", block_fn(*c));
-    }
-    let _ = writeln!(src, "{ind}if (threadIdx.x == 0) {{");
-    for l in epilogue {
-        let _ = writeln!(src, "{ind}    {l}");
-    }
-    let _ = writeln!(src, "{ind}    *counter = 0u; // self-resetting ticket: the next launch needs no memset");
-    let Some(after) = after_barrier else {
-        let _ = writeln!(src, "{ind}}}");
-        return;
-    };
-    let _ = writeln!(src, "{ind}    __threadfence(); // the epilogue's values before the release");
-    let _ = writeln!(src, "{ind}    atomicAdd(counter + 1, 1u); // grid barrier: release the other blocks");
-    let _ = writeln!(src, "{ind}}}");
-    src.push_str("    } else if (threadIdx.x == 0) {\n");
-    src.push_str("        // Grid barrier: every block is resident (cooperative launch); wait for the last block's release.\n");
-    src.push_str("        while (((volatile unsigned int*)counter)[1] == kf_gen) __nanosleep(100);\n");
-    src.push_str("        __threadfence();\n    }\n    __syncthreads();\n");
-    for l in after {
-        let _ = writeln!(src, "    {l}");
-    }
-}
-
-fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), CodegenError> {
+pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), CodegenError> {
     for a in actions {
         match a {
             Action::Update { op, x, mask, xctx, accs } => em.reduce_update(*op, *x, *mask, xctx, accs)?,
@@ -643,22 +613,8 @@ fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), Co
                 for (n, ctx) in values {
                     vals.push(em.eval(*n, ctx)?);
                 }
-                em.push_stmt("// Append (i, unscaled values) to this block's list segment: one shared atomic per warp, any order.".to_string());
-                em.push_stmt("const unsigned kf_active = __activemask();".to_string());
-                em.push_stmt("const unsigned kf_leader = __ffs(kf_active) - 1u;".to_string());
-                em.push_stmt("const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));".to_string());
-                em.push_stmt("unsigned long long kf_base = 0ull;".to_string());
-                em.push_stmt("if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(&kf_list_n, (unsigned long long)__popc(kf_active));".to_string());
-                em.push_stmt("const unsigned long long kf_slot = (unsigned long long)kf_list_base + __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;".to_string());
-                em.push_stmt("list_index[kf_slot] = (unsigned long long)i;".to_string());
-                match cuda::vector_type(DType::F32, vals.len() as u64) {
-                    Some(vty) => em.push_stmt(format!("reinterpret_cast<{vty}*>(list_values)[kf_slot] = {};", cuda::vector_pack(DType::F32, &vals))),
-                    None => {
-                        let c = vals.len();
-                        for (k, v) in vals.iter().enumerate() {
-                            em.push_stmt(format!("list_values[kf_slot * {c} + {k}] = {v};"));
-                        }
-                    }
+                for l in crate::onepass::append_lines(&vals) {
+                    em.push_stmt(l);
                 }
             }
             Action::Store { output, values } => {
@@ -693,7 +649,7 @@ fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), Co
 
 /// For a store of nothing but zero literals (all bits zero in storage) whose bytes per domain
 /// element divide 16: those bytes.
-fn zero_fill_bytes(em: &Emitter, g: &Graph, a: &Action) -> Option<u64> {
+pub(crate) fn zero_fill_bytes(em: &Emitter, g: &Graph, a: &Action) -> Option<u64> {
     let Action::Store { output, values } = a else { return None };
     let all_zero = values.iter().all(|(n, ctx)| {
         let (c, _) = em.canonical(*n, ctx.clone());
@@ -773,7 +729,7 @@ pub(crate) fn resolve_select(em: &Emitter, g: &Graph, mut n: NodeId, mut ctx: Ve
 /// Row mode applies when the domain has at least two axes and all sinks share one predicate of
 /// the form `iota(last axis) < b` (what `mask(lengths)` lowers to) with an `i32` bound `b` that
 /// does not depend on the last coordinate: `b` and its context, evaluated once per row.
-fn row_mode_bound(em: &Emitter, g: &Graph, dims: &[Dim], dom: &[Coord], groups: &[Group]) -> Option<(NodeId, Vec<Coord>)> {
+pub(crate) fn row_mode_bound(em: &Emitter, g: &Graph, dims: &[Dim], dom: &[Coord], groups: &[Group]) -> Option<(NodeId, Vec<Coord>)> {
     let [grp] = groups else { return None };
     let (m, mctx) = grp.guard.as_ref()?;
     if dims.len() < 2 || mctx.as_slice() != dom {
@@ -816,3 +772,4 @@ pub(crate) fn size_expr(dims: &[Dim]) -> Result<crate::SizeExpr, CodegenError> {
     }
     Ok(e)
 }
+

@@ -55,6 +55,8 @@ mod error;
 mod kernel;
 mod onepass;
 mod plan;
+mod rows;
+mod tail;
 
 use kfuse_ir::{verify, Graph, Kind};
 
@@ -109,8 +111,8 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             continue;
         }
         let slots = info.slots;
-        // A one-pass kernel 0 is cooperative: its counter also holds the grid barrier's generation.
-        let counters = if k == 0 && pass.is_some() { 2 } else { 1 };
+        // A compacted one-pass kernel 0 is cooperative: its counter is the grid barrier's pair.
+        let counters = if k == 0 && pass.as_ref().is_some_and(|p| !p.rows) { 2 } else { 1 };
         let p = buffers.len();
         buffers.push(BufferDecl {
             kind: BufferKind::Partials { kernel: k, slots_per_block: slots },
@@ -121,6 +123,8 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         reduction.push(Some((p, p + 1)));
     }
     let onepass = match pass {
+        // The rows plan lists nothing.
+        Some(pass) if pass.rows => Some(onepass::OnePassBuffers { pass, list: None }),
         Some(pass) => {
             let dims = &an.kernels[0].dims;
             let elems = kernel::size_expr(dims)?;
@@ -132,7 +136,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             if reduction[0].is_none() {
                 return Err(CodegenError::Internal { node: pass.scale.0, what: "one-pass kernel 0 without partials" });
             }
-            Some(onepass::OnePassBuffers { pass, index: first, values: first + 1 })
+            Some(onepass::OnePassBuffers { pass, list: Some((first, first + 1)) })
         }
         None => None,
     };

@@ -22,7 +22,7 @@ pub struct CodegenOptions {
 
 impl Default for CodegenOptions {
     fn default() -> Self {
-        CodegenOptions { block_size: 256, elems_per_thread: 4, batched_threads_per_sm: 1024, lengths_gradient: LengthsGradient::TwoKernels }
+        CodegenOptions { block_size: 256, elems_per_thread: 4, batched_threads_per_sm: 1024, lengths_gradient: LengthsGradient::OnePass }
     }
 }
 
@@ -32,10 +32,11 @@ impl Default for CodegenOptions {
 pub enum LengthsGradient {
     /// A row-group kernel for the reductions, then a warp-per-row kernel that zero-fills each
     /// row's padding and computes the valid columns' gradient with the scale.
-    #[default]
     TwoKernels,
-    /// One cooperative row-group kernel: the valid columns' loss terms and unscaled gradient
-    /// (listed), each row's zero fill, the grid barrier, the rescale (see `onepass`).
+    /// One plain launch, the rows plan (see `rows`): each block zero-fills its tile's rows,
+    /// takes the count from the lengths itself and overwrites the valid columns with their
+    /// gradient (H100, bf16 GIoU step at B=16384: 18.6 µs against 20.6 µs for two kernels).
+    #[default]
     OnePass,
 }
 

@@ -197,52 +197,60 @@ fn scaled_delta(factors: u32, lengths: bool) -> kfuse_ir::Graph {
 
 #[test]
 fn lengths_scaled_gradient_is_one_row_mode_pass() {
-    // Lengths layout, by default: two kernels (row groups for the count, a warp per row for the
-    // gradient).
-    let p = plan(&scaled_delta(1, true), &opts()).expect("plan");
+    // Lengths layout, asked for two kernels: row groups for the count, a warp per row for the
+    // gradient.
+    let two = CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..opts() };
+    let p = plan(&scaled_delta(1, true), &two).expect("plan");
     assert_eq!(p.kernels.len(), 2);
     assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain));
-    // Asked for one pass: one cooperative row-group kernel lists the valid columns' unscaled
-    // values in its block's segment (counted in rows of its lane groups), zero-fills each row's
-    // padding, then rescales past the grid barrier.
+    // By default (one pass): the rows plan, one plain launch. Each tile's loads (bounds, the first
+    // columns speculatively) come before its zero fill, the count from the bounds after it, and
+    // the valid columns' stores after the barrier that orders them after the fill.
     let one_pass = CodegenOptions { lengths_gradient: LengthsGradient::OnePass, ..opts() };
     let p = plan(&scaled_delta(1, true), &one_pass).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let k = &p.kernels[0];
-    assert_eq!(k.launch, Launch::Cooperative);
+    assert_eq!(k.launch, Launch::Plain);
+    assert_eq!(k.block, 512);
     let src = &k.source;
-    assert!(src.contains("const int v0 = in2[row];"), "row mode:\n{src}");
-    assert!(src.contains("kf_list_t = ((long long)blockIdx.x * blockDim.x) >> kf_gs; // rows in flight"), "segments over rows:\n{src}");
-    assert!(src.contains("* sz1; // elements of the rows of the lanes before this block"));
-    assert!(src.contains("for (long long col = lane; col < kf_hi; col += kf_g)"), "row groups:\n{src}");
-    assert!(src.contains("e < kf_zb; e += kf_g) kf_st_cs("), "the group's lanes fill:\n{src}");
-    let append = src.find("atomicAdd(&kf_list_n").expect("list");
-    let fill = src.find("kf_zb = rowbase + sz1").expect("zero fill");
-    let release = src.find("atomicAdd(counter + 1, 1u)").expect("barrier");
-    let rescale = src.find("kf_s * kf_h.x").expect("rescale");
-    assert!(append < fill && fill < release && release < rescale, "{src}");
-    let GridSpec::Work { per_block, .. } = &k.grid;
-    assert_eq!(*per_block, 64, "4 lanes per row at the most rows");
+    assert!(!src.contains("list_index") && !src.contains("tmp0"), "no list, no temp:\n{src}");
+    let count_loads = src.find("kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j]").expect("int4 count loads");
+    let spec = src.find("kf_pf0[kf_u] = ").expect("speculative loads");
+    let fill = src.find("kf_st_cs(reinterpret_cast<uint4*>(out").expect("zero fill");
+    let count = src.find("const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);").expect("count");
+    let scale = src.find("kf_c0 = ").expect("the scale from the count");
+    let barrier = src.find("__syncthreads(); // the bounds and scalars are shared").expect("barrier");
+    let store = src.find("if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S])").expect("valid columns");
+    let long_rows = src.find("for (long long col = KF_S + lane; col < kf_hi; col += 32)").expect("longer rows");
+    assert!(count_loads < spec && spec < fill && fill < count && count < scale && scale < barrier && barrier < store && store < long_rows, "{src}");
+    assert!(src.contains("kf_last_block = atomicAdd(counter, 1u)"), "the loss by the ticket's last block");
+    let GridSpec::Work { per_block, max_blocks_per_sm, .. } = &k.grid;
+    assert_eq!((*per_block, *max_blocks_per_sm), (8, 2));
+    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })), "no list buffers");
 }
 
 #[test]
 fn scaled_masked_gradient_is_listed_in_one_pass() {
-    // Linear in the crossing scale: one cooperative kernel lists the unscaled values, then after
-    // its grid barrier each block rescales the entries it listed.
+    // Linear in the crossing scale: one cooperative kernel queues the valid elements, computes
+    // them with full sets of lanes and lists their unscaled values; past its grid barrier every
+    // block folds the partials itself and rescales the entries it listed.
     let p = plan(&scaled_masked_delta(1), &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     assert_eq!(p.kernels[0].launch, Launch::Cooperative);
     let k0 = &p.kernels[0].source;
-    assert!(k0.contains("atomicAdd(&kf_list_n"), "the kernel lists the valid entries in its block's segment:\n{k0}");
+    assert!(k0.contains("kf_q[atomicAdd(&kf_qn, 1)] = i;"), "the valid elements are queued:\n{k0}");
+    assert!(k0.contains("if (kf_slot < KF_LCAP) {"), "the drain lists them in shared memory first:\n{k0}");
     assert!(!k0.contains("atomicAdd(list"), "no global list counter:\n{k0}");
     assert!(k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "the zeros are written in the loop");
-    let barrier = k0.find("atomicAdd(counter + 1, 1u)").expect("the last block releases the barrier");
-    let wait = k0.find("((volatile unsigned int*)counter)[1] == kf_gen").expect("the others wait for it");
-    let rescale = k0.find("kf_s * kf_h.x").expect("rescale");
-    assert!(barrier < rescale && wait < rescale, "the rescale runs past the barrier:\n{k0}");
-    assert!(k0.contains("kf_j < (long long)kf_list_n"), "each block walks its own segment:\n{k0}");
+    let arrive = k0.find("atomicAdd(counter, 1u); // grid barrier: arrive").expect("arrival");
+    let wait = k0.find("while (((volatile unsigned int*)counter)[0] < gridDim.x)").expect("every block waits for all");
+    let fold = k0.find("r0 += ((volatile double*)partials)").expect("every block folds");
+    let rescale = k0.find("kf_s * kf_h[0]").expect("rescale");
+    let leave = k0.find("atomicAdd(counter + 1, 1u) == gridDim.x - 1u").expect("the last to leave resets");
+    assert!(arrive < wait && wait < fold && fold < rescale && rescale < leave, "the rescale runs past the barrier:\n{k0}");
+    assert!(k0.contains("for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x)"), "each block walks its own list:\n{k0}");
     assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elem == ElemType::F64));
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(2)), "ticket and barrier generation");
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(2)), "barrier arrivals and departures");
     assert_eq!(p.buffers.iter().filter(|b| b.kind == BufferKind::Scratch { kernel: 0 }).count(), 2);
     // Quadratic in the scale: the two-kernel plan, whose second kernel re-reads the predicate.
     let p = plan(&scaled_masked_delta(2), &opts()).expect("plan");

@@ -52,7 +52,7 @@ struct Tuning {
     #[arg(long, default_value_t = 1024)]
     threads_per_sm: u32,
     /// How a scaled gradient under `mask(lengths)` is planned.
-    #[arg(long, value_enum, default_value = "two-kernels")]
+    #[arg(long, value_enum, default_value = "one-pass")]
     lengths_gradient: LengthsGradientArg,
 }
 
@@ -60,7 +60,8 @@ struct Tuning {
 enum LengthsGradientArg {
     /// A reduction kernel, then a warp-per-row gradient kernel.
     TwoKernels,
-    /// One cooperative kernel with a grid barrier.
+    /// One launch: each block zero-fills its rows, counts the lengths itself and writes the
+    /// valid columns' gradient.
     OnePass,
 }
 

@@ -40,11 +40,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     const float* __restrict__ in1, // target f32[B, N, 4]
     float* __restrict__ out0, // output loss f32[]
     float* __restrict__ out1, // output dpred f32[B, N, 4]
-    float* __restrict__ tmp0, // n51 f32 scalar, written here read past the grid barrier
-    unsigned long long* __restrict__ list_index, // flat indices of the listed entries
-    float* __restrict__ list_values, // 4 unscaled f32 values per listed entry
+    unsigned long long* __restrict__ list_index, // flat indices of the entries past shared memory
+    float* __restrict__ list_values, // their 4 unscaled f32 values
     double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
-    unsigned int* __restrict__ counter, // [0]: ticket, 0 at launch, left at 0; [1]: grid barrier generation
+    unsigned int* __restrict__ counter, // grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0
     long long sz0, // size B
     long long sz1 // size N
 )
@@ -52,14 +51,158 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n45 where n5 (n46)
     double acc1 = 0.0; // count n5 (n47)
-    // One-pass list: this block appends to its own segment, numbered by a shared-memory counter.
-    __shared__ unsigned long long kf_list_n; // entries this block listed
-    unsigned int kf_gen = 0u; // thread 0: the grid barrier's generation at launch
-    if (threadIdx.x == 0) { kf_list_n = 0ull; kf_gen = ((volatile unsigned int*)counter)[1]; }
+    // One pass, compacted: an element whose predicate holds is queued (kf_q) and computed later by a full
+    // set of lanes (kf_drain), so that the few valid elements do not idle the other lanes of their warps; its
+    // unscaled values are listed in shared memory (kf_li, kf_lv), past KF_LCAP entries in the block's global segment.
+    constexpr int KF_LCAP = 256;
+    __shared__ long long kf_q[1280]; // queued flat indices: at most a batch's worth and a drain's rest
+    __shared__ int kf_qn, kf_ln; // queued, listed
+    __shared__ long long kf_li[KF_LCAP];
+    __shared__ float kf_lv[KF_LCAP * 4];
+    if (threadIdx.x == 0) { kf_qn = 0; kf_ln = 0; }
     __syncthreads();
     const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;
     const long long kf_list_r = n % kf_list_s;
     const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block
+    // Threads [0, kf_count) compute the last kf_count queued elements; every thread of the block calls it.
+    auto kf_drain = [&](int kf_count) {
+        const int kf_q0 = kf_qn - kf_count;
+        if ((int)threadIdx.x < kf_count) {
+            const long long i = kf_q[kf_q0 + (int)threadIdx.x];
+            const float4 v2 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+            const float4 v3 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
+            const float v4 = kf_minf(v2.z, v3.z); // n14
+            const float v5 = kf_maxf(v2.x, v3.x); // n8
+            const float v6 = v4 - v5; // n17
+            const float v7 = kf_maxf(v6, 0.0f); // n18
+            const float v8 = kf_minf(v2.w, v3.w); // n16
+            const float v9 = kf_maxf(v2.y, v3.y); // n11
+            const float v10 = v8 - v9; // n19
+            const float v11 = kf_maxf(v10, 0.0f); // n20
+            const float v12 = v7 * v11; // n21
+            const float v13 = v2.z - v2.x; // n22
+            const float v14 = v2.w - v2.y; // n23
+            const float v15 = v13 * v14; // n24
+            const float v16 = v3.z - v3.x; // n25
+            const float v17 = v3.w - v3.y; // n26
+            const float v18 = v16 * v17; // n27
+            const float v19 = v15 + v18; // n28
+            const float v20 = v19 - v12; // n29
+            const float v21 = v20 + 1e-7f; // n30
+            const float v22 = v12 / v21; // n31
+            const float v23 = kf_maxf(v2.z, v3.z); // n32
+            const float v24 = kf_minf(v2.x, v3.x); // n33
+            const float v25 = v23 - v24; // n34
+            const float v26 = kf_maxf(v2.w, v3.w); // n35
+            const float v27 = kf_minf(v2.y, v3.y); // n36
+            const float v28 = v26 - v27; // n37
+            const float v29 = v25 * v28; // n38
+            const float v30 = v29 - v20; // n39
+            const float v31 = v29 + 1e-7f; // n40
+            const float v32 = v30 / v31; // n41
+            const float v33 = v22 - v32; // n42
+            const float v34 = 1.0f - v33; // n45
+            acc0 += (double)v34;
+            acc1 += 1.0;
+            const bool v35 = v2.x < v3.x; // n77
+            const float v36 = 1.0f * v32; // n54
+            const float v37 = v36 / v31; // n55
+            const float v38 = -v37; // n56
+            const float v39 = 1.0f / v31; // n53
+            const float v40 = v38 + v39; // n57
+            const float v41 = v40 * v28; // n59
+            const float v42 = -v41; // n73
+            const bool v43 = v2.x == v3.x; // n74
+            const float v44 = v42 * 0.5f; // n75
+            const float v45 = (v43 ? v44 : 0.0f); // n76
+            const float v46 = (v35 ? v42 : v45); // n78
+            const float v47 = -v39; // n58
+            const float v48 = (-1.0f) * v22; // n85
+            const float v49 = v48 / v21; // n86
+            const float v50 = -v49; // n87
+            const float v51 = v47 + v50; // n88
+            const float v52 = v51 * v14; // n91
+            const float v53 = -v52; // n97
+            const float v54 = v46 + v53; // n98
+            const bool v55 = v2.x > v3.x; // n133
+            const bool v56 = v6 > 0.0f; // n110
+            const float v57 = (-1.0f) / v21; // n84
+            const float v58 = -v51; // n89
+            const float v59 = v57 + v58; // n90
+            const float v60 = v59 * v11; // n99
+            const bool v61 = v6 == 0.0f; // n107
+            const float v62 = v60 * 0.5f; // n108
+            const float v63 = (v61 ? v62 : 0.0f); // n109
+            const float v64 = (v56 ? v60 : v63); // n111
+            const float v65 = -v64; // n112
+            const float v66 = v65 * 0.5f; // n131
+            const float v67 = (v43 ? v66 : 0.0f); // n132
+            const float v68 = (v55 ? v65 : v67); // n134
+            const float v69 = v54 + v68; // n135
+            const bool v70 = v2.y < v3.y; // n66
+            const float v71 = v40 * v25; // n60
+            const float v72 = -v71; // n61
+            const bool v73 = v2.y == v3.y; // n63
+            const float v74 = v72 * 0.5f; // n64
+            const float v75 = (v73 ? v74 : 0.0f); // n65
+            const float v76 = (v70 ? v72 : v75); // n67
+            const float v77 = v51 * v13; // n92
+            const float v78 = -v77; // n94
+            const float v79 = v76 + v78; // n95
+            const bool v80 = v2.y > v3.y; // n127
+            const bool v81 = v10 > 0.0f; // n104
+            const float v82 = v59 * v7; // n100
+            const bool v83 = v10 == 0.0f; // n101
+            const float v84 = v82 * 0.5f; // n102
+            const float v85 = (v83 ? v84 : 0.0f); // n103
+            const float v86 = (v81 ? v82 : v85); // n105
+            const float v87 = -v86; // n106
+            const float v88 = v87 * 0.5f; // n125
+            const float v89 = (v73 ? v88 : 0.0f); // n126
+            const float v90 = (v80 ? v87 : v89); // n128
+            const float v91 = v79 + v90; // n129
+            const bool v92 = v2.z > v3.z; // n82
+            const bool v93 = v2.z == v3.z; // n79
+            const float v94 = v41 * 0.5f; // n80
+            const float v95 = (v93 ? v94 : 0.0f); // n81
+            const float v96 = (v92 ? v41 : v95); // n83
+            const float v97 = v96 + v52; // n96
+            const bool v98 = v2.z < v3.z; // n121
+            const float v99 = v64 * 0.5f; // n119
+            const float v100 = (v93 ? v99 : 0.0f); // n120
+            const float v101 = (v98 ? v64 : v100); // n122
+            const float v102 = v97 + v101; // n123
+            const bool v103 = v2.w > v3.w; // n71
+            const bool v104 = v2.w == v3.w; // n68
+            const float v105 = v71 * 0.5f; // n69
+            const float v106 = (v104 ? v105 : 0.0f); // n70
+            const float v107 = (v103 ? v71 : v106); // n72
+            const float v108 = v107 + v77; // n93
+            const bool v109 = v2.w < v3.w; // n115
+            const float v110 = v86 * 0.5f; // n113
+            const float v111 = (v104 ? v110 : 0.0f); // n114
+            const float v112 = (v109 ? v86 : v111); // n116
+            const float v113 = v108 + v112; // n117
+            const int kf_slot = kf_ln + (int)threadIdx.x; // this entry's number in the block's list
+            if (kf_slot < KF_LCAP) {
+                kf_li[kf_slot] = i;
+                kf_lv[kf_slot * 4 + 0] = v69;
+                kf_lv[kf_slot * 4 + 1] = v91;
+                kf_lv[kf_slot * 4 + 2] = v102;
+                kf_lv[kf_slot * 4 + 3] = v113;
+            } else {
+                const long long kf_j = kf_list_base + (kf_slot - KF_LCAP);
+                list_index[kf_j] = (unsigned long long)i;
+                list_values[kf_j * 4 + 0] = v69;
+                list_values[kf_j * 4 + 1] = v91;
+                list_values[kf_j * 4 + 2] = v102;
+                list_values[kf_j * 4 + 3] = v113;
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) { kf_qn = kf_q0; kf_ln += kf_count; }
+        __syncthreads();
+    };
     const long long kf_stride = (long long)gridDim.x * blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
     // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
@@ -67,24 +210,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
     unsigned kf_rot = 0u; // in [0, 256)
     for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += 4ll * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
         float4 kf_pf0[4]; // target 4 x f32 at once
-        float4 kf_pf1[4]; // pred 4 x f32 at once
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
             const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
-            }
-        }
-        // Loads needed only where the predicate holds: issued for all the elements before the first use.
-        #pragma unroll
-        for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
-            if (i < n) {
-                const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
-                const bool v1 = v0.w != 0.0f; // n5
-                if (v1) {
-                    kf_pf1[kf_u] = reinterpret_cast<const float4*>(in0)[i];
-                }
             }
         }
         #pragma unroll
@@ -94,183 +224,74 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_9df3e9c70aa07e3c_0(
             const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
             const bool v1 = v0.w != 0.0f; // n5
             if (v1) {
-                const float4 v2 = kf_pf1[kf_u]; // pred 4 x f32 at once
-                const float v3 = kf_minf(v2.z, v0.z); // n14
-                const float v4 = kf_maxf(v2.x, v0.x); // n8
-                const float v5 = v3 - v4; // n17
-                const float v6 = kf_maxf(v5, 0.0f); // n18
-                const float v7 = kf_minf(v2.w, v0.w); // n16
-                const float v8 = kf_maxf(v2.y, v0.y); // n11
-                const float v9 = v7 - v8; // n19
-                const float v10 = kf_maxf(v9, 0.0f); // n20
-                const float v11 = v6 * v10; // n21
-                const float v12 = v2.z - v2.x; // n22
-                const float v13 = v2.w - v2.y; // n23
-                const float v14 = v12 * v13; // n24
-                const float v15 = v0.z - v0.x; // n25
-                const float v16 = v0.w - v0.y; // n26
-                const float v17 = v15 * v16; // n27
-                const float v18 = v14 + v17; // n28
-                const float v19 = v18 - v11; // n29
-                const float v20 = v19 + 1e-7f; // n30
-                const float v21 = v11 / v20; // n31
-                const float v22 = kf_maxf(v2.z, v0.z); // n32
-                const float v23 = kf_minf(v2.x, v0.x); // n33
-                const float v24 = v22 - v23; // n34
-                const float v25 = kf_maxf(v2.w, v0.w); // n35
-                const float v26 = kf_minf(v2.y, v0.y); // n36
-                const float v27 = v25 - v26; // n37
-                const float v28 = v24 * v27; // n38
-                const float v29 = v28 - v19; // n39
-                const float v30 = v28 + 1e-7f; // n40
-                const float v31 = v29 / v30; // n41
-                const float v32 = v21 - v31; // n42
-                const float v33 = 1.0f - v32; // n45
-                acc0 += (double)v33;
-                acc1 += 1.0;
-                const bool v34 = v2.x < v0.x; // n77
-                const float v35 = 1.0f * v31; // n54
-                const float v36 = v35 / v30; // n55
-                const float v37 = -v36; // n56
-                const float v38 = 1.0f / v30; // n53
-                const float v39 = v37 + v38; // n57
-                const float v40 = v39 * v27; // n59
-                const float v41 = -v40; // n73
-                const bool v42 = v2.x == v0.x; // n74
-                const float v43 = v41 * 0.5f; // n75
-                const float v44 = (v42 ? v43 : 0.0f); // n76
-                const float v45 = (v34 ? v41 : v44); // n78
-                const float v46 = -v38; // n58
-                const float v47 = (-1.0f) * v21; // n85
-                const float v48 = v47 / v20; // n86
-                const float v49 = -v48; // n87
-                const float v50 = v46 + v49; // n88
-                const float v51 = v50 * v13; // n91
-                const float v52 = -v51; // n97
-                const float v53 = v45 + v52; // n98
-                const bool v54 = v2.x > v0.x; // n133
-                const bool v55 = v5 > 0.0f; // n110
-                const float v56 = (-1.0f) / v20; // n84
-                const float v57 = -v50; // n89
-                const float v58 = v56 + v57; // n90
-                const float v59 = v58 * v10; // n99
-                const bool v60 = v5 == 0.0f; // n107
-                const float v61 = v59 * 0.5f; // n108
-                const float v62 = (v60 ? v61 : 0.0f); // n109
-                const float v63 = (v55 ? v59 : v62); // n111
-                const float v64 = -v63; // n112
-                const float v65 = v64 * 0.5f; // n131
-                const float v66 = (v42 ? v65 : 0.0f); // n132
-                const float v67 = (v54 ? v64 : v66); // n134
-                const float v68 = v53 + v67; // n135
-                const bool v69 = v2.y < v0.y; // n66
-                const float v70 = v39 * v24; // n60
-                const float v71 = -v70; // n61
-                const bool v72 = v2.y == v0.y; // n63
-                const float v73 = v71 * 0.5f; // n64
-                const float v74 = (v72 ? v73 : 0.0f); // n65
-                const float v75 = (v69 ? v71 : v74); // n67
-                const float v76 = v50 * v12; // n92
-                const float v77 = -v76; // n94
-                const float v78 = v75 + v77; // n95
-                const bool v79 = v2.y > v0.y; // n127
-                const bool v80 = v9 > 0.0f; // n104
-                const float v81 = v58 * v6; // n100
-                const bool v82 = v9 == 0.0f; // n101
-                const float v83 = v81 * 0.5f; // n102
-                const float v84 = (v82 ? v83 : 0.0f); // n103
-                const float v85 = (v80 ? v81 : v84); // n105
-                const float v86 = -v85; // n106
-                const float v87 = v86 * 0.5f; // n125
-                const float v88 = (v72 ? v87 : 0.0f); // n126
-                const float v89 = (v79 ? v86 : v88); // n128
-                const float v90 = v78 + v89; // n129
-                const bool v91 = v2.z > v0.z; // n82
-                const bool v92 = v2.z == v0.z; // n79
-                const float v93 = v40 * 0.5f; // n80
-                const float v94 = (v92 ? v93 : 0.0f); // n81
-                const float v95 = (v91 ? v40 : v94); // n83
-                const float v96 = v95 + v51; // n96
-                const bool v97 = v2.z < v0.z; // n121
-                const float v98 = v63 * 0.5f; // n119
-                const float v99 = (v92 ? v98 : 0.0f); // n120
-                const float v100 = (v97 ? v63 : v99); // n122
-                const float v101 = v96 + v100; // n123
-                const bool v102 = v2.w > v0.w; // n71
-                const bool v103 = v2.w == v0.w; // n68
-                const float v104 = v70 * 0.5f; // n69
-                const float v105 = (v103 ? v104 : 0.0f); // n70
-                const float v106 = (v102 ? v70 : v105); // n72
-                const float v107 = v106 + v76; // n93
-                const bool v108 = v2.w < v0.w; // n115
-                const float v109 = v85 * 0.5f; // n113
-                const float v110 = (v103 ? v109 : 0.0f); // n114
-                const float v111 = (v108 ? v85 : v110); // n116
-                const float v112 = v107 + v111; // n117
-                // Append (i, unscaled values) to this block's list segment: one shared atomic per warp, any order.
-                const unsigned kf_active = __activemask();
-                const unsigned kf_leader = __ffs(kf_active) - 1u;
-                const unsigned kf_rank = __popc(kf_active & ((1u << (threadIdx.x & 31u)) - 1u));
-                unsigned long long kf_base = 0ull;
-                if ((threadIdx.x & 31u) == kf_leader) kf_base = atomicAdd(&kf_list_n, (unsigned long long)__popc(kf_active));
-                const unsigned long long kf_slot = (unsigned long long)kf_list_base + __shfl_sync(kf_active, kf_base, kf_leader) + kf_rank;
-                list_index[kf_slot] = (unsigned long long)i;
-                reinterpret_cast<float4*>(list_values)[kf_slot] = make_float4(v68, v90, v101, v112);
+                kf_q[atomicAdd(&kf_qn, 1)] = i; // computed by kf_drain
             } else {
                 reinterpret_cast<float4*>(out1)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // dpred
             }
         }
+        __syncthreads(); // the batch's queue appends are visible
+        while (kf_qn >= (int)blockDim.x) kf_drain((int)blockDim.x);
+        __syncthreads(); // every thread has read kf_qn before the next batch appends
     }
+    __syncthreads();
+    if (kf_qn > 0) kf_drain(kf_qn); // the rest of the queue (block-uniform)
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
     __shared__ double kf_smem[32];
-    __shared__ bool kf_last_block;
+    __shared__ float kf_scale; // the gradient's scale, past the barrier
     acc0 = kf_block_sum(acc0, kf_smem);
     acc1 = kf_block_sum(acc1, kf_smem);
     if (threadIdx.x == 0) {
         partials[0u * gridDim.x + blockIdx.x] = acc0;
         partials[1u * gridDim.x + blockIdx.x] = acc1;
-        __threadfence(); // publish the partials before taking a ticket
-        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
+        __threadfence(); // publish the partials before arriving
+        atomicAdd(counter, 1u); // grid barrier: arrive, then wait for every block (all resident: cooperative launch)
+        while (((volatile unsigned int*)counter)[0] < gridDim.x) { }
+        __threadfence();
     }
     __syncthreads();
-    if (kf_last_block) {
-        __threadfence();
-        // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one
-        // block reduction; no float atomics, so the result is bit-identical for a given grid size.
-        double r0 = 0.0;
-        double r1 = 0.0;
-        for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
-            r0 += ((volatile double*)partials)[0u * gridDim.x + b];
-            r1 += ((volatile double*)partials)[1u * gridDim.x + b];
-        }
-        r0 = kf_block_sum(r0, kf_smem);
-        r1 = kf_block_sum(r1, kf_smem);
-        if (threadIdx.x == 0) {
-            const float v113 = (float)r0; // n46
-            const int v114 = (int)(long long)r1; // n47
-            const int v115 = (v114 > 1 ? v114 : 1); // n48
-            const float v116 = (float)v115; // n49
-            const float v117 = v113 / v116; // n50
-            out0[0] = v117; // output loss
-            const float v118 = 1.0f / v116; // n51
-            tmp0[0] = v118; // n51 for the blocks past the grid barrier
-            *counter = 0u; // self-resetting ticket: the next launch needs no memset
-            __threadfence(); // the epilogue's values before the release
-            atomicAdd(counter + 1, 1u); // grid barrier: release the other blocks
-        }
-    } else if (threadIdx.x == 0) {
-        // Grid barrier: every block is resident (cooperative launch); wait for the last block's release.
-        while (((volatile unsigned int*)counter)[1] == kf_gen) __nanosleep(100);
-        __threadfence();
+    // Every block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one block
+    // reduction; no float atomics, so every block holds the same bit-identical results for a given grid size.
+    double r0 = 0.0;
+    double r1 = 0.0;
+    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        r0 += ((volatile double*)partials)[0u * gridDim.x + b];
+        r1 += ((volatile double*)partials)[1u * gridDim.x + b];
+    }
+    r0 = kf_block_sum(r0, kf_smem);
+    r1 = kf_block_sum(r1, kf_smem);
+    if (threadIdx.x == 0) {
+        const float v114 = (float)r0; // n46
+        const int v115 = (int)(long long)r1; // n47
+        const int v116 = (v115 > 1 ? v115 : 1); // n48
+        const float v117 = (float)v116; // n49
+        const float v118 = v114 / v117; // n50
+        if (blockIdx.x == 0) out0[0] = v118; // output loss
+        const float v119 = 1.0f / v117; // n51
+        kf_scale = v119; // n51 for this block's rescale
     }
     __syncthreads();
     // After the barrier: the scale n51 is final; each block rescales the entries it listed.
-    const float kf_s = ((volatile float*)tmp0)[0];
-    for (long long kf_j = threadIdx.x; kf_j < (long long)kf_list_n; kf_j += blockDim.x) {
-        const long long j = kf_list_base + kf_j;
-        const unsigned long long i = list_index[j];
-        const float4 kf_h = reinterpret_cast<const float4*>(list_values)[j];
-        reinterpret_cast<float4*>(out1)[i] = make_float4(kf_s * kf_h.x, kf_s * kf_h.y, kf_s * kf_h.z, kf_s * kf_h.w); // dpred
+    const float kf_s = kf_scale;
+    for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x) {
+        long long i;
+        float kf_h[4];
+        if (kf_j < KF_LCAP) {
+            i = kf_li[kf_j];
+            kf_h[0] = kf_lv[kf_j * 4 + 0];
+            kf_h[1] = kf_lv[kf_j * 4 + 1];
+            kf_h[2] = kf_lv[kf_j * 4 + 2];
+            kf_h[3] = kf_lv[kf_j * 4 + 3];
+        } else {
+            const long long j = kf_list_base + (kf_j - KF_LCAP);
+            i = (long long)list_index[j];
+            kf_h[0] = list_values[j * 4 + 0];
+            kf_h[1] = list_values[j * 4 + 1];
+            kf_h[2] = list_values[j * 4 + 2];
+            kf_h[3] = list_values[j * 4 + 3];
+        }
+        reinterpret_cast<float4*>(out1)[i] = make_float4(kf_s * kf_h[0], kf_s * kf_h[1], kf_s * kf_h[2], kf_s * kf_h[3]); // dpred
     }
+    // The last block to leave resets the barrier: the next launch needs no memset.
+    if (threadIdx.x == 0 && atomicAdd(counter + 1, 1u) == gridDim.x - 1u) { counter[0] = 0u; counter[1] = 0u; }
 }
 

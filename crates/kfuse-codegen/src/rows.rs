@@ -1,0 +1,319 @@
+//! The rows plan: a loss over a lengths mask and its scaled gradient in ONE plain launch (see
+//! `onepass::detect`, which recognises it: the gradient's scalars follow from `count(mask)`
+//! alone, and the count of `col < bound(row)` is the sum of the clamped bounds).
+//!
+//! Each block takes tiles of up to [`TILE_ROWS`] consecutive rows. Per tile, in this order:
+//!
+//! 1. its loads: every row's bound, and speculatively the first [`SPEC_COLS`] columns of every
+//!    row (whatever the bound; they are in range), so no load waits for another;
+//! 2. the zero fill of the tile's rows, whole (16-byte streaming stores, no dependency);
+//! 3. on the first tile only, the count: every block sums the clamped bounds of all rows itself
+//!    (`int4` loads of a plain `i32` bound input, the first ones issued before the fill), then
+//!    thread 0 computes the crossing scalars (`kf_c<t>`, the gradient's scale) into shared memory;
+//! 4. a barrier (which also orders the tile's zero stores before the stores below), then the
+//!    valid speculated columns, then columns `[SPEC_COLS, bound)` of longer rows (a warp per row).
+//!
+//! The reductions (the loss) use the ticket tail of every reduction kernel; there is no grid
+//! barrier and no list, and the values equal the two-kernel plan's bit for bit (the scale is
+//! the same f32 expression of the same count). Measured on the H100 (hand-written prototype of
+//! this schedule, bf16, B=16384, N=256): 17.2 µs against 20.6 µs for two kernels; the generated
+//! kernel 18.6 µs. Strides are the compile-time block size `KF_B`: a run-time `blockDim.x`
+//! stride measured 2 µs slower.
+//!
+//! Not handled here: recognising the plan (`onepass`), the tail (`kernel`).
+
+use std::fmt::Write as _;
+
+use kfuse_ir::{DType, Graph, NodeId, Op, ReduceOp};
+
+use crate::analysis::{full_reduce, Analysis, SinkKind};
+use crate::emit::{Coord, Emitter, Mode, Prefetch, Uses};
+use crate::kernel::{row_mode_bound, run_actions, zero_fill_bytes, Action, Group};
+use crate::CodegenError;
+
+/// Threads per block of a rows-plan kernel (two blocks per SM measured best).
+pub(crate) const ROWS_BLOCK: u32 = 512;
+/// The most rows per tile.
+pub(crate) const TILE_ROWS: u32 = 64;
+/// Columns of each row loaded before the fill, whatever the row's bound (one per thread).
+const SPEC_COLS: u32 = ROWS_BLOCK / TILE_ROWS;
+/// `int4` loads of the bounds per thread issued before the first fill.
+const COUNT_VECTORS: u32 = 8;
+
+/// What the rows loop is built from (emitted by `kernel`).
+pub(crate) struct RowsParts<'a> {
+    pub g: &'a Graph,
+    /// The row's bound and its context (a function of the row), and a fresh element emitter in
+    /// row mode for it.
+    pub bound: (NodeId, Vec<Coord>),
+    pub bound_em: Emitter<'a>,
+    /// A fresh element emitter in row mode, for the then-branch with speculative loads.
+    pub spec: Emitter<'a>,
+    /// The same for the then-branch with direct loads (longer rows).
+    pub direct: Emitter<'a>,
+    /// Zero fills: (output, bytes per domain element) of outputs all-zero where the mask fails.
+    pub fills: Vec<(usize, u64)>,
+    /// Else-branch stores that are not plain zero fills (emitted per element, flat index).
+    pub other: Vec<String>,
+    /// The crossing scalars (node, temp number) and their values' emitter (epilogue mode).
+    pub crossing: Vec<(NodeId, usize)>,
+    pub epilogue: Emitter<'a>,
+    pub rows: String,
+    pub cols: String,
+}
+
+/// The kernel body before the tail, what it uses, and the next free value number. `run_then`
+/// emits the then-branch's actions (the reductions' updates and the output's store).
+pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> Result<(), CodegenError>) -> Result<(String, Uses, u32), CodegenError> {
+    let RowsParts { g, bound, mut bound_em, mut spec, mut direct, fills, other, crossing, mut epilogue, rows, cols } = p;
+    let mut uses = Uses::default();
+    let merge = |u: Uses, into: &mut Uses| {
+        into.inputs.extend(u.inputs);
+        into.temps_read.extend(u.temps_read);
+        into.syms.extend(u.syms);
+        into.helpers.extend(u.helpers);
+    };
+    let (b, bctx) = bound;
+    // A plain `i32` input indexed by the row (through `[.., None]`): the count reads it as int4.
+    let (mut pn, mut pctx) = (b, bctx.clone());
+    while let (Op::ExpandLast(x), Some(Coord::Const(0))) = (g.node(pn).op, pctx.last()) {
+        pn = x;
+        pctx.pop();
+    }
+    let plain = match g.node(pn).op {
+        Op::Input(id) if g.node(pn).dtype == DType::I32 && pctx.iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32)) => Some(id.0),
+        _ => None,
+    };
+    // The bound of `row`, as lines and a value.
+    bound_em.row_mode = true;
+    let bv = bound_em.eval(b, &bctx)?;
+    let next = bound_em.next_var();
+    let (bound_lines, bu) = bound_em.into_lines();
+    merge(bu, &mut uses);
+    // Speculative body (loads hoisted into kf_pf) and direct body.
+    spec.row_mode = true;
+    spec.prefetch = Some(Vec::new());
+    spec.set_next_var(next);
+    run_then(&mut spec)?;
+    let prefetch: Vec<Prefetch> = spec.prefetch.take().unwrap_or_default();
+    let next = spec.next_var();
+    let (spec_body, su) = spec.into_lines();
+    merge(su, &mut uses);
+    direct.row_mode = true;
+    direct.set_next_var(next);
+    run_then(&mut direct)?;
+    let next = direct.next_var();
+    let (direct_body, du) = direct.into_lines();
+    merge(du, &mut uses);
+    // Crossing scalars from the count.
+    epilogue.set_next_var(next);
+    let mut crossing_lines = Vec::new();
+    let mut decls = Vec::new();
+    for &(n, t) in &crossing {
+        let v = epilogue.eval(n, &[])?;
+        let ty = crate::cuda::value_type(crate::emit::temp_dtype(g.node(n).dtype));
+        decls.push(format!("__shared__ {ty} kf_c{t}; // n{} from the count", n.0));
+        epilogue.push_stmt(format!("kf_c{t} = {v};"));
+    }
+    let next = epilogue.next_var();
+    let (ep_lines, eu) = epilogue.into_lines();
+    crossing_lines.extend(ep_lines);
+    merge(eu, &mut uses);
+    uses.helpers.insert(crate::cuda::Helper::BlockSum);
+    if !fills.is_empty() {
+        uses.helpers.insert(crate::cuda::Helper::StoreStreaming);
+    }
+
+    let mut s = String::new();
+    let w = |s: &mut String, ind: usize, l: &str| {
+        let _ = writeln!(s, "{}{l}", "    ".repeat(ind));
+    };
+    let _ = writeln!(s, "    const long long rows = {rows}, cols = {cols};");
+    let _ = writeln!(s, "    constexpr int KF_B = {ROWS_BLOCK}, KF_T = {TILE_ROWS}, KF_S = {SPEC_COLS}; // threads (the launch's block), most rows per tile, columns loaded before the bounds are known");
+    s.push_str("    // Rows per tile: the grid's share, so that every block has a tile.\n");
+    s.push_str("    const long long kf_rt = rows == 0 ? 1 : ((rows + gridDim.x - 1) / gridDim.x < KF_T ? (rows + gridDim.x - 1) / gridDim.x : KF_T);\n");
+    s.push_str("    const long long kf_tiles = (rows + kf_rt - 1) / kf_rt;\n");
+    s.push_str("    const long long lane = threadIdx.x & 31u;\n");
+    s.push_str("    __shared__ int kf_hs[KF_T]; // the tile's bounds, clamped to [0, cols]\n");
+    s.push_str("    __shared__ double kf_csm[32];\n");
+    for d in &decls {
+        w(&mut s, 1, d);
+    }
+    s.push_str("    auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };\n");
+    s.push_str("    // The count of the mask: every block sums the clamped bounds of all rows itself.\n");
+    match plain {
+        Some(id) => {
+            let _ = writeln!(s, "    const int* kf_bl = in{id};");
+            s.push_str("    const long long kf_nv = (((unsigned long long)kf_bl & 15ull) == 0ull) ? rows / 4 : 0; // int4 loads when 16-byte aligned\n");
+            let _ = writeln!(s, "    int4 kf_cv[{COUNT_VECTORS}]; // issued before the first fill");
+            s.push_str("    #pragma unroll\n");
+            let _ = writeln!(s, "    for (int k = 0; k < {COUNT_VECTORS}; ++k) {{");
+            s.push_str("        const long long j = threadIdx.x + k * (long long)KF_B;\n");
+            s.push_str("        kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j] : make_int4(0, 0, 0, 0);\n    }\n");
+        }
+        None => s.push_str("    const long long kf_nv = 0;\n"),
+    }
+    s.push_str("    bool kf_counted = false; // block-uniform\n");
+    s.push_str("    for (long long kf_tile = blockIdx.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {\n");
+    s.push_str("        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;\n");
+    s.push_str("        // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.\n");
+    s.push_str("        int kf_b = 0;\n");
+    s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) {\n");
+    s.push_str("            const long long row = kf_r0 + threadIdx.x;\n");
+    for l in &bound_lines {
+        w(&mut s, 3, l);
+    }
+    let _ = writeln!(s, "            kf_b = {bv};");
+    s.push_str("        }\n");
+    for (k, pf) in prefetch.iter().enumerate() {
+        let _ = writeln!(s, "        {} kf_pf{k}[1]; // {}", pf.ty, pf.note);
+    }
+    s.push_str("        const int kf_u = 0;\n");
+    s.push_str("        const long long kf_sr = kf_r0 + threadIdx.x / KF_S, kf_sc = threadIdx.x % KF_S; // this thread's speculated element\n");
+    if !prefetch.is_empty() {
+        s.push_str("        if (kf_sr < kf_r1 && kf_sc < cols) {\n");
+        s.push_str("            const long long i = kf_sr * cols + kf_sc;\n");
+        for (k, pf) in prefetch.iter().enumerate() {
+            let _ = writeln!(s, "            kf_pf{k}[kf_u] = {};", pf.load);
+        }
+        s.push_str("        }\n");
+    }
+    s.push_str("        // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.\n");
+    s.push_str("        const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements\n");
+    for &(o, esz) in &fills {
+        write_fill(&mut s, g, o, esz);
+    }
+    if !other.is_empty() {
+        s.push_str("        for (long long i = kf_za + threadIdx.x; i < kf_zb; i += KF_B) {\n");
+        for l in &other {
+            w(&mut s, 3, l);
+        }
+        s.push_str("        }\n");
+    }
+    s.push_str("        // 3. The count (first tile), and the scalars that follow from it.\n");
+    s.push_str("        if (!kf_counted) {\n");
+    s.push_str("            long long kf_n = 0;\n");
+    if plain.is_some() {
+        s.push_str("            #pragma unroll\n");
+        let _ = writeln!(s, "            for (int k = 0; k < {COUNT_VECTORS}; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);");
+        let _ = writeln!(s, "            for (long long j = threadIdx.x + {COUNT_VECTORS}ll * KF_B; j < kf_nv; j += KF_B) {{");
+        s.push_str("                const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];\n");
+        s.push_str("                kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);\n            }\n");
+    }
+    s.push_str("            #pragma unroll 4\n");
+    s.push_str("            for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {\n");
+    for l in &bound_lines {
+        w(&mut s, 4, l);
+    }
+    let _ = writeln!(s, "                kf_n += kf_cl({bv});");
+    s.push_str("            }\n");
+    s.push_str("            const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);\n");
+    s.push_str("            if (threadIdx.x == 0) {\n");
+    for l in &crossing_lines {
+        w(&mut s, 4, l);
+    }
+    s.push_str("            }\n            kf_counted = true;\n        }\n");
+    s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);\n");
+    s.push_str("        __syncthreads(); // the bounds and scalars are shared; the tile's zero stores precede the stores below\n");
+    s.push_str("        // 4. The speculated columns that are valid, then columns [KF_S, bound) of longer rows, a warp per row.\n");
+    s.push_str("        if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S]) {\n");
+    s.push_str("            const long long row = kf_sr, col = kf_sc, i = row * cols + col;\n");
+    for l in &spec_body {
+        w(&mut s, 3, l);
+    }
+    s.push_str("        }\n");
+    s.push_str("        for (long long kf_r = threadIdx.x >> 5; kf_r < kf_r1 - kf_r0; kf_r += KF_B / 32) {\n");
+    s.push_str("            const long long row = kf_r0 + kf_r, rowbase = row * cols, kf_hi = kf_hs[kf_r];\n");
+    s.push_str("            for (long long col = KF_S + lane; col < kf_hi; col += 32) {\n");
+    s.push_str("                const long long i = rowbase + col;\n");
+    for l in &direct_body {
+        w(&mut s, 4, l);
+    }
+    s.push_str("            }\n        }\n");
+    s.push_str("        __syncthreads(); // kf_hs is rewritten by the next tile\n    }\n");
+    Ok((s, uses, next))
+}
+
+/// The zero fill of output `o` (`esz` bytes per domain element, dividing 16) over elements
+/// `[kf_za, kf_zb)`: element stores for the partial 16-byte chunks at either end, 16-byte
+/// streaming stores between, the block's threads taking every `KF_B`-th.
+fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
+    let per = 16 / esz;
+    let (ety, zero) = match esz {
+        1 => ("unsigned char", "(unsigned char)0"),
+        2 => ("unsigned short", "(unsigned short)0"),
+        4 => ("unsigned int", "0u"),
+        8 => ("uint2", "make_uint2(0u, 0u)"),
+        _ => ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+    };
+    let _ = writeln!(s, "        {{ // {}", g.outputs[o].name);
+    let _ = writeln!(s, "            const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1);
+    let _ = writeln!(s, "            const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb, kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh;");
+    if per > 1 {
+        let _ = writeln!(s, "            for (long long e = kf_za + threadIdx.x; e < kf_zh; e += KF_B) reinterpret_cast<{ety}*>(out{o})[e] = {zero};");
+        let _ = writeln!(s, "            for (long long e = kf_zt + threadIdx.x; e < kf_zb; e += KF_B) reinterpret_cast<{ety}*>(out{o})[e] = {zero};");
+    }
+    let _ = writeln!(s, "            #pragma unroll 4");
+    let _ = writeln!(s, "            for (long long c = kf_zc + threadIdx.x; c < kf_zd; c += KF_B) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + c, make_uint4(0u, 0u, 0u, 0u));");
+    s.push_str("        }\n");
+}
+
+/// The rows plan's loop (see `rows`): its source, and the next free value number.
+pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, groups: &[Group], dom: &[Coord], first_var: u32) -> Result<(String, u32), CodegenError> {
+    let internal = |what| CodegenError::Internal { node: 0, what };
+    let info = &an.kernels[k];
+    let [grp] = groups else { return Err(internal("rows plan with several predicates")) };
+    let bound = row_mode_bound(em, g, &info.dims, dom, groups).ok_or(internal("rows plan without a row bound"))?;
+    let fresh = |mode, first| {
+        let mut e = Emitter::new(g, Some(an), mode, info.dims.clone(), first);
+        e.substitutions = em.substitutions.clone();
+        e
+    };
+    let element = Mode::Element { kernel: k };
+    // Else-branch stores: zero fills, or (any other constant) per element at the flat index.
+    let (mut fills, mut others) = (Vec::new(), Vec::new());
+    for a in &grp.otherwise {
+        match (a, zero_fill_bytes(em, g, a)) {
+            (Action::Store { output, .. }, Some(esz)) => fills.push((*output, esz)),
+            _ => others.push(a.clone()),
+        }
+    }
+    let mut flat = fresh(element, first_var);
+    run_actions(&mut flat, g, &others)?;
+    let next = flat.next_var();
+    let (other, ou) = flat.into_lines();
+    em.uses.inputs.extend(ou.inputs);
+    em.uses.syms.extend(ou.syms);
+    em.uses.helpers.extend(ou.helpers);
+    // The scalars crossing to the gradient, from `count(mask)` (the block's `kf_cntd`).
+    let mut epilogue = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), 0);
+    for sink in &info.sinks {
+        if let SinkKind::Reduce { node, .. } = sink.kind {
+            if matches!(full_reduce(g, node), Some((ReduceOp::Count, _, None))) {
+                epilogue.slot_results.insert(node, vec!["kf_cntd".to_string()]);
+            }
+        }
+    }
+    let parts = RowsParts {
+        g,
+        bound,
+        bound_em: fresh(element, next),
+        spec: fresh(element, 0),
+        direct: fresh(element, 0),
+        fills,
+        other,
+        crossing: an.temps.iter().map(|(&n, &t)| (n, t)).collect(),
+        epilogue,
+        rows: em.product(&info.dims[..info.dims.len() - 1]),
+        cols: match info.dims.last() {
+            Some(&d) => em.dim(d),
+            None => "1".to_string(),
+        },
+    };
+    let (src, uses, next) = write_rows_loop(parts, &|e| run_actions(e, g, &grp.then))?;
+    em.uses.inputs.extend(uses.inputs);
+    em.uses.syms.extend(uses.syms);
+    em.uses.helpers.extend(uses.helpers);
+    em.uses.temps_read.extend(uses.temps_read);
+    Ok((src, next))
+}
