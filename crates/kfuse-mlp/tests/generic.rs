@@ -2,7 +2,9 @@
 //! code is the same for models of any widths and depth with the same dtypes and activations (only
 //! the layer table differs), it is deterministic, shares the optimised kernel's parameter blob,
 //! refuses a blob it does not understand or too little shared memory (and `emit_fast_form` then
-//! falls back to the looped form), and a golden file of one model's generated part. NVRTC tier:
+//! falls back to the looped form), a golden file of one model's generated part, and a CPU
+//! emulation of one 16-row tile that reads the layer table and the blob with the kernel's address
+//! formulas and matches the interpreter. NVRTC tier:
 //! it compiles for sm_80 and sm_90 for many shapes, dtypes, activations and bias forms. GPU tier
 //! (skips without a GPU unless KFUSE_REQUIRE_GPU=1): launched directly, it matches the CPU
 //! interpreter on fresh random data, outputs poisoned, batches 1, 127, 129, 4099, widths 16, 24,
@@ -191,6 +193,110 @@ fn generic_generated_part_matches_golden() {
     let head = head.replace(&generic.name, "kf_mlp_generic_<hash of the source>");
     expect_test::expect_file!["golden/generic_24_40_5_relu_gelu.cu.txt"]
         .assert_eq(&format!("{head}// ... mlp_generic.cuh's helpers ...\n{dispatch}// ... mlp_generic.cuh's layers and kernel ...\n// NVRTC options: {:?}\n", generic.nvrtc_options));
+}
+
+/// The layer table `kg_table` of a generic kernel's source.
+fn table(source: &str) -> Vec<i64> {
+    let body = source.split_once("__constant__ int kg_table[").and_then(|(_, r)| r.split_once("= {")).and_then(|(_, r)| r.split_once("};")).map(|(b, _)| b);
+    body.unwrap_or_else(|| panic!("no layer table")).split(',').map(|v| v.trim().parse::<i64>().unwrap_or_else(|e| panic!("table value `{v}`: {e}"))).collect()
+}
+
+/// Rounds to the model's compute dtype, as the kernel's packed pairs do.
+fn round16(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => half::f16::from_f64(v).to_f64(),
+    }
+}
+
+/// The generic kernel on the CPU for one 16-row tile, reading the table and the blob exactly as
+/// mlp_generic.cuh does (its address formulas transcribed, the mma fragments gathered lane by
+/// lane), with the activations of the model evaluated in f64 (SiLU layers whose weights the blob
+/// halves get 2h). Returns the 16 rows of f64 outputs.
+fn emulate_tile(model: &MlpModel, kernel: &MlpKernel, halved: &[bool], x: &[f64]) -> Vec<f64> {
+    let t = table(&kernel.source);
+    let blob = &kernel.params;
+    let half = |addr: i64| -> f64 {
+        let a = usize::try_from(addr).expect("address");
+        let bits = u16::from_le_bytes([blob[a], blob[a + 1]]);
+        match model.dtype {
+            DType::BF16 => half::bf16::from_bits(bits).to_f64(),
+            _ => half::f16::from_bits(bits).to_f64(),
+        }
+    };
+    let float = |addr: i64| -> f64 {
+        let a = usize::try_from(addr).expect("address");
+        f64::from(f32::from_le_bytes([blob[a], blob[a + 1], blob[a + 2], blob[a + 3]]))
+    };
+    let (layers, in_w, in_pairs, out_w) = (t[0] as usize, t[2] as usize, t[3] as usize, t[4] as usize);
+    assert_eq!((t[1] * 16) as usize, blob.len(), "parameter bytes");
+    // Buffer 0: the input rows in the compute dtype, zero past the input width.
+    let mut a: Vec<Vec<f64>> = (0..16).map(|r| (0..2 * in_pairs).map(|c| if c < in_w { round16(model.dtype, x[r * in_w + c]) } else { 0.0 }).collect()).collect();
+    let mut out = vec![0.0; 16 * out_w];
+    for l in 0..layers {
+        let e = &t[8 + 8 * l..16 + 8 * l];
+        let (kt, nt8, gs, w_off, b_off, b_mult, n_real) = (e[0], e[1] as usize, e[2], e[3], e[4], e[5], e[6] as usize);
+        assert_eq!(a[0].len(), 16 * kt as usize, "layer {l}: the input width is the table's");
+        let mut z = vec![vec![0.0f64; 8 * nt8]; 16];
+        for tile in 0..nt8 {
+            // Lane (g, q) holds C rows g, g + 8, columns c, c + 1: bias plus A[m][k] * B[k][n] over k,
+            // each B value read from the lane whose fragment holds it (the kernel's address formula).
+            for lane in 0..32i64 {
+                let (g, q) = ((lane / 4) as usize, (lane % 4) as usize);
+                let c = 8 * tile + 2 * q;
+                let (b0, b1) = if b_off >= 0 { (float(b_off + 4 * c as i64 * b_mult), float(b_off + 4 * c as i64 * b_mult + 4)) } else { (0.0, 0.0) };
+                for (m, n, bias) in [(g, c, b0), (g, c + 1, b1), (g + 8, c, b0), (g + 8, c + 1, b1)] {
+                    let mut acc = bias;
+                    for kk in 0..kt {
+                        // Column n's B values come from lane 4 * (n % 8) + qq: its b0 holds
+                        // k = 2qq, 2qq + 1 and its b1 k = 2qq + 8, 2qq + 9 of chunk kk.
+                        for k in 0..16usize {
+                            let qq = ((k % 8) / 2) as i64;
+                            let owner = 4 * (n % 8) as i64 + qq;
+                            let wo = w_off + (((tile as i64) >> gs) * kt * 32 + owner) * (8 << gs) + ((tile as i64) & ((1 << gs) - 1)) * 8;
+                            let b = half(wo + kk * (256 << gs) + if k < 8 { 0 } else { 4 } + 2 * (k % 2) as i64);
+                            acc += a[m][16 * kk as usize + k] * b;
+                        }
+                    }
+                    z[m][n] = acc;
+                }
+            }
+        }
+        let last = l + 1 == layers;
+        let scale = if halved[l] { 2.0 } else { 1.0 };
+        let act = |v: Vec<f64>| model.layers[l].activation.evaluate_f64(l, v.into_iter().map(|x| scale * x).collect()).expect("activation");
+        if last {
+            for (m, row) in z.iter().enumerate() {
+                let y = act(row[..out_w].to_vec());
+                out[m * out_w..(m + 1) * out_w].copy_from_slice(&y);
+            }
+        } else {
+            // Padding columns forced to 0, the rest rounded to the compute dtype.
+            a = z.iter().map(|row| act(row.clone()).into_iter().enumerate().map(|(c, v)| if c < n_real { round16(model.dtype, v) } else { 0.0 }).collect()).collect();
+        }
+    }
+    out
+}
+
+#[test]
+fn generic_table_and_addressing_reproduce_the_model_on_the_cpu() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rng = Rng::new(99);
+    for (n, case) in cases().iter().enumerate() {
+        let m = case.model(dir.path(), &format!("e{n}"), rng.next_u64());
+        let opts = case.options(None);
+        let (_, generic) = both(&m, &opts);
+        let last = m.layers.len() - 1;
+        let half_silu = (m.dtype == DType::F16 && matches!(case.math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced))
+            || case.math == ActivationMath::TanhF32;
+        let halved: Vec<bool> = m.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == kfuse_mlp::ActivationKind::Silu).collect();
+        let x = random_input(DType::F32, 16, m.input_width(), &mut rng);
+        let got = emulate_tile(&m, &generic, &halved, &x.to_f64());
+        let want = evaluate_cpu(&m, &x).expect("cpu");
+        let e = compare_rows(&got, &want, m.output_width());
+        println!("{} {:?} {:?}: rel {:.2e} worst row {:.2e}", m.summary(), case.math, case.bias_form, e.rel_err, e.worst_row_rel_err);
+        assert!(e.non_finite == 0 && e.rel_err <= TOL_16BIT, "{}: {e:?}", m.summary());
+    }
 }
 
 #[test]
