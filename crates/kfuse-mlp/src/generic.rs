@@ -2,17 +2,19 @@
 //! on the weight dtype, the I/O dtypes and the set of activation functions, not on the widths or
 //! the depth. Layers, n8 output tiles and k16 input steps are run-time loops
 //! (`mlp_generic.cuh`) driven by a small layer table in constant memory, so NVRTC compiles about
-//! the same, small amount of code for every model (a first call's compile, see `tier.rs`). It reads
-//! the optimised kernel's parameter blob unchanged: [`emit_generic`] derives the blob's layout
-//! itself, repacks the model with it and refuses ([`GenericRefusal::Layout`]) when the bytes differ from the optimised kernel's, so a change of the
-//! optimised kernel's layout falls back to the older fast forms instead of computing garbage.
+//! the same, small amount of code for every model (a first call's compile, see `tier.rs`). It
+//! reads the optimised kernel's parameter blob unchanged: [`emit_generic`] derives the blob's
+//! layout itself, repacks the model with it and refuses ([`GenericRefusal::Layout`]) when the bytes
+//! differ from the optimised kernel's, so a change of the optimised kernel's layout falls back to
+//! the older fast forms instead of computing garbage.
 //!
 //! Handles: any depth, widths 1..=256 whose weights fit in shared memory next to one warp's two
 //! 16-row activation buffers, f16/bf16 weights, f32/f16/bf16 I/O, both bias forms
 //! ([`BiasOperand`]), every activation (ReLU, SiLU in the optimised kernel's forms, other
 //! expressions as `__noinline__` calls of kfuse-codegen's device functions). Does not handle:
-//! speed (a few times slower than the optimised kernel: one 16-row tile per warp, activations
-//! through shared memory, no pipelining), the FMA-pipe SiLU share (`ActivationMath::PackedFma*`
+//! speed (expected several times slower than the optimised kernel, not yet measured on a GPU:
+//! one 16-row tile and one n8 tile per warp at a time, activations through shared memory, no
+//! pipelining of input loads), the FMA-pipe SiLU share (`ActivationMath::PackedFma*`
 //! models run the MUFU form here, within the same tolerance). Pure: no GPU, no I/O; deterministic.
 
 use std::fmt::Write;
@@ -43,24 +45,21 @@ __device__ __forceinline__ float kg_tanh_approx(float x) { float y; asm(\"tanh.a
 const MAX_WARPS: usize = 16;
 
 /// Why [`emit_generic`] gives no kernel (the caller then uses another fast form).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum GenericRefusal {
     /// The optimised kernel's parameter blob is not laid out as this module expects (its layout
     /// changed, or options this module does not know).
+    #[error("the optimised kernel's parameter blob is not in the layout the generic kernel reads")]
     Layout,
     /// The weights plus one warp's buffers exceed the shared-memory limit.
+    #[error("the generic kernel needs {needed} bytes of shared memory with one warp, over the limit")]
     SharedMemory {
         /// Bytes one block would need with one warp.
         needed: usize,
     },
     /// The model or an activation could not be emitted.
-    Emit(MlpError),
-}
-
-impl From<MlpError> for GenericRefusal {
-    fn from(e: MlpError) -> Self {
-        GenericRefusal::Emit(e)
-    }
+    #[error(transparent)]
+    Emit(#[from] MlpError),
 }
 
 /// One layer as the generic kernel's table describes it.
@@ -206,9 +205,8 @@ fn dispatcher(out: &mut String, signature: &str, bodies: &[String], fallback: &s
 /// same parameter blob, I/O dtypes and NVRTC options plus `--Ofast-compile=mid`; one 16-row tile
 /// per warp, up to 16 warps per block as shared memory allows.
 pub fn emit_generic(model: &MlpModel, opts: &MlpKernelOptions, full: &MlpKernel) -> std::result::Result<MlpKernel, GenericRefusal> {
-    let (Some(in_kind), Some(out_kind)) = (kind(opts.in_dtype), kind(opts.out_dtype)) else {
-        return Err(GenericRefusal::Emit(MlpError::InputDType { dtype: opts.in_dtype }));
-    };
+    let in_kind = kind(opts.in_dtype).ok_or(MlpError::InputDType { dtype: opts.in_dtype })?;
+    let out_kind = kind(opts.out_dtype).ok_or(MlpError::OutputDType { dtype: opts.out_dtype })?;
     if model.layers.is_empty() || (full.in_dtype, full.out_dtype) != (opts.in_dtype, opts.out_dtype) {
         return Err(GenericRefusal::Layout);
     }
