@@ -7,7 +7,7 @@
 //! formulas and matches the interpreter. NVRTC tier:
 //! it compiles for sm_80 and sm_90 for many shapes, dtypes, activations and bias forms. GPU tier
 //! (skips without a GPU unless KFUSE_REQUIRE_GPU=1): launched directly, it matches the CPU
-//! interpreter on fresh random data, outputs poisoned, batches 1, 127, 129, 4099, widths 16, 24,
+//! interpreter on fresh random data, outputs poisoned, batches 1, 3, 127, 129, 255, 1023, 4099, widths 16, 24,
 //! 100, 256, depth 1 and 8, f16 and bf16 weights, f32/f16/bf16 I/O, and relaunches bit-identically.
 
 use kfuse_ir::{DType, HostTensor};
@@ -337,7 +337,7 @@ fn generic_kernel_matches_cpu_interpreter() {
         let f = gpu.load_kernel_with_options(&generic.source, &generic.name, &generic.nvrtc_options).expect("compile and load");
         let params = gpu.upload(&generic.params).expect("upload params");
         let (io_in, io_out) = case.io;
-        for rows in [1usize, 127, 129, 4099] {
+        for rows in [1usize, 3, 127, 129, 255, 1023, 4099] {
             let x = random_input(io_in, rows, m.input_width(), &mut rng);
             let xb = gpu.upload(&x.to_bytes()).expect("upload");
             let out_w = m.output_width();
