@@ -45,14 +45,15 @@ const NVRTC_MINIMAL_SINCE: (i32, i32) = (12, 4);
 /// 2026-11-22; `KF_RUNS=7 cargo run --release -p kfuse-mlp --example mlp_fast_compile`, the forms
 /// alternating; min/median/max wall ms of two such runs; other builds shared the cores, runs vary
 /// by ±25%), issue-5 models 64→4×64→16 ReLU / 64→4×128→16 ReLU / 32→64→128→96→64→32→16
-/// SiLU+bias: 0. (generic) 70/74/94 and 64/77/78, 64/67/73 and 59/76/82, 55/57/73 and 71/75/86;
-/// 1. (the fast form until then) 79/119/168 and 85/114/125, 107/120/161 and 132/142/158,
-/// 160/187/206 and 190/214/257; a 1-line kernel with the same options 23-36 ms
+/// SiLU+bias: form 0 (generic) 70/74/94 and 64/77/78, 64/67/73 and 59/76/82, 55/57/73 and
+/// 71/75/86; form 1 (the fast form until then) 79/119/168 and 85/114/125, 107/120/161 and
+/// 132/142/158, 160/187/206 and 190/214/257; a 1-line kernel with the same options 23-36 ms
 /// (NVRTC's floor). The generic form is 1.5-3.3× quicker to compile (medians) and about the same
 /// for every model (GELU 100→…→3 with f32 I/O and a bf16 SiLU model: 70-85 and 75-79 ms median,
 /// against 109-155 and 169-175 for form 1): NVRTC's time grows with the code it optimises, and the
 /// generic code holds one copy of each piece (483 sm_90 SASS instructions for the SiLU model
-/// against 1019 for form 1). Earlier, for form 1: 84-113 / 96-116 / 169-214 ms; 2. 135-206 / 134-204 / 173-252 ms; the optimised kernel
+/// against 1019 for form 1). Earlier, for form 1: 84-113 / 96-116 / 169-214 ms; form 2:
+/// 135-206 / 134-204 / 173-252 ms; the optimised kernel
 /// 326-579 / 1027-1220 / 707-1181 ms; `-minimal` saves 15-35 ms, the layer loop 40-60 ms on the
 /// ReLU models, one row tile per warp 30-70 ms on SiLU; `--Ofast-compile=max` saves nothing
 /// measurable (and makes a 9× larger cubin), `-G` doubles the time, `--split-compile=0` changes
