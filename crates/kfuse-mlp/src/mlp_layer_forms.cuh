@@ -14,6 +14,10 @@
 //   * pipelined chunks (ChunkOrder::Pipelined, f32 accumulators): the mmas of output chunk j + 1
 //     come before the activation of chunk j in source order, so the conversions and MUFU ops of
 //     one chunk sit between independent mmas even where the compiler would not move them.
+//     It takes an FMA share (FMA_Q, see kf_hidden_layer) like the sequential form. (Source
+//     order alone changes little: the layers are fully unrolled, so ptxas schedules one
+//     dependence graph; a form that alternated the k steps of chunks j and j + 1 compiled to
+//     the same SASS as this one, sm_90, NVRTC 13.0.)
 
 // d += a * b with f16 accumulators (see above).
 __device__ __forceinline__ void kf_mma_h(unsigned (&d)[2], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -108,9 +112,74 @@ __device__ __forceinline__ void kf_hidden_loop_h(unsigned (&h)[KF_R][KT][4], con
     }
 }
 
+// Pieces of the f32-accumulator forms below: kf_hidden_layer's body split at its phases, for one
+// output k16 chunk j (two n8 tiles per row tile) with accumulators d.
+// k step kk of chunk j: d += a[.][kk] * B(j, kk).
+template <int KT>
+__device__ __forceinline__ void kf_chunk_step(float (&d)[KF_R][2][4], const unsigned (&a)[KF_R][KT][4], const uint4* w, int j, int kk) {
+    const uint4 b = w[(j * KT + kk) * 32];
+#pragma unroll
+    for (int r = 0; r < KF_R; ++r) {
+        kf_mma(d[r][0], a[r][kk], b.x, b.y);
+        kf_mma(d[r][1], a[r][kk], b.z, b.w);
+    }
+}
+// The bias and k step 0: with KF_BIAS_QUADS the bias quads are the first mma's C operands, else
+// the bias pairs are copied into the accumulators first.
+template <int KT, int HAS_BIAS>
+__device__ __forceinline__ void kf_chunk_start(float (&d)[KF_R][2][4], const unsigned (&a)[KF_R][KT][4], const uint4* w,
+                                               const float* __restrict__ bias, int j, int quad) {
+#if KF_BIAS_QUADS
+    float4 c_lo = make_float4(0.f, 0.f, 0.f, 0.f), c_hi = c_lo;
+    if (HAS_BIAS) {
+        c_lo = reinterpret_cast<const float4*>(bias)[(2 * j) * 4 + quad];
+        c_hi = reinterpret_cast<const float4*>(bias)[(2 * j + 1) * 4 + quad];
+    }
+    const uint4 b = w[(j * KT) * 32];
+#pragma unroll
+    for (int r = 0; r < KF_R; ++r) {
+        kf_mma_c(d[r][0], a[r][0], b.x, b.y, c_lo);
+        kf_mma_c(d[r][1], a[r][0], b.z, b.w, c_hi);
+    }
+#else
+    const int col = 16 * j + 2 * quad;
+    float2 b_lo = make_float2(0.f, 0.f), b_hi = make_float2(0.f, 0.f);
+    if (HAS_BIAS) {
+        b_lo = *reinterpret_cast<const float2*>(bias + col);
+        b_hi = *reinterpret_cast<const float2*>(bias + col + 8);
+    }
+#pragma unroll
+    for (int r = 0; r < KF_R; ++r) {
+        d[r][0][0] = d[r][0][2] = b_lo.x;
+        d[r][0][1] = d[r][0][3] = b_lo.y;
+        d[r][1][0] = d[r][1][2] = b_hi.x;
+        d[r][1][1] = d[r][1][3] = b_hi.y;
+    }
+    kf_chunk_step<KT>(d, a, w, j, 0);
+#endif
+}
+// The activation of chunk j into the next layer's A fragments h[.][j]; padding columns (last
+// chunk only) are zeroed after it.
+template <int NT16, int N_REAL, int FMA_Q, class Act>
+__device__ __forceinline__ void kf_chunk_act(const float (&d)[KF_R][2][4], unsigned (&h)[KF_R][NT16][4], int j, int quad) {
+    const int col = 16 * j + 2 * quad;
+    unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
+    if (16 * j + 16 > N_REAL) {
+        mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
+        mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
+    }
+#pragma unroll
+    for (int r = 0; r < KF_R; ++r) {
+        h[r][j][0] = kf_pack_at<FMA_Q, Act>(j, 0, d[r][0][0], d[r][0][1]) & mask_lo;
+        h[r][j][1] = kf_pack_at<FMA_Q, Act>(j, 1, d[r][0][2], d[r][0][3]) & mask_lo;
+        h[r][j][2] = kf_pack_at<FMA_Q, Act>(j, 2, d[r][1][0], d[r][1][1]) & mask_hi;
+        h[r][j][3] = kf_pack_at<FMA_Q, Act>(j, 3, d[r][1][2], d[r][1][3]) & mask_hi;
+    }
+}
+
 // A hidden layer with f32 accumulators, pipelined over its output chunks (see the top): the
 // parameters of kf_hidden_layer (mlp_prelude.cuh), the biases as KF_BIAS_QUADS says.
-template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
+template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_hidden_layer_p(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
                                                   const unsigned char* __restrict__ smem, int lane) {
     const uint4* w = reinterpret_cast<const uint4*>(smem + W_OFF) + lane;
@@ -120,65 +189,10 @@ __device__ __forceinline__ void kf_hidden_layer_p(const unsigned (&a)[KF_R][KT][
 #pragma unroll
     for (int j = 0; j <= NT16; ++j) {
         if (j < NT16) {
-            float(&d)[KF_R][2][4] = acc[j & 1];
-            const int col = 16 * j + 2 * quad;
-#if KF_BIAS_QUADS
-            float4 c_lo = make_float4(0.f, 0.f, 0.f, 0.f), c_hi = c_lo;
-            if (HAS_BIAS) {
-                c_lo = reinterpret_cast<const float4*>(bias)[(2 * j) * 4 + quad];
-                c_hi = reinterpret_cast<const float4*>(bias)[(2 * j + 1) * 4 + quad];
-            }
-            {
-                const uint4 b = w[(j * KT) * 32];
+            kf_chunk_start<KT, HAS_BIAS>(acc[j & 1], a, w, bias, j, quad);
 #pragma unroll
-                for (int r = 0; r < KF_R; ++r) {
-                    kf_mma_c(d[r][0], a[r][0], b.x, b.y, c_lo);
-                    kf_mma_c(d[r][1], a[r][0], b.z, b.w, c_hi);
-                }
-            }
-            constexpr int KK0 = 1;
-#else
-            float2 b_lo = make_float2(0.f, 0.f), b_hi = make_float2(0.f, 0.f);
-            if (HAS_BIAS) {
-                b_lo = *reinterpret_cast<const float2*>(bias + col);
-                b_hi = *reinterpret_cast<const float2*>(bias + col + 8);
-            }
-#pragma unroll
-            for (int r = 0; r < KF_R; ++r) {
-                d[r][0][0] = d[r][0][2] = b_lo.x;
-                d[r][0][1] = d[r][0][3] = b_lo.y;
-                d[r][1][0] = d[r][1][2] = b_hi.x;
-                d[r][1][1] = d[r][1][3] = b_hi.y;
-            }
-            constexpr int KK0 = 0;
-#endif
-            (void)col;
-#pragma unroll
-            for (int kk = KK0; kk < KT; ++kk) {
-                const uint4 b = w[(j * KT + kk) * 32];
-#pragma unroll
-                for (int r = 0; r < KF_R; ++r) {
-                    kf_mma(d[r][0], a[r][kk], b.x, b.y);
-                    kf_mma(d[r][1], a[r][kk], b.z, b.w);
-                }
-            }
+            for (int kk = 1; kk < KT; ++kk) kf_chunk_step<KT>(acc[j & 1], a, w, j, kk);
         }
-        if (j > 0) {
-            const int p = j - 1;
-            float(&d)[KF_R][2][4] = acc[p & 1];
-            const int col = 16 * p + 2 * quad;
-            unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
-            if (16 * p + 16 > N_REAL) {
-                mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
-                mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
-            }
-#pragma unroll
-            for (int r = 0; r < KF_R; ++r) {
-                h[r][p][0] = Act::pack(d[r][0][0], d[r][0][1]) & mask_lo;
-                h[r][p][1] = Act::pack(d[r][0][2], d[r][0][3]) & mask_lo;
-                h[r][p][2] = Act::pack(d[r][1][0], d[r][1][1]) & mask_hi;
-                h[r][p][3] = Act::pack(d[r][1][2], d[r][1][3]) & mask_hi;
-            }
-        }
+        if (j > 0) kf_chunk_act<NT16, N_REAL, FMA_Q, Act>(acc[(j - 1) & 1], h, j - 1, quad);
     }
 }

@@ -2,12 +2,22 @@
 //! (`HiddenAccumulator::F16`) and the pipelined chunk order (`ChunkOrder::Pipelined`) appear in
 //! the generated source exactly when asked for and applicable, the default source does not
 //! change, and f16-accumulating layers get their biases as duplicated f16 pairs. The NVRTC and
-//! GPU tiers compile and run these forms (nvrtc_tier.rs, gpu_tier.rs).
+//! GPU tiers compile and run these forms (nvrtc_tier.rs, gpu_tier.rs); the pipelined form with an
+//! FMA share is compiled and run against the CPU interpreter here (NVRTC and GPU tiers, gated at
+//! run time).
 
 use half::f16;
 use kfuse_ir::DType;
 use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{emit_kernel, ActivationMath, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel};
+use kfuse_ir::HostTensor;
+use kfuse_mlp::testing::{random_input, Rng};
+use kfuse_mlp::{compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel};
+use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
+use kfuse_runtime::{compile, Arch, CompileOptions};
+
+/// Named tolerances (per-row worst relative error and overall relative error, f16 storage between
+/// layers), as in gpu_tier.rs.
+const TOL_16BIT: f64 = 1e-2;
 
 fn load(dir: &std::path::Path, name: &str, widths: &[usize], dtype: DType) -> MlpModel {
     let spec = ModelSpec { dtype, ..ModelSpec::new(widths, "silu") };
@@ -45,10 +55,15 @@ fn layer_forms_appear_only_when_asked_for() {
     assert_eq!(emit(&bf16_model, acc16(d.clone())), emit(&bf16_model, d.clone()));
     let fma = MlpKernelOptions { activation_math: ActivationMath::PackedFma { eighths: 3 }, ..d.clone() };
     assert_eq!(emit(&f16_model, acc16(fma.clone())), emit(&f16_model, fma.clone()));
-    // Pipelined: every hidden layer without an FMA share.
+    // Pipelined: every hidden layer, with the FMA share as its last template argument.
     let p = emit(&f16_model, pipe(d.clone()));
     assert_eq!(calls(&p, "kf_hidden_layer_p<").len(), 5, "{p}");
-    assert_eq!(emit(&f16_model, pipe(fma.clone())), emit(&f16_model, fma));
+    let pf = emit(&f16_model, pipe(fma.clone()));
+    let pf_calls = calls(&pf, "kf_hidden_layer_p<");
+    assert_eq!(pf_calls.len(), 5, "{pf}");
+    assert!(pf_calls.iter().all(|c| c.contains(", 3>(h")), "{pf_calls:?}");
+    assert!(pf.contains("return kf_silu_half_f16x2_fma(lo, hi);"));
+    assert_ne!(pf, emit(&f16_model, fma));
     // Repeated layers in a loop: the f16 loop template.
     let deep = load(dir.path(), "deep", &[24, 16, 16, 16, 16, 24], DType::F16);
     let looped = MlpKernelOptions { repeated_layers: kfuse_mlp::RepeatedLayers::Loop, ..d };
@@ -85,4 +100,63 @@ fn f16_accumulator_biases_are_duplicated_halved_pairs() {
     // The output layer's weights follow the 192 bias bytes (16-byte aligned).
     let out = calls(&k.source, "kf_output_layer<");
     assert!(out[0].contains(&format!(", {}, ", b_off + 192)), "{}", out[0]);
+}
+
+/// The pipelined chunk order with an FMA share: (widths, options) for the NVRTC and GPU tiers.
+fn pipe_fma_cases() -> Vec<(Vec<usize>, MlpKernelOptions)> {
+    let pipe = |eighths, bias_operand| MlpKernelOptions {
+        chunk_order: ChunkOrder::Pipelined,
+        activation_math: ActivationMath::PackedFma { eighths },
+        bias_operand,
+        ..MlpKernelOptions::default()
+    };
+    vec![
+        (vec![32, 64, 128, 96, 64, 32, 16], pipe(1, BiasOperand::Quads)),
+        (vec![32, 64, 128, 96, 64, 32, 16], pipe(2, BiasOperand::Quads)),
+        (vec![3, 24, 100, 5], pipe(3, BiasOperand::Pairs)),
+        (vec![32, 64, 128, 96, 64, 32, 16], MlpKernelOptions { activation_math: ActivationMath::PackedFmaBalanced, ..pipe(0, BiasOperand::Quads) }),
+    ]
+}
+
+#[test]
+fn pipelined_fma_share_compiles_for_sm90() {
+    if nvrtc_or_skip("pipelined_fma_share_compiles_for_sm90").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (n, (widths, opts)) in pipe_fma_cases().into_iter().enumerate() {
+        let k = emit_kernel(&load(dir.path(), &format!("c{n}"), &widths, DType::F16), &opts).expect("emit");
+        let mut c = CompileOptions::for_arch(Arch::new(9, 0));
+        c.extra = k.nvrtc_options.clone();
+        let m = compile(&k.source, &c).unwrap_or_else(|e| panic!("{widths:?} {opts:?}: {e}"));
+        assert!(!m.cubin.is_empty());
+    }
+}
+
+#[test]
+fn pipelined_fma_share_matches_cpu_interpreter() {
+    let Some(gpu) = gpu_or_skip("pipelined_fma_share_matches_cpu_interpreter") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut rng, seed) = Rng::from_time();
+    println!("seed {seed}");
+    for (n, (widths, opts)) in pipe_fma_cases().into_iter().enumerate() {
+        let spec = ModelSpec { with_bias: true, seed: rng.next_u64(), ..ModelSpec::new(&widths, "silu") };
+        let model = MlpModel::load(write_model(dir.path(), &format!("g{n}"), &spec).expect("write")).expect("load");
+        let opts = MlpKernelOptions { shared_limit: gpu.max_shared_bytes(), ..opts };
+        let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
+        assert!(prepared.kernel().is_some_and(|k| k.source.contains("kf_hidden_layer_p<") && k.source.contains("kf_silu_half_f16x2_fma(lo, hi)")));
+        for rows in [1usize, 3, 255, 256, 1023] {
+            let x = random_input(DType::F16, rows, model.input_width(), &mut rng);
+            let xb = gpu.upload(&x.to_bytes()).expect("upload");
+            let out_w = model.output_width();
+            let y = gpu.alloc_zeroed(rows * out_w * 2).expect("alloc");
+            gpu.fill(&y, 0xff).expect("poison");
+            prepared.launch(&gpu, &xb, &y, rows).expect("launch");
+            let got = HostTensor::from_bytes(DType::F16, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
+            let e = compare_rows(&got.to_f64(), &evaluate_cpu(&model, &x).expect("cpu"), out_w);
+            println!("{} {:?} pipe rows {rows}: rel {:.2e} worst row {:.2e}", model.summary(), opts.activation_math, e.rel_err, e.worst_row_rel_err);
+            assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", model.summary());
+            assert!(e.rel_err <= TOL_16BIT && e.worst_row_rel_err <= 10.0 * TOL_16BIT, "{} rows {rows}: {e:?}", model.summary());
+        }
+    }
 }

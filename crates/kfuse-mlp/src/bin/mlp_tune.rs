@@ -77,7 +77,7 @@ impl Variant {
             (self.repeated != RepeatedLayers::Unrolled, format!(" {:?}", self.repeated)),
             (self.bias != BiasOperand::Quads, format!(" {:?}", self.bias)),
             (self.acc != HiddenAccumulator::F32, " acc16".to_string()),
-            (self.order != ChunkOrder::Sequential, " pipe".to_string()),
+            (self.order == ChunkOrder::Pipelined, " pipe".to_string()),
         ] {
             if on {
                 l.push_str(&tag);
