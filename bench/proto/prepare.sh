@@ -10,7 +10,7 @@ dst=${1:-.proto}
 mkdir -p "$dst" /tmp/kfb-proto
 for f in giou_train giou_train_lengths; do sed 's/f32\[/bf16[/' examples/$f.kf > /tmp/kfb-proto/$f.kf; done
 cargo run --release -q -- emit /tmp/kfb-proto/giou_train.kf > "$dst/pad_gen.cu"
-cargo run --release -q -- emit /tmp/kfb-proto/giou_train_lengths.kf > "$dst/len_gen.cu"
+cargo run --release -q -- emit --lengths-gradient two-kernels /tmp/kfb-proto/giou_train_lengths.kf > "$dst/len_gen.cu"
 cp bench/proto/train_proto.cu bench/proto/train_kernels.cuh bench/proto/run.sh "$dst/"
 # the rows plan (one launch) of the lengths example, renamed beside the two-kernel plan's kernels
 cargo run --release -q -- emit --lengths-gradient one-pass /tmp/kfb-proto/giou_train_lengths.kf | sed 's/kf_595cf59383a6d678_0/kf_len_rows/' > "$dst/len_rows_gen.cu"

@@ -658,3 +658,200 @@ __global__ void __launch_bounds__(BT) len_fused(const uint2* __restrict__ pred, 
     if (threadIdx.x == 0) { loss[0] = kf_f32_to_bf16((float)q0 / (float)(total > 1 ? total : 1)); *counter = 0u; }
     (void)acc1;
 }
+
+// ---------------------------------------------------------------- session 4b: the rows plan's fill pattern
+// Rows of block b: contiguous [B b / G, B (b+1) / G) (ST = 0), or strided b, b + G, b + 2G, ... (ST = 1).
+template <int ST>
+__device__ __forceinline__ long long row_of(long long k, long long B) {
+    return ST ? (long long)blockIdx.x + k * gridDim.x : B * blockIdx.x / gridDim.x + k;
+}
+template <int ST>
+__device__ __forceinline__ int rows_of(long long B) {
+    return ST ? (int)((B - blockIdx.x + gridDim.x - 1) / gridDim.x) : (int)(B * (blockIdx.x + 1) / gridDim.x - B * blockIdx.x / gridDim.x);
+}
+// Fill only: zero the block's rows (N even), 16-byte streaming stores.
+template <int ST>
+__global__ void __launch_bounds__(512, 2) fill_rows(unsigned short* __restrict__ dpred, long long B, long long N) {
+    const int nr = rows_of<ST>(B);
+    const long long cpr = N / 2; // 16-byte chunks per row
+    const long long tot = nr * cpr;
+#pragma unroll 4
+    for (long long e = threadIdx.x; e < tot; e += 512) {
+        const long long r = row_of<ST>(e / cpr, B);
+        st_cs4(reinterpret_cast<uint4*>(dpred) + r * cpr + e % cpr, make_uint4(0, 0, 0, 0));
+    }
+}
+// The full rows plan (as len_fused, S = 8, 512 threads), bounds kept in shared memory, rows contiguous or strided;
+// MODE bit 1: skip the loss tail (diagnosis), bit 2: skip the count (scale 1, diagnosis).
+template <int ST, int MODE>
+__global__ void __launch_bounds__(512, 2) len_fused2(const uint2* __restrict__ pred, const uint2* __restrict__ target, const int* __restrict__ lengths,
+                                                     unsigned short* __restrict__ dpred, unsigned short* loss, double* partials, unsigned* counter,
+                                                     long long B, long long N) {
+    constexpr int BT = 512, S = 8, CV = 8;
+    __shared__ double smem[32];
+    __shared__ int s_cnt[BT / 32];
+    __shared__ int s_hi[BT / S];
+    __shared__ bool last;
+    const int nr = rows_of<ST>(B);
+    auto cl = [&](int l) -> int { return l < 0 ? 0 : (l > N ? (int)N : l); };
+    const int4* l4 = reinterpret_cast<const int4*>(lengths);
+    const long long nv = B / 4;
+    int4 cv[CV];
+    if (!(MODE & 2)) {
+#pragma unroll
+        for (int k = 0; k < CV; ++k) { const long long b = threadIdx.x + (long long)k * BT; cv[k] = b < nv ? __ldg(l4 + b) : make_int4(0, 0, 0, 0); }
+    }
+    int mylen = 0;
+    if ((int)threadIdx.x < nr) mylen = __ldg(lengths + row_of<ST>(threadIdx.x, B));
+    const int e = threadIdx.x; // (k, col) = (e / S, e % S)
+    uint2 sp = make_uint2(0, 0), st = make_uint2(0, 0);
+    const bool spec = e / S < nr && e % S < N;
+    const long long si = spec ? row_of<ST>(e / S, B) * N + e % S : 0;
+    if (spec) { sp = pred[si]; st = target[si]; }
+    {
+        const long long cpr = N / 2, tot = (long long)nr * cpr;
+#pragma unroll 4
+        for (long long c = threadIdx.x; c < tot; c += BT) {
+            const long long r = row_of<ST>(c / cpr, B);
+            st_cs4(reinterpret_cast<uint4*>(dpred) + r * cpr + c % cpr, make_uint4(0, 0, 0, 0));
+        }
+    }
+    int cnt = 0;
+    if (!(MODE & 2)) {
+#pragma unroll
+        for (int k = 0; k < CV; ++k) cnt += cl(cv[k].x) + cl(cv[k].y) + cl(cv[k].z) + cl(cv[k].w);
+        for (long long b = threadIdx.x + (long long)CV * BT; b < nv; b += BT) { const int4 v = __ldg(l4 + b); cnt += cl(v.x) + cl(v.y) + cl(v.z) + cl(v.w); }
+    }
+    for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    if ((threadIdx.x & 31) == 0) s_cnt[threadIdx.x >> 5] = cnt;
+    if ((int)threadIdx.x < nr) s_hi[threadIdx.x] = cl(mylen);
+    __syncthreads();
+    long long total = 0;
+#pragma unroll
+    for (int w = 0; w < BT / 32; ++w) total += s_cnt[w];
+    if (MODE & 2) total = 1;
+    const float s = 1.0f / (float)(total > 1 ? total : 1);
+    double acc0 = 0;
+    if (spec && e % S < s_hi[e / S]) {
+        float4 g;
+        const float l = giou_fb(lo16(sp.x), hi16(sp.x), lo16(sp.y), hi16(sp.y), lo16(st.x), hi16(st.x), lo16(st.y), hi16(st.y), g);
+        acc0 += (double)l;
+        reinterpret_cast<uint2*>(dpred)[si] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+    }
+    const int lane = threadIdx.x & 31;
+    for (int k = threadIdx.x >> 5; k < nr; k += BT / 32) {
+        const int hi = s_hi[k];
+        const long long rb = row_of<ST>(k, B) * N;
+        for (int col = S + lane; col < hi; col += 32) {
+            const long long i = rb + col;
+            const uint2 tv = target[i], pv = pred[i];
+            float4 g;
+            const float l = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+            acc0 += (double)l;
+            reinterpret_cast<uint2*>(dpred)[i] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+        }
+    }
+    if (MODE & 1) return;
+    acc0 = kf_block_sum(acc0, smem);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = acc0;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    double q0 = 0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += BT) q0 += ((volatile double*)partials)[b];
+    q0 = kf_block_sum(q0, smem);
+    if (threadIdx.x == 0) { loss[0] = kf_f32_to_bf16((float)q0 / (float)(total > 1 ? total : 1)); *counter = 0u; }
+}
+
+// The rows plan with the count from a grid-wide integer sum: warp 0 of each block counts its own rows and adds
+// (1 << 40) | count to one 64-bit word (arrivals in the high bits) at the start; after its fill, the block waits
+// until every block has arrived (all resident: cooperative launch) and takes the count. The loss ticket's last
+// block resets the word. FOLD 1: the last block folds the partials with one warp (no block barrier).
+template <int ST, int FOLD>
+__global__ void __launch_bounds__(512, 2) len_fused3(const uint2* __restrict__ pred, const uint2* __restrict__ target, const int* __restrict__ lengths,
+                                                     unsigned short* __restrict__ dpred, unsigned short* loss, double* partials, unsigned* counter,
+                                                     unsigned long long* bar, long long B, long long N) {
+    constexpr int BT = 512, S = 8;
+    __shared__ double smem[32];
+    __shared__ int s_hi[BT / S];
+    __shared__ float s_scale, s_den;
+    __shared__ bool last;
+    const int nr = rows_of<ST>(B);
+    auto cl = [&](int l) -> int { return l < 0 ? 0 : (l > N ? (int)N : l); };
+    int mylen = 0;
+    if ((int)threadIdx.x < nr) mylen = __ldg(lengths + row_of<ST>(threadIdx.x, B));
+    if (threadIdx.x < 32) { // warp 0: this block's count, then arrive
+        int c = 0;
+        for (int k = threadIdx.x; k < nr; k += 32) c += cl(k < BT ? (k == (int)threadIdx.x ? mylen : __ldg(lengths + row_of<ST>(k, B))) : __ldg(lengths + row_of<ST>(k, B)));
+        for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+        if (threadIdx.x == 0) atomicAdd(bar, (1ull << 40) | (unsigned long long)c);
+    }
+    const int e = threadIdx.x;
+    uint2 sp = make_uint2(0, 0), st = make_uint2(0, 0);
+    const bool spec = e / S < nr && e % S < N;
+    const long long si = spec ? row_of<ST>(e / S, B) * N + e % S : 0;
+    if (spec) { sp = pred[si]; st = target[si]; }
+    {
+        const long long cpr = N / 2, tot = (long long)nr * cpr;
+#pragma unroll 4
+        for (long long c = threadIdx.x; c < tot; c += BT) {
+            const long long r = row_of<ST>(c / cpr, B);
+            st_cs4(reinterpret_cast<uint4*>(dpred) + r * cpr + c % cpr, make_uint4(0, 0, 0, 0));
+        }
+    }
+    if ((int)threadIdx.x < nr) s_hi[threadIdx.x] = cl(mylen);
+    if (threadIdx.x == 0) {
+        unsigned long long v;
+        do { v = ((volatile unsigned long long*)bar)[0]; } while ((v >> 40) < gridDim.x);
+        const unsigned long long n = v & ((1ull << 40) - 1);
+        s_den = (float)(n > 1 ? n : 1);
+        s_scale = 1.0f / s_den;
+    }
+    __syncthreads();
+    const float s = s_scale;
+    double acc0 = 0;
+    if (spec && e % S < s_hi[e / S]) {
+        float4 g;
+        const float l = giou_fb(lo16(sp.x), hi16(sp.x), lo16(sp.y), hi16(sp.y), lo16(st.x), hi16(st.x), lo16(st.y), hi16(st.y), g);
+        acc0 += (double)l;
+        reinterpret_cast<uint2*>(dpred)[si] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+    }
+    const int lane = threadIdx.x & 31;
+    for (int k = threadIdx.x >> 5; k < nr; k += BT / 32) {
+        const int hi = s_hi[k];
+        const long long rb = row_of<ST>(k, B) * N;
+        for (int col = S + lane; col < hi; col += 32) {
+            const long long i = rb + col;
+            const uint2 tv = target[i], pv = pred[i];
+            float4 g;
+            const float l = giou_fb(lo16(pv.x), hi16(pv.x), lo16(pv.y), hi16(pv.y), lo16(tv.x), hi16(tv.x), lo16(tv.y), hi16(tv.y), g);
+            acc0 += (double)l;
+            reinterpret_cast<uint2*>(dpred)[i] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+        }
+    }
+    acc0 = kf_block_sum(acc0, smem);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = acc0;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (FOLD == 1) {
+        if (threadIdx.x >= 32) return;
+        double q0 = 0;
+        for (unsigned b = threadIdx.x; b < gridDim.x; b += 32) q0 += ((volatile double*)partials)[b];
+        for (int o = 16; o > 0; o >>= 1) q0 += __shfl_xor_sync(0xffffffffu, q0, o);
+        if (threadIdx.x == 0) { loss[0] = kf_f32_to_bf16((float)q0 / s_den); *counter = 0u; *bar = 0ull; }
+        return;
+    }
+    double q0 = 0;
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += BT) q0 += ((volatile double*)partials)[b];
+    q0 = kf_block_sum(q0, smem);
+    if (threadIdx.x == 0) { loss[0] = kf_f32_to_bf16((float)q0 / s_den); *counter = 0u; *bar = 0ull; }
+}

@@ -135,7 +135,8 @@ int main() {
     poison(); gen_len(); check("generated lengths (two kernels)");
     timeit("generated lengths (two kernels)", gen_len, flush, flush_bytes, len_bytes);
     const int lgr = (int)std::min<long long>((B + 7) / 8, sms * 2);
-    void* a_rows[] = {&pred, &target, &lengths, &loss, &dpred, &partials, &counter, &sz0, &sz1};
+    unsigned* counter_rows; CK(cudaMalloc(&counter_rows, 16)); CK(cudaMemset(counter_rows, 0, 16)); // the rows plan's ticket
+    void* a_rows[] = {&pred, &target, &lengths, &loss, &dpred, &partials, &counter_rows, &sz0, &sz1};
     auto gen_rows = [&]() { CK(cudaLaunchKernel((const void*)kf_len_rows, lgr, 512, a_rows, 0, 0)); };
     poison(); gen_rows(); check("generated lengths, rows plan (one launch)");
     timeit("generated lengths, rows plan (one launch)", gen_rows, flush, flush_bytes, len_bytes);
@@ -149,7 +150,21 @@ int main() {
         snprintf(nm, 96, "len_fused<%d,S=%d,%d> grid %d", BT, S, SPT, g); \
         if ((B / g + 1) * S > BT * SPT) printf("skip %s\n", nm); \
         else run([&]() { len_fused<BT, S, SPT, (int)(16384 / 4 / BT)><<<g, BT>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N); }); }
-        LENF(512, 8, 1, sms * 2) LENF(1024, 8, 1, sms)
+        LENF(512, 8, 1, sms * 2)
+        for (int g : {sms * 2, 256}) {
+            snprintf(nm, 96, "fill_rows contiguous grid %d", g); timeit(nm, [&]() { fill_rows<0><<<g, 512>>>(dpred, B, N); }, flush, flush_bytes, len_bytes);
+            snprintf(nm, 96, "fill_rows strided grid %d", g); timeit(nm, [&]() { fill_rows<1><<<g, 512>>>(dpred, B, N); }, flush, flush_bytes, len_bytes);
+        }
+#define LEN2(ST, MODE) { snprintf(nm, 96, "len_fused2 %s mode %d (1: no tail, 2: no count)", ST ? "strided" : "contiguous", MODE); \
+        auto l = [&]() { len_fused2<ST, MODE><<<sms * 2, 512>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N); }; \
+        if (MODE == 0) run(l); else timeit(nm, l, flush, flush_bytes, len_bytes); }
+        LEN2(0, 0) LEN2(1, 0)
+        unsigned long long* bar64; CK(cudaMalloc(&bar64, 8)); CK(cudaMemset(bar64, 0, 8));
+#define LEN3(ST, FOLD) { snprintf(nm, 96, "len_fused3 %s, barrier count, fold %s", ST ? "strided" : "contiguous", FOLD ? "warp" : "block"); \
+        const void* fn = (const void*)len_fused3<ST, FOLD>; const uint2* pp = (const uint2*)pred; const uint2* tt = (const uint2*)target; \
+        void* args[] = {&pp, &tt, &lengths, &dpred, &loss, &partials, &counter, &bar64, (void*)&B, (void*)&N}; \
+        run([&]() { CK(cudaLaunchCooperativeKernel(fn, sms * 2, 512, args, 0, 0)); }); }
+        LEN3(0, 0) LEN3(1, 0)
         timeit("generated lengths, rows plan, again", gen_rows, flush, flush_bytes, len_bytes);
     }
     printf("done\n");
