@@ -143,13 +143,15 @@ fn a_new_batch_size_never_recompiles() {
 
 #[test]
 fn tuned_plans_match_the_interpreter_on_the_gpu() {
-    // The code generation choices `kfuse bench` can tune: the one-pass lengths gradient (one
-    // cooperative kernel with row groups), other launch bounds and elements per thread, another
-    // block size; each on the training examples at odd sizes, relaunched bit-identically.
+    // The code generation choices `kfuse bench` can tune: the two-kernel lengths gradient (the
+    // default is the one-launch rows plan), other launch bounds and elements per thread, another
+    // block size; each on the training examples at odd sizes (20001 rows: the rows plan's blocks
+    // take several tiles of rows each), relaunched bit-identically.
     let Some(gpu) = gpu_or_skip("tuned_plans_match_the_interpreter_on_the_gpu") else { return };
     use kfuse_codegen::{CodegenOptions, LengthsGradient};
     let tunings = [
-        CodegenOptions { lengths_gradient: LengthsGradient::OnePass, ..CodegenOptions::default() },
+        CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..CodegenOptions::default() },
+        CodegenOptions::default(),
         CodegenOptions { batched_threads_per_sm: 768, elems_per_thread: 2, ..CodegenOptions::default() },
         CodegenOptions { block_size: 128, batched_threads_per_sm: 512, elems_per_thread: 8, ..CodegenOptions::default() },
     ];
@@ -160,7 +162,7 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
             for (t, tuning) in tunings.iter().enumerate() {
                 let mut p = Program::from_source(&testdata::with_float_dtype(&src, dtype), &format!("examples/{stem}.kf ({dtype}, tuning {t})")).unwrap();
                 p.codegen = tuning.clone();
-                for (i, sizes) in [vec![0, 3], vec![1, 1], vec![3, 255], vec![257, 1023], vec![1023, 3]].into_iter().enumerate() {
+                for (i, sizes) in [vec![0, 3], vec![1, 1], vec![3, 255], vec![257, 1023], vec![1023, 3], vec![20001, 5]].into_iter().enumerate() {
                     check(&gpu, &p, &sizes, fresh_seed() + 100 * t as u64 + i as u64, dtype);
                     cases += 1;
                 }
