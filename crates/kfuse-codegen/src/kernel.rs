@@ -666,29 +666,41 @@ pub(crate) fn zero_fill_bytes(em: &Emitter, g: &Graph, a: &Action) -> Option<u64
 fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str, stride: &str) {
     em.uses.helpers.insert(Helper::StoreStreaming);
     let name = &g.outputs[o].name;
+    em.push_stmt(format!("{{ // zero fill of {name} over columns [kf_hi, {cols}): 16-byte streaming stores"));
+    em.push_stmt(format!("    const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + {cols}; // elements"));
+    for l in zero_fill_lines(o, esz, "lane", stride) {
+        em.push_stmt(format!("    {l}"));
+    }
+    em.push_stmt("}".to_string());
+}
+
+/// The zero fill of output `o` (`esz` bytes per domain element, dividing 16) over the elements
+/// `[kf_za, kf_zb)` declared by the caller: element stores for the partial 16-byte chunks at
+/// either end, 16-byte streaming stores (`kf_st_cs`) between; thread `lane` of the filling
+/// group takes every `stride`-th store.
+pub(crate) fn zero_fill_lines(o: usize, esz: u64, lane: &str, stride: &str) -> Vec<String> {
     let per = 16 / esz;
+    let chunks = |c: &str, from: &str, to: &str| {
+        format!("for (long long {c} = {from} + {lane}; {c} < {to}; {c} += {stride}) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + {c}, make_uint4(0u, 0u, 0u, 0u));")
+    };
+    if per == 1 {
+        return vec!["#pragma unroll 4".to_string(), chunks("e", "kf_za", "kf_zb")];
+    }
     let (ety, zero) = match esz {
         1 => ("unsigned char", "(unsigned char)0"),
         2 => ("unsigned short", "(unsigned short)0"),
         4 => ("unsigned int", "0u"),
-        8 => ("uint2", "make_uint2(0u, 0u)"),
-        _ => ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
+        _ => ("uint2", "make_uint2(0u, 0u)"),
     };
-    em.push_stmt(format!("{{ // zero fill of {name} over columns [kf_hi, {cols}): 16-byte streaming stores"));
-    em.push_stmt(format!("    const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + {cols}; // elements"));
-    if per == 1 {
-        em.push_stmt("    #pragma unroll 4".to_string());
-        em.push_stmt(format!("    for (long long e = kf_za + lane; e < kf_zb; e += {stride}) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + e, make_uint4(0u, 0u, 0u, 0u));"));
-    } else {
-        em.push_stmt(format!("    const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1));
-        em.push_stmt(format!("    const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb; // head elements [kf_za, kf_zh)"));
-        em.push_stmt(format!("    const long long kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // tail elements [kf_zt, kf_zb)"));
-        em.push_stmt(format!("    for (long long e = kf_za + lane; e < kf_zh; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"));
-        em.push_stmt(format!("    for (long long e = kf_zt + lane; e < kf_zb; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"));
-        em.push_stmt("    #pragma unroll 4".to_string());
-        em.push_stmt(format!("    for (long long c = kf_zc + lane; c < kf_zd; c += {stride}) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + c, make_uint4(0u, 0u, 0u, 0u));"));
-    }
-    em.push_stmt("}".to_string());
+    vec![
+        format!("const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1),
+        format!("const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb; // head elements [kf_za, kf_zh)"),
+        format!("const long long kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // tail elements [kf_zt, kf_zb)"),
+        format!("for (long long e = kf_za + {lane}; e < kf_zh; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"),
+        format!("for (long long e = kf_zt + {lane}; e < kf_zb; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"),
+        "#pragma unroll 4".to_string(),
+        chunks("c", "kf_zc", "kf_zd"),
+    ]
 }
 
 /// Whether output `o` was split into a domain and a small component axis.

@@ -234,27 +234,13 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     Ok((s, uses, next))
 }
 
-/// The zero fill of output `o` (`esz` bytes per domain element, dividing 16) over elements
-/// `[kf_za, kf_zb)`: element stores for the partial 16-byte chunks at either end, 16-byte
-/// streaming stores between, the block's threads taking every `KF_B`-th.
+/// The zero fill of output `o` over the tile's elements `[kf_za, kf_zb)`, the block's threads
+/// taking every `KF_B`-th store.
 fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
-    let per = 16 / esz;
-    let (ety, zero) = match esz {
-        1 => ("unsigned char", "(unsigned char)0"),
-        2 => ("unsigned short", "(unsigned short)0"),
-        4 => ("unsigned int", "0u"),
-        8 => ("uint2", "make_uint2(0u, 0u)"),
-        _ => ("uint4", "make_uint4(0u, 0u, 0u, 0u)"),
-    };
     let _ = writeln!(s, "        {{ // {}", g.outputs[o].name);
-    let _ = writeln!(s, "            const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1);
-    let _ = writeln!(s, "            const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb, kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh;");
-    if per > 1 {
-        let _ = writeln!(s, "            for (long long e = kf_za + threadIdx.x; e < kf_zh; e += KF_B) reinterpret_cast<{ety}*>(out{o})[e] = {zero};");
-        let _ = writeln!(s, "            for (long long e = kf_zt + threadIdx.x; e < kf_zb; e += KF_B) reinterpret_cast<{ety}*>(out{o})[e] = {zero};");
+    for l in crate::kernel::zero_fill_lines(o, esz, "threadIdx.x", "KF_B") {
+        let _ = writeln!(s, "            {l}");
     }
-    let _ = writeln!(s, "            #pragma unroll 4");
-    let _ = writeln!(s, "            for (long long c = kf_zc + threadIdx.x; c < kf_zd; c += KF_B) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + c, make_uint4(0u, 0u, 0u, 0u));");
     s.push_str("        }\n");
 }
 

@@ -101,10 +101,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
         // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.
         const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements
         { // dpred
-            const long long kf_zc = (kf_za + 0) / 1, kf_zd = kf_zb / 1; // whole 16-byte chunks [kf_zc, kf_zd)
-            const long long kf_zh = kf_zc * 1 < kf_zb ? kf_zc * 1 : kf_zb, kf_zt = kf_zd * 1 > kf_zh ? kf_zd * 1 : kf_zh;
             #pragma unroll 4
-            for (long long c = kf_zc + threadIdx.x; c < kf_zd; c += KF_B) kf_st_cs(reinterpret_cast<uint4*>(out1) + c, make_uint4(0u, 0u, 0u, 0u));
+            for (long long e = kf_za + threadIdx.x; e < kf_zb; e += KF_B) kf_st_cs(reinterpret_cast<uint4*>(out1) + e, make_uint4(0u, 0u, 0u, 0u));
         }
         // 3. The count (first tile), and the scalars that follow from it.
         if (!kf_counted) {
