@@ -101,8 +101,10 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
         level[i] = l;
     }
 
-    // Sinks in a fixed order: reductions in node order, then tensor outputs in output order.
-    let mut keyed: Vec<((u32, Vec<Dim>), SinkKind, Option<u32>)> = Vec::new();
+    // Sinks in a fixed order: reductions in node order, then tensor outputs in output order; each
+    // keyed by its kernel's (level, domain), with its component count.
+    type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
+    let mut keyed: Vec<KeyedSink> = Vec::new();
     for i in 0..g.nodes.len() {
         let id = NodeId(i as u32);
         if let (true, Some((_, x, _))) = (live[i], full_reduce(g, id)) {
