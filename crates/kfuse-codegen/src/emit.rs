@@ -76,6 +76,16 @@ pub(crate) struct Uses {
     pub helpers: BTreeSet<Helper>,
 }
 
+impl Uses {
+    /// Adds what another emitter's code uses (code that goes into the same kernel).
+    pub fn absorb(&mut self, other: Uses) {
+        self.inputs.extend(other.inputs);
+        self.temps_read.extend(other.temps_read);
+        self.syms.extend(other.syms);
+        self.helpers.extend(other.helpers);
+    }
+}
+
 pub(crate) struct Emitter<'a> {
     g: &'a Graph,
     an: Option<&'a Analysis>,
@@ -142,11 +152,6 @@ impl<'a> Emitter<'a> {
     /// The next unused value number (to continue numbering in another emitter).
     pub fn next_var(&self) -> u32 {
         self.next_var
-    }
-
-    /// Continues the numbering of another emitter (see [`Emitter::next_var`]).
-    pub fn set_next_var(&mut self, v: u32) {
-        self.next_var = v;
     }
 
     /// The root block's lines; every other block must be closed.

@@ -271,10 +271,7 @@ pub(crate) fn emit_kernel(
         next_var = dem.next_var();
         let (lines, duses) = dem.into_lines();
         drain = lines;
-        em.uses.inputs.extend(duses.inputs);
-        em.uses.temps_read.extend(duses.temps_read);
-        em.uses.syms.extend(duses.syms);
-        em.uses.helpers.extend(duses.helpers);
+        em.uses.absorb(duses);
     }
     // Row mode with nothing to do past a row's bound but zero fills in a one-pass kernel: a row
     // takes a group of fewer lanes (see `write_row_groups`), so more rows, each with a few valid
@@ -326,10 +323,7 @@ pub(crate) fn emit_kernel(
         temps_written.push(t);
     }
     let (epilogue, ep_uses) = ep.into_lines();
-    uses.inputs.extend(ep_uses.inputs);
-    uses.temps_read.extend(ep_uses.temps_read);
-    uses.syms.extend(ep_uses.syms);
-    uses.helpers.extend(ep_uses.helpers);
+    uses.absorb(ep_uses);
     for (c, _, _) in &slots {
         uses.helpers.insert(match c {
             Combine::Sum => Helper::BlockSum,
@@ -470,7 +464,7 @@ pub(crate) fn emit_kernel(
         match onepass {
             Some(b) => {
                 src.push_str(crate::onepass::FINAL_DRAIN);
-                let rescale = crate::onepass::rescale_lines(g, &b.pass)?;
+                let rescale = crate::onepass::rescale_lines(g, &b.pass);
                 write_barrier_tail(&mut src, &slots, &epilogue, &rescale);
             }
             None => write_reduction_tail(&mut src, &slots, &epilogue),

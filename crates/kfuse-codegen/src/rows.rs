@@ -24,10 +24,10 @@
 
 use std::fmt::Write as _;
 
-use kfuse_ir::{DType, Graph, NodeId, Op, ReduceOp};
+use kfuse_ir::{DType, Graph, Op, ReduceOp};
 
 use crate::analysis::{full_reduce, Analysis, SinkKind};
-use crate::emit::{Coord, Emitter, Mode, Prefetch, Uses};
+use crate::emit::{Coord, Emitter, Mode, Prefetch};
 use crate::kernel::{row_mode_bound, run_actions, zero_fill_bytes, Action, Group};
 use crate::CodegenError;
 
@@ -40,90 +40,32 @@ const SPEC_COLS: u32 = ROWS_BLOCK / TILE_ROWS;
 /// `int4` loads of the bounds per thread issued before the first fill.
 const COUNT_VECTORS: u32 = 8;
 
-/// What the rows loop is built from (emitted by `kernel`).
-pub(crate) struct RowsParts<'a> {
-    pub g: &'a Graph,
-    /// The row's bound and its context (a function of the row), and a fresh element emitter in
-    /// row mode for it.
-    pub bound: (NodeId, Vec<Coord>),
-    pub bound_em: Emitter<'a>,
-    /// A fresh element emitter in row mode, for the then-branch with speculative loads.
-    pub spec: Emitter<'a>,
-    /// The same for the then-branch with direct loads (longer rows).
-    pub direct: Emitter<'a>,
+/// The rows loop's emitted pieces (see [`rows_loop`]).
+struct RowsLines {
+    /// The bound of `row`: the lines computing it and its value.
+    bound_lines: Vec<String>,
+    bound: String,
+    /// A plain `i32` bound input, read as `int4` by the count.
+    plain: Option<u32>,
+    /// The then-branch with its loads hoisted into `kf_pf<k>` (speculated columns), and with
+    /// direct loads (longer rows).
+    prefetch: Vec<Prefetch>,
+    spec_body: Vec<String>,
+    direct_body: Vec<String>,
     /// Zero fills: (output, bytes per domain element) of outputs all-zero where the mask fails.
-    pub fills: Vec<(usize, u64)>,
-    /// Else-branch stores that are not plain zero fills (emitted per element, flat index).
-    pub other: Vec<String>,
-    /// The crossing scalars (node, temp number) and their values' emitter (epilogue mode).
-    pub crossing: Vec<(NodeId, usize)>,
-    pub epilogue: Emitter<'a>,
-    pub rows: String,
-    pub cols: String,
+    fills: Vec<(usize, u64)>,
+    /// Else-branch stores that are not plain zero fills (per element, flat index).
+    other: Vec<String>,
+    /// The crossing scalars' shared declarations and the lines (thread 0) that compute them.
+    decls: Vec<String>,
+    crossing_lines: Vec<String>,
+    rows: String,
+    cols: String,
 }
 
-/// The kernel body before the tail, what it uses, and the next free value number. `run_then`
-/// emits the then-branch's actions (the reductions' updates and the output's store).
-pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> Result<(), CodegenError>) -> Result<(String, Uses, u32), CodegenError> {
-    let RowsParts { g, bound, mut bound_em, mut spec, mut direct, fills, other, crossing, mut epilogue, rows, cols } = p;
-    let mut uses = Uses::default();
-    let merge = |u: Uses, into: &mut Uses| {
-        into.inputs.extend(u.inputs);
-        into.temps_read.extend(u.temps_read);
-        into.syms.extend(u.syms);
-        into.helpers.extend(u.helpers);
-    };
-    let (b, bctx) = bound;
-    // A plain `i32` input indexed by the row (through `[.., None]`): the count reads it as int4.
-    let (mut pn, mut pctx) = (b, bctx.clone());
-    while let (Op::ExpandLast(x), Some(Coord::Const(0))) = (g.node(pn).op, pctx.last()) {
-        pn = x;
-        pctx.pop();
-    }
-    let plain = match g.node(pn).op {
-        Op::Input(id) if g.node(pn).dtype == DType::I32 && pctx.iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32)) => Some(id.0),
-        _ => None,
-    };
-    // The bound of `row`, as lines and a value.
-    bound_em.row_mode = true;
-    let bv = bound_em.eval(b, &bctx)?;
-    let next = bound_em.next_var();
-    let (bound_lines, bu) = bound_em.into_lines();
-    merge(bu, &mut uses);
-    // Speculative body (loads hoisted into kf_pf) and direct body.
-    spec.row_mode = true;
-    spec.prefetch = Some(Vec::new());
-    spec.set_next_var(next);
-    run_then(&mut spec)?;
-    let prefetch: Vec<Prefetch> = spec.prefetch.take().unwrap_or_default();
-    let next = spec.next_var();
-    let (spec_body, su) = spec.into_lines();
-    merge(su, &mut uses);
-    direct.row_mode = true;
-    direct.set_next_var(next);
-    run_then(&mut direct)?;
-    let next = direct.next_var();
-    let (direct_body, du) = direct.into_lines();
-    merge(du, &mut uses);
-    // Crossing scalars from the count.
-    epilogue.set_next_var(next);
-    let mut crossing_lines = Vec::new();
-    let mut decls = Vec::new();
-    for &(n, t) in &crossing {
-        let v = epilogue.eval(n, &[])?;
-        let ty = crate::cuda::value_type(crate::emit::temp_dtype(g.node(n).dtype));
-        decls.push(format!("__shared__ {ty} kf_c{t}; // n{} from the count", n.0));
-        epilogue.push_stmt(format!("kf_c{t} = {v};"));
-    }
-    let next = epilogue.next_var();
-    let (ep_lines, eu) = epilogue.into_lines();
-    crossing_lines.extend(ep_lines);
-    merge(eu, &mut uses);
-    uses.helpers.insert(crate::cuda::Helper::BlockSum);
-    if !fills.is_empty() {
-        uses.helpers.insert(crate::cuda::Helper::StoreStreaming);
-    }
-
+/// The source of the rows loop (every tile of the block, up to the tail).
+fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
+    let RowsLines { bound_lines, bound: bv, plain, prefetch, spec_body, direct_body, fills, other, decls, crossing_lines, rows, cols } = l;
     let mut s = String::new();
     let w = |s: &mut String, ind: usize, l: &str| {
         let _ = writeln!(s, "{}{l}", "    ".repeat(ind));
@@ -136,7 +78,7 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     s.push_str("    const long long lane = threadIdx.x & 31u;\n");
     s.push_str("    __shared__ int kf_hs[KF_T]; // the tile's bounds, clamped to [0, cols]\n");
     s.push_str("    __shared__ double kf_csm[32];\n");
-    for d in &decls {
+    for d in decls {
         w(&mut s, 1, d);
     }
     s.push_str("    auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };\n");
@@ -160,7 +102,7 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     s.push_str("        int kf_b = 0;\n");
     s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) {\n");
     s.push_str("            const long long row = kf_r0 + threadIdx.x;\n");
-    for l in &bound_lines {
+    for l in bound_lines {
         w(&mut s, 3, l);
     }
     let _ = writeln!(s, "            kf_b = {bv};");
@@ -180,12 +122,12 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     }
     s.push_str("        // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.\n");
     s.push_str("        const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements\n");
-    for &(o, esz) in &fills {
+    for &(o, esz) in fills {
         write_fill(&mut s, g, o, esz);
     }
     if !other.is_empty() {
         s.push_str("        for (long long i = kf_za + threadIdx.x; i < kf_zb; i += KF_B) {\n");
-        for l in &other {
+        for l in other {
             w(&mut s, 3, l);
         }
         s.push_str("        }\n");
@@ -202,14 +144,14 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     }
     s.push_str("            #pragma unroll 4\n");
     s.push_str("            for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {\n");
-    for l in &bound_lines {
+    for l in bound_lines {
         w(&mut s, 4, l);
     }
     let _ = writeln!(s, "                kf_n += kf_cl({bv});");
     s.push_str("            }\n");
     s.push_str("            const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);\n");
     s.push_str("            if (threadIdx.x == 0) {\n");
-    for l in &crossing_lines {
+    for l in crossing_lines {
         w(&mut s, 4, l);
     }
     s.push_str("            }\n            kf_counted = true;\n        }\n");
@@ -218,7 +160,7 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     s.push_str("        // 4. The speculated columns that are valid, then columns [KF_S, bound) of longer rows, a warp per row.\n");
     s.push_str("        if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S]) {\n");
     s.push_str("            const long long row = kf_sr, col = kf_sc, i = row * cols + col;\n");
-    for l in &spec_body {
+    for l in spec_body {
         w(&mut s, 3, l);
     }
     s.push_str("        }\n");
@@ -226,12 +168,12 @@ pub(crate) fn write_rows_loop(p: RowsParts, run_then: &dyn Fn(&mut Emitter) -> R
     s.push_str("            const long long row = kf_r0 + kf_r, rowbase = row * cols, kf_hi = kf_hs[kf_r];\n");
     s.push_str("            for (long long col = KF_S + lane; col < kf_hi; col += 32) {\n");
     s.push_str("                const long long i = rowbase + col;\n");
-    for l in &direct_body {
+    for l in direct_body {
         w(&mut s, 4, l);
     }
     s.push_str("            }\n        }\n");
     s.push_str("        __syncthreads(); // kf_hs is rewritten by the next tile\n    }\n");
-    Ok((s, uses, next))
+    s
 }
 
 /// The zero fill of output `o` over the tile's elements `[kf_za, kf_zb)`, the block's threads
@@ -249,13 +191,13 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     let internal = |what| CodegenError::Internal { node: 0, what };
     let info = &an.kernels[k];
     let [grp] = groups else { return Err(internal("rows plan with several predicates")) };
-    let bound = row_mode_bound(em, g, &info.dims, dom, groups).ok_or(internal("rows plan without a row bound"))?;
-    let fresh = |mode, first| {
-        let mut e = Emitter::new(g, Some(an), mode, info.dims.clone(), first);
+    // Element emitters in row mode, continuing the numbering from `first`.
+    let fresh = |first| {
+        let mut e = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), first);
         e.substitutions = em.substitutions.clone();
+        e.row_mode = true;
         e
     };
-    let element = Mode::Element { kernel: k };
     // Else-branch stores: zero fills, or (any other constant) per element at the flat index.
     let (mut fills, mut others) = (Vec::new(), Vec::new());
     for a in &grp.otherwise {
@@ -264,15 +206,41 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
             _ => others.push(a.clone()),
         }
     }
-    let mut flat = fresh(element, first_var);
+    let mut flat = fresh(first_var);
+    flat.row_mode = false;
     run_actions(&mut flat, g, &others)?;
     let next = flat.next_var();
-    let (other, ou) = flat.into_lines();
-    em.uses.inputs.extend(ou.inputs);
-    em.uses.syms.extend(ou.syms);
-    em.uses.helpers.extend(ou.helpers);
+    let (other, u) = flat.into_lines();
+    em.uses.absorb(u);
+    // The bound of `row`; a plain `i32` input (through `[.., None]`) is read as int4 by the count.
+    let (b, bctx) = row_mode_bound(em, g, &info.dims, dom, groups).ok_or(internal("rows plan without a row bound"))?;
+    let (mut pn, mut pctx) = (b, bctx.clone());
+    while let (Op::ExpandLast(x), Some(Coord::Const(0))) = (g.node(pn).op, pctx.last()) {
+        pn = x;
+        pctx.pop();
+    }
+    let plain = match g.node(pn).op {
+        Op::Input(id) if g.node(pn).dtype == DType::I32 && pctx.iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32)) => Some(id.0),
+        _ => None,
+    };
+    let mut bound_em = fresh(next);
+    let bound = bound_em.eval(b, &bctx)?;
+    let next = bound_em.next_var();
+    let (bound_lines, u) = bound_em.into_lines();
+    em.uses.absorb(u);
+    // The then-branch: speculative (loads hoisted into kf_pf) and direct.
+    let mut spec = fresh(next);
+    spec.prefetch = Some(Vec::new());
+    run_actions(&mut spec, g, &grp.then)?;
+    let prefetch = spec.prefetch.take().unwrap_or_default();
+    let (next, (spec_body, u)) = (spec.next_var(), spec.into_lines());
+    em.uses.absorb(u);
+    let mut direct = fresh(next);
+    run_actions(&mut direct, g, &grp.then)?;
+    let (next, (direct_body, u)) = (direct.next_var(), direct.into_lines());
+    em.uses.absorb(u);
     // The scalars crossing to the gradient, from `count(mask)` (the block's `kf_cntd`).
-    let mut epilogue = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), 0);
+    let mut epilogue = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next);
     for sink in &info.sinks {
         if let SinkKind::Reduce { node, .. } = sink.kind {
             if matches!(full_reduce(g, node), Some((ReduceOp::Count, _, None))) {
@@ -280,26 +248,36 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
             }
         }
     }
-    let parts = RowsParts {
-        g,
+    let mut decls = Vec::new();
+    for (&n, &t) in &an.temps {
+        let v = epilogue.eval(n, &[])?;
+        let ty = crate::cuda::value_type(crate::emit::temp_dtype(g.node(n).dtype));
+        decls.push(format!("__shared__ {ty} kf_c{t}; // n{} from the count", n.0));
+        epilogue.push_stmt(format!("kf_c{t} = {v};"));
+    }
+    let (next, (crossing_lines, u)) = (epilogue.next_var(), epilogue.into_lines());
+    em.uses.absorb(u);
+    em.uses.helpers.insert(crate::cuda::Helper::BlockSum);
+    if !fills.is_empty() {
+        em.uses.helpers.insert(crate::cuda::Helper::StoreStreaming);
+    }
+    let lines = RowsLines {
+        bound_lines,
         bound,
-        bound_em: fresh(element, next),
-        spec: fresh(element, 0),
-        direct: fresh(element, 0),
+        plain,
+        prefetch,
+        spec_body,
+        direct_body,
         fills,
         other,
-        crossing: an.temps.iter().map(|(&n, &t)| (n, t)).collect(),
-        epilogue,
+        decls,
+        crossing_lines,
         rows: em.product(&info.dims[..info.dims.len() - 1]),
         cols: match info.dims.last() {
             Some(&d) => em.dim(d),
             None => "1".to_string(),
         },
     };
-    let (src, uses, next) = write_rows_loop(parts, &|e| run_actions(e, g, &grp.then))?;
-    em.uses.inputs.extend(uses.inputs);
-    em.uses.syms.extend(uses.syms);
-    em.uses.helpers.extend(uses.helpers);
-    em.uses.temps_read.extend(uses.temps_read);
+    let src = write_rows_loop(g, &lines);
     Ok((src, next))
 }
