@@ -3,10 +3,10 @@
 //! the depth. Layers, n8 output tiles and k16 input steps are run-time loops
 //! (`mlp_generic.cuh`) driven by a small layer table in constant memory, so NVRTC compiles about
 //! the same, small amount of code for every model (a first call's compile, see `tier.rs`). It
-//! reads the optimised kernel's parameter blob unchanged: [`emit_generic`] derives the blob's
-//! layout itself, repacks the model with it and refuses ([`GenericRefusal::Layout`]) when the bytes
-//! differ from the optimised kernel's, so a change of the optimised kernel's layout falls back to
-//! the older fast forms instead of computing garbage.
+//! reads the optimised kernel's parameter blob unchanged: [`emit_generic`] takes the layer layout
+//! from kernel.rs's own packer (`pack_params`) and refuses ([`GenericRefusal::Layout`]) when
+//! hidden layers take f16 biases (`HiddenAccumulator::F16`, a layout this kernel does not read)
+//! or when `full` was not packed with these options.
 //!
 //! Handles: any depth, widths 1..=256 whose weights fit in shared memory next to one warp's two
 //! 16-row activation buffers, f16/bf16 weights, f32/f16/bf16 I/O, both bias forms
@@ -19,13 +19,11 @@
 
 use std::fmt::Write;
 
-use half::{bf16, f16};
-
 use kfuse_ir::DType;
 
 use crate::activation::ActivationKind;
 use crate::error::MlpError;
-use crate::kernel::{ActivationMath, BiasOperand, MlpKernel, MlpKernelOptions};
+use crate::kernel::{hidden_forms, pack_params, round_up, ActivationMath, BiasOperand, MlpKernel, MlpKernelOptions};
 use crate::model::MlpModel;
 
 const GENERIC: &str = include_str!("mlp_generic.cuh");
@@ -74,17 +72,6 @@ struct TableLayer {
     act: usize,
 }
 
-fn round_up(v: usize, m: usize) -> usize {
-    v.div_ceil(m) * m
-}
-
-fn bits16(dtype: DType, v: f32) -> u16 {
-    match dtype {
-        DType::BF16 => bf16::from_f32(v).to_bits(),
-        _ => f16::from_f32(v).to_bits(),
-    }
-}
-
 fn kind(dtype: DType) -> Option<usize> {
     match dtype {
         DType::F32 => Some(0),
@@ -92,50 +79,6 @@ fn kind(dtype: DType) -> Option<usize> {
         DType::BF16 => Some(2),
         _ => None,
     }
-}
-
-/// The optimised kernel's parameter blob as this module understands it (weights in B-fragment
-/// order, hidden layers with two n8 tiles per 16-byte fetch, then f32 biases in `bias`'s layout,
-/// each layer 16-byte aligned; layers flagged in `halved` times ½), and each layer's table entry
-/// (activation ids filled in later).
-fn expected_params(model: &MlpModel, halved: &[bool], bias: BiasOperand) -> (Vec<u8>, Vec<TableLayer>) {
-    let mut blob: Vec<u8> = Vec::new();
-    let mut table = Vec::with_capacity(model.layers.len());
-    let last = model.layers.len().saturating_sub(1);
-    for (li, layer) in model.layers.iter().enumerate() {
-        let k_pad = round_up(layer.inputs, 16);
-        let n_pad = round_up(layer.outputs, if li == last { 8 } else { 16 });
-        let g = if li == last { 1 } else { 2 };
-        let w_off = blob.len();
-        let scale = if halved[li] { 0.5f32 } else { 1.0 };
-        let at = |n: usize, k: usize| if n < layer.outputs && k < layer.inputs { bits16(model.dtype, scale * layer.weight[n * layer.inputs + k]) } else { 0 };
-        for j in 0..n_pad / (8 * g) {
-            for kk in 0..k_pad / 16 {
-                for lane in 0..32 {
-                    for t in 0..g {
-                        let (n, k) = (8 * (g * j + t) + lane / 4, 16 * kk + 2 * (lane % 4));
-                        for v in [at(n, k), at(n, k + 1), at(n, k + 8), at(n, k + 9)] {
-                            blob.extend_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                }
-            }
-        }
-        let b_off = blob.len();
-        if let Some(b) = &layer.bias {
-            let at = |i: usize| (scale * b.get(i).copied().unwrap_or(0.0)).to_le_bytes();
-            for c in (0..n_pad).step_by(2) {
-                match bias {
-                    BiasOperand::Pairs => [c, c + 1].iter().for_each(|&i| blob.extend_from_slice(&at(i))),
-                    BiasOperand::Quads => [c, c + 1, c, c + 1].iter().for_each(|&i| blob.extend_from_slice(&at(i))),
-                }
-            }
-        }
-        blob.resize(round_up(blob.len(), 16), 0);
-        let b_off = layer.bias.as_ref().map(|_| b_off);
-        table.push(TableLayer { kt: k_pad / 16, nt8: n_pad / 8, gs: g - 1, w_off, b_off, n_real: layer.outputs, act: 0 });
-    }
-    (blob, table)
 }
 
 /// The kernel's code for each layer's activation: `(hidden pack body, last-layer body)`, with
@@ -170,16 +113,6 @@ fn activation_body(model: &MlpModel, opts: &MlpKernelOptions, li: usize, exprs: 
     }
 }
 
-/// Which hidden layers' weights the optimised kernel halves (SiLU as `h + h·tanh(h)`), as
-/// kernel.rs decides it.
-fn halved_layers(model: &MlpModel, opts: &MlpKernelOptions) -> Vec<bool> {
-    let packed_silu = matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced)
-        && model.dtype == DType::F16;
-    let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
-    let last = model.layers.len().saturating_sub(1);
-    model.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu).collect()
-}
-
 /// A `switch` over the activation bodies (one return without a switch when there is one).
 fn dispatcher(out: &mut String, signature: &str, bodies: &[String], fallback: &str) {
     let _ = writeln!(out, "__device__ __forceinline__ {signature} {{");
@@ -210,10 +143,28 @@ pub fn emit_generic(model: &MlpModel, opts: &MlpKernelOptions, full: &MlpKernel)
     if model.layers.is_empty() || (full.in_dtype, full.out_dtype) != (opts.in_dtype, opts.out_dtype) {
         return Err(GenericRefusal::Layout);
     }
-    let (params, mut table) = expected_params(model, &halved_layers(model, opts), opts.bias_operand);
-    if params != full.params {
+    // The optimised kernel's blob (mma B-fragment order, hidden layers with two n8 tiles per
+    // 16-byte fetch, f32 biases in `bias_operand`'s layout); f16 biases are not read here.
+    let (halved, acc16) = hidden_forms(model, opts);
+    let (params, layouts) = pack_params(model, &halved, &acc16, opts.bias_operand);
+    if acc16.contains(&true) || params != full.params {
         return Err(GenericRefusal::Layout);
     }
+    let last = model.layers.len() - 1;
+    let mut table: Vec<TableLayer> = layouts
+        .iter()
+        .zip(&model.layers)
+        .enumerate()
+        .map(|(li, (l, layer))| TableLayer {
+            kt: l.k_pad / 16,
+            nt8: l.n_pad / 8,
+            gs: usize::from(li != last),
+            w_off: l.w_off,
+            b_off: layer.bias.as_ref().map(|_| l.b_off),
+            n_real: layer.outputs,
+            act: 0,
+        })
+        .collect();
     let mut exprs: Vec<String> = Vec::new();
     let (mut hidden, mut last_bodies): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
     let depth = model.layers.len();

@@ -253,7 +253,7 @@ pub struct MlpKernel {
     pub nvrtc_options: Vec<String>,
 }
 
-fn round_up(v: usize, m: usize) -> usize {
+pub(crate) fn round_up(v: usize, m: usize) -> usize {
     v.div_ceil(m) * m
 }
 
@@ -273,19 +273,51 @@ fn bits16(dtype: DType, v: f32) -> u16 {
     }
 }
 
+/// Whether hidden SiLU layers take the packed f16 form (`h + h·tanh(h)` on f16 pairs).
+fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
+    matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced) && model.dtype == DType::F16
+}
+
+/// Per layer, how the host prepares it: `halved` (hidden SiLU layers whose kernel form takes
+/// `h = x/2` from the accumulators: weights and bias times ½) and `acc16` (hidden layers that
+/// accumulate in f16, [`HiddenAccumulator::F16`], for activations with a packed f16 form; layers
+/// with an FMA share keep f32).
+pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bool>, Vec<bool>) {
+    let last = model.layers.len().saturating_sub(1);
+    let packed_silu = packed_silu(model, opts);
+    let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
+    let halved = model.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu).collect();
+    let acc16 = model
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            opts.hidden_accumulator == HiddenAccumulator::F16
+                && model.dtype == DType::F16
+                && i != last
+                && match l.activation.kind() {
+                    ActivationKind::Identity | ActivationKind::Relu => true,
+                    ActivationKind::Silu => packed_silu && !matches!(opts.activation_math, ActivationMath::PackedFma { eighths: 1.. } | ActivationMath::PackedFmaBalanced),
+                    _ => false,
+                }
+        })
+        .collect();
+    (halved, acc16)
+}
+
 /// Per layer: (padded k, padded n, weight offset, bias offset or 0, has bias).
 #[derive(Clone, Copy, Debug)]
-struct LayerLayout {
-    k_pad: usize,
-    n_pad: usize,
-    w_off: usize,
-    b_off: usize,
+pub(crate) struct LayerLayout {
+    pub k_pad: usize,
+    pub n_pad: usize,
+    pub w_off: usize,
+    pub b_off: usize,
 }
 
 /// Packs every layer's weights into mma B-fragment order and appends the f32 biases (in the
 /// layout of `bias`), or f16 ones for layers with `acc16[i]` (see mlp_layer_forms.cuh); layers
 /// with `halved[i]` get weights and bias times ½ (SiLU's `h = x/2`, see [`ActivationMath::Packed`]).
-fn pack_params(model: &MlpModel, halved: &[bool], acc16: &[bool], bias: BiasOperand) -> (Vec<u8>, Vec<LayerLayout>) {
+pub(crate) fn pack_params(model: &MlpModel, halved: &[bool], acc16: &[bool], bias: BiasOperand) -> (Vec<u8>, Vec<LayerLayout>) {
     let mut blob: Vec<u8> = Vec::new();
     let mut layouts = Vec::with_capacity(model.layers.len());
     let last = model.layers.len() - 1;
@@ -380,23 +412,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             return Err(MlpError::TooLarge { what: "SiLU pairs on the FMA pipe, in eighths", value: u64::from(eighths), limit: 8 });
         }
     }
-    let packed_silu = matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced)
-        && model.dtype == DType::F16;
+    let packed_silu = packed_silu(model, opts);
     let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
-    let halved: Vec<bool> = model.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu).collect();
-    // Hidden layers that accumulate in f16 (HiddenAccumulator::F16; an activation with a packed
-    // f16 form). The FMA share (below) is decided first: its layers keep f32.
-    let acc16_kind = |i: usize, l: &crate::model::MlpLayer| {
-        opts.hidden_accumulator == HiddenAccumulator::F16
-            && model.dtype == DType::F16
-            && i != last
-            && match l.activation.kind() {
-                ActivationKind::Identity | ActivationKind::Relu => true,
-                ActivationKind::Silu => packed_silu && !matches!(opts.activation_math, ActivationMath::PackedFma { eighths: 1.. } | ActivationMath::PackedFmaBalanced),
-                _ => false,
-            }
-    };
-    let acc16: Vec<bool> = model.layers.iter().enumerate().map(|(i, l)| acc16_kind(i, l)).collect();
+    let (halved, acc16) = hidden_forms(model, opts);
     let (params, layouts) = pack_params(model, &halved, &acc16, opts.bias_operand);
     for (i, l) in layouts.iter().enumerate() {
         if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
