@@ -102,7 +102,9 @@ enum Command {
         #[arg(long, value_enum, default_value = "auto")]
         device: DeviceArg,
     },
-    /// Time a .kf file on the GPU (CUDA events, warm-up, median) against the interpreter.
+    /// Time a .kf file on the GPU (CUDA events, warm-up, median) against the interpreter, in three
+    /// modes: back to back on one buffer set, rotated over buffer sets that together exceed L2
+    /// three times, and each launch alone after an L2 flush.
     Bench {
         file: PathBuf,
         /// An input as NAME=PATH.npy (repeat for each input).
@@ -117,6 +119,10 @@ enum Command {
         /// Timed runs per figure.
         #[arg(long, default_value_t = 200)]
         iters: usize,
+        /// Buffer sets the rotated mode cycles through (2..=64); default: the fewest whose inputs
+        /// and outputs together reach 3× the L2 size.
+        #[arg(long, value_name = "N")]
+        rotate_sets: Option<usize>,
         /// Write the figures as JSON here too.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -304,7 +310,9 @@ fn run(cli: Cli) -> Result<()> {
             };
             write_outputs(&outputs, &output)
         }
-        Command::Bench { file, inputs, dims, baseline, iters, json, tuning } => {
+        Command::Bench { file, inputs, dims, baseline, iters, rotate_sets, json, tuning } => {
+            let opts = bench::BenchOptions { iters, baseline, rotate_sets };
+            bench::check_options(&opts)?;
             let mut p = load(&file)?;
             p.codegen = tuning.options();
             let tensors = if dims.is_empty() {
@@ -317,7 +325,6 @@ fn run(cli: Cli) -> Result<()> {
                 bench::random_inputs(&p.graph, &sizes, 0)?
             };
             let gpu = kfuse_runtime::open_default().context("`kfuse bench` times the GPU")?;
-            let opts = bench::BenchOptions { iters, baseline };
             let report = bench::run(&gpu, &p, &tensors, &opts)?;
             say!("{report}");
             if let Some(path) = json {
