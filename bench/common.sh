@@ -28,3 +28,12 @@ bench_training() {
     done
   done
 }
+
+# The summary of the `kfuse bench` runs in $log: each command (trimmed by the sed expression $2),
+# the table's column header once, and the generated program's row: per-launch median µs, GB/s and
+# % of copy bandwidth, each back to back / rotated over buffer sets beyond L2 / after an L2 flush.
+bench_summary() {
+  echo "== $1 (median µs, GB/s, % copy bw; each b2b / rot / flush)" | tee -a "$log"
+  grep -m1 -B1 -E "^kernel +launches" "$log" | tee -a "$log"
+  grep -E "^(\+ kfuse bench|kfuse \(generated\))" "$log" | sed "$2" | tee -a "$log"
+}

@@ -29,5 +29,4 @@ while IFS=$'\t' read -r exe dir; do
   echo "== $exe ($dir)" | tee -a "$log"
   (cd "$root/$dir" && KFUSE_REQUIRE_GPU=1 "/tmp/kfuse-gpu/tests/$exe" --test-threads=1 2>&1 | tail -n 15 | tee -a "$log")
 done < "$([ "${KFB_SKIP_TESTS:-0}" = 1 ] && echo /tmp/kfb/no-tests.tsv || echo /tmp/kfuse-gpu/tests.tsv)"
-echo "== summary (b2b median µs)" | tee -a "$log"
-grep -E "^(\+ kfuse bench|kfuse \(generated\))" "$log" | sed 's/--input.*json /json /' | tee -a "$log"
+bench_summary summary 's/--input.*json /json /'

@@ -35,6 +35,5 @@ if command -v ncu >/dev/null; then
     grep -E "kf_[0-9a-f]+_[0-9]|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Eligible Warps|No Eligible|Issued Warp|Warp Cycles Per Issued|L2 Hit Rate|Block Limit Reg" "$f" | head -60 | tee -a "$log"
   done
 fi
-echo "== summary (b2b median µs)" | tee -a "$log"
-grep -E "^(\+ kfuse bench|kfuse \(generated\))" "$log" | sed 's/--input.*--iters 200//' | tee -a "$log"
+bench_summary summary 's/--input.*--iters 200//'
 cp "$log" $P/ && rm -rf $P/o && tar -C /tmp/kfb -czf "${OUT:-/tmp/kfuse-out}/profile.tar.gz" profile

@@ -13,5 +13,4 @@ for dt in bf16 f32; do
         --iters 200 --threads-per-sm $t --elems-per-thread $e
   done; done
 done
-echo "== summary (b2b median µs)" | tee -a "$log"
-grep -E "^(\+ kfuse bench|kfuse \(generated\))" "$log" | sed 's/--input.*--iters 200//' | tee -a "$log"
+bench_summary summary 's/--input.*--iters 200//'

@@ -20,5 +20,4 @@ for dt in bf16 f32; do
   done
 done
 cp /tmp/kfb/json/variant_*.json "$OUT/" 2>/dev/null
-echo "== variants summary" | tee -a "$log"
-grep -E "^(\+ kfuse bench|kfuse \(generated\))" "$log" | sed 's/--input.*--iters 100//' | tee -a "$log"
+bench_summary "variants summary" 's/--input.*--iters 100//'
