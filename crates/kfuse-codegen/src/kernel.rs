@@ -75,10 +75,17 @@ pub(crate) fn emit_kernel(
     let dom: Vec<Coord> = (0..info.dims.len() as u32).map(Coord::Dom).collect();
     let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
 
-    // Sinks become actions, grouped by the predicate that guards them.
+    // The one-pass plan's buffers (kernel 0 only), and the rows plan's counts of the mask, which
+    // take no partial slot: the tail reads the block's own count `kf_cntd` (see `rows`).
+    let onepass = buffers.onepass.as_ref().filter(|_| k == 0);
+    let mask_counts: &[NodeId] = onepass.map_or(&[], |b| &b.pass.counts);
+
+    // Sinks become actions, grouped by the predicate that guards them; full reductions take
+    // partial slots in sink order.
     let mut slots: Vec<(Combine, String, String)> = Vec::new(); // (combine, init, what)
     let mut groups: Vec<Group> = Vec::new();
     let mut slot_results = std::collections::HashMap::new();
+    let mut sink_notes = Vec::new(); // the header's `// sink:` lines
     for sink in &info.sinks {
         let comps: Vec<Option<u64>> = match sink.comps {
             Some(c) => (0..u64::from(c)).map(Some).collect(),
@@ -90,9 +97,14 @@ pub(crate) fn emit_kernel(
             ctx
         };
         match sink.kind {
-            SinkKind::Reduce { node, slot } => {
+            SinkKind::Reduce { node, .. } if mask_counts.contains(&node) => {
+                slot_results.insert(node, vec!["kf_cntd".to_string()]);
+                sink_notes.push(format!("full reduction n{}: the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot", node.0));
+            }
+            SinkKind::Reduce { node, .. } => {
                 let (op, x, mask) = full_reduce(g, node).ok_or(CodegenError::Internal { node: node.0, what: "sink is not a reduction" })?;
                 let xd = g.node(x).dtype;
+                let slot = slots.len() as u32;
                 let n_slots = crate::analysis::slots_of(op);
                 let accs: Vec<String> = (slot..slot + n_slots).map(|s| format!("acc{s}")).collect();
                 slot_results.insert(node, (slot..slot + n_slots).map(|s| format!("r{s}")).collect::<Vec<_>>());
@@ -109,6 +121,7 @@ pub(crate) fn emit_kernel(
                 if op == ReduceOp::Mean {
                     slots.push((Combine::Sum, "0.0".into(), format!("count of {what}")));
                 }
+                sink_notes.push(format!("full reduction n{} into partial slot {slot}{}", node.0, comps_note(sink.comps)));
                 for c in comps {
                     let xctx = ctx_of(c);
                     let guard = em.reduce_guard(op, x, mask, &xctx);
@@ -116,6 +129,7 @@ pub(crate) fn emit_kernel(
                 }
             }
             SinkKind::Output { index } => {
+                sink_notes.push(format!("output {}{}", g.outputs[index].name, comps_note(sink.comps)));
                 let node = g.outputs[index].node;
                 let selects: Vec<_> = comps
                     .iter()
@@ -137,7 +151,6 @@ pub(crate) fn emit_kernel(
     }
 
     // One pass: this kernel also computes the masked output unscaled and lists it (see onepass).
-    let onepass = buffers.onepass.as_ref().filter(|_| k == 0);
     if let Some(bufs) = onepass {
         let pass = &bufs.pass;
         em.substitutions = pass.substitutions.iter().cloned().collect();
@@ -164,7 +177,7 @@ pub(crate) fn emit_kernel(
     let mut next_var = em.next_var();
     let rows_src = match rows_pass {
         Some(_) => {
-            let (src, nv) = crate::rows::rows_loop(&mut em, g, an, k, &groups, &dom, next_var)?;
+            let (src, nv) = crate::rows::rows_loop(&mut em, g, an, k, &groups, mask_counts, next_var)?;
             next_var = nv;
             Some(src)
         }
@@ -396,13 +409,8 @@ pub(crate) fn emit_kernel(
     } else {
         let _ = writeln!(src, "// domain: {dom_str} elements, one per iteration of a grid-stride loop, 64-bit flat index");
     }
-    for s in &info.sinks {
-        let comps = s.comps.map(|c| format!(" ({c} components per element)")).unwrap_or_default();
-        let what = match s.kind {
-            SinkKind::Reduce { node, slot } => format!("full reduction n{} into partial slot {slot}", node.0),
-            SinkKind::Output { index } => format!("output {}", g.outputs[index].name),
-        };
-        let _ = writeln!(src, "// sink: {what}{comps}");
+    for note in &sink_notes {
+        let _ = writeln!(src, "// sink: {note}");
     }
     src.push('\n');
     for h in &uses.helpers {
@@ -497,6 +505,11 @@ pub(crate) fn emit_kernel(
         lazy_inputs,
         launch: if onepass.is_some() { Launch::Cooperative } else { Launch::Plain },
     })
+}
+
+/// The header's note of a sink's components per element, if any.
+fn comps_note(comps: Option<u32>) -> String {
+    comps.map(|c| format!(" ({c} components per element)")).unwrap_or_default()
 }
 
 /// The header's note of non-default tuning (so default kernels keep their bytes).

@@ -106,11 +106,16 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
-        if info.slots == 0 {
+        // The rows plan's counts of the mask have no slot: each block sums the lengths itself.
+        let counted = match &pass {
+            Some(p) if k == 0 => p.counts.len() as u32,
+            _ => 0,
+        };
+        let slots = info.slots.saturating_sub(counted);
+        if slots == 0 {
             reduction.push(None);
             continue;
         }
-        let slots = info.slots;
         // A compacted one-pass kernel 0 is cooperative: its counter is the grid barrier's pair.
         let counters = if k == 0 && pass.as_ref().is_some_and(|p| !p.rows) { 2 } else { 1 };
         let p = buffers.len();

@@ -37,9 +37,9 @@
 
 use std::collections::HashMap;
 
-use kfuse_ir::{BinaryOp, Graph, Kind, NodeId, Op, TernaryOp, UnaryOp};
+use kfuse_ir::{BinaryOp, Graph, Kind, NodeId, Op, ReduceOp, TernaryOp, UnaryOp};
 
-use crate::analysis::{Analysis, SinkKind};
+use crate::analysis::{full_reduce, Analysis, SinkKind};
 use crate::emit::{Coord, Emitter, Mode};
 
 /// A recognised one-pass plan for kernels 0 and 1.
@@ -57,6 +57,12 @@ pub(crate) struct OnePass {
     /// The rows plan (a lengths mask; see `rows`): the count slots the crossing scalars need,
     /// taken from the lengths, so no grid barrier and no list.
     pub rows: bool,
+    /// The rows plan: kernel 0's full reductions that are `count(m)` of the lengths mask (one
+    /// per element where it holds, no mask of their own, no component axis). Every block sums
+    /// the clamped lengths itself (`kf_cntd`), so these get no partial slot: they are neither
+    /// accumulated per element nor folded, and the tail reads the block's count. Empty
+    /// otherwise.
+    pub counts: Vec<NodeId>,
 }
 
 /// How a value depends on the crossing scalars.
@@ -111,33 +117,52 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, lengths: crate::LengthsGradient) 
             return None;
         }
     }
-    let (m, _) = guard?;
+    let guard = guard?;
+    let m = guard.0;
     if degree(g, m, &crossing, &mut degs)? != Deg::Free {
         return None;
     }
     let rows = is_lengths_mask(g, m);
+    let mut counts = Vec::new();
     if rows {
         // Every crossing scalar must follow from counts of the mask alone (sums of the clamped
         // lengths), which every block computes itself.
-        if lengths == crate::LengthsGradient::TwoKernels || !crossing.iter().all(|&t| counts_only(g, &em, t, m, &dom)) {
+        counts = mask_counts(g, &em, k0, &guard, &dom);
+        if lengths == crate::LengthsGradient::TwoKernels || !crossing.iter().all(|&t| counts_only(g, t, &counts)) {
             return None;
         }
         substitutions = crossing.iter().map(|t| (*t, format!("kf_c{}", an.temps[t]))).collect();
     }
-    Some(OnePass { output: *index, comps, scale, substitutions, rows })
+    Some(OnePass { output: *index, comps, scale, substitutions, rows, counts })
 }
 
-/// Whether scalar `t` depends on full reductions only through `count(m)` (no mask of its own).
-fn counts_only(g: &Graph, em: &Emitter, t: NodeId, m: NodeId, dom: &[Coord]) -> bool {
+/// Kernel `k0`'s full reductions `count(x)` (no mask of their own, no component axis) whose
+/// `x` over the domain is the guard (`m` in the domain's context): one per element where it
+/// holds.
+fn mask_counts(g: &Graph, em: &Emitter, k0: &crate::analysis::KernelInfo, guard: &(NodeId, Vec<Coord>), dom: &[Coord]) -> Vec<NodeId> {
+    let count_of_guard = |n: NodeId| match full_reduce(g, n) {
+        Some((ReduceOp::Count, x, None)) => g.node(x).shape.dims() == k0.dims.as_slice() && em.canonical(x, dom.to_vec()) == *guard,
+        _ => false,
+    };
+    k0.sinks
+        .iter()
+        .filter_map(|s| match s.kind {
+            SinkKind::Reduce { node, .. } if s.comps.is_none() && count_of_guard(node) => Some(node),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether scalar `t` depends on reductions only through `counts` (see [`mask_counts`]).
+fn counts_only(g: &Graph, t: NodeId, counts: &[NodeId]) -> bool {
     let mut stack = vec![t];
     let mut seen = std::collections::HashSet::new();
     while let Some(n) = stack.pop() {
         if !seen.insert(n) {
             continue;
         }
-        if let Op::Reduce { op, x, mask, .. } = g.node(n).op {
-            let counted = op == kfuse_ir::ReduceOp::Count && mask.is_none() && g.node(x).shape.dims().len() == dom.len() && em.canonical(x, dom.to_vec()).0 == m;
-            if !counted {
+        if let Op::Reduce { .. } = g.node(n).op {
+            if !counts.contains(&n) {
                 return false;
             }
             continue;

@@ -8,25 +8,36 @@
 //!    row (whatever the bound; they are in range), so no load waits for another;
 //! 2. the zero fill of the tile's rows, whole (16-byte streaming stores, no dependency);
 //! 3. on the first tile only, the count: every block sums the clamped bounds of all rows itself
-//!    (`int4` loads of a plain `i32` bound input, the first ones issued before the fill), then
-//!    thread 0 computes the crossing scalars (`kf_c<t>`, the gradient's scale) into shared memory;
+//!    (`int4` loads of a plain `i32` bound input, the first ones issued before the fill) into
+//!    `kf_cntd`, then thread 0 computes the crossing scalars (`kf_c<t>`, the gradient's scale)
+//!    into shared memory;
 //! 4. a barrier (which also orders the tile's zero stores before the stores below), then the
 //!    valid speculated columns, then columns `[SPEC_COLS, bound)` of longer rows (a warp per row).
 //!
-//! The reductions (the loss) use the ticket tail of every reduction kernel; there is no grid
+//! The block's first tile is peeled out of the tile loop (both forms come from [`write_tile`]):
+//! it counts unconditionally, with no run-time flag, and the loop over the block's further tiles
+//! (rows beyond the grid's first tiles) has no count code. A block with no tile (few rows, or
+//! the last blocks when the tiles are fewer than the blocks) runs the first tile over an empty
+//! range of rows: it only counts, so every block holds the count.
+//!
+//! The reductions (the loss) use the ticket tail of every reduction kernel, except the counts of
+//! the mask (`onepass::OnePass::counts`, e.g. the `count(valid)` of a mean loss): they take no
+//! partial slot, are neither accumulated per element nor folded, and the tail reads the last
+//! block's own `kf_cntd` (an exact integer in f64, as the folded count was). There is no grid
 //! barrier and no list, and the values equal the two-kernel plan's bit for bit (the scale is
 //! the same f32 expression of the same count). Measured on the H100 (hand-written prototype of
 //! this schedule, bf16, B=16384, N=256): 17.2 µs against 20.6 µs for two kernels; the generated
-//! kernel 18.6 µs. Strides are the compile-time block size `KF_B`: a run-time `blockDim.x`
-//! stride measured 2 µs slower.
+//! kernel with the tile loop's run-time count flag and a count slot: 18.6-19.2 µs, each of the
+//! two changes above saving about 0.6 µs as a hand edit of that source. Strides are the
+//! compile-time block size `KF_B`: a run-time `blockDim.x` stride measured 2 µs slower.
 //!
-//! Not handled here: recognising the plan (`onepass`), the tail (`kernel`).
+//! Not handled here: recognising the plan (`onepass`), the tail (`tail`, assembled in `kernel`).
 
 use std::fmt::Write as _;
 
-use kfuse_ir::{DType, Graph, Op, ReduceOp};
+use kfuse_ir::{DType, Graph, NodeId, Op};
 
-use crate::analysis::{full_reduce, Analysis, SinkKind};
+use crate::analysis::Analysis;
 use crate::emit::{Coord, Emitter, Mode, Prefetch};
 use crate::kernel::{row_mode_bound, run_actions, zero_fill_bytes, Action, Group};
 use crate::CodegenError;
@@ -63,13 +74,23 @@ struct RowsLines {
     cols: String,
 }
 
+/// Which of a block's tiles [`write_tile`] emits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tile {
+    /// The block's first tile (`kf_tile = blockIdx.x`), peeled out of the loop: it also counts
+    /// the mask (step 3). A block with no tile (`blockIdx.x >= kf_tiles`: few rows, or rows that
+    /// the grid's tiles cover before the last blocks) runs it over an empty range of rows, so
+    /// every block has its count for the tail, whichever block takes the last ticket.
+    First,
+    /// A further tile (`kf_tile = blockIdx.x + gridDim.x, ...`, when rows exceed the grid's
+    /// first tiles): no count.
+    Later,
+}
+
 /// The source of the rows loop (every tile of the block, up to the tail).
 fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
-    let RowsLines { bound_lines, bound: bv, plain, prefetch, spec_body, direct_body, fills, other, decls, crossing_lines, rows, cols } = l;
+    let RowsLines { plain, decls, rows, cols, .. } = l;
     let mut s = String::new();
-    let w = |s: &mut String, ind: usize, l: &str| {
-        let _ = writeln!(s, "{}{l}", "    ".repeat(ind));
-    };
     let _ = writeln!(s, "    const long long rows = {rows}, cols = {cols};");
     let _ = writeln!(s, "    constexpr int KF_B = {ROWS_BLOCK}, KF_T = {TILE_ROWS}, KF_S = {SPEC_COLS}; // threads (the launch's block), most rows per tile, columns loaded before the bounds are known");
     s.push_str("    // Rows per tile: the grid's share, so that every block has a tile.\n");
@@ -79,10 +100,11 @@ fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
     s.push_str("    __shared__ int kf_hs[KF_T]; // the tile's bounds, clamped to [0, cols]\n");
     s.push_str("    __shared__ double kf_csm[32];\n");
     for d in decls {
-        w(&mut s, 1, d);
+        let _ = writeln!(s, "    {d}");
     }
     s.push_str("    auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };\n");
-    s.push_str("    // The count of the mask: every block sums the clamped bounds of all rows itself.\n");
+    s.push_str("    // The count of the mask: every block sums the clamped bounds of all rows itself (in its first tile).\n");
+    s.push_str("    double kf_cntd = 0.0; // the block's count (valid in thread 0): the crossing scalars' and the tail's\n");
     match plain {
         Some(id) => {
             let _ = writeln!(s, "    const int* kf_bl = in{id};");
@@ -95,15 +117,37 @@ fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
         }
         None => s.push_str("    const long long kf_nv = 0;\n"),
     }
-    s.push_str("    bool kf_counted = false; // block-uniform\n");
-    s.push_str("    for (long long kf_tile = blockIdx.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {\n");
-    s.push_str("        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;\n");
+    s.push_str("    // The block's first tile, with the count; a block with no tile (blockIdx.x >= kf_tiles) has no rows in it and only counts.\n");
+    s.push_str("    {\n");
+    write_tile(&mut s, g, l, Tile::First);
+    s.push_str("    }\n");
+    s.push_str("    // The block's further tiles, when the rows exceed the grid's first tiles.\n");
+    s.push_str("    for (long long kf_tile = blockIdx.x + gridDim.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {\n");
+    write_tile(&mut s, g, l, Tile::Later);
+    s.push_str("    }\n");
+    s
+}
+
+/// The body of one tile (steps 1 to 4 of the module docs, then the barrier before the next
+/// tile), inside the caller's braces; only a [`Tile::First`] counts.
+fn write_tile(s: &mut String, g: &Graph, l: &RowsLines, tile: Tile) {
+    let RowsLines { bound_lines, bound: bv, plain, prefetch, spec_body, direct_body, fills, other, crossing_lines, .. } = l;
+    let w = |s: &mut String, ind: usize, l: &str| {
+        let _ = writeln!(s, "{}{l}", "    ".repeat(ind));
+    };
+    match tile {
+        Tile::First => {
+            s.push_str("        const long long kf_tile = blockIdx.x;\n");
+            s.push_str("        const long long kf_r0 = kf_tile < kf_tiles ? kf_tile * kf_rt : rows, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows; // empty past the last tile\n");
+        }
+        Tile::Later => s.push_str("        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;\n"),
+    }
     s.push_str("        // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.\n");
     s.push_str("        int kf_b = 0;\n");
     s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) {\n");
     s.push_str("            const long long row = kf_r0 + threadIdx.x;\n");
     for l in bound_lines {
-        w(&mut s, 3, l);
+        w(s, 3, l);
     }
     let _ = writeln!(s, "            kf_b = {bv};");
     s.push_str("        }\n");
@@ -123,45 +167,50 @@ fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
     s.push_str("        // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.\n");
     s.push_str("        const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements\n");
     for &(o, esz) in fills {
-        write_fill(&mut s, g, o, esz);
+        write_fill(s, g, o, esz);
     }
     if !other.is_empty() {
         s.push_str("        for (long long i = kf_za + threadIdx.x; i < kf_zb; i += KF_B) {\n");
         for l in other {
-            w(&mut s, 3, l);
+            w(s, 3, l);
         }
         s.push_str("        }\n");
     }
-    s.push_str("        // 3. The count (first tile), and the scalars that follow from it.\n");
-    s.push_str("        if (!kf_counted) {\n");
-    s.push_str("            long long kf_n = 0;\n");
-    if plain.is_some() {
-        s.push_str("            #pragma unroll\n");
-        let _ = writeln!(s, "            for (int k = 0; k < {COUNT_VECTORS}; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);");
-        let _ = writeln!(s, "            for (long long j = threadIdx.x + {COUNT_VECTORS}ll * KF_B; j < kf_nv; j += KF_B) {{");
-        s.push_str("                const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];\n");
-        s.push_str("                kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);\n            }\n");
+    if tile == Tile::First {
+        s.push_str("        // 3. The count (the first tile only), and the scalars that follow from it.\n");
+        s.push_str("        long long kf_n = 0;\n");
+        if plain.is_some() {
+            s.push_str("        #pragma unroll\n");
+            let _ = writeln!(s, "        for (int k = 0; k < {COUNT_VECTORS}; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);");
+            let _ = writeln!(s, "        for (long long j = threadIdx.x + {COUNT_VECTORS}ll * KF_B; j < kf_nv; j += KF_B) {{");
+            s.push_str("            const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];\n");
+            s.push_str("            kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);\n        }\n");
+        }
+        s.push_str("        #pragma unroll 4\n");
+        s.push_str("        for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {\n");
+        for l in bound_lines {
+            w(s, 3, l);
+        }
+        let _ = writeln!(s, "            kf_n += kf_cl({bv});");
+        s.push_str("        }\n");
+        s.push_str("        kf_cntd = kf_block_sum((double)kf_n, kf_csm);\n");
+        s.push_str("        if (threadIdx.x == 0) {\n");
+        for l in crossing_lines {
+            w(s, 3, l);
+        }
+        s.push_str("        }\n");
     }
-    s.push_str("            #pragma unroll 4\n");
-    s.push_str("            for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {\n");
-    for l in bound_lines {
-        w(&mut s, 4, l);
-    }
-    let _ = writeln!(s, "                kf_n += kf_cl({bv});");
-    s.push_str("            }\n");
-    s.push_str("            const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);\n");
-    s.push_str("            if (threadIdx.x == 0) {\n");
-    for l in crossing_lines {
-        w(&mut s, 4, l);
-    }
-    s.push_str("            }\n            kf_counted = true;\n        }\n");
     s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);\n");
-    s.push_str("        __syncthreads(); // the bounds and scalars are shared; the tile's zero stores precede the stores below\n");
+    let note = match tile {
+        Tile::First => "the bounds and scalars are shared",
+        Tile::Later => "the bounds are shared",
+    };
+    let _ = writeln!(s, "        __syncthreads(); // {note}; the tile's zero stores precede the stores below");
     s.push_str("        // 4. The speculated columns that are valid, then columns [KF_S, bound) of longer rows, a warp per row.\n");
     s.push_str("        if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S]) {\n");
     s.push_str("            const long long row = kf_sr, col = kf_sc, i = row * cols + col;\n");
     for l in spec_body {
-        w(&mut s, 3, l);
+        w(s, 3, l);
     }
     s.push_str("        }\n");
     s.push_str("        for (long long kf_r = threadIdx.x >> 5; kf_r < kf_r1 - kf_r0; kf_r += KF_B / 32) {\n");
@@ -169,11 +218,10 @@ fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
     s.push_str("            for (long long col = KF_S + lane; col < kf_hi; col += 32) {\n");
     s.push_str("                const long long i = rowbase + col;\n");
     for l in direct_body {
-        w(&mut s, 4, l);
+        w(s, 4, l);
     }
     s.push_str("            }\n        }\n");
-    s.push_str("        __syncthreads(); // kf_hs is rewritten by the next tile\n    }\n");
-    s
+    s.push_str("        __syncthreads(); // kf_hs is rewritten by the next tile\n");
 }
 
 /// The zero fill of output `o` over the tile's elements `[kf_za, kf_zb)`, the block's threads
@@ -186,10 +234,13 @@ fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
     s.push_str("        }\n");
 }
 
-/// The rows plan's loop (see `rows`): its source, and the next free value number.
-pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, groups: &[Group], dom: &[Coord], first_var: u32) -> Result<(String, u32), CodegenError> {
+/// The rows plan's loop (see `rows`): its source, and the next free value number. `counts` are
+/// the kernel's counts of the mask (see `onepass::OnePass::counts`): the crossing scalars read
+/// them as the block's `kf_cntd`.
+pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, groups: &[Group], counts: &[NodeId], first_var: u32) -> Result<(String, u32), CodegenError> {
     let internal = |what| CodegenError::Internal { node: 0, what };
     let info = &an.kernels[k];
+    let dom: Vec<Coord> = (0..info.dims.len() as u32).map(Coord::Dom).collect();
     let [grp] = groups else { return Err(internal("rows plan with several predicates")) };
     // Element emitters in row mode, continuing the numbering from `first`.
     let fresh = |first| {
@@ -213,7 +264,7 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     let (other, u) = flat.into_lines();
     em.uses.absorb(u);
     // The bound of `row`; a plain `i32` input (through `[.., None]`) is read as int4 by the count.
-    let (b, bctx) = row_mode_bound(em, g, &info.dims, dom, groups).ok_or(internal("rows plan without a row bound"))?;
+    let (b, bctx) = row_mode_bound(em, g, &info.dims, &dom, groups).ok_or(internal("rows plan without a row bound"))?;
     let (mut pn, mut pctx) = (b, bctx.clone());
     while let (Op::ExpandLast(x), Some(Coord::Const(0))) = (g.node(pn).op, pctx.last()) {
         pn = x;
@@ -241,12 +292,8 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     em.uses.absorb(u);
     // The scalars crossing to the gradient, from `count(mask)` (the block's `kf_cntd`).
     let mut epilogue = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next);
-    for sink in &info.sinks {
-        if let SinkKind::Reduce { node, .. } = sink.kind {
-            if matches!(full_reduce(g, node), Some((ReduceOp::Count, _, None))) {
-                epilogue.slot_results.insert(node, vec!["kf_cntd".to_string()]);
-            }
-        }
+    for &node in counts {
+        epilogue.slot_results.insert(node, vec!["kf_cntd".to_string()]);
     }
     let mut decls = Vec::new();
     for (&n, &t) in &an.temps {

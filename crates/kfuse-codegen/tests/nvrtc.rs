@@ -34,6 +34,23 @@ fn every_golden_graph_compiles_for_sm80_and_sm90() {
 }
 
 #[test]
+fn rows_plan_kernels_compile_with_and_without_a_partial_slot() {
+    if nvrtc_or_skip("rows_plan_kernels_compile_with_and_without_a_partial_slot").is_none() {
+        return;
+    }
+    // With a loss: its sum keeps a partial slot and the ticket tail reads the block's count;
+    // without one: the count has no slot, so the kernel has no tail at all.
+    for with_loss in [true, false] {
+        let g = common::lengths_mean_and_gradient(with_loss).expect("graph");
+        let p = plan(&g, &CodegenOptions::default()).expect("plan");
+        assert_eq!(p.kernels.len(), 1, "the rows plan is one launch");
+        for k in &p.kernels {
+            compile_all(&format!("lengths mean and gradient (loss: {with_loss}) {}", k.name), &k.source);
+        }
+    }
+}
+
+#[test]
 fn device_functions_compile_side_by_side() {
     if nvrtc_or_skip("device_functions_compile_side_by_side").is_none() {
         return;

@@ -217,16 +217,59 @@ fn lengths_scaled_gradient_is_one_row_mode_pass() {
     let count_loads = src.find("kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j]").expect("int4 count loads");
     let spec = src.find("kf_pf0[kf_u] = ").expect("speculative loads");
     let fill = src.find("kf_st_cs(reinterpret_cast<uint4*>(out").expect("zero fill");
-    let count = src.find("const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);").expect("count");
+    let count = src.find("kf_cntd = kf_block_sum((double)kf_n, kf_csm);").expect("count");
     let scale = src.find("kf_c0 = ").expect("the scale from the count");
     let barrier = src.find("__syncthreads(); // the bounds and scalars are shared").expect("barrier");
     let store = src.find("if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S])").expect("valid columns");
     let long_rows = src.find("for (long long col = KF_S + lane; col < kf_hi; col += 32)").expect("longer rows");
     assert!(count_loads < spec && spec < fill && fill < count && count < scale && scale < barrier && barrier < store && store < long_rows, "{src}");
-    assert!(src.contains("kf_last_block = atomicAdd(counter, 1u)"), "the loss by the ticket's last block");
+    // No loss: the count is every block's own (no partial slot), so there is no tail at all.
+    assert!(!src.contains("partials") && !src.contains("counter") && !src.contains("acc0"), "no partials, no ticket:\n{src}");
+    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Partials { .. } | BufferKind::Counter { .. })), "no reduction buffers");
     let GridSpec::Work { per_block, max_blocks_per_sm, .. } = &k.grid;
     assert_eq!((*per_block, *max_blocks_per_sm), (8, 2));
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })), "no list buffers");
+}
+
+#[test]
+fn rows_plan_counts_in_its_peeled_first_tile_and_gives_the_count_no_partial_slot() {
+    let g = common::lengths_mean_and_gradient(true).expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let src = &p.kernels[0].source;
+    // The block's first tile is emitted before the loop and counts unconditionally (no run-time
+    // flag); the loop starts at the block's second tile and does not count.
+    assert!(!src.contains("kf_counted"), "no counted flag:\n{src}");
+    let decl = src.find("double kf_cntd = 0.0;").expect("the count at function scope");
+    let first = src.find("const long long kf_tile = blockIdx.x;").expect("the peeled first tile");
+    let count = src.find("kf_cntd = kf_block_sum((double)kf_n, kf_csm);").expect("the count");
+    let loop_start = "for (long long kf_tile = blockIdx.x + gridDim.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {";
+    let later = src.find(loop_start).expect("the loop over the further tiles");
+    assert!(decl < first && first < count && count < later, "{src}");
+    assert_eq!(src.matches("for (long long kf_tile").count(), 1, "one tile loop:\n{src}");
+    assert_eq!(src.matches("kf_block_sum((double)kf_n").count(), 1, "one count:\n{src}");
+    // Both tile forms come from one writer: the same stores and the same trailing barrier.
+    let (head, tail) = src.split_at(later);
+    let end = tail.find("// Each block reduces").expect("the tail");
+    let later_tiles = &tail[..end];
+    for piece in ["kf_st_cs(reinterpret_cast<float4*>(out1) + i, ", "kf_hs[threadIdx.x] = (int)kf_cl(kf_b);", "__syncthreads(); // kf_hs is rewritten by the next tile"] {
+        assert_eq!((head.matches(piece).count(), later_tiles.matches(piece).count()), (if piece.starts_with("kf_st") { 2 } else { 1 }, if piece.starts_with("kf_st") { 2 } else { 1 }), "{piece}:\n{src}");
+    }
+    assert!(!later_tiles.contains("kf_n") && !later_tiles.contains("kf_cv") && !later_tiles.contains("kf_c0 ="), "later tiles do not count:\n{later_tiles}");
+    // The count is neither accumulated per element nor given a partial slot: one slot (the
+    // loss's sum), and the tail reads the last block's own count after the fold.
+    assert!(!src.contains("+= 1.0") && !src.contains("acc1") && !src.contains("partials[1u"), "no count slot:\n{src}");
+    assert!(src.contains("double* __restrict__ partials, // 1 f64 partial slots per block"), "{src}");
+    assert!(src.contains(": the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot"), "the sink header says so");
+    let fold = src.find("r0 = kf_block_sum(r0, kf_smem);").expect("the fold of the loss's slot");
+    let read = src.rfind("= (int)(long long)kf_cntd;").expect("the tail reads the count");
+    assert!(fold < read, "{src}");
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elems == SizeExpr::constant(1)), "host partials sized for one slot");
+    // Two kernels: the count keeps its slot there, accumulated per element.
+    let two = plan(&g, &CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..opts() }).expect("plan");
+    assert_eq!(two.kernels.len(), 2);
+    assert!(two.kernels[0].source.contains("acc0 += 1.0;"), "the count (slot 0 there, in node order):\n{}", two.kernels[0].source);
+    assert!(two.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 2 }));
 }
 
 #[test]

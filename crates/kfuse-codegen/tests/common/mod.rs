@@ -171,6 +171,42 @@ pub fn masked_delta_lengths() -> Result<Graph, IrError> {
     b.finish()
 }
 
+/// A masked mean and its gradient under a lengths mask, the shape of the rows plan (one launch):
+/// `grad = where(valid, (pred - target) * (1 / max(count(valid), 1)), 0)` and, when `with_loss`,
+/// `loss = sum(pred[.., 0] - target[.., 0], where: valid) / max(count(valid), 1)`. Not in
+/// [`all`] (no golden file): the plan-shape and NVRTC tests use it directly.
+pub fn lengths_mean_and_gradient(with_loss: bool) -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let n = b.symbol("N");
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", DType::F32, shape.clone())?;
+    let target = b.input("target", DType::F32, shape)?;
+    let lengths = b.input("lengths", DType::I32, Shape(vec![Dim::Sym(bs)]))?;
+    let iota = b.iota(Shape(vec![Dim::Sym(bs), Dim::Sym(n)]), 1)?;
+    let l1 = b.expand_last(lengths);
+    let valid = bin(&mut b, B::Lt, iota, l1)?;
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None)?;
+    let one = b.lit_int(1);
+    let denom = bin(&mut b, B::Max, count, one)?;
+    let denom = b.cast(denom, DType::F32);
+    let d = bin(&mut b, B::Sub, pred, target)?;
+    if with_loss {
+        let x0 = b.component(d, 0)?;
+        let s = b.reduce(ReduceOp::Sum, ReduceAxis::All, x0, Some(valid))?;
+        let loss = bin(&mut b, B::Div, s, denom)?;
+        b.output("loss", loss)?;
+    }
+    let unit = b.lit_float(1.0);
+    let scale = bin(&mut b, B::Div, unit, denom)?;
+    let scaled = bin(&mut b, B::Mul, d, scale)?;
+    let v1 = b.expand_last(valid);
+    let zero = b.lit_float(0.0);
+    let grad = b.select(v1, scaled, zero)?;
+    b.output("grad", grad)?;
+    b.finish()
+}
+
 /// Every representative graph, by name.
 pub fn all() -> Vec<(&'static str, Graph)> {
     let mut v = Vec::new();

@@ -3,7 +3,7 @@
 // options: block_size=512; reduction level 0
 // domain: [B, N] elements as rows of the last axis, in tiles of rows per block (see kfuse-codegen's rows plan); only the columns below the row's bound are computed, the others zero-filled
 // sink: full reduction n15 into partial slot 0
-// sink: full reduction n16 into partial slot 1
+// sink: full reduction n16: the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot
 
 #ifndef KF_HELPER_BLOCK_SUM
 #define KF_HELPER_BLOCK_SUM
@@ -29,14 +29,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
     const int* __restrict__ in2, // lengths i32[B]
     float* __restrict__ out0, // output loss f32[]
     float* __restrict__ out1, // output dpred f32[B, N, 3]
-    double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
+    double* __restrict__ partials, // 1 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
     long long sz0, // size B
     long long sz1 // size N
 )
 {
     double acc0 = 0.0; // sum n14 where n5 (n15)
-    double acc1 = 0.0; // count n5 (n16)
     const long long rows = sz0, cols = sz1;
     constexpr int KF_B = 512, KF_T = 64, KF_S = 8; // threads (the launch's block), most rows per tile, columns loaded before the bounds are known
     // Rows per tile: the grid's share, so that every block has a tile.
@@ -47,7 +46,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
     __shared__ double kf_csm[32];
     __shared__ float kf_c0; // n22 from the count
     auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };
-    // The count of the mask: every block sums the clamped bounds of all rows itself.
+    // The count of the mask: every block sums the clamped bounds of all rows itself (in its first tile).
+    double kf_cntd = 0.0; // the block's count (valid in thread 0): the crossing scalars' and the tail's
     const int* kf_bl = in2;
     const long long kf_nv = (((unsigned long long)kf_bl & 15ull) == 0ull) ? rows / 4 : 0; // int4 loads when 16-byte aligned
     int4 kf_cv[8]; // issued before the first fill
@@ -56,9 +56,10 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
         const long long j = threadIdx.x + k * (long long)KF_B;
         kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j] : make_int4(0, 0, 0, 0);
     }
-    bool kf_counted = false; // block-uniform
-    for (long long kf_tile = blockIdx.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {
-        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;
+    // The block's first tile, with the count; a block with no tile (blockIdx.x >= kf_tiles) has no rows in it and only counts.
+    {
+        const long long kf_tile = blockIdx.x;
+        const long long kf_r0 = kf_tile < kf_tiles ? kf_tile * kf_rt : rows, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows; // empty past the last tile
         // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.
         int kf_b = 0;
         if ((long long)threadIdx.x < kf_r1 - kf_r0) {
@@ -75,29 +76,26 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
             out1[i * 3 + 1] = 0.0f; // dpred
             out1[i * 3 + 2] = 0.0f; // dpred
         }
-        // 3. The count (first tile), and the scalars that follow from it.
-        if (!kf_counted) {
-            long long kf_n = 0;
-            #pragma unroll
-            for (int k = 0; k < 8; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);
-            for (long long j = threadIdx.x + 8ll * KF_B; j < kf_nv; j += KF_B) {
-                const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];
-                kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);
-            }
-            #pragma unroll 4
-            for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {
-                const int v0 = in2[row]; // lengths i32
-                kf_n += kf_cl(v0);
-            }
-            const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);
-            if (threadIdx.x == 0) {
-                const int v41 = (int)(long long)kf_cntd; // n16
-                const int v42 = (v41 > 1 ? v41 : 1); // n18
-                const float v43 = (float)v42; // n19
-                const float v44 = 1.0f / v43; // n22
-                kf_c0 = v44;
-            }
-            kf_counted = true;
+        // 3. The count (the first tile only), and the scalars that follow from it.
+        long long kf_n = 0;
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);
+        for (long long j = threadIdx.x + 8ll * KF_B; j < kf_nv; j += KF_B) {
+            const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];
+            kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);
+        }
+        #pragma unroll 4
+        for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {
+            const int v0 = in2[row]; // lengths i32
+            kf_n += kf_cl(v0);
+        }
+        kf_cntd = kf_block_sum((double)kf_n, kf_csm);
+        if (threadIdx.x == 0) {
+            const int v41 = (int)(long long)kf_cntd; // n16
+            const int v42 = (v41 > 1 ? v41 : 1); // n18
+            const float v43 = (float)v42; // n19
+            const float v44 = 1.0f / v43; // n22
+            kf_c0 = v44;
         }
         if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);
         __syncthreads(); // the bounds and scalars are shared; the tile's zero stores precede the stores below
@@ -119,7 +117,6 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
             const float v13 = v12 * v12; // n13
             const float v14 = v9 + v13; // n14
             acc0 += (double)v14;
-            acc1 += 1.0;
             const float v15 = kf_c0 * v3; // n30
             const float v16 = v15 + v15; // n31
             const float v17 = kf_c0 * v7; // n27
@@ -149,7 +146,87 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
                 const float v33 = v32 * v32; // n13
                 const float v34 = v29 + v33; // n14
                 acc0 += (double)v34;
-                acc1 += 1.0;
+                const float v35 = kf_c0 * v23; // n30
+                const float v36 = v35 + v35; // n31
+                const float v37 = kf_c0 * v27; // n27
+                const float v38 = v37 + v37; // n28
+                const float v39 = kf_c0 * v32; // n24
+                const float v40 = v39 + v39; // n25
+                out1[i * 3 + 0] = v36; // dpred
+                out1[i * 3 + 1] = v38; // dpred
+                out1[i * 3 + 2] = v40; // dpred
+            }
+        }
+        __syncthreads(); // kf_hs is rewritten by the next tile
+    }
+    // The block's further tiles, when the rows exceed the grid's first tiles.
+    for (long long kf_tile = blockIdx.x + gridDim.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {
+        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;
+        // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.
+        int kf_b = 0;
+        if ((long long)threadIdx.x < kf_r1 - kf_r0) {
+            const long long row = kf_r0 + threadIdx.x;
+            const int v0 = in2[row]; // lengths i32
+            kf_b = v0;
+        }
+        const int kf_u = 0;
+        const long long kf_sr = kf_r0 + threadIdx.x / KF_S, kf_sc = threadIdx.x % KF_S; // this thread's speculated element
+        // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.
+        const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements
+        for (long long i = kf_za + threadIdx.x; i < kf_zb; i += KF_B) {
+            out1[i * 3 + 0] = 0.0f; // dpred
+            out1[i * 3 + 1] = 0.0f; // dpred
+            out1[i * 3 + 2] = 0.0f; // dpred
+        }
+        if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);
+        __syncthreads(); // the bounds are shared; the tile's zero stores precede the stores below
+        // 4. The speculated columns that are valid, then columns [KF_S, bound) of longer rows, a warp per row.
+        if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S]) {
+            const long long row = kf_sr, col = kf_sc, i = row * cols + col;
+            const float v1 = in0[i * 3]; // pred f32
+            const float v2 = in1[i * 3]; // target f32
+            const float v3 = v1 - v2; // n6
+            const float v4 = v3 * v3; // n8
+            const float v5 = in0[i * 3 + 1]; // pred f32
+            const float v6 = in1[i * 3 + 1]; // target f32
+            const float v7 = v5 - v6; // n6
+            const float v8 = v7 * v7; // n10
+            const float v9 = v4 + v8; // n11
+            const float v10 = in0[i * 3 + 2]; // pred f32
+            const float v11 = in1[i * 3 + 2]; // target f32
+            const float v12 = v10 - v11; // n6
+            const float v13 = v12 * v12; // n13
+            const float v14 = v9 + v13; // n14
+            acc0 += (double)v14;
+            const float v15 = kf_c0 * v3; // n30
+            const float v16 = v15 + v15; // n31
+            const float v17 = kf_c0 * v7; // n27
+            const float v18 = v17 + v17; // n28
+            const float v19 = kf_c0 * v12; // n24
+            const float v20 = v19 + v19; // n25
+            out1[i * 3 + 0] = v16; // dpred
+            out1[i * 3 + 1] = v18; // dpred
+            out1[i * 3 + 2] = v20; // dpred
+        }
+        for (long long kf_r = threadIdx.x >> 5; kf_r < kf_r1 - kf_r0; kf_r += KF_B / 32) {
+            const long long row = kf_r0 + kf_r, rowbase = row * cols, kf_hi = kf_hs[kf_r];
+            for (long long col = KF_S + lane; col < kf_hi; col += 32) {
+                const long long i = rowbase + col;
+                const float v21 = in0[i * 3]; // pred f32
+                const float v22 = in1[i * 3]; // target f32
+                const float v23 = v21 - v22; // n6
+                const float v24 = v23 * v23; // n8
+                const float v25 = in0[i * 3 + 1]; // pred f32
+                const float v26 = in1[i * 3 + 1]; // target f32
+                const float v27 = v25 - v26; // n6
+                const float v28 = v27 * v27; // n10
+                const float v29 = v24 + v28; // n11
+                const float v30 = in0[i * 3 + 2]; // pred f32
+                const float v31 = in1[i * 3 + 2]; // target f32
+                const float v32 = v30 - v31; // n6
+                const float v33 = v32 * v32; // n13
+                const float v34 = v29 + v33; // n14
+                acc0 += (double)v34;
                 const float v35 = kf_c0 * v23; // n30
                 const float v36 = v35 + v35; // n31
                 const float v37 = kf_c0 * v27; // n27
@@ -167,10 +244,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
     __shared__ double kf_smem[32];
     __shared__ bool kf_last_block;
     acc0 = kf_block_sum(acc0, kf_smem);
-    acc1 = kf_block_sum(acc1, kf_smem);
     if (threadIdx.x == 0) {
         partials[0u * gridDim.x + blockIdx.x] = acc0;
-        partials[1u * gridDim.x + blockIdx.x] = acc1;
         __threadfence(); // publish the partials before taking a ticket
         kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
     }
@@ -180,16 +255,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
     // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one
     // block reduction; no float atomics, so the result is bit-identical for a given grid size.
     double r0 = 0.0;
-    double r1 = 0.0;
     for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
         r0 += ((volatile double*)partials)[0u * gridDim.x + b];
-        r1 += ((volatile double*)partials)[1u * gridDim.x + b];
     }
     r0 = kf_block_sum(r0, kf_smem);
-    r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
         const float v45 = (float)r0; // n15
-        const int v46 = (int)(long long)r1; // n16
+        const int v46 = (int)(long long)kf_cntd; // n16
         const int v47 = (v46 > 1 ? v46 : 1); // n18
         const float v48 = (float)v47; // n19
         const float v49 = v45 / v48; // n20

@@ -3,7 +3,7 @@
 // options: block_size=512; reduction level 0
 // domain: [B, N] elements as rows of the last axis, in tiles of rows per block (see kfuse-codegen's rows plan); only the columns below the row's bound are computed, the others zero-filled
 // sink: full reduction n18 into partial slot 0 (4 components per element)
-// sink: full reduction n20 into partial slot 1
+// sink: full reduction n20: the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot
 
 #ifndef KF_HELPER_BLOCK_SUM
 #define KF_HELPER_BLOCK_SUM
@@ -39,14 +39,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
     const int* __restrict__ in2, // lengths i32[B]
     float* __restrict__ out0, // output loss f32[]
     float* __restrict__ out1, // output dpred f32[B, N, 4]
-    double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
+    double* __restrict__ partials, // 1 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
     long long sz0, // size B
     long long sz1 // size N
 )
 {
     double acc0 = 0.0; // sum n16 where n17 (n18)
-    double acc1 = 0.0; // count n5 (n20)
     const long long rows = sz0, cols = sz1;
     constexpr int KF_B = 512, KF_T = 64, KF_S = 8; // threads (the launch's block), most rows per tile, columns loaded before the bounds are known
     // Rows per tile: the grid's share, so that every block has a tile.
@@ -57,7 +56,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
     __shared__ double kf_csm[32];
     __shared__ float kf_c0; // n26 from the count
     auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };
-    // The count of the mask: every block sums the clamped bounds of all rows itself.
+    // The count of the mask: every block sums the clamped bounds of all rows itself (in its first tile).
+    double kf_cntd = 0.0; // the block's count (valid in thread 0): the crossing scalars' and the tail's
     const int* kf_bl = in2;
     const long long kf_nv = (((unsigned long long)kf_bl & 15ull) == 0ull) ? rows / 4 : 0; // int4 loads when 16-byte aligned
     int4 kf_cv[8]; // issued before the first fill
@@ -66,9 +66,10 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
         const long long j = threadIdx.x + k * (long long)KF_B;
         kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j] : make_int4(0, 0, 0, 0);
     }
-    bool kf_counted = false; // block-uniform
-    for (long long kf_tile = blockIdx.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {
-        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;
+    // The block's first tile, with the count; a block with no tile (blockIdx.x >= kf_tiles) has no rows in it and only counts.
+    {
+        const long long kf_tile = blockIdx.x;
+        const long long kf_r0 = kf_tile < kf_tiles ? kf_tile * kf_rt : rows, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows; // empty past the last tile
         // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.
         int kf_b = 0;
         if ((long long)threadIdx.x < kf_r1 - kf_r0) {
@@ -91,30 +92,27 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
             #pragma unroll 4
             for (long long e = kf_za + threadIdx.x; e < kf_zb; e += KF_B) kf_st_cs(reinterpret_cast<uint4*>(out1) + e, make_uint4(0u, 0u, 0u, 0u));
         }
-        // 3. The count (first tile), and the scalars that follow from it.
-        if (!kf_counted) {
-            long long kf_n = 0;
-            #pragma unroll
-            for (int k = 0; k < 8; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);
-            for (long long j = threadIdx.x + 8ll * KF_B; j < kf_nv; j += KF_B) {
-                const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];
-                kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);
-            }
-            #pragma unroll 4
-            for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {
-                const int v0 = in2[row]; // lengths i32
-                kf_n += kf_cl(v0);
-            }
-            const double kf_cntd = kf_block_sum((double)kf_n, kf_csm);
-            if (threadIdx.x == 0) {
-                const int v167 = (int)(long long)kf_cntd; // n20
-                const int v168 = (int)((unsigned int)4 * (unsigned int)v167); // n21
-                const int v169 = (v168 > 1 ? v168 : 1); // n23
-                const float v170 = (float)v169; // n24
-                const float v171 = 1.0f / v170; // n26
-                kf_c0 = v171;
-            }
-            kf_counted = true;
+        // 3. The count (the first tile only), and the scalars that follow from it.
+        long long kf_n = 0;
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);
+        for (long long j = threadIdx.x + 8ll * KF_B; j < kf_nv; j += KF_B) {
+            const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];
+            kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);
+        }
+        #pragma unroll 4
+        for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {
+            const int v0 = in2[row]; // lengths i32
+            kf_n += kf_cl(v0);
+        }
+        kf_cntd = kf_block_sum((double)kf_n, kf_csm);
+        if (threadIdx.x == 0) {
+            const int v167 = (int)(long long)kf_cntd; // n20
+            const int v168 = (int)((unsigned int)4 * (unsigned int)v167); // n21
+            const int v169 = (v168 > 1 ? v168 : 1); // n23
+            const float v170 = (float)v169; // n24
+            const float v171 = 1.0f / v170; // n26
+            kf_c0 = v171;
         }
         if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);
         __syncthreads(); // the bounds and scalars are shared; the tile's zero stores precede the stores below
@@ -160,7 +158,6 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
             const float v34 = v29 - v9; // n15
             const float v35 = (v30 ? v33 : v34); // n16
             acc0 += (double)v35;
-            acc1 += 1.0;
             const float v36 = kf_c0 * v6; // n30
             const float v37 = kf_c0 * v3; // n29
             const float v38 = v37 * 0.5f; // n31
@@ -254,7 +251,221 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
                 const float v117 = v112 - v92; // n15
                 const float v118 = (v113 ? v116 : v117); // n16
                 acc0 += (double)v118;
-                acc1 += 1.0;
+                const float v119 = kf_c0 * v89; // n30
+                const float v120 = kf_c0 * v86; // n29
+                const float v121 = v120 * 0.5f; // n31
+                const float v122 = v119 + v121; // n32
+                const float v123 = (v88 ? v122 : 0.0f); // n33
+                const bool v124 = v86 > 0.0f; // n34
+                const float v125 = (v88 ? 0.0f : kf_c0); // n28
+                const bool v126 = v86 < 0.0f; // n35
+                const float v127 = -v125; // n36
+                const float v128 = (v126 ? v127 : 0.0f); // n37
+                const float v129 = (v124 ? v125 : v128); // n38
+                const float v130 = v123 + v129; // n39
+                const float v131 = kf_c0 * v98; // n30
+                const float v132 = kf_c0 * v95; // n29
+                const float v133 = v132 * 0.5f; // n31
+                const float v134 = v131 + v133; // n32
+                const float v135 = (v97 ? v134 : 0.0f); // n33
+                const bool v136 = v95 > 0.0f; // n34
+                const float v137 = (v97 ? 0.0f : kf_c0); // n28
+                const bool v138 = v95 < 0.0f; // n35
+                const float v139 = -v137; // n36
+                const float v140 = (v138 ? v139 : 0.0f); // n37
+                const float v141 = (v136 ? v137 : v140); // n38
+                const float v142 = v135 + v141; // n39
+                const float v143 = kf_c0 * v106; // n30
+                const float v144 = kf_c0 * v103; // n29
+                const float v145 = v144 * 0.5f; // n31
+                const float v146 = v143 + v145; // n32
+                const float v147 = (v105 ? v146 : 0.0f); // n33
+                const bool v148 = v103 > 0.0f; // n34
+                const float v149 = (v105 ? 0.0f : kf_c0); // n28
+                const bool v150 = v103 < 0.0f; // n35
+                const float v151 = -v149; // n36
+                const float v152 = (v150 ? v151 : 0.0f); // n37
+                const float v153 = (v148 ? v149 : v152); // n38
+                const float v154 = v147 + v153; // n39
+                const float v155 = kf_c0 * v114; // n30
+                const float v156 = kf_c0 * v111; // n29
+                const float v157 = v156 * 0.5f; // n31
+                const float v158 = v155 + v157; // n32
+                const float v159 = (v113 ? v158 : 0.0f); // n33
+                const bool v160 = v111 > 0.0f; // n34
+                const float v161 = (v113 ? 0.0f : kf_c0); // n28
+                const bool v162 = v111 < 0.0f; // n35
+                const float v163 = -v161; // n36
+                const float v164 = (v162 ? v163 : 0.0f); // n37
+                const float v165 = (v160 ? v161 : v164); // n38
+                const float v166 = v159 + v165; // n39
+                kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4(v130, v142, v154, v166)); // dpred
+            }
+        }
+        __syncthreads(); // kf_hs is rewritten by the next tile
+    }
+    // The block's further tiles, when the rows exceed the grid's first tiles.
+    for (long long kf_tile = blockIdx.x + gridDim.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {
+        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;
+        // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.
+        int kf_b = 0;
+        if ((long long)threadIdx.x < kf_r1 - kf_r0) {
+            const long long row = kf_r0 + threadIdx.x;
+            const int v0 = in2[row]; // lengths i32
+            kf_b = v0;
+        }
+        float4 kf_pf0[1]; // pred 4 x f32 at once
+        float4 kf_pf1[1]; // target 4 x f32 at once
+        const int kf_u = 0;
+        const long long kf_sr = kf_r0 + threadIdx.x / KF_S, kf_sc = threadIdx.x % KF_S; // this thread's speculated element
+        if (kf_sr < kf_r1 && kf_sc < cols) {
+            const long long i = kf_sr * cols + kf_sc;
+            kf_pf0[kf_u] = reinterpret_cast<const float4*>(in0)[i];
+            kf_pf1[kf_u] = reinterpret_cast<const float4*>(in1)[i];
+        }
+        // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.
+        const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements
+        { // dpred
+            #pragma unroll 4
+            for (long long e = kf_za + threadIdx.x; e < kf_zb; e += KF_B) kf_st_cs(reinterpret_cast<uint4*>(out1) + e, make_uint4(0u, 0u, 0u, 0u));
+        }
+        if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);
+        __syncthreads(); // the bounds are shared; the tile's zero stores precede the stores below
+        // 4. The speculated columns that are valid, then columns [KF_S, bound) of longer rows, a warp per row.
+        if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S]) {
+            const long long row = kf_sr, col = kf_sc, i = row * cols + col;
+            const float4 v1 = kf_pf0[kf_u]; // pred 4 x f32 at once
+            const float4 v2 = kf_pf1[kf_u]; // target 4 x f32 at once
+            const float v3 = v1.x - v2.x; // n7
+            const float v4 = fabsf(v3); // n8
+            const bool v5 = v4 < 1.0f; // n9
+            const float v6 = 0.5f * v3; // n11
+            const float v7 = v6 * v3; // n12
+            const float v8 = v7 / 1.0f; // n13
+            const float v9 = 0.5f * 1.0f; // n14
+            const float v10 = v4 - v9; // n15
+            const float v11 = (v5 ? v8 : v10); // n16
+            acc0 += (double)v11;
+            const float v12 = v1.y - v2.y; // n7
+            const float v13 = fabsf(v12); // n8
+            const bool v14 = v13 < 1.0f; // n9
+            const float v15 = 0.5f * v12; // n11
+            const float v16 = v15 * v12; // n12
+            const float v17 = v16 / 1.0f; // n13
+            const float v18 = v13 - v9; // n15
+            const float v19 = (v14 ? v17 : v18); // n16
+            acc0 += (double)v19;
+            const float v20 = v1.z - v2.z; // n7
+            const float v21 = fabsf(v20); // n8
+            const bool v22 = v21 < 1.0f; // n9
+            const float v23 = 0.5f * v20; // n11
+            const float v24 = v23 * v20; // n12
+            const float v25 = v24 / 1.0f; // n13
+            const float v26 = v21 - v9; // n15
+            const float v27 = (v22 ? v25 : v26); // n16
+            acc0 += (double)v27;
+            const float v28 = v1.w - v2.w; // n7
+            const float v29 = fabsf(v28); // n8
+            const bool v30 = v29 < 1.0f; // n9
+            const float v31 = 0.5f * v28; // n11
+            const float v32 = v31 * v28; // n12
+            const float v33 = v32 / 1.0f; // n13
+            const float v34 = v29 - v9; // n15
+            const float v35 = (v30 ? v33 : v34); // n16
+            acc0 += (double)v35;
+            const float v36 = kf_c0 * v6; // n30
+            const float v37 = kf_c0 * v3; // n29
+            const float v38 = v37 * 0.5f; // n31
+            const float v39 = v36 + v38; // n32
+            const float v40 = (v5 ? v39 : 0.0f); // n33
+            const bool v41 = v3 > 0.0f; // n34
+            const float v42 = (v5 ? 0.0f : kf_c0); // n28
+            const bool v43 = v3 < 0.0f; // n35
+            const float v44 = -v42; // n36
+            const float v45 = (v43 ? v44 : 0.0f); // n37
+            const float v46 = (v41 ? v42 : v45); // n38
+            const float v47 = v40 + v46; // n39
+            const float v48 = kf_c0 * v15; // n30
+            const float v49 = kf_c0 * v12; // n29
+            const float v50 = v49 * 0.5f; // n31
+            const float v51 = v48 + v50; // n32
+            const float v52 = (v14 ? v51 : 0.0f); // n33
+            const bool v53 = v12 > 0.0f; // n34
+            const float v54 = (v14 ? 0.0f : kf_c0); // n28
+            const bool v55 = v12 < 0.0f; // n35
+            const float v56 = -v54; // n36
+            const float v57 = (v55 ? v56 : 0.0f); // n37
+            const float v58 = (v53 ? v54 : v57); // n38
+            const float v59 = v52 + v58; // n39
+            const float v60 = kf_c0 * v23; // n30
+            const float v61 = kf_c0 * v20; // n29
+            const float v62 = v61 * 0.5f; // n31
+            const float v63 = v60 + v62; // n32
+            const float v64 = (v22 ? v63 : 0.0f); // n33
+            const bool v65 = v20 > 0.0f; // n34
+            const float v66 = (v22 ? 0.0f : kf_c0); // n28
+            const bool v67 = v20 < 0.0f; // n35
+            const float v68 = -v66; // n36
+            const float v69 = (v67 ? v68 : 0.0f); // n37
+            const float v70 = (v65 ? v66 : v69); // n38
+            const float v71 = v64 + v70; // n39
+            const float v72 = kf_c0 * v31; // n30
+            const float v73 = kf_c0 * v28; // n29
+            const float v74 = v73 * 0.5f; // n31
+            const float v75 = v72 + v74; // n32
+            const float v76 = (v30 ? v75 : 0.0f); // n33
+            const bool v77 = v28 > 0.0f; // n34
+            const float v78 = (v30 ? 0.0f : kf_c0); // n28
+            const bool v79 = v28 < 0.0f; // n35
+            const float v80 = -v78; // n36
+            const float v81 = (v79 ? v80 : 0.0f); // n37
+            const float v82 = (v77 ? v78 : v81); // n38
+            const float v83 = v76 + v82; // n39
+            kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4(v47, v59, v71, v83)); // dpred
+        }
+        for (long long kf_r = threadIdx.x >> 5; kf_r < kf_r1 - kf_r0; kf_r += KF_B / 32) {
+            const long long row = kf_r0 + kf_r, rowbase = row * cols, kf_hi = kf_hs[kf_r];
+            for (long long col = KF_S + lane; col < kf_hi; col += 32) {
+                const long long i = rowbase + col;
+                const float4 v84 = reinterpret_cast<const float4*>(in0)[i]; // pred 4 x f32 at once
+                const float4 v85 = reinterpret_cast<const float4*>(in1)[i]; // target 4 x f32 at once
+                const float v86 = v84.x - v85.x; // n7
+                const float v87 = fabsf(v86); // n8
+                const bool v88 = v87 < 1.0f; // n9
+                const float v89 = 0.5f * v86; // n11
+                const float v90 = v89 * v86; // n12
+                const float v91 = v90 / 1.0f; // n13
+                const float v92 = 0.5f * 1.0f; // n14
+                const float v93 = v87 - v92; // n15
+                const float v94 = (v88 ? v91 : v93); // n16
+                acc0 += (double)v94;
+                const float v95 = v84.y - v85.y; // n7
+                const float v96 = fabsf(v95); // n8
+                const bool v97 = v96 < 1.0f; // n9
+                const float v98 = 0.5f * v95; // n11
+                const float v99 = v98 * v95; // n12
+                const float v100 = v99 / 1.0f; // n13
+                const float v101 = v96 - v92; // n15
+                const float v102 = (v97 ? v100 : v101); // n16
+                acc0 += (double)v102;
+                const float v103 = v84.z - v85.z; // n7
+                const float v104 = fabsf(v103); // n8
+                const bool v105 = v104 < 1.0f; // n9
+                const float v106 = 0.5f * v103; // n11
+                const float v107 = v106 * v103; // n12
+                const float v108 = v107 / 1.0f; // n13
+                const float v109 = v104 - v92; // n15
+                const float v110 = (v105 ? v108 : v109); // n16
+                acc0 += (double)v110;
+                const float v111 = v84.w - v85.w; // n7
+                const float v112 = fabsf(v111); // n8
+                const bool v113 = v112 < 1.0f; // n9
+                const float v114 = 0.5f * v111; // n11
+                const float v115 = v114 * v111; // n12
+                const float v116 = v115 / 1.0f; // n13
+                const float v117 = v112 - v92; // n15
+                const float v118 = (v113 ? v116 : v117); // n16
+                acc0 += (double)v118;
                 const float v119 = kf_c0 * v89; // n30
                 const float v120 = kf_c0 * v86; // n29
                 const float v121 = v120 * 0.5f; // n31
@@ -312,10 +523,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
     __shared__ double kf_smem[32];
     __shared__ bool kf_last_block;
     acc0 = kf_block_sum(acc0, kf_smem);
-    acc1 = kf_block_sum(acc1, kf_smem);
     if (threadIdx.x == 0) {
         partials[0u * gridDim.x + blockIdx.x] = acc0;
-        partials[1u * gridDim.x + blockIdx.x] = acc1;
         __threadfence(); // publish the partials before taking a ticket
         kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
     }
@@ -325,16 +534,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_a0e237413fd479ff_0(
     // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one
     // block reduction; no float atomics, so the result is bit-identical for a given grid size.
     double r0 = 0.0;
-    double r1 = 0.0;
     for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
         r0 += ((volatile double*)partials)[0u * gridDim.x + b];
-        r1 += ((volatile double*)partials)[1u * gridDim.x + b];
     }
     r0 = kf_block_sum(r0, kf_smem);
-    r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
         const float v172 = (float)r0; // n18
-        const int v173 = (int)(long long)r1; // n20
+        const int v173 = (int)(long long)kf_cntd; // n20
         const int v174 = (int)((unsigned int)4 * (unsigned int)v173); // n21
         const int v175 = (v174 > 1 ? v174 : 1); // n23
         const float v176 = (float)v175; // n24
