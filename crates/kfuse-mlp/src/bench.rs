@@ -17,7 +17,7 @@ use kfuse_runtime::{Gpu, KernelArg};
 use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
 use crate::gpu::prepare_tiered;
-use crate::kernel::{ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, RepeatedLayers};
+use crate::kernel::{ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, RepeatedLayers, TensorInstructions};
 use crate::tier::{KernelTier, Tiering};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
@@ -59,11 +59,13 @@ pub struct BenchOptions {
     pub hidden_accumulator: HiddenAccumulator,
     /// The order of a hidden layer's output chunks.
     pub chunk_order: ChunkOrder,
+    /// mma.sync or wgmma hidden layers.
+    pub tensor_instructions: TensorInstructions,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background, bias_operand: BiasOperand::Quads, hidden_accumulator: HiddenAccumulator::F32, chunk_order: ChunkOrder::Sequential }
+        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background, bias_operand: BiasOperand::Quads, hidden_accumulator: HiddenAccumulator::F32, chunk_order: ChunkOrder::Sequential, tensor_instructions: TensorInstructions::MmaSync }
     }
 }
 
@@ -207,6 +209,7 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
         bias_operand: opts.bias_operand,
         hidden_accumulator: opts.hidden_accumulator,
         chunk_order: opts.chunk_order,
+        tensor_instructions: opts.tensor_instructions,
     };
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);

@@ -54,6 +54,8 @@ pub enum MlpError {
     OutputDType { dtype: DType },
     #[error("{what} = {value} is too large for the GPU path (limit {limit})")]
     TooLarge { what: &'static str, value: u64, limit: u64 },
+    #[error("kernel options: {message}")]
+    KernelOption { message: String },
     #[error("the fused kernel needs {needed} bytes of shared memory for {what}, but the limit is {limit}")]
     SharedMemory { what: String, needed: u64, limit: u64 },
     #[error("the optimised kernel `{kernel}` for {arch} did not compile in the background ({message}); launches keep its fast-compiled form")]

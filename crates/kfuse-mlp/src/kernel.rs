@@ -25,11 +25,14 @@ use kfuse_ir::DType;
 use crate::activation::ActivationKind;
 use crate::error::{MlpError, Result};
 use crate::model::MlpModel;
+use crate::wgmma::{self, WgLayer};
 
 const PRELUDE: &str = include_str!("mlp_prelude.cuh");
 const KERNEL: &str = include_str!("mlp_kernel.cuh");
 /// Alternative hidden-layer forms, appended after the prelude only when options select one.
 const LAYER_FORMS: &str = include_str!("mlp_layer_forms.cuh");
+/// Hidden layers on wgmma (sm_90a), appended after the prelude only for [`TensorInstructions::Wgmma`].
+const WGMMA_FORMS: &str = include_str!("mlp_wgmma.cuh");
 
 /// Fast math for the activations, placed before them. Activations are rounded to f16/bf16 between
 /// layers, so IEEE-accurate library calls (tens of instructions each, inlined once per element a
@@ -170,6 +173,28 @@ pub enum ChunkOrder {
     Pipelined,
 }
 
+/// Which tensor-core instructions the hidden layers with f32 accumulators use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TensorInstructions {
+    /// `mma.sync.m16n8k16`, issued by each warp (any sm_80+ GPU).
+    #[default]
+    MmaSync,
+    /// Hopper's asynchronous warpgroup MMA (`wgmma.mma_async`, mlp_wgmma.cuh): the products of
+    /// the next 32 output columns run on the tensor cores while the warps apply the activation
+    /// to the previous ones. Compiled for `sm_90a`, so only for compute capability 9.0 devices;
+    /// warps per block a multiple of 4. Layers with f16 accumulators ([`HiddenAccumulator::F16`])
+    /// or an FMA share of SiLU ([`ActivationMath::PackedFma`]) and the last layer keep mma.sync.
+    Wgmma,
+}
+
+/// The row form's budget for the registers a warp keeps in flight around one layer (its f32
+/// accumulators and fragments for both row tiles, plus the next layer's accumulators for one):
+/// N + N_next / 2 for padded widths N (the SiLU bench model's 128 → 96 layer: 176).
+const ROW_FORM_REGISTERS: usize = 192;
+
+/// The NVRTC option that kernels with wgmma layers add (after the runtime's `sm_90`).
+pub const WGMMA_ARCH_OPTION: &str = "--gpu-architecture=sm_90a";
+
 /// NVRTC options of every fused kernel: approximate division and square root and f32 denormals
 /// flushed, for activation expressions (whose values are rounded to f16/bf16 between layers).
 const FAST_MATH_OPTIONS: [&str; 3] = ["-ftz=true", "-prec-div=false", "-prec-sqrt=false"];
@@ -202,6 +227,8 @@ pub struct MlpKernelOptions {
     pub hidden_accumulator: HiddenAccumulator,
     /// The order of a hidden layer's output chunks.
     pub chunk_order: ChunkOrder,
+    /// mma.sync or wgmma for the hidden layers (see [`TensorInstructions`]).
+    pub tensor_instructions: TensorInstructions,
 }
 
 impl Default for MlpKernelOptions {
@@ -218,6 +245,7 @@ impl Default for MlpKernelOptions {
             bias_operand: BiasOperand::Quads,
             hidden_accumulator: HiddenAccumulator::F32,
             chunk_order: ChunkOrder::Sequential,
+            tensor_instructions: TensorInstructions::MmaSync,
         }
     }
 }
@@ -438,6 +466,20 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         })
         .map(|q| q.min(8))
         .collect();
+    // Hidden layers on wgmma (see TensorInstructions::Wgmma).
+    let wg: Vec<bool> = (0..model.layers.len())
+        .map(|i| {
+            opts.tensor_instructions == TensorInstructions::Wgmma
+                && i != last
+                && !acc16[i]
+                && fma_eighths[i] == 0
+                && (model.layers[i].bias.is_none() || opts.bias_operand == BiasOperand::Quads)
+        })
+        .collect();
+    let any_wg = wg.contains(&true);
+    if let Some(w) = opts.warps.filter(|w| any_wg && w % 4 != 0) {
+        return Err(MlpError::KernelOption { message: format!("wgmma layers run on warpgroups: warps per block must be a multiple of 4, not {w}") });
+    }
     let in_w = model.input_width();
     let out_w = model.output_width();
     let in_bytes = opts.in_dtype.size_bytes();
@@ -469,7 +511,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         let est_regs = r * per_tile * 3 / 2 + 40;
         let w_candidates: Vec<usize> = match opts.warps {
             Some(w) => vec![w as usize],
-            None => [16usize, 12, 8, 7, 6, 5, 4, 3, 2, 1].into_iter().filter(|&w| w <= 8 || 65536 / (32 * w) >= est_regs).collect(),
+            None => [16usize, 12, 8, 7, 6, 5, 4, 3, 2, 1].into_iter().filter(|&w| (w <= 8 || 65536 / (32 * w) >= est_regs) && (!any_wg || w % 4 == 0)).collect(),
         };
         for w in w_candidates {
             if param_bytes + w * warp_smem(r).3 <= limit {
@@ -497,7 +539,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     }
     let _ = writeln!(src, "// input {} [rows, {in_w}], output {} [rows, {out_w}]; {warps} warps x {r} row tiles of 16", opts.in_dtype, opts.out_dtype);
     let _ = writeln!(src, "#define KF_KERNEL_NAME KF_NAME_PLACEHOLDER");
-    let defs: [(&str, usize); 22] = [
+    let defs: [(&str, usize); 23] = [
         ("KF_COMPUTE_BF16", usize::from(model.dtype == DType::BF16)),
         ("KF_WARPS", warps),
         ("KF_THREADS", 32 * warps),
@@ -520,6 +562,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         ("KF_PARAM_BYTES", param_bytes),
         ("KF_LAYERS", model.layers.len()),
         ("KF_BIAS_QUADS", usize::from(opts.bias_operand == BiasOperand::Quads)),
+        ("KF_WGMMA", usize::from(any_wg)),
     ];
     for (name, value) in defs {
         let _ = writeln!(src, "#define {name} {value}");
@@ -578,12 +621,43 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         src.push_str(LAYER_FORMS);
         src.push('\n');
     }
+    if any_wg {
+        src.push_str(WGMMA_FORMS);
+        src.push('\n');
+    }
     src.push_str(&act_structs);
     src.push('\n');
+    // The wgmma layers; the row form when every hidden layer takes wgmma, the warp has two row
+    // tiles and the accumulators in flight fit (see wgmma.rs and ROW_FORM_REGISTERS).
+    let wg_layers: Vec<WgLayer> = (0..last)
+        .filter(|&i| wg[i])
+        .map(|i| {
+            let l = &layouts[i];
+            let has_bias = model.layers[i].bias.is_some();
+            WgLayer { index: i, kt: l.k_pad / 16, nt16: l.n_pad / 16, w_off: l.w_off, b_off: if has_bias { l.b_off } else { 0 }, n_real: model.layers[i].outputs, has_bias }
+        })
+        .collect();
+    let row_form = any_wg
+        && r == 2
+        && wg_layers.len() == last
+        && wg_layers.iter().enumerate().all(|(n, l)| 16 * l.nt16 + wg_layers.get(n + 1).map_or(0, |x| 8 * x.nt16) <= ROW_FORM_REGISTERS);
+    if any_wg {
+        src.push_str(&wgmma::stage_function(&wg_layers));
+    }
+    if row_form {
+        let mut widths: Vec<usize> = wg_layers.iter().map(|l| 16 * l.nt16).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        src.push_str(&wgmma::instructions(&widths));
+        src.push('\n');
+    }
     // The generated layer chain.
     let _ = writeln!(src, "// The layers in order; h<i> holds layer i's input fragments.");
     let _ = writeln!(src, "__device__ __forceinline__ void kf_forward(const unsigned (&h0)[KF_R][KF_KT0][4], unsigned char* __restrict__ out_tile,");
     let _ = writeln!(src, "                                           const unsigned char* __restrict__ smem, int lane) {{");
+    if any_wg {
+        let _ = writeln!(src, "    const unsigned long long kf_desc0 = kf_wg_desc(kf_smem_addr(smem));  // wgmma B operands: smem + offset");
+    }
     // Hidden layer j continues layer i's run when it is square like i, identical to it, and its
     // parameters sit one stride further (a loop then addresses them as W_OFF + l * STRIDE).
     let same = |i: usize, j: usize| {
@@ -598,10 +672,15 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             && halved[i] == halved[j]
             && fma_eighths[i] == fma_eighths[j]
             && acc16[i] == acc16[j]
+            && !wg[i]
             && lb.w_off - la.w_off == (j - i) * (layouts[i + 1].w_off - la.w_off)
             && lb.b_off - lb.w_off == la.b_off - la.w_off
     };
     let mut skip_to = 0;
+    if row_form {
+        src.push_str(&wgmma::row_form_chain(&wg_layers));
+        skip_to = last;
+    }
     for (i, (layer, l)) in model.layers.iter().zip(&layouts).enumerate() {
         if i < skip_to {
             continue;
@@ -641,6 +720,17 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         } else {
             let nt16 = l.n_pad / 16;
             let _ = writeln!(src, "    unsigned h{}[KF_R][{nt16}][4];", i + 1);
+            if wg[i] {
+                let _ = writeln!(
+                    src,
+                    "    kf_hidden_layer_wg<{kt}, {nt16}, {}, {}, {}, {has_bias}, KfAct{i}>(h{i}, h{}, smem, kf_desc0, lane);",
+                    l.w_off,
+                    off(l.b_off),
+                    layer.outputs,
+                    i + 1
+                );
+                continue;
+            }
             let form = if acc16[i] {
                 "_h"
             } else if reordered(i) {
@@ -686,6 +776,8 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
                 CompileEffort::Reduced => Some("--Ofast-compile=min".to_string()),
                 CompileEffort::Fast => Some("--Ofast-compile=mid".to_string()),
             })
+            // wgmma needs the arch-specific target; NVRTC takes the last --gpu-architecture.
+            .chain(any_wg.then(|| WGMMA_ARCH_OPTION.to_string()))
             .collect(),
     })
 }

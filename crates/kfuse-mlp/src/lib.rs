@@ -21,6 +21,7 @@ mod model;
 pub mod testing;
 mod tier;
 mod tiled;
+mod wgmma;
 
 pub use activation::{Activation, ActivationKind, NAMED_ACTIVATIONS};
 pub use bench::{bench_gpu, measure_ceilings, nvrtc_cache_disabled, BenchOptions, BenchReport};
@@ -29,6 +30,6 @@ pub use error::{MlpError, Result};
 pub use generic::{emit_generic, GenericRefusal};
 pub use gpu::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
 pub use tier::{emit_fast_form, BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};
-pub use kernel::{emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel, MlpKernelOptions, RepeatedLayers, H100_SHARED_LIMIT};
+pub use kernel::{emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel, MlpKernelOptions, RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH_OPTION};
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
 pub use tiled::{emit_tiled, TiledLayerKernel, TiledPlan};

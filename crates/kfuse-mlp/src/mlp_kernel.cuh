@@ -105,6 +105,13 @@ KF_KERNEL_NAME(const unsigned char* __restrict__ input,  // [rows, KF_IN] row-ma
     for (int i = threadIdx.x; i < KF_PARAM_BYTES / 16; i += KF_THREADS) {
         reinterpret_cast<uint4*>(kf_smem)[i] = params[i];
     }
+#if KF_WGMMA
+    // wgmma layers read their weights in another order (mlp_wgmma.cuh): rewritten after the
+    // copy, and made visible to the tensor cores' (async proxy) reads before the barrier below.
+    __syncthreads();
+    kf_stage_wgmma(reinterpret_cast<const unsigned*>(params), kf_smem);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
     unsigned char* const slice = kf_smem + KF_PARAM_BYTES + warp * KF_WARP_SMEM;
     // Stage s of this warp is at slice + s * KF_STAGE_BYTES (computed, not a pointer array: a
     // run-time index into a local array would live in local memory).
@@ -122,10 +129,23 @@ KF_KERNEL_NAME(const unsigned char* __restrict__ input,  // [rows, KF_IN] row-ma
     const long long tiles = (rows + KF_WARP_ROWS - 1) / KF_WARP_ROWS;
     const long long step = (long long)gridDim.x * KF_WARPS;
     long long tile = (long long)blockIdx.x * KF_WARPS + warp;
+#if KF_WGMMA
+    // The four warps of a warpgroup take four consecutive tiles and run in lockstep (every wgmma
+    // is a warpgroup instruction): they loop while the group's first tile exists; a warp past the
+    // batch computes on whatever its stage holds and stores nothing. The warpgroup's index goes
+    // through a shuffle so that ptxas knows it is warp-uniform (else it treats the loop as
+    // divergent and serialises every wgmma).
+    long long lead = ((long long)blockIdx.x * (KF_WARPS / 4) + __shfl_sync(0xffffffffu, warp >> 2, 0)) * 4;
+#define KF_TILE_LOOP_ON (lead < tiles)
+#define KF_TILE_LOOP_STEP (tile += step, lead += step)
+#else
+#define KF_TILE_LOOP_ON (tile < tiles)
+#define KF_TILE_LOOP_STEP (tile += step)
+#endif
     if (tile < tiles) kf_load_tile(input, rows, tile, kf_smem_addr(slice), lane);
     kf_cp_async_commit();
     int s = 0;
-    for (; tile < tiles; tile += step, s ^= 1) {
+    for (; KF_TILE_LOOP_ON; KF_TILE_LOOP_STEP, s ^= 1) {
         // Prefetch the next tile into the other stage (an empty group when there is none, so
         // that "wait for all but the newest group" always means "this tile has landed").
         if (tile + step < tiles) kf_load_tile(input, rows, tile + step, kf_smem_addr(slice + (s ^ 1) * KF_STAGE_BYTES), lane);
@@ -149,7 +169,7 @@ KF_KERNEL_NAME(const unsigned char* __restrict__ input,  // [rows, KF_IN] row-ma
         }
         kf_forward(x, out_tile, kf_smem, lane);
         __syncwarp();  // the output tile is complete; also: this stage's reads are done before it is refilled
-        kf_store_tile(output, rows, tile, out_tile, lane);
+        if (tile < tiles) kf_store_tile(output, rows, tile, out_tile, lane);
         __syncwarp();  // the output tile is free for the next tile
     }
     kf_cp_async_wait<0>();

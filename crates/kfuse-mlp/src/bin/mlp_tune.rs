@@ -9,11 +9,13 @@
 //! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
 //! eighths) and `balanced` (PackedFmaBalanced), each optionally followed by `@W` (W warps per
 //! block), `/R` (R row tiles per warp) and any of the suffixes `+pairs` (BiasOperand::Pairs, the
-//! earlier bias form), `+acc16` (HiddenAccumulator::F16) and `+pipe` (ChunkOrder::Pipelined),
+//! earlier bias form), `+acc16` (HiddenAccumulator::F16), `+pipe` (ChunkOrder::Pipelined) and `+wg`
+//! (TensorInstructions::Wgmma),
 //! e.g. `fma2@12`, `packed@16/1`, `packed+pairs`, `packed@12+acc16`; default
 //! `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
 //! with KF_LOOP=1 also with looped repeated layers, with KF_RELU_PAIRS=1 also with
-//! BiasOperand::Pairs (a no-bias model: the same kernel but for one #define); KF_DUMP=DIR writes
+//! BiasOperand::Pairs (a no-bias model: the same kernel but for one #define), and KF_RELU_VARIANTS
+//! replaces their list (KF_SILU_MATH's syntax; the math part is ignored, e.g. `packed,packed+wg`); KF_DUMP=DIR writes
 //! each variant's source and sm_90 cubin there first (the models KF_MODEL selects; NVRTC only,
 //! for cuobjdump/nvdisasm; no GPU needed). KF_FULL_ONLY=1 compiles the optimised kernel before the
 //! first call (Tiering::FullOnly), so that every launch is of the timed kernel (for ncu).
@@ -26,7 +28,7 @@ use std::io::Write;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
-    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers, Tiering,
+    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers, TensorInstructions, Tiering,
 };
 
 /// One kernel variant; `None` = the generator's default.
@@ -40,13 +42,14 @@ struct Variant {
     bias: BiasOperand,
     acc: HiddenAccumulator,
     order: ChunkOrder,
+    tensor: TensorInstructions,
 }
 
 impl Variant {
     /// The generator's defaults with `repeated` and `bias`.
     fn default_with(repeated: RepeatedLayers, bias: BiasOperand) -> Self {
         let d = MlpKernelOptions::default();
-        Variant { warps: None, rows: None, math: d.activation_math, effort: d.compile_effort, repeated, bias, acc: d.hidden_accumulator, order: d.chunk_order }
+        Variant { warps: None, rows: None, math: d.activation_math, effort: d.compile_effort, repeated, bias, acc: d.hidden_accumulator, order: d.chunk_order, tensor: d.tensor_instructions }
     }
 
     /// `MlpKernelOptions` for it.
@@ -60,6 +63,7 @@ impl Variant {
             bias_operand: self.bias,
             hidden_accumulator: self.acc,
             chunk_order: self.order,
+            tensor_instructions: self.tensor,
             ..MlpKernelOptions::default()
         }
     }
@@ -78,6 +82,7 @@ impl Variant {
             (self.bias != BiasOperand::Quads, format!(" {:?}", self.bias)),
             (self.acc != HiddenAccumulator::F32, " acc16".to_string()),
             (self.order == ChunkOrder::Pipelined, " pipe".to_string()),
+            (self.tensor == TensorInstructions::Wgmma, " wg".to_string()),
         ] {
             if on {
                 l.push_str(&tag);
@@ -100,7 +105,8 @@ fn parse_variant(entry: &str) -> Result<Variant, String> {
             "pairs" => v.bias = BiasOperand::Pairs,
             "acc16" => v.acc = HiddenAccumulator::F16,
             "pipe" => v.order = ChunkOrder::Pipelined,
-            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe)")),
+            "wg" => v.tensor = TensorInstructions::Wgmma,
+            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe, wg)")),
         }
     }
     let (head, rows) = head.split_once('/').map_or((head, None), |(e, r)| (e, Some(r)));
@@ -160,6 +166,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var("KF_RELU_PAIRS").is_ok_and(|v| v == "1") {
         relu.push(pairs);
     }
+    if let Ok(list) = std::env::var("KF_RELU_VARIANTS") {
+        relu = list.split(',').map(parse_variant).collect::<Result<_, _>>()?;
+    }
     let models: [ModelCase; 3] = [
         ("mlp64x4_relu", vec![64, 64, 64, 64, 64, 16], "relu", false, relu.clone()),
         ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false, relu),
@@ -213,6 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 bias_operand: v.bias,
                 hidden_accumulator: v.acc,
                 chunk_order: v.order,
+                tensor_instructions: v.tensor,
                 tiering,
                 ..BenchOptions::default()
             };
