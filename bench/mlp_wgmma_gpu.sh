@@ -23,13 +23,16 @@ t() { awk -F'\t' -v p="^$1-" '$1 ~ p && $2 == "crates/kfuse-mlp" {print $1; exit
 echo "== wgmma_check (t=${SECONDS}s)"
 nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -std=c++17 bench/proto/wgmma_check.cu -o /tmp/wgc > "$W/wgmma_check_build.log" 2>&1 && timeout 30 /tmp/wgc | tee "$W/wgmma_check.log"
 
-for test in wgmma layer_forms; do
+for test in ${TESTS:-wgmma layer_forms}; do
   exe=$(t $test)
-  echo "== test $test: ${exe:-not found} (t=${SECONDS}s)"
-  [ -n "$exe" ] || continue
-  (cd crates/kfuse-mlp; KFUSE_REQUIRE_GPU=1 KFUSE_CACHE_DIR=$(mktemp -d) timeout 150 "$B/tests/$exe" --nocapture --test-threads 1) > "$W/test_$test.log" 2>&1
-  echo "rc $?"
-  grep -E "^test |test result|panicked|seed|rows 20001|rows 1023" "$W/test_$test.log" | cut -c1-200 | tail -40
+  for rep in $(seq ${REPEAT:-1}); do
+    echo "== test $test #$rep: ${exe:-not found} (t=${SECONDS}s)"
+    [ -n "$exe" ] || continue
+    (cd crates/kfuse-mlp; KFUSE_REQUIRE_GPU=1 KFUSE_CACHE_DIR=$(mktemp -d) timeout 150 "$B/tests/$exe" --nocapture --test-threads 1) > "$W/test_${test}_$rep.log" 2>&1
+    echo "rc $?"
+    grep -E "test result|panicked" "$W/test_${test}_$rep.log" | cut -c1-200
+    grep -B3 -A6 "panicked" "$W/test_${test}_$rep.log" | cut -c1-300 | head -30
+  done
 done
 
 SILU=${SILU:-packed,packed+wg,packed+pipe,packed+wg@16,packed+wg,packed}
@@ -44,8 +47,8 @@ for m in mlp64x4_relu mlp128x4_relu; do
 done
 
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null && [ "$SECONDS" -lt 330 ]; then
-  echo "== ncu packed+wg (t=${SECONDS}s)"
-  KF_FULL_ONLY=1 KF_MODEL=mlp_silu_bias KF_SILU_MATH=packed+wg KFUSE_CACHE_DIR=$(mktemp -d) timeout 40 ncu --clock-control none -k regex:kf_mlp_ --launch-skip 3 -c 1 \
+  echo "== ncu ${NCU_VARIANT:=packed+wg} (t=${SECONDS}s)"
+  KF_FULL_ONLY=1 KF_MODEL=mlp_silu_bias KF_SILU_MATH=$NCU_VARIANT KFUSE_CACHE_DIR=$(mktemp -d) timeout 40 ncu --clock-control none -k regex:kf_mlp_ --launch-skip 3 -c 1 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
     "$TUNE" > "$W/ncu_wg.log" 2>&1
   echo "ncu rc $?"

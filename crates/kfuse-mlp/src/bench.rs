@@ -17,7 +17,7 @@ use kfuse_runtime::{Gpu, KernelArg};
 use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
 use crate::gpu::prepare_tiered;
-use crate::kernel::{ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, RepeatedLayers, TensorInstructions};
+use crate::kernel::MlpKernelOptions;
 use crate::tier::{KernelTier, Tiering};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
@@ -41,31 +41,16 @@ pub struct BenchOptions {
     pub check_rows: usize,
     /// Seed of the random input.
     pub seed: u64,
-    /// Warps per block (`None`: the generator's choice).
-    pub warps: Option<u32>,
-    /// 16-row tiles per warp (`None`: the generator's choice).
-    pub row_tiles_per_warp: Option<u32>,
-    /// How SiLU is evaluated.
-    pub activation_math: ActivationMath,
-    /// NVRTC's optimisation effort.
-    pub compile_effort: CompileEffort,
-    /// Runs of identical hidden layers: a loop or unrolled.
-    pub repeated_layers: RepeatedLayers,
     /// Whether the first call may run the fast-compiled form (then timed separately).
     pub tiering: Tiering,
-    /// How biases start the accumulators.
-    pub bias_operand: BiasOperand,
-    /// Where hidden layers accumulate.
-    pub hidden_accumulator: HiddenAccumulator,
-    /// The order of a hidden layer's output chunks.
-    pub chunk_order: ChunkOrder,
-    /// mma.sync or wgmma hidden layers.
-    pub tensor_instructions: TensorInstructions,
+    /// The kernel's choices (`in_dtype`, `out_dtype` and `shared_limit` are taken from here and the
+    /// device); `None`: [`MlpKernelOptions::tuned_for`] the device.
+    pub kernel: Option<MlpKernelOptions>,
 }
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, warps: None, row_tiles_per_warp: None, activation_math: ActivationMath::Packed, compile_effort: CompileEffort::Full, repeated_layers: RepeatedLayers::Unrolled, tiering: Tiering::Background, bias_operand: BiasOperand::Quads, hidden_accumulator: HiddenAccumulator::F32, chunk_order: ChunkOrder::Sequential, tensor_instructions: TensorInstructions::MmaSync }
+        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, tiering: Tiering::Background, kernel: None }
     }
 }
 
@@ -197,20 +182,8 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
     if opts.batch == 0 {
         return Err(MlpError::EmptyBatch);
     }
-    let kopts = MlpKernelOptions {
-        in_dtype: opts.in_dtype,
-        out_dtype: opts.out_dtype,
-        shared_limit: gpu.max_shared_bytes(),
-        warps: opts.warps,
-        row_tiles_per_warp: opts.row_tiles_per_warp,
-        activation_math: opts.activation_math,
-        compile_effort: opts.compile_effort,
-        repeated_layers: opts.repeated_layers,
-        bias_operand: opts.bias_operand,
-        hidden_accumulator: opts.hidden_accumulator,
-        chunk_order: opts.chunk_order,
-        tensor_instructions: opts.tensor_instructions,
-    };
+    let base = opts.kernel.clone().unwrap_or_else(|| MlpKernelOptions::tuned_for(gpu.compile_arch()));
+    let kopts = MlpKernelOptions { in_dtype: opts.in_dtype, out_dtype: opts.out_dtype, shared_limit: gpu.max_shared_bytes(), ..base };
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);
     let out_w = model.output_width();

@@ -118,9 +118,9 @@ fn too_large(what: &'static str, value: usize) -> MlpError {
 /// Compiles and uploads `model` for inputs of `in_dtype` and outputs of `out_dtype`, tiered
 /// ([`Tiering::Background`]): when the optimised kernel is not cached, the fast form serves the
 /// first launches. Returns it and the wall time this took (the first-call compile time when the
-/// cache is cold).
+/// cache is cold). The kernel choices are [`MlpKernelOptions::tuned_for`] the device.
 pub fn prepare(gpu: &Gpu, model: &MlpModel, in_dtype: DType, out_dtype: DType) -> Result<(PreparedMlp, f64)> {
-    let opts = MlpKernelOptions { in_dtype, out_dtype, shared_limit: gpu.max_shared_bytes(), ..MlpKernelOptions::default() };
+    let opts = MlpKernelOptions { in_dtype, out_dtype, shared_limit: gpu.max_shared_bytes(), ..MlpKernelOptions::tuned_for(gpu.compile_arch()) };
     prepare_tiered(gpu, model, &opts, Tiering::Background)
 }
 

@@ -183,7 +183,8 @@ pub enum TensorInstructions {
     /// the next 32 output columns run on the tensor cores while the warps apply the activation
     /// to the previous ones. Compiled for `sm_90a`, so only for compute capability 9.0 devices;
     /// warps per block a multiple of 4. Layers with f16 accumulators ([`HiddenAccumulator::F16`])
-    /// or an FMA share of SiLU ([`ActivationMath::PackedFma`]) and the last layer keep mma.sync.
+    /// and the last layer keep mma.sync; an FMA share of SiLU ([`ActivationMath::PackedFma`])
+    /// applies as with mma.sync.
     Wgmma,
 }
 
@@ -246,6 +247,23 @@ impl Default for MlpKernelOptions {
             hidden_accumulator: HiddenAccumulator::F32,
             chunk_order: ChunkOrder::Sequential,
             tensor_instructions: TensorInstructions::MmaSync,
+        }
+    }
+}
+
+impl MlpKernelOptions {
+    /// The defaults with the choices measured best on a GPU of compute capability `arch`: on 9.0
+    /// (H100), hidden layers on wgmma ([`TensorInstructions::Wgmma`]) and one eighth of the packed
+    /// SiLU pairs on the FMA pipe. H100, 2026-11-22, fp16, 2^21 rows, kernel medians in one run
+    /// (bench/results/2026-11-22-h100-session5.md): 64→4×64→16 ReLU 0.160 → 0.133 ms,
+    /// 64→4×128→16 ReLU 0.454 → 0.326 ms, the SiLU model 0.327 → 0.293 ms (16 warps × 1 row
+    /// tile; 0.297-0.301 without the FMA share). Other GPUs get [`Default::default`].
+    pub fn tuned_for(arch: kfuse_runtime::Arch) -> MlpKernelOptions {
+        let d = MlpKernelOptions::default();
+        if arch == kfuse_runtime::Arch::new(9, 0) {
+            MlpKernelOptions { tensor_instructions: TensorInstructions::Wgmma, activation_math: ActivationMath::PackedFma { eighths: 1 }, ..d }
+        } else {
+            d
         }
     }
 }
@@ -472,7 +490,6 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             opts.tensor_instructions == TensorInstructions::Wgmma
                 && i != last
                 && !acc16[i]
-                && fma_eighths[i] == 0
                 && (model.layers[i].bias.is_none() || opts.bias_operand == BiasOperand::Quads)
         })
         .collect();
@@ -492,7 +509,13 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     // enough to keep shared-memory traffic under the tensor cores' rate (one tile per warp was
     // 13-25% slower on an H100, 2026-11-22); more tiles only grow the unrolled code (compile
     // time) without measured gain.
-    let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or((FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 2));
+    // With wgmma and an activation on the SFU (anything but ReLU and identity), one row tile per
+    // warp and so up to 16 warps: four warpgroups per SM keep the SFU busier than two warpgroups
+    // of the row form (H100, SiLU bench model: 0.297 against 0.332 ms; the ReLU models are
+    // faster in the row form: 0.133 against 0.140 ms, 0.326 against 0.351 ms).
+    let sfu_hidden = model.layers[..last].iter().any(|l| !matches!(l.activation.kind(), ActivationKind::Relu | ActivationKind::Identity));
+    let r_auto = if any_wg && sfu_hidden { 1 } else { (FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 2) };
+    let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or(r_auto);
     let param_bytes = params.len();
     let warp_smem = |r: usize| {
         let rows = 16 * r;
@@ -634,7 +657,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         .map(|i| {
             let l = &layouts[i];
             let has_bias = model.layers[i].bias.is_some();
-            WgLayer { index: i, kt: l.k_pad / 16, nt16: l.n_pad / 16, w_off: l.w_off, b_off: if has_bias { l.b_off } else { 0 }, n_real: model.layers[i].outputs, has_bias }
+            WgLayer { index: i, kt: l.k_pad / 16, nt16: l.n_pad / 16, w_off: l.w_off, b_off: if has_bias { l.b_off } else { 0 }, n_real: model.layers[i].outputs, has_bias, fma_eighths: fma_eighths[i] }
         })
         .collect();
     let row_form = any_wg
@@ -723,7 +746,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             if wg[i] {
                 let _ = writeln!(
                     src,
-                    "    kf_hidden_layer_wg<{kt}, {nt16}, {}, {}, {}, {has_bias}, KfAct{i}>(h{i}, h{}, smem, kf_desc0, lane);",
+                    "    kf_hidden_layer_wg<{kt}, {nt16}, {}, {}, {}, {has_bias}, KfAct{i}{q}>(h{i}, h{}, smem, kf_desc0, lane);",
                     l.w_off,
                     off(l.b_off),
                     layer.outputs,

@@ -145,7 +145,7 @@ __device__ __forceinline__ void kf_wg_chunk_issue(float (&d)[KF_R][16], const un
 // descriptor of shared address 0 of the dynamic shared memory (kf_wg_desc of its base). Chunks of
 // 32 output columns are issued one ahead of the activation: chunk c + 1's products run while
 // chunk c's accumulators go through Act into h.
-template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act>
+template <int KT, int NT16, int W_OFF, int B_OFF, int N_REAL, int HAS_BIAS, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_hidden_layer_wg(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
                                                    const unsigned char* __restrict__ smem, unsigned long long desc0, int lane) {
     constexpr int NC = (NT16 + 1) / 2;
@@ -176,10 +176,10 @@ __device__ __forceinline__ void kf_hidden_layer_wg(const unsigned (&a)[KF_R][KT]
 #pragma unroll
                     for (int r = 0; r < KF_R; ++r) {
                         const float* d = acc[p & 1][r] + 8 * half;
-                        h[r][j][0] = Act::pack(d[0], d[1]) & mask_lo;
-                        h[r][j][1] = Act::pack(d[2], d[3]) & mask_lo;
-                        h[r][j][2] = Act::pack(d[4], d[5]) & mask_hi;
-                        h[r][j][3] = Act::pack(d[6], d[7]) & mask_hi;
+                        h[r][j][0] = kf_pack_at<FMA_Q, Act>(j, 0, d[0], d[1]) & mask_lo;
+                        h[r][j][1] = kf_pack_at<FMA_Q, Act>(j, 1, d[2], d[3]) & mask_lo;
+                        h[r][j][2] = kf_pack_at<FMA_Q, Act>(j, 2, d[4], d[5]) & mask_hi;
+                        h[r][j][3] = kf_pack_at<FMA_Q, Act>(j, 3, d[6], d[7]) & mask_hi;
                     }
                 }
             }
@@ -228,8 +228,9 @@ __device__ __forceinline__ void kf_wg_issue(float (&d)[NT16 * 8], const unsigned
 }
 
 // The activation of one row tile's finished layer (after the wait that completes its group) into
-// the next layer's A fragments; padding columns are zeroed after it.
-template <int NT16, int N_REAL, class Act>
+// the next layer's A fragments (FMA_Q: the share of SiLU pairs on the FMA pipe, as in
+// kf_hidden_layer); padding columns are zeroed after it.
+template <int NT16, int N_REAL, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_wg_act(float (&d)[NT16 * 8], unsigned (&h)[NT16][4], int lane) {
     kf_wg_fence_regs(d);
     const int quad = lane & 3;
@@ -242,9 +243,9 @@ __device__ __forceinline__ void kf_wg_act(float (&d)[NT16 * 8], unsigned (&h)[NT
             mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
         }
         const float* t = d + 8 * j;  // n8 tiles 2j (t[0..3]) and 2j + 1 (t[4..7])
-        h[j][0] = Act::pack(t[0], t[1]) & mask_lo;
-        h[j][1] = Act::pack(t[2], t[3]) & mask_lo;
-        h[j][2] = Act::pack(t[4], t[5]) & mask_hi;
-        h[j][3] = Act::pack(t[6], t[7]) & mask_hi;
+        h[j][0] = kf_pack_at<FMA_Q, Act>(j, 0, t[0], t[1]) & mask_lo;
+        h[j][1] = kf_pack_at<FMA_Q, Act>(j, 1, t[2], t[3]) & mask_lo;
+        h[j][2] = kf_pack_at<FMA_Q, Act>(j, 2, t[4], t[5]) & mask_hi;
+        h[j][3] = kf_pack_at<FMA_Q, Act>(j, 3, t[6], t[7]) & mask_hi;
     }
 }

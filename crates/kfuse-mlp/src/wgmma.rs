@@ -21,6 +21,8 @@ pub(crate) struct WgLayer {
     /// Real output width.
     pub n_real: usize,
     pub has_bias: bool,
+    /// Eighths of the SiLU pairs on the FMA pipe (0: none).
+    pub fma_eighths: usize,
 }
 
 /// `kf_stage_wgmma`: rewrites every wgmma layer's weights in shared memory (see mlp_wgmma.cuh).
@@ -95,7 +97,8 @@ pub(crate) fn row_form_chain(layers: &[WgLayer]) -> String {
             // Pending groups: this layer's tiles r.. and, for r = 1, the next layer's tile 0.
             let wait = if r == 1 && next.is_none() { 0 } else { 1 };
             let _ = writeln!(s, "    kf_wg_wait<{wait}>();");
-            let _ = writeln!(s, "    kf_wg_act<{}, {}, KfAct{}>(kf_d{}_{r}, h{}[{r}], lane);", l.nt16, l.n_real, l.index, l.index, l.index + 1);
+            let q = if l.fma_eighths > 0 { format!(", {}", l.fma_eighths) } else { String::new() };
+            let _ = writeln!(s, "    kf_wg_act<{}, {}, KfAct{}{q}>(kf_d{}_{r}, h{}[{r}], lane);", l.nt16, l.n_real, l.index, l.index, l.index + 1);
             if let Some(nx) = next {
                 issue(&mut s, nx, r);
             }
@@ -109,7 +112,7 @@ mod tests {
     use super::*;
 
     fn layer(index: usize, kt: usize, nt16: usize) -> WgLayer {
-        WgLayer { index, kt, nt16, w_off: 1024 * index, b_off: 0, n_real: nt16 * 16, has_bias: false }
+        WgLayer { index, kt, nt16, w_off: 1024 * index, b_off: 0, n_real: nt16 * 16, has_bias: false, fma_eighths: 0 }
     }
 
     #[test]

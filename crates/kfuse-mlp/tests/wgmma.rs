@@ -37,8 +37,8 @@ fn has_wgmma_layers(source: &str) -> bool {
 fn cases() -> Vec<Case> {
     use DType::*;
     vec![
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", F16, F16, F16, true, Some(2)),
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", F16, F16, F16, true, None),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", F16, F16, F16, true, Some(1)),
         (vec![64, 64, 64, 64, 64, 16], "relu", F16, F16, F16, false, None),
         (vec![64, 128, 128, 128, 128, 16], "relu", BF16, BF16, BF16, false, None),
         (vec![16, 16], "none", F16, F16, F16, true, None),
@@ -47,16 +47,21 @@ fn cases() -> Vec<Case> {
         (vec![256, 256, 7], "tanh", F16, F16, F32, true, None),
         (vec![24, 16, 16, 16, 16, 16, 16, 16, 24], "silu", BF16, BF16, F16, true, None),
         (vec![3, 17, 1], "x * sigmoid(1.702 * x)", BF16, F32, BF16, true, None),
+        (vec![40, 48, 80, 112, 9], "silu", F16, F16, F16, false, Some(2)),
         (vec![40, 48, 80, 112, 9], "silu", F16, F16, F16, false, None),
-        (vec![40, 48, 80, 112, 9], "silu", F16, F16, F16, false, Some(1)),
     ]
+}
+
+/// Cases with a share of SiLU pairs on the FMA pipe: (widths, eighths, row tiles per warp).
+fn fma_cases() -> Vec<(Vec<usize>, u8, Option<u32>)> {
+    vec![(vec![32, 64, 128, 96, 64, 32, 16], 2, None), (vec![32, 64, 128, 96, 64, 32, 16], 1, Some(1)), (vec![3, 24, 100, 5], 3, Some(1))]
 }
 
 #[test]
 fn wgmma_takes_the_f32_hidden_layers_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = model(dir.path(), "silu", &[32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, 1);
-    let k = emit_kernel(&m, &wg(MlpKernelOptions::default())).expect("emit");
+    let k = emit_kernel(&m, &wg(MlpKernelOptions { row_tiles_per_warp: Some(2), ..MlpKernelOptions::default() })).expect("emit");
     // Two row tiles per warp: the row form, two issues per hidden layer.
     assert_eq!(k.row_tiles_per_warp, 2);
     assert_eq!(k.source.matches("    kf_wg_issue<").count(), 10, "every hidden layer, both row tiles");
@@ -65,8 +70,9 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
     for n in [32, 64, 96, 128] {
         assert!(k.source.contains(&format!("struct KfWgmma<{n}> {{")), "KfWgmma<{n}>");
     }
-    // One row tile per warp: the chunked form.
-    let chunked = emit_kernel(&m, &wg(MlpKernelOptions { row_tiles_per_warp: Some(1), ..MlpKernelOptions::default() })).expect("emit");
+    // SiLU (on the SFU) by default: one row tile per warp, 16 warps, the chunked form.
+    let chunked = emit_kernel(&m, &wg(MlpKernelOptions::default())).expect("emit");
+    assert_eq!((chunked.row_tiles_per_warp, chunked.warps), (1, 16));
     assert_eq!(chunked.source.matches("    kf_hidden_layer_wg<").count(), 5, "every hidden layer");
     assert!(!chunked.source.contains("    kf_wg_issue<"));
     assert!(k.source.contains("#define KF_WGMMA 1") && k.source.contains("kf_output_layer<"));
@@ -79,9 +85,21 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
     // f16 accumulators keep mma.sync: no wgmma layer is left, so no sm_90a either.
     let acc16 = emit_kernel(&m, &wg(MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..MlpKernelOptions::default() })).expect("emit");
     assert!(acc16.source.contains("#define KF_WGMMA 0") && !acc16.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION));
-    // A share of SiLU on the FMA pipe keeps those layers on mma.sync.
-    let fma = emit_kernel(&m, &wg(MlpKernelOptions { activation_math: ActivationMath::PackedFma { eighths: 2 }, ..MlpKernelOptions::default() })).expect("emit");
-    assert!(!fma.source.contains("    kf_hidden_layer_wg<") && !fma.source.contains("    kf_wg_issue<"));
+    // A share of SiLU on the FMA pipe reaches the wgmma activations (both forms).
+    let fma = emit_kernel(&m, &wg(MlpKernelOptions { activation_math: ActivationMath::PackedFma { eighths: 2 }, row_tiles_per_warp: Some(2), ..MlpKernelOptions::default() })).expect("emit");
+    assert_eq!(fma.source.matches("KfAct0, 2>(kf_d0_").count(), 2, "row form: both row tiles of layer 0");
+    let fma1 = emit_kernel(&m, &wg(MlpKernelOptions { activation_math: ActivationMath::PackedFma { eighths: 2 }, row_tiles_per_warp: Some(1), ..MlpKernelOptions::default() })).expect("emit");
+    assert_eq!(fma1.source.matches(", 2>(h").count(), 5, "chunked form: every hidden layer");
+    // ReLU: the row form by default.
+    let relu = model(dir.path(), "relu", &[64, 128, 128, 128, 128, 16], "relu", DType::F16, false, 2);
+    let kr = emit_kernel(&relu, &wg(MlpKernelOptions::default())).expect("emit");
+    assert_eq!(kr.row_tiles_per_warp, 2);
+    assert_eq!(kr.source.matches("    kf_wg_issue<").count(), 8);
+    // The tuning per device: wgmma and one eighth of SiLU on the FMA pipe on compute capability 9.0 only.
+    let h100 = MlpKernelOptions::tuned_for(Arch::new(9, 0));
+    assert_eq!((h100.tensor_instructions, h100.activation_math), (TensorInstructions::Wgmma, ActivationMath::PackedFma { eighths: 1 }));
+    assert_eq!(MlpKernelOptions::tuned_for(Arch::new(8, 0)), MlpKernelOptions::default());
+    assert_eq!(MlpKernelOptions::tuned_for(Arch::new(10, 0)), MlpKernelOptions::default());
     // Warps must form warpgroups.
     let err = emit_kernel(&m, &wg(MlpKernelOptions { warps: Some(6), ..MlpKernelOptions::default() })).expect_err("6 warps");
     assert!(err.to_string().contains("multiple of 4"), "{err}");
@@ -124,9 +142,11 @@ fn wgmma_kernels_match_cpu_interpreter() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut rng, seed) = Rng::from_time();
     println!("seed {seed}");
-    for (n, (widths, act, wdtype, input, output, bias, tiles)) in cases().into_iter().enumerate() {
+    let plain = cases().into_iter().map(|c| (c, ActivationMath::Packed));
+    let fma = fma_cases().into_iter().map(|(w, q, t)| ((w, "silu", DType::F16, DType::F16, DType::F16, true, t), ActivationMath::PackedFma { eighths: q }));
+    for (n, ((widths, act, wdtype, input, output, bias, tiles), math)) in plain.chain(fma).enumerate() {
         let m = model(dir.path(), &format!("g{n}"), &widths, act, wdtype, bias, rng.next_u64());
-        let opts = wg(MlpKernelOptions { in_dtype: input, out_dtype: output, shared_limit: gpu.max_shared_bytes(), row_tiles_per_warp: tiles, ..MlpKernelOptions::default() });
+        let opts = wg(MlpKernelOptions { in_dtype: input, out_dtype: output, shared_limit: gpu.max_shared_bytes(), row_tiles_per_warp: tiles, activation_math: math, ..MlpKernelOptions::default() });
         let (prepared, _) = prepare_with(&gpu, &m, &opts).expect("prepare");
         assert!(prepared.kernel().is_some_and(|k| has_wgmma_layers(&k.source) == (widths.len() > 2)), "{}: wgmma layers", m.summary());
         for rows in [1usize, 127, 128, 129, 1023, 20001] {
@@ -139,7 +159,7 @@ fn wgmma_kernels_match_cpu_interpreter() {
             let got = HostTensor::from_bytes(output, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
             let want = evaluate_cpu(&m, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
-            println!("{} r{tiles:?} io {input}->{output} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", m.summary(), e.rel_err, e.worst_row_rel_err, e.worst_row);
+            println!("{} r{tiles:?} {math:?} io {input}->{output} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", m.summary(), e.rel_err, e.worst_row_rel_err, e.worst_row);
             assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", m.summary());
             assert!(e.rel_err <= TOL_16BIT, "{} rows {rows}: {e:?}", m.summary());
             let row_bound = if wdtype == DType::BF16 || output == DType::BF16 { 40.0 * TOL_16BIT } else { 10.0 * TOL_16BIT };

@@ -213,19 +213,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec.with_bias = bias;
         let model = MlpModel::load(write_model(&dir, name, &spec)?)?;
         for v in variants {
-            let opts = BenchOptions {
-                warps: v.warps,
-                row_tiles_per_warp: v.rows,
-                activation_math: v.math,
-                compile_effort: v.effort,
-                repeated_layers: v.repeated,
-                bias_operand: v.bias,
-                hidden_accumulator: v.acc,
-                chunk_order: v.order,
-                tensor_instructions: v.tensor,
-                tiering,
-                ..BenchOptions::default()
-            };
+            let opts = BenchOptions { tiering, kernel: Some(v.options()), ..BenchOptions::default() };
             let label = format!("{name} {}", v.label());
             match bench_gpu(&gpu, &model, &opts) {
                 Ok(rep) => {
