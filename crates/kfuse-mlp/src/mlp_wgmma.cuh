@@ -249,3 +249,60 @@ __device__ __forceinline__ void kf_wg_act(float (&d)[NT16 * 8], unsigned (&h)[NT
         h[j][3] = kf_pack_at<FMA_Q, Act>(j, 3, t[6], t[7]) & mask_hi;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The k-streaming form (TensorInstructions::WgmmaStream; one row tile per warp, every hidden layer
+// on wgmma): every layer's product is issued k step by k step as its input is produced. Once
+// layer L's products are complete (one wait), its activation runs 32 columns at a time, and each
+// 32 columns, which are two k16 steps of layer L + 1's input, are at once issued as those steps of
+// layer L + 1 (whole width, accumulating). So layer L + 1's products run while the rest of layer
+// L's activation does, and when it ends only the last steps are still in flight: a warpgroup keeps
+// the SFU and the tensor cores busy together, also at layer boundaries.
+
+// Issues k16 steps [KK0, KK1) of a layer (KT, NT16, W_OFF, B_OFF) into `d` (whole width), one commit
+// group; KK0 = 0 first sets `d` to the bias quads (or 0).
+template <int KT, int NT16, int W_OFF, int B_OFF, int HAS_BIAS, int KK0, int KK1>
+__device__ __forceinline__ void kf_wg_issue_k(float (&d)[NT16 * 8], const unsigned (&a)[KT][4], const unsigned char* __restrict__ smem,
+                                              unsigned long long desc0, int lane) {
+    if (KK0 == 0) {
+        const unsigned bias = kf_smem_addr(smem + B_OFF) + (lane & 3) * 16;
+#pragma unroll
+        for (int t = 0; t < 2 * NT16; ++t) {
+            if (HAS_BIAS) {
+                asm volatile("ld.volatile.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
+                             : "=f"(d[4 * t]), "=f"(d[4 * t + 1]), "=f"(d[4 * t + 2]), "=f"(d[4 * t + 3])
+                             : "r"(bias + t * 64));
+            } else {
+                d[4 * t] = d[4 * t + 1] = d[4 * t + 2] = d[4 * t + 3] = 0.f;
+            }
+        }
+        kf_wg_fence_regs(d);
+    }
+    kf_wg_fence();  // the A fragments of these steps were just written
+#pragma unroll
+    for (int kk = KK0; kk < KK1; ++kk) {
+        KfWgmma<NT16 * 16>::mma(d, a[kk], desc0 + (unsigned long long)((W_OFF + kk * NT16 * 16 * 32) >> 4));
+    }
+    kf_wg_commit();
+}
+
+// The activation of output k16 chunks [J0, J1) of a finished layer (the caller waited and fenced
+// `d`) into the next layer's A fragments, as kf_wg_act.
+template <int NT16, int N_REAL, class Act, int FMA_Q, int J0, int J1>
+__device__ __forceinline__ void kf_wg_act_range(const float (&d)[NT16 * 8], unsigned (&h)[NT16][4], int lane) {
+    const int quad = lane & 3;
+#pragma unroll
+    for (int j = J0; j < J1; ++j) {
+        const int col = 16 * j + 2 * quad;
+        unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
+        if (16 * j + 16 > N_REAL) {
+            mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
+            mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
+        }
+        const float* t = d + 8 * j;
+        h[j][0] = kf_pack_at<FMA_Q, Act>(j, 0, t[0], t[1]) & mask_lo;
+        h[j][1] = kf_pack_at<FMA_Q, Act>(j, 1, t[2], t[3]) & mask_lo;
+        h[j][2] = kf_pack_at<FMA_Q, Act>(j, 2, t[4], t[5]) & mask_hi;
+        h[j][3] = kf_pack_at<FMA_Q, Act>(j, 3, t[6], t[7]) & mask_hi;
+    }
+}
