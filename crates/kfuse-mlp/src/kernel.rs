@@ -186,10 +186,6 @@ pub enum TensorInstructions {
     /// and the last layer keep mma.sync; an FMA share of SiLU ([`ActivationMath::PackedFma`])
     /// applies as with mma.sync.
     Wgmma,
-    /// [`Self::Wgmma`] with one row tile per warp and, where every hidden layer takes wgmma, the
-    /// k-streaming form (mlp_wgmma.cuh): each 32 activated columns of a layer are issued at once
-    /// as two k16 steps of the next layer, so its products overlap the rest of the activation.
-    WgmmaStream,
 }
 
 /// The row form's budget for the registers a warp keeps in flight around one layer (its f32
@@ -491,7 +487,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     // Hidden layers on wgmma (see TensorInstructions::Wgmma).
     let wg: Vec<bool> = (0..model.layers.len())
         .map(|i| {
-            matches!(opts.tensor_instructions, TensorInstructions::Wgmma | TensorInstructions::WgmmaStream)
+            opts.tensor_instructions == TensorInstructions::Wgmma
                 && i != last
                 && !acc16[i]
                 && (model.layers[i].bias.is_none() || opts.bias_operand == BiasOperand::Quads)
@@ -518,11 +514,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     // of the row form (H100, SiLU bench model: 0.297 against 0.332 ms; the ReLU models are
     // faster in the row form: 0.133 against 0.140 ms, 0.326 against 0.351 ms).
     let sfu_hidden = model.layers[..last].iter().any(|l| !matches!(l.activation.kind(), ActivationKind::Relu | ActivationKind::Identity));
-    let streaming = any_wg && opts.tensor_instructions == TensorInstructions::WgmmaStream;
-    let r_auto = if any_wg && (sfu_hidden || streaming) { 1 } else { (FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 2) };
-    // The k-streaming form keeps a layer's accumulators, the next layer's and the fragments
-    // between them live: N/2 + N_next/2 + N/4 registers, plus addresses and temporaries.
-    let stream_regs = (0..last).map(|i| layouts[i].n_pad / 2 + if i + 1 < last { layouts[i + 1].n_pad / 2 } else { 0 } + layouts[i].n_pad / 4 + 24).max().unwrap_or(0);
+    let r_auto = if any_wg && sfu_hidden { 1 } else { (FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 2) };
     let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or(r_auto);
     let param_bytes = params.len();
     let warp_smem = |r: usize| {
@@ -539,7 +531,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         // Warps: as many as the register file holds at the estimated registers per thread
         // (fragments x 1.5 + 40, fitted to ptxas reports of the benchmark models), in multiples
         // of 4 (one per scheduler) above 8; 8 or fewer always qualify (255 registers each).
-        let est_regs = if streaming && r == 1 { stream_regs.max(per_tile * 3 / 2 + 40) } else { r * per_tile * 3 / 2 + 40 };
+        let est_regs = r * per_tile * 3 / 2 + 40;
         let w_candidates: Vec<usize> = match opts.warps {
             Some(w) => vec![w as usize],
             None => [16usize, 12, 8, 7, 6, 5, 4, 3, 2, 1].into_iter().filter(|&w| (w <= 8 || 65536 / (32 * w) >= est_regs) && (!any_wg || w % 4 == 0)).collect(),
@@ -675,9 +667,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     if any_wg {
         src.push_str(&wgmma::stage_function(&wg_layers));
     }
-    let stream_form = streaming && r == 1 && wg_layers.len() == last;
-    let row_form = row_form && !stream_form;
-    if row_form || stream_form {
+    if row_form {
         let mut widths: Vec<usize> = wg_layers.iter().map(|l| 16 * l.nt16).collect();
         widths.sort_unstable();
         widths.dedup();
@@ -712,9 +702,6 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let mut skip_to = 0;
     if row_form {
         src.push_str(&wgmma::row_form_chain(&wg_layers));
-        skip_to = last;
-    } else if stream_form {
-        src.push_str(&wgmma::stream_chain(&wg_layers));
         skip_to = last;
     }
     for (i, (layer, l)) in model.layers.iter().zip(&layouts).enumerate() {

@@ -107,48 +107,6 @@ pub(crate) fn row_form_chain(layers: &[WgLayer]) -> String {
     s
 }
 
-/// The k-streaming form's hidden-layer chain for one row tile (KF_R = 1): layer i's activation in
-/// 32-column pieces, each issued at once as two k16 steps of layer i + 1 (see mlp_wgmma.cuh).
-pub(crate) fn stream_chain(layers: &[WgLayer]) -> String {
-    let mut s = String::new();
-    let declare = |s: &mut String, l: &WgLayer| {
-        let _ = writeln!(s, "    float kf_d{}[{}];  // layer {}'s accumulators", l.index, l.nt16 * 8, l.index);
-        let _ = writeln!(s, "    unsigned h{}[KF_R][{}][4];", l.index + 1, l.nt16);
-    };
-    let issue = |s: &mut String, l: &WgLayer, k0: usize, k1: usize| {
-        let _ = writeln!(
-            s,
-            "    kf_wg_issue_k<{}, {}, {}, {}, {}, {k0}, {k1}>(kf_d{}, h{}[0], smem, kf_desc0, lane);",
-            l.kt,
-            l.nt16,
-            l.w_off,
-            l.b_off,
-            u8::from(l.has_bias),
-            l.index,
-            l.index
-        );
-    };
-    let Some(first) = layers.first() else { return s };
-    declare(&mut s, first);
-    issue(&mut s, first, 0, first.kt);
-    for (n, l) in layers.iter().enumerate() {
-        let next = layers.get(n + 1);
-        if let Some(nx) = next {
-            declare(&mut s, nx);
-        }
-        let _ = writeln!(s, "    kf_wg_wait<0>();
-    kf_wg_fence_regs(kf_d{});", l.index);
-        for j0 in (0..l.nt16).step_by(2) {
-            let j1 = (j0 + 2).min(l.nt16);
-            let _ = writeln!(s, "    kf_wg_act_range<{}, {}, KfAct{}, {}, {j0}, {j1}>(kf_d{}, h{}[0], lane);", l.nt16, l.n_real, l.index, l.fma_eighths, l.index, l.index + 1);
-            if let Some(nx) = next {
-                issue(&mut s, nx, j0, j1);
-            }
-        }
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,27 +147,6 @@ mod tests {
         );
         let waits: Vec<&str> = lines.iter().filter(|l| l.starts_with("kf_wg_wait")).copied().collect();
         assert_eq!(waits, ["kf_wg_wait<1>();", "kf_wg_wait<1>();", "kf_wg_wait<1>();", "kf_wg_wait<0>();"]);
-    }
-
-    #[test]
-    fn stream_issues_each_piece_as_the_next_layers_k_steps() {
-        let src = stream_chain(&[layer(0, 2, 3), layer(1, 3, 2)]);
-        let calls: Vec<&str> = src.lines().map(str::trim).filter(|l| l.starts_with("kf_wg_")).collect();
-        assert_eq!(
-            calls,
-            [
-                "kf_wg_issue_k<2, 3, 0, 0, 0, 0, 2>(kf_d0, h0[0], smem, kf_desc0, lane);",
-                "kf_wg_wait<0>();",
-                "kf_wg_fence_regs(kf_d0);",
-                "kf_wg_act_range<3, 48, KfAct0, 0, 0, 2>(kf_d0, h1[0], lane);",
-                "kf_wg_issue_k<3, 2, 1024, 0, 0, 0, 2>(kf_d1, h1[0], smem, kf_desc0, lane);",
-                "kf_wg_act_range<3, 48, KfAct0, 0, 2, 3>(kf_d0, h1[0], lane);",
-                "kf_wg_issue_k<3, 2, 1024, 0, 0, 2, 3>(kf_d1, h1[0], smem, kf_desc0, lane);",
-                "kf_wg_wait<0>();",
-                "kf_wg_fence_regs(kf_d1);",
-                "kf_wg_act_range<2, 32, KfAct1, 0, 0, 2>(kf_d1, h2[0], lane);",
-            ]
-        );
     }
 
     #[test]

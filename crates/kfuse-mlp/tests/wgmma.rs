@@ -26,22 +26,9 @@ fn wg(opts: MlpKernelOptions) -> MlpKernelOptions {
 /// (widths, activation, weight dtype, input dtype, output dtype, bias, row tiles per warp)
 type Case = (Vec<usize>, &'static str, DType, DType, DType, bool, Option<u32>);
 
-/// Whether `source` has wgmma hidden layers (any form).
+/// Whether `source` has wgmma hidden layers (either form).
 fn has_wgmma_layers(source: &str) -> bool {
-    source.contains("    kf_hidden_layer_wg<") || source.contains("    kf_wg_issue<") || source.contains("    kf_wg_issue_k<")
-}
-
-/// Cases also run with TensorInstructions::WgmmaStream (the k-streaming form where it applies).
-fn stream_cases() -> Vec<Case> {
-    use DType::*;
-    vec![
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", F16, F16, F16, true, None),
-        (vec![64, 128, 128, 128, 128, 16], "relu", F16, F16, F16, false, None),
-        (vec![40, 48, 80, 112, 9], "silu", F16, F16, F16, false, None),
-        (vec![24, 16, 16, 16, 16, 16, 16, 16, 24], "silu", BF16, BF16, F16, true, None),
-        (vec![3, 17, 1], "x * sigmoid(1.702 * x)", BF16, F32, BF16, true, None),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", F16, F16, F16, true, Some(2)),
-    ]
+    source.contains("    kf_hidden_layer_wg<") || source.contains("    kf_wg_issue<")
 }
 
 fn cases() -> Vec<Case> {
@@ -110,14 +97,6 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
     assert_eq!((h100.tensor_instructions, h100.activation_math), (TensorInstructions::Wgmma, ActivationMath::PackedFma { eighths: 1 }));
     assert_eq!(MlpKernelOptions::tuned_for(Arch::new(8, 0)), MlpKernelOptions::default());
     assert_eq!(MlpKernelOptions::tuned_for(Arch::new(10, 0)), MlpKernelOptions::default());
-    // The k-streaming form: one row tile, each piece of a layer's activation issued as the next
-    // layer's k steps; the row form when two row tiles are asked for.
-    let st = emit_kernel(&m, &MlpKernelOptions { tensor_instructions: TensorInstructions::WgmmaStream, ..MlpKernelOptions::default() }).expect("emit");
-    assert_eq!(st.row_tiles_per_warp, 1);
-    assert_eq!(st.source.matches("    kf_wg_act_range<").count(), 2 + 4 + 3 + 2 + 1, "32-column pieces of 64, 128, 96, 64, 32");
-    assert_eq!(st.source.matches("    kf_wg_issue_k<").count(), 1 + 2 + 4 + 3 + 2, "layer 0 whole, then one per piece feeding a hidden layer");
-    let st2 = emit_kernel(&m, &MlpKernelOptions { tensor_instructions: TensorInstructions::WgmmaStream, row_tiles_per_warp: Some(2), ..MlpKernelOptions::default() }).expect("emit");
-    assert!(st2.source.contains("    kf_wg_issue<") && !st2.source.contains("    kf_wg_issue_k<"));
     // Warps must form warpgroups.
     let err = emit_kernel(&m, &wg(MlpKernelOptions { warps: Some(6), ..MlpKernelOptions::default() })).expect_err("6 warps");
     assert!(err.to_string().contains("multiple of 4"), "{err}");
@@ -129,28 +108,20 @@ fn wgmma_kernels_compile_for_sm90a_without_serialisation() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let plain = cases().into_iter().map(|c| (c, TensorInstructions::Wgmma));
-    let stream = stream_cases().into_iter().map(|c| (c, TensorInstructions::WgmmaStream));
-    for (n, ((widths, act, wdtype, input, output, bias, rows), tensor)) in plain.chain(stream).enumerate() {
+    for (n, (widths, act, wdtype, input, output, bias, rows)) in cases().into_iter().enumerate() {
         let m = model(dir.path(), &format!("c{n}"), &widths, act, wdtype, bias, n as u64);
-        let k = emit_kernel(&m, &MlpKernelOptions { in_dtype: input, out_dtype: output, row_tiles_per_warp: rows, tensor_instructions: tensor, ..MlpKernelOptions::default() }).expect("emit");
+        let k = emit_kernel(&m, &wg(MlpKernelOptions { in_dtype: input, out_dtype: output, row_tiles_per_warp: rows, ..MlpKernelOptions::default() })).expect("emit");
         let mut opts = CompileOptions::for_arch(Arch::new(9, 0));
         opts.extra = k.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let out = compile(&k.source, &opts).unwrap_or_else(|e| panic!("{} failed to compile: {e}", m.summary()));
         let notes: Vec<&str> = out.log.lines().filter(|l| l.contains("Potential Performance Loss") || l.contains("is injected")).collect();
         let regs = out.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
-        let form = if k.source.contains("    kf_wg_issue<") {
-            "row form"
-        } else if k.source.contains("    kf_wg_issue_k<") {
-            "k-streaming form"
-        } else {
-            "chunked form"
-        };
+        let form = if k.source.contains("    kf_wg_issue<") { "row form" } else { "chunked form" };
         println!("{}: {} warps x {} row tiles, {form}; {regs}", m.summary(), k.warps, k.row_tiles_per_warp);
         // The issue-5 benchmark models must get the schedule as written; for others (e.g. an erf
         // activation's temporaries at 112 columns) ptxas may add waits, which costs speed only.
-        if n < 4 || tensor == TensorInstructions::WgmmaStream && n < cases().len() + 3 {
+        if n < 4 {
             assert!(notes.is_empty(), "{}: ptxas serialises or waits on wgmma:\n{}", m.summary(), notes.join("\n"));
         } else if !notes.is_empty() {
             println!("  ptxas notes (speed only): {}", notes.join(" | "));
@@ -170,11 +141,9 @@ fn wgmma_kernels_match_cpu_interpreter() {
     println!("seed {seed}");
     let plain = cases().into_iter().map(|c| (c, ActivationMath::Packed));
     let fma = fma_cases().into_iter().map(|(w, q, t)| ((w, "silu", DType::F16, DType::F16, DType::F16, true, t), ActivationMath::PackedFma { eighths: q }));
-    let all = plain.map(|c| (c, TensorInstructions::Wgmma)).chain(fma.map(|c| (c, TensorInstructions::Wgmma)));
-    let all = all.chain(stream_cases().into_iter().map(|c| ((c, ActivationMath::PackedFma { eighths: 1 }), TensorInstructions::WgmmaStream)));
-    for (n, (((widths, act, wdtype, input, output, bias, tiles), math), tensor)) in all.enumerate() {
+    for (n, ((widths, act, wdtype, input, output, bias, tiles), math)) in plain.chain(fma).enumerate() {
         let m = model(dir.path(), &format!("g{n}"), &widths, act, wdtype, bias, rng.next_u64());
-        let opts = MlpKernelOptions { in_dtype: input, out_dtype: output, shared_limit: gpu.max_shared_bytes(), row_tiles_per_warp: tiles, activation_math: math, tensor_instructions: tensor, ..MlpKernelOptions::default() };
+        let opts = wg(MlpKernelOptions { in_dtype: input, out_dtype: output, shared_limit: gpu.max_shared_bytes(), row_tiles_per_warp: tiles, activation_math: math, ..MlpKernelOptions::default() });
         let (prepared, _) = prepare_with(&gpu, &m, &opts).expect("prepare");
         assert!(prepared.kernel().is_some_and(|k| has_wgmma_layers(&k.source) == (widths.len() > 2)), "{}: wgmma layers", m.summary());
         for rows in [1usize, 127, 128, 129, 1023, 20001] {
@@ -187,7 +156,7 @@ fn wgmma_kernels_match_cpu_interpreter() {
             let got = HostTensor::from_bytes(output, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
             let want = evaluate_cpu(&m, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
-            println!("{} r{tiles:?} {math:?} {tensor:?} io {input}->{output} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", m.summary(), e.rel_err, e.worst_row_rel_err, e.worst_row);
+            println!("{} r{tiles:?} {math:?} io {input}->{output} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", m.summary(), e.rel_err, e.worst_row_rel_err, e.worst_row);
             let bf16 = wdtype == DType::BF16 || output == DType::BF16;
             if let Err(why) = kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary())) {
                 panic!("{why}");

@@ -9,8 +9,8 @@
 //! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
 //! eighths) and `balanced` (PackedFmaBalanced), each optionally followed by `@W` (W warps per
 //! block), `/R` (R row tiles per warp) and any of the suffixes `+pairs` (BiasOperand::Pairs, the
-//! earlier bias form), `+acc16` (HiddenAccumulator::F16), `+pipe` (ChunkOrder::Pipelined), `+wg`
-//! (TensorInstructions::Wgmma) and `+wgs` (TensorInstructions::WgmmaStream),
+//! earlier bias form), `+acc16` (HiddenAccumulator::F16), `+pipe` (ChunkOrder::Pipelined) and `+wg`
+//! (TensorInstructions::Wgmma),
 //! e.g. `fma2@12`, `packed@16/1`, `packed+pairs`, `packed@12+acc16`; default
 //! `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
 //! with KF_LOOP=1 also with looped repeated layers, with KF_RELU_PAIRS=1 also with
@@ -83,7 +83,6 @@ impl Variant {
             (self.acc != HiddenAccumulator::F32, " acc16".to_string()),
             (self.order == ChunkOrder::Pipelined, " pipe".to_string()),
             (self.tensor == TensorInstructions::Wgmma, " wg".to_string()),
-            (self.tensor == TensorInstructions::WgmmaStream, " wgs".to_string()),
         ] {
             if on {
                 l.push_str(&tag);
@@ -107,8 +106,7 @@ fn parse_variant(entry: &str) -> Result<Variant, String> {
             "acc16" => v.acc = HiddenAccumulator::F16,
             "pipe" => v.order = ChunkOrder::Pipelined,
             "wg" => v.tensor = TensorInstructions::Wgmma,
-            "wgs" => v.tensor = TensorInstructions::WgmmaStream,
-            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe, wg, wgs)")),
+            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe, wg)")),
         }
     }
     let (head, rows) = head.split_once('/').map_or((head, None), |(e, r)| (e, Some(r)));
