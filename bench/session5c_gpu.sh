@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 5's third MLP call: the k-streaming wgmma form (+wgs) against the 16-warp chunked form
+# Session 5's third MLP call (the k-streaming form it measured was removed again, see
+# bench/results/2026-11-22-h100-session5.md; +wgs no longer parses): the k-streaming wgmma form (+wgs) against the 16-warp chunked form
 # (the current default on the H100, fma1@16/1+wg) and mma.sync, each twice; the wgmma test once.
 #   ../shared/tools/gpu-bundle; device run: bash .gpu/run bash bench/session5c_gpu.sh   (carry [".gpu"])
 set -uo pipefail
