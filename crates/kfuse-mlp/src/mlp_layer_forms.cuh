@@ -78,18 +78,13 @@ __device__ __forceinline__ void kf_hidden_layer_h_at(const unsigned (&a)[KF_R][K
         }
         // acc[r][t] = {row g, row g + 8} of n8 tile 2j + t: A-fragment registers t * 2 + {0, 1}
         // of k-chunk j. Padding columns (last chunk only) are zeroed after the activation.
-        const int col = 16 * j + 2 * quad;
-        unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
-        if (16 * j + 16 > N_REAL) {
-            mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
-            mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
-        }
+        const uint2 m = kf_pad_masks<N_REAL>(j, quad);
 #pragma unroll
         for (int r = 0; r < KF_R; ++r) {
-            h[r][j][0] = Act::pack16(acc[r][0][0]) & mask_lo;
-            h[r][j][1] = Act::pack16(acc[r][0][1]) & mask_lo;
-            h[r][j][2] = Act::pack16(acc[r][1][0]) & mask_hi;
-            h[r][j][3] = Act::pack16(acc[r][1][1]) & mask_hi;
+            h[r][j][0] = Act::pack16(acc[r][0][0]) & m.x;
+            h[r][j][1] = Act::pack16(acc[r][0][1]) & m.x;
+            h[r][j][2] = Act::pack16(acc[r][1][0]) & m.y;
+            h[r][j][3] = Act::pack16(acc[r][1][1]) & m.y;
         }
     }
 }
@@ -162,19 +157,8 @@ __device__ __forceinline__ void kf_chunk_start(float (&d)[KF_R][2][4], const uns
 // chunk only) are zeroed after it.
 template <int NT16, int N_REAL, int FMA_Q, class Act>
 __device__ __forceinline__ void kf_chunk_act(const float (&d)[KF_R][2][4], unsigned (&h)[KF_R][NT16][4], int j, int quad) {
-    const int col = 16 * j + 2 * quad;
-    unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
-    if (16 * j + 16 > N_REAL) {
-        mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
-        mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
-    }
 #pragma unroll
-    for (int r = 0; r < KF_R; ++r) {
-        h[r][j][0] = kf_pack_at<FMA_Q, Act>(j, 0, d[r][0][0], d[r][0][1]) & mask_lo;
-        h[r][j][1] = kf_pack_at<FMA_Q, Act>(j, 1, d[r][0][2], d[r][0][3]) & mask_lo;
-        h[r][j][2] = kf_pack_at<FMA_Q, Act>(j, 2, d[r][1][0], d[r][1][1]) & mask_hi;
-        h[r][j][3] = kf_pack_at<FMA_Q, Act>(j, 3, d[r][1][2], d[r][1][3]) & mask_hi;
-    }
+    for (int r = 0; r < KF_R; ++r) kf_act_chunk<N_REAL, FMA_Q, Act>(h[r][j], d[r][0], d[r][1], j, quad);
 }
 
 // A hidden layer with f32 accumulators, pipelined over its output chunks (see the top): the

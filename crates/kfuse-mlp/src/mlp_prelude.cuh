@@ -294,6 +294,29 @@ __device__ __forceinline__ unsigned kf_pack_at(int j, int c, float lo, float hi)
     return kf_fma_slot<FMA_Q>(j, c) ? KfPackSel<(FMA_Q > 0), Act>::pack(lo, hi) : Act::pack(lo, hi);
 }
 
+// Masks of this lane's columns of output k16 chunk j that are padding (at or past N_REAL, which
+// only the last chunk has): `lo` for n8 tile 2j, `hi` for 2j + 1, each over the f16/bf16 pair of
+// columns 2 * quad, 2 * quad + 1 of its tile. Padding is zeroed after the activation, since
+// act(0) need not be 0.
+template <int N_REAL>
+__device__ __forceinline__ uint2 kf_pad_masks(int j, int quad) {
+    const int col = 16 * j + 2 * quad;
+    if (16 * j + 16 <= N_REAL) return make_uint2(0xffffffffu, 0xffffffffu);
+    return make_uint2((col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u),
+                      (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u));
+}
+// The activation of output k16 chunk j from its two n8 tiles' f32 accumulators (`lo`: tile 2j,
+// `hi`: tile 2j + 1, each {row g cols c, c + 1, row g + 8 cols c, c + 1}) into the next layer's A
+// fragment registers h = {row g lo, row g + 8 lo, row g hi, row g + 8 hi}, padding zeroed.
+template <int N_REAL, int FMA_Q, class Act>
+__device__ __forceinline__ void kf_act_chunk(unsigned (&h)[4], const float* lo, const float* hi, int j, int quad) {
+    const uint2 m = kf_pad_masks<N_REAL>(j, quad);
+    h[0] = kf_pack_at<FMA_Q, Act>(j, 0, lo[0], lo[1]) & m.x;
+    h[1] = kf_pack_at<FMA_Q, Act>(j, 1, lo[2], lo[3]) & m.x;
+    h[2] = kf_pack_at<FMA_Q, Act>(j, 2, hi[0], hi[1]) & m.y;
+    h[3] = kf_pack_at<FMA_Q, Act>(j, 3, hi[2], hi[3]) & m.y;
+}
+
 template <int KT, int NT16, int N_REAL, int HAS_BIAS, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT][4], unsigned (&h)[KF_R][NT16][4],
                                                    const unsigned char* __restrict__ wp, const float* __restrict__ bias, int lane) {
@@ -305,7 +328,6 @@ __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT]
         // 8 * KF_R floats, which leaves registers for the input and output fragments; the
         // 2 * KF_R accumulator chains are independent, so the mmas of one k step overlap.
         // The bias is the accumulators' starting value.
-        const int col = 16 * j + 2 * quad;  // tile 2j: col, col + 1; tile 2j + 1: col + 8, col + 9
         float acc[KF_R][2][4];
 #if KF_BIAS_QUADS
         // The bias quads of tiles 2j and 2j + 1 are the first mma's C operands (kf_mma_c).
@@ -324,6 +346,7 @@ __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT]
         }
         constexpr int KK0 = 1;
 #else
+        const int col = 16 * j + 2 * quad;  // tile 2j: col, col + 1; tile 2j + 1: col + 8, col + 9
         float2 b_lo = make_float2(0.f, 0.f), b_hi = make_float2(0.f, 0.f);
         if (HAS_BIAS) {
             b_lo = *reinterpret_cast<const float2*>(bias + col);
@@ -349,21 +372,9 @@ __device__ __forceinline__ void kf_hidden_layer_at(const unsigned (&a)[KF_R][KT]
         }
         // Accumulator layout: acc[.][t][0..1] row (lane / 4), acc[.][t][2..3] row (lane / 4 + 8),
         // columns col + 8t and col + 8t + 1 -- the same thread owns the same elements of the next
-        // layer's A fragment for k-chunk j: {row g lo cols, row g+8 lo cols, row g hi, row g+8 hi}.
-        // Columns past N_REAL (only in the last chunk, known at compile time) are zeroed after
-        // the activation, since act(0) need not be 0.
-        unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
-        if (16 * j + 16 > N_REAL) {
-            mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
-            mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
-        }
+        // layer's A fragment for k-chunk j (kf_act_chunk).
 #pragma unroll
-        for (int r = 0; r < KF_R; ++r) {
-            h[r][j][0] = kf_pack_at<FMA_Q, Act>(j, 0, acc[r][0][0], acc[r][0][1]) & mask_lo;
-            h[r][j][1] = kf_pack_at<FMA_Q, Act>(j, 1, acc[r][0][2], acc[r][0][3]) & mask_lo;
-            h[r][j][2] = kf_pack_at<FMA_Q, Act>(j, 2, acc[r][1][0], acc[r][1][1]) & mask_hi;
-            h[r][j][3] = kf_pack_at<FMA_Q, Act>(j, 3, acc[r][1][2], acc[r][1][3]) & mask_hi;
-        }
+        for (int r = 0; r < KF_R; ++r) kf_act_chunk<N_REAL, FMA_Q, Act>(h[r][j], acc[r][0], acc[r][1], j, quad);
     }
 }
 

@@ -167,19 +167,10 @@ __device__ __forceinline__ void kf_hidden_layer_wg(const unsigned (&a)[KF_R][KT]
             for (int half = 0; half < 2; ++half) {
                 const int j = 2 * p + half;  // the next layer's k16 chunk
                 if (j < NT16) {
-                    const int col = 16 * j + 2 * quad;
-                    unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
-                    if (16 * j + 16 > N_REAL) {
-                        mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
-                        mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
-                    }
 #pragma unroll
                     for (int r = 0; r < KF_R; ++r) {
-                        const float* d = acc[p & 1][r] + 8 * half;
-                        h[r][j][0] = kf_pack_at<FMA_Q, Act>(j, 0, d[0], d[1]) & mask_lo;
-                        h[r][j][1] = kf_pack_at<FMA_Q, Act>(j, 1, d[2], d[3]) & mask_lo;
-                        h[r][j][2] = kf_pack_at<FMA_Q, Act>(j, 2, d[4], d[5]) & mask_hi;
-                        h[r][j][3] = kf_pack_at<FMA_Q, Act>(j, 3, d[6], d[7]) & mask_hi;
+                        const float* d = acc[p & 1][r] + 8 * half;  // n8 tiles 2j (d[0..3]) and 2j + 1 (d[4..7])
+                        kf_act_chunk<N_REAL, FMA_Q, Act>(h[r][j], d, d + 4, j, quad);
                     }
                 }
             }
@@ -233,19 +224,6 @@ __device__ __forceinline__ void kf_wg_issue(float (&d)[NT16 * 8], const unsigned
 template <int NT16, int N_REAL, class Act, int FMA_Q = 0>
 __device__ __forceinline__ void kf_wg_act(float (&d)[NT16 * 8], unsigned (&h)[NT16][4], int lane) {
     kf_wg_fence_regs(d);
-    const int quad = lane & 3;
 #pragma unroll
-    for (int j = 0; j < NT16; ++j) {
-        const int col = 16 * j + 2 * quad;
-        unsigned mask_lo = 0xffffffffu, mask_hi = 0xffffffffu;
-        if (16 * j + 16 > N_REAL) {
-            mask_lo = (col < N_REAL ? 0x0000ffffu : 0u) | (col + 1 < N_REAL ? 0xffff0000u : 0u);
-            mask_hi = (col + 8 < N_REAL ? 0x0000ffffu : 0u) | (col + 9 < N_REAL ? 0xffff0000u : 0u);
-        }
-        const float* t = d + 8 * j;  // n8 tiles 2j (t[0..3]) and 2j + 1 (t[4..7])
-        h[j][0] = kf_pack_at<FMA_Q, Act>(j, 0, t[0], t[1]) & mask_lo;
-        h[j][1] = kf_pack_at<FMA_Q, Act>(j, 1, t[2], t[3]) & mask_lo;
-        h[j][2] = kf_pack_at<FMA_Q, Act>(j, 2, t[4], t[5]) & mask_hi;
-        h[j][3] = kf_pack_at<FMA_Q, Act>(j, 3, t[6], t[7]) & mask_hi;
-    }
+    for (int j = 0; j < NT16; ++j) kf_act_chunk<N_REAL, FMA_Q, Act>(h[j], d + 8 * j, d + 8 * j + 4, j, lane & 3);
 }
