@@ -98,6 +98,18 @@ __device__ __forceinline__ void kf_stage_wgmma_layer(const unsigned* __restrict_
     }
 }
 
+// Starts an n8 tile's four accumulators d[0..3] at its bias quad at shared address `addr` (or 0).
+// The load is volatile, so that the same quad for several row tiles stays one LDS.128 each
+// instead of one load and register copies (an LDS.128 fills 4 accumulators, a copy 1).
+template <int HAS_BIAS>
+__device__ __forceinline__ void kf_wg_bias_quad(float* d, unsigned addr) {
+    if (HAS_BIAS) {
+        asm volatile("ld.volatile.shared.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]) : "r"(addr));
+    } else {
+        d[0] = d[1] = d[2] = d[3] = 0.f;
+    }
+}
+
 // Chunk c (32 columns, or 16 for the last of an odd NT16) of a wgmma hidden layer: its
 // accumulators start at the bias quads (or 0), then KT k16 steps for each of the KF_R row tiles,
 // committed as one group.
@@ -105,22 +117,12 @@ template <int KT, int NT16, int W_OFF, int B_OFF, int HAS_BIAS>
 __device__ __forceinline__ void kf_wg_chunk_issue(float (&d)[KF_R][16], const unsigned (&a)[KF_R][KT][4], unsigned long long desc0,
                                                   const unsigned char* __restrict__ smem, int c, int quad) {
     const int tiles = (2 * c + 1 < NT16) ? 4 : 2;  // n8 tiles in this chunk
-    // The bias quad is loaded once per row tile (volatile, so not merged into one load and
-    // register copies: an LDS.128 fills 4 accumulators, a copy 1).
     const unsigned bias = kf_smem_addr(smem + B_OFF) + quad * 16;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
         if (t < tiles) {
 #pragma unroll
-            for (int r = 0; r < KF_R; ++r) {
-                if (HAS_BIAS) {
-                    asm volatile("ld.volatile.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
-                                 : "=f"(d[r][4 * t]), "=f"(d[r][4 * t + 1]), "=f"(d[r][4 * t + 2]), "=f"(d[r][4 * t + 3])
-                                 : "r"(bias + (4 * c + t) * 64));
-                } else {
-                    d[r][4 * t] = d[r][4 * t + 1] = d[r][4 * t + 2] = d[r][4 * t + 3] = 0.f;
-                }
-            }
+            for (int r = 0; r < KF_R; ++r) kf_wg_bias_quad<HAS_BIAS>(d[r] + 4 * t, bias + (4 * c + t) * 64);
         }
     }
 #pragma unroll
@@ -200,15 +202,7 @@ __device__ __forceinline__ void kf_wg_issue(float (&d)[NT16 * 8], const unsigned
                                             unsigned long long desc0, int lane) {
     const unsigned bias = kf_smem_addr(smem + B_OFF) + (lane & 3) * 16;
 #pragma unroll
-    for (int t = 0; t < 2 * NT16; ++t) {
-        if (HAS_BIAS) {
-            asm volatile("ld.volatile.shared.v4.f32 {%0,%1,%2,%3}, [%4];"
-                         : "=f"(d[4 * t]), "=f"(d[4 * t + 1]), "=f"(d[4 * t + 2]), "=f"(d[4 * t + 3])
-                         : "r"(bias + t * 64));
-        } else {
-            d[4 * t] = d[4 * t + 1] = d[4 * t + 2] = d[4 * t + 3] = 0.f;
-        }
-    }
+    for (int t = 0; t < 2 * NT16; ++t) kf_wg_bias_quad<HAS_BIAS>(d + 4 * t, bias + t * 64);
     kf_wg_fence_regs(d);
     kf_wg_fence();
 #pragma unroll
