@@ -855,3 +855,128 @@ __global__ void __launch_bounds__(512, 2) len_fused3(const uint2* __restrict__ p
     q0 = kf_block_sum(q0, smem);
     if (threadIdx.x == 0) { loss[0] = kf_f32_to_bf16((float)q0 / s_den); *counter = 0u; *bar = 0ull; }
 }
+
+// ---------------------------------------------------------------- session 6: warp-specialized rows plan
+// Each block owns contiguous rows [r0, r1) (at most 64). After its rows' lengths are in shared memory,
+// the block splits: warps [0, cw) compute the valid boxes (flattened over the rows by a prefix sum of the
+// lengths), take the count, store the scaled gradients, and the loss partial and ticket; warps [cw, 16)
+// zero only the padding chunks. The ticket and the last block's fold then overlap the other blocks' fill,
+// and no valid box is written twice. cw = max(MINCW, share of the block's work that is compute).
+// COUNT 0: the compute warps sum every length (int4 loads); COUNT 1: one 64-bit arrival word per grid
+// (needs all blocks resident: cooperative launch), reset by the loss ticket's last block.
+__device__ __forceinline__ void named_bar(int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }
+template <int MINCW, int COUNT>
+__global__ void __launch_bounds__(512, 2) len_ws(const uint2* __restrict__ pred, const uint2* __restrict__ target, const int* __restrict__ lengths,
+                                                 unsigned short* __restrict__ dpred, unsigned short* loss, double* partials, unsigned* counter,
+                                                 unsigned long long* bar, long long B, long long N) {
+    constexpr int BT = 512, NW = BT / 32;
+    __shared__ int s_hi[65], s_pre[65];
+    __shared__ double s_acc[NW];
+    __shared__ int s_cnt[NW];
+    __shared__ int s_cw;
+    const long long r0 = B * blockIdx.x / gridDim.x, r1 = B * (blockIdx.x + 1) / gridDim.x;
+    const int nr = (int)(r1 - r0);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    auto cl = [&](int l) -> int { return l < 0 ? 0 : (l > N ? (int)N : l); };
+    if ((int)threadIdx.x < nr) s_hi[threadIdx.x] = cl(__ldg(lengths + r0 + threadIdx.x));
+    __syncthreads();
+    if (warp == 0) { // exclusive prefix of the bounds (nr <= 64: two rows a lane)
+        const int a = 2 * lane < nr ? s_hi[2 * lane] : 0, b = 2 * lane + 1 < nr ? s_hi[2 * lane + 1] : 0;
+        int x = a + b;
+        for (int o = 1; o < 32; o <<= 1) { const int y = __shfl_up_sync(0xffffffffu, x, o); if (lane >= o) x += y; }
+        const int ex = x - a - b;
+        if (2 * lane < nr) s_pre[2 * lane] = ex;
+        if (2 * lane + 1 < nr) s_pre[2 * lane + 1] = ex + a;
+        const int V = __shfl_sync(0xffffffffu, x, 31);
+        if (lane == 0) {
+            s_pre[nr] = V;
+            if (COUNT == 1) atomicAdd(bar, (1ull << 40) | (unsigned long long)V);
+            const long long P = (long long)nr * (N / 2) - (V + 1) / 2; // padding chunks, about
+            int cw = (int)((NW * 3ll * V + 3ll * V + P - 1) / (3ll * V + P > 0 ? 3ll * V + P : 1));
+            cw = cw < MINCW ? MINCW : cw;
+            cw = P > 0 && cw > NW - 1 ? NW - 1 : (cw > NW ? NW : cw);
+            s_cw = cw;
+        }
+    }
+    __syncthreads();
+    const int cw = s_cw;
+    if (warp >= cw) { // fill: the padding chunks of the block's rows, flattened
+        const int cpr = (int)(N / 2), stride = BT - 32 * cw;
+        int t = threadIdx.x - 32 * cw, r = t / cpr, k = t % cpr;
+        uint4* base = reinterpret_cast<uint4*>(dpred) + r0 * cpr;
+        while (r < nr) {
+            const int hi = s_hi[r];
+            if (2 * k >= hi) st_cs4(base + (long long)r * cpr + k, make_uint4(0, 0, 0, 0));
+            else if (2 * k + 1 == hi) reinterpret_cast<uint2*>(dpred)[(r0 + r) * N + hi] = make_uint2(0, 0);
+            k += stride;
+            while (k >= cpr) { k -= cpr; ++r; }
+        }
+        return;
+    }
+    const int ct = threadIdx.x, cn = 32 * cw; // compute threads [0, cn)
+    // the valid boxes, flattened: item v is column v - s_pre[row] of the row whose range holds v
+    const int V = s_pre[nr];
+    double acc0 = 0;
+    uint2 pv[4], tv[4];
+    long long idx[4];
+    auto load = [&](int v0) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int v = v0 + u * cn;
+            idx[u] = -1;
+            if (v < V) {
+                int lo = 0, hi = nr - 1; // last row with s_pre[row] <= v
+                while (lo < hi) { const int m = (lo + hi + 1) >> 1; if (s_pre[m] <= v) lo = m; else hi = m - 1; }
+                idx[u] = (r0 + lo) * N + (v - s_pre[lo]);
+                pv[u] = pred[idx[u]]; tv[u] = target[idx[u]];
+            }
+        }
+    };
+    load(ct); // the first items' loads are in flight while the count completes
+    // the count
+    long long total;
+    if (COUNT == 0) {
+        const int4* l4 = reinterpret_cast<const int4*>(lengths);
+        const long long nv = B / 4;
+        int c = 0;
+#pragma unroll 8
+        for (long long j = ct; j < nv; j += cn) { const int4 v = __ldg(l4 + j); c += cl(v.x) + cl(v.y) + cl(v.z) + cl(v.w); }
+        for (long long j = nv * 4 + ct; j < B; j += cn) c += cl(__ldg(lengths + j));
+        for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+        if (lane == 0) s_cnt[warp] = c;
+    }
+    if (COUNT == 0) { named_bar(1, cn); total = 0; for (int w = 0; w < cw; ++w) total += s_cnt[w]; }
+    else {
+        if (ct == 0) { unsigned long long x; do { x = ((volatile unsigned long long*)bar)[0]; } while ((x >> 40) < gridDim.x); s_cnt[0] = (int)(x & ((1ull << 40) - 1)); }
+        named_bar(1, cn); total = s_cnt[0];
+    }
+    const float s = 1.0f / (float)(total > 1 ? total : 1);
+    for (int v0 = ct; v0 < V; v0 += 4 * cn) {
+        if (v0 != ct) load(v0);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) if (idx[u] >= 0) {
+            float4 g;
+            const float l = giou_fb(lo16(pv[u].x), hi16(pv[u].x), lo16(pv[u].y), hi16(pv[u].y), lo16(tv[u].x), hi16(tv[u].x), lo16(tv[u].y), hi16(tv[u].y), g);
+            acc0 += (double)l;
+            reinterpret_cast<uint2*>(dpred)[idx[u]] = make_uint2(pack2(s * g.x, s * g.y), pack2(s * g.z, s * g.w));
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) acc0 += __shfl_xor_sync(0xffffffffu, acc0, o);
+    if (lane == 0) s_acc[warp] = acc0;
+    named_bar(2, cn);
+    if (warp != 0) return;
+    bool last = false;
+    if (lane == 0) {
+        double a = 0; for (int w = 0; w < cw; ++w) a += s_acc[w];
+        partials[blockIdx.x] = a;
+        __threadfence();
+        last = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+    double q0 = 0;
+    for (unsigned b = lane; b < gridDim.x; b += 32) q0 += ((volatile double*)partials)[b];
+    for (int o = 16; o > 0; o >>= 1) q0 += __shfl_xor_sync(0xffffffffu, q0, o);
+    if (lane == 0) { loss[0] = kf_f32_to_bf16((float)q0 / (float)(total > 1 ? total : 1)); *counter = 0u; if (COUNT == 1) *bar = 0ull; }
+}

@@ -123,50 +123,82 @@ int main() {
     PAD2(2, 4, 512) PAD2(2, 4, 64)
     timeit("generated (cooperative, 1024x4) again", gen_pad, flush, flush_bytes, pad_bytes);
 
-    printf("== padded + lengths (must move %.1f MB; 70%% = %.2f us)\n", len_bytes / 1e6, len_bytes / 2.8e6 / 0.7);
-    float* tmp1 = (float*)li;
-    void* a_l0b[] = {&pred, &target, &lengths, &loss, &scale, &tmp1, &partials, &counter, &sz0, &sz1};
-    void* a_l1[] = {&pred, &target, &lengths, &dpred, &scale, &tmp1, &sz0, &sz1};
-    const int lg0 = (int)std::min<long long>(B / 64, sms * 8), lg1 = (int)std::min<long long>(B / 8, sms * 8); // kfuse plan grids
-    auto gen_len = [&]() {
-        CK(cudaLaunchKernel((const void*)kf_595cf59383a6d678_0, lg0, 256, a_l0b, 0, 0));
-        CK(cudaLaunchKernel((const void*)kf_595cf59383a6d678_1, lg1, 256, a_l1, 0, 0));
-    };
-    poison(); gen_len(); check("generated lengths (two kernels)");
-    timeit("generated lengths (two kernels)", gen_len, flush, flush_bytes, len_bytes);
-    const int lgr = (int)std::min<long long>((B + 7) / 8, sms * 2);
-    unsigned* counter_rows; CK(cudaMalloc(&counter_rows, 16)); CK(cudaMemset(counter_rows, 0, 16)); // the rows plan's ticket
-    void* a_rows[] = {&pred, &target, &lengths, &loss, &dpred, &partials, &counter_rows, &sz0, &sz1};
-    auto gen_rows = [&]() { CK(cudaLaunchKernel((const void*)kf_len_rows, lgr, 512, a_rows, 0, 0)); };
-    poison(); gen_rows(); check("generated lengths, rows plan (one launch)");
-    timeit("generated lengths, rows plan (one launch)", gen_rows, flush, flush_bytes, len_bytes);
-    {
-        char nm[96];
-        auto run = [&](auto launch) { poison(); launch(); check(nm); timeit(nm, launch, flush, flush_bytes, len_bytes); };
-        { const int gf = sms * 4, gc = sms;
-          snprintf(nm, 96, "len_split<8,2> fill %d compute %d (session 3 best)", gf, gc);
-          run([&]() { len_split<8, 2><<<gf + gc, 256>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N, gf); }); }
-#define LENF(BT, S, SPT, G) { const int g = (G); \
-        snprintf(nm, 96, "len_fused<%d,S=%d,%d> grid %d", BT, S, SPT, g); \
-        if ((B / g + 1) * S > BT * SPT) printf("skip %s\n", nm); \
-        else run([&]() { len_fused<BT, S, SPT, (int)(16384 / 4 / BT)><<<g, BT>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N); }); }
-        LENF(512, 8, 1, sms * 2)
-        for (int g : {sms * 2, 256}) {
-            snprintf(nm, 96, "fill_rows contiguous grid %d", g); timeit(nm, [&]() { fill_rows<0><<<g, 512>>>(dpred, B, N); }, flush, flush_bytes, len_bytes);
-            snprintf(nm, 96, "fill_rows strided grid %d", g); timeit(nm, [&]() { fill_rows<1><<<g, 512>>>(dpred, B, N); }, flush, flush_bytes, len_bytes);
+    printf("== padded + lengths (must move %.1f MB; 70%% = %.2f us); b2b / rotated over 2 buffer sets / flushed\n", len_bytes / 1e6, len_bytes / 2.8e6 / 0.7);
+    // set 1: copies of the inputs and its own dpred, so that rotating between sets 0 and 1 touches 2 x 100 MB > 3 x L2 of
+    // inputs + outputs, as `kfuse bench --rotate-sets`
+    struct Set { unsigned short *pred, *target, *dpred; int* lengths; };
+    Set sets[2] = {{pred, target, dpred, lengths}, {nullptr, nullptr, nullptr, nullptr}};
+    CK(cudaMalloc(&sets[1].pred, tb)); CK(cudaMalloc(&sets[1].target, tb)); CK(cudaMalloc(&sets[1].dpred, tb)); CK(cudaMalloc(&sets[1].lengths, B * 4));
+    CK(cudaMemcpy(sets[1].pred, pred, tb, cudaMemcpyDeviceToDevice)); CK(cudaMemcpy(sets[1].target, target, tb, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(sets[1].lengths, lengths, B * 4, cudaMemcpyDeviceToDevice));
+    auto time3 = [&](const char* name, auto launch) {
+        Timer t;
+        for (int i = 0; i < 10; ++i) launch(i & 1);
+        CK(cudaDeviceSynchronize());
+        std::vector<float> b2b, rot, fl;
+        for (int k = 0; k < 15; ++k) for (int mode = 0; mode < 2; ++mode) {
+            CK(cudaEventRecord(t.a));
+            for (int i = 0; i < 20; ++i) launch(mode ? (i & 1) : 0);
+            CK(cudaEventRecord(t.b)); CK(cudaEventSynchronize(t.b));
+            float ms; CK(cudaEventElapsedTime(&ms, t.a, t.b)); (mode ? rot : b2b).push_back(ms * 1000 / 20);
         }
-#define LEN2(ST, MODE) { snprintf(nm, 96, "len_fused2 %s mode %d (1: no tail, 2: no count)", ST ? "strided" : "contiguous", MODE); \
-        auto l = [&]() { len_fused2<ST, MODE><<<sms * 2, 512>>>((const uint2*)pred, (const uint2*)target, lengths, dpred, loss, partials, counter, B, N); }; \
-        if (MODE == 0) run(l); else timeit(nm, l, flush, flush_bytes, len_bytes); }
-        LEN2(0, 0) LEN2(1, 0)
-        unsigned long long* bar64; CK(cudaMalloc(&bar64, 8)); CK(cudaMemset(bar64, 0, 8));
-#define LEN3(ST, FOLD) { snprintf(nm, 96, "len_fused3 %s, barrier count, fold %s", ST ? "strided" : "contiguous", FOLD ? "warp" : "block"); \
-        const void* fn = (const void*)len_fused3<ST, FOLD>; const uint2* pp = (const uint2*)pred; const uint2* tt = (const uint2*)target; \
-        void* args[] = {&pp, &tt, &lengths, &dpred, &loss, &partials, &counter, &bar64, (void*)&B, (void*)&N}; \
-        run([&]() { CK(cudaLaunchCooperativeKernel(fn, sms * 2, 512, args, 0, 0)); }); }
-        LEN3(0, 0) LEN3(1, 0)
-        timeit("generated lengths, rows plan, again", gen_rows, flush, flush_bytes, len_bytes);
+        for (int k = 0; k < 30; ++k) {
+            CK(cudaMemsetAsync(flush, k & 0xff, flush_bytes));
+            CK(cudaEventRecord(t.a)); launch(0); CK(cudaEventRecord(t.b)); CK(cudaEventSynchronize(t.b));
+            float ms; CK(cudaEventElapsedTime(&ms, t.a, t.b)); fl.push_back(ms * 1000);
+        }
+        CK(cudaGetLastError());
+        const float mb = median(b2b), mr = median(rot), mf = median(fl);
+        printf("%-52s b2b %6.2f  rot %6.2f  flushed %6.2f us  (%3.0f%% / %3.0f%% / %3.0f%% of 2.80 TB/s over %.1f MB)\n", name, mb, mr, mf,
+               len_bytes / mb / 2.8e4, len_bytes / mr / 2.8e4, len_bytes / mf / 2.8e4, len_bytes / 1e6);
+    };
+    auto check1 = [&](const char* name) { // set 1's output against the reference too
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hout.data(), sets[1].dpred, tb, cudaMemcpyDeviceToHost));
+        long long bad = 0; for (size_t i = 0; i < hout.size(); ++i) bad += hout[i] != href[i];
+        printf("  check %-40s set 1: dpred elements differing %lld\n", name, bad);
+    };
+    unsigned* counter_rows; CK(cudaMalloc(&counter_rows, 16)); CK(cudaMemset(counter_rows, 0, 16));
+    unsigned long long* bar64; CK(cudaMalloc(&bar64, 8)); CK(cudaMemset(bar64, 0, 8));
+    const int lgr = (int)std::min<long long>((B + 7) / 8, sms * 2);
+    // the generated rows plan: a cooperative launch (its compute warps wait for every block's arrival)
+    auto rows_launch = [&](const void* fn, bool coop) {
+        return [&, fn, coop](int k) {
+            Set& x = sets[k];
+            void* a[] = {&x.pred, &x.target, &x.lengths, &loss, &x.dpred, &partials, &counter_rows, &sz0, &sz1};
+            if (coop) CK(cudaLaunchCooperativeKernel(fn, lgr, 512, a, 0, 0)); else CK(cudaLaunchKernel(fn, lgr, 512, a, 0, 0));
+        };
+    };
+    auto gen_rows = rows_launch((const void*)kf_len_rows, true);
+    auto run3 = [&](const char* nm, auto launch) {
+        poison(); CK(cudaMemset(sets[1].dpred, 0x7f, tb)); launch(0); check(nm); launch(1); check1(nm); time3(nm, launch);
+    };
+    run3("generated lengths, rows plan (one launch)", gen_rows);
+    for (int g : {sms * 2}) {
+        char nm[96]; snprintf(nm, 96, "fill_rows contiguous grid %d (floor: zero fill only)", g);
+        time3(nm, [&](int k) { fill_rows<0><<<g, 512>>>(sets[k].dpred, B, N); });
     }
+    {
+        const void* fn = (const void*)len_fused3<0, 0>;
+        run3("len_fused3 contiguous (session 4 best)", [&](int k) {
+            Set& x = sets[k]; const uint2* pp = (const uint2*)x.pred; const uint2* tt = (const uint2*)x.target;
+            void* args[] = {&pp, &tt, &x.lengths, &x.dpred, &loss, &partials, &counter, &bar64, (void*)&B, (void*)&N};
+            CK(cudaLaunchCooperativeKernel(fn, sms * 2, 512, args, 0, 0)); });
+    }
+#define LWS(MINCW, COUNT) { \
+        const void* fn = (const void*)len_ws<MINCW, COUNT>; char nm[96]; \
+        snprintf(nm, 96, "len_ws<min cw %d, count %s>", MINCW, COUNT ? "arrival word (coop)" : "all lengths"); \
+        run3(nm, [&](int k) { \
+            Set& x = sets[k]; const uint2* pp = (const uint2*)x.pred; const uint2* tt = (const uint2*)x.target; \
+            void* args[] = {&pp, &tt, &x.lengths, &x.dpred, &loss, &partials, &counter, &bar64, (void*)&B, (void*)&N}; \
+            if (COUNT) CK(cudaLaunchCooperativeKernel(fn, sms * 2, 512, args, 0, 0)); else CK(cudaLaunchKernel(fn, sms * 2, 512, args, 0, 0)); }); }
+    LWS(6, 1) LWS(8, 1)
+
+    run3("generated rows plan, KF_MINCW 6", rows_launch((const void*)kf_len_rows_m6_u2, true));
+#ifdef KF_LEN_ROWS_OLD
+    run3("previous generated rows plan (plain launch)", rows_launch((const void*)kf_len_rows_old, false));
+#endif
+    run3("generated lengths, rows plan, again", gen_rows);
     printf("done\n");
     return 0;
 }
