@@ -101,6 +101,9 @@ pub(crate) struct Emitter<'a> {
     /// Row-structured element mode: the last domain coordinate is the column variable `col`
     /// and the others derive from the row number `row` (no per-element division).
     pub row_mode: bool,
+    /// Row mode: vector stores are plain, not streaming (the rows plan's few valid elements,
+    /// stored amid its fill warps' streaming stores: measured faster plain).
+    pub plain_stores: bool,
     /// Values fixed by the caller instead of computed (node → C expression), e.g. a scale
     /// factor replaced by `1.0f` when a kernel computes an unscaled gradient.
     pub substitutions: HashMap<NodeId, String>,
@@ -143,6 +146,7 @@ impl<'a> Emitter<'a> {
             uses: Uses::default(),
             slot_results: HashMap::new(),
             row_mode: false,
+            plain_stores: false,
             substitutions: HashMap::new(),
             prefetch: None,
             prefetch_guard: None,

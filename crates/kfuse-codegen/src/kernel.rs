@@ -28,8 +28,10 @@ use crate::{CodegenError, CodegenOptions};
 pub(crate) struct BufferIndex {
     pub outputs_base: usize,
     pub temps_base: usize,
-    /// Per kernel: the (partials, counter) buffers, when it has full reductions.
-    pub reduction: Vec<Option<(usize, usize)>>,
+    /// Per kernel: the (partials, counter) buffers, when it has full reductions; a rows-plan
+    /// kernel always has a counter (its arrival word), and partials only for reductions other
+    /// than the counts of its mask.
+    pub reduction: Vec<Option<(Option<usize>, usize)>>,
     /// The one-pass masked gradient's buffers, when the plan uses one (kernel 0 fills the list).
     pub onepass: Option<crate::onepass::OnePassBuffers>,
 }
@@ -76,7 +78,7 @@ pub(crate) fn emit_kernel(
     let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
 
     // The one-pass plan's buffers (kernel 0 only), and the rows plan's counts of the mask, which
-    // take no partial slot: the tail reads the block's own count `kf_cntd` (see `rows`).
+    // take no partial slot: the tail reads the count `kf_cntd` of the arrival word (see `rows`).
     let onepass = buffers.onepass.as_ref().filter(|_| k == 0);
     let mask_counts: &[NodeId] = onepass.map_or(&[], |b| &b.pass.counts);
 
@@ -171,7 +173,7 @@ pub(crate) fn emit_kernel(
         });
         grp.otherwise.push(Action::Store { output: pass.output, values: otherwise });
     }
-    // The rows plan (one plain launch, see `rows`) or the compacted one (cooperative).
+    // The rows plan (see `rows`) or the compacted one; both are one cooperative launch.
     let rows_pass = onepass.filter(|b| b.pass.rows);
     let onepass = onepass.filter(|b| !b.pass.rows);
     let mut next_var = em.next_var();
@@ -338,11 +340,14 @@ pub(crate) fn emit_kernel(
     let (epilogue, ep_uses) = ep.into_lines();
     uses.absorb(ep_uses);
     for (c, _, _) in &slots {
-        uses.helpers.insert(match c {
-            Combine::Sum => Helper::BlockSum,
-            Combine::Max => Helper::BlockMax,
-            Combine::Min => Helper::BlockMin,
-        });
+        // The rows plan folds with warp shuffles (see `rows::write_rows_tail`).
+        if rows_src.is_none() {
+            uses.helpers.insert(match c {
+                Combine::Sum => Helper::BlockSum,
+                Combine::Max => Helper::BlockMax,
+                Combine::Min => Helper::BlockMin,
+            });
+        }
         if *c != Combine::Sum {
             uses.helpers.insert(Helper::MinMaxF64);
         }
@@ -380,12 +385,15 @@ pub(crate) fn emit_kernel(
         params.push((Param::Buffer(values), "float* __restrict__ list_values".into(), format!("their {} unscaled f32 values", onepass.map_or(0, |b| b.pass.comps))));
     }
     let n_slots = slots.len();
-    if n_slots > 0 {
+    if n_slots > 0 || rows_src.is_some() {
         let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without partials" })?;
-        params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
-        let note = match onepass {
-            Some(_) => "grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0",
-            None => "ticket: 0 at launch, left at 0",
+        if let Some(p) = p.filter(|_| n_slots > 0) {
+            params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
+        }
+        let note = match (onepass, &rows_src) {
+            (Some(_), _) => "grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0",
+            (None, Some(_)) => "[0] ticket, [2, 4) the arrival word (count | arrivals << 40); 0 at launch, left at 0",
+            (None, None) => "ticket: 0 at launch, left at 0",
         };
         params.push((Param::Buffer(c), "unsigned int* __restrict__ counter".into(), note.into()));
     }
@@ -468,7 +476,9 @@ pub(crate) fn emit_kernel(
         let queue = if onepass.is_some() { crate::onepass::QUEUE_DRAIN } else { &[] };
         write_batched_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, queue);
     }
-    if n_slots > 0 {
+    if rows_src.is_some() {
+        crate::rows::write_rows_tail(&mut src, &slots, &epilogue);
+    } else if n_slots > 0 {
         match onepass {
             Some(b) => {
                 src.push_str(crate::onepass::FINAL_DRAIN);
@@ -503,7 +513,8 @@ pub(crate) fn emit_kernel(
         block,
         grid: GridSpec::Work { work, per_block, max_blocks_per_sm: resident_blocks },
         lazy_inputs,
-        launch: if onepass.is_some() { Launch::Cooperative } else { Launch::Plain },
+        // The rows plan's compute warps wait for every block's arrival, as the compacted plan's barrier.
+        launch: if onepass.is_some() || rows_src.is_some() { Launch::Cooperative } else { Launch::Plain },
     })
 }
 
@@ -636,7 +647,7 @@ pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Re
                 if !has_component_axis(g, *output) {
                     em.push_stmt(format!("out{output}[i] = {}; // {name}", cuda::store_conversion(d, &vals[0])));
                 } else if let Some(vty) = cuda::vector_type(d, vals.len() as u64) {
-                    if em.row_mode {
+                    if em.row_mode && !em.plain_stores {
                         em.uses.helpers.insert(Helper::StoreStreaming);
                         em.push_stmt(format!("kf_st_cs(reinterpret_cast<{vty}*>(out{output}) + i, {}); // {name}", cuda::vector_pack(d, &vals)));
                     } else {

@@ -106,26 +106,33 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
-        // The rows plan's counts of the mask have no slot: each block sums the lengths itself.
+        // The rows plan's counts of the mask have no slot: they come from its arrival word.
         let counted = match &pass {
             Some(p) if k == 0 => p.counts.len() as u32,
             _ => 0,
         };
         let slots = info.slots.saturating_sub(counted);
-        if slots == 0 {
+        let rows = k == 0 && pass.as_ref().is_some_and(|p| p.rows);
+        if slots == 0 && !rows {
             reduction.push(None);
             continue;
         }
         // A compacted one-pass kernel 0 is cooperative: its counter is the grid barrier's pair.
-        let counters = if k == 0 && pass.as_ref().is_some_and(|p| !p.rows) { 2 } else { 1 };
-        let p = buffers.len();
-        buffers.push(BufferDecl {
-            kind: BufferKind::Partials { kernel: k, slots_per_block: slots },
-            elem: ElemType::F64,
-            elems: SizeExpr::constant(u64::from(slots)),
+        // A rows-plan kernel's is its ticket, a spare word, and its 64-bit arrival word.
+        let counters = match &pass {
+            Some(p) if k == 0 => if p.rows { 4 } else { 2 },
+            _ => 1,
+        };
+        let p = (slots > 0).then(|| {
+            buffers.push(BufferDecl {
+                kind: BufferKind::Partials { kernel: k, slots_per_block: slots },
+                elem: ElemType::F64,
+                elems: SizeExpr::constant(u64::from(slots)),
+            });
+            buffers.len() - 1
         });
         buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(counters) });
-        reduction.push(Some((p, p + 1)));
+        reduction.push(Some((p, buffers.len() - 1)));
     }
     let onepass = match pass {
         // The rows plan lists nothing.

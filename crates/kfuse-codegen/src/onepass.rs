@@ -3,8 +3,9 @@
 //! (typically `v = s * h(inputs)` with `s = 1 / max(count(m), 1)`), and plans both as one launch.
 //!
 //! Under a lengths mask (`col < lengths[row]`) the count is the sum of the clamped lengths, so
-//! every block can take it from the lengths itself: the rows plan (see `rows`), a plain launch
-//! with no barrier and no list, when every crossing scalar follows from `count(m)` alone.
+//! every block adds its rows' share to one arrival word: the rows plan (see `rows`), a
+//! cooperative launch with no list and no barrier for the stores of the padding, when every
+//! crossing scalar follows from `count(m)` alone.
 //!
 //! Otherwise (e.g. the predicate `target[.., 3] != 0`), the compacted plan, one cooperative
 //! kernel (every block resident at once):

@@ -33,9 +33,9 @@ pub enum LengthsGradient {
     /// A row-group kernel for the reductions, then a warp-per-row kernel that zero-fills each
     /// row's padding and computes the valid columns' gradient with the scale.
     TwoKernels,
-    /// One plain launch, the rows plan (see `rows`): each block zero-fills its tile's rows,
-    /// takes the count from the lengths itself and overwrites the valid columns with their
-    /// gradient (H100, bf16 GIoU step at B=16384: 18.6 µs against 20.6 µs for two kernels).
+    /// One cooperative launch, the rows plan (see `rows`): in each block, fill warps zero the
+    /// padding of its rows while compute warps take the count from a grid-wide arrival word and
+    /// compute the valid elements' gradient and the loss.
     #[default]
     OnePass,
 }
@@ -84,11 +84,11 @@ pub enum BufferKind {
     /// slot-major (`slot * gridDim.x + blockIdx.x`), `slots_per_block * grid` elements. No
     /// initialisation needed; allocate for the largest grid that kernel may be launched with.
     Partials { kernel: usize, slots_per_block: u32 },
-    /// The `u32` ticket counter of kernel `kernel` (and, for a [`Launch::Cooperative`] kernel, a
-    /// second `u32`: the generation of its grid barrier): the executor zeroes it ONCE when it
-    /// allocates it; the kernel leaves the ticket at 0 again when it finishes (the generation
-    /// only counts up), so repeated launches need no memset. Never launch two instances of the
-    /// same kernel with the same counter concurrently.
+    /// The `u32` counters of kernel `kernel`: its ticket (one); a compacted one-pass kernel's
+    /// grid barrier (arrivals, departures: two); or a rows-plan kernel's ticket, a spare word and
+    /// its 64-bit arrival word at byte 8 (four). The executor zeroes them ONCE when it allocates
+    /// them; the kernel leaves them at 0 when it finishes, so repeated launches need no memset.
+    /// Never launch two instances of the same kernel with the same counter concurrently.
     Counter { kernel: usize },
     /// Working memory of kernel `kernel` (e.g. the compact list of a one-pass masked gradient,
     /// written before its grid barrier and read after it). No initialisation needed.

@@ -1,72 +1,78 @@
-//! The rows plan: a loss over a lengths mask and its scaled gradient in ONE plain launch (see
-//! `onepass::detect`, which recognises it: the gradient's scalars follow from `count(mask)`
+//! The rows plan: a loss over a lengths mask and its scaled gradient in ONE cooperative launch
+//! (see `onepass::detect`, which recognises it: the gradient's scalars follow from `count(mask)`
 //! alone, and the count of `col < bound(row)` is the sum of the clamped bounds).
 //!
-//! Each block takes tiles of up to [`TILE_ROWS`] consecutive rows. Per tile, in this order:
+//! Each block owns a contiguous, balanced share of the rows, in tiles of up to [`TILE_ROWS`]. It
+//! loads its first tile's bounds, and warp 0 takes their prefix sum and splits the block's warps
+//! in two roles (more compute warps the more of the tile is valid, at least
+//! [`MIN_COMPUTE_WARPS`]; see [`write_split`]). From there on the two roles share nothing but
+//! the exit, and each synchronises on a named barrier of its own:
 //!
-//! 1. its loads: every row's bound, and speculatively the first [`SPEC_COLS`] columns of every
-//!    row (whatever the bound; they are in range), so no load waits for another;
-//! 2. the zero fill of the tile's rows, whole (16-byte streaming stores, no dependency);
-//! 3. on the first tile only, the count: every block sums the clamped bounds of all rows itself
-//!    (`int4` loads of a plain `i32` bound input, the first ones issued before the fill) into
-//!    `kf_cntd`, then thread 0 computes the crossing scalars (`kf_c<t>`, the gradient's scale)
-//!    into shared memory;
-//! 4. a barrier (which also orders the tile's zero stores before the stores below), then the
-//!    valid speculated columns, then columns `[SPEC_COLS, bound)` of longer rows (a warp per row).
+//! - **Fill warps** write the else-branch (the zero gradient of the padding) of every tile, and
+//!   only there: a 16-byte streaming store per chunk of padding, element stores for a chunk that
+//!   holds a valid element or crosses a row. They never wait for the count and are the kernel's
+//!   critical path: the padding is nearly all of the bytes a run must move.
+//! - **Compute warps** add the block's count to the grid's 64-bit arrival word (the count in the
+//!   low [`COUNT_BITS`] bits, one arrival above them), wait until every block has arrived (all
+//!   are resident: a cooperative launch), compute the crossing scalars (the gradient's scale)
+//!   from the count, then compute the tile's valid elements, flattened over its rows by the
+//!   prefix of their bounds ([`BATCH`] per thread, their loads issued together), and fold the
+//!   reductions (the loss) across the compute warps in a fixed order. Warp 0 takes the ticket;
+//!   the last block folds the partials, runs the epilogue, and resets the ticket and the arrival
+//!   word for the next launch. This tail overlaps the other blocks' fill.
 //!
-//! The block's first tile is peeled out of the tile loop (both forms come from [`write_tile`]):
-//! it counts unconditionally, with no run-time flag, and the loop over the block's further tiles
-//! (rows beyond the grid's first tiles) has no count code. A block with no tile (few rows, or
-//! the last blocks when the tiles are fewer than the blocks) runs the first tile over an empty
-//! range of rows: it only counts, so every block holds the count.
+//! No element is written twice, no float atomics: the results are deterministic for a given grid.
+//! The counts of the mask (`onepass::OnePass::counts`) take no partial slot: they are the
+//! arrival word's count (`kf_cntd`, an exact integer in f64).
 //!
-//! The reductions (the loss) use the ticket tail of every reduction kernel, except the counts of
-//! the mask (`onepass::OnePass::counts`, e.g. the `count(valid)` of a mean loss): they take no
-//! partial slot, are neither accumulated per element nor folded, and the tail reads the last
-//! block's own `kf_cntd` (an exact integer in f64, as the folded count was). There is no grid
-//! barrier and no list, and the values equal the two-kernel plan's bit for bit (the scale is
-//! the same f32 expression of the same count). Measured on the H100 (hand-written prototype of
-//! this schedule, bf16, B=16384, N=256): 17.2 µs against 20.6 µs for two kernels; the generated
-//! kernel with the tile loop's run-time count flag and a count slot: 18.6-19.2 µs, each of the
-//! two changes above saving about 0.6 µs as a hand edit of that source. Strides are the
-//! compile-time block size `KF_B`: a run-time `blockDim.x` stride measured 2 µs slower.
+//! Measured on the H100 (hand-written prototype of this schedule, bf16 GIoU step, B=16384,
+//! N=256, `bench/proto`): 14.7 µs back to back and 16.0 µs rotating two buffer sets, against
+//! 18.1 / 19.9 µs for the previous rows plan, where every warp filled its whole tile, summed all
+//! the lengths, and overwrote the valid columns after a barrier.
 //!
-//! Not handled here: recognising the plan (`onepass`), the tail (`tail`, assembled in `kernel`).
+//! Not handled here: recognising the plan (`onepass`), the kernel's header and accumulators
+//! (`kernel`).
 
 use std::fmt::Write as _;
 
-use kfuse_ir::{DType, Graph, NodeId, Op};
+use kfuse_ir::{Graph, NodeId};
 
 use crate::analysis::Analysis;
 use crate::emit::{Coord, Emitter, Mode, Prefetch};
-use crate::kernel::{row_mode_bound, run_actions, zero_fill_bytes, Action, Group};
+use crate::kernel::{row_mode_bound, run_actions, zero_fill_bytes, Action, Combine, Group};
 use crate::CodegenError;
 
 /// Threads per block of a rows-plan kernel (two blocks per SM measured best).
 pub(crate) const ROWS_BLOCK: u32 = 512;
-/// The most rows per tile.
-pub(crate) const TILE_ROWS: u32 = 64;
-/// Columns of each row loaded before the fill, whatever the row's bound (one per thread).
-const SPEC_COLS: u32 = ROWS_BLOCK / TILE_ROWS;
-/// `int4` loads of the bounds per thread issued before the first fill.
-const COUNT_VECTORS: u32 = 8;
+/// The most rows per tile: warp 0's prefix sum takes two a lane.
+const TILE_ROWS: u32 = 64;
+/// Valid elements a compute thread takes per step, their loads issued together (4 measured
+/// 0.7 µs slower than 2 on the bf16 GIoU step: registers spill).
+const BATCH: u32 = 2;
+/// The fewest compute warps of a block: they wait on load latencies amid the fill's stores,
+/// so more of them finish the tail sooner (bf16 GIoU step on the H100, back to back / rotating
+/// two buffer sets: the prototype with 1, 2, 4, 6, 8 measured 18.5, 15.7, 14.7, 14.2, 14.0 µs
+/// back to back; this kernel with 4, 6, 8: 16.1 / 18.2, 15.5 / 17.4, 15.4 / 17.2 µs).
+const MIN_COMPUTE_WARPS: u32 = 8;
+/// What a valid element costs against a 16-byte chunk of padding, for the split of the warps.
+const VALID_COST: u32 = 3;
+/// Bits of the arrival word that hold the count (the arrivals count above them).
+const COUNT_BITS: u32 = 40;
 
-/// The rows loop's emitted pieces (see [`rows_loop`]).
+/// The emitted pieces of the rows plan (see [`rows_loop`]).
 struct RowsLines {
     /// The bound of `row`: the lines computing it and its value.
     bound_lines: Vec<String>,
     bound: String,
-    /// A plain `i32` bound input, read as `int4` by the count.
-    plain: Option<u32>,
-    /// The then-branch with its loads hoisted into `kf_pf<k>` (speculated columns), and with
-    /// direct loads (longer rows).
+    /// The then-branch, its loads hoisted into `kf_pf<k>[kf_u]`.
     prefetch: Vec<Prefetch>,
-    spec_body: Vec<String>,
-    direct_body: Vec<String>,
+    body: Vec<String>,
     /// Zero fills: (output, bytes per domain element) of outputs all-zero where the mask fails.
     fills: Vec<(usize, u64)>,
-    /// Else-branch stores that are not plain zero fills (per element, flat index).
+    /// Else-branch stores that are not plain zero fills (per element, flat index `i`).
     other: Vec<String>,
+    /// Bytes the else-branch stores per padding element (every fill and other store).
+    pad_bytes: u64,
     /// The crossing scalars' shared declarations and the lines (thread 0) that compute them.
     decls: Vec<String>,
     crossing_lines: Vec<String>,
@@ -74,169 +80,310 @@ struct RowsLines {
     cols: String,
 }
 
-/// Which of a block's tiles [`write_tile`] emits.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Tile {
-    /// The block's first tile (`kf_tile = blockIdx.x`), peeled out of the loop: it also counts
-    /// the mask (step 3). A block with no tile (`blockIdx.x >= kf_tiles`: few rows, or rows that
-    /// the grid's tiles cover before the last blocks) runs it over an empty range of rows, so
-    /// every block has its count for the tail, whichever block takes the last ticket.
-    First,
-    /// A further tile (`kf_tile = blockIdx.x + gridDim.x, ...`, when rows exceed the grid's
-    /// first tiles): no count.
-    Later,
+fn line(s: &mut String, ind: usize, l: &str) {
+    let _ = writeln!(s, "{}{l}", "    ".repeat(ind));
 }
 
-/// The source of the rows loop (every tile of the block, up to the tail).
-fn write_rows_loop(g: &Graph, l: &RowsLines) -> String {
-    let RowsLines { plain, decls, rows, cols, .. } = l;
+/// The bound of `row` into `dst` (an `int`, clamped to `[0, cols]`), inside braces at `ind`.
+fn write_bound(s: &mut String, l: &RowsLines, ind: usize, row: &str, dst: &str) {
+    line(s, ind, "{");
+    line(s, ind + 1, &format!("const long long row = {row};"));
+    for b in &l.bound_lines {
+        line(s, ind + 1, b);
+    }
+    line(s, ind + 1, &format!("{dst} = (int)kf_cl({});", l.bound));
+    line(s, ind, "}");
+}
+
+/// The kernel body up to the compute warps' reductions (steps 1 to 4 of the module docs); the
+/// caller appends [`write_rows_tail`].
+fn write_rows_body(g: &Graph, l: &RowsLines) -> String {
+    let RowsLines { decls, rows, cols, .. } = l;
     let mut s = String::new();
     let _ = writeln!(s, "    const long long rows = {rows}, cols = {cols};");
-    let _ = writeln!(s, "    constexpr int KF_B = {ROWS_BLOCK}, KF_T = {TILE_ROWS}, KF_S = {SPEC_COLS}; // threads (the launch's block), most rows per tile, columns loaded before the bounds are known");
-    s.push_str("    // Rows per tile: the grid's share, so that every block has a tile.\n");
-    s.push_str("    const long long kf_rt = rows == 0 ? 1 : ((rows + gridDim.x - 1) / gridDim.x < KF_T ? (rows + gridDim.x - 1) / gridDim.x : KF_T);\n");
-    s.push_str("    const long long kf_tiles = (rows + kf_rt - 1) / kf_rt;\n");
-    s.push_str("    const long long lane = threadIdx.x & 31u;\n");
-    s.push_str("    __shared__ int kf_hs[KF_T]; // the tile's bounds, clamped to [0, cols]\n");
-    s.push_str("    __shared__ double kf_csm[32];\n");
+    let _ = writeln!(
+        s,
+        "    constexpr int KF_B = {ROWS_BLOCK}, KF_W = KF_B / 32, KF_T = {TILE_ROWS}, KF_U = {BATCH}; // threads (the launch's block), warps, most rows per tile, valid elements per compute thread and step"
+    );
+    s.push_str("    const int kf_w = threadIdx.x >> 5, kf_l = threadIdx.x & 31;\n");
+    s.push_str("    // The block's rows: a contiguous, balanced share, in tiles of up to KF_T rows.\n");
+    s.push_str("    const long long kf_ra = rows * blockIdx.x / gridDim.x, kf_rb = rows * (blockIdx.x + 1) / gridDim.x;\n");
+    s.push_str("    __shared__ int kf_hc[KF_T], kf_hf[KF_T]; // the tile's clamped bounds: the compute warps' copy, the fill warps' copy\n");
+    s.push_str("    __shared__ long long kf_hp[KF_T + 1]; // the exclusive prefix of kf_hc; kf_hp[rows of the tile] is its valid elements\n");
+    s.push_str("    __shared__ int kf_cws; // the block's compute warps\n");
+    s.push_str("    __shared__ long long kf_wn[KF_W]; // the compute warps' counts of the rows past the first tile\n");
     for d in decls {
         let _ = writeln!(s, "    {d}");
     }
     s.push_str("    auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };\n");
-    s.push_str("    // The count of the mask: every block sums the clamped bounds of all rows itself (in its first tile).\n");
-    s.push_str("    double kf_cntd = 0.0; // the block's count (valid in thread 0): the crossing scalars' and the tail's\n");
-    match plain {
-        Some(id) => {
-            let _ = writeln!(s, "    const int* kf_bl = in{id};");
-            s.push_str("    const long long kf_nv = (((unsigned long long)kf_bl & 15ull) == 0ull) ? rows / 4 : 0; // int4 loads when 16-byte aligned\n");
-            let _ = writeln!(s, "    int4 kf_cv[{COUNT_VECTORS}]; // issued before the first fill");
-            s.push_str("    #pragma unroll\n");
-            let _ = writeln!(s, "    for (int k = 0; k < {COUNT_VECTORS}; ++k) {{");
-            s.push_str("        const long long j = threadIdx.x + k * (long long)KF_B;\n");
-            s.push_str("        kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j] : make_int4(0, 0, 0, 0);\n    }\n");
-        }
-        None => s.push_str("    const long long kf_nv = 0;\n"),
-    }
-    s.push_str("    // The block's first tile, with the count; a block with no tile (blockIdx.x >= kf_tiles) has no rows in it and only counts.\n");
-    s.push_str("    {\n");
-    write_tile(&mut s, g, l, Tile::First);
-    s.push_str("    }\n");
-    s.push_str("    // The block's further tiles, when the rows exceed the grid's first tiles.\n");
-    s.push_str("    for (long long kf_tile = blockIdx.x + gridDim.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {\n");
-    write_tile(&mut s, g, l, Tile::Later);
-    s.push_str("    }\n");
+    s.push_str("    auto kf_prefix = [&](int nr) { // warp 0: kf_hp from kf_hc[0, nr), two rows a lane\n");
+    s.push_str("        const long long a = 2 * kf_l < nr ? kf_hc[2 * kf_l] : 0, b = 2 * kf_l + 1 < nr ? kf_hc[2 * kf_l + 1] : 0;\n");
+    s.push_str("        long long x = a + b;\n");
+    s.push_str("        for (int o = 1; o < 32; o <<= 1) { const long long y = __shfl_up_sync(0xffffffffu, x, o); if (kf_l >= o) x += y; }\n");
+    s.push_str("        if (2 * kf_l < nr) kf_hp[2 * kf_l] = x - a - b;\n");
+    s.push_str("        if (2 * kf_l + 1 < nr) kf_hp[2 * kf_l + 1] = x - b;\n");
+    s.push_str("        if (kf_l == 31) kf_hp[nr] = x;\n");
+    s.push_str("        return x; // the total, in every lane past the last row's pair\n    };\n");
+    s.push_str("    auto kf_bar = [](int id, int n) { asm volatile(\"bar.sync %0, %1;\" :: \"r\"(id), \"r\"(n) : \"memory\"); }; // a role's named barrier\n");
+    write_split(&mut s, l);
+    write_fill_role(&mut s, g, l);
+    write_compute_role(&mut s, l);
     s
 }
 
-/// The body of one tile (steps 1 to 4 of the module docs, then the barrier before the next
-/// tile), inside the caller's braces; only a [`Tile::First`] counts.
-fn write_tile(s: &mut String, g: &Graph, l: &RowsLines, tile: Tile) {
-    let RowsLines { bound_lines, bound: bv, plain, prefetch, spec_body, direct_body, fills, other, crossing_lines, .. } = l;
-    let w = |s: &mut String, ind: usize, l: &str| {
-        let _ = writeln!(s, "{}{l}", "    ".repeat(ind));
-    };
-    match tile {
-        Tile::First => {
-            s.push_str("        const long long kf_tile = blockIdx.x;\n");
-            s.push_str("        const long long kf_r0 = kf_tile < kf_tiles ? kf_tile * kf_rt : rows, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows; // empty past the last tile\n");
-        }
-        Tile::Later => s.push_str("        const long long kf_r0 = kf_tile * kf_rt, kf_r1 = kf_r0 + kf_rt < rows ? kf_r0 + kf_rt : rows;\n"),
+/// Step 1: the first tile's bounds (both copies), warp 0's prefix and the split of the warps.
+fn write_split(s: &mut String, l: &RowsLines) {
+    s.push_str("    // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in\n");
+    s.push_str("    //    proportion to the tile's work, valid elements costing KF_VC chunks of padding (at least KF_MINCW of\n");
+    s.push_str("    //    them, and one fill warp at least while there is padding), fill warps [kf_cw, KF_W).\n");
+    let _ = writeln!(s, "    constexpr long long KF_VC = {VALID_COST}, KF_PB = {}; // KF_PB: bytes stored per padding element", l.pad_bytes);
+    let _ = writeln!(s, "    constexpr int KF_MINCW = {MIN_COMPUTE_WARPS};");
+    s.push_str("    const int kf_nr0 = (int)((kf_rb - kf_ra) < KF_T ? (kf_rb - kf_ra) : KF_T);\n");
+    s.push_str("    if ((int)threadIdx.x < kf_nr0) {\n        int kf_b = 0;\n");
+    write_bound(s, l, 2, "kf_ra + threadIdx.x", "kf_b");
+    s.push_str("        kf_hc[threadIdx.x] = kf_b;\n        kf_hf[threadIdx.x] = kf_b;\n    }\n");
+    s.push_str("    __syncthreads();\n");
+    s.push_str("    if (kf_w == 0) {\n");
+    s.push_str("        const long long kf_v = kf_prefix(kf_nr0), kf_p = (((long long)kf_nr0 * cols - kf_v) * KF_PB + 15) / 16; // valid elements, padding chunks (any padding: one at least)\n");
+    s.push_str("        if (kf_l == 31) {\n");
+    s.push_str("            const float kf_work = (float)(KF_VC * kf_v + kf_p); // in f32: a heuristic, no 64-bit division\n");
+    s.push_str("            int kf_c = kf_work > 0.0f ? (int)ceilf(KF_W * (float)(KF_VC * kf_v) / kf_work) : 0;\n");
+    s.push_str("            kf_c = kf_c < KF_MINCW ? KF_MINCW : (kf_c > KF_W ? KF_W : kf_c);\n");
+    s.push_str("            kf_cws = kf_p > 0 && kf_c > KF_W - 1 ? KF_W - 1 : kf_c;\n");
+    s.push_str("        }\n    }\n");
+    s.push_str("    __syncthreads();\n");
+    s.push_str("    const int kf_cw = kf_cws;\n");
+}
+
+/// Step 2: the fill warps (the else-branch of every padding element of the block's tiles).
+fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
+    s.push_str("    // 2. Fill warps: the else-branch over the padding of every tile, nothing else; they never wait for the count.\n");
+    s.push_str("    if (kf_w >= kf_cw) {\n");
+    s.push_str("        const int kf_ft = (int)threadIdx.x - 32 * kf_cw, kf_fn = KF_B - 32 * kf_cw; // this thread among the fill threads, their number\n");
+    s.push_str("        if (cols == 0) return;\n");
+    for &(o, esz) in &l.fills {
+        let per = 16 / esz;
+        let name = &g.outputs[o].name;
+        let _ = writeln!(s, "        // {name}: rows of whole 16-byte chunks (and a tile's chunks counted in 32 bits), or the general form");
+        let _ = writeln!(s, "        const bool kf_a{o} = cols % {per} == 0 && cols / {per} < (1ll << 24);");
+        let _ = writeln!(s, "        const int kf_cp{o} = kf_a{o} ? (int)(cols / {per}) : 1, kf_dp{o} = kf_fn / kf_cp{o}, kf_ep{o} = kf_fn - kf_dp{o} * kf_cp{o}; // chunks per row; a step of kf_fn chunks: rows, chunks");
     }
-    s.push_str("        // 1. Loads: the rows' bounds, and the first KF_S columns of every row whatever its bound.\n");
-    s.push_str("        int kf_b = 0;\n");
-    s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) {\n");
-    s.push_str("            const long long row = kf_r0 + threadIdx.x;\n");
-    for l in bound_lines {
-        w(s, 3, l);
-    }
-    let _ = writeln!(s, "            kf_b = {bv};");
-    s.push_str("        }\n");
-    for (k, pf) in prefetch.iter().enumerate() {
-        let _ = writeln!(s, "        {} kf_pf{k}[1]; // {}", pf.ty, pf.note);
-    }
-    s.push_str("        const int kf_u = 0;\n");
-    s.push_str("        const long long kf_sr = kf_r0 + threadIdx.x / KF_S, kf_sc = threadIdx.x % KF_S; // this thread's speculated element\n");
-    if !prefetch.is_empty() {
-        s.push_str("        if (kf_sr < kf_r1 && kf_sc < cols) {\n");
-        s.push_str("            const long long i = kf_sr * cols + kf_sc;\n");
-        for (k, pf) in prefetch.iter().enumerate() {
-            let _ = writeln!(s, "            kf_pf{k}[kf_u] = {};", pf.load);
-        }
-        s.push_str("        }\n");
-    }
-    s.push_str("        // 2. The zero fill of the tile's rows, whole: the valid columns are overwritten after the barrier.\n");
-    s.push_str("        const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // elements\n");
-    for &(o, esz) in fills {
+    s.push_str("        for (long long kf_r0 = kf_ra; kf_r0 < kf_rb; kf_r0 += KF_T) {\n");
+    s.push_str("            const long long kf_r1 = kf_r0 + KF_T < kf_rb ? kf_r0 + KF_T : kf_rb;\n");
+    s.push_str("            if (kf_r0 != kf_ra) { // a later tile: the fill warps load their own copy of its bounds\n");
+    s.push_str("                if (kf_ft < kf_r1 - kf_r0) {\n                    int kf_b = 0;\n");
+    write_bound(s, l, 5, "kf_r0 + kf_ft", "kf_b");
+    s.push_str("                    kf_hf[kf_ft] = kf_b;\n                }\n");
+    s.push_str("                kf_bar(2, kf_fn);\n            }\n");
+    s.push_str("            const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // the tile's elements\n");
+    for &(o, esz) in &l.fills {
         write_fill(s, g, o, esz);
     }
-    if !other.is_empty() {
-        s.push_str("        for (long long i = kf_za + threadIdx.x; i < kf_zb; i += KF_B) {\n");
-        for l in other {
-            w(s, 3, l);
+    if !l.other.is_empty() {
+        s.push_str("            for (long long e = kf_ft; e < kf_zb - kf_za; e += kf_fn) { // other else-branch stores, per element\n");
+        s.push_str("                const long long kf_kr = e / cols;\n");
+        s.push_str("                if (e - kf_kr * cols < kf_hf[kf_kr]) continue;\n");
+        s.push_str("                const long long i = kf_za + e;\n");
+        for x in &l.other {
+            line(s, 4, x);
         }
-        s.push_str("        }\n");
+        s.push_str("            }\n");
     }
-    if tile == Tile::First {
-        s.push_str("        // 3. The count (the first tile only), and the scalars that follow from it.\n");
-        s.push_str("        long long kf_n = 0;\n");
-        if plain.is_some() {
-            s.push_str("        #pragma unroll\n");
-            let _ = writeln!(s, "        for (int k = 0; k < {COUNT_VECTORS}; ++k) kf_n += kf_cl(kf_cv[k].x) + kf_cl(kf_cv[k].y) + kf_cl(kf_cv[k].z) + kf_cl(kf_cv[k].w);");
-            let _ = writeln!(s, "        for (long long j = threadIdx.x + {COUNT_VECTORS}ll * KF_B; j < kf_nv; j += KF_B) {{");
-            s.push_str("            const int4 v = reinterpret_cast<const int4*>(kf_bl)[j];\n");
-            s.push_str("            kf_n += kf_cl(v.x) + kf_cl(v.y) + kf_cl(v.z) + kf_cl(v.w);\n        }\n");
-        }
-        s.push_str("        #pragma unroll 4\n");
-        s.push_str("        for (long long row = kf_nv * 4 + threadIdx.x; row < rows; row += KF_B) {\n");
-        for l in bound_lines {
-            w(s, 3, l);
-        }
-        let _ = writeln!(s, "            kf_n += kf_cl({bv});");
-        s.push_str("        }\n");
-        s.push_str("        kf_cntd = kf_block_sum((double)kf_n, kf_csm);\n");
-        s.push_str("        if (threadIdx.x == 0) {\n");
-        for l in crossing_lines {
-            w(s, 3, l);
-        }
-        s.push_str("        }\n");
-    }
-    s.push_str("        if ((long long)threadIdx.x < kf_r1 - kf_r0) kf_hs[threadIdx.x] = (int)kf_cl(kf_b);\n");
-    let note = match tile {
-        Tile::First => "the bounds and scalars are shared",
-        Tile::Later => "the bounds are shared",
+    s.push_str("            kf_bar(2, kf_fn); // kf_hf is rewritten by the next tile\n");
+    s.push_str("        }\n        return;\n    }\n");
+}
+
+/// The zero fill of output `o` (`esz` bytes per domain element, dividing 16) over the padding of
+/// the tile's elements `[kf_za, kf_zb)`, fill thread `kf_ft` taking every `kf_fn`-th 16-byte chunk:
+/// a streaming store where the whole chunk is padding of one row, element stores of its padding
+/// where it holds a valid element or crosses a row; element stores at the range's partial ends.
+fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
+    let per = 16 / esz;
+    let ety = match esz {
+        1 => "unsigned char",
+        2 => "unsigned short",
+        4 => "unsigned int",
+        _ => "uint2",
     };
-    let _ = writeln!(s, "        __syncthreads(); // {note}; the tile's zero stores precede the stores below");
-    s.push_str("        // 4. The speculated columns that are valid, then columns [KF_S, bound) of longer rows, a warp per row.\n");
-    s.push_str("        if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S]) {\n");
-    s.push_str("            const long long row = kf_sr, col = kf_sc, i = row * cols + col;\n");
-    for l in spec_body {
-        w(s, 3, l);
+    let zero = match esz {
+        1 => "(unsigned char)0",
+        2 => "(unsigned short)0",
+        4 => "0u",
+        _ => "make_uint2(0u, 0u)",
+    };
+    let _ = writeln!(s, "            if (kf_a{o}) {{ // {}: zero where the mask fails; chunk k of a row holds its columns [{per} k, {per} k + {per})", g.outputs[o].name);
+    let _ = writeln!(s, "                uint4* kf_zp = reinterpret_cast<uint4*>(out{o}) + kf_za / {per};");
+    let _ = writeln!(s, "                const int kf_zn = (int)(kf_r1 - kf_r0) * kf_cp{o};");
+    let _ = writeln!(s, "                int kf_kr = kf_ft / kf_cp{o}, kf_kc = kf_ft - kf_kr * kf_cp{o}; // this thread's chunk: row in the tile, chunk in the row");
+    s.push_str("                for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
+");
+    let k0 = if per == 1 { "kf_kc".to_string() } else { format!("kf_kc * {per}") };
+    let _ = writeln!(s, "                    const int kf_k0 = {k0}, kf_hb = kf_hf[kf_kr]; // the chunk's first column, the row's bound");
+    s.push_str("                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
+");
+    if per > 1 {
+        let _ = writeln!(s, "                    else if (kf_k0 + {per} > kf_hb) for (int j = kf_hb - kf_k0; j < {per}; ++j) reinterpret_cast<{ety}*>(kf_zp + kf_q)[j] = {zero}; // the row's last valid chunk");
     }
-    s.push_str("        }\n");
-    s.push_str("        for (long long kf_r = threadIdx.x >> 5; kf_r < kf_r1 - kf_r0; kf_r += KF_B / 32) {\n");
-    s.push_str("            const long long row = kf_r0 + kf_r, rowbase = row * cols, kf_hi = kf_hs[kf_r];\n");
-    s.push_str("            for (long long col = KF_S + lane; col < kf_hi; col += 32) {\n");
-    s.push_str("                const long long i = rowbase + col;\n");
-    for l in direct_body {
-        w(s, 4, l);
+    let _ = writeln!(s, "                    kf_kc += kf_ep{o};
+                    kf_kr += kf_dp{o};");
+    let _ = writeln!(s, "                    if (kf_kc >= kf_cp{o}) {{ kf_kc -= kf_cp{o}; ++kf_kr; }}");
+    s.push_str("                }
+            } else {
+");
+    let _ = writeln!(s, "                const long long kf_d{o} = (long long)kf_fn * {per} / cols, kf_e{o} = (long long)kf_fn * {per} - kf_d{o} * cols; // a step of kf_fn chunks: rows, columns");
+    let _ = writeln!(s, "                const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd), some across rows", per - 1);
+    if per > 1 {
+        let _ = writeln!(s, "                auto kf_z = [&](long long e) {{ const long long r = (e - kf_za) / cols; if (e - kf_za - r * cols >= kf_hf[r]) reinterpret_cast<{ety}*>(out{o})[e] = {zero}; }};");
+        let _ = writeln!(s, "                const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb, kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // partial ends [kf_za, kf_zh), [kf_zt, kf_zb)");
+        s.push_str("                for (long long e = kf_za + kf_ft; e < kf_zh; e += kf_fn) kf_z(e);\n");
+        s.push_str("                for (long long e = kf_zt + kf_ft; e < kf_zb; e += kf_fn) kf_z(e);\n");
+    }
+    let _ = writeln!(s, "                long long kf_kr = ((kf_zc + kf_ft) * {per} - kf_za) / cols, kf_kc = (kf_zc + kf_ft) * {per} - kf_za - kf_kr * cols; // the chunk's first element: row, column in the tile");
+    s.push_str("                for (long long kf_q = kf_zc + kf_ft; kf_q < kf_zd; kf_q += kf_fn) {\n");
+    s.push_str("                    const long long kf_hb = kf_hf[kf_kr];\n");
+    if per > 1 {
+        let _ = writeln!(s, "                    if (kf_kc >= kf_hb && kf_kc + {per} <= cols) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + kf_q, make_uint4(0u, 0u, 0u, 0u));");
+        let _ = writeln!(s, "                    else if (kf_kc + {per} > kf_hb) for (int j = 0; j < {per}; ++j) kf_z(kf_q * {per} + j);");
+    } else {
+        let _ = writeln!(s, "                    if (kf_kc >= kf_hb) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + kf_q, make_uint4(0u, 0u, 0u, 0u));");
+    }
+    let _ = writeln!(s, "                    kf_kc += kf_e{o};\n                    kf_kr += kf_d{o};");
+    s.push_str("                    if (kf_kc >= cols) { kf_kc -= cols; ++kf_kr; }\n");
+    s.push_str("                }\n            }\n");
+}
+
+/// Steps 3 and 4: the compute warps' count, arrival, wait, crossing scalars and valid elements.
+fn write_compute_role(s: &mut String, l: &RowsLines) {
+    let RowsLines { prefetch, body, crossing_lines, .. } = l;
+    s.push_str("    // 3. Compute warps: the block's count joins the grid's arrival word (count in the low bits, one arrival\n");
+    s.push_str("    //    above them); once every block has arrived (all resident: cooperative launch), the count gives the\n");
+    s.push_str("    //    crossing scalars. The first tile's first elements are loaded meanwhile.\n");
+    s.push_str("    const int kf_cn = 32 * kf_cw; // compute threads [0, kf_cn)\n");
+    let _ = writeln!(s, "    unsigned long long* kf_arrive = reinterpret_cast<unsigned long long*>(counter + 2); // count | arrivals << {COUNT_BITS}");
+    s.push_str("    double kf_cntd = 0.0; // the count of the mask (thread 0): the crossing scalars' and the tail's\n");
+    s.push_str("    {\n");
+    s.push_str("        long long kf_n = 0; // rows past the first tile\n");
+    s.push_str("        for (long long kf_r = kf_ra + kf_nr0 + threadIdx.x; kf_r < kf_rb; kf_r += kf_cn) {\n            int kf_b = 0;\n");
+    write_bound(s, l, 3, "kf_r", "kf_b");
+    s.push_str("            kf_n += kf_b;\n        }\n");
+    s.push_str("        if (kf_ra + kf_nr0 < kf_rb) { // several tiles: the compute warps' sums, in warp order\n");
+    s.push_str("            for (int o = 16; o > 0; o >>= 1) kf_n += __shfl_xor_sync(0xffffffffu, kf_n, o);\n");
+    s.push_str("            if (kf_l == 0) kf_wn[kf_w] = kf_n;\n");
+    s.push_str("            kf_bar(1, kf_cn);\n");
+    s.push_str("            kf_n = 0;\n            for (int w = 0; w < kf_cw; ++w) kf_n += kf_wn[w];\n");
+    s.push_str("            kf_bar(1, kf_cn);\n        }\n");
+    let _ = writeln!(s, "        if (threadIdx.x == 0) atomicAdd(kf_arrive, (1ull << {COUNT_BITS}) | (unsigned long long)(kf_n + kf_hp[kf_nr0]));");
+    s.push_str("    }\n");
+    s.push_str("    // Element v of a tile is column v - kf_hp[r] of its row r whose range holds it; KF_U of them per compute\n");
+    s.push_str("    // thread and step, their loads issued together.\n");
+    s.push_str("    int kf_tr[KF_U]; // the element's row in the tile, -1 past the end\n");
+    s.push_str("    int kf_tc[KF_U]; // its column (below its bound, an i32)\n");
+    for (k, pf) in prefetch.iter().enumerate() {
+        let _ = writeln!(s, "    {} kf_pf{k}[KF_U]; // {}", pf.ty, pf.note);
+    }
+    s.push_str("    auto kf_load = [&](long long kf_r0, int kf_nr, long long kf_v, long long kf_v0) {\n");
+    s.push_str("        #pragma unroll\n");
+    s.push_str("        for (int kf_u = 0; kf_u < KF_U; ++kf_u) {\n");
+    s.push_str("            const long long kf_e = kf_v0 + (long long)kf_u * kf_cn;\n");
+    s.push_str("            kf_tr[kf_u] = -1;\n");
+    s.push_str("            if (kf_e < kf_v) {\n");
+    s.push_str("                int lo = 0, hi = kf_nr - 1; // the last row whose range starts at or before kf_e\n");
+    s.push_str("                while (lo < hi) { const int m = (lo + hi + 1) >> 1; if (kf_hp[m] <= kf_e) lo = m; else hi = m - 1; }\n");
+    s.push_str("                kf_tr[kf_u] = lo;\n                kf_tc[kf_u] = (int)(kf_e - kf_hp[lo]);\n");
+    if !prefetch.is_empty() {
+        s.push_str("                const long long i = (kf_r0 + lo) * cols + kf_tc[kf_u];\n");
+        for (k, pf) in prefetch.iter().enumerate() {
+            let _ = writeln!(s, "                kf_pf{k}[kf_u] = {};", pf.load);
+        }
+    }
+    s.push_str("            }\n        }\n    };\n");
+    s.push_str("    kf_load(kf_ra, kf_nr0, kf_hp[kf_nr0], threadIdx.x); // in flight while the count completes\n");
+    s.push_str("    if (threadIdx.x == 0) {\n");
+    s.push_str("        unsigned long long kf_x;\n");
+    let _ = writeln!(s, "        do {{ kf_x = *(volatile unsigned long long*)kf_arrive; }} while ((kf_x >> {COUNT_BITS}) < gridDim.x);");
+    let _ = writeln!(s, "        kf_cntd = (double)(long long)(kf_x & ((1ull << {COUNT_BITS}) - 1ull));");
+    for c in crossing_lines {
+        line(s, 2, c);
+    }
+    s.push_str("    }\n");
+    s.push_str("    kf_bar(1, kf_cn); // the scalars are shared\n");
+    s.push_str("    // 4. Each tile's valid elements.\n");
+    s.push_str("    for (long long kf_r0 = kf_ra; kf_r0 < kf_rb; kf_r0 += KF_T) {\n");
+    s.push_str("        const int kf_nr = (int)(kf_rb - kf_r0 < KF_T ? kf_rb - kf_r0 : KF_T);\n");
+    s.push_str("        if (kf_r0 != kf_ra) { // a later tile: its bounds and their prefix\n");
+    s.push_str("            if ((int)threadIdx.x < kf_nr) {\n                int kf_b = 0;\n");
+    write_bound(s, l, 4, "kf_r0 + threadIdx.x", "kf_b");
+    s.push_str("                kf_hc[threadIdx.x] = kf_b;\n            }\n");
+    s.push_str("            kf_bar(1, kf_cn);\n            if (kf_w == 0) kf_prefix(kf_nr);\n            kf_bar(1, kf_cn);\n        }\n");
+    s.push_str("        const long long kf_v = kf_hp[kf_nr];\n");
+    s.push_str("        for (long long kf_v0 = threadIdx.x; kf_v0 < kf_v; kf_v0 += KF_U * kf_cn) {\n");
+    s.push_str("            if (kf_r0 != kf_ra || kf_v0 != threadIdx.x) kf_load(kf_r0, kf_nr, kf_v, kf_v0); // the first step's are loaded\n");
+    s.push_str("            #pragma unroll\n");
+    s.push_str("            for (int kf_u = 0; kf_u < KF_U; ++kf_u) {\n");
+    s.push_str("                if (kf_tr[kf_u] < 0) continue;\n");
+    s.push_str("                const long long row = kf_r0 + kf_tr[kf_u], col = kf_tc[kf_u], i = row * cols + col;\n");
+    for b in body {
+        line(s, 4, b);
     }
     s.push_str("            }\n        }\n");
-    s.push_str("        __syncthreads(); // kf_hs is rewritten by the next tile\n");
+    s.push_str("        kf_bar(1, kf_cn); // kf_hc and kf_hp are rewritten by the next tile\n    }\n");
 }
 
-/// The zero fill of output `o` over the tile's elements `[kf_za, kf_zb)`, the block's threads
-/// taking every `KF_B`-th store.
-fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
-    let _ = writeln!(s, "        {{ // {}", g.outputs[o].name);
-    for l in crate::kernel::zero_fill_lines(o, esz, "threadIdx.x", "KF_B") {
-        let _ = writeln!(s, "            {l}");
+/// Step 5: the compute warps' reductions in warp order, the ticket of warp 0, and the last
+/// block's fold, epilogue (thread 0) and reset of the ticket and the arrival word. `slots` are the
+/// kernel's partial slots (none when its only reductions are counts of the mask).
+pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String]) {
+    let comb = |c: Combine, a: &str, b: &str| match c {
+        Combine::Sum => format!("{a} + {b}"),
+        Combine::Max => format!("kf_max_f64({a}, {b})"),
+        Combine::Min => format!("kf_min_f64({a}, {b})"),
+    };
+    src.push_str("    // 5. The compute warps' sums, in warp order; warp 0 publishes the block's and takes the ticket.\n");
+    if !slots.is_empty() {
+        let _ = writeln!(src, "    __shared__ double kf_wr[{}][KF_W];", slots.len());
+        for (s, (c, _, _)) in slots.iter().enumerate() {
+            let _ = writeln!(src, "    for (int o = 16; o > 0; o >>= 1) acc{s} = {};", comb(*c, &format!("acc{s}"), &format!("__shfl_xor_sync(0xffffffffu, acc{s}, o)")));
+            let _ = writeln!(src, "    if (kf_l == 0) kf_wr[{s}][kf_w] = acc{s};");
+        }
+        src.push_str("    kf_bar(1, kf_cn);\n");
     }
-    s.push_str("        }\n");
+    src.push_str("    if (kf_w != 0) return;\n");
+    src.push_str("    bool kf_last = false;\n");
+    src.push_str("    if (kf_l == 0) {\n");
+    for (s, (c, init, _)) in slots.iter().enumerate() {
+        let _ = writeln!(src, "        double p{s} = {init};");
+        let _ = writeln!(src, "        for (int w = 0; w < kf_cw; ++w) p{s} = {};", comb(*c, &format!("p{s}"), &format!("kf_wr[{s}][w]")));
+        let _ = writeln!(src, "        partials[{s}u * gridDim.x + blockIdx.x] = p{s};");
+    }
+    let what = if slots.is_empty() { "the count's read" } else { "the block's sums (and the count's read)" };
+    let _ = writeln!(src, "        __threadfence(); // {what} before taking a ticket");
+    src.push_str("        kf_last = atomicAdd(counter, 1u) == gridDim.x - 1u;\n    }\n");
+    src.push_str("    if (!__shfl_sync(0xffffffffu, kf_last, 0)) return;\n");
+    src.push_str("    __threadfence();\n");
+    if !slots.is_empty() {
+        src.push_str("    // The last block's warp 0 folds every block's sums: lane l takes blocks l, l + 32, ... in order, then\n");
+        src.push_str("    // the warp's fixed-order sum; no float atomics, so the result is bit-identical for a given grid size.\n");
+    }
+    for (s, (c, init, _)) in slots.iter().enumerate() {
+        let _ = writeln!(src, "    double r{s} = {init};");
+        let _ = writeln!(
+            src,
+            "    for (unsigned int b = kf_l; b < gridDim.x; b += 32u) r{s} = {};",
+            comb(*c, &format!("r{s}"), &format!("((volatile double*)partials)[{s}u * gridDim.x + b]"))
+        );
+        let _ = writeln!(src, "    for (int o = 16; o > 0; o >>= 1) r{s} = {};", comb(*c, &format!("r{s}"), &format!("__shfl_xor_sync(0xffffffffu, r{s}, o)")));
+    }
+    src.push_str("    if (kf_l == 0) {\n");
+    for l in epilogue {
+        let _ = writeln!(src, "        {l}");
+    }
+    src.push_str("        counter[0] = 0u; // the ticket and the arrival word: the next launch needs no memset\n");
+    src.push_str("        *kf_arrive = 0ull;\n    }\n");
 }
 
-/// The rows plan's loop (see `rows`): its source, and the next free value number. `counts` are
-/// the kernel's counts of the mask (see `onepass::OnePass::counts`): the crossing scalars read
-/// them as the block's `kf_cntd`.
+/// The rows plan's body (see `rows`): its source up to the tail ([`write_rows_tail`]), and the
+/// next free value number. `counts` are the kernel's counts of the mask (see
+/// `onepass::OnePass::counts`): the crossing scalars and the epilogue read them as `kf_cntd`.
 pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, groups: &[Group], counts: &[NodeId], first_var: u32) -> Result<(String, u32), CodegenError> {
     let internal = |what| CodegenError::Internal { node: 0, what };
     let info = &an.kernels[k];
@@ -251,10 +398,13 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     };
     // Else-branch stores: zero fills, or (any other constant) per element at the flat index.
     let (mut fills, mut others) = (Vec::new(), Vec::new());
+    let mut pad_bytes = 0;
     for a in &grp.otherwise {
-        match (a, zero_fill_bytes(em, g, a)) {
-            (Action::Store { output, .. }, Some(esz)) => fills.push((*output, esz)),
-            _ => others.push(a.clone()),
+        let Action::Store { output, values } = a else { return Err(internal("rows plan with an else-branch reduction")) };
+        pad_bytes += values.len() as u64 * g.node(g.outputs[*output].node).dtype.size_bytes() as u64;
+        match zero_fill_bytes(em, g, a) {
+            Some(esz) => fills.push((*output, esz)),
+            None => others.push(a.clone()),
         }
     }
     let mut flat = fresh(first_var);
@@ -263,34 +413,21 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     let next = flat.next_var();
     let (other, u) = flat.into_lines();
     em.uses.absorb(u);
-    // The bound of `row`; a plain `i32` input (through `[.., None]`) is read as int4 by the count.
     let (b, bctx) = row_mode_bound(em, g, &info.dims, &dom, groups).ok_or(internal("rows plan without a row bound"))?;
-    let (mut pn, mut pctx) = (b, bctx.clone());
-    while let (Op::ExpandLast(x), Some(Coord::Const(0))) = (g.node(pn).op, pctx.last()) {
-        pn = x;
-        pctx.pop();
-    }
-    let plain = match g.node(pn).op {
-        Op::Input(id) if g.node(pn).dtype == DType::I32 && pctx.iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32)) => Some(id.0),
-        _ => None,
-    };
     let mut bound_em = fresh(next);
     let bound = bound_em.eval(b, &bctx)?;
     let next = bound_em.next_var();
     let (bound_lines, u) = bound_em.into_lines();
     em.uses.absorb(u);
-    // The then-branch: speculative (loads hoisted into kf_pf) and direct.
-    let mut spec = fresh(next);
-    spec.prefetch = Some(Vec::new());
-    run_actions(&mut spec, g, &grp.then)?;
-    let prefetch = spec.prefetch.take().unwrap_or_default();
-    let (next, (spec_body, u)) = (spec.next_var(), spec.into_lines());
+    // The then-branch, its loads hoisted into kf_pf.
+    let mut then = fresh(next);
+    then.prefetch = Some(Vec::new());
+    then.plain_stores = true;
+    run_actions(&mut then, g, &grp.then)?;
+    let prefetch = then.prefetch.take().unwrap_or_default();
+    let (next, (body, u)) = (then.next_var(), then.into_lines());
     em.uses.absorb(u);
-    let mut direct = fresh(next);
-    run_actions(&mut direct, g, &grp.then)?;
-    let (next, (direct_body, u)) = (direct.next_var(), direct.into_lines());
-    em.uses.absorb(u);
-    // The scalars crossing to the gradient, from `count(mask)` (the block's `kf_cntd`).
+    // The scalars crossing to the gradient, from `count(mask)` (thread 0's `kf_cntd`).
     let mut epilogue = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next);
     for &node in counts {
         epilogue.slot_results.insert(node, vec!["kf_cntd".to_string()]);
@@ -304,19 +441,17 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     }
     let (next, (crossing_lines, u)) = (epilogue.next_var(), epilogue.into_lines());
     em.uses.absorb(u);
-    em.uses.helpers.insert(crate::cuda::Helper::BlockSum);
     if !fills.is_empty() {
         em.uses.helpers.insert(crate::cuda::Helper::StoreStreaming);
     }
     let lines = RowsLines {
         bound_lines,
         bound,
-        plain,
         prefetch,
-        spec_body,
-        direct_body,
+        body,
         fills,
         other,
+        pad_bytes,
         decls,
         crossing_lines,
         rows: em.product(&info.dims[..info.dims.len() - 1]),
@@ -325,6 +460,5 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
             None => "1".to_string(),
         },
     };
-    let src = write_rows_loop(g, &lines);
-    Ok((src, next))
+    Ok((write_rows_body(g, &lines), next))
 }

@@ -203,65 +203,60 @@ fn lengths_scaled_gradient_is_one_row_mode_pass() {
     let p = plan(&scaled_delta(1, true), &two).expect("plan");
     assert_eq!(p.kernels.len(), 2);
     assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain));
-    // By default (one pass): the rows plan, one plain launch. Each tile's loads (bounds, the first
-    // columns speculatively) come before its zero fill, the count from the bounds after it, and
-    // the valid columns' stores after the barrier that orders them after the fill.
+    // By default (one pass): the rows plan, one cooperative launch. The block splits its warps
+    // after its first tile's bounds: fill warps store the padding only and never wait; compute
+    // warps arrive with the block's count, load their first valid elements, wait for every
+    // block, take the scale, then compute and store the valid elements.
     let one_pass = CodegenOptions { lengths_gradient: LengthsGradient::OnePass, ..opts() };
     let p = plan(&scaled_delta(1, true), &one_pass).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let k = &p.kernels[0];
-    assert_eq!(k.launch, Launch::Plain);
+    assert_eq!(k.launch, Launch::Cooperative);
     assert_eq!(k.block, 512);
     let src = &k.source;
     assert!(!src.contains("list_index") && !src.contains("tmp0"), "no list, no temp:\n{src}");
-    let count_loads = src.find("kf_cv[k] = j < kf_nv ? reinterpret_cast<const int4*>(kf_bl)[j]").expect("int4 count loads");
-    let spec = src.find("kf_pf0[kf_u] = ").expect("speculative loads");
-    let fill = src.find("kf_st_cs(reinterpret_cast<uint4*>(out").expect("zero fill");
-    let count = src.find("kf_cntd = kf_block_sum((double)kf_n, kf_csm);").expect("count");
+    let split = src.find("const int kf_cw = kf_cws;").expect("the split of the warps");
+    let fill_role = src.find("if (kf_w >= kf_cw) {").expect("the fill warps");
+    let fill = src.find("if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, ").expect("zero fill of the padding only");
+    let fill_end = src.find("kf_bar(2, kf_fn); // kf_hf is rewritten by the next tile").expect("the fill warps' own barrier");
+    let arrive = src.find("atomicAdd(kf_arrive, (1ull << 40) | ").expect("the arrival with the block's count");
+    let wait = src.find("while ((kf_x >> 40) < gridDim.x);").expect("the wait for every block");
     let scale = src.find("kf_c0 = ").expect("the scale from the count");
-    let barrier = src.find("__syncthreads(); // the bounds and scalars are shared").expect("barrier");
-    let store = src.find("if (kf_sr < kf_r1 && kf_sc < kf_hs[threadIdx.x / KF_S])").expect("valid columns");
-    let long_rows = src.find("for (long long col = KF_S + lane; col < kf_hi; col += 32)").expect("longer rows");
-    assert!(count_loads < spec && spec < fill && fill < count && count < scale && scale < barrier && barrier < store && store < long_rows, "{src}");
-    // No loss: the count is every block's own (no partial slot), so there is no tail at all.
-    assert!(!src.contains("partials") && !src.contains("counter") && !src.contains("acc0"), "no partials, no ticket:\n{src}");
-    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Partials { .. } | BufferKind::Counter { .. })), "no reduction buffers");
+    let loads = src.find("kf_pf0[kf_u] = ").expect("the valid elements' loads");
+    let store = src.find("reinterpret_cast<float4*>(out0)[i] = ").expect("the valid elements' stores");
+    assert!(split < fill_role && fill_role < fill && fill < fill_end && fill_end < arrive && arrive < loads && loads < wait && wait < scale && scale < store, "{src}");
+    assert!(!src[fill_role..fill_end].contains("kf_c0") && !src[fill_role..fill_end].contains("kf_arrive"), "the fill never waits:\n{src}");
+    assert_eq!(src.matches("reinterpret_cast<float4*>(out0)[i] = ").count(), 1, "each valid element is stored once:\n{src}");
+    // No loss: no partials, but the ticket that resets the arrival word.
+    assert!(!src.contains("partials") && !src.contains("acc0"), "no partials:\n{src}");
+    assert!(src.contains("kf_last = atomicAdd(counter, 1u) == gridDim.x - 1u;") && src.contains("*kf_arrive = 0ull;"), "{src}");
+    assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Partials { .. })), "no partials buffer");
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(4)), "ticket, spare, arrival word");
     let GridSpec::Work { per_block, max_blocks_per_sm, .. } = &k.grid;
     assert_eq!((*per_block, *max_blocks_per_sm), (8, 2));
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })), "no list buffers");
 }
 
 #[test]
-fn rows_plan_counts_in_its_peeled_first_tile_and_gives_the_count_no_partial_slot() {
+fn rows_plan_takes_the_count_from_the_arrival_word_with_no_partial_slot() {
     let g = common::lengths_mean_and_gradient(true).expect("graph");
     let p = plan(&g, &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
-    // The block's first tile is emitted before the loop and counts unconditionally (no run-time
-    // flag); the loop starts at the block's second tile and does not count.
-    assert!(!src.contains("kf_counted"), "no counted flag:\n{src}");
+    // One arrival per block, with the count of its rows (its first tile's prefix, and its further
+    // rows summed by the compute warps).
     let decl = src.find("double kf_cntd = 0.0;").expect("the count at function scope");
-    let first = src.find("const long long kf_tile = blockIdx.x;").expect("the peeled first tile");
-    let count = src.find("kf_cntd = kf_block_sum((double)kf_n, kf_csm);").expect("the count");
-    let loop_start = "for (long long kf_tile = blockIdx.x + gridDim.x; kf_tile < kf_tiles; kf_tile += gridDim.x) {";
-    let later = src.find(loop_start).expect("the loop over the further tiles");
-    assert!(decl < first && first < count && count < later, "{src}");
-    assert_eq!(src.matches("for (long long kf_tile").count(), 1, "one tile loop:\n{src}");
-    assert_eq!(src.matches("kf_block_sum((double)kf_n").count(), 1, "one count:\n{src}");
-    // Both tile forms come from one writer: the same stores and the same trailing barrier.
-    let (head, tail) = src.split_at(later);
-    let end = tail.find("// Each block reduces").expect("the tail");
-    let later_tiles = &tail[..end];
-    for piece in ["kf_st_cs(reinterpret_cast<float4*>(out1) + i, ", "kf_hs[threadIdx.x] = (int)kf_cl(kf_b);", "__syncthreads(); // kf_hs is rewritten by the next tile"] {
-        assert_eq!((head.matches(piece).count(), later_tiles.matches(piece).count()), (if piece.starts_with("kf_st") { 2 } else { 1 }, if piece.starts_with("kf_st") { 2 } else { 1 }), "{piece}:\n{src}");
-    }
-    assert!(!later_tiles.contains("kf_n") && !later_tiles.contains("kf_cv") && !later_tiles.contains("kf_c0 ="), "later tiles do not count:\n{later_tiles}");
+    let further = src.find("for (long long kf_r = kf_ra + kf_nr0 + threadIdx.x; kf_r < kf_rb; kf_r += kf_cn) {").expect("the further rows' bounds");
+    let arrive = src.find("(unsigned long long)(kf_n + kf_hp[kf_nr0]));").expect("the arrival");
+    let count = src.find("kf_cntd = (double)(long long)(kf_x & ((1ull << 40) - 1ull));").expect("the count from the word");
+    assert!(decl < further && further < arrive && arrive < count, "{src}");
+    assert_eq!(src.matches("atomicAdd(kf_arrive").count(), 1, "one arrival:\n{src}");
     // The count is neither accumulated per element nor given a partial slot: one slot (the
-    // loss's sum), and the tail reads the last block's own count after the fold.
+    // loss's sum), and the tail reads the last block's count after the fold.
     assert!(!src.contains("+= 1.0") && !src.contains("acc1") && !src.contains("partials[1u"), "no count slot:\n{src}");
     assert!(src.contains("double* __restrict__ partials, // 1 f64 partial slots per block"), "{src}");
     assert!(src.contains(": the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot"), "the sink header says so");
-    let fold = src.find("r0 = kf_block_sum(r0, kf_smem);").expect("the fold of the loss's slot");
+    let fold = src.find("r0 = r0 + __shfl_xor_sync(0xffffffffu, r0, o);").expect("the fold of the loss's slot");
     let read = src.rfind("= (int)(long long)kf_cntd;").expect("the tail reads the count");
     assert!(fold < read, "{src}");
     assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elems == SizeExpr::constant(1)), "host partials sized for one slot");

@@ -146,10 +146,10 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
     // The code generation choices `kfuse bench` can tune: the two-kernel lengths gradient (the
     // default is the one-launch rows plan), other launch bounds and elements per thread, another
     // block size; each on the training examples at odd sizes, relaunched bit-identically. For
-    // the rows plan (grid 2 blocks per SM, tiles of up to 64 rows; 264 blocks on 132 SMs):
-    // 20001 rows exceed grid * 64, so blocks take several tiles; 2200 rows make tiles of 9 rows,
-    // 245 of them, so the last blocks have no tile and only count (one of them may take the
-    // tail's ticket, which reads its own count); N = 0 makes every row empty.
+    // the rows plan (grid 2 blocks per SM, each a contiguous share of the rows in tiles of up to
+    // 64; 264 blocks on 132 SMs): 20001 rows give a block two tiles, whose further rows the
+    // compute warps count before arriving; 2200 rows give a block 8 or 9; odd N makes 16-byte
+    // chunks of bf16 boxes cross rows (element stores there); N = 0 makes every row empty.
     let Some(gpu) = gpu_or_skip("tuned_plans_match_the_interpreter_on_the_gpu") else { return };
     use kfuse_codegen::{CodegenOptions, LengthsGradient};
     let tunings = [
