@@ -386,8 +386,8 @@ pub(crate) fn emit_kernel(
     }
     let n_slots = slots.len();
     if n_slots > 0 || rows_src.is_some() {
-        let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without partials" })?;
-        if let Some(p) = p.filter(|_| n_slots > 0) {
+        let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without its counter" })?;
+        if let Some(p) = p {
             params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
         }
         let note = match (onepass, &rows_src) {
@@ -704,12 +704,7 @@ pub(crate) fn zero_fill_lines(o: usize, esz: u64, lane: &str, stride: &str) -> V
     if per == 1 {
         return vec!["#pragma unroll 4".to_string(), chunks("e", "kf_za", "kf_zb")];
     }
-    let (ety, zero) = match esz {
-        1 => ("unsigned char", "(unsigned char)0"),
-        2 => ("unsigned short", "(unsigned short)0"),
-        4 => ("unsigned int", "0u"),
-        _ => ("uint2", "make_uint2(0u, 0u)"),
-    };
+    let (ety, zero) = zero_element(esz);
     vec![
         format!("const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1),
         format!("const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb; // head elements [kf_za, kf_zh)"),
@@ -719,6 +714,16 @@ pub(crate) fn zero_fill_lines(o: usize, esz: u64, lane: &str, stride: &str) -> V
         "#pragma unroll 4".to_string(),
         chunks("c", "kf_zc", "kf_zd"),
     ]
+}
+
+/// The C type of one `esz`-byte element of a zero fill (`esz` < 16, dividing 16) and its zero.
+pub(crate) fn zero_element(esz: u64) -> (&'static str, &'static str) {
+    match esz {
+        1 => ("unsigned char", "(unsigned char)0"),
+        2 => ("unsigned short", "(unsigned short)0"),
+        4 => ("unsigned int", "0u"),
+        _ => ("uint2", "make_uint2(0u, 0u)"),
+    }
 }
 
 /// Whether output `o` was split into a domain and a small component axis.

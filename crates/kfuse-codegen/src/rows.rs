@@ -25,10 +25,10 @@
 //! The counts of the mask (`onepass::OnePass::counts`) take no partial slot: they are the
 //! arrival word's count (`kf_cntd`, an exact integer in f64).
 //!
-//! Measured on the H100 (hand-written prototype of this schedule, bf16 GIoU step, B=16384,
-//! N=256, `bench/proto`): 14.7 µs back to back and 16.0 µs rotating two buffer sets, against
-//! 18.1 / 19.9 µs for the previous rows plan, where every warp filled its whole tile, summed all
-//! the lengths, and overwrote the valid columns after a barrier.
+//! Measured on the H100 (bf16 GIoU step, B=16384, N=256, `bench/proto`): 14.9 µs back to back
+//! and 16.4 µs rotating two buffer sets (the hand-written prototype of this schedule: 14.2 /
+//! 15.6 µs), against 18.2 / 20.1 µs for the previous rows plan, where every warp filled its whole
+//! tile, summed all the lengths, and overwrote the valid columns after a barrier.
 //!
 //! Not handled here: recognising the plan (`onepass`), the kernel's header and accumulators
 //! (`kernel`).
@@ -39,7 +39,7 @@ use kfuse_ir::{Graph, NodeId};
 
 use crate::analysis::Analysis;
 use crate::emit::{Coord, Emitter, Mode, Prefetch};
-use crate::kernel::{row_mode_bound, run_actions, zero_fill_bytes, Action, Combine, Group};
+use crate::kernel::{row_mode_bound, run_actions, zero_element, zero_fill_bytes, Action, Combine, Group};
 use crate::CodegenError;
 
 /// Threads per block of a rows-plan kernel (two blocks per SM measured best).
@@ -199,18 +199,7 @@ fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
 /// where it holds a valid element or crosses a row; element stores at the range's partial ends.
 fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
     let per = 16 / esz;
-    let ety = match esz {
-        1 => "unsigned char",
-        2 => "unsigned short",
-        4 => "unsigned int",
-        _ => "uint2",
-    };
-    let zero = match esz {
-        1 => "(unsigned char)0",
-        2 => "(unsigned short)0",
-        4 => "0u",
-        _ => "make_uint2(0u, 0u)",
-    };
+    let (ety, zero) = zero_element(esz);
     let _ = writeln!(s, "            if (kf_a{o}) {{ // {}: zero where the mask fails; chunk k of a row holds its columns [{per} k, {per} k + {per})", g.outputs[o].name);
     let _ = writeln!(s, "                uint4* kf_zp = reinterpret_cast<uint4*>(out{o}) + kf_za / {per};");
     let _ = writeln!(s, "                const int kf_zn = (int)(kf_r1 - kf_r0) * kf_cp{o};");
