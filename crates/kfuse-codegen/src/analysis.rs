@@ -26,7 +26,9 @@ pub const MAX_COMPONENTS: u64 = 8;
 /// A full reduction `(op, x, mask)`, or `None` for any other node.
 pub(crate) fn full_reduce(g: &Graph, n: NodeId) -> Option<(ReduceOp, NodeId, Option<NodeId>)> {
     match g.node(n).op {
-        Op::Reduce { op, axis, x, mask } if axis == ReduceAxis::All || g.node(x).shape.rank() == 1 => Some((op, x, mask)),
+        Op::Reduce { op, axis, x, mask } if axis == ReduceAxis::All || g.node(x).shape.rank() == 1 => {
+            Some((op, x, mask))
+        }
         _ => None,
     }
 }
@@ -126,13 +128,17 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
         }
     }
     keys.sort_by_key(|k| k.0); // stable: first appearance within a level
-    let mut kernels: Vec<KernelInfo> =
-        keys.iter().map(|(level, dims)| KernelInfo { level: *level, dims: dims.clone(), ..Default::default() }).collect();
+    let mut kernels: Vec<KernelInfo> = keys
+        .iter()
+        .map(|(level, dims)| KernelInfo { level: *level, dims: dims.clone(), ..Default::default() })
+        .collect();
     let mut home: Vec<Option<usize>> = vec![None; g.nodes.len()];
     for (key, mut kind, comps) in keyed {
-        let k = keys.iter().position(|x| *x == key).ok_or(CodegenError::Internal { node: 0, what: "sink key vanished" })?;
+        let k =
+            keys.iter().position(|x| *x == key).ok_or(CodegenError::Internal { node: 0, what: "sink key vanished" })?;
         if let SinkKind::Reduce { node, slot } = &mut kind {
-            let (op, _, _) = full_reduce(g, *node).ok_or(CodegenError::Internal { node: node.0, what: "not a reduction" })?;
+            let (op, _, _) =
+                full_reduce(g, *node).ok_or(CodegenError::Internal { node: node.0, what: "not a reduction" })?;
             *slot = kernels[k].slots;
             kernels[k].slots += slots_of(op);
             home[node.index()] = Some(k);
@@ -214,7 +220,10 @@ fn collect_crossings(
                 continue;
             }
             if h > k || phase == Phase::Element {
-                return Err(CodegenError::Internal { node: n.0, what: "a scalar is needed before the kernel that computes it" });
+                return Err(CodegenError::Internal {
+                    node: n.0,
+                    what: "a scalar is needed before the kernel that computes it",
+                });
             }
             if full_reduce(g, n).is_some() {
                 continue; // this kernel's own reduction: a partial-slot result in the epilogue

@@ -221,7 +221,8 @@ impl<'a> Emitter<'a> {
     /// The innermost block a value with context `ctx` may live in (see the module docs).
     fn target_depth(&self, ctx: &[Coord]) -> usize {
         let loop_depth = |l: u32| self.blocks.iter().position(|b| b.kind == BlockKind::Loop(l));
-        let dv = ctx.iter().filter_map(|c| if let Coord::Loop(l) = c { loop_depth(*l) } else { None }).max().unwrap_or(0);
+        let dv =
+            ctx.iter().filter_map(|c| if let Coord::Loop(l) = c { loop_depth(*l) } else { None }).max().unwrap_or(0);
         match (dv + 1..self.blocks.len()).find(|&d| matches!(self.blocks[d].kind, BlockKind::Loop(_))) {
             Some(d) => d - 1,
             None => self.blocks.len() - 1,
@@ -276,7 +277,8 @@ impl<'a> Emitter<'a> {
                 }
                 // Row mode: the row number is the flat index over every axis but the last, so the
                 // derivation is the same with `row` for `i` and the last axis left out.
-                let (flat, end, depth) = if self.row_mode { ("row", last, 0) } else { ("i", dims.len(), self.target_depth(&[])) };
+                let (flat, end, depth) =
+                    if self.row_mode { ("row", last, 0) } else { ("i", dims.len(), self.target_depth(&[])) };
                 let inner = self.product(&dims[a + 1..end]);
                 if self.row_mode && inner == "1" && a == 0 {
                     return "row".to_string();
@@ -325,7 +327,13 @@ impl<'a> Emitter<'a> {
         let off = dims.len() - xd.len();
         xd.iter()
             .enumerate()
-            .map(|(a, d)| if *d == Dim::Const(1) && dims[off + a] != Dim::Const(1) { Coord::Const(0) } else { ctx[off + a].clone() })
+            .map(|(a, d)| {
+                if *d == Dim::Const(1) && dims[off + a] != Dim::Const(1) {
+                    Coord::Const(0)
+                } else {
+                    ctx[off + a].clone()
+                }
+            })
             .collect()
     }
 
@@ -410,17 +418,27 @@ impl<'a> Emitter<'a> {
         };
         let depth = self.target_depth(&[]);
         if h < kernel {
-            let t = *an.temps.get(&n).ok_or(CodegenError::Internal { node: n.0, what: "cross-kernel scalar without a temp" })?;
+            let t = *an
+                .temps
+                .get(&n)
+                .ok_or(CodegenError::Internal { node: n.0, what: "cross-kernel scalar without a temp" })?;
             self.uses.temps_read.insert(t);
             let e = cuda::load_conversion(temp_dtype(node.dtype), &format!("tmp{t}[0]"));
             let ty = cuda::value_type(node.dtype);
             return Ok(Some(self.bind(depth, key.clone(), ty, e, &format!("n{} from an earlier kernel", n.0))));
         }
         if h > kernel || matches!(self.mode, Mode::Element { .. }) {
-            return Err(CodegenError::Internal { node: n.0, what: "a scalar is needed before the kernel that computes it" });
+            return Err(CodegenError::Internal {
+                node: n.0,
+                what: "a scalar is needed before the kernel that computes it",
+            });
         }
         let Some((op, x, _)) = full_reduce(self.g, n) else { return Ok(None) };
-        let slots = self.slot_results.get(&n).cloned().ok_or(CodegenError::Internal { node: n.0, what: "reduction without slots" })?;
+        let slots = self
+            .slot_results
+            .get(&n)
+            .cloned()
+            .ok_or(CodegenError::Internal { node: n.0, what: "reduction without slots" })?;
         let e = finish_reduce(op, self.g.node(x).dtype, &slots);
         Ok(Some(self.bind(depth, key.clone(), cuda::value_type(node.dtype), e, &format!("n{}", n.0))))
     }
@@ -431,7 +449,9 @@ impl<'a> Emitter<'a> {
         let pctx = &ctx[..ctx.len() - 1];
         let part_ctx = |s: &Self, p: NodeId| s.operand_ctx(inner, pctx, p);
         if let Some(Coord::Const(k)) = ctx.last() {
-            let p = *parts.get(*k as usize).ok_or(CodegenError::Internal { node: n.0, what: "stack index out of range" })?;
+            let p = *parts
+                .get(*k as usize)
+                .ok_or(CodegenError::Internal { node: n.0, what: "stack index out of range" })?;
             return self.eval(p, &part_ctx(self, p));
         }
         // A run-time index into the stacked axis: evaluate every part and select.
@@ -529,7 +549,10 @@ impl<'a> Emitter<'a> {
     /// A reduction along the last axis: a loop over the row in the block the result belongs to.
     fn row_reduce(&mut self, n: NodeId, op: ReduceOp, x: NodeId, mask: Option<NodeId>, ctx: &[Coord]) -> R<String> {
         if self.mode == Mode::DeviceFn {
-            return Err(CodegenError::Unsupported { node: n.0, what: "reductions inside a device function (its inputs are scalars)".into() });
+            return Err(CodegenError::Unsupported {
+                node: n.0,
+                what: "reductions inside a device function (its inputs are scalars)".into(),
+            });
         }
         if full_reduce(self.g, n).is_some() {
             return Err(CodegenError::Internal { node: n.0, what: "a full reduction reached the row-loop path" });
@@ -604,7 +627,13 @@ impl<'a> Emitter<'a> {
     /// The predicate under which a reduction element counts: its mask, or for an unmasked
     /// `count` the counted value itself (so `count(m)` shares the branch of everything masked by
     /// `m`). Returns the node and its context.
-    pub fn reduce_guard(&self, op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: &[Coord]) -> Option<(NodeId, Vec<Coord>)> {
+    pub fn reduce_guard(
+        &self,
+        op: ReduceOp,
+        x: NodeId,
+        mask: Option<NodeId>,
+        xctx: &[Coord],
+    ) -> Option<(NodeId, Vec<Coord>)> {
         let xdims = self.g.node(x).shape.dims().to_vec();
         match (op, mask) {
             (ReduceOp::Count, None) => Some(self.canonical(x, xctx.to_vec())),
@@ -614,7 +643,14 @@ impl<'a> Emitter<'a> {
     }
 
     /// Adds one element to the accumulators, assuming its guard holds.
-    pub fn reduce_update(&mut self, op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: &[Coord], accs: &[String]) -> R<()> {
+    pub fn reduce_update(
+        &mut self,
+        op: ReduceOp,
+        x: NodeId,
+        mask: Option<NodeId>,
+        xctx: &[Coord],
+        accs: &[String],
+    ) -> R<()> {
         let a = &accs[0];
         let line = match op {
             ReduceOp::Count if mask.is_none() => format!("{a} += 1.0;"),

@@ -39,12 +39,23 @@ pub(crate) struct BufferIndex {
 /// An action of the loop body, run under its group's predicate (or its negation).
 #[derive(Clone)]
 pub(crate) enum Action {
-    Update { op: ReduceOp, x: NodeId, mask: Option<NodeId>, xctx: Vec<Coord>, accs: Vec<String> },
-    Store { output: usize, values: Vec<(NodeId, Vec<Coord>)> },
+    Update {
+        op: ReduceOp,
+        x: NodeId,
+        mask: Option<NodeId>,
+        xctx: Vec<Coord>,
+        accs: Vec<String>,
+    },
+    Store {
+        output: usize,
+        values: Vec<(NodeId, Vec<Coord>)>,
+    },
     /// Appends `(i, values)` to the block's one-pass list: slot `kf_ln + threadIdx.x` of a
     /// compaction drain (see `onepass`), in shared memory or past its capacity in the block's
     /// global segment.
-    Append { values: Vec<(NodeId, Vec<Coord>)> },
+    Append {
+        values: Vec<(NodeId, Vec<Coord>)>,
+    },
 }
 
 pub(crate) type Guard = Option<(NodeId, Vec<Coord>)>;
@@ -104,7 +115,8 @@ pub(crate) fn emit_kernel(
                 sink_notes.push(format!("full reduction n{}: the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot", node.0));
             }
             SinkKind::Reduce { node, .. } => {
-                let (op, x, mask) = full_reduce(g, node).ok_or(CodegenError::Internal { node: node.0, what: "sink is not a reduction" })?;
+                let (op, x, mask) = full_reduce(g, node)
+                    .ok_or(CodegenError::Internal { node: node.0, what: "sink is not a reduction" })?;
                 let xd = g.node(x).dtype;
                 let slot = slots.len() as u32;
                 let n_slots = crate::analysis::slots_of(op);
@@ -123,7 +135,11 @@ pub(crate) fn emit_kernel(
                 if op == ReduceOp::Mean {
                     slots.push((Combine::Sum, "0.0".into(), format!("count of {what}")));
                 }
-                sink_notes.push(format!("full reduction n{} into partial slot {slot}{}", node.0, comps_note(sink.comps)));
+                sink_notes.push(format!(
+                    "full reduction n{} into partial slot {slot}{}",
+                    node.0,
+                    comps_note(sink.comps)
+                ));
                 for c in comps {
                     let xctx = ctx_of(c);
                     let guard = em.reduce_guard(op, x, mask, &xctx);
@@ -135,10 +151,13 @@ pub(crate) fn emit_kernel(
                 let node = g.outputs[index].node;
                 let selects: Vec<_> = comps
                     .iter()
-                    .map(|&c| resolve_select(&em, g, node, ctx_of(c)).map(|(gd, a, b)| (em.canonical(gd.0, gd.1), a, b)))
+                    .map(|&c| {
+                        resolve_select(&em, g, node, ctx_of(c)).map(|(gd, a, b)| (em.canonical(gd.0, gd.1), a, b))
+                    })
                     .collect();
                 let first_guard = selects.first().and_then(|s| s.as_ref().map(|s| s.0.clone()));
-                let shared = first_guard.is_some() && selects.iter().all(|s| s.as_ref().map(|s| &s.0) == first_guard.as_ref());
+                let shared =
+                    first_guard.is_some() && selects.iter().all(|s| s.as_ref().map(|s| &s.0) == first_guard.as_ref());
                 if shared {
                     let (then, otherwise): (Vec<_>, Vec<_>) = selects.into_iter().flatten().map(|s| (s.1, s.2)).unzip();
                     let grp = group_for(&mut groups, first_guard);
@@ -161,7 +180,8 @@ pub(crate) fn emit_kernel(
         for c in 0..u64::from(pass.comps) {
             let mut ctx = dom.clone();
             ctx.push(Coord::Const(c));
-            let (gd, a, b) = resolve_select(&em, g, out, ctx).ok_or(CodegenError::Internal { node: out.0, what: "one-pass output is not a select" })?;
+            let (gd, a, b) = resolve_select(&em, g, out, ctx)
+                .ok_or(CodegenError::Internal { node: out.0, what: "one-pass output is not a select" })?;
             guard = Some(em.canonical(gd.0, gd.1));
             then.push(a);
             otherwise.push(b);
@@ -207,7 +227,8 @@ pub(crate) fn emit_kernel(
         // valid columns compute); a one-pass kernel gives a row a group of lanes (every row in
         // one pass, see `write_row_groups`) and fills last, so that its loads are not queued
         // behind the stores.
-        let (fills, rest): (Vec<&Action>, Vec<&Action>) = grp.otherwise.iter().partition(|a| zero_fill_bytes(&em, g, a).is_some());
+        let (fills, rest): (Vec<&Action>, Vec<&Action>) =
+            grp.otherwise.iter().partition(|a| zero_fill_bytes(&em, g, a).is_some());
         let fills: Vec<(usize, u64)> = fills
             .into_iter()
             .filter_map(|a| match (a, zero_fill_bytes(&em, g, a)) {
@@ -300,12 +321,17 @@ pub(crate) fn emit_kernel(
     let n_expr = em.product(&info.dims);
     let prefetch = em.prefetch.take().unwrap_or_default();
     let (body, mut uses) = em.into_lines();
-    let lazy_inputs: Vec<InputId> = uses.inputs.iter().filter(|i| !unconditional.contains(i)).map(|&i| InputId(i)).collect();
+    let lazy_inputs: Vec<InputId> =
+        uses.inputs.iter().filter(|i| !unconditional.contains(i)).map(|&i| InputId(i)).collect();
 
     // The epilogue: scalar outputs and Temp values, computed once by one thread.
     let mut ep = Emitter::new(g, Some(an), Mode::Epilogue { kernel: k }, Vec::new(), next_var);
     ep.slot_results = slot_results;
-    let mut outputs_written: Vec<usize> = info.sinks.iter().filter_map(|s| if let SinkKind::Output { index } = s.kind { Some(index) } else { None }).collect();
+    let mut outputs_written: Vec<usize> = info
+        .sinks
+        .iter()
+        .filter_map(|s| if let SinkKind::Output { index } = s.kind { Some(index) } else { None })
+        .collect();
     outputs_written.extend(onepass.or(rows_pass).map(|b| b.pass.output));
     for &o in &info.scalar_outputs {
         let node = g.outputs[o].node;
@@ -334,7 +360,11 @@ pub(crate) fn emit_kernel(
         }
         let reader = "a later kernel";
         let v = ep.eval(n, &[])?;
-        ep.push_stmt(format!("tmp{t}[0] = {}; // n{} for {reader}", cuda::store_conversion(temp_dtype(g.node(n).dtype), &v), n.0));
+        ep.push_stmt(format!(
+            "tmp{t}[0] = {}; // n{} for {reader}",
+            cuda::store_conversion(temp_dtype(g.node(n).dtype), &v),
+            n.0
+        ));
         temps_written.push(t);
     }
     let (epilogue, ep_uses) = ep.into_lines();
@@ -358,14 +388,22 @@ pub(crate) fn emit_kernel(
     for &i in &uses.inputs {
         let inp = &g.inputs[i as usize];
         let decl = format!("const {}* __restrict__ in{i}", cuda::storage_type(inp.dtype));
-        params.push((Param::Buffer(i as usize), decl, format!("{} {}{}", inp.name, inp.dtype, g.shape_str(&inp.shape))));
+        params.push((
+            Param::Buffer(i as usize),
+            decl,
+            format!("{} {}{}", inp.name, inp.dtype, g.shape_str(&inp.shape)),
+        ));
     }
     outputs_written.sort_unstable();
     outputs_written.dedup();
     for &o in &outputs_written {
         let node = g.node(g.outputs[o].node);
         let decl = format!("{}* __restrict__ out{o}", cuda::storage_type(node.dtype));
-        params.push((Param::Buffer(buffers.outputs_base + o), decl, format!("output {} {}{}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape))));
+        params.push((
+            Param::Buffer(buffers.outputs_base + o),
+            decl,
+            format!("output {} {}{}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape)),
+        ));
     }
     let temp_nodes: Vec<(NodeId, usize)> = an.temps.iter().map(|(&n, &t)| (n, t)).collect();
     for (n, t) in temp_nodes {
@@ -381,14 +419,27 @@ pub(crate) fn emit_kernel(
         params.push((Param::Buffer(buffers.temps_base + t), decl, note));
     }
     if let Some((index, values)) = onepass.and_then(|b| b.list) {
-        params.push((Param::Buffer(index), "unsigned long long* __restrict__ list_index".into(), "flat indices of the entries past shared memory".into()));
-        params.push((Param::Buffer(values), "float* __restrict__ list_values".into(), format!("their {} unscaled f32 values", onepass.map_or(0, |b| b.pass.comps))));
+        params.push((
+            Param::Buffer(index),
+            "unsigned long long* __restrict__ list_index".into(),
+            "flat indices of the entries past shared memory".into(),
+        ));
+        params.push((
+            Param::Buffer(values),
+            "float* __restrict__ list_values".into(),
+            format!("their {} unscaled f32 values", onepass.map_or(0, |b| b.pass.comps)),
+        ));
     }
     let n_slots = slots.len();
     if n_slots > 0 || rows_src.is_some() {
-        let (p, c) = buffers.reduction[k].ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without its counter" })?;
+        let (p, c) = buffers.reduction[k]
+            .ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without its counter" })?;
         if let Some(p) = p {
-            params.push((Param::Buffer(p), "double* __restrict__ partials".into(), format!("{n_slots} f64 partial slots per block, slot-major")));
+            params.push((
+                Param::Buffer(p),
+                "double* __restrict__ partials".into(),
+                format!("{n_slots} f64 partial slots per block, slot-major"),
+            ));
         }
         let note = match (onepass, &rows_src) {
             (Some(_), _) => "grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0",
@@ -415,7 +466,8 @@ pub(crate) fn emit_kernel(
     } else if row_mode {
         let _ = writeln!(src, "// domain: {dom_str} elements as rows of the last axis, one warp per row (grid-stride over rows); only the columns below the row's bound are computed");
     } else {
-        let _ = writeln!(src, "// domain: {dom_str} elements, one per iteration of a grid-stride loop, 64-bit flat index");
+        let _ =
+            writeln!(src, "// domain: {dom_str} elements, one per iteration of a grid-stride loop, 64-bit flat index");
     }
     for note in &sink_notes {
         let _ = writeln!(src, "// sink: {note}");
@@ -427,7 +479,8 @@ pub(crate) fn emit_kernel(
     // Batched loops: at most 64 registers per thread (1024 threads per SM resident), and a grid of
     // exactly that many blocks per SM, so that every block is resident at once (one wave).
     let batched = !row_mode && !prefetch.is_empty();
-    let resident_blocks = if batched { (opts.batched_threads_per_sm / block).max(1) } else { (2048 / block).clamp(1, 8) };
+    let resident_blocks =
+        if batched { (opts.batched_threads_per_sm / block).max(1) } else { (2048 / block).clamp(1, 8) };
     let resident_blocks = if rows_src.is_some() { 2 } else { resident_blocks };
     let bounds = if batched || rows_src.is_some() { format!("{block}, {resident_blocks}") } else { block.to_string() };
     let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {name}(");
@@ -549,11 +602,14 @@ fn write_row_groups(src: &mut String) {
     src.push_str("    // Lanes per row: the most of 32, 16, ... with which this grid covers every row in one pass.\n");
     src.push_str("    const long long kf_threads = (long long)gridDim.x * blockDim.x;\n");
     src.push_str("    int kf_gs = 5; // log2 of the lanes per row\n");
-    let _ = writeln!(src, "    while (kf_gs > {} && rows > (kf_threads >> kf_gs)) --kf_gs;", MIN_ROW_LANES.trailing_zeros());
+    let _ = writeln!(
+        src,
+        "    while (kf_gs > {} && rows > (kf_threads >> kf_gs)) --kf_gs;",
+        MIN_ROW_LANES.trailing_zeros()
+    );
     src.push_str("    const long long kf_g = 1ll << kf_gs;\n");
     src.push_str("    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group\n");
 }
-
 
 fn write_body(src: &mut String, body: &[String], indent: &str) {
     for l in body {
@@ -568,10 +624,23 @@ fn write_body(src: &mut String, body: &[String], indent: &str) {
 /// box of a padded batch and serialise on its loads). Every prefetched load of the thread's
 /// elements is issued first, then the body runs for each in turn. The mapping depends only on
 /// the grid, so results are bit-identical from run to run for a given grid.
-fn write_batched_loop(src: &mut String, prefetch: &[crate::emit::Prefetch], body: &[String], block: u32, batch: u32, after_batch: &[&str]) {
+fn write_batched_loop(
+    src: &mut String,
+    prefetch: &[crate::emit::Prefetch],
+    body: &[String],
+    block: u32,
+    batch: u32,
+    after_batch: &[&str],
+) {
     let _ = writeln!(src, "    const long long kf_stride = (long long)gridDim.x * blockDim.x;");
-    let _ = writeln!(src, "    // {batch} elements per thread and iteration: their loads are all in flight before the first use.");
-    let _ = writeln!(src, "    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid");
+    let _ = writeln!(
+        src,
+        "    // {batch} elements per thread and iteration: their loads are all in flight before the first use."
+    );
+    let _ = writeln!(
+        src,
+        "    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid"
+    );
     let _ = writeln!(src, "    // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.");
     let _ = writeln!(src, "    unsigned kf_rot = 0u; // in [0, {block})");
     let _ = writeln!(src, "    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += {batch}ll * kf_stride, kf_rot = (kf_rot + {}u) % {block}u) {{", batch * 32);
@@ -649,14 +718,23 @@ pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Re
                 } else if let Some(vty) = cuda::vector_type(d, vals.len() as u64) {
                     if em.row_mode && !em.plain_stores {
                         em.uses.helpers.insert(Helper::StoreStreaming);
-                        em.push_stmt(format!("kf_st_cs(reinterpret_cast<{vty}*>(out{output}) + i, {}); // {name}", cuda::vector_pack(d, &vals)));
+                        em.push_stmt(format!(
+                            "kf_st_cs(reinterpret_cast<{vty}*>(out{output}) + i, {}); // {name}",
+                            cuda::vector_pack(d, &vals)
+                        ));
                     } else {
-                        em.push_stmt(format!("reinterpret_cast<{vty}*>(out{output})[i] = {}; // {name}", cuda::vector_pack(d, &vals)));
+                        em.push_stmt(format!(
+                            "reinterpret_cast<{vty}*>(out{output})[i] = {}; // {name}",
+                            cuda::vector_pack(d, &vals)
+                        ));
                     }
                 } else {
                     let c = vals.len();
                     for (k, v) in vals.iter().enumerate() {
-                        em.push_stmt(format!("out{output}[i * {c} + {k}] = {}; // {name}", cuda::store_conversion(d, v)));
+                        em.push_stmt(format!(
+                            "out{output}[i * {c} + {k}] = {}; // {name}",
+                            cuda::store_conversion(d, v)
+                        ));
                     }
                 }
             }
@@ -734,7 +812,12 @@ fn has_component_axis(g: &Graph, o: usize) -> bool {
 /// The `where(c, a, b)` that decides a tensor output's value at `ctx`, looking through stacking
 /// and component access: `(guard, then, else)` with their contexts.
 #[allow(clippy::type_complexity)]
-pub(crate) fn resolve_select(em: &Emitter, g: &Graph, mut n: NodeId, mut ctx: Vec<Coord>) -> Option<((NodeId, Vec<Coord>), (NodeId, Vec<Coord>), (NodeId, Vec<Coord>))> {
+pub(crate) fn resolve_select(
+    em: &Emitter,
+    g: &Graph,
+    mut n: NodeId,
+    mut ctx: Vec<Coord>,
+) -> Option<((NodeId, Vec<Coord>), (NodeId, Vec<Coord>), (NodeId, Vec<Coord>))> {
     loop {
         let node = g.node(n);
         let dims = node.shape.dims().to_vec();
@@ -764,7 +847,13 @@ pub(crate) fn resolve_select(em: &Emitter, g: &Graph, mut n: NodeId, mut ctx: Ve
 /// Row mode applies when the domain has at least two axes and all sinks share one predicate of
 /// the form `iota(last axis) < b` (what `mask(lengths)` lowers to) with an `i32` bound `b` that
 /// does not depend on the last coordinate: `b` and its context, evaluated once per row.
-pub(crate) fn row_mode_bound(em: &Emitter, g: &Graph, dims: &[Dim], dom: &[Coord], groups: &[Group]) -> Option<(NodeId, Vec<Coord>)> {
+pub(crate) fn row_mode_bound(
+    em: &Emitter,
+    g: &Graph,
+    dims: &[Dim],
+    dom: &[Coord],
+    groups: &[Group],
+) -> Option<(NodeId, Vec<Coord>)> {
     let [grp] = groups else { return None };
     let (m, mctx) = grp.guard.as_ref()?;
     if dims.len() < 2 || mctx.as_slice() != dom {
@@ -807,4 +896,3 @@ pub(crate) fn size_expr(dims: &[Dim]) -> Result<crate::SizeExpr, CodegenError> {
     }
     Ok(e)
 }
-

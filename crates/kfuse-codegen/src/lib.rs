@@ -62,7 +62,9 @@ use kfuse_ir::{verify, Graph, Kind};
 
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
-pub use plan::{BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param, Plan, SizeExpr};
+pub use plan::{
+    BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param, Plan, SizeExpr,
+};
 
 use emit::{temp_dtype, Emitter, Mode};
 
@@ -90,18 +92,27 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let mut buffers = Vec::new();
     for (i, inp) in graph.inputs.iter().enumerate() {
         let elems = kernel::size_expr(inp.shape.dims())?;
-        buffers.push(BufferDecl { kind: BufferKind::Input(kfuse_ir::InputId(i as u32)), elem: ElemType::Tensor(inp.dtype), elems });
+        buffers.push(BufferDecl {
+            kind: BufferKind::Input(kfuse_ir::InputId(i as u32)),
+            elem: ElemType::Tensor(inp.dtype),
+            elems,
+        });
     }
     let outputs_base = buffers.len();
     for (o, out) in graph.outputs.iter().enumerate() {
         let node = graph.node(out.node);
-        let elems = kernel::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
+        let elems =
+            kernel::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
     let temps_base = buffers.len();
     for &n in an.temps.keys() {
         let dtype = temp_dtype(graph.node(n).dtype);
-        buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::Tensor(dtype), elems: SizeExpr::constant(1) });
+        buffers.push(BufferDecl {
+            kind: BufferKind::Temp,
+            elem: ElemType::Tensor(dtype),
+            elems: SizeExpr::constant(1),
+        });
     }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
     let mut reduction = Vec::new();
@@ -120,7 +131,13 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         // A compacted one-pass kernel 0 is cooperative: its counter is the grid barrier's pair.
         // A rows-plan kernel's is its ticket, a spare word, and its 64-bit arrival word.
         let counters = match &pass {
-            Some(p) if k == 0 => if p.rows { 4 } else { 2 },
+            Some(p) if k == 0 => {
+                if p.rows {
+                    4
+                } else {
+                    2
+                }
+            }
             _ => 1,
         };
         let p = (slots > 0).then(|| {
@@ -131,7 +148,11 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             });
             buffers.len() - 1
         });
-        buffers.push(BufferDecl { kind: BufferKind::Counter { kernel: k }, elem: ElemType::U32, elems: SizeExpr::constant(counters) });
+        buffers.push(BufferDecl {
+            kind: BufferKind::Counter { kernel: k },
+            elem: ElemType::U32,
+            elems: SizeExpr::constant(counters),
+        });
         reduction.push(Some((p, buffers.len() - 1)));
     }
     let onepass = match pass {
@@ -141,10 +162,15 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             let dims = &an.kernels[0].dims;
             let elems = kernel::size_expr(dims)?;
             let mut values = elems.clone();
-            values.constant = values.constant.checked_mul(u64::from(pass.comps)).ok_or(CodegenError::SizeOverflow { node: 0 })?;
+            values.constant =
+                values.constant.checked_mul(u64::from(pass.comps)).ok_or(CodegenError::SizeOverflow { node: 0 })?;
             let first = buffers.len();
             buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::U64, elems });
-            buffers.push(BufferDecl { kind: BufferKind::Scratch { kernel: 0 }, elem: ElemType::Tensor(kfuse_ir::DType::F32), elems: values });
+            buffers.push(BufferDecl {
+                kind: BufferKind::Scratch { kernel: 0 },
+                elem: ElemType::Tensor(kfuse_ir::DType::F32),
+                elems: values,
+            });
             if reduction[0].is_none() {
                 return Err(CodegenError::Internal { node: pass.scale.0, what: "one-pass kernel 0 without partials" });
             }
@@ -155,7 +181,9 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let index = kernel::BufferIndex { outputs_base, temps_base, reduction, onepass };
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
-    let kernels = (0..launched).map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index)).collect::<Result<Vec<_>, _>>()?;
+    let kernels = (0..launched)
+        .map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Plan { graph_hash: hash, buffers, kernels })
 }
 
@@ -198,7 +226,8 @@ pub fn emit_device_function(graph: &Graph, fn_name: &str) -> Result<String, Code
     for h in &uses.helpers {
         src.push_str(&cuda::helper_source(*h));
     }
-    let params: Vec<String> = graph.inputs.iter().enumerate().map(|(i, inp)| format!("float in{i} /* {} */", inp.name)).collect();
+    let params: Vec<String> =
+        graph.inputs.iter().enumerate().map(|(i, inp)| format!("float in{i} /* {} */", inp.name)).collect();
     src.push_str(&format!("// kfuse device function for graph {}: output {}\n", graph.stable_hash(), out.name));
     src.push_str(&format!("__device__ __forceinline__ float {fn_name}({}) {{\n", params.join(", ")));
     for l in lines {

@@ -140,9 +140,17 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, lengths: crate::LengthsGradient) 
 /// Kernel `k0`'s full reductions `count(x)` (no mask of their own, no component axis) whose
 /// `x` over the domain is the guard (`m` in the domain's context): one per element where it
 /// holds.
-fn mask_counts(g: &Graph, em: &Emitter, k0: &crate::analysis::KernelInfo, guard: &(NodeId, Vec<Coord>), dom: &[Coord]) -> Vec<NodeId> {
+fn mask_counts(
+    g: &Graph,
+    em: &Emitter,
+    k0: &crate::analysis::KernelInfo,
+    guard: &(NodeId, Vec<Coord>),
+    dom: &[Coord],
+) -> Vec<NodeId> {
     let count_of_guard = |n: NodeId| match full_reduce(g, n) {
-        Some((ReduceOp::Count, x, None)) => g.node(x).shape.dims() == k0.dims.as_slice() && em.canonical(x, dom.to_vec()) == *guard,
+        Some((ReduceOp::Count, x, None)) => {
+            g.node(x).shape.dims() == k0.dims.as_slice() && em.canonical(x, dom.to_vec()) == *guard
+        }
         _ => false,
     };
     k0.sinks
@@ -308,7 +316,8 @@ pub(crate) const QUEUE_DRAIN: &[&str] = &[
 ];
 
 /// After the batched loop: the queue's rest.
-pub(crate) const FINAL_DRAIN: &str = "    __syncthreads();\n    if (kf_qn > 0) kf_drain(kf_qn); // the rest of the queue (block-uniform)\n";
+pub(crate) const FINAL_DRAIN: &str =
+    "    __syncthreads();\n    if (kf_qn > 0) kf_drain(kf_qn); // the rest of the queue (block-uniform)\n";
 
 /// The compaction's shared state, the block's global list segment and `kf_drain` (whose body is
 /// `drain`: the queued group's work for element `i`, loads direct). Block `b`'s global segment
@@ -317,11 +326,17 @@ pub(crate) const FINAL_DRAIN: &str = "    __syncthreads();\n    if (kf_qn > 0) k
 /// `t < n % S`), so its entries always fit there.
 pub(crate) fn write_compaction_state(src: &mut String, block: u32, batch: u32, comps: u32, drain: &[String]) {
     use std::fmt::Write as _;
-    src.push_str("    // One pass, compacted: an element whose predicate holds is queued (kf_q) and computed later by a full\n");
+    src.push_str(
+        "    // One pass, compacted: an element whose predicate holds is queued (kf_q) and computed later by a full\n",
+    );
     src.push_str("    // set of lanes (kf_drain), so that the few valid elements do not idle the other lanes of their warps; its\n");
     src.push_str("    // unscaled values are listed in shared memory (kf_li, kf_lv), past KF_LCAP entries in the block's global segment.\n");
     let _ = writeln!(src, "    constexpr int KF_LCAP = {LIST_SHARED};");
-    let _ = writeln!(src, "    __shared__ long long kf_q[{}]; // queued flat indices: at most a batch's worth and a drain's rest", block * (batch + 1));
+    let _ = writeln!(
+        src,
+        "    __shared__ long long kf_q[{}]; // queued flat indices: at most a batch's worth and a drain's rest",
+        block * (batch + 1)
+    );
     src.push_str("    __shared__ int kf_qn, kf_ln; // queued, listed\n");
     src.push_str("    __shared__ long long kf_li[KF_LCAP];\n");
     let _ = writeln!(src, "    __shared__ float kf_lv[KF_LCAP * {comps}];");
@@ -329,7 +344,9 @@ pub(crate) fn write_compaction_state(src: &mut String, block: u32, batch: u32, c
     src.push_str("    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;\n");
     src.push_str("    const long long kf_list_r = n % kf_list_s;\n");
     src.push_str("    const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block\n");
-    src.push_str("    // Threads [0, kf_count) compute the last kf_count queued elements; every thread of the block calls it.\n");
+    src.push_str(
+        "    // Threads [0, kf_count) compute the last kf_count queued elements; every thread of the block calls it.\n",
+    );
     src.push_str("    auto kf_drain = [&](int kf_count) {\n");
     src.push_str("        const int kf_q0 = kf_qn - kf_count;\n");
     src.push_str("        if ((int)threadIdx.x < kf_count) {\n");
@@ -338,7 +355,9 @@ pub(crate) fn write_compaction_state(src: &mut String, block: u32, batch: u32, c
         let _ = writeln!(src, "            {l}");
     }
     src.push_str("        }\n        __syncthreads();\n");
-    src.push_str("        if (threadIdx.x == 0) { kf_qn = kf_q0; kf_ln += kf_count; }\n        __syncthreads();\n    };\n");
+    src.push_str(
+        "        if (threadIdx.x == 0) { kf_qn = kf_q0; kf_ln += kf_count; }\n        __syncthreads();\n    };\n",
+    );
 }
 
 /// A drain's append of `(i, vals)` as entry `kf_ln + threadIdx.x` of the block's list.
@@ -368,7 +387,10 @@ pub(crate) fn rescale_lines(g: &Graph, pass: &OnePass) -> Vec<String> {
     let c = pass.comps as usize;
     let vals: Vec<String> = (0..c).map(|k| format!("kf_s * kf_h[{k}]")).collect();
     let mut lines = vec![
-        format!("// After the barrier: the scale n{} is final; each block rescales the entries it listed.", pass.scale.0),
+        format!(
+            "// After the barrier: the scale n{} is final; each block rescales the entries it listed.",
+            pass.scale.0
+        ),
         "const float kf_s = kf_scale;".to_string(),
         "for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x) {".to_string(),
         "    long long i;".to_string(),
@@ -383,7 +405,11 @@ pub(crate) fn rescale_lines(g: &Graph, pass: &OnePass) -> Vec<String> {
     lines.extend((0..c).map(|k| format!("        kf_h[{k}] = list_values[j * {c} + {k}];")));
     lines.push("    }".to_string());
     match cuda::vector_type(d, c as u64) {
-        Some(vty) => lines.push(format!("    reinterpret_cast<{vty}*>(out{o})[i] = {}; // {}", cuda::vector_pack(d, &vals), g.outputs[o].name)),
+        Some(vty) => lines.push(format!(
+            "    reinterpret_cast<{vty}*>(out{o})[i] = {}; // {}",
+            cuda::vector_pack(d, &vals),
+            g.outputs[o].name
+        )),
         None => {
             for (k, v) in vals.iter().enumerate() {
                 lines.push(format!("    out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v)));

@@ -22,7 +22,12 @@ pub struct CodegenOptions {
 
 impl Default for CodegenOptions {
     fn default() -> Self {
-        CodegenOptions { block_size: 256, elems_per_thread: 4, batched_threads_per_sm: 1024, lengths_gradient: LengthsGradient::OnePass }
+        CodegenOptions {
+            block_size: 256,
+            elems_per_thread: 4,
+            batched_threads_per_sm: 1024,
+            lengths_gradient: LengthsGradient::OnePass,
+        }
     }
 }
 

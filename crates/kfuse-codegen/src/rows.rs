@@ -107,7 +107,9 @@ fn write_rows_body(g: &Graph, l: &RowsLines) -> String {
     );
     s.push_str("    const int kf_w = threadIdx.x >> 5, kf_l = threadIdx.x & 31;\n");
     s.push_str("    // The block's rows: a contiguous, balanced share, in tiles of up to KF_T rows.\n");
-    s.push_str("    const long long kf_ra = rows * blockIdx.x / gridDim.x, kf_rb = rows * (blockIdx.x + 1) / gridDim.x;\n");
+    s.push_str(
+        "    const long long kf_ra = rows * blockIdx.x / gridDim.x, kf_rb = rows * (blockIdx.x + 1) / gridDim.x;\n",
+    );
     s.push_str("    __shared__ int kf_hc[KF_T], kf_hf[KF_T]; // the tile's clamped bounds: the compute warps' copy, the fill warps' copy\n");
     s.push_str("    __shared__ long long kf_hp[KF_T + 1]; // the exclusive prefix of kf_hc; kf_hp[rows of the tile] is its valid elements\n");
     s.push_str("    __shared__ int kf_cws; // the block's compute warps\n");
@@ -133,10 +135,16 @@ fn write_rows_body(g: &Graph, l: &RowsLines) -> String {
 
 /// Step 1: the first tile's bounds (both copies), warp 0's prefix and the split of the warps.
 fn write_split(s: &mut String, l: &RowsLines) {
-    s.push_str("    // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in\n");
+    s.push_str(
+        "    // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in\n",
+    );
     s.push_str("    //    proportion to the tile's work, valid elements costing KF_VC chunks of padding (at least KF_MINCW of\n");
     s.push_str("    //    them, and one fill warp at least while there is padding), fill warps [kf_cw, KF_W).\n");
-    let _ = writeln!(s, "    constexpr long long KF_VC = {VALID_COST}, KF_PB = {}; // KF_PB: bytes stored per padding element", l.pad_bytes);
+    let _ = writeln!(
+        s,
+        "    constexpr long long KF_VC = {VALID_COST}, KF_PB = {}; // KF_PB: bytes stored per padding element",
+        l.pad_bytes
+    );
     let _ = writeln!(s, "    constexpr int KF_MINCW = {MIN_COMPUTE_WARPS};");
     s.push_str("    const int kf_nr0 = (int)((kf_rb - kf_ra) < KF_T ? (kf_rb - kf_ra) : KF_T);\n");
     s.push_str("    if ((int)threadIdx.x < kf_nr0) {\n        int kf_b = 0;\n");
@@ -146,7 +154,9 @@ fn write_split(s: &mut String, l: &RowsLines) {
     s.push_str("    if (kf_w == 0) {\n");
     s.push_str("        const long long kf_v = kf_prefix(kf_nr0), kf_p = (((long long)kf_nr0 * cols - kf_v) * KF_PB + 15) / 16; // valid elements, padding chunks (any padding: one at least)\n");
     s.push_str("        if (kf_l == 31) {\n");
-    s.push_str("            const float kf_work = (float)(KF_VC * kf_v + kf_p); // in f32: a heuristic, no 64-bit division\n");
+    s.push_str(
+        "            const float kf_work = (float)(KF_VC * kf_v + kf_p); // in f32: a heuristic, no 64-bit division\n",
+    );
     s.push_str("            int kf_c = kf_work > 0.0f ? (int)ceilf(KF_W * (float)(KF_VC * kf_v) / kf_work) : 0;\n");
     s.push_str("            kf_c = kf_c < KF_MINCW ? KF_MINCW : (kf_c > KF_W ? KF_W : kf_c);\n");
     s.push_str("            kf_cws = kf_p > 0 && kf_c > KF_W - 1 ? KF_W - 1 : kf_c;\n");
@@ -204,21 +214,30 @@ fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
     let _ = writeln!(s, "                uint4* kf_zp = reinterpret_cast<uint4*>(out{o}) + kf_za / {per};");
     let _ = writeln!(s, "                const int kf_zn = (int)(kf_r1 - kf_r0) * kf_cp{o};");
     let _ = writeln!(s, "                int kf_kr = kf_ft / kf_cp{o}, kf_kc = kf_ft - kf_kr * kf_cp{o}; // this thread's chunk: row in the tile, chunk in the row");
-    s.push_str("                for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
-");
+    s.push_str(
+        "                for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
+",
+    );
     let k0 = if per == 1 { "kf_kc".to_string() } else { format!("kf_kc * {per}") };
     let _ = writeln!(s, "                    const int kf_k0 = {k0}, kf_hb = kf_hf[kf_kr]; // the chunk's first column, the row's bound");
-    s.push_str("                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
-");
+    s.push_str(
+        "                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
+",
+    );
     if per > 1 {
         let _ = writeln!(s, "                    else if (kf_k0 + {per} > kf_hb) for (int j = kf_hb - kf_k0; j < {per}; ++j) reinterpret_cast<{ety}*>(kf_zp + kf_q)[j] = {zero}; // the row's last valid chunk");
     }
-    let _ = writeln!(s, "                    kf_kc += kf_ep{o};
-                    kf_kr += kf_dp{o};");
+    let _ = writeln!(
+        s,
+        "                    kf_kc += kf_ep{o};
+                    kf_kr += kf_dp{o};"
+    );
     let _ = writeln!(s, "                    if (kf_kc >= kf_cp{o}) {{ kf_kc -= kf_cp{o}; ++kf_kr; }}");
-    s.push_str("                }
+    s.push_str(
+        "                }
             } else {
-");
+",
+    );
     let _ = writeln!(s, "                const long long kf_d{o} = (long long)kf_fn * {per} / cols, kf_e{o} = (long long)kf_fn * {per} - kf_d{o} * cols; // a step of kf_fn chunks: rows, columns");
     let _ = writeln!(s, "                const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd), some across rows", per - 1);
     if per > 1 {
@@ -245,7 +264,9 @@ fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
 fn write_compute_role(s: &mut String, l: &RowsLines) {
     let RowsLines { prefetch, body, crossing_lines, .. } = l;
     s.push_str("    // 3. Compute warps: the block's count joins the grid's arrival word (count in the low bits, one arrival\n");
-    s.push_str("    //    above them); once every block has arrived (all resident: cooperative launch), the count gives the\n");
+    s.push_str(
+        "    //    above them); once every block has arrived (all resident: cooperative launch), the count gives the\n",
+    );
     s.push_str("    //    crossing scalars. The first tile's first elements are loaded meanwhile.\n");
     s.push_str("    const int kf_cn = 32 * kf_cw; // compute threads [0, kf_cn)\n");
     let _ = writeln!(s, "    unsigned long long* kf_arrive = reinterpret_cast<unsigned long long*>(counter + 2); // count | arrivals << {COUNT_BITS}");
@@ -289,7 +310,10 @@ fn write_compute_role(s: &mut String, l: &RowsLines) {
     s.push_str("    kf_load(kf_ra, kf_nr0, kf_hp[kf_nr0], threadIdx.x); // in flight while the count completes\n");
     s.push_str("    if (threadIdx.x == 0) {\n");
     s.push_str("        unsigned long long kf_x;\n");
-    let _ = writeln!(s, "        do {{ kf_x = *(volatile unsigned long long*)kf_arrive; }} while ((kf_x >> {COUNT_BITS}) < gridDim.x);");
+    let _ = writeln!(
+        s,
+        "        do {{ kf_x = *(volatile unsigned long long*)kf_arrive; }} while ((kf_x >> {COUNT_BITS}) < gridDim.x);"
+    );
     let _ = writeln!(s, "        kf_cntd = (double)(long long)(kf_x & ((1ull << {COUNT_BITS}) - 1ull));");
     for c in crossing_lines {
         line(s, 2, c);
@@ -327,11 +351,17 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
         Combine::Max => format!("kf_max_f64({a}, {b})"),
         Combine::Min => format!("kf_min_f64({a}, {b})"),
     };
-    src.push_str("    // 5. The compute warps' sums, in warp order; warp 0 publishes the block's and takes the ticket.\n");
+    src.push_str(
+        "    // 5. The compute warps' sums, in warp order; warp 0 publishes the block's and takes the ticket.\n",
+    );
     if !slots.is_empty() {
         let _ = writeln!(src, "    __shared__ double kf_wr[{}][KF_W];", slots.len());
         for (s, (c, _, _)) in slots.iter().enumerate() {
-            let _ = writeln!(src, "    for (int o = 16; o > 0; o >>= 1) acc{s} = {};", comb(*c, &format!("acc{s}"), &format!("__shfl_xor_sync(0xffffffffu, acc{s}, o)")));
+            let _ = writeln!(
+                src,
+                "    for (int o = 16; o > 0; o >>= 1) acc{s} = {};",
+                comb(*c, &format!("acc{s}"), &format!("__shfl_xor_sync(0xffffffffu, acc{s}, o)"))
+            );
             let _ = writeln!(src, "    if (kf_l == 0) kf_wr[{s}][kf_w] = acc{s};");
         }
         src.push_str("    kf_bar(1, kf_cn);\n");
@@ -341,7 +371,11 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
     src.push_str("    if (kf_l == 0) {\n");
     for (s, (c, init, _)) in slots.iter().enumerate() {
         let _ = writeln!(src, "        double p{s} = {init};");
-        let _ = writeln!(src, "        for (int w = 0; w < kf_cw; ++w) p{s} = {};", comb(*c, &format!("p{s}"), &format!("kf_wr[{s}][w]")));
+        let _ = writeln!(
+            src,
+            "        for (int w = 0; w < kf_cw; ++w) p{s} = {};",
+            comb(*c, &format!("p{s}"), &format!("kf_wr[{s}][w]"))
+        );
         let _ = writeln!(src, "        partials[{s}u * gridDim.x + blockIdx.x] = p{s};");
     }
     let what = if slots.is_empty() { "the count's read" } else { "the block's sums (and the count's read)" };
@@ -360,7 +394,11 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
             "    for (unsigned int b = kf_l; b < gridDim.x; b += 32u) r{s} = {};",
             comb(*c, &format!("r{s}"), &format!("((volatile double*)partials)[{s}u * gridDim.x + b]"))
         );
-        let _ = writeln!(src, "    for (int o = 16; o > 0; o >>= 1) r{s} = {};", comb(*c, &format!("r{s}"), &format!("__shfl_xor_sync(0xffffffffu, r{s}, o)")));
+        let _ = writeln!(
+            src,
+            "    for (int o = 16; o > 0; o >>= 1) r{s} = {};",
+            comb(*c, &format!("r{s}"), &format!("__shfl_xor_sync(0xffffffffu, r{s}, o)"))
+        );
     }
     src.push_str("    if (kf_l == 0) {\n");
     for l in epilogue {
@@ -373,7 +411,15 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
 /// The rows plan's body (see `rows`): its source up to the tail ([`write_rows_tail`]), and the
 /// next free value number. `counts` are the kernel's counts of the mask (see
 /// `onepass::OnePass::counts`): the crossing scalars and the epilogue read them as `kf_cntd`.
-pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, groups: &[Group], counts: &[NodeId], first_var: u32) -> Result<(String, u32), CodegenError> {
+pub(crate) fn rows_loop(
+    em: &mut Emitter,
+    g: &Graph,
+    an: &Analysis,
+    k: usize,
+    groups: &[Group],
+    counts: &[NodeId],
+    first_var: u32,
+) -> Result<(String, u32), CodegenError> {
     let internal = |what| CodegenError::Internal { node: 0, what };
     let info = &an.kernels[k];
     let dom: Vec<Coord> = (0..info.dims.len() as u32).map(Coord::Dom).collect();
@@ -389,7 +435,9 @@ pub(crate) fn rows_loop(em: &mut Emitter, g: &Graph, an: &Analysis, k: usize, gr
     let (mut fills, mut others) = (Vec::new(), Vec::new());
     let mut pad_bytes = 0;
     for a in &grp.otherwise {
-        let Action::Store { output, values } = a else { return Err(internal("rows plan with an else-branch reduction")) };
+        let Action::Store { output, values } = a else {
+            return Err(internal("rows plan with an else-branch reduction"));
+        };
         pad_bytes += values.len() as u64 * g.node(g.outputs[*output].node).dtype.size_bytes() as u64;
         match zero_fill_bytes(em, g, a) {
             Some(esz) => fills.push((*output, esz)),

@@ -17,7 +17,9 @@ pub(crate) fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, 
     src.push_str("        __threadfence(); // publish the partials before taking a ticket\n");
     src.push_str("        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;\n    }\n");
     src.push_str("    __syncthreads();\n    if (!kf_last_block) return;\n    __threadfence();\n");
-    src.push_str("    // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one\n");
+    src.push_str(
+        "    // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one\n",
+    );
     src.push_str("    // block reduction; no float atomics, so the result is bit-identical for a given grid size.\n");
     write_fold(src, slots);
     src.push_str("    if (threadIdx.x == 0) {\n");
@@ -32,7 +34,12 @@ pub(crate) fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, 
 /// (so each holds the same results; block 0 writes the scalar outputs), computes the scale into
 /// `kf_scale` and runs `after` (the rescale of its list). The last block to leave resets the
 /// barrier for the next launch.
-pub(crate) fn write_barrier_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String], after: &[String]) {
+pub(crate) fn write_barrier_tail(
+    src: &mut String,
+    slots: &[(Combine, String, String)],
+    epilogue: &[String],
+    after: &[String],
+) {
     write_block_partials(src, slots, "__shared__ float kf_scale; // the gradient's scale, past the barrier");
     src.push_str("        __threadfence(); // publish the partials before arriving\n");
     src.push_str("        atomicAdd(counter, 1u); // grid barrier: arrive, then wait for every block (all resident: cooperative launch)\n");
@@ -65,7 +72,9 @@ fn block_fn(c: Combine) -> &'static str {
 /// block's partials (and stays inside the `if` the caller closes). `shared` declares the tail's
 /// other shared variables.
 fn write_block_partials(src: &mut String, slots: &[(Combine, String, String)], shared: &str) {
-    src.push_str("    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.\n");
+    src.push_str(
+        "    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.\n",
+    );
     let _ = writeln!(src, "    __shared__ double kf_smem[32];\n    {shared}");
     for (s, (c, _, _)) in slots.iter().enumerate() {
         let _ = writeln!(src, "    acc{s} = {}(acc{s}, kf_smem);", block_fn(*c));
@@ -96,4 +105,3 @@ fn write_fold(src: &mut String, slots: &[(Combine, String, String)]) {
         let _ = writeln!(src, "    r{s} = {}(r{s}, kf_smem);", block_fn(*c));
     }
 }
-

@@ -63,7 +63,12 @@ fn run(gpu: &Gpu, p: &Plan, sizes: &[u64], inputs: &[Vec<u8>], rounds: usize, ti
         launch_all();
         gpu.synchronize().expect("sync");
         results.push(
-            p.buffers.iter().zip(&bufs).filter(|(b, _)| matches!(b.kind, BufferKind::Output(_))).map(|(_, buf)| gpu.download(buf).expect("download")).collect(),
+            p.buffers
+                .iter()
+                .zip(&bufs)
+                .filter(|(b, _)| matches!(b.kind, BufferKind::Output(_)))
+                .map(|(_, buf)| gpu.download(buf).expect("download"))
+                .collect(),
         );
     }
     if time_iters > 0 {
@@ -88,19 +93,31 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn check_against_interp(gpu: &Gpu, g: &Graph, sizes: &[u64], inputs: Vec<(&str, Vec<usize>, Vec<f32>)>, time_iters: usize) {
+fn check_against_interp(
+    gpu: &Gpu,
+    g: &Graph,
+    sizes: &[u64],
+    inputs: Vec<(&str, Vec<usize>, Vec<f32>)>,
+    time_iters: usize,
+) {
     let p = plan(g, &CodegenOptions::default()).expect("plan");
-    let tensors: Vec<(&str, HostTensor)> = inputs.iter().map(|(n, s, v)| (*n, HostTensor::new(s.clone(), TensorData::F32(v.clone())))).collect();
+    let tensors: Vec<(&str, HostTensor)> =
+        inputs.iter().map(|(n, s, v)| (*n, HostTensor::new(s.clone(), TensorData::F32(v.clone())))).collect();
     let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (*n, t)).collect();
     let expected = kfuse_interp::evaluate(g, &refs).expect("interp");
     let bytes: Vec<Vec<u8>> = inputs.iter().map(|(_, _, v)| f32_bytes(v)).collect();
     let got = run(gpu, &p, sizes, &bytes, 2, time_iters);
     assert_eq!(got[0], got[1], "two launches differ (ticket not reset or nondeterminism)");
     for (o, exp) in expected.iter().enumerate() {
-        let vals: Vec<f32> = got[0][o].chunks(4).take(exp.values.len()).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let vals: Vec<f32> =
+            got[0][o].chunks(4).take(exp.values.len()).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         for (j, (&gv, &ev)) in vals.iter().zip(&exp.values).enumerate() {
             let tol = 1e-4 * (1.0 + ev.abs());
-            assert!((gv as f64 - ev).abs() <= tol || (gv.is_nan() && ev.is_nan()), "{} [{j}] sizes {sizes:?}: gpu {gv} vs interp {ev}", exp.name);
+            assert!(
+                (gv as f64 - ev).abs() <= tol || (gv.is_nan() && ev.is_nan()),
+                "{} [{j}] sizes {sizes:?}: gpu {gv} vs interp {ev}",
+                exp.name
+            );
         }
     }
 }
@@ -110,7 +127,12 @@ fn boxes(rng: &mut Rng, n: usize, valid_frac: f32) -> (Vec<f32>, Vec<f32>) {
     for _ in 0..n {
         let (x, y) = (rng.next() * 100.0, rng.next() * 100.0);
         let t = [x, y, x + 1.0 + rng.next() * 50.0, y + 1.0 + rng.next() * 50.0];
-        let p = [t[0] + rng.next() * 10.0 - 5.0, t[1] + rng.next() * 10.0 - 5.0, t[2] + rng.next() * 10.0 - 5.0, t[3] + rng.next() * 10.0 - 5.0];
+        let p = [
+            t[0] + rng.next() * 10.0 - 5.0,
+            t[1] + rng.next() * 10.0 - 5.0,
+            t[2] + rng.next() * 10.0 - 5.0,
+            t[3] + rng.next() * 10.0 - 5.0,
+        ];
         let valid = rng.next() < valid_frac;
         pred.extend(p);
         target.extend(if valid { t } else { [0.0; 4] });
@@ -125,12 +147,24 @@ fn generated_kernels_match_the_interpreter_on_a_gpu() {
     let g = common::giou(kfuse_ir::DType::F32, kfuse_ir::DType::F32).expect("graph");
     for (b, n) in [(1usize, 1usize), (3, 255), (1, 1023), (7, 256), (0, 4)] {
         let (pred, target) = boxes(&mut rng, b * n, 0.3);
-        check_against_interp(&gpu, &g, &[b as u64, n as u64], vec![("pred", vec![b, n, 4], pred), ("target", vec![b, n, 4], target)], 0);
+        check_against_interp(
+            &gpu,
+            &g,
+            &[b as u64, n as u64],
+            vec![("pred", vec![b, n, 4], pred), ("target", vec![b, n, 4], target)],
+            0,
+        );
     }
     println!("giou f32 forward:");
     for (b, n) in [(1024usize, 256usize), (16384, 256)] {
         let (pred, target) = boxes(&mut rng, b * n, 0.04);
-        check_against_interp(&gpu, &g, &[b as u64, n as u64], vec![("pred", vec![b, n, 4], pred), ("target", vec![b, n, 4], target)], 50);
+        check_against_interp(
+            &gpu,
+            &g,
+            &[b as u64, n as u64],
+            vec![("pred", vec![b, n, 4], pred), ("target", vec![b, n, 4], target)],
+            50,
+        );
     }
     let g = common::normalize().expect("graph");
     for n in [1usize, 255, 1023, 100_000] {

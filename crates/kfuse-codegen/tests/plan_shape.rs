@@ -3,7 +3,10 @@
 
 mod common;
 
-use kfuse_codegen::{emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Launch, LengthsGradient, Param, SizeExpr};
+use kfuse_codegen::{
+    emit_device_function, plan, BufferKind, CodegenError, CodegenOptions, ElemType, GridSpec, Launch, LengthsGradient,
+    Param, SizeExpr,
+};
 use kfuse_ir::{BinaryOp, DType, Dim, GraphBuilder, InputId, ReduceAxis, ReduceOp, Shape, SymId, UnaryOp};
 
 fn opts() -> CodegenOptions {
@@ -12,7 +15,8 @@ fn opts() -> CodegenOptions {
 
 /// The loop body of a kernel (from the grid-stride loop to the block reduction).
 fn body(src: &str) -> &str {
-    let start = src.find("for (long long i =").or_else(|| src.find("for (long long kf_i0 =")).expect("grid-stride loop");
+    let start =
+        src.find("for (long long i =").or_else(|| src.find("for (long long kf_i0 =")).expect("grid-stride loop");
     let end = src.find("// Each block reduces").unwrap_or(src.len());
     &src[start..end]
 }
@@ -33,10 +37,16 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
     assert_eq!(b.matches("in0").count(), 1, "pred is loaded exactly once");
     // One branch in the guarded prefetch (pred is loaded there, for all 4 elements), one in the body.
     assert_eq!(b.matches("if (v").count(), 2, "sum and count share one branch");
-    assert!(b.contains("kf_pf1[kf_u] = reinterpret_cast<const float4*>(in0)[i];"), "pred prefetched under the predicate:\n{b}");
+    assert!(
+        b.contains("kf_pf1[kf_u] = reinterpret_cast<const float4*>(in0)[i];"),
+        "pred prefetched under the predicate:\n{b}"
+    );
     let branch = b.rfind("if (v").expect("body branch");
     // Batched loop: the target loads of the thread's 4 elements come before the first use.
-    assert!(b.find("kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];").expect("prefetch") < b.find("if (i >= n) break;").expect("body"));
+    assert!(
+        b.find("kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];").expect("prefetch")
+            < b.find("if (i >= n) break;").expect("body")
+    );
     assert!(k.source.contains("__launch_bounds__(256, 4)"));
     // Both the masked sum and the count accumulate inside that branch.
     let inside = &b[branch..];
@@ -58,7 +68,15 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
     assert_eq!(p.buffers[0].elems, SizeExpr { constant: 4, symbols: vec![SymId(0), SymId(1)] });
     assert_eq!(
         k.params,
-        vec![Param::Buffer(0), Param::Buffer(1), Param::Buffer(2), Param::Buffer(3), Param::Buffer(4), Param::Size(SymId(0)), Param::Size(SymId(1))]
+        vec![
+            Param::Buffer(0),
+            Param::Buffer(1),
+            Param::Buffer(2),
+            Param::Buffer(3),
+            Param::Buffer(4),
+            Param::Size(SymId(0)),
+            Param::Size(SymId(1))
+        ]
     );
     let GridSpec::Work { work, per_block, max_blocks_per_sm } = &k.grid;
     assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0), SymId(1)] });
@@ -218,20 +236,44 @@ fn lengths_scaled_gradient_is_one_row_mode_pass() {
     let split = src.find("const int kf_cw = kf_cws;").expect("the split of the warps");
     let fill_role = src.find("if (kf_w >= kf_cw) {").expect("the fill warps");
     let fill = src.find("if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, ").expect("zero fill of the padding only");
-    let fill_end = src.find("kf_bar(2, kf_fn); // kf_hf is rewritten by the next tile").expect("the fill warps' own barrier");
+    let fill_end =
+        src.find("kf_bar(2, kf_fn); // kf_hf is rewritten by the next tile").expect("the fill warps' own barrier");
     let arrive = src.find("atomicAdd(kf_arrive, (1ull << 40) | ").expect("the arrival with the block's count");
     let wait = src.find("while ((kf_x >> 40) < gridDim.x);").expect("the wait for every block");
     let scale = src.find("kf_c0 = ").expect("the scale from the count");
     let loads = src.find("kf_pf0[kf_u] = ").expect("the valid elements' loads");
     let store = src.find("reinterpret_cast<float4*>(out0)[i] = ").expect("the valid elements' stores");
-    assert!(split < fill_role && fill_role < fill && fill < fill_end && fill_end < arrive && arrive < loads && loads < wait && wait < scale && scale < store, "{src}");
-    assert!(!src[fill_role..fill_end].contains("kf_c0") && !src[fill_role..fill_end].contains("kf_arrive"), "the fill never waits:\n{src}");
-    assert_eq!(src.matches("reinterpret_cast<float4*>(out0)[i] = ").count(), 1, "each valid element is stored once:\n{src}");
+    assert!(
+        split < fill_role
+            && fill_role < fill
+            && fill < fill_end
+            && fill_end < arrive
+            && arrive < loads
+            && loads < wait
+            && wait < scale
+            && scale < store,
+        "{src}"
+    );
+    assert!(
+        !src[fill_role..fill_end].contains("kf_c0") && !src[fill_role..fill_end].contains("kf_arrive"),
+        "the fill never waits:\n{src}"
+    );
+    assert_eq!(
+        src.matches("reinterpret_cast<float4*>(out0)[i] = ").count(),
+        1,
+        "each valid element is stored once:\n{src}"
+    );
     // No loss: no partials, but the ticket that resets the arrival word.
     assert!(!src.contains("partials") && !src.contains("acc0"), "no partials:\n{src}");
-    assert!(src.contains("kf_last = atomicAdd(counter, 1u) == gridDim.x - 1u;") && src.contains("*kf_arrive = 0ull;"), "{src}");
+    assert!(
+        src.contains("kf_last = atomicAdd(counter, 1u) == gridDim.x - 1u;") && src.contains("*kf_arrive = 0ull;"),
+        "{src}"
+    );
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Partials { .. })), "no partials buffer");
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(4)), "ticket, spare, arrival word");
+    assert!(
+        p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(4)),
+        "ticket, spare, arrival word"
+    );
     let GridSpec::Work { per_block, max_blocks_per_sm, .. } = &k.grid;
     assert_eq!((*per_block, *max_blocks_per_sm), (8, 2));
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })), "no list buffers");
@@ -246,24 +288,40 @@ fn rows_plan_takes_the_count_from_the_arrival_word_with_no_partial_slot() {
     // One arrival per block, with the count of its rows (its first tile's prefix, and its further
     // rows summed by the compute warps).
     let decl = src.find("double kf_cntd = 0.0;").expect("the count at function scope");
-    let further = src.find("for (long long kf_r = kf_ra + kf_nr0 + threadIdx.x; kf_r < kf_rb; kf_r += kf_cn) {").expect("the further rows' bounds");
+    let further = src
+        .find("for (long long kf_r = kf_ra + kf_nr0 + threadIdx.x; kf_r < kf_rb; kf_r += kf_cn) {")
+        .expect("the further rows' bounds");
     let arrive = src.find("(unsigned long long)(kf_n + kf_hp[kf_nr0]));").expect("the arrival");
-    let count = src.find("kf_cntd = (double)(long long)(kf_x & ((1ull << 40) - 1ull));").expect("the count from the word");
+    let count =
+        src.find("kf_cntd = (double)(long long)(kf_x & ((1ull << 40) - 1ull));").expect("the count from the word");
     assert!(decl < further && further < arrive && arrive < count, "{src}");
     assert_eq!(src.matches("atomicAdd(kf_arrive").count(), 1, "one arrival:\n{src}");
     // The count is neither accumulated per element nor given a partial slot: one slot (the
     // loss's sum), and the tail reads the last block's count after the fold.
     assert!(!src.contains("+= 1.0") && !src.contains("acc1") && !src.contains("partials[1u"), "no count slot:\n{src}");
     assert!(src.contains("double* __restrict__ partials, // 1 f64 partial slots per block"), "{src}");
-    assert!(src.contains(": the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot"), "the sink header says so");
+    assert!(
+        src.contains(": the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot"),
+        "the sink header says so"
+    );
     let fold = src.find("r0 = r0 + __shfl_xor_sync(0xffffffffu, r0, o);").expect("the fold of the loss's slot");
     let read = src.rfind("= (int)(long long)kf_cntd;").expect("the tail reads the count");
     assert!(fold < read, "{src}");
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elems == SizeExpr::constant(1)), "host partials sized for one slot");
+    assert!(
+        p.buffers
+            .iter()
+            .any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 }
+                && b.elems == SizeExpr::constant(1)),
+        "host partials sized for one slot"
+    );
     // Two kernels: the count keeps its slot there, accumulated per element.
     let two = plan(&g, &CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..opts() }).expect("plan");
     assert_eq!(two.kernels.len(), 2);
-    assert!(two.kernels[0].source.contains("acc0 += 1.0;"), "the count (slot 0 there, in node order):\n{}", two.kernels[0].source);
+    assert!(
+        two.kernels[0].source.contains("acc0 += 1.0;"),
+        "the count (slot 0 there, in node order):\n{}",
+        two.kernels[0].source
+    );
     assert!(two.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 2 }));
 }
 
@@ -279,16 +337,31 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
     assert!(k0.contains("kf_q[atomicAdd(&kf_qn, 1)] = i;"), "the valid elements are queued:\n{k0}");
     assert!(k0.contains("if (kf_slot < KF_LCAP) {"), "the drain lists them in shared memory first:\n{k0}");
     assert!(!k0.contains("atomicAdd(list"), "no global list counter:\n{k0}");
-    assert!(k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "the zeros are written in the loop");
+    assert!(
+        k0.contains("} else {") && k0.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"),
+        "the zeros are written in the loop"
+    );
     let arrive = k0.find("atomicAdd(counter, 1u); // grid barrier: arrive").expect("arrival");
     let wait = k0.find("while (((volatile unsigned int*)counter)[0] < gridDim.x)").expect("every block waits for all");
     let fold = k0.find("r0 += ((volatile double*)partials)").expect("every block folds");
     let rescale = k0.find("kf_s * kf_h[0]").expect("rescale");
     let leave = k0.find("atomicAdd(counter + 1, 1u) == gridDim.x - 1u").expect("the last to leave resets");
-    assert!(arrive < wait && wait < fold && fold < rescale && rescale < leave, "the rescale runs past the barrier:\n{k0}");
-    assert!(k0.contains("for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x)"), "each block walks its own list:\n{k0}");
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elem == ElemType::F64));
-    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(2)), "barrier arrivals and departures");
+    assert!(
+        arrive < wait && wait < fold && fold < rescale && rescale < leave,
+        "the rescale runs past the barrier:\n{k0}"
+    );
+    assert!(
+        k0.contains("for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x)"),
+        "each block walks its own list:\n{k0}"
+    );
+    assert!(p
+        .buffers
+        .iter()
+        .any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 } && b.elem == ElemType::F64));
+    assert!(
+        p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(2)),
+        "barrier arrivals and departures"
+    );
     assert_eq!(p.buffers.iter().filter(|b| b.kind == BufferKind::Scratch { kernel: 0 }).count(), 2);
     // Quadratic in the scale: the two-kernel plan, whose second kernel re-reads the predicate.
     let p = plan(&scaled_masked_delta(2), &opts()).expect("plan");
@@ -351,11 +424,19 @@ fn errors_are_values_that_say_what_is_wrong() {
     assert_eq!(plan(&g, &threads(300)), Err(CodegenError::BadThreadsPerSm { threads: 300, block_size: 256 }));
     assert_eq!(plan(&g, &threads(4096)), Err(CodegenError::BadThreadsPerSm { threads: 4096, block_size: 256 }));
     let k = &plan(&g, &threads(768)).expect("plan").kernels[0];
-    assert!(k.source.contains("__launch_bounds__(256, 3)") && k.source.contains("batched_threads_per_sm=768"), "{}", k.source);
+    assert!(
+        k.source.contains("__launch_bounds__(256, 3)") && k.source.contains("batched_threads_per_sm=768"),
+        "{}",
+        k.source
+    );
     let GridSpec::Work { max_blocks_per_sm, .. } = &k.grid;
     assert_eq!(*max_blocks_per_sm, 3);
     let eight = plan(&g, &with(256, 8)).expect("plan");
-    assert!(eight.kernels[0].source.contains("elems_per_thread=8") && eight.kernels[0].source.contains("kf_pf0[8]"), "{}", eight.kernels[0].source);
+    assert!(
+        eight.kernels[0].source.contains("elems_per_thread=8") && eight.kernels[0].source.contains("kf_pf0[8]"),
+        "{}",
+        eight.kernels[0].source
+    );
     let empty = GraphBuilder::new().finish().expect("graph");
     assert_eq!(plan(&empty, &opts()), Err(CodegenError::NoOutputs));
     // A device function of a tensor graph names the offending input.

@@ -24,7 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (0..b * n)
             .flat_map(|i| {
                 let (x, y, w, h) = (next() * 100.0, next() * 100.0, 1.0 + next() * 20.0, 1.0 + next() * 20.0);
-                if i % valid_every == 0 { [x, y, x + w, y + h] } else { [0.0; 4] }
+                if i % valid_every == 0 {
+                    [x, y, x + w, y + h]
+                } else {
+                    [0.0; 4]
+                }
             })
             .collect()
     };

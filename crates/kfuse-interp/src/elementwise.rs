@@ -112,7 +112,13 @@ pub(crate) fn map3(
 }
 
 /// A unary op on operands of `dtype`, written into `out`.
-pub(crate) fn unary(node: u32, op: UnaryOp, dtype: DType, out: &mut [f64], x: &BroadcastView) -> Result<(), InterpError> {
+pub(crate) fn unary(
+    node: u32,
+    op: UnaryOp,
+    dtype: DType,
+    out: &mut [f64],
+    x: &BroadcastView,
+) -> Result<(), InterpError> {
     let unsupported = || InterpError::Unsupported { node, op: op.name(), dtype };
     match (dtype.kind(), op) {
         (Kind::Bool, UnaryOp::Not) => map1(out, x, |v| if v != 0.0 { 0.0 } else { 1.0 }),

@@ -52,7 +52,11 @@ pub(crate) fn tensor_to_f64(data: &TensorData) -> Vec<f64> {
 }
 
 /// Evaluates the graph's outputs, in `graph.outputs` order. `inputs[i]` holds input `i`'s values.
-pub(crate) fn evaluate_bound(graph: &Graph, bindings: &SymbolBindings, inputs: &[InputValues]) -> Result<Vec<Evaluated>, InterpError> {
+pub(crate) fn evaluate_bound(
+    graph: &Graph,
+    bindings: &SymbolBindings,
+    inputs: &[InputValues],
+) -> Result<Vec<Evaluated>, InterpError> {
     let live = graph.live_nodes();
     // Nodes whose every live use is a component access `x[.., i]` (and that are no output).
     let mut only_components = vec![true; graph.nodes.len()];
@@ -166,7 +170,9 @@ fn eval_node(
         Op::Iota { axis } => {
             let axis = axis as usize;
             if axis >= shape.len() {
-                return Err(InterpError::Graph(kfuse_ir::IrError::Malformed(format!("v{i}: iota axis {axis} out of range"))));
+                return Err(InterpError::Graph(kfuse_ir::IrError::Malformed(format!(
+                    "v{i}: iota axis {axis} out of range"
+                ))));
             }
             let mut o = out(pool);
             layout::iota(&mut o, &shape, axis);

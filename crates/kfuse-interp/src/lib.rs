@@ -119,7 +119,10 @@ pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> R
             let values: Vec<f64> = given
                 .map(|(_, _, v)| v.par_iter().map(|&x| elementwise::cast_value(x, Kind::Float, kind)).collect())
                 .unwrap_or_default();
-            InputValues::F64(Value { shape: given.map(|(_, s, _)| s.clone()).unwrap_or_default(), values: Arc::new(values) })
+            InputValues::F64(Value {
+                shape: given.map(|(_, s, _)| s.clone()).unwrap_or_default(),
+                values: Arc::new(values),
+            })
         })
         .collect::<Vec<_>>();
     evaluate_bound(graph, &bindings, &values)

@@ -38,7 +38,8 @@ struct Partial {
 }
 
 impl Partial {
-    const EMPTY: Partial = Partial { sum: 0.0, int_sum: 0, included: 0, trues: 0, max: f64::NEG_INFINITY, min: f64::INFINITY };
+    const EMPTY: Partial =
+        Partial { sum: 0.0, int_sum: 0, included: 0, trues: 0, max: f64::NEG_INFINITY, min: f64::INFINITY };
 }
 
 /// Pairwise sum of `x[i]` where `mask[i]` is non-zero (or of all of `x`).

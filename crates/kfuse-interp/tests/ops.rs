@@ -34,7 +34,11 @@ fn float_unary_ops_match_hand_values() {
     assert_close(&unary_on(UnaryOp::Sigmoid, &[2.0]), &[0.8807970779778823], 1e-15);
     assert_close(&unary_on(UnaryOp::Tanh, &[0.0, 0.5]), &[0.0, 0.46211715726000974], 1e-15);
     // Reference values from CPython's math.erf.
-    assert_close(&unary_on(UnaryOp::Erf, &[0.0, 0.5, -1.5, INF]), &[0.0, 0.5204998778130465, -0.9661051464753108, 1.0], 1e-15);
+    assert_close(
+        &unary_on(UnaryOp::Erf, &[0.0, 0.5, -1.5, INF]),
+        &[0.0, 0.5204998778130465, -0.9661051464753108, 1.0],
+        1e-15,
+    );
 }
 
 #[test]

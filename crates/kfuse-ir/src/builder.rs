@@ -8,8 +8,8 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
-    broadcast_shapes, verify, BinaryOp, Constraint, DType, Dim, Graph, Input, InputId, IrError, Kind, ListId,
-    Literal, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape, SymId, TernaryOp, UnaryOp,
+    broadcast_shapes, verify, BinaryOp, Constraint, DType, Dim, Graph, Input, InputId, IrError, Kind, ListId, Literal,
+    Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape, SymId, TernaryOp, UnaryOp,
 };
 
 /// Builds a [`Graph`] node by node. See the module docs for the rules.
@@ -143,11 +143,10 @@ impl GraphBuilder {
         let weak_float = operands.iter().zip(&dtypes).any(|(o, d)| self.weak.contains(o) && d.is_float());
         let base = match strong.split_first() {
             None => DType::I32,
-            Some((&first, rest)) => rest.iter().try_fold(first, |acc, &d| DType::promote(acc, d)).ok_or(IrError::BadDType {
-                op,
-                dtype: DType::Bool,
-                hint: "",
-            })?,
+            Some((&first, rest)) => rest
+                .iter()
+                .try_fold(first, |acc, &d| DType::promote(acc, d))
+                .ok_or(IrError::BadDType { op, dtype: DType::Bool, hint: "" })?,
         };
         Ok(if base == DType::I32 && weak_float { DType::F32 } else { base })
     }
@@ -158,7 +157,11 @@ impl GraphBuilder {
             (UnaryOp::Not, Kind::Bool) => x,
             (UnaryOp::Not, _) => return Err(IrError::BadDType { op: "not", dtype: d, hint: " (it takes bool)" }),
             (_, Kind::Bool) => {
-                return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)" })
+                return Err(IrError::BadDType {
+                    op: op.name(),
+                    dtype: d,
+                    hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
+                })
             }
             (op, Kind::Int) if op.is_float_math() => self.cast(x, DType::F32),
             _ => x,
@@ -227,7 +230,9 @@ impl GraphBuilder {
         let n = self.node(x);
         let size = match n.shape.last() {
             Some(Dim::Const(c)) => c,
-            Some(Dim::Sym(_)) => return Err(IrError::ComponentNeedsConstAxis { shape: self.graph.shape_str(&n.shape) }),
+            Some(Dim::Sym(_)) => {
+                return Err(IrError::ComponentNeedsConstAxis { shape: self.graph.shape_str(&n.shape) })
+            }
             None => return Err(IrError::RankTooLow { op: "component access", min: 1, shape: "[]".into() }),
         };
         let i = if index < 0 { index + size as i64 } else { index };
@@ -270,18 +275,40 @@ impl GraphBuilder {
     /// The index along `axis` of each element of a tensor of `shape`.
     pub fn iota(&mut self, shape: Shape, axis: u32) -> Result<NodeId, IrError> {
         if axis as usize >= shape.rank() {
-            return Err(IrError::RankTooLow { op: "iota", min: axis as usize + 1, shape: self.graph.shape_str(&shape) });
+            return Err(IrError::RankTooLow {
+                op: "iota",
+                min: axis as usize + 1,
+                shape: self.graph.shape_str(&shape),
+            });
         }
         Ok(self.push(Node { op: Op::Iota { axis }, dtype: DType::I32, shape }))
     }
 
     /// A reduction over every element or along the last axis, optionally masked.
-    pub fn reduce(&mut self, op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
+    pub fn reduce(
+        &mut self,
+        op: ReduceOp,
+        axis: ReduceAxis,
+        x: NodeId,
+        mask: Option<NodeId>,
+    ) -> Result<NodeId, IrError> {
         let d = self.node(x).dtype;
         let (x, dtype) = match (op, d) {
             (ReduceOp::Count, DType::Bool) => (x, DType::I32),
-            (ReduceOp::Count, d) => return Err(IrError::BadDType { op: "count", dtype: d, hint: " (it counts the true elements of a bool tensor)" }),
-            (op, DType::Bool) => return Err(IrError::BadDType { op: op.name(), dtype: DType::Bool, hint: " (use count for bool tensors)" }),
+            (ReduceOp::Count, d) => {
+                return Err(IrError::BadDType {
+                    op: "count",
+                    dtype: d,
+                    hint: " (it counts the true elements of a bool tensor)",
+                })
+            }
+            (op, DType::Bool) => {
+                return Err(IrError::BadDType {
+                    op: op.name(),
+                    dtype: DType::Bool,
+                    hint: " (use count for bool tensors)",
+                })
+            }
             (ReduceOp::Mean, DType::I32) => (self.cast(x, DType::F32), DType::F32),
             (_, d) => (x, d),
         };
@@ -289,10 +316,18 @@ impl GraphBuilder {
         if let Some(m) = mask {
             let ms = &self.node(m).shape;
             if self.node(m).dtype != DType::Bool {
-                return Err(IrError::BadDType { op: "where:", dtype: self.node(m).dtype, hint: " as a reduction mask (it needs bool)" });
+                return Err(IrError::BadDType {
+                    op: "where:",
+                    dtype: self.node(m).dtype,
+                    hint: " as a reduction mask (it needs bool)",
+                });
             }
             if !ms.broadcasts_to(&xs) {
-                return Err(IrError::MaskShape { op: op.name(), mask: self.graph.shape_str(ms), operand: self.graph.shape_str(&xs) });
+                return Err(IrError::MaskShape {
+                    op: op.name(),
+                    mask: self.graph.shape_str(ms),
+                    operand: self.graph.shape_str(&xs),
+                });
             }
         }
         let shape = match axis {
@@ -311,7 +346,11 @@ impl GraphBuilder {
         crate::verify::check_constraint(&self.graph, c)?;
         if self.graph.constraint_of(c.input()).is_some() {
             let name = self.graph.input(c.input()).name.clone();
-            return Err(IrError::BadConstraint { input: name, layout: c.name(), why: "it already has a layout".into() });
+            return Err(IrError::BadConstraint {
+                input: name,
+                layout: c.name(),
+                why: "it already has a layout".into(),
+            });
         }
         self.graph.constraints.push(c);
         Ok(())
@@ -340,10 +379,8 @@ impl GraphBuilder {
 
     fn broadcast_shape(&self, sa: &Shape, b: NodeId) -> Result<Shape, IrError> {
         let sb = &self.node(b).shape;
-        broadcast_shapes(sa, sb).ok_or_else(|| IrError::Broadcast {
-            left: self.graph.shape_str(sa),
-            right: self.graph.shape_str(sb),
-        })
+        broadcast_shapes(sa, sb)
+            .ok_or_else(|| IrError::Broadcast { left: self.graph.shape_str(sa), right: self.graph.shape_str(sb) })
     }
 
     fn push(&mut self, node: Node) -> NodeId {

@@ -193,20 +193,30 @@ pub enum Op {
     Input(InputId),
     Const(Literal),
     /// The index of each element along `axis` of the node's own shape (`i32`).
-    Iota { axis: u32 },
+    Iota {
+        axis: u32,
+    },
     /// Conversion to the node's dtype (float to int truncates toward zero; to bool is `!= 0`).
     Cast(NodeId),
     Unary(UnaryOp, NodeId),
     Binary(BinaryOp, NodeId, NodeId),
     Ternary(TernaryOp, NodeId, NodeId, NodeId),
     /// `x[.., index]`: one component of a last axis of constant size; drops that axis.
-    Component { x: NodeId, index: u32 },
+    Component {
+        x: NodeId,
+        index: u32,
+    },
     /// The parts (of equal shape) stacked along a new last axis of constant size.
     Stack(ListId),
     /// `x[.., None]`: a new last axis of size 1.
     ExpandLast(NodeId),
     /// A reduction, optionally over only the elements where `mask` (broadcast to `x`) is true.
-    Reduce { op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId> },
+    Reduce {
+        op: ReduceOp,
+        axis: ReduceAxis,
+        x: NodeId,
+        mask: Option<NodeId>,
+    },
 }
 
 impl Op {

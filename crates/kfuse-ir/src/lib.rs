@@ -27,8 +27,8 @@ pub use builder::GraphBuilder;
 pub use dtype::{DType, Kind};
 pub use error::IrError;
 pub use graph::{
-    BinaryOp, Constraint, Graph, Input, InputId, ListId, Literal, Node, NodeId, Op, Output, ReduceAxis,
-    ReduceOp, TernaryOp, UnaryOp,
+    BinaryOp, Constraint, Graph, Input, InputId, ListId, Literal, Node, NodeId, Op, Output, ReduceAxis, ReduceOp,
+    TernaryOp, UnaryOp,
 };
 pub use hash::GraphHash;
 pub use shape::{broadcast_shapes, Dim, Shape, SymId};

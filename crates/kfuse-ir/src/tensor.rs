@@ -87,10 +87,14 @@ impl HostTensor {
             return None;
         }
         let data = match dtype {
-            DType::F32 => TensorData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::F32 => {
+                TensorData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+            }
             DType::F16 => TensorData::F16(bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect()),
             DType::BF16 => TensorData::BF16(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect()),
-            DType::I32 => TensorData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()),
+            DType::I32 => {
+                TensorData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect())
+            }
             DType::Bool => TensorData::Bool(bytes.iter().map(|&b| b != 0).collect()),
         };
         Some(HostTensor::new(shape, data))

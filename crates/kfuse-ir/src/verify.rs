@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use crate::{
-    broadcast_shapes, BinaryOp, Constraint, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape, TernaryOp,
+    broadcast_shapes, BinaryOp, Constraint, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape,
+    TernaryOp,
 };
 
 /// Checks operand order, dtypes, shapes, reductions, masks, names and input constraints.
@@ -22,7 +23,11 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
         check_constraint(g, c)?;
         if !constrained.insert(c.input()) {
             let name = g.inputs.get(c.input().0 as usize).map_or(String::new(), |i| i.name.clone());
-            return Err(IrError::BadConstraint { input: name, layout: c.name(), why: "it already has a layout".into() });
+            return Err(IrError::BadConstraint {
+                input: name,
+                layout: c.name(),
+                why: "it already has a layout".into(),
+            });
         }
     }
     let mut out_names = HashSet::new();
@@ -73,21 +78,31 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 } else if op.is_logical() {
                     da == DType::Bool && n.dtype == DType::Bool
                 } else {
-                    da != DType::Bool && n.dtype.kind() == da.kind() && !(matches!(op, BinaryOp::Div | BinaryOp::Pow) && da.kind() == Kind::Int)
+                    da != DType::Bool
+                        && n.dtype.kind() == da.kind()
+                        && !(matches!(op, BinaryOp::Div | BinaryOp::Pow) && da.kind() == Kind::Int)
                 };
                 kind_ok && dtype_ok && bshape(&node(a).shape, &node(b).shape).as_ref() == Some(&n.shape)
             }
             Op::Ternary(op, a, b, c) => {
                 let s = bshape(&node(a).shape, &node(b).shape).and_then(|s| bshape(&s, &node(c).shape));
                 let kinds = match op {
-                    TernaryOp::Select => node(a).dtype == DType::Bool && node(b).dtype.kind() == node(c).dtype.kind() && node(b).dtype.kind() == n.dtype.kind(),
-                    TernaryOp::Clamp => [a, b, c].iter().all(|&x| node(x).dtype.kind() == n.dtype.kind()) && n.dtype != DType::Bool,
+                    TernaryOp::Select => {
+                        node(a).dtype == DType::Bool
+                            && node(b).dtype.kind() == node(c).dtype.kind()
+                            && node(b).dtype.kind() == n.dtype.kind()
+                    }
+                    TernaryOp::Clamp => {
+                        [a, b, c].iter().all(|&x| node(x).dtype.kind() == n.dtype.kind()) && n.dtype != DType::Bool
+                    }
                 };
                 kinds && s.as_ref() == Some(&n.shape)
             }
             Op::Component { x, index } => {
                 let xs = &node(x).shape;
-                matches!(xs.last(), Some(Dim::Const(c)) if (index as u64) < c) && xs.without_last() == n.shape && node(x).dtype == n.dtype
+                matches!(xs.last(), Some(Dim::Const(c)) if (index as u64) < c)
+                    && xs.without_last() == n.shape
+                    && node(x).dtype == n.dtype
             }
             Op::Stack(l) => {
                 let parts = g.lists.get(l.0 as usize).map(|v| v.as_slice()).unwrap_or(&[]);
@@ -113,7 +128,15 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             }
         };
         if !ok {
-            return bad(i, format!("{:?} with dtype {} and shape {} breaks the typing rules", n.op, n.dtype, g.shape_str(&n.shape)));
+            return bad(
+                i,
+                format!(
+                    "{:?} with dtype {} and shape {} breaks the typing rules",
+                    n.op,
+                    n.dtype,
+                    g.shape_str(&n.shape)
+                ),
+            );
         }
     }
     Ok(())

@@ -31,7 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("mlp128x4_relu", vec![64, 128, 128, 128, 128, 16], "relu", false),
         ("mlp_silu_bias", vec![32, 64, 128, 96, 64, 32, 16], "silu", true),
     ];
-    let extra_sets: Vec<Vec<String>> = std::env::args().skip(1).map(|a| a.split_whitespace().map(str::to_string).collect()).collect();
+    let extra_sets: Vec<Vec<String>> =
+        std::env::args().skip(1).map(|a| a.split_whitespace().map(str::to_string).collect()).collect();
     let mut summary: Vec<String> = Vec::new();
     let only: Option<String> = std::env::var("KF_MODEL").ok();
     for (name, widths, act, bias) in models {
@@ -42,7 +43,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         spec.with_bias = bias;
         let model = MlpModel::load(write_model(dir.path(), name, &spec)?)?;
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
-        let mut kopts = MlpKernelOptions { warps: env("KF_WARPS"), row_tiles_per_warp: env("KF_R"), ..MlpKernelOptions::default() };
+        let mut kopts =
+            MlpKernelOptions { warps: env("KF_WARPS"), row_tiles_per_warp: env("KF_R"), ..MlpKernelOptions::default() };
         match std::env::var("KF_MATH").as_deref() {
             Ok("f32") => kopts.activation_math = ActivationMath::F32,
             Ok("tanhf32") => kopts.activation_math = ActivationMath::TanhF32,
@@ -55,13 +57,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             kopts.repeated_layers = RepeatedLayers::Loop;
         }
         let kernel = emit_kernel(&model, &kopts)?;
-        let fast = emit_fast_form(&model, &kopts, &kernel, nvrtc_version()?).ok_or("no fast form shares the kernel's parameters")?;
-        println!("{name}: {} warps x {} row tiles, {} B shared", kernel.warps, kernel.row_tiles_per_warp, kernel.shared_bytes);
-        println!("{name} fast form: {} warps x {} row tiles, {} B shared, {:?}", fast.warps, fast.row_tiles_per_warp, fast.shared_bytes, fast.nvrtc_options);
+        let fast = emit_fast_form(&model, &kopts, &kernel, nvrtc_version()?)
+            .ok_or("no fast form shares the kernel's parameters")?;
+        println!(
+            "{name}: {} warps x {} row tiles, {} B shared",
+            kernel.warps, kernel.row_tiles_per_warp, kernel.shared_bytes
+        );
+        println!(
+            "{name} fast form: {} warps x {} row tiles, {} B shared, {:?}",
+            fast.warps, fast.row_tiles_per_warp, fast.shared_bytes, fast.nvrtc_options
+        );
         // (label, source, full option list): the two tiers, then the optimised kernel's options
         // plus each extra set.
-        let mut sets: Vec<(String, &str, Vec<String>)> =
-            vec![("full".to_string(), &kernel.source, kernel.nvrtc_options.clone()), ("fast".to_string(), &fast.source, fast.nvrtc_options.clone())];
+        let mut sets: Vec<(String, &str, Vec<String>)> = vec![
+            ("full".to_string(), &kernel.source, kernel.nvrtc_options.clone()),
+            ("fast".to_string(), &fast.source, fast.nvrtc_options.clone()),
+        ];
         for set in &extra_sets {
             sets.push((format!("{set:?}"), &kernel.source, kernel.nvrtc_options.iter().chain(set).cloned().collect()));
         }
@@ -77,7 +88,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 std::fs::write(format!("{d}/{name}.cu"), &kernel.source)?;
                 std::fs::write(format!("{d}/{name}.cubin"), &m.cubin)?;
             }
-            let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
+            let regs = m
+                .log
+                .lines()
+                .filter(|l| l.contains("registers") || l.contains("spill"))
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
             let ptxas = m.log.lines().find(|l| l.contains("Compile time")).unwrap_or("").trim().to_string();
             println!("{name:14} {label:40} {ms:7.0} ms cubin {:6} B | {regs} | {ptxas}", m.cubin.len());
             if let Some(slot) = tier_ms.get_mut(i) {
@@ -98,7 +115,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tier_ms[1], tier_ms[2], tier_ms[0]
         ));
     }
-    println!("\ncompile time per tier (sm_90, this CPU; CUDA_CACHE_DISABLE={}):", std::env::var("CUDA_CACHE_DISABLE").unwrap_or_default());
+    println!(
+        "\ncompile time per tier (sm_90, this CPU; CUDA_CACHE_DISABLE={}):",
+        std::env::var("CUDA_CACHE_DISABLE").unwrap_or_default()
+    );
     for line in summary {
         println!("{line}");
     }

@@ -41,7 +41,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let runs: usize = std::env::var("KF_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(5).max(1);
-    let extra_sets: Vec<Vec<String>> = std::env::args().skip(1).map(|a| a.split_whitespace().map(str::to_string).collect()).collect();
+    let extra_sets: Vec<Vec<String>> =
+        std::env::args().skip(1).map(|a| a.split_whitespace().map(str::to_string).collect()).collect();
     let dir = tempfile::tempdir()?;
     let nvrtc = nvrtc_version()?;
     let models: [ModelRow; 5] = [
@@ -56,12 +57,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The process's first NVRTC compile also loads and initialises the library: timed apart, so
     // that it does not land on whichever variant comes first.
     let t = Instant::now();
-    compile("extern \"C\" __global__ void kf_warm_up(float* p) { p[threadIdx.x] = 1.f; }", &CompileOptions::for_arch(Arch::new(9, 0)))?;
-    summary.push(format!("first NVRTC compile in the process (a 1-line kernel): {:.0} ms", t.elapsed().as_secs_f64() * 1e3));
+    compile(
+        "extern \"C\" __global__ void kf_warm_up(float* p) { p[threadIdx.x] = 1.f; }",
+        &CompileOptions::for_arch(Arch::new(9, 0)),
+    )?;
+    summary.push(format!(
+        "first NVRTC compile in the process (a 1-line kernel): {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    ));
     // The floor: the same 1-line kernel again, with the fast forms' options.
     let mut floor = (Vec::new(), Vec::new());
     for _ in 0..runs {
-        let opts = CompileOptions { arch: Arch::new(9, 0), extra: ["-ftz=true", "--Ofast-compile=mid", "-minimal"].map(String::from).to_vec() };
+        let opts = CompileOptions {
+            arch: Arch::new(9, 0),
+            extra: ["-ftz=true", "--Ofast-compile=mid", "-minimal"].map(String::from).to_vec(),
+        };
         let (t, c) = (Instant::now(), thread_cpu_ms());
         compile("extern \"C\" __global__ void kf_floor(float* p) { p[threadIdx.x] = 2.f; }", &opts)?;
         floor.0.push(t.elapsed().as_secs_f64() * 1e3);
@@ -70,7 +80,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let floor_cpu = if floor.1.is_empty() { "-".to_string() } else { stats(&mut floor.1) };
-    summary.push(format!("{:16} {:30} wall {} cpu {floor_cpu} ({runs} runs)", "1-line kernel", "(the floor)", stats(&mut floor.0)));
+    summary.push(format!(
+        "{:16} {:30} wall {} cpu {floor_cpu} ({runs} runs)",
+        "1-line kernel",
+        "(the floor)",
+        stats(&mut floor.0)
+    ));
     for (name, widths, act, bias, dtype, io) in models {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
@@ -80,7 +95,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let opts = MlpKernelOptions { in_dtype: io, out_dtype: io, ..MlpKernelOptions::default() };
         let full = emit_kernel(&model, &opts)?;
         let generic = emit_fast_form(&model, &opts, &full, nvrtc).ok_or("no fast form")?;
-        let looped_opts = MlpKernelOptions { compile_effort: CompileEffort::Fast, repeated_layers: RepeatedLayers::Loop, row_tiles_per_warp: Some(1), ..opts.clone() };
+        let looped_opts = MlpKernelOptions {
+            compile_effort: CompileEffort::Fast,
+            repeated_layers: RepeatedLayers::Loop,
+            row_tiles_per_warp: Some(1),
+            ..opts.clone()
+        };
         let mut looped = emit_kernel(&model, &looped_opts)?;
         if nvrtc >= (12, 4) {
             looped.nvrtc_options.push("-minimal".to_string());
@@ -88,10 +108,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if let Ok(d) = std::env::var("KF_DUMP") {
             std::fs::write(format!("{d}/{name}_generic.cu"), &generic.source)?;
         }
-        let mut variants: Vec<(String, &str, Vec<String>)> =
-            vec![("looped".to_string(), &looped.source, looped.nvrtc_options.clone()), ("generic".to_string(), &generic.source, generic.nvrtc_options.clone())];
+        let mut variants: Vec<(String, &str, Vec<String>)> = vec![
+            ("looped".to_string(), &looped.source, looped.nvrtc_options.clone()),
+            ("generic".to_string(), &generic.source, generic.nvrtc_options.clone()),
+        ];
         for set in &extra_sets {
-            variants.push((format!("generic {set:?}"), &generic.source, generic.nvrtc_options.iter().chain(set).cloned().collect()));
+            variants.push((
+                format!("generic {set:?}"),
+                &generic.source,
+                generic.nvrtc_options.iter().chain(set).cloned().collect(),
+            ));
         }
         let mut times: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
         let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
@@ -112,19 +138,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             copts.extra.push("--ptxas-options=-v".to_string());
             let m = compile(source, &copts)?;
             if let Ok(d) = std::env::var("KF_DUMP") {
-                std::fs::write(format!("{d}/{name}_{}.cubin", label.replace([' ', '"', '[', ']', ',', '='], "")), &m.cubin)?;
+                std::fs::write(
+                    format!("{d}/{name}_{}.cubin", label.replace([' ', '"', '[', ']', ',', '='], "")),
+                    &m.cubin,
+                )?;
             }
-            logs[i] = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
+            logs[i] = m
+                .log
+                .lines()
+                .filter(|l| l.contains("registers") || l.contains("spill"))
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
         }
-        println!("{name}: generic {} warps, {} B shared; looped {} warps", generic.warps, generic.shared_bytes, looped.warps);
+        println!(
+            "{name}: generic {} warps, {} B shared; looped {} warps",
+            generic.warps, generic.shared_bytes, looped.warps
+        );
         for (i, (label, _, _)) in variants.iter().enumerate() {
             let cpu_stats = if cpu[i].is_empty() { "-".to_string() } else { stats(&mut cpu[i]) };
-            let line = format!("{name:16} {label:30} wall {} cpu {cpu_stats} ({runs} runs) | {}", stats(&mut times[i]), logs[i]);
+            let line = format!(
+                "{name:16} {label:30} wall {} cpu {cpu_stats} ({runs} runs) | {}",
+                stats(&mut times[i]),
+                logs[i]
+            );
             println!("{line}");
             summary.push(line);
         }
     }
-    println!("\nNVRTC {}.{}, sm_90, CUDA_CACHE_DISABLE={}:", nvrtc.0, nvrtc.1, std::env::var("CUDA_CACHE_DISABLE").unwrap_or_default());
+    println!(
+        "\nNVRTC {}.{}, sm_90, CUDA_CACHE_DISABLE={}:",
+        nvrtc.0,
+        nvrtc.1,
+        std::env::var("CUDA_CACHE_DISABLE").unwrap_or_default()
+    );
     for l in summary {
         println!("{l}");
     }

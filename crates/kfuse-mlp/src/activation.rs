@@ -62,9 +62,8 @@ fn is_identifier(s: &str) -> bool {
 
 /// Parses `expression` with `x: f32<shape>` and checks that it yields one float per element.
 fn parse(layer: usize, expression: &str, shape: Shape) -> Result<Graph> {
-    let graph = kfuse_lang::parse_expression(expression, &[("x", DType::F32, shape.clone())]).map_err(|d| {
-        MlpError::ActivationParse { layer, expression: expression.to_string(), message: d.to_string() }
-    })?;
+    let graph = kfuse_lang::parse_expression(expression, &[("x", DType::F32, shape.clone())])
+        .map_err(|d| MlpError::ActivationParse { layer, expression: expression.to_string(), message: d.to_string() })?;
     let out = graph.outputs.first().map(|o| graph.node(o.node));
     match out {
         Some(node) if node.dtype.is_float() && node.shape.broadcasts_to(&shape) => Ok(graph),
@@ -73,11 +72,9 @@ fn parse(layer: usize, expression: &str, shape: Shape) -> Result<Graph> {
             expression: expression.to_string(),
             found: format!("{}{}", node.dtype, graph.shape_str(&node.shape)),
         }),
-        None => Err(MlpError::ActivationType {
-            layer,
-            expression: expression.to_string(),
-            found: "no output".to_string(),
-        }),
+        None => {
+            Err(MlpError::ActivationType { layer, expression: expression.to_string(), found: "no output".to_string() })
+        }
     }
 }
 
@@ -130,12 +127,14 @@ impl Activation {
             return Ok(values);
         }
         let n = values.len();
-        let eval_err = |message: String| MlpError::ActivationEval { layer, expression: self.expression.clone(), message };
+        let eval_err =
+            |message: String| MlpError::ActivationEval { layer, expression: self.expression.clone(), message };
         let n64 = u64::try_from(n).map_err(|_| eval_err(format!("{n} elements")))?;
         // The expression is re-parsed with a 1-D `x` of exactly this length, so the interpreter
         // evaluates the whole chunk in one call (a scalar `x` would need one call per element).
         let graph = parse(layer, &self.expression, Shape(vec![Dim::Const(n64)]))?;
-        let mut outs = kfuse_interp::evaluate_f64(&graph, &[("x", vec![n], values)]).map_err(|e| eval_err(e.to_string()))?;
+        let mut outs =
+            kfuse_interp::evaluate_f64(&graph, &[("x", vec![n], values)]).map_err(|e| eval_err(e.to_string()))?;
         let out = outs.pop().ok_or_else(|| eval_err("the expression has no output".to_string()))?;
         if out.values.len() == n {
             Ok(out.values)

@@ -18,9 +18,9 @@ use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
 use crate::error::{MlpError, Result};
 use crate::gpu::prepare_tiered;
 use crate::kernel::MlpKernelOptions;
-use crate::tier::{KernelTier, Tiering};
 use crate::model::MlpModel;
 use crate::testing::{random_input, Rng};
+use crate::tier::{KernelTier, Tiering};
 
 const BENCH_KERNELS: &str = include_str!("bench_kernels.cuh");
 
@@ -50,7 +50,17 @@ pub struct BenchOptions {
 
 impl Default for BenchOptions {
     fn default() -> Self {
-        BenchOptions { batch: 1 << 21, in_dtype: DType::F16, out_dtype: DType::F16, warmup: 5, iterations: 50, check_rows: 4096, seed: 7, tiering: Tiering::Background, kernel: None }
+        BenchOptions {
+            batch: 1 << 21,
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            warmup: 5,
+            iterations: 50,
+            check_rows: 4096,
+            seed: 7,
+            tiering: Tiering::Background,
+            kernel: None,
+        }
     }
 }
 
@@ -120,7 +130,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn time_launches(gpu: &Gpu, warmup: usize, iterations: usize, mut launch: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+fn time_launches(
+    gpu: &Gpu,
+    warmup: usize,
+    iterations: usize,
+    mut launch: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
     for _ in 0..warmup {
         launch()?;
     }
@@ -143,10 +158,15 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<(f64, f64)> {
     let src = gpu.alloc_zeroed(bytes)?;
     gpu.fill(&src, 0x3c)?;
     let dst = gpu.alloc_zeroed(bytes)?;
-    let n16 = i64::try_from(bytes / 16).map_err(|_| MlpError::TooLarge { what: "copy bytes", value: bytes as u64, limit: i64::MAX as u64 })?;
+    let n16 = i64::try_from(bytes / 16).map_err(|_| MlpError::TooLarge {
+        what: "copy bytes",
+        value: bytes as u64,
+        limit: i64::MAX as u64,
+    })?;
     let blocks = gpu.sm_count().max(1) * 8;
     let t = time_launches(gpu, 3, 20, || {
-        gpu.launch(&copy, blocks, 256, 0, &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n16)]).map_err(MlpError::from)
+        gpu.launch(&copy, blocks, 256, 0, &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n16)])
+            .map_err(MlpError::from)
     })?;
     let copy_gbps = 2.0 * bytes as f64 / (median(t) * 1e-3) / 1e9;
     let mma_blocks = gpu.sm_count().max(1) * 4;
@@ -160,9 +180,16 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<(f64, f64)> {
 }
 
 /// Rows spread evenly over `batch` (first and last included) compared with the CPU interpreter.
-fn check_subsample(model: &MlpModel, input: &HostTensor, got: &HostTensor, batch: usize, check_rows: usize) -> Result<ErrorReport> {
+fn check_subsample(
+    model: &MlpModel,
+    input: &HostTensor,
+    got: &HostTensor,
+    batch: usize,
+    check_rows: usize,
+) -> Result<ErrorReport> {
     let n_check = check_rows.clamp(1, batch);
-    let picks: Vec<usize> = (0..n_check).map(|i| if n_check == 1 { 0 } else { i * (batch - 1) / (n_check - 1) }).collect();
+    let picks: Vec<usize> =
+        (0..n_check).map(|i| if n_check == 1 { 0 } else { i * (batch - 1) / (n_check - 1) }).collect();
     let (in_w, out_w) = (model.input_width(), model.output_width());
     let all_in = input.to_f64();
     let all_out = got.to_f64();
@@ -172,9 +199,19 @@ fn check_subsample(model: &MlpModel, input: &HostTensor, got: &HostTensor, batch
     Ok(compare_rows(&sub_got, &want, out_w))
 }
 
-fn download_output(gpu: &Gpu, y: &kfuse_runtime::DeviceBuffer, dtype: DType, rows: usize, width: usize) -> Result<HostTensor> {
+fn download_output(
+    gpu: &Gpu,
+    y: &kfuse_runtime::DeviceBuffer,
+    dtype: DType,
+    rows: usize,
+    width: usize,
+) -> Result<HostTensor> {
     let out = gpu.download(y)?;
-    HostTensor::from_bytes(dtype, vec![rows, width], &out).ok_or(MlpError::TooLarge { what: "downloaded bytes (size mismatch)", value: out.len() as u64, limit: 0 })
+    HostTensor::from_bytes(dtype, vec![rows, width], &out).ok_or(MlpError::TooLarge {
+        what: "downloaded bytes (size mismatch)",
+        value: out.len() as u64,
+        limit: 0,
+    })
 }
 
 /// Benchmarks `model` on `gpu`: see the module docs.
@@ -183,11 +220,20 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
         return Err(MlpError::EmptyBatch);
     }
     let base = opts.kernel.clone().unwrap_or_else(|| MlpKernelOptions::tuned_for(gpu.compile_arch()));
-    let kopts = MlpKernelOptions { in_dtype: opts.in_dtype, out_dtype: opts.out_dtype, shared_limit: gpu.max_shared_bytes(), ..base };
+    let kopts = MlpKernelOptions {
+        in_dtype: opts.in_dtype,
+        out_dtype: opts.out_dtype,
+        shared_limit: gpu.max_shared_bytes(),
+        ..base
+    };
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);
     let out_w = model.output_width();
-    let out_bytes = opts.batch.checked_mul(out_w * opts.out_dtype.size_bytes()).ok_or(MlpError::TooLarge { what: "output bytes", value: opts.batch as u64, limit: usize::MAX as u64 })?;
+    let out_bytes = opts.batch.checked_mul(out_w * opts.out_dtype.size_bytes()).ok_or(MlpError::TooLarge {
+        what: "output bytes",
+        value: opts.batch as u64,
+        limit: usize::MAX as u64,
+    })?;
 
     // The first call as a user sees it: prepare, upload, one launch, download.
     let first_started = std::time::Instant::now();
@@ -203,7 +249,9 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
 
     // The fast form's speed, while the optimised kernel compiles on the CPU.
     let fast_times = if first_call_tier == KernelTier::Fast {
-        Some(time_launches(gpu, opts.warmup, opts.iterations, || prepared.launch_tier(gpu, KernelTier::Fast, &x, &y, opts.batch))?)
+        Some(time_launches(gpu, opts.warmup, opts.iterations, || {
+            prepared.launch_tier(gpu, KernelTier::Fast, &x, &y, opts.batch)
+        })?)
     } else {
         None
     };
@@ -212,7 +260,9 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
 
     // The headline: the optimised kernel, never the fast form.
     gpu.fill(&y, 0xff)?;
-    let times = time_launches(gpu, opts.warmup, opts.iterations, || prepared.launch_tier(gpu, KernelTier::Full, &x, &y, opts.batch))?;
+    let times = time_launches(gpu, opts.warmup, opts.iterations, || {
+        prepared.launch_tier(gpu, KernelTier::Full, &x, &y, opts.batch)
+    })?;
     let got = download_output(gpu, &y, opts.out_dtype, opts.batch, out_w)?;
     let check = check_subsample(model, &input, &got, opts.batch, opts.check_rows)?;
 
@@ -274,7 +324,10 @@ impl BenchReport {
     /// The human-readable summary `kfuse mlp bench` prints.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        s.push_str(&format!("model      {}\ndevice     {}\nbatch      {} rows, {} in, {} out\n", self.model, self.device, self.batch, self.in_dtype, self.out_dtype));
+        s.push_str(&format!(
+            "model      {}\ndevice     {}\nbatch      {} rows, {} in, {} out\n",
+            self.model, self.device, self.batch, self.in_dtype, self.out_dtype
+        ));
         if let Some(note) = &self.note {
             s.push_str(&format!("{note}\n"));
         }
@@ -287,10 +340,23 @@ impl BenchReport {
             ));
         }
         s.push_str(&self.render_first_call());
-        s.push_str(&format!("time       {:.4} ms median ({:.4} min, {} runs, CUDA events; the optimised kernel)\n", self.kernel_ms_median, self.kernel_ms_min, self.iterations));
+        s.push_str(&format!(
+            "time       {:.4} ms median ({:.4} min, {} runs, CUDA events; the optimised kernel)\n",
+            self.kernel_ms_median, self.kernel_ms_min, self.iterations
+        ));
         s.push_str(&format!("rows/s     {:.3e}\n", self.rows_per_s));
-        s.push_str(&format!("compute    {:.1} TFLOP/s of {:.1} measured mma.sync peak ({:.0}%)\n", self.tflops, self.mma_tflops_ceiling, 100.0 * self.tflops / self.mma_tflops_ceiling));
-        s.push_str(&format!("memory     {:.0} GB/s of {:.0} measured copy bandwidth ({:.0}%)\n", self.gbps, self.copy_gbps_ceiling, 100.0 * self.gbps / self.copy_gbps_ceiling));
+        s.push_str(&format!(
+            "compute    {:.1} TFLOP/s of {:.1} measured mma.sync peak ({:.0}%)\n",
+            self.tflops,
+            self.mma_tflops_ceiling,
+            100.0 * self.tflops / self.mma_tflops_ceiling
+        ));
+        s.push_str(&format!(
+            "memory     {:.0} GB/s of {:.0} measured copy bandwidth ({:.0}%)\n",
+            self.gbps,
+            self.copy_gbps_ceiling,
+            100.0 * self.gbps / self.copy_gbps_ceiling
+        ));
         s.push_str(&format!("floor      {:.4} ms (max of bytes/bandwidth, flops/peak)\n", self.floor_ms));
         s.push_str(&format!(
             "check      vs CPU interpreter on {} rows: rel err {:.2e}, max abs err {:.2e}, worst row rel err {:.2e} (row {}), non-finite {}\n",
@@ -307,7 +373,10 @@ impl BenchReport {
             KernelTier::Fast => "fast-compiled form (--Ofast-compile=mid): the optimised kernel was not cached",
             KernelTier::Full => "the optimised kernel (cached or compiled in full)",
         };
-        s.push_str(&format!("first call {:.1} ms prepare, {:.1} ms to the first result downloaded{load}; ran the {tier}\n", self.first_call_ms, self.first_result_ms));
+        s.push_str(&format!(
+            "first call {:.1} ms prepare, {:.1} ms to the first result downloaded{load}; ran the {tier}\n",
+            self.first_call_ms, self.first_result_ms
+        ));
         s.push_str(&format!(
             "           first result vs CPU interpreter: rel err {:.2e}, worst row rel err {:.2e}, non-finite {}\n",
             self.first_check.rel_err, self.first_check.worst_row_rel_err, self.first_check.non_finite
@@ -316,8 +385,14 @@ impl BenchReport {
             s.push_str(&format!("fast form  {med:.4} ms median ({min:.4} min, CUDA events; timed while the optimised kernel compiled)\n"));
         }
         match self.full_compile_ms {
-            Some(compile) => s.push_str(&format!("optimised  ready {:.1} ms after the first call began (background NVRTC compile {compile:.1} ms)\n", self.full_ready_ms)),
-            None => s.push_str(&format!("optimised  ready {:.1} ms after the first call began (no background compile)\n", self.full_ready_ms)),
+            Some(compile) => s.push_str(&format!(
+                "optimised  ready {:.1} ms after the first call began (background NVRTC compile {compile:.1} ms)\n",
+                self.full_ready_ms
+            )),
+            None => s.push_str(&format!(
+                "optimised  ready {:.1} ms after the first call began (no background compile)\n",
+                self.full_ready_ms
+            )),
         }
         s.push_str(&format!("cached     second prepare {:.2} ms\n", self.cached_call_ms));
         if !self.nvrtc_cache_disabled {

@@ -122,13 +122,25 @@ fn named_activation_f64(name: &str, x: f64) -> Option<f64> {
     Some(match name {
         "none" | "x" => x,
         "relu" => x.max(0.0),
-        "leaky_relu" => if x > 0.0 { x } else { 0.01 * x },
+        "leaky_relu" => {
+            if x > 0.0 {
+                x
+            } else {
+                0.01 * x
+            }
+        }
         "silu" => x * sigmoid(x),
         "gelu" => 0.5 * x * (1.0 + erf_f64(x / std::f64::consts::SQRT_2)),
         "gelu_tanh" => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
         "sigmoid" => sigmoid(x),
         "tanh" => x.tanh(),
-        "softplus" => if x > 20.0 { x } else { x.exp().ln_1p() },
+        "softplus" => {
+            if x > 20.0 {
+                x
+            } else {
+                x.exp().ln_1p()
+            }
+        }
         "sin" => x.sin(),
         "exp" => x.exp(),
         _ => return None,
@@ -223,6 +235,12 @@ pub fn compare_rows(got: &[f64], want: &[f64], width: usize) -> ErrorReport {
             worst_row = r;
         }
     }
-    let rel_err = if den > 0.0 { (num / den).sqrt() } else if num == 0.0 { 0.0 } else { f64::INFINITY };
+    let rel_err = if den > 0.0 {
+        (num / den).sqrt()
+    } else if num == 0.0 {
+        0.0
+    } else {
+        f64::INFINITY
+    };
     ErrorReport { rel_err, max_abs_err: max_abs, worst_row_rel_err: worst, worst_row, non_finite, rows }
 }

@@ -22,8 +22,17 @@ pub enum MlpError {
     Safetensors { path: PathBuf, message: String },
     #[error("layer {layer}: tensor `{tensor}` ({role}) is not in `{path}`; the file holds: {available}")]
     MissingTensor { layer: usize, role: &'static str, tensor: String, path: PathBuf, available: String },
-    #[error("layer {layer}: tensor `{tensor}` ({role}) has shape {shape:?}, but a {role} must have rank {want} ({layout})")]
-    TensorRank { layer: usize, role: &'static str, tensor: String, shape: Vec<usize>, want: usize, layout: &'static str },
+    #[error(
+        "layer {layer}: tensor `{tensor}` ({role}) has shape {shape:?}, but a {role} must have rank {want} ({layout})"
+    )]
+    TensorRank {
+        layer: usize,
+        role: &'static str,
+        tensor: String,
+        shape: Vec<usize>,
+        want: usize,
+        layout: &'static str,
+    },
     #[error("layer {layer}: tensor `{tensor}` has dtype {dtype}; weights and biases must be F16, BF16 or F32")]
     TensorDType { layer: usize, tensor: String, dtype: String },
     #[error("layer {layer}: tensor `{tensor}` has a zero-sized shape {shape:?}; every width must be at least 1")]
@@ -36,7 +45,9 @@ pub enum MlpError {
     UnknownActivation { layer: usize, name: String, known: String },
     #[error("layer {layer}: activation `{expression}` is not a valid expression in x:\n{message}")]
     ActivationParse { layer: usize, expression: String, message: String },
-    #[error("layer {layer}: activation `{expression}` must produce one float value per element, but it produces {found}")]
+    #[error(
+        "layer {layer}: activation `{expression}` must produce one float value per element, but it produces {found}"
+    )]
     ActivationType { layer: usize, expression: String, found: String },
     #[error("layer {layer}: evaluating activation `{expression}` failed: {message}")]
     ActivationEval { layer: usize, expression: String, message: String },

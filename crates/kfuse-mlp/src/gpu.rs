@@ -120,7 +120,12 @@ fn too_large(what: &'static str, value: usize) -> MlpError {
 /// first launches. Returns it and the wall time this took (the first-call compile time when the
 /// cache is cold). The kernel choices are [`MlpKernelOptions::tuned_for`] the device.
 pub fn prepare(gpu: &Gpu, model: &MlpModel, in_dtype: DType, out_dtype: DType) -> Result<(PreparedMlp, f64)> {
-    let opts = MlpKernelOptions { in_dtype, out_dtype, shared_limit: gpu.max_shared_bytes(), ..MlpKernelOptions::tuned_for(gpu.compile_arch()) };
+    let opts = MlpKernelOptions {
+        in_dtype,
+        out_dtype,
+        shared_limit: gpu.max_shared_bytes(),
+        ..MlpKernelOptions::tuned_for(gpu.compile_arch())
+    };
     prepare_tiered(gpu, model, &opts, Tiering::Background)
 }
 
@@ -134,7 +139,12 @@ pub fn prepare_with(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions) -> Res
 /// [`prepare_with`] with a choice of tiering. [`Tiering::Background`] starts with the fast form
 /// only when `opts.compile_effort` is [`CompileEffort::Full`], the kernel cache is not bypassed
 /// (`KFUSE_NO_CACHE=1`) and the optimised kernel is in neither the memory nor the disk cache.
-pub fn prepare_tiered(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, tiering: Tiering) -> Result<(PreparedMlp, f64)> {
+pub fn prepare_tiered(
+    gpu: &Gpu,
+    model: &MlpModel,
+    opts: &MlpKernelOptions,
+    tiering: Tiering,
+) -> Result<(PreparedMlp, f64)> {
     let started_at = Instant::now();
     let (in_dtype, out_dtype) = (opts.in_dtype, opts.out_dtype);
     let opts = MlpKernelOptions { shared_limit: opts.shared_limit.min(gpu.max_shared_bytes()), ..opts.clone() };
@@ -162,16 +172,30 @@ pub fn prepare_tiered(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, tier
 
 /// Loads the requested kernel, or (tiering applies and it is not cached) its fast form with the
 /// requested one compiling in the background.
-fn load_fused(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, kernel: &MlpKernel, tiering: Tiering) -> Result<FusedFunctions> {
+fn load_fused(
+    gpu: &Gpu,
+    model: &MlpModel,
+    opts: &MlpKernelOptions,
+    kernel: &MlpKernel,
+    tiering: Tiering,
+) -> Result<FusedFunctions> {
     let cache = gpu.cache();
     let full_opts = CompileOptions { arch: gpu.compile_arch(), extra: kernel.nvrtc_options.clone() };
     let may_tier = tiering == Tiering::Background && opts.compile_effort == CompileEffort::Full && !cache.is_bypassed();
     if !may_tier || cache.get_cached(&kernel.source, &full_opts)?.is_some() {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?));
+        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(
+            &kernel.source,
+            &kernel.name,
+            &kernel.nvrtc_options,
+        )?));
     }
     // The fast form shares `params` (checked by emit_fast_form); without one, no tiering.
     let Some(fast_kernel) = emit_fast_form(model, opts, kernel, kfuse_runtime::nvrtc_version()?) else {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?));
+        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(
+            &kernel.source,
+            &kernel.name,
+            &kernel.nvrtc_options,
+        )?));
     };
     let fast = gpu.load_kernel_with_options(&fast_kernel.source, &fast_kernel.name, &fast_kernel.nvrtc_options)?;
     // Started once the fast form is compiled: a concurrent optimised compile slowed the fast one
@@ -179,10 +203,20 @@ fn load_fused(gpu: &Gpu, model: &MlpModel, opts: &MlpKernelOptions, kernel: &Mlp
     let background = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), full_opts);
     let log = cache.config().log_compiles;
     if log {
-        eprintln!("kfuse: {} is not cached: running its fast-compiled form, compiling the optimised kernel in the background", kernel.name);
+        eprintln!(
+            "kfuse: {} is not cached: running its fast-compiled form, compiling the optimised kernel in the background",
+            kernel.name
+        );
     }
     let fast_geometry = Geometry::of(&fast_kernel);
-    Ok(FusedFunctions::Tiered(Box::new(Tiered { fast, fast_geometry, background, full: OnceLock::new(), gave_up: AtomicBool::new(false), log })))
+    Ok(FusedFunctions::Tiered(Box::new(Tiered {
+        fast,
+        fast_geometry,
+        background,
+        full: OnceLock::new(),
+        gave_up: AtomicBool::new(false),
+        log,
+    })))
 }
 
 impl Tiered {
@@ -224,7 +258,10 @@ impl Tiered {
         })?;
         let function = gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?;
         if self.log {
-            eprintln!("kfuse: {}: switched to the optimised kernel (compiled in the background in {compile_ms:.0} ms)", kernel.name);
+            eprintln!(
+                "kfuse: {}: switched to the optimised kernel (compiled in the background in {compile_ms:.0} ms)",
+                kernel.name
+            );
         }
         Ok(self.full.get_or_init(|| function))
     }
@@ -297,18 +334,36 @@ impl PreparedMlp {
     /// [`Self::launch`] with one tier's kernel, for benchmarks: [`KernelTier::Fast`] needs a
     /// tiered model ([`Self::was_tiered`]); [`KernelTier::Full`] needs the optimised kernel to
     /// be compiled (loads it if needed). Otherwise [`MlpError::TierUnavailable`].
-    pub fn launch_tier(&self, gpu: &Gpu, tier: KernelTier, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
+    pub fn launch_tier(
+        &self,
+        gpu: &Gpu,
+        tier: KernelTier,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<()> {
         self.launch_on(gpu, Some(tier), input, output, rows)
     }
 
-    fn launch_on(&self, gpu: &Gpu, tier: Option<KernelTier>, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
+    fn launch_on(
+        &self,
+        gpu: &Gpu,
+        tier: Option<KernelTier>,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<()> {
         if rows == 0 {
             return Err(MlpError::EmptyBatch);
         }
         let rows_i64 = i64::try_from(rows).map_err(|_| too_large("rows", rows))?;
         match &self.body {
             Body::Fused { kernel, functions, params, max_blocks } => {
-                let unavailable = |why| MlpError::TierUnavailable { tier: KernelTier::Fast.as_str(), kernel: kernel.name.clone(), why };
+                let unavailable = |why| MlpError::TierUnavailable {
+                    tier: KernelTier::Fast.as_str(),
+                    kernel: kernel.name.clone(),
+                    why,
+                };
                 let (function, geometry) = match (functions, tier) {
                     (FusedFunctions::Single(f), None | Some(KernelTier::Full)) => (f, Geometry::of(kernel)),
                     (FusedFunctions::Single(_), Some(KernelTier::Fast)) => {
@@ -316,7 +371,9 @@ impl PreparedMlp {
                     }
                     (FusedFunctions::Tiered(t), None) => t.current(gpu, kernel),
                     (FusedFunctions::Tiered(t), Some(KernelTier::Fast)) => (&t.fast, t.fast_geometry),
-                    (FusedFunctions::Tiered(t), Some(KernelTier::Full)) => (t.promote(gpu, kernel)?, Geometry::of(kernel)),
+                    (FusedFunctions::Tiered(t), Some(KernelTier::Full)) => {
+                        (t.promote(gpu, kernel)?, Geometry::of(kernel))
+                    }
                 };
                 let rpb = geometry.rows_per_block.max(1) as usize;
                 let blocks = u32::try_from(rows.div_ceil(rpb)).unwrap_or(u32::MAX).min(*max_blocks).max(1);
@@ -325,19 +382,29 @@ impl PreparedMlp {
                     blocks,
                     geometry.block,
                     geometry.shared_bytes,
-                    &[KernelArg::Buffer(input), KernelArg::Buffer(output), KernelArg::Buffer(params), KernelArg::I64(rows_i64)],
+                    &[
+                        KernelArg::Buffer(input),
+                        KernelArg::Buffer(output),
+                        KernelArg::Buffer(params),
+                        KernelArg::I64(rows_i64),
+                    ],
                 )?;
             }
             Body::Tiled { plan, layers, widths } => {
                 if tier == Some(KernelTier::Fast) {
                     let why = "the tiled fallback is compiled in full at once and has no fast form";
-                    return Err(MlpError::TierUnavailable { tier: KernelTier::Fast.as_str(), kernel: format!("the tiled path ({})", plan.note), why });
+                    return Err(MlpError::TierUnavailable {
+                        tier: KernelTier::Fast.as_str(),
+                        kernel: format!("the tiled path ({})", plan.note),
+                        why,
+                    });
                 }
                 let mut temps: Vec<DeviceBuffer> = Vec::new();
                 let last = layers.len() - 1;
                 for (i, (f, w, b)) in layers.iter().enumerate() {
                     let n = widths[i];
-                    let blocks = rows.div_ceil(16).checked_mul(n.div_ceil(16)).ok_or_else(|| too_large("tiled blocks", rows))?;
+                    let blocks =
+                        rows.div_ceil(16).checked_mul(n.div_ceil(16)).ok_or_else(|| too_large("tiled blocks", rows))?;
                     let grid = u32::try_from(blocks).map_err(|_| too_large("tiled blocks", blocks))?;
                     if i != last {
                         let bytes = rows.checked_mul(n * 4).ok_or_else(|| too_large("intermediate bytes", rows))?;
@@ -350,7 +417,13 @@ impl PreparedMlp {
                         grid,
                         256,
                         0,
-                        &[KernelArg::Buffer(x), KernelArg::Buffer(y), KernelArg::Buffer(w), KernelArg::Buffer(b), KernelArg::I64(rows_i64)],
+                        &[
+                            KernelArg::Buffer(x),
+                            KernelArg::Buffer(y),
+                            KernelArg::Buffer(w),
+                            KernelArg::Buffer(b),
+                            KernelArg::I64(rows_i64),
+                        ],
                     )?;
                 }
                 // Keep the intermediates alive until the launches that use them have finished.
@@ -381,16 +454,26 @@ fn check_output_dtype(out_dtype: DType) -> Result<()> {
 
 /// [`run_gpu`] with a model prepared already (by [`prepare`] for `input.dtype()` and
 /// `out_dtype`): uploads `input`, poisons the output, launches, downloads.
-pub fn run_prepared(gpu: &Gpu, prepared: &PreparedMlp, model: &MlpModel, input: &HostTensor, out_dtype: DType) -> Result<HostTensor> {
+pub fn run_prepared(
+    gpu: &Gpu,
+    prepared: &PreparedMlp,
+    model: &MlpModel,
+    input: &HostTensor,
+    out_dtype: DType,
+) -> Result<HostTensor> {
     let rows = check_input(model, input)?;
     check_output_dtype(out_dtype)?;
-    for (what, prepared_for, given) in [("input", prepared.in_dtype, input.dtype()), ("output", prepared.out_dtype, out_dtype)] {
+    for (what, prepared_for, given) in
+        [("input", prepared.in_dtype, input.dtype()), ("output", prepared.out_dtype, out_dtype)]
+    {
         if prepared_for != given {
             return Err(MlpError::PreparedDType { what, prepared: prepared_for, given });
         }
     }
     let x = gpu.upload(&input.to_bytes())?;
-    let out_bytes = rows.checked_mul(model.output_width() * out_dtype.size_bytes()).ok_or_else(|| too_large("output bytes", rows))?;
+    let out_bytes = rows
+        .checked_mul(model.output_width() * out_dtype.size_bytes())
+        .ok_or_else(|| too_large("output bytes", rows))?;
     let y = gpu.alloc_zeroed(out_bytes)?;
     gpu.fill(&y, 0xff)?;
     prepared.launch(gpu, &x, &y, rows)?;

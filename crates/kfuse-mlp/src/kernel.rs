@@ -261,7 +261,11 @@ impl MlpKernelOptions {
     pub fn tuned_for(arch: kfuse_runtime::Arch) -> MlpKernelOptions {
         let d = MlpKernelOptions::default();
         if arch == kfuse_runtime::Arch::new(9, 0) {
-            MlpKernelOptions { tensor_instructions: TensorInstructions::Wgmma, activation_math: ActivationMath::PackedFma { eighths: 1 }, ..d }
+            MlpKernelOptions {
+                tensor_instructions: TensorInstructions::Wgmma,
+                activation_math: ActivationMath::PackedFma { eighths: 1 },
+                ..d
+            }
         } else {
             d
         }
@@ -321,7 +325,10 @@ fn bits16(dtype: DType, v: f32) -> u16 {
 
 /// Whether hidden SiLU layers take the packed f16 form (`h + h·tanh(h)` on f16 pairs).
 fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
-    matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced) && model.dtype == DType::F16
+    matches!(
+        opts.activation_math,
+        ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced
+    ) && model.dtype == DType::F16
 }
 
 /// Per layer, how the host prepares it: `halved` (hidden SiLU layers whose kernel form takes
@@ -332,7 +339,12 @@ pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bo
     let last = model.layers.len().saturating_sub(1);
     let packed_silu = packed_silu(model, opts);
     let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
-    let halved = model.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu).collect();
+    let halved = model
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| i != last && half_silu && l.activation.kind() == ActivationKind::Silu)
+        .collect();
     let acc16 = model
         .layers
         .iter()
@@ -343,7 +355,13 @@ pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bo
                 && i != last
                 && match l.activation.kind() {
                     ActivationKind::Identity | ActivationKind::Relu => true,
-                    ActivationKind::Silu => packed_silu && !matches!(opts.activation_math, ActivationMath::PackedFma { eighths: 1.. } | ActivationMath::PackedFmaBalanced),
+                    ActivationKind::Silu => {
+                        packed_silu
+                            && !matches!(
+                                opts.activation_math,
+                                ActivationMath::PackedFma { eighths: 1.. } | ActivationMath::PackedFmaBalanced
+                            )
+                    }
                     _ => false,
                 }
         })
@@ -363,7 +381,12 @@ pub(crate) struct LayerLayout {
 /// Packs every layer's weights into mma B-fragment order and appends the f32 biases (in the
 /// layout of `bias`), or f16 ones for layers with `acc16[i]` (see mlp_layer_forms.cuh); layers
 /// with `halved[i]` get weights and bias times ½ (SiLU's `h = x/2`, see [`ActivationMath::Packed`]).
-pub(crate) fn pack_params(model: &MlpModel, halved: &[bool], acc16: &[bool], bias: BiasOperand) -> (Vec<u8>, Vec<LayerLayout>) {
+pub(crate) fn pack_params(
+    model: &MlpModel,
+    halved: &[bool],
+    acc16: &[bool],
+    bias: BiasOperand,
+) -> (Vec<u8>, Vec<LayerLayout>) {
     let mut blob: Vec<u8> = Vec::new();
     let mut layouts = Vec::with_capacity(model.layers.len());
     let last = model.layers.len() - 1;
@@ -455,7 +478,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let last = model.layers.len() - 1;
     if let ActivationMath::PackedFma { eighths } = opts.activation_math {
         if eighths > 8 {
-            return Err(MlpError::TooLarge { what: "SiLU pairs on the FMA pipe, in eighths", value: u64::from(eighths), limit: 8 });
+            return Err(MlpError::TooLarge {
+                what: "SiLU pairs on the FMA pipe, in eighths",
+                value: u64::from(eighths),
+                limit: 8,
+            });
         }
     }
     let packed_silu = packed_silu(model, opts);
@@ -465,7 +492,10 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     for (i, l) in layouts.iter().enumerate() {
         if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
             return Err(MlpError::SharedMemory {
-                what: format!("layer {i} ({}→{}): too wide to keep its activations in registers", model.layers[i].inputs, model.layers[i].outputs),
+                what: format!(
+                    "layer {i} ({}→{}): too wide to keep its activations in registers",
+                    model.layers[i].inputs, model.layers[i].outputs
+                ),
                 needed: (l.k_pad + l.n_pad) as u64,
                 limit: MAX_FUSED_K_PLUS_N as u64,
             });
@@ -495,7 +525,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         .collect();
     let any_wg = wg.contains(&true);
     if let Some(w) = opts.warps.filter(|w| any_wg && w % 4 != 0) {
-        return Err(MlpError::KernelOption { message: format!("wgmma layers run on warpgroups: warps per block must be a multiple of 4, not {w}") });
+        return Err(MlpError::KernelOption {
+            message: format!("wgmma layers run on warpgroups: warps per block must be a multiple of 4, not {w}"),
+        });
     }
     let in_w = model.input_width();
     let out_w = model.output_width();
@@ -513,7 +545,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     // warp and so up to 16 warps: four warpgroups per SM keep the SFU busier than two warpgroups
     // of the row form (H100, SiLU bench model: 0.297 against 0.332 ms; the ReLU models are
     // faster in the row form: 0.133 against 0.140 ms, 0.326 against 0.351 ms).
-    let sfu_hidden = model.layers[..last].iter().any(|l| !matches!(l.activation.kind(), ActivationKind::Relu | ActivationKind::Identity));
+    let sfu_hidden = model.layers[..last]
+        .iter()
+        .any(|l| !matches!(l.activation.kind(), ActivationKind::Relu | ActivationKind::Identity));
     let r_auto = if any_wg && sfu_hidden { 1 } else { (FRAGMENT_REGISTER_BUDGET / per_tile).clamp(1, 2) };
     let r_max = opts.row_tiles_per_warp.map(|r| r as usize).unwrap_or(r_auto);
     let param_bytes = params.len();
@@ -534,7 +568,10 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         let est_regs = r * per_tile * 3 / 2 + 40;
         let w_candidates: Vec<usize> = match opts.warps {
             Some(w) => vec![w as usize],
-            None => [16usize, 12, 8, 7, 6, 5, 4, 3, 2, 1].into_iter().filter(|&w| (w <= 8 || 65536 / (32 * w) >= est_regs) && (!any_wg || w % 4 == 0)).collect(),
+            None => [16usize, 12, 8, 7, 6, 5, 4, 3, 2, 1]
+                .into_iter()
+                .filter(|&w| (w <= 8 || 65536 / (32 * w) >= est_regs) && (!any_wg || w % 4 == 0))
+                .collect(),
         };
         for w in w_candidates {
             if param_bytes + w * warp_smem(r).3 <= limit {
@@ -560,7 +597,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     for (i, a) in acts.iter().enumerate() {
         let _ = writeln!(src, "// layer {i} activation: {}", a.replace('\n', " "));
     }
-    let _ = writeln!(src, "// input {} [rows, {in_w}], output {} [rows, {out_w}]; {warps} warps x {r} row tiles of 16", opts.in_dtype, opts.out_dtype);
+    let _ = writeln!(
+        src,
+        "// input {} [rows, {in_w}], output {} [rows, {out_w}]; {warps} warps x {r} row tiles of 16",
+        opts.in_dtype, opts.out_dtype
+    );
     let _ = writeln!(src, "#define KF_KERNEL_NAME KF_NAME_PLACEHOLDER");
     let defs: [(&str, usize); 23] = [
         ("KF_COMPUTE_BF16", usize::from(model.dtype == DType::BF16)),
@@ -608,7 +649,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             (false, ActivationKind::Identity) => "kf_pack2(lo, hi)".to_string(),
             (false, ActivationKind::Relu) => "kf_pack2_relu(lo, hi)".to_string(),
             (false, ActivationKind::Silu) if packed_silu => "kf_silu_half_f16x2(lo, hi)".to_string(),
-            (false, ActivationKind::Silu) if half_silu => "kf_pack2(kf_silu_half_f32(lo), kf_silu_half_f32(hi))".to_string(),
+            (false, ActivationKind::Silu) if half_silu => {
+                "kf_pack2(kf_silu_half_f32(lo), kf_silu_half_f32(hi))".to_string()
+            }
             (false, ActivationKind::Silu) => "kf_pack2(kf_silu_f32(lo), kf_silu_f32(hi))".to_string(),
             (false, _) => format!("kf_pack2(kf_act_{i}(lo), kf_act_{i}(hi))"),
             (true, ActivationKind::Identity) => "x".to_string(),
@@ -618,12 +661,19 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         // f16-accumulating layers: `pack16` on the f16 pair (mlp_layer_forms.cuh).
         let pack16 = match kind {
             _ if !acc16[i] => "",
-            ActivationKind::Relu => "\n    static __device__ __forceinline__ unsigned pack16(unsigned h) { return kf_relu_h2(h); }",
-            ActivationKind::Silu => "\n    static __device__ __forceinline__ unsigned pack16(unsigned h) { return kf_silu_half_h2(h); }",
+            ActivationKind::Relu => {
+                "\n    static __device__ __forceinline__ unsigned pack16(unsigned h) { return kf_relu_h2(h); }"
+            }
+            ActivationKind::Silu => {
+                "\n    static __device__ __forceinline__ unsigned pack16(unsigned h) { return kf_silu_half_h2(h); }"
+            }
             _ => "\n    static __device__ __forceinline__ unsigned pack16(unsigned h) { return h; }",
         };
         if i == last {
-            let _ = writeln!(act_structs, "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return {body}; }} }};");
+            let _ = writeln!(
+                act_structs,
+                "struct KfAct{i} {{ static __device__ __forceinline__ float apply(float x) {{ return {body}; }} }};"
+            );
         } else if !pack16.is_empty() {
             let _ = writeln!(act_structs, "struct KfAct{i} {{ static __device__ __forceinline__ unsigned pack(float lo, float hi) {{ return {body}; }}{pack16} }};");
         } else if fma_eighths[i] > 0 {
@@ -657,13 +707,25 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         .map(|i| {
             let l = &layouts[i];
             let has_bias = model.layers[i].bias.is_some();
-            WgLayer { index: i, kt: l.k_pad / 16, nt16: l.n_pad / 16, w_off: l.w_off, b_off: if has_bias { l.b_off } else { 0 }, n_real: model.layers[i].outputs, has_bias, fma_eighths: fma_eighths[i] }
+            WgLayer {
+                index: i,
+                kt: l.k_pad / 16,
+                nt16: l.n_pad / 16,
+                w_off: l.w_off,
+                b_off: if has_bias { l.b_off } else { 0 },
+                n_real: model.layers[i].outputs,
+                has_bias,
+                fma_eighths: fma_eighths[i],
+            }
         })
         .collect();
     let row_form = any_wg
         && r == 2
         && wg_layers.len() == last
-        && wg_layers.iter().enumerate().all(|(n, l)| 16 * l.nt16 + wg_layers.get(n + 1).map_or(0, |x| 8 * x.nt16) <= ROW_FORM_REGISTERS);
+        && wg_layers
+            .iter()
+            .enumerate()
+            .all(|(n, l)| 16 * l.nt16 + wg_layers.get(n + 1).map_or(0, |x| 8 * x.nt16) <= ROW_FORM_REGISTERS);
     if any_wg {
         src.push_str(&wgmma::stage_function(&wg_layers));
     }
@@ -677,7 +739,10 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     // The generated layer chain.
     let _ = writeln!(src, "// The layers in order; h<i> holds layer i's input fragments.");
     let _ = writeln!(src, "__device__ __forceinline__ void kf_forward(const unsigned (&h0)[KF_R][KF_KT0][4], unsigned char* __restrict__ out_tile,");
-    let _ = writeln!(src, "                                           const unsigned char* __restrict__ smem, int lane) {{");
+    let _ = writeln!(
+        src,
+        "                                           const unsigned char* __restrict__ smem, int lane) {{"
+    );
     if any_wg {
         let _ = writeln!(src, "    const unsigned long long kf_desc0 = kf_wg_desc(kf_smem_addr(smem));  // wgmma B operands: smem + offset");
     }
@@ -711,7 +776,11 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         let has_bias = usize::from(layer.bias.is_some());
         // The FMA share as the templates' last argument, only where it is not 0 (their default).
         let q = if fma_eighths[i] > 0 { format!(", {}", fma_eighths[i]) } else { String::new() };
-        let run = if opts.repeated_layers == RepeatedLayers::Loop && i != last { (i + 1..last).take_while(|&j| same(i, j)).count() + 1 } else { 1 };
+        let run = if opts.repeated_layers == RepeatedLayers::Loop && i != last {
+            (i + 1..last).take_while(|&j| same(i, j)).count() + 1
+        } else {
+            1
+        };
         if run >= 2 {
             let kt = l.k_pad / 16;
             let stride = layouts[i + 1].w_off - l.w_off;
@@ -818,7 +887,8 @@ mod tests {
     /// The 32-bit constant `KF_SF_<name>` defined in the prelude.
     fn constant32(name: &str) -> u32 {
         let key = format!("#define KF_SF_{name} 0x");
-        let line = PRELUDE.lines().find(|l| l.starts_with(&key)).unwrap_or_else(|| panic!("no {key} in mlp_prelude.cuh"));
+        let line =
+            PRELUDE.lines().find(|l| l.starts_with(&key)).unwrap_or_else(|| panic!("no {key} in mlp_prelude.cuh"));
         let hex: String = line[key.len()..].chars().take_while(char::is_ascii_hexdigit).collect();
         u32::from_str_radix(&hex, 16).unwrap_or_else(|e| panic!("{line}: {e}"))
     }
@@ -861,14 +931,28 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let spec = ModelSpec::new(&[32, 64, 128, 96, 64, 32, 16], "silu");
         let model = MlpModel::load(write_model(dir.path(), "silu", &spec).expect("write")).expect("load");
-        let with = |math| emit_kernel(&model, &MlpKernelOptions { activation_math: math, ..MlpKernelOptions::default() });
+        let with =
+            |math| emit_kernel(&model, &MlpKernelOptions { activation_math: math, ..MlpKernelOptions::default() });
         let packed = with(ActivationMath::Packed).expect("packed");
         assert_eq!(with(ActivationMath::PackedFma { eighths: 0 }).expect("fma0"), packed);
         assert!(!packed.source.contains("return kf_silu_half_f16x2_fma(lo, hi);"));
         // Balanced: 8 − 1.5 KT eighths: KT = 2 → 5, 4 → 2, 8 and 6 → 0 (no argument), 4 → 2.
         let balanced = with(ActivationMath::PackedFmaBalanced).expect("balanced").source;
-        let args: Vec<&str> = balanced.lines().filter(|l| l.contains("kf_hidden_layer<")).filter_map(|l| l.split("KfAct").nth(1)).collect();
-        assert_eq!(args, ["0, 5>(h0, h1, smem, lane);", "1, 2>(h1, h2, smem, lane);", "2>(h2, h3, smem, lane);", "3>(h3, h4, smem, lane);", "4, 2>(h4, h5, smem, lane);"]);
+        let args: Vec<&str> = balanced
+            .lines()
+            .filter(|l| l.contains("kf_hidden_layer<"))
+            .filter_map(|l| l.split("KfAct").nth(1))
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "0, 5>(h0, h1, smem, lane);",
+                "1, 2>(h1, h2, smem, lane);",
+                "2>(h2, h3, smem, lane);",
+                "3>(h3, h4, smem, lane);",
+                "4, 2>(h4, h5, smem, lane);"
+            ]
+        );
         assert_eq!(with(ActivationMath::PackedFma { eighths: 3 }).expect("fma3").source.matches(", 3>(h").count(), 5);
         let err = with(ActivationMath::PackedFma { eighths: 9 }).expect_err("9 eighths");
         assert!(err.to_string().contains("eighths"), "{err}");
@@ -930,6 +1014,9 @@ mod tests {
         println!("FMA form: worst error / max(|silu|, 1) {worst:.2e} at h = {worst_h}; h ~ N(0,1): mean {mean:+.2e}, rms {rms:.2e}");
         println!("exactly rounded tanh: worst {ref_worst:.2e}; mean {ref_mean:+.2e}, rms {ref_rms:.2e}");
         assert!(worst <= 1.5e-3, "worst {worst:.3e} at h = {worst_h}");
-        assert!(rms <= 1.5 * ref_rms && mean.abs() <= 1e-4, "mean {mean:.3e}, rms {rms:.3e} (rounded tanh: {ref_rms:.3e})");
+        assert!(
+            rms <= 1.5 * ref_rms && mean.abs() <= 1e-4,
+            "mean {mean:.3e}, rms {rms:.3e} (rounded tanh: {ref_rms:.3e})"
+        );
     }
 }

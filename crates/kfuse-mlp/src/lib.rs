@@ -29,7 +29,10 @@ pub use cpu::{check_input, compare_rows, erf_f64, evaluate_cpu, reference_f64, r
 pub use error::{MlpError, Result};
 pub use generic::{emit_generic, GenericRefusal};
 pub use gpu::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
-pub use tier::{emit_fast_form, BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};
-pub use kernel::{emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel, MlpKernelOptions, RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH_OPTION};
+pub use kernel::{
+    emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel,
+    MlpKernelOptions, RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH_OPTION,
+};
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
+pub use tier::{emit_fast_form, BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};
 pub use tiled::{emit_tiled, TiledLayerKernel, TiledPlan};

@@ -204,7 +204,12 @@ impl MlpModel {
                     }
                     let values = tensor_values(i, name, &b)?;
                     if values.len() != outputs {
-                        return Err(MlpError::BiasShape { layer: i, tensor: name.clone(), got: values.len(), want: outputs });
+                        return Err(MlpError::BiasShape {
+                            layer: i,
+                            tensor: name.clone(),
+                            got: values.len(),
+                            want: outputs,
+                        });
                     }
                     Some(values)
                 }

@@ -60,7 +60,12 @@ const NVRTC_MINIMAL_SINCE: (i32, i32) = (12, 4);
 /// nothing. For the generic form, four n8 tiles per step (sharing each A fragment) cost 40-60%
 /// more compile time; `--Ofast-compile=0` (full optimisation) 10-15 ms more, `=min` the same,
 /// `=max` nothing less (3478 SASS instructions, 280 bytes of stack).
-pub fn emit_fast_form(model: &MlpModel, opts: &MlpKernelOptions, full: &MlpKernel, nvrtc_version: (i32, i32)) -> Option<MlpKernel> {
+pub fn emit_fast_form(
+    model: &MlpModel,
+    opts: &MlpKernelOptions,
+    full: &MlpKernel,
+    nvrtc_version: (i32, i32),
+) -> Option<MlpKernel> {
     let minimal = nvrtc_version >= NVRTC_MINIMAL_SINCE;
     if let Ok(mut generic) = emit_generic(model, opts, full) {
         if minimal {
@@ -69,11 +74,13 @@ pub fn emit_fast_form(model: &MlpModel, opts: &MlpKernelOptions, full: &MlpKerne
         return Some(generic);
     }
     let fast = MlpKernelOptions { compile_effort: CompileEffort::Fast, ..opts.clone() };
-    let smallest = MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, row_tiles_per_warp: Some(1), ..fast.clone() };
-    let mut chosen = [smallest, fast]
-        .iter()
-        .filter_map(|o| emit_kernel(model, o).ok())
-        .find(|k| k.params == full.params && (k.in_dtype, k.out_dtype) == (full.in_dtype, full.out_dtype) && k.nvrtc_options != full.nvrtc_options)?;
+    let smallest =
+        MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, row_tiles_per_warp: Some(1), ..fast.clone() };
+    let mut chosen = [smallest, fast].iter().filter_map(|o| emit_kernel(model, o).ok()).find(|k| {
+        k.params == full.params
+            && (k.in_dtype, k.out_dtype) == (full.in_dtype, full.out_dtype)
+            && k.nvrtc_options != full.nvrtc_options
+    })?;
     if minimal {
         chosen.nvrtc_options.push("-minimal".to_string());
     }
@@ -192,13 +199,16 @@ impl BackgroundCompile {
     where
         F: FnOnce() -> Result<(), RuntimeError> + Send + 'static,
     {
-        let shared = Arc::new(Shared { finished: AtomicBool::new(false), outcome: Mutex::new(None), done: Condvar::new() });
+        let shared =
+            Arc::new(Shared { finished: AtomicBool::new(false), outcome: Mutex::new(None), done: Condvar::new() });
         let started_at = Instant::now();
         let for_thread = shared.clone();
         let spawned = std::thread::Builder::new().name("kfuse-mlp-full".to_string()).spawn(move || {
             let guard = FinishOnUnwind(for_thread);
             let started = Instant::now();
-            let result = job().map(|()| started.elapsed().as_secs_f64() * 1e3).map_err(|e| BackgroundFailure::Compile(Arc::new(e)));
+            let result = job()
+                .map(|()| started.elapsed().as_secs_f64() * 1e3)
+                .map_err(|e| BackgroundFailure::Compile(Arc::new(e)));
             guard.0.finish(result);
         });
         if let Err(e) = spawned {

@@ -86,11 +86,15 @@ pub fn emit_tiled(model: &MlpModel, in_dtype: DType, out_dtype: DType, why: &str
                 _ => f16::from_f32(v).to_le_bytes(),
             })
             .collect();
-        let bias_bytes = layer.bias.as_ref().map(|b| b.iter().flat_map(|v| v.to_le_bytes()).collect()).unwrap_or_default();
+        let bias_bytes =
+            layer.bias.as_ref().map(|b| b.iter().flat_map(|v| v.to_le_bytes()).collect()).unwrap_or_default();
         layers.push(TiledLayerKernel { name, source, weight_bytes, bias_bytes, x_dtype, y_dtype });
     }
     Ok(TiledPlan {
         layers,
-        note: format!("note: {} is not fused into one kernel ({why}); running the slower tiled path, one kernel per layer", model.summary()),
+        note: format!(
+            "note: {} is not fused into one kernel ({why}); running the slower tiled path, one kernel per layer",
+            model.summary()
+        ),
     })
 }

@@ -28,7 +28,10 @@ pub(crate) struct WgLayer {
 /// `kf_stage_wgmma`: rewrites every wgmma layer's weights in shared memory (see mlp_wgmma.cuh).
 pub(crate) fn stage_function(layers: &[WgLayer]) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "// The wgmma layers' weights from the blob's fragment order into core-matrix order (mlp_wgmma.cuh).");
+    let _ = writeln!(
+        s,
+        "// The wgmma layers' weights from the blob's fragment order into core-matrix order (mlp_wgmma.cuh)."
+    );
     let _ = writeln!(s, "__device__ __forceinline__ void kf_stage_wgmma(const unsigned* __restrict__ params, unsigned char* __restrict__ smem) {{");
     for l in layers {
         let _ = writeln!(s, "    kf_stage_wgmma_layer<{}, {}, {}>(params, smem);", l.kt, l.nt16, l.w_off);
@@ -81,7 +84,12 @@ pub(crate) fn row_form_chain(layers: &[WgLayer]) -> String {
         );
     };
     let declare = |s: &mut String, l: &WgLayer| {
-        let _ = writeln!(s, "    float kf_d{0}_0[{1}], kf_d{0}_1[{1}];  // layer {0}'s accumulators, row tiles 0 and 1", l.index, l.nt16 * 8);
+        let _ = writeln!(
+            s,
+            "    float kf_d{0}_0[{1}], kf_d{0}_1[{1}];  // layer {0}'s accumulators, row tiles 0 and 1",
+            l.index,
+            l.nt16 * 8
+        );
         let _ = writeln!(s, "    unsigned h{}[KF_R][{}][4];", l.index + 1, l.nt16);
     };
     let Some(first) = layers.first() else { return s };
@@ -98,7 +106,15 @@ pub(crate) fn row_form_chain(layers: &[WgLayer]) -> String {
             let wait = if r == 1 && next.is_none() { 0 } else { 1 };
             let _ = writeln!(s, "    kf_wg_wait<{wait}>();");
             let q = if l.fma_eighths > 0 { format!(", {}", l.fma_eighths) } else { String::new() };
-            let _ = writeln!(s, "    kf_wg_act<{}, {}, KfAct{}{q}>(kf_d{}_{r}, h{}[{r}], lane);", l.nt16, l.n_real, l.index, l.index, l.index + 1);
+            let _ = writeln!(
+                s,
+                "    kf_wg_act<{}, {}, KfAct{}{q}>(kf_d{}_{r}, h{}[{r}], lane);",
+                l.nt16,
+                l.n_real,
+                l.index,
+                l.index,
+                l.index + 1
+            );
             if let Some(nx) = next {
                 issue(&mut s, nx, r);
             }

@@ -13,8 +13,8 @@
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, GenericRefusal, MlpKernel, MlpKernelOptions,
-    MlpModel,
+    compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, GenericRefusal,
+    MlpKernel, MlpKernelOptions, MlpModel,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
@@ -39,7 +39,15 @@ impl Case {
     fn new(widths: &[usize], hidden: &'static str, dtype: DType, bias: bool) -> Case {
         let n = widths.len() - 1;
         let acts = (0..n).map(|i| if i + 1 == n { "none" } else { hidden }).collect();
-        Case { widths: widths.to_vec(), acts, dtype, bias, io: (DType::F16, DType::F16), math: ActivationMath::Packed, bias_form: BiasOperand::Quads }
+        Case {
+            widths: widths.to_vec(),
+            acts,
+            dtype,
+            bias,
+            io: (DType::F16, DType::F16),
+            math: ActivationMath::Packed,
+            bias_form: BiasOperand::Quads,
+        }
     }
     fn io(self, input: DType, output: DType) -> Case {
         Case { io: (input, output), ..self }
@@ -59,7 +67,13 @@ impl Case {
         MlpModel::load(write_model(dir, name, &spec).expect("write model")).expect("load model")
     }
     fn options(&self, shared_limit: Option<u32>) -> MlpKernelOptions {
-        let base = MlpKernelOptions { in_dtype: self.io.0, out_dtype: self.io.1, activation_math: self.math, bias_operand: self.bias_form, ..MlpKernelOptions::default() };
+        let base = MlpKernelOptions {
+            in_dtype: self.io.0,
+            out_dtype: self.io.1,
+            activation_math: self.math,
+            bias_operand: self.bias_form,
+            ..MlpKernelOptions::default()
+        };
         MlpKernelOptions { shared_limit: shared_limit.unwrap_or(base.shared_limit), ..base }
     }
 }
@@ -76,9 +90,16 @@ fn both(model: &MlpModel, opts: &MlpKernelOptions) -> (MlpKernel, MlpKernel) {
 /// The source without the model's data: the layer table, the name (a hash of the whole source)
 /// and the comment lines naming the model.
 fn code(source: &str) -> String {
-    let (pre, rest) = source.split_once("__constant__ int kg_table[").unwrap_or_else(|| panic!("no layer table in:\n{source}"));
-    let post = rest.split_once("\n};\n").map(|(_, post)| post).unwrap_or_else(|| panic!("an unterminated layer table:\n{source}"));
-    let pre: Vec<&str> = pre.lines().filter(|l| !(l.starts_with("// model:") || l.starts_with("// input ") || l.starts_with("#define KG_NAME"))).collect();
+    let (pre, rest) =
+        source.split_once("__constant__ int kg_table[").unwrap_or_else(|| panic!("no layer table in:\n{source}"));
+    let post = rest
+        .split_once("\n};\n")
+        .map(|(_, post)| post)
+        .unwrap_or_else(|| panic!("an unterminated layer table:\n{source}"));
+    let pre: Vec<&str> = pre
+        .lines()
+        .filter(|l| !(l.starts_with("// model:") || l.starts_with("// input ") || l.starts_with("#define KG_NAME")))
+        .collect();
     format!("{}\n{post}", pre.join("\n"))
 }
 
@@ -115,21 +136,43 @@ fn cases() -> Vec<Case> {
 #[test]
 fn generic_code_depends_on_dtypes_and_activations_not_on_widths() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let relu = |widths: &[usize], bias: bool, name: &str| Case::new(widths, "relu", DType::F16, bias).model(dir.path(), name, 7);
-    let models = [relu(&[64, 64, 64, 64, 64, 16], false, "a"), relu(&[64, 128, 128, 128, 128, 16], false, "b"), relu(&[3, 24, 100, 5], true, "c"), relu(&[256, 24, 8], true, "d")];
+    let relu = |widths: &[usize], bias: bool, name: &str| {
+        Case::new(widths, "relu", DType::F16, bias).model(dir.path(), name, 7)
+    };
+    let models = [
+        relu(&[64, 64, 64, 64, 64, 16], false, "a"),
+        relu(&[64, 128, 128, 128, 128, 16], false, "b"),
+        relu(&[3, 24, 100, 5], true, "c"),
+        relu(&[256, 24, 8], true, "d"),
+    ];
     let opts = MlpKernelOptions::default();
     let kernels: Vec<(MlpKernel, MlpKernel)> = models.iter().map(|m| both(m, &opts)).collect();
     for (m, (full, generic)) in models.iter().zip(&kernels) {
         let what = m.summary();
         assert!(code(&generic.source) == code(&kernels[0].1.source), "{what}: the code differs from the first model's");
-        assert!(generic.name.starts_with("kf_mlp_generic_") && generic.source.contains(&format!("#define KG_NAME {}", generic.name)), "{what}");
+        assert!(
+            generic.name.starts_with("kf_mlp_generic_")
+                && generic.source.contains(&format!("#define KG_NAME {}", generic.name)),
+            "{what}"
+        );
         assert!(!generic.source.contains("#include"), "{what}");
         assert_eq!(generic.params, full.params, "{what}: the blob is shared with the optimised kernel");
         assert_eq!((generic.in_dtype, generic.out_dtype), (full.in_dtype, full.out_dtype));
-        assert_eq!((generic.row_tiles_per_warp, generic.rows_per_warp, generic.rows_per_block), (1, 16, 16 * generic.warps), "{what}");
+        assert_eq!(
+            (generic.row_tiles_per_warp, generic.rows_per_warp, generic.rows_per_block),
+            (1, 16, 16 * generic.warps),
+            "{what}"
+        );
         assert!((1..=16).contains(&generic.warps) && generic.block == 32 * generic.warps, "{what}");
-        assert!(generic.shared_bytes as usize > generic.params.len() && generic.shared_bytes <= opts.shared_limit, "{what}");
-        assert!(generic.nvrtc_options.iter().any(|o| o == "--Ofast-compile=mid"), "{what}: {:?}", generic.nvrtc_options);
+        assert!(
+            generic.shared_bytes as usize > generic.params.len() && generic.shared_bytes <= opts.shared_limit,
+            "{what}"
+        );
+        assert!(
+            generic.nvrtc_options.iter().any(|o| o == "--Ofast-compile=mid"),
+            "{what}: {:?}",
+            generic.nvrtc_options
+        );
         // Deterministic: the same model again gives the same bytes.
         assert_eq!(&both(m, &opts).1, generic, "{what}");
     }
@@ -155,13 +198,18 @@ fn generic_refuses_a_foreign_blob_or_too_little_shared_memory_and_tiering_falls_
     assert!(fallback.is_none(), "no form shares a blob that kernel.rs did not make");
     let full = emit_kernel(&m, &opts).expect("emit");
     // Too little shared memory for the weights plus one warp's two 16-row buffers.
-    let tight = MlpKernelOptions { shared_limit: u32::try_from(full.params.len()).expect("size") + 1024, ..opts.clone() };
+    let tight =
+        MlpKernelOptions { shared_limit: u32::try_from(full.params.len()).expect("size") + 1024, ..opts.clone() };
     match emit_generic(&m, &tight, &full) {
         Err(GenericRefusal::SharedMemory { needed }) => assert_eq!(needed, full.params.len() + 2 * 16 * (2 * 64 + 16)),
         other => panic!("expected a shared-memory refusal, got {other:?}"),
     }
     let fast = emit_fast_form(&m, &opts, &full, (13, 0)).expect("a fast form");
-    assert!(fast.name.starts_with("kf_mlp_generic_") && fast.nvrtc_options.iter().any(|o| o == "-minimal"), "{:?}", fast.nvrtc_options);
+    assert!(
+        fast.name.starts_with("kf_mlp_generic_") && fast.nvrtc_options.iter().any(|o| o == "-minimal"),
+        "{:?}",
+        fast.nvrtc_options
+    );
     // A wide hidden layer: the generic form's two buffers per warp hold 256 columns, the looped
     // form's input stages only 16, so with little shared memory only the looped form fits, and
     // tiering uses it.
@@ -184,7 +232,12 @@ fn generic_generated_part_matches_golden() {
     // The generated head (defines, layer table, activation functions) and the dispatchers.
     let head = generic.source.split("// ---------------------------------------------------------------------------------------------\n// PTX helpers").next().unwrap_or("");
     let head: String = head.split("// kfuse generic MLP kernel: the quick-to-compile").next().unwrap_or("").to_string();
-    let dispatch = generic.source.split("(they use the helpers above).\n").nth(1).and_then(|s| s.split("\n// Converts this warp").next()).unwrap_or("");
+    let dispatch = generic
+        .source
+        .split("(they use the helpers above).\n")
+        .nth(1)
+        .and_then(|s| s.split("\n// Converts this warp").next())
+        .unwrap_or("");
     if std::env::var_os("CARGO_MANIFEST_DIR").is_none() {
         std::env::set_var("CARGO_MANIFEST_DIR", env!("CARGO_MANIFEST_DIR"));
     }
@@ -197,8 +250,15 @@ fn generic_generated_part_matches_golden() {
 
 /// The layer table `kg_table` of a generic kernel's source.
 fn table(source: &str) -> Vec<i64> {
-    let body = source.split_once("__constant__ int kg_table[").and_then(|(_, r)| r.split_once("= {")).and_then(|(_, r)| r.split_once("};")).map(|(b, _)| b);
-    body.unwrap_or_else(|| panic!("no layer table")).split(',').map(|v| v.trim().parse::<i64>().unwrap_or_else(|e| panic!("table value `{v}`: {e}"))).collect()
+    let body = source
+        .split_once("__constant__ int kg_table[")
+        .and_then(|(_, r)| r.split_once("= {"))
+        .and_then(|(_, r)| r.split_once("};"))
+        .map(|(b, _)| b);
+    body.unwrap_or_else(|| panic!("no layer table"))
+        .split(',')
+        .map(|v| v.trim().parse::<i64>().unwrap_or_else(|e| panic!("table value `{v}`: {e}")))
+        .collect()
 }
 
 /// Rounds to the model's compute dtype, as the kernel's packed pairs do.
@@ -231,7 +291,11 @@ fn emulate_tile(model: &MlpModel, kernel: &MlpKernel, halved: &[bool], x: &[f64]
     let (layers, in_w, in_pairs, out_w) = (t[0] as usize, t[2] as usize, t[3] as usize, t[4] as usize);
     assert_eq!((t[1] * 16) as usize, blob.len(), "parameter bytes");
     // Buffer 0: the input rows in the compute dtype, zero past the input width.
-    let mut a: Vec<Vec<f64>> = (0..16).map(|r| (0..2 * in_pairs).map(|c| if c < in_w { round16(model.dtype, x[r * in_w + c]) } else { 0.0 }).collect()).collect();
+    let mut a: Vec<Vec<f64>> = (0..16)
+        .map(|r| {
+            (0..2 * in_pairs).map(|c| if c < in_w { round16(model.dtype, x[r * in_w + c]) } else { 0.0 }).collect()
+        })
+        .collect();
     let mut out = vec![0.0; 16 * out_w];
     for l in 0..layers {
         let e = &t[8 + 8 * l..16 + 8 * l];
@@ -244,7 +308,11 @@ fn emulate_tile(model: &MlpModel, kernel: &MlpKernel, halved: &[bool], x: &[f64]
             for lane in 0..32i64 {
                 let (g, q) = ((lane / 4) as usize, (lane % 4) as usize);
                 let c = 8 * tile + 2 * q;
-                let (b0, b1) = if b_off >= 0 { (float(b_off + 4 * c as i64 * b_mult), float(b_off + 4 * c as i64 * b_mult + 4)) } else { (0.0, 0.0) };
+                let (b0, b1) = if b_off >= 0 {
+                    (float(b_off + 4 * c as i64 * b_mult), float(b_off + 4 * c as i64 * b_mult + 4))
+                } else {
+                    (0.0, 0.0)
+                };
                 for (m, n, bias) in [(g, c, b0), (g, c + 1, b1), (g + 8, c, b0), (g + 8, c + 1, b1)] {
                     let mut acc = bias;
                     for kk in 0..kt {
@@ -253,7 +321,9 @@ fn emulate_tile(model: &MlpModel, kernel: &MlpKernel, halved: &[bool], x: &[f64]
                         for k in 0..16usize {
                             let qq = ((k % 8) / 2) as i64;
                             let owner = 4 * (n % 8) as i64 + qq;
-                            let wo = w_off + (((tile as i64) >> gs) * kt * 32 + owner) * (8 << gs) + ((tile as i64) & ((1 << gs) - 1)) * 8;
+                            let wo = w_off
+                                + (((tile as i64) >> gs) * kt * 32 + owner) * (8 << gs)
+                                + ((tile as i64) & ((1 << gs) - 1)) * 8;
                             let b = half(wo + kk * (256 << gs) + if k < 8 { 0 } else { 4 } + 2 * (k % 2) as i64);
                             acc += a[m][16 * kk as usize + k] * b;
                         }
@@ -264,7 +334,9 @@ fn emulate_tile(model: &MlpModel, kernel: &MlpKernel, halved: &[bool], x: &[f64]
         }
         let last = l + 1 == layers;
         let scale = if halved[l] { 2.0 } else { 1.0 };
-        let act = |v: Vec<f64>| model.layers[l].activation.evaluate_f64(l, v.into_iter().map(|x| scale * x).collect()).expect("activation");
+        let act = |v: Vec<f64>| {
+            model.layers[l].activation.evaluate_f64(l, v.into_iter().map(|x| scale * x).collect()).expect("activation")
+        };
         if last {
             for (m, row) in z.iter().enumerate() {
                 let y = act(row[..out_w].to_vec());
@@ -272,7 +344,16 @@ fn emulate_tile(model: &MlpModel, kernel: &MlpKernel, halved: &[bool], x: &[f64]
             }
         } else {
             // Padding columns forced to 0, the rest rounded to the compute dtype.
-            a = z.iter().map(|row| act(row.clone()).into_iter().enumerate().map(|(c, v)| if c < n_real { round16(model.dtype, v) } else { 0.0 }).collect()).collect();
+            a = z
+                .iter()
+                .map(|row| {
+                    act(row.clone())
+                        .into_iter()
+                        .enumerate()
+                        .map(|(c, v)| if c < n_real { round16(model.dtype, v) } else { 0.0 })
+                        .collect()
+                })
+                .collect();
         }
     }
     out
@@ -287,14 +368,30 @@ fn generic_table_and_addressing_reproduce_the_model_on_the_cpu() {
         let opts = case.options(None);
         let (_, generic) = both(&m, &opts);
         let last = m.layers.len() - 1;
-        let half_silu = (m.dtype == DType::F16 && matches!(case.math, ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced))
+        let half_silu = (m.dtype == DType::F16
+            && matches!(
+                case.math,
+                ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced
+            ))
             || case.math == ActivationMath::TanhF32;
-        let halved: Vec<bool> = m.layers.iter().enumerate().map(|(i, l)| i != last && half_silu && l.activation.kind() == kfuse_mlp::ActivationKind::Silu).collect();
+        let halved: Vec<bool> = m
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| i != last && half_silu && l.activation.kind() == kfuse_mlp::ActivationKind::Silu)
+            .collect();
         let x = random_input(DType::F32, 16, m.input_width(), &mut rng);
         let got = emulate_tile(&m, &generic, &halved, &x.to_f64());
         let want = evaluate_cpu(&m, &x).expect("cpu");
         let e = compare_rows(&got, &want, m.output_width());
-        println!("{} {:?} {:?}: rel {:.2e} worst row {:.2e}", m.summary(), case.math, case.bias_form, e.rel_err, e.worst_row_rel_err);
+        println!(
+            "{} {:?} {:?}: rel {:.2e} worst row {:.2e}",
+            m.summary(),
+            case.math,
+            case.bias_form,
+            e.rel_err,
+            e.worst_row_rel_err
+        );
         assert!(e.non_finite == 0 && e.rel_err <= TOL_16BIT, "{}: {e:?}", m.summary());
     }
 }
@@ -314,12 +411,32 @@ fn generic_compiles_for_sm80_and_sm90() {
             opts.extra.push("--ptxas-options=-v".to_string());
             match compile(&generic.source, &opts) {
                 Ok(module) => {
-                    let regs = module.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
-                    println!("{} {arch}: {} B cubin in {:.0} ms; {regs}", m.summary(), module.cubin.len(), t.elapsed().as_secs_f64() * 1e3);
+                    let regs = module
+                        .log
+                        .lines()
+                        .filter(|l| l.contains("registers") || l.contains("spill"))
+                        .map(str::trim)
+                        .collect::<Vec<_>>()
+                        .join(" ");
+                    println!(
+                        "{} {arch}: {} B cubin in {:.0} ms; {regs}",
+                        m.summary(),
+                        module.cubin.len(),
+                        t.elapsed().as_secs_f64() * 1e3
+                    );
                     assert!(!module.cubin.is_empty());
-                    assert!(!module.log.contains("bytes spill stores") || module.log.contains(" 0 bytes spill stores"), "{}: spills: {}", m.summary(), module.log);
+                    assert!(
+                        !module.log.contains("bytes spill stores") || module.log.contains(" 0 bytes spill stores"),
+                        "{}: spills: {}",
+                        m.summary(),
+                        module.log
+                    );
                 }
-                Err(e) => panic!("{}: the generic form failed to compile for {arch}: {e}\n--- source ---\n{}", m.summary(), generic.source),
+                Err(e) => panic!(
+                    "{}: the generic form failed to compile for {arch}: {e}\n--- source ---\n{}",
+                    m.summary(),
+                    generic.source
+                ),
             }
         }
     }
@@ -334,7 +451,9 @@ fn generic_kernel_matches_cpu_interpreter() {
     for (n, case) in cases().iter().enumerate() {
         let m = case.model(dir.path(), &format!("g{n}"), rng.next_u64());
         let (_, generic) = both(&m, &case.options(Some(gpu.max_shared_bytes())));
-        let f = gpu.load_kernel_with_options(&generic.source, &generic.name, &generic.nvrtc_options).expect("compile and load");
+        let f = gpu
+            .load_kernel_with_options(&generic.source, &generic.name, &generic.nvrtc_options)
+            .expect("compile and load");
         let params = gpu.upload(&generic.params).expect("upload params");
         let (io_in, io_out) = case.io;
         for rows in [1usize, 3, 127, 129, 255, 1023, 4099] {
@@ -345,8 +464,16 @@ fn generic_kernel_matches_cpu_interpreter() {
             let mut results = Vec::new();
             for _ in 0..2 {
                 gpu.fill(&y, 0xff).expect("poison");
-                let blocks = u32::try_from(rows.div_ceil(generic.rows_per_block as usize)).expect("blocks").min(gpu.sm_count()).max(1);
-                let args = [KernelArg::Buffer(&xb), KernelArg::Buffer(&y), KernelArg::Buffer(&params), KernelArg::I64(rows as i64)];
+                let blocks = u32::try_from(rows.div_ceil(generic.rows_per_block as usize))
+                    .expect("blocks")
+                    .min(gpu.sm_count())
+                    .max(1);
+                let args = [
+                    KernelArg::Buffer(&xb),
+                    KernelArg::Buffer(&y),
+                    KernelArg::Buffer(&params),
+                    KernelArg::I64(rows as i64),
+                ];
                 gpu.launch(&f, blocks, generic.block, generic.shared_bytes, &args).expect("launch");
                 results.push(gpu.download(&y).expect("download"));
             }
@@ -364,7 +491,9 @@ fn generic_kernel_matches_cpu_interpreter() {
                 e.worst_row
             );
             let bf16 = m.dtype == DType::BF16 || io_out == DType::BF16;
-            if let Err(why) = kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary())) {
+            if let Err(why) =
+                kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary()))
+            {
                 panic!("{why}");
             }
         }

@@ -8,7 +8,10 @@
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
-use kfuse_mlp::{bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers};
+use kfuse_mlp::{
+    bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, BiasOperand,
+    ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers,
+};
 use kfuse_runtime::testing::gpu_or_skip;
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (issue 5).
@@ -35,11 +38,22 @@ fn check_case(gpu: &kfuse_runtime::Gpu, dir: &std::path::Path, n: usize, case: &
         let e = compare_rows(&got.to_f64(), &want, model.output_width());
         println!(
             "{} io {}->{} rows {r}: rel {:.2e} max abs {:.2e} worst row {:.2e} (row {})",
-            model.summary(), case.io.0, case.io.1, e.rel_err, e.max_abs_err, e.worst_row_rel_err, e.worst_row
+            model.summary(),
+            case.io.0,
+            case.io.1,
+            e.rel_err,
+            e.max_abs_err,
+            e.worst_row_rel_err,
+            e.worst_row
         );
         // Per row a looser bound, and few values get the row bound (see check_16bit).
         let bf16 = model.dtype == DType::BF16 || case.io.1 == DType::BF16;
-        if let Err(why) = kfuse_mlp::testing::check_16bit(&e, bf16, r * model.output_width(), &format!("{} rows {r}", model.summary())) {
+        if let Err(why) = kfuse_mlp::testing::check_16bit(
+            &e,
+            bf16,
+            r * model.output_width(),
+            &format!("{} rows {r}", model.summary()),
+        ) {
             panic!("{why}");
         }
     }
@@ -60,7 +74,13 @@ fn fused_mlp_matches_cpu_interpreter() {
         Case { widths: vec![64, 128, 128, 128, 128, 16], act: "relu", wdtype: BF16, io: (BF16, BF16), bias: false },
         Case { widths: vec![32, 64, 128, 96, 64, 32, 16], act: "silu", wdtype: F16, io: (F16, F16), bias: true },
         Case { widths: vec![256, 256, 7], act: "tanh", wdtype: F16, io: (F16, F32), bias: true },
-        Case { widths: vec![24, 16, 16, 16, 16, 16, 16, 16, 24], act: "leaky_relu", wdtype: F16, io: (BF16, F16), bias: true },
+        Case {
+            widths: vec![24, 16, 16, 16, 16, 16, 16, 16, 24],
+            act: "leaky_relu",
+            wdtype: F16,
+            io: (BF16, F16),
+            bias: true,
+        },
         Case { widths: vec![3, 17, 1], act: "x * sigmoid(1.702 * x)", wdtype: BF16, io: (F32, BF16), bias: true },
         Case { widths: vec![128, 64, 2], act: "softplus", wdtype: F16, io: (F16, F16), bias: true },
         Case { widths: vec![16, 24, 16], act: "gelu_tanh", wdtype: BF16, io: (F16, F32), bias: false },
@@ -83,7 +103,20 @@ fn tiled_fallback_matches_cpu_interpreter() {
     let note = prepared.note().expect("this model must take the tiled path").to_string();
     println!("{note}");
     assert!(note.contains("tiled"));
-    check_case(&gpu, dir.path(), 99, &Case { widths: vec![40, 256, 256, 256, 7], act: "silu", wdtype: DType::F16, io: (DType::F16, DType::F32), bias: true }, &[1, 129, 255], &mut rng);
+    check_case(
+        &gpu,
+        dir.path(),
+        99,
+        &Case {
+            widths: vec![40, 256, 256, 256, 7],
+            act: "silu",
+            wdtype: DType::F16,
+            io: (DType::F16, DType::F32),
+            bias: true,
+        },
+        &[1, 129, 255],
+        &mut rng,
+    );
 }
 
 #[test]
@@ -121,7 +154,11 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut rng, seed) = Rng::from_time();
     println!("seed {seed}");
-    let loop_opts = |math| MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, activation_math: math, ..MlpKernelOptions::default() };
+    let loop_opts = |math| MlpKernelOptions {
+        repeated_layers: RepeatedLayers::Loop,
+        activation_math: math,
+        ..MlpKernelOptions::default()
+    };
     let pairs = |math| MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..loop_opts(math) };
     let acc16 = |o: MlpKernelOptions| MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..o };
     let pipe = |o: MlpKernelOptions| MlpKernelOptions { chunk_order: ChunkOrder::Pipelined, ..o };
@@ -131,27 +168,75 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::Packed)),
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::TanhF32)),
         // SiLU pairs on the FMA pipe (kf_silu_half_f16x2_fma): a share, all of them, per layer.
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 3 })),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 8 })),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            "silu",
+            DType::F16,
+            true,
+            loop_opts(ActivationMath::PackedFma { eighths: 3 }),
+        ),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            "silu",
+            DType::F16,
+            true,
+            loop_opts(ActivationMath::PackedFma { eighths: 8 }),
+        ),
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFmaBalanced)),
-        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFma { eighths: 5 })),
+        (
+            vec![24, 16, 16, 16, 16, 16, 16, 24],
+            "silu",
+            DType::F16,
+            true,
+            loop_opts(ActivationMath::PackedFma { eighths: 5 }),
+        ),
         // The bias forms: column-order pairs (BiasOperand::Pairs) against the default quads,
         // unrolled and in the loop, f16 and bf16.
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            "silu",
+            DType::F16,
+            true,
+            MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() },
+        ),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::BF16, true, pairs(ActivationMath::Packed)),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() }),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            "silu",
+            DType::F16,
+            true,
+            MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() },
+        ),
         // f16 accumulators (HiddenAccumulator::F16): unrolled at 8 and 12 warps and 3 row tiles,
         // in the loop, ReLU, padded widths; bf16 and the FMA share keep f32 (checked below).
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, acc16(MlpKernelOptions::default())),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, acc16(MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() })),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, acc16(MlpKernelOptions { row_tiles_per_warp: Some(3), ..MlpKernelOptions::default() })),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            "silu",
+            DType::F16,
+            true,
+            acc16(MlpKernelOptions { warps: Some(12), ..MlpKernelOptions::default() }),
+        ),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            "silu",
+            DType::F16,
+            true,
+            acc16(MlpKernelOptions { row_tiles_per_warp: Some(3), ..MlpKernelOptions::default() }),
+        ),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, acc16(loop_opts(ActivationMath::Packed))),
         (vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, true, acc16(loop_opts(ActivationMath::Packed))),
         (vec![3, 24, 100, 5], "silu", DType::F16, true, acc16(MlpKernelOptions::default())),
         (vec![3, 24, 100, 5], "silu", DType::BF16, true, acc16(MlpKernelOptions::default())),
         // Pipelined chunk order (ChunkOrder::Pipelined), both bias forms, padded widths.
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, pipe(MlpKernelOptions::default())),
-        (vec![3, 24, 100, 5], "silu", DType::F16, true, pipe(MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() })),
+        (
+            vec![3, 24, 100, 5],
+            "silu",
+            DType::F16,
+            true,
+            pipe(MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }),
+        ),
     ];
     for (n, (widths, act, dtype, bias, opts)) in cases.into_iter().enumerate() {
         let mut spec = ModelSpec::new(&widths, act);
@@ -162,15 +247,32 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         let opts = MlpKernelOptions { in_dtype: dtype, out_dtype: dtype, shared_limit: gpu.max_shared_bytes(), ..opts };
         let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
         let looped = opts.repeated_layers == RepeatedLayers::Loop;
-        assert!(prepared.kernel().is_some_and(|k| !looped || !widths[1..].windows(2).any(|w| w[0] == w[1]) || k.source.contains("kf_hidden_loop<") || k.source.contains("kf_hidden_loop_h<")));
+        assert!(prepared.kernel().is_some_and(|k| !looped
+            || !widths[1..].windows(2).any(|w| w[0] == w[1])
+            || k.source.contains("kf_hidden_loop<")
+            || k.source.contains("kf_hidden_loop_h<")));
         let f16_acc = opts.hidden_accumulator == HiddenAccumulator::F16 && dtype == DType::F16;
-        assert!(prepared.kernel().is_some_and(|k| (k.source.contains("kf_hidden_layer_h<") || k.source.contains("kf_hidden_loop_h<")) == f16_acc), "f16 accumulators exactly when asked for and possible");
+        assert!(
+            prepared.kernel().is_some_and(|k| (k.source.contains("kf_hidden_layer_h<")
+                || k.source.contains("kf_hidden_loop_h<"))
+                == f16_acc),
+            "f16 accumulators exactly when asked for and possible"
+        );
         let pipelined = opts.chunk_order == ChunkOrder::Pipelined;
-        assert!(prepared.kernel().is_some_and(|k| k.source.contains("kf_hidden_layer_p<") == pipelined), "the pipelined form exactly when asked for");
+        assert!(
+            prepared.kernel().is_some_and(|k| k.source.contains("kf_hidden_layer_p<") == pipelined),
+            "the pipelined form exactly when asked for"
+        );
         let quads = opts.bias_operand == BiasOperand::Quads;
-        assert!(prepared.kernel().is_some_and(|k| k.source.contains(&format!("#define KF_BIAS_QUADS {}", u8::from(quads)))));
-        let fma_form = matches!(opts.activation_math, ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced);
-        assert!(prepared.kernel().is_some_and(|k| k.source.contains("return kf_silu_half_f16x2_fma(lo, hi);") == fma_form), "the FMA form must be used exactly when asked for");
+        assert!(prepared
+            .kernel()
+            .is_some_and(|k| k.source.contains(&format!("#define KF_BIAS_QUADS {}", u8::from(quads)))));
+        let fma_form =
+            matches!(opts.activation_math, ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced);
+        assert!(
+            prepared.kernel().is_some_and(|k| k.source.contains("return kf_silu_half_f16x2_fma(lo, hi);") == fma_form),
+            "the FMA form must be used exactly when asked for"
+        );
         for rows in [1usize, 255, 1023] {
             let x = random_input(dtype, rows, model.input_width(), &mut rng);
             let xb = gpu.upload(&x.to_bytes()).expect("upload");
@@ -178,7 +280,8 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             let y = gpu.alloc_zeroed(rows * out_w * dtype.size_bytes()).expect("alloc");
             gpu.fill(&y, 0xff).expect("poison");
             prepared.launch(&gpu, &xb, &y, rows).expect("launch");
-            let got = HostTensor::from_bytes(dtype, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
+            let got =
+                HostTensor::from_bytes(dtype, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
             let want = evaluate_cpu(&model, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
             println!(

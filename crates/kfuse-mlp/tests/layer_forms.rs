@@ -8,10 +8,13 @@
 
 use half::f16;
 use kfuse_ir::DType;
-use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_ir::HostTensor;
 use kfuse_mlp::testing::{random_input, Rng};
-use kfuse_mlp::{compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel};
+use kfuse_mlp::testing::{write_model, ModelSpec};
+use kfuse_mlp::{
+    compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator,
+    MlpKernelOptions, MlpModel,
+};
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions};
 
@@ -37,7 +40,8 @@ fn calls<'a>(src: &'a str, call: &str) -> Vec<&'a str> {
 fn layer_forms_appear_only_when_asked_for() {
     let dir = tempfile::tempdir().expect("tempdir");
     let widths = [32, 64, 128, 96, 64, 32, 16];
-    let (f16_model, bf16_model) = (load(dir.path(), "f16", &widths, DType::F16), load(dir.path(), "bf16", &widths, DType::BF16));
+    let (f16_model, bf16_model) =
+        (load(dir.path(), "f16", &widths, DType::F16), load(dir.path(), "bf16", &widths, DType::BF16));
     let emit = |m: &MlpModel, o: MlpKernelOptions| emit_kernel(m, &o).expect("emit").source;
     let pipe = |o: MlpKernelOptions| MlpKernelOptions { chunk_order: ChunkOrder::Pipelined, ..o };
     let d = MlpKernelOptions::default();
@@ -80,7 +84,14 @@ fn f16_accumulator_biases_are_duplicated_halved_pairs() {
     // kf_hidden_layer_h<KT, NT16, W_OFF, B_OFF, N_REAL, HAS_BIAS, Act>: the bias offset.
     let call = calls(&k.source, "kf_hidden_layer_h<");
     assert_eq!(call.len(), 1, "{}", k.source);
-    let args: Vec<usize> = call[0].split(['<', '>']).nth(1).expect("template arguments").split(", ").take(6).map(|a| a.parse().expect("a number")).collect();
+    let args: Vec<usize> = call[0]
+        .split(['<', '>'])
+        .nth(1)
+        .expect("template arguments")
+        .split(", ")
+        .take(6)
+        .map(|a| a.parse().expect("a number"))
+        .collect();
     assert_eq!((args[0], args[1], args[4], args[5]), (1, 3, 40, 1), "{}", call[0]);
     let b_off = args[3];
     let bias = model.layers[0].bias.as_ref().expect("bias");
@@ -93,7 +104,11 @@ fn f16_accumulator_biases_are_duplicated_halved_pairs() {
         for q in 0..4 {
             for (slot, t) in [2 * j, 2 * j, 2 * j + 1, 2 * j + 1].into_iter().enumerate() {
                 let off = b_off + (j * 4 + q) * 16 + slot * 4;
-                assert_eq!((at(off), at(off + 2)), (want(8 * t + 2 * q), want(8 * t + 2 * q + 1)), "chunk {j} quad {q} slot {slot}");
+                assert_eq!(
+                    (at(off), at(off + 2)),
+                    (want(8 * t + 2 * q), want(8 * t + 2 * q + 1)),
+                    "chunk {j} quad {q} slot {slot}"
+                );
             }
         }
     }
@@ -114,7 +129,10 @@ fn pipe_fma_cases() -> Vec<(Vec<usize>, MlpKernelOptions)> {
         (vec![32, 64, 128, 96, 64, 32, 16], pipe(1, BiasOperand::Quads)),
         (vec![32, 64, 128, 96, 64, 32, 16], pipe(2, BiasOperand::Quads)),
         (vec![3, 24, 100, 5], pipe(3, BiasOperand::Pairs)),
-        (vec![32, 64, 128, 96, 64, 32, 16], MlpKernelOptions { activation_math: ActivationMath::PackedFmaBalanced, ..pipe(0, BiasOperand::Quads) }),
+        (
+            vec![32, 64, 128, 96, 64, 32, 16],
+            MlpKernelOptions { activation_math: ActivationMath::PackedFmaBalanced, ..pipe(0, BiasOperand::Quads) },
+        ),
     ]
 }
 
@@ -144,7 +162,9 @@ fn pipelined_fma_share_matches_cpu_interpreter() {
         let model = MlpModel::load(write_model(dir.path(), &format!("g{n}"), &spec).expect("write")).expect("load");
         let opts = MlpKernelOptions { shared_limit: gpu.max_shared_bytes(), ..opts };
         let (prepared, _) = prepare_with(&gpu, &model, &opts).expect("prepare");
-        assert!(prepared.kernel().is_some_and(|k| k.source.contains("kf_hidden_layer_p<") && k.source.contains("kf_silu_half_f16x2_fma(lo, hi)")));
+        assert!(prepared.kernel().is_some_and(
+            |k| k.source.contains("kf_hidden_layer_p<") && k.source.contains("kf_silu_half_f16x2_fma(lo, hi)")
+        ));
         for rows in [1usize, 3, 255, 256, 1023] {
             let x = random_input(DType::F16, rows, model.input_width(), &mut rng);
             let xb = gpu.upload(&x.to_bytes()).expect("upload");
@@ -152,11 +172,22 @@ fn pipelined_fma_share_matches_cpu_interpreter() {
             let y = gpu.alloc_zeroed(rows * out_w * 2).expect("alloc");
             gpu.fill(&y, 0xff).expect("poison");
             prepared.launch(&gpu, &xb, &y, rows).expect("launch");
-            let got = HostTensor::from_bytes(DType::F16, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
+            let got = HostTensor::from_bytes(DType::F16, vec![rows, out_w], &gpu.download(&y).expect("download"))
+                .expect("size");
             let e = compare_rows(&got.to_f64(), &evaluate_cpu(&model, &x).expect("cpu"), out_w);
-            println!("{} {:?} pipe rows {rows}: rel {:.2e} worst row {:.2e}", model.summary(), opts.activation_math, e.rel_err, e.worst_row_rel_err);
+            println!(
+                "{} {:?} pipe rows {rows}: rel {:.2e} worst row {:.2e}",
+                model.summary(),
+                opts.activation_math,
+                e.rel_err,
+                e.worst_row_rel_err
+            );
             assert_eq!(e.non_finite, 0, "{}: unwritten or non-finite outputs", model.summary());
-            assert!(e.rel_err <= TOL_16BIT && e.worst_row_rel_err <= 10.0 * TOL_16BIT, "{} rows {rows}: {e:?}", model.summary());
+            assert!(
+                e.rel_err <= TOL_16BIT && e.worst_row_rel_err <= 10.0 * TOL_16BIT,
+                "{} rows {rows}: {e:?}",
+                model.summary()
+            );
         }
     }
 }

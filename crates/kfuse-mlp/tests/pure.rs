@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
-use kfuse_mlp::{compare_rows, emit_kernel, erf_f64, evaluate_cpu, reference_f64, run_cpu, MlpError, MlpKernelOptions, MlpModel};
+use kfuse_mlp::{
+    compare_rows, emit_kernel, erf_f64, evaluate_cpu, reference_f64, run_cpu, MlpError, MlpKernelOptions, MlpModel,
+};
 
 fn write(dir: &Path, name: &str, spec: &ModelSpec) -> PathBuf {
     write_model(dir, name, spec).expect("write model")
@@ -147,7 +149,13 @@ fn custom_expressions_and_named_activations_load() {
 
 #[test]
 fn erf_matches_known_values() {
-    for (x, want) in [(0.0, 0.0), (0.5, 0.5204998778130465), (1.0, 0.8427007929497149), (2.0, 0.9953222650189527), (-3.0, -0.9999779095030014)] {
+    for (x, want) in [
+        (0.0, 0.0),
+        (0.5, 0.5204998778130465),
+        (1.0, 0.8427007929497149),
+        (2.0, 0.9953222650189527),
+        (-3.0, -0.9999779095030014),
+    ] {
         assert!((erf_f64(x) - want).abs() < 1e-15, "erf({x}) = {} want {want}", erf_f64(x));
     }
 }
@@ -200,11 +208,16 @@ fn generated_source_is_deterministic_and_matches_golden() {
     // Padded widths: 24 -> 32 in, 40 -> 48 hidden, 5 -> 8 out; params = weights + f32 bias quads
     // (4 floats per column pair: BiasOperand::Quads, the default).
     assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 8 + 8 * 48 * 2 + 8 * 8 + 0);
-    let generated: String = k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
+    let generated: String =
+        k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
     // The activation structs (after the prelude) and the generated layer chain.
-    let forward: String = k1.source.split("\nstruct KfAct0").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
+    let forward: String =
+        k1.source.split("\nstruct KfAct0").nth(1).and_then(|s| s.split("\n}\n").next()).unwrap_or("").to_string();
     golden_env();
-    expect_test::expect_file!["golden/mlp_24_40_5_relu.cu.txt"].assert_eq(&format!("{generated}\n// ...\nstruct KfAct0{forward}\n}}\n// NVRTC options: {:?}\n", k1.nvrtc_options));
+    expect_test::expect_file!["golden/mlp_24_40_5_relu.cu.txt"].assert_eq(&format!(
+        "{generated}\n// ...\nstruct KfAct0{forward}\n}}\n// NVRTC options: {:?}\n",
+        k1.nvrtc_options
+    ));
 }
 
 /// Golden files are found through CARGO_MANIFEST_DIR, which cargo sets; a test executable run
@@ -223,9 +236,15 @@ fn repeated_layers_loop_and_silu_half_weights() {
     let mut spec = ModelSpec::new(&[64, 64, 64, 64, 64, 16], "relu");
     spec.with_bias = false;
     let m = MlpModel::load(write(dir.path(), "sq", &spec)).expect("load");
-    let looped = emit_kernel(&m, &MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, ..MlpKernelOptions::default() }).expect("emit");
+    let looped =
+        emit_kernel(&m, &MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, ..MlpKernelOptions::default() })
+            .expect("emit");
     let unrolled = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit");
-    assert!(looped.source.contains("kf_hidden_loop<4, 4, 0, 8192, 0, 64, 0, KfAct0>(h4, smem, lane);"), "{}", looped.source);
+    assert!(
+        looped.source.contains("kf_hidden_loop<4, 4, 0, 8192, 0, 64, 0, KfAct0>(h4, smem, lane);"),
+        "{}",
+        looped.source
+    );
     assert_eq!(looped.source.matches("    kf_hidden_layer<").count(), 0);
     assert_eq!(unrolled.source.matches("    kf_hidden_layer<").count(), 4);
     assert_eq!(looped.params, unrolled.params);
@@ -235,7 +254,10 @@ fn repeated_layers_loop_and_silu_half_weights() {
     spec.seed = 5;
     let m = MlpModel::load(write(dir.path(), "silu", &spec)).expect("load");
     let half = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit").params;
-    let full = emit_kernel(&m, &MlpKernelOptions { activation_math: ActivationMath::F32, ..MlpKernelOptions::default() }).expect("emit").params;
+    let full =
+        emit_kernel(&m, &MlpKernelOptions { activation_math: ActivationMath::F32, ..MlpKernelOptions::default() })
+            .expect("emit")
+            .params;
     assert_eq!(half.len(), full.len());
     let f16_at = |b: &[u8], i: usize| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
     let layer0_weights = 16 * 16;
@@ -245,7 +267,14 @@ fn repeated_layers_loop_and_silu_half_weights() {
         nonzero += usize::from(f16_at(&full, i) != 0.0);
     }
     assert!(nonzero > 200);
-    let bias = |b: &[u8], i: usize| f32::from_le_bytes([b[2 * layer0_weights + 4 * i], b[2 * layer0_weights + 4 * i + 1], b[2 * layer0_weights + 4 * i + 2], b[2 * layer0_weights + 4 * i + 3]]);
+    let bias = |b: &[u8], i: usize| {
+        f32::from_le_bytes([
+            b[2 * layer0_weights + 4 * i],
+            b[2 * layer0_weights + 4 * i + 1],
+            b[2 * layer0_weights + 4 * i + 2],
+            b[2 * layer0_weights + 4 * i + 3],
+        ])
+    };
     // 16 biases as 8 quads of 4 floats.
     for i in 0..32 {
         assert_eq!(bias(&half, i), 0.5 * bias(&full, i), "bias {i}");
@@ -264,7 +293,9 @@ fn bias_quads_repeat_the_column_pairs() {
         spec.seed = 3 + n as u64;
         let m = MlpModel::load(write(dir.path(), &format!("q{n}"), &spec)).expect("load");
         let quads = emit_kernel(&m, &MlpKernelOptions::default()).expect("quads");
-        let pairs = emit_kernel(&m, &MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }).expect("pairs");
+        let pairs =
+            emit_kernel(&m, &MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() })
+                .expect("pairs");
         assert!(quads.source.contains("#define KF_BIAS_QUADS 1") && pairs.source.contains("#define KF_BIAS_QUADS 0"));
         if !with_bias {
             assert_eq!(quads.params, pairs.params, "no bias: the same blob");

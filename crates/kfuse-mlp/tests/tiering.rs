@@ -12,8 +12,8 @@ use std::sync::Arc;
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, prepare, prepare_tiered, BackgroundCompile, CompileEffort, KernelTier, MlpKernelOptions, MlpModel,
-    PreparedMlp, RepeatedLayers, Tiering,
+    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, prepare, prepare_tiered, BackgroundCompile, CompileEffort,
+    KernelTier, MlpKernelOptions, MlpModel, PreparedMlp, RepeatedLayers, Tiering,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
@@ -22,7 +22,15 @@ use kfuse_runtime::{compile, Arch, CacheOutcome, CompileOptions, Gpu, KernelCach
 /// gpu_tier.rs).
 const TOL_16BIT: f64 = 1e-2;
 
-fn model(dir: &std::path::Path, name: &str, widths: &[usize], act: &str, dtype: DType, bias: bool, seed: u64) -> MlpModel {
+fn model(
+    dir: &std::path::Path,
+    name: &str,
+    widths: &[usize],
+    act: &str,
+    dtype: DType,
+    bias: bool,
+    seed: u64,
+) -> MlpModel {
     let mut spec = ModelSpec::new(widths, act);
     spec.dtype = dtype;
     spec.with_bias = bias;
@@ -57,22 +65,42 @@ fn fast_form_compiles_for_sm80_and_sm90_and_shares_the_kernel() {
         assert_eq!((fast.in_dtype, fast.out_dtype), (full.in_dtype, full.out_dtype), "{name}");
         assert_eq!(fast.row_tiles_per_warp, 1, "{name}");
         assert_eq!(fast.rows_per_block, 16 * fast.warps, "{name}");
-        assert!(fast.name.starts_with("kf_mlp_generic_") && fast.source.contains("__constant__ int kg_table["), "{name}: the generic form");
+        assert!(
+            fast.name.starts_with("kf_mlp_generic_") && fast.source.contains("__constant__ int kg_table["),
+            "{name}: the generic form"
+        );
         assert!(fast.nvrtc_options.iter().any(|o| o == "--Ofast-compile=mid"), "{name}: {:?}", fast.nvrtc_options);
-        assert_eq!(fast.nvrtc_options.iter().any(|o| o == "-minimal"), nvrtc >= (12, 4), "{name}: {:?}", fast.nvrtc_options);
-        assert!(!full.nvrtc_options.iter().any(|o| o.starts_with("--Ofast-compile")), "{name}: {:?}", full.nvrtc_options);
+        assert_eq!(
+            fast.nvrtc_options.iter().any(|o| o == "-minimal"),
+            nvrtc >= (12, 4),
+            "{name}: {:?}",
+            fast.nvrtc_options
+        );
+        assert!(
+            !full.nvrtc_options.iter().any(|o| o.starts_with("--Ofast-compile")),
+            "{name}: {:?}",
+            full.nvrtc_options
+        );
         // An old NVRTC gets no -minimal; the optimised kernel's own loop form shares the blob too.
         let old = emit_fast_form(&m, &full_opts, &full, (12, 3)).expect("a fast form");
         assert!(!old.nvrtc_options.iter().any(|o| o == "-minimal"), "{name}: {:?}", old.nvrtc_options);
         let looped_opts = MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, ..full_opts.clone() };
         let looped = emit_kernel(&m, &looped_opts).expect("emit looped");
-        assert_eq!(emit_fast_form(&m, &looped_opts, &looped, nvrtc).map(|k| k.source), Some(fast.source.clone()), "{name}");
+        assert_eq!(
+            emit_fast_form(&m, &looped_opts, &looped, nvrtc).map(|k| k.source),
+            Some(fast.source.clone()),
+            "{name}"
+        );
         for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
             let t = std::time::Instant::now();
             let out = compile(&fast.source, &CompileOptions { arch, extra: fast.nvrtc_options.clone() });
             match out {
                 Ok(module) => {
-                    println!("{name} fast {arch}: {} B cubin in {:.0} ms", module.cubin.len(), t.elapsed().as_secs_f64() * 1e3);
+                    println!(
+                        "{name} fast {arch}: {} B cubin in {:.0} ms",
+                        module.cubin.len(),
+                        t.elapsed().as_secs_f64() * 1e3
+                    );
                     assert!(!module.cubin.is_empty(), "{name} {arch}");
                 }
                 Err(e) => panic!("{name}: the fast form failed to compile for {arch}: {e}"),
@@ -110,7 +138,15 @@ fn background_compile_lands_in_memory_and_disk_cache() {
 
 /// Launches `tier` (or the default choice with `None`) on fresh random rows, poisoned output,
 /// and compares with the CPU interpreter.
-fn check_against_cpu(gpu: &Gpu, prepared: &PreparedMlp, m: &MlpModel, tier: Option<KernelTier>, io: DType, rng: &mut Rng, what: &str) {
+fn check_against_cpu(
+    gpu: &Gpu,
+    prepared: &PreparedMlp,
+    m: &MlpModel,
+    tier: Option<KernelTier>,
+    io: DType,
+    rng: &mut Rng,
+    what: &str,
+) {
     for rows in [1usize, 3, 255, 256, 1023] {
         let x = random_input(io, rows, m.input_width(), rng);
         let xb = gpu.upload(&x.to_bytes()).expect("upload");
@@ -124,7 +160,13 @@ fn check_against_cpu(gpu: &Gpu, prepared: &PreparedMlp, m: &MlpModel, tier: Opti
         let got = HostTensor::from_bytes(io, vec![rows, out_w], &gpu.download(&y).expect("download")).expect("size");
         let want = evaluate_cpu(m, &x).expect("cpu");
         let e = compare_rows(&got.to_f64(), &want, out_w);
-        println!("{what} {} rows {rows}: rel {:.2e} worst row {:.2e} (row {})", m.summary(), e.rel_err, e.worst_row_rel_err, e.worst_row);
+        println!(
+            "{what} {} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
+            m.summary(),
+            e.rel_err,
+            e.worst_row_rel_err,
+            e.worst_row
+        );
         assert_eq!(e.non_finite, 0, "{what}: unwritten or non-finite outputs");
         assert!(e.rel_err <= TOL_16BIT, "{what} rows {rows}: {e:?}");
         let row_bound = if m.dtype == DType::BF16 { 40.0 * TOL_16BIT } else { 10.0 * TOL_16BIT };
@@ -134,15 +176,19 @@ fn check_against_cpu(gpu: &Gpu, prepared: &PreparedMlp, m: &MlpModel, tier: Opti
 
 #[test]
 fn cold_prepare_runs_the_fast_form_then_switches_to_the_optimised_kernel() {
-    let Some(default_gpu) = gpu_or_skip("cold_prepare_runs_the_fast_form_then_switches_to_the_optimised_kernel") else { return };
+    let Some(default_gpu) = gpu_or_skip("cold_prepare_runs_the_fast_form_then_switches_to_the_optimised_kernel") else {
+        return;
+    };
     let ordinal = default_gpu.ordinal();
     drop(default_gpu);
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut rng, seed) = Rng::from_time();
     println!("seed {seed}");
     let cache_dir = dir.path().join("cache");
-    let cases: [(Vec<usize>, &str, DType, bool); 2] =
-        [(vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false), (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::BF16, true)];
+    let cases: [(Vec<usize>, &str, DType, bool); 2] = [
+        (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false),
+        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::BF16, true),
+    ];
     for (n, (widths, act, dtype, bias)) in cases.into_iter().enumerate() {
         let m = model(dir.path(), &format!("t{n}"), &widths, act, dtype, bias, rng.next_u64());
         let gpu = Gpu::open_with_cache(ordinal, Arc::new(KernelCache::with_dir(&cache_dir, 1 << 30))).expect("open");
@@ -151,7 +197,10 @@ fn cold_prepare_runs_the_fast_form_then_switches_to_the_optimised_kernel() {
         assert!(prepared.was_tiered(), "a cold cache must give the fast form first");
         check_against_cpu(&gpu, &prepared, &m, Some(KernelTier::Fast), dtype, &mut rng, "fast");
         let ready = prepared.wait_optimized(&gpu).expect("the optimised kernel compiles");
-        println!("optimised ready after {:.0} ms (background compile {:?} ms)", ready.ready_ms, ready.background_compile_ms);
+        println!(
+            "optimised ready after {:.0} ms (background compile {:?} ms)",
+            ready.ready_ms, ready.background_compile_ms
+        );
         assert!(ready.background_compile_ms.is_some());
         assert!(prepared.is_optimized());
         assert_eq!(prepared.active_tier(), KernelTier::Full);
@@ -162,7 +211,15 @@ fn cold_prepare_runs_the_fast_form_then_switches_to_the_optimised_kernel() {
         let (warm, _) = prepare(&gpu, &m, dtype, dtype).expect("warm prepare");
         assert!(!warm.was_tiered() && warm.is_optimized());
         assert_eq!(gpu.cache().stats().session.compiles, compiles, "a warm prepare compiled something");
-        assert!(warm.launch_tier(&gpu, KernelTier::Fast, &gpu.alloc_zeroed(16).expect("a"), &gpu.alloc_zeroed(16).expect("b"), 1).is_err());
+        assert!(warm
+            .launch_tier(
+                &gpu,
+                KernelTier::Fast,
+                &gpu.alloc_zeroed(16).expect("a"),
+                &gpu.alloc_zeroed(16).expect("b"),
+                1
+            )
+            .is_err());
         drop((warm, prepared, gpu));
         // A new process (a new cache on the same folder): a disk hit, no fast form, no compile.
         let gpu = Gpu::open_with_cache(ordinal, Arc::new(KernelCache::with_dir(&cache_dir, 1 << 30))).expect("open");
@@ -182,12 +239,14 @@ fn full_only_and_explicit_efforts_never_tier() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut rng, _) = Rng::from_time();
     let m = model(dir.path(), "f", &[24, 48, 48, 8], "gelu", DType::F16, true, rng.next_u64());
-    let gpu = Gpu::open_with_cache(ordinal, Arc::new(KernelCache::with_dir(dir.path().join("c1"), 1 << 30))).expect("open");
+    let gpu =
+        Gpu::open_with_cache(ordinal, Arc::new(KernelCache::with_dir(dir.path().join("c1"), 1 << 30))).expect("open");
     let opts = MlpKernelOptions { shared_limit: gpu.max_shared_bytes(), ..MlpKernelOptions::default() };
     let (full_only, _) = prepare_tiered(&gpu, &m, &opts, Tiering::FullOnly).expect("prepare");
     assert!(!full_only.was_tiered() && full_only.is_optimized());
     check_against_cpu(&gpu, &full_only, &m, Some(KernelTier::Full), DType::F16, &mut rng, "full only");
-    let gpu = Gpu::open_with_cache(ordinal, Arc::new(KernelCache::with_dir(dir.path().join("c2"), 1 << 30))).expect("open");
+    let gpu =
+        Gpu::open_with_cache(ordinal, Arc::new(KernelCache::with_dir(dir.path().join("c2"), 1 << 30))).expect("open");
     let fast_opts = MlpKernelOptions { compile_effort: CompileEffort::Fast, ..opts };
     let (fast_asked, _) = prepare_tiered(&gpu, &m, &fast_opts, Tiering::Background).expect("prepare");
     assert!(!fast_asked.was_tiered(), "an explicitly requested effort is compiled as asked");

@@ -20,10 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use kfuse_ir::{
-    BinaryOp, Dim, GraphBuilder, IrError, Node, NodeId, Op, ReduceAxis, ReduceOp, TernaryOp,
-    UnaryOp,
-};
+use kfuse_ir::{BinaryOp, Dim, GraphBuilder, IrError, Node, NodeId, Op, ReduceAxis, ReduceOp, TernaryOp, UnaryOp};
 
 use crate::emit::Emitter;
 use crate::unbroadcast::reduce_to;
@@ -38,10 +35,7 @@ pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrE
     let count = b.graph().nodes.len();
     for (role, id) in [("of", of), ("wrt", wrt)] {
         if id.index() >= count {
-            return Err(IrError::Malformed(format!(
-                "grad: `{role}` is v{}, but the graph has {count} nodes",
-                id.0
-            )));
+            return Err(IrError::Malformed(format!("grad: `{role}` is v{}, but the graph has {count} nodes", id.0)));
         }
     }
     check_of(b, of)?;
@@ -57,10 +51,7 @@ pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrE
             if !active[i] {
                 continue;
             }
-            let id = NodeId(
-                u32::try_from(i)
-                    .map_err(|_| IrError::Malformed("node index exceeds u32".into()))?,
-            );
+            let id = NodeId(u32::try_from(i).map_err(|_| IrError::Malformed("node index exceeds u32".into()))?);
             let node = em.b.node(id).clone();
             let Some(g) = adj[i].collect(&mut em, &node)? else {
                 continue;
@@ -69,14 +60,7 @@ pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrE
                 result = Some(g);
                 break;
             }
-            let mut step = Step {
-                em: &mut em,
-                adj: &mut adj,
-                active: &active,
-                node: &node,
-                id,
-                g,
-            };
+            let mut step = Step { em: &mut em, adj: &mut adj, active: &active, node: &node, id, g };
             step.propagate()?;
         }
     }
@@ -137,10 +121,7 @@ fn check_wrt(b: &GraphBuilder, wrt: NodeId) -> Result<(), IrError> {
     if !n.dtype.is_float() {
         return Err(IrError::NotDifferentiable {
             what: describe(b, wrt),
-            why: format!(
-                "it has dtype {}, and only float inputs have gradients",
-                n.dtype
-            ),
+            why: format!("it has dtype {}, and only float inputs have gradients", n.dtype),
         });
     }
     Ok(())
@@ -178,15 +159,12 @@ impl Adjoint {
             return Ok(self.full);
         }
         let Some(Dim::Const(k)) = node.shape.last() else {
-            return Err(IrError::Malformed(
-                "component gradients on a node without a constant last axis".into(),
-            ));
+            return Err(IrError::Malformed("component gradients on a node without a constant last axis".into()));
         };
         let zero = em.lit(0.0);
         let mut slots = Vec::new();
         for i in 0..k {
-            let i = u32::try_from(i)
-                .map_err(|_| IrError::Malformed("component axis exceeds u32".into()))?;
+            let i = u32::try_from(i).map_err(|_| IrError::Malformed("component axis exceeds u32".into()))?;
             slots.push(self.parts.get(&i).copied().unwrap_or(zero));
         }
         let stacked = em.stack(&slots)?;
@@ -316,8 +294,7 @@ impl Step<'_, '_> {
             None => Ok(g),
             Some(Dim::Const(1)) => self.em.component(g, 0),
             Some(Dim::Const(c)) if usize::try_from(c).ok() == Some(k) => {
-                let i = u32::try_from(i)
-                    .map_err(|_| IrError::Malformed("stack index exceeds u32".into()))?;
+                let i = u32::try_from(i).map_err(|_| IrError::Malformed("stack index exceeds u32".into()))?;
                 self.em.component(g, i)
             }
             _ => Err(IrError::Malformed(format!(
@@ -435,11 +412,7 @@ impl Step<'_, '_> {
             BinaryOp::Pow => self.pow(a, b),
             BinaryOp::Max | BinaryOp::Min => {
                 // Ties split the gradient half and half (torch.maximum / torch.minimum).
-                let wins = if op == BinaryOp::Max {
-                    BinaryOp::Gt
-                } else {
-                    BinaryOp::Lt
-                };
+                let wins = if op == BinaryOp::Max { BinaryOp::Gt } else { BinaryOp::Lt };
                 let zero = self.em.lit(0.0);
                 let half = self.em.lit(0.5);
                 let tie = self.em.compare(BinaryOp::Eq, a, b)?;
@@ -544,13 +517,7 @@ impl Step<'_, '_> {
         Ok(())
     }
 
-    fn reduce(
-        &mut self,
-        op: ReduceOp,
-        axis: ReduceAxis,
-        x: NodeId,
-        mask: Option<NodeId>,
-    ) -> Result<(), IrError> {
+    fn reduce(&mut self, op: ReduceOp, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<(), IrError> {
         if !self.is_active(x) {
             return Ok(());
         }
@@ -608,28 +575,15 @@ impl Step<'_, '_> {
     }
 
     /// How many elements of `x` a reduction along `axis` (under `mask`) takes in.
-    fn element_count(
-        &mut self,
-        axis: ReduceAxis,
-        x: NodeId,
-        mask: Option<NodeId>,
-    ) -> Result<NodeId, IrError> {
+    fn element_count(&mut self, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
         let xs = self.em.shape(x);
         if mask.is_none() {
             let dims: &[Dim] = match axis {
                 ReduceAxis::All => xs.dims(),
                 ReduceAxis::Last => &xs.dims()[xs.rank().saturating_sub(1)..],
             };
-            let consts: Option<Vec<u64>> = dims
-                .iter()
-                .map(|d| {
-                    if let Dim::Const(c) = d {
-                        Some(*c)
-                    } else {
-                        None
-                    }
-                })
-                .collect();
+            let consts: Option<Vec<u64>> =
+                dims.iter().map(|d| if let Dim::Const(c) = d { Some(*c) } else { None }).collect();
             if let Some(c) = consts {
                 // Exact in f64 for any tensor that fits in memory.
                 return Ok(self.em.lit(c.iter().map(|&v| v as f64).product()));

@@ -19,8 +19,7 @@
 //! value at an exact shape when that matters.
 
 use kfuse_ir::{
-    BinaryOp, DType, GraphBuilder, IrError, Literal, NodeId, Op, ReduceAxis, ReduceOp, Shape,
-    TernaryOp, UnaryOp,
+    BinaryOp, DType, GraphBuilder, IrError, Literal, NodeId, Op, ReduceAxis, ReduceOp, Shape, TernaryOp, UnaryOp,
 };
 
 /// A [`GraphBuilder`] with folding constructors.
@@ -55,8 +54,7 @@ impl Emitter<'_> {
     /// Folds `f(a, b)` when both are float constants.
     fn fold(&mut self, a: NodeId, b: NodeId, f: impl Fn(f64, f64) -> f64) -> Option<NodeId> {
         let (x, y) = (self.float_const(a)?, self.float_const(b)?);
-        let dtype =
-            DType::promote(self.b.node(a).dtype, self.b.node(b).dtype).unwrap_or(DType::F32);
+        let dtype = DType::promote(self.b.node(a).dtype, self.b.node(b).dtype).unwrap_or(DType::F32);
         Some(self.b.constant(Literal::float(f(x, y)), dtype))
     }
 

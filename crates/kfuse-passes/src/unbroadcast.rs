@@ -21,12 +21,7 @@ const MAX_SLICES: u64 = 64;
 
 /// Reduces `g` (shape broadcasting to `full`, the shape of the op's result) to a node whose shape
 /// broadcasts to `target` (the operand's shape, which broadcasts to `full`).
-pub(crate) fn reduce_to(
-    em: &mut Emitter<'_>,
-    g: NodeId,
-    full: &Shape,
-    target: &Shape,
-) -> Result<NodeId, IrError> {
+pub(crate) fn reduce_to(em: &mut Emitter<'_>, g: NodeId, full: &Shape, target: &Shape) -> Result<NodeId, IrError> {
     if !has_broadcast_axis(full, target) && em.shape(g).broadcasts_to(target) {
         return Ok(g);
     }
@@ -91,11 +86,7 @@ fn reduce_exact(
         return Err(Failure::Unreducible);
     }
     if !has_broadcast_axis(full, target) {
-        return if full.broadcasts_to(target) {
-            Ok(x)
-        } else {
-            Err(Failure::Unreducible)
-        };
+        return if full.broadcasts_to(target) { Ok(x) } else { Err(Failure::Unreducible) };
     }
     if target.dims().iter().all(|d| *d == Dim::Const(1)) {
         return Ok(em.reduce(ReduceOp::Sum, ReduceAxis::All, x, None)?);
@@ -130,13 +121,7 @@ fn reduce_exact(
         let i = u32::try_from(i).map_err(|_| Failure::Unreducible)?;
         let y = em.component(x, i)?;
         let mut inner_budget = *budget;
-        parts.push(reduce_exact(
-            em,
-            y,
-            &full_rest,
-            &target_rest,
-            &mut inner_budget,
-        )?);
+        parts.push(reduce_exact(em, y, &full_rest, &target_rest, &mut inner_budget)?);
     }
     Ok(em.stack(&parts)?)
 }

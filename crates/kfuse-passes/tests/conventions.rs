@@ -75,16 +75,9 @@ fn max_of_a_value_with_itself_has_gradient_one() {
 #[test]
 fn max_and_min_reductions_share_the_gradient_among_ties() {
     let mut p = Problem::new();
-    let x = p.input(
-        "x",
-        &["B", "N"],
-        &[2, 4],
-        vec![3.0, 1.0, 3.0, 2.0, 5.0, 5.0, 5.0, -1.0],
-    );
+    let x = p.input("x", &["B", "N"], &[2, 4], vec![3.0, 1.0, 3.0, 2.0, 5.0, 5.0, 5.0, -1.0]);
     let all = p.b.reduce(ReduceOp::Max, ReduceAxis::All, x, None).unwrap();
-    let rows =
-        p.b.reduce(ReduceOp::Min, ReduceAxis::Last, x, None)
-            .unwrap();
+    let rows = p.b.reduce(ReduceOp::Min, ReduceAxis::Last, x, None).unwrap();
     let rows = sum_all(&mut p, rows);
     let loss = p.b.binary(BinaryOp::Add, all, rows).unwrap();
     let g = p.gradients(loss, &["x"]);
@@ -94,9 +87,7 @@ fn max_and_min_reductions_share_the_gradient_among_ties() {
 
     let mut p = Problem::new();
     let x = p.input("x", &["N"], &[4], vec![3.0, 1.0, 3.0, 2.0]);
-    let m =
-        p.b.reduce(ReduceOp::Max, ReduceAxis::Last, x, None)
-            .unwrap();
+    let m = p.b.reduce(ReduceOp::Max, ReduceAxis::Last, x, None).unwrap();
     assert_eq!(p.gradients(m, &["x"])[0], vec![0.5, 0.0, 0.5, 0.0]);
 }
 
@@ -107,9 +98,7 @@ fn masked_max_ignores_masked_out_ties_and_gives_them_zero() {
     let t = p.input("t", &["N"], &[4], vec![0.0, 1.0, 1.0, 0.0]);
     let zero = p.b.lit_float(0.0);
     let m = p.b.binary(BinaryOp::Ne, t, zero).unwrap();
-    let r =
-        p.b.reduce(ReduceOp::Max, ReduceAxis::All, x, Some(m))
-            .unwrap();
+    let r = p.b.reduce(ReduceOp::Max, ReduceAxis::All, x, Some(m)).unwrap();
     assert_eq!(p.gradients(r, &["x"])[0], vec![0.0, 0.5, 0.5, 0.0]);
 }
 
@@ -117,29 +106,16 @@ fn masked_max_ignores_masked_out_ties_and_gives_them_zero() {
 fn masked_sum_and_mean_give_exact_zeros_even_over_nan() {
     for op in [ReduceOp::Sum, ReduceOp::Mean] {
         let mut p = Problem::new();
-        let x = p.input(
-            "x",
-            &["B", "N"],
-            &[2, 3],
-            vec![1.0, f64::NAN, 3.0, f64::INFINITY, 2.0, -1.0],
-        );
-        let t = p.input(
-            "t",
-            &["B", "N"],
-            &[2, 3],
-            vec![1.0, 0.0, 1.0, 0.0, 1.0, 1.0],
-        );
+        let x = p.input("x", &["B", "N"], &[2, 3], vec![1.0, f64::NAN, 3.0, f64::INFINITY, 2.0, -1.0]);
+        let t = p.input("t", &["B", "N"], &[2, 3], vec![1.0, 0.0, 1.0, 0.0, 1.0, 1.0]);
         let zero = p.b.lit_float(0.0);
         let m = p.b.binary(BinaryOp::Ne, t, zero).unwrap();
         let sq = p.b.binary(BinaryOp::Mul, x, x).unwrap();
         let r = p.b.reduce(op, ReduceAxis::Last, sq, Some(m)).unwrap();
         let loss = sum_all(&mut p, r);
         let g = p.gradients(loss, &["x"]);
-        let want = if op == ReduceOp::Sum {
-            vec![2.0, 0.0, 6.0, 0.0, 4.0, -2.0]
-        } else {
-            vec![1.0, 0.0, 3.0, 0.0, 2.0, -1.0]
-        };
+        let want =
+            if op == ReduceOp::Sum { vec![2.0, 0.0, 6.0, 0.0, 4.0, -2.0] } else { vec![1.0, 0.0, 3.0, 0.0, 2.0, -1.0] };
         assert_eq!(g[0], want, "{op:?}");
     }
 }
@@ -211,28 +187,16 @@ fn no_trivial_nodes_in_the_backward_graph() {
     // loss = sum(where(valid, x * w + 0, 0) * 1): the backward graph should hold no `* 1`, `+ 0`,
     // `* 0`, and no double negation.
     let mut p = Problem::new();
-    let x = p.input(
-        "x",
-        &["B", "N"],
-        &[2, 3],
-        vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
-    );
+    let x = p.input("x", &["B", "N"], &[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     let w = p.input("w", &["B", "N"], &[2, 3], vec![0.5; 6]);
-    let t = p.input(
-        "t",
-        &["B", "N"],
-        &[2, 3],
-        vec![1.0, 0.0, 1.0, 1.0, 1.0, 0.0],
-    );
+    let t = p.input("t", &["B", "N"], &[2, 3], vec![1.0, 0.0, 1.0, 1.0, 1.0, 0.0]);
     let zero = p.b.lit_float(0.0);
     let valid = p.b.binary(BinaryOp::Ne, t, zero).unwrap();
     let xw = p.b.binary(BinaryOp::Mul, x, w).unwrap();
     let nx = p.b.unary(UnaryOp::Neg, xw).unwrap();
     let nnx = p.b.unary(UnaryOp::Neg, nx).unwrap();
     let sel = p.b.select(valid, nnx, zero).unwrap();
-    let loss =
-        p.b.reduce(ReduceOp::Sum, ReduceAxis::All, sel, Some(valid))
-            .unwrap();
+    let loss = p.b.reduce(ReduceOp::Sum, ReduceAxis::All, sel, Some(valid)).unwrap();
     let before = p.b.graph().nodes.len();
     let (graph, inputs) = p.graph(loss, &["x"]);
     for (i, n) in graph.nodes.iter().enumerate().skip(before) {
@@ -244,18 +208,12 @@ fn no_trivial_nodes_in_the_backward_graph() {
                         !(v == 0.0 && matches!(op, BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul)),
                         "v{i} {op:?} by 0\n{graph}"
                     );
-                    assert!(
-                        !(v == 1.0 && matches!(op, BinaryOp::Mul | BinaryOp::Div)),
-                        "v{i} {op:?} by 1\n{graph}"
-                    );
+                    assert!(!(v == 1.0 && matches!(op, BinaryOp::Mul | BinaryOp::Div)), "v{i} {op:?} by 1\n{graph}");
                 }
             }
         }
         if let Op::Unary(UnaryOp::Neg, a) = n.op {
-            assert!(
-                !matches!(graph.node(a).op, Op::Unary(UnaryOp::Neg, _)),
-                "v{i} double negation\n{graph}"
-            );
+            assert!(!matches!(graph.node(a).op, Op::Unary(UnaryOp::Neg, _)), "v{i} double negation\n{graph}");
         }
         if let Op::Ternary(TernaryOp::Select, _, a, b) = n.op {
             assert!(a != b, "v{i} where with equal branches\n{graph}");
@@ -275,9 +233,7 @@ fn gradients_are_deterministic() {
         let c2 = p.b.component(x, 2).unwrap();
         let m = p.b.binary(BinaryOp::Max, c0, c2).unwrap();
         let e = p.b.unary(UnaryOp::Exp, m).unwrap();
-        let loss =
-            p.b.reduce(ReduceOp::Mean, ReduceAxis::All, e, None)
-                .unwrap();
+        let loss = p.b.reduce(ReduceOp::Mean, ReduceAxis::All, e, None).unwrap();
         p.graph(loss, &["x"]).0
     };
     let (a, b) = (build(), build());

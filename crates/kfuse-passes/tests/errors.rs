@@ -30,9 +30,7 @@ fn a_non_float_output_is_refused() {
     let x = p.input("x", &["N"], &[2], vec![1.0, 2.0]);
     let zero = p.b.lit_float(0.0);
     let pos = p.b.binary(BinaryOp::Gt, x, zero).unwrap();
-    let n =
-        p.b.reduce(ReduceOp::Count, ReduceAxis::All, pos, None)
-            .unwrap();
+    let n = p.b.reduce(ReduceOp::Count, ReduceAxis::All, pos, None).unwrap();
     let (what, why) = not_differentiable(grad(&mut p.b, n, x).unwrap_err());
     assert!(what.starts_with('v'), "{what}");
     assert!(why.contains("i32"), "{why}");
@@ -67,14 +65,8 @@ fn int_and_bool_inputs_have_no_gradient() {
 fn node_ids_outside_the_graph_are_errors_not_panics() {
     let mut p = Problem::new();
     let x = p.input("x", &[], &[], vec![1.0]);
-    assert!(matches!(
-        grad(&mut p.b, NodeId(99), x),
-        Err(IrError::Malformed(_))
-    ));
-    assert!(matches!(
-        grad(&mut p.b, x, NodeId(99)),
-        Err(IrError::Malformed(_))
-    ));
+    assert!(matches!(grad(&mut p.b, NodeId(99), x), Err(IrError::Malformed(_))));
+    assert!(matches!(grad(&mut p.b, x, NodeId(99)), Err(IrError::Malformed(_))));
 }
 
 #[test]

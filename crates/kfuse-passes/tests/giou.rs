@@ -16,12 +16,7 @@ fn giou_loss(p: &mut Problem, pred: NodeId, target: NodeId) -> NodeId {
     let c = |b: &mut kfuse_ir::GraphBuilder, x, i| b.component(x, i).unwrap();
     let bin = |b: &mut kfuse_ir::GraphBuilder, op, x, y| b.binary(op, x, y).unwrap();
     let (p0, p1, p2, p3) = (c(b, pred, 0), c(b, pred, 1), c(b, pred, 2), c(b, pred, 3));
-    let (t0, t1, t2, t3) = (
-        c(b, target, 0),
-        c(b, target, 1),
-        c(b, target, 2),
-        c(b, target, 3),
-    );
+    let (t0, t1, t2, t3) = (c(b, target, 0), c(b, target, 1), c(b, target, 2), c(b, target, 3));
     let zero = b.lit_float(0.0);
     let one = b.lit_float(1.0);
     let eps = b.lit_float(EPS);
@@ -57,12 +52,8 @@ fn giou_loss(p: &mut Problem, pred: NodeId, target: NodeId) -> NodeId {
     let frac = bin(b, BinaryOp::Div, gap, ce);
     let giou = bin(b, BinaryOp::Sub, iou, frac);
     let per = bin(b, BinaryOp::Sub, one, giou);
-    let total = b
-        .reduce(ReduceOp::Sum, ReduceAxis::All, per, Some(valid))
-        .unwrap();
-    let count = b
-        .reduce(ReduceOp::Count, ReduceAxis::All, valid, None)
-        .unwrap();
+    let total = b.reduce(ReduceOp::Sum, ReduceAxis::All, per, Some(valid)).unwrap();
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).unwrap();
     let one_i = b.lit_int(1);
     let denom = bin(b, BinaryOp::Max, count, one_i);
     bin(b, BinaryOp::Div, total, denom)
@@ -70,8 +61,7 @@ fn giou_loss(p: &mut Problem, pred: NodeId, target: NodeId) -> NodeId {
 
 /// torchvision's `generalized_box_iou_loss` for one pair, written out in plain f64.
 fn reference_pair(p: &[f64], t: &[f64]) -> f64 {
-    let inter =
-        (p[2].min(t[2]) - p[0].max(t[0])).max(0.0) * (p[3].min(t[3]) - p[1].max(t[1])).max(0.0);
+    let inter = (p[2].min(t[2]) - p[0].max(t[0])).max(0.0) * (p[3].min(t[3]) - p[1].max(t[1])).max(0.0);
     let union = (p[2] - p[0]) * (p[3] - p[1]) + (t[2] - t[0]) * (t[3] - t[1]) - inter;
     let iou = inter / (union + EPS);
     let areac = (p[2].max(t[2]) - p[0].min(t[0])) * (p[3].max(t[3]) - p[1].min(t[1]));

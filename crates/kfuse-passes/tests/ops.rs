@@ -8,36 +8,19 @@ use kfuse_ir::{BinaryOp, DType, NodeId, ReduceAxis, ReduceOp, UnaryOp};
 use proptest::prelude::*;
 
 fn cfg() -> ProptestConfig {
-    ProptestConfig {
-        cases: 24,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() }
 }
 
 /// A `[B, N]` shape with small run-time sizes, and `count` value vectors of that size from `range`.
-fn matrices(
-    count: usize,
-    range: std::ops::Range<f64>,
-) -> impl Strategy<Value = (usize, usize, Vec<Vec<f64>>)> {
+fn matrices(count: usize, range: std::ops::Range<f64>) -> impl Strategy<Value = (usize, usize, Vec<Vec<f64>>)> {
     (1usize..4, 1usize..5).prop_flat_map(move |(b, n)| {
         let r = range.clone();
-        (
-            Just(b),
-            Just(n),
-            proptest::collection::vec(proptest::collection::vec(r, b * n), count),
-        )
+        (Just(b), Just(n), proptest::collection::vec(proptest::collection::vec(r, b * n), count))
     })
 }
 
 /// `sum(w * op(x))` over `x: f32[B, N]`, checked w.r.t. `x`.
-fn check_unary(
-    op: UnaryOp,
-    b: usize,
-    n: usize,
-    x: Vec<f64>,
-    w: Vec<f64>,
-) -> Result<(), TestCaseError> {
+fn check_unary(op: UnaryOp, b: usize, n: usize, x: Vec<f64>, w: Vec<f64>) -> Result<(), TestCaseError> {
     let mut p = Problem::new();
     let xi = p.input("x", &["B", "N"], &[b, n], x);
     let wi = p.input("w", &["B", "N"], &[b, n], w);
@@ -266,21 +249,9 @@ proptest! {
 }
 
 /// `sum(w * (x op y))` with `x: [B, N]` and a broadcast `y`, for each arithmetic op.
-fn check_broadcast(
-    ydims: &[&str],
-    ysizes: &[usize],
-    b: usize,
-    n: usize,
-    v: &[Vec<f64>],
-) -> Result<(), TestCaseError> {
+fn check_broadcast(ydims: &[&str], ysizes: &[usize], b: usize, n: usize, v: &[Vec<f64>]) -> Result<(), TestCaseError> {
     let ylen: usize = ysizes.iter().product();
-    for op in [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Max,
-    ] {
+    for op in [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max] {
         // Keep divisors away from 0 and max away from ties: shift y to [3.5, 6.5], x is in [-3, 3].
         let y: Vec<f64> = v[1][..ylen].iter().map(|t| t + 5.0).collect();
         check_binary(op, b, n, ydims, ysizes, v[0].clone(), y, v[2].clone())?;
@@ -358,17 +329,8 @@ fn backward_reuses_forward_nodes() {
     let g: NodeId = kfuse_passes::grad(&mut p.b, loss, x).unwrap();
     // d sum(exp x) / dx = exp x: the gradient is the forward node itself, materialised at x's shape
     // (no multiplication by the seed 1).
-    assert_eq!(
-        g,
-        e,
-        "gradient of sum(exp(x)) should be the forward exp node\n{}",
-        p.b.graph()
-    );
-    assert!(
-        p.b.graph().nodes.len() <= before + 1,
-        "unexpected backward nodes:\n{}",
-        p.b.graph()
-    );
+    assert_eq!(g, e, "gradient of sum(exp(x)) should be the forward exp node\n{}", p.b.graph());
+    assert!(p.b.graph().nodes.len() <= before + 1, "unexpected backward nodes:\n{}", p.b.graph());
 }
 
 /// A stack whose parts broadcast against each other: the scalar part's gradient sums over `B`.

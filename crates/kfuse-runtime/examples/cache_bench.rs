@@ -46,7 +46,8 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut parsed = Args { dir: None, arch: Arch::new(9, 0), warm: true, phase: "cold".into(), json: None, result_out: None };
+    let mut parsed =
+        Args { dir: None, arch: Arch::new(9, 0), warm: true, phase: "cold".into(), json: None, result_out: None };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -134,12 +135,21 @@ fn run_gpu(gpu: &Gpu, phase: &str) -> Result<PhaseResult, String> {
     let f = gpu.load_kernel(&source(0), "bench_kernel").map_err(|e| e.to_string())?;
     let pred: Vec<f32> = (0..N).map(|i| (i % 97) as f32 * 0.01).collect();
     let target: Vec<f32> = (0..N).map(|i| (i % 13) as f32 * 0.02).collect();
-    let (p, t) = (gpu.upload(&f32_bytes(&pred)).map_err(|e| e.to_string())?, gpu.upload(&f32_bytes(&target)).map_err(|e| e.to_string())?);
+    let (p, t) = (
+        gpu.upload(&f32_bytes(&pred)).map_err(|e| e.to_string())?,
+        gpu.upload(&f32_bytes(&target)).map_err(|e| e.to_string())?,
+    );
     let out = gpu.alloc_zeroed(N * 4).map_err(|e| e.to_string())?;
     let n = i64::try_from(N).map_err(|e| e.to_string())?;
     let grid = u32::try_from(N.div_ceil(256)).map_err(|e| e.to_string())?;
-    gpu.launch(&f, grid, 256, 0, &[KernelArg::Buffer(&out), KernelArg::Buffer(&p), KernelArg::Buffer(&t), KernelArg::I64(n)])
-        .map_err(|e| e.to_string())?;
+    gpu.launch(
+        &f,
+        grid,
+        256,
+        0,
+        &[KernelArg::Buffer(&out), KernelArg::Buffer(&p), KernelArg::Buffer(&t), KernelArg::I64(n)],
+    )
+    .map_err(|e| e.to_string())?;
     let result = gpu.download(&out).map_err(|e| e.to_string())?;
     let first_result = first.elapsed();
     if result.len() != N * 4 {
@@ -149,7 +159,16 @@ fn run_gpu(gpu: &Gpu, phase: &str) -> Result<PhaseResult, String> {
         gpu.load_kernel(&source(variant), "bench_kernel").map(|_| ()).map_err(|e| e.to_string())
     })?;
     let stats = gpu.cache().stats();
-    Ok(summarize(phase, "gpu: Gpu::load_kernel", &format!("{} ({})", gpu.name(), gpu.arch()), total, &memory, stats.session.compiles, stats.session.disk_hits, first_result))
+    Ok(summarize(
+        phase,
+        "gpu: Gpu::load_kernel",
+        &format!("{} ({})", gpu.name(), gpu.arch()),
+        total,
+        &memory,
+        stats.session.compiles,
+        stats.session.disk_hits,
+        first_result,
+    ))
 }
 
 fn run_compile_only(cache: &KernelCache, arch: Arch, phase: &str) -> Result<PhaseResult, String> {
@@ -157,14 +176,37 @@ fn run_compile_only(cache: &KernelCache, arch: Arch, phase: &str) -> Result<Phas
     let first = Instant::now();
     cache.get_or_compile(&source(0), &opts).map_err(|e| e.to_string())?;
     let first_result = first.elapsed();
-    let (total, memory) = run_lookups(|variant| cache.get_or_compile(&source(variant), &opts).map(|_| ()).map_err(|e| e.to_string()))?;
+    let (total, memory) =
+        run_lookups(|variant| cache.get_or_compile(&source(variant), &opts).map(|_| ()).map_err(|e| e.to_string()))?;
     let stats = cache.stats();
-    Ok(summarize(phase, "compile-only (no GPU): KernelCache::get_or_compile", &format!("none ({arch} target)"), total, &memory, stats.session.compiles, stats.session.disk_hits, first_result))
+    Ok(summarize(
+        phase,
+        "compile-only (no GPU): KernelCache::get_or_compile",
+        &format!("none ({arch} target)"),
+        total,
+        &memory,
+        stats.session.compiles,
+        stats.session.disk_hits,
+        first_result,
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn summarize(phase: &str, mode: &str, device: &str, total: Duration, memory: &[Duration], compiles: u64, disk_hits: u64, first: Duration) -> PhaseResult {
-    let mean = if memory.is_empty() { 0.0 } else { memory.iter().map(|d| d.as_secs_f64()).sum::<f64>() / memory.len() as f64 * 1e6 };
+fn summarize(
+    phase: &str,
+    mode: &str,
+    device: &str,
+    total: Duration,
+    memory: &[Duration],
+    compiles: u64,
+    disk_hits: u64,
+    first: Duration,
+) -> PhaseResult {
+    let mean = if memory.is_empty() {
+        0.0
+    } else {
+        memory.iter().map(|d| d.as_secs_f64()).sum::<f64>() / memory.len() as f64 * 1e6
+    };
     PhaseResult {
         phase: phase.to_string(),
         mode: mode.to_string(),
@@ -234,7 +276,14 @@ fn main() -> Result<(), String> {
     for r in &results {
         println!(
             "| {:5} | {:8} | {:9} | {:8.2} | {:18.2} | {:6.2} | {:6.2} | {:15.2} |",
-            r.phase, r.compiles, r.disk_hits, r.total_ms, r.memory_lookup_mean_us, r.memory_lookup_p50_us, r.memory_lookup_p99_us, r.first_result_ms
+            r.phase,
+            r.compiles,
+            r.disk_hits,
+            r.total_ms,
+            r.memory_lookup_mean_us,
+            r.memory_lookup_p50_us,
+            r.memory_lookup_p99_us,
+            r.first_result_ms
         );
     }
     if results[0].mode.starts_with("gpu") {

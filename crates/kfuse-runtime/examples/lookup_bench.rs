@@ -69,9 +69,8 @@ fn main() -> Result<(), String> {
         None => synthetic_source(0),
     };
     // Distinct kernels of the same length: the base one plus variants with one byte changed.
-    let sources: Vec<String> = (0..kernels.max(1))
-        .map(|v| if v == 0 { base.clone() } else { format!("// v{v:04}\n{base}") })
-        .collect();
+    let sources: Vec<String> =
+        (0..kernels.max(1)).map(|v| if v == 0 { base.clone() } else { format!("// v{v:04}\n{base}") }).collect();
     let probe = sources[0].clone(); // a separate allocation, as a freshly generated source is
     let name = "k";
     let arch = Arch::new(9, 0);
@@ -100,7 +99,10 @@ fn main() -> Result<(), String> {
     let map: SourceMap<Value> = SourceMap::new();
     let none: Vec<String> = Vec::new();
     for (i, s) in sources.iter().enumerate() {
-        map.insert(&LookupKey { source: s, name, arch, extra: &none }, (Arc::from(name), Arc::new(i as u32), Arc::new(0)));
+        map.insert(
+            &LookupKey { source: s, name, arch, extra: &none },
+            (Arc::from(name), Arc::new(i as u32), Arc::new(0)),
+        );
     }
     let (p50, p99, mean) = time_each(reps, || {
         let hit = map.get(&LookupKey { source: &probe, name, arch, extra: &none });

@@ -31,8 +31,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     opts.extra.push("--ptxas-options=-v".to_string());
     let start = Instant::now();
     let module = compile(&source, &opts)?;
-    println!("{path}: sm_{}{} in {:.0} ms, cubin {} B", arch.major, arch.minor, start.elapsed().as_secs_f64() * 1e3, module.cubin.len());
-    for line in module.log.lines().filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill")) {
+    println!(
+        "{path}: sm_{}{} in {:.0} ms, cubin {} B",
+        arch.major,
+        arch.minor,
+        start.elapsed().as_secs_f64() * 1e3,
+        module.cubin.len()
+    );
+    for line in
+        module.log.lines().filter(|l| l.contains("Compiling entry") || l.contains("Used") || l.contains("spill"))
+    {
         println!("  {}", line.trim());
     }
     Ok(())

@@ -38,9 +38,7 @@ impl FromStr for Arch {
 
     /// Accepts `sm_90`, `90` and `9.0` (and `sm_100`, `100`, `10.0`).
     fn from_str(text: &str) -> Result<Arch, RuntimeError> {
-        let invalid = || RuntimeError::InvalidArch {
-            text: text.to_string(),
-        };
+        let invalid = || RuntimeError::InvalidArch { text: text.to_string() };
         let trimmed = text.trim();
         let digits = trimmed.strip_prefix("sm_").unwrap_or(trimmed);
         let (major, minor) = if let Some((major, minor)) = digits.split_once('.') {

@@ -98,7 +98,9 @@ pub enum RuntimeError {
         ordinal: usize,
     },
     /// Neither the cubin nor the PTX of a compiled module could be loaded.
-    #[error("could not load module {key} ({arch}) on device {ordinal}: cubin: {cubin_error}; PTX fallback: {ptx_error}")]
+    #[error(
+        "could not load module {key} ({arch}) on device {ordinal}: cubin: {cubin_error}; PTX fallback: {ptx_error}"
+    )]
     ModuleLoad {
         /// Cache key of the module.
         key: String,

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{
-    result as dresult, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream,
-    DevicePtr, DriverError, LaunchConfig, PushKernelArg,
+    result as dresult, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -172,14 +172,10 @@ impl Gpu {
         timing::log("open: load libcuda", opened);
         let step = Instant::now();
         dresult::init().map_err(|e| match e.0 {
-            CUresult::CUDA_ERROR_NO_DEVICE => RuntimeError::NoDevice {
-                detail: "cuInit reports CUDA_ERROR_NO_DEVICE".to_string(),
-            },
-            _ => RuntimeError::Driver {
-                call: "cuInit",
-                ordinal,
-                source: e,
-            },
+            CUresult::CUDA_ERROR_NO_DEVICE => {
+                RuntimeError::NoDevice { detail: "cuInit reports CUDA_ERROR_NO_DEVICE".to_string() }
+            }
+            _ => RuntimeError::Driver { call: "cuInit", ordinal, source: e },
         })?;
         let count = dresult::device::get_count().map_err(|source| RuntimeError::Driver {
             call: "cuDeviceGetCount",
@@ -188,9 +184,7 @@ impl Gpu {
         })?;
         let count = usize::try_from(count).unwrap_or(0);
         if count == 0 {
-            return Err(RuntimeError::NoDevice {
-                detail: "cuDeviceGetCount returned 0".to_string(),
-            });
+            return Err(RuntimeError::NoDevice { detail: "cuDeviceGetCount returned 0".to_string() });
         }
         if ordinal >= count {
             return Err(RuntimeError::DeviceOutOfRange { ordinal, count });
@@ -207,26 +201,17 @@ impl Gpu {
         // per-buffer events would only add overhead.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
-        let (major, minor) = ctx
-            .compute_capability()
-            .map_err(driver("cuDeviceGetAttribute(compute capability)"))?;
-        let arch = Arch::new(
-            u32::try_from(major).unwrap_or(0),
-            u32::try_from(minor).unwrap_or(0),
-        );
+        let (major, minor) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute(compute capability)"))?;
+        let arch = Arch::new(u32::try_from(major).unwrap_or(0), u32::try_from(minor).unwrap_or(0));
         let attribute = |attr: CUdevice_attribute, call: &'static str| {
-            ctx.attribute(attr)
-                .map_err(driver(call))
-                .map(|v| u32::try_from(v).unwrap_or(0))
+            ctx.attribute(attr).map_err(driver(call)).map(|v| u32::try_from(v).unwrap_or(0))
         };
         let sm_count = attribute(
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
         )?;
-        let l2_bytes = attribute(
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
-            "cuDeviceGetAttribute(L2_CACHE_SIZE)",
-        )?;
+        let l2_bytes =
+            attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "cuDeviceGetAttribute(L2_CACHE_SIZE)")?;
         let max_shared_optin = attribute(
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             "cuDeviceGetAttribute(MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)",
@@ -323,22 +308,14 @@ impl Gpu {
         fn_name: &str,
         extra: &[String],
     ) -> Result<GpuFunction, RuntimeError> {
-        let lookup = LookupKey {
-            source,
-            name: fn_name,
-            arch: self.compile_arch,
-            extra,
-        };
+        let lookup = LookupKey { source, name: fn_name, arch: self.compile_arch, extra };
         let bypass = self.cache.is_bypassed();
         if !bypass {
             if let Some(function) = self.functions.get(&lookup) {
                 return Ok(function);
             }
         }
-        let opts = CompileOptions {
-            arch: self.compile_arch,
-            extra: extra.to_vec(),
-        };
+        let opts = CompileOptions { arch: self.compile_arch, extra: extra.to_vec() };
         check_no_nul("the kernel name", fn_name)?;
         let step = Instant::now();
         let (compiled, outcome) = self.cache.get_or_compile(source, &opts)?;
@@ -352,10 +329,7 @@ impl Gpu {
                 let step = Instant::now();
                 let module = self.load_module(&compiled)?;
                 timing::log("load_kernel: cuModuleLoadData", step);
-                entry.insert(LoadedModule {
-                    module,
-                    functions: HashMap::new(),
-                })
+                entry.insert(LoadedModule { module, functions: HashMap::new() })
             }
         };
         let step = Instant::now();
@@ -363,15 +337,10 @@ impl Gpu {
             return Ok(function.clone());
         }
         let function = loaded.module.load_function(fn_name).map_err(|e| match e.0 {
-            CUresult::CUDA_ERROR_NOT_FOUND => RuntimeError::FunctionNotFound {
-                fn_name: fn_name.to_string(),
-                key: compiled.key.to_hex(),
-            },
-            _ => RuntimeError::Driver {
-                call: "cuModuleGetFunction",
-                ordinal: self.ordinal,
-                source: e,
-            },
+            CUresult::CUDA_ERROR_NOT_FOUND => {
+                RuntimeError::FunctionNotFound { fn_name: fn_name.to_string(), key: compiled.key.to_hex() }
+            }
+            _ => RuntimeError::Driver { call: "cuModuleGetFunction", ordinal: self.ordinal, source: e },
         })?;
         timing::log("load_kernel: cuModuleGetFunction", step);
         let function = GpuFunction {
@@ -428,10 +397,7 @@ impl Gpu {
         if bytes == 0 {
             return Ok(self.empty_buffer());
         }
-        let slice = self
-            .stream
-            .alloc_zeros::<u8>(bytes)
-            .map_err(|e| self.alloc_error(e, bytes))?;
+        let slice = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| self.alloc_error(e, bytes))?;
         Ok(self.wrap(slice))
     }
 
@@ -440,10 +406,7 @@ impl Gpu {
         if bytes.is_empty() {
             return Ok(self.empty_buffer());
         }
-        let slice = self
-            .stream
-            .clone_htod(bytes)
-            .map_err(|e| self.alloc_error(e, bytes.len()))?;
+        let slice = self.stream.clone_htod(bytes).map_err(|e| self.alloc_error(e, bytes.len()))?;
         Ok(self.wrap(slice))
     }
 
@@ -464,10 +427,7 @@ impl Gpu {
         self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
         match &buf.slice {
             None => Ok(Vec::new()),
-            Some(slice) => self
-                .stream
-                .clone_dtoh(slice)
-                .map_err(self.driver_error("cuMemcpyDtoHAsync")),
+            Some(slice) => self.stream.clone_dtoh(slice).map_err(self.driver_error("cuMemcpyDtoHAsync")),
         }
     }
 
@@ -514,7 +474,10 @@ impl Gpu {
             return Err(RuntimeError::InvalidLaunch {
                 fn_name: f.name.to_string(),
                 ordinal: self.ordinal,
-                reason: format!("{} does not support cooperative launches (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH is 0)", self.name),
+                reason: format!(
+                    "{} does not support cooperative launches (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH is 0)",
+                    self.name
+                ),
             });
         }
         self.launch_as(LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
@@ -544,11 +507,8 @@ impl Gpu {
         args: &[KernelArg<'_>],
     ) -> Result<(), RuntimeError> {
         self.check_owner("kernel function", f.gpu_id, f.ordinal)?;
-        let invalid = |reason: String| RuntimeError::InvalidLaunch {
-            fn_name: f.name.to_string(),
-            ordinal: self.ordinal,
-            reason,
-        };
+        let invalid =
+            |reason: String| RuntimeError::InvalidLaunch { fn_name: f.name.to_string(), ordinal: self.ordinal, reason };
         if grid == 0 || block == 0 {
             return Err(invalid(format!(
                 "grid ({grid}) and block ({block}) must both be at least 1; skip the launch for empty work"
@@ -562,13 +522,10 @@ impl Gpu {
         }
         if shared_bytes > f.shared_opt_in.load(Ordering::Acquire) {
             self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
-            let value = i32::try_from(shared_bytes)
-                .map_err(|_| invalid(format!("shared_bytes {shared_bytes} exceeds i32")))?;
+            let value =
+                i32::try_from(shared_bytes).map_err(|_| invalid(format!("shared_bytes {shared_bytes} exceeds i32")))?;
             f.function
-                .set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    value,
-                )
+                .set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, value)
                 .map_err(self.driver_error("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)"))?;
             f.shared_opt_in.fetch_max(shared_bytes, Ordering::AcqRel);
         }
@@ -599,11 +556,7 @@ impl Gpu {
                 ArgValue::F32(v) => builder.arg(v),
             };
         }
-        let config = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: shared_bytes,
-        };
+        let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: shared_bytes };
         // SAFETY: every pointer argument is the live device allocation of a DeviceBuffer of this
         // Gpu borrowed for this call (freed only in stream order after the kernel), scalars are
         // plain values in `values`, which outlives the launch call. That the argument list
@@ -627,9 +580,7 @@ impl Gpu {
 
     /// Waits for all work queued on this Gpu's stream.
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
-        self.stream
-            .synchronize()
-            .map_err(self.driver_error("cuStreamSynchronize"))
+        self.stream.synchronize().map_err(self.driver_error("cuStreamSynchronize"))
     }
 
     /// Records a timing event at the current end of the stream.
@@ -638,50 +589,28 @@ impl Gpu {
             .stream
             .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(self.driver_error("cuEventRecord"))?;
-        Ok(GpuEvent {
-            event,
-            gpu_id: self.id,
-            ordinal: self.ordinal,
-        })
+        Ok(GpuEvent { event, gpu_id: self.id, ordinal: self.ordinal })
     }
 
     /// Milliseconds between two events of this Gpu (waits for `end`).
     pub fn elapsed_ms(&self, start: &GpuEvent, end: &GpuEvent) -> Result<f32, RuntimeError> {
         self.check_owner("event", start.gpu_id, start.ordinal)?;
         self.check_owner("event", end.gpu_id, end.ordinal)?;
-        start
-            .event
-            .elapsed_ms(&end.event)
-            .map_err(self.driver_error("cuEventElapsedTime"))
+        start.event.elapsed_ms(&end.event).map_err(self.driver_error("cuEventElapsedTime"))
     }
 
     fn empty_buffer(&self) -> DeviceBuffer {
-        DeviceBuffer {
-            slice: None,
-            gpu_id: self.id,
-            ordinal: self.ordinal,
-        }
+        DeviceBuffer { slice: None, gpu_id: self.id, ordinal: self.ordinal }
     }
 
     fn wrap(&self, slice: CudaSlice<u8>) -> DeviceBuffer {
-        DeviceBuffer {
-            slice: Some(slice),
-            gpu_id: self.id,
-            ordinal: self.ordinal,
-        }
+        DeviceBuffer { slice: Some(slice), gpu_id: self.id, ordinal: self.ordinal }
     }
 
     fn alloc_error(&self, source: DriverError, bytes: usize) -> RuntimeError {
         match source.0 {
-            CUresult::CUDA_ERROR_OUT_OF_MEMORY => RuntimeError::OutOfMemory {
-                bytes,
-                ordinal: self.ordinal,
-            },
-            _ => RuntimeError::Driver {
-                call: "cuMemAlloc",
-                ordinal: self.ordinal,
-                source,
-            },
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY => RuntimeError::OutOfMemory { bytes, ordinal: self.ordinal },
+            _ => RuntimeError::Driver { call: "cuMemAlloc", ordinal: self.ordinal, source },
         }
     }
 
@@ -689,11 +618,7 @@ impl Gpu {
         if gpu_id == self.id {
             Ok(())
         } else {
-            Err(RuntimeError::ForeignHandle {
-                what,
-                owner_ordinal: ordinal,
-                ordinal: self.ordinal,
-            })
+            Err(RuntimeError::ForeignHandle { what, owner_ordinal: ordinal, ordinal: self.ordinal })
         }
     }
 }
@@ -702,12 +627,9 @@ impl Gpu {
 /// below it (its cubin will not load on a newer major, but its PTX will, through the JIT).
 fn compile_arch_for(device: Arch) -> Arch {
     match crate::nvrtc::supported_archs() {
-        Ok(archs) if !archs.is_empty() && !archs.contains(&device) => archs
-            .iter()
-            .copied()
-            .filter(|a| *a <= device)
-            .max()
-            .unwrap_or(device),
+        Ok(archs) if !archs.is_empty() && !archs.contains(&device) => {
+            archs.iter().copied().filter(|a| *a <= device).max().unwrap_or(device)
+        }
         _ => device,
     }
 }

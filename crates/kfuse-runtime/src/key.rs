@@ -140,10 +140,7 @@ mod tests {
         assert_eq!(a, b);
         // Pinned so that an accidental change of the encoding (which would orphan every
         // user's cache) shows up in review.
-        assert_eq!(
-            a.to_hex(),
-            "4cd74fb3d91a6c575676ba89504b3f7c95a354bf891e6ece14ab356be2f06411"
-        );
+        assert_eq!(a.to_hex(), "4cd74fb3d91a6c575676ba89504b3f7c95a354bf891e6ece14ab356be2f06411");
     }
 
     #[test]
@@ -171,10 +168,7 @@ mod tests {
     fn options_are_not_ambiguous_when_concatenated() {
         let split = vec!["-a".to_string(), "b".to_string()];
         let joined = vec!["-ab".to_string()];
-        assert_ne!(
-            CacheKey::from_parts(&base(&split)),
-            CacheKey::from_parts(&base(&joined))
-        );
+        assert_ne!(CacheKey::from_parts(&base(&split)), CacheKey::from_parts(&base(&joined)));
     }
 
     #[test]

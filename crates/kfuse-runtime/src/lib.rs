@@ -25,15 +25,10 @@ pub mod timing;
 
 pub use arch::Arch;
 pub use cache::{
-    CacheConfig, CacheCounters, CacheEntryInfo, CacheMode, CacheOutcome, CacheStats, ClearReport,
-    KernelCache, VerifyProblem, VerifyReport,
+    CacheConfig, CacheCounters, CacheEntryInfo, CacheMode, CacheOutcome, CacheStats, ClearReport, KernelCache,
+    VerifyProblem, VerifyReport,
 };
 pub use error::RuntimeError;
-pub use gpu::{
-    driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg,
-};
+pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
-pub use nvrtc::{
-    cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions,
-    CompiledModule,
-};
+pub use nvrtc::{cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions, CompiledModule};

@@ -41,10 +41,7 @@ struct Entry<V> {
 impl<V> Entry<V> {
     fn matches(&self, key: &LookupKey<'_>) -> bool {
         // Cheap fields first; the source comparison (a memcmp) last.
-        self.arch == key.arch
-            && *self.name == *key.name
-            && *self.extra == *key.extra
-            && *self.source == *key.source
+        self.arch == key.arch && *self.name == *key.name && *self.extra == *key.extra && *self.source == *key.source
     }
 }
 
@@ -61,10 +58,7 @@ pub struct SourceMap<V> {
 impl<V: Clone> SourceMap<V> {
     /// An empty map.
     pub fn new() -> SourceMap<V> {
-        SourceMap {
-            hasher: foldhash::fast::RandomState::default(),
-            buckets: RwLock::new(HashMap::default()),
-        }
+        SourceMap { hasher: foldhash::fast::RandomState::default(), buckets: RwLock::new(HashMap::default()) }
     }
 
     fn hash(&self, key: &LookupKey<'_>) -> u64 {
@@ -88,11 +82,7 @@ impl<V: Clone> SourceMap<V> {
     pub fn get(&self, key: &LookupKey<'_>) -> Option<V> {
         let hash = self.hash(key);
         let buckets = self.buckets.read().unwrap_or_else(|e| e.into_inner());
-        buckets
-            .get(&hash)?
-            .iter()
-            .find(|entry| entry.matches(key))
-            .map(|entry| entry.value.clone())
+        buckets.get(&hash)?.iter().find(|entry| entry.matches(key)).map(|entry| entry.value.clone())
     }
 
     /// Stores `value` for `key` unless a value is already there; returns the stored one (so

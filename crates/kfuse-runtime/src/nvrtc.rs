@@ -26,10 +26,7 @@ pub struct CompileOptions {
 impl CompileOptions {
     /// Options for `arch` with no extra flags.
     pub fn for_arch(arch: Arch) -> CompileOptions {
-        CompileOptions {
-            arch,
-            extra: Vec::new(),
-        }
+        CompileOptions { arch, extra: Vec::new() }
     }
 
     /// The exact option list given to NVRTC: `--gpu-architecture=sm_XY --std=c++17
@@ -83,10 +80,7 @@ pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
     // nvrtcVersion writes two ints through the two valid, exclusive pointers it is given.
     unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
         .result()
-        .map_err(|code| RuntimeError::Nvrtc {
-            call: "nvrtcVersion",
-            code,
-        })?;
+        .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcVersion", code })?;
     Ok(*VERSION.get_or_init(|| (major, minor)))
 }
 
@@ -97,23 +91,14 @@ pub fn supported_archs() -> Result<Vec<Arch>, RuntimeError> {
     // SAFETY: libnvrtc is loaded (nvrtc_version succeeded); the pointer is valid for one int.
     unsafe { sys::nvrtcGetNumSupportedArchs(&mut count) }
         .result()
-        .map_err(|code| RuntimeError::Nvrtc {
-            call: "nvrtcGetNumSupportedArchs",
-            code,
-        })?;
+        .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcGetNumSupportedArchs", code })?;
     let mut raw = vec![0i32; usize::try_from(count).unwrap_or(0)];
     // SAFETY: `raw` holds exactly the `count` ints NVRTC just said it will write.
     unsafe { sys::nvrtcGetSupportedArchs(raw.as_mut_ptr()) }
         .result()
-        .map_err(|code| RuntimeError::Nvrtc {
-            call: "nvrtcGetSupportedArchs",
-            code,
-        })?;
-    let mut archs: Vec<Arch> = raw
-        .into_iter()
-        .filter_map(|sm| u32::try_from(sm).ok())
-        .map(|sm| Arch::new(sm / 10, sm % 10))
-        .collect();
+        .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcGetSupportedArchs", code })?;
+    let mut archs: Vec<Arch> =
+        raw.into_iter().filter_map(|sm| u32::try_from(sm).ok()).map(|sm| Arch::new(sm / 10, sm % 10)).collect();
     archs.sort();
     Ok(archs)
 }
@@ -124,12 +109,7 @@ pub fn cache_key(source: &str, opts: &CompileOptions) -> Result<CacheKey, Runtim
     Ok(key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc))
 }
 
-pub(crate) fn key_with_options(
-    source: &str,
-    options: &[String],
-    arch: Arch,
-    nvrtc_version: (i32, i32),
-) -> CacheKey {
+pub(crate) fn key_with_options(source: &str, options: &[String], arch: Arch, nvrtc_version: (i32, i32)) -> CacheKey {
     CacheKey::from_parts(&KeyParts {
         source,
         options,
@@ -155,22 +135,11 @@ pub fn compile(source: &str, opts: &CompileOptions) -> Result<CompiledModule, Ru
     let compiled = unsafe { result::compile_program(program.handle, &options) };
     let log = program.log()?;
     if let Err(code) = compiled {
-        return Err(RuntimeError::Compile {
-            arch: opts.arch,
-            options,
-            log,
-            code,
-        });
+        return Err(RuntimeError::Compile { arch: opts.arch, options, log, code });
     }
     let cubin = program.cubin()?;
     let ptx = program.ptx()?;
-    Ok(CompiledModule {
-        key,
-        arch: opts.arch,
-        cubin,
-        ptx,
-        log,
-    })
+    Ok(CompiledModule { key, arch: opts.arch, cubin, ptx, log })
 }
 
 pub(crate) fn check_no_nul(what: &'static str, text: &str) -> Result<(), RuntimeError> {
@@ -190,39 +159,24 @@ struct Program {
 impl Program {
     fn create(source: &str) -> Result<Program, RuntimeError> {
         check_no_nul("the CUDA source", source)?;
-        let source = CString::new(source).map_err(|e| RuntimeError::InteriorNul {
-            what: "the CUDA source",
-            offset: e.nul_position(),
-        })?;
-        let handle = result::create_program(&source, Some(c"kfuse.cu")).map_err(|code| {
-            RuntimeError::Nvrtc {
-                call: "nvrtcCreateProgram",
-                code,
-            }
-        })?;
-        Ok(Program {
-            handle,
-            _source: source,
-        })
+        let source = CString::new(source)
+            .map_err(|e| RuntimeError::InteriorNul { what: "the CUDA source", offset: e.nul_position() })?;
+        let handle = result::create_program(&source, Some(c"kfuse.cu"))
+            .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcCreateProgram", code })?;
+        Ok(Program { handle, _source: source })
     }
 
     fn log(&self) -> Result<String, RuntimeError> {
         // SAFETY: the handle is live (created in `create`, destroyed only in Drop).
-        let raw = unsafe { result::get_program_log(self.handle) }.map_err(|code| {
-            RuntimeError::Nvrtc {
-                call: "nvrtcGetProgramLog",
-                code,
-            }
-        })?;
+        let raw = unsafe { result::get_program_log(self.handle) }
+            .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcGetProgramLog", code })?;
         Ok(c_chars_to_string(&raw))
     }
 
     fn ptx(&self) -> Result<String, RuntimeError> {
         // SAFETY: the handle is live and was compiled successfully.
-        let raw = unsafe { result::get_ptx(self.handle) }.map_err(|code| RuntimeError::Nvrtc {
-            call: "nvrtcGetPTX",
-            code,
-        })?;
+        let raw = unsafe { result::get_ptx(self.handle) }
+            .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcGetPTX", code })?;
         Ok(c_chars_to_string(&raw))
     }
 
@@ -231,18 +185,12 @@ impl Program {
         // SAFETY: the handle is live and compiled; `size` is a valid out-pointer.
         unsafe { sys::nvrtcGetCUBINSize(self.handle, &mut size) }
             .result()
-            .map_err(|code| RuntimeError::Nvrtc {
-                call: "nvrtcGetCUBINSize",
-                code,
-            })?;
+            .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcGetCUBINSize", code })?;
         let mut cubin = vec![0u8; size];
         // SAFETY: `cubin` holds exactly the `size` bytes NVRTC reported for this program.
         unsafe { sys::nvrtcGetCUBIN(self.handle, cubin.as_mut_ptr().cast::<c_char>()) }
             .result()
-            .map_err(|code| RuntimeError::Nvrtc {
-                call: "nvrtcGetCUBIN",
-                code,
-            })?;
+            .map_err(|code| RuntimeError::Nvrtc { call: "nvrtcGetCUBIN", code })?;
         Ok(cubin)
     }
 }
@@ -257,10 +205,6 @@ impl Drop for Program {
 
 /// Converts NVRTC's NUL-terminated char buffer to a String, dropping the terminator.
 fn c_chars_to_string(raw: &[c_char]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .map(|&c| c.to_ne_bytes()[0])
-        .take_while(|&b| b != 0)
-        .collect();
+    let bytes: Vec<u8> = raw.iter().map(|&c| c.to_ne_bytes()[0]).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -7,9 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 
 use kfuse_runtime::testing::nvrtc_or_skip;
-use kfuse_runtime::{
-    Arch, CacheConfig, CacheMode, CacheOutcome, CompileOptions, CompiledModule, KernelCache,
-};
+use kfuse_runtime::{Arch, CacheConfig, CacheMode, CacheOutcome, CompileOptions, CompiledModule, KernelCache};
 
 const MAX: u64 = 1 << 30;
 
@@ -26,10 +24,7 @@ fn sm90() -> CompileOptions {
 }
 
 fn entry_path(cache: &KernelCache, src: &str, opts: &CompileOptions) -> PathBuf {
-    cache
-        .entry_path(src, opts)
-        .expect("key computes")
-        .expect("cache has a folder")
+    cache.entry_path(src, opts).expect("key computes").expect("cache has a folder")
 }
 
 #[test]
@@ -95,10 +90,7 @@ fn threads_asking_for_the_same_new_kernel_compile_it_once() {
             })
         })
         .collect();
-    let results: Vec<_> = handles
-        .into_iter()
-        .map(|h| h.join().expect("thread").expect("compiles"))
-        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("thread").expect("compiles")).collect();
     let compiled = results.iter().filter(|(_, o)| *o == CacheOutcome::Compiled).count();
     let hits = results.iter().filter(|(_, o)| *o == CacheOutcome::MemoryHit).count();
     assert_eq!((compiled, hits), (1, 7), "{results:?}");
@@ -231,9 +223,8 @@ fn verify_reports_and_removes_bad_entries_and_foreign_files() {
         assert!(good.exists(), "{what}: a valid entry was removed");
         assert!(!path.with_extension("cu").exists(), "{what}: source of a bad entry kept");
         // The next lookup recompiles and rewrites it.
-        let (_, outcome) = KernelCache::with_dir(dir.path(), MAX)
-            .get_or_compile(&source(5), &sm90())
-            .expect("recompiles");
+        let (_, outcome) =
+            KernelCache::with_dir(dir.path(), MAX).get_or_compile(&source(5), &sm90()).expect("recompiles");
         assert_eq!(outcome, CacheOutcome::Compiled, "{what}");
     }
     let clean = cache.verify().expect("verify runs");
@@ -439,7 +430,11 @@ fn read_only_cache_folder_as_an_unprivileged_user() {
     let line: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&hit.stdout).trim()).expect("JSON");
     assert_eq!(line["outcome"], "DiskHit", "a read-only folder is still read");
     let miss = probe(&dir, 8, true).expect("probe runs");
-    assert!(miss.status.success(), "a new kernel compiles though nothing can be written: {}", String::from_utf8_lossy(&miss.stderr));
+    assert!(
+        miss.status.success(),
+        "a new kernel compiles though nothing can be written: {}",
+        String::from_utf8_lossy(&miss.stderr)
+    );
     let line: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&miss.stdout).trim()).expect("JSON");
     assert_eq!(line["outcome"], "Compiled");
     assert!(String::from_utf8_lossy(&miss.stderr).contains("warning"), "the failed write is a warning");

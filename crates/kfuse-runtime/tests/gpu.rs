@@ -31,10 +31,7 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 fn bytes_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// Deterministic pseudo-random floats in [-1, 1) (a fresh seed per call site).
@@ -49,10 +46,7 @@ fn random_floats(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
 }
 
 #[test]
@@ -157,7 +151,13 @@ fn events_time_a_launch() {
     let x = gpu.alloc_zeroed(n * 4).expect("alloc");
     let out = gpu.alloc_zeroed(n * 4).expect("alloc");
     let start = gpu.record_event().expect("event");
-    let args = [KernelArg::Buffer(&out), KernelArg::Buffer(&x), KernelArg::F32(1.0), KernelArg::F32(2.0), KernelArg::I64(n as i64)];
+    let args = [
+        KernelArg::Buffer(&out),
+        KernelArg::Buffer(&x),
+        KernelArg::F32(1.0),
+        KernelArg::F32(2.0),
+        KernelArg::I64(n as i64),
+    ];
     gpu.launch(&f, (n / 256) as u32, 256, 0, &args).expect("launch");
     let end = gpu.record_event().expect("event");
     let ms = gpu.elapsed_ms(&start, &end).expect("elapsed");
@@ -201,7 +201,10 @@ fn extra_options_reach_nvrtc_and_key_the_loaded_kernel() {
             assert_eq!(got.len(), n);
             for (i, (g, xi)) in got.iter().zip(&x).enumerate() {
                 let want = 2.0 * xi - 1.0 + value;
-                assert!((g - want).abs() <= TOLERANCE_F32 * want.abs().max(1.0), "VALUE={value} n={n} i={i}: {g} vs {want}");
+                assert!(
+                    (g - want).abs() <= TOLERANCE_F32 * want.abs().max(1.0),
+                    "VALUE={value} n={n} i={i}: {g} vs {want}"
+                );
             }
         }
     }
@@ -219,7 +222,11 @@ fn upload_slice_matches_byte_upload_for_every_element_type() {
         assert_eq!(gpu.download(&gpu.upload_slice(&halves).expect("upload u16")).expect("download"), want, "u16 n={n}");
         let flags: Vec<bool> = floats.iter().map(|f| *f > 0.0).collect();
         let want: Vec<u8> = flags.iter().map(|&b| u8::from(b)).collect();
-        assert_eq!(gpu.download(&gpu.upload_slice(&flags).expect("upload bool")).expect("download"), want, "bool n={n}");
+        assert_eq!(
+            gpu.download(&gpu.upload_slice(&flags).expect("upload bool")).expect("download"),
+            want,
+            "bool n={n}"
+        );
     }
     let empty: [f32; 0] = [];
     assert_eq!(gpu.upload_slice(&empty).expect("empty upload").bytes(), 0);

@@ -174,7 +174,12 @@ pub fn rotation_sets(set_bytes: u64, l2_bytes: u64) -> usize {
 pub fn random_inputs(graph: &Graph, sizes: &[(String, u64)], seed: u64) -> Result<Vec<(String, HostTensor)>, Error> {
     let mut vals = vec![None; graph.symbols.len()];
     for (name, v) in sizes {
-        let s = graph.symbol(name).ok_or_else(|| Error::Exec(format!("--dim {name}: the program has no dimension `{name}` (it has: {})", graph.symbols.join(", "))))?;
+        let s = graph.symbol(name).ok_or_else(|| {
+            Error::Exec(format!(
+                "--dim {name}: the program has no dimension `{name}` (it has: {})",
+                graph.symbols.join(", ")
+            ))
+        })?;
         vals[s.0 as usize] = Some(*v);
     }
     let sizes: Vec<u64> = vals
@@ -210,13 +215,20 @@ pub fn compare(got: &HostTensor, want: &HostTensor) -> (f64, f64) {
 /// Checks what can be checked before a GPU is opened: the rotated mode's set count.
 pub fn check_options(opts: &BenchOptions) -> Result<(), Error> {
     match opts.rotate_sets {
-        Some(k) if !(2..=MAX_ROTATION_SETS).contains(&k) => Err(Error::Exec(format!("--rotate-sets {k}: give 2 to {MAX_ROTATION_SETS} buffer sets"))),
+        Some(k) if !(2..=MAX_ROTATION_SETS).contains(&k) => {
+            Err(Error::Exec(format!("--rotate-sets {k}: give 2 to {MAX_ROTATION_SETS} buffer sets")))
+        }
         _ => Ok(()),
     }
 }
 
 /// Times `program` on `gpu` with `inputs`.
-pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: &BenchOptions) -> Result<BenchReport, Error> {
+pub fn run(
+    gpu: &Gpu,
+    program: &Program,
+    inputs: &[(String, HostTensor)],
+    opts: &BenchOptions,
+) -> Result<BenchReport, Error> {
     let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let iters = opts.iters.max(10);
     check_options(opts)?;
@@ -241,7 +253,13 @@ pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: 
         .zip(&cpu)
         .map(|((name, g), (_, c))| {
             let (rel_err, max_abs_err) = compare(g, c);
-            OutputCheck { name: name.clone(), gpu: g.shape.is_empty().then(|| g.to_f64()[0]), cpu: c.shape.is_empty().then(|| c.to_f64()[0]), rel_err, max_abs_err }
+            OutputCheck {
+                name: name.clone(),
+                gpu: g.shape.is_empty().then(|| g.to_f64()[0]),
+                cpu: c.shape.is_empty().then(|| c.to_f64()[0]),
+                rel_err,
+                max_abs_err,
+            }
         })
         .collect();
     let max_rel_err = outputs.iter().map(|o| o.rel_err).fold(0.0, f64::max);
@@ -257,11 +275,20 @@ pub fn run(gpu: &Gpu, program: &Program, inputs: &[(String, HostTensor)], opts: 
     let want = opts.rotate_sets.unwrap_or_else(|| rotation_sets(set_bytes, l2_bytes));
     let (sets, note) = bind_sets(bound, want, || prog.bind(&named))?;
     let last = sets.len() - 1;
-    let rotated = time_rotated(gpu, sets.len(), iters, |i| prog.launch(&sets[i]), || prog.poison_outputs(&sets[last], 0xff))?;
-    let rotated_err = prog.download(&sets[last])?.iter().zip(&cpu).map(|((_, g), (_, c))| compare(g, c).0).fold(0.0, f64::max);
+    let rotated =
+        time_rotated(gpu, sets.len(), iters, |i| prog.launch(&sets[i]), || prog.poison_outputs(&sets[last], 0xff))?;
+    let rotated_err =
+        prog.download(&sets[last])?.iter().zip(&cpu).map(|((_, g), (_, c))| compare(g, c).0).fold(0.0, f64::max);
     let rotation = Rotation { sets: sets.len(), set_bytes, max_rel_err: rotated_err, note };
     drop(sets);
-    let kfuse = Timed::new("kfuse (generated)", prog.plan().kernels.len(), Timings { l2_flushed, back_to_back, rotated }, rotation, bytes, max_rel_err);
+    let kfuse = Timed::new(
+        "kfuse (generated)",
+        prog.plan().kernels.len(),
+        Timings { l2_flushed, back_to_back, rotated },
+        rotation,
+        bytes,
+        max_rel_err,
+    );
 
     let copy_bandwidth_gbps = copy_bandwidth(gpu)?;
     let baseline = match opts.baseline.as_deref() {
@@ -297,7 +324,11 @@ fn all_bytes(graph: &Graph, inputs: &[(String, HostTensor)], outputs: &[(String,
 
 /// Set 0 (`first`) and up to `want − 1` more sets from `bind_one`. Device memory running out is
 /// not an error: the sets bound so far are used, and the note says so.
-fn bind_sets<S>(first: S, want: usize, mut bind_one: impl FnMut() -> Result<S, Error>) -> Result<(Vec<S>, Option<String>), Error> {
+fn bind_sets<S>(
+    first: S,
+    want: usize,
+    mut bind_one: impl FnMut() -> Result<S, Error>,
+) -> Result<(Vec<S>, Option<String>), Error> {
     let mut sets = vec![first];
     while sets.len() < want {
         match bind_one() {
@@ -317,7 +348,12 @@ fn bind_sets<S>(first: S, want: usize, mut bind_one: impl FnMut() -> Result<S, E
 /// every element. Inputs that every kernel reads only under a hoisted predicate (`pred` of the
 /// GIoU loss, read for valid boxes only) are left out, so the figure is a lower bound and the
 /// GB/s derived from it never flatter the kernel.
-fn must_touch_bytes(plan: &kfuse_codegen::Plan, outputs: &[(String, HostTensor)], inputs: &[(String, HostTensor)], graph: &Graph) -> (u64, Vec<String>) {
+fn must_touch_bytes(
+    plan: &kfuse_codegen::Plan,
+    outputs: &[(String, HostTensor)],
+    inputs: &[(String, HostTensor)],
+    graph: &Graph,
+) -> (u64, Vec<String>) {
     use kfuse_codegen::{BufferKind, Param};
     let sz = |t: &HostTensor| (t.len() * t.dtype().size_bytes()) as u64;
     let mut full = std::collections::BTreeSet::new();
@@ -335,18 +371,20 @@ fn must_touch_bytes(plan: &kfuse_codegen::Plan, outputs: &[(String, HostTensor)]
             }
         }
     }
-    let ins: u64 = full
-        .iter()
-        .filter_map(|id| inputs.iter().find(|(n, _)| *n == graph.input(*id).name))
-        .map(|(_, t)| sz(t))
-        .sum();
+    let ins: u64 =
+        full.iter().filter_map(|id| inputs.iter().find(|(n, _)| *n == graph.input(*id).name)).map(|(_, t)| sz(t)).sum();
     let skipped = lazy_only.difference(&full).map(|id| graph.input(*id).name.clone()).collect();
     (ins + outputs.iter().map(|(_, t)| sz(t)).sum::<u64>(), skipped)
 }
 
 /// Times `launch`: each run after an L2 flush, and runs back to back (medians of batches of
 /// [`BATCH`]).
-fn time(gpu: &Gpu, flush: &DeviceBuffer, iters: usize, mut launch: impl FnMut() -> Result<(), Error>) -> Result<(Timing, Timing), Error> {
+fn time(
+    gpu: &Gpu,
+    flush: &DeviceBuffer,
+    iters: usize,
+    mut launch: impl FnMut() -> Result<(), Error>,
+) -> Result<(Timing, Timing), Error> {
     for _ in 0..10 {
         launch()?;
     }
@@ -458,13 +496,22 @@ impl GiouSet {
     }
 
     fn loss(&self, gpu: &Gpu) -> Result<HostTensor, Error> {
-        HostTensor::from_bytes(DType::F32, vec![], &gpu.download(&self.loss)?).ok_or_else(|| Error::Exec("the baseline's loss came back with the wrong size".into()))
+        HostTensor::from_bytes(DType::F32, vec![], &gpu.download(&self.loss)?)
+            .ok_or_else(|| Error::Exec("the baseline's loss came back with the wrong size".into()))
     }
 }
 
 /// The hand-written GIoU kernel, timed in the three modes (the rotated one over `want_sets` sets,
 /// as the generated program).
-fn giou_baseline(gpu: &Gpu, flush: &DeviceBuffer, inputs: &[(String, HostTensor)], cpu: &[(String, HostTensor)], iters: usize, bytes: u64, want_sets: usize) -> Result<Timed, Error> {
+fn giou_baseline(
+    gpu: &Gpu,
+    flush: &DeviceBuffer,
+    inputs: &[(String, HostTensor)],
+    cpu: &[(String, HostTensor)],
+    iters: usize,
+    bytes: u64,
+    want_sets: usize,
+) -> Result<Timed, Error> {
     let get = |name: &str| {
         inputs
             .iter()
@@ -473,12 +520,24 @@ fn giou_baseline(gpu: &Gpu, flush: &DeviceBuffer, inputs: &[(String, HostTensor)
             .ok_or_else(|| Error::Exec(format!("--baseline giou needs an f32 input `{name}` of shape [.., 4]")))
     };
     let (pred, target) = (get("pred")?, get("target")?);
-    let want = cpu.iter().find(|(n, _)| n == "loss").map(|(_, t)| t).ok_or_else(|| Error::Exec("--baseline giou needs an output `loss`".into()))?;
+    let want = cpu
+        .iter()
+        .find(|(n, _)| n == "loss")
+        .map(|(_, t)| t)
+        .ok_or_else(|| Error::Exec("--baseline giou needs an output `loss`".into()))?;
     let n = (target.len() / 4) as i64;
     let f = load_handwritten(gpu, "giou_handwritten")?;
-    let grid = u32::try_from((n as u64).div_ceil(256).max(1)).map_err(|_| Error::Exec("batch too large for the baseline".into()))?;
+    let grid = u32::try_from((n as u64).div_ceil(256).max(1))
+        .map_err(|_| Error::Exec("batch too large for the baseline".into()))?;
     let launch = |s: &GiouSet| -> Result<(), Error> {
-        let args = [KernelArg::Buffer(&s.pred), KernelArg::Buffer(&s.target), KernelArg::I64(n), KernelArg::Buffer(&s.acc), KernelArg::Buffer(&s.ticket), KernelArg::Buffer(&s.loss)];
+        let args = [
+            KernelArg::Buffer(&s.pred),
+            KernelArg::Buffer(&s.target),
+            KernelArg::I64(n),
+            KernelArg::Buffer(&s.acc),
+            KernelArg::Buffer(&s.ticket),
+            KernelArg::Buffer(&s.loss),
+        ];
         Ok(gpu.launch(&f, grid, 256, 0, &args)?)
     };
     let first = GiouSet::upload(gpu, pred, target)?;
@@ -493,7 +552,14 @@ fn giou_baseline(gpu: &Gpu, flush: &DeviceBuffer, inputs: &[(String, HostTensor)
     let rotated = time_rotated(gpu, sets.len(), iters, |i| launch(&sets[i]), || Ok(gpu.fill(&last.loss, 0xff)?))?;
     let (rotated_err, _) = compare(&last.loss(gpu)?, want);
     let rotation = Rotation { sets: sets.len(), set_bytes, max_rel_err: rotated_err, note };
-    Ok(Timed::new("hand-written CUDA (one thread per box)", 1, Timings { l2_flushed, back_to_back, rotated }, rotation, bytes, max_rel_err))
+    Ok(Timed::new(
+        "hand-written CUDA (one thread per box)",
+        1,
+        Timings { l2_flushed, back_to_back, rotated },
+        rotation,
+        bytes,
+        max_rel_err,
+    ))
 }
 
 /// Today's date in UTC as YYYY-MM-DD (civil-from-days, no time crate needed).
@@ -530,11 +596,21 @@ impl fmt::Display for BenchReport {
             self.copy_bandwidth_gbps,
             mib(self.copy_bandwidth_buffer_bytes)
         )?;
-        writeln!(f, "first run incl. compile/load: {:.1} ms; interpreter: {:.1} ms", self.prepare_ms, self.interpreter_ms)?;
+        writeln!(
+            f,
+            "first run incl. compile/load: {:.1} ms; interpreter: {:.1} ms",
+            self.prepare_ms, self.interpreter_ms
+        )?;
         for o in &self.outputs {
             match (o.gpu, o.cpu) {
-                (Some(g), Some(c)) => writeln!(f, "  {} = {g:.9} (gpu) vs {c:.9} (interpreter), rel err {:.2e}", o.name, o.rel_err)?,
-                _ => writeln!(f, "  {}: rel err {:.2e}, max abs err {:.2e} vs interpreter", o.name, o.rel_err, o.max_abs_err)?,
+                (Some(g), Some(c)) => {
+                    writeln!(f, "  {} = {g:.9} (gpu) vs {c:.9} (interpreter), rel err {:.2e}", o.name, o.rel_err)?
+                }
+                _ => writeln!(
+                    f,
+                    "  {}: rel err {:.2e}, max abs err {:.2e} vs interpreter",
+                    o.name, o.rel_err, o.max_abs_err
+                )?,
             }
         }
         let r = &self.kfuse.rotation;
@@ -547,12 +623,20 @@ impl fmt::Display for BenchReport {
             mib(r.set_bytes),
             (r.sets as u64 * r.set_bytes) as f64 / self.l2_bytes.max(1) as f64
         )?;
-        writeln!(f, "  flush  each launch alone after a {} memset: also pays for writing back the memset's dirty lines", mib(self.flush_bytes))?;
+        writeln!(
+            f,
+            "  flush  each launch alone after a {} memset: also pays for writing back the memset's dirty lines",
+            mib(self.flush_bytes)
+        )?;
         let timed: Vec<&Timed> = std::iter::once(&self.kfuse).chain(self.baseline.as_ref()).collect();
         let w = timed.iter().map(|t| t.name.chars().count()).max().unwrap_or(0).max(6);
         let groups = format!("{:w$} {:>8}{:^24}{:^21}{:^18}", "", "", "median µs", "GB/s", "% copy bw");
         writeln!(f, "{}", groups.trim_end())?;
-        writeln!(f, "{:<w$} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5}", "kernel", "launches", "b2b", "rot", "flush", "b2b", "rot", "flush", "b2b", "rot", "flush")?;
+        writeln!(
+            f,
+            "{:<w$} {:>8} {:>7} {:>7} {:>7} {:>6} {:>6} {:>6} {:>5} {:>5} {:>5}",
+            "kernel", "launches", "b2b", "rot", "flush", "b2b", "rot", "flush", "b2b", "rot", "flush"
+        )?;
         for t in &timed {
             let pct = |gbps: f64| 100.0 * gbps / self.copy_bandwidth_gbps;
             writeln!(
@@ -576,7 +660,11 @@ impl fmt::Display for BenchReport {
             let note = r.note.as_ref().map(|n| format!("; {n}")).unwrap_or_default();
             writeln!(f, "rot check, {}: {} sets × {}; set {}'s outputs after the timed launches: rel err {:.2e} vs interpreter{note}", t.name, r.sets, mib(r.set_bytes), r.sets - 1, r.max_rel_err)?;
         }
-        let skipped = if self.masked_inputs.is_empty() { String::new() } else { format!(" (not counted: {}, read only where the predicate holds)", self.masked_inputs.join(", ")) };
+        let skipped = if self.masked_inputs.is_empty() {
+            String::new()
+        } else {
+            format!(" (not counted: {}, read only where the predicate holds)", self.masked_inputs.join(", "))
+        };
         writeln!(f, "bytes a run must move (the GB/s above): every output once and every input read for all elements once = {} bytes{skipped}", self.kfuse.bytes)
     }
 }
@@ -608,9 +696,21 @@ mod tests {
             copy_bandwidth_buffer_bytes: COPY_BANDWIDTH_BUFFER_BYTES as u64,
             prepare_ms: 12.5,
             interpreter_ms: 250.0,
-            outputs: vec![OutputCheck { name: "loss".into(), gpu: Some(0.5), cpu: Some(0.5), rel_err: 1e-7, max_abs_err: 5e-8 }],
+            outputs: vec![OutputCheck {
+                name: "loss".into(),
+                gpu: Some(0.5),
+                cpu: Some(0.5),
+                rel_err: 1e-7,
+                max_abs_err: 5e-8,
+            }],
             kfuse: timed("kfuse (generated)", 10.0, 15.0, 20.0, None),
-            baseline: Some(timed("hand-written CUDA (one thread per box)", 12.0, 20.0, 30.0, Some("device memory held 5 of the 6 buffer sets"))),
+            baseline: Some(timed(
+                "hand-written CUDA (one thread per box)",
+                12.0,
+                20.0,
+                30.0,
+                Some("device memory held 5 of the 6 buffer sets"),
+            )),
             masked_inputs: vec!["pred".into()],
         }
     }
@@ -643,7 +743,15 @@ mod tests {
         assert_eq!((sets, note), (vec![0, 7, 7, 7], None));
 
         let mut left = 2;
-        let (sets, note) = bind_sets(0, 6, || if left > 0 { left -= 1; Ok(1) } else { Err(oom()) }).unwrap();
+        let (sets, note) = bind_sets(0, 6, || {
+            if left > 0 {
+                left -= 1;
+                Ok(1)
+            } else {
+                Err(oom())
+            }
+        })
+        .unwrap();
         assert_eq!(sets, vec![0, 1, 1]);
         let note = note.unwrap();
         assert!(note.contains("3 of the 6 buffer sets") && note.contains("out of device memory"), "{note}");

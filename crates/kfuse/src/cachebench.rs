@@ -122,7 +122,8 @@ pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
     let mut builds = Vec::new();
     let mut lookups = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    let order = (0..SAME_BUILDS).map(|_| 0).chain((0..DISTINCT_OPS).flat_map(|v| std::iter::repeat_n(v, DISTINCT_BUILDS)));
+    let order =
+        (0..SAME_BUILDS).map(|_| 0).chain((0..DISTINCT_OPS).flat_map(|v| std::iter::repeat_n(v, DISTINCT_BUILDS)));
     for v in order {
         let b0 = Instant::now();
         let p = Program::from_source(&giou_variant(v), "giou variant")?;
@@ -183,8 +184,20 @@ pub fn render(phases: &[PhaseReport]) -> String {
     for p in phases {
         s += &format!(
             "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} ({:.2} / {:.2} / {:.2}) | {:.1} | {} | {:.2} |\n",
-            p.phase, p.compiles, p.disk_hits, p.total_ms, p.build_median_us, p.lookup_median_us, p.lookup_p99_us, p.first_result_ms, p.first_parse_plan_ms, p.first_load_ms, p.first_run_ms,
-            p.open_ms, if p.driver_probe_ms > 0.0 { format!("{:.2}", p.driver_probe_ms) } else { "skipped".to_string() }, p.second_run_ms
+            p.phase,
+            p.compiles,
+            p.disk_hits,
+            p.total_ms,
+            p.build_median_us,
+            p.lookup_median_us,
+            p.lookup_p99_us,
+            p.first_result_ms,
+            p.first_parse_plan_ms,
+            p.first_load_ms,
+            p.first_run_ms,
+            p.open_ms,
+            if p.driver_probe_ms > 0.0 { format!("{:.2}", p.driver_probe_ms) } else { "skipped".to_string() },
+            p.second_run_ms
         );
     }
     s

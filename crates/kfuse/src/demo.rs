@@ -54,7 +54,10 @@ pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Gpu>) -> anyhow::Result<
             gpu.synchronize()?;
             let us = gpu.elapsed_ms(&a, &b)? as f64 * 1e3 / reps as f64;
             println!("device: {} ({}), {} kernel launch(es)", gpu.name(), gpu.arch(), prog.plan().kernels.len());
-            println!("loss = {gpu_loss:.7} (GPU)   {cpu_loss:.7} (interpreter)   relative difference {:.1e}", ((gpu_loss - cpu_loss) / cpu_loss.abs().max(1e-30)).abs());
+            println!(
+                "loss = {gpu_loss:.7} (GPU)   {cpu_loss:.7} (interpreter)   relative difference {:.1e}",
+                ((gpu_loss - cpu_loss) / cpu_loss.abs().max(1e-30)).abs()
+            );
             println!("time: {us:.1} µs per loss on the GPU (mean of {reps} back-to-back runs); first run incl. compile or cache load {first_ms:.1} ms; interpreter {cpu_ms:.1} ms");
         }
     }
@@ -81,7 +84,9 @@ fn mlp_section(gpu: Option<&Gpu>) -> anyhow::Result<()> {
     let cpu = kfuse_mlp::evaluate_cpu(&model, &x)?;
     let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
     match gpu {
-        None => println!("CPU interpreter path: {cpu_ms:.0} ms (no GPU here: with one, the model runs as one generated kernel)"),
+        None => println!(
+            "CPU interpreter path: {cpu_ms:.0} ms (no GPU here: with one, the model runs as one generated kernel)"
+        ),
         Some(gpu) => {
             let t0 = Instant::now();
             let y = kfuse_mlp::run_gpu(gpu, &model, &x, DType::F16)?;

@@ -49,7 +49,8 @@ impl<'g> CudaProgram<'g> {
 
     /// Loads the kernels of a plan already made from `program`.
     pub fn from_plan(gpu: &'g Gpu, program: &Program, plan: Plan) -> Result<CudaProgram<'g>, Error> {
-        let functions = plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
+        let functions =
+            plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
         let resident = plan
             .kernels
             .iter()
@@ -57,7 +58,10 @@ impl<'g> CudaProgram<'g> {
             .map(|(k, f)| match k.launch {
                 Launch::Plain => Ok(None),
                 Launch::Cooperative => match gpu.max_resident_blocks(f, k.block, 0)? {
-                    0 => Err(Error::Exec(format!("kernel {} cannot have even one block of {} threads resident on this device", k.name, k.block))),
+                    0 => Err(Error::Exec(format!(
+                        "kernel {} cannot have even one block of {} threads resident on this device",
+                        k.name, k.block
+                    ))),
                     n => Ok(Some(n)),
                 },
             })
@@ -75,17 +79,19 @@ impl<'g> CudaProgram<'g> {
         let sizes = SymbolBindings::bind(&self.graph, inputs)?.sizes;
         timing::log("bind: symbol bindings", step);
         let sm = self.gpu.sm_count().max(1);
-        let grids = self
-            .plan
-            .kernels
-            .iter()
-            .zip(&self.resident)
-            .map(|(k, resident)| {
-                let blocks = k.grid.blocks(&sizes, sm).ok_or_else(|| Error::Exec(format!("kernel {} needs too many blocks for these sizes", k.name)))?;
-                // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
-                Ok(resident.map_or(blocks, |r| blocks.min(r)))
-            })
-            .collect::<Result<Vec<u32>, Error>>()?;
+        let grids =
+            self.plan
+                .kernels
+                .iter()
+                .zip(&self.resident)
+                .map(|(k, resident)| {
+                    let blocks = k.grid.blocks(&sizes, sm).ok_or_else(|| {
+                        Error::Exec(format!("kernel {} needs too many blocks for these sizes", k.name))
+                    })?;
+                    // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
+                    Ok(resident.map_or(blocks, |r| blocks.min(r)))
+                })
+                .collect::<Result<Vec<u32>, Error>>()?;
         let mut buffers = Vec::with_capacity(self.plan.buffers.len());
         for decl in &self.plan.buffers {
             let grid = match decl.kind {
@@ -94,15 +100,17 @@ impl<'g> CudaProgram<'g> {
             };
             let too_big = || Error::Exec(format!("a buffer of {:?} for these sizes does not fit in memory", decl.kind));
             let elems = decl.elem_count(&sizes, grid).ok_or_else(too_big)?;
-            let bytes = elems
-                .checked_mul(decl.elem.size_bytes())
-                .and_then(|b| usize::try_from(b).ok())
-                .ok_or_else(too_big)?;
+            let bytes =
+                elems.checked_mul(decl.elem.size_bytes()).and_then(|b| usize::try_from(b).ok()).ok_or_else(too_big)?;
             let step = Instant::now();
             let buf = match decl.kind {
                 BufferKind::Input(id) => {
                     let name = &self.graph.input(id).name;
-                    let t = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| *t).ok_or_else(|| Error::Exec(format!("missing input `{name}`")))?;
+                    let t = inputs
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, t)| *t)
+                        .ok_or_else(|| Error::Exec(format!("missing input `{name}`")))?;
                     if t.is_empty() {
                         self.gpu.alloc_zeroed(16)?
                     } else {

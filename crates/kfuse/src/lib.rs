@@ -68,7 +68,8 @@ pub struct Program {
 impl Program {
     /// Parses and type-checks a `.kf` file.
     pub fn from_file(path: &Path) -> Result<Program, Error> {
-        let source = std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.display().to_string(), source })?;
+        let source =
+            std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.display().to_string(), source })?;
         Program::from_source(&source, &path.display().to_string())
     }
 

@@ -24,7 +24,11 @@ macro_rules! say {
 }
 
 #[derive(Parser)]
-#[command(name = "kfuse", version, about = "Run-time kernel fusion: .kf descriptions to fused CUDA kernels (with a CPU reference interpreter)")]
+#[command(
+    name = "kfuse",
+    version,
+    about = "Run-time kernel fusion: .kf descriptions to fused CUDA kernels (with a CPU reference interpreter)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -328,7 +332,8 @@ fn run(cli: Cli) -> Result<()> {
             let report = bench::run(&gpu, &p, &tensors, &opts)?;
             say!("{report}");
             if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
         }
@@ -403,12 +408,26 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 say!("folder:   {dir}{}", if s.bypassed { " (bypassed by KFUSE_NO_CACHE)" } else { "" });
                 say!("entries:  {} ({} bytes of {} allowed)", s.entries, s.bytes, s.max_bytes);
                 let c = &s.persisted;
-                say!("all processes: {} disk hits, {} misses (compiles), {} repairs, {} failed writes, {} evictions", c.disk_hits, c.compiles, c.repairs, c.write_failures, c.evictions);
+                say!(
+                    "all processes: {} disk hits, {} misses (compiles), {} repairs, {} failed writes, {} evictions",
+                    c.disk_hits,
+                    c.compiles,
+                    c.repairs,
+                    c.write_failures,
+                    c.evictions
+                );
             }
         }
         CacheCommand::List => {
             for e in cache.list()? {
-                say!("{} {} {:>9} bytes  last used {}  {}", e.arch, e.key.to_hex(), e.bytes, e.last_used_unix_s, e.path.display());
+                say!(
+                    "{} {} {:>9} bytes  last used {}  {}",
+                    e.arch,
+                    e.key.to_hex(),
+                    e.bytes,
+                    e.last_used_unix_s,
+                    e.path.display()
+                );
             }
         }
         CacheCommand::Clear => {
@@ -418,7 +437,12 @@ fn cache_command(what: CacheCommand) -> Result<()> {
         CacheCommand::Verify => {
             let r = cache.verify()?;
             for p in &r.problems {
-                say!("bad: {} — {}{}", p.path.display(), p.reason, if p.removed { " (removed)" } else { " (could not remove)" });
+                say!(
+                    "bad: {} — {}{}",
+                    p.path.display(),
+                    p.reason,
+                    if p.removed { " (removed)" } else { " (could not remove)" }
+                );
             }
             say!("checked {} entries: {} valid, {} bad", r.checked, r.valid, r.problems.len());
         }
@@ -429,7 +453,8 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 std::fs::write(out, serde_json::to_string(&r)?)?;
                 return Ok(());
             }
-            let dir = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("kfuse-cache-bench-{}", std::process::id())));
+            let dir =
+                dir.unwrap_or_else(|| std::env::temp_dir().join(format!("kfuse-cache-bench-{}", std::process::id())));
             let _ = std::fs::remove_dir_all(&dir);
             let gpu = kfuse::cachebench::open_with_cache_dir(&dir).context("`kfuse cache bench` needs a GPU")?;
             let cold = kfuse::cachebench::run_phase(&gpu, "cold")?;
@@ -460,7 +485,9 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 .collect();
             files.sort();
             let bar = indicatif::ProgressBar::new(files.len() as u64);
-            bar.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"));
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("a valid template"),
+            );
             let (mut compiled, mut hits, mut failed) = (0, 0, 0);
             for f in &files {
                 bar.set_message(f.display().to_string());
@@ -480,7 +507,10 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 bar.inc(1);
             }
             bar.finish_and_clear();
-            say!("{} files for {arch}: {compiled} kernels compiled, {hits} already cached, {failed} files failed", files.len());
+            say!(
+                "{} files for {arch}: {compiled} kernels compiled, {hits} already cached, {failed} files failed",
+                files.len()
+            );
         }
     }
     Ok(())
@@ -520,7 +550,8 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
             report.model_load_ms = Some(model_load_ms);
             say!("{}", report.render());
             if let Some(path) = json {
-                std::fs::write(&path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(())
         }

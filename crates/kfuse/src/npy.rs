@@ -56,7 +56,10 @@ pub fn read_npy(path: &Path) -> Result<HostTensor, NpyError> {
     let expected: usize = shape.iter().product();
     if data.len() != expected {
         let msg = format!("header promises {expected} elements, the file holds {}", data.len());
-        return Err(NpyError::Corrupt { path: p(), source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, msg) });
+        return Err(NpyError::Corrupt {
+            path: p(),
+            source: std::io::Error::new(std::io::ErrorKind::UnexpectedEof, msg),
+        });
     }
     Ok(HostTensor::new(shape, data))
 }
@@ -88,7 +91,11 @@ fn write_bf16(w: BufWriter<File>, shape: &[u64], v: &[bf16]) -> std::io::Result<
     out.finish()
 }
 
-fn write_typed<T: npyz::AutoSerialize>(w: BufWriter<File>, shape: &[u64], items: impl Iterator<Item = T>) -> std::io::Result<()> {
+fn write_typed<T: npyz::AutoSerialize>(
+    w: BufWriter<File>,
+    shape: &[u64],
+    items: impl Iterator<Item = T>,
+) -> std::io::Result<()> {
     let mut out = npyz::WriteOptions::<T>::new().default_dtype().shape(shape).writer(w).begin_nd()?;
     out.extend(items)?;
     out.finish()

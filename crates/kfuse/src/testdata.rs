@@ -84,7 +84,13 @@ fn boxes(rng: &mut StdRng, count: usize, padded: bool) -> Vec<f64> {
 pub fn with_float_dtype(source: &str, dtype: DType) -> String {
     source
         .lines()
-        .map(|l| if l.trim_start().starts_with("input") { l.replace("f32[", &format!("{}[", dtype.name())) } else { l.to_string() })
+        .map(|l| {
+            if l.trim_start().starts_with("input") {
+                l.replace("f32[", &format!("{}[", dtype.name()))
+            } else {
+                l.to_string()
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -17,7 +17,12 @@ fn kfuse_exe() -> PathBuf {
     if built.exists() {
         return built;
     }
-    std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("kfuse")).find(|p| p.exists()).unwrap_or(built)
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("kfuse"))
+        .find(|p| p.exists())
+        .unwrap_or(built)
 }
 
 fn kfuse(args: &[&str]) -> Output {
@@ -100,7 +105,8 @@ fn bench_times_three_modes_and_checks_the_rotated_sets() {
     let d = tempfile::tempdir().unwrap();
 
     // The training step (scalar and tensor outputs) on random inputs; the automatic set count.
-    let (text, v) = bench_json(&["bench", &example("giou_train.kf"), "--dim", "B=3", "--dim", "N=255"], d.path(), "train");
+    let (text, v) =
+        bench_json(&["bench", &example("giou_train.kf"), "--dim", "B=3", "--dim", "N=255"], d.path(), "train");
     check_timed(&v["kfuse"], None, "giou_train B=3 N=255");
     assert!(v["baseline"].is_null());
     for o in v["outputs"].as_array().unwrap() {
@@ -116,7 +122,11 @@ fn bench_times_three_modes_and_checks_the_rotated_sets() {
     npy::write_npy(&p, &b.pred).unwrap();
     npy::write_npy(&t, &b.target).unwrap();
     let (pi, ti) = (format!("pred={}", p.display()), format!("target={}", t.display()));
-    let (text, v) = bench_json(&["bench", &example("giou.kf"), "--input", &pi, "--input", &ti, "--baseline", "giou", "--rotate-sets", "3"], d.path(), "fwd");
+    let (text, v) = bench_json(
+        &["bench", &example("giou.kf"), "--input", &pi, "--input", &ti, "--baseline", "giou", "--rotate-sets", "3"],
+        d.path(),
+        "fwd",
+    );
     check_timed(&v["kfuse"], Some(3), "giou B=255 N=3");
     check_timed(&v["baseline"], Some(3), "baseline B=255 N=3");
     assert!(text.contains("rot check, hand-written CUDA"), "{text}");

@@ -18,7 +18,12 @@ fn kfuse_exe() -> PathBuf {
     if built.exists() {
         return built;
     }
-    std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|d| d.join("kfuse")).find(|p| p.exists()).unwrap_or(built)
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("kfuse"))
+        .find(|p| p.exists())
+        .unwrap_or(built)
 }
 
 fn examples() -> PathBuf {
@@ -82,20 +87,35 @@ fn run_checks_inputs_before_anything_runs() {
     let ip = format!("pred={pred}");
     let it = format!("target={target}");
     // Shapes that disagree with each other.
-    fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &format!("target={target6}")]), &["target", "N = 6", "N = 5"]);
+    fails_with(
+        &kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &format!("target={target6}")]),
+        &["target", "N = 6", "N = 5"],
+    );
     // Wrong dtype.
-    fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", &format!("pred={ints}"), "--input", &it]), &["pred", "i32", "f32"]);
+    fails_with(
+        &kfuse(&["run", &g, "--device", "cpu", "--input", &format!("pred={ints}"), "--input", &it]),
+        &["pred", "i32", "f32"],
+    );
     // A corrupt .npy.
     let bad = d.path().join("bad.npy");
     std::fs::write(&bad, b"\x93NUMPY garbage").unwrap();
-    fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &format!("target={}", bad.display())]), &["bad.npy", "not a valid .npy"]);
+    fails_with(
+        &kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &format!("target={}", bad.display())]),
+        &["bad.npy", "not a valid .npy"],
+    );
     // Missing, unknown and malformed --input.
     fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", &ip]), &["missing input `target`"]);
-    fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &it, "--input", &format!("extra={pred}")]), &["unknown input `extra`"]);
+    fails_with(
+        &kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &it, "--input", &format!("extra={pred}")]),
+        &["unknown input `extra`"],
+    );
     fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", "pred"]), &["NAME=PATH"]);
     // A shape against the declaration.
     let flat = write(d.path(), "flat.npy", &HostTensor::from_f64(DType::F32, vec![3, 5], &[1.0; 15]));
-    fails_with(&kfuse(&["run", &g, "--device", "cpu", "--input", &format!("pred={flat}"), "--input", &it]), &["pred", "2 axes"]);
+    fails_with(
+        &kfuse(&["run", &g, "--device", "cpu", "--input", &format!("pred={flat}"), "--input", &it]),
+        &["pred", "2 axes"],
+    );
     // And the good case works.
     let ok = kfuse(&["run", &g, "--device", "cpu", "--input", &ip, "--input", &it]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
@@ -107,7 +127,8 @@ fn empty_batches_and_nan_data_are_not_errors() {
     let d = tempfile::tempdir().unwrap();
     let empty = HostTensor::from_f64(DType::F32, vec![0, 256, 4], &[]);
     let (p, t) = (write(d.path(), "p.npy", &empty), write(d.path(), "t.npy", &empty));
-    let out = kfuse(&["run", &giou(), "--device", "cpu", "--input", &format!("pred={p}"), "--input", &format!("target={t}")]);
+    let out =
+        kfuse(&["run", &giou(), "--device", "cpu", "--input", &format!("pred={p}"), "--input", &format!("target={t}")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "loss = 0", "max(count, 1) makes an empty batch's loss 0");
 
@@ -115,7 +136,8 @@ fn empty_batches_and_nan_data_are_not_errors() {
     pred[0] = f64::NAN;
     let p = write(d.path(), "pn.npy", &HostTensor::from_f64(DType::F32, vec![1, 1, 4], &pred));
     let t = write(d.path(), "tn.npy", &HostTensor::from_f64(DType::F32, vec![1, 1, 4], &[12.0, 12.0, 22.0, 22.0]));
-    let out = kfuse(&["run", &giou(), "--device", "cpu", "--input", &format!("pred={p}"), "--input", &format!("target={t}")]);
+    let out =
+        kfuse(&["run", &giou(), "--device", "cpu", "--input", &format!("pred={p}"), "--input", &format!("target={t}")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "loss = NaN", "NaN propagates as IEEE says");
 }
@@ -127,7 +149,18 @@ fn tensor_outputs_land_in_the_output_folder() {
     let (p, t) = (write(d.path(), "p.npy", &b.pred), write(d.path(), "t.npy", &b.target));
     let outdir = d.path().join("out");
     let train = examples().join("giou_train.kf").display().to_string();
-    let out = kfuse(&["run", &train, "--device", "cpu", "--input", &format!("pred={p}"), "--input", &format!("target={t}"), "--output", &outdir.display().to_string()]);
+    let out = kfuse(&[
+        "run",
+        &train,
+        "--device",
+        "cpu",
+        "--input",
+        &format!("pred={p}"),
+        "--input",
+        &format!("target={t}"),
+        "--output",
+        &outdir.display().to_string(),
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let dpred = npy::read_npy(&outdir.join("dpred.npy")).unwrap();
     assert_eq!(dpred.shape, vec![4, 7, 4]);
@@ -143,7 +176,16 @@ fn no_gpu_and_no_nvrtc_are_clear_errors() {
     let d = tempfile::tempdir().unwrap();
     let b = boxes::generate(2, 3, 1).unwrap();
     let (p, t) = (write(d.path(), "p.npy", &b.pred), write(d.path(), "t.npy", &b.target));
-    let out = kfuse(&["run", &giou(), "--device", "cuda", "--input", &format!("pred={p}"), "--input", &format!("target={t}")]);
+    let out = kfuse(&[
+        "run",
+        &giou(),
+        "--device",
+        "cuda",
+        "--input",
+        &format!("pred={p}"),
+        "--input",
+        &format!("target={t}"),
+    ]);
     fails_with(&out, &["CUDA driver is not available"]);
     // Without libnvrtc on the library path, compiling is an error that says what to install.
     let out = Command::new(kfuse_exe())
@@ -168,7 +210,9 @@ fn no_gpu_and_no_nvrtc_are_clear_errors() {
 /// (no such line). Both results match the CPU interpreter.
 #[test]
 fn mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached() {
-    let Some(gpu) = kfuse_runtime::testing::gpu_or_skip("mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached") else {
+    let Some(gpu) = kfuse_runtime::testing::gpu_or_skip(
+        "mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached",
+    ) else {
         return;
     };
     drop(gpu);
@@ -185,7 +229,17 @@ fn mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cache
     for phase in ["cold", "warm"] {
         let out_path = d.path().join(format!("y_{phase}.npy"));
         let out = Command::new(kfuse_exe())
-            .args(["mlp", "run", &model_path.display().to_string(), "--input", &xp, "--output", &out_path.display().to_string(), "--device", "cuda"])
+            .args([
+                "mlp",
+                "run",
+                &model_path.display().to_string(),
+                "--input",
+                &xp,
+                "--output",
+                &out_path.display().to_string(),
+                "--device",
+                "cuda",
+            ])
             .env("KFUSE_CACHE_DIR", d.path().join("cache"))
             .env("CUDA_CACHE_DISABLE", "1")
             .output()

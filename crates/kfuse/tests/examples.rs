@@ -31,11 +31,13 @@ fn every_example_compiles_for_sm80_and_sm90_in_every_float_dtype() {
     for (stem, src) in common::examples() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let src = with_float_dtype(&src, dtype);
-            let p = Program::from_source(&src, &format!("examples/{stem}.kf")).unwrap_or_else(|e| panic!("{stem} {dtype}: {e}"));
+            let p = Program::from_source(&src, &format!("examples/{stem}.kf"))
+                .unwrap_or_else(|e| panic!("{stem} {dtype}: {e}"));
             for k in p.plan().unwrap().kernels {
                 for arch in ["sm_80", "sm_90"] {
                     let arch: Arch = arch.parse().unwrap();
-                    let m = compile(&k.source, &CompileOptions::for_arch(arch)).unwrap_or_else(|e| panic!("{stem} {dtype} {arch}: {e}"));
+                    let m = compile(&k.source, &CompileOptions::for_arch(arch))
+                        .unwrap_or_else(|e| panic!("{stem} {dtype} {arch}: {e}"));
                     assert_eq!(&m.cubin[..4], b"\x7fELF", "{stem} {dtype} {arch}");
                     assert!(m.ptx.contains(&format!(".entry {}", k.name)), "{stem}: PTX lacks the entry {}", k.name);
                     compiled += 1;

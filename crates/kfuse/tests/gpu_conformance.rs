@@ -69,7 +69,11 @@ fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype:
     prog.launch(&bound).unwrap();
     let again = prog.download(&bound).unwrap();
     for ((name, a), (_, b)) in again.iter().zip(&got) {
-        assert!(a.to_bytes() == b.to_bytes(), "{} output {name} at {sizes:?}: a second launch differs in its bits", p.origin);
+        assert!(
+            a.to_bytes() == b.to_bytes(),
+            "{} output {name} at {sizes:?}: a second launch differs in its bits",
+            p.origin
+        );
     }
 }
 
@@ -79,13 +83,19 @@ fn every_example_matches_the_interpreter_on_the_gpu() {
     let mut cases = 0;
     for (stem, src) in common::examples() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let p = Program::from_source(&testdata::with_float_dtype(&src, dtype), &format!("examples/{stem}.kf ({dtype})")).unwrap();
+            let p = Program::from_source(
+                &testdata::with_float_dtype(&src, dtype),
+                &format!("examples/{stem}.kf ({dtype})"),
+            )
+            .unwrap();
             for (i, mut sizes) in size_sets(p.graph.symbols.len()).into_iter().enumerate() {
                 // An offsets input holds S = B + 1 >= 1 boundaries, and with no segment (S = 1)
                 // there is no packed row either (T = 0).
                 for c in &p.graph.constraints {
-                    if let (kfuse_ir::Constraint::Offsets { total: kfuse_ir::Dim::Sym(t), .. }, Some(kfuse_ir::Dim::Sym(s))) =
-                        (c, p.graph.input(c.input()).shape.0.first())
+                    if let (
+                        kfuse_ir::Constraint::Offsets { total: kfuse_ir::Dim::Sym(t), .. },
+                        Some(kfuse_ir::Dim::Sym(s)),
+                    ) = (c, p.graph.input(c.input()).shape.0.first())
                     {
                         sizes[s.0 as usize] = sizes[s.0 as usize].max(1);
                         if sizes[s.0 as usize] == 1 {
@@ -112,7 +122,12 @@ fn giou_on_a_seed_like_batch_agrees_to_1e5() {
         let want = p.run_cpu(&inputs).unwrap();
         let got = CudaProgram::prepare(&gpu, &p).unwrap().run(&inputs).unwrap();
         let (rel, _) = compare(&got[0].1, &want[0].1);
-        assert!(rel <= 1e-5, "B={batch} N={n}: loss {:?} vs {:?}, rel err {rel:.2e}", got[0].1.scalar_f64(), want[0].1.scalar_f64());
+        assert!(
+            rel <= 1e-5,
+            "B={batch} N={n}: loss {:?} vs {:?}, rel err {rel:.2e}",
+            got[0].1.scalar_f64(),
+            want[0].1.scalar_f64()
+        );
     }
 }
 
@@ -138,7 +153,11 @@ fn a_new_batch_size_never_recompiles() {
         // Preparing again (a new op object for the same description) finds the kernels in memory.
         CudaProgram::prepare(&gpu, &p).unwrap();
     }
-    assert_eq!(gpu.cache().stats().session.compiles, compiles, "sizes are kernel arguments: no compile after the first");
+    assert_eq!(
+        gpu.cache().stats().session.compiles,
+        compiles,
+        "sizes are kernel arguments: no compile after the first"
+    );
 }
 
 #[test]
@@ -156,16 +175,37 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
         CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..CodegenOptions::default() },
         CodegenOptions::default(),
         CodegenOptions { batched_threads_per_sm: 768, elems_per_thread: 2, ..CodegenOptions::default() },
-        CodegenOptions { block_size: 128, batched_threads_per_sm: 512, elems_per_thread: 8, ..CodegenOptions::default() },
+        CodegenOptions {
+            block_size: 128,
+            batched_threads_per_sm: 512,
+            elems_per_thread: 8,
+            ..CodegenOptions::default()
+        },
     ];
     let mut cases = 0;
     for stem in ["giou_train", "giou_train_lengths", "smooth_l1_train_lengths"] {
         let src = std::fs::read_to_string(common::examples_dir().join(format!("{stem}.kf"))).unwrap();
         for dtype in [DType::F32, DType::BF16] {
             for (t, tuning) in tunings.iter().enumerate() {
-                let mut p = Program::from_source(&testdata::with_float_dtype(&src, dtype), &format!("examples/{stem}.kf ({dtype}, tuning {t})")).unwrap();
+                let mut p = Program::from_source(
+                    &testdata::with_float_dtype(&src, dtype),
+                    &format!("examples/{stem}.kf ({dtype}, tuning {t})"),
+                )
+                .unwrap();
                 p.codegen = tuning.clone();
-                for (i, sizes) in [vec![0, 3], vec![1, 1], vec![3, 255], vec![257, 1023], vec![1023, 3], vec![20001, 5], vec![2200, 7], vec![700, 0]].into_iter().enumerate() {
+                for (i, sizes) in [
+                    vec![0, 3],
+                    vec![1, 1],
+                    vec![3, 255],
+                    vec![257, 1023],
+                    vec![1023, 3],
+                    vec![20001, 5],
+                    vec![2200, 7],
+                    vec![700, 0],
+                ]
+                .into_iter()
+                .enumerate()
+                {
                     check(&gpu, &p, &sizes, fresh_seed() + 100 * t as u64 + i as u64, dtype);
                     cases += 1;
                 }

@@ -19,7 +19,8 @@ pub fn giou(pred_dtype: DType, target_dtype: DType) -> Result<Graph, IrError> {
     let pred = b.input("pred", pred_dtype, shape.clone())?;
     let target = b.input("target", target_dtype, shape)?;
     let (x1, y1, x2, y2) = (b.component(pred, 0)?, b.component(pred, 1)?, b.component(pred, 2)?, b.component(pred, 3)?);
-    let (x1g, y1g, x2g, y2g) = (b.component(target, 0)?, b.component(target, 1)?, b.component(target, 2)?, b.component(target, 3)?);
+    let (x1g, y1g, x2g, y2g) =
+        (b.component(target, 0)?, b.component(target, 1)?, b.component(target, 2)?, b.component(target, 3)?);
     let zero = b.lit_float(0.0);
     let valid = bin(&mut b, B::Ne, y2g, zero)?;
     let eps = b.lit_float(1e-7);

@@ -28,7 +28,8 @@ use std::io::Write;
 
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
-    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers, TensorInstructions, Tiering,
+    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator,
+    MlpKernelOptions, MlpModel, RepeatedLayers, TensorInstructions, Tiering,
 };
 
 /// One kernel variant; `None` = the generator's default.
@@ -49,7 +50,17 @@ impl Variant {
     /// The generator's defaults with `repeated` and `bias`.
     fn default_with(repeated: RepeatedLayers, bias: BiasOperand) -> Self {
         let d = MlpKernelOptions::default();
-        Variant { warps: None, rows: None, math: d.activation_math, effort: d.compile_effort, repeated, bias, acc: d.hidden_accumulator, order: d.chunk_order, tensor: d.tensor_instructions }
+        Variant {
+            warps: None,
+            rows: None,
+            math: d.activation_math,
+            effort: d.compile_effort,
+            repeated,
+            bias,
+            acc: d.hidden_accumulator,
+            order: d.chunk_order,
+            tensor: d.tensor_instructions,
+        }
     }
 
     /// `MlpKernelOptions` for it.
@@ -70,7 +81,12 @@ impl Variant {
 
     /// Warps, row tiles and [`Self::forms`], for tables.
     fn label(&self) -> String {
-        format!("w{} r{} {}", self.warps.map_or("-".into(), |w| w.to_string()), self.rows.map_or("-".into(), |r| r.to_string()), self.forms())
+        format!(
+            "w{} r{} {}",
+            self.warps.map_or("-".into(), |w| w.to_string()),
+            self.rows.map_or("-".into(), |r| r.to_string()),
+            self.forms()
+        )
     }
 
     /// The math and every option that differs from the default, e.g. `Packed Pairs acc16`.
@@ -106,12 +122,16 @@ fn parse_variant(entry: &str) -> Result<Variant, String> {
             "acc16" => v.acc = HiddenAccumulator::F16,
             "pipe" => v.order = ChunkOrder::Pipelined,
             "wg" => v.tensor = TensorInstructions::Wgmma,
-            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe, wg)")),
+            other => {
+                return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe, wg)"))
+            }
         }
     }
     let (head, rows) = head.split_once('/').map_or((head, None), |(e, r)| (e, Some(r)));
     let (math, warps) = head.split_once('@').map_or((head, None), |(m, w)| (m, Some(w)));
-    let number = |v: Option<&str>, what: &str| v.map(|v| v.parse::<u32>().map_err(|e| format!("KF_SILU_MATH: {what} in `{entry}`: {e}"))).transpose();
+    let number = |v: Option<&str>, what: &str| {
+        v.map(|v| v.parse::<u32>().map_err(|e| format!("KF_SILU_MATH: {what} in `{entry}`: {e}"))).transpose()
+    };
     v.warps = number(warps, "warps")?;
     v.rows = number(rows, "row tiles")?;
     v.math = parse_math(math)?;
@@ -129,12 +149,19 @@ fn parse_math(name: &str) -> Result<ActivationMath, String> {
             .strip_prefix("fma")
             .and_then(|n| n.parse::<u8>().ok())
             .map(|eighths| ActivationMath::PackedFma { eighths })
-            .ok_or_else(|| format!("KF_SILU_MATH: unknown variant `{name}` (packed, tanhf32, f32, fma0..fma8, balanced)")),
+            .ok_or_else(|| {
+                format!("KF_SILU_MATH: unknown variant `{name}` (packed, tanhf32, f32, fma0..fma8, balanced)")
+            }),
     }
 }
 
 /// Writes the model's source and sm_90 cubin for each variant into `dir`.
-fn dump(dir: &std::path::Path, name: &str, model: &MlpModel, variants: &[Variant]) -> Result<(), Box<dyn std::error::Error>> {
+fn dump(
+    dir: &std::path::Path,
+    name: &str,
+    model: &MlpModel,
+    variants: &[Variant],
+) -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(dir)?;
     for (n, v) in variants.iter().enumerate() {
         let kernel = emit_kernel(model, &v.options())?;
@@ -142,10 +169,21 @@ fn dump(dir: &std::path::Path, name: &str, model: &MlpModel, variants: &[Variant
         opts.extra = kernel.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let m = kfuse_runtime::compile(&kernel.source, &opts)?;
-        let stem = format!("{name}_{n}_w{}_r{}_{}", kernel.warps, kernel.row_tiles_per_warp, v.forms().replace(' ', "_").replace(['{', '}', ':', ','], ""));
+        let stem = format!(
+            "{name}_{n}_w{}_r{}_{}",
+            kernel.warps,
+            kernel.row_tiles_per_warp,
+            v.forms().replace(' ', "_").replace(['{', '}', ':', ','], "")
+        );
         std::fs::write(dir.join(format!("{stem}.cu")), &kernel.source)?;
         std::fs::write(dir.join(format!("{stem}.cubin")), &m.cubin)?;
-        let regs = m.log.lines().filter(|l| l.contains("registers") || l.contains("spill")).map(str::trim).collect::<Vec<_>>().join(" ");
+        let regs = m
+            .log
+            .lines()
+            .filter(|l| l.contains("registers") || l.contains("spill"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join(" ");
         println!("dumped {stem}: {regs}");
     }
     Ok(())
@@ -161,8 +199,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let d = Variant::default_with(Unrolled, BiasOperand::Quads);
     let looped = Variant::default_with(Loop, BiasOperand::Quads);
     let pairs = Variant::default_with(Unrolled, BiasOperand::Pairs);
-    let tiering = if std::env::var("KF_FULL_ONLY").is_ok_and(|v| v == "1") { Tiering::FullOnly } else { Tiering::Background };
-    let mut relu = if std::env::var("KF_LOOP").is_ok_and(|v| v == "1") { vec![d, looped, d, looped] } else { vec![d, d] };
+    let tiering =
+        if std::env::var("KF_FULL_ONLY").is_ok_and(|v| v == "1") { Tiering::FullOnly } else { Tiering::Background };
+    let mut relu =
+        if std::env::var("KF_LOOP").is_ok_and(|v| v == "1") { vec![d, looped, d, looped] } else { vec![d, d] };
     if std::env::var("KF_RELU_PAIRS").is_ok_and(|v| v == "1") {
         relu.push(pairs);
     }

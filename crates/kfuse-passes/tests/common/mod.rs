@@ -24,21 +24,12 @@ impl Default for Problem {
 
 impl Problem {
     pub fn new() -> Self {
-        Problem {
-            b: GraphBuilder::new(),
-            inputs: Vec::new(),
-        }
+        Problem { b: GraphBuilder::new(), inputs: Vec::new() }
     }
 
     /// Declares an `f32` input; `dims` are symbol names or constants ("B", "4"), `sizes` their
     /// run-time sizes.
-    pub fn input(
-        &mut self,
-        name: &str,
-        dims: &[&str],
-        sizes: &[usize],
-        values: Vec<f64>,
-    ) -> NodeId {
+    pub fn input(&mut self, name: &str, dims: &[&str], sizes: &[usize], values: Vec<f64>) -> NodeId {
         self.input_typed(name, DType::F32, dims, sizes, values)
     }
 
@@ -50,41 +41,24 @@ impl Problem {
         sizes: &[usize],
         values: Vec<f64>,
     ) -> NodeId {
-        assert_eq!(
-            dims.len(),
-            sizes.len(),
-            "test bug: dims and sizes differ in rank"
-        );
-        assert_eq!(
-            sizes.iter().product::<usize>(),
-            values.len(),
-            "test bug: {name} has the wrong number of values"
-        );
+        assert_eq!(dims.len(), sizes.len(), "test bug: dims and sizes differ in rank");
+        assert_eq!(sizes.iter().product::<usize>(), values.len(), "test bug: {name} has the wrong number of values");
         let shape = self.shape(dims);
         let id = self.b.input(name, dtype, shape).expect("input declares");
-        self.inputs
-            .push((name.to_string(), id, sizes.to_vec(), values));
+        self.inputs.push((name.to_string(), id, sizes.to_vec(), values));
         id
     }
 
     pub fn shape(&mut self, dims: &[&str]) -> Shape {
         Shape(
             dims.iter()
-                .map(|d| {
-                    d.parse::<u64>()
-                        .map(Dim::Const)
-                        .unwrap_or_else(|_| Dim::Sym(self.b.symbol(d)))
-                })
+                .map(|d| d.parse::<u64>().map(Dim::Const).unwrap_or_else(|_| Dim::Sym(self.b.symbol(d))))
                 .collect(),
         )
     }
 
     fn node_of(&self, name: &str) -> NodeId {
-        self.inputs
-            .iter()
-            .find(|i| i.0 == name)
-            .map(|i| i.1)
-            .expect("test bug: unknown input")
+        self.inputs.iter().find(|i| i.0 == name).map(|i| i.1).expect("test bug: unknown input")
     }
 
     /// Adds outputs `loss` and `grad_<name>` for each of `wrt`, and returns the verified graph.
@@ -92,25 +66,13 @@ impl Problem {
         self.b.output("loss", loss).expect("output");
         for name in wrt {
             let x = self.node_of(name);
-            let g = kfuse_passes::grad(&mut self.b, loss, x)
-                .unwrap_or_else(|e| panic!("grad w.r.t. {name}: {e}"));
+            let g = kfuse_passes::grad(&mut self.b, loss, x).unwrap_or_else(|e| panic!("grad w.r.t. {name}: {e}"));
             let (gn, xn) = (self.b.node(g), self.b.node(x));
-            assert_eq!(
-                (gn.dtype, &gn.shape),
-                (xn.dtype, &xn.shape),
-                "gradient w.r.t. {name} is not typed like it"
-            );
+            assert_eq!((gn.dtype, &gn.shape), (xn.dtype, &xn.shape), "gradient w.r.t. {name} is not typed like it");
             self.b.output(&format!("grad_{name}"), g).expect("output");
         }
-        let graph = self
-            .b
-            .finish()
-            .unwrap_or_else(|e| panic!("graph with gradients does not verify: {e}"));
-        let inputs = self
-            .inputs
-            .into_iter()
-            .map(|(n, _, s, v)| (n, s, v))
-            .collect();
+        let graph = self.b.finish().unwrap_or_else(|e| panic!("graph with gradients does not verify: {e}"));
+        let inputs = self.inputs.into_iter().map(|(n, _, s, v)| (n, s, v)).collect();
         (graph, Inputs(inputs))
     }
 
@@ -119,13 +81,7 @@ impl Problem {
         let (graph, inputs) = self.graph(loss, wrt);
         let out = inputs.eval(&graph);
         wrt.iter()
-            .map(|n| {
-                out.iter()
-                    .find(|e| e.name == format!("grad_{n}"))
-                    .expect("grad output")
-                    .values
-                    .clone()
-            })
+            .map(|n| out.iter().find(|e| e.name == format!("grad_{n}")).expect("grad output").values.clone())
             .collect()
     }
 
@@ -142,42 +98,26 @@ pub struct Inputs(pub Vec<(String, Vec<usize>, Vec<f64>)>);
 
 impl Inputs {
     pub fn eval(&self, graph: &Graph) -> Vec<kfuse_interp::Evaluated> {
-        let args: Vec<(&str, Vec<usize>, Vec<f64>)> = self
-            .0
-            .iter()
-            .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
-            .collect();
+        let args: Vec<(&str, Vec<usize>, Vec<f64>)> =
+            self.0.iter().map(|(n, s, v)| (n.as_str(), s.clone(), v.clone())).collect();
         kfuse_interp::evaluate_f64(graph, &args).unwrap_or_else(|e| panic!("interpreter: {e}"))
     }
 
     fn loss(&self, graph: &Graph) -> f64 {
         let out = self.eval(graph);
-        out.iter()
-            .find(|e| e.name == "loss")
-            .expect("loss output")
-            .values[0]
+        out.iter().find(|e| e.name == "loss").expect("loss output").values[0]
     }
 }
 
 /// Compares every `grad_<name>` output of `graph` with central differences of its `loss` output.
 pub fn check_graph(graph: &Graph, inputs: &Inputs, wrt: &[&str]) -> Result<(), String> {
     let out = inputs.eval(graph);
-    let loss = out
-        .iter()
-        .find(|e| e.name == "loss")
-        .expect("loss output")
-        .values[0];
+    let loss = out.iter().find(|e| e.name == "loss").expect("loss output").values[0];
     if !loss.is_finite() {
-        return Err(format!(
-            "loss is {loss}; the test data is outside the function's domain"
-        ));
+        return Err(format!("loss is {loss}; the test data is outside the function's domain"));
     }
     for name in wrt {
-        let analytic = &out
-            .iter()
-            .find(|e| e.name == format!("grad_{name}"))
-            .expect("grad output")
-            .values;
+        let analytic = &out.iter().find(|e| e.name == format!("grad_{name}")).expect("grad output").values;
         let slot = inputs.0.iter().position(|i| i.0 == *name).expect("input");
         for (i, &a) in analytic.iter().enumerate() {
             let x = inputs.0[slot].2[i];
@@ -191,7 +131,9 @@ pub fn check_graph(graph: &Graph, inputs: &Inputs, wrt: &[&str]) -> Result<(), S
             // Written so that a NaN on either side fails the check.
             let within = (a - fd).abs() <= tol;
             if !within {
-                return Err(format!("d loss / d {name}[{i}] at {x}: autodiff {a}, finite differences {fd} (tolerance {tol})\n{graph}"));
+                return Err(format!(
+                    "d loss / d {name}[{i}] at {x}: autodiff {a}, finite differences {fd} (tolerance {tol})\n{graph}"
+                ));
             }
         }
     }
@@ -201,14 +143,10 @@ pub fn check_graph(graph: &Graph, inputs: &Inputs, wrt: &[&str]) -> Result<(), S
 /// `sum(w * y)`: a scalar whose gradient w.r.t. `y` is `w`, so each element's gradient differs.
 pub fn weighted_sum(b: &mut GraphBuilder, w: NodeId, y: NodeId) -> NodeId {
     let p = b.binary(kfuse_ir::BinaryOp::Mul, w, y).expect("mul");
-    b.reduce(kfuse_ir::ReduceOp::Sum, kfuse_ir::ReduceAxis::All, p, None)
-        .expect("sum")
+    b.reduce(kfuse_ir::ReduceOp::Sum, kfuse_ir::ReduceAxis::All, p, None).expect("sum")
 }
 
 /// The smallest distance between any value and any kink (for `prop_assume!`).
 pub fn distance_to(values: &[f64], kink: impl Fn(f64) -> f64) -> f64 {
-    values
-        .iter()
-        .map(|&v| kink(v).abs())
-        .fold(f64::INFINITY, f64::min)
+    values.iter().map(|&v| kink(v).abs()).fold(f64::INFINITY, f64::min)
 }

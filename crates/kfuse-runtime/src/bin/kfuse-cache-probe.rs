@@ -35,12 +35,7 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    Ok(Args {
-        dir: dir.ok_or("--dir is required")?,
-        arch,
-        variant,
-        start_file,
-    })
+    Ok(Args { dir: dir.ok_or("--dir is required")?, arch, variant, start_file })
 }
 
 /// The probe's kernel; `variant` changes a constant so tests can ask for distinct keys.

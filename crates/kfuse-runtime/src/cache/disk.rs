@@ -66,12 +66,7 @@ pub(crate) struct DiskStore {
 
 impl DiskStore {
     pub fn new(root: PathBuf, max_bytes: u64) -> DiskStore {
-        DiskStore {
-            root,
-            max_bytes,
-            approx_bytes: Mutex::new(None),
-            temp_counter: AtomicU64::new(0),
-        }
+        DiskStore { root, max_bytes, approx_bytes: Mutex::new(None), temp_counter: AtomicU64::new(0) }
     }
 
     pub fn root(&self) -> &Path {
@@ -111,18 +106,14 @@ impl DiskStore {
         self.write_atomically(&dir, &self.entry_path(&module.key, module.arch), &bytes)?;
         // The source is for people debugging; losing it costs nothing.
         let source_path = self.source_path(&module.key, module.arch);
-        let source_written = self
-            .write_atomically(&dir, &source_path, source.as_bytes())
-            .is_ok();
+        let source_written = self.write_atomically(&dir, &source_path, source.as_bytes()).is_ok();
         let total = bytes.len() as u64 + if source_written { source.len() as u64 } else { 0 };
         Ok(total)
     }
 
     fn write_atomically(&self, dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<()> {
         let nonce = self.temp_counter.fetch_add(1, Ordering::Relaxed);
-        let nanos = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
+        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let temp = dir.join(format!(".tmp-{}-{nanos}-{nonce}", std::process::id()));
         let result = (|| {
             let mut file = OpenOptions::new().write(true).create_new(true).open(&temp)?;
@@ -260,10 +251,7 @@ impl DiskStore {
                 key: e.key,
                 arch: e.arch,
                 bytes: e.bytes,
-                last_used_unix_s: e
-                    .modified
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()),
+                last_used_unix_s: e.modified.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
                 path: e.path,
             })
             .collect();
@@ -283,9 +271,8 @@ impl DiskStore {
             for item in listing {
                 let item = item?;
                 let name = item.file_name();
-                let known = arch_dirs.iter().any(|(_, d)| *d == item.path())
-                    || name == STATS_FILE
-                    || name == STATS_LOCK;
+                let known =
+                    arch_dirs.iter().any(|(_, d)| *d == item.path()) || name == STATS_FILE || name == STATS_LOCK;
                 if !known && item.file_type()?.is_file() {
                     problem(item.path(), "not a kfuse cache file".to_string(), &mut report);
                 }
@@ -332,11 +319,7 @@ impl DiskStore {
                     continue;
                 }
                 let is_source = path.extension().is_some_and(|e| e == SOURCE_EXT)
-                    && path
-                        .file_stem()
-                        .and_then(|s| s.to_str())
-                        .and_then(CacheKey::from_hex)
-                        .is_some();
+                    && path.file_stem().and_then(|s| s.to_str()).and_then(CacheKey::from_hex).is_some();
                 if is_source {
                     if !path.with_extension(ENTRY_EXT).exists() {
                         problem(path, "source without its entry".to_string(), &mut report);
@@ -379,12 +362,8 @@ impl DiskStore {
     /// Adds `delta` to the counters on disk under a lock.
     pub fn add_counters(&self, delta: &CacheCounters) -> io::Result<()> {
         fs::create_dir_all(&self.root)?;
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.root.join(STATS_LOCK))?;
+        let lock =
+            OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.root.join(STATS_LOCK))?;
         fs4::FileExt::lock(&lock)?;
         let mut counters = self.load_counters();
         counters.add(delta);

@@ -18,9 +18,7 @@ pub(crate) const MAX_ENTRY_BYTES: u64 = 512 << 20;
 
 /// Serialises a compiled module into one entry file's bytes.
 pub(crate) fn encode(module: &CompiledModule) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(
-        HEADER_LEN + module.cubin.len() + module.ptx.len() + module.log.len(),
-    );
+    let mut bytes = Vec::with_capacity(HEADER_LEN + module.cubin.len() + module.ptx.len() + module.log.len());
     bytes.extend_from_slice(&MAGIC);
     bytes.extend_from_slice(&CACHE_FORMAT_VERSION.to_le_bytes());
     bytes.extend_from_slice(&module.arch.major.to_le_bytes());
@@ -102,16 +100,9 @@ pub(crate) fn decode(bytes: &[u8], key: &CacheKey, arch: Arch) -> Result<Compile
     if cubin.len() < 4 || cubin[..4] != *b"\x7fELF" {
         return Err("cubin is not an ELF image".to_string());
     }
-    let ptx = String::from_utf8(bytes[cubin_end..ptx_end].to_vec())
-        .map_err(|_| "PTX is not UTF-8".to_string())?;
+    let ptx = String::from_utf8(bytes[cubin_end..ptx_end].to_vec()).map_err(|_| "PTX is not UTF-8".to_string())?;
     let log = String::from_utf8_lossy(&bytes[ptx_end..]).into_owned();
-    Ok(CompiledModule {
-        key: *key,
-        arch,
-        cubin,
-        ptx,
-        log,
-    })
+    Ok(CompiledModule { key: *key, arch, cubin, ptx, log })
 }
 
 #[cfg(test)]

@@ -176,9 +176,7 @@ impl CacheConfig {
         }
         let max_bytes = match std::env::var("KFUSE_CACHE_MAX_BYTES") {
             Ok(text) => parse_size(&text).unwrap_or_else(|| {
-                warn(&format!(
-                    "KFUSE_CACHE_MAX_BYTES={text:?} is not a size (e.g. 1073741824, 512M, 2G); using 1G"
-                ));
+                warn(&format!("KFUSE_CACHE_MAX_BYTES={text:?} is not a size (e.g. 1073741824, 512M, 2G); using 1G"));
                 DEFAULT_MAX_BYTES
             }),
             Err(_) => DEFAULT_MAX_BYTES,
@@ -269,9 +267,7 @@ impl KernelCache {
     /// The process-wide cache, configured from the environment on first use.
     pub fn global() -> Arc<KernelCache> {
         static GLOBAL: OnceLock<Arc<KernelCache>> = OnceLock::new();
-        GLOBAL
-            .get_or_init(|| Arc::new(KernelCache::new(CacheConfig::from_env())))
-            .clone()
+        GLOBAL.get_or_init(|| Arc::new(KernelCache::new(CacheConfig::from_env()))).clone()
     }
 
     /// A cache on folder `dir` with size cap `max_bytes` (for tests and tools); compile
@@ -365,12 +361,7 @@ impl KernelCache {
     /// The first steps of every lookup: the source map (a memory hit without hashing the key),
     /// else the key and its memory slot (created empty when new).
     fn memory_probe<'a>(&self, source: &'a str, opts: &'a CompileOptions) -> Result<MemoryProbe<'a>, RuntimeError> {
-        let lookup = LookupKey {
-            source,
-            name: "",
-            arch: opts.arch,
-            extra: &opts.extra,
-        };
+        let lookup = LookupKey { source, name: "", arch: opts.arch, extra: &opts.extra };
         if let Some(found) = self.by_source.get(&lookup) {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(MemoryProbe::Found(found));
@@ -434,11 +425,7 @@ impl KernelCache {
         }
         let outcome = if damaged { CacheOutcome::Repaired } else { CacheOutcome::Compiled };
         let module = self.compile_logged(source, opts, outcome)?;
-        let mut delta = CacheCounters {
-            compiles: 1,
-            repairs: u64::from(damaged),
-            ..Default::default()
-        };
+        let mut delta = CacheCounters { compiles: 1, repairs: u64::from(damaged), ..Default::default() };
         let entry_path = disk.entry_path(key, arch);
         match disk.write(&module, source) {
             Ok(written) => match disk.account_and_evict(written, &entry_path) {
@@ -493,10 +480,7 @@ impl KernelCache {
         if let Some(disk) = &self.disk {
             if let Err(e) = disk.add_counters(&delta) {
                 if !self.warned_stats.swap(true, Ordering::Relaxed) {
-                    warn(&format!(
-                        "could not update kernel cache counters under {} ({e})",
-                        disk.root().display()
-                    ));
+                    warn(&format!("could not update kernel cache counters under {} ({e})", disk.root().display()));
                 }
             }
         }
@@ -507,11 +491,7 @@ impl KernelCache {
         let (entries, bytes, persisted) = match &self.disk {
             Some(disk) => {
                 let files = disk.scan().unwrap_or_default();
-                (
-                    files.len() as u64,
-                    files.iter().map(|f| f.bytes).sum(),
-                    disk.load_counters(),
-                )
+                (files.len() as u64, files.iter().map(|f| f.bytes).sum(), disk.load_counters())
             }
             None => (0, 0, CacheCounters::default()),
         };
@@ -529,10 +509,7 @@ impl KernelCache {
     /// The entries on disk, most recently used first (contents not checked: see `verify`).
     pub fn list(&self) -> Result<Vec<CacheEntryInfo>, RuntimeError> {
         let disk = self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?;
-        disk.list().map_err(|source| RuntimeError::CacheIo {
-            path: disk.root().to_path_buf(),
-            source,
-        })
+        disk.list().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })
     }
 
     /// Removes every entry from disk and memory.
@@ -542,20 +519,15 @@ impl KernelCache {
         let Some(disk) = &self.disk else {
             return Ok(ClearReport::default());
         };
-        let (entries, bytes) = disk.clear().map_err(|source| RuntimeError::CacheIo {
-            path: disk.root().to_path_buf(),
-            source,
-        })?;
+        let (entries, bytes) =
+            disk.clear().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })?;
         Ok(ClearReport { entries, bytes })
     }
 
     /// Checks every file in the disk folder; removes and reports bad entries and foreign files.
     pub fn verify(&self) -> Result<VerifyReport, RuntimeError> {
         let disk = self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?;
-        disk.verify().map_err(|source| RuntimeError::CacheIo {
-            path: disk.root().to_path_buf(),
-            source,
-        })
+        disk.verify().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })
     }
 
     /// The disk path an entry for (`source`, `opts`) has (whether or not it exists).
