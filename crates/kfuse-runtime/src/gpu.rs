@@ -124,6 +124,10 @@ impl DeviceBuffer {
     pub fn address(&self) -> u64 {
         self.address
     }
+    /// The ordinal of the device the memory is on.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
     /// Whether the memory is borrowed ([`Gpu::borrow_memory`]) rather than owned.
     pub fn is_borrowed(&self) -> bool {
         matches!(self.memory, Memory::Borrowed)
