@@ -6,7 +6,7 @@
 //! reference interpreter, which is also the oracle of every GPU test.
 //!
 //! This crate is the facade: [`Program`] ties the layers together, [`exec`] runs a kernel plan on
-//! a GPU, [`bench`] times it, [`npy`] and [`boxes`] feed it data. The command-line tool `kfuse` is
+//! a GPU, [`bench`](mod@bench) times it, [`npy`] and [`boxes`] feed it data. The command-line tool `kfuse` is
 //! a thin layer over this crate.
 #![forbid(unsafe_code)]
 
