@@ -30,7 +30,7 @@ use crate::unbroadcast::reduce_to;
 ///
 /// If `of` does not depend on `wrt` the gradient is zeros. Errors: `of` not a scalar float,
 /// `wrt` not an input node or not a float input, node ids outside the graph, and broadcast
-/// patterns whose gradient the IR cannot sum (see [`crate::unbroadcast`]).
+/// patterns whose gradient the IR cannot sum (see the `unbroadcast` module).
 pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrError> {
     check_ids(b, &[("of", of), ("wrt", wrt)])?;
     check_of(b, of)?;
