@@ -21,6 +21,7 @@ pub mod testdata;
 use std::path::Path;
 
 pub use kfuse_ir::{DType, Graph, HostTensor};
+pub use kfuse_passes::{vjp, with_gradients, DeriveError, Derived};
 
 /// Everything that can go wrong between a description and its results.
 #[derive(Debug, thiserror::Error)]
