@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 //! The `kfuse` command-line tool: a thin layer over the `kfuse` library.
 
 use std::path::{Path, PathBuf};

@@ -34,6 +34,7 @@
 mod ast;
 mod builtins;
 mod diagnostic;
+mod functions;
 mod lexer;
 mod lower;
 mod parser;

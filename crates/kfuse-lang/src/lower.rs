@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use kfuse_ir::{Constraint, DType, Dim, Graph, GraphBuilder, IrError, NodeId, Op, Shape, SymId, UnaryOp};
 
 use crate::ast::{DimAst, Expr, ExprKind, Ident, Layout, LayoutKind, Stmt};
-use crate::builtins::FUNCTIONS;
 use crate::diagnostic::{DiagnosticKind, Report, Span};
+use crate::functions::FUNCTIONS;
 use crate::suggest::closest;
 
 /// A value name in scope.

@@ -19,6 +19,9 @@ pub enum Error {
     /// dims, symbols that disagree, bad lengths or offsets (naming the input and position).
     #[error(transparent)]
     Bind(#[from] kfuse_ir::BindError),
+    /// A derived program (`vjp`, `with_gradients`) that cannot be built.
+    #[error(transparent)]
+    Derive(#[from] kfuse_passes::DeriveError),
     #[error(transparent)]
     Interp(#[from] kfuse_interp::InterpError),
     #[error(transparent)]
