@@ -12,7 +12,7 @@
 //! Does not handle: graphs, peer copies.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -40,8 +40,9 @@ pub fn driver_available() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
-fn next_gpu_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+/// A process-unique id for each opened `Gpu` (32 bits keep a `DeviceBuffer` small).
+fn next_gpu_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -55,7 +56,7 @@ struct LoadedModule {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    id: u64,
+    id: u32,
     ordinal: usize,
     arch: Arch,
     compile_arch: Arch,
@@ -77,7 +78,7 @@ pub struct GpuFunction {
     function: CudaFunction,
     name: Arc<str>,
     key: CacheKey,
-    gpu_id: u64,
+    gpu_id: u32,
     ordinal: usize,
     /// The largest dynamic shared memory size this function has been opted in to.
     shared_opt_in: Arc<AtomicU32>,
@@ -98,11 +99,9 @@ impl GpuFunction {
 /// or memory borrowed from its owner ([`Gpu::borrow_memory`]), never freed by kfuse.
 pub struct DeviceBuffer {
     memory: Memory,
-    /// The device address (0 for an empty buffer).
-    address: u64,
-    bytes: usize,
-    gpu_id: u64,
-    ordinal: usize,
+    gpu_id: u32,
+    /// The device ordinal (32 bits, with the id, keep the buffer at its allocation's size plus 8).
+    ordinal: u32,
 }
 
 /// Who owns a buffer's memory.
@@ -110,27 +109,37 @@ enum Memory {
     /// No memory: CUDA cannot allocate zero bytes, kernels see a null pointer.
     Empty,
     /// Allocated by this runtime.
-    Owned(#[allow(dead_code)] CudaSlice<u8>),
+    Owned(CudaSlice<u8>),
     /// Someone else's allocation.
-    Borrowed,
+    Borrowed { address: u64, bytes: usize },
 }
 
 impl DeviceBuffer {
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        match &self.memory {
+            Memory::Empty => 0,
+            Memory::Owned(slice) => slice.len(),
+            Memory::Borrowed { bytes, .. } => *bytes,
+        }
     }
     /// The device address of the first byte (0 for an empty buffer).
     pub fn address(&self) -> u64 {
-        self.address
+        match &self.memory {
+            Memory::Empty => 0,
+            // With event tracking off (see `Gpu::open_with_cache`), taking the pointer records
+            // nothing.
+            Memory::Owned(slice) => slice.device_ptr(slice.stream()).0,
+            Memory::Borrowed { address, .. } => *address,
+        }
     }
     /// The ordinal of the device the memory is on.
     pub fn ordinal(&self) -> usize {
-        self.ordinal
+        self.ordinal as usize
     }
     /// Whether the memory is borrowed ([`Gpu::borrow_memory`]) rather than owned.
     pub fn is_borrowed(&self) -> bool {
-        matches!(self.memory, Memory::Borrowed)
+        matches!(self.memory, Memory::Borrowed { .. })
     }
 }
 
@@ -167,7 +176,7 @@ host_elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64, bool);
 /// A recorded point on a `Gpu`'s stream, for timing.
 pub struct GpuEvent {
     event: CudaEvent,
-    gpu_id: u64,
+    gpu_id: u32,
     ordinal: usize,
 }
 
@@ -457,16 +466,16 @@ impl Gpu {
 
     /// Copies a buffer back to the host (waits for prior work on the stream).
     pub fn download(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
-        self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
-        if buf.bytes == 0 {
+        self.check_owner("buffer", buf.gpu_id, buf.ordinal())?;
+        if buf.bytes() == 0 {
             return Ok(Vec::new());
         }
         self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
-        let mut host = vec![0u8; buf.bytes];
-        // SAFETY: `buf.address` addresses `buf.bytes` bytes of device memory of this context, alive
+        let mut host = vec![0u8; buf.bytes()];
+        // SAFETY: `buf.address()` addresses `buf.bytes()` bytes of device memory of this context, alive
         // while `buf` is (owned) or by the contract of `borrow_memory` (borrowed); `host` has
         // exactly that many bytes and outlives the copy, which is waited for before returning.
-        unsafe { dresult::memcpy_dtoh_async(host.as_mut_slice(), buf.address, self.stream.cu_stream()) }
+        unsafe { dresult::memcpy_dtoh_async(host.as_mut_slice(), buf.address(), self.stream.cu_stream()) }
             .map_err(self.driver_error("cuMemcpyDtoHAsync"))?;
         self.synchronize()?;
         Ok(host)
@@ -474,15 +483,15 @@ impl Gpu {
 
     /// Sets every byte of `buf` to `byte` (to poison outputs in tests).
     pub fn fill(&self, buf: &DeviceBuffer, byte: u8) -> Result<(), RuntimeError> {
-        self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
-        if buf.bytes == 0 {
+        self.check_owner("buffer", buf.gpu_id, buf.ordinal())?;
+        if buf.bytes() == 0 {
             return Ok(());
         }
         self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
-        // SAFETY: `buf.address` addresses `buf.bytes` bytes of this Gpu's context, kept alive by
+        // SAFETY: `buf.address()` addresses `buf.bytes()` bytes of this Gpu's context, kept alive by
         // `buf` (owned) or by the contract of `borrow_memory` (borrowed); the memset is queued on
         // this Gpu's stream, which orders it with every other use of an owned buffer.
-        unsafe { dresult::memset_d8_async(buf.address, byte, buf.bytes, self.stream.cu_stream()) }
+        unsafe { dresult::memset_d8_async(buf.address(), byte, buf.bytes(), self.stream.cu_stream()) }
             .map_err(self.driver_error("cuMemsetD8Async"))
     }
 
@@ -569,7 +578,11 @@ impl Gpu {
     /// including by kernels queued with it that have not finished yet. `ptr` should be 16-byte
     /// aligned for kfuse's generated kernels (they load small trailing axes as vectors).
     pub unsafe fn borrow_memory(&self, ptr: u64, bytes: usize) -> DeviceBuffer {
-        DeviceBuffer { memory: Memory::Borrowed, address: ptr, bytes, gpu_id: self.id, ordinal: self.ordinal }
+        DeviceBuffer {
+            memory: Memory::Borrowed { address: ptr, bytes },
+            gpu_id: self.id,
+            ordinal: self.buffer_ordinal(),
+        }
     }
 
     /// Launches `f` cooperatively (`cuLaunchCooperativeKernel`): the driver guarantees that all
@@ -653,8 +666,8 @@ impl Gpu {
         for arg in args {
             values.push(match *arg {
                 KernelArg::Buffer(buf) => {
-                    self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
-                    ArgValue::Pointer(buf.address)
+                    self.check_owner("buffer", buf.gpu_id, buf.ordinal())?;
+                    ArgValue::Pointer(buf.address())
                 }
                 KernelArg::I64(v) => ArgValue::I64(v),
                 KernelArg::I32(v) => ArgValue::I32(v),
@@ -716,15 +729,17 @@ impl Gpu {
         start.event.elapsed_ms(&end.event).map_err(self.driver_error("cuEventElapsedTime"))
     }
 
+    /// The ordinal as buffers store it (device ordinals are far below 2^32).
+    fn buffer_ordinal(&self) -> u32 {
+        u32::try_from(self.ordinal).unwrap_or(u32::MAX)
+    }
+
     fn empty_buffer(&self) -> DeviceBuffer {
-        DeviceBuffer { memory: Memory::Empty, address: 0, bytes: 0, gpu_id: self.id, ordinal: self.ordinal }
+        DeviceBuffer { memory: Memory::Empty, gpu_id: self.id, ordinal: self.buffer_ordinal() }
     }
 
     fn wrap(&self, slice: CudaSlice<u8>) -> DeviceBuffer {
-        // With event tracking off (see `open_with_cache`), taking the pointer records nothing.
-        let address = slice.device_ptr(&self.stream).0;
-        let bytes = slice.len();
-        DeviceBuffer { memory: Memory::Owned(slice), address, bytes, gpu_id: self.id, ordinal: self.ordinal }
+        DeviceBuffer { memory: Memory::Owned(slice), gpu_id: self.id, ordinal: self.buffer_ordinal() }
     }
 
     fn alloc_error(&self, source: DriverError, bytes: usize) -> RuntimeError {
@@ -734,7 +749,7 @@ impl Gpu {
         }
     }
 
-    fn check_owner(&self, what: &'static str, gpu_id: u64, ordinal: usize) -> Result<(), RuntimeError> {
+    fn check_owner(&self, what: &'static str, gpu_id: u32, ordinal: usize) -> Result<(), RuntimeError> {
         if gpu_id == self.id {
             Ok(())
         } else {

@@ -13,7 +13,7 @@ use crate::RuntimeError;
 #[derive(Clone)]
 pub struct Stream {
     pub(crate) stream: Arc<CudaStream>,
-    pub(crate) gpu_id: u64,
+    pub(crate) gpu_id: u32,
     pub(crate) ordinal: usize,
     pub(crate) borrowed: bool,
 }

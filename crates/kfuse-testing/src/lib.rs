@@ -73,3 +73,27 @@ pub fn float_inputs_as(interface: &kfuse_ir::Interface, dtype: DType) -> Vec<(St
         .map(|d| (d.name.clone(), dtype))
         .collect()
 }
+
+/// The relative error of `got` against `want` as the GPU conformance tests measure it:
+/// ‖got − want‖₂ / ‖want‖₂ (absolute when `want` is 0); NaN in the same places and equal
+/// infinities agree; infinite when the shapes or dtypes differ.
+pub fn rel_l2_err(got: &HostTensor, want: &HostTensor) -> f64 {
+    if got.shape != want.shape || got.dtype() != want.dtype() {
+        return f64::INFINITY;
+    }
+    let (g, w) = (got.to_f64(), want.to_f64());
+    let mut num = 0.0f64;
+    for (a, b) in g.iter().zip(&w) {
+        if (a.is_nan() && b.is_nan()) || a == b {
+            continue;
+        }
+        let d = (a - b).abs();
+        num += if d.is_nan() { f64::INFINITY } else { d * d };
+    }
+    let den: f64 = w.iter().filter(|b| b.is_finite()).map(|b| b * b).sum();
+    if den > 0.0 {
+        num.sqrt() / den.sqrt()
+    } else {
+        num.sqrt()
+    }
+}
