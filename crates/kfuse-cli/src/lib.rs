@@ -1,5 +1,5 @@
 //! The library half of the `kfuse` command-line tool: what its commands do beyond calling the
-//! `kfuse` facade. [`bench`] times a program on a GPU, [`cachebench`] measures the kernel cache
+//! `kfuse` facade. [`bench`](mod@bench) times a program on a GPU, [`cachebench`] measures the kernel cache
 //! cold and warm, [`demo`] runs the GIoU demo, [`boxes`] generates box batches, [`npy`] reads and
 //! writes `.npy` files, [`testdata`] makes random inputs for any program.
 #![forbid(unsafe_code)]

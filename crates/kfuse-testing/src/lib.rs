@@ -2,6 +2,7 @@
 //! random tensors, relative-error comparison, and the tier gates of `kfuse_runtime::testing`.
 //!
 //! These helpers panic on bad fixtures (a missing `examples/` folder): they are for test code.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 
