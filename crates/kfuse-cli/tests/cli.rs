@@ -260,3 +260,9 @@ fn mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cache
     }
     assert_eq!(lines[0], lines[1], "the summary line differs between the cold and the warm run");
 }
+
+#[test]
+fn the_demo_embeds_the_shipped_giou_example_unchanged() {
+    let shipped = std::fs::read_to_string(examples().join("giou.kf")).unwrap();
+    assert_eq!(kfuse_cli::demo::GIOU_KF, shipped, "crates/kfuse-cli/src/giou.kf must be a copy of examples/giou.kf");
+}
