@@ -713,6 +713,12 @@ impl Gpu {
         self.stream.synchronize().map_err(self.driver_error("cuStreamSynchronize"))
     }
 
+    /// Waits for all work queued on any stream of this device's context (its own, created and
+    /// borrowed streams alike): `cuCtxSynchronize`.
+    pub fn synchronize_device(&self) -> Result<(), RuntimeError> {
+        self.ctx.synchronize().map_err(self.driver_error("cuCtxSynchronize"))
+    }
+
     /// Records a timing event at the current end of the stream.
     pub fn record_event(&self) -> Result<GpuEvent, RuntimeError> {
         let event = self

@@ -57,16 +57,16 @@ impl BoundRun {
 pub struct Workspace {
     /// Per plan buffer: the allocation, `None` for inputs and outputs.
     buffers: Vec<Option<DeviceBuffer>>,
-    /// The stream of the latest launch that used the buffers.
-    last_stream: Option<Stream>,
+    /// The device, once a launch has used the buffers.
+    used_on: Option<Arc<Gpu>>,
 }
 
 impl Drop for Workspace {
     fn drop(&mut self) {
         // The buffers are freed on the Gpu's own stream; kernels queued on another stream may
         // still use them. A failure here has no one to report to: the device is already broken.
-        if let Some(stream) = &self.last_stream {
-            let _ = stream.synchronize();
+        if let Some(gpu) = &self.used_on {
+            let _ = gpu.synchronize_device();
         }
     }
 }
@@ -289,7 +289,7 @@ impl CudaProgram {
             check_tensor("output", &decl.name, t, ordinal)?;
         }
         let grids = self.grids(&sizes)?;
-        self.reserve(workspace, stream, &sizes, &grids)?;
+        self.reserve(workspace, &sizes, &grids)?;
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
             let buf = match (decl.kind, slot) {
@@ -314,14 +314,16 @@ impl CudaProgram {
             buffers.push(buf);
         }
         self.launch_buffers(stream, &sizes, &grids, &buffers)?;
-        workspace.last_stream = Some(stream.clone());
+        if workspace.used_on.is_none() {
+            workspace.used_on = Some(self.gpu.clone());
+        }
         Ok(())
     }
 
-    /// Makes `workspace` large enough for `sizes`. Growing waits for the streams that used the
-    /// old buffers, allocates (and zeroes: counters start at 0) on the device's own stream and
-    /// waits for that, so the new buffers are ready for any stream.
-    fn reserve(&self, workspace: &mut Workspace, stream: &Stream, sizes: &[u64], grids: &[u32]) -> Result<()> {
+    /// Makes `workspace` large enough for `sizes`. Growing waits for the whole device (kernels on
+    /// any stream may still use the old buffers), allocates (and zeroes: counters start at 0) on
+    /// the device's own stream and waits for that, so the new buffers are ready for any stream.
+    fn reserve(&self, workspace: &mut Workspace, sizes: &[u64], grids: &[u32]) -> Result<()> {
         let mut needed = Vec::with_capacity(self.plan.buffers.len());
         let mut grow = workspace.buffers.len() != self.plan.buffers.len();
         for (i, decl) in self.plan.buffers.iter().enumerate() {
@@ -338,10 +340,7 @@ impl CudaProgram {
         if !grow {
             return Ok(());
         }
-        stream.synchronize()?;
-        if let Some(last) = &workspace.last_stream {
-            last.synchronize()?;
-        }
+        self.gpu.synchronize_device()?;
         let mut buffers = Vec::with_capacity(needed.len());
         for (i, bytes) in needed.into_iter().enumerate() {
             let have = workspace.buffers.get(i).and_then(|s| s.as_ref()).map_or(0, |buf| buf.bytes());

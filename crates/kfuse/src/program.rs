@@ -186,7 +186,7 @@ impl Program {
     ///
     /// The plan's other buffers (temporaries, partial sums, counters) live in a workspace per
     /// (program, device), shared by clones of this program. It grows on the first call and when
-    /// larger sizes come: growing waits for the streams that used it and for the allocation, so
+    /// larger sizes come: growing waits for the whole device and for the allocation, so
     /// it must not happen while a stream is being captured into a CUDA graph: make one warm-up
     /// call at the largest sizes first. Launches of one program on one device share that
     /// workspace, so they must be ordered on the GPU (one stream, or streams the caller orders).
