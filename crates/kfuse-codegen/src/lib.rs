@@ -115,6 +115,14 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         });
     }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
+    // The rows plan's blocks have a fixed size; the default block size stands for it.
+    let rows_block = rows::ROWS_BLOCK;
+    if pass.as_ref().is_some_and(|p| p.rows)
+        && opts.block_size != rows_block
+        && opts.block_size != CodegenOptions::default().block_size
+    {
+        return Err(CodegenError::RowsPlanBlockSize { block_size: opts.block_size, rows_block });
+    }
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
         // The rows plan's counts of the mask have no slot: they come from its arrival word.
