@@ -8,7 +8,21 @@
 
 use std::fmt::Write as _;
 
-use crate::kernel::Combine;
+use crate::actions::Combine;
+
+/// The tail of a kernel launched plainly: the ticket tail when it has partial slots, else the
+/// epilogue (if any) in thread 0 of block 0.
+pub(crate) fn write_plain_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String]) {
+    if !slots.is_empty() {
+        write_reduction_tail(src, slots, epilogue);
+    } else if !epilogue.is_empty() {
+        src.push_str("    if (blockIdx.x == 0 && threadIdx.x == 0) {\n");
+        for l in epilogue {
+            let _ = writeln!(src, "        {l}");
+        }
+        src.push_str("    }\n");
+    }
+}
 
 /// Block reduction, per-block partials, the ticket, and the last block's fixed-order final
 /// reduction followed by the epilogue.

@@ -37,9 +37,10 @@ use std::fmt::Write as _;
 
 use kfuse_ir::{Graph, NodeId};
 
+use crate::actions::{row_mode_bound, run_actions, Action, Combine, Group};
 use crate::analysis::Analysis;
 use crate::emit::{Coord, Emitter, Mode, Prefetch};
-use crate::kernel::{row_mode_bound, run_actions, zero_element, zero_fill_bytes, Action, Combine, Group};
+use crate::fill::{zero_element, zero_fill_bytes};
 use crate::CodegenError;
 
 /// Threads per block of a rows-plan kernel (two blocks per SM measured best).
