@@ -41,6 +41,7 @@ use crate::actions::{row_mode_bound, run_actions, Action, Combine, Group};
 use crate::analysis::Analysis;
 use crate::emit::{Coord, Emitter, Mode, Prefetch};
 use crate::fill::{zero_element, zero_fill_bytes};
+use crate::text::render;
 use crate::CodegenError;
 
 /// Threads per block of a rows-plan kernel (two blocks per SM measured best).
@@ -96,74 +97,36 @@ fn write_bound(s: &mut String, l: &RowsLines, ind: usize, row: &str, dst: &str) 
     line(s, ind, "}");
 }
 
+/// The rows plan's prelude and step 1 (the reviewed template `rows_prelude.cuh`).
+const ROWS_PRELUDE: &str = include_str!("../templates/rows_prelude.cuh");
+
 /// The kernel body up to the compute warps' reductions (steps 1 to 4 of the module docs); the
 /// caller appends [`write_rows_tail`].
 fn write_rows_body(g: &Graph, l: &RowsLines) -> String {
-    let RowsLines { decls, rows, cols, .. } = l;
-    let mut s = String::new();
-    let _ = writeln!(s, "    const long long rows = {rows}, cols = {cols};");
-    let _ = writeln!(
-        s,
-        "    constexpr int KF_B = {ROWS_BLOCK}, KF_W = KF_B / 32, KF_T = {TILE_ROWS}, KF_U = {BATCH}; // threads (the launch's block), warps, most rows per tile, valid elements per compute thread and step"
-    );
-    s.push_str("    const int kf_w = threadIdx.x >> 5, kf_l = threadIdx.x & 31;\n");
-    s.push_str("    // The block's rows: a contiguous, balanced share, in tiles of up to KF_T rows.\n");
-    s.push_str(
-        "    const long long kf_ra = rows * blockIdx.x / gridDim.x, kf_rb = rows * (blockIdx.x + 1) / gridDim.x;\n",
-    );
-    s.push_str("    __shared__ int kf_hc[KF_T], kf_hf[KF_T]; // the tile's clamped bounds: the compute warps' copy, the fill warps' copy\n");
-    s.push_str("    __shared__ long long kf_hp[KF_T + 1]; // the exclusive prefix of kf_hc; kf_hp[rows of the tile] is its valid elements\n");
-    s.push_str("    __shared__ int kf_cws; // the block's compute warps\n");
-    s.push_str("    __shared__ long long kf_wn[KF_W]; // the compute warps' counts of the rows past the first tile\n");
-    for d in decls {
-        let _ = writeln!(s, "    {d}");
+    let mut decls = String::new();
+    for d in &l.decls {
+        let _ = writeln!(decls, "    {d}");
     }
-    s.push_str("    auto kf_cl = [&](int v) -> long long { return v < 0 ? 0ll : ((long long)v < cols ? (long long)v : cols); };\n");
-    s.push_str("    auto kf_prefix = [&](int nr) { // warp 0: kf_hp from kf_hc[0, nr), two rows a lane\n");
-    s.push_str("        const long long a = 2 * kf_l < nr ? kf_hc[2 * kf_l] : 0, b = 2 * kf_l + 1 < nr ? kf_hc[2 * kf_l + 1] : 0;\n");
-    s.push_str("        long long x = a + b;\n");
-    s.push_str("        for (int o = 1; o < 32; o <<= 1) { const long long y = __shfl_up_sync(0xffffffffu, x, o); if (kf_l >= o) x += y; }\n");
-    s.push_str("        if (2 * kf_l < nr) kf_hp[2 * kf_l] = x - a - b;\n");
-    s.push_str("        if (2 * kf_l + 1 < nr) kf_hp[2 * kf_l + 1] = x - b;\n");
-    s.push_str("        if (kf_l == 31) kf_hp[nr] = x;\n");
-    s.push_str("        return x; // the total, in every lane past the last row's pair\n    };\n");
-    s.push_str("    auto kf_bar = [](int id, int n) { asm volatile(\"bar.sync %0, %1;\" :: \"r\"(id), \"r\"(n) : \"memory\"); }; // a role's named barrier\n");
-    write_split(&mut s, l);
+    let mut first_bound = String::new();
+    write_bound(&mut first_bound, l, 2, "kf_ra + threadIdx.x", "kf_b");
+    let mut s = render(
+        ROWS_PRELUDE,
+        &[
+            ("rows", &l.rows),
+            ("cols", &l.cols),
+            ("block", &ROWS_BLOCK.to_string()),
+            ("tile_rows", &TILE_ROWS.to_string()),
+            ("batch", &BATCH.to_string()),
+            ("valid_cost", &VALID_COST.to_string()),
+            ("pad_bytes", &l.pad_bytes.to_string()),
+            ("min_compute_warps", &MIN_COMPUTE_WARPS.to_string()),
+            ("decls", &decls),
+            ("first_bound", &first_bound),
+        ],
+    );
     write_fill_role(&mut s, g, l);
     write_compute_role(&mut s, l);
     s
-}
-
-/// Step 1: the first tile's bounds (both copies), warp 0's prefix and the split of the warps.
-fn write_split(s: &mut String, l: &RowsLines) {
-    s.push_str(
-        "    // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in\n",
-    );
-    s.push_str("    //    proportion to the tile's work, valid elements costing KF_VC chunks of padding (at least KF_MINCW of\n");
-    s.push_str("    //    them, and one fill warp at least while there is padding), fill warps [kf_cw, KF_W).\n");
-    let _ = writeln!(
-        s,
-        "    constexpr long long KF_VC = {VALID_COST}, KF_PB = {}; // KF_PB: bytes stored per padding element",
-        l.pad_bytes
-    );
-    let _ = writeln!(s, "    constexpr int KF_MINCW = {MIN_COMPUTE_WARPS};");
-    s.push_str("    const int kf_nr0 = (int)((kf_rb - kf_ra) < KF_T ? (kf_rb - kf_ra) : KF_T);\n");
-    s.push_str("    if ((int)threadIdx.x < kf_nr0) {\n        int kf_b = 0;\n");
-    write_bound(s, l, 2, "kf_ra + threadIdx.x", "kf_b");
-    s.push_str("        kf_hc[threadIdx.x] = kf_b;\n        kf_hf[threadIdx.x] = kf_b;\n    }\n");
-    s.push_str("    __syncthreads();\n");
-    s.push_str("    if (kf_w == 0) {\n");
-    s.push_str("        const long long kf_v = kf_prefix(kf_nr0), kf_p = (((long long)kf_nr0 * cols - kf_v) * KF_PB + 15) / 16; // valid elements, padding chunks (any padding: one at least)\n");
-    s.push_str("        if (kf_l == 31) {\n");
-    s.push_str(
-        "            const float kf_work = (float)(KF_VC * kf_v + kf_p); // in f32: a heuristic, no 64-bit division\n",
-    );
-    s.push_str("            int kf_c = kf_work > 0.0f ? (int)ceilf(KF_W * (float)(KF_VC * kf_v) / kf_work) : 0;\n");
-    s.push_str("            kf_c = kf_c < KF_MINCW ? KF_MINCW : (kf_c > KF_W ? KF_W : kf_c);\n");
-    s.push_str("            kf_cws = kf_p > 0 && kf_c > KF_W - 1 ? KF_W - 1 : kf_c;\n");
-    s.push_str("        }\n    }\n");
-    s.push_str("    __syncthreads();\n");
-    s.push_str("    const int kf_cw = kf_cws;\n");
 }
 
 /// Step 2: the fill warps (the else-branch of every padding element of the block's tiles).
