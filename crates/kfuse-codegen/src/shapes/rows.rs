@@ -129,99 +129,49 @@ fn write_rows_body(g: &Graph, l: &RowsLines) -> String {
     s
 }
 
+/// Step 2, the fill warps (the else-branch of every padding element of the block's tiles), and
+/// its pieces: reviewed templates.
+const FILL_ROLE: &str = include_str!("../templates/rows_fill_role.cuh");
+const FILL_SETUP: &str = include_str!("../templates/rows_fill_setup.cuh");
+const FILL: &str = include_str!("../templates/rows_fill.cuh");
+const FILL_16: &str = include_str!("../templates/rows_fill_16.cuh");
+const FILL_OTHER: &str = include_str!("../templates/rows_fill_other.cuh");
+
 /// Step 2: the fill warps (the else-branch of every padding element of the block's tiles).
 fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
-    s.push_str("    // 2. Fill warps: the else-branch over the padding of every tile, nothing else; they never wait for the count.\n");
-    s.push_str("    if (kf_w >= kf_cw) {\n");
-    s.push_str("        const int kf_ft = (int)threadIdx.x - 32 * kf_cw, kf_fn = KF_B - 32 * kf_cw; // this thread among the fill threads, their number\n");
-    s.push_str("        if (cols == 0) return;\n");
+    let (mut setup, mut fills) = (String::new(), String::new());
     for &(o, esz) in &l.fills {
         let per = 16 / esz;
-        let name = &g.outputs[o].name;
-        let _ = writeln!(s, "        // {name}: rows of whole 16-byte chunks (and a tile's chunks counted in 32 bits), or the general form");
-        let _ = writeln!(s, "        const bool kf_a{o} = cols % {per} == 0 && cols / {per} < (1ll << 24);");
-        let _ = writeln!(s, "        const int kf_cp{o} = kf_a{o} ? (int)(cols / {per}) : 1, kf_dp{o} = kf_fn / kf_cp{o}, kf_ep{o} = kf_fn - kf_dp{o} * kf_cp{o}; // chunks per row; a step of kf_fn chunks: rows, chunks");
+        let (ety, zero) = zero_element(esz);
+        let (o, name, per_m1, per) =
+            (o.to_string(), g.outputs[o].name.as_str(), (per - 1).to_string(), per.to_string());
+        let values = [
+            ("o", o.as_str()),
+            ("name", name),
+            ("per", per.as_str()),
+            ("per_m1", per_m1.as_str()),
+            ("ety", ety),
+            ("zero", zero),
+        ];
+        setup.push_str(&render(FILL_SETUP, &values));
+        // The zero fill over the padding of the tile's elements `[kf_za, kf_zb)`, fill thread
+        // `kf_ft` taking every `kf_fn`-th 16-byte chunk.
+        fills.push_str(&render(if esz == 16 { FILL_16 } else { FILL }, &values));
     }
-    s.push_str("        for (long long kf_r0 = kf_ra; kf_r0 < kf_rb; kf_r0 += KF_T) {\n");
-    s.push_str("            const long long kf_r1 = kf_r0 + KF_T < kf_rb ? kf_r0 + KF_T : kf_rb;\n");
-    s.push_str("            if (kf_r0 != kf_ra) { // a later tile: the fill warps load their own copy of its bounds\n");
-    s.push_str("                if (kf_ft < kf_r1 - kf_r0) {\n                    int kf_b = 0;\n");
-    write_bound(s, l, 5, "kf_r0 + kf_ft", "kf_b");
-    s.push_str("                    kf_hf[kf_ft] = kf_b;\n                }\n");
-    s.push_str("                kf_bar(2, kf_fn);\n            }\n");
-    s.push_str("            const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // the tile's elements\n");
-    for &(o, esz) in &l.fills {
-        write_fill(s, g, o, esz);
-    }
+    let mut later_bound = String::new();
+    write_bound(&mut later_bound, l, 5, "kf_r0 + kf_ft", "kf_b");
+    let mut other = String::new();
     if !l.other.is_empty() {
-        s.push_str("            for (long long e = kf_ft; e < kf_zb - kf_za; e += kf_fn) { // other else-branch stores, per element\n");
-        s.push_str("                const long long kf_kr = e / cols;\n");
-        s.push_str("                if (e - kf_kr * cols < kf_hf[kf_kr]) continue;\n");
-        s.push_str("                const long long i = kf_za + e;\n");
+        let mut stores = String::new();
         for x in &l.other {
-            line(s, 4, x);
+            line(&mut stores, 4, x);
         }
-        s.push_str("            }\n");
+        other = render(FILL_OTHER, &[("stores", &stores)]);
     }
-    s.push_str("            kf_bar(2, kf_fn); // kf_hf is rewritten by the next tile\n");
-    s.push_str("        }\n        return;\n    }\n");
-}
-
-/// The zero fill of output `o` (`esz` bytes per domain element, dividing 16) over the padding of
-/// the tile's elements `[kf_za, kf_zb)`, fill thread `kf_ft` taking every `kf_fn`-th 16-byte chunk:
-/// a streaming store where the whole chunk is padding of one row, element stores of its padding
-/// where it holds a valid element or crosses a row; element stores at the range's partial ends.
-fn write_fill(s: &mut String, g: &Graph, o: usize, esz: u64) {
-    let per = 16 / esz;
-    let (ety, zero) = zero_element(esz);
-    let _ = writeln!(s, "            if (kf_a{o}) {{ // {}: zero where the mask fails; chunk k of a row holds its columns [{per} k, {per} k + {per})", g.outputs[o].name);
-    let _ = writeln!(s, "                uint4* kf_zp = reinterpret_cast<uint4*>(out{o}) + kf_za / {per};");
-    let _ = writeln!(s, "                const int kf_zn = (int)(kf_r1 - kf_r0) * kf_cp{o};");
-    let _ = writeln!(s, "                int kf_kr = kf_ft / kf_cp{o}, kf_kc = kf_ft - kf_kr * kf_cp{o}; // this thread's chunk: row in the tile, chunk in the row");
-    s.push_str(
-        "                for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
-",
-    );
-    let k0 = if per == 1 { "kf_kc".to_string() } else { format!("kf_kc * {per}") };
-    let _ = writeln!(s, "                    const int kf_k0 = {k0}, kf_hb = kf_hf[kf_kr]; // the chunk's first column, the row's bound");
-    s.push_str(
-        "                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
-",
-    );
-    if per > 1 {
-        let _ = writeln!(s, "                    else if (kf_k0 + {per} > kf_hb) for (int j = kf_hb - kf_k0; j < {per}; ++j) reinterpret_cast<{ety}*>(kf_zp + kf_q)[j] = {zero}; // the row's last valid chunk");
-    }
-    let _ = writeln!(
-        s,
-        "                    kf_kc += kf_ep{o};
-                    kf_kr += kf_dp{o};"
-    );
-    let _ = writeln!(s, "                    if (kf_kc >= kf_cp{o}) {{ kf_kc -= kf_cp{o}; ++kf_kr; }}");
-    s.push_str(
-        "                }
-            } else {
-",
-    );
-    let _ = writeln!(s, "                const long long kf_d{o} = (long long)kf_fn * {per} / cols, kf_e{o} = (long long)kf_fn * {per} - kf_d{o} * cols; // a step of kf_fn chunks: rows, columns");
-    let _ = writeln!(s, "                const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd), some across rows", per - 1);
-    if per > 1 {
-        let _ = writeln!(s, "                auto kf_z = [&](long long e) {{ const long long r = (e - kf_za) / cols; if (e - kf_za - r * cols >= kf_hf[r]) reinterpret_cast<{ety}*>(out{o})[e] = {zero}; }};");
-        let _ = writeln!(s, "                const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb, kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // partial ends [kf_za, kf_zh), [kf_zt, kf_zb)");
-        s.push_str("                for (long long e = kf_za + kf_ft; e < kf_zh; e += kf_fn) kf_z(e);\n");
-        s.push_str("                for (long long e = kf_zt + kf_ft; e < kf_zb; e += kf_fn) kf_z(e);\n");
-    }
-    let _ = writeln!(s, "                long long kf_kr = ((kf_zc + kf_ft) * {per} - kf_za) / cols, kf_kc = (kf_zc + kf_ft) * {per} - kf_za - kf_kr * cols; // the chunk's first element: row, column in the tile");
-    s.push_str("                for (long long kf_q = kf_zc + kf_ft; kf_q < kf_zd; kf_q += kf_fn) {\n");
-    s.push_str("                    const long long kf_hb = kf_hf[kf_kr];\n");
-    if per > 1 {
-        let _ = writeln!(s, "                    if (kf_kc >= kf_hb && kf_kc + {per} <= cols) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + kf_q, make_uint4(0u, 0u, 0u, 0u));");
-        let _ = writeln!(s, "                    else if (kf_kc + {per} > kf_hb) for (int j = 0; j < {per}; ++j) kf_z(kf_q * {per} + j);");
-    } else {
-        let _ = writeln!(s, "                    if (kf_kc >= kf_hb) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + kf_q, make_uint4(0u, 0u, 0u, 0u));");
-    }
-    let _ = writeln!(s, "                    kf_kc += kf_e{o};\n                    kf_kr += kf_d{o};");
-    s.push_str("                    if (kf_kc >= cols) { kf_kc -= cols; ++kf_kr; }\n");
-    s.push_str("                }\n            }\n");
+    s.push_str(&render(
+        FILL_ROLE,
+        &[("fill_setup", &setup), ("later_bound", &later_bound), ("fills", &fills), ("other", &other)],
+    ));
 }
 
 /// Steps 3 and 4: the compute warps' count, arrival, wait, crossing scalars and valid elements.
