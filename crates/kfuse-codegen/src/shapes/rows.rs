@@ -174,86 +174,45 @@ fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
     ));
 }
 
+/// Steps 3 and 4, the compute warps: a reviewed template.
+const COMPUTE_ROLE: &str = include_str!("../templates/rows_compute_role.cuh");
+
 /// Steps 3 and 4: the compute warps' count, arrival, wait, crossing scalars and valid elements.
 fn write_compute_role(s: &mut String, l: &RowsLines) {
     let RowsLines { prefetch, body, crossing_lines, .. } = l;
-    s.push_str("    // 3. Compute warps: the block's count joins the grid's arrival word (count in the low bits, one arrival\n");
-    s.push_str(
-        "    //    above them); once every block has arrived (all resident: cooperative launch), the count gives the\n",
-    );
-    s.push_str("    //    crossing scalars. The first tile's first elements are loaded meanwhile.\n");
-    s.push_str("    const int kf_cn = 32 * kf_cw; // compute threads [0, kf_cn)\n");
-    let _ = writeln!(s, "    unsigned long long* kf_arrive = reinterpret_cast<unsigned long long*>(counter + 2); // count | arrivals << {COUNT_BITS}");
-    s.push_str("    double kf_cntd = 0.0; // the count of the mask (thread 0): the crossing scalars' and the tail's\n");
-    s.push_str("    {\n");
-    s.push_str("        long long kf_n = 0; // rows past the first tile\n");
-    s.push_str("        for (long long kf_r = kf_ra + kf_nr0 + threadIdx.x; kf_r < kf_rb; kf_r += kf_cn) {\n            int kf_b = 0;\n");
-    write_bound(s, l, 3, "kf_r", "kf_b");
-    s.push_str("            kf_n += kf_b;\n        }\n");
-    s.push_str("        if (kf_ra + kf_nr0 < kf_rb) { // several tiles: the compute warps' sums, in warp order\n");
-    s.push_str("            for (int o = 16; o > 0; o >>= 1) kf_n += __shfl_xor_sync(0xffffffffu, kf_n, o);\n");
-    s.push_str("            if (kf_l == 0) kf_wn[kf_w] = kf_n;\n");
-    s.push_str("            kf_bar(1, kf_cn);\n");
-    s.push_str("            kf_n = 0;\n            for (int w = 0; w < kf_cw; ++w) kf_n += kf_wn[w];\n");
-    s.push_str("            kf_bar(1, kf_cn);\n        }\n");
-    let _ = writeln!(s, "        if (threadIdx.x == 0) atomicAdd(kf_arrive, (1ull << {COUNT_BITS}) | (unsigned long long)(kf_n + kf_hp[kf_nr0]));");
-    s.push_str("    }\n");
-    s.push_str("    // Element v of a tile is column v - kf_hp[r] of its row r whose range holds it; KF_U of them per compute\n");
-    s.push_str("    // thread and step, their loads issued together.\n");
-    s.push_str("    int kf_tr[KF_U]; // the element's row in the tile, -1 past the end\n");
-    s.push_str("    int kf_tc[KF_U]; // its column (below its bound, an i32)\n");
+    let (mut further_bound, mut tile_bound) = (String::new(), String::new());
+    write_bound(&mut further_bound, l, 3, "kf_r", "kf_b");
+    write_bound(&mut tile_bound, l, 4, "kf_r0 + threadIdx.x", "kf_b");
+    let (mut prefetch_decls, mut prefetch_loads) = (String::new(), String::new());
     for (k, pf) in prefetch.iter().enumerate() {
-        let _ = writeln!(s, "    {} kf_pf{k}[KF_U]; // {}", pf.ty, pf.note);
+        let _ = writeln!(prefetch_decls, "    {} kf_pf{k}[KF_U]; // {}", pf.ty, pf.note);
     }
-    s.push_str("    auto kf_load = [&](long long kf_r0, int kf_nr, long long kf_v, long long kf_v0) {\n");
-    s.push_str("        #pragma unroll\n");
-    s.push_str("        for (int kf_u = 0; kf_u < KF_U; ++kf_u) {\n");
-    s.push_str("            const long long kf_e = kf_v0 + (long long)kf_u * kf_cn;\n");
-    s.push_str("            kf_tr[kf_u] = -1;\n");
-    s.push_str("            if (kf_e < kf_v) {\n");
-    s.push_str("                int lo = 0, hi = kf_nr - 1; // the last row whose range starts at or before kf_e\n");
-    s.push_str("                while (lo < hi) { const int m = (lo + hi + 1) >> 1; if (kf_hp[m] <= kf_e) lo = m; else hi = m - 1; }\n");
-    s.push_str("                kf_tr[kf_u] = lo;\n                kf_tc[kf_u] = (int)(kf_e - kf_hp[lo]);\n");
     if !prefetch.is_empty() {
-        s.push_str("                const long long i = (kf_r0 + lo) * cols + kf_tc[kf_u];\n");
+        prefetch_loads.push_str("                const long long i = (kf_r0 + lo) * cols + kf_tc[kf_u];\n");
         for (k, pf) in prefetch.iter().enumerate() {
-            let _ = writeln!(s, "                kf_pf{k}[kf_u] = {};", pf.load);
+            let _ = writeln!(prefetch_loads, "                kf_pf{k}[kf_u] = {};", pf.load);
         }
     }
-    s.push_str("            }\n        }\n    };\n");
-    s.push_str("    kf_load(kf_ra, kf_nr0, kf_hp[kf_nr0], threadIdx.x); // in flight while the count completes\n");
-    s.push_str("    if (threadIdx.x == 0) {\n");
-    s.push_str("        unsigned long long kf_x;\n");
-    let _ = writeln!(
-        s,
-        "        do {{ kf_x = *(volatile unsigned long long*)kf_arrive; }} while ((kf_x >> {COUNT_BITS}) < gridDim.x);"
-    );
-    let _ = writeln!(s, "        kf_cntd = (double)(long long)(kf_x & ((1ull << {COUNT_BITS}) - 1ull));");
+    let mut crossing = String::new();
     for c in crossing_lines {
-        line(s, 2, c);
+        line(&mut crossing, 2, c);
     }
-    s.push_str("    }\n");
-    s.push_str("    kf_bar(1, kf_cn); // the scalars are shared\n");
-    s.push_str("    // 4. Each tile's valid elements.\n");
-    s.push_str("    for (long long kf_r0 = kf_ra; kf_r0 < kf_rb; kf_r0 += KF_T) {\n");
-    s.push_str("        const int kf_nr = (int)(kf_rb - kf_r0 < KF_T ? kf_rb - kf_r0 : KF_T);\n");
-    s.push_str("        if (kf_r0 != kf_ra) { // a later tile: its bounds and their prefix\n");
-    s.push_str("            if ((int)threadIdx.x < kf_nr) {\n                int kf_b = 0;\n");
-    write_bound(s, l, 4, "kf_r0 + threadIdx.x", "kf_b");
-    s.push_str("                kf_hc[threadIdx.x] = kf_b;\n            }\n");
-    s.push_str("            kf_bar(1, kf_cn);\n            if (kf_w == 0) kf_prefix(kf_nr);\n            kf_bar(1, kf_cn);\n        }\n");
-    s.push_str("        const long long kf_v = kf_hp[kf_nr];\n");
-    s.push_str("        for (long long kf_v0 = threadIdx.x; kf_v0 < kf_v; kf_v0 += KF_U * kf_cn) {\n");
-    s.push_str("            if (kf_r0 != kf_ra || kf_v0 != threadIdx.x) kf_load(kf_r0, kf_nr, kf_v, kf_v0); // the first step's are loaded\n");
-    s.push_str("            #pragma unroll\n");
-    s.push_str("            for (int kf_u = 0; kf_u < KF_U; ++kf_u) {\n");
-    s.push_str("                if (kf_tr[kf_u] < 0) continue;\n");
-    s.push_str("                const long long row = kf_r0 + kf_tr[kf_u], col = kf_tc[kf_u], i = row * cols + col;\n");
+    let mut body_lines = String::new();
     for b in body {
-        line(s, 4, b);
+        line(&mut body_lines, 4, b);
     }
-    s.push_str("            }\n        }\n");
-    s.push_str("        kf_bar(1, kf_cn); // kf_hc and kf_hp are rewritten by the next tile\n    }\n");
+    s.push_str(&render(
+        COMPUTE_ROLE,
+        &[
+            ("count_bits", &COUNT_BITS.to_string()),
+            ("further_bound", &further_bound),
+            ("prefetch_decls", &prefetch_decls),
+            ("prefetch_loads", &prefetch_loads),
+            ("crossing", &crossing),
+            ("tile_bound", &tile_bound),
+            ("body", &body_lines),
+        ],
+    ));
 }
 
 /// Step 5: the compute warps' reductions in warp order, the ticket of warp 0, and the last
