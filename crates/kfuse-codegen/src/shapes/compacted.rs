@@ -16,6 +16,7 @@ use crate::analysis::Analysis;
 use crate::cuda;
 use crate::emit::{Emitter, Mode, Uses};
 use crate::onepass::OnePass;
+use crate::text::render;
 use crate::CodegenError;
 
 /// Entries of a block's one-pass list held in shared memory; more go to its global segment.
@@ -33,44 +34,28 @@ pub(crate) const QUEUE_DRAIN: &[&str] = &[
 pub(crate) const FINAL_DRAIN: &str =
     "    __syncthreads();\n    if (kf_qn > 0) kf_drain(kf_qn); // the rest of the queue (block-uniform)\n";
 
+/// The compaction's state: a reviewed template.
+const COMPACTION_STATE: &str = include_str!("../templates/compaction_state.cuh");
+
 /// The compaction's shared state, the block's global list segment and `kf_drain` (whose body is
 /// `drain`: the queued group's work for element `i`, loads direct). Block `b`'s global segment
 /// starts at the count of elements the threads of blocks `< b` own in the grid-stride loop
 /// (`S` threads in all, `T = b * block`; thread `t` owns `n / S` elements, one more when
 /// `t < n % S`), so its entries always fit there.
 pub(crate) fn write_compaction_state(src: &mut String, block: u32, batch: u32, comps: u32, drain: &[String]) {
-    src.push_str(
-        "    // One pass, compacted: an element whose predicate holds is queued (kf_q) and computed later by a full\n",
-    );
-    src.push_str("    // set of lanes (kf_drain), so that the few valid elements do not idle the other lanes of their warps; its\n");
-    src.push_str("    // unscaled values are listed in shared memory (kf_li, kf_lv), past KF_LCAP entries in the block's global segment.\n");
-    let _ = writeln!(src, "    constexpr int KF_LCAP = {LIST_SHARED};");
-    let _ = writeln!(
-        src,
-        "    __shared__ long long kf_q[{}]; // queued flat indices: at most a batch's worth and a drain's rest",
-        block * (batch + 1)
-    );
-    src.push_str("    __shared__ int kf_qn, kf_ln; // queued, listed\n");
-    src.push_str("    __shared__ long long kf_li[KF_LCAP];\n");
-    let _ = writeln!(src, "    __shared__ float kf_lv[KF_LCAP * {comps}];");
-    src.push_str("    if (threadIdx.x == 0) { kf_qn = 0; kf_ln = 0; }\n    __syncthreads();\n");
-    src.push_str("    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;\n");
-    src.push_str("    const long long kf_list_r = n % kf_list_s;\n");
-    src.push_str("    const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block\n");
-    src.push_str(
-        "    // Threads [0, kf_count) compute the last kf_count queued elements; every thread of the block calls it.\n",
-    );
-    src.push_str("    auto kf_drain = [&](int kf_count) {\n");
-    src.push_str("        const int kf_q0 = kf_qn - kf_count;\n");
-    src.push_str("        if ((int)threadIdx.x < kf_count) {\n");
-    src.push_str("            const long long i = kf_q[kf_q0 + (int)threadIdx.x];\n");
+    let mut drain_lines = String::new();
     for l in drain {
-        let _ = writeln!(src, "            {l}");
+        let _ = writeln!(drain_lines, "            {l}");
     }
-    src.push_str("        }\n        __syncthreads();\n");
-    src.push_str(
-        "        if (threadIdx.x == 0) { kf_qn = kf_q0; kf_ln += kf_count; }\n        __syncthreads();\n    };\n",
-    );
+    src.push_str(&render(
+        COMPACTION_STATE,
+        &[
+            ("list_cap", &LIST_SHARED.to_string()),
+            ("queue", &(block * (batch + 1)).to_string()),
+            ("comps", &comps.to_string()),
+            ("drain", &drain_lines),
+        ],
+    ));
 }
 
 /// The code after a one-pass kernel's grid barrier: the block writes `out[index] = s * h` for
