@@ -215,6 +215,9 @@ fn write_compute_role(s: &mut String, l: &RowsLines) {
     ));
 }
 
+/// Step 5, the tail: a reviewed template.
+const TAIL: &str = include_str!("../templates/rows_tail.cuh");
+
 /// Step 5: the compute warps' reductions in warp order, the ticket of warp 0, and the last
 /// block's fold, epilogue (thread 0) and reset of the ticket and the arrival word. `slots` are the
 /// kernel's partial slots (none when its only reductions are counts of the mask).
@@ -224,61 +227,50 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
         Combine::Max => format!("kf_max_f64({a}, {b})"),
         Combine::Min => format!("kf_min_f64({a}, {b})"),
     };
-    src.push_str(
-        "    // 5. The compute warps' sums, in warp order; warp 0 publishes the block's and takes the ticket.\n",
-    );
+    let (mut warp_sums, mut block_sums, mut fold, mut ep) =
+        (String::new(), String::new(), String::new(), String::new());
     if !slots.is_empty() {
-        let _ = writeln!(src, "    __shared__ double kf_wr[{}][KF_W];", slots.len());
+        let _ = writeln!(warp_sums, "    __shared__ double kf_wr[{}][KF_W];", slots.len());
         for (s, (c, _, _)) in slots.iter().enumerate() {
             let _ = writeln!(
-                src,
+                warp_sums,
                 "    for (int o = 16; o > 0; o >>= 1) acc{s} = {};",
                 comb(*c, &format!("acc{s}"), &format!("__shfl_xor_sync(0xffffffffu, acc{s}, o)"))
             );
-            let _ = writeln!(src, "    if (kf_l == 0) kf_wr[{s}][kf_w] = acc{s};");
+            let _ = writeln!(warp_sums, "    if (kf_l == 0) kf_wr[{s}][kf_w] = acc{s};");
         }
-        src.push_str("    kf_bar(1, kf_cn);\n");
+        warp_sums.push_str("    kf_bar(1, kf_cn);\n");
+        fold.push_str("    // The last block's warp 0 folds every block's sums: lane l takes blocks l, l + 32, ... in order, then\n");
+        fold.push_str("    // the warp's fixed-order sum; no float atomics, so the result is bit-identical for a given grid size.\n");
     }
-    src.push_str("    if (kf_w != 0) return;\n");
-    src.push_str("    bool kf_last = false;\n");
-    src.push_str("    if (kf_l == 0) {\n");
     for (s, (c, init, _)) in slots.iter().enumerate() {
-        let _ = writeln!(src, "        double p{s} = {init};");
+        let _ = writeln!(block_sums, "        double p{s} = {init};");
         let _ = writeln!(
-            src,
+            block_sums,
             "        for (int w = 0; w < kf_cw; ++w) p{s} = {};",
             comb(*c, &format!("p{s}"), &format!("kf_wr[{s}][w]"))
         );
-        let _ = writeln!(src, "        partials[{s}u * gridDim.x + blockIdx.x] = p{s};");
-    }
-    let what = if slots.is_empty() { "the count's read" } else { "the block's sums (and the count's read)" };
-    let _ = writeln!(src, "        __threadfence(); // {what} before taking a ticket");
-    src.push_str("        kf_last = atomicAdd(counter, 1u) == gridDim.x - 1u;\n    }\n");
-    src.push_str("    if (!__shfl_sync(0xffffffffu, kf_last, 0)) return;\n");
-    src.push_str("    __threadfence();\n");
-    if !slots.is_empty() {
-        src.push_str("    // The last block's warp 0 folds every block's sums: lane l takes blocks l, l + 32, ... in order, then\n");
-        src.push_str("    // the warp's fixed-order sum; no float atomics, so the result is bit-identical for a given grid size.\n");
-    }
-    for (s, (c, init, _)) in slots.iter().enumerate() {
-        let _ = writeln!(src, "    double r{s} = {init};");
+        let _ = writeln!(block_sums, "        partials[{s}u * gridDim.x + blockIdx.x] = p{s};");
+        let _ = writeln!(fold, "    double r{s} = {init};");
         let _ = writeln!(
-            src,
+            fold,
             "    for (unsigned int b = kf_l; b < gridDim.x; b += 32u) r{s} = {};",
             comb(*c, &format!("r{s}"), &format!("((volatile double*)partials)[{s}u * gridDim.x + b]"))
         );
         let _ = writeln!(
-            src,
+            fold,
             "    for (int o = 16; o > 0; o >>= 1) r{s} = {};",
             comb(*c, &format!("r{s}"), &format!("__shfl_xor_sync(0xffffffffu, r{s}, o)"))
         );
     }
-    src.push_str("    if (kf_l == 0) {\n");
     for l in epilogue {
-        let _ = writeln!(src, "        {l}");
+        let _ = writeln!(ep, "        {l}");
     }
-    src.push_str("        counter[0] = 0u; // the ticket and the arrival word: the next launch needs no memset\n");
-    src.push_str("        *kf_arrive = 0ull;\n    }\n");
+    let what = if slots.is_empty() { "the count's read" } else { "the block's sums (and the count's read)" };
+    src.push_str(&render(
+        TAIL,
+        &[("warp_sums", &warp_sums), ("block_sums", &block_sums), ("fold", &fold), ("what", what), ("epilogue", &ep)],
+    ));
 }
 
 /// The rows plan's body (see `rows`): its source up to the tail ([`write_rows_tail`]), and the
