@@ -199,7 +199,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let kernels = (0..launched)
         .map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Plan { graph_hash: hash, buffers, kernels })
+    Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
 }
 
 /// Emits `__device__ __forceinline__ float fn_name(float in0, ...)` computing the single scalar

@@ -2,7 +2,7 @@
 //! kernels to launch, in order, on one stream. Nothing here touches a GPU; the executor (crate
 //! `kfuse`) allocates, binds and launches exactly what this describes.
 
-use kfuse_ir::{DType, GraphHash, InputId, SymId};
+use kfuse_ir::{DType, GraphHash, InputId, Interface, SymId};
 
 /// Options that change the generated code (they are printed in each kernel's header comment).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -57,6 +57,9 @@ pub enum LengthsGradient {
 pub struct Plan {
     /// `graph.stable_hash()`; kernel names carry its short form.
     pub graph_hash: GraphHash,
+    /// The graph's inputs and outputs (names, dtypes, shapes in symbols, layout constraints): all
+    /// the executor needs to bind run-time sizes, check inputs and size outputs, with no graph.
+    pub interface: Interface,
     /// Every device buffer a run needs, referenced by index from [`Param::Buffer`]. The first
     /// `graph.inputs.len()` entries are the inputs in declaration order, then the outputs in
     /// `graph.outputs` order, then temporaries, partials and counters.
