@@ -46,7 +46,7 @@ pub(crate) fn emit_kernel(
     let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
 
     // The one-pass plan's buffers (kernel 0 only), and the rows plan's counts of the mask, which
-    // take no partial slot: the tail reads the count `kf_cntd` of the arrival word (see `rows`).
+    // take no partial slot: the tail reads the count `kf_cntd` of the arrival word (see `shapes::rows`).
     let onepass = buffers.onepass.as_ref().filter(|_| k == 0);
     let mask_counts: &[NodeId] = onepass.map_or(&[], |b| &b.pass.counts);
 

@@ -5,7 +5,7 @@
 //! Each block owns a contiguous, balanced share of the rows, in tiles of up to [`TILE_ROWS`]. It
 //! loads its first tile's bounds, and warp 0 takes their prefix sum and splits the block's warps
 //! in two roles (more compute warps the more of the tile is valid, at least
-//! [`MIN_COMPUTE_WARPS`]; see [`write_split`]). From there on the two roles share nothing but
+//! [`MIN_COMPUTE_WARPS`]; see `templates/rows_prelude.cuh`). From there on the two roles share nothing but
 //! the exit, and each synchronises on a named barrier of its own:
 //!
 //! - **Fill warps** write the else-branch (the zero gradient of the padding) of every tile, and
@@ -273,7 +273,7 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
     ));
 }
 
-/// The rows plan's body (see `rows`): its source up to the tail ([`write_rows_tail`]), and the
+/// The rows plan's body (see the module docs): its source up to the tail ([`write_rows_tail`]), and the
 /// next free value number. `counts` are the kernel's counts of the mask (see
 /// `onepass::OnePass::counts`): the crossing scalars and the epilogue read them as `kf_cntd`.
 pub(crate) fn rows_loop(
