@@ -198,7 +198,9 @@ pub(crate) fn emit_kernel(
                 write_plain_tail(&mut src, &slots, &epilogue);
             } else {
                 src.push_str(compacted::FINAL_DRAIN);
-                write_barrier_tail(&mut src, &slots, &epilogue, &compacted::rescale_lines(g, pass));
+                let mut rescale = String::new();
+                compacted::write_rescale(&mut rescale, g, pass);
+                write_barrier_tail(&mut src, &slots, &epilogue, &rescale);
             }
         }
         KernelShape::WarpPerRow => {
