@@ -25,7 +25,7 @@
 //! The counts of the mask (`onepass::OnePass::counts`) take no partial slot: they are the
 //! arrival word's count (`kf_cntd`, an exact integer in f64).
 //!
-//! Measured on the H100 (bf16 GIoU step, B=16384, N=256, `bench/proto`): 14.9 µs back to back
+//! Measured on the H100 (bf16 GIoU step, B=16384, N=256): 14.9 µs back to back
 //! and 16.4 µs rotating two buffer sets (the hand-written prototype of this schedule: 14.2 /
 //! 15.6 µs), against 18.2 / 20.1 µs for the previous rows plan, where every warp filled its whole
 //! tile, summed all the lengths, and overwrote the valid columns after a barrier.
