@@ -9,6 +9,7 @@ use kfuse_ir::{Graph, Op};
 use crate::actions::{has_component_axis, Action};
 use crate::cuda::Helper;
 use crate::emit::Emitter;
+use crate::text::render;
 
 /// For a store of nothing but zero literals (all bits zero in storage) whose bytes per domain
 /// element divide 16: those bytes.
@@ -22,43 +23,36 @@ pub(crate) fn zero_fill_bytes(em: &Emitter, g: &Graph, a: &Action) -> Option<u64
     (all_zero && esz > 0 && 16 % esz == 0 && (has_component_axis(g, *output) || values.len() == 1)).then_some(esz)
 }
 
-/// Row mode: zeroes the elements `[kf_hi, cols)` of the row of output `o` (`esz` bytes each) as
-/// one byte range: 16-byte streaming stores over the whole 16-byte chunks, element stores for
-/// the partial chunks at either end (fewer than 16 / `esz` elements each); the row's lanes take
-/// every `stride`-th store (32: a warp per row; `kf_g`: a row group).
+/// The row-mode zero fills: reviewed templates.
+const ZERO_FILL: &str = include_str!("templates/zero_fill.cuh");
+const ZERO_FILL_16: &str = include_str!("templates/zero_fill_16.cuh");
+
+/// Row mode: zeroes the elements `[kf_hi, cols)` of the row of output `o` (`esz` bytes each,
+/// dividing 16) as one byte range: 16-byte streaming stores over the whole 16-byte chunks,
+/// element stores for the partial chunks at either end (fewer than 16 / `esz` elements each); the
+/// row's lanes take every `stride`-th store (32: a warp per row; `kf_g`: a row group).
 pub(crate) fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str, stride: &str) {
     em.uses.helpers.insert(Helper::StoreStreaming);
-    let name = &g.outputs[o].name;
-    em.push_stmt(format!("{{ // zero fill of {name} over columns [kf_hi, {cols}): 16-byte streaming stores"));
-    em.push_stmt(format!("    const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + {cols}; // elements"));
-    for l in zero_fill_lines(o, esz, "lane", stride) {
-        em.push_stmt(format!("    {l}"));
-    }
-    em.push_stmt("}".to_string());
-}
-
-/// The zero fill of output `o` (`esz` bytes per domain element, dividing 16) over the elements
-/// `[kf_za, kf_zb)` declared by the caller: element stores for the partial 16-byte chunks at
-/// either end, 16-byte streaming stores (`kf_st_cs`) between; thread `lane` of the filling
-/// group takes every `stride`-th store.
-pub(crate) fn zero_fill_lines(o: usize, esz: u64, lane: &str, stride: &str) -> Vec<String> {
     let per = 16 / esz;
-    let chunks = |c: &str, from: &str, to: &str| {
-        format!("for (long long {c} = {from} + {lane}; {c} < {to}; {c} += {stride}) kf_st_cs(reinterpret_cast<uint4*>(out{o}) + {c}, make_uint4(0u, 0u, 0u, 0u));")
-    };
-    if per == 1 {
-        return vec!["#pragma unroll 4".to_string(), chunks("e", "kf_za", "kf_zb")];
-    }
     let (ety, zero) = zero_element(esz);
-    vec![
-        format!("const long long kf_zc = (kf_za + {}) / {per}, kf_zd = kf_zb / {per}; // whole 16-byte chunks [kf_zc, kf_zd)", per - 1),
-        format!("const long long kf_zh = kf_zc * {per} < kf_zb ? kf_zc * {per} : kf_zb; // head elements [kf_za, kf_zh)"),
-        format!("const long long kf_zt = kf_zd * {per} > kf_zh ? kf_zd * {per} : kf_zh; // tail elements [kf_zt, kf_zb)"),
-        format!("for (long long e = kf_za + {lane}; e < kf_zh; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"),
-        format!("for (long long e = kf_zt + {lane}; e < kf_zb; e += {stride}) reinterpret_cast<{ety}*>(out{o})[e] = {zero};"),
-        "#pragma unroll 4".to_string(),
-        chunks("c", "kf_zc", "kf_zd"),
-    ]
+    let name = &g.outputs[o].name;
+    let (o, per_m1, per) = (o.to_string(), (per - 1).to_string(), per.to_string());
+    let text = render(
+        if esz == 16 { ZERO_FILL_16 } else { ZERO_FILL },
+        &[
+            ("o", &o),
+            ("name", name),
+            ("cols", cols),
+            ("stride", stride),
+            ("per", &per),
+            ("per_m1", &per_m1),
+            ("ety", ety),
+            ("zero", zero),
+        ],
+    );
+    for l in text.lines() {
+        em.push_stmt(l.to_string());
+    }
 }
 
 /// The C type of one `esz`-byte element of a zero fill (`esz` < 16, dividing 16) and its zero.

@@ -46,7 +46,7 @@ pub(crate) fn emit_kernel(
     let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
 
     // The one-pass plan's buffers (kernel 0 only), and the rows plan's counts of the mask, which
-    // take no partial slot: the tail reads the count `kf_cntd` of the arrival word (see `rows`).
+    // take no partial slot: the tail reads the count `kf_cntd` of the arrival word (see `shapes::rows`).
     let onepass = buffers.onepass.as_ref().filter(|_| k == 0);
     let mask_counts: &[NodeId] = onepass.map_or(&[], |b| &b.pass.counts);
 
@@ -176,15 +176,14 @@ pub(crate) fn emit_kernel(
         let _ = writeln!(src, "    {decl}{sep} // {comment}");
     }
     src.push_str(")\n{\n");
-    let write_accumulators = |src: &mut String| {
-        for (s, (_, init, what)) in slots.iter().enumerate() {
-            let _ = writeln!(src, "    double acc{s} = {init}; // {what}");
-        }
-    };
+    let mut accumulators = String::new();
+    for (s, (_, init, what)) in slots.iter().enumerate() {
+        let _ = writeln!(accumulators, "    double acc{s} = {init}; // {what}");
+    }
     match shape {
         KernelShape::GridStride => {
             let _ = writeln!(src, "    const long long n = {n_expr};");
-            write_accumulators(&mut src);
+            src.push_str(&accumulators);
             grid_stride::write_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, &[]);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -192,31 +191,29 @@ pub(crate) fn emit_kernel(
             let pass =
                 &compacted_pass.ok_or(CodegenError::Internal { node: 0, what: "compacted without one pass" })?.pass;
             let _ = writeln!(src, "    const long long n = {n_expr};");
-            write_accumulators(&mut src);
+            src.push_str(&accumulators);
             compacted::write_compaction_state(&mut src, block, opts.elems_per_thread, pass.comps, &drain);
             grid_stride::write_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, compacted::QUEUE_DRAIN);
             if slots.is_empty() {
                 write_plain_tail(&mut src, &slots, &epilogue);
             } else {
                 src.push_str(compacted::FINAL_DRAIN);
-                write_barrier_tail(&mut src, &slots, &epilogue, &compacted::rescale_lines(g, pass));
+                let mut rescale = String::new();
+                compacted::write_rescale(&mut rescale, g, pass);
+                write_barrier_tail(&mut src, &slots, &epilogue, &rescale);
             }
         }
         KernelShape::WarpPerRow => {
-            warp_per_row::write_sizes(&mut src, &rows_expr);
-            write_accumulators(&mut src);
-            warp_per_row::write_loop(&mut src, &cols_expr, &body);
+            warp_per_row::write(&mut src, &rows_expr, &cols_expr, &accumulators, &body);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
         KernelShape::RowGroups => {
-            row_groups::write_sizes(&mut src, &rows_expr);
-            write_accumulators(&mut src);
-            row_groups::write_loop(&mut src, &cols_expr, &body);
+            row_groups::write(&mut src, &rows_expr, &cols_expr, &accumulators, &body);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
         KernelShape::Rows => {
             // The rows loop declares its own sizes.
-            write_accumulators(&mut src);
+            src.push_str(&accumulators);
             src.push_str(&rows_src);
             rows::write_rows_tail(&mut src, &slots, &epilogue);
         }

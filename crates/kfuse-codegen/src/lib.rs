@@ -1,6 +1,6 @@
 //! kfuse-codegen: fusion planning and CUDA C++ generation. Pure Rust: no GPU, no I/O.
 //!
-//! [`plan`] turns a verified [`Graph`] into a [`Plan`]: the device buffers a run needs and the
+//! [`plan()`] turns a verified [`Graph`] into a [`Plan`]: the device buffers a run needs and the
 //! kernels to launch in order, each a header-free CUDA C++ translation unit (compile with NVRTC for
 //! sm_80 or newer). [`emit_device_function`] turns a scalar graph (an MLP activation) into a
 //! `__device__` function to inline into another kernel.
@@ -43,6 +43,19 @@
 //! - Index division for broadcast operands is 32-bit whenever the flat index and divisor fit.
 //! - Float arithmetic is f32 whatever the storage dtype; f16/bf16 are read and written directly
 //!   with inline-PTX conversions; `min`/`max` propagate NaN; i32 arithmetic wraps.
+//!
+//! # Where things live
+//! - `analysis` splits the graph into kernels and sinks; `onepass` recognises a loss and its
+//!   scaled gradient that can be one launch.
+//! - `kernel` assembles one kernel: its sinks become grouped actions (`sinks`, `actions`), its
+//!   shape is chosen once (`shapes::KernelShape`: grid-stride, compacted, warp per row, row
+//!   groups, rows), then the shape's module in `shapes/` writes its loop; the epilogue
+//!   (`epilogue`), parameters (`signature`), zero fills (`fill`) and reduction tails (`tail`) are
+//!   shared. No two modules import each other.
+//! - `emit` turns expressions into CUDA statements; `cuda` spells types, literals and helpers.
+//! - Fixed CUDA lives in reviewed templates under `src/templates/*.cuh`, embedded with
+//!   `include_str!` and rendered by `text::render` (`{{name}}` placeholders; lines starting with
+//!   `//~` are notes for the reader and are not emitted).
 //!
 //! Not handled: gathers/indexing beyond component access, reductions over a middle axis, and
 //! warp-per-row scheduling of long rows (rows run one per thread).

@@ -3,12 +3,12 @@
 //! (typically `v = s * h(inputs)` with `s = 1 / max(count(m), 1)`), and plans both as one launch.
 //!
 //! Under a lengths mask (`col < lengths[row]`) the count is the sum of the clamped lengths, so
-//! every block adds its rows' share to one arrival word: the rows plan (see `rows`), a
+//! every block adds its rows' share to one arrival word: the rows plan (see `shapes::rows`), a
 //! cooperative launch with no list and no barrier for the stores of the padding, when every
 //! crossing scalar follows from `count(m)` alone.
 //!
-//! Otherwise (e.g. the predicate `target[.., 3] != 0`), the compacted plan, one cooperative
-//! kernel (every block resident at once):
+//! Otherwise (e.g. the predicate `target[.., 3] != 0`), the compacted plan (see
+//! `shapes::compacted`), one cooperative kernel (every block resident at once):
 //!
 //! - before its grid barrier, the reduction kernel's loop over the predicate's inputs: where
 //!   `m` fails it stores the zeros; where it holds, the element's index is queued in shared
@@ -55,7 +55,7 @@ pub(crate) struct OnePass {
     /// Every crossing scalar and what the kernel uses for it: the f32 literal it takes when
     /// `s = 1` (compacted plan), or the `kf_c<t>` each block computes (rows plan).
     pub substitutions: Vec<(NodeId, String)>,
-    /// The rows plan (a lengths mask; see `rows`): the count slots the crossing scalars need,
+    /// The rows plan (a lengths mask; see `shapes::rows`): the count slots the crossing scalars need,
     /// taken from the lengths, so no grid barrier and no list.
     pub rows: bool,
     /// The rows plan: kernel 0's full reductions that are `count(m)` of the lengths mask (one

@@ -43,17 +43,16 @@ pub(crate) fn write_reduction_tail(src: &mut String, slots: &[(Combine, String, 
 /// A cooperative one-pass kernel's tail: block partials, a grid barrier on the arrivals alone
 /// (every block is resident), then every block folds all partials itself in the same fixed order
 /// (so each holds the same results; block 0 writes the scalar outputs), computes the scale into
-/// `kf_scale` and runs `after` (the rescale of its list). The last block to leave resets the
+/// `kf_scale` and runs `after` (whole lines: the rescale of its list). The last block to leave resets the
 /// barrier for the next launch.
 pub(crate) fn write_barrier_tail(
     src: &mut String,
     slots: &[(Combine, String, String)],
     epilogue: &[String],
-    after: &[String],
+    after: &str,
 ) {
     let (block_reduce, partials, fold) = slot_blocks(slots);
     let epilogue = indented(epilogue, "        ");
-    let after = indented(after, "    ");
     src.push_str(&render(
         BARRIER,
         &[
@@ -61,7 +60,7 @@ pub(crate) fn write_barrier_tail(
             ("partials", &partials),
             ("fold", &fold),
             ("epilogue", &epilogue),
-            ("after", &after),
+            ("after", after),
         ],
     ));
 }

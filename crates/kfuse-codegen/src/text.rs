@@ -24,6 +24,7 @@ pub(crate) fn render(template: &str, values: &[(&str, &str)]) -> String {
         let trimmed = line.trim();
         if let Some(name) = trimmed.strip_prefix("{{").and_then(|t| t.strip_suffix("}}")) {
             if let Some((_, block)) = values.iter().find(|(k, _)| *k == name) {
+                debug_assert!(block.is_empty() || block.ends_with('\n'), "block `{name}` must be whole lines");
                 out.push_str(block);
                 continue;
             }
@@ -32,8 +33,21 @@ pub(crate) fn render(template: &str, values: &[(&str, &str)]) -> String {
         for (k, v) in values {
             l = l.replace(&format!("{{{{{k}}}}}"), v);
         }
+        debug_assert!(!l.contains("{{"), "a placeholder without a value: {l}");
         out.push_str(&l);
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn render_drops_notes_fills_blocks_and_inline_values() {
+        let t = "//~ a note\n    int a = {{x}}; // {{x}}\n{{block}}\n{{empty}}\n}\n";
+        let out = render(t, &[("x", "7"), ("block", "    one;\n    two;\n"), ("empty", "")]);
+        assert_eq!(out, "    int a = 7; // 7\n    one;\n    two;\n}\n");
+    }
 }

@@ -61,44 +61,45 @@ pub(crate) fn write_compaction_state(src: &mut String, block: u32, batch: u32, c
 /// The code after a one-pass kernel's grid barrier: the block writes `out[index] = s * h` for
 /// the entries of its own list (shared memory, then its global segment), with the scale `s`
 /// (`kf_scale`) that every block computed past the barrier.
-pub(crate) fn rescale_lines(g: &Graph, pass: &OnePass) -> Vec<String> {
+pub(crate) fn write_rescale(src: &mut String, g: &Graph, pass: &OnePass) {
     let o = pass.output;
     let d = g.node(g.outputs[o].node).dtype;
     let c = pass.comps as usize;
     let vals: Vec<String> = (0..c).map(|k| format!("kf_s * kf_h[{k}]")).collect();
-    let mut lines = vec![
-        format!(
-            "// After the barrier: the scale n{} is final; each block rescales the entries it listed.",
-            pass.scale.0
-        ),
-        "const float kf_s = kf_scale;".to_string(),
-        "for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x) {".to_string(),
-        "    long long i;".to_string(),
-        format!("    float kf_h[{c}];"),
-        "    if (kf_j < KF_LCAP) {".to_string(),
-        "        i = kf_li[kf_j];".to_string(),
-    ];
-    lines.extend((0..c).map(|k| format!("        kf_h[{k}] = kf_lv[kf_j * {c} + {k}];")));
-    lines.push("    } else {".to_string());
-    lines.push("        const long long j = kf_list_base + (kf_j - KF_LCAP);".to_string());
-    lines.push("        i = (long long)list_index[j];".to_string());
-    lines.extend((0..c).map(|k| format!("        kf_h[{k}] = list_values[j * {c} + {k}];")));
-    lines.push("    }".to_string());
+    let (mut shared_loads, mut global_loads, mut store) = (String::new(), String::new(), String::new());
+    for k in 0..c {
+        let _ = writeln!(shared_loads, "            kf_h[{k}] = kf_lv[kf_j * {c} + {k}];");
+        let _ = writeln!(global_loads, "            kf_h[{k}] = list_values[j * {c} + {k}];");
+    }
     match cuda::vector_type(d, c as u64) {
-        Some(vty) => lines.push(format!(
-            "    reinterpret_cast<{vty}*>(out{o})[i] = {}; // {}",
-            cuda::vector_pack(d, &vals),
-            g.outputs[o].name
-        )),
+        Some(vty) => {
+            let _ = writeln!(
+                store,
+                "        reinterpret_cast<{vty}*>(out{o})[i] = {}; // {}",
+                cuda::vector_pack(d, &vals),
+                g.outputs[o].name
+            );
+        }
         None => {
             for (k, v) in vals.iter().enumerate() {
-                lines.push(format!("    out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v)));
+                let _ = writeln!(store, "        out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v));
             }
         }
     }
-    lines.push("}".to_string());
-    lines
+    src.push_str(&render(
+        RESCALE,
+        &[
+            ("scale", &pass.scale.0.to_string()),
+            ("comps", &c.to_string()),
+            ("shared_loads", &shared_loads),
+            ("global_loads", &global_loads),
+            ("store", &store),
+        ],
+    ));
 }
+
+/// The rescale past the barrier: a reviewed template.
+const RESCALE: &str = include_str!("../templates/compacted_rescale.cuh");
 
 /// The queued group's work (`then`, the actions of element `i` with direct loads) as the body
 /// of `kf_drain`, numbered from `first_var`: its lines, what they use, and the next free value

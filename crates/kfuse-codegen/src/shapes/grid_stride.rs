@@ -12,7 +12,7 @@ use kfuse_ir::Graph;
 
 use crate::actions::{run_actions, Action, Group};
 use crate::emit::{Emitter, Prefetch};
-use crate::text::write_lines;
+use crate::text::{render, write_lines};
 use crate::CodegenError;
 
 /// Emits every group's actions into `em` (the body of one element `i`), a predicate's branch
@@ -96,31 +96,23 @@ fn write_batched_loop(
     batch: u32,
     after_batch: &[&str],
 ) {
-    let _ = writeln!(src, "    const long long kf_stride = (long long)gridDim.x * blockDim.x;");
-    let _ = writeln!(
-        src,
-        "    // {batch} elements per thread and iteration: their loads are all in flight before the first use."
-    );
-    let _ = writeln!(
-        src,
-        "    // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid"
-    );
-    let _ = writeln!(src, "    // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.");
-    let _ = writeln!(src, "    unsigned kf_rot = 0u; // in [0, {block})");
-    let _ = writeln!(src, "    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += {batch}ll * kf_stride, kf_rot = (kf_rot + {}u) % {block}u) {{", batch * 32);
+    let (block_s, batch_s) = (block.to_string(), batch.to_string());
+    let mut prefetch_decls = String::new();
+    let (mut loads, mut guarded) = (String::new(), String::new());
     for (k, p) in prefetch.iter().enumerate() {
-        let _ = writeln!(src, "        {} kf_pf{k}[{batch}]; // {}", p.ty, p.note);
+        let _ = writeln!(prefetch_decls, "        {} kf_pf{k}[{batch}]; // {}", p.ty, p.note);
+        match p.guard {
+            None => {
+                let _ = writeln!(loads, "                kf_pf{k}[kf_u] = {};", p.load);
+            }
+            Some(_) => {
+                let _ = writeln!(guarded, "                    kf_pf{k}[kf_u] = {};", p.load);
+            }
+        }
     }
-    let _ = writeln!(src, "        #pragma unroll");
-    let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {batch}; ++kf_u) {{");
-    let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
-    src.push_str("            if (i < n) {\n");
-    for (k, p) in prefetch.iter().enumerate().filter(|(_, p)| p.guard.is_none()) {
-        let _ = writeln!(src, "                kf_pf{k}[kf_u] = {};", p.load);
-    }
-    src.push_str("            }\n        }\n");
     // Loads under the first branch: its predicate (the body's lines before the branch, all
     // `const` values of the loads above) decides which are issued, still before the first use.
+    let mut guarded_loads = String::new();
     if let Some(cond) = prefetch.iter().find_map(|p| p.guard.clone()) {
         let open = format!("if ({cond}) {{");
         // The branch always opens at the top level of the body; were it not found, the loads
@@ -129,28 +121,41 @@ fn write_batched_loop(
             Some(at) => (&body[..at], open),
             None => (&body[..0], "if (true) {".to_string()),
         };
-        {
-            src.push_str("        // Loads needed only where the predicate holds: issued for all the elements before the first use.\n");
-            let _ = writeln!(src, "        #pragma unroll");
-            let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {batch}; ++kf_u) {{");
-            let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
-            src.push_str("            if (i < n) {\n");
-            write_lines(src, prefix, "                ");
-            let _ = writeln!(src, "                {open}");
-            for (k, p) in prefetch.iter().enumerate().filter(|(_, p)| p.guard.is_some()) {
-                let _ = writeln!(src, "                    kf_pf{k}[kf_u] = {};", p.load);
-            }
-            src.push_str("                }\n            }\n        }\n");
-        }
+        let mut prefix_lines = String::new();
+        write_lines(&mut prefix_lines, prefix, "                ");
+        let open = format!("                {open}\n");
+        guarded_loads = render(
+            BATCHED_GUARDED,
+            &[
+                ("batch", &batch_s),
+                ("block", &block_s),
+                ("prefix", &prefix_lines),
+                ("open", &open),
+                ("loads", &guarded),
+            ],
+        );
     }
-    let _ = writeln!(src, "        #pragma unroll");
-    let _ = writeln!(src, "        for (int kf_u = 0; kf_u < {batch}; ++kf_u) {{");
-    let _ = writeln!(src, "            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {block}u);");
-    src.push_str("            if (i >= n) break;\n");
-    write_lines(src, body, "            ");
-    src.push_str("        }\n");
+    let mut body_lines = String::new();
+    write_lines(&mut body_lines, body, "            ");
+    let mut after = String::new();
     for l in after_batch {
-        let _ = writeln!(src, "        {l}");
+        let _ = writeln!(after, "        {l}");
     }
-    src.push_str("    }\n");
+    src.push_str(&render(
+        BATCHED,
+        &[
+            ("batch", &batch_s),
+            ("block", &block_s),
+            ("rot_step", &(batch * 32).to_string()),
+            ("prefetch_decls", &prefetch_decls),
+            ("loads", &loads),
+            ("guarded_loads", &guarded_loads),
+            ("body", &body_lines),
+            ("after_batch", &after),
+        ],
+    ));
 }
+
+/// The batched loop and its loads under the first branch: reviewed templates.
+const BATCHED: &str = include_str!("../templates/batched_loop.cuh");
+const BATCHED_GUARDED: &str = include_str!("../templates/batched_loop_guarded.cuh");

@@ -8,33 +8,27 @@
 //!
 //! Not handled here: the row body (see `warp_per_row`), the tail (see `tail`).
 
-use std::fmt::Write as _;
-
-use crate::text::write_lines;
+use crate::text::{render, write_lines};
 
 /// The fewest lanes a row group may have (4 lanes x 16 bytes: two whole sectors).
 pub(crate) const MIN_ROW_LANES: u32 = 4;
 
-/// The row count and the lanes per row (before the accumulators).
-pub(crate) fn write_sizes(src: &mut String, rows: &str) {
-    let _ = writeln!(src, "    const long long rows = {rows};");
-    src.push_str("    // Lanes per row: the most of 32, 16, ... with which this grid covers every row in one pass.\n");
-    src.push_str("    const long long kf_threads = (long long)gridDim.x * blockDim.x;\n");
-    src.push_str("    int kf_gs = 5; // log2 of the lanes per row\n");
-    let _ = writeln!(
-        src,
-        "    while (kf_gs > {} && rows > (kf_threads >> kf_gs)) --kf_gs;",
-        MIN_ROW_LANES.trailing_zeros()
-    );
-    src.push_str("    const long long kf_g = 1ll << kf_gs;\n");
-    src.push_str("    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group\n");
-}
+/// The shape's template.
+const ROW_GROUPS: &str = include_str!("../templates/row_groups.cuh");
 
-/// One group of `kf_g` lanes per row, grid-stride over the rows of `cols` columns.
-pub(crate) fn write_loop(src: &mut String, cols: &str, body: &[String]) {
-    src.push_str("    // One group of kf_g lanes per row; its lanes stride over the row's columns.\n");
-    src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> kf_gs; row < rows; row += ((long long)gridDim.x * blockDim.x) >> kf_gs) {\n");
-    let _ = writeln!(src, "        const long long rowbase = row * {cols};");
-    write_lines(src, body, "        ");
-    src.push_str("    }\n");
+/// The row count, the lanes per row, the `accumulators` and one group of `kf_g` lanes per row,
+/// grid-stride over the `rows` rows of `cols` columns, running `body`.
+pub(crate) fn write(src: &mut String, rows: &str, cols: &str, accumulators: &str, body: &[String]) {
+    let mut body_lines = String::new();
+    write_lines(&mut body_lines, body, "        ");
+    src.push_str(&render(
+        ROW_GROUPS,
+        &[
+            ("rows", rows),
+            ("cols", cols),
+            ("min_log2", &MIN_ROW_LANES.trailing_zeros().to_string()),
+            ("accumulators", accumulators),
+            ("body", &body_lines),
+        ],
+    ));
 }

@@ -5,7 +5,7 @@
 //! Each block owns a contiguous, balanced share of the rows, in tiles of up to [`TILE_ROWS`]. It
 //! loads its first tile's bounds, and warp 0 takes their prefix sum and splits the block's warps
 //! in two roles (more compute warps the more of the tile is valid, at least
-//! [`MIN_COMPUTE_WARPS`]; see [`write_split`]). From there on the two roles share nothing but
+//! [`MIN_COMPUTE_WARPS`]; see `templates/rows_prelude.cuh`). From there on the two roles share nothing but
 //! the exit, and each synchronises on a named barrier of its own:
 //!
 //! - **Fill warps** write the else-branch (the zero gradient of the padding) of every tile, and
@@ -25,7 +25,7 @@
 //! The counts of the mask (`onepass::OnePass::counts`) take no partial slot: they are the
 //! arrival word's count (`kf_cntd`, an exact integer in f64).
 //!
-//! Measured on the H100 (bf16 GIoU step, B=16384, N=256, `bench/proto`): 14.9 µs back to back
+//! Measured on the H100 (bf16 GIoU step, B=16384, N=256): 14.9 µs back to back
 //! and 16.4 µs rotating two buffer sets (the hand-written prototype of this schedule: 14.2 /
 //! 15.6 µs), against 18.2 / 20.1 µs for the previous rows plan, where every warp filled its whole
 //! tile, summed all the lengths, and overwrote the valid columns after a barrier.
@@ -273,7 +273,7 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
     ));
 }
 
-/// The rows plan's body (see `rows`): its source up to the tail ([`write_rows_tail`]), and the
+/// The rows plan's body (see the module docs): its source up to the tail ([`write_rows_tail`]), and the
 /// next free value number. `counts` are the kernel's counts of the mask (see
 /// `onepass::OnePass::counts`): the crossing scalars and the epilogue read them as `kf_cntd`.
 pub(crate) fn rows_loop(

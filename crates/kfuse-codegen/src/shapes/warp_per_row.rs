@@ -15,7 +15,7 @@ use kfuse_ir::{Dim, Graph, NodeId};
 use crate::actions::{run_actions, Action, Group};
 use crate::emit::{Coord, Emitter};
 use crate::fill::{write_zero_fill, zero_fill_bytes};
-use crate::text::write_lines;
+use crate::text::{render, write_lines};
 use crate::CodegenError;
 
 /// Emits the row body into `em` (row `row` at `rowbase`, lane `lane`): the bound `kf_hi`, the
@@ -66,17 +66,16 @@ pub(crate) fn emit_row_body(
     Ok(())
 }
 
-/// The sizes of the warp-per-row loop (before the accumulators).
-pub(crate) fn write_sizes(src: &mut String, rows: &str) {
-    src.push_str(&format!("    const long long rows = {rows};\n"));
-    src.push_str("    const long long lane = threadIdx.x & 31u;\n");
-}
+/// The shape's template.
+const WARP_PER_ROW: &str = include_str!("../templates/warp_per_row.cuh");
 
-/// One warp per row, grid-stride over the rows of `cols` columns.
-pub(crate) fn write_loop(src: &mut String, cols: &str, body: &[String]) {
-    src.push_str("    // One warp per row; its lanes stride over the row's columns.\n");
-    src.push_str("    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows; row += ((long long)gridDim.x * blockDim.x) >> 5) {\n");
-    src.push_str(&format!("        const long long rowbase = row * {cols};\n"));
-    write_lines(src, body, "        ");
-    src.push_str("    }\n");
+/// The row count, the `accumulators` and one warp per row, grid-stride over the `rows` rows of
+/// `cols` columns, running `body`.
+pub(crate) fn write(src: &mut String, rows: &str, cols: &str, accumulators: &str, body: &[String]) {
+    let mut body_lines = String::new();
+    write_lines(&mut body_lines, body, "        ");
+    src.push_str(&render(
+        WARP_PER_ROW,
+        &[("rows", rows), ("cols", cols), ("accumulators", accumulators), ("body", &body_lines)],
+    ));
 }
