@@ -7,9 +7,10 @@
 use std::path::PathBuf;
 
 use kfuse_ir::{DType, HostTensor};
-use rand::{rngs::StdRng, Rng, SeedableRng};
 
 pub use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
+/// The seeded generator the helpers use, for tests that make their own data.
+pub use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// The repository's `examples/` folder.
 pub fn examples_dir() -> PathBuf {

@@ -7,8 +7,7 @@
 use std::sync::Arc;
 
 use kfuse::{DType, DeviceBuffer, DeviceTensor, Engine, Error, Gpu, HostTensor, KernelCache, Program, Stream};
-use kfuse_testing::{example, float_inputs_as, gpu_or_skip, rel_l2_err as rel_err};
-use rand::{rngs::StdRng, Rng, SeedableRng};
+use kfuse_testing::{example, float_inputs_as, gpu_or_skip, rel_l2_err as rel_err, Rng, SeedableRng, StdRng};
 
 /// The engine and the device of the default GPU, or `None` (skipped) without one.
 fn device(test: &str) -> Option<(Engine, Arc<Gpu>)> {
