@@ -7,6 +7,8 @@
 
 use kfuse_ir::{DType, Kind, Literal};
 
+use crate::text::render;
+
 /// The C type a value of `dtype` is computed in.
 pub(crate) fn value_type(dtype: DType) -> &'static str {
     match dtype.kind() {
@@ -162,59 +164,34 @@ pub(crate) enum Helper {
     StoreStreaming,
 }
 
+const F16: &str = include_str!("templates/helper_f16.cuh");
+const BF16: &str = include_str!("templates/helper_bf16.cuh");
+const DIV_MOD: &str = include_str!("templates/helper_divmod.cuh");
+const STORE_CS: &str = include_str!("templates/helper_store_cs.cuh");
+const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
+const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
+
 /// The definition of `h`, guarded so that it may appear more than once in a translation unit.
 pub(crate) fn helper_source(h: Helper) -> String {
     match h {
-        Helper::F16 => "\
-#ifndef KF_HELPER_F16
-#define KF_HELPER_F16
-// f16 <-> f32 without cuda_fp16.h: the PTX conversions (round to nearest even).
-__device__ __forceinline__ float kf_f16_to_f32(unsigned short h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }
-__device__ __forceinline__ unsigned short kf_f32_to_f16(float f) { unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }
-#endif
-"
-        .to_string(),
-        Helper::BF16 => "\
-#ifndef KF_HELPER_BF16
-#define KF_HELPER_BF16
-// bf16 <-> f32 without cuda_bf16.h: bf16 is the top half of an f32; rounding uses PTX (sm_80+).
-__device__ __forceinline__ float kf_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
-__device__ __forceinline__ unsigned short kf_f32_to_bf16(float f) { unsigned short h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }
-#endif
-"
-        .to_string(),
-        Helper::MinMaxF32 => min_max("F32", "float", "kf_minf", "kf_maxf", ("__float_as_int", "__int_as_float"), ("fminf", "fmaxf")),
-        Helper::MinMaxF64 => min_max("F64", "double", "kf_min_f64", "kf_max_f64", ("__double_as_longlong", "__longlong_as_double"), ("fmin", "fmax")),
+        Helper::F16 => render(F16, &[]),
+        Helper::BF16 => render(BF16, &[]),
+        Helper::MinMaxF32 => {
+            min_max("F32", "float", "kf_minf", "kf_maxf", ("__float_as_int", "__int_as_float"), ("fminf", "fmaxf"))
+        }
+        Helper::MinMaxF64 => min_max(
+            "F64",
+            "double",
+            "kf_min_f64",
+            "kf_max_f64",
+            ("__double_as_longlong", "__longlong_as_double"),
+            ("fmin", "fmax"),
+        ),
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
         Helper::BlockMin => block_reduce("min", "kf_min_f64(v, o)", "__longlong_as_double(0x7ff0000000000000ll)"),
-        Helper::DivMod => "\
-#ifndef KF_HELPER_DIVMOD
-#define KF_HELPER_DIVMOD
-// Index division for non-negative operands: 32-bit when both fit (a uniform branch in practice;
-// about a quarter of the instructions of the 64-bit sequence), 64-bit otherwise.
-__device__ __forceinline__ long long kf_div(long long a, long long b) {
-    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a / (unsigned int)b) : a / b;
-}
-__device__ __forceinline__ long long kf_mod(long long a, long long b) {
-    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a % (unsigned int)b) : a % b;
-}
-#endif
-"
-        .to_string(),
-        Helper::StoreStreaming => "\
-#ifndef KF_HELPER_STORE_CS
-#define KF_HELPER_STORE_CS
-// Streaming (evict-first) stores for outputs that nothing re-reads: st.global.cs.
-__device__ __forceinline__ void kf_st_cs(float4* p, float4 v) { asm volatile(\"st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};\" :: \"l\"(p), \"f\"(v.x), \"f\"(v.y), \"f\"(v.z), \"f\"(v.w)); }
-__device__ __forceinline__ void kf_st_cs(float2* p, float2 v) { asm volatile(\"st.global.cs.v2.f32 [%0], {%1, %2};\" :: \"l\"(p), \"f\"(v.x), \"f\"(v.y)); }
-__device__ __forceinline__ void kf_st_cs(float* p, float v) { asm volatile(\"st.global.cs.f32 [%0], %1;\" :: \"l\"(p), \"f\"(v)); }
-__device__ __forceinline__ void kf_st_cs(uint4* p, uint4 v) { asm volatile(\"st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};\" :: \"l\"(p), \"r\"(v.x), \"r\"(v.y), \"r\"(v.z), \"r\"(v.w)); }
-__device__ __forceinline__ void kf_st_cs(uint2* p, uint2 v) { asm volatile(\"st.global.cs.v2.u32 [%0], {%1, %2};\" :: \"l\"(p), \"r\"(v.x), \"r\"(v.y)); }
-__device__ __forceinline__ void kf_st_cs(unsigned int* p, unsigned int v) { asm volatile(\"st.global.cs.u32 [%0], %1;\" :: \"l\"(p), \"r\"(v)); }
-#endif
-"
-        .to_string(),
+        Helper::DivMod => render(DIV_MOD, &[]),
+        Helper::StoreStreaming => render(STORE_CS, &[]),
     }
 }
 
@@ -223,47 +200,24 @@ __device__ __forceinline__ void kf_st_cs(unsigned int* p, unsigned int v) { asm 
 /// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
 fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str)) -> String {
     let ((as_bits, from_bits), (hw_min, hw_max)) = (bits, hw);
-    format!(
-        "\
-#ifndef KF_HELPER_MINMAX_{tag}
-#define KF_HELPER_MINMAX_{tag}
-// NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
-__device__ __forceinline__ {ty} {min}({ty} a, {ty} b) {{
-    const {ty} m = (a == b) ? {from_bits}({as_bits}(a) | {as_bits}(b)) : {hw_min}(a, b);
-    return (a != a || b != b) ? a + b : m;
-}}
-__device__ __forceinline__ {ty} {max}({ty} a, {ty} b) {{
-    const {ty} m = (a == b) ? {from_bits}({as_bits}(a) & {as_bits}(b)) : {hw_max}(a, b);
-    return (a != a || b != b) ? a + b : m;
-}}
-#endif
-"
+    render(
+        MIN_MAX,
+        &[
+            ("tag", tag),
+            ("ty", ty),
+            ("min", min),
+            ("max", max),
+            ("as_bits", as_bits),
+            ("from_bits", from_bits),
+            ("hw_min", hw_min),
+            ("hw_max", hw_max),
+        ],
     )
 }
 
 /// A block-wide reduction of one f64 per thread in a fixed order (warp shuffles, then warp 0
 /// over the per-warp results), so the result is bit-identical from run to run.
 fn block_reduce(name: &str, combine: &str, identity: &str) -> String {
-    format!(
-        "\
-#ifndef KF_HELPER_BLOCK_{upper}
-#define KF_HELPER_BLOCK_{upper}
-// Block-wide {name} of one double per thread, in a fixed order; the result is valid in thread 0.
-// `smem` holds 32 doubles; every thread of the block must call this.
-__device__ double kf_block_{name}(double v, double* smem) {{
-    const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
-    for (int off = 16; off > 0; off >>= 1) {{ const double o = __shfl_down_sync(0xffffffffu, v, off); v = {combine}; }}
-    __syncthreads(); // smem may still be in use by the previous call
-    if (lane == 0u) smem[warp] = v;
-    __syncthreads();
-    if (warp == 0u) {{
-        v = (lane < ((blockDim.x + 31u) >> 5)) ? smem[lane] : {identity};
-        for (int off = 16; off > 0; off >>= 1) {{ const double o = __shfl_down_sync(0xffffffffu, v, off); v = {combine}; }}
-    }}
-    return v;
-}}
-#endif
-",
-        upper = name.to_uppercase()
-    )
+    let upper = name.to_uppercase();
+    render(BLOCK_REDUCE, &[("name", name), ("upper", &upper), ("combine", combine), ("identity", identity)])
 }

@@ -1,6 +1,6 @@
 //! kfuse-codegen: fusion planning and CUDA C++ generation. Pure Rust: no GPU, no I/O.
 //!
-//! [`plan`] turns a verified [`Graph`] into a [`Plan`]: the device buffers a run needs and the
+//! [`plan()`] turns a verified [`Graph`] into a [`Plan`]: the device buffers a run needs and the
 //! kernels to launch in order, each a header-free CUDA C++ translation unit (compile with NVRTC for
 //! sm_80 or newer). [`emit_device_function`] turns a scalar graph (an MLP activation) into a
 //! `__device__` function to inline into another kernel.
@@ -44,19 +44,39 @@
 //! - Float arithmetic is f32 whatever the storage dtype; f16/bf16 are read and written directly
 //!   with inline-PTX conversions; `min`/`max` propagate NaN; i32 arithmetic wraps.
 //!
+//! # Where things live
+//! - `analysis` splits the graph into kernels and sinks; `onepass` recognises a loss and its
+//!   scaled gradient that can be one launch.
+//! - `kernel` assembles one kernel: its sinks become grouped actions (`sinks`, `actions`), its
+//!   shape is chosen once (`shapes::KernelShape`: grid-stride, compacted, warp per row, row
+//!   groups, rows), then the shape's module in `shapes/` writes its loop; the epilogue
+//!   (`epilogue`), parameters (`signature`), zero fills (`fill`) and reduction tails (`tail`) are
+//!   shared. No two modules import each other.
+//! - `emit` turns expressions into CUDA statements; `cuda` spells types, literals and helpers.
+//! - Fixed CUDA lives in reviewed templates under `src/templates/*.cuh`, embedded with
+//!   `include_str!` and rendered by `text::render` (`{{name}}` placeholders; lines starting with
+//!   `//~` are notes for the reader and are not emitted).
+//!
 //! Not handled: gathers/indexing beyond component access, reductions over a middle axis, and
 //! warp-per-row scheduling of long rows (rows run one per thread).
 #![forbid(unsafe_code)]
 
+mod actions;
 mod analysis;
+mod buffers;
 mod cuda;
 mod emit;
+mod epilogue;
 mod error;
+mod fill;
 mod kernel;
 mod onepass;
 mod plan;
-mod rows;
+mod shapes;
+mod signature;
+mod sinks;
 mod tail;
+mod text;
 
 use kfuse_ir::{verify, Graph, Kind};
 
@@ -91,7 +111,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
 
     let mut buffers = Vec::new();
     for (i, inp) in graph.inputs.iter().enumerate() {
-        let elems = kernel::size_expr(inp.shape.dims())?;
+        let elems = buffers::size_expr(inp.shape.dims())?;
         buffers.push(BufferDecl {
             kind: BufferKind::Input(kfuse_ir::InputId(i as u32)),
             elem: ElemType::Tensor(inp.dtype),
@@ -102,7 +122,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     for (o, out) in graph.outputs.iter().enumerate() {
         let node = graph.node(out.node);
         let elems =
-            kernel::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
+            buffers::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
     let temps_base = buffers.len();
@@ -115,6 +135,14 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         });
     }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
+    // The rows plan's blocks have a fixed size; the default block size stands for it.
+    let rows_block = shapes::rows::ROWS_BLOCK;
+    if pass.as_ref().is_some_and(|p| p.rows)
+        && opts.block_size != rows_block
+        && opts.block_size != CodegenOptions::default().block_size
+    {
+        return Err(CodegenError::RowsPlanBlockSize { block_size: opts.block_size, rows_block });
+    }
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
         // The rows plan's counts of the mask have no slot: they come from its arrival word.
@@ -160,7 +188,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         Some(pass) if pass.rows => Some(onepass::OnePassBuffers { pass, list: None }),
         Some(pass) => {
             let dims = &an.kernels[0].dims;
-            let elems = kernel::size_expr(dims)?;
+            let elems = buffers::size_expr(dims)?;
             let mut values = elems.clone();
             values.constant =
                 values.constant.checked_mul(u64::from(pass.comps)).ok_or(CodegenError::SizeOverflow { node: 0 })?;
@@ -178,13 +206,13 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         }
         None => None,
     };
-    let index = kernel::BufferIndex { outputs_base, temps_base, reduction, onepass };
+    let index = buffers::BufferIndex { outputs_base, temps_base, reduction, onepass };
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
     let kernels = (0..launched)
         .map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Plan { graph_hash: hash, buffers, kernels })
+    Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
 }
 
 /// Emits `__device__ __forceinline__ float fn_name(float in0, ...)` computing the single scalar
