@@ -2,7 +2,7 @@
 """Time PyTorch on the same weights as kfuse's MLP benchmark models; write JSON.
 
     python tools/bench_mlp_torch.py --make bench_models/ --json torch_mlp.json
-        writes the three issue-5 benchmark models (model.json + safetensors, via export_mlp.py)
+        writes the three benchmark models of bench/run's mlp suites (model.json + safetensors, via export_mlp.py)
         into bench_models/ and times them
     python tools/bench_mlp_torch.py --models a.json b.json --json out.json
         times existing kfuse model files

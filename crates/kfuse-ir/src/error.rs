@@ -1,3 +1,5 @@
+//! The errors of building a graph ([`IrError`]) and of binding input tensors to it ([`BindError`]).
+
 use crate::DType;
 
 /// A graph that cannot be built or is malformed. Each variant says what was wrong with which
@@ -30,4 +32,46 @@ pub enum IrError {
     Malformed(String),
     #[error("`{what}` is not differentiable here: {why}")]
     NotDifferentiable { what: String, why: String },
+}
+
+/// Why a set of input tensors does not fit a graph. Every message names the input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BindError {
+    #[error("missing input `{name}` (declared as {decl})")]
+    Missing { name: String, decl: String },
+    #[error("unknown input `{name}`; the inputs are: {known}")]
+    Unknown { name: String, known: String },
+    #[error("input `{name}` has dtype {got}, but is declared as {want}")]
+    DType { name: String, got: DType, want: DType },
+    #[error("input `{name}` has {got} axes (shape {shape:?}), but is declared with {want}: {decl}")]
+    Rank { name: String, got: usize, want: usize, shape: Vec<usize>, decl: String },
+    #[error("input `{name}` has size {got} on axis {axis}, but the declaration {decl} fixes it at {want}")]
+    ConstDim { name: String, axis: usize, got: usize, want: u64, decl: String },
+    #[error("input `{name}` has {sym} = {got} (axis {axis}), but `{first}` already set {sym} = {want}")]
+    SymbolClash { name: String, axis: usize, sym: String, got: usize, want: u64, first: String },
+    /// A `lengths` input holds a negative count. `index` is written `3` or `1, 2`.
+    #[error("input `{name}`: {name}[{index}] = {value} is negative (a length counts valid rows, from 0)")]
+    LengthNegative { name: String, index: String, value: i32 },
+    /// A `lengths` input holds a count above its declared maximum.
+    #[error("input `{name}`: {name}[{index}] = {value} is greater than {dim} = {max}")]
+    LengthTooLarge { name: String, index: String, value: i32, dim: String, max: u64 },
+    /// An `offsets` input with no element at all.
+    #[error("input `{name}` is empty, but offsets need at least one element (offsets[0] = 0; B rows need B + 1)")]
+    OffsetsEmpty { name: String },
+    /// An `offsets` input whose first element is not 0.
+    #[error("input `{name}`: {name}[0] = {value}, but must be 0")]
+    OffsetStart { name: String, value: i32 },
+    /// An `offsets` input that decreases somewhere.
+    #[error("input `{name}`: {name}[{index}] = {value} is less than {name}[{prev_index}] = {prev} (offsets must not decrease)")]
+    OffsetDecrease { name: String, index: usize, value: i32, prev_index: usize, prev: i32 },
+    /// An `offsets` input with a boundary beyond the packed row count.
+    #[error("input `{name}`: {name}[{index}] = {value} is past the end ({dim} = {total})")]
+    OffsetPastEnd { name: String, index: usize, value: i32, dim: String, total: u64 },
+    /// An `offsets` input whose last boundary is not the packed row count.
+    #[error("input `{name}`: the last offset {name}[{index}] = {value} must equal {dim} = {total}")]
+    OffsetEnd { name: String, index: usize, value: i32, dim: String, total: u64 },
+    /// A declaration whose shape names a symbol the interface does not have (a hand-built
+    /// interface; graphs from the builder never do this).
+    #[error("input `{name}` names dimension symbol ?{sym} on axis {axis}, which the interface does not declare")]
+    UnknownSymbol { name: String, axis: usize, sym: u32 },
 }

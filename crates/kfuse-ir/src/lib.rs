@@ -26,7 +26,7 @@ mod verify;
 
 pub use builder::GraphBuilder;
 pub use dtype::{DType, Kind};
-pub use error::IrError;
+pub use error::{BindError, IrError};
 pub use graph::{
     BinaryOp, Constraint, Graph, Input, InputId, ListId, Literal, Node, NodeId, Op, Output, ReduceAxis, ReduceOp,
     TernaryOp, UnaryOp,
@@ -34,5 +34,5 @@ pub use graph::{
 pub use hash::GraphHash;
 pub use interface::{Interface, LayoutConstraint, TensorDecl};
 pub use shape::{broadcast_shapes, Dim, Shape, SymId};
-pub use tensor::{BindError, HostTensor, SymbolBindings, TensorData};
+pub use tensor::{HostTensor, SymbolBindings, TensorData};
 pub use verify::verify;

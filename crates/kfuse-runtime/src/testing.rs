@@ -3,9 +3,9 @@
 //! unless `KFUSE_REQUIRE_NVRTC=1` / `KFUSE_REQUIRE_GPU=1` make absence a failure.
 //!
 //! A skipped test passes, so a summary could not tell it from one that ran. When `KFUSE_SKIP_LOG`
-//! names a file, every skip also appends one line `<tier>\t<test>\t<why>` to it (tier `nvrtc` or
-//! `gpu`; tabs and line breaks in the reason become spaces), which `.ci/run` counts and lists at
-//! the end of its run.
+//! names a file, every skip also appends one line `<tier>\t<package>/<target>::<test>\t<why>` to
+//! it (tier `nvrtc` or `gpu`; tabs and line breaks in the reason become spaces), which `.ci/run`
+//! counts and lists at the end of its run.
 //!
 //! These helpers panic on purpose (that is how a required tier fails a test); they are for
 //! test code only.
@@ -27,7 +27,7 @@ fn record_skip(tier: &str, test: &str, why: &dyn std::fmt::Display) {
     };
     let why: String =
         why.to_string().chars().map(|c| if c == '\t' || c == '\n' || c == '\r' { ' ' } else { c }).collect();
-    let line = format!("{tier}\t{test}\t{why}\n");
+    let line = format!("{tier}\t{}{test}\t{why}\n", test_target());
     // One write of a short line to a file opened for appending: concurrent tests' lines stay whole.
     let written = std::fs::OpenOptions::new()
         .create(true)
@@ -36,6 +36,24 @@ fn record_skip(tier: &str, test: &str, why: &dyn std::fmt::Display) {
         .and_then(|mut file| file.write_all(line.as_bytes()));
     if let Err(err) = written {
         eprintln!("KFUSE_SKIP_LOG: cannot append to {}: {err}", std::path::Path::new(&path).display());
+    }
+}
+
+/// `package/target::` for the running test executable (e.g. `kfuse-runtime/gpu::`), so that
+/// tests of the same name in two places stay apart in the log; empty when unknown. Cargo sets
+/// `CARGO_PKG_NAME` for the tests it runs; the target is the executable's name without its hash.
+fn test_target() -> String {
+    let package = std::env::var("CARGO_PKG_NAME").unwrap_or_default();
+    let exe = std::env::current_exe().ok().and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()));
+    let target = exe.map(|e| match e.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_string(),
+        _ => e,
+    });
+    match (package.is_empty(), target) {
+        (false, Some(t)) => format!("{package}/{t}::"),
+        (true, Some(t)) => format!("{t}::"),
+        (false, None) => format!("{package}::"),
+        (true, None) => String::new(),
     }
 }
 
