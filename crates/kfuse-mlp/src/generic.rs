@@ -301,5 +301,7 @@ pub fn emit_generic(
         out_dtype: opts.out_dtype,
         fast_input: false,
         nvrtc_options,
+        // The same target as the kernel it stands in for.
+        arch: full.arch,
     })
 }

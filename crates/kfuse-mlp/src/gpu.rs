@@ -180,24 +180,31 @@ fn load_fused(
     tiering: Tiering,
 ) -> Result<FusedFunctions> {
     let cache = gpu.cache();
-    let full_opts = CompileOptions { arch: gpu.compile_arch(), extra: kernel.nvrtc_options.clone() };
+    let full_opts = CompileOptions { arch: kernel.target(gpu.compile_arch()), extra: kernel.nvrtc_options.clone() };
     let may_tier = tiering == Tiering::Background && opts.compile_effort == CompileEffort::Full && !cache.is_bypassed();
     if !may_tier || cache.get_cached(&kernel.source, &full_opts)?.is_some() {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(
+        return Ok(FusedFunctions::Single(gpu.load_kernel_for(
             &kernel.source,
             &kernel.name,
+            kernel.target(gpu.compile_arch()),
             &kernel.nvrtc_options,
         )?));
     }
     // The fast form shares `params` (checked by emit_fast_form); without one, no tiering.
     let Some(fast_kernel) = emit_fast_form(model, opts, kernel, kfuse_runtime::nvrtc_version()?) else {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(
+        return Ok(FusedFunctions::Single(gpu.load_kernel_for(
             &kernel.source,
             &kernel.name,
+            kernel.target(gpu.compile_arch()),
             &kernel.nvrtc_options,
         )?));
     };
-    let fast = gpu.load_kernel_with_options(&fast_kernel.source, &fast_kernel.name, &fast_kernel.nvrtc_options)?;
+    let fast = gpu.load_kernel_for(
+        &fast_kernel.source,
+        &fast_kernel.name,
+        fast_kernel.target(gpu.compile_arch()),
+        &fast_kernel.nvrtc_options,
+    )?;
     // Started once the fast form is compiled: a concurrent optimised compile slowed the fast one
     // (dev machine, 2 cores: +30-100 ms), for an optimised kernel ready that much sooner.
     let background = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), full_opts);
@@ -253,10 +260,15 @@ impl Tiered {
         })?;
         let compile_ms = outcome.result.map_err(|failure| MlpError::OptimizedCompile {
             kernel: kernel.name.clone(),
-            arch: gpu.compile_arch(),
+            arch: kernel.target(gpu.compile_arch()),
             message: failure.to_string(),
         })?;
-        let function = gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?;
+        let function = gpu.load_kernel_for(
+            &kernel.source,
+            &kernel.name,
+            kernel.target(gpu.compile_arch()),
+            &kernel.nvrtc_options,
+        )?;
         if self.log {
             eprintln!(
                 "kfuse: {}: switched to the optimised kernel (compiled in the background in {compile_ms:.0} ms)",

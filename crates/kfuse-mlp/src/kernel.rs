@@ -20,6 +20,7 @@ use std::fmt::Write;
 
 use half::{bf16, f16};
 
+use kfuse_arch::Arch;
 use kfuse_ir::DType;
 
 use crate::activation::ActivationKind;
@@ -193,8 +194,8 @@ pub enum TensorInstructions {
 /// N + N_next / 2 for padded widths N (the SiLU bench model's 128 → 96 layer: 176).
 const ROW_FORM_REGISTERS: usize = 192;
 
-/// The NVRTC option that kernels with wgmma layers add (after the runtime's `sm_90`).
-pub const WGMMA_ARCH_OPTION: &str = "--gpu-architecture=sm_90a";
+/// The target of kernels with wgmma layers: the architecture-specific `sm_90a`.
+pub const WGMMA_ARCH: Arch = Arch::accelerated(9, 0);
 
 /// NVRTC options of every fused kernel: approximate division and square root and f32 denormals
 /// flushed, for activation expressions (whose values are rounded to f16/bf16 between layers).
@@ -258,9 +259,9 @@ impl MlpKernelOptions {
     /// (bench/results/2026-11-22-h100-session5.md): 64→4×64→16 ReLU 0.160 → 0.133 ms,
     /// 64→4×128→16 ReLU 0.454 → 0.326 ms, the SiLU model 0.327 → 0.293 ms (16 warps × 1 row
     /// tile; 0.297-0.301 without the FMA share). Other GPUs get [`Default::default`].
-    pub fn tuned_for(arch: kfuse_runtime::Arch) -> MlpKernelOptions {
+    pub fn tuned_for(arch: Arch) -> MlpKernelOptions {
         let d = MlpKernelOptions::default();
-        if arch == kfuse_runtime::Arch::new(9, 0) {
+        if arch.plain() == Arch::new(9, 0) {
             MlpKernelOptions {
                 tensor_instructions: TensorInstructions::Wgmma,
                 activation_math: ActivationMath::PackedFma { eighths: 1 },
@@ -301,6 +302,16 @@ pub struct MlpKernel {
     pub fast_input: bool,
     /// Extra NVRTC options to compile `source` with (`Gpu::load_kernel_with_options`).
     pub nvrtc_options: Vec<String>,
+    /// The target `source` must be compiled for ([`WGMMA_ARCH`] when a layer uses wgmma), or
+    /// `None` for the device's own.
+    pub arch: Option<Arch>,
+}
+
+impl MlpKernel {
+    /// The target to compile `source` for on a device whose compile target is `device`.
+    pub fn target(&self, device: Arch) -> Arch {
+        self.arch.unwrap_or(device)
+    }
 }
 
 pub(crate) fn round_up(v: usize, m: usize) -> usize {
@@ -868,9 +879,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
                 CompileEffort::Reduced => Some("--Ofast-compile=min".to_string()),
                 CompileEffort::Fast => Some("--Ofast-compile=mid".to_string()),
             })
-            // wgmma needs the arch-specific target; NVRTC takes the last --gpu-architecture.
-            .chain(any_wg.then(|| WGMMA_ARCH_OPTION.to_string()))
             .collect(),
+        // wgmma needs the arch-specific target.
+        arch: any_wg.then_some(WGMMA_ARCH),
     })
 }
 

@@ -31,7 +31,7 @@ pub use generic::{emit_generic, GenericRefusal};
 pub use gpu::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
 pub use kernel::{
     emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel,
-    MlpKernelOptions, RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH_OPTION,
+    MlpKernelOptions, RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH,
 };
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
 pub use tier::{emit_fast_form, BackgroundCompile, BackgroundFailure, BackgroundOutcome, KernelTier, Tiering};

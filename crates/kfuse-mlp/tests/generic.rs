@@ -407,7 +407,7 @@ fn generic_compiles_for_sm80_and_sm90() {
         let (_, generic) = both(&m, &case.options(None));
         for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
             let t = std::time::Instant::now();
-            let mut opts = CompileOptions { arch, extra: generic.nvrtc_options.clone() };
+            let mut opts = CompileOptions { arch: generic.target(arch), extra: generic.nvrtc_options.clone() };
             opts.extra.push("--ptxas-options=-v".to_string());
             match compile(&generic.source, &opts) {
                 Ok(module) => {

@@ -144,7 +144,7 @@ fn pipelined_fma_share_compiles_for_sm90() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (n, (widths, opts)) in pipe_fma_cases().into_iter().enumerate() {
         let k = emit_kernel(&load(dir.path(), &format!("c{n}"), &widths, DType::F16), &opts).expect("emit");
-        let mut c = CompileOptions::for_arch(Arch::new(9, 0));
+        let mut c = CompileOptions::for_arch(k.target(Arch::new(9, 0)));
         c.extra = k.nvrtc_options.clone();
         let m = compile(&k.source, &c).unwrap_or_else(|e| panic!("{widths:?} {opts:?}: {e}"));
         assert!(!m.cubin.is_empty());

@@ -93,7 +93,8 @@ fn fast_form_compiles_for_sm80_and_sm90_and_shares_the_kernel() {
         );
         for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
             let t = std::time::Instant::now();
-            let out = compile(&fast.source, &CompileOptions { arch, extra: fast.nvrtc_options.clone() });
+            let out =
+                compile(&fast.source, &CompileOptions { arch: fast.target(arch), extra: fast.nvrtc_options.clone() });
             match out {
                 Ok(module) => {
                     println!(
@@ -117,7 +118,7 @@ fn background_compile_lands_in_memory_and_disk_cache() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = model(dir.path(), "bg", &[64, 64, 64, 16], "relu", DType::F16, true, 5);
     let kernel = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit");
-    let opts = CompileOptions { arch: Arch::new(9, 0), extra: kernel.nvrtc_options.clone() };
+    let opts = CompileOptions { arch: kernel.target(Arch::new(9, 0)), extra: kernel.nvrtc_options.clone() };
     let cache = Arc::new(KernelCache::with_dir(dir.path().join("cache"), 1 << 30));
     assert!(cache.get_cached(&kernel.source, &opts).expect("probe").is_none());
     let job = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), opts.clone());

@@ -89,11 +89,11 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
     assert_eq!(chunked.source.matches("    kf_hidden_layer_wg<").count(), 5, "every hidden layer");
     assert!(!chunked.source.contains("    kf_wg_issue<"));
     assert!(k.source.contains("#define KF_WGMMA 1") && k.source.contains("kf_output_layer<"));
-    assert!(k.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION));
+    assert_eq!(k.arch, Some(kfuse_mlp::WGMMA_ARCH));
     assert_eq!(k.warps % 4, 0, "warpgroups");
     let plain = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit");
     assert!(plain.source.contains("#define KF_WGMMA 0") && !plain.source.contains("kf_hidden_layer_wg"));
-    assert!(!plain.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION));
+    assert_eq!(plain.arch, None);
     assert_eq!(k.params, plain.params, "one parameter blob for both (the generic fast form reads it)");
     // f16 accumulators keep mma.sync: no wgmma layer is left, so no sm_90a either.
     let acc16 = emit_kernel(
@@ -101,10 +101,7 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
         &wg(MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..MlpKernelOptions::default() }),
     )
     .expect("emit");
-    assert!(
-        acc16.source.contains("#define KF_WGMMA 0")
-            && !acc16.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION)
-    );
+    assert!(acc16.source.contains("#define KF_WGMMA 0") && acc16.arch.is_none());
     // A share of SiLU on the FMA pipe reaches the wgmma activations (both forms).
     let fma = emit_kernel(
         &m,
@@ -163,7 +160,7 @@ fn wgmma_kernels_compile_for_sm90a_without_serialisation() {
             }),
         )
         .expect("emit");
-        let mut opts = CompileOptions::for_arch(Arch::new(9, 0));
+        let mut opts = CompileOptions::for_arch(k.target(Arch::new(9, 0)));
         opts.extra = k.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let out = compile(&k.source, &opts).unwrap_or_else(|e| panic!("{} failed to compile: {e}", m.summary()));

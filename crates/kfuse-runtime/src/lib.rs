@@ -13,7 +13,6 @@
 //! It takes CUDA source strings and knows nothing of the IR. Libraries are loaded at run time
 //! (cudarc `dynamic-loading`); their absence is an error value, never a panic.
 
-mod arch;
 pub mod cache;
 mod error;
 mod gpu;
@@ -23,7 +22,6 @@ mod nvrtc;
 pub mod testing;
 pub mod timing;
 
-pub use arch::Arch;
 pub use cache::{
     CacheConfig, CacheCounters, CacheEntryInfo, CacheMode, CacheOutcome, CacheStats, ClearReport, KernelCache,
     VerifyProblem, VerifyReport,
@@ -31,4 +29,5 @@ pub use cache::{
 pub use error::RuntimeError;
 pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
+pub use kfuse_arch::{Arch, ParseArchError};
 pub use nvrtc::{cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions, CompiledModule};

@@ -165,7 +165,7 @@ fn dump(
     std::fs::create_dir_all(dir)?;
     for (n, v) in variants.iter().enumerate() {
         let kernel = emit_kernel(model, &v.options())?;
-        let mut opts = kfuse_runtime::CompileOptions::for_arch(kfuse_runtime::Arch::new(9, 0));
+        let mut opts = kfuse_runtime::CompileOptions::for_arch(kernel.target(kfuse_runtime::Arch::new(9, 0)));
         opts.extra = kernel.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let m = kfuse_runtime::compile(&kernel.source, &opts)?;
