@@ -75,8 +75,6 @@ pub enum MlpError {
     PreparedDType { what: &'static str, prepared: DType, given: DType },
     #[error("the {tier} kernel of `{kernel}` cannot be launched: {why}")]
     TierUnavailable { tier: &'static str, kernel: String, why: &'static str },
-    #[error(transparent)]
-    Runtime(#[from] kfuse_runtime::RuntimeError),
 }
 
 /// Shorthand for results of this crate.

@@ -4,20 +4,15 @@
 //! refuses a blob it does not understand or too little shared memory (and `emit_fast_form` then
 //! falls back to the looped form), a golden file of one model's generated part, and a CPU
 //! emulation of one 16-row tile that reads the layer table and the blob with the kernel's address
-//! formulas and matches the interpreter. NVRTC tier:
-//! it compiles for sm_80 and sm_90 for many shapes, dtypes, activations and bias forms. GPU tier
-//! (skips without a GPU unless KFUSE_REQUIRE_GPU=1): launched directly, it matches the CPU
-//! interpreter on fresh random data, outputs poisoned, batches 1, 3, 127, 129, 255, 1023, 4099, widths 16, 24,
-//! 100, 256, depth 1 and 8, f16 and bf16 weights, f32/f16/bf16 I/O, and relaunches bit-identically.
+//! formulas and matches the interpreter. The NVRTC and GPU
+//! tiers of the same kernels are in the `kfuse` crate's `mlp_generic` tests.
 
-use kfuse_ir::{DType, HostTensor};
+use kfuse_ir::DType;
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
     compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, GenericRefusal,
     MlpKernel, MlpKernelOptions, MlpModel,
 };
-use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
-use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (as in
 /// gpu_tier.rs).
@@ -393,109 +388,5 @@ fn generic_table_and_addressing_reproduce_the_model_on_the_cpu() {
             e.worst_row_rel_err
         );
         assert!(e.non_finite == 0 && e.rel_err <= TOL_16BIT, "{}: {e:?}", m.summary());
-    }
-}
-
-#[test]
-fn generic_compiles_for_sm80_and_sm90() {
-    if nvrtc_or_skip("generic_compiles_for_sm80_and_sm90").is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (n, case) in cases().iter().enumerate() {
-        let m = case.model(dir.path(), &format!("c{n}"), 5);
-        let (_, generic) = both(&m, &case.options(None));
-        for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
-            let t = std::time::Instant::now();
-            let mut opts = CompileOptions { arch: generic.target(arch), extra: generic.nvrtc_options.clone() };
-            opts.extra.push("--ptxas-options=-v".to_string());
-            match compile(&generic.source, &opts) {
-                Ok(module) => {
-                    let regs = module
-                        .log
-                        .lines()
-                        .filter(|l| l.contains("registers") || l.contains("spill"))
-                        .map(str::trim)
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    println!(
-                        "{} {arch}: {} B cubin in {:.0} ms; {regs}",
-                        m.summary(),
-                        module.cubin.len(),
-                        t.elapsed().as_secs_f64() * 1e3
-                    );
-                    assert!(!module.cubin.is_empty());
-                    assert!(
-                        !module.log.contains("bytes spill stores") || module.log.contains(" 0 bytes spill stores"),
-                        "{}: spills: {}",
-                        m.summary(),
-                        module.log
-                    );
-                }
-                Err(e) => panic!(
-                    "{}: the generic form failed to compile for {arch}: {e}\n--- source ---\n{}",
-                    m.summary(),
-                    generic.source
-                ),
-            }
-        }
-    }
-}
-
-#[test]
-fn generic_kernel_matches_cpu_interpreter() {
-    let Some(gpu) = gpu_or_skip("generic_kernel_matches_cpu_interpreter") else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (mut rng, seed) = Rng::from_time();
-    println!("seed {seed}");
-    for (n, case) in cases().iter().enumerate() {
-        let m = case.model(dir.path(), &format!("g{n}"), rng.next_u64());
-        let (_, generic) = both(&m, &case.options(Some(gpu.max_shared_bytes())));
-        let f = gpu
-            .load_kernel_with_options(&generic.source, &generic.name, &generic.nvrtc_options)
-            .expect("compile and load");
-        let params = gpu.upload(&generic.params).expect("upload params");
-        let (io_in, io_out) = case.io;
-        for rows in [1usize, 3, 127, 129, 255, 1023, 4099] {
-            let x = random_input(io_in, rows, m.input_width(), &mut rng);
-            let xb = gpu.upload(&x.to_bytes()).expect("upload");
-            let out_w = m.output_width();
-            let y = gpu.alloc_zeroed(rows * out_w * io_out.size_bytes()).expect("alloc");
-            let mut results = Vec::new();
-            for _ in 0..2 {
-                gpu.fill(&y, 0xff).expect("poison");
-                let blocks = u32::try_from(rows.div_ceil(generic.rows_per_block as usize))
-                    .expect("blocks")
-                    .min(gpu.sm_count())
-                    .max(1);
-                let args = [
-                    KernelArg::Buffer(&xb),
-                    KernelArg::Buffer(&y),
-                    KernelArg::Buffer(&params),
-                    KernelArg::I64(rows as i64),
-                ];
-                gpu.launch(&f, blocks, generic.block, generic.shared_bytes, &args).expect("launch");
-                results.push(gpu.download(&y).expect("download"));
-            }
-            assert_eq!(results[0], results[1], "{}: a relaunch differs", m.summary());
-            let got = HostTensor::from_bytes(io_out, vec![rows, out_w], &results[0]).expect("size");
-            let want = evaluate_cpu(&m, &x).expect("cpu");
-            let e = compare_rows(&got.to_f64(), &want, out_w);
-            println!(
-                "{} io {io_in}->{io_out} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
-                m.summary(),
-                case.math,
-                case.bias_form,
-                e.rel_err,
-                e.worst_row_rel_err,
-                e.worst_row
-            );
-            let bf16 = m.dtype == DType::BF16 || io_out == DType::BF16;
-            if let Err(why) =
-                kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary()))
-            {
-                panic!("{why}");
-            }
-        }
     }
 }

@@ -23,8 +23,8 @@ pub mod testing;
 pub mod timing;
 
 pub use cache::{
-    CacheConfig, CacheCounters, CacheEntryInfo, CacheMode, CacheOutcome, CacheStats, ClearReport, KernelCache,
-    VerifyProblem, VerifyReport,
+    BackgroundCompile, BackgroundFailure, BackgroundOutcome, CacheConfig, CacheCounters, CacheEntryInfo, CacheMode,
+    CacheOutcome, CacheStats, ClearReport, KernelCache, VerifyProblem, VerifyReport,
 };
 pub use error::RuntimeError;
 pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg};

@@ -15,6 +15,7 @@ pub mod boxes;
 pub mod cachebench;
 pub mod demo;
 pub mod exec;
+pub mod mlp;
 pub mod npy;
 pub mod testdata;
 
@@ -40,6 +41,8 @@ pub enum Error {
     Codegen(#[from] kfuse_codegen::CodegenError),
     #[error(transparent)]
     Runtime(#[from] kfuse_runtime::RuntimeError),
+    #[error(transparent)]
+    Mlp(#[from] kfuse_mlp::MlpError),
     #[error(transparent)]
     Npy(#[from] npy::NpyError),
     #[error(transparent)]

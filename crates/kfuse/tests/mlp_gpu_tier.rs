@@ -6,11 +6,12 @@
 //! SiLU form (ActivationMath::PackedFma*), both bias forms (BiasOperand) and a 12-warp SiLU kernel
 //! (168-register cap) through prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
 
+use kfuse::mlp::{bench_gpu, prepare, prepare_with, run_gpu, BenchOptions};
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    bench_gpu, compare_rows, evaluate_cpu, prepare, prepare_with, run_gpu, ActivationMath, BenchOptions, BiasOperand,
-    ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel, RepeatedLayers,
+    compare_rows, evaluate_cpu, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel,
+    RepeatedLayers,
 };
 use kfuse_runtime::testing::gpu_or_skip;
 

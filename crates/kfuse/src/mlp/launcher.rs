@@ -3,33 +3,34 @@
 //! device buffers; [`run_gpu`] does both for one host tensor, poisoning the output first so
 //! unwritten elements show up.
 //!
-//! Tiered compilation (see `tier.rs`): when the fully optimised fused kernel is not in the kernel
-//! cache (memory or disk), [`prepare`] compiles its fast form ([`crate::emit_fast_form`]: less
-//! code, `--Ofast-compile=mid`, the same parameters; a fifth to a third of the optimised compile
-//! time) and returns, and only then starts a background thread that compiles the optimised one
-//! into the cache, so that the two compiles never compete for the CPU during the first call;
-//! [`PreparedMlp::launch`] checks with one atomic load whether that thread is done and then loads
+//! Tiered compilation: when the fully optimised fused kernel is not in the kernel cache (memory
+//! or disk), [`prepare`] compiles its fast form ([`kfuse_mlp::emit_fast_form`]: less code,
+//! `--Ofast-compile=mid`, the same parameters) and returns, and only then starts its background
+//! compile into the cache ([`KernelCache::compile_in_background`](kfuse_runtime::KernelCache::compile_in_background)),
+//! so that the two compiles never compete for the CPU during the first call;
+//! [`PreparedMlp::launch`] checks with one atomic load whether that compile is done and then loads
 //! the optimised kernel (a cache hit) and uses it from then on. When the optimised kernel is
 //! already cached, no fast form is compiled. [`PreparedMlp::wait_optimized`] blocks until the
 //! switch; [`Tiering::FullOnly`] (and [`prepare_with`]) opt out.
 //!
 //! Handles: the fused kernel, and the tiled fallback (with its note) when the model does not fit.
-//! Does not handle: several GPUs, streams other than the Gpu's own, inputs already on the device
-//! in another process, tiering of the tiled fallback (compiled in full at once).
+//! Does not handle: several GPUs, streams other than the Gpu's own, tiering of the tiled fallback
+//! (compiled in full at once).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use kfuse_ir::{DType, HostTensor};
-use kfuse_runtime::{CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg};
+use kfuse_mlp::{
+    check_input, emit_fast_form, emit_kernel, emit_tiled, CompileEffort, KernelTier, MlpError, MlpKernel,
+    MlpKernelOptions, MlpModel, Tiering, TiledPlan,
+};
+use kfuse_runtime::{BackgroundCompile, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg};
 
-use crate::cpu::check_input;
-use crate::error::{MlpError, Result};
-use crate::kernel::{emit_kernel, CompileEffort, MlpKernel, MlpKernelOptions};
-use crate::model::MlpModel;
-use crate::tier::{emit_fast_form, BackgroundCompile, KernelTier, Tiering};
-use crate::tiled::{emit_tiled, TiledPlan};
+use crate::Error;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A compiled, uploaded model on one GPU.
 pub struct PreparedMlp {
@@ -43,8 +44,9 @@ pub struct PreparedMlp {
 enum Body {
     /// The fused kernel.
     Fused {
-        /// The generated kernel (its `nvrtc_options` are the requested ones).
-        kernel: MlpKernel,
+        /// The generated kernel (its `nvrtc_options` are the requested ones); boxed, as the
+        /// largest part of the enum.
+        kernel: Box<MlpKernel>,
         /// Its loaded function(s).
         functions: FusedFunctions,
         /// The packed parameters on the device.
@@ -111,8 +113,8 @@ pub struct TierReady {
     pub background_compile_ms: Option<f64>,
 }
 
-fn too_large(what: &'static str, value: usize) -> MlpError {
-    MlpError::TooLarge { what, value: value as u64, limit: u32::MAX as u64 }
+fn too_large(what: &'static str, value: usize) -> Error {
+    Error::Mlp(MlpError::TooLarge { what, value: value as u64, limit: u32::MAX as u64 })
 }
 
 /// Compiles and uploads `model` for inputs of `in_dtype` and outputs of `out_dtype`, tiered
@@ -152,7 +154,7 @@ pub fn prepare_tiered(
         Ok(kernel) => {
             let functions = load_fused(gpu, model, &opts, &kernel, tiering)?;
             let params = gpu.upload(&kernel.params)?;
-            Body::Fused { kernel, functions, params, max_blocks: gpu.sm_count().max(1) }
+            Body::Fused { kernel: Box::new(kernel), functions, params, max_blocks: gpu.sm_count().max(1) }
         }
         Err(MlpError::SharedMemory { what, needed, limit }) => {
             let why = format!("{what}: needs {needed}, limit {limit}");
@@ -164,7 +166,7 @@ pub fn prepare_tiered(
             }
             Body::Tiled { plan, layers, widths: model.layers.iter().map(|l| l.outputs).collect() }
         }
-        Err(other) => return Err(other),
+        Err(other) => return Err(other.into()),
     };
     let prepare_ms = started_at.elapsed().as_secs_f64() * 1e3;
     Ok((PreparedMlp { body, in_dtype, out_dtype, started_at, prepare_ms }, prepare_ms))
@@ -205,9 +207,9 @@ fn load_fused(
         fast_kernel.target(gpu.compile_arch()),
         &fast_kernel.nvrtc_options,
     )?;
-    // Started once the fast form is compiled: a concurrent optimised compile slowed the fast one
-    // (dev machine, 2 cores: +30-100 ms), for an optimised kernel ready that much sooner.
-    let background = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), full_opts);
+    // Started once the fast form is compiled: a concurrent optimised compile slows the fast one
+    // on a machine with few cores, for an optimised kernel ready only a little sooner.
+    let background = cache.compile_in_background(kernel.source.clone(), full_opts);
     let log = cache.config().log_compiles;
     if log {
         eprintln!(
@@ -366,7 +368,7 @@ impl PreparedMlp {
         rows: usize,
     ) -> Result<()> {
         if rows == 0 {
-            return Err(MlpError::EmptyBatch);
+            return Err(MlpError::EmptyBatch.into());
         }
         let rows_i64 = i64::try_from(rows).map_err(|_| too_large("rows", rows))?;
         match &self.body {
@@ -379,7 +381,9 @@ impl PreparedMlp {
                 let (function, geometry) = match (functions, tier) {
                     (FusedFunctions::Single(f), None | Some(KernelTier::Full)) => (f, Geometry::of(kernel)),
                     (FusedFunctions::Single(_), Some(KernelTier::Fast)) => {
-                        return Err(unavailable("the optimised kernel was cached, so no fast form was compiled"))
+                        return Err(Error::from(unavailable(
+                            "the optimised kernel was cached, so no fast form was compiled",
+                        )))
                     }
                     (FusedFunctions::Tiered(t), None) => t.current(gpu, kernel),
                     (FusedFunctions::Tiered(t), Some(KernelTier::Fast)) => (&t.fast, t.fast_geometry),
@@ -409,7 +413,8 @@ impl PreparedMlp {
                         tier: KernelTier::Fast.as_str(),
                         kernel: format!("the tiled path ({})", plan.note),
                         why,
-                    });
+                    }
+                    .into());
                 }
                 let mut temps: Vec<DeviceBuffer> = Vec::new();
                 let last = layers.len() - 1;
@@ -460,7 +465,7 @@ pub fn run_gpu(gpu: &Gpu, model: &MlpModel, input: &HostTensor, out_dtype: DType
 fn check_output_dtype(out_dtype: DType) -> Result<()> {
     match out_dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        _ => Err(MlpError::OutputDType { dtype: out_dtype }),
+        _ => Err(MlpError::OutputDType { dtype: out_dtype }.into()),
     }
 }
 
@@ -479,7 +484,7 @@ pub fn run_prepared(
         [("input", prepared.in_dtype, input.dtype()), ("output", prepared.out_dtype, out_dtype)]
     {
         if prepared_for != given {
-            return Err(MlpError::PreparedDType { what, prepared: prepared_for, given });
+            return Err(MlpError::PreparedDType { what, prepared: prepared_for, given }.into());
         }
     }
     let x = gpu.upload(&input.to_bytes())?;

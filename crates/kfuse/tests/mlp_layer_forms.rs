@@ -7,12 +7,13 @@
 //! run time).
 
 use half::f16;
+use kfuse::mlp::prepare_with;
 use kfuse_ir::DType;
 use kfuse_ir::HostTensor;
 use kfuse_mlp::testing::{random_input, Rng};
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
-    compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator,
+    compare_rows, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator,
     MlpKernelOptions, MlpModel,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};

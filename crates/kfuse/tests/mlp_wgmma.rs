@@ -5,11 +5,12 @@
 //! padded ones and odd 16-column chunk counts, depths 1 to 8, bias or not, f16 and bf16 weights,
 //! f32/f16/bf16 I/O, batches 1 to 20001 so that warps of a warpgroup run past the batch).
 
+use kfuse::mlp::prepare_with;
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, HiddenAccumulator, MlpKernelOptions,
-    MlpModel, TensorInstructions,
+    compare_rows, emit_kernel, evaluate_cpu, ActivationMath, HiddenAccumulator, MlpKernelOptions, MlpModel,
+    TensorInstructions,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions};

@@ -1,4 +1,4 @@
-//! Times the fused kernel's tile and math variants on the three issue-5 benchmark models
+//! Times the fused kernel's tile and math variants on the three MLP benchmark models
 //! (64→4×64→16 ReLU, 64→4×128→16 ReLU, 32→64→128→96→64→32→16 SiLU with bias; f16, batch 2^21)
 //! on the first GPU, checking each against the CPU interpreter path, and prints one table.
 //!
@@ -20,16 +20,17 @@
 //! for cuobjdump/nvdisasm; no GPU needed). KF_FULL_ONLY=1 compiles the optimised kernel before the
 //! first call (Tiering::FullOnly), so that every launch is of the timed kernel (for ncu).
 //!
-//! A binary (not an example) so that `../shared/tools/gpu-bundle` packs it for the GPU machine.
+//! A binary (not an example) so that it can be packed with the release binaries for a GPU machine.
 
 #![forbid(unsafe_code)]
 
 use std::io::Write;
 
+use kfuse::mlp::{bench_gpu, BenchOptions};
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
-    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator,
-    MlpKernelOptions, MlpModel, RepeatedLayers, TensorInstructions, Tiering,
+    emit_kernel, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel,
+    RepeatedLayers, TensorInstructions, Tiering,
 };
 
 /// One kernel variant; `None` = the generator's default.
@@ -189,6 +190,28 @@ fn dump(
     Ok(())
 }
 
+/// A scratch folder under the system's temporary folder, removed when dropped.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new() -> std::io::Result<ScratchDir> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("kfuse-mlp-tune-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        Ok(ScratchDir(path))
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let silu: Vec<Variant> = std::env::var("KF_SILU_MATH")
         .unwrap_or_else(|_| "packed,fma1,fma2,fma3,fma4,balanced,packed".to_string())
@@ -216,7 +239,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let only = std::env::var("KF_MODEL").ok();
     if let Ok(d) = std::env::var("KF_DUMP") {
-        let tmp = tempfile::tempdir()?;
+        let tmp = ScratchDir::new()?;
         for (name, widths, act, bias, variants) in &models {
             if only.as_deref().is_some_and(|o| o != *name) {
                 continue;
@@ -236,7 +259,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
-    let tmp = tempfile::tempdir()?;
+    let tmp = ScratchDir::new()?;
     let dir = match std::env::args().nth(2) {
         Some(d) => {
             std::fs::create_dir_all(&d)?;

@@ -9,11 +9,12 @@
 
 use std::sync::Arc;
 
+use kfuse::mlp::{prepare, prepare_tiered, PreparedMlp};
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, prepare, prepare_tiered, BackgroundCompile, CompileEffort,
-    KernelTier, MlpKernelOptions, MlpModel, PreparedMlp, RepeatedLayers, Tiering,
+    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, CompileEffort, KernelTier, MlpKernelOptions, MlpModel,
+    RepeatedLayers, Tiering,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
@@ -121,7 +122,7 @@ fn background_compile_lands_in_memory_and_disk_cache() {
     let opts = CompileOptions { arch: kernel.target(Arch::new(9, 0)), extra: kernel.nvrtc_options.clone() };
     let cache = Arc::new(KernelCache::with_dir(dir.path().join("cache"), 1 << 30));
     assert!(cache.get_cached(&kernel.source, &opts).expect("probe").is_none());
-    let job = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), opts.clone());
+    let job = cache.compile_in_background(kernel.source.clone(), opts.clone());
     let done = job.wait();
     let ms = done.result.expect("the background compile succeeds");
     println!("background compile: {ms:.0} ms");

@@ -14,6 +14,9 @@ fn model(dir: &std::path::Path, name: &str, widths: &[usize], act: &str, dtype: 
     MlpModel::load(path).expect("load model")
 }
 
+/// Name, widths, activation, weight / input / output dtypes, bias, kernel options.
+type NvrtcCase<'a> = (&'static str, Vec<usize>, &'a str, DType, DType, DType, bool, MlpKernelOptions);
+
 fn compile_both(source: &str, extra: &[String], what: &str) {
     for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
         let t = std::time::Instant::now();
@@ -52,7 +55,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     use kfuse_mlp::{ChunkOrder::Pipelined, HiddenAccumulator::F16 as F16Acc};
     let base = MlpKernelOptions::default();
     // (name, widths, activation, weight dtype, in, out, bias, kernel choices)
-    let cases: Vec<(&str, Vec<usize>, &str, DType, DType, DType, bool, MlpKernelOptions)> = vec![
+    let cases: Vec<NvrtcCase<'_>> = vec![
         ("bench1", vec![64, 64, 64, 64, 64, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench2", vec![64, 128, 128, 128, 128, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench3", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, base.clone()),
