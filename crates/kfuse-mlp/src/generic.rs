@@ -23,7 +23,7 @@ use kfuse_ir::DType;
 
 use crate::activation::ActivationKind;
 use crate::error::MlpError;
-use crate::kernel::{hidden_forms, pack_params, round_up, ActivationMath, BiasOperand, MlpKernel, MlpKernelOptions};
+use crate::kernel::{hidden_forms, io_kind, round_up, ActivationMath, BiasOperand, MlpKernel, MlpKernelOptions};
 use crate::model::MlpModel;
 
 const GENERIC: &str = include_str!("mlp_generic.cuh");
@@ -70,15 +70,6 @@ struct TableLayer {
     b_off: Option<usize>,
     n_real: usize,
     act: usize,
-}
-
-fn kind(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::F32 => Some(0),
-        DType::F16 => Some(1),
-        DType::BF16 => Some(2),
-        _ => None,
-    }
 }
 
 /// The kernel's code for each layer's activation: `(hidden pack body, last-layer body)`, with
@@ -146,18 +137,21 @@ pub fn emit_generic(
     opts: &MlpKernelOptions,
     full: &MlpKernel,
 ) -> std::result::Result<MlpKernel, GenericRefusal> {
-    let in_kind = kind(opts.in_dtype).ok_or(MlpError::InputDType { dtype: opts.in_dtype })?;
-    let out_kind = kind(opts.out_dtype).ok_or(MlpError::OutputDType { dtype: opts.out_dtype })?;
+    let in_kind = io_kind(opts.in_dtype).ok_or(MlpError::InputDType { dtype: opts.in_dtype })? as usize;
+    let out_kind = io_kind(opts.out_dtype).ok_or(MlpError::OutputDType { dtype: opts.out_dtype })? as usize;
     if model.layers.is_empty() || (full.in_dtype, full.out_dtype) != (opts.in_dtype, opts.out_dtype) {
         return Err(GenericRefusal::Layout);
     }
-    // The optimised kernel's blob (mma B-fragment order, hidden layers with two n8 tiles per
-    // 16-byte fetch, f32 biases in `bias_operand`'s layout); f16 biases are not read here.
-    let (halved, acc16) = hidden_forms(model, opts);
-    let (params, layouts) = pack_params(model, &halved, &acc16, opts.bias_operand);
-    if acc16.contains(&true) || params != full.params {
+    // The optimised kernel's blob, read through its layout (mma B-fragment order, hidden layers
+    // with two n8 tiles per 16-byte fetch, f32 biases in its bias layout): the halved SiLU layers
+    // must be those this kernel's activations expect; f16 biases are not read here.
+    let layout = &full.params_layout;
+    let (halved, _) = hidden_forms(model, opts);
+    if layout.acc16.contains(&true) || layout.halved != halved || layout.layers.len() != model.layers.len() {
         return Err(GenericRefusal::Layout);
     }
+    let params = full.params.clone();
+    let layouts = &layout.layers;
     let last = model.layers.len() - 1;
     let mut table: Vec<TableLayer> = layouts
         .iter()
@@ -208,7 +202,7 @@ pub fn emit_generic(
         int(warp_smem, "shared bytes per warp")?,
         0,
     ];
-    let bias_mult = match opts.bias_operand {
+    let bias_mult = match layout.bias {
         BiasOperand::Pairs => 1,
         BiasOperand::Quads => 2,
     };
@@ -303,5 +297,6 @@ pub fn emit_generic(
         nvrtc_options,
         // The same target as the kernel it stands in for.
         arch: full.arch,
+        params_layout: full.params_layout.clone(),
     })
 }

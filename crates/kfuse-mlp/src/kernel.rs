@@ -302,6 +302,8 @@ pub struct MlpKernel {
     pub fast_input: bool,
     /// Extra NVRTC options to compile `source` with (`Gpu::load_kernel_with_options`).
     pub nvrtc_options: Vec<String>,
+    /// How `params` is laid out (read by the forms that share it).
+    pub(crate) params_layout: ParamsLayout,
     /// The target `source` must be compiled for ([`WGMMA_ARCH`] when a layer uses wgmma), or
     /// `None` for the device's own.
     pub arch: Option<Arch>,
@@ -318,12 +320,14 @@ pub(crate) fn round_up(v: usize, m: usize) -> usize {
     v.div_ceil(m) * m
 }
 
-fn kind(dtype: DType) -> Result<u32> {
+/// The templates' number for an I/O dtype (`KF_*_KIND`, `KG_*_KIND`): 0 f32, 1 f16, 2 bf16;
+/// `None` for dtypes the kernels do not read or write. The one mapping of every emitter.
+pub(crate) fn io_kind(dtype: DType) -> Option<u32> {
     match dtype {
-        DType::F32 => Ok(0),
-        DType::F16 => Ok(1),
-        DType::BF16 => Ok(2),
-        other => Err(MlpError::InputDType { dtype: other }),
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
     }
 }
 
@@ -380,13 +384,32 @@ pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bo
     (halved, acc16)
 }
 
-/// Per layer: (padded k, padded n, weight offset, bias offset or 0, has bias).
-#[derive(Clone, Copy, Debug)]
+/// Where one layer lives in the parameter blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LayerLayout {
+    /// Padded input width (a multiple of 16).
     pub k_pad: usize,
+    /// Padded output width (a multiple of 16; of 8 for the last layer).
     pub n_pad: usize,
+    /// Byte offset of the weights (mma B-fragment order).
     pub w_off: usize,
+    /// Byte offset of the bias (meaningful when the layer has one).
     pub b_off: usize,
+}
+
+/// How [`pack_params`] laid out a kernel's parameter blob: every choice that changes its bytes
+/// for a given model, and each layer's offsets. Kept with the kernel ([`MlpKernel`]) so that
+/// another form can read the same blob (the generic fast form does) without packing it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ParamsLayout {
+    /// Per layer: weights and bias times ½ (SiLU's `h = x/2`).
+    pub halved: Vec<bool>,
+    /// Per layer: f16 bias pairs for f16 accumulators.
+    pub acc16: Vec<bool>,
+    /// The f32 bias layout.
+    pub bias: BiasOperand,
+    /// Per layer offsets and padded widths.
+    pub layers: Vec<LayerLayout>,
 }
 
 /// Packs every layer's weights into mma B-fragment order and appends the f32 biases (in the
@@ -397,7 +420,7 @@ pub(crate) fn pack_params(
     halved: &[bool],
     acc16: &[bool],
     bias: BiasOperand,
-) -> (Vec<u8>, Vec<LayerLayout>) {
+) -> (Vec<u8>, ParamsLayout) {
     let mut blob: Vec<u8> = Vec::new();
     let mut layouts = Vec::with_capacity(model.layers.len());
     let last = model.layers.len() - 1;
@@ -459,7 +482,7 @@ pub(crate) fn pack_params(
         blob.resize(round_up(blob.len(), 16), 0);
         layouts.push(LayerLayout { k_pad, n_pad, w_off, b_off });
     }
-    (blob, layouts)
+    (blob, ParamsLayout { halved: halved.to_vec(), acc16: acc16.to_vec(), bias, layers: layouts })
 }
 
 /// Registers one row tile needs for the fragments of its widest layer.
@@ -474,8 +497,8 @@ pub fn fusable(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
 
 /// Generates the fused kernel for `model` with `opts`.
 pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKernel> {
-    let in_kind = kind(opts.in_dtype)?;
-    let out_kind = kind(opts.out_dtype).map_err(|_| MlpError::OutputDType { dtype: opts.out_dtype })?;
+    let in_kind = io_kind(opts.in_dtype).ok_or(MlpError::InputDType { dtype: opts.in_dtype })?;
+    let out_kind = io_kind(opts.out_dtype).ok_or(MlpError::OutputDType { dtype: opts.out_dtype })?;
     if model.layers.is_empty() {
         return Err(MlpError::TooLarge { what: "layers (an empty model)", value: 0, limit: 0 });
     }
@@ -499,7 +522,8 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let packed_silu = packed_silu(model, opts);
     let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
     let (halved, acc16) = hidden_forms(model, opts);
-    let (params, layouts) = pack_params(model, &halved, &acc16, opts.bias_operand);
+    let (params, params_layout) = pack_params(model, &halved, &acc16, opts.bias_operand);
+    let layouts = params_layout.layers.clone();
     for (i, l) in layouts.iter().enumerate() {
         if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
             return Err(MlpError::SharedMemory {
@@ -882,6 +906,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             .collect(),
         // wgmma needs the arch-specific target.
         arch: any_wg.then_some(WGMMA_ARCH),
+        params_layout,
     })
 }
 

@@ -46,7 +46,7 @@ pub fn emit_fast_form(
     let smallest =
         MlpKernelOptions { repeated_layers: RepeatedLayers::Loop, row_tiles_per_warp: Some(1), ..fast.clone() };
     let mut chosen = [smallest, fast].iter().filter_map(|o| emit_kernel(model, o).ok()).find(|k| {
-        k.params == full.params
+        k.params_layout == full.params_layout
             && (k.in_dtype, k.out_dtype) == (full.in_dtype, full.out_dtype)
             && k.nvrtc_options != full.nvrtc_options
     })?;

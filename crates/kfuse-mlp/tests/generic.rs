@@ -11,7 +11,7 @@ use kfuse_ir::DType;
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
     compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, GenericRefusal,
-    MlpKernel, MlpKernelOptions, MlpModel,
+    HiddenAccumulator, MlpKernel, MlpKernelOptions, MlpModel,
 };
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (as in
@@ -185,12 +185,18 @@ fn generic_refuses_a_foreign_blob_or_too_little_shared_memory_and_tiering_falls_
     let dir = tempfile::tempdir().expect("tempdir");
     let m = Case::new(&[64, 64, 64, 64, 64, 16], "relu", DType::F16, false).model(dir.path(), "r", 3);
     let opts = MlpKernelOptions::default();
-    let mut full = emit_kernel(&m, &opts).expect("emit");
-    // A blob of another layout (here: one weight changed) is refused, never misread.
-    full.params[0] ^= 1;
-    assert!(matches!(emit_generic(&m, &opts, &full), Err(GenericRefusal::Layout)));
-    let fallback = emit_fast_form(&m, &opts, &full, (13, 0));
-    assert!(fallback.is_none(), "no form shares a blob that kernel.rs did not make");
+    // A blob of another layout (here: f16 accumulators, whose biases are f16 pairs) is refused,
+    // never misread; tiering then falls back to a looped form that shares it.
+    let acc16 = MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..opts.clone() };
+    let full16 = emit_kernel(&m, &acc16).expect("emit");
+    assert!(matches!(emit_generic(&m, &acc16, &full16), Err(GenericRefusal::Layout)));
+    let fallback = emit_fast_form(&m, &acc16, &full16, (13, 0)).expect("a looped form");
+    assert!(!fallback.name.starts_with("kf_mlp_generic_") && fallback.params == full16.params, "{}", fallback.name);
+    // So is a kernel whose SiLU layers are not halved as the options' activation forms expect.
+    let silu = Case::new(&[64, 64, 64, 16], "silu", DType::F16, true).model(dir.path(), "s", 3);
+    let unhalved =
+        emit_kernel(&silu, &MlpKernelOptions { activation_math: ActivationMath::F32, ..opts.clone() }).expect("emit");
+    assert!(matches!(emit_generic(&silu, &opts, &unhalved), Err(GenericRefusal::Layout)));
     let full = emit_kernel(&m, &opts).expect("emit");
     // Too little shared memory for the weights plus one warp's two 16-row buffers.
     let tight =
