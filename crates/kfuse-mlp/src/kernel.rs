@@ -75,21 +75,13 @@ pub enum ActivationMath {
     /// a polynomial in it, all on f16 pairs (`kf_silu_half_f16x2_fma` in mlp_prelude.cuh: 15
     /// FMA/integer-pipe instructions a pair instead of 2 MUFU + 1; error of the same order as
     /// the MUFU form, checked on every f16 input by this module's tests). For f16 models whose
-    /// SFU (MUFU) pipe limits the kernel; bf16 models use [`Self::F32`]'s form. H100,
-    /// 2026-11-22, SiLU bench model: slower than [`Self::Packed`] at every share (0.355 ms at
-    /// 1/8 to 0.528 at 8/8 against 0.334-0.341), in proportion to the instructions added.
-    /// Combines with [`ChunkOrder::Pipelined`] (sm_90 SASS per 32 rows, 1/8 with it: 2072 loop
-    /// instructions, 336 MUFU instead of 384, 239 registers; 2/8: 2338, 288 MUFU, 219).
+    /// SFU (MUFU) pipe limits the kernel: one eighth pays with wgmma layers
+    /// ([`MlpKernelOptions::tuned_for`]), larger shares add more instructions than they save.
+    /// bf16 models use [`Self::F32`]'s form. Combines with [`ChunkOrder::Pipelined`].
     PackedFma {
         /// Pairs of every 8 that take the FMA form (0 is [`Self::Packed`], 8 all of them).
         eighths: u8,
     },
-    /// [`Self::PackedFma`] with the share chosen per layer so that the layer's SFU time about
-    /// matches its tensor-core time: `8 − 1.5 · K/16` eighths (clamped to 0..=8) for a layer of
-    /// input width K (padded), i.e. 5/8 at K = 32, 2/8 at K = 64, none from K = 96 (per k16 chunk
-    /// of output, a warp issues 2R·K/16 mmas of ~6 SM-sub-partition cycles and 8R MUFU of ~8 on
-    /// an H100, R = row tiles).
-    PackedFmaBalanced,
     /// Hidden SiLU as `h + h·tanh(h)` in f32 (`tanh.approx.f32`, one MUFU op and one FMA per
     /// element), with the ½ folded into the weights as for [`Self::Packed`]; any model dtype.
     TanhF32,
@@ -104,11 +96,8 @@ pub enum CompileEffort {
     /// NVRTC's default optimisation.
     #[default]
     Full,
-    /// `--Ofast-compile=min`: NVRTC's mildest fast-compile level.
-    Reduced,
-    /// `--Ofast-compile=mid`: about a third of the default's compile time (dev machine, sm_90,
-    /// 2026-11-22: 130-180 ms against 370-1270 ms for the issue-5 models), for a first call that
-    /// cannot wait for the fully optimised kernel.
+    /// `--Ofast-compile=mid`: a fraction of the default's compile time for a slower kernel, for
+    /// a first call that cannot wait for the fully optimised kernel.
     Fast,
 }
 
@@ -117,27 +106,12 @@ pub enum CompileEffort {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RepeatedLayers {
     /// One run-time loop over the run (`kf_hidden_loop`): one copy of the layer's code, so NVRTC
-    /// compiles less. H100, 2026-11-22: first call 118 vs 218 ms (64→4×64→16) and 269 vs 441 ms
-    /// (64→4×128→16), kernel 3-5% slower (0.170 vs 0.162 ms, 0.476 vs 0.463 ms at 2^21 rows).
+    /// compiles it in about half the time, for a kernel a few percent slower.
     Loop,
     /// Every layer unrolled (the compiler sees the whole chain and overlaps one layer's epilogue
     /// with the next layer's mmas): the fastest kernel, the default.
     #[default]
     Unrolled,
-}
-
-/// How a layer's bias reaches its accumulators (models without bias are unaffected).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum BiasOperand {
-    /// Stored per n8 tile and lane quad as the f32 quad `{b[c], b[c+1], b[c], b[c+1]}` (twice the
-    /// bytes of [`Self::Pairs`]), loaded with one LDS.128 straight into the C operand of the
-    /// tile's first mma: no register moves build the accumulators' start (SiLU bench model, sm_90
-    /// SASS, whole kernel: 247 → 21 IMAD.MOV; loop body 2033 → 1812 instructions per 32 rows).
-    #[default]
-    Quads,
-    /// Stored in column order; one LDS.64 per n8 tile, copied into every row tile's accumulators
-    /// (the form until session 3 of 2026-11-22; H100: SiLU bench model 0.343-0.349 ms against 0.328-0.336 for Quads in the same run).
-    Pairs,
 }
 
 /// Where hidden layers accumulate their products (the last layer always accumulates in f32).
@@ -149,14 +123,11 @@ pub enum HiddenAccumulator {
     /// f16 models: hidden layers whose activation has a packed f16 form (SiLU with
     /// [`ActivationMath::Packed`], ReLU, identity; not the PackedFma share) accumulate in f16
     /// (`mma .f16.f16.f16.f16`): the accumulators are already the next layer's input
-    /// registers, so the f32→f16 conversions go and the accumulators take half the registers
-    /// (SiLU bench model, sm_90 SASS: 1812 → 1587 loop instructions per 32 rows, 255 → 247
-    /// registers; 12 warps fit in 168 registers without spills). Biases are stored as f16.
-    /// Accuracy: every k16 step rounds the running sum to f16 (K/16 roundings instead of one),
-    /// and sums past ±65504 overflow. Other layers and bf16 models keep [`Self::F32`].
-    /// H100, 2026-11-22, SiLU bench model: 0.2840 ms (12 warps 0.2863) against 0.3333-0.3360
-    /// for [`Self::F32`] in the same run: faster, but an opt-in: it is not the f32 accumulation
-    /// that issue 5 asks for.
+    /// registers, so the f32→f16 conversions go and the accumulators take half the registers.
+    /// Biases are stored as f16. Accuracy: every k16 step rounds the running sum to f16 (K/16
+    /// roundings instead of one), and sums past ±65504 overflow. Other layers and bf16 models
+    /// keep [`Self::F32`]. Faster on f16 SiLU models, but an opt-in: the default accumulates in
+    /// f32.
     F16,
 }
 
@@ -168,9 +139,7 @@ pub enum ChunkOrder {
     Sequential,
     /// Software-pipelined: chunk j + 1's mmas come before chunk j's activation in source order
     /// (`kf_hidden_layer_p`, mlp_layer_forms.cuh). Unrolled layers only; combines with an
-    /// [`ActivationMath::PackedFma`] share. SiLU bench model, sm_90 SASS: 1812 → 1801 loop
-    /// instructions, fixed stall cycles 4180 → 4087 per 32 rows. H100, 2026-11-22: 0.3278 ms
-    /// against 0.3333-0.3360 for [`Self::Sequential`] (same run).
+    /// [`ActivationMath::PackedFma`] share.
     Pipelined,
 }
 
@@ -221,11 +190,8 @@ pub struct MlpKernelOptions {
     pub compile_effort: CompileEffort,
     /// Runs of identical hidden layers: a loop or unrolled.
     pub repeated_layers: RepeatedLayers,
-    /// How biases start the accumulators.
-    pub bias_operand: BiasOperand,
-    /// Where hidden layers accumulate: f32 by default (issue 5's requirement);
-    /// [`HiddenAccumulator::F16`] is faster on f16 models (SiLU bench model, H100: 0.284 against
-    /// 0.334 ms) but accumulates in f16, an opt-in outside the issue's target.
+    /// Where hidden layers accumulate: f32 by default; [`HiddenAccumulator::F16`] is faster on
+    /// f16 models but accumulates in f16, an opt-in.
     pub hidden_accumulator: HiddenAccumulator,
     /// The order of a hidden layer's output chunks.
     pub chunk_order: ChunkOrder,
@@ -244,7 +210,6 @@ impl Default for MlpKernelOptions {
             activation_math: ActivationMath::Packed,
             compile_effort: CompileEffort::Full,
             repeated_layers: RepeatedLayers::Unrolled,
-            bias_operand: BiasOperand::Quads,
             hidden_accumulator: HiddenAccumulator::F32,
             chunk_order: ChunkOrder::Sequential,
             tensor_instructions: TensorInstructions::MmaSync,
@@ -340,10 +305,8 @@ fn bits16(dtype: DType, v: f32) -> u16 {
 
 /// Whether hidden SiLU layers take the packed f16 form (`h + h·tanh(h)` on f16 pairs).
 fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
-    matches!(
-        opts.activation_math,
-        ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced
-    ) && model.dtype == DType::F16
+    matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. })
+        && model.dtype == DType::F16
 }
 
 /// Per layer, how the host prepares it: `halved` (hidden SiLU layers whose kernel form takes
@@ -371,11 +334,7 @@ pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bo
                 && match l.activation.kind() {
                     ActivationKind::Identity | ActivationKind::Relu => true,
                     ActivationKind::Silu => {
-                        packed_silu
-                            && !matches!(
-                                opts.activation_math,
-                                ActivationMath::PackedFma { eighths: 1.. } | ActivationMath::PackedFmaBalanced
-                            )
+                        packed_silu && !matches!(opts.activation_math, ActivationMath::PackedFma { eighths: 1.. })
                     }
                     _ => false,
                 }
@@ -406,21 +365,15 @@ pub(crate) struct ParamsLayout {
     pub halved: Vec<bool>,
     /// Per layer: f16 bias pairs for f16 accumulators.
     pub acc16: Vec<bool>,
-    /// The f32 bias layout.
-    pub bias: BiasOperand,
     /// Per layer offsets and padded widths.
     pub layers: Vec<LayerLayout>,
 }
 
-/// Packs every layer's weights into mma B-fragment order and appends the f32 biases (in the
-/// layout of `bias`), or f16 ones for layers with `acc16[i]` (see mlp_layer_forms.cuh); layers
+/// Packs every layer's weights into mma B-fragment order and appends the f32 biases (per n8
+/// tile and lane quad, the quad `{b[c], b[c+1], b[c], b[c+1]}`: one LDS.128 is the C operand of
+/// the tile's first mma), or f16 ones for layers with `acc16[i]` (see mlp_layer_forms.cuh); layers
 /// with `halved[i]` get weights and bias times ½ (SiLU's `h = x/2`, see [`ActivationMath::Packed`]).
-pub(crate) fn pack_params(
-    model: &MlpModel,
-    halved: &[bool],
-    acc16: &[bool],
-    bias: BiasOperand,
-) -> (Vec<u8>, ParamsLayout) {
+pub(crate) fn pack_params(model: &MlpModel, halved: &[bool], acc16: &[bool]) -> (Vec<u8>, ParamsLayout) {
     let mut blob: Vec<u8> = Vec::new();
     let mut layouts = Vec::with_capacity(model.layers.len());
     let last = model.layers.len() - 1;
@@ -455,10 +408,10 @@ pub(crate) fn pack_params(
         if let Some(b) = &layer.bias {
             let at = |i: usize| (scale * b.get(i).copied().unwrap_or(0.0)).to_le_bytes();
             let half = |i: usize| bits16(model.dtype, scale * b.get(i).copied().unwrap_or(0.0)).to_le_bytes();
-            match bias {
+            match acc16.get(li).copied().unwrap_or(false) {
                 // Chunk j, lane quad q: {p(2j), p(2j), p(2j + 1), p(2j + 1)}, p(t) the f16 pair
                 // of columns 8t + 2q, 8t + 2q + 1.
-                _ if acc16.get(li).copied().unwrap_or(false) => {
+                true => {
                     for j in 0..n_pad / 16 {
                         for q in 0..4 {
                             for t in [2 * j, 2 * j, 2 * j + 1, 2 * j + 1] {
@@ -468,9 +421,8 @@ pub(crate) fn pack_params(
                         }
                     }
                 }
-                BiasOperand::Pairs => (0..n_pad).for_each(|i| blob.extend_from_slice(&at(i))),
                 // n8 tile t, lane quad q: {b[c], b[c+1], b[c], b[c+1]}, c = 8t + 2q.
-                BiasOperand::Quads => {
+                false => {
                     for c in (0..n_pad).step_by(2) {
                         for i in [c, c + 1, c, c + 1] {
                             blob.extend_from_slice(&at(i));
@@ -482,7 +434,7 @@ pub(crate) fn pack_params(
         blob.resize(round_up(blob.len(), 16), 0);
         layouts.push(LayerLayout { k_pad, n_pad, w_off, b_off });
     }
-    (blob, ParamsLayout { halved: halved.to_vec(), acc16: acc16.to_vec(), bias, layers: layouts })
+    (blob, ParamsLayout { halved: halved.to_vec(), acc16: acc16.to_vec(), layers: layouts })
 }
 
 /// Registers one row tile needs for the fragments of its widest layer.
@@ -522,7 +474,7 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let packed_silu = packed_silu(model, opts);
     let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
     let (halved, acc16) = hidden_forms(model, opts);
-    let (params, params_layout) = pack_params(model, &halved, &acc16, opts.bias_operand);
+    let (params, params_layout) = pack_params(model, &halved, &acc16);
     let layouts = params_layout.layers.clone();
     for (i, l) in layouts.iter().enumerate() {
         if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
@@ -537,26 +489,17 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         }
     }
     // Eighths of each hidden layer's packed SiLU pairs that take the FMA-pipe form.
-    let fma_eighths: Vec<usize> = layouts
-        .iter()
-        .enumerate()
-        .map(|(i, l)| match opts.activation_math {
+    let fma_eighths: Vec<usize> = (0..layouts.len())
+        .map(|i| match opts.activation_math {
             _ if !packed_silu || i == last || model.layers[i].activation.kind() != ActivationKind::Silu => 0,
             ActivationMath::PackedFma { eighths } => usize::from(eighths),
-            // 8 − 1.5 · KT, rounded half up, clamped to 0..=8.
-            ActivationMath::PackedFmaBalanced => 16usize.saturating_sub(3 * (l.k_pad / 16)).div_ceil(2),
             _ => 0,
         })
         .map(|q| q.min(8))
         .collect();
     // Hidden layers on wgmma (see TensorInstructions::Wgmma).
     let wg: Vec<bool> = (0..model.layers.len())
-        .map(|i| {
-            opts.tensor_instructions == TensorInstructions::Wgmma
-                && i != last
-                && !acc16[i]
-                && (model.layers[i].bias.is_none() || opts.bias_operand == BiasOperand::Quads)
-        })
+        .map(|i| opts.tensor_instructions == TensorInstructions::Wgmma && i != last && !acc16[i])
         .collect();
     let any_wg = wg.contains(&true);
     if let Some(w) = opts.warps.filter(|w| any_wg && w % 4 != 0) {
@@ -660,7 +603,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         ("KF_WARP_SMEM", per_warp),
         ("KF_PARAM_BYTES", param_bytes),
         ("KF_LAYERS", model.layers.len()),
-        ("KF_BIAS_QUADS", usize::from(opts.bias_operand == BiasOperand::Quads)),
+        // Biases are always quads; the templates keep their column-order branch (`#else`),
+        // since their text is part of every generated kernel's bytes.
+        ("KF_BIAS_QUADS", 1),
         ("KF_WGMMA", usize::from(any_wg)),
     ];
     for (name, value) in defs {
@@ -900,7 +845,6 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             .map(|o| o.to_string())
             .chain(match opts.compile_effort {
                 CompileEffort::Full => None,
-                CompileEffort::Reduced => Some("--Ofast-compile=min".to_string()),
                 CompileEffort::Fast => Some("--Ofast-compile=mid".to_string()),
             })
             .collect(),
@@ -972,23 +916,6 @@ mod tests {
         let packed = with(ActivationMath::Packed).expect("packed");
         assert_eq!(with(ActivationMath::PackedFma { eighths: 0 }).expect("fma0"), packed);
         assert!(!packed.source.contains("return kf_silu_half_f16x2_fma(lo, hi);"));
-        // Balanced: 8 − 1.5 KT eighths: KT = 2 → 5, 4 → 2, 8 and 6 → 0 (no argument), 4 → 2.
-        let balanced = with(ActivationMath::PackedFmaBalanced).expect("balanced").source;
-        let args: Vec<&str> = balanced
-            .lines()
-            .filter(|l| l.contains("kf_hidden_layer<"))
-            .filter_map(|l| l.split("KfAct").nth(1))
-            .collect();
-        assert_eq!(
-            args,
-            [
-                "0, 5>(h0, h1, smem, lane);",
-                "1, 2>(h1, h2, smem, lane);",
-                "2>(h2, h3, smem, lane);",
-                "3>(h3, h4, smem, lane);",
-                "4, 2>(h4, h5, smem, lane);"
-            ]
-        );
         assert_eq!(with(ActivationMath::PackedFma { eighths: 3 }).expect("fma3").source.matches(", 3>(h").count(), 5);
         let err = with(ActivationMath::PackedFma { eighths: 9 }).expect_err("9 eighths");
         assert!(err.to_string().contains("eighths"), "{err}");

@@ -30,8 +30,8 @@ pub use cpu::{check_input, compare_rows, erf_f64, evaluate_cpu, reference_f64, r
 pub use error::{MlpError, Result};
 pub use generic::{emit_generic, GenericRefusal};
 pub use kernel::{
-    emit_kernel, fusable, ActivationMath, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel,
-    MlpKernelOptions, RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH,
+    emit_kernel, fusable, ActivationMath, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernel, MlpKernelOptions,
+    RepeatedLayers, TensorInstructions, H100_SHARED_LIMIT, WGMMA_ARCH,
 };
 pub use model::{weights_path, LayerDescription, MlpLayer, MlpModel, ModelDescription, MODEL_FORMAT};
 pub use tier::{emit_fast_form, KernelTier, Tiering};

@@ -8,8 +8,7 @@
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, MlpKernel, MlpKernelOptions,
-    MlpModel,
+    compare_rows, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, MlpKernel, MlpKernelOptions, MlpModel,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
@@ -22,7 +21,6 @@ struct Case {
     bias: bool,
     io: (DType, DType),
     math: ActivationMath,
-    bias_form: BiasOperand,
 }
 
 impl Case {
@@ -30,15 +28,7 @@ impl Case {
     fn new(widths: &[usize], hidden: &'static str, dtype: DType, bias: bool) -> Case {
         let n = widths.len() - 1;
         let acts = (0..n).map(|i| if i + 1 == n { "none" } else { hidden }).collect();
-        Case {
-            widths: widths.to_vec(),
-            acts,
-            dtype,
-            bias,
-            io: (DType::F16, DType::F16),
-            math: ActivationMath::Packed,
-            bias_form: BiasOperand::Quads,
-        }
+        Case { widths: widths.to_vec(), acts, dtype, bias, io: (DType::F16, DType::F16), math: ActivationMath::Packed }
     }
     fn io(self, input: DType, output: DType) -> Case {
         Case { io: (input, output), ..self }
@@ -62,7 +52,6 @@ impl Case {
             in_dtype: self.io.0,
             out_dtype: self.io.1,
             activation_math: self.math,
-            bias_operand: self.bias_form,
             ..MlpKernelOptions::default()
         };
         MlpKernelOptions { shared_limit: shared_limit.unwrap_or(base.shared_limit), ..base }
@@ -80,14 +69,14 @@ fn both(model: &MlpModel, opts: &MlpKernelOptions) -> (MlpKernel, MlpKernel) {
 
 fn cases() -> Vec<Case> {
     use DType::*;
-    let mut pairs = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
-    pairs.bias_form = BiasOperand::Pairs;
+    let mut fma8 = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
+    fma8.math = ActivationMath::PackedFma { eighths: 8 };
     let mut tanh32 = Case::new(&[24, 40, 24], "silu", BF16, true).io(F32, F32);
     tanh32.math = ActivationMath::TanhF32;
     let mut f32math = Case::new(&[100, 100, 100, 100, 3], "silu", F16, true).io(F32, BF16);
     f32math.math = ActivationMath::F32;
     let mut fma = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
-    fma.math = ActivationMath::PackedFmaBalanced;
+    fma.math = ActivationMath::PackedFma { eighths: 2 };
     vec![
         Case::new(&[16, 16], "none", F16, true),
         Case::new(&[16, 16], "none", BF16, false).io(F32, F32).last("relu"),
@@ -101,7 +90,7 @@ fn cases() -> Vec<Case> {
         Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true),
         Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", BF16, true).io(F32, F32),
         Case::new(&[3, 17, 1], "x * sigmoid(1.702 * x)", BF16, true).io(F32, BF16),
-        pairs,
+        fma8,
         tanh32,
         f32math,
         fma,
@@ -194,10 +183,9 @@ fn generic_kernel_matches_cpu_interpreter() {
             let want = evaluate_cpu(&m, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
             println!(
-                "{} io {io_in}->{io_out} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
+                "{} io {io_in}->{io_out} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
                 m.summary(),
                 case.math,
-                case.bias_form,
                 e.rel_err,
                 e.worst_row_rel_err,
                 e.worst_row

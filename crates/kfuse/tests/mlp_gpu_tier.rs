@@ -3,14 +3,14 @@
 //! 16, 24, 64, 100, 128, 256, depths 1..8, batches 1, 127, 128, 129 (and 2^21 for one model,
 //! compared on a subsample), f16 and bf16 weights and f32/f16/bf16 I/O. Prints each case's
 //! per-row worst relative error; the repeated-layer loop, the f32 SiLU forms and the FMA-pipe
-//! SiLU form (ActivationMath::PackedFma*), both bias forms (BiasOperand) and a 12-warp SiLU kernel
+//! SiLU form (ActivationMath::PackedFma) and a 12-warp SiLU kernel
 //! (168-register cap) through prepare_with. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
 
 use kfuse::mlp::{bench_gpu, prepare, prepare_with, run_gpu, BenchOptions};
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, evaluate_cpu, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel,
+    compare_rows, evaluate_cpu, ActivationMath, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel,
     RepeatedLayers,
 };
 use kfuse_runtime::testing::gpu_or_skip;
@@ -160,10 +160,9 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         activation_math: math,
         ..MlpKernelOptions::default()
     };
-    let pairs = |math| MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..loop_opts(math) };
     let acc16 = |o: MlpKernelOptions| MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..o };
     let pipe = |o: MlpKernelOptions| MlpKernelOptions { chunk_order: ChunkOrder::Pipelined, ..o };
-    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 20] = [
+    let cases: [(Vec<usize>, &str, DType, bool, MlpKernelOptions); 18] = [
         (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, false, loop_opts(ActivationMath::Packed)),
         (vec![64, 128, 128, 128, 128, 16], "relu", DType::BF16, false, loop_opts(ActivationMath::Packed)),
         (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::F16, true, loop_opts(ActivationMath::Packed)),
@@ -183,7 +182,6 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             true,
             loop_opts(ActivationMath::PackedFma { eighths: 8 }),
         ),
-        (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, loop_opts(ActivationMath::PackedFmaBalanced)),
         (
             vec![24, 16, 16, 16, 16, 16, 16, 24],
             "silu",
@@ -191,16 +189,8 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             true,
             loop_opts(ActivationMath::PackedFma { eighths: 5 }),
         ),
-        // The bias forms: column-order pairs (BiasOperand::Pairs) against the default quads,
-        // unrolled and in the loop, f16 and bf16.
-        (
-            vec![32, 64, 128, 96, 64, 32, 16],
-            "silu",
-            DType::F16,
-            true,
-            MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() },
-        ),
-        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::BF16, true, pairs(ActivationMath::Packed)),
+        // bf16 in the loop.
+        (vec![24, 16, 16, 16, 16, 16, 16, 24], "silu", DType::BF16, true, loop_opts(ActivationMath::Packed)),
         (
             vec![32, 64, 128, 96, 64, 32, 16],
             "silu",
@@ -229,15 +219,9 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
         (vec![64, 128, 128, 128, 128, 16], "relu", DType::F16, true, acc16(loop_opts(ActivationMath::Packed))),
         (vec![3, 24, 100, 5], "silu", DType::F16, true, acc16(MlpKernelOptions::default())),
         (vec![3, 24, 100, 5], "silu", DType::BF16, true, acc16(MlpKernelOptions::default())),
-        // Pipelined chunk order (ChunkOrder::Pipelined), both bias forms, padded widths.
+        // Pipelined chunk order (ChunkOrder::Pipelined), padded widths.
         (vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, true, pipe(MlpKernelOptions::default())),
-        (
-            vec![3, 24, 100, 5],
-            "silu",
-            DType::F16,
-            true,
-            pipe(MlpKernelOptions { bias_operand: BiasOperand::Pairs, ..MlpKernelOptions::default() }),
-        ),
+        (vec![3, 24, 100, 5], "silu", DType::F16, true, pipe(MlpKernelOptions::default())),
     ];
     for (n, (widths, act, dtype, bias, opts)) in cases.into_iter().enumerate() {
         let mut spec = ModelSpec::new(&widths, act);
@@ -264,12 +248,8 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             prepared.kernel().is_some_and(|k| k.source.contains("kf_hidden_layer_p<") == pipelined),
             "the pipelined form exactly when asked for"
         );
-        let quads = opts.bias_operand == BiasOperand::Quads;
-        assert!(prepared
-            .kernel()
-            .is_some_and(|k| k.source.contains(&format!("#define KF_BIAS_QUADS {}", u8::from(quads)))));
-        let fma_form =
-            matches!(opts.activation_math, ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced);
+        assert!(prepared.kernel().is_some_and(|k| k.source.contains("#define KF_BIAS_QUADS 1")));
+        let fma_form = matches!(opts.activation_math, ActivationMath::PackedFma { eighths: 1.. });
         assert!(
             prepared.kernel().is_some_and(|k| k.source.contains("return kf_silu_half_f16x2_fma(lo, hi);") == fma_form),
             "the FMA form must be used exactly when asked for"
@@ -286,11 +266,10 @@ fn layer_loop_and_silu_forms_match_cpu_interpreter() {
             let want = evaluate_cpu(&model, &x).expect("cpu");
             let e = compare_rows(&got.to_f64(), &want, out_w);
             println!(
-                "{} {:?} {:?} {:?} {:?} {:?} w{:?} r{:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
+                "{} {:?} {:?} {:?} {:?} w{:?} r{:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
                 model.summary(),
                 opts.repeated_layers,
                 opts.activation_math,
-                opts.bias_operand,
                 opts.hidden_accumulator,
                 opts.chunk_order,
                 opts.warps,
