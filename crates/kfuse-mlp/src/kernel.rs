@@ -218,12 +218,11 @@ impl Default for MlpKernelOptions {
 }
 
 impl MlpKernelOptions {
-    /// The defaults with the choices measured best on a GPU of compute capability `arch`: on 9.0
-    /// (H100), hidden layers on wgmma ([`TensorInstructions::Wgmma`]) and one eighth of the packed
-    /// SiLU pairs on the FMA pipe. H100, 2026-11-22, fp16, 2^21 rows, kernel medians in one run
-    /// (bench/results/2026-11-22-h100-session5.md): 64→4×64→16 ReLU 0.160 → 0.133 ms,
-    /// 64→4×128→16 ReLU 0.454 → 0.326 ms, the SiLU model 0.327 → 0.293 ms (16 warps × 1 row
-    /// tile; 0.297-0.301 without the FMA share). Other GPUs get [`Default::default`].
+    /// The defaults with the choices measured best on a GPU of compute capability `arch` (an `a`
+    /// target counts as its plain one): on 9.0 (H100), hidden layers on wgmma
+    /// ([`TensorInstructions::Wgmma`]) and one eighth of the packed SiLU pairs on the FMA pipe,
+    /// faster than the defaults on every MLP benchmark model (see the benchmark results). Other
+    /// GPUs get [`Default::default`].
     pub fn tuned_for(arch: Arch) -> MlpKernelOptions {
         let d = MlpKernelOptions::default();
         if arch.plain() == Arch::new(9, 0) {
@@ -516,13 +515,13 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let row_stride = in_pad * 2 + 16;
     let per_tile = fragment_registers(&layouts).max(1);
     // Two row tiles per warp where the fragments allow: each B fragment then feeds 2 x 2 mmas,
-    // enough to keep shared-memory traffic under the tensor cores' rate (one tile per warp was
-    // 13-25% slower on an H100, 2026-11-22); more tiles only grow the unrolled code (compile
-    // time) without measured gain.
+    // enough to keep shared-memory traffic under the tensor cores' rate (one tile per warp is
+    // measurably slower); more tiles only grow the unrolled code (compile time) without measured
+    // gain.
     // With wgmma and an activation on the SFU (anything but ReLU and identity), one row tile per
     // warp and so up to 16 warps: four warpgroups per SM keep the SFU busier than two warpgroups
-    // of the row form (H100, SiLU bench model: 0.297 against 0.332 ms; the ReLU models are
-    // faster in the row form: 0.133 against 0.140 ms, 0.326 against 0.351 ms).
+    // of the row form on the SiLU benchmark model, while the ReLU models are faster in the row
+    // form.
     let sfu_hidden = model.layers[..last]
         .iter()
         .any(|l| !matches!(l.activation.kind(), ActivationKind::Relu | ActivationKind::Identity));

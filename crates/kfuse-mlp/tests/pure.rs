@@ -1,4 +1,4 @@
-//! Pure tier: model loading (every bad input named in issue 5 gives a clear error naming the
+//! Pure tier: model loading (every bad input gives a clear error naming the
 //! layer or tensor), the CPU interpreter path against the independent f64 reference, the
 //! kernel generator's determinism and a golden file of one model's kernel.
 

@@ -15,7 +15,7 @@ use kfuse_mlp::{
 };
 use kfuse_runtime::testing::gpu_or_skip;
 
-/// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (issue 5).
+/// Named tolerance: per-row worst relative error for f16/bf16 storage between layers.
 const TOL_16BIT: f64 = 1e-2;
 
 struct Case {

@@ -1,4 +1,4 @@
-//! Tiered compilation (issue 5). NVRTC tier: the fast form (`emit_fast_form`: the generic kernel of
+//! Tiered compilation. NVRTC tier: the fast form (`emit_fast_form`: the generic kernel of
 //! generic.rs, `--Ofast-compile=mid`, one row tile per warp) compiles for sm_80 and sm_90 for several widths,
 //! activations and dtypes and shares the optimised kernel's parameters, and a background compile
 //! lands in the kernel cache (memory, and disk for a fresh process). GPU tier (skips without a

@@ -176,7 +176,7 @@ fn wgmma_kernels_compile_for_sm90a_without_serialisation() {
             .join(" ");
         let form = if k.source.contains("    kf_wg_issue<") { "row form" } else { "chunked form" };
         println!("{}: {} warps x {} row tiles, {form}; {regs}", m.summary(), k.warps, k.row_tiles_per_warp);
-        // The issue-5 benchmark models must get the schedule as written; for others (e.g. an erf
+        // The MLP benchmark models must get the schedule as written; for others (e.g. an erf
         // activation's temporaries at 112 columns) ptxas may add waits, which costs speed only.
         if n < 4 {
             assert!(notes.is_empty(), "{}: ptxas serialises or waits on wgmma:\n{}", m.summary(), notes.join("\n"));
