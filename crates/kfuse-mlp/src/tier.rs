@@ -56,7 +56,7 @@ pub fn emit_fast_form(
     Some(chosen)
 }
 
-/// Whether [`crate::prepare_tiered`] may start with a quickly compiled kernel.
+/// Whether the launcher (`kfuse::mlp::prepare_tiered`) may start with a quickly compiled kernel.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub enum Tiering {
     /// When the fully optimised kernel is not in the kernel cache (memory or disk), compile the

@@ -9,7 +9,7 @@
 //! ([`MlpProgram::wait_optimized`] waits for that).
 //!
 //! Lower level: [`prepare`], [`prepare_with`], [`PreparedMlp`] (a model on a GPU given per call),
-//! [`run_gpu`]; [`bench`] times a model against the card's ceilings.
+//! [`run_gpu`]; [`mod@bench`] times a model against the card's ceilings.
 //!
 //! Does not handle: launching on a stream other than the Gpu's own.
 
