@@ -30,24 +30,59 @@ use crate::unbroadcast::reduce_to;
 ///
 /// If `of` does not depend on `wrt` the gradient is zeros. Errors: `of` not a scalar float,
 /// `wrt` not an input node or not a float input, node ids outside the graph, and broadcast
-/// patterns whose gradient the IR cannot sum (see [`crate::unbroadcast`]).
+/// patterns whose gradient the IR cannot sum (see the `unbroadcast` module).
 pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrError> {
-    let count = b.graph().nodes.len();
-    for (role, id) in [("of", of), ("wrt", wrt)] {
-        if id.index() >= count {
-            return Err(IrError::Malformed(format!("grad: `{role}` is v{}, but the graph has {count} nodes", id.0)));
-        }
-    }
+    check_ids(b, &[("of", of), ("wrt", wrt)])?;
     check_of(b, of)?;
     check_wrt(b, wrt)?;
-    let wrt_node = b.node(wrt).clone();
-    let active = activity(b, of, wrt);
+    let one = Emitter { b }.lit(1.0);
+    let grads = backprop(b, &[(of, one)], &[wrt])?;
+    grads.into_iter().next().ok_or_else(|| IrError::Malformed("grad: no gradient was produced".into()))
+}
+
+/// Appends to `b` the vector–Jacobian product: for each `(node, seed)` of `seeds`, `seed` is the
+/// gradient that flows into the float node `node` (its shape broadcasts to the node's shape), and
+/// the result is, for each input node of `wrt` in order, the sum over the seeds of
+/// `seedᵀ · ∂node/∂input`, shaped and typed like the input.
+///
+/// [`grad`] is the case of one scalar node seeded with 1. A `wrt` input that no seeded node depends
+/// on gets zeros. Errors: as [`grad`], and a seeded node that is not a float.
+pub fn backprop(b: &mut GraphBuilder, seeds: &[(NodeId, NodeId)], wrt: &[NodeId]) -> Result<Vec<NodeId>, IrError> {
+    for &(node, seed) in seeds {
+        check_ids(b, &[("seeded node", node), ("seed", seed)])?;
+        if !b.node(node).dtype.is_float() {
+            return Err(IrError::NotDifferentiable {
+                what: describe(b, node),
+                why: format!("it has dtype {}, and only float values carry gradients", b.node(node).dtype),
+            });
+        }
+    }
+    for &x in wrt {
+        check_ids(b, &[("wrt", x)])?;
+        check_wrt(b, x)?;
+    }
+    let (Some(top), Some(bottom)) = (seeds.iter().map(|s| s.0).max(), wrt.iter().copied().min()) else {
+        // Nothing seeded or nothing asked for: every asked-for gradient is zero.
+        let mut em = Emitter { b };
+        return wrt.iter().map(|&x| zeros_like(&mut em, x)).collect();
+    };
+    let wrt_nodes: Vec<Node> = wrt.iter().map(|&x| b.node(x).clone()).collect();
+    let active = activity(b, top, wrt);
     let mut em = Emitter { b };
-    let mut result = None;
-    if active[of.index()] {
-        let mut adj: Vec<Adjoint> = (0..=of.index()).map(|_| Adjoint::default()).collect();
-        adj[of.index()].full = Some(em.lit(1.0));
-        for i in (wrt.index()..=of.index()).rev() {
+    let mut found: BTreeMap<NodeId, NodeId> = BTreeMap::new();
+    if bottom <= top {
+        let mut adj: Vec<Adjoint> = (0..=top.index()).map(|_| Adjoint::default()).collect();
+        for &(node, seed) in seeds {
+            if !active[node.index()] {
+                continue;
+            }
+            let total = match adj[node.index()].full {
+                Some(prev) => em.add(prev, seed)?,
+                None => seed,
+            };
+            adj[node.index()].full = Some(total);
+        }
+        for i in (bottom.index()..=top.index()).rev() {
             if !active[i] {
                 continue;
             }
@@ -56,20 +91,45 @@ pub fn grad(b: &mut GraphBuilder, of: NodeId, wrt: NodeId) -> Result<NodeId, IrE
             let Some(g) = adj[i].collect(&mut em, &node)? else {
                 continue;
             };
-            if id == wrt {
-                result = Some(g);
-                break;
+            if wrt.contains(&id) {
+                found.insert(id, g);
+                if id == bottom {
+                    break;
+                }
+                continue;
             }
             let mut step = Step { em: &mut em, adj: &mut adj, active: &active, node: &node, id, g };
             step.propagate()?;
         }
     }
-    let g = match result {
-        Some(g) => g,
-        None => em.lit(0.0),
-    };
-    let g = em.broadcast_to(g, &wrt_node.shape)?;
-    Ok(em.b.cast(g, wrt_node.dtype))
+    let mut out = Vec::with_capacity(wrt.len());
+    for (&x, xn) in wrt.iter().zip(&wrt_nodes) {
+        let g = match found.get(&x) {
+            Some(&g) => g,
+            None => em.lit(0.0),
+        };
+        let g = em.broadcast_to(g, &xn.shape)?;
+        out.push(em.b.cast(g, xn.dtype));
+    }
+    Ok(out)
+}
+
+/// Zeros shaped and typed like node `x`.
+fn zeros_like(em: &mut Emitter<'_>, x: NodeId) -> Result<NodeId, IrError> {
+    let n = em.b.node(x).clone();
+    let z = em.lit(0.0);
+    let z = em.broadcast_to(z, &n.shape)?;
+    Ok(em.b.cast(z, n.dtype))
+}
+
+fn check_ids(b: &GraphBuilder, ids: &[(&str, NodeId)]) -> Result<(), IrError> {
+    let count = b.graph().nodes.len();
+    for &(role, id) in ids {
+        if id.index() >= count {
+            return Err(IrError::Malformed(format!("grad: `{role}` is v{}, but the graph has {count} nodes", id.0)));
+        }
+    }
+    Ok(())
 }
 
 /// A readable name for node `id`: the output that shows it, or `v<id>` and its op.
@@ -127,15 +187,25 @@ fn check_wrt(b: &GraphBuilder, wrt: NodeId) -> Result<(), IrError> {
     Ok(())
 }
 
-/// For each node up to `of`: whether it is a float that depends on `wrt`.
-fn activity(b: &GraphBuilder, of: NodeId, wrt: NodeId) -> Vec<bool> {
+/// For each node up to `of`: whether it is a float that depends on one of `wrt`.
+fn activity(b: &GraphBuilder, of: NodeId, wrt: &[NodeId]) -> Vec<bool> {
     let g = b.graph();
     let mut active = vec![false; of.index() + 1];
-    if wrt.index() > of.index() {
+    let Some(bottom) = wrt.iter().copied().min() else {
+        return active;
+    };
+    if bottom.index() > of.index() {
         return active;
     }
-    active[wrt.index()] = true;
-    for i in wrt.index() + 1..=of.index() {
+    for &x in wrt {
+        if x.index() <= of.index() {
+            active[x.index()] = true;
+        }
+    }
+    for i in bottom.index() + 1..=of.index() {
+        if active[i] {
+            continue;
+        }
         let n = &g.nodes[i];
         let mut any = false;
         n.op.for_each_operand(&g.lists, |x| any |= active[x.index()]);

@@ -103,7 +103,7 @@ impl Geometry {
 }
 
 /// When the fully optimised kernel of a [`PreparedMlp`] was ready.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TierReady {
     /// Milliseconds from the start of `prepare` until the requested kernel was compiled into the
     /// cache: the background compile's end when the first call used the fast form, else

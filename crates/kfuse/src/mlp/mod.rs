@@ -9,11 +9,10 @@
 //! ([`MlpProgram::wait_optimized`] waits for that).
 //!
 //! Lower level: [`prepare`], [`prepare_with`], [`PreparedMlp`] (a model on a GPU given per call),
-//! [`run_gpu`]; [`mod@bench`] times a model against the card's ceilings.
+//! [`run_gpu`]. The CLI's `kfuse mlp bench` times a model against the card's ceilings.
 //!
 //! Does not handle: launching on a stream other than the Gpu's own.
 
-pub mod bench;
 pub mod launcher;
 
 use std::sync::Arc;
@@ -22,7 +21,6 @@ use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::{MlpKernelOptions, MlpModel};
 use kfuse_runtime::{DeviceBuffer, Gpu};
 
-pub use bench::{bench_gpu, measure_ceilings, nvrtc_cache_disabled, BenchOptions, BenchReport};
 pub use kfuse_mlp::{KernelTier, Tiering};
 pub use launcher::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
 

@@ -5,7 +5,7 @@
 //! Tiered compilation in one run ([`Tiering::Background`], the default): the first call (prepare,
 //! input upload, one launch, download) is timed as a user sees it; when the optimised kernel
 //! was not cached it runs the fast-compiled form, which is then timed too, and the optimised
-//! kernel's background compile is waited for ([`super::PreparedMlp::wait_optimized`]) before the
+//! kernel's background compile is waited for ([`kfuse::mlp::PreparedMlp::wait_optimized`]) before the
 //! headline figures, which always time the optimised kernel ([`KernelTier::Full`]).
 //! Cold figures need cold caches: kfuse's (a fresh `KFUSE_CACHE_DIR`) and NVRTC's own (12.9+ keeps
 //! one in the driver's compute cache: set `CUDA_CACHE_DISABLE=1`); the report records whether
@@ -16,12 +16,12 @@ use kfuse_mlp::testing::{random_input, Rng};
 use kfuse_mlp::{compare_rows, evaluate_cpu, ErrorReport, KernelTier, MlpError, MlpKernelOptions, MlpModel, Tiering};
 use kfuse_runtime::{Gpu, KernelArg};
 
-use super::launcher::prepare_tiered;
-use crate::Error;
+use kfuse::mlp::prepare_tiered;
+use kfuse::Error;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
-const BENCH_KERNELS: &str = include_str!("bench_kernels.cuh");
+const BENCH_KERNELS: &str = include_str!("mlp_bench_kernels.cuh");
 
 /// What to benchmark.
 #[derive(Clone, Debug)]

@@ -24,7 +24,7 @@
 
 use std::io::Write;
 
-use kfuse::mlp::{bench_gpu, BenchOptions};
+use kfuse_cli::mlp_bench::{bench_gpu, BenchOptions};
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
     emit_kernel, ActivationMath, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel,
