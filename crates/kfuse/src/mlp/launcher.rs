@@ -14,8 +14,8 @@
 //! switch; [`Tiering::FullOnly`] (and [`prepare_with`]) opt out.
 //!
 //! Handles: the fused kernel, and the tiled fallback (with its note) when the model does not fit.
-//! Does not handle: several GPUs, streams other than the Gpu's own, tiering of the tiled fallback
-//! (compiled in full at once).
+//! Launches go on the Gpu's own stream or on a given one ([`PreparedMlp::launch_on_stream`]).
+//! Does not handle: several GPUs, tiering of the tiled fallback (compiled in full at once).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -26,7 +26,7 @@ use kfuse_mlp::{
     check_input, emit_fast_form, emit_kernel, emit_tiled, CompileEffort, KernelTier, MlpError, MlpKernel,
     MlpKernelOptions, MlpModel, Tiering, TiledPlan,
 };
-use kfuse_runtime::{BackgroundCompile, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg};
+use kfuse_runtime::{BackgroundCompile, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
 use crate::Error;
 
@@ -342,7 +342,22 @@ impl PreparedMlp {
     /// in the dtypes given to [`prepare`]. Asynchronous: synchronize or download to wait. Uses the
     /// optimised kernel as soon as it is ready (see the module docs), never waiting for it.
     pub fn launch(&self, gpu: &Gpu, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
-        self.launch_on(gpu, None, input, output, rows)
+        self.launch_with(gpu, None, None, input, output, rows)
+    }
+
+    /// [`Self::launch`] on `stream` (created or borrowed by `gpu`, e.g. a framework's current
+    /// stream) instead of the Gpu's own: no host synchronisation for the fused kernel. `input`
+    /// and `output` must be ready for `stream`. The tiled fallback allocates its intermediates
+    /// and so synchronises the Gpu's stream before and `stream` after its launches.
+    pub fn launch_on_stream(
+        &self,
+        gpu: &Gpu,
+        stream: &Stream,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<()> {
+        self.launch_with(gpu, Some(stream), None, input, output, rows)
     }
 
     /// [`Self::launch`] with one tier's kernel, for benchmarks: [`KernelTier::Fast`] needs a
@@ -356,12 +371,13 @@ impl PreparedMlp {
         output: &DeviceBuffer,
         rows: usize,
     ) -> Result<()> {
-        self.launch_on(gpu, Some(tier), input, output, rows)
+        self.launch_with(gpu, None, Some(tier), input, output, rows)
     }
 
-    fn launch_on(
+    fn launch_with(
         &self,
         gpu: &Gpu,
+        stream: Option<&Stream>,
         tier: Option<KernelTier>,
         input: &DeviceBuffer,
         output: &DeviceBuffer,
@@ -393,18 +409,16 @@ impl PreparedMlp {
                 };
                 let rpb = geometry.rows_per_block.max(1) as usize;
                 let blocks = u32::try_from(rows.div_ceil(rpb)).unwrap_or(u32::MAX).min(*max_blocks).max(1);
-                gpu.launch(
-                    function,
-                    blocks,
-                    geometry.block,
-                    geometry.shared_bytes,
-                    &[
-                        KernelArg::Buffer(input),
-                        KernelArg::Buffer(output),
-                        KernelArg::Buffer(params),
-                        KernelArg::I64(rows_i64),
-                    ],
-                )?;
+                let args = [
+                    KernelArg::Buffer(input),
+                    KernelArg::Buffer(output),
+                    KernelArg::Buffer(params),
+                    KernelArg::I64(rows_i64),
+                ];
+                match stream {
+                    Some(s) => gpu.launch_on(s, function, blocks, geometry.block, geometry.shared_bytes, &args)?,
+                    None => gpu.launch(function, blocks, geometry.block, geometry.shared_bytes, &args)?,
+                }
             }
             Body::Tiled { plan, layers, widths } => {
                 if tier == Some(KernelTier::Fast) {
@@ -418,33 +432,38 @@ impl PreparedMlp {
                 }
                 let mut temps: Vec<DeviceBuffer> = Vec::new();
                 let last = layers.len() - 1;
+                for n in &widths[..last] {
+                    let bytes = rows.checked_mul(n * 4).ok_or_else(|| too_large("intermediate bytes", rows))?;
+                    temps.push(gpu.alloc_zeroed(bytes)?);
+                }
+                if stream.is_some() {
+                    // The intermediates were allocated on the Gpu's own stream.
+                    gpu.synchronize()?;
+                }
                 for (i, (f, w, b)) in layers.iter().enumerate() {
                     let n = widths[i];
                     let blocks =
                         rows.div_ceil(16).checked_mul(n.div_ceil(16)).ok_or_else(|| too_large("tiled blocks", rows))?;
                     let grid = u32::try_from(blocks).map_err(|_| too_large("tiled blocks", blocks))?;
-                    if i != last {
-                        let bytes = rows.checked_mul(n * 4).ok_or_else(|| too_large("intermediate bytes", rows))?;
-                        temps.push(gpu.alloc_zeroed(bytes)?);
-                    }
                     let x = if i == 0 { input } else { &temps[i - 1] };
                     let y = if i == last { output } else { &temps[i] };
-                    gpu.launch(
-                        f,
-                        grid,
-                        256,
-                        0,
-                        &[
-                            KernelArg::Buffer(x),
-                            KernelArg::Buffer(y),
-                            KernelArg::Buffer(w),
-                            KernelArg::Buffer(b),
-                            KernelArg::I64(rows_i64),
-                        ],
-                    )?;
+                    let args = [
+                        KernelArg::Buffer(x),
+                        KernelArg::Buffer(y),
+                        KernelArg::Buffer(w),
+                        KernelArg::Buffer(b),
+                        KernelArg::I64(rows_i64),
+                    ];
+                    match stream {
+                        Some(s) => gpu.launch_on(s, f, grid, 256, 0, &args)?,
+                        None => gpu.launch(f, grid, 256, 0, &args)?,
+                    }
                 }
                 // Keep the intermediates alive until the launches that use them have finished.
-                gpu.synchronize()?;
+                match stream {
+                    Some(s) => s.synchronize()?,
+                    None => gpu.synchronize()?,
+                }
                 drop(temps);
             }
         }

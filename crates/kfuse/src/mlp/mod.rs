@@ -1,7 +1,8 @@
 //! PyTorch MLPs on the GPU: [`MlpProgram`] holds one model compiled for one device (the fused
 //! tensor-core kernel that kfuse-mlp generates, or its tiled fallback), its parameters uploaded,
-//! and runs it on host data ([`MlpProgram::forward`]) or on device buffers
-//! ([`MlpProgram::launch`]).
+//! and runs it on host data ([`MlpProgram::forward`]) or on device buffers on a given stream
+//! ([`MlpProgram::launch`]: the runtime's own memory, or a framework's borrowed with
+//! `Gpu::borrow_memory` on its stream borrowed with `Gpu::borrow_stream`).
 //!
 //! The first compile is tiered (see [`launcher`]): when the optimised kernel is not cached, a
 //! quickly compiled form serves the first calls while the optimised one compiles in the
@@ -11,7 +12,7 @@
 //! Lower level: [`prepare`], [`prepare_with`], [`PreparedMlp`] (a model on a GPU given per call),
 //! [`run_gpu`]. The CLI's `kfuse mlp bench` times a model against the card's ceilings.
 //!
-//! Does not handle: launching on a stream other than the Gpu's own.
+//! Does not handle: several GPUs per program (make one program per device).
 
 pub mod launcher;
 
@@ -19,7 +20,7 @@ use std::sync::Arc;
 
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::{MlpKernelOptions, MlpModel};
-use kfuse_runtime::{DeviceBuffer, Gpu};
+use kfuse_runtime::{DeviceBuffer, Gpu, Stream};
 
 pub use kfuse_mlp::{KernelTier, Tiering};
 pub use launcher::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
@@ -86,11 +87,20 @@ impl MlpProgram {
         run_prepared(&self.gpu, &self.prepared, &self.model, input, self.options.out_dtype)
     }
 
-    /// Queues the model on `rows` rows of device memory on the Gpu's own stream: `input` holds
-    /// `[rows, in]`, `output` gets `[rows, out]`, in the dtypes given to [`Self::new`].
-    /// Asynchronous: synchronize the Gpu or download to wait.
-    pub fn launch(&self, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<(), Error> {
-        self.prepared.launch(&self.gpu, input, output, rows)
+    /// Queues the model on `rows` rows of device memory on `stream` (the Gpu's
+    /// [`Gpu::default_stream`], one it created, or a borrowed framework stream): `input` holds
+    /// `[rows, in]`, `output` gets `[rows, out]`, in the dtypes given to [`Self::new`]; both must
+    /// be ready for `stream`. The fused kernel is queued without host synchronisation or
+    /// allocation; the tiled fallback (models too wide to fuse) allocates intermediates and
+    /// synchronises. Uses the optimised kernel as soon as its background compile is done.
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<(), Error> {
+        self.prepared.launch_on_stream(&self.gpu, stream, input, output, rows)
     }
 
     /// Blocks until the optimised kernel is compiled and loaded, so that every later call uses it;
