@@ -80,6 +80,17 @@ impl MlpProgram {
         Ok(MlpProgram { model: Arc::new(model), gpu, prepared, options })
     }
 
+    /// [`Self::new`] on device `ordinal` of `engine` (opened once by the engine, then shared),
+    /// compiling through the engine's kernel cache.
+    pub fn on_engine(
+        engine: &crate::Engine,
+        ordinal: usize,
+        model: MlpModel,
+        options: MlpOptions,
+    ) -> Result<MlpProgram, Error> {
+        MlpProgram::new(model, engine.device(ordinal)?, options)
+    }
+
     /// Runs the model on `input` (`[rows, in]` of the input dtype given to [`Self::new`]) and
     /// returns `[rows, out]` in the output dtype: uploads, launches, downloads (the output is
     /// poisoned first, so that unwritten elements show up as NaN).
