@@ -22,9 +22,12 @@ use kfuse_ir::DType;
 
 use crate::activation::ActivationKind;
 use crate::error::MlpError;
-use crate::kernel::{hidden_forms, io_kind, round_up, ActivationMath, MlpKernel, MlpKernelOptions};
+use crate::kernel::{hidden_forms, io_kind, packed_silu, round_up, ActivationMath, MlpKernel, MlpKernelOptions};
 use crate::model::MlpModel;
 
+/// The generic kernel's template. Its `kg_` helpers repeat the `kf_` ones of mlp_prelude.cuh
+/// under other names (it is compiled alone, never beside them); sharing one copy would change the
+/// bytes of every generated kernel, which the golden files pin.
 const GENERIC: &str = include_str!("mlp_generic.cuh");
 
 /// Fast math for expression activations, as the optimised kernel compiles them (kernel.rs's
@@ -78,8 +81,7 @@ struct TableLayer {
 fn activation_body(model: &MlpModel, opts: &MlpKernelOptions, li: usize, exprs: &mut Vec<String>) -> String {
     let layer = &model.layers[li];
     let last = li + 1 == model.layers.len();
-    let packed_silu = matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. })
-        && model.dtype == DType::F16;
+    let packed_silu = packed_silu(model, opts);
     let expr = |exprs: &mut Vec<String>| {
         let e = &layer.activation.expression;
         let n = exprs.iter().position(|x| x == e).unwrap_or_else(|| {

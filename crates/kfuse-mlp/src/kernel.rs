@@ -303,7 +303,7 @@ fn bits16(dtype: DType, v: f32) -> u16 {
 }
 
 /// Whether hidden SiLU layers take the packed f16 form (`h + h·tanh(h)` on f16 pairs).
-fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
+pub(crate) fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
     matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. })
         && model.dtype == DType::F16
 }
