@@ -264,7 +264,7 @@ pub struct MlpKernel {
     pub out_dtype: DType,
     /// Whether inputs take the direct cp.async path (dtype = weight dtype, width % 8 == 0).
     pub fast_input: bool,
-    /// Extra NVRTC options to compile `source` with (`Gpu::load_kernel_with_options`).
+    /// Extra NVRTC options to compile `source` with, after the runtime's fixed ones.
     pub nvrtc_options: Vec<String>,
     /// How `params` is laid out (read by the forms that share it).
     pub(crate) params_layout: ParamsLayout,
@@ -441,7 +441,7 @@ fn fragment_registers(layouts: &[LayerLayout]) -> usize {
     layouts.iter().map(|l| (l.k_pad + l.n_pad) / 4).max().unwrap_or(0)
 }
 
-/// Whether the model can run as one fused kernel (else `run_gpu` takes the tiled path).
+/// Whether the model can run as one fused kernel (else the launcher takes the tiled path, [`crate::emit_tiled`]).
 pub fn fusable(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
     emit_kernel(model, opts).is_ok()
 }
