@@ -98,7 +98,7 @@ fn mlp_section(gpu: Option<&Gpu>) -> anyhow::Result<()> {
         ),
         Some(gpu) => {
             let t0 = Instant::now();
-            let y = kfuse_mlp::run_gpu(gpu, &model, &x, DType::F16)?;
+            let y = kfuse::mlp::run_gpu(gpu, &model, &x, DType::F16)?;
             let first_ms = t0.elapsed().as_secs_f64() * 1e3;
             let e = kfuse_mlp::compare_rows(&y.to_f64(), &cpu, model.output_width());
             println!(

@@ -1,13 +1,15 @@
 //! The library half of the `kfuse` command-line tool: what its commands do beyond calling the
 //! `kfuse` facade. [`bench`](mod@bench) times a program on a GPU, [`cachebench`] measures the kernel cache
 //! cold and warm, [`demo`] runs the GIoU demo, [`boxes`] generates box batches, [`npy`] reads and
-//! writes `.npy` files, [`testdata`] makes random inputs for any program.
+//! writes `.npy` files, [`testdata`] makes random inputs for any program, [`mlp_bench`] times an
+//! MLP model against the card's ceilings (`kfuse mlp bench`).
 #![forbid(unsafe_code)]
 
 pub mod bench;
 pub mod boxes;
 pub mod cachebench;
 pub mod demo;
+pub mod mlp_bench;
 pub mod npy;
 pub mod testdata;
 

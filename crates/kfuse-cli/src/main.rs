@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use kfuse::mlp::{self, MlpOptions, MlpProgram};
 use kfuse::{exec, Engine, HostTensor, Program};
-use kfuse_cli::{bench, boxes, npy};
+use kfuse_cli::{bench, boxes, mlp_bench, npy};
 use kfuse_mlp::MlpModel;
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
 
@@ -522,19 +523,19 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
             let m = MlpModel::load(&model)?;
             let x = npy::read_npy(&input)?;
             let out_dtype = out_dtype.map(Into::into).unwrap_or(x.dtype());
-            let gpu = open_device(device)?;
-            let prepared = match &gpu {
+            let summary = m.summary();
+            let program = match open_device(device)? {
                 None => None,
-                Some(gpu) => Some(kfuse_mlp::prepare(gpu, &m, x.dtype(), out_dtype)?.0),
+                Some(gpu) => Some(MlpProgram::new(m.clone(), gpu, MlpOptions::for_dtypes(x.dtype(), out_dtype))?),
             };
-            let y = match (&gpu, &prepared) {
-                (Some(gpu), Some(prepared)) => kfuse_mlp::run_prepared(gpu, prepared, &m, &x, out_dtype)?,
-                _ => kfuse_mlp::run_cpu_as(&m, &x, out_dtype)?,
+            let y = match &program {
+                Some(program) => program.forward(&x)?,
+                None => kfuse_mlp::run_cpu_as(&m, &x, out_dtype)?,
             };
             npy::write_npy(&output, &y)?;
-            say!("{}: {:?} {} -> {}", m.summary(), y.shape, y.dtype(), output.display());
-            if let (Some(gpu), Some(prepared)) = (&gpu, &prepared) {
-                finish_optimised_compile(gpu, prepared);
+            say!("{summary}: {:?} {} -> {}", y.shape, y.dtype(), output.display());
+            if let Some(program) = &program {
+                finish_optimised_compile(program);
             }
             Ok(())
         }
@@ -544,9 +545,9 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
             let model_load_ms = loading.elapsed().as_secs_f64() * 1e3;
             let gpu = kfuse_runtime::open_default().context("`kfuse mlp bench` times the GPU")?;
             let d: kfuse::DType = io_dtype.into();
-            let tiering = if full_only { kfuse_mlp::Tiering::FullOnly } else { kfuse_mlp::Tiering::Background };
-            let opts = kfuse_mlp::BenchOptions { batch, in_dtype: d, out_dtype: d, tiering, ..Default::default() };
-            let mut report = kfuse_mlp::bench_gpu(&gpu, &m, &opts)?;
+            let tiering = if full_only { mlp::Tiering::FullOnly } else { mlp::Tiering::Background };
+            let opts = mlp_bench::BenchOptions { batch, in_dtype: d, out_dtype: d, tiering, ..Default::default() };
+            let mut report = mlp_bench::bench_gpu(&gpu, &m, &opts)?;
             report.model_load_ms = Some(model_load_ms);
             say!("{}", report.render());
             if let Some(path) = json {
@@ -561,8 +562,9 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
 /// After `kfuse mlp run` answered from the fast-compiled form: waits for the optimised kernel's
 /// background compile (it lands in the disk cache, so the next run starts optimised) and says
 /// so in one line on stderr. A failed background compile is a warning: the result is written.
-fn finish_optimised_compile(gpu: &Gpu, prepared: &kfuse_mlp::PreparedMlp) {
-    if !prepared.was_tiered() {
+fn finish_optimised_compile(program: &MlpProgram) {
+    let gpu = program.gpu();
+    if !program.prepared().was_tiered() {
         return;
     }
     if gpu.cache().dir().is_none() {
@@ -570,7 +572,7 @@ fn finish_optimised_compile(gpu: &Gpu, prepared: &kfuse_mlp::PreparedMlp) {
         return;
     }
     let waiting = std::time::Instant::now();
-    match prepared.wait_optimized(gpu) {
+    match program.wait_optimized() {
         Ok(ready) => {
             let where_to = gpu.cache().dir().map(|d| d.display().to_string()).unwrap_or_default();
             eprintln!(

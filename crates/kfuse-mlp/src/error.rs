@@ -70,13 +70,11 @@ pub enum MlpError {
     #[error("the fused kernel needs {needed} bytes of shared memory for {what}, but the limit is {limit}")]
     SharedMemory { what: String, needed: u64, limit: u64 },
     #[error("the optimised kernel `{kernel}` for {arch} did not compile in the background ({message}); launches keep its fast-compiled form")]
-    OptimizedCompile { kernel: String, arch: kfuse_runtime::Arch, message: String },
+    OptimizedCompile { kernel: String, arch: kfuse_arch::Arch, message: String },
     #[error("the model was prepared for {what} dtype {prepared}, but {given} was given; prepare it for {given}")]
     PreparedDType { what: &'static str, prepared: DType, given: DType },
     #[error("the {tier} kernel of `{kernel}` cannot be launched: {why}")]
     TierUnavailable { tier: &'static str, kernel: String, why: &'static str },
-    #[error(transparent)]
-    Runtime(#[from] kfuse_runtime::RuntimeError),
 }
 
 /// Shorthand for results of this crate.

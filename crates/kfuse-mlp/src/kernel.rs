@@ -20,6 +20,7 @@ use std::fmt::Write;
 
 use half::{bf16, f16};
 
+use kfuse_arch::Arch;
 use kfuse_ir::DType;
 
 use crate::activation::ActivationKind;
@@ -74,21 +75,13 @@ pub enum ActivationMath {
     /// a polynomial in it, all on f16 pairs (`kf_silu_half_f16x2_fma` in mlp_prelude.cuh: 15
     /// FMA/integer-pipe instructions a pair instead of 2 MUFU + 1; error of the same order as
     /// the MUFU form, checked on every f16 input by this module's tests). For f16 models whose
-    /// SFU (MUFU) pipe limits the kernel; bf16 models use [`Self::F32`]'s form. H100,
-    /// 2026-11-22, SiLU bench model: slower than [`Self::Packed`] at every share (0.355 ms at
-    /// 1/8 to 0.528 at 8/8 against 0.334-0.341), in proportion to the instructions added.
-    /// Combines with [`ChunkOrder::Pipelined`] (sm_90 SASS per 32 rows, 1/8 with it: 2072 loop
-    /// instructions, 336 MUFU instead of 384, 239 registers; 2/8: 2338, 288 MUFU, 219).
+    /// SFU (MUFU) pipe limits the kernel: one eighth pays with wgmma layers
+    /// ([`MlpKernelOptions::tuned_for`]), larger shares add more instructions than they save.
+    /// bf16 models use [`Self::F32`]'s form. Combines with [`ChunkOrder::Pipelined`].
     PackedFma {
         /// Pairs of every 8 that take the FMA form (0 is [`Self::Packed`], 8 all of them).
         eighths: u8,
     },
-    /// [`Self::PackedFma`] with the share chosen per layer so that the layer's SFU time about
-    /// matches its tensor-core time: `8 − 1.5 · K/16` eighths (clamped to 0..=8) for a layer of
-    /// input width K (padded), i.e. 5/8 at K = 32, 2/8 at K = 64, none from K = 96 (per k16 chunk
-    /// of output, a warp issues 2R·K/16 mmas of ~6 SM-sub-partition cycles and 8R MUFU of ~8 on
-    /// an H100, R = row tiles).
-    PackedFmaBalanced,
     /// Hidden SiLU as `h + h·tanh(h)` in f32 (`tanh.approx.f32`, one MUFU op and one FMA per
     /// element), with the ½ folded into the weights as for [`Self::Packed`]; any model dtype.
     TanhF32,
@@ -103,11 +96,8 @@ pub enum CompileEffort {
     /// NVRTC's default optimisation.
     #[default]
     Full,
-    /// `--Ofast-compile=min`: NVRTC's mildest fast-compile level.
-    Reduced,
-    /// `--Ofast-compile=mid`: about a third of the default's compile time (dev machine, sm_90,
-    /// 2026-11-22: 130-180 ms against 370-1270 ms for the issue-5 models), for a first call that
-    /// cannot wait for the fully optimised kernel.
+    /// `--Ofast-compile=mid`: a fraction of the default's compile time for a slower kernel, for
+    /// a first call that cannot wait for the fully optimised kernel.
     Fast,
 }
 
@@ -116,27 +106,12 @@ pub enum CompileEffort {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RepeatedLayers {
     /// One run-time loop over the run (`kf_hidden_loop`): one copy of the layer's code, so NVRTC
-    /// compiles less. H100, 2026-11-22: first call 118 vs 218 ms (64→4×64→16) and 269 vs 441 ms
-    /// (64→4×128→16), kernel 3-5% slower (0.170 vs 0.162 ms, 0.476 vs 0.463 ms at 2^21 rows).
+    /// compiles it in about half the time, for a kernel a few percent slower.
     Loop,
     /// Every layer unrolled (the compiler sees the whole chain and overlaps one layer's epilogue
     /// with the next layer's mmas): the fastest kernel, the default.
     #[default]
     Unrolled,
-}
-
-/// How a layer's bias reaches its accumulators (models without bias are unaffected).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum BiasOperand {
-    /// Stored per n8 tile and lane quad as the f32 quad `{b[c], b[c+1], b[c], b[c+1]}` (twice the
-    /// bytes of [`Self::Pairs`]), loaded with one LDS.128 straight into the C operand of the
-    /// tile's first mma: no register moves build the accumulators' start (SiLU bench model, sm_90
-    /// SASS, whole kernel: 247 → 21 IMAD.MOV; loop body 2033 → 1812 instructions per 32 rows).
-    #[default]
-    Quads,
-    /// Stored in column order; one LDS.64 per n8 tile, copied into every row tile's accumulators
-    /// (the form until session 3 of 2026-11-22; H100: SiLU bench model 0.343-0.349 ms against 0.328-0.336 for Quads in the same run).
-    Pairs,
 }
 
 /// Where hidden layers accumulate their products (the last layer always accumulates in f32).
@@ -148,14 +123,11 @@ pub enum HiddenAccumulator {
     /// f16 models: hidden layers whose activation has a packed f16 form (SiLU with
     /// [`ActivationMath::Packed`], ReLU, identity; not the PackedFma share) accumulate in f16
     /// (`mma .f16.f16.f16.f16`): the accumulators are already the next layer's input
-    /// registers, so the f32→f16 conversions go and the accumulators take half the registers
-    /// (SiLU bench model, sm_90 SASS: 1812 → 1587 loop instructions per 32 rows, 255 → 247
-    /// registers; 12 warps fit in 168 registers without spills). Biases are stored as f16.
-    /// Accuracy: every k16 step rounds the running sum to f16 (K/16 roundings instead of one),
-    /// and sums past ±65504 overflow. Other layers and bf16 models keep [`Self::F32`].
-    /// H100, 2026-11-22, SiLU bench model: 0.2840 ms (12 warps 0.2863) against 0.3333-0.3360
-    /// for [`Self::F32`] in the same run: faster, but an opt-in: it is not the f32 accumulation
-    /// that issue 5 asks for.
+    /// registers, so the f32→f16 conversions go and the accumulators take half the registers.
+    /// Biases are stored as f16. Accuracy: every k16 step rounds the running sum to f16 (K/16
+    /// roundings instead of one), and sums past ±65504 overflow. Other layers and bf16 models
+    /// keep [`Self::F32`]. Faster on f16 SiLU models, but an opt-in: the default accumulates in
+    /// f32.
     F16,
 }
 
@@ -167,9 +139,7 @@ pub enum ChunkOrder {
     Sequential,
     /// Software-pipelined: chunk j + 1's mmas come before chunk j's activation in source order
     /// (`kf_hidden_layer_p`, mlp_layer_forms.cuh). Unrolled layers only; combines with an
-    /// [`ActivationMath::PackedFma`] share. SiLU bench model, sm_90 SASS: 1812 → 1801 loop
-    /// instructions, fixed stall cycles 4180 → 4087 per 32 rows. H100, 2026-11-22: 0.3278 ms
-    /// against 0.3333-0.3360 for [`Self::Sequential`] (same run).
+    /// [`ActivationMath::PackedFma`] share.
     Pipelined,
 }
 
@@ -193,8 +163,8 @@ pub enum TensorInstructions {
 /// N + N_next / 2 for padded widths N (the SiLU bench model's 128 → 96 layer: 176).
 const ROW_FORM_REGISTERS: usize = 192;
 
-/// The NVRTC option that kernels with wgmma layers add (after the runtime's `sm_90`).
-pub const WGMMA_ARCH_OPTION: &str = "--gpu-architecture=sm_90a";
+/// The target of kernels with wgmma layers: the architecture-specific `sm_90a`.
+pub const WGMMA_ARCH: Arch = Arch::accelerated(9, 0);
 
 /// NVRTC options of every fused kernel: approximate division and square root and f32 denormals
 /// flushed, for activation expressions (whose values are rounded to f16/bf16 between layers).
@@ -220,11 +190,8 @@ pub struct MlpKernelOptions {
     pub compile_effort: CompileEffort,
     /// Runs of identical hidden layers: a loop or unrolled.
     pub repeated_layers: RepeatedLayers,
-    /// How biases start the accumulators.
-    pub bias_operand: BiasOperand,
-    /// Where hidden layers accumulate: f32 by default (issue 5's requirement);
-    /// [`HiddenAccumulator::F16`] is faster on f16 models (SiLU bench model, H100: 0.284 against
-    /// 0.334 ms) but accumulates in f16, an opt-in outside the issue's target.
+    /// Where hidden layers accumulate: f32 by default; [`HiddenAccumulator::F16`] is faster on
+    /// f16 models but accumulates in f16, an opt-in.
     pub hidden_accumulator: HiddenAccumulator,
     /// The order of a hidden layer's output chunks.
     pub chunk_order: ChunkOrder,
@@ -243,7 +210,6 @@ impl Default for MlpKernelOptions {
             activation_math: ActivationMath::Packed,
             compile_effort: CompileEffort::Full,
             repeated_layers: RepeatedLayers::Unrolled,
-            bias_operand: BiasOperand::Quads,
             hidden_accumulator: HiddenAccumulator::F32,
             chunk_order: ChunkOrder::Sequential,
             tensor_instructions: TensorInstructions::MmaSync,
@@ -252,15 +218,14 @@ impl Default for MlpKernelOptions {
 }
 
 impl MlpKernelOptions {
-    /// The defaults with the choices measured best on a GPU of compute capability `arch`: on 9.0
-    /// (H100), hidden layers on wgmma ([`TensorInstructions::Wgmma`]) and one eighth of the packed
-    /// SiLU pairs on the FMA pipe. H100, 2026-11-22, fp16, 2^21 rows, kernel medians in one run
-    /// (bench/results/2026-11-22-h100-session5.md): 64→4×64→16 ReLU 0.160 → 0.133 ms,
-    /// 64→4×128→16 ReLU 0.454 → 0.326 ms, the SiLU model 0.327 → 0.293 ms (16 warps × 1 row
-    /// tile; 0.297-0.301 without the FMA share). Other GPUs get [`Default::default`].
-    pub fn tuned_for(arch: kfuse_runtime::Arch) -> MlpKernelOptions {
+    /// The defaults with the choices measured best on a GPU of compute capability `arch` (an `a`
+    /// target counts as its plain one): on 9.0 (H100), hidden layers on wgmma
+    /// ([`TensorInstructions::Wgmma`]) and one eighth of the packed SiLU pairs on the FMA pipe,
+    /// faster than the defaults on every MLP benchmark model (see the benchmark results). Other
+    /// GPUs get [`Default::default`].
+    pub fn tuned_for(arch: Arch) -> MlpKernelOptions {
         let d = MlpKernelOptions::default();
-        if arch == kfuse_runtime::Arch::new(9, 0) {
+        if arch.plain() == Arch::new(9, 0) {
             MlpKernelOptions {
                 tensor_instructions: TensorInstructions::Wgmma,
                 activation_math: ActivationMath::PackedFma { eighths: 1 },
@@ -299,20 +264,34 @@ pub struct MlpKernel {
     pub out_dtype: DType,
     /// Whether inputs take the direct cp.async path (dtype = weight dtype, width % 8 == 0).
     pub fast_input: bool,
-    /// Extra NVRTC options to compile `source` with (`Gpu::load_kernel_with_options`).
+    /// Extra NVRTC options to compile `source` with, after the runtime's fixed ones.
     pub nvrtc_options: Vec<String>,
+    /// How `params` is laid out (read by the forms that share it).
+    pub(crate) params_layout: ParamsLayout,
+    /// The target `source` must be compiled for ([`WGMMA_ARCH`] when a layer uses wgmma), or
+    /// `None` for the device's own.
+    pub arch: Option<Arch>,
+}
+
+impl MlpKernel {
+    /// The target to compile `source` for on a device whose compile target is `device`.
+    pub fn target(&self, device: Arch) -> Arch {
+        self.arch.unwrap_or(device)
+    }
 }
 
 pub(crate) fn round_up(v: usize, m: usize) -> usize {
     v.div_ceil(m) * m
 }
 
-fn kind(dtype: DType) -> Result<u32> {
+/// The templates' number for an I/O dtype (`KF_*_KIND`, `KG_*_KIND`): 0 f32, 1 f16, 2 bf16;
+/// `None` for dtypes the kernels do not read or write. The one mapping of every emitter.
+pub(crate) fn io_kind(dtype: DType) -> Option<u32> {
     match dtype {
-        DType::F32 => Ok(0),
-        DType::F16 => Ok(1),
-        DType::BF16 => Ok(2),
-        other => Err(MlpError::InputDType { dtype: other }),
+        DType::F32 => Some(0),
+        DType::F16 => Some(1),
+        DType::BF16 => Some(2),
+        _ => None,
     }
 }
 
@@ -324,11 +303,9 @@ fn bits16(dtype: DType, v: f32) -> u16 {
 }
 
 /// Whether hidden SiLU layers take the packed f16 form (`h + h·tanh(h)` on f16 pairs).
-fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
-    matches!(
-        opts.activation_math,
-        ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced
-    ) && model.dtype == DType::F16
+pub(crate) fn packed_silu(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
+    matches!(opts.activation_math, ActivationMath::Packed | ActivationMath::PackedFma { .. })
+        && model.dtype == DType::F16
 }
 
 /// Per layer, how the host prepares it: `halved` (hidden SiLU layers whose kernel form takes
@@ -356,11 +333,7 @@ pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bo
                 && match l.activation.kind() {
                     ActivationKind::Identity | ActivationKind::Relu => true,
                     ActivationKind::Silu => {
-                        packed_silu
-                            && !matches!(
-                                opts.activation_math,
-                                ActivationMath::PackedFma { eighths: 1.. } | ActivationMath::PackedFmaBalanced
-                            )
+                        packed_silu && !matches!(opts.activation_math, ActivationMath::PackedFma { eighths: 1.. })
                     }
                     _ => false,
                 }
@@ -369,24 +342,37 @@ pub(crate) fn hidden_forms(model: &MlpModel, opts: &MlpKernelOptions) -> (Vec<bo
     (halved, acc16)
 }
 
-/// Per layer: (padded k, padded n, weight offset, bias offset or 0, has bias).
-#[derive(Clone, Copy, Debug)]
+/// Where one layer lives in the parameter blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct LayerLayout {
+    /// Padded input width (a multiple of 16).
     pub k_pad: usize,
+    /// Padded output width (a multiple of 16; of 8 for the last layer).
     pub n_pad: usize,
+    /// Byte offset of the weights (mma B-fragment order).
     pub w_off: usize,
+    /// Byte offset of the bias (meaningful when the layer has one).
     pub b_off: usize,
 }
 
-/// Packs every layer's weights into mma B-fragment order and appends the f32 biases (in the
-/// layout of `bias`), or f16 ones for layers with `acc16[i]` (see mlp_layer_forms.cuh); layers
+/// How [`pack_params`] laid out a kernel's parameter blob: every choice that changes its bytes
+/// for a given model, and each layer's offsets. Kept with the kernel ([`MlpKernel`]) so that
+/// another form can read the same blob (the generic fast form does) without packing it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ParamsLayout {
+    /// Per layer: weights and bias times ½ (SiLU's `h = x/2`).
+    pub halved: Vec<bool>,
+    /// Per layer: f16 bias pairs for f16 accumulators.
+    pub acc16: Vec<bool>,
+    /// Per layer offsets and padded widths.
+    pub layers: Vec<LayerLayout>,
+}
+
+/// Packs every layer's weights into mma B-fragment order and appends the f32 biases (per n8
+/// tile and lane quad, the quad `{b[c], b[c+1], b[c], b[c+1]}`: one LDS.128 is the C operand of
+/// the tile's first mma), or f16 ones for layers with `acc16[i]` (see mlp_layer_forms.cuh); layers
 /// with `halved[i]` get weights and bias times ½ (SiLU's `h = x/2`, see [`ActivationMath::Packed`]).
-pub(crate) fn pack_params(
-    model: &MlpModel,
-    halved: &[bool],
-    acc16: &[bool],
-    bias: BiasOperand,
-) -> (Vec<u8>, Vec<LayerLayout>) {
+pub(crate) fn pack_params(model: &MlpModel, halved: &[bool], acc16: &[bool]) -> (Vec<u8>, ParamsLayout) {
     let mut blob: Vec<u8> = Vec::new();
     let mut layouts = Vec::with_capacity(model.layers.len());
     let last = model.layers.len() - 1;
@@ -421,10 +407,10 @@ pub(crate) fn pack_params(
         if let Some(b) = &layer.bias {
             let at = |i: usize| (scale * b.get(i).copied().unwrap_or(0.0)).to_le_bytes();
             let half = |i: usize| bits16(model.dtype, scale * b.get(i).copied().unwrap_or(0.0)).to_le_bytes();
-            match bias {
+            match acc16.get(li).copied().unwrap_or(false) {
                 // Chunk j, lane quad q: {p(2j), p(2j), p(2j + 1), p(2j + 1)}, p(t) the f16 pair
                 // of columns 8t + 2q, 8t + 2q + 1.
-                _ if acc16.get(li).copied().unwrap_or(false) => {
+                true => {
                     for j in 0..n_pad / 16 {
                         for q in 0..4 {
                             for t in [2 * j, 2 * j, 2 * j + 1, 2 * j + 1] {
@@ -434,9 +420,8 @@ pub(crate) fn pack_params(
                         }
                     }
                 }
-                BiasOperand::Pairs => (0..n_pad).for_each(|i| blob.extend_from_slice(&at(i))),
                 // n8 tile t, lane quad q: {b[c], b[c+1], b[c], b[c+1]}, c = 8t + 2q.
-                BiasOperand::Quads => {
+                false => {
                     for c in (0..n_pad).step_by(2) {
                         for i in [c, c + 1, c, c + 1] {
                             blob.extend_from_slice(&at(i));
@@ -448,7 +433,7 @@ pub(crate) fn pack_params(
         blob.resize(round_up(blob.len(), 16), 0);
         layouts.push(LayerLayout { k_pad, n_pad, w_off, b_off });
     }
-    (blob, layouts)
+    (blob, ParamsLayout { halved: halved.to_vec(), acc16: acc16.to_vec(), layers: layouts })
 }
 
 /// Registers one row tile needs for the fragments of its widest layer.
@@ -456,15 +441,15 @@ fn fragment_registers(layouts: &[LayerLayout]) -> usize {
     layouts.iter().map(|l| (l.k_pad + l.n_pad) / 4).max().unwrap_or(0)
 }
 
-/// Whether the model can run as one fused kernel (else `run_gpu` takes the tiled path).
+/// Whether the model can run as one fused kernel (else the launcher takes the tiled path, [`crate::emit_tiled`]).
 pub fn fusable(model: &MlpModel, opts: &MlpKernelOptions) -> bool {
     emit_kernel(model, opts).is_ok()
 }
 
 /// Generates the fused kernel for `model` with `opts`.
 pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKernel> {
-    let in_kind = kind(opts.in_dtype)?;
-    let out_kind = kind(opts.out_dtype).map_err(|_| MlpError::OutputDType { dtype: opts.out_dtype })?;
+    let in_kind = io_kind(opts.in_dtype).ok_or(MlpError::InputDType { dtype: opts.in_dtype })?;
+    let out_kind = io_kind(opts.out_dtype).ok_or(MlpError::OutputDType { dtype: opts.out_dtype })?;
     if model.layers.is_empty() {
         return Err(MlpError::TooLarge { what: "layers (an empty model)", value: 0, limit: 0 });
     }
@@ -488,7 +473,8 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let packed_silu = packed_silu(model, opts);
     let half_silu = packed_silu || opts.activation_math == ActivationMath::TanhF32;
     let (halved, acc16) = hidden_forms(model, opts);
-    let (params, layouts) = pack_params(model, &halved, &acc16, opts.bias_operand);
+    let (params, params_layout) = pack_params(model, &halved, &acc16);
+    let layouts = params_layout.layers.clone();
     for (i, l) in layouts.iter().enumerate() {
         if l.k_pad + l.n_pad > MAX_FUSED_K_PLUS_N {
             return Err(MlpError::SharedMemory {
@@ -502,26 +488,17 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         }
     }
     // Eighths of each hidden layer's packed SiLU pairs that take the FMA-pipe form.
-    let fma_eighths: Vec<usize> = layouts
-        .iter()
-        .enumerate()
-        .map(|(i, l)| match opts.activation_math {
+    let fma_eighths: Vec<usize> = (0..layouts.len())
+        .map(|i| match opts.activation_math {
             _ if !packed_silu || i == last || model.layers[i].activation.kind() != ActivationKind::Silu => 0,
             ActivationMath::PackedFma { eighths } => usize::from(eighths),
-            // 8 − 1.5 · KT, rounded half up, clamped to 0..=8.
-            ActivationMath::PackedFmaBalanced => 16usize.saturating_sub(3 * (l.k_pad / 16)).div_ceil(2),
             _ => 0,
         })
         .map(|q| q.min(8))
         .collect();
     // Hidden layers on wgmma (see TensorInstructions::Wgmma).
     let wg: Vec<bool> = (0..model.layers.len())
-        .map(|i| {
-            opts.tensor_instructions == TensorInstructions::Wgmma
-                && i != last
-                && !acc16[i]
-                && (model.layers[i].bias.is_none() || opts.bias_operand == BiasOperand::Quads)
-        })
+        .map(|i| opts.tensor_instructions == TensorInstructions::Wgmma && i != last && !acc16[i])
         .collect();
     let any_wg = wg.contains(&true);
     if let Some(w) = opts.warps.filter(|w| any_wg && w % 4 != 0) {
@@ -538,13 +515,13 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
     let row_stride = in_pad * 2 + 16;
     let per_tile = fragment_registers(&layouts).max(1);
     // Two row tiles per warp where the fragments allow: each B fragment then feeds 2 x 2 mmas,
-    // enough to keep shared-memory traffic under the tensor cores' rate (one tile per warp was
-    // 13-25% slower on an H100, 2026-11-22); more tiles only grow the unrolled code (compile
-    // time) without measured gain.
+    // enough to keep shared-memory traffic under the tensor cores' rate (one tile per warp is
+    // measurably slower); more tiles only grow the unrolled code (compile time) without measured
+    // gain.
     // With wgmma and an activation on the SFU (anything but ReLU and identity), one row tile per
     // warp and so up to 16 warps: four warpgroups per SM keep the SFU busier than two warpgroups
-    // of the row form (H100, SiLU bench model: 0.297 against 0.332 ms; the ReLU models are
-    // faster in the row form: 0.133 against 0.140 ms, 0.326 against 0.351 ms).
+    // of the row form on the SiLU benchmark model, while the ReLU models are faster in the row
+    // form.
     let sfu_hidden = model.layers[..last]
         .iter()
         .any(|l| !matches!(l.activation.kind(), ActivationKind::Relu | ActivationKind::Identity));
@@ -625,7 +602,9 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
         ("KF_WARP_SMEM", per_warp),
         ("KF_PARAM_BYTES", param_bytes),
         ("KF_LAYERS", model.layers.len()),
-        ("KF_BIAS_QUADS", usize::from(opts.bias_operand == BiasOperand::Quads)),
+        // Biases are always quads; the templates keep their column-order branch (`#else`),
+        // since their text is part of every generated kernel's bytes.
+        ("KF_BIAS_QUADS", 1),
         ("KF_WGMMA", usize::from(any_wg)),
     ];
     for (name, value) in defs {
@@ -865,12 +844,12 @@ pub fn emit_kernel(model: &MlpModel, opts: &MlpKernelOptions) -> Result<MlpKerne
             .map(|o| o.to_string())
             .chain(match opts.compile_effort {
                 CompileEffort::Full => None,
-                CompileEffort::Reduced => Some("--Ofast-compile=min".to_string()),
                 CompileEffort::Fast => Some("--Ofast-compile=mid".to_string()),
             })
-            // wgmma needs the arch-specific target; NVRTC takes the last --gpu-architecture.
-            .chain(any_wg.then(|| WGMMA_ARCH_OPTION.to_string()))
             .collect(),
+        // wgmma needs the arch-specific target.
+        arch: any_wg.then_some(WGMMA_ARCH),
+        params_layout,
     })
 }
 
@@ -936,23 +915,6 @@ mod tests {
         let packed = with(ActivationMath::Packed).expect("packed");
         assert_eq!(with(ActivationMath::PackedFma { eighths: 0 }).expect("fma0"), packed);
         assert!(!packed.source.contains("return kf_silu_half_f16x2_fma(lo, hi);"));
-        // Balanced: 8 − 1.5 KT eighths: KT = 2 → 5, 4 → 2, 8 and 6 → 0 (no argument), 4 → 2.
-        let balanced = with(ActivationMath::PackedFmaBalanced).expect("balanced").source;
-        let args: Vec<&str> = balanced
-            .lines()
-            .filter(|l| l.contains("kf_hidden_layer<"))
-            .filter_map(|l| l.split("KfAct").nth(1))
-            .collect();
-        assert_eq!(
-            args,
-            [
-                "0, 5>(h0, h1, smem, lane);",
-                "1, 2>(h1, h2, smem, lane);",
-                "2>(h2, h3, smem, lane);",
-                "3>(h3, h4, smem, lane);",
-                "4, 2>(h4, h5, smem, lane);"
-            ]
-        );
         assert_eq!(with(ActivationMath::PackedFma { eighths: 3 }).expect("fma3").source.matches(", 3>(h").count(), 5);
         let err = with(ActivationMath::PackedFma { eighths: 9 }).expect_err("9 eighths");
         assert!(err.to_string().contains("eighths"), "{err}");

@@ -150,7 +150,7 @@ pub fn random_input(dtype: DType, rows: usize, cols: usize, rng: &mut Rng) -> Ho
     HostTensor::from_f64(dtype, vec![rows, cols], &values)
 }
 
-/// The GPU tests' tolerance for f16/bf16 storage between layers (issue 5): relative error at
+/// The GPU tests' tolerance for f16/bf16 storage between layers: relative error at
 /// most 1e-2 over the compared values.
 pub const TOL_16BIT: f64 = 1e-2;
 

@@ -9,7 +9,8 @@ use half::{bf16, f16};
 
 use kfuse_ir::DType;
 
-use crate::error::Result;
+use crate::error::{MlpError, Result};
+use crate::kernel::io_kind;
 use crate::model::MlpModel;
 
 const TILED: &str = include_str!("mlp_tiled.cuh");
@@ -40,16 +41,12 @@ pub struct TiledPlan {
     pub note: String,
 }
 
-fn kind(d: DType) -> u32 {
-    match d {
-        DType::F16 => 1,
-        DType::BF16 => 2,
-        _ => 0,
-    }
-}
-
 /// Generates the per-layer kernels; `why` is the reason the fused kernel was not used.
 pub fn emit_tiled(model: &MlpModel, in_dtype: DType, out_dtype: DType, why: &str) -> Result<TiledPlan> {
+    let in_kind = io_kind(in_dtype).ok_or(MlpError::InputDType { dtype: in_dtype })?;
+    let out_kind = io_kind(out_dtype).ok_or(MlpError::OutputDType { dtype: out_dtype })?;
+    // Hidden layers pass f32 rows to each other.
+    let f32_kind = 0;
     let last = model.layers.len().saturating_sub(1);
     let mut layers = Vec::with_capacity(model.layers.len());
     for (i, layer) in model.layers.iter().enumerate() {
@@ -61,8 +58,8 @@ pub fn emit_tiled(model: &MlpModel, in_dtype: DType, out_dtype: DType, why: &str
         for (k, v) in [
             ("KF_K", layer.inputs),
             ("KF_N", layer.outputs),
-            ("KF_X_KIND", kind(x_dtype) as usize),
-            ("KF_Y_KIND", kind(y_dtype) as usize),
+            ("KF_X_KIND", if i == 0 { in_kind } else { f32_kind } as usize),
+            ("KF_Y_KIND", if i == last { out_kind } else { f32_kind } as usize),
             ("KF_W_BF16", usize::from(model.dtype == DType::BF16)),
             ("KF_HAS_BIAS", usize::from(layer.bias.is_some())),
         ] {

@@ -4,20 +4,15 @@
 //! refuses a blob it does not understand or too little shared memory (and `emit_fast_form` then
 //! falls back to the looped form), a golden file of one model's generated part, and a CPU
 //! emulation of one 16-row tile that reads the layer table and the blob with the kernel's address
-//! formulas and matches the interpreter. NVRTC tier:
-//! it compiles for sm_80 and sm_90 for many shapes, dtypes, activations and bias forms. GPU tier
-//! (skips without a GPU unless KFUSE_REQUIRE_GPU=1): launched directly, it matches the CPU
-//! interpreter on fresh random data, outputs poisoned, batches 1, 3, 127, 129, 255, 1023, 4099, widths 16, 24,
-//! 100, 256, depth 1 and 8, f16 and bf16 weights, f32/f16/bf16 I/O, and relaunches bit-identically.
+//! formulas and matches the interpreter. The NVRTC and GPU
+//! tiers of the same kernels are in the `kfuse` crate's `mlp_generic` tests.
 
-use kfuse_ir::{DType, HostTensor};
+use kfuse_ir::DType;
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, BiasOperand, GenericRefusal,
-    MlpKernel, MlpKernelOptions, MlpModel,
+    compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, GenericRefusal,
+    HiddenAccumulator, MlpKernel, MlpKernelOptions, MlpModel,
 };
-use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
-use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (as in
 /// gpu_tier.rs).
@@ -31,7 +26,6 @@ struct Case {
     bias: bool,
     io: (DType, DType),
     math: ActivationMath,
-    bias_form: BiasOperand,
 }
 
 impl Case {
@@ -39,15 +33,7 @@ impl Case {
     fn new(widths: &[usize], hidden: &'static str, dtype: DType, bias: bool) -> Case {
         let n = widths.len() - 1;
         let acts = (0..n).map(|i| if i + 1 == n { "none" } else { hidden }).collect();
-        Case {
-            widths: widths.to_vec(),
-            acts,
-            dtype,
-            bias,
-            io: (DType::F16, DType::F16),
-            math: ActivationMath::Packed,
-            bias_form: BiasOperand::Quads,
-        }
+        Case { widths: widths.to_vec(), acts, dtype, bias, io: (DType::F16, DType::F16), math: ActivationMath::Packed }
     }
     fn io(self, input: DType, output: DType) -> Case {
         Case { io: (input, output), ..self }
@@ -71,7 +57,6 @@ impl Case {
             in_dtype: self.io.0,
             out_dtype: self.io.1,
             activation_math: self.math,
-            bias_operand: self.bias_form,
             ..MlpKernelOptions::default()
         };
         MlpKernelOptions { shared_limit: shared_limit.unwrap_or(base.shared_limit), ..base }
@@ -105,14 +90,14 @@ fn code(source: &str) -> String {
 
 fn cases() -> Vec<Case> {
     use DType::*;
-    let mut pairs = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
-    pairs.bias_form = BiasOperand::Pairs;
+    let mut fma8 = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
+    fma8.math = ActivationMath::PackedFma { eighths: 8 };
     let mut tanh32 = Case::new(&[24, 40, 24], "silu", BF16, true).io(F32, F32);
     tanh32.math = ActivationMath::TanhF32;
     let mut f32math = Case::new(&[100, 100, 100, 100, 3], "silu", F16, true).io(F32, BF16);
     f32math.math = ActivationMath::F32;
     let mut fma = Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true);
-    fma.math = ActivationMath::PackedFmaBalanced;
+    fma.math = ActivationMath::PackedFma { eighths: 2 };
     vec![
         Case::new(&[16, 16], "none", F16, true),
         Case::new(&[16, 16], "none", BF16, false).io(F32, F32).last("relu"),
@@ -126,7 +111,7 @@ fn cases() -> Vec<Case> {
         Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", F16, true),
         Case::new(&[32, 64, 128, 96, 64, 32, 16], "silu", BF16, true).io(F32, F32),
         Case::new(&[3, 17, 1], "x * sigmoid(1.702 * x)", BF16, true).io(F32, BF16),
-        pairs,
+        fma8,
         tanh32,
         f32math,
         fma,
@@ -190,12 +175,18 @@ fn generic_refuses_a_foreign_blob_or_too_little_shared_memory_and_tiering_falls_
     let dir = tempfile::tempdir().expect("tempdir");
     let m = Case::new(&[64, 64, 64, 64, 64, 16], "relu", DType::F16, false).model(dir.path(), "r", 3);
     let opts = MlpKernelOptions::default();
-    let mut full = emit_kernel(&m, &opts).expect("emit");
-    // A blob of another layout (here: one weight changed) is refused, never misread.
-    full.params[0] ^= 1;
-    assert!(matches!(emit_generic(&m, &opts, &full), Err(GenericRefusal::Layout)));
-    let fallback = emit_fast_form(&m, &opts, &full, (13, 0));
-    assert!(fallback.is_none(), "no form shares a blob that kernel.rs did not make");
+    // A blob of another layout (here: f16 accumulators, whose biases are f16 pairs) is refused,
+    // never misread; tiering then falls back to a looped form that shares it.
+    let acc16 = MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..opts.clone() };
+    let full16 = emit_kernel(&m, &acc16).expect("emit");
+    assert!(matches!(emit_generic(&m, &acc16, &full16), Err(GenericRefusal::Layout)));
+    let fallback = emit_fast_form(&m, &acc16, &full16, (13, 0)).expect("a looped form");
+    assert!(!fallback.name.starts_with("kf_mlp_generic_") && fallback.params == full16.params, "{}", fallback.name);
+    // So is a kernel whose SiLU layers are not halved as the options' activation forms expect.
+    let silu = Case::new(&[64, 64, 64, 16], "silu", DType::F16, true).model(dir.path(), "s", 3);
+    let unhalved =
+        emit_kernel(&silu, &MlpKernelOptions { activation_math: ActivationMath::F32, ..opts.clone() }).expect("emit");
+    assert!(matches!(emit_generic(&silu, &opts, &unhalved), Err(GenericRefusal::Layout)));
     let full = emit_kernel(&m, &opts).expect("emit");
     // Too little shared memory for the weights plus one warp's two 16-row buffers.
     let tight =
@@ -369,10 +360,7 @@ fn generic_table_and_addressing_reproduce_the_model_on_the_cpu() {
         let (_, generic) = both(&m, &opts);
         let last = m.layers.len() - 1;
         let half_silu = (m.dtype == DType::F16
-            && matches!(
-                case.math,
-                ActivationMath::Packed | ActivationMath::PackedFma { .. } | ActivationMath::PackedFmaBalanced
-            ))
+            && matches!(case.math, ActivationMath::Packed | ActivationMath::PackedFma { .. }))
             || case.math == ActivationMath::TanhF32;
         let halved: Vec<bool> = m
             .layers
@@ -384,118 +372,7 @@ fn generic_table_and_addressing_reproduce_the_model_on_the_cpu() {
         let got = emulate_tile(&m, &generic, &halved, &x.to_f64());
         let want = evaluate_cpu(&m, &x).expect("cpu");
         let e = compare_rows(&got, &want, m.output_width());
-        println!(
-            "{} {:?} {:?}: rel {:.2e} worst row {:.2e}",
-            m.summary(),
-            case.math,
-            case.bias_form,
-            e.rel_err,
-            e.worst_row_rel_err
-        );
+        println!("{} {:?}: rel {:.2e} worst row {:.2e}", m.summary(), case.math, e.rel_err, e.worst_row_rel_err);
         assert!(e.non_finite == 0 && e.rel_err <= TOL_16BIT, "{}: {e:?}", m.summary());
-    }
-}
-
-#[test]
-fn generic_compiles_for_sm80_and_sm90() {
-    if nvrtc_or_skip("generic_compiles_for_sm80_and_sm90").is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (n, case) in cases().iter().enumerate() {
-        let m = case.model(dir.path(), &format!("c{n}"), 5);
-        let (_, generic) = both(&m, &case.options(None));
-        for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
-            let t = std::time::Instant::now();
-            let mut opts = CompileOptions { arch, extra: generic.nvrtc_options.clone() };
-            opts.extra.push("--ptxas-options=-v".to_string());
-            match compile(&generic.source, &opts) {
-                Ok(module) => {
-                    let regs = module
-                        .log
-                        .lines()
-                        .filter(|l| l.contains("registers") || l.contains("spill"))
-                        .map(str::trim)
-                        .collect::<Vec<_>>()
-                        .join(" ");
-                    println!(
-                        "{} {arch}: {} B cubin in {:.0} ms; {regs}",
-                        m.summary(),
-                        module.cubin.len(),
-                        t.elapsed().as_secs_f64() * 1e3
-                    );
-                    assert!(!module.cubin.is_empty());
-                    assert!(
-                        !module.log.contains("bytes spill stores") || module.log.contains(" 0 bytes spill stores"),
-                        "{}: spills: {}",
-                        m.summary(),
-                        module.log
-                    );
-                }
-                Err(e) => panic!(
-                    "{}: the generic form failed to compile for {arch}: {e}\n--- source ---\n{}",
-                    m.summary(),
-                    generic.source
-                ),
-            }
-        }
-    }
-}
-
-#[test]
-fn generic_kernel_matches_cpu_interpreter() {
-    let Some(gpu) = gpu_or_skip("generic_kernel_matches_cpu_interpreter") else { return };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (mut rng, seed) = Rng::from_time();
-    println!("seed {seed}");
-    for (n, case) in cases().iter().enumerate() {
-        let m = case.model(dir.path(), &format!("g{n}"), rng.next_u64());
-        let (_, generic) = both(&m, &case.options(Some(gpu.max_shared_bytes())));
-        let f = gpu
-            .load_kernel_with_options(&generic.source, &generic.name, &generic.nvrtc_options)
-            .expect("compile and load");
-        let params = gpu.upload(&generic.params).expect("upload params");
-        let (io_in, io_out) = case.io;
-        for rows in [1usize, 3, 127, 129, 255, 1023, 4099] {
-            let x = random_input(io_in, rows, m.input_width(), &mut rng);
-            let xb = gpu.upload(&x.to_bytes()).expect("upload");
-            let out_w = m.output_width();
-            let y = gpu.alloc_zeroed(rows * out_w * io_out.size_bytes()).expect("alloc");
-            let mut results = Vec::new();
-            for _ in 0..2 {
-                gpu.fill(&y, 0xff).expect("poison");
-                let blocks = u32::try_from(rows.div_ceil(generic.rows_per_block as usize))
-                    .expect("blocks")
-                    .min(gpu.sm_count())
-                    .max(1);
-                let args = [
-                    KernelArg::Buffer(&xb),
-                    KernelArg::Buffer(&y),
-                    KernelArg::Buffer(&params),
-                    KernelArg::I64(rows as i64),
-                ];
-                gpu.launch(&f, blocks, generic.block, generic.shared_bytes, &args).expect("launch");
-                results.push(gpu.download(&y).expect("download"));
-            }
-            assert_eq!(results[0], results[1], "{}: a relaunch differs", m.summary());
-            let got = HostTensor::from_bytes(io_out, vec![rows, out_w], &results[0]).expect("size");
-            let want = evaluate_cpu(&m, &x).expect("cpu");
-            let e = compare_rows(&got.to_f64(), &want, out_w);
-            println!(
-                "{} io {io_in}->{io_out} {:?} {:?} rows {rows}: rel {:.2e} worst row {:.2e} (row {})",
-                m.summary(),
-                case.math,
-                case.bias_form,
-                e.rel_err,
-                e.worst_row_rel_err,
-                e.worst_row
-            );
-            let bf16 = m.dtype == DType::BF16 || io_out == DType::BF16;
-            if let Err(why) =
-                kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary()))
-            {
-                panic!("{why}");
-            }
-        }
     }
 }

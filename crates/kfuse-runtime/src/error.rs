@@ -35,11 +35,21 @@ pub enum RuntimeError {
         /// How many devices the driver reports.
         count: usize,
     },
-    /// An architecture string that is not `sm_XY`, `XY` or `X.Y`.
-    #[error("invalid GPU architecture {text:?}: expected a form like \"sm_90\", \"90\" or \"9.0\"")]
-    InvalidArch {
-        /// The text that failed to parse.
-        text: String,
+    /// An architecture string that is not `sm_XY`, `XY` or `X.Y` (with an optional `a`).
+    #[error(transparent)]
+    InvalidArch(#[from] kfuse_arch::ParseArchError),
+    /// A kernel compiled for an architecture-specific target (`sm_90a`) that the device cannot
+    /// run (its code runs on that exact compute capability only).
+    #[error("kernel `{fn_name}` targets {target}, which device {ordinal} ({device}) cannot run")]
+    ArchMismatch {
+        /// The kernel's name.
+        fn_name: String,
+        /// The target it is compiled for.
+        target: Arch,
+        /// The device's ordinal.
+        ordinal: usize,
+        /// The device's compute capability.
+        device: Arch,
     },
     /// An environment variable with a value kfuse cannot use.
     #[error("environment variable {name}={value:?} is invalid: expected {expected}")]

@@ -350,14 +350,35 @@ impl Gpu {
         fn_name: &str,
         extra: &[String],
     ) -> Result<GpuFunction, RuntimeError> {
-        let lookup = LookupKey { source, name: fn_name, arch: self.compile_arch, extra };
+        self.load_kernel_for(source, fn_name, self.compile_arch, extra)
+    }
+
+    /// [`Gpu::load_kernel_with_options`] for an explicit target, e.g. `sm_90a` for a kernel that
+    /// uses architecture-specific instructions. An `a` target must be this device's exact
+    /// compute capability ([`RuntimeError::ArchMismatch`] otherwise).
+    pub fn load_kernel_for(
+        &self,
+        source: &str,
+        fn_name: &str,
+        target: Arch,
+        extra: &[String],
+    ) -> Result<GpuFunction, RuntimeError> {
+        if target.accel && !target.cubin_loads_on(self.arch) {
+            return Err(RuntimeError::ArchMismatch {
+                fn_name: fn_name.to_string(),
+                target,
+                ordinal: self.ordinal,
+                device: self.arch,
+            });
+        }
+        let lookup = LookupKey { source, name: fn_name, arch: target, extra };
         let bypass = self.cache.is_bypassed();
         if !bypass {
             if let Some(function) = self.functions.get(&lookup) {
                 return Ok(function);
             }
         }
-        let opts = CompileOptions { arch: self.compile_arch, extra: extra.to_vec() };
+        let opts = CompileOptions { arch: target, extra: extra.to_vec() };
         check_no_nul("the kernel name", fn_name)?;
         let step = Instant::now();
         let (compiled, outcome) = self.cache.get_or_compile(source, &opts)?;

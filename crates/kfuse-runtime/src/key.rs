@@ -51,6 +51,10 @@ impl CacheKey {
         field(&parts.nvrtc_version.1.to_le_bytes());
         field(&parts.arch.major.to_le_bytes());
         field(&parts.arch.minor.to_le_bytes());
+        // Only the `a` targets add a field, so that the keys of plain targets stay what they were.
+        if parts.arch.accel {
+            field(b"a");
+        }
         field(&(parts.options.len() as u64).to_le_bytes());
         for option in parts.options {
             field(option.as_bytes());
@@ -152,6 +156,7 @@ mod tests {
             KeyParts { source: "extern \"C\" __global__ void k2() {}", ..base(&options) },
             KeyParts { options: &other_options, ..base(&options) },
             KeyParts { arch: Arch::new(8, 0), ..base(&options) },
+            KeyParts { arch: Arch::accelerated(9, 0), ..base(&options) },
             KeyParts { nvrtc_version: (13, 1), ..base(&options) },
             KeyParts { kfuse_version: "0.1.1", ..base(&options) },
             KeyParts { format_version: 2, ..base(&options) },

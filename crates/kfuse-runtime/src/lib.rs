@@ -14,7 +14,6 @@
 //! It takes CUDA source strings and knows nothing of the IR. Libraries are loaded at run time
 //! (cudarc `dynamic-loading`); their absence is an error value, never a panic.
 
-mod arch;
 pub mod cache;
 mod error;
 mod gpu;
@@ -25,13 +24,13 @@ mod stream;
 pub mod testing;
 pub mod timing;
 
-pub use arch::Arch;
 pub use cache::{
-    CacheConfig, CacheCounters, CacheEntryInfo, CacheMode, CacheOutcome, CacheStats, ClearReport, KernelCache,
-    VerifyProblem, VerifyReport,
+    BackgroundCompile, BackgroundFailure, BackgroundOutcome, CacheConfig, CacheCounters, CacheEntryInfo, CacheMode,
+    CacheOutcome, CacheStats, ClearReport, KernelCache, VerifyProblem, VerifyReport,
 };
 pub use error::RuntimeError;
 pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
+pub use kfuse_arch::{Arch, ParseArchError};
 pub use nvrtc::{cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions, CompiledModule};
 pub use stream::Stream;

@@ -70,6 +70,7 @@ impl<V: Clone> SourceMap<V> {
         h.write(key.name.as_bytes());
         h.write_u32(key.arch.major);
         h.write_u32(key.arch.minor);
+        h.write_u8(u8::from(key.arch.accel));
         h.write_usize(key.extra.len());
         for option in key.extra {
             h.write_usize(option.len());

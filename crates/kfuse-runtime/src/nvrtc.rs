@@ -29,8 +29,9 @@ impl CompileOptions {
         CompileOptions { arch, extra: Vec::new() }
     }
 
-    /// The exact option list given to NVRTC: `--gpu-architecture=sm_XY --std=c++17
-    /// -default-device` and then `extra`. Deterministic; part of the cache key.
+    /// The exact option list given to NVRTC: `--gpu-architecture=sm_XY` (`sm_XYa` for an `a`
+    /// target), `--std=c++17 -default-device` and then `extra`. Deterministic; part of the cache
+    /// key.
     pub fn nvrtc_options(&self) -> Vec<String> {
         let mut options = Vec::with_capacity(3 + self.extra.len());
         options.push(format!("--gpu-architecture={}", self.arch));

@@ -455,3 +455,26 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+#[test]
+fn an_a_target_compiles_as_itself_into_its_own_folder() {
+    let Some(()) = nvrtc_or_skip("an_a_target_compiles_as_itself_into_its_own_folder") else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = KernelCache::with_dir(dir.path(), MAX);
+    let sm90a = CompileOptions::for_arch(Arch::accelerated(9, 0));
+    assert_eq!(sm90a.nvrtc_options()[0], "--gpu-architecture=sm_90a");
+    let (plain, _) = cache.get_or_compile(&source(3), &sm90()).expect("sm_90 compiles");
+    let (accel, outcome) = cache.get_or_compile(&source(3), &sm90a).expect("sm_90a compiles");
+    assert_eq!(outcome, CacheOutcome::Compiled);
+    assert_ne!(plain.key, accel.key);
+    assert_eq!(accel.arch, Arch::accelerated(9, 0));
+    assert!(accel.ptx.contains(".target sm_90a"), "{}", &accel.ptx[..accel.ptx.len().min(400)]);
+    let path = entry_path(&cache, &source(3), &sm90a);
+    assert_eq!(path.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()), Some("sm_90a"));
+    assert!(path.is_file());
+    // A new process finds it on disk under its own arch.
+    let fresh = KernelCache::with_dir(dir.path(), MAX);
+    let (again, outcome) = fresh.get_or_compile(&source(3), &sm90a).expect("from disk");
+    assert_eq!(outcome, CacheOutcome::DiskHit);
+    assert_eq!(*again, *accel);
+}

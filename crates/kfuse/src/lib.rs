@@ -25,6 +25,7 @@
 mod engine;
 mod error;
 pub mod exec;
+pub mod mlp;
 mod program;
 
 pub use engine::Engine;

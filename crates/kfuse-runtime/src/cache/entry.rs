@@ -10,8 +10,11 @@ use crate::nvrtc::CompiledModule;
 use crate::{Arch, CacheKey};
 
 const MAGIC: [u8; 8] = *b"KFUSEKC\0";
-/// magic 8, format 4, arch 4 + 4, key 32, three lengths 3 x 8, checksum 32.
+/// magic 8, format 4, arch 4 + 4, key 32, three lengths 3 x 8, checksum 32. The arch's second
+/// word is the minor version, with [`ACCEL_BIT`] set for an `a` target (`sm_90a`), so that the
+/// entries of plain targets keep their bytes.
 pub(crate) const HEADER_LEN: usize = 8 + 4 + 8 + 32 + 24 + 32;
+const ACCEL_BIT: u32 = 1 << 31;
 const CHECKSUM_AT: usize = HEADER_LEN - 32;
 /// Larger entries are treated as damaged rather than read into memory.
 pub(crate) const MAX_ENTRY_BYTES: u64 = 512 << 20;
@@ -22,7 +25,8 @@ pub(crate) fn encode(module: &CompiledModule) -> Vec<u8> {
     bytes.extend_from_slice(&MAGIC);
     bytes.extend_from_slice(&CACHE_FORMAT_VERSION.to_le_bytes());
     bytes.extend_from_slice(&module.arch.major.to_le_bytes());
-    bytes.extend_from_slice(&module.arch.minor.to_le_bytes());
+    let minor_word = module.arch.minor | if module.arch.accel { ACCEL_BIT } else { 0 };
+    bytes.extend_from_slice(&minor_word.to_le_bytes());
     bytes.extend_from_slice(&module.key.0);
     for len in [module.cubin.len(), module.ptx.len(), module.log.len()] {
         bytes.extend_from_slice(&(len as u64).to_le_bytes());
@@ -72,7 +76,9 @@ pub(crate) fn decode(bytes: &[u8], key: &CacheKey, arch: Arch) -> Result<Compile
     if format != CACHE_FORMAT_VERSION {
         return Err(format!("cache format version {format}, this kfuse reads {CACHE_FORMAT_VERSION}"));
     }
-    let stored_arch = Arch::new(u32_at(bytes, 12), u32_at(bytes, 16));
+    let minor_word = u32_at(bytes, 16);
+    let stored_arch =
+        Arch { major: u32_at(bytes, 12), minor: minor_word & !ACCEL_BIT, accel: minor_word & ACCEL_BIT != 0 };
     let lens = [u64_at(bytes, 52), u64_at(bytes, 60), u64_at(bytes, 68)];
     let payload = (bytes.len() - HEADER_LEN) as u64;
     let declared = lens.iter().try_fold(0u64, |sum, len| sum.checked_add(*len));
@@ -123,6 +129,16 @@ mod tests {
     fn round_trips() {
         let m = module();
         assert_eq!(decode(&encode(&m), &m.key, m.arch), Ok(m));
+    }
+
+    #[test]
+    fn an_a_target_round_trips_and_is_not_its_plain_target() {
+        let m = CompiledModule { arch: Arch::accelerated(9, 0), ..module() };
+        let bytes = encode(&m);
+        assert_eq!(decode(&bytes, &m.key, m.arch), Ok(m.clone()));
+        assert!(decode(&bytes, &m.key, Arch::new(9, 0)).unwrap_err().contains("sm_90a"));
+        // A plain target's header is unchanged by the flag's existence.
+        assert_eq!(encode(&module())[16..20], 0u32.to_le_bytes());
     }
 
     #[test]

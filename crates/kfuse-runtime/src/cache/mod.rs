@@ -1,4 +1,4 @@
-//! The kernel cache (issue 3): compiled cubin + PTX by content key, in memory and on disk.
+//! The kernel cache: compiled cubin + PTX by content key, in memory and on disk.
 //!
 //! - Memory: (source, arch, extra options) → `Arc<CompiledModule>` first (a [`SourceMap`]: a
 //!   repeat costs a fast hash, one map probe and one source comparison), then (key) → slot for
@@ -7,11 +7,14 @@
 //!   [`crate::Gpu`].)
 //! - Disk: see `disk` for the layout. Bad entries are warnings and recompiles (`Repaired`); a
 //!   failed write is a warning; a per-key file lock makes concurrent processes compile once.
+//! - Background: [`KernelCache::compile_in_background`] compiles on its own thread and returns
+//!   a handle to poll (`background`).
 //! - Environment: `KFUSE_CACHE_DIR`, `KFUSE_CACHE_MAX_BYTES`, `KFUSE_NO_CACHE=1` (compile every
 //!   time, touch no cache), `KFUSE_LOG_COMPILES=1` (print each compile and its time).
 //!
 //! Without NVRTC nothing can be looked up: the key includes NVRTC's version.
 
+mod background;
 mod disk;
 mod entry;
 mod probe;
@@ -22,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+pub use background::{BackgroundCompile, BackgroundFailure, BackgroundOutcome};
 use disk::{DiskStore, ReadOutcome};
 
 use crate::lookup::{LookupKey, SourceMap};

@@ -5,24 +5,23 @@
 //! Tiered compilation in one run ([`Tiering::Background`], the default): the first call (prepare,
 //! input upload, one launch, download) is timed as a user sees it; when the optimised kernel
 //! was not cached it runs the fast-compiled form, which is then timed too, and the optimised
-//! kernel's background compile is waited for ([`crate::PreparedMlp::wait_optimized`]) before the
+//! kernel's background compile is waited for ([`kfuse::mlp::PreparedMlp::wait_optimized`]) before the
 //! headline figures, which always time the optimised kernel ([`KernelTier::Full`]).
 //! Cold figures need cold caches: kfuse's (a fresh `KFUSE_CACHE_DIR`) and NVRTC's own (12.9+ keeps
 //! one in the driver's compute cache: set `CUDA_CACHE_DISABLE=1`); the report records whether
 //! `CUDA_CACHE_DISABLE=1` was set.
 
 use kfuse_ir::{DType, HostTensor};
+use kfuse_mlp::testing::{random_input, Rng};
+use kfuse_mlp::{compare_rows, evaluate_cpu, ErrorReport, KernelTier, MlpError, MlpKernelOptions, MlpModel, Tiering};
 use kfuse_runtime::{Gpu, KernelArg};
 
-use crate::cpu::{compare_rows, evaluate_cpu, ErrorReport};
-use crate::error::{MlpError, Result};
-use crate::gpu::prepare_tiered;
-use crate::kernel::MlpKernelOptions;
-use crate::model::MlpModel;
-use crate::testing::{random_input, Rng};
-use crate::tier::{KernelTier, Tiering};
+use kfuse::mlp::prepare_tiered;
+use kfuse::Error;
 
-const BENCH_KERNELS: &str = include_str!("bench_kernels.cuh");
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+const BENCH_KERNELS: &str = include_str!("mlp_bench_kernels.cuh");
 
 /// What to benchmark.
 #[derive(Clone, Debug)]
@@ -166,14 +165,14 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<(f64, f64)> {
     let blocks = gpu.sm_count().max(1) * 8;
     let t = time_launches(gpu, 3, 20, || {
         gpu.launch(&copy, blocks, 256, 0, &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n16)])
-            .map_err(MlpError::from)
+            .map_err(Error::from)
     })?;
     let copy_gbps = 2.0 * bytes as f64 / (median(t) * 1e-3) / 1e9;
     let mma_blocks = gpu.sm_count().max(1) * 4;
     let sink = gpu.alloc_zeroed(mma_blocks as usize * 256 * 4)?;
     let iters: i32 = 4096;
     let t = time_launches(gpu, 2, 10, || {
-        gpu.launch(&mma, mma_blocks, 256, 0, &[KernelArg::Buffer(&sink), KernelArg::I32(iters)]).map_err(MlpError::from)
+        gpu.launch(&mma, mma_blocks, 256, 0, &[KernelArg::Buffer(&sink), KernelArg::I32(iters)]).map_err(Error::from)
     })?;
     let flops = mma_blocks as f64 * 8.0 * iters as f64 * 8.0 * 4096.0;
     Ok((copy_gbps, flops / (median(t) * 1e-3) / 1e12))
@@ -207,17 +206,15 @@ fn download_output(
     width: usize,
 ) -> Result<HostTensor> {
     let out = gpu.download(y)?;
-    HostTensor::from_bytes(dtype, vec![rows, width], &out).ok_or(MlpError::TooLarge {
-        what: "downloaded bytes (size mismatch)",
-        value: out.len() as u64,
-        limit: 0,
+    HostTensor::from_bytes(dtype, vec![rows, width], &out).ok_or({
+        Error::Mlp(MlpError::TooLarge { what: "downloaded bytes (size mismatch)", value: out.len() as u64, limit: 0 })
     })
 }
 
 /// Benchmarks `model` on `gpu`: see the module docs.
 pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<BenchReport> {
     if opts.batch == 0 {
-        return Err(MlpError::EmptyBatch);
+        return Err(MlpError::EmptyBatch.into());
     }
     let base = opts.kernel.clone().unwrap_or_else(|| MlpKernelOptions::tuned_for(gpu.compile_arch()));
     let kopts = MlpKernelOptions {
@@ -229,10 +226,8 @@ pub fn bench_gpu(gpu: &Gpu, model: &MlpModel, opts: &BenchOptions) -> Result<Ben
     let mut rng = Rng::new(opts.seed);
     let input = random_input(opts.in_dtype, opts.batch, model.input_width(), &mut rng);
     let out_w = model.output_width();
-    let out_bytes = opts.batch.checked_mul(out_w * opts.out_dtype.size_bytes()).ok_or(MlpError::TooLarge {
-        what: "output bytes",
-        value: opts.batch as u64,
-        limit: usize::MAX as u64,
+    let out_bytes = opts.batch.checked_mul(out_w * opts.out_dtype.size_bytes()).ok_or({
+        Error::Mlp(MlpError::TooLarge { what: "output bytes", value: opts.batch as u64, limit: usize::MAX as u64 })
     })?;
 
     // The first call as a user sees it: prepare, upload, one launch, download.

@@ -1,4 +1,4 @@
-//! Times the fused kernel's tile and math variants on the three issue-5 benchmark models
+//! Times the fused kernel's tile and math variants on the three MLP benchmark models
 //! (64→4×64→16 ReLU, 64→4×128→16 ReLU, 32→64→128→96→64→32→16 SiLU with bias; f16, batch 2^21)
 //! on the first GPU, checking each against the CPU interpreter path, and prints one table.
 //!
@@ -7,29 +7,28 @@
 //! KFUSE_CACHE_DIR so that each variant's first call is a cold compile. Prints SKIPPED without
 //! a GPU. Env: KF_MODEL runs one model only; KF_SILU_MATH lists the SiLU model's variants,
 //! comma-separated, from `packed`, `tanhf32`, `f32`, `fma0`..`fma8` (ActivationMath::PackedFma,
-//! eighths) and `balanced` (PackedFmaBalanced), each optionally followed by `@W` (W warps per
-//! block), `/R` (R row tiles per warp) and any of the suffixes `+pairs` (BiasOperand::Pairs, the
-//! earlier bias form), `+acc16` (HiddenAccumulator::F16), `+pipe` (ChunkOrder::Pipelined) and `+wg`
-//! (TensorInstructions::Wgmma),
-//! e.g. `fma2@12`, `packed@16/1`, `packed+pairs`, `packed@12+acc16`; default
-//! `packed,fma1,fma2,fma3,fma4,balanced,packed`; the ReLU models run their default twice, and
-//! with KF_LOOP=1 also with looped repeated layers, with KF_RELU_PAIRS=1 also with
-//! BiasOperand::Pairs (a no-bias model: the same kernel but for one #define), and KF_RELU_VARIANTS
+//! eighths), each optionally followed by `@W` (W warps per block), `/R` (R row tiles per warp)
+//! and any of the suffixes `+acc16` (HiddenAccumulator::F16), `+pipe` (ChunkOrder::Pipelined)
+//! and `+wg` (TensorInstructions::Wgmma),
+//! e.g. `fma2@12`, `packed@16/1`, `packed@12+acc16`; default
+//! `packed,fma1,fma2,fma3,fma4,packed`; the ReLU models run their default twice, and
+//! with KF_LOOP=1 also with looped repeated layers, and KF_RELU_VARIANTS
 //! replaces their list (KF_SILU_MATH's syntax; the math part is ignored, e.g. `packed,packed+wg`); KF_DUMP=DIR writes
 //! each variant's source and sm_90 cubin there first (the models KF_MODEL selects; NVRTC only,
 //! for cuobjdump/nvdisasm; no GPU needed). KF_FULL_ONLY=1 compiles the optimised kernel before the
 //! first call (Tiering::FullOnly), so that every launch is of the timed kernel (for ncu).
 //!
-//! A binary (not an example) so that `../shared/tools/gpu-bundle` packs it for the GPU machine.
+//! A binary (not an example) so that it can be packed with the release binaries for a GPU machine.
 
 #![forbid(unsafe_code)]
 
 use std::io::Write;
 
+use kfuse_cli::mlp_bench::{bench_gpu, BenchOptions};
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
-    bench_gpu, emit_kernel, ActivationMath, BenchOptions, BiasOperand, ChunkOrder, CompileEffort, HiddenAccumulator,
-    MlpKernelOptions, MlpModel, RepeatedLayers, TensorInstructions, Tiering,
+    emit_kernel, ActivationMath, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel,
+    RepeatedLayers, TensorInstructions, Tiering,
 };
 
 /// One kernel variant; `None` = the generator's default.
@@ -40,15 +39,14 @@ struct Variant {
     math: ActivationMath,
     effort: CompileEffort,
     repeated: RepeatedLayers,
-    bias: BiasOperand,
     acc: HiddenAccumulator,
     order: ChunkOrder,
     tensor: TensorInstructions,
 }
 
 impl Variant {
-    /// The generator's defaults with `repeated` and `bias`.
-    fn default_with(repeated: RepeatedLayers, bias: BiasOperand) -> Self {
+    /// The generator's defaults with `repeated`.
+    fn default_with(repeated: RepeatedLayers) -> Self {
         let d = MlpKernelOptions::default();
         Variant {
             warps: None,
@@ -56,7 +54,6 @@ impl Variant {
             math: d.activation_math,
             effort: d.compile_effort,
             repeated,
-            bias,
             acc: d.hidden_accumulator,
             order: d.chunk_order,
             tensor: d.tensor_instructions,
@@ -71,7 +68,6 @@ impl Variant {
             row_tiles_per_warp: self.rows,
             compile_effort: self.effort,
             repeated_layers: self.repeated,
-            bias_operand: self.bias,
             hidden_accumulator: self.acc,
             chunk_order: self.order,
             tensor_instructions: self.tensor,
@@ -89,13 +85,12 @@ impl Variant {
         )
     }
 
-    /// The math and every option that differs from the default, e.g. `Packed Pairs acc16`.
+    /// The math and every option that differs from the default, e.g. `Packed Loop acc16`.
     fn forms(&self) -> String {
         let mut l = format!("{:?}", self.math);
         for (on, tag) in [
             (self.effort != CompileEffort::Full, format!(" {:?}", self.effort)),
             (self.repeated != RepeatedLayers::Unrolled, format!(" {:?}", self.repeated)),
-            (self.bias != BiasOperand::Quads, format!(" {:?}", self.bias)),
             (self.acc != HiddenAccumulator::F32, " acc16".to_string()),
             (self.order == ChunkOrder::Pipelined, " pipe".to_string()),
             (self.tensor == TensorInstructions::Wgmma, " wg".to_string()),
@@ -111,20 +106,17 @@ impl Variant {
 /// (name, widths, hidden activation, biases, variants) of one benchmark model.
 type ModelCase = (&'static str, Vec<usize>, &'static str, bool, Vec<Variant>);
 
-/// One KF_SILU_MATH entry: `MATH[@W][/R][+pairs][+acc16][+pipe]` (see the module docs).
+/// One KF_SILU_MATH entry: `MATH[@W][/R][+acc16][+pipe][+wg]` (see the module docs).
 fn parse_variant(entry: &str) -> Result<Variant, String> {
     let mut parts = entry.trim().split('+');
     let head = parts.next().unwrap_or_default();
-    let mut v = Variant::default_with(RepeatedLayers::Unrolled, BiasOperand::Quads);
+    let mut v = Variant::default_with(RepeatedLayers::Unrolled);
     for suffix in parts {
         match suffix {
-            "pairs" => v.bias = BiasOperand::Pairs,
             "acc16" => v.acc = HiddenAccumulator::F16,
             "pipe" => v.order = ChunkOrder::Pipelined,
             "wg" => v.tensor = TensorInstructions::Wgmma,
-            other => {
-                return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (pairs, acc16, pipe, wg)"))
-            }
+            other => return Err(format!("KF_SILU_MATH: unknown suffix `+{other}` in `{entry}` (acc16, pipe, wg)")),
         }
     }
     let (head, rows) = head.split_once('/').map_or((head, None), |(e, r)| (e, Some(r)));
@@ -144,14 +136,11 @@ fn parse_math(name: &str) -> Result<ActivationMath, String> {
         "packed" => Ok(ActivationMath::Packed),
         "tanhf32" => Ok(ActivationMath::TanhF32),
         "f32" => Ok(ActivationMath::F32),
-        "balanced" => Ok(ActivationMath::PackedFmaBalanced),
         _ => name
             .strip_prefix("fma")
             .and_then(|n| n.parse::<u8>().ok())
             .map(|eighths| ActivationMath::PackedFma { eighths })
-            .ok_or_else(|| {
-                format!("KF_SILU_MATH: unknown variant `{name}` (packed, tanhf32, f32, fma0..fma8, balanced)")
-            }),
+            .ok_or_else(|| format!("KF_SILU_MATH: unknown variant `{name}` (packed, tanhf32, f32, fma0..fma8)")),
     }
 }
 
@@ -165,7 +154,7 @@ fn dump(
     std::fs::create_dir_all(dir)?;
     for (n, v) in variants.iter().enumerate() {
         let kernel = emit_kernel(model, &v.options())?;
-        let mut opts = kfuse_runtime::CompileOptions::for_arch(kfuse_runtime::Arch::new(9, 0));
+        let mut opts = kfuse_runtime::CompileOptions::for_arch(kernel.target(kfuse_runtime::Arch::new(9, 0)));
         opts.extra = kernel.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let m = kfuse_runtime::compile(&kernel.source, &opts)?;
@@ -189,23 +178,41 @@ fn dump(
     Ok(())
 }
 
+/// A scratch folder under the system's temporary folder, removed when dropped.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new() -> std::io::Result<ScratchDir> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("kfuse-mlp-tune-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        Ok(ScratchDir(path))
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let silu: Vec<Variant> = std::env::var("KF_SILU_MATH")
-        .unwrap_or_else(|_| "packed,fma1,fma2,fma3,fma4,balanced,packed".to_string())
+        .unwrap_or_else(|_| "packed,fma1,fma2,fma3,fma4,packed".to_string())
         .split(',')
         .map(parse_variant)
         .collect::<Result<_, _>>()?;
     use RepeatedLayers::{Loop, Unrolled};
-    let d = Variant::default_with(Unrolled, BiasOperand::Quads);
-    let looped = Variant::default_with(Loop, BiasOperand::Quads);
-    let pairs = Variant::default_with(Unrolled, BiasOperand::Pairs);
+    let d = Variant::default_with(Unrolled);
+    let looped = Variant::default_with(Loop);
     let tiering =
         if std::env::var("KF_FULL_ONLY").is_ok_and(|v| v == "1") { Tiering::FullOnly } else { Tiering::Background };
     let mut relu =
         if std::env::var("KF_LOOP").is_ok_and(|v| v == "1") { vec![d, looped, d, looped] } else { vec![d, d] };
-    if std::env::var("KF_RELU_PAIRS").is_ok_and(|v| v == "1") {
-        relu.push(pairs);
-    }
     if let Ok(list) = std::env::var("KF_RELU_VARIANTS") {
         relu = list.split(',').map(parse_variant).collect::<Result<_, _>>()?;
     }
@@ -216,7 +223,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let only = std::env::var("KF_MODEL").ok();
     if let Ok(d) = std::env::var("KF_DUMP") {
-        let tmp = tempfile::tempdir()?;
+        let tmp = ScratchDir::new()?;
         for (name, widths, act, bias, variants) in &models {
             if only.as_deref().is_some_and(|o| o != *name) {
                 continue;
@@ -236,7 +243,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(std::fs::File::create(p)?),
         None => None,
     };
-    let tmp = tempfile::tempdir()?;
+    let tmp = ScratchDir::new()?;
     let dir = match std::env::args().nth(2) {
         Some(d) => {
             std::fs::create_dir_all(&d)?;

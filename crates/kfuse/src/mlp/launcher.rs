@@ -3,33 +3,34 @@
 //! device buffers; [`run_gpu`] does both for one host tensor, poisoning the output first so
 //! unwritten elements show up.
 //!
-//! Tiered compilation (see `tier.rs`): when the fully optimised fused kernel is not in the kernel
-//! cache (memory or disk), [`prepare`] compiles its fast form ([`crate::emit_fast_form`]: less
-//! code, `--Ofast-compile=mid`, the same parameters; a fifth to a third of the optimised compile
-//! time) and returns, and only then starts a background thread that compiles the optimised one
-//! into the cache, so that the two compiles never compete for the CPU during the first call;
-//! [`PreparedMlp::launch`] checks with one atomic load whether that thread is done and then loads
+//! Tiered compilation: when the fully optimised fused kernel is not in the kernel cache (memory
+//! or disk), [`prepare`] compiles its fast form ([`kfuse_mlp::emit_fast_form`]: less code,
+//! `--Ofast-compile=mid`, the same parameters) and returns, and only then starts its background
+//! compile into the cache ([`KernelCache::compile_in_background`](kfuse_runtime::KernelCache::compile_in_background)),
+//! so that the two compiles never compete for the CPU during the first call;
+//! [`PreparedMlp::launch`] checks with one atomic load whether that compile is done and then loads
 //! the optimised kernel (a cache hit) and uses it from then on. When the optimised kernel is
 //! already cached, no fast form is compiled. [`PreparedMlp::wait_optimized`] blocks until the
 //! switch; [`Tiering::FullOnly`] (and [`prepare_with`]) opt out.
 //!
 //! Handles: the fused kernel, and the tiled fallback (with its note) when the model does not fit.
-//! Does not handle: several GPUs, streams other than the Gpu's own, inputs already on the device
-//! in another process, tiering of the tiled fallback (compiled in full at once).
+//! Launches go on the Gpu's own stream or on a given one ([`PreparedMlp::launch_on_stream`]).
+//! Does not handle: several GPUs, tiering of the tiled fallback (compiled in full at once).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use kfuse_ir::{DType, HostTensor};
-use kfuse_runtime::{CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg};
+use kfuse_mlp::{
+    check_input, emit_fast_form, emit_kernel, emit_tiled, CompileEffort, KernelTier, MlpError, MlpKernel,
+    MlpKernelOptions, MlpModel, Tiering, TiledPlan,
+};
+use kfuse_runtime::{BackgroundCompile, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
-use crate::cpu::check_input;
-use crate::error::{MlpError, Result};
-use crate::kernel::{emit_kernel, CompileEffort, MlpKernel, MlpKernelOptions};
-use crate::model::MlpModel;
-use crate::tier::{emit_fast_form, BackgroundCompile, KernelTier, Tiering};
-use crate::tiled::{emit_tiled, TiledPlan};
+use crate::Error;
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A compiled, uploaded model on one GPU.
 pub struct PreparedMlp {
@@ -43,8 +44,9 @@ pub struct PreparedMlp {
 enum Body {
     /// The fused kernel.
     Fused {
-        /// The generated kernel (its `nvrtc_options` are the requested ones).
-        kernel: MlpKernel,
+        /// The generated kernel (its `nvrtc_options` are the requested ones); boxed, as the
+        /// largest part of the enum.
+        kernel: Box<MlpKernel>,
         /// Its loaded function(s).
         functions: FusedFunctions,
         /// The packed parameters on the device.
@@ -101,7 +103,7 @@ impl Geometry {
 }
 
 /// When the fully optimised kernel of a [`PreparedMlp`] was ready.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TierReady {
     /// Milliseconds from the start of `prepare` until the requested kernel was compiled into the
     /// cache: the background compile's end when the first call used the fast form, else
@@ -111,8 +113,8 @@ pub struct TierReady {
     pub background_compile_ms: Option<f64>,
 }
 
-fn too_large(what: &'static str, value: usize) -> MlpError {
-    MlpError::TooLarge { what, value: value as u64, limit: u32::MAX as u64 }
+fn too_large(what: &'static str, value: usize) -> Error {
+    Error::Mlp(MlpError::TooLarge { what, value: value as u64, limit: u32::MAX as u64 })
 }
 
 /// Compiles and uploads `model` for inputs of `in_dtype` and outputs of `out_dtype`, tiered
@@ -152,7 +154,7 @@ pub fn prepare_tiered(
         Ok(kernel) => {
             let functions = load_fused(gpu, model, &opts, &kernel, tiering)?;
             let params = gpu.upload(&kernel.params)?;
-            Body::Fused { kernel, functions, params, max_blocks: gpu.sm_count().max(1) }
+            Body::Fused { kernel: Box::new(kernel), functions, params, max_blocks: gpu.sm_count().max(1) }
         }
         Err(MlpError::SharedMemory { what, needed, limit }) => {
             let why = format!("{what}: needs {needed}, limit {limit}");
@@ -164,7 +166,7 @@ pub fn prepare_tiered(
             }
             Body::Tiled { plan, layers, widths: model.layers.iter().map(|l| l.outputs).collect() }
         }
-        Err(other) => return Err(other),
+        Err(other) => return Err(other.into()),
     };
     let prepare_ms = started_at.elapsed().as_secs_f64() * 1e3;
     Ok((PreparedMlp { body, in_dtype, out_dtype, started_at, prepare_ms }, prepare_ms))
@@ -180,27 +182,34 @@ fn load_fused(
     tiering: Tiering,
 ) -> Result<FusedFunctions> {
     let cache = gpu.cache();
-    let full_opts = CompileOptions { arch: gpu.compile_arch(), extra: kernel.nvrtc_options.clone() };
+    let full_opts = CompileOptions { arch: kernel.target(gpu.compile_arch()), extra: kernel.nvrtc_options.clone() };
     let may_tier = tiering == Tiering::Background && opts.compile_effort == CompileEffort::Full && !cache.is_bypassed();
     if !may_tier || cache.get_cached(&kernel.source, &full_opts)?.is_some() {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(
+        return Ok(FusedFunctions::Single(gpu.load_kernel_for(
             &kernel.source,
             &kernel.name,
+            kernel.target(gpu.compile_arch()),
             &kernel.nvrtc_options,
         )?));
     }
     // The fast form shares `params` (checked by emit_fast_form); without one, no tiering.
     let Some(fast_kernel) = emit_fast_form(model, opts, kernel, kfuse_runtime::nvrtc_version()?) else {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_with_options(
+        return Ok(FusedFunctions::Single(gpu.load_kernel_for(
             &kernel.source,
             &kernel.name,
+            kernel.target(gpu.compile_arch()),
             &kernel.nvrtc_options,
         )?));
     };
-    let fast = gpu.load_kernel_with_options(&fast_kernel.source, &fast_kernel.name, &fast_kernel.nvrtc_options)?;
-    // Started once the fast form is compiled: a concurrent optimised compile slowed the fast one
-    // (dev machine, 2 cores: +30-100 ms), for an optimised kernel ready that much sooner.
-    let background = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), full_opts);
+    let fast = gpu.load_kernel_for(
+        &fast_kernel.source,
+        &fast_kernel.name,
+        fast_kernel.target(gpu.compile_arch()),
+        &fast_kernel.nvrtc_options,
+    )?;
+    // Started once the fast form is compiled: a concurrent optimised compile slows the fast one
+    // on a machine with few cores, for an optimised kernel ready only a little sooner.
+    let background = cache.compile_in_background(kernel.source.clone(), full_opts);
     let log = cache.config().log_compiles;
     if log {
         eprintln!(
@@ -253,10 +262,15 @@ impl Tiered {
         })?;
         let compile_ms = outcome.result.map_err(|failure| MlpError::OptimizedCompile {
             kernel: kernel.name.clone(),
-            arch: gpu.compile_arch(),
+            arch: kernel.target(gpu.compile_arch()),
             message: failure.to_string(),
         })?;
-        let function = gpu.load_kernel_with_options(&kernel.source, &kernel.name, &kernel.nvrtc_options)?;
+        let function = gpu.load_kernel_for(
+            &kernel.source,
+            &kernel.name,
+            kernel.target(gpu.compile_arch()),
+            &kernel.nvrtc_options,
+        )?;
         if self.log {
             eprintln!(
                 "kfuse: {}: switched to the optimised kernel (compiled in the background in {compile_ms:.0} ms)",
@@ -328,7 +342,22 @@ impl PreparedMlp {
     /// in the dtypes given to [`prepare`]. Asynchronous: synchronize or download to wait. Uses the
     /// optimised kernel as soon as it is ready (see the module docs), never waiting for it.
     pub fn launch(&self, gpu: &Gpu, input: &DeviceBuffer, output: &DeviceBuffer, rows: usize) -> Result<()> {
-        self.launch_on(gpu, None, input, output, rows)
+        self.launch_with(gpu, None, None, input, output, rows)
+    }
+
+    /// [`Self::launch`] on `stream` (created or borrowed by `gpu`, e.g. a framework's current
+    /// stream) instead of the Gpu's own: no host synchronisation for the fused kernel. `input`
+    /// and `output` must be ready for `stream`. The tiled fallback allocates its intermediates
+    /// and so synchronises the Gpu's stream before and `stream` after its launches.
+    pub fn launch_on_stream(
+        &self,
+        gpu: &Gpu,
+        stream: &Stream,
+        input: &DeviceBuffer,
+        output: &DeviceBuffer,
+        rows: usize,
+    ) -> Result<()> {
+        self.launch_with(gpu, Some(stream), None, input, output, rows)
     }
 
     /// [`Self::launch`] with one tier's kernel, for benchmarks: [`KernelTier::Fast`] needs a
@@ -342,19 +371,20 @@ impl PreparedMlp {
         output: &DeviceBuffer,
         rows: usize,
     ) -> Result<()> {
-        self.launch_on(gpu, Some(tier), input, output, rows)
+        self.launch_with(gpu, None, Some(tier), input, output, rows)
     }
 
-    fn launch_on(
+    fn launch_with(
         &self,
         gpu: &Gpu,
+        stream: Option<&Stream>,
         tier: Option<KernelTier>,
         input: &DeviceBuffer,
         output: &DeviceBuffer,
         rows: usize,
     ) -> Result<()> {
         if rows == 0 {
-            return Err(MlpError::EmptyBatch);
+            return Err(MlpError::EmptyBatch.into());
         }
         let rows_i64 = i64::try_from(rows).map_err(|_| too_large("rows", rows))?;
         match &self.body {
@@ -367,7 +397,9 @@ impl PreparedMlp {
                 let (function, geometry) = match (functions, tier) {
                     (FusedFunctions::Single(f), None | Some(KernelTier::Full)) => (f, Geometry::of(kernel)),
                     (FusedFunctions::Single(_), Some(KernelTier::Fast)) => {
-                        return Err(unavailable("the optimised kernel was cached, so no fast form was compiled"))
+                        return Err(Error::from(unavailable(
+                            "the optimised kernel was cached, so no fast form was compiled",
+                        )))
                     }
                     (FusedFunctions::Tiered(t), None) => t.current(gpu, kernel),
                     (FusedFunctions::Tiered(t), Some(KernelTier::Fast)) => (&t.fast, t.fast_geometry),
@@ -377,18 +409,16 @@ impl PreparedMlp {
                 };
                 let rpb = geometry.rows_per_block.max(1) as usize;
                 let blocks = u32::try_from(rows.div_ceil(rpb)).unwrap_or(u32::MAX).min(*max_blocks).max(1);
-                gpu.launch(
-                    function,
-                    blocks,
-                    geometry.block,
-                    geometry.shared_bytes,
-                    &[
-                        KernelArg::Buffer(input),
-                        KernelArg::Buffer(output),
-                        KernelArg::Buffer(params),
-                        KernelArg::I64(rows_i64),
-                    ],
-                )?;
+                let args = [
+                    KernelArg::Buffer(input),
+                    KernelArg::Buffer(output),
+                    KernelArg::Buffer(params),
+                    KernelArg::I64(rows_i64),
+                ];
+                match stream {
+                    Some(s) => gpu.launch_on(s, function, blocks, geometry.block, geometry.shared_bytes, &args)?,
+                    None => gpu.launch(function, blocks, geometry.block, geometry.shared_bytes, &args)?,
+                }
             }
             Body::Tiled { plan, layers, widths } => {
                 if tier == Some(KernelTier::Fast) {
@@ -397,37 +427,43 @@ impl PreparedMlp {
                         tier: KernelTier::Fast.as_str(),
                         kernel: format!("the tiled path ({})", plan.note),
                         why,
-                    });
+                    }
+                    .into());
                 }
                 let mut temps: Vec<DeviceBuffer> = Vec::new();
                 let last = layers.len() - 1;
+                for n in &widths[..last] {
+                    let bytes = rows.checked_mul(n * 4).ok_or_else(|| too_large("intermediate bytes", rows))?;
+                    temps.push(gpu.alloc_zeroed(bytes)?);
+                }
+                if stream.is_some() {
+                    // The intermediates were allocated on the Gpu's own stream.
+                    gpu.synchronize()?;
+                }
                 for (i, (f, w, b)) in layers.iter().enumerate() {
                     let n = widths[i];
                     let blocks =
                         rows.div_ceil(16).checked_mul(n.div_ceil(16)).ok_or_else(|| too_large("tiled blocks", rows))?;
                     let grid = u32::try_from(blocks).map_err(|_| too_large("tiled blocks", blocks))?;
-                    if i != last {
-                        let bytes = rows.checked_mul(n * 4).ok_or_else(|| too_large("intermediate bytes", rows))?;
-                        temps.push(gpu.alloc_zeroed(bytes)?);
-                    }
                     let x = if i == 0 { input } else { &temps[i - 1] };
                     let y = if i == last { output } else { &temps[i] };
-                    gpu.launch(
-                        f,
-                        grid,
-                        256,
-                        0,
-                        &[
-                            KernelArg::Buffer(x),
-                            KernelArg::Buffer(y),
-                            KernelArg::Buffer(w),
-                            KernelArg::Buffer(b),
-                            KernelArg::I64(rows_i64),
-                        ],
-                    )?;
+                    let args = [
+                        KernelArg::Buffer(x),
+                        KernelArg::Buffer(y),
+                        KernelArg::Buffer(w),
+                        KernelArg::Buffer(b),
+                        KernelArg::I64(rows_i64),
+                    ];
+                    match stream {
+                        Some(s) => gpu.launch_on(s, f, grid, 256, 0, &args)?,
+                        None => gpu.launch(f, grid, 256, 0, &args)?,
+                    }
                 }
                 // Keep the intermediates alive until the launches that use them have finished.
-                gpu.synchronize()?;
+                match stream {
+                    Some(s) => s.synchronize()?,
+                    None => gpu.synchronize()?,
+                }
                 drop(temps);
             }
         }
@@ -448,7 +484,7 @@ pub fn run_gpu(gpu: &Gpu, model: &MlpModel, input: &HostTensor, out_dtype: DType
 fn check_output_dtype(out_dtype: DType) -> Result<()> {
     match out_dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        _ => Err(MlpError::OutputDType { dtype: out_dtype }),
+        _ => Err(MlpError::OutputDType { dtype: out_dtype }.into()),
     }
 }
 
@@ -467,7 +503,7 @@ pub fn run_prepared(
         [("input", prepared.in_dtype, input.dtype()), ("output", prepared.out_dtype, out_dtype)]
     {
         if prepared_for != given {
-            return Err(MlpError::PreparedDType { what, prepared: prepared_for, given });
+            return Err(MlpError::PreparedDType { what, prepared: prepared_for, given }.into());
         }
     }
     let x = gpu.upload(&input.to_bytes())?;

@@ -1,13 +1,13 @@
-//! Times NVRTC (sm_90) on tiered compilation's fast forms of the three issue-5 models (64→4×64→16
+//! Times NVRTC (sm_90) on tiered compilation's fast forms of the three MLP benchmark models (64→4×64→16
 //! ReLU, 64→4×128→16 ReLU, 32→64→128→96→64→32→16 SiLU with bias) and two others (a GELU
 //! expression model, a bf16 SiLU model with f32 I/O): the generic fast form
 //! (`emit_fast_form` = `emit_generic`, code independent of the widths) against the looped form
-//! (`--Ofast-compile=mid`, repeated layers looped, one row tile per warp: the fast form until
-//! 2026-11-22), alternating, KF_RUNS times each (default 5); prints the
+//! (`--Ofast-compile=mid`, repeated layers looped, one row tile per warp: the fast form
+//! before the generic one), alternating, KF_RUNS times each (default 5); prints the
 //! ptxas resource line; wall time and the thread's CPU time, each as min / median / max.
 //! No GPU needed, only libnvrtc; run with `CUDA_CACHE_DISABLE=1`.
 //!
-//! `cargo run --release -p kfuse-mlp --example mlp_fast_compile [-- "OPTS" ...]`: each argument
+//! `cargo run --release -p kfuse --example mlp_fast_compile [-- "OPTS" ...]`: each argument
 //! is one whitespace-separated option set, timed as a further variant of the generic form (its
 //! options plus these). KF_MODEL selects one model; KF_DUMP=DIR writes the generic sources and every variant's cubin
 //! there (for nvdisasm).

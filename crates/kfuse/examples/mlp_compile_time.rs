@@ -1,4 +1,4 @@
-//! Times NVRTC on the fused kernels of the three issue-5 benchmark models (64→4×64→16 ReLU,
+//! Times NVRTC on the fused kernels of the three MLP benchmark models (64→4×64→16 ReLU,
 //! 64→4×128→16 ReLU, 32→…→16 SiLU with bias) for sm_90, once per NVRTC option set, and prints
 //! the ptxas resource report, then one line per model with the two tiers' compile times (the
 //! fast form `emit_fast_form` that serves a cold first call, and the fully optimised kernel
@@ -7,7 +7,7 @@
 //! libnvrtc. For cold figures run it with `CUDA_CACHE_DISABLE=1` (NVRTC 12.9+ keeps its own
 //! cache in the driver's compute cache).
 //!
-//! `cargo run --release -p kfuse-mlp --example mlp_compile_time [-- "OPTS" ...]`: each argument
+//! `cargo run --release -p kfuse --example mlp_compile_time [-- "OPTS" ...]`: each argument
 //! is one whitespace-separated option set added to the optimised kernel's options (the
 //! optimised and the fast tier are always measured first). Env:
 //! KF_MODEL (one model's name), KF_WARPS, KF_R (tile choices), KF_MATH=f32|tanhf32 (SiLU math),

@@ -14,6 +14,9 @@ fn model(dir: &std::path::Path, name: &str, widths: &[usize], act: &str, dtype: 
     MlpModel::load(path).expect("load model")
 }
 
+/// Name, widths, activation, weight / input / output dtypes, bias, kernel options.
+type NvrtcCase<'a> = (&'static str, Vec<usize>, &'a str, DType, DType, DType, bool, MlpKernelOptions);
+
 fn compile_both(source: &str, extra: &[String], what: &str) {
     for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
         let t = std::time::Instant::now();
@@ -46,36 +49,25 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     let dir = tempfile::tempdir().expect("tempdir");
     let acts = std::env::var("KF_TEST_ACT").unwrap_or_else(|_| "relu".to_string());
     use kfuse_mlp::{
-        ActivationMath::PackedFma, ActivationMath::PackedFmaBalanced, ActivationMath::TanhF32, ActivationMath::F32,
-        CompileEffort::Reduced, RepeatedLayers::Loop,
+        ActivationMath::PackedFma, ActivationMath::TanhF32, ActivationMath::F32, CompileEffort::Fast,
+        RepeatedLayers::Loop,
     };
     use kfuse_mlp::{ChunkOrder::Pipelined, HiddenAccumulator::F16 as F16Acc};
     let base = MlpKernelOptions::default();
     // (name, widths, activation, weight dtype, in, out, bias, kernel choices)
-    type Case<'a> = (&'a str, Vec<usize>, &'a str, DType, DType, DType, bool, MlpKernelOptions);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<NvrtcCase<'_>> = vec![
         ("bench1", vec![64, 64, 64, 64, 64, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench2", vec![64, 128, 128, 128, 128, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench3", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, base.clone()),
         (
-            "bench3-bias-pairs",
-            vec![32, 64, 128, 96, 64, 32, 16],
-            "silu",
-            DType::F16,
-            DType::F16,
-            DType::F16,
-            true,
-            MlpKernelOptions { bias_operand: kfuse_mlp::BiasOperand::Pairs, ..base.clone() },
-        ),
-        (
-            "odd-bias-pairs-bf16",
+            "odd-loop-bf16",
             vec![3, 24, 100, 5],
             "gelu",
             DType::BF16,
             DType::F32,
             DType::F16,
             true,
-            MlpKernelOptions { bias_operand: kfuse_mlp::BiasOperand::Pairs, repeated_layers: Loop, ..base.clone() },
+            MlpKernelOptions { repeated_layers: Loop, ..base.clone() },
         ),
         (
             "bench3-f32math",
@@ -165,7 +157,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
             DType::F16,
             DType::F16,
             true,
-            MlpKernelOptions { activation_math: PackedFmaBalanced, ..base.clone() },
+            MlpKernelOptions { activation_math: PackedFma { eighths: 2 }, ..base.clone() },
         ),
         (
             "deep16-loop-fma",
@@ -185,7 +177,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
             DType::F32,
             DType::F32,
             true,
-            MlpKernelOptions { activation_math: PackedFmaBalanced, ..base.clone() },
+            MlpKernelOptions { activation_math: PackedFma { eighths: 2 }, ..base.clone() },
         ),
         (
             "bench3-acc16",
@@ -245,7 +237,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
             DType::F32,
             DType::F16,
             true,
-            MlpKernelOptions { chunk_order: Pipelined, bias_operand: kfuse_mlp::BiasOperand::Pairs, ..base.clone() },
+            MlpKernelOptions { chunk_order: Pipelined, ..base.clone() },
         ),
         (
             "bench2-fastcompile",
@@ -255,7 +247,7 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
             DType::F16,
             DType::F16,
             false,
-            MlpKernelOptions { compile_effort: Reduced, ..base.clone() },
+            MlpKernelOptions { compile_effort: Fast, ..base.clone() },
         ),
         ("odd", vec![3, 24, 100, 5], &acts, DType::BF16, DType::F32, DType::F32, true, base.clone()),
         ("odd-silu", vec![3, 24, 100, 5], "silu", DType::F16, DType::F32, DType::F32, true, base.clone()),

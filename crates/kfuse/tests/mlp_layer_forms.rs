@@ -7,13 +7,13 @@
 //! run time).
 
 use half::f16;
+use kfuse::mlp::prepare_with;
 use kfuse_ir::DType;
 use kfuse_ir::HostTensor;
 use kfuse_mlp::testing::{random_input, Rng};
 use kfuse_mlp::testing::{write_model, ModelSpec};
 use kfuse_mlp::{
-    compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, BiasOperand, ChunkOrder, HiddenAccumulator,
-    MlpKernelOptions, MlpModel,
+    compare_rows, emit_kernel, evaluate_cpu, ActivationMath, ChunkOrder, HiddenAccumulator, MlpKernelOptions, MlpModel,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions};
@@ -119,20 +119,16 @@ fn f16_accumulator_biases_are_duplicated_halved_pairs() {
 
 /// The pipelined chunk order with an FMA share: (widths, options) for the NVRTC and GPU tiers.
 fn pipe_fma_cases() -> Vec<(Vec<usize>, MlpKernelOptions)> {
-    let pipe = |eighths, bias_operand| MlpKernelOptions {
+    let pipe = |eighths| MlpKernelOptions {
         chunk_order: ChunkOrder::Pipelined,
         activation_math: ActivationMath::PackedFma { eighths },
-        bias_operand,
         ..MlpKernelOptions::default()
     };
     vec![
-        (vec![32, 64, 128, 96, 64, 32, 16], pipe(1, BiasOperand::Quads)),
-        (vec![32, 64, 128, 96, 64, 32, 16], pipe(2, BiasOperand::Quads)),
-        (vec![3, 24, 100, 5], pipe(3, BiasOperand::Pairs)),
-        (
-            vec![32, 64, 128, 96, 64, 32, 16],
-            MlpKernelOptions { activation_math: ActivationMath::PackedFmaBalanced, ..pipe(0, BiasOperand::Quads) },
-        ),
+        (vec![32, 64, 128, 96, 64, 32, 16], pipe(1)),
+        (vec![32, 64, 128, 96, 64, 32, 16], pipe(2)),
+        (vec![3, 24, 100, 5], pipe(3)),
+        (vec![32, 64, 128, 96, 64, 32, 16], pipe(8)),
     ]
 }
 
@@ -144,7 +140,7 @@ fn pipelined_fma_share_compiles_for_sm90() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (n, (widths, opts)) in pipe_fma_cases().into_iter().enumerate() {
         let k = emit_kernel(&load(dir.path(), &format!("c{n}"), &widths, DType::F16), &opts).expect("emit");
-        let mut c = CompileOptions::for_arch(Arch::new(9, 0));
+        let mut c = CompileOptions::for_arch(k.target(Arch::new(9, 0)));
         c.extra = k.nvrtc_options.clone();
         let m = compile(&k.source, &c).unwrap_or_else(|e| panic!("{widths:?} {opts:?}: {e}"));
         assert!(!m.cubin.is_empty());

@@ -5,11 +5,12 @@
 //! padded ones and odd 16-column chunk counts, depths 1 to 8, bias or not, f16 and bf16 weights,
 //! f32/f16/bf16 I/O, batches 1 to 20001 so that warps of a warpgroup run past the batch).
 
+use kfuse::mlp::prepare_with;
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_kernel, evaluate_cpu, prepare_with, ActivationMath, HiddenAccumulator, MlpKernelOptions,
-    MlpModel, TensorInstructions,
+    compare_rows, emit_kernel, evaluate_cpu, ActivationMath, HiddenAccumulator, MlpKernelOptions, MlpModel,
+    TensorInstructions,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions};
@@ -89,11 +90,11 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
     assert_eq!(chunked.source.matches("    kf_hidden_layer_wg<").count(), 5, "every hidden layer");
     assert!(!chunked.source.contains("    kf_wg_issue<"));
     assert!(k.source.contains("#define KF_WGMMA 1") && k.source.contains("kf_output_layer<"));
-    assert!(k.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION));
+    assert_eq!(k.arch, Some(kfuse_mlp::WGMMA_ARCH));
     assert_eq!(k.warps % 4, 0, "warpgroups");
     let plain = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit");
     assert!(plain.source.contains("#define KF_WGMMA 0") && !plain.source.contains("kf_hidden_layer_wg"));
-    assert!(!plain.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION));
+    assert_eq!(plain.arch, None);
     assert_eq!(k.params, plain.params, "one parameter blob for both (the generic fast form reads it)");
     // f16 accumulators keep mma.sync: no wgmma layer is left, so no sm_90a either.
     let acc16 = emit_kernel(
@@ -101,10 +102,7 @@ fn wgmma_takes_the_f32_hidden_layers_only() {
         &wg(MlpKernelOptions { hidden_accumulator: HiddenAccumulator::F16, ..MlpKernelOptions::default() }),
     )
     .expect("emit");
-    assert!(
-        acc16.source.contains("#define KF_WGMMA 0")
-            && !acc16.nvrtc_options.iter().any(|o| o == kfuse_mlp::WGMMA_ARCH_OPTION)
-    );
+    assert!(acc16.source.contains("#define KF_WGMMA 0") && acc16.arch.is_none());
     // A share of SiLU on the FMA pipe reaches the wgmma activations (both forms).
     let fma = emit_kernel(
         &m,
@@ -163,7 +161,7 @@ fn wgmma_kernels_compile_for_sm90a_without_serialisation() {
             }),
         )
         .expect("emit");
-        let mut opts = CompileOptions::for_arch(Arch::new(9, 0));
+        let mut opts = CompileOptions::for_arch(k.target(Arch::new(9, 0)));
         opts.extra = k.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
         let out = compile(&k.source, &opts).unwrap_or_else(|e| panic!("{} failed to compile: {e}", m.summary()));
@@ -178,7 +176,7 @@ fn wgmma_kernels_compile_for_sm90a_without_serialisation() {
             .join(" ");
         let form = if k.source.contains("    kf_wg_issue<") { "row form" } else { "chunked form" };
         println!("{}: {} warps x {} row tiles, {form}; {regs}", m.summary(), k.warps, k.row_tiles_per_warp);
-        // The issue-5 benchmark models must get the schedule as written; for others (e.g. an erf
+        // The MLP benchmark models must get the schedule as written; for others (e.g. an erf
         // activation's temporaries at 112 columns) ptxas may add waits, which costs speed only.
         if n < 4 {
             assert!(notes.is_empty(), "{}: ptxas serialises or waits on wgmma:\n{}", m.summary(), notes.join("\n"));

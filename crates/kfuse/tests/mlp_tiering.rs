@@ -1,4 +1,4 @@
-//! Tiered compilation (issue 5). NVRTC tier: the fast form (`emit_fast_form`: the generic kernel of
+//! Tiered compilation. NVRTC tier: the fast form (`emit_fast_form`: the generic kernel of
 //! generic.rs, `--Ofast-compile=mid`, one row tile per warp) compiles for sm_80 and sm_90 for several widths,
 //! activations and dtypes and shares the optimised kernel's parameters, and a background compile
 //! lands in the kernel cache (memory, and disk for a fresh process). GPU tier (skips without a
@@ -9,11 +9,12 @@
 
 use std::sync::Arc;
 
+use kfuse::mlp::{prepare, prepare_tiered, PreparedMlp};
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
 use kfuse_mlp::{
-    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, prepare, prepare_tiered, BackgroundCompile, CompileEffort,
-    KernelTier, MlpKernelOptions, MlpModel, PreparedMlp, RepeatedLayers, Tiering,
+    compare_rows, emit_fast_form, emit_kernel, evaluate_cpu, CompileEffort, KernelTier, MlpKernelOptions, MlpModel,
+    RepeatedLayers, Tiering,
 };
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
@@ -93,7 +94,8 @@ fn fast_form_compiles_for_sm80_and_sm90_and_shares_the_kernel() {
         );
         for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
             let t = std::time::Instant::now();
-            let out = compile(&fast.source, &CompileOptions { arch, extra: fast.nvrtc_options.clone() });
+            let out =
+                compile(&fast.source, &CompileOptions { arch: fast.target(arch), extra: fast.nvrtc_options.clone() });
             match out {
                 Ok(module) => {
                     println!(
@@ -117,10 +119,10 @@ fn background_compile_lands_in_memory_and_disk_cache() {
     let dir = tempfile::tempdir().expect("tempdir");
     let m = model(dir.path(), "bg", &[64, 64, 64, 16], "relu", DType::F16, true, 5);
     let kernel = emit_kernel(&m, &MlpKernelOptions::default()).expect("emit");
-    let opts = CompileOptions { arch: Arch::new(9, 0), extra: kernel.nvrtc_options.clone() };
+    let opts = CompileOptions { arch: kernel.target(Arch::new(9, 0)), extra: kernel.nvrtc_options.clone() };
     let cache = Arc::new(KernelCache::with_dir(dir.path().join("cache"), 1 << 30));
     assert!(cache.get_cached(&kernel.source, &opts).expect("probe").is_none());
-    let job = BackgroundCompile::spawn_compile(cache.clone(), kernel.source.clone(), opts.clone());
+    let job = cache.compile_in_background(kernel.source.clone(), opts.clone());
     let done = job.wait();
     let ms = done.result.expect("the background compile succeeds");
     println!("background compile: {ms:.0} ms");
