@@ -324,7 +324,7 @@ def _register(variant):
             return values[0] if n == 1 else tuple(values)
 
         def fwd_impl(*a):
-            tensors, validate = list(a[:n_in]), a[n_in]
+            tensors, validate = list(a[:n_in]), (a[n_in] if len(a) > n_in else True)
             return single(_run(variant.native, variant.names, [t.contiguous() for t in tensors], validate), len(outs))
 
         def fwd_fake(*a):
@@ -392,6 +392,10 @@ class Program:
         self._base = _Variant(native)
         self._variants = {}
         self._lock = threading.Lock()
+        self._out_names = tuple(d.name for d in self._base.outputs)
+        with _PROGRAMS_LOCK:
+            self._key = len(_PROGRAMS)
+            _PROGRAMS.append(self)
 
     @property
     def name(self):
@@ -479,11 +483,13 @@ class Program:
             raise InputError(f"unknown input `{unknown[0]}`; the inputs are: {', '.join(base.names)}")
         if device is not None and device.type not in ("cpu", "cuda"):
             raise InputError(f"input `{first}` is on {device}; kfuse runs on CPU and CUDA tensors")
-        variant = self._variant(tuple(dtypes))
         if torch.compiler.is_compiling():
-            out = variant.ops()(*ordered, validate=validate)
-            out = (out,) if len(variant.outputs) == 1 else out
-            return Outputs((d.name, t) for d, t in zip(variant.outputs, out))
+            # Traced by Dynamo: the operator is found at trace time (a constant), then called.
+            op = getattr(torch.ops.kfuse, _op_name(self._key, tuple(dtypes)))
+            out = op(*ordered, validate=validate)
+            out = (out,) if len(self._out_names) == 1 else out
+            return Outputs(zip(self._out_names, out))
+        variant = self._variant(tuple(dtypes))
         wrt = ()
         if torch.is_grad_enabled():
             wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
@@ -494,6 +500,19 @@ class Program:
             with torch.no_grad():
                 out = _run(variant.native, variant.names, [t.detach() for t in ordered], validate)
         return Outputs((d.name, t) for d, t in zip(variant.outputs, out))
+
+
+# Programs by key, for the operator lookup under torch.compile (which sees only constants).
+_PROGRAMS = []
+_PROGRAMS_LOCK = threading.Lock()
+
+
+@torch.compiler.assume_constant_result
+def _op_name(key, dtypes):
+    """The name of the custom operator of program `key` at input dtypes `dtypes`, registered on
+    first use. Dynamo runs this at trace time and keeps the result as a constant."""
+    op = _PROGRAMS[key]._variant(dtypes).ops()
+    return op._qualified_op_name.split("::", 1)[1]
 
 
 def _decl_str(d):
