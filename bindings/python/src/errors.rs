@@ -50,7 +50,6 @@ fn instantiate<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallAr
     }
 }
 
-
 /// Inputs that do not bind: `kfuse.InputError`.
 pub fn bind(e: &kfuse_ir::BindError) -> PyErr {
     raise(Kind::Input, e.to_string())

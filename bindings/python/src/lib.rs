@@ -1,13 +1,13 @@
 //! `kfuse._kfuse`: the native half of the `kfuse` Python package.
 //!
-//! It exposes [`Program`] (a type-checked `.kf` program: its interface, generated CUDA, derived
+//! It exposes `Program` (a type-checked `.kf` program: its interface, generated CUDA, derived
 //! backward programs, shape inference, the CPU reference interpreter and the CUDA launch) and
-//! [`Mlp`] (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
+//! `Mlp` (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
 //! dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device addresses for
 //! CUDA memory, so this module knows nothing of PyTorch; the glue in `kfuse/_program.py` does.
 //!
 //! Errors become the exceptions of `kfuse._errors` (`ParseError`, `InputError`, `DeviceError`,
-//! `Error`), see [`errors`].
+//! `Error`), see the `errors` module.
 #![deny(unsafe_code)]
 
 mod errors;

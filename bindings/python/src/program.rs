@@ -23,6 +23,8 @@ type Decl = (String, &'static str, Vec<PyDim>);
 type InputDecl = (String, &'static str, Vec<PyDim>, Option<(&'static str, PyDim)>);
 /// Host data crossing the boundary: `(name, bytes, dtype, shape)`.
 type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
+/// Host data returned: `(name, bytes, dtype, shape)`.
+type HostOut<'py> = (String, Bound<'py, PyBytes>, &'static str, Vec<usize>);
 /// A shape crossing the boundary: `(name, dtype, shape)`.
 type ShapeArg = (String, String, Vec<usize>);
 /// A device tensor crossing the boundary: `(name, address, byte count, dtype, shape)`.
@@ -47,7 +49,9 @@ pub fn parse_dtype(s: &str) -> PyResult<DType> {
         "bf16" => DType::BF16,
         "i32" => DType::I32,
         "bool" => DType::Bool,
-        _ => return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, bool"))),
+        _ => {
+            return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, bool")))
+        }
     })
 }
 
@@ -105,10 +109,8 @@ impl Program {
     }
 
     fn sizes(&self, inputs: &[ShapeArg]) -> PyResult<Vec<u64>> {
-        let parsed: Vec<(&str, DType, &[usize])> = inputs
-            .iter()
-            .map(|(n, d, s)| Ok((n.as_str(), parse_dtype(d)?, s.as_slice())))
-            .collect::<PyResult<_>>()?;
+        let parsed: Vec<(&str, DType, &[usize])> =
+            inputs.iter().map(|(n, d, s)| Ok((n.as_str(), parse_dtype(d)?, s.as_slice()))).collect::<PyResult<_>>()?;
         shapes::bind_shapes(&self.graph, &parsed).map_err(|e| errors::bind(&e))
     }
 }
@@ -267,7 +269,8 @@ impl Program {
             outputs.push(o.clone());
         }
         g.outputs = outputs;
-        let g = kfuse_ir::GraphBuilder::from_graph(g).finish().map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
+        let g =
+            kfuse_ir::GraphBuilder::from_graph(g).finish().map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
         Ok(Program::new(format!("{} (outputs {})", self.origin, names.join(", ")), None, g))
     }
 
@@ -292,11 +295,7 @@ impl Program {
 
     /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same
     /// way out, in declaration order. Releases the GIL while it computes.
-    fn run_cpu<'py>(
-        &self,
-        py: Python<'py>,
-        inputs: Vec<HostArg<'py>>,
-    ) -> PyResult<Vec<(String, Bound<'py, PyBytes>, &'static str, Vec<usize>)>> {
+    fn run_cpu<'py>(&self, py: Python<'py>, inputs: Vec<HostArg<'py>>) -> PyResult<Vec<HostOut<'py>>> {
         let tensors = Program::host_tensors(&inputs)?;
         let graph = &self.graph;
         let result = py.detach(|| {

@@ -17,7 +17,9 @@ those dtypes, by value), checks the inputs, and runs:
 
 import ctypes
 import hashlib
+import itertools
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -394,8 +396,8 @@ class Program:
         self._lock = threading.Lock()
         self._out_names = tuple(d.name for d in self._base.outputs)
         with _PROGRAMS_LOCK:
-            self._key = len(_PROGRAMS)
-            _PROGRAMS.append(self)
+            self._key = next(_KEYS)
+            _PROGRAMS[self._key] = self
 
     @property
     def name(self):
@@ -502,8 +504,9 @@ class Program:
         return Outputs((d.name, t) for d, t in zip(variant.outputs, out))
 
 
-# Programs by key, for the operator lookup under torch.compile (which sees only constants).
-_PROGRAMS = []
+# Live programs by key, for the operator lookup under torch.compile (which sees only constants).
+_PROGRAMS = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
 _PROGRAMS_LOCK = threading.Lock()
 
 
