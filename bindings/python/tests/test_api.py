@@ -201,7 +201,7 @@ def test_input_errors_name_the_input():
         (dict(x, pred=x["pred"][0]), r"input `pred` has 2 axes"),
         (dict(x, lengths=torch.tensor([5, 6, 0], dtype=torch.int32)), r"input `lengths`: lengths\[1\] = 6 is greater than N = 5"),
         (dict(x, lengths=torch.tensor([5, -1, 0], dtype=torch.int32)), r"input `lengths`: lengths\[1\] = -1 is negative"),
-        (dict(x, pred=x["pred"].to("meta")), r"inputs are on different devices: `pred` is on meta, `target` on cpu"),
+        (dict(x, pred=x["pred"].to("meta")), r"input `pred` is on meta; kfuse runs on CPU and CUDA tensors"),
     ]
     for kwargs, message in cases:
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -251,8 +251,10 @@ def test_outputs_mapping():
     assert out["total"] is out.total
     with pytest.raises(AttributeError, match="no output named 'nope'"):
         out.nope
-    with pytest.raises(AttributeError):
+    with pytest.raises(TypeError, match="read-only"):
         out.total = 1
+    with pytest.raises(TypeError, match="read-only"):
+        out["total"] = 1
 
 
 # --- the fused MLP --------------------------------------------------------------------------
@@ -301,3 +303,17 @@ def test_export_mlp_writes_the_model_format(tmp_path):
     assert kfuse.nn.FusedMLP.load(path).out_features == 8
     with pytest.raises(kfuse.Error, match=r"module `1` \(Conv1d\) is not supported"):
         kfuse.export_mlp(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Conv1d(1, 1, 1)), str(path))
+
+
+def test_nvrtc_is_found_in_its_wheel():
+    from importlib import metadata
+
+    from kfuse import _nvrtc
+
+    try:
+        metadata.version("nvidia-cuda-nvrtc")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the nvidia-cuda-nvrtc wheel is not installed in this environment")
+    path = _nvrtc.library_path()
+    assert path is not None and "libnvrtc.so.13" in os.path.basename(path)
+    assert _nvrtc.load() == path

@@ -20,8 +20,6 @@ import hashlib
 import itertools
 import threading
 import weakref
-from collections import OrderedDict
-from collections.abc import Mapping
 
 import torch
 
@@ -36,6 +34,7 @@ TORCH_DTYPES = {
     "bool": torch.bool,
 }
 KFUSE_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+_KD = KFUSE_DTYPES
 FLOAT = ("f32", "f16", "bf16")
 
 
@@ -61,34 +60,25 @@ class Decl(tuple):
         return f"Decl({text})"
 
 
-class Outputs(Mapping):
-    """A program's outputs in declaration order: ``out["loss"]`` or ``out.loss``."""
+class Outputs(dict):
+    """A program's outputs in declaration order: ``out["loss"]`` or ``out.loss``. Read-only."""
 
-    __slots__ = ("_d",)
-
-    def __init__(self, pairs):
-        object.__setattr__(self, "_d", OrderedDict(pairs))
-
-    def __getitem__(self, name):
-        return self._d[name]
-
-    def __iter__(self):
-        return iter(self._d)
-
-    def __len__(self):
-        return len(self._d)
+    __slots__ = ()
 
     def __getattr__(self, name):
         try:
-            return self._d[name]
+            return self[name]
         except KeyError:
-            raise AttributeError(f"no output named {name!r} (outputs: {', '.join(self._d)})") from None
+            raise AttributeError(f"no output named {name!r} (outputs: {', '.join(self)})") from None
 
-    def __setattr__(self, name, value):
-        raise AttributeError("kfuse outputs are read-only")
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("kfuse outputs are read-only")
+
+    __setattr__ = __delattr__ = __setitem__ = __delitem__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
 
     def __repr__(self):
-        return "Outputs(" + ", ".join(f"{k}={v!r}" for k, v in self._d.items()) + ")"
+        return "Outputs(" + ", ".join(f"{k}={v!r}" for k, v in self.items()) + ")"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +385,7 @@ class Program:
         self._variants = {}
         self._lock = threading.Lock()
         self._out_names = tuple(d.name for d in self._base.outputs)
+        self._spec = tuple((d.name, d.dtype, d.dtype in FLOAT) for d in self._base.inputs)
         with _PROGRAMS_LOCK:
             self._key = next(_KEYS)
             _PROGRAMS[self._key] = self
@@ -453,45 +444,42 @@ class Program:
     def __call__(self, *args, validate=True, **tensors):
         if args:
             raise TypeError(f"{self.name}: inputs are given by keyword ({', '.join(self._base.names)})")
-        base = self._base
         ordered = []
         dtypes = []
-        device = None
-        first = None
-        for d in base.inputs:
-            t = tensors.get(d.name)
-            if t is None:
-                raise InputError(f"missing input `{d.name}` (declared as {_decl_str(d)})")
-            if not isinstance(t, torch.Tensor):
-                raise InputError(f"input `{d.name}` must be a torch.Tensor, not {type(t).__name__}")
-            kd = KFUSE_DTYPES.get(t.dtype)
-            if kd is None or (kd in FLOAT) != (d.dtype in FLOAT) or (kd not in FLOAT and kd != d.dtype):
+        where = None  # -1 for the CPU, else the CUDA ordinal
+        # The loop is the eager call's host cost: plain tuples, no torch.device objects.
+        for name, declared, is_float in self._spec:
+            t = tensors.get(name)
+            kd = _KD.get(t.dtype) if isinstance(t, torch.Tensor) else None
+            if kd != declared and not (is_float and kd in FLOAT):
+                self._bad_input(name, t)
+            if t.is_cuda:
+                w = t.get_device()
+            elif t.is_cpu:
+                w = -1
+            else:
+                raise InputError(f"input `{name}` is on {t.device}; kfuse runs on CPU and CUDA tensors")
+            if where is None:
+                where, first = w, name
+            elif w != where:
                 raise InputError(
-                    f"input `{d.name}` has dtype {t.dtype}, but is declared as {_decl_str(d)}"
-                    + (" (kfuse floats are float32, float16 and bfloat16)" if d.dtype in FLOAT else "")
-                )
-            if device is None:
-                device, first = t.device, d.name
-            elif t.device != device:
-                raise InputError(
-                    f"inputs are on different devices: `{first}` is on {device}, `{d.name}` on {t.device}"
+                    f"inputs are on different devices: `{first}` is on {ordered[0].device}, `{name}` on {t.device}"
                 )
             if not t.is_contiguous():
                 t = t.contiguous()
             ordered.append(t)
             dtypes.append(kd)
-        if len(tensors) != len(base.inputs):
-            unknown = [n for n in tensors if n not in base.names]
-            raise InputError(f"unknown input `{unknown[0]}`; the inputs are: {', '.join(base.names)}")
-        if device is not None and device.type not in ("cpu", "cuda"):
-            raise InputError(f"input `{first}` is on {device}; kfuse runs on CPU and CUDA tensors")
+        if len(tensors) != len(ordered):
+            unknown = [n for n in tensors if n not in self._base.names]
+            raise InputError(f"unknown input `{unknown[0]}`; the inputs are: {', '.join(self._base.names)}")
+        dtypes = tuple(dtypes)
         if torch.compiler.is_compiling():
             # Traced by Dynamo: the operator is found at trace time (a constant), then called.
-            op = getattr(torch.ops.kfuse, _op_name(self._key, tuple(dtypes)))
+            op = getattr(torch.ops.kfuse, _op_name(self._key, dtypes))
             out = op(*ordered, validate=validate)
             out = (out,) if len(self._out_names) == 1 else out
             return Outputs(zip(self._out_names, out))
-        variant = self._variant(tuple(dtypes))
+        variant = self._variants.get(dtypes) or self._variant(dtypes)
         wrt = ()
         if torch.is_grad_enabled():
             wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
@@ -499,9 +487,18 @@ class Program:
             fn = _Fused if variant.scalar_loss else _Derived
             out = fn.apply(variant, validate, wrt, *ordered)
         else:
-            with torch.no_grad():
-                out = _run(variant.native, variant.names, [t.detach() for t in ordered], validate)
-        return Outputs((d.name, t) for d, t in zip(variant.outputs, out))
+            # The outputs are new tensors that no autograd graph records.
+            out = _run(variant.native, variant.names, ordered, validate)
+        return Outputs(zip(self._out_names, out))
+
+    def _bad_input(self, name, t):
+        d = next(d for d in self._base.inputs if d.name == name)
+        if t is None:
+            raise InputError(f"missing input `{name}` (declared as {_decl_str(d)})")
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"input `{name}` must be a torch.Tensor, not {type(t).__name__}")
+        hint = " (kfuse floats are float32, float16 and bfloat16)" if d.dtype in FLOAT else ""
+        raise InputError(f"input `{name}` has dtype {t.dtype}, but is declared as {_decl_str(d)}{hint}")
 
 
 # Live programs by key, for the operator lookup under torch.compile (which sees only constants).
