@@ -21,6 +21,11 @@ pub enum CodegenError {
     /// `CodegenOptions::batched_threads_per_sm` is not a multiple of the block size up to 2048.
     #[error("{threads} threads per multiprocessor is not supported with blocks of {block_size}: it must be a multiple of the block size, at most 2048")]
     BadThreadsPerSm { threads: u32, block_size: u32 },
+    /// The rows plan (the one-launch lengths gradient, `LengthsGradient::OnePass` under a lengths
+    /// mask) runs blocks of exactly `rows_block` threads; another non-default block size is
+    /// refused rather than replaced.
+    #[error("block size {block_size} cannot be honoured by the one-launch lengths-gradient plan (the rows plan), whose blocks have {rows_block} threads: use the default block size or {rows_block}, or plan the gradient as two kernels (LengthsGradient::TwoKernels)")]
+    RowsPlanBlockSize { block_size: u32, rows_block: u32 },
     /// A constant size product overflows `u64`.
     #[error("the constant part of a size at node v{node} overflows 64 bits")]
     SizeOverflow { node: u32 },

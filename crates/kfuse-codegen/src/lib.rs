@@ -48,15 +48,22 @@
 //! warp-per-row scheduling of long rows (rows run one per thread).
 #![forbid(unsafe_code)]
 
+mod actions;
 mod analysis;
+mod buffers;
 mod cuda;
 mod emit;
+mod epilogue;
 mod error;
+mod fill;
 mod kernel;
 mod onepass;
 mod plan;
-mod rows;
+mod shapes;
+mod signature;
+mod sinks;
 mod tail;
+mod text;
 
 use kfuse_ir::{verify, Graph, Kind};
 
@@ -91,7 +98,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
 
     let mut buffers = Vec::new();
     for (i, inp) in graph.inputs.iter().enumerate() {
-        let elems = kernel::size_expr(inp.shape.dims())?;
+        let elems = buffers::size_expr(inp.shape.dims())?;
         buffers.push(BufferDecl {
             kind: BufferKind::Input(kfuse_ir::InputId(i as u32)),
             elem: ElemType::Tensor(inp.dtype),
@@ -102,7 +109,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     for (o, out) in graph.outputs.iter().enumerate() {
         let node = graph.node(out.node);
         let elems =
-            kernel::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
+            buffers::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
     let temps_base = buffers.len();
@@ -115,6 +122,14 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         });
     }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
+    // The rows plan's blocks have a fixed size; the default block size stands for it.
+    let rows_block = shapes::rows::ROWS_BLOCK;
+    if pass.as_ref().is_some_and(|p| p.rows)
+        && opts.block_size != rows_block
+        && opts.block_size != CodegenOptions::default().block_size
+    {
+        return Err(CodegenError::RowsPlanBlockSize { block_size: opts.block_size, rows_block });
+    }
     let mut reduction = Vec::new();
     for (k, info) in an.kernels.iter().enumerate() {
         // The rows plan's counts of the mask have no slot: they come from its arrival word.
@@ -160,7 +175,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         Some(pass) if pass.rows => Some(onepass::OnePassBuffers { pass, list: None }),
         Some(pass) => {
             let dims = &an.kernels[0].dims;
-            let elems = kernel::size_expr(dims)?;
+            let elems = buffers::size_expr(dims)?;
             let mut values = elems.clone();
             values.constant =
                 values.constant.checked_mul(u64::from(pass.comps)).ok_or(CodegenError::SizeOverflow { node: 0 })?;
@@ -178,13 +193,13 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         }
         None => None,
     };
-    let index = kernel::BufferIndex { outputs_base, temps_base, reduction, onepass };
+    let index = buffers::BufferIndex { outputs_base, temps_base, reduction, onepass };
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
     let kernels = (0..launched)
         .map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Plan { graph_hash: hash, buffers, kernels })
+    Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
 }
 
 /// Emits `__device__ __forceinline__ float fn_name(float in0, ...)` computing the single scalar

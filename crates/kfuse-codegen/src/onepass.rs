@@ -108,7 +108,7 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, lengths: crate::LengthsGradient) 
     for c in 0..u64::from(comps) {
         let mut ctx = dom.clone();
         ctx.push(Coord::Const(c));
-        let (gd, (a, _), (b, _)) = crate::kernel::resolve_select(&em, g, out, ctx)?;
+        let (gd, (a, _), (b, _)) = crate::actions::resolve_select(&em, g, out, ctx)?;
         let gd = em.canonical(gd.0, gd.1);
         if guard.as_ref().is_some_and(|x| *x != gd) {
             return None;
@@ -302,120 +302,4 @@ pub(crate) struct OnePassBuffers {
     /// The compacted plan's list: `u64` flat domain indices of the entries past the shared
     /// memory, and their `f32` unscaled values, `comps` per entry (`None`: the rows plan).
     pub list: Option<(usize, usize)>,
-}
-
-/// Entries of a block's one-pass list held in shared memory; more go to its global segment.
-const LIST_SHARED: u32 = 256;
-
-/// Inside the batched loop, after each batch: full sets of `blockDim.x` queued elements are
-/// computed at once (block-uniform: every thread reads the same queue length between barriers).
-pub(crate) const QUEUE_DRAIN: &[&str] = &[
-    "__syncthreads(); // the batch's queue appends are visible",
-    "while (kf_qn >= (int)blockDim.x) kf_drain((int)blockDim.x);",
-    "__syncthreads(); // every thread has read kf_qn before the next batch appends",
-];
-
-/// After the batched loop: the queue's rest.
-pub(crate) const FINAL_DRAIN: &str =
-    "    __syncthreads();\n    if (kf_qn > 0) kf_drain(kf_qn); // the rest of the queue (block-uniform)\n";
-
-/// The compaction's shared state, the block's global list segment and `kf_drain` (whose body is
-/// `drain`: the queued group's work for element `i`, loads direct). Block `b`'s global segment
-/// starts at the count of elements the threads of blocks `< b` own in the grid-stride loop
-/// (`S` threads in all, `T = b * block`; thread `t` owns `n / S` elements, one more when
-/// `t < n % S`), so its entries always fit there.
-pub(crate) fn write_compaction_state(src: &mut String, block: u32, batch: u32, comps: u32, drain: &[String]) {
-    use std::fmt::Write as _;
-    src.push_str(
-        "    // One pass, compacted: an element whose predicate holds is queued (kf_q) and computed later by a full\n",
-    );
-    src.push_str("    // set of lanes (kf_drain), so that the few valid elements do not idle the other lanes of their warps; its\n");
-    src.push_str("    // unscaled values are listed in shared memory (kf_li, kf_lv), past KF_LCAP entries in the block's global segment.\n");
-    let _ = writeln!(src, "    constexpr int KF_LCAP = {LIST_SHARED};");
-    let _ = writeln!(
-        src,
-        "    __shared__ long long kf_q[{}]; // queued flat indices: at most a batch's worth and a drain's rest",
-        block * (batch + 1)
-    );
-    src.push_str("    __shared__ int kf_qn, kf_ln; // queued, listed\n");
-    src.push_str("    __shared__ long long kf_li[KF_LCAP];\n");
-    let _ = writeln!(src, "    __shared__ float kf_lv[KF_LCAP * {comps}];");
-    src.push_str("    if (threadIdx.x == 0) { kf_qn = 0; kf_ln = 0; }\n    __syncthreads();\n");
-    src.push_str("    const long long kf_list_s = (long long)gridDim.x * blockDim.x, kf_list_t = (long long)blockIdx.x * blockDim.x;\n");
-    src.push_str("    const long long kf_list_r = n % kf_list_s;\n");
-    src.push_str("    const long long kf_list_base = kf_list_t * (n / kf_list_s) + (kf_list_t < kf_list_r ? kf_list_t : kf_list_r); // elements of the threads before this block\n");
-    src.push_str(
-        "    // Threads [0, kf_count) compute the last kf_count queued elements; every thread of the block calls it.\n",
-    );
-    src.push_str("    auto kf_drain = [&](int kf_count) {\n");
-    src.push_str("        const int kf_q0 = kf_qn - kf_count;\n");
-    src.push_str("        if ((int)threadIdx.x < kf_count) {\n");
-    src.push_str("            const long long i = kf_q[kf_q0 + (int)threadIdx.x];\n");
-    for l in drain {
-        let _ = writeln!(src, "            {l}");
-    }
-    src.push_str("        }\n        __syncthreads();\n");
-    src.push_str(
-        "        if (threadIdx.x == 0) { kf_qn = kf_q0; kf_ln += kf_count; }\n        __syncthreads();\n    };\n",
-    );
-}
-
-/// A drain's append of `(i, vals)` as entry `kf_ln + threadIdx.x` of the block's list.
-pub(crate) fn append_lines(vals: &[String]) -> Vec<String> {
-    let c = vals.len();
-    let mut lines = vec![
-        "const int kf_slot = kf_ln + (int)threadIdx.x; // this entry's number in the block's list".to_string(),
-        "if (kf_slot < KF_LCAP) {".to_string(),
-        "    kf_li[kf_slot] = i;".to_string(),
-    ];
-    lines.extend(vals.iter().enumerate().map(|(k, v)| format!("    kf_lv[kf_slot * {c} + {k}] = {v};")));
-    lines.push("} else {".to_string());
-    lines.push("    const long long kf_j = kf_list_base + (kf_slot - KF_LCAP);".to_string());
-    lines.push("    list_index[kf_j] = (unsigned long long)i;".to_string());
-    lines.extend(vals.iter().enumerate().map(|(k, v)| format!("    list_values[kf_j * {c} + {k}] = {v};")));
-    lines.push("}".to_string());
-    lines
-}
-
-/// The code after a one-pass kernel's grid barrier: the block writes `out[index] = s * h` for
-/// the entries of its own list (shared memory, then its global segment), with the scale `s`
-/// (`kf_scale`) that every block computed past the barrier.
-pub(crate) fn rescale_lines(g: &Graph, pass: &OnePass) -> Vec<String> {
-    use crate::cuda;
-    let o = pass.output;
-    let d = g.node(g.outputs[o].node).dtype;
-    let c = pass.comps as usize;
-    let vals: Vec<String> = (0..c).map(|k| format!("kf_s * kf_h[{k}]")).collect();
-    let mut lines = vec![
-        format!(
-            "// After the barrier: the scale n{} is final; each block rescales the entries it listed.",
-            pass.scale.0
-        ),
-        "const float kf_s = kf_scale;".to_string(),
-        "for (int kf_j = threadIdx.x; kf_j < kf_ln; kf_j += blockDim.x) {".to_string(),
-        "    long long i;".to_string(),
-        format!("    float kf_h[{c}];"),
-        "    if (kf_j < KF_LCAP) {".to_string(),
-        "        i = kf_li[kf_j];".to_string(),
-    ];
-    lines.extend((0..c).map(|k| format!("        kf_h[{k}] = kf_lv[kf_j * {c} + {k}];")));
-    lines.push("    } else {".to_string());
-    lines.push("        const long long j = kf_list_base + (kf_j - KF_LCAP);".to_string());
-    lines.push("        i = (long long)list_index[j];".to_string());
-    lines.extend((0..c).map(|k| format!("        kf_h[{k}] = list_values[j * {c} + {k}];")));
-    lines.push("    }".to_string());
-    match cuda::vector_type(d, c as u64) {
-        Some(vty) => lines.push(format!(
-            "    reinterpret_cast<{vty}*>(out{o})[i] = {}; // {}",
-            cuda::vector_pack(d, &vals),
-            g.outputs[o].name
-        )),
-        None => {
-            for (k, v) in vals.iter().enumerate() {
-                lines.push(format!("    out{o}[i * {c} + {k}] = {};", cuda::store_conversion(d, v)));
-            }
-        }
-    }
-    lines.push("}".to_string());
-    lines
 }

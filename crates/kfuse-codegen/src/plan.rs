@@ -2,19 +2,26 @@
 //! kernels to launch, in order, on one stream. Nothing here touches a GPU; the executor (crate
 //! `kfuse`) allocates, binds and launches exactly what this describes.
 
-use kfuse_ir::{DType, GraphHash, InputId, SymId};
+use kfuse_ir::{DType, GraphHash, InputId, Interface, SymId};
 
 /// Options that change the generated code (they are printed in each kernel's header comment).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CodegenOptions {
-    /// Threads per block of every generated kernel: a multiple of 32 in `32..=1024`.
+    /// Threads per block of every generated kernel: a multiple of 32 in `32..=1024`. One
+    /// exception: the rows plan ([`LengthsGradient::OnePass`] under a lengths mask) always runs
+    /// 512 threads per block (its split of the warps into fill and compute roles is tuned for
+    /// it). The default (256) stands for 512 there; 512 is honoured; any other value is refused
+    /// with `CodegenError::RowsPlanBlockSize` (choose [`LengthsGradient::TwoKernels`] to run the
+    /// gradient at that block size).
     pub block_size: u32,
     /// Elements each thread takes per iteration of a batched grid-stride loop (their loads are
-    /// all issued before the first use): `1..=16`.
+    /// all issued before the first use): `1..=16`. Kernels without a batched loop (row mode, the
+    /// rows plan, which takes 2 valid elements per compute thread and step) do not use it.
     pub elems_per_thread: u32,
     /// Threads per multiprocessor that a batched loop's launch bounds promise (and its grid
     /// fills): registers per thread are capped at 65536 / this. A multiple of `block_size` in
-    /// `block_size..=2048`.
+    /// `block_size..=2048`. Kernels without a batched loop do not use it (the rows plan promises
+    /// two resident blocks of 512 threads).
     pub batched_threads_per_sm: u32,
     /// How a gradient masked by `mask(lengths)` and scaled by a full reduction is planned.
     pub lengths_gradient: LengthsGradient,
@@ -50,6 +57,9 @@ pub enum LengthsGradient {
 pub struct Plan {
     /// `graph.stable_hash()`; kernel names carry its short form.
     pub graph_hash: GraphHash,
+    /// The graph's inputs and outputs (names, dtypes, shapes in symbols, layout constraints): all
+    /// the executor needs to bind run-time sizes, check inputs and size outputs, with no graph.
+    pub interface: Interface,
     /// Every device buffer a run needs, referenced by index from [`Param::Buffer`]. The first
     /// `graph.inputs.len()` entries are the inputs in declaration order, then the outputs in
     /// `graph.outputs` order, then temporaries, partials and counters.

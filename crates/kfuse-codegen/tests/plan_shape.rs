@@ -413,6 +413,31 @@ fn constant_only_outputs_get_a_one_element_kernel() {
 }
 
 #[test]
+fn rows_plan_refuses_a_block_size_it_cannot_honour() {
+    let g = common::lengths_mean_and_gradient(true).expect("graph");
+    let with = |block_size, lengths_gradient| CodegenOptions { block_size, lengths_gradient, ..opts() };
+    // The default block size stands for the rows plan's 512 threads; 512 itself is honoured.
+    let default = plan(&g, &opts()).expect("plan");
+    assert_eq!(default.kernels.len(), 1);
+    assert_eq!(default.kernels[0].block, 512);
+    assert!(default.kernels[0].source.contains("block_size=512"), "{}", default.kernels[0].source);
+    assert_eq!(plan(&g, &with(512, LengthsGradient::OnePass)), Ok(default));
+    // Any other block size is refused with a message that says what would work.
+    for block_size in [128, 1024] {
+        let err = plan(&g, &with(block_size, LengthsGradient::OnePass)).expect_err("refused");
+        assert_eq!(err, CodegenError::RowsPlanBlockSize { block_size, rows_block: 512 });
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("block size {block_size}")) && msg.contains("TwoKernels"), "{msg}");
+        // The two-kernel plan honours it.
+        let two = plan(&g, &with(block_size, LengthsGradient::TwoKernels)).expect("plan");
+        assert!(two.kernels.iter().all(|k| k.block == block_size), "{two:?}");
+    }
+    // A graph without the rows plan takes any valid block size.
+    let giou = common::giou(DType::F32, DType::F32).expect("graph");
+    assert_eq!(plan(&giou, &with(128, LengthsGradient::OnePass)).expect("plan").kernels[0].block, 128);
+}
+
+#[test]
 fn errors_are_values_that_say_what_is_wrong() {
     let g = common::giou(DType::F32, DType::F32).expect("graph");
     let with = |block_size, elems_per_thread| CodegenOptions { block_size, elems_per_thread, ..opts() };

@@ -19,6 +19,7 @@ mod dtype;
 mod error;
 mod graph;
 mod hash;
+mod interface;
 mod shape;
 mod tensor;
 mod verify;
@@ -31,6 +32,7 @@ pub use graph::{
     TernaryOp, UnaryOp,
 };
 pub use hash::GraphHash;
+pub use interface::{Interface, LayoutConstraint, TensorDecl};
 pub use shape::{broadcast_shapes, Dim, Shape, SymId};
 pub use tensor::{BindError, HostTensor, SymbolBindings, TensorData};
 pub use verify::verify;

@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 
-use crate::{Constraint, DType, Dim, Graph};
+use crate::{Constraint, DType, Dim, Graph, Interface, TensorDecl};
 
 /// The elements of a host tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -168,65 +168,29 @@ pub enum BindError {
     /// An `offsets` input whose last boundary is not the packed row count.
     #[error("input `{name}`: the last offset {name}[{index}] = {value} must equal {dim} = {total}")]
     OffsetEnd { name: String, index: usize, value: i32, dim: String, total: u64 },
+    /// A declaration whose shape names a symbol the interface does not have (a hand-built
+    /// interface; graphs from the builder never do this).
+    #[error("input `{name}` names dimension symbol ?{sym} on axis {axis}, which the interface does not declare")]
+    UnknownSymbol { name: String, axis: usize, sym: u32 },
 }
 
 impl SymbolBindings {
     /// Binds each symbol to the size the inputs give it, checking dtypes, ranks, constant dims and
     /// agreement between inputs. `inputs` pairs names with tensors, in any order.
     pub fn bind(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<SymbolBindings, BindError> {
-        let known = || graph.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
-        for (name, _) in inputs {
-            if graph.input_by_name(name).is_none() {
-                return Err(BindError::Unknown { name: name.to_string(), known: known() });
+        SymbolBindings::bind_interface(&Interface::of(graph), inputs)
+    }
+
+    /// [`SymbolBindings::bind`] against an interface (see [`Interface::bind_shapes`]), then the
+    /// values of every layout-constrained input are checked.
+    pub fn bind_interface(interface: &Interface, inputs: &[(&str, &HostTensor)]) -> Result<SymbolBindings, BindError> {
+        let shapes: Vec<(&str, DType, &[usize])> =
+            inputs.iter().map(|(n, t)| (*n, t.dtype(), t.shape.as_slice())).collect();
+        let bindings = SymbolBindings { sizes: interface.bind_shapes(&shapes)? };
+        for decl in &interface.inputs {
+            if let Some(c) = decl.layout {
+                bindings.check_constraint(interface, decl, c, inputs)?;
             }
-        }
-        let mut sizes: Vec<Option<(u64, String)>> = vec![None; graph.symbols.len()];
-        for decl in &graph.inputs {
-            let decl_str = format!("{}{}", decl.dtype, graph.shape_str(&decl.shape));
-            let t = inputs
-                .iter()
-                .find(|(n, _)| *n == decl.name)
-                .map(|(_, t)| *t)
-                .ok_or_else(|| BindError::Missing { name: decl.name.clone(), decl: decl_str.clone() })?;
-            if t.dtype() != decl.dtype {
-                return Err(BindError::DType { name: decl.name.clone(), got: t.dtype(), want: decl.dtype });
-            }
-            if t.shape.len() != decl.shape.rank() {
-                return Err(BindError::Rank {
-                    name: decl.name.clone(),
-                    got: t.shape.len(),
-                    want: decl.shape.rank(),
-                    shape: t.shape.clone(),
-                    decl: decl_str,
-                });
-            }
-            for (axis, (d, &got)) in decl.shape.0.iter().zip(&t.shape).enumerate() {
-                match *d {
-                    Dim::Const(c) if c as usize != got => {
-                        return Err(BindError::ConstDim { name: decl.name.clone(), axis, got, want: c, decl: decl_str })
-                    }
-                    Dim::Const(_) => {}
-                    Dim::Sym(s) => match &sizes[s.0 as usize] {
-                        Some((want, first)) if *want != got as u64 => {
-                            return Err(BindError::SymbolClash {
-                                name: decl.name.clone(),
-                                axis,
-                                sym: graph.symbols[s.0 as usize].clone(),
-                                got,
-                                want: *want,
-                                first: first.clone(),
-                            })
-                        }
-                        Some(_) => {}
-                        None => sizes[s.0 as usize] = Some((got as u64, decl.name.clone())),
-                    },
-                }
-            }
-        }
-        // A symbol no input mentions (possible only in hand-built graphs) binds to 0.
-        let bindings = SymbolBindings { sizes: sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect() };
-        for &c in &graph.constraints {
-            bindings.check_constraint(graph, c, inputs)?;
         }
         Ok(bindings)
     }
@@ -240,14 +204,19 @@ impl SymbolBindings {
     }
 
     /// Checks the values of a lengths/offsets input (its dtype and shape are already checked).
-    fn check_constraint(&self, graph: &Graph, c: Constraint, inputs: &[(&str, &HostTensor)]) -> Result<(), BindError> {
-        let Some(decl) = graph.inputs.get(c.input().0 as usize) else { return Ok(()) };
+    fn check_constraint(
+        &self,
+        interface: &Interface,
+        decl: &TensorDecl,
+        c: Constraint,
+        inputs: &[(&str, &HostTensor)],
+    ) -> Result<(), BindError> {
         let Some((_, t)) = inputs.iter().find(|(n, _)| *n == decl.name) else { return Ok(()) };
         // The dtype was checked against the declaration, and the verifier made that i32.
         let TensorData::I32(values) = &t.data else { return Ok(()) };
         let name = decl.name.clone();
         let bound = self.dim_size(c.dim());
-        let dim = graph.dim_str(c.dim());
+        let dim = interface.dim_str(c.dim());
         match c {
             Constraint::Lengths { .. } => {
                 for (i, &value) in values.iter().enumerate() {

@@ -9,14 +9,9 @@ use kfuse_ir::{BinaryOp, Constraint, DType, Dim, NodeId, Op, ReduceAxis, ReduceO
 
 use crate::ast::{Arg, Expr, ExprKind, Ident};
 use crate::diagnostic::{DiagnosticKind, Report, Span};
+use crate::functions::FUNCTIONS;
 use crate::lower::Lowerer;
 use crate::suggest::closest;
-
-/// Every built-in function name, for suggestions.
-pub(crate) const FUNCTIONS: &[&str] = &[
-    "where", "min", "max", "clamp", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos",
-    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "bool", "grad", "mask", "size",
-];
 
 fn unary_function(name: &str) -> Option<UnaryOp> {
     UnaryOp::ALL.into_iter().find(|op| !matches!(op, UnaryOp::Neg | UnaryOp::Not) && op.name() == name)

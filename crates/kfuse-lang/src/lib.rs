@@ -34,6 +34,7 @@
 mod ast;
 mod builtins;
 mod diagnostic;
+mod functions;
 mod lexer;
 mod lower;
 mod parser;
@@ -62,10 +63,42 @@ pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic>
     program(source).map_err(|r| r.place(source, file_name))
 }
 
+/// [`parse_program`] with some inputs declared at another dtype than the source writes: each
+/// `(name, dtype)` replaces the dtype of input `name` before type checking, so the whole program is
+/// typed as if the source said so (for example the f16 or bf16 run of an f32 description). A name
+/// that is not an input of the program is an error, reported at the start of the file.
+///
+/// ```
+/// use kfuse_ir::DType;
+/// let src = "input x: f32[N]\noutput y = x * 2.0\n";
+/// let g = kfuse_lang::parse_program_with_dtypes(src, "demo.kf", &[("x", DType::BF16)])?;
+/// assert_eq!(g.inputs[0].dtype, DType::BF16);
+/// assert!(kfuse_lang::parse_program_with_dtypes(src, "demo.kf", &[("z", DType::F16)]).is_err());
+/// # Ok::<(), kfuse_lang::Diagnostic>(())
+/// ```
+#[allow(clippy::result_large_err)]
+pub fn parse_program_with_dtypes(source: &str, file_name: &str, dtypes: &[(&str, DType)]) -> Result<Graph, Diagnostic> {
+    program_with(source, dtypes).map_err(|r| r.place(source, file_name))
+}
+
 fn program(source: &str) -> Result<Graph, Report> {
+    program_with(source, &[])
+}
+
+fn program_with(source: &str, dtypes: &[(&str, DType)]) -> Result<Graph, Report> {
     let toks = lexer::lex(source)?;
     let stmts = Parser::new(&toks).program()?;
-    Lowerer::new(source).program(&stmts)
+    let graph = Lowerer::new(source).with_dtype_overrides(dtypes).program(&stmts)?;
+    if let Some((name, _)) = dtypes.iter().find(|(n, _)| graph.input_by_name(n).is_none()) {
+        let known = graph.inputs.iter().map(|i| format!("`{}`", i.name)).collect::<Vec<_>>().join(", ");
+        return Err(Report::new(
+            DiagnosticKind::UnknownName,
+            Span::new(0, 0),
+            format!("a dtype is given for `{name}`, which is not an input of the program"),
+        )
+        .expected(format!("one of the inputs: {known}")));
+    }
+    Ok(graph)
 }
 
 /// For MLP activations: an expression over the given scalar/tensor variables, as a graph with those

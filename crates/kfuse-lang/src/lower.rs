@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use kfuse_ir::{Constraint, DType, Dim, Graph, GraphBuilder, IrError, NodeId, Op, Shape, SymId, UnaryOp};
 
 use crate::ast::{DimAst, Expr, ExprKind, Ident, Layout, LayoutKind, Stmt};
-use crate::builtins::FUNCTIONS;
 use crate::diagnostic::{DiagnosticKind, Report, Span};
+use crate::functions::FUNCTIONS;
 use crate::suggest::closest;
 
 /// A value name in scope.
@@ -30,6 +30,8 @@ pub(crate) struct Lowerer<'s> {
     /// The symbol of each `as lengths(N)` / `as offsets(T)` clause with where it was written; an
     /// input's shape must use it, or it would bind to nothing at run time.
     layout_symbols: Vec<(SymId, Span)>,
+    /// Input dtypes that replace the declared ones (`parse_program_with_dtypes`), by name.
+    dtype_overrides: Vec<(String, DType)>,
     src: &'s str,
 }
 
@@ -40,8 +42,15 @@ impl<'s> Lowerer<'s> {
             scope: HashMap::new(),
             later: HashMap::new(),
             layout_symbols: Vec::new(),
+            dtype_overrides: Vec::new(),
             src,
         }
+    }
+
+    /// Declares inputs in `overrides` with the given dtype instead of the one the source writes.
+    pub fn with_dtype_overrides(mut self, overrides: &[(&str, DType)]) -> Lowerer<'s> {
+        self.dtype_overrides = overrides.iter().map(|(n, d)| (n.to_string(), *d)).collect();
+        self
     }
 
     /// Lowers a whole program and returns the verified graph.
@@ -83,7 +92,8 @@ impl<'s> Lowerer<'s> {
                         .collect(),
                 );
                 self.check_new_name(name)?;
-                let node = self.b.input(&name.name, *dtype, shape).map_err(|e| self.ir_report(e, name.span, &[]))?;
+                let dtype = self.dtype_overrides.iter().find(|(n, _)| *n == name.name).map_or(*dtype, |(_, d)| *d);
+                let node = self.b.input(&name.name, dtype, shape).map_err(|e| self.ir_report(e, name.span, &[]))?;
                 if let Some(layout) = layout {
                     self.declare_layout(node, layout)?;
                 }

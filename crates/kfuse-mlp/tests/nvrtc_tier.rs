@@ -52,7 +52,8 @@ fn fused_kernels_compile_for_sm80_and_sm90() {
     use kfuse_mlp::{ChunkOrder::Pipelined, HiddenAccumulator::F16 as F16Acc};
     let base = MlpKernelOptions::default();
     // (name, widths, activation, weight dtype, in, out, bias, kernel choices)
-    let cases: Vec<(&str, Vec<usize>, &str, DType, DType, DType, bool, MlpKernelOptions)> = vec![
+    type Case<'a> = (&'a str, Vec<usize>, &'a str, DType, DType, DType, bool, MlpKernelOptions);
+    let cases: Vec<Case> = vec![
         ("bench1", vec![64, 64, 64, 64, 64, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench2", vec![64, 128, 128, 128, 128, 16], &acts, DType::F16, DType::F16, DType::F16, false, base.clone()),
         ("bench3", vec![32, 64, 128, 96, 64, 32, 16], "silu", DType::F16, DType::F16, DType::F16, true, base.clone()),

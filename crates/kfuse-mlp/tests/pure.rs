@@ -207,7 +207,7 @@ fn generated_source_is_deterministic_and_matches_golden() {
     assert!(k1.source.contains(&format!("KF_KERNEL_NAME {}", k1.name)));
     // Padded widths: 24 -> 32 in, 40 -> 48 hidden, 5 -> 8 out; params = weights + f32 bias quads
     // (4 floats per column pair: BiasOperand::Quads, the default).
-    assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 8 + 8 * 48 * 2 + 8 * 8 + 0);
+    assert_eq!(k1.params.len(), 48 * 32 * 2 + 48 * 8 + 8 * 48 * 2 + 8 * 8);
     let generated: String =
         k1.source.split("\n// kfuse fully fused MLP: device helpers").next().unwrap_or("").to_string();
     // The activation structs (after the prelude) and the generated layer chain.

@@ -1,9 +1,15 @@
 //! One CUDA device: a context, one stream, device buffers, kernel loading through the kernel
 //! cache, launches and timing events.
 //!
-//! All work of a `Gpu` goes to its single stream, so stream order alone orders allocation, use
-//! and free; buffers, functions and events carry the id of the `Gpu` that made them and are
-//! refused by any other. Does not handle: multi-stream overlap, graphs, peer copies.
+//! All work of a `Gpu` goes to its own stream, so stream order alone orders allocation, use and
+//! free; buffers, functions, events and streams carry the id of the `Gpu` that made them and are
+//! refused by any other.
+//!
+//! The door for a framework's memory and streams: [`Gpu::borrow_memory`] wraps a device pointer
+//! the `Gpu` did not allocate (never freed by kfuse), [`Gpu::borrow_stream`] a stream handle it did
+//! not create (never destroyed), and [`Gpu::launch_on`] queues a kernel on any [`Stream`] of the
+//! device with no host synchronisation. Ordering work across streams is then the caller's task.
+//! Does not handle: graphs, peer copies.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -20,6 +26,7 @@ use cudarc::nvrtc::Ptx;
 use crate::cache::KernelCache;
 use crate::lookup::{LookupKey, SourceMap};
 use crate::nvrtc::{check_no_nul, CompileOptions, CompiledModule};
+use crate::stream::Stream;
 use crate::timing;
 use crate::{Arch, CacheKey, RuntimeError};
 
@@ -44,7 +51,7 @@ struct LoadedModule {
     functions: HashMap<String, GpuFunction>,
 }
 
-/// One CUDA device with one stream.
+/// One CUDA device with its own stream (and any other [`Stream`]s it creates or borrows).
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -87,18 +94,43 @@ impl GpuFunction {
     }
 }
 
-/// A device allocation owned by one `Gpu`, freed (in stream order) when dropped.
+/// Device memory of one `Gpu`: an allocation it owns, freed (in its stream's order) when dropped,
+/// or memory borrowed from its owner ([`Gpu::borrow_memory`]), never freed by kfuse.
 pub struct DeviceBuffer {
-    // None for an empty buffer: CUDA cannot allocate zero bytes, kernels see a null pointer.
-    slice: Option<CudaSlice<u8>>,
+    memory: Memory,
+    /// The device address (0 for an empty buffer).
+    address: u64,
+    bytes: usize,
     gpu_id: u64,
     ordinal: usize,
+}
+
+/// Who owns a buffer's memory.
+enum Memory {
+    /// No memory: CUDA cannot allocate zero bytes, kernels see a null pointer.
+    Empty,
+    /// Allocated by this runtime.
+    Owned(#[allow(dead_code)] CudaSlice<u8>),
+    /// Someone else's allocation.
+    Borrowed,
 }
 
 impl DeviceBuffer {
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
-        self.slice.as_ref().map_or(0, |s| s.len())
+        self.bytes
+    }
+    /// The device address of the first byte (0 for an empty buffer).
+    pub fn address(&self) -> u64 {
+        self.address
+    }
+    /// The ordinal of the device the memory is on.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    /// Whether the memory is borrowed ([`Gpu::borrow_memory`]) rather than owned.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.memory, Memory::Borrowed)
     }
 }
 
@@ -196,9 +228,10 @@ impl Gpu {
         timing::log("open: primary context", step);
         let step = Instant::now();
         // SAFETY: this context object is private to this Gpu, and every buffer it allocates is
-        // used only on this Gpu's single stream (buffers carry the Gpu id and other Gpus refuse
-        // them), so stream order already orders allocation, kernel use and free; cudarc's
-        // per-buffer events would only add overhead.
+        // allocated, copied and freed on this Gpu's own stream (buffers carry the Gpu id and other
+        // Gpus refuse them), so stream order orders allocation, use and free; a launch on another
+        // stream (`launch_on`) is documented to need its buffers ready and kept alive by the
+        // caller. cudarc's per-buffer events would only add overhead.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let (major, minor) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute(compute capability)"))?;
@@ -425,24 +458,31 @@ impl Gpu {
     /// Copies a buffer back to the host (waits for prior work on the stream).
     pub fn download(&self, buf: &DeviceBuffer) -> Result<Vec<u8>, RuntimeError> {
         self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
-        match &buf.slice {
-            None => Ok(Vec::new()),
-            Some(slice) => self.stream.clone_dtoh(slice).map_err(self.driver_error("cuMemcpyDtoHAsync")),
+        if buf.bytes == 0 {
+            return Ok(Vec::new());
         }
+        self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
+        let mut host = vec![0u8; buf.bytes];
+        // SAFETY: `buf.address` addresses `buf.bytes` bytes of device memory of this context, alive
+        // while `buf` is (owned) or by the contract of `borrow_memory` (borrowed); `host` has
+        // exactly that many bytes and outlives the copy, which is waited for before returning.
+        unsafe { dresult::memcpy_dtoh_async(host.as_mut_slice(), buf.address, self.stream.cu_stream()) }
+            .map_err(self.driver_error("cuMemcpyDtoHAsync"))?;
+        self.synchronize()?;
+        Ok(host)
     }
 
     /// Sets every byte of `buf` to `byte` (to poison outputs in tests).
     pub fn fill(&self, buf: &DeviceBuffer, byte: u8) -> Result<(), RuntimeError> {
         self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
-        let Some(slice) = &buf.slice else {
+        if buf.bytes == 0 {
             return Ok(());
-        };
+        }
         self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
-        let (pointer, _record) = slice.device_ptr(&self.stream);
-        // SAFETY: `pointer` addresses `slice.len()` bytes allocated by this Gpu's context and
-        // kept alive by `buf` (borrowed for this call); the memset is queued on the same stream
-        // as every other use of the buffer, so it cannot race with them.
-        unsafe { dresult::memset_d8_async(pointer, byte, slice.len(), self.stream.cu_stream()) }
+        // SAFETY: `buf.address` addresses `buf.bytes` bytes of this Gpu's context, kept alive by
+        // `buf` (owned) or by the contract of `borrow_memory` (borrowed); the memset is queued on
+        // this Gpu's stream, which orders it with every other use of an owned buffer.
+        unsafe { dresult::memset_d8_async(buf.address, byte, buf.bytes, self.stream.cu_stream()) }
             .map_err(self.driver_error("cuMemsetD8Async"))
     }
 
@@ -456,7 +496,80 @@ impl Gpu {
         shared_bytes: u32,
         args: &[KernelArg<'_>],
     ) -> Result<(), RuntimeError> {
-        self.launch_as(LaunchMode::Plain, f, grid, block, shared_bytes, args)
+        self.launch_as(&self.stream, LaunchMode::Plain, f, grid, block, shared_bytes, args)
+    }
+
+    /// [`Gpu::launch`] on `stream` (one this Gpu created or borrowed) instead of the Gpu's own.
+    /// Queues the kernel and returns: no host synchronisation. The buffers must be ready for
+    /// `stream` (allocated or written on another stream, they need that stream synchronised or
+    /// ordered first).
+    pub fn launch_on(
+        &self,
+        stream: &Stream,
+        f: &GpuFunction,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), RuntimeError> {
+        self.check_owner("stream", stream.gpu_id, stream.ordinal)?;
+        self.launch_as(&stream.stream, LaunchMode::Plain, f, grid, block, shared_bytes, args)
+    }
+
+    /// [`Gpu::launch_cooperative`] on `stream` (see [`Gpu::launch_on`]).
+    pub fn launch_cooperative_on(
+        &self,
+        stream: &Stream,
+        f: &GpuFunction,
+        grid: u32,
+        block: u32,
+        shared_bytes: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<(), RuntimeError> {
+        self.check_owner("stream", stream.gpu_id, stream.ordinal)?;
+        self.check_cooperative(f)?;
+        self.launch_as(&stream.stream, LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
+    }
+
+    /// The Gpu's own stream (where `launch`, uploads and downloads go), as a [`Stream`].
+    pub fn default_stream(&self) -> Stream {
+        Stream { stream: self.stream.clone(), gpu_id: self.id, ordinal: self.ordinal, borrowed: false }
+    }
+
+    /// Creates a new stream on this device (destroyed when its last clone drops).
+    pub fn create_stream(&self) -> Result<Stream, RuntimeError> {
+        let stream = self.ctx.new_stream().map_err(self.driver_error("cuStreamCreate"))?;
+        Ok(Stream { stream, gpu_id: self.id, ordinal: self.ordinal, borrowed: false })
+    }
+
+    /// Wraps a stream that someone else created (for example PyTorch's
+    /// `torch.cuda.current_stream().cuda_stream`), so that kernels can be queued on it with
+    /// [`Gpu::launch_on`]. kfuse never destroys it.
+    ///
+    /// # Safety
+    ///
+    /// `handle` must be a live `CUstream` of this device's primary context (the context every
+    /// `Gpu` and the CUDA runtime use; 0 names the legacy default stream), and it must stay alive
+    /// for as long as the returned `Stream`, or any clone of it, is used.
+    pub unsafe fn borrow_stream(&self, handle: usize) -> Stream {
+        // SAFETY: the caller promises a live stream of this context that outlives the wrapper;
+        // cudarc's wrapper does not destroy a borrowed stream.
+        let stream = unsafe { self.ctx.wrap_borrowed_stream(handle as sys::CUstream) };
+        Stream { stream, gpu_id: self.id, ordinal: self.ordinal, borrowed: true }
+    }
+
+    /// Wraps `bytes` of device memory at `ptr` that someone else allocated (a framework's tensor),
+    /// so that it can be passed to a kernel as a [`KernelArg::Buffer`]. kfuse never frees it.
+    /// This is the one exception to "the runtime allocates what it launches on".
+    ///
+    /// # Safety
+    ///
+    /// `ptr` must address at least `bytes` bytes of device memory usable in this device's primary
+    /// context, and that memory must stay allocated for as long as the returned buffer is used,
+    /// including by kernels queued with it that have not finished yet. `ptr` should be 16-byte
+    /// aligned for kfuse's generated kernels (they load small trailing axes as vectors).
+    pub unsafe fn borrow_memory(&self, ptr: u64, bytes: usize) -> DeviceBuffer {
+        DeviceBuffer { memory: Memory::Borrowed, address: ptr, bytes, gpu_id: self.id, ordinal: self.ordinal }
     }
 
     /// Launches `f` cooperatively (`cuLaunchCooperativeKernel`): the driver guarantees that all
@@ -470,17 +583,22 @@ impl Gpu {
         shared_bytes: u32,
         args: &[KernelArg<'_>],
     ) -> Result<(), RuntimeError> {
-        if !self.cooperative {
-            return Err(RuntimeError::InvalidLaunch {
-                fn_name: f.name.to_string(),
-                ordinal: self.ordinal,
-                reason: format!(
-                    "{} does not support cooperative launches (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH is 0)",
-                    self.name
-                ),
-            });
+        self.check_cooperative(f)?;
+        self.launch_as(&self.stream, LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
+    }
+
+    fn check_cooperative(&self, f: &GpuFunction) -> Result<(), RuntimeError> {
+        if self.cooperative {
+            return Ok(());
         }
-        self.launch_as(LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
+        Err(RuntimeError::InvalidLaunch {
+            fn_name: f.name.to_string(),
+            ordinal: self.ordinal,
+            reason: format!(
+                "{} does not support cooperative launches (CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH is 0)",
+                self.name
+            ),
+        })
     }
 
     /// How many blocks of `block` threads with `shared_bytes` of dynamic shared memory can be
@@ -497,8 +615,10 @@ impl Gpu {
         Ok(per_sm.saturating_mul(self.sm_count))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch_as(
         &self,
+        stream: &Arc<CudaStream>,
         mode: LaunchMode,
         f: &GpuFunction,
         grid: u32,
@@ -534,11 +654,7 @@ impl Gpu {
             values.push(match *arg {
                 KernelArg::Buffer(buf) => {
                     self.check_owner("buffer", buf.gpu_id, buf.ordinal)?;
-                    let pointer = match &buf.slice {
-                        Some(slice) => slice.device_ptr(&self.stream).0,
-                        None => 0,
-                    };
-                    ArgValue::Pointer(pointer)
+                    ArgValue::Pointer(buf.address)
                 }
                 KernelArg::I64(v) => ArgValue::I64(v),
                 KernelArg::I32(v) => ArgValue::I32(v),
@@ -546,7 +662,7 @@ impl Gpu {
                 KernelArg::F32(v) => ArgValue::F32(v),
             });
         }
-        let mut builder = self.stream.launch_builder(&f.function);
+        let mut builder = stream.launch_builder(&f.function);
         for value in &values {
             match value {
                 ArgValue::Pointer(v) => builder.arg(v),
@@ -557,8 +673,9 @@ impl Gpu {
             };
         }
         let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: shared_bytes };
-        // SAFETY: every pointer argument is the live device allocation of a DeviceBuffer of this
-        // Gpu borrowed for this call (freed only in stream order after the kernel), scalars are
+        // SAFETY: every pointer argument is the live device memory of a DeviceBuffer of this Gpu
+        // borrowed for this call (an owned one is freed only in its stream's order after the
+        // kernel; a borrowed one is kept alive by the contract of `borrow_memory`), scalars are
         // plain values in `values`, which outlives the launch call. That the argument list
         // matches the kernel's signature is the caller's contract, as in any CUDA launch.
         let launched = match mode {
@@ -600,11 +717,14 @@ impl Gpu {
     }
 
     fn empty_buffer(&self) -> DeviceBuffer {
-        DeviceBuffer { slice: None, gpu_id: self.id, ordinal: self.ordinal }
+        DeviceBuffer { memory: Memory::Empty, address: 0, bytes: 0, gpu_id: self.id, ordinal: self.ordinal }
     }
 
     fn wrap(&self, slice: CudaSlice<u8>) -> DeviceBuffer {
-        DeviceBuffer { slice: Some(slice), gpu_id: self.id, ordinal: self.ordinal }
+        // With event tracking off (see `open_with_cache`), taking the pointer records nothing.
+        let address = slice.device_ptr(&self.stream).0;
+        let bytes = slice.len();
+        DeviceBuffer { memory: Memory::Owned(slice), address, bytes, gpu_id: self.id, ordinal: self.ordinal }
     }
 
     fn alloc_error(&self, source: DriverError, bytes: usize) -> RuntimeError {
@@ -673,6 +793,7 @@ impl std::fmt::Debug for DeviceBuffer {
         f.debug_struct("DeviceBuffer")
             .field("bytes", &self.bytes())
             .field("ordinal", &self.ordinal)
+            .field("borrowed", &self.is_borrowed())
             .finish_non_exhaustive()
     }
 }

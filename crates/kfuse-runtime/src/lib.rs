@@ -6,8 +6,9 @@
 //!   [`CacheKey`];
 //! - [`lookup::SourceMap`] is the first-level memory lookup both use (a fast hash verified by
 //!   equality, so a repeat costs about one map probe);
-//! - [`Gpu`] is one device with one stream: buffers, kernel loading through the cache, launches
-//!   and timing events;
+//! - [`Gpu`] is one device with its own stream: buffers, kernel loading through the cache, launches
+//!   and timing events; [`Stream`]s it creates or borrows, and memory it borrows (the foreign
+//!   memory door: [`Gpu::borrow_stream`], [`Gpu::borrow_memory`]);
 //! - [`testing`] gates NVRTC- and GPU-tier tests.
 //!
 //! It takes CUDA source strings and knows nothing of the IR. Libraries are loaded at run time
@@ -20,6 +21,7 @@ mod gpu;
 mod key;
 pub mod lookup;
 mod nvrtc;
+mod stream;
 pub mod testing;
 pub mod timing;
 
@@ -32,3 +34,4 @@ pub use error::RuntimeError;
 pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use nvrtc::{cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions, CompiledModule};
+pub use stream::Stream;

@@ -2,8 +2,15 @@
 //! tests when a device opens; otherwise print `SKIPPED: <test>: <why>` and let the test pass,
 //! unless `KFUSE_REQUIRE_NVRTC=1` / `KFUSE_REQUIRE_GPU=1` make absence a failure.
 //!
+//! A skipped test passes, so a summary could not tell it from one that ran. When `KFUSE_SKIP_LOG`
+//! names a file, every skip also appends one line `<tier>\t<test>\t<why>` to it (tier `nvrtc` or
+//! `gpu`; tabs and line breaks in the reason become spaces), which `.ci/run` counts and lists at
+//! the end of its run.
+//!
 //! These helpers panic on purpose (that is how a required tier fails a test); they are for
 //! test code only.
+
+use std::io::Write;
 
 use crate::{nvrtc_version, open_default, Gpu};
 
@@ -11,8 +18,29 @@ fn required(var: &str) -> bool {
     std::env::var(var).map(|v| v.trim() == "1").unwrap_or(false)
 }
 
-/// `Some(())` when NVRTC is usable; otherwise prints `SKIPPED:` and returns `None` (or panics
-/// when `KFUSE_REQUIRE_NVRTC=1`).
+/// Prints the `SKIPPED:` line and appends `tier\ttest\twhy` to the file `KFUSE_SKIP_LOG` names,
+/// if any. A log that cannot be written is reported on stderr and does not fail the test.
+fn record_skip(tier: &str, test: &str, why: &dyn std::fmt::Display) {
+    println!("SKIPPED: {test}: {why}");
+    let Some(path) = std::env::var_os("KFUSE_SKIP_LOG").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    let why: String =
+        why.to_string().chars().map(|c| if c == '\t' || c == '\n' || c == '\r' { ' ' } else { c }).collect();
+    let line = format!("{tier}\t{test}\t{why}\n");
+    // One write of a short line to a file opened for appending: concurrent tests' lines stay whole.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(line.as_bytes()));
+    if let Err(err) = written {
+        eprintln!("KFUSE_SKIP_LOG: cannot append to {}: {err}", std::path::Path::new(&path).display());
+    }
+}
+
+/// `Some(())` when NVRTC is usable; otherwise prints `SKIPPED:` (and logs the skip, see the
+/// module docs) and returns `None`, or panics when `KFUSE_REQUIRE_NVRTC=1`.
 pub fn nvrtc_or_skip(test: &str) -> Option<()> {
     match nvrtc_version() {
         Ok(_) => Some(()),
@@ -20,14 +48,15 @@ pub fn nvrtc_or_skip(test: &str) -> Option<()> {
             if required("KFUSE_REQUIRE_NVRTC") {
                 panic!("{test}: NVRTC required (KFUSE_REQUIRE_NVRTC=1) but unavailable: {why}");
             }
-            println!("SKIPPED: {test}: {why}");
+            record_skip("nvrtc", test, &why);
             None
         }
     }
 }
 
-/// The default GPU ([`open_default`]) when one opens; otherwise prints `SKIPPED:` and returns
-/// `None` (or panics when `KFUSE_REQUIRE_GPU=1`). Also requires NVRTC, since GPU tests compile.
+/// The default GPU ([`open_default`]) when one opens; otherwise prints `SKIPPED:` (and logs the
+/// skip, see the module docs) and returns `None`, or panics when `KFUSE_REQUIRE_GPU=1`. Also
+/// requires NVRTC, since GPU tests compile.
 pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
     let opened = nvrtc_version().and_then(|_| open_default());
     match opened {
@@ -36,7 +65,7 @@ pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
             if required("KFUSE_REQUIRE_GPU") {
                 panic!("{test}: GPU required (KFUSE_REQUIRE_GPU=1) but unavailable: {why}");
             }
-            println!("SKIPPED: {test}: {why}");
+            record_skip("gpu", test, &why);
             None
         }
     }

@@ -1,29 +1,39 @@
-//! Runs a fused kernel plan on a GPU: allocates the plan's buffers for the run-time sizes, uploads
-//! the inputs, launches the kernels in order on the device's stream and downloads the outputs.
+//! Runs a fused kernel plan on a GPU, from the plan alone (its [`kfuse_ir::Interface`] binds the
+//! sizes and sizes the outputs): either on host tensors (allocate the plan's buffers, upload,
+//! launch on the device's own stream, download), or on device tensors that a framework owns
+//! (launch on its stream into its output tensors, with a workspace for the plan's other buffers).
 //!
-//! Not here: compilation and caching (kfuse-runtime's `Gpu::load_kernel` does both), and timing
-//! (the `bench` module drives [`CudaProgram::launch`] between CUDA events).
+//! Not here: compilation and caching (kfuse-runtime's `Gpu::load_kernel` does both).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use half::slice::HalfFloatSliceExt;
-use kfuse_codegen::{BufferKind, Launch, Param, Plan};
-use kfuse_ir::{Graph, HostTensor, SymbolBindings, TensorData};
-use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg};
+use kfuse_codegen::{BufferDecl, BufferKind, Launch, Param, Plan};
+use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
+use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
-use crate::{Error, Program};
+use crate::{Error, Program, Result};
 
-/// A program compiled and loaded for one GPU, ready to run on any sizes.
-pub struct CudaProgram<'g> {
-    gpu: &'g Gpu,
-    graph: Graph,
-    plan: Plan,
+/// A tensor in device memory: a buffer (usually borrowed from a framework with
+/// [`Gpu::borrow_memory`]), its dtype and its row-major, contiguous shape.
+#[derive(Debug)]
+pub struct DeviceTensor {
+    pub buffer: DeviceBuffer,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+/// A plan with its kernels loaded on one GPU, ready to run on any sizes.
+pub struct CudaProgram {
+    gpu: Arc<Gpu>,
+    plan: Arc<Plan>,
     functions: Vec<GpuFunction>,
     /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
     resident: Vec<Option<u32>>,
 }
 
-/// The device buffers and launch geometry of one set of inputs.
+/// The device buffers and launch geometry of one set of host inputs.
 pub struct BoundRun {
     sizes: Vec<u64>,
     grids: Vec<u32>,
@@ -41,14 +51,34 @@ impl BoundRun {
     }
 }
 
-impl<'g> CudaProgram<'g> {
-    /// Plans the program and loads every kernel (compiled through the kernel cache).
-    pub fn prepare(gpu: &'g Gpu, program: &Program) -> Result<CudaProgram<'g>, Error> {
-        CudaProgram::from_plan(gpu, program, program.plan()?)
+/// The buffers of a plan other than its inputs and outputs (temporaries, partials, counters,
+/// scratch) for launches on device tensors; it grows to the largest sizes seen.
+#[derive(Default)]
+pub struct Workspace {
+    /// Per plan buffer: the allocation, `None` for inputs and outputs.
+    buffers: Vec<Option<DeviceBuffer>>,
+    /// The stream of the latest launch that used the buffers.
+    last_stream: Option<Stream>,
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // The buffers are freed on the Gpu's own stream; kernels queued on another stream may
+        // still use them. A failure here has no one to report to: the device is already broken.
+        if let Some(stream) = &self.last_stream {
+            let _ = stream.synchronize();
+        }
+    }
+}
+
+impl CudaProgram {
+    /// Loads the kernels of `program`'s plan on `gpu` (compiled through the kernel cache).
+    pub fn prepare(gpu: &Arc<Gpu>, program: &Program) -> Result<CudaProgram> {
+        CudaProgram::from_plan(gpu, program.plan().clone())
     }
 
-    /// Loads the kernels of a plan already made from `program`.
-    pub fn from_plan(gpu: &'g Gpu, program: &Program, plan: Plan) -> Result<CudaProgram<'g>, Error> {
+    /// Loads the kernels of a plan.
+    pub fn from_plan(gpu: &Arc<Gpu>, plan: Arc<Plan>) -> Result<CudaProgram> {
         let functions =
             plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
         let resident = plan
@@ -58,63 +88,68 @@ impl<'g> CudaProgram<'g> {
             .map(|(k, f)| match k.launch {
                 Launch::Plain => Ok(None),
                 Launch::Cooperative => match gpu.max_resident_blocks(f, k.block, 0)? {
-                    0 => Err(Error::Exec(format!(
-                        "kernel {} cannot have even one block of {} threads resident on this device",
-                        k.name, k.block
-                    ))),
+                    0 => Err(Error::NotResident { kernel: k.name.clone(), block: k.block, ordinal: gpu.ordinal() }),
                     n => Ok(Some(n)),
                 },
             })
-            .collect::<Result<Vec<_>, Error>>()?;
-        Ok(CudaProgram { gpu, graph: program.graph.clone(), plan, functions, resident })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, resident })
     }
 
     pub fn plan(&self) -> &Plan {
         &self.plan
     }
 
-    /// Checks the inputs against the declarations, allocates every buffer and uploads the inputs.
-    pub fn bind(&self, inputs: &[(&str, &HostTensor)]) -> Result<BoundRun, Error> {
-        let step = Instant::now();
-        let sizes = SymbolBindings::bind(&self.graph, inputs)?.sizes;
-        timing::log("bind: symbol bindings", step);
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The grid of each kernel for run-time `sizes`.
+    fn grids(&self, sizes: &[u64]) -> Result<Vec<u32>> {
         let sm = self.gpu.sm_count().max(1);
-        let grids =
-            self.plan
-                .kernels
-                .iter()
-                .zip(&self.resident)
-                .map(|(k, resident)| {
-                    let blocks = k.grid.blocks(&sizes, sm).ok_or_else(|| {
-                        Error::Exec(format!("kernel {} needs too many blocks for these sizes", k.name))
-                    })?;
-                    // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
-                    Ok(resident.map_or(blocks, |r| blocks.min(r)))
-                })
-                .collect::<Result<Vec<u32>, Error>>()?;
+        self.plan
+            .kernels
+            .iter()
+            .zip(&self.resident)
+            .map(|(k, resident)| {
+                let blocks = k
+                    .grid
+                    .blocks(sizes, sm)
+                    .ok_or_else(|| Error::GridTooLarge { kernel: k.name.clone(), sizes: sizes.to_vec() })?;
+                // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
+                Ok(resident.map_or(blocks, |r| blocks.min(r)))
+            })
+            .collect()
+    }
+
+    /// The bytes buffer `decl` needs for `sizes` and `grids`.
+    fn buffer_bytes(decl: &BufferDecl, sizes: &[u64], grids: &[u32]) -> Result<usize> {
+        let grid = match decl.kind {
+            BufferKind::Partials { kernel, .. } => grids.get(kernel).map_or(0, |&g| u64::from(g)),
+            _ => 0,
+        };
+        let too_big = || Error::TooLarge { what: format!("a buffer of {:?}", decl.kind), sizes: sizes.to_vec() };
+        let elems = decl.elem_count(sizes, grid).ok_or_else(too_big)?;
+        elems.checked_mul(decl.elem.size_bytes()).and_then(|b| usize::try_from(b).ok()).ok_or_else(too_big)
+    }
+
+    /// Checks the inputs against the declarations, allocates every buffer and uploads the inputs.
+    pub fn bind(&self, inputs: &[(&str, &HostTensor)]) -> Result<BoundRun> {
+        let step = Instant::now();
+        let sizes = SymbolBindings::bind_interface(&self.plan.interface, inputs)?.sizes;
+        timing::log("bind: symbol bindings", step);
+        let grids = self.grids(&sizes)?;
         let mut buffers = Vec::with_capacity(self.plan.buffers.len());
         for decl in &self.plan.buffers {
-            let grid = match decl.kind {
-                BufferKind::Partials { kernel, .. } => u64::from(grids[kernel]),
-                _ => 0,
-            };
-            let too_big = || Error::Exec(format!("a buffer of {:?} for these sizes does not fit in memory", decl.kind));
-            let elems = decl.elem_count(&sizes, grid).ok_or_else(too_big)?;
-            let bytes =
-                elems.checked_mul(decl.elem.size_bytes()).and_then(|b| usize::try_from(b).ok()).ok_or_else(too_big)?;
+            let bytes = CudaProgram::buffer_bytes(decl, &sizes, &grids)?;
             let step = Instant::now();
             let buf = match decl.kind {
                 BufferKind::Input(id) => {
-                    let name = &self.graph.input(id).name;
-                    let t = inputs
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .map(|(_, t)| *t)
-                        .ok_or_else(|| Error::Exec(format!("missing input `{name}`")))?;
-                    if t.is_empty() {
-                        self.gpu.alloc_zeroed(16)?
-                    } else {
-                        upload_tensor(self.gpu, t)?
+                    // Binding checked that every declared input is given.
+                    let name = self.plan.interface.inputs.get(id.0 as usize).map_or("", |d| d.name.as_str());
+                    match inputs.iter().find(|(n, _)| *n == name) {
+                        Some((_, t)) if !t.is_empty() => upload_tensor(&self.gpu, t)?,
+                        _ => self.gpu.alloc_zeroed(16)?,
                     }
                 }
                 // Zero-sized tensors still get a valid pointer; no kernel touches it.
@@ -128,31 +163,37 @@ impl<'g> CudaProgram<'g> {
         Ok(BoundRun { sizes, grids, buffers })
     }
 
-    /// Enqueues every kernel of the plan (asynchronous).
-    pub fn launch(&self, run: &BoundRun) -> Result<(), Error> {
+    /// Enqueues every kernel of the plan on the device's own stream (asynchronous).
+    pub fn launch(&self, run: &BoundRun) -> Result<()> {
+        let buffers: Vec<&DeviceBuffer> = run.buffers.iter().collect();
+        self.launch_buffers(&self.gpu.default_stream(), &run.sizes, &run.grids, &buffers)
+    }
+
+    /// Enqueues every kernel on `stream` with the plan's buffers in `buffers` (plan order).
+    fn launch_buffers(&self, stream: &Stream, sizes: &[u64], grids: &[u32], buffers: &[&DeviceBuffer]) -> Result<()> {
         for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
             let args: Vec<KernelArg<'_>> = k
                 .params
                 .iter()
                 .map(|p| match *p {
-                    Param::Buffer(b) => KernelArg::Buffer(&run.buffers[b]),
-                    Param::Size(s) => KernelArg::I64(run.sizes[s.0 as usize] as i64),
+                    Param::Buffer(b) => KernelArg::Buffer(buffers[b]),
+                    Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
                 })
                 .collect();
             let step = Instant::now();
             match k.launch {
-                Launch::Plain => self.gpu.launch(f, run.grids[i], k.block, 0, &args)?,
-                Launch::Cooperative => self.gpu.launch_cooperative(f, run.grids[i], k.block, 0, &args)?,
+                Launch::Plain => self.gpu.launch_on(stream, f, grids[i], k.block, 0, &args)?,
+                Launch::Cooperative => self.gpu.launch_cooperative_on(stream, f, grids[i], k.block, 0, &args)?,
             }
             if timing::enabled() {
-                timing::log(&format!("launch {} (grid {}, block {})", k.name, run.grids[i], k.block), step);
+                timing::log(&format!("launch {} (grid {}, block {})", k.name, grids[i], k.block), step);
             }
         }
         Ok(())
     }
 
     /// Fills every output buffer with `byte` (tests poison outputs to catch unwritten elements).
-    pub fn poison_outputs(&self, run: &BoundRun, byte: u8) -> Result<(), Error> {
+    pub fn poison_outputs(&self, run: &BoundRun, byte: u8) -> Result<()> {
         for (decl, buf) in self.plan.buffers.iter().zip(&run.buffers) {
             if matches!(decl.kind, BufferKind::Output(_)) {
                 self.gpu.fill(buf, byte)?;
@@ -161,28 +202,35 @@ impl<'g> CudaProgram<'g> {
         Ok(())
     }
 
-    /// Waits for the GPU and copies the outputs back, in the graph's output order.
-    pub fn download(&self, run: &BoundRun) -> Result<Vec<(String, HostTensor)>, Error> {
+    /// Waits for the GPU and copies the outputs back, in the plan's output order.
+    pub fn download(&self, run: &BoundRun) -> Result<Vec<(String, HostTensor)>> {
         let step = Instant::now();
         self.gpu.synchronize()?;
         timing::log("download: synchronize (waits for the kernels)", step);
         let step = Instant::now();
-        let mut out = Vec::with_capacity(self.graph.outputs.len());
-        for (i, o) in self.graph.outputs.iter().enumerate() {
-            let (bi, _) = self
+        let interface = &self.plan.interface;
+        let mut out = Vec::with_capacity(interface.outputs.len());
+        for (i, o) in interface.outputs.iter().enumerate() {
+            let bi = self
                 .plan
                 .buffers
                 .iter()
-                .enumerate()
-                .find(|(_, d)| d.kind == BufferKind::Output(i))
-                .ok_or_else(|| Error::Exec(format!("the plan has no buffer for output `{}`", o.name)))?;
-            let node = self.graph.node(o.node);
-            let shape = self.graph.resolve_shape(&node.shape, &run.sizes);
-            let n: usize = shape.iter().product();
+                .position(|d| d.kind == BufferKind::Output(i))
+                .ok_or_else(|| Error::PlanMissingOutput { name: o.name.clone() })?;
+            let shape = interface
+                .resolve(o, &run.sizes)
+                .ok_or_else(|| Error::TooLarge { what: format!("output `{}`", o.name), sizes: run.sizes.clone() })?;
+            let want = shape.iter().product::<usize>() * o.dtype.size_bytes();
             let mut bytes = self.gpu.download(&run.buffers[bi])?;
-            bytes.truncate(n * node.dtype.size_bytes());
-            let t = HostTensor::from_bytes(node.dtype, shape, &bytes)
-                .ok_or_else(|| Error::Exec(format!("output `{}` came back with {} bytes", o.name, bytes.len())))?;
+            if bytes.len() < want {
+                return Err(Error::OutputBytes { name: o.name.clone(), bytes: bytes.len(), want });
+            }
+            bytes.truncate(want);
+            let t = HostTensor::from_bytes(o.dtype, shape, &bytes).ok_or_else(|| Error::OutputBytes {
+                name: o.name.clone(),
+                bytes: bytes.len(),
+                want,
+            })?;
             out.push((o.name.clone(), t));
         }
         timing::log("download: copy outputs back", step);
@@ -190,20 +238,147 @@ impl<'g> CudaProgram<'g> {
     }
 
     /// Binds, launches and downloads: one whole run.
-    pub fn run(&self, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>, Error> {
+    pub fn run(&self, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>> {
         let bound = self.bind(inputs)?;
         self.launch(&bound)?;
         self.download(&bound)
     }
 
-    pub fn gpu(&self) -> &Gpu {
-        self.gpu
+    /// Launches the plan on `stream` with inputs and outputs already in device memory: checks
+    /// names, dtypes, shapes, buffer sizes and devices, then queues the kernels. No host
+    /// synchronisation and no allocation, except when `workspace` must grow (see
+    /// [`Program::launch`]). The values of `lengths` / `offsets` inputs are not checked (they are on
+    /// the device): they must keep their declared promises.
+    pub fn launch_device(
+        &self,
+        stream: &Stream,
+        inputs: &[(&str, DeviceTensor)],
+        outputs: &[DeviceTensor],
+        workspace: &mut Workspace,
+    ) -> Result<()> {
+        let ordinal = self.gpu.ordinal();
+        if stream.ordinal() != ordinal {
+            return Err(Error::WrongStream { got: stream.ordinal(), want: ordinal });
+        }
+        let interface = &self.plan.interface;
+        let shapes: Vec<(&str, DType, &[usize])> =
+            inputs.iter().map(|(n, t)| (*n, t.dtype, t.shape.as_slice())).collect();
+        let sizes = interface.bind_shapes(&shapes)?;
+        for (name, t) in inputs {
+            check_tensor("input", name, t, ordinal)?;
+        }
+        if outputs.len() != interface.outputs.len() {
+            let names = interface.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(Error::OutputCount {
+                origin: format!("kernels {}", self.plan.graph_hash.short()),
+                got: outputs.len(),
+                want: interface.outputs.len(),
+                names,
+            });
+        }
+        for (position, (decl, t)) in interface.outputs.iter().zip(outputs).enumerate() {
+            if t.dtype != decl.dtype {
+                return Err(Error::OutputDType { name: decl.name.clone(), position, got: t.dtype, want: decl.dtype });
+            }
+            let want = interface
+                .resolve(decl, &sizes)
+                .ok_or_else(|| Error::TooLarge { what: format!("output `{}`", decl.name), sizes: sizes.clone() })?;
+            if t.shape != want {
+                return Err(Error::OutputShape { name: decl.name.clone(), position, got: t.shape.clone(), want });
+            }
+            check_tensor("output", &decl.name, t, ordinal)?;
+        }
+        let grids = self.grids(&sizes)?;
+        self.reserve(workspace, stream, &sizes, &grids)?;
+        let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
+        for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
+            let buf = match (decl.kind, slot) {
+                (BufferKind::Input(id), _) => {
+                    // Binding checked that every declared input is given.
+                    let given =
+                        interface.inputs.get(id.0 as usize).and_then(|d| inputs.iter().find(|(n, _)| *n == d.name));
+                    match given {
+                        Some((_, t)) => &t.buffer,
+                        None => return Err(Error::PlanMissingInput { index: id.0 as usize }),
+                    }
+                }
+                (BufferKind::Output(i), _) => &outputs[i].buffer,
+                (_, Some(buf)) => buf,
+                (kind, None) => {
+                    return Err(Error::TooLarge {
+                        what: format!("the workspace buffer of {kind:?}"),
+                        sizes: sizes.clone(),
+                    })
+                }
+            };
+            buffers.push(buf);
+        }
+        self.launch_buffers(stream, &sizes, &grids, &buffers)?;
+        workspace.last_stream = Some(stream.clone());
+        Ok(())
     }
+
+    /// Makes `workspace` large enough for `sizes`. Growing waits for the streams that used the
+    /// old buffers, allocates (and zeroes: counters start at 0) on the device's own stream and
+    /// waits for that, so the new buffers are ready for any stream.
+    fn reserve(&self, workspace: &mut Workspace, stream: &Stream, sizes: &[u64], grids: &[u32]) -> Result<()> {
+        let mut needed = Vec::with_capacity(self.plan.buffers.len());
+        let mut grow = workspace.buffers.len() != self.plan.buffers.len();
+        for (i, decl) in self.plan.buffers.iter().enumerate() {
+            let bytes = match decl.kind {
+                BufferKind::Input(_) | BufferKind::Output(_) => None,
+                _ => Some(CudaProgram::buffer_bytes(decl, sizes, grids)?.max(16)),
+            };
+            if let Some(b) = bytes {
+                let have = workspace.buffers.get(i).and_then(|s| s.as_ref()).map_or(0, |buf| buf.bytes());
+                grow |= have < b;
+            }
+            needed.push(bytes);
+        }
+        if !grow {
+            return Ok(());
+        }
+        stream.synchronize()?;
+        if let Some(last) = &workspace.last_stream {
+            last.synchronize()?;
+        }
+        let mut buffers = Vec::with_capacity(needed.len());
+        for (i, bytes) in needed.into_iter().enumerate() {
+            let have = workspace.buffers.get(i).and_then(|s| s.as_ref()).map_or(0, |buf| buf.bytes());
+            buffers.push(match bytes {
+                None => None,
+                Some(b) => Some(self.gpu.alloc_zeroed(b.max(have))?),
+            });
+        }
+        self.gpu.synchronize()?;
+        workspace.buffers = buffers;
+        Ok(())
+    }
+}
+
+/// Checks that a device tensor's buffer is on device `ordinal` and holds its shape and dtype.
+fn check_tensor(role: &'static str, name: &str, t: &DeviceTensor, ordinal: usize) -> Result<()> {
+    if t.buffer.ordinal() != ordinal {
+        return Err(Error::WrongDevice { role, name: name.to_string(), got: t.buffer.ordinal(), want: ordinal });
+    }
+    let want =
+        t.shape.iter().try_fold(t.dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX);
+    if (t.buffer.bytes() as u64) < want {
+        return Err(Error::BufferTooSmall {
+            role,
+            name: name.to_string(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            want,
+            bytes: t.buffer.bytes(),
+        });
+    }
+    Ok(())
 }
 
 /// Uploads a host tensor straight from its elements (no intermediate byte vector: `to_bytes`
 /// would copy, and page-fault in, a second full-size buffer).
-fn upload_tensor(gpu: &Gpu, t: &HostTensor) -> Result<DeviceBuffer, Error> {
+fn upload_tensor(gpu: &Gpu, t: &HostTensor) -> Result<DeviceBuffer> {
     Ok(match &t.data {
         TensorData::F32(v) => gpu.upload_slice(v)?,
         TensorData::F16(v) => gpu.upload_slice(v.reinterpret_cast())?,

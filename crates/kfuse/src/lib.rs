@@ -5,93 +5,34 @@
 //! found, cached on disk and in memory, and launched. The same graph runs on the CPU through the
 //! reference interpreter, which is also the oracle of every GPU test.
 //!
-//! This crate is the facade: [`Program`] ties the layers together, [`exec`] runs a kernel plan on
-//! a GPU, [`bench`] times it, [`npy`] and [`boxes`] feed it data. The command-line tool `kfuse` is
-//! a thin layer over this crate.
+//! This crate is the facade. An [`Engine`] owns the kernel cache and the GPUs it opens; a
+//! [`Program`] is compiled through it and holds it, so it can live as long as its user (a Python
+//! object, a server). A program runs on the CPU ([`Program::run_cpu`]), on host tensors on a GPU
+//! ([`Program::run_gpu`]), or in place on a framework's device memory and stream
+//! ([`Program::launch`]). [`exec`] is the executor underneath. Every failure is an [`Error`].
+//!
+//! ```
+//! # fn main() -> Result<(), kfuse::Error> {
+//! let engine = kfuse::Engine::with_cache(std::sync::Arc::new(kfuse::KernelCache::memory_only()));
+//! let p = kfuse::Program::compile(&engine, "input x: f32[N]\noutput y = sum(x * x)\n", "demo.kf")?;
+//! let x = kfuse::HostTensor::from_f64(kfuse::DType::F32, vec![3], &[1.0, 2.0, 3.0]);
+//! let out = p.run_cpu(&[("x", &x)])?;
+//! assert_eq!(out[0].1.scalar_f64(), Some(14.0));
+//! # Ok(()) }
+//! ```
 #![forbid(unsafe_code)]
 
-pub mod bench;
-pub mod boxes;
-pub mod cachebench;
-pub mod demo;
+mod engine;
+mod error;
 pub mod exec;
-pub mod npy;
-pub mod testdata;
+mod program;
 
-use std::path::Path;
+pub use engine::Engine;
+pub use error::{Error, Result};
+pub use exec::DeviceTensor;
+pub use program::Program;
 
-pub use kfuse_ir::{DType, Graph, HostTensor};
+pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};
+pub use kfuse_ir::{DType, Dim, Graph, HostTensor, Interface, LayoutConstraint, TensorData, TensorDecl};
 pub use kfuse_passes::{vjp, with_gradients, DeriveError, Derived};
-
-/// Everything that can go wrong between a description and its results.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
-    /// Boxed: a diagnostic carries its source line and is much larger than the other errors.
-    #[error(transparent)]
-    Parse(Box<kfuse_lang::Diagnostic>),
-    #[error(transparent)]
-    Ir(#[from] kfuse_ir::IrError),
-    #[error(transparent)]
-    Bind(#[from] kfuse_ir::BindError),
-    #[error(transparent)]
-    Interp(#[from] kfuse_interp::InterpError),
-    #[error(transparent)]
-    Codegen(#[from] kfuse_codegen::CodegenError),
-    #[error(transparent)]
-    Runtime(#[from] kfuse_runtime::RuntimeError),
-    #[error(transparent)]
-    Npy(#[from] npy::NpyError),
-    #[error(transparent)]
-    Gen(#[from] boxes::GenError),
-    #[error("{0}")]
-    Exec(String),
-}
-
-impl From<kfuse_lang::Diagnostic> for Error {
-    fn from(d: kfuse_lang::Diagnostic) -> Error {
-        Error::Parse(Box::new(d))
-    }
-}
-
-/// A type-checked computation, ready to run on either device.
-#[derive(Clone, Debug)]
-pub struct Program {
-    /// Where it came from (a file name, or `<builder>`), for messages.
-    pub origin: String,
-    pub graph: Graph,
-    /// Code generation choices (block size, elements per thread); the defaults unless a caller
-    /// tunes them.
-    pub codegen: kfuse_codegen::CodegenOptions,
-}
-
-impl Program {
-    /// Parses and type-checks a `.kf` file.
-    pub fn from_file(path: &Path) -> Result<Program, Error> {
-        let source =
-            std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.display().to_string(), source })?;
-        Program::from_source(&source, &path.display().to_string())
-    }
-
-    /// Parses and type-checks `.kf` source; `file_name` appears in diagnostics.
-    pub fn from_source(source: &str, file_name: &str) -> Result<Program, Error> {
-        let graph = kfuse_lang::parse_program(source, file_name)?;
-        Ok(Program { origin: file_name.to_string(), graph, codegen: Default::default() })
-    }
-
-    /// Wraps a graph built with the Rust builder.
-    pub fn from_graph(graph: Graph) -> Program {
-        Program { origin: "<builder>".into(), graph, codegen: Default::default() }
-    }
-
-    /// The fused kernel plan (generated CUDA included); pure, needs no GPU.
-    pub fn plan(&self) -> Result<kfuse_codegen::Plan, Error> {
-        Ok(kfuse_codegen::plan(&self.graph, &self.codegen)?)
-    }
-
-    /// Runs on the CPU reference interpreter; outputs in declaration order.
-    pub fn run_cpu(&self, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>, Error> {
-        Ok(kfuse_interp::run(&self.graph, inputs)?)
-    }
-}
+pub use kfuse_runtime::{DeviceBuffer, Gpu, KernelCache, Stream};

@@ -2,21 +2,27 @@
 //! UPDATE_EXPECT=1 and review the diff like code), planning is deterministic, and every kernel
 //! compiles with NVRTC for sm_80 and sm_90 in f32, f16 and bf16 (NVRTC tier).
 
-mod common;
+use std::sync::Arc;
 
-use kfuse::{testdata::with_float_dtype, DType, Program};
-use kfuse_runtime::{compile, testing::nvrtc_or_skip, Arch, CompileOptions};
+use kfuse::{DType, Engine, KernelCache, Program};
+use kfuse_runtime::{compile, Arch, CompileOptions};
+use kfuse_testing as common;
+use kfuse_testing::nvrtc_or_skip;
+
+fn engine() -> Engine {
+    Engine::with_cache(Arc::new(KernelCache::memory_only()))
+}
 
 #[test]
 fn generated_source_of_every_example_is_pinned() {
     for (stem, src) in common::examples() {
-        let p = Program::from_source(&src, &format!("examples/{stem}.kf")).unwrap();
-        let plan = p.plan().unwrap_or_else(|e| panic!("{stem}: {e}"));
-        let text: String = plan.kernels.iter().map(|k| format!("{}\n", k.source)).collect();
+        let p =
+            Program::compile(&engine(), &src, &format!("examples/{stem}.kf")).unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let text = p.cuda_source();
         golden_env();
         expect_test::expect_file![format!("golden/{stem}.cu")].assert_eq(&text);
         // Deterministic: planning again gives the same bytes.
-        let again: String = p.plan().unwrap().kernels.iter().map(|k| format!("{}\n", k.source)).collect();
+        let again = p.with_codegen(p.codegen().clone()).unwrap().cuda_source();
         assert_eq!(text, again, "{stem}");
         assert!(!text.contains("#include"), "{stem}: generated code must be header-free");
     }
@@ -30,10 +36,11 @@ fn every_example_compiles_for_sm80_and_sm90_in_every_float_dtype() {
     let mut compiled = 0;
     for (stem, src) in common::examples() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let src = with_float_dtype(&src, dtype);
-            let p = Program::from_source(&src, &format!("examples/{stem}.kf"))
-                .unwrap_or_else(|e| panic!("{stem} {dtype}: {e}"));
-            for k in p.plan().unwrap().kernels {
+            let p = Program::compile(&engine(), &src, &format!("examples/{stem}.kf")).unwrap();
+            let dtypes = common::float_inputs_as(p.interface(), dtype);
+            let dtypes: Vec<(&str, DType)> = dtypes.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+            let p = p.with_input_dtypes(&dtypes).unwrap_or_else(|e| panic!("{stem} {dtype}: {e}"));
+            for k in &p.plan().kernels {
                 for arch in ["sm_80", "sm_90"] {
                     let arch: Arch = arch.parse().unwrap();
                     let m = compile(&k.source, &CompileOptions::for_arch(arch))

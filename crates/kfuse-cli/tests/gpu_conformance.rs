@@ -2,10 +2,24 @@
 //! with poisoned outputs, against the CPU interpreter. Skips (printing why) without a GPU, fails
 //! instead with KFUSE_REQUIRE_GPU=1.
 
-mod common;
+use std::sync::Arc;
 
-use kfuse::{bench::compare, exec::CudaProgram, testdata, DType, HostTensor, Program};
-use kfuse_runtime::testing::gpu_or_skip;
+use kfuse::{exec::CudaProgram, DType, Engine, HostTensor, Program};
+use kfuse_cli::{bench::compare, testdata};
+use kfuse_testing as common;
+use kfuse_testing::gpu_or_skip;
+
+/// `src` compiled with its f32 inputs at `dtype`.
+fn compile_at(engine: &Engine, src: &str, origin: &str, dtype: DType) -> Program {
+    let p = Program::compile(engine, src, origin).unwrap_or_else(|e| panic!("{origin}: {e}"));
+    let dtypes = common::float_inputs_as(p.interface(), dtype);
+    let dtypes: Vec<(&str, DType)> = dtypes.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+    p.with_input_dtypes(&dtypes).unwrap_or_else(|e| panic!("{origin}: {e}"))
+}
+
+fn engine_of(gpu: &kfuse_runtime::Gpu) -> Engine {
+    Engine::with_cache(gpu.cache().clone())
+}
 
 /// Relative error allowed against the interpreter: f32 arithmetic against f64; f16/bf16 outputs
 /// are rounded to their storage precision on both sides, so one rounding step may differ.
@@ -44,25 +58,25 @@ fn fresh_seed() -> u64 {
     })
 }
 
-fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype: DType) {
-    let inputs = testdata::random_inputs_for(&p.graph, sizes, seed).unwrap();
+fn check(gpu: &Arc<kfuse_runtime::Gpu>, p: &Program, sizes: &[u64], seed: u64, dtype: DType) {
+    let inputs = testdata::random_inputs_for(p.graph(), sizes, seed).unwrap();
     let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let want = p.run_cpu(&named).unwrap_or_else(|e| panic!("{} {sizes:?}: interpreter: {e}", p.origin));
-    let prog = CudaProgram::prepare(gpu, p).unwrap_or_else(|e| panic!("{}: {e}", p.origin));
+    let want = p.run_cpu(&named).unwrap_or_else(|e| panic!("{} {sizes:?}: interpreter: {e}", p.origin()));
+    let prog = CudaProgram::prepare(gpu, p).unwrap_or_else(|e| panic!("{}: {e}", p.origin()));
     let bound = prog.bind(&named).unwrap();
     prog.poison_outputs(&bound, 0x7f).unwrap();
     prog.launch(&bound).unwrap();
     let got = prog.download(&bound).unwrap();
     for ((name, g), (_, w)) in got.iter().zip(&want) {
-        assert_eq!(g.shape, w.shape, "{} {name}", p.origin);
-        assert_eq!(g.dtype(), w.dtype(), "{} {name}", p.origin);
+        assert_eq!(g.shape, w.shape, "{} {name}", p.origin());
+        assert_eq!(g.dtype(), w.dtype(), "{} {name}", p.origin());
         let (rel, max_abs) = compare(g, w);
         let tol = tolerance(g.dtype());
         assert!(
             rel <= tol,
             "{} ({dtype}) output {name} at sizes {sizes:?} (symbols {:?}), seed {seed}: rel err {rel:.3e} > {tol:.0e}, max abs err {max_abs:.3e}",
-            p.origin,
-            p.graph.symbols
+            p.origin(),
+            p.graph().symbols
         );
     }
     // Run again on the same buffers: the self-resetting tickets give bit-identical results.
@@ -72,7 +86,7 @@ fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype:
         assert!(
             a.to_bytes() == b.to_bytes(),
             "{} output {name} at {sizes:?}: a second launch differs in its bits",
-            p.origin
+            p.origin()
         );
     }
 }
@@ -80,22 +94,20 @@ fn check(gpu: &kfuse_runtime::Gpu, p: &Program, sizes: &[u64], seed: u64, dtype:
 #[test]
 fn every_example_matches_the_interpreter_on_the_gpu() {
     let Some(gpu) = gpu_or_skip("every_example_matches_the_interpreter_on_the_gpu") else { return };
+    let gpu = Arc::new(gpu);
+    let engine = engine_of(&gpu);
     let mut cases = 0;
     for (stem, src) in common::examples() {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let p = Program::from_source(
-                &testdata::with_float_dtype(&src, dtype),
-                &format!("examples/{stem}.kf ({dtype})"),
-            )
-            .unwrap();
-            for (i, mut sizes) in size_sets(p.graph.symbols.len()).into_iter().enumerate() {
+            let p = compile_at(&engine, &src, &format!("examples/{stem}.kf ({dtype})"), dtype);
+            for (i, mut sizes) in size_sets(p.graph().symbols.len()).into_iter().enumerate() {
                 // An offsets input holds S = B + 1 >= 1 boundaries, and with no segment (S = 1)
                 // there is no packed row either (T = 0).
-                for c in &p.graph.constraints {
+                for c in &p.graph().constraints {
                     if let (
                         kfuse_ir::Constraint::Offsets { total: kfuse_ir::Dim::Sym(t), .. },
                         Some(kfuse_ir::Dim::Sym(s)),
-                    ) = (c, p.graph.input(c.input()).shape.0.first())
+                    ) = (c, p.graph().input(c.input()).shape.0.first())
                     {
                         sizes[s.0 as usize] = sizes[s.0 as usize].max(1);
                         if sizes[s.0 as usize] == 1 {
@@ -114,10 +126,11 @@ fn every_example_matches_the_interpreter_on_the_gpu() {
 #[test]
 fn giou_on_a_seed_like_batch_agrees_to_1e5() {
     let Some(gpu) = gpu_or_skip("giou_on_a_seed_like_batch_agrees_to_1e5") else { return };
+    let gpu = Arc::new(gpu);
     let src = std::fs::read_to_string(common::examples_dir().join("giou.kf")).unwrap();
-    let p = Program::from_source(&src, "examples/giou.kf").unwrap();
+    let p = Program::compile(&engine_of(&gpu), &src, "examples/giou.kf").unwrap();
     for (batch, n) in [(1024, 256), (16384, 256), (1, 1), (3, 1023)] {
-        let b = kfuse::boxes::generate(batch, n, fresh_seed()).unwrap();
+        let b = kfuse_cli::boxes::generate(batch, n, fresh_seed()).unwrap();
         let inputs = [("pred", &b.pred), ("target", &b.target)];
         let want = p.run_cpu(&inputs).unwrap();
         let got = CudaProgram::prepare(&gpu, &p).unwrap().run(&inputs).unwrap();
@@ -136,13 +149,13 @@ fn a_new_batch_size_never_recompiles() {
     let Some(shared) = gpu_or_skip("a_new_batch_size_never_recompiles") else { return };
     // A private cache, so that kernels compiled by tests running beside this one don't count.
     let cache = std::sync::Arc::new(kfuse_runtime::KernelCache::memory_only());
-    let gpu = kfuse_runtime::Gpu::open_with_cache(shared.ordinal(), cache).unwrap();
+    let gpu = Arc::new(kfuse_runtime::Gpu::open_with_cache(shared.ordinal(), cache).unwrap());
     let src = std::fs::read_to_string(common::examples_dir().join("giou_train.kf")).unwrap();
-    let p = Program::from_source(&src, "examples/giou_train.kf").unwrap();
+    let p = Program::compile(&engine_of(&gpu), &src, "examples/giou_train.kf").unwrap();
     let prog = CudaProgram::prepare(&gpu, &p).unwrap();
     let compiles = gpu.cache().stats().session.compiles;
     for (batch, n) in [(1, 1), (7, 300), (1024, 256), (5000, 3)] {
-        let b = kfuse::boxes::generate(batch, n, fresh_seed()).unwrap();
+        let b = kfuse_cli::boxes::generate(batch, n, fresh_seed()).unwrap();
         let inputs = [("pred", &b.pred), ("target", &b.target)];
         let got = prog.run(&inputs).unwrap();
         let want = p.run_cpu(&inputs).unwrap();
@@ -164,22 +177,26 @@ fn a_new_batch_size_never_recompiles() {
 fn tuned_plans_match_the_interpreter_on_the_gpu() {
     // The code generation choices `kfuse bench` can tune: the two-kernel lengths gradient (the
     // default is the one-launch rows plan), other launch bounds and elements per thread, another
-    // block size; each on the training examples at odd sizes, relaunched bit-identically. For
+    // block size (with the two-kernel gradient); each on the training examples at odd sizes,
+    // relaunched bit-identically. For
     // the rows plan (grid 2 blocks per SM, each a contiguous share of the rows in tiles of up to
     // 64; 264 blocks on 132 SMs): 20001 rows give a block two tiles, whose further rows the
     // compute warps count before arriving; 2200 rows give a block 8 or 9; odd N makes 16-byte
     // chunks of bf16 boxes cross rows (element stores there); N = 0 makes every row empty.
     let Some(gpu) = gpu_or_skip("tuned_plans_match_the_interpreter_on_the_gpu") else { return };
+    let gpu = Arc::new(gpu);
+    let engine = engine_of(&gpu);
     use kfuse_codegen::{CodegenOptions, LengthsGradient};
     let tunings = [
         CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..CodegenOptions::default() },
         CodegenOptions::default(),
         CodegenOptions { batched_threads_per_sm: 768, elems_per_thread: 2, ..CodegenOptions::default() },
+        // The rows plan refuses block sizes other than its own, so this one plans two kernels.
         CodegenOptions {
             block_size: 128,
             batched_threads_per_sm: 512,
             elems_per_thread: 8,
-            ..CodegenOptions::default()
+            lengths_gradient: LengthsGradient::TwoKernels,
         },
     ];
     let mut cases = 0;
@@ -187,12 +204,9 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
         let src = std::fs::read_to_string(common::examples_dir().join(format!("{stem}.kf"))).unwrap();
         for dtype in [DType::F32, DType::BF16] {
             for (t, tuning) in tunings.iter().enumerate() {
-                let mut p = Program::from_source(
-                    &testdata::with_float_dtype(&src, dtype),
-                    &format!("examples/{stem}.kf ({dtype}, tuning {t})"),
-                )
-                .unwrap();
-                p.codegen = tuning.clone();
+                let p = compile_at(&engine, &src, &format!("examples/{stem}.kf ({dtype}, tuning {t})"), dtype)
+                    .with_codegen(tuning.clone())
+                    .unwrap();
                 for (i, sizes) in [
                     vec![0, 3],
                     vec![1, 1],

@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 //! The `kfuse` command-line tool: a thin layer over the `kfuse` library.
 
 use std::path::{Path, PathBuf};
@@ -6,7 +7,8 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kfuse::{bench, boxes, exec, npy, HostTensor, Program};
+use kfuse::{exec, Engine, HostTensor, Program};
+use kfuse_cli::{bench, boxes, npy};
 use kfuse_mlp::MlpModel;
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
 
@@ -291,34 +293,30 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Check { file } => {
-            let p = load(&file)?;
-            say!("{}", p.graph);
+            say!("{}", parse(&file)?);
             Ok(())
         }
         Command::Emit { file, tuning } => {
-            let mut p = load(&file)?;
-            p.codegen = tuning.options();
-            let plan = p.plan()?;
-            for k in &plan.kernels {
+            let p = load(&file)?.with_codegen(tuning.options())?;
+            for k in &p.plan().kernels {
                 say!("{}", k.source);
             }
             Ok(())
         }
         Command::Run { file, inputs, output, device } => {
-            let p = load(&file)?;
             let tensors = read_inputs(&inputs)?;
             let named: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
             let outputs = match open_device(device)? {
-                None => p.run_cpu(&named)?,
-                Some(gpu) => exec::CudaProgram::prepare(&gpu, &p)?.run(&named)?,
+                // The interpreter needs no kernel plan.
+                None => kfuse_interp::run(&parse(&file)?, &named)?,
+                Some(gpu) => exec::CudaProgram::prepare(&gpu, &load(&file)?)?.run(&named)?,
             };
             write_outputs(&outputs, &output)
         }
         Command::Bench { file, inputs, dims, baseline, iters, rotate_sets, json, tuning } => {
             let opts = bench::BenchOptions { iters, baseline, rotate_sets };
             bench::check_options(&opts)?;
-            let mut p = load(&file)?;
-            p.codegen = tuning.options();
+            let p = load(&file)?.with_codegen(tuning.options())?;
             let tensors = if dims.is_empty() {
                 read_inputs(&inputs)?
             } else {
@@ -326,9 +324,9 @@ fn run(cli: Cli) -> Result<()> {
                     bail!("give either --input files or --dim sizes, not both");
                 }
                 let sizes = parse_dims(&dims)?;
-                bench::random_inputs(&p.graph, &sizes, 0)?
+                bench::random_inputs(p.graph(), &sizes, 0)?
             };
-            let gpu = kfuse_runtime::open_default().context("`kfuse bench` times the GPU")?;
+            let gpu = std::sync::Arc::new(kfuse_runtime::open_default().context("`kfuse bench` times the GPU")?);
             let report = bench::run(&gpu, &p, &tensors, &opts)?;
             say!("{report}");
             if let Some(path) = json {
@@ -356,7 +354,7 @@ fn run(cli: Cli) -> Result<()> {
             let p = load(&file)?;
             let arch = pick_arch(arch)?;
             let cache = KernelCache::global();
-            for k in p.plan()?.kernels {
+            for k in &p.plan().kernels {
                 let t0 = Instant::now();
                 let (m, outcome) = cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?;
                 say!(
@@ -372,7 +370,9 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Cache { what } => cache_command(what),
         Command::Mlp { what } => mlp_command(what),
-        Command::Demo { batch, max_boxes, device } => kfuse::demo::run(batch, max_boxes, open_device(device)?.as_ref()),
+        Command::Demo { batch, max_boxes, device } => {
+            kfuse_cli::demo::run(batch, max_boxes, open_device(device)?.as_ref())
+        }
     }
 }
 
@@ -448,16 +448,16 @@ fn cache_command(what: CacheCommand) -> Result<()> {
         }
         CacheCommand::Bench { dir, json, phase_out } => {
             if let (Some(out), Some(dir)) = (&phase_out, &dir) {
-                let gpu = kfuse::cachebench::open_with_cache_dir(dir)?;
-                let r = kfuse::cachebench::run_phase(&gpu, "warm")?;
+                let gpu = kfuse_cli::cachebench::open_with_cache_dir(dir)?;
+                let r = kfuse_cli::cachebench::run_phase(&gpu, "warm")?;
                 std::fs::write(out, serde_json::to_string(&r)?)?;
                 return Ok(());
             }
             let dir =
                 dir.unwrap_or_else(|| std::env::temp_dir().join(format!("kfuse-cache-bench-{}", std::process::id())));
             let _ = std::fs::remove_dir_all(&dir);
-            let gpu = kfuse::cachebench::open_with_cache_dir(&dir).context("`kfuse cache bench` needs a GPU")?;
-            let cold = kfuse::cachebench::run_phase(&gpu, "cold")?;
+            let gpu = kfuse_cli::cachebench::open_with_cache_dir(&dir).context("`kfuse cache bench` needs a GPU")?;
+            let cold = kfuse_cli::cachebench::run_phase(&gpu, "cold")?;
             drop(gpu);
             let out = dir.join("warm-phase.json");
             let status = std::process::Command::new(std::env::current_exe()?)
@@ -469,9 +469,9 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             if !status.success() {
                 bail!("the warm phase (a fresh process) failed: {status}");
             }
-            let warm: kfuse::cachebench::PhaseReport = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+            let warm: kfuse_cli::cachebench::PhaseReport = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
             let phases = [cold, warm];
-            say!("{}", kfuse::cachebench::render(&phases));
+            say!("{}", kfuse_cli::cachebench::render(&phases));
             if let Some(path) = json {
                 std::fs::write(&path, serde_json::to_string_pretty(&phases)?)?;
             }
@@ -491,8 +491,8 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             let (mut compiled, mut hits, mut failed) = (0, 0, 0);
             for f in &files {
                 bar.set_message(f.display().to_string());
-                let result = Program::from_file(f).map_err(anyhow::Error::from).and_then(|p| {
-                    for k in p.plan()?.kernels {
+                let result = load(f).and_then(|p| {
+                    for k in &p.plan().kernels {
                         match cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?.1 {
                             CacheOutcome::Compiled | CacheOutcome::Repaired => compiled += 1,
                             _ => hits += 1,
@@ -583,17 +583,25 @@ fn finish_optimised_compile(gpu: &Gpu, prepared: &kfuse_mlp::PreparedMlp) {
     }
 }
 
+/// Compiles a `.kf` file (parse, type-check, plan) with the kernel cache from the environment.
 fn load(file: &Path) -> Result<Program> {
-    Ok(Program::from_file(file)?)
+    Ok(Program::load(&Engine::new()?, file)?)
+}
+
+/// Parses and type-checks a `.kf` file, without planning kernels.
+fn parse(file: &Path) -> Result<kfuse::Graph> {
+    let source = std::fs::read_to_string(file)
+        .map_err(|source| kfuse::Error::Read { path: file.display().to_string(), source })?;
+    Ok(kfuse_lang::parse_program(&source, &file.display().to_string()).map_err(kfuse::Error::from)?)
 }
 
 /// The GPU to run on (opened once: opening costs a context), or `None` for the CPU interpreter.
-fn open_device(d: DeviceArg) -> Result<Option<Gpu>> {
+fn open_device(d: DeviceArg) -> Result<Option<std::sync::Arc<Gpu>>> {
     Ok(match d {
         DeviceArg::Cpu => None,
-        DeviceArg::Cuda => Some(kfuse_runtime::open_default()?),
+        DeviceArg::Cuda => Some(std::sync::Arc::new(kfuse_runtime::open_default()?)),
         DeviceArg::Auto => match kfuse_runtime::open_default() {
-            Ok(gpu) => Some(gpu),
+            Ok(gpu) => Some(std::sync::Arc::new(gpu)),
             Err(e) => {
                 eprintln!("kfuse: no GPU ({e}); running on the CPU interpreter");
                 None

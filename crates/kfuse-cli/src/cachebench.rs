@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 use kfuse_runtime::{timing, Gpu, KernelCache};
 use serde::{Deserialize, Serialize};
 
-use crate::{boxes, demo::GIOU_KF, exec::CudaProgram, Error, Program};
+use kfuse::exec::CudaProgram;
+use kfuse::{Engine, Program};
+
+use crate::{boxes, demo::GIOU_KF, Error};
 
 const SAME_BUILDS: usize = 1000;
 const DISTINCT_OPS: usize = 10;
@@ -74,7 +77,7 @@ fn driver_probe(gpu: &Gpu) -> Result<f64, Error> {
     gpu.synchronize()?;
     timing::log("driver probe: first download (4 KB)", step);
     if back.len() != 4096 || back.iter().any(|&b| b != 1) || gpu.download(&zeroed)?.iter().any(|&b| b != 0) {
-        return Err(Error::Exec("the driver probe read back wrong bytes".into()));
+        return Err(Error::DriverProbe);
     }
     Ok(ms(started.elapsed()))
 }
@@ -94,28 +97,28 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Runs one phase on `gpu` (whose cache decides cold or warm).
-pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
+pub fn run_phase(gpu: &Arc<Gpu>, phase: &str) -> Result<PhaseReport, Error> {
     let data = boxes::generate(1024, 256, 0)?;
     let inputs = [("pred", &data.pred), ("target", &data.target)];
     let probe = std::env::var("KFUSE_BENCH_DRIVER_PROBE").map_or(true, |v| v.trim() != "0");
     let driver_probe_ms = if probe { driver_probe(gpu)? } else { 0.0 };
 
     let t0 = Instant::now();
-    let program = Program::from_source(&giou_variant(0), "examples/giou.kf")?;
-    let plan = program.plan()?;
+    let engine = Engine::with_cache(gpu.cache().clone());
+    let program = Program::compile(&engine, &giou_variant(0), "examples/giou.kf")?;
     let t1 = Instant::now();
-    let prog = CudaProgram::from_plan(gpu, &program, plan)?;
+    let prog = CudaProgram::prepare(gpu, &program)?;
     let t2 = Instant::now();
     let out = prog.run(&inputs)?;
     let t3 = Instant::now();
     if out.first().and_then(|(_, t)| t.scalar_f64()).is_none() {
-        return Err(Error::Exec("the GIoU program gave no scalar loss".into()));
+        return Err(Error::NoScalar { name: "loss".into() });
     }
     let s0 = Instant::now();
     let again = prog.run(&inputs)?;
     let second_run_ms = ms(s0.elapsed());
     if again.first().and_then(|(_, t)| t.scalar_f64()) != out.first().and_then(|(_, t)| t.scalar_f64()) {
-        return Err(Error::Exec("the second GIoU run gave a different loss".into()));
+        return Err(Error::RepeatDiffers { what: "the GIoU program" });
     }
 
     let started = Instant::now();
@@ -126,8 +129,8 @@ pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
         (0..SAME_BUILDS).map(|_| 0).chain((0..DISTINCT_OPS).flat_map(|v| std::iter::repeat_n(v, DISTINCT_BUILDS)));
     for v in order {
         let b0 = Instant::now();
-        let p = Program::from_source(&giou_variant(v), "giou variant")?;
-        let plan = p.plan()?;
+        let p = Program::compile(&engine, &giou_variant(v), "giou variant")?;
+        let plan = p.plan();
         let l0 = Instant::now();
         for k in &plan.kernels {
             gpu.load_kernel(&k.source, &k.name)?;
@@ -164,13 +167,13 @@ pub fn run_phase(gpu: &Gpu, phase: &str) -> Result<PhaseReport, Error> {
 }
 
 /// Opens the default GPU with a cache in `dir` (created empty for the cold phase by the caller).
-pub fn open_with_cache_dir(dir: &Path) -> Result<Gpu, Error> {
+pub fn open_with_cache_dir(dir: &Path) -> Result<Arc<Gpu>, Error> {
     let cache = Arc::new(KernelCache::with_dir(dir, kfuse_runtime::cache::DEFAULT_MAX_BYTES));
     let ordinal = std::env::var("KFUSE_DEVICE").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
     let started = Instant::now();
     let gpu = Gpu::open_with_cache(ordinal, cache)?;
     let _ = OPEN_MS.set(ms(started.elapsed()));
-    Ok(gpu)
+    Ok(Arc::new(gpu))
 }
 
 /// The table `kfuse cache bench` prints.

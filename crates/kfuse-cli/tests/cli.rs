@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kfuse::{boxes, npy, DType, HostTensor};
+use kfuse::{DType, HostTensor};
+use kfuse_cli::{boxes, npy};
 
 fn kfuse(args: &[&str]) -> Output {
     Command::new(kfuse_exe()).args(args).output().expect("kfuse runs")

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use kfuse::{boxes, npy};
+use kfuse_cli::{boxes, npy};
 
 /// f32 results against the f64 interpreter (the conformance suite's tolerance).
 const F32_TOLERANCE: f64 = 1e-5;

@@ -8,13 +8,18 @@ use kfuse_ir::{DType, HostTensor};
 
 use kfuse_runtime::Gpu;
 
-use crate::{boxes, exec::CudaProgram, Error, Program};
+use kfuse::exec::CudaProgram;
+use kfuse::{Engine, Program};
+use std::sync::Arc;
 
-/// The GIoU loss shipped with kfuse (`examples/giou.kf`), embedded so the demo runs anywhere.
-pub const GIOU_KF: &str = include_str!("../../../examples/giou.kf");
+use crate::{boxes, Error};
+
+/// The GIoU loss shipped with kfuse (a copy of `examples/giou.kf`, kept equal by a test), embedded
+/// so the demo runs anywhere.
+pub const GIOU_KF: &str = include_str!("giou.kf");
 
 /// Runs the demo on `gpu`, or on the CPU interpreter when there is none; prints as it goes.
-pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Gpu>) -> anyhow::Result<()> {
+pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Arc<Gpu>>) -> anyhow::Result<()> {
     println!("kfuse demo: the GIoU box loss over a ragged batch, fused into one kernel");
     let t0 = Instant::now();
     let data = boxes::generate(batch, max_boxes, 0)?;
@@ -24,7 +29,11 @@ pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Gpu>) -> anyhow::Result<
         100.0 * data.valid_boxes() as f64 / (batch * max_boxes).max(1) as f64,
         t0.elapsed().as_secs_f64() * 1e3
     );
-    let program = Program::from_source(GIOU_KF, "examples/giou.kf")?;
+    let engine = match gpu {
+        Some(gpu) => Engine::with_cache(gpu.cache().clone()),
+        None => Engine::new()?,
+    };
+    let program = Program::compile(&engine, GIOU_KF, "examples/giou.kf")?;
     let inputs: [(&str, &HostTensor); 2] = [("pred", &data.pred), ("target", &data.target)];
 
     let t0 = Instant::now();
@@ -63,7 +72,7 @@ pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Gpu>) -> anyhow::Result<
     }
     println!("next: kfuse emit examples/giou.kf  (the generated CUDA)   kfuse bench examples/giou.kf --dim B=16384 --dim N=256");
     println!();
-    mlp_section(gpu)
+    mlp_section(gpu.map(|g| &**g))
 }
 
 /// The MLP part: a model like a user's (widths 32→64→128→96→64→32→16, SiLU, biases, f16
@@ -108,5 +117,5 @@ fn scalar(outputs: &[(String, HostTensor)], name: &str) -> Result<f64, Error> {
         .iter()
         .find(|(n, _)| n == name)
         .and_then(|(_, t)| t.scalar_f64())
-        .ok_or_else(|| Error::Exec(format!("the program has no scalar output `{name}`")))
+        .ok_or_else(|| Error::NoScalar { name: name.to_string() })
 }

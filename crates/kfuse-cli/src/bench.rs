@@ -26,8 +26,11 @@ use kfuse_ir::{DType, Graph, HostTensor};
 use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg, RuntimeError};
 use serde::Serialize;
 
-use crate::exec::CudaProgram;
-use crate::{Error, Program};
+use kfuse::exec::CudaProgram;
+use kfuse::Program;
+use std::sync::Arc;
+
+use crate::Error;
 
 const HANDWRITTEN: &str = include_str!("baselines/giou_handwritten.cu");
 
@@ -174,18 +177,15 @@ pub fn rotation_sets(set_bytes: u64, l2_bytes: u64) -> usize {
 pub fn random_inputs(graph: &Graph, sizes: &[(String, u64)], seed: u64) -> Result<Vec<(String, HostTensor)>, Error> {
     let mut vals = vec![None; graph.symbols.len()];
     for (name, v) in sizes {
-        let s = graph.symbol(name).ok_or_else(|| {
-            Error::Exec(format!(
-                "--dim {name}: the program has no dimension `{name}` (it has: {})",
-                graph.symbols.join(", ")
-            ))
-        })?;
+        let s = graph
+            .symbol(name)
+            .ok_or_else(|| Error::UnknownDim { name: name.clone(), known: graph.symbols.join(", ") })?;
         vals[s.0 as usize] = Some(*v);
     }
     let sizes: Vec<u64> = vals
         .iter()
         .zip(&graph.symbols)
-        .map(|(v, n)| v.ok_or_else(|| Error::Exec(format!("give a size for dimension `{n}` with --dim {n}=SIZE"))))
+        .map(|(v, n)| v.ok_or_else(|| Error::MissingDim { name: n.clone() }))
         .collect::<Result<_, _>>()?;
     crate::testdata::random_inputs_for(graph, &sizes, seed)
 }
@@ -215,16 +215,14 @@ pub fn compare(got: &HostTensor, want: &HostTensor) -> (f64, f64) {
 /// Checks what can be checked before a GPU is opened: the rotated mode's set count.
 pub fn check_options(opts: &BenchOptions) -> Result<(), Error> {
     match opts.rotate_sets {
-        Some(k) if !(2..=MAX_ROTATION_SETS).contains(&k) => {
-            Err(Error::Exec(format!("--rotate-sets {k}: give 2 to {MAX_ROTATION_SETS} buffer sets")))
-        }
+        Some(k) if !(2..=MAX_ROTATION_SETS).contains(&k) => Err(Error::RotateSets { sets: k, max: MAX_ROTATION_SETS }),
         _ => Ok(()),
     }
 }
 
 /// Times `program` on `gpu` with `inputs`.
 pub fn run(
-    gpu: &Gpu,
+    gpu: &Arc<Gpu>,
     program: &Program,
     inputs: &[(String, HostTensor)],
     opts: &BenchOptions,
@@ -263,20 +261,25 @@ pub fn run(
         })
         .collect();
     let max_rel_err = outputs.iter().map(|o| o.rel_err).fold(0.0, f64::max);
-    let sizes = program.graph.symbols.iter().cloned().zip(bound.sizes().iter().copied()).collect();
+    let sizes = program.graph().symbols.iter().cloned().zip(bound.sizes().iter().copied()).collect();
 
     let l2_bytes = gpu.l2_bytes() as u64;
     let flush = gpu.alloc_zeroed((gpu.l2_bytes() * 2).max(64 << 20))?;
-    let (bytes, masked_inputs) = must_touch_bytes(prog.plan(), &cpu, inputs, &program.graph);
-    let (l2_flushed, back_to_back) = time(gpu, &flush, iters, || prog.launch(&bound))?;
+    let (bytes, masked_inputs) = must_touch_bytes(prog.plan(), &cpu, inputs, program.graph());
+    let (l2_flushed, back_to_back) = time(gpu, &flush, iters, || Ok(prog.launch(&bound)?))?;
 
     // The rotated mode: `bound` is set 0; the others are bound the same way from the same tensors.
-    let set_bytes = all_bytes(&program.graph, inputs, &cpu);
+    let set_bytes = all_bytes(program.graph(), inputs, &cpu);
     let want = opts.rotate_sets.unwrap_or_else(|| rotation_sets(set_bytes, l2_bytes));
-    let (sets, note) = bind_sets(bound, want, || prog.bind(&named))?;
+    let (sets, note) = bind_sets(bound, want, || Ok(prog.bind(&named)?))?;
     let last = sets.len() - 1;
-    let rotated =
-        time_rotated(gpu, sets.len(), iters, |i| prog.launch(&sets[i]), || prog.poison_outputs(&sets[last], 0xff))?;
+    let rotated = time_rotated(
+        gpu,
+        sets.len(),
+        iters,
+        |i| Ok(prog.launch(&sets[i])?),
+        || Ok(prog.poison_outputs(&sets[last], 0xff)?),
+    )?;
     let rotated_err =
         prog.download(&sets[last])?.iter().zip(&cpu).map(|((_, g), (_, c))| compare(g, c).0).fold(0.0, f64::max);
     let rotation = Rotation { sets: sets.len(), set_bytes, max_rel_err: rotated_err, note };
@@ -294,10 +297,10 @@ pub fn run(
     let baseline = match opts.baseline.as_deref() {
         None => None,
         Some("giou") => Some(giou_baseline(gpu, &flush, inputs, &cpu, iters, bytes, want)?),
-        Some(other) => return Err(Error::Exec(format!("unknown --baseline `{other}` (known: giou)"))),
+        Some(other) => return Err(Error::UnknownBaseline { name: other.to_string() }),
     };
     Ok(BenchReport {
-        file: program.origin.clone(),
+        file: program.origin().to_string(),
         device: gpu.name(),
         date_utc: today_utc(),
         sizes,
@@ -333,7 +336,7 @@ fn bind_sets<S>(
     while sets.len() < want {
         match bind_one() {
             Ok(s) => sets.push(s),
-            Err(Error::Runtime(e @ RuntimeError::OutOfMemory { .. })) => {
+            Err(Error::Kfuse(kfuse::Error::Runtime(e @ RuntimeError::OutOfMemory { .. }))) => {
                 let also = if sets.len() == 1 { ": the rotated figure is then back to back over one set" } else { "" };
                 let note = format!("device memory held {} of the {want} buffer sets ({e}){also}", sets.len());
                 return Ok((sets, Some(note)));
@@ -496,8 +499,7 @@ impl GiouSet {
     }
 
     fn loss(&self, gpu: &Gpu) -> Result<HostTensor, Error> {
-        HostTensor::from_bytes(DType::F32, vec![], &gpu.download(&self.loss)?)
-            .ok_or_else(|| Error::Exec("the baseline's loss came back with the wrong size".into()))
+        HostTensor::from_bytes(DType::F32, vec![], &gpu.download(&self.loss)?).ok_or(Error::BaselineLoss)
     }
 }
 
@@ -517,18 +519,17 @@ fn giou_baseline(
             .iter()
             .find(|(n, t)| n == name && t.dtype() == DType::F32 && t.shape.last() == Some(&4))
             .map(|(_, t)| t)
-            .ok_or_else(|| Error::Exec(format!("--baseline giou needs an f32 input `{name}` of shape [.., 4]")))
+            .ok_or_else(|| Error::BaselineNeeds { what: format!("an f32 input `{name}` of shape [.., 4]") })
     };
     let (pred, target) = (get("pred")?, get("target")?);
     let want = cpu
         .iter()
         .find(|(n, _)| n == "loss")
         .map(|(_, t)| t)
-        .ok_or_else(|| Error::Exec("--baseline giou needs an output `loss`".into()))?;
+        .ok_or_else(|| Error::BaselineNeeds { what: "an output `loss`".into() })?;
     let n = (target.len() / 4) as i64;
     let f = load_handwritten(gpu, "giou_handwritten")?;
-    let grid = u32::try_from((n as u64).div_ceil(256).max(1))
-        .map_err(|_| Error::Exec("batch too large for the baseline".into()))?;
+    let grid = u32::try_from((n as u64).div_ceil(256).max(1)).map_err(|_| Error::BaselineBatch)?;
     let launch = |s: &GiouSet| -> Result<(), Error> {
         let args = [
             KernelArg::Buffer(&s.pred),
@@ -738,7 +739,7 @@ mod tests {
 
     #[test]
     fn bind_sets_keeps_what_fits_when_device_memory_runs_out() {
-        let oom = || Error::Runtime(RuntimeError::OutOfMemory { bytes: 1 << 30, ordinal: 0 });
+        let oom = || Error::from(RuntimeError::OutOfMemory { bytes: 1 << 30, ordinal: 0 });
         let (sets, note) = bind_sets(0, 4, || Ok(7)).unwrap();
         assert_eq!((sets, note), (vec![0, 7, 7, 7], None));
 
@@ -760,8 +761,8 @@ mod tests {
         assert_eq!(sets, vec![0]);
         assert!(note.unwrap().contains("back to back over one set"));
 
-        let other = bind_sets(0, 3, || Err(Error::Exec("boom".into())));
-        assert!(matches!(other, Err(Error::Exec(m)) if m == "boom"), "other errors are errors");
+        let other = bind_sets(0, 3, || Err(Error::DriverProbe));
+        assert!(matches!(other, Err(Error::DriverProbe)), "other errors are errors");
     }
 
     #[test]

@@ -1,0 +1,103 @@
+//! A kernel's parameter list: the buffers it reads and writes, in buffer order (inputs,
+//! outputs, Temp values, the one-pass list, partials and counter), then the sizes, each with
+//! the declaration and the comment of its line in the signature.
+//!
+//! Not handled here: the signature's text (see `kernel`).
+
+use kfuse_ir::{Graph, NodeId};
+
+use crate::analysis::Analysis;
+use crate::buffers::BufferIndex;
+use crate::cuda;
+use crate::emit::{temp_dtype, Uses};
+use crate::plan::Param;
+use crate::shapes::KernelShape;
+use crate::CodegenError;
+
+/// What a kernel's parameters are drawn from.
+pub(crate) struct SignatureParts<'a> {
+    /// Kernel `k` of the plan, and its shape.
+    pub k: usize,
+    pub shape: KernelShape,
+    /// What its body, drain and epilogue use.
+    pub uses: &'a Uses,
+    /// The outputs it writes (any order, duplicates allowed) and the Temp buffers it stores.
+    pub outputs_written: Vec<usize>,
+    pub temps_written: &'a [usize],
+    /// The compacted plan's list buffers (index, values) and values per entry.
+    pub list: Option<((usize, usize), u32)>,
+    /// Its partial slots.
+    pub n_slots: usize,
+}
+
+/// The parameters: (parameter, declaration, comment).
+pub(crate) fn params(
+    g: &Graph,
+    an: &Analysis,
+    buffers: &BufferIndex,
+    parts: SignatureParts,
+) -> Result<Vec<(Param, String, String)>, CodegenError> {
+    let SignatureParts { k, shape, uses, mut outputs_written, temps_written, list, n_slots } = parts;
+    let mut params: Vec<(Param, String, String)> = Vec::new(); // (param, declaration, comment)
+    for &i in &uses.inputs {
+        let inp = &g.inputs[i as usize];
+        let decl = format!("const {}* __restrict__ in{i}", cuda::storage_type(inp.dtype));
+        params.push((
+            Param::Buffer(i as usize),
+            decl,
+            format!("{} {}{}", inp.name, inp.dtype, g.shape_str(&inp.shape)),
+        ));
+    }
+    outputs_written.sort_unstable();
+    outputs_written.dedup();
+    for &o in &outputs_written {
+        let node = g.node(g.outputs[o].node);
+        let decl = format!("{}* __restrict__ out{o}", cuda::storage_type(node.dtype));
+        params.push((
+            Param::Buffer(buffers.outputs_base + o),
+            decl,
+            format!("output {} {}{}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape)),
+        ));
+    }
+    let temp_nodes: Vec<(NodeId, usize)> = an.temps.iter().map(|(&n, &t)| (n, t)).collect();
+    for (n, t) in temp_nodes {
+        let d = temp_dtype(g.node(n).dtype);
+        let (constness, note) = if temps_written.contains(&t) {
+            ("", format!("n{} {} scalar, written here for a later kernel", n.0, d))
+        } else if uses.temps_read.contains(&t) {
+            ("const ", format!("n{} {} scalar from an earlier kernel", n.0, d))
+        } else {
+            continue;
+        };
+        let decl = format!("{constness}{}* __restrict__ tmp{t}", cuda::storage_type(d));
+        params.push((Param::Buffer(buffers.temps_base + t), decl, note));
+    }
+    if let Some(((index, values), comps)) = list {
+        params.push((
+            Param::Buffer(index),
+            "unsigned long long* __restrict__ list_index".into(),
+            "flat indices of the entries past shared memory".into(),
+        ));
+        params.push((
+            Param::Buffer(values),
+            "float* __restrict__ list_values".into(),
+            format!("their {comps} unscaled f32 values"),
+        ));
+    }
+    if n_slots > 0 || shape == KernelShape::Rows {
+        let (p, c) = buffers.reduction[k]
+            .ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without its counter" })?;
+        if let Some(p) = p {
+            params.push((
+                Param::Buffer(p),
+                "double* __restrict__ partials".into(),
+                format!("{n_slots} f64 partial slots per block, slot-major"),
+            ));
+        }
+        params.push((Param::Buffer(c), "unsigned int* __restrict__ counter".into(), shape.counter_note().into()));
+    }
+    for &s in &uses.syms {
+        params.push((Param::Size(s), format!("long long sz{}", s.0), format!("size {}", g.symbols[s.0 as usize])));
+    }
+    Ok(params)
+}

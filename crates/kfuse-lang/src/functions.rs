@@ -1,0 +1,10 @@
+//! The names of the built-in functions, in one table that both the lowering of names
+//! (`lower.rs`: is this unknown name a function used as a value?) and the lowering of calls
+//! (`builtins.rs`: which function is this, or which one was meant?) read. It lives apart from
+//! both so that neither of them imports the other for it.
+
+/// Every built-in function name, for suggestions.
+pub(crate) const FUNCTIONS: &[&str] = &[
+    "where", "min", "max", "clamp", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos",
+    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "bool", "grad", "mask", "size",
+];

@@ -1,0 +1,75 @@
+//! Helpers shared by kfuse's tests across crates (a dev-dependency only): the example programs,
+//! random tensors, relative-error comparison, and the tier gates of `kfuse_runtime::testing`.
+//!
+//! These helpers panic on bad fixtures (a missing `examples/` folder): they are for test code.
+
+use std::path::PathBuf;
+
+use kfuse_ir::{DType, HostTensor};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+pub use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
+
+/// The repository's `examples/` folder.
+pub fn examples_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// Every `examples/*.kf`, sorted, as (stem, source).
+pub fn examples() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(examples_dir())
+        .expect("examples/ exists")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "kf"))
+        .map(|p| (p.file_stem().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap()))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 4, "expected the example programs, found {}", v.len());
+    v
+}
+
+/// One example's source by stem (`giou`, `smooth_l1_train`).
+pub fn example(stem: &str) -> String {
+    let path = examples_dir().join(format!("{stem}.kf"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+/// A tensor of `dtype` and `shape` with values uniform in [-1, 1) (floats), in -3..=3 (i32), or
+/// random booleans, from `seed`.
+pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> HostTensor {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = (0..n)
+        .map(|_| match dtype {
+            DType::I32 => f64::from(rng.random_range(-3i32..=3)),
+            DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
+            _ => rng.random_range(-1.0..1.0),
+        })
+        .collect();
+    HostTensor::from_f64(dtype, shape.to_vec(), &values)
+}
+
+/// The largest relative error of `got` against `want`, each element's error divided by
+/// `max(|want|, 1e-6)`; infinite when the shapes or dtypes differ.
+pub fn max_rel_err(got: &HostTensor, want: &HostTensor) -> f64 {
+    if got.shape != want.shape || got.dtype() != want.dtype() {
+        return f64::INFINITY;
+    }
+    got.to_f64()
+        .iter()
+        .zip(want.to_f64())
+        .map(|(g, w)| if g.is_nan() && w.is_nan() { 0.0 } else { (g - w).abs() / w.abs().max(1e-6) })
+        .fold(0.0, f64::max)
+}
+
+/// The dtype replacements that run an f32 description at `dtype`: every `f32` input with at
+/// least one axis (scalars keep their dtype), for `Program::with_input_dtypes`.
+pub fn float_inputs_as(interface: &kfuse_ir::Interface, dtype: DType) -> Vec<(String, DType)> {
+    interface
+        .inputs
+        .iter()
+        .filter(|d| d.dtype == DType::F32 && !d.shape.is_empty())
+        .map(|d| (d.name.clone(), dtype))
+        .collect()
+}
