@@ -55,13 +55,28 @@ pub fn bind(e: &kfuse_ir::BindError) -> PyErr {
     raise(Kind::Input, e.to_string())
 }
 
-/// An interpreter error: a bind error is the caller's inputs, anything else the program.
-pub fn interp(e: &kfuse_interp::InterpError) -> PyErr {
-    match e {
-        kfuse_interp::InterpError::Bind(b) => bind(b),
-        kfuse_interp::InterpError::DuplicateInput { .. } | kfuse_interp::InterpError::DataLength { .. } => {
-            raise(Kind::Input, e.to_string())
-        }
-        _ => raise(Kind::Error, e.to_string()),
-    }
+/// A facade error: a diagnostic is a `ParseError`; what the caller's tensors got wrong an
+/// `InputError`; the driver, GPU or NVRTC a `DeviceError`; anything else an `Error`.
+pub fn kfuse(e: kfuse::Error) -> PyErr {
+    use kfuse::Error as E;
+    use kfuse_interp::InterpError as I;
+    let kind = match &e {
+        E::Parse(d) => return parse_error(d),
+        E::Bind(_)
+        | E::Interp(I::Bind(_) | I::DuplicateInput { .. } | I::DataLength { .. })
+        | E::BufferTooSmall { .. }
+        | E::OutputCount { .. }
+        | E::OutputDType { .. }
+        | E::OutputShape { .. }
+        | E::WrongDevice { .. }
+        | E::WrongStream { .. }
+        | E::Mlp(
+            kfuse_mlp::MlpError::InputDType { .. }
+            | kfuse_mlp::MlpError::InputRank { .. }
+            | kfuse_mlp::MlpError::InputWidth { .. },
+        ) => Kind::Input,
+        E::Runtime(_) => Kind::Device,
+        _ => Kind::Error,
+    };
+    raise(kind, e.to_string())
 }

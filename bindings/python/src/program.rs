@@ -2,12 +2,20 @@
 
 use std::sync::OnceLock;
 
-use kfuse_ir::{Constraint, DType, Dim, Graph, HostTensor, Shape};
+use kfuse::{DType, Dim, Engine, HostTensor};
+use kfuse_ir::{Constraint, Shape};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::{self, Kind};
 use crate::shapes;
+
+/// The process-wide engine: the kernel cache (shared with the command-line tool through the disk
+/// cache) and the devices, each opened once.
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::with_cache(kfuse_runtime::KernelCache::global()))
+}
 
 /// A dimension as Python sees it: a symbol's name or a constant.
 #[derive(IntoPyObject)]
@@ -34,12 +42,7 @@ type DeviceArg = (String, u64, u64, String, Vec<usize>);
 /// inference and the CPU reference interpreter. Immutable; derived programs are new objects.
 #[pyclass(frozen, module = "kfuse._kfuse")]
 pub struct Program {
-    /// Where it came from (a file name, `<name>` of compiled source, or a derivation).
-    origin: String,
-    /// The source, when the program was parsed from one (derived programs have none).
-    source: Option<String>,
-    graph: Graph,
-    cuda: OnceLock<Result<String, String>>,
+    program: kfuse::Program,
 }
 
 pub fn parse_dtype(s: &str) -> PyResult<DType> {
@@ -66,19 +69,23 @@ pub fn dtype_name(d: DType) -> &'static str {
 }
 
 impl Program {
-    fn new(origin: String, source: Option<String>, graph: Graph) -> Program {
-        Program { origin, source, graph, cuda: OnceLock::new() }
+    fn new(program: kfuse::Program) -> Program {
+        Program { program }
     }
 
-    fn parse(source: String, file: &str) -> PyResult<Program> {
-        let graph = kfuse_lang::parse_program(&source, file).map_err(|d| errors::parse_error(&d))?;
-        Ok(Program::new(file.to_string(), Some(source), graph))
+    fn graph(&self) -> &kfuse::Graph {
+        self.program.graph()
+    }
+
+    fn derived(&self, graph: kfuse::Graph, origin: &str) -> PyResult<Program> {
+        let p = kfuse::Program::from_graph(engine(), graph, origin).map_err(errors::kfuse)?;
+        Ok(Program::new(p))
     }
 
     fn dim(&self, d: Dim) -> PyDim {
         match d {
             Dim::Const(c) => PyDim::Const(c),
-            Dim::Sym(_) => PyDim::Sym(self.graph.dim_str(d)),
+            Dim::Sym(_) => PyDim::Sym(self.graph().dim_str(d)),
         }
     }
 
@@ -111,75 +118,40 @@ impl Program {
     fn sizes(&self, inputs: &[ShapeArg]) -> PyResult<Vec<u64>> {
         let parsed: Vec<(&str, DType, &[usize])> =
             inputs.iter().map(|(n, d, s)| Ok((n.as_str(), parse_dtype(d)?, s.as_slice()))).collect::<PyResult<_>>()?;
-        shapes::bind_shapes(&self.graph, &parsed).map_err(|e| errors::bind(&e))
+        self.program.interface().bind_shapes(&parsed).map_err(|e| errors::bind(&e))
     }
-}
-
-/// Rewrites the declared dtype of each named input in `.kf` source (`input x: f32[N]` becomes
-/// `input x: bf16[N]`), so that the whole program is typed again from the new inputs.
-fn retype_source(source: &str, dtypes: &[(String, DType)]) -> Result<String, String> {
-    let mut done = vec![false; dtypes.len()];
-    let mut out = String::with_capacity(source.len());
-    for line in source.split_inclusive('\n') {
-        let trimmed = line.trim_start();
-        let mut replaced = None;
-        if let Some(rest) = trimmed.strip_prefix("input") {
-            if rest.starts_with(char::is_whitespace) {
-                let rest = rest.trim_start();
-                let name_len = rest.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(rest.len());
-                let name = &rest[..name_len];
-                if let Some(i) = dtypes.iter().position(|(n, _)| n == name) {
-                    let after = rest[name_len..].trim_start();
-                    if let Some(after) = after.strip_prefix(':') {
-                        let after = after.trim_start();
-                        let ty_len = after.find(|c: char| !c.is_alphanumeric()).unwrap_or(after.len());
-                        let indent = &line[..line.len() - trimmed.len()];
-                        let tail = &after[ty_len..];
-                        replaced = Some(format!("{indent}input {name}: {}{tail}", dtypes[i].1));
-                        done[i] = true;
-                    }
-                }
-            }
-        }
-        out.push_str(replaced.as_deref().unwrap_or(line));
-    }
-    if let Some(i) = done.iter().position(|d| !d) {
-        return Err(dtypes[i].0.clone());
-    }
-    Ok(out)
 }
 
 #[pymethods]
 impl Program {
     /// Parses and type-checks `.kf` source; `name` names it in messages (`<name>`).
     #[staticmethod]
-    fn compile(source: String, name: &str) -> PyResult<Program> {
-        Program::parse(source, name)
+    fn compile(source: &str, name: &str) -> PyResult<Program> {
+        Ok(Program::new(kfuse::Program::compile(engine(), source, name).map_err(errors::kfuse)?))
     }
 
     /// Reads, parses and type-checks a `.kf` file.
     #[staticmethod]
     fn load(path: std::path::PathBuf) -> PyResult<Program> {
-        let source = std::fs::read_to_string(&path)
-            .map_err(|e| errors::raise(Kind::Error, format!("cannot read {}: {e}", path.display())))?;
-        Program::parse(source, &path.display().to_string())
+        Ok(Program::new(kfuse::Program::load(engine(), &path).map_err(errors::kfuse)?))
     }
 
     /// Where the program came from.
     #[getter]
     fn origin(&self) -> &str {
-        &self.origin
+        self.program.origin()
     }
 
     /// The declared inputs: `(name, dtype, shape, layout)`.
     #[getter]
     fn inputs(&self) -> Vec<InputDecl> {
-        self.graph
+        let graph = self.graph();
+        graph
             .inputs
             .iter()
             .enumerate()
             .map(|(i, inp)| {
-                let layout = self.graph.constraint_of(kfuse_ir::InputId(i as u32)).map(|c| {
+                let layout = graph.constraint_of(kfuse_ir::InputId(i as u32)).map(|c| {
                     let kind = match c {
                         Constraint::Lengths { .. } => "lengths",
                         Constraint::Offsets { .. } => "offsets",
@@ -194,11 +166,12 @@ impl Program {
     /// The declared outputs, in order: `(name, dtype, shape)`.
     #[getter]
     fn outputs(&self) -> Vec<Decl> {
-        self.graph
+        let graph = self.graph();
+        graph
             .outputs
             .iter()
             .map(|o| {
-                let n = self.graph.node(o.node);
+                let n = graph.node(o.node);
                 (o.name.clone(), dtype_name(n.dtype), self.shape(&n.shape))
             })
             .collect()
@@ -206,35 +179,26 @@ impl Program {
 
     /// The typed graph, one node per line, as `kfuse check` prints it.
     fn graph_text(&self) -> String {
-        self.graph.to_string()
+        self.graph().to_string()
     }
 
     /// The CUDA source of every kernel the program runs as.
-    fn cuda_source(&self) -> PyResult<String> {
-        let r = self.cuda.get_or_init(|| {
-            kfuse_codegen::plan(&self.graph, &Default::default())
-                .map(|p| p.kernels.iter().map(|k| format!("{}\n", k.source)).collect())
-                .map_err(|e| e.to_string())
-        });
-        r.clone().map_err(|e| errors::raise(Kind::Error, e))
+    fn cuda_source(&self) -> String {
+        self.program.cuda_source()
     }
 
-    /// The same program with some inputs declared at other dtypes (`{"pred": "bf16"}`); the whole
-    /// program is typed again, as if its source said so.
+    /// The same program with some inputs declared at other dtypes (`[("pred", "bf16")]`); the
+    /// whole program is typed again, as if its source said so.
     fn with_input_dtypes(&self, dtypes: Vec<(String, String)>) -> PyResult<Program> {
-        let Some(source) = &self.source else {
-            return Err(errors::raise(
-                Kind::Error,
-                format!("{} is a derived program; change the input dtypes of the program it derives from", self.origin),
-            ));
-        };
         let parsed: Vec<(String, DType)> =
             dtypes.into_iter().map(|(n, d)| Ok((n, parse_dtype(&d)?))).collect::<PyResult<_>>()?;
-        let retyped = retype_source(source, &parsed).map_err(|name| {
-            let known = self.graph.inputs.iter().map(|i| format!("`{}`", i.name)).collect::<Vec<_>>().join(", ");
-            errors::raise(Kind::Input, format!("no input named `{name}` (inputs: {known})"))
-        })?;
-        Program::parse(retyped, &self.origin)
+        let graph = self.graph();
+        if let Some((name, _)) = parsed.iter().find(|(n, _)| graph.input_by_name(n).is_none()) {
+            let known = graph.inputs.iter().map(|i| format!("`{}`", i.name)).collect::<Vec<_>>().join(", ");
+            return Err(errors::raise(Kind::Input, format!("no input named `{name}` (inputs: {known})")));
+        }
+        let refs: Vec<(&str, DType)> = parsed.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+        Ok(Program::new(self.program.with_input_dtypes(&refs).map_err(errors::kfuse)?))
     }
 
     /// The vector–Jacobian product with respect to the inputs `wrt`: the derived program, the
@@ -242,28 +206,28 @@ impl Program {
     #[allow(clippy::type_complexity)]
     fn vjp(&self, wrt: Vec<String>) -> PyResult<(Program, Vec<(String, String)>, Vec<(String, String)>)> {
         let names: Vec<&str> = wrt.iter().map(String::as_str).collect();
-        let d = kfuse_passes::vjp(&self.graph, &names).map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
-        let origin = format!("vjp of {} w.r.t. {}", self.origin, wrt.join(", "));
-        Ok((Program::new(origin, None, d.graph), d.upstream, d.gradients))
+        let d = kfuse::vjp(self.graph(), &names).map_err(|e| errors::kfuse(e.into()))?;
+        let origin = format!("vjp of {} w.r.t. {}", self.program.origin(), wrt.join(", "));
+        Ok((self.derived(d.graph, &origin)?, d.upstream, d.gradients))
     }
 
     /// The program with, after its outputs, the gradient of its scalar output `loss` with respect
     /// to each of `wrt` (`grad_<input>`), in one fused program; and the `(input, output)` pairs.
     fn with_gradients(&self, loss: &str, wrt: Vec<String>) -> PyResult<(Program, Vec<(String, String)>)> {
         let names: Vec<&str> = wrt.iter().map(String::as_str).collect();
-        let d = kfuse_passes::with_gradients(&self.graph, loss, &names)
-            .map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
-        let origin = format!("{} with gradients of `{loss}`", self.origin);
-        Ok((Program::new(origin, None, d.graph), d.gradients))
+        let d = kfuse::with_gradients(self.graph(), loss, &names).map_err(|e| errors::kfuse(e.into()))?;
+        let origin = format!("{} with gradients of `{loss}`", self.program.origin());
+        Ok((self.derived(d.graph, &origin)?, d.gradients))
     }
 
     /// The program with only the outputs named (in that order); what they do not need is dropped.
     fn select_outputs(&self, names: Vec<String>) -> PyResult<Program> {
-        let mut g = self.graph.clone();
+        let graph = self.graph();
+        let mut g = graph.clone();
         let mut outputs = Vec::with_capacity(names.len());
         for name in &names {
-            let Some(o) = self.graph.output_by_name(name) else {
-                let known = self.graph.outputs.iter().map(|o| format!("`{}`", o.name)).collect::<Vec<_>>().join(", ");
+            let Some(o) = graph.output_by_name(name) else {
+                let known = graph.outputs.iter().map(|o| format!("`{}`", o.name)).collect::<Vec<_>>().join(", ");
                 return Err(errors::raise(Kind::Error, format!("no output named `{name}` (outputs: {known})")));
             };
             outputs.push(o.clone());
@@ -271,14 +235,14 @@ impl Program {
         g.outputs = outputs;
         let g =
             kfuse_ir::GraphBuilder::from_graph(g).finish().map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
-        Ok(Program::new(format!("{} (outputs {})", self.origin, names.join(", ")), None, g))
+        self.derived(g, &format!("{} (outputs {})", self.program.origin(), names.join(", ")))
     }
 
     /// Checks the inputs' names, dtypes and shapes, and returns the outputs' `(name, dtype,
     /// shape)` in declaration order.
     fn output_shapes(&self, inputs: Vec<ShapeArg>) -> PyResult<Vec<(String, &'static str, Vec<usize>)>> {
         let sizes = self.sizes(&inputs)?;
-        Ok(shapes::output_shapes(&self.graph, &sizes).into_iter().map(|(n, d, s)| (n, dtype_name(d), s)).collect())
+        Ok(shapes::output_shapes(self.graph(), &sizes).into_iter().map(|(n, d, s)| (n, dtype_name(d), s)).collect())
     }
 
     /// Checks the values of lengths/offsets inputs: `inputs` are all inputs' shapes, `values` the
@@ -290,19 +254,19 @@ impl Program {
             .map(|(n, b)| (n, b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
             .collect();
         let refs: Vec<(&str, &[i32])> = ints.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
-        shapes::check_layouts(&self.graph, &sizes, &refs).map_err(|e| errors::bind(&e))
+        shapes::check_layouts(self.graph(), &sizes, &refs).map_err(|e| errors::bind(&e))
     }
 
     /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same
     /// way out, in declaration order. Releases the GIL while it computes.
     fn run_cpu<'py>(&self, py: Python<'py>, inputs: Vec<HostArg<'py>>) -> PyResult<Vec<HostOut<'py>>> {
         let tensors = Program::host_tensors(&inputs)?;
-        let graph = &self.graph;
+        let program = &self.program;
         let result = py.detach(|| {
             let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-            kfuse_interp::run(graph, &refs)
+            program.run_cpu(&refs)
         });
-        let outs = result.map_err(|e| errors::interp(&e))?;
+        let outs = result.map_err(errors::kfuse)?;
         Ok(outs
             .into_iter()
             .map(|(name, t)| (name, PyBytes::new(py, &t.to_bytes()), dtype_name(t.dtype()), t.shape.clone()))
@@ -322,26 +286,10 @@ impl Program {
     }
 
     fn __repr__(&self) -> String {
-        let ins: Vec<String> = self
-            .graph
-            .inputs
-            .iter()
-            .map(|i| format!("{}: {}{}", i.name, i.dtype, self.graph.shape_str(&i.shape)))
-            .collect();
-        let outs: Vec<&str> = self.graph.outputs.iter().map(|o| o.name.as_str()).collect();
-        format!("<kfuse.Program {} ({}) -> ({})>", self.origin, ins.join(", "), outs.join(", "))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retyping_rewrites_only_the_named_declarations() {
-        let src = "# input x: f32\ninput x: f32[N]\n  input  y :f32[N] as lengths(N)\noutput z = x\n";
-        let out = retype_source(src, &[("y".into(), DType::BF16), ("x".into(), DType::F16)]).unwrap();
-        assert_eq!(out, "# input x: f32\ninput x: f16[N]\n  input y: bf16[N] as lengths(N)\noutput z = x\n");
-        assert_eq!(retype_source(src, &[("w".into(), DType::F16)]).unwrap_err(), "w");
+        let graph = self.graph();
+        let ins: Vec<String> =
+            graph.inputs.iter().map(|i| format!("{}: {}{}", i.name, i.dtype, graph.shape_str(&i.shape))).collect();
+        let outs: Vec<&str> = graph.outputs.iter().map(|o| o.name.as_str()).collect();
+        format!("<kfuse.Program {} ({}) -> ({})>", self.program.origin(), ins.join(", "), outs.join(", "))
     }
 }

@@ -1,65 +1,9 @@
-//! Shapes without data: binding a program's symbols from its inputs' dtypes and shapes, the
-//! output shapes that follow, and the value checks of lengths/offsets inputs given only those.
+//! Shapes without data: the output shapes that bound symbols give, and the value checks of
+//! lengths/offsets inputs copied to the host while the other inputs stay on the device.
 //!
 //! The messages are [`BindError`]'s, the same the interpreter and the GPU executor give.
 
 use kfuse_ir::{BindError, Constraint, DType, Dim, Graph};
-
-/// One input as the caller describes it: name, dtype, shape.
-pub type ShapeArg<'a> = (&'a str, DType, &'a [usize]);
-
-/// The size of each symbol of `graph`, checked against the inputs' names, dtypes, ranks, constant
-/// dimensions and agreement between inputs (every input must be given, no unknown ones).
-pub fn bind_shapes(graph: &Graph, inputs: &[ShapeArg<'_>]) -> Result<Vec<u64>, BindError> {
-    let known = || graph.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
-    for (name, ..) in inputs {
-        if graph.input_by_name(name).is_none() {
-            return Err(BindError::Unknown { name: name.to_string(), known: known() });
-        }
-    }
-    let mut sizes: Vec<Option<(u64, String)>> = vec![None; graph.symbols.len()];
-    for decl in &graph.inputs {
-        let decl_str = format!("{}{}", decl.dtype, graph.shape_str(&decl.shape));
-        let Some(&(_, dtype, shape)) = inputs.iter().find(|(n, ..)| *n == decl.name) else {
-            return Err(BindError::Missing { name: decl.name.clone(), decl: decl_str });
-        };
-        if dtype != decl.dtype {
-            return Err(BindError::DType { name: decl.name.clone(), got: dtype, want: decl.dtype });
-        }
-        if shape.len() != decl.shape.rank() {
-            return Err(BindError::Rank {
-                name: decl.name.clone(),
-                got: shape.len(),
-                want: decl.shape.rank(),
-                shape: shape.to_vec(),
-                decl: decl_str,
-            });
-        }
-        for (axis, (d, &got)) in decl.shape.0.iter().zip(shape).enumerate() {
-            match *d {
-                Dim::Const(c) if c as usize != got => {
-                    return Err(BindError::ConstDim { name: decl.name.clone(), axis, got, want: c, decl: decl_str });
-                }
-                Dim::Const(_) => {}
-                Dim::Sym(s) => match &sizes[s.0 as usize] {
-                    Some((want, first)) if *want != got as u64 => {
-                        return Err(BindError::SymbolClash {
-                            name: decl.name.clone(),
-                            axis,
-                            sym: graph.symbols[s.0 as usize].clone(),
-                            got,
-                            want: *want,
-                            first: first.clone(),
-                        });
-                    }
-                    Some(_) => {}
-                    None => sizes[s.0 as usize] = Some((got as u64, decl.name.clone())),
-                },
-            }
-        }
-    }
-    Ok(sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect())
-}
 
 /// The outputs' `(name, dtype, shape)` in declaration order for symbol sizes `sizes`.
 pub fn output_shapes(graph: &Graph, sizes: &[u64]) -> Vec<(String, DType, Vec<usize>)> {
