@@ -1,6 +1,6 @@
 //! `kfuse._kfuse`: the native half of the `kfuse` Python package.
 //!
-//! It exposes `Program` (a type-checked `.kf` program: its interface, generated CUDA, derived
+//! It exposes `Program` (a `kfuse::Program` of the process-wide engine: a type-checked `.kf` program: its interface, generated CUDA, derived
 //! backward programs, shape inference, the CPU reference interpreter and the CUDA launch) and
 //! `Mlp` (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
 //! dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device addresses for

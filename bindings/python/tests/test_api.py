@@ -317,3 +317,20 @@ def test_nvrtc_is_found_in_its_wheel():
     path = _nvrtc.library_path()
     assert path is not None and "libnvrtc.so.13" in os.path.basename(path)
     assert _nvrtc.load() == path
+
+
+def test_shapes_and_layout_checks_without_data():
+    """The checks the CUDA path makes before a launch (shapes from Rust, lengths copied to the
+    host), exercised on the CPU."""
+    prog = _kfuse.Program.compile(PER_BOX, "per_box")
+    shapes = [("pred", "f32", [3, 5, 4]), ("target", "f32", [3, 5, 4]), ("lengths", "i32", [3])]
+    assert prog.output_shapes(shapes) == [("per_box", "f32", [3, 5]), ("total", "f32", []), ("valid_count", "i32", [])]
+    good = torch.tensor([5, 0, 2], dtype=torch.int32).numpy().tobytes()
+    prog.check_layouts(shapes, [("lengths", good)])
+    bad = torch.tensor([5, 0, 9], dtype=torch.int32).numpy().tobytes()
+    with pytest.raises(kfuse.InputError, match=r"input `lengths`: lengths\[2\] = 9 is greater than N = 5"):
+        prog.check_layouts(shapes, [("lengths", bad)])
+    with pytest.raises(kfuse.InputError, match=r"input `target` has N = 4 \(axis 1\), but `pred` already set N = 5"):
+        prog.output_shapes([shapes[0], ("target", "f32", [3, 4, 4]), shapes[2]])
+    with pytest.raises(kfuse.InputError, match=r"input `pred` has dtype f16, but is declared as f32"):
+        prog.output_shapes([("pred", "f16", [3, 5, 4]), *shapes[1:]])
