@@ -1,8 +1,8 @@
 //! `kfuse._kfuse`: the native half of the `kfuse` Python package.
 //!
-//! It exposes `Program` (a `kfuse::Program` of the process-wide engine: a type-checked `.kf` program: its interface, generated CUDA, derived
-//! backward programs, shape inference, the CPU reference interpreter and the CUDA launch) and
-//! `Mlp` (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
+//! It exposes `Program` (a `kfuse::Program` of the process-wide engine: its interface, generated
+//! CUDA, derived backward programs, shape inference, the CPU reference interpreter and the CUDA
+//! launch) and `Mlp` (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
 //! dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device addresses for
 //! CUDA memory, so this module knows nothing of PyTorch; the glue in `kfuse/_program.py` does.
 //!
