@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Export a PyTorch MLP to kfuse's model format: model.json + model.safetensors.
+A command-line wrapper of kfuse.export_mlp (the Python package in bindings/python).
 
     python tools/export_mlp.py my_model.pt out/model.json            # a pickled nn.Module
     python tools/export_mlp.py my_pkg.models:build out/model.json    # a function returning one
@@ -14,7 +15,7 @@ Anything else is an error naming the module. Weights are saved as the state_dict
 """
 import argparse
 import importlib
-import json
+import importlib.util
 import os
 import sys
 
@@ -24,97 +25,18 @@ def fail(msg):
     sys.exit(2)
 
 
-def activation_of(mod, nn, where):
-    """The kfuse activation (a name or a .kf expression in x) for an activation module."""
-    if isinstance(mod, nn.ReLU):
-        return "relu"
-    if isinstance(mod, nn.LeakyReLU):
-        slope = float(mod.negative_slope)
-        return "leaky_relu" if slope == 0.01 else f"where(x > 0, x, {slope!r} * x)"
-    if isinstance(mod, nn.SiLU):
-        return "silu"
-    if isinstance(mod, nn.GELU):
-        approx = getattr(mod, "approximate", "none")
-        if approx == "none":
-            return "gelu"
-        if approx == "tanh":
-            return "gelu_tanh"
-        fail(f"{where}: GELU(approximate={approx!r}) is not supported; use 'none' or 'tanh'")
-    if isinstance(mod, nn.Sigmoid):
-        return "sigmoid"
-    if isinstance(mod, nn.Tanh):
-        return "tanh"
-    if isinstance(mod, nn.Softplus):
-        beta, threshold = float(mod.beta), float(mod.threshold)
-        if beta == 1.0 and threshold == 20.0:
-            return "softplus"
-        # torch: x if beta*x > threshold else log(1 + exp(beta*x)) / beta
-        return f"where({beta!r} * x > {threshold!r}, x, log(1 + exp({beta!r} * x)) / {beta!r})"
-    if isinstance(mod, nn.Identity):
-        return "none"
-    return None
-
-
-def flatten(module, nn):
-    """The module's layers as a flat list of (path, module)."""
-    if isinstance(module, (nn.Sequential, nn.ModuleList)):
-        out = []
-        for name, child in module.named_children():
-            if isinstance(child, (nn.Sequential, nn.ModuleList)):
-                out += [(f"{name}.{p}", m) for p, m in flatten(child, nn)]
-            else:
-                out.append((name, child))
-        return out
-    children = list(module.named_children())
-    if len(children) == 1 and isinstance(children[0][1], (nn.Sequential, nn.ModuleList)):
-        name, child = children[0]
-        return [(f"{name}.{p}", m) for p, m in flatten(child, nn)]
-    if not children:
-        fail(f"{type(module).__name__} has no child modules; expected nn.Sequential of Linear and activations")
-    return [(name, child) for name, child in children]
-
-
-def export(module, json_path, dtype="f16"):
-    import torch
-    from torch import nn
-    from safetensors.torch import save_file
-
-    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(dtype)
-    if torch_dtype is None:
-        fail(f"--dtype must be f16 or bf16, not {dtype!r}")
-    layers, tensors = [], {}
-    for path, mod in flatten(module, nn):
-        if isinstance(mod, nn.Linear):
-            layer = {"weight": f"{path}.weight"}
-            tensors[f"{path}.weight"] = mod.weight.detach().to("cpu", torch_dtype).contiguous()
-            if mod.bias is not None:
-                layer["bias"] = f"{path}.bias"
-                tensors[f"{path}.bias"] = mod.bias.detach().to("cpu", torch_dtype).contiguous()
-            layer["activation"] = "none"
-            layers.append(layer)
-        elif isinstance(mod, nn.Dropout):
-            continue
-        else:
-            act = activation_of(mod, nn, f"module `{path}`")
-            if act is None:
-                fail(f"module `{path}` ({type(mod).__name__}) is not supported; kfuse MLPs are Linear layers "
-                     "and elementwise activations (ReLU, LeakyReLU, SiLU, GELU, Sigmoid, Tanh, Softplus)")
-            if not layers:
-                fail(f"module `{path}` ({type(mod).__name__}) comes before any Linear layer")
-            if layers[-1]["activation"] != "none":
-                fail(f"module `{path}`: two activations in a row after `{layers[-1]['weight']}`")
-            layers[-1]["activation"] = act
-    if not layers:
-        fail("the module holds no nn.Linear layers")
-    folder = os.path.dirname(os.path.abspath(json_path))
-    os.makedirs(folder, exist_ok=True)
-    stem = os.path.splitext(os.path.basename(json_path))[0]
-    weights = f"{stem}.safetensors"
-    save_file(tensors, os.path.join(folder, weights))
-    desc = {"format": "kfuse-mlp/1", "weights": weights, "dtype": dtype, "layers": layers}
-    with open(json_path, "w") as f:
-        json.dump(desc, f, indent=2)
-    return desc
+def exporter():
+    """kfuse.export_mlp from the installed package, else from this checkout's package source."""
+    try:
+        from kfuse._export import ExportError, export_mlp
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        path = os.path.join(here, "..", "bindings", "python", "python", "kfuse", "_export.py")
+        spec = importlib.util.spec_from_file_location("kfuse_export", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ExportError, export_mlp = mod.ExportError, mod.export_mlp
+    return ExportError, export_mlp
 
 
 def load_module(spec):
@@ -149,7 +71,11 @@ def main():
         fail("give a model (or --example)")
     else:
         module = load_module(args.model)
-    desc = export(module, args.output, args.dtype)
+    export_error, export = exporter()
+    try:
+        desc = export(module, args.output, args.dtype)
+    except export_error as e:
+        fail(str(e))
     print(f"wrote {args.output}: {len(desc['layers'])} layers, activations "
           f"{[l['activation'] for l in desc['layers']]}")
 

@@ -4,8 +4,6 @@
 //! These helpers panic on bad fixtures (a missing `examples/` folder): they are for test code.
 #![forbid(unsafe_code)]
 
-#![forbid(unsafe_code)]
-
 use std::path::PathBuf;
 
 use kfuse_ir::{DType, HostTensor};

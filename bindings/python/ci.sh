@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# CI of the Python package, from a clean clone: installs torch (CPU), the package (the README's
+# one command) and pytest into the repository's .venv, runs the Python tests (CPU tier; the GPU
+# tier skips visibly without a device, or fails with KFUSE_REQUIRE_GPU=1), and checks the
+# bindings crate with rustfmt and clippy.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
+
+start=$(date +%s)
+# torch from PyPI (the version on the GPU machine); the tests here use its CPU side.
+pip install --quiet torch==2.11.0
+pip install --quiet maturin pytest numpy safetensors
+echo "python ci: torch and test tools installed in $(( $(date +%s) - start )) s"
+
+start=$(date +%s)
+pip install --quiet ./bindings/python
+echo "python ci: pip install ./bindings/python in $(( $(date +%s) - start )) s"
+
+# The tests run against the installed package, not the source folder.
+(cd bindings/python/tests && ../../../.venv/bin/python -m pytest -q -p no:cacheprovider .)
+
+(cd bindings/python && cargo fmt --check && cargo clippy --all-targets -- -D warnings)
+echo "python ci: ok"

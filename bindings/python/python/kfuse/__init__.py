@@ -1,0 +1,45 @@
+"""kfuse from PyTorch: ``.kf`` programs and fused MLPs on torch tensors.
+
+    import torch, kfuse
+
+    giou = kfuse.load("examples/giou_lengths.kf")     # or kfuse.compile(source_text, name="giou")
+    out = giou(pred=pred, target=target, lengths=lengths)
+    out["loss"].backward()                             # out.loss works too; pred.grad is filled
+
+CPU tensors run through kfuse's reference interpreter, CUDA tensors through the fused kernels.
+Gradients come from kfuse's own autodiff, and programs are custom operators under torch.compile.
+"""
+
+from . import _nvrtc
+from ._errors import DeviceError, Error, InputError, ParseError
+
+_nvrtc.load()
+
+from . import _kfuse  # noqa: E402  (after libnvrtc is loaded)
+from ._export import export_mlp  # noqa: E402
+from ._program import Decl, Outputs, Program, compile, load  # noqa: E402
+
+__version__ = _kfuse.__version__
+
+__all__ = [
+    "Decl",
+    "DeviceError",
+    "Error",
+    "InputError",
+    "Outputs",
+    "ParseError",
+    "Program",
+    "compile",
+    "export_mlp",
+    "load",
+    "nn",
+]
+
+
+def __getattr__(name):
+    # kfuse.nn imports torch.nn; load it on first use.
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module 'kfuse' has no attribute {name!r}")

@@ -1,0 +1,535 @@
+"""kfuse programs on torch tensors: calls, autograd and torch.compile.
+
+A :class:`Program` wraps the native ``_kfuse.Program`` (declared at the dtypes of its source). A
+call picks the *variant* for the float dtypes of the tensors given (the program typed again at
+those dtypes, by value), checks the inputs, and runs:
+
+* CPU tensors through the reference interpreter (``run_cpu``), CUDA tensors through ``launch``
+  on the current stream, outputs allocated by PyTorch on the inputs' device;
+* with autograd when a float input requires grad: a program whose only float output is a scalar
+  loss runs as the loss and its gradients in one program (``with_gradients``), and the backward
+  scales the saved gradients by the upstream gradient; otherwise the backward runs the derived
+  vector-Jacobian product program (``vjp``) of the outputs that received a gradient.
+* under ``torch.compile`` the program is a custom operator (``torch.ops.kfuse.*``) with a shape
+  function and a registered backward, so the graph has no break. Eager calls do not go through the
+  dispatcher.
+"""
+
+import ctypes
+import hashlib
+import itertools
+import threading
+import weakref
+
+import torch
+
+from . import _kfuse
+from ._errors import DeviceError, InputError
+
+TORCH_DTYPES = {
+    "f32": torch.float32,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "i32": torch.int32,
+    "bool": torch.bool,
+}
+KFUSE_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+_KD = KFUSE_DTYPES
+FLOAT = ("f32", "f16", "bf16")
+
+
+class Decl(tuple):
+    """A declared tensor: ``name``, ``dtype`` (kfuse's name), ``shape`` (symbol names and
+    constants) and, for inputs, ``layout`` (``None``, ``("lengths", dim)`` or ``("offsets", dim)``)."""
+
+    __slots__ = ()
+
+    def __new__(cls, name, dtype, shape, layout=None):
+        return tuple.__new__(cls, (name, dtype, tuple(shape), layout))
+
+    name = property(lambda self: self[0])
+    dtype = property(lambda self: self[1])
+    shape = property(lambda self: self[2])
+    layout = property(lambda self: self[3])
+
+    def __repr__(self):
+        dims = ", ".join(str(d) for d in self.shape)
+        text = f"{self.name}: {self.dtype}[{dims}]"
+        if self.layout is not None:
+            text += f" as {self.layout[0]}({self.layout[1]})"
+        return f"Decl({text})"
+
+
+class Outputs(dict):
+    """A program's outputs in declaration order: ``out["loss"]`` or ``out.loss``. Read-only."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no output named {name!r} (outputs: {', '.join(self)})") from None
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("kfuse outputs are read-only")
+
+    __setattr__ = __delattr__ = __setitem__ = __delitem__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
+
+    def __repr__(self):
+        return "Outputs(" + ", ".join(f"{k}={v!r}" for k, v in self.items()) + ")"
+
+
+# ---------------------------------------------------------------------------------------------
+# Host and device runs.
+
+
+def _host_arg(name, t):
+    """``(name, bytes, dtype, shape)`` of a contiguous CPU tensor (one copy, no NumPy)."""
+    n = t.numel() * t.element_size()
+    data = ctypes.string_at(t.data_ptr(), n) if n else b""
+    return (name, data, KFUSE_DTYPES[t.dtype], list(t.shape))
+
+
+def _from_host(data, dtype, shape):
+    dt = TORCH_DTYPES[dtype]
+    if not data:
+        return torch.empty(shape, dtype=dt)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).reshape(shape)
+
+
+def _run_cpu(native, names, tensors):
+    outs = native.run_cpu([_host_arg(n, t) for n, t in zip(names, tensors)])
+    return [_from_host(data, dtype, shape) for _, data, dtype, shape in outs]
+
+
+def _device_arg(name, t):
+    return (name, t.data_ptr(), t.numel() * t.element_size(), KFUSE_DTYPES[t.dtype], list(t.shape))
+
+
+def _run_cuda(native, names, tensors, validate):
+    """Launches on the current stream of the tensors' device; outputs from PyTorch's allocator."""
+    device = tensors[0].device
+    shapes = [(n, KFUSE_DTYPES[t.dtype], list(t.shape)) for n, t in zip(names, tensors)]
+    if validate:
+        meta = [(n, _host_arg(n, t.cpu())[1]) for n, t, d in zip(names, tensors, native.inputs) if d[3] is not None]
+        if meta:
+            native.check_layouts(shapes, meta)
+    out_decls = native.output_shapes(shapes)
+    outs = [torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device) for _, dtype, shape in out_decls]
+    stream = torch.cuda.current_stream(device).cuda_stream
+    native.launch(
+        device.index if device.index is not None else torch.cuda.current_device(),
+        stream,
+        [_device_arg(n, t) for n, t in zip(names, tensors)],
+        [_device_arg(n, t) for (n, _, _), t in zip(out_decls, outs)],
+    )
+    return outs
+
+
+def _run(native, names, tensors, validate):
+    if tensors and tensors[0].device.type == "cuda":
+        return _run_cuda(native, names, tensors, validate)
+    return _run_cpu(native, names, tensors)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants: one program per combination of float input dtypes, with its derived programs.
+
+
+class _Variant:
+    """The program at one set of input dtypes, and the programs derived from it (built lazily,
+    once: derivation and planning happen on the first call that needs them)."""
+
+    def __init__(self, native):
+        self.native = native
+        self.inputs = [Decl(*d) for d in native.inputs]
+        self.outputs = [Decl(*d) for d in native.outputs]
+        self.names = [d.name for d in self.inputs]
+        self.float_inputs = [i for i, d in enumerate(self.inputs) if d.dtype in FLOAT]
+        self.float_outputs = [i for i, d in enumerate(self.outputs) if d.dtype in FLOAT]
+        # The fused loss + gradient path: one float output, a scalar.
+        self.scalar_loss = len(self.float_outputs) == 1 and len(self.outputs[self.float_outputs[0]].shape) == 0
+        self._lock = threading.Lock()
+        self._grads = {}
+        self._vjps = {}
+        self._ops = None
+
+    def with_gradients(self, wrt):
+        """``(program, gradient output index per wrt)`` for the fused loss + gradients."""
+        with self._lock:
+            hit = self._grads.get(wrt)
+            if hit is None:
+                loss = self.outputs[self.float_outputs[0]].name
+                prog, pairs = self.native.with_gradients(loss, [self.names[i] for i in wrt])
+                outs = [d[0] for d in prog.outputs]
+                hit = (prog, [outs.index(g) for _, g in pairs])
+                self._grads[wrt] = hit
+            return hit
+
+    def vjp(self, outputs, wrt):
+        """The vector-Jacobian product program of the outputs `outputs` (indices) w.r.t. `wrt`."""
+        key = (outputs, wrt)
+        with self._lock:
+            prog = self._vjps.get(key)
+            if prog is None:
+                base = self.native
+                if len(outputs) != len(self.float_outputs):
+                    base = base.select_outputs([self.outputs[i].name for i in outputs])
+                prog, _, _ = base.vjp([self.names[i] for i in wrt])
+                self._vjps[key] = prog
+            return prog
+
+    def backward(self, tensors, outputs, upstream, wrt):
+        """Gradients w.r.t. `wrt` given the upstream gradients of `outputs` (indices)."""
+        prog = self.vjp(outputs, wrt)
+        names = self.names + ["grad_" + self.outputs[i].name for i in outputs]
+        ups = [u.to(TORCH_DTYPES[self.outputs[i].dtype]).contiguous() for i, u in zip(outputs, upstream)]
+        return _run(prog, names, list(tensors) + ups, validate=False)
+
+    def ops(self):
+        """The custom operators of this variant (registered on first use under torch.compile)."""
+        with self._lock:
+            if self._ops is None:
+                self._ops = _register(self)
+            return self._ops
+
+
+class _Fused(torch.autograd.Function):
+    """Eager autograd: the loss and its gradients in one run; backward scales them."""
+
+    @staticmethod
+    def forward(ctx, variant, validate, wrt, *tensors):
+        prog, grad_index = variant.with_gradients(wrt)
+        outs = _run(prog, variant.names, list(tensors), validate)
+        n = len(variant.outputs)
+        ctx.wrt = wrt
+        ctx.loss_index = variant.float_outputs[0]
+        ctx.n_inputs = len(tensors)
+        ctx.save_for_backward(*[outs[i] for i in grad_index])
+        for i, d in enumerate(variant.outputs):
+            if d.dtype not in FLOAT:
+                ctx.mark_non_differentiable(outs[i])
+        return tuple(outs[:n])
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = [None] * ctx.n_inputs
+        up = grad_outputs[ctx.loss_index]
+        for i, g in zip(ctx.wrt, ctx.saved_tensors):
+            grads[i] = g * up.to(g.dtype)
+        return (None, None, None, *grads)
+
+
+class _Derived(torch.autograd.Function):
+    """Eager autograd: forward only; backward runs the derived VJP program."""
+
+    @staticmethod
+    def forward(ctx, variant, validate, wrt, *tensors):
+        outs = _run(variant.native, variant.names, list(tensors), validate)
+        ctx.variant = variant
+        ctx.wrt = wrt
+        ctx.save_for_backward(*tensors)
+        for i, d in enumerate(variant.outputs):
+            if d.dtype not in FLOAT:
+                ctx.mark_non_differentiable(outs[i])
+        ctx.set_materialize_grads(False)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        variant = ctx.variant
+        tensors = ctx.saved_tensors
+        used = tuple(i for i in variant.float_outputs if grad_outputs[i] is not None)
+        grads = [None] * len(tensors)
+        if used:
+            got = variant.backward(tensors, used, [grad_outputs[i] for i in used], ctx.wrt)
+            for i, g in zip(ctx.wrt, got):
+                grads[i] = g
+        return (None, None, None, *grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile: custom operators.
+
+_LIB = None
+_LIB_LOCK = threading.Lock()
+_REGISTERED = {}
+
+
+def _library():
+    global _LIB
+    if _LIB is None:
+        _LIB = torch.library.Library("kfuse", "FRAGMENT")
+    return _LIB
+
+
+def _sym_sources(inputs):
+    """For each symbol, the first (input index, axis) that carries it."""
+    src = {}
+    for i, d in enumerate(inputs):
+        for axis, dim in enumerate(d.shape):
+            if isinstance(dim, str) and dim not in src:
+                src[dim] = (i, axis)
+    return src
+
+
+def _fake_outputs(decls, inputs, sources, tensors):
+    outs = []
+    for d in decls:
+        shape = []
+        for dim in d.shape:
+            if isinstance(dim, str):
+                i, axis = sources[dim]
+                shape.append(tensors[i].shape[axis])
+            else:
+                shape.append(dim)
+        outs.append(tensors[0].new_empty(shape, dtype=TORCH_DTYPES[d.dtype]))
+    return outs
+
+
+def _register(variant):
+    """Defines ``kfuse::p<hash>`` (forward) and ``kfuse::p<hash>_vjp`` (backward w.r.t. every
+    float input, upstream gradients for every float output), with shape functions and autograd."""
+    key = hashlib.sha256(variant.native.graph_text().encode()).hexdigest()[:16]
+    name = f"p{key}"
+    with _LIB_LOCK:
+        if name in _REGISTERED:
+            return _REGISTERED[name]
+        lib = _library()
+        ins = variant.inputs
+        outs = variant.outputs
+        n_in = len(ins)
+        wrt = tuple(variant.float_inputs)
+        fl_out = tuple(variant.float_outputs)
+        sources = _sym_sources(ins)
+        args = ", ".join(f"Tensor in_{d.name}" for d in ins)
+        ret = "(" + ", ".join("Tensor" for _ in outs) + ")" if len(outs) != 1 else "Tensor"
+        lib.define(f"{name}({args}, bool validate=True) -> {ret}")
+        bargs = args + "".join(f", Tensor up_{outs[i].name}" for i in fl_out)
+        bret = "(" + ", ".join("Tensor" for _ in wrt) + ")" if len(wrt) != 1 else "Tensor"
+        if wrt:
+            lib.define(f"{name}_vjp({bargs}) -> {bret}")
+
+        def single(values, n):
+            return values[0] if n == 1 else tuple(values)
+
+        def fwd_impl(*a):
+            tensors, validate = list(a[:n_in]), (a[n_in] if len(a) > n_in else True)
+            return single(_run(variant.native, variant.names, [t.contiguous() for t in tensors], validate), len(outs))
+
+        def fwd_fake(*a):
+            return single(_fake_outputs(outs, ins, sources, a[:n_in]), len(outs))
+
+        lib.impl(name, fwd_impl, "CPU")
+        lib.impl(name, fwd_impl, "CUDA")
+        torch.library.register_fake(f"kfuse::{name}", fwd_fake, lib=lib)
+
+        if wrt:
+            vjp_op = getattr(torch.ops.kfuse, f"{name}_vjp")
+
+            def bwd_impl(*a):
+                tensors, ups = [t.contiguous() for t in a[:n_in]], a[n_in:]
+                return single(variant.backward(tensors, fl_out, list(ups), wrt), len(wrt))
+
+            def bwd_fake(*a):
+                return single([a[i].new_empty(a[i].shape) for i in wrt], len(wrt))
+
+            lib.impl(f"{name}_vjp", bwd_impl, "CPU")
+            lib.impl(f"{name}_vjp", bwd_impl, "CUDA")
+            torch.library.register_fake(f"kfuse::{name}_vjp", bwd_fake, lib=lib)
+
+            def setup_context(ctx, inputs, output):
+                ctx.save_for_backward(*inputs[:n_in])
+
+            def backward(ctx, *grads):
+                tensors = ctx.saved_tensors
+                ups = []
+                for i in fl_out:
+                    g = grads[i]
+                    ups.append(torch.zeros_like(_fake_like(outs[i], tensors, sources)) if g is None else g)
+                got = vjp_op(*tensors, *ups)
+                got = (got,) if len(wrt) == 1 else got
+                result = [None] * (n_in + 1)
+                for i, g in zip(wrt, got):
+                    result[i] = g
+                return tuple(result)
+
+            torch.library.register_autograd(f"kfuse::{name}", backward, setup_context=setup_context, lib=lib)
+        op = getattr(torch.ops.kfuse, name)
+        _REGISTERED[name] = op
+        return op
+
+
+def _fake_like(decl, tensors, sources):
+    return _fake_outputs([decl], None, sources, tensors)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The public class.
+
+
+class Program:
+    """A type-checked kfuse program, callable on torch tensors.
+
+    ``program(name=tensor, ...)`` takes every declared input by keyword and returns the outputs,
+    in declaration order, as an :class:`Outputs` mapping (``out["loss"]`` or ``out.loss``).
+    Any batch size runs without recompiling. ``validate=False`` skips the check of lengths/offsets
+    values on CUDA (it needs a synchronisation; the CPU path always checks).
+    """
+
+    def __init__(self, native):
+        self._native = native
+        self._base = _Variant(native)
+        self._variants = {}
+        self._lock = threading.Lock()
+        self._out_names = tuple(d.name for d in self._base.outputs)
+        self._spec = tuple((d.name, d.dtype, d.dtype in FLOAT) for d in self._base.inputs)
+        with _PROGRAMS_LOCK:
+            self._key = next(_KEYS)
+            _PROGRAMS[self._key] = self
+
+    @property
+    def name(self):
+        """Where the program came from (its file, or the name given to :func:`kfuse.compile`)."""
+        return self._native.origin
+
+    @property
+    def inputs(self):
+        """The declared inputs, as :class:`Decl` (name, dtype, shape, layout)."""
+        return list(self._base.inputs)
+
+    @property
+    def outputs(self):
+        """The declared outputs, in order, as :class:`Decl` (name, dtype, shape)."""
+        return list(self._base.outputs)
+
+    def cuda_source(self):
+        """The generated CUDA of every kernel the program runs as."""
+        return self._native.cuda_source()
+
+    def with_input_dtypes(self, **dtypes):
+        """The program with inputs declared at other dtypes (``pred="bf16"`` or torch dtypes)."""
+        pairs = [(n, KFUSE_DTYPES.get(d, d)) for n, d in dtypes.items()]
+        return Program(self._native.with_input_dtypes(pairs))
+
+    def vjp(self, *wrt):
+        """The derived backward program: inputs are this program's plus ``grad_<output>`` per
+        float output, outputs ``grad_<input>`` for each of `wrt`."""
+        return Program(self._native.vjp(list(wrt))[0])
+
+    def with_gradients(self, loss, *wrt):
+        """This program with ``grad_<input>`` outputs: the gradient of the scalar output `loss`."""
+        return Program(self._native.with_gradients(loss, list(wrt))[0])
+
+    def __repr__(self):
+        return repr(self._native)
+
+    def _variant(self, dtypes):
+        v = self._variants.get(dtypes)
+        if v is None:
+            with self._lock:
+                v = self._variants.get(dtypes)
+                if v is None:
+                    changes = [
+                        (d.name, got)
+                        for d, got in zip(self._base.inputs, dtypes)
+                        if got != d.dtype and d.dtype in FLOAT and got in FLOAT
+                    ]
+                    v = _Variant(self._native.with_input_dtypes(changes)) if changes else self._base
+                    self._variants[dtypes] = v
+        return v
+
+    def __call__(self, *args, validate=True, **tensors):
+        if args:
+            raise TypeError(f"{self.name}: inputs are given by keyword ({', '.join(self._base.names)})")
+        ordered = []
+        dtypes = []
+        where = None  # -1 for the CPU, else the CUDA ordinal
+        # The loop is the eager call's host cost: plain tuples, no torch.device objects.
+        for name, declared, is_float in self._spec:
+            t = tensors.get(name)
+            kd = _KD.get(t.dtype) if isinstance(t, torch.Tensor) else None
+            if kd != declared and not (is_float and kd in FLOAT):
+                self._bad_input(name, t)
+            if t.is_cuda:
+                w = t.get_device()
+            elif t.is_cpu:
+                w = -1
+            else:
+                raise InputError(f"input `{name}` is on {t.device}; kfuse runs on CPU and CUDA tensors")
+            if where is None:
+                where, first = w, name
+            elif w != where:
+                raise InputError(
+                    f"inputs are on different devices: `{first}` is on {ordered[0].device}, `{name}` on {t.device}"
+                )
+            if not t.is_contiguous():
+                t = t.contiguous()
+            ordered.append(t)
+            dtypes.append(kd)
+        if len(tensors) != len(ordered):
+            unknown = [n for n in tensors if n not in self._base.names]
+            raise InputError(f"unknown input `{unknown[0]}`; the inputs are: {', '.join(self._base.names)}")
+        dtypes = tuple(dtypes)
+        if torch.compiler.is_compiling():
+            # Traced by Dynamo: the operator is found at trace time (a constant), then called.
+            op = getattr(torch.ops.kfuse, _op_name(self._key, dtypes))
+            out = op(*ordered, validate=validate)
+            out = (out,) if len(self._out_names) == 1 else out
+            return Outputs(zip(self._out_names, out))
+        variant = self._variants.get(dtypes) or self._variant(dtypes)
+        wrt = ()
+        if torch.is_grad_enabled():
+            wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
+        if wrt:
+            fn = _Fused if variant.scalar_loss else _Derived
+            out = fn.apply(variant, validate, wrt, *ordered)
+        else:
+            # The outputs are new tensors that no autograd graph records.
+            out = _run(variant.native, variant.names, ordered, validate)
+        return Outputs(zip(self._out_names, out))
+
+    def _bad_input(self, name, t):
+        d = next(d for d in self._base.inputs if d.name == name)
+        if t is None:
+            raise InputError(f"missing input `{name}` (declared as {_decl_str(d)})")
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"input `{name}` must be a torch.Tensor, not {type(t).__name__}")
+        hint = " (kfuse floats are float32, float16 and bfloat16)" if d.dtype in FLOAT else ""
+        raise InputError(f"input `{name}` has dtype {t.dtype}, but is declared as {_decl_str(d)}{hint}")
+
+
+# Live programs by key, for the operator lookup under torch.compile (which sees only constants).
+_PROGRAMS = weakref.WeakValueDictionary()
+_KEYS = itertools.count()
+_PROGRAMS_LOCK = threading.Lock()
+
+
+@torch.compiler.assume_constant_result
+def _op_name(key, dtypes):
+    """The name of the custom operator of program `key` at input dtypes `dtypes`, registered on
+    first use. Dynamo runs this at trace time and keeps the result as a constant."""
+    op = _PROGRAMS[key]._variant(dtypes).ops()
+    return op._qualified_op_name.split("::", 1)[1]
+
+
+def _decl_str(d):
+    s = f"{d.dtype}[{', '.join(str(x) for x in d.shape)}]"
+    if d.layout is not None:
+        s += f" as {d.layout[0]}({d.layout[1]})"
+    return s
+
+
+def load(path):
+    """Reads a ``.kf`` file into a :class:`Program` (raises :class:`kfuse.ParseError`)."""
+    return Program(_kfuse.Program.load(str(path)))
+
+
+def compile(source, name="<source>"):  # noqa: A001 - mirrors the language's own word
+    """Parses ``.kf`` source into a :class:`Program`; `name` appears in error messages."""
+    return Program(_kfuse.Program.compile(source, name))
+
+
+__all__ = ["Program", "Outputs", "Decl", "load", "compile", "DeviceError"]

@@ -1,0 +1,27 @@
+//! `kfuse._kfuse`: the native half of the `kfuse` Python package.
+//!
+//! It exposes `Program` (a `kfuse::Program` of the process-wide engine: its interface, generated
+//! CUDA, derived backward programs, shape inference, the CPU reference interpreter and the CUDA
+//! launch) and `Mlp` (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
+//! dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device addresses for
+//! CUDA memory, so this module knows nothing of PyTorch; the glue in `kfuse/_program.py` does.
+//!
+//! Errors become the exceptions of `kfuse._errors` (`ParseError`, `InputError`, `DeviceError`,
+//! `Error`), see the `errors` module.
+#![deny(unsafe_code)]
+
+mod errors;
+mod mlp;
+mod program;
+mod shapes;
+
+use pyo3::prelude::*;
+
+/// The module `kfuse._kfuse`.
+#[pymodule]
+fn _kfuse(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<program::Program>()?;
+    m.add_class::<mlp::Mlp>()?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! The `Program` class: a type-checked `.kf` program seen from Python.
+
+use std::sync::OnceLock;
+
+use kfuse::{DType, Dim, Engine, HostTensor};
+use kfuse_ir::{Constraint, Shape};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::{self, Kind};
+use crate::shapes;
+
+/// The process-wide engine: the kernel cache (shared with the command-line tool through the disk
+/// cache) and the devices, each opened once.
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::with_cache(kfuse_runtime::KernelCache::global()))
+}
+
+/// A dimension as Python sees it: a symbol's name or a constant.
+#[derive(IntoPyObject)]
+pub enum PyDim {
+    Sym(String),
+    Const(u64),
+}
+
+/// One declared tensor: `(name, dtype, shape)`.
+type Decl = (String, &'static str, Vec<PyDim>);
+/// One declared input: `(name, dtype, shape, layout)`, the layout `None` or `(kind, dim)` with
+/// kind `"lengths"` or `"offsets"`.
+type InputDecl = (String, &'static str, Vec<PyDim>, Option<(&'static str, PyDim)>);
+/// Host data crossing the boundary: `(name, bytes, dtype, shape)`.
+type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
+/// Host data returned: `(name, bytes, dtype, shape)`.
+type HostOut<'py> = (String, Bound<'py, PyBytes>, &'static str, Vec<usize>);
+/// A shape crossing the boundary: `(name, dtype, shape)`.
+type ShapeArg = (String, String, Vec<usize>);
+/// A device tensor crossing the boundary: `(name, address, byte count, dtype, shape)`.
+type DeviceArg = (String, u64, u64, String, Vec<usize>);
+
+/// A `.kf` program, type-checked: its declared interface, generated CUDA, derived programs, shape
+/// inference and the CPU reference interpreter. Immutable; derived programs are new objects.
+#[pyclass(frozen, module = "kfuse._kfuse")]
+pub struct Program {
+    program: kfuse::Program,
+}
+
+pub fn parse_dtype(s: &str) -> PyResult<DType> {
+    Ok(match s {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        "i32" => DType::I32,
+        "bool" => DType::Bool,
+        _ => {
+            return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, bool")))
+        }
+    })
+}
+
+pub fn dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::I32 => "i32",
+        DType::Bool => "bool",
+    }
+}
+
+impl Program {
+    fn new(program: kfuse::Program) -> Program {
+        Program { program }
+    }
+
+    fn graph(&self) -> &kfuse::Graph {
+        self.program.graph()
+    }
+
+    fn derived(&self, graph: kfuse::Graph, origin: &str) -> PyResult<Program> {
+        let p = kfuse::Program::from_graph(engine(), graph, origin).map_err(errors::kfuse)?;
+        Ok(Program::new(p))
+    }
+
+    fn dim(&self, d: Dim) -> PyDim {
+        match d {
+            Dim::Const(c) => PyDim::Const(c),
+            Dim::Sym(_) => PyDim::Sym(self.graph().dim_str(d)),
+        }
+    }
+
+    fn shape(&self, s: &Shape) -> Vec<PyDim> {
+        s.0.iter().map(|&d| self.dim(d)).collect()
+    }
+
+    fn host_tensors(inputs: &[HostArg<'_>]) -> PyResult<Vec<(String, HostTensor)>> {
+        inputs
+            .iter()
+            .map(|(name, bytes, dtype, shape)| {
+                let dtype = parse_dtype(dtype)?;
+                let bytes = bytes.as_bytes();
+                let t = HostTensor::from_bytes(dtype, shape.clone(), bytes).ok_or_else(|| {
+                    let n: usize = shape.iter().product();
+                    errors::raise(
+                        Kind::Input,
+                        format!(
+                            "input `{name}`: {} bytes given for a {dtype}{shape:?} tensor, which holds {}",
+                            bytes.len(),
+                            n * dtype.size_bytes()
+                        ),
+                    )
+                })?;
+                Ok((name.clone(), t))
+            })
+            .collect()
+    }
+
+    fn sizes(&self, inputs: &[ShapeArg]) -> PyResult<Vec<u64>> {
+        let parsed: Vec<(&str, DType, &[usize])> =
+            inputs.iter().map(|(n, d, s)| Ok((n.as_str(), parse_dtype(d)?, s.as_slice()))).collect::<PyResult<_>>()?;
+        self.program.interface().bind_shapes(&parsed).map_err(|e| errors::bind(&e))
+    }
+}
+
+#[pymethods]
+impl Program {
+    /// Parses and type-checks `.kf` source; `name` names it in messages (`<name>`).
+    #[staticmethod]
+    fn compile(source: &str, name: &str) -> PyResult<Program> {
+        Ok(Program::new(kfuse::Program::compile(engine(), source, name).map_err(errors::kfuse)?))
+    }
+
+    /// Reads, parses and type-checks a `.kf` file.
+    #[staticmethod]
+    fn load(path: std::path::PathBuf) -> PyResult<Program> {
+        Ok(Program::new(kfuse::Program::load(engine(), &path).map_err(errors::kfuse)?))
+    }
+
+    /// Where the program came from.
+    #[getter]
+    fn origin(&self) -> &str {
+        self.program.origin()
+    }
+
+    /// The declared inputs: `(name, dtype, shape, layout)`.
+    #[getter]
+    fn inputs(&self) -> Vec<InputDecl> {
+        let graph = self.graph();
+        graph
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, inp)| {
+                let layout = graph.constraint_of(kfuse_ir::InputId(i as u32)).map(|c| {
+                    let kind = match c {
+                        Constraint::Lengths { .. } => "lengths",
+                        Constraint::Offsets { .. } => "offsets",
+                    };
+                    (kind, self.dim(c.dim()))
+                });
+                (inp.name.clone(), dtype_name(inp.dtype), self.shape(&inp.shape), layout)
+            })
+            .collect()
+    }
+
+    /// The declared outputs, in order: `(name, dtype, shape)`.
+    #[getter]
+    fn outputs(&self) -> Vec<Decl> {
+        let graph = self.graph();
+        graph
+            .outputs
+            .iter()
+            .map(|o| {
+                let n = graph.node(o.node);
+                (o.name.clone(), dtype_name(n.dtype), self.shape(&n.shape))
+            })
+            .collect()
+    }
+
+    /// The typed graph, one node per line, as `kfuse check` prints it.
+    fn graph_text(&self) -> String {
+        self.graph().to_string()
+    }
+
+    /// The CUDA source of every kernel the program runs as.
+    fn cuda_source(&self) -> String {
+        self.program.cuda_source()
+    }
+
+    /// The same program with some inputs declared at other dtypes (`[("pred", "bf16")]`); the
+    /// whole program is typed again, as if its source said so.
+    fn with_input_dtypes(&self, dtypes: Vec<(String, String)>) -> PyResult<Program> {
+        let parsed: Vec<(String, DType)> =
+            dtypes.into_iter().map(|(n, d)| Ok((n, parse_dtype(&d)?))).collect::<PyResult<_>>()?;
+        let graph = self.graph();
+        if let Some((name, _)) = parsed.iter().find(|(n, _)| graph.input_by_name(n).is_none()) {
+            let known = graph.inputs.iter().map(|i| format!("`{}`", i.name)).collect::<Vec<_>>().join(", ");
+            return Err(errors::raise(Kind::Input, format!("no input named `{name}` (inputs: {known})")));
+        }
+        let refs: Vec<(&str, DType)> = parsed.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+        Ok(Program::new(self.program.with_input_dtypes(&refs).map_err(errors::kfuse)?))
+    }
+
+    /// The vector–Jacobian product with respect to the inputs `wrt`: the derived program, the
+    /// `(output, upstream input)` pairs and the `(input, gradient output)` pairs.
+    #[allow(clippy::type_complexity)]
+    fn vjp(&self, wrt: Vec<String>) -> PyResult<(Program, Vec<(String, String)>, Vec<(String, String)>)> {
+        let names: Vec<&str> = wrt.iter().map(String::as_str).collect();
+        let d = kfuse::vjp(self.graph(), &names).map_err(|e| errors::kfuse(e.into()))?;
+        let origin = format!("vjp of {} w.r.t. {}", self.program.origin(), wrt.join(", "));
+        Ok((self.derived(d.graph, &origin)?, d.upstream, d.gradients))
+    }
+
+    /// The program with, after its outputs, the gradient of its scalar output `loss` with respect
+    /// to each of `wrt` (`grad_<input>`), in one fused program; and the `(input, output)` pairs.
+    fn with_gradients(&self, loss: &str, wrt: Vec<String>) -> PyResult<(Program, Vec<(String, String)>)> {
+        let names: Vec<&str> = wrt.iter().map(String::as_str).collect();
+        let d = kfuse::with_gradients(self.graph(), loss, &names).map_err(|e| errors::kfuse(e.into()))?;
+        let origin = format!("{} with gradients of `{loss}`", self.program.origin());
+        Ok((self.derived(d.graph, &origin)?, d.gradients))
+    }
+
+    /// The program with only the outputs named (in that order); what they do not need is dropped.
+    fn select_outputs(&self, names: Vec<String>) -> PyResult<Program> {
+        let graph = self.graph();
+        let mut g = graph.clone();
+        let mut outputs = Vec::with_capacity(names.len());
+        for name in &names {
+            let Some(o) = graph.output_by_name(name) else {
+                let known = graph.outputs.iter().map(|o| format!("`{}`", o.name)).collect::<Vec<_>>().join(", ");
+                return Err(errors::raise(Kind::Error, format!("no output named `{name}` (outputs: {known})")));
+            };
+            outputs.push(o.clone());
+        }
+        g.outputs = outputs;
+        let g =
+            kfuse_ir::GraphBuilder::from_graph(g).finish().map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
+        self.derived(g, &format!("{} (outputs {})", self.program.origin(), names.join(", ")))
+    }
+
+    /// Checks the inputs' names, dtypes and shapes, and returns the outputs' `(name, dtype,
+    /// shape)` in declaration order.
+    fn output_shapes(&self, inputs: Vec<ShapeArg>) -> PyResult<Vec<(String, &'static str, Vec<usize>)>> {
+        let sizes = self.sizes(&inputs)?;
+        Ok(shapes::output_shapes(self.graph(), &sizes).into_iter().map(|(n, d, s)| (n, dtype_name(d), s)).collect())
+    }
+
+    /// Checks the values of lengths/offsets inputs: `inputs` are all inputs' shapes, `values` the
+    /// `(name, bytes)` of the i32 metadata inputs (host copies).
+    fn check_layouts(&self, inputs: Vec<ShapeArg>, values: Vec<(String, Vec<u8>)>) -> PyResult<()> {
+        let sizes = self.sizes(&inputs)?;
+        let ints: Vec<(String, Vec<i32>)> = values
+            .into_iter()
+            .map(|(n, b)| (n, b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+            .collect();
+        let refs: Vec<(&str, &[i32])> = ints.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+        shapes::check_layouts(self.graph(), &sizes, &refs).map_err(|e| errors::bind(&e))
+    }
+
+    /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same
+    /// way out, in declaration order. Releases the GIL while it computes.
+    fn run_cpu<'py>(&self, py: Python<'py>, inputs: Vec<HostArg<'py>>) -> PyResult<Vec<HostOut<'py>>> {
+        let tensors = Program::host_tensors(&inputs)?;
+        let program = &self.program;
+        let result = py.detach(|| {
+            let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            program.run_cpu(&refs)
+        });
+        let outs = result.map_err(errors::kfuse)?;
+        Ok(outs
+            .into_iter()
+            .map(|(name, t)| (name, PyBytes::new(py, &t.to_bytes()), dtype_name(t.dtype()), t.shape.clone()))
+            .collect())
+    }
+
+    /// Launches the program on CUDA device `ordinal` and stream `stream` (a `cudaStream_t`, 0 for
+    /// the default stream) over memory that the caller owns: `(name, address, bytes, dtype,
+    /// shape)` for each input and output.
+    #[allow(unused_variables)]
+    fn launch(&self, ordinal: usize, stream: u64, inputs: Vec<DeviceArg>, outputs: Vec<DeviceArg>) -> PyResult<()> {
+        Err(errors::raise(
+            Kind::Device,
+            "CUDA launch from Python is not available in this build of kfuse; move the tensors to the CPU \
+             (the reference interpreter runs them)",
+        ))
+    }
+
+    fn __repr__(&self) -> String {
+        let graph = self.graph();
+        let ins: Vec<String> =
+            graph.inputs.iter().map(|i| format!("{}: {}{}", i.name, i.dtype, graph.shape_str(&i.shape))).collect();
+        let outs: Vec<&str> = graph.outputs.iter().map(|o| o.name.as_str()).collect();
+        format!("<kfuse.Program {} ({}) -> ({})>", self.program.origin(), ins.join(", "), outs.join(", "))
+    }
+}

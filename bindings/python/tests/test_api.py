@@ -1,0 +1,336 @@
+"""CPU tier: the package's API: interface, non-scalar outputs and their gradients, dtypes,
+non-contiguous inputs, torch.compile, the fused MLP, and every error with its message."""
+
+import os
+
+import pytest
+import torch
+
+import kfuse
+from kfuse import _kfuse
+from conftest import boxes, example
+
+PER_BOX = """
+# Per-box GIoU-like terms, a non-scalar output and a scalar one.
+input pred:    f32[B, N, 4]
+input target:  f32[B, N, 4]
+input lengths: i32[B] as lengths(N)
+let valid = mask(lengths)
+let d = pred - target
+let per = where(valid, sum(d * d, axis: -1) + sin(pred[.., 0]), 0)
+output per_box = per
+output total = sum(per)
+output valid_count = count(valid)
+"""
+
+
+def per_box_torch(pred, target, lengths):
+    valid = torch.arange(pred.shape[1])[None, :] < lengths[:, None].long()
+    d = pred - target
+    per = torch.where(valid, (d * d).sum(-1) + torch.sin(pred[..., 0]), torch.zeros(()))
+    return per, per.sum()
+
+
+def per_box_inputs(b=3, n=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "pred": boxes(gen, b, n).float(),
+        "target": boxes(gen, b, n).float(),
+        "lengths": torch.tensor([n, 0, 2, 1, n][:b], dtype=torch.int32),
+    }
+
+
+def test_interface_lists_declarations_layouts_and_cuda():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    assert prog.name.endswith("giou_lengths.kf")
+    (pred, target, lengths) = prog.inputs
+    assert (pred.name, pred.dtype, pred.shape, pred.layout) == ("pred", "f32", ("B", "N", 4), None)
+    assert (lengths.name, lengths.dtype, lengths.shape, lengths.layout) == ("lengths", "i32", ("B",), ("lengths", "N"))
+    assert [(d.name, d.dtype, d.shape) for d in prog.outputs] == [("loss", "f32", ())]
+    src = prog.cuda_source()
+    assert "__global__" in src and "#include" not in src
+    packed = kfuse.load(example("giou_packed.kf"))
+    assert packed.inputs[2].layout == ("offsets", "T")
+    assert "kfuse.Program" in repr(prog)
+
+
+def test_non_scalar_outputs_and_their_gradients():
+    prog = kfuse.compile(PER_BOX, name="per_box")
+    assert [d.name for d in prog.outputs] == ["per_box", "total", "valid_count"]
+    x = per_box_inputs()
+    ref = {k: v.double() if v.is_floating_point() else v for k, v in x.items()}
+    ref["pred"].requires_grad_()
+    ref["target"].requires_grad_()
+    per_ref, total_ref = per_box_torch(**ref)
+    for k in ("pred", "target"):
+        x[k].requires_grad_()
+    out = prog(**x)
+    torch.testing.assert_close(out.per_box.double(), per_ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.total.double(), total_ref.detach(), rtol=1e-5, atol=1e-5)
+    assert out.valid_count.dtype == torch.int32 and int(out.valid_count) == 5 + 0 + 2
+    assert not out.valid_count.requires_grad
+    # A random upstream gradient on the per-box output plus one on the scalar.
+    w = torch.randn(out.per_box.shape, generator=torch.Generator().manual_seed(4))
+    ((out.per_box * w).sum() + 0.5 * out.total).backward()
+    want = torch.autograd.grad((per_ref * w.double()).sum() + 0.5 * total_ref, [ref["pred"], ref["target"]])
+    torch.testing.assert_close(x["pred"].grad.double(), want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x["target"].grad.double(), want[1], rtol=1e-5, atol=1e-5)
+    # Padded rows get exactly 0.
+    assert torch.all(x["pred"].grad[1] == 0)
+
+
+def test_only_the_inputs_that_require_grad_get_one():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x = per_box_inputs(seed=2)
+    x["target"].requires_grad_()
+    prog(**x).loss.backward()
+    assert x["pred"].grad is None and x["target"].grad is not None
+
+
+def test_vjp_program_is_a_program():
+    prog = kfuse.compile(PER_BOX, name="per_box")
+    back = prog.vjp("pred")
+    assert [d.name for d in back.inputs] == ["pred", "target", "lengths", "grad_per_box", "grad_total"]
+    assert [d.name for d in back.outputs] == ["grad_pred"]
+    x = per_box_inputs()
+    g = back(**x, grad_per_box=torch.ones(3, 5), grad_total=torch.zeros(()))
+    assert g.grad_pred.shape == (3, 5, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_run_the_program_typed_at_their_dtype(dtype):
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x = per_box_inputs(seed=5)
+    want = prog(**x).loss
+    x["pred"], x["target"] = x["pred"].to(dtype), x["target"].to(dtype)
+    out = prog(**x)
+    assert out.loss.dtype == dtype
+    torch.testing.assert_close(out.loss.float(), want, rtol=3e-2, atol=3e-2)
+    x["pred"].requires_grad_()
+    prog(**x).loss.backward()
+    assert x["pred"].grad.dtype == dtype
+    # Explicitly, by value.
+    assert prog.with_input_dtypes(pred="bf16", target=torch.bfloat16).inputs[0].dtype == "bf16"
+
+
+def test_non_contiguous_inputs_give_the_same_result():
+    prog = kfuse.compile(PER_BOX, name="per_box")
+    x = per_box_inputs(b=4, n=6, seed=9)
+    want = prog(**x)
+    # The same values through transposed storage.
+    x2 = dict(x)
+    x2["pred"] = x["pred"].transpose(0, 1).contiguous().transpose(0, 1)
+    assert not x2["pred"].is_contiguous()
+    got = prog(**x2)
+    assert torch.equal(got.per_box, want.per_box)
+
+
+def test_empty_batches():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    out = prog(pred=torch.zeros(0, 3, 4), target=torch.zeros(0, 3, 4), lengths=torch.zeros(0, dtype=torch.int32))
+    assert float(out.loss) == 0.0
+    packed = kfuse.load(example("giou_packed.kf"))
+    out = packed(pred=torch.zeros(0, 4), target=torch.zeros(0, 4), offsets=torch.zeros(1, dtype=torch.int32))
+    assert float(out.loss) == 0.0
+
+
+def test_torch_compile_fullgraph_gives_the_same_values_and_gradients():
+    prog = kfuse.compile(PER_BOX, name="per_box")
+
+    def step(pred, target, lengths):
+        out = prog(pred=pred, target=target, lengths=lengths)
+        return (out.per_box * 2).sum() + out.total
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for b, n in [(3, 5), (4, 7)]:
+        x = per_box_inputs(b=b, n=n, seed=b)
+        xe = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
+        xc = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
+        eager = step(**xe)
+        eager.backward()
+        got = compiled(**xc)
+        got.backward()
+        torch.testing.assert_close(got, eager)
+        torch.testing.assert_close(xc["pred"].grad, xe["pred"].grad)
+        torch.testing.assert_close(xc["target"].grad, xe["target"].grad)
+
+
+def test_torch_compile_of_a_scalar_loss():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    compiled = torch.compile(lambda **x: prog(**x).loss, fullgraph=True, backend="aot_eager")
+    x = per_box_inputs(seed=11)
+    x["pred"].requires_grad_()
+    loss = compiled(**x)
+    loss.backward()
+    y = {k: v.detach().clone().requires_grad_(k == "pred") for k, v in x.items()}
+    want = prog(**y).loss
+    want.backward()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(x["pred"].grad, y["pred"].grad)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+def test_parse_errors_carry_the_position_and_the_caret_report():
+    with pytest.raises(kfuse.ParseError) as e:
+        kfuse.compile("input x: f32[N]\noutput y = x + undefined_thing\n", name="bad.kf")
+    err = e.value
+    assert isinstance(err, ValueError) and isinstance(err, kfuse.Error)
+    assert (err.file, err.line, err.column) == ("bad.kf", 2, 16)
+    text = str(err)
+    assert "undefined_thing" in text and "bad.kf:2:16" in text and "^" in text
+
+
+def test_a_missing_file_is_an_error():
+    with pytest.raises(kfuse.Error, match="cannot read .*nope.kf"):
+        kfuse.load("nope.kf")
+
+
+def test_input_errors_name_the_input():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x = per_box_inputs()
+    cases = [
+        (dict(x, lengths=None), r"missing input `lengths` \(declared as i32\[B\] as lengths\(N\)\)"),
+        (dict(x, extra=torch.zeros(1)), r"unknown input `extra`; the inputs are: pred, target, lengths"),
+        (dict(x, pred=x["pred"].double()), r"input `pred` has dtype torch.float64, but is declared as f32\[B, N, 4\]"),
+        (dict(x, lengths=x["lengths"].long()), r"input `lengths` has dtype torch.int64, but is declared as i32"),
+        (dict(x, pred=[1.0]), r"input `pred` must be a torch.Tensor, not list"),
+        (dict(x, pred=x["pred"][..., :3]), r"input `pred` has size 3 on axis 2, but the declaration f32\[B, N, 4\] fixes it at 4"),
+        (dict(x, target=x["target"][:, :2]), r"input `target` has N = 2 \(axis 1\), but `pred` already set N = 5"),
+        (dict(x, pred=x["pred"][0]), r"input `pred` has 2 axes"),
+        (dict(x, lengths=torch.tensor([5, 6, 0], dtype=torch.int32)), r"input `lengths`: lengths\[1\] = 6 is greater than N = 5"),
+        (dict(x, lengths=torch.tensor([5, -1, 0], dtype=torch.int32)), r"input `lengths`: lengths\[1\] = -1 is negative"),
+        (dict(x, pred=x["pred"].to("meta")), r"input `pred` is on meta; kfuse runs on CPU and CUDA tensors"),
+    ]
+    for kwargs, message in cases:
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        with pytest.raises(kfuse.InputError, match=message):
+            prog(**kwargs)
+    with pytest.raises(TypeError, match="by keyword"):
+        prog(x["pred"])
+
+
+def test_bad_offsets_name_the_input_and_position():
+    prog = kfuse.load(example("giou_packed.kf"))
+    p = torch.rand(5, 4)
+    for offsets, message in [
+        ([1, 5], r"offsets\[0\] = 1, but must be 0"),
+        ([0, 3, 2, 5], r"offsets\[2\] = 2 is less than offsets\[1\] = 3"),
+        ([0, 3], r"the last offset offsets\[1\] = 3 must equal T = 5"),
+        ([], r"input `offsets` is empty"),
+    ]:
+        with pytest.raises(kfuse.InputError, match=message):
+            prog(pred=p, target=p, offsets=torch.tensor(offsets, dtype=torch.int32))
+
+
+def test_derivation_errors():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    with pytest.raises(kfuse.Error, match="input `lengths` is i32; only float inputs have gradients"):
+        prog.vjp("lengths")
+    with pytest.raises(kfuse.Error, match="no input named `z`"):
+        prog.vjp("z")
+    per = kfuse.compile(PER_BOX, name="per_box")
+    with pytest.raises(kfuse.Error, match=r"the loss `per_box` must be a scalar float, but it is f32\[B, N\]"):
+        per.with_gradients("per_box", "pred")
+    with pytest.raises(kfuse.InputError, match="no input named `nope`"):
+        prog.with_input_dtypes(nope="f16")
+    with pytest.raises(kfuse.InputError, match="unknown dtype `f64`"):
+        prog.with_input_dtypes(pred="f64")
+
+
+def test_the_cuda_launch_of_this_build_is_a_device_error():
+    prog = _kfuse.Program.load(example("giou_lengths.kf"))
+    with pytest.raises(kfuse.DeviceError, match="not available in this build"):
+        prog.launch(0, 0, [], [])
+
+
+def test_outputs_mapping():
+    out = kfuse.compile(PER_BOX, name="per_box")(**per_box_inputs())
+    assert list(out) == ["per_box", "total", "valid_count"] and len(out) == 3
+    assert out["total"] is out.total
+    with pytest.raises(AttributeError, match="no output named 'nope'"):
+        out.nope
+    with pytest.raises(TypeError, match="read-only"):
+        out.total = 1
+    with pytest.raises(TypeError, match="read-only"):
+        out["total"] = 1
+
+
+# --- the fused MLP --------------------------------------------------------------------------
+
+
+def mlp_module():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.SiLU(), torch.nn.Linear(32, 24), torch.nn.GELU(), torch.nn.Linear(24, 8)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_mlp_cpu_path_matches_the_module(dtype):
+    module = mlp_module()
+    fused = kfuse.nn.FusedMLP.from_torch(module, dtype=dtype)
+    assert (fused.in_features, fused.out_features) == (16, 8)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        # The oracle: the module with its weights rounded to the stored dtype, in float64.
+        ref = mlp_module().double()
+        for p in ref.parameters():
+            p.copy_(p.to(dtype).double())
+        want = ref(x.double())
+    got = fused(x)
+    assert got.shape == (2, 5, 8) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_mlp_refuses_inputs_that_require_grad_and_bad_shapes():
+    fused = kfuse.nn.FusedMLP.from_torch(mlp_module())
+    with pytest.raises(kfuse.InputError, match="FusedMLP is for inference"):
+        fused(torch.randn(3, 16, requires_grad=True))
+    with pytest.raises(kfuse.InputError, match=r"shape \(3, 15\), but the model takes \[\.\.\., 16\]"):
+        fused(torch.randn(3, 15))
+    with torch.no_grad():
+        assert fused(torch.randn(3, 16, requires_grad=True)).shape == (3, 8)
+
+
+def test_export_mlp_writes_the_model_format(tmp_path):
+    path = tmp_path / "m.json"
+    desc = kfuse.export_mlp(mlp_module(), str(path), "bf16")
+    assert desc["format"] == "kfuse-mlp/1" and desc["dtype"] == "bf16"
+    assert [l["activation"] for l in desc["layers"]] == ["silu", "gelu", "none"]
+    assert os.path.exists(tmp_path / "m.safetensors")
+    assert kfuse.nn.FusedMLP.load(path).out_features == 8
+    with pytest.raises(kfuse.Error, match=r"module `1` \(Conv1d\) is not supported"):
+        kfuse.export_mlp(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Conv1d(1, 1, 1)), str(path))
+
+
+def test_nvrtc_is_found_in_its_wheel():
+    from importlib import metadata
+
+    from kfuse import _nvrtc
+
+    try:
+        metadata.version("nvidia-cuda-nvrtc")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the nvidia-cuda-nvrtc wheel is not installed in this environment")
+    path = _nvrtc.library_path()
+    assert path is not None and "libnvrtc.so.13" in os.path.basename(path)
+    assert _nvrtc.load() == path
+
+
+def test_shapes_and_layout_checks_without_data():
+    """The checks the CUDA path makes before a launch (shapes from Rust, lengths copied to the
+    host), exercised on the CPU."""
+    prog = _kfuse.Program.compile(PER_BOX, "per_box")
+    shapes = [("pred", "f32", [3, 5, 4]), ("target", "f32", [3, 5, 4]), ("lengths", "i32", [3])]
+    assert prog.output_shapes(shapes) == [("per_box", "f32", [3, 5]), ("total", "f32", []), ("valid_count", "i32", [])]
+    good = torch.tensor([5, 0, 2], dtype=torch.int32).numpy().tobytes()
+    prog.check_layouts(shapes, [("lengths", good)])
+    bad = torch.tensor([5, 0, 9], dtype=torch.int32).numpy().tobytes()
+    with pytest.raises(kfuse.InputError, match=r"input `lengths`: lengths\[2\] = 9 is greater than N = 5"):
+        prog.check_layouts(shapes, [("lengths", bad)])
+    with pytest.raises(kfuse.InputError, match=r"input `target` has N = 4 \(axis 1\), but `pred` already set N = 5"):
+        prog.output_shapes([shapes[0], ("target", "f32", [3, 4, 4]), shapes[2]])
+    with pytest.raises(kfuse.InputError, match=r"input `pred` has dtype f16, but is declared as f32"):
+        prog.output_shapes([("pred", "f16", [3, 5, 4]), *shapes[1:]])

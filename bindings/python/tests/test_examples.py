@@ -1,0 +1,205 @@
+"""CPU tier: every example through the Python package (the reference interpreter) against the same
+math written in torch in float64: outputs, and gradients with respect to every float input."""
+
+import zlib
+
+import pytest
+import torch
+
+import kfuse
+import refs
+from conftest import EXAMPLES, boxes, example
+
+SIZES = [(1, 1), (3, 5), (4, 17)]
+
+
+def predicate_batch(gen, b, n):
+    pred, target = boxes(gen, b, n), boxes(gen, b, n)
+    pad = torch.rand(b, n, generator=gen) < 0.3
+    target[..., 3] = torch.where(pad, torch.zeros(()), target[..., 3])
+    # Padding rows of pred hold garbage that must not leak into the loss.
+    pred[pad] = pred[pad] * 1e3
+    return {"pred": pred, "target": target}
+
+
+def lengths_batch(gen, b, n):
+    lengths = torch.randint(0, n + 1, (b,), generator=gen, dtype=torch.int32)
+    lengths[0] = n
+    pred, target = boxes(gen, b, n), boxes(gen, b, n)
+    return {"pred": pred, "target": target, "lengths": lengths}
+
+
+def packed_batch(gen, b, n):
+    counts = torch.randint(0, n + 1, (b,), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)]).to(torch.int32)
+    t = int(offsets[-1])
+    return {"pred": boxes(gen, t), "target": boxes(gen, t), "offsets": offsets}
+
+
+def logits_batch(gen, b, n):
+    logits = torch.randn(b, n + 2, generator=gen, dtype=torch.float64) * 2
+    targets = (torch.rand(b, n + 2, generator=gen) < 0.3).to(torch.float64)
+    return {"logits": logits, "targets": targets}
+
+
+def xent_batch(gen, b, n):
+    logits = torch.randn(b, n + 2, generator=gen, dtype=torch.float64) * 2
+    targets = torch.softmax(torch.randn(b, n + 2, generator=gen, dtype=torch.float64), -1)
+    return {"logits": logits, "targets": targets}
+
+
+def keypoint_batch(gen, b, n):
+    lengths = torch.randint(0, n + 1, (b,), generator=gen, dtype=torch.int32)
+    return {
+        "pred": torch.randn(b, n, 3, generator=gen, dtype=torch.float64),
+        "target": torch.randn(b, n, 3, generator=gen, dtype=torch.float64),
+        "lengths": lengths,
+    }
+
+
+def giou_pred(x):
+    return refs.masked_mean(refs.giou_terms(x["pred"], x["target"]), x["target"][..., 3] != 0)
+
+
+def giou_len(x):
+    n = x["pred"].shape[1]
+    return refs.masked_mean(refs.giou_terms(x["pred"], x["target"]), refs.lengths_mask(x["lengths"], n))
+
+
+def giou_packed(x):
+    per = refs.giou_terms(x["pred"], x["target"])
+    return per.sum() / max(per.shape[0], 1)
+
+
+def sl1_pred(x):
+    valid = (x["target"][..., 3] != 0)[..., None]
+    return refs.masked_mean(refs.smooth_l1_terms(x["pred"], x["target"]), valid)
+
+
+def sl1_len(x):
+    n = x["pred"].shape[1]
+    valid = refs.lengths_mask(x["lengths"], n)[..., None]
+    return refs.masked_mean(refs.smooth_l1_terms(x["pred"], x["target"]), valid)
+
+
+def sl1_packed(x):
+    per = refs.smooth_l1_terms(x["pred"], x["target"])
+    return per.sum() / max(per.numel(), 1)
+
+
+def keypoint(x):
+    d = x["pred"] - x["target"]
+    n = x["pred"].shape[1]
+    return refs.masked_mean((d * d).sum(-1), refs.lengths_mask(x["lengths"], n))
+
+
+def focal(x):
+    return refs.focal(x["logits"], x["targets"])
+
+
+def xent(x):
+    return refs.softmax_xent(x["logits"], x["targets"])
+
+
+# example stem -> (batch maker, loss in torch, the input a training example differentiates)
+CASES = {
+    "giou": (predicate_batch, giou_pred, None),
+    "giou_train": (predicate_batch, giou_pred, "pred"),
+    "giou_lengths": (lengths_batch, giou_len, None),
+    "giou_train_lengths": (lengths_batch, giou_len, "pred"),
+    "giou_packed": (packed_batch, giou_packed, None),
+    "giou_train_packed": (packed_batch, giou_packed, "pred"),
+    "smooth_l1": (predicate_batch, sl1_pred, None),
+    "smooth_l1_train": (predicate_batch, sl1_pred, "pred"),
+    "smooth_l1_train_lengths": (lengths_batch, sl1_len, "pred"),
+    "smooth_l1_train_packed": (packed_batch, sl1_packed, "pred"),
+    "keypoint_l2_train_lengths": (keypoint_batch, keypoint, "pred"),
+    "focal": (logits_batch, focal, None),
+    "focal_train": (logits_batch, focal, "logits"),
+    "softmax_xent": (xent_batch, xent, None),
+    "softmax_xent_train": (xent_batch, xent, "logits"),
+}
+
+
+def test_every_example_has_a_case():
+    stems = sorted(p.stem for p in EXAMPLES.glob("*.kf"))
+    assert stems == sorted(CASES), "add the new example to CASES"
+
+
+def as_kfuse(x):
+    """float64 reference inputs as the f32 tensors kfuse takes (ints stay i32)."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in x.items()}
+
+
+def reference(stem, x):
+    """The outputs of example `stem` on inputs `x` (float64): loss, and d loss / d input."""
+    _, loss_fn, wrt = CASES[stem]
+    x = {k: v.clone().requires_grad_(v.is_floating_point()) for k, v in x.items()}
+    loss = loss_fn(x)
+    out = {"loss": loss.detach()}
+    if wrt is not None:
+        (g,) = torch.autograd.grad(loss, x[wrt])
+        out["d" + wrt] = g
+    return out
+
+
+def close(got, want, what, rtol=2e-4, atol=2e-5):
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("stem", sorted(CASES))
+@pytest.mark.parametrize("b,n", SIZES)
+def test_outputs_match_torch_in_float64(stem, b, n):
+    prog = kfuse.load(example(f"{stem}.kf"))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{stem} {b} {n}".encode()))
+    x = CASES[stem][0](gen, b, n)
+    out = prog(**as_kfuse(x))
+    want = reference(stem, x)
+    assert list(out) == [d.name for d in prog.outputs] == list(want)
+    for name, w in want.items():
+        assert out[name].dtype == torch.float32
+        close(out[name], w, f"{stem} {name}")
+
+
+@pytest.mark.parametrize("stem", sorted(CASES))
+def test_gradients_of_every_float_input_match_torch_autograd(stem):
+    prog = kfuse.load(example(f"{stem}.kf"))
+    gen = torch.Generator().manual_seed(7)
+    x = CASES[stem][0](gen, 3, 6)
+    loss_fn = CASES[stem][1]
+    floats = [k for k, v in x.items() if v.is_floating_point()]
+    ref = {k: v.clone().requires_grad_(k in floats) for k, v in x.items()}
+    want = torch.autograd.grad(loss_fn(ref), [ref[k] for k in floats])
+    inputs = {k: v.clone().requires_grad_(k in floats) for k, v in as_kfuse(x).items()}
+    out = prog(**inputs)
+    # Scaled, so that the backward's use of the upstream gradient is checked too.
+    (out.loss * 2.5).backward()
+    for k, w in zip(floats, want):
+        assert inputs[k].grad is not None, f"{stem}: no gradient for `{k}`"
+        assert inputs[k].grad.dtype == torch.float32
+        close(inputs[k].grad, 2.5 * w, f"{stem} d loss / d {k}")
+
+
+@pytest.mark.parametrize("layout", ["lengths", "packed"])
+def test_with_gradients_of_the_forward_example_is_the_training_example(layout):
+    fwd = kfuse.load(example(f"giou_{layout}.kf"))
+    train = kfuse.load(example(f"giou_train_{layout}.kf"))
+    derived = fwd.with_gradients("loss", "pred")
+    assert [d.name for d in derived.outputs] == ["loss", "grad_pred"]
+    # The same graph node for node (the generated code differs only in the hash of the names).
+    assert derived._native.graph_text() == train._native.graph_text().replace("dpred", "grad_pred")
+    gen = torch.Generator().manual_seed(3)
+    x = as_kfuse((lengths_batch if layout == "lengths" else packed_batch)(gen, 4, 9))
+    a, b = derived(**x), train(**x)
+    assert torch.equal(a.loss, b.loss) and torch.equal(a.grad_pred, b.dpred)
+
+
+def test_no_gradient_is_computed_without_requires_grad():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x = as_kfuse(lengths_batch(torch.Generator().manual_seed(1), 2, 3))
+    out = prog(**x)
+    assert out.loss.grad_fn is None and not out.loss.requires_grad
+    with torch.no_grad():
+        x["pred"].requires_grad_()
+        assert prog(**x).loss.grad_fn is None
