@@ -13,7 +13,7 @@ use kfuse_codegen::{BufferDecl, BufferKind, Launch, Param, Plan};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
-use crate::{Error, Program, Result};
+use crate::{Error, Result};
 
 /// A tensor in device memory: a buffer (usually borrowed from a framework with
 /// [`Gpu::borrow_memory`]), its dtype and its row-major, contiguous shape.
@@ -72,11 +72,6 @@ impl Drop for Workspace {
 }
 
 impl CudaProgram {
-    /// Loads the kernels of `program`'s plan on `gpu` (compiled through the kernel cache).
-    pub fn prepare(gpu: &Arc<Gpu>, program: &Program) -> Result<CudaProgram> {
-        CudaProgram::from_plan(gpu, program.plan().clone())
-    }
-
     /// Loads the kernels of a plan.
     pub fn from_plan(gpu: &Arc<Gpu>, plan: Arc<Plan>) -> Result<CudaProgram> {
         let functions =
@@ -247,7 +242,7 @@ impl CudaProgram {
     /// Launches the plan on `stream` with inputs and outputs already in device memory: checks
     /// names, dtypes, shapes, buffer sizes and devices, then queues the kernels. No host
     /// synchronisation and no allocation, except when `workspace` must grow (see
-    /// [`Program::launch`]). The values of `lengths` / `offsets` inputs are not checked (they are on
+    /// [`Program::launch`](crate::Program::launch)). The values of `lengths` / `offsets` inputs are not checked (they are on
     /// the device): they must keep their declared promises.
     pub fn launch_device(
         &self,

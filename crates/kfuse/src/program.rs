@@ -227,3 +227,10 @@ impl std::fmt::Debug for Program {
             .finish_non_exhaustive()
     }
 }
+
+impl CudaProgram {
+    /// Loads the kernels of `program`'s plan on `gpu` (compiled through the kernel cache).
+    pub fn prepare(gpu: &Arc<kfuse_runtime::Gpu>, program: &Program) -> Result<CudaProgram> {
+        CudaProgram::from_plan(gpu, program.plan().clone())
+    }
+}
