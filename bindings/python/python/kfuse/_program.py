@@ -11,8 +11,12 @@ those dtypes, by value), checks the inputs, and runs:
   scales the saved gradients by the upstream gradient; otherwise the backward runs the derived
   vector-Jacobian product program (``vjp``) of the outputs that received a gradient.
 * under ``torch.compile`` the program is a custom operator (``torch.ops.kfuse.*``) with a shape
-  function and a registered backward, so the graph has no break. Eager calls do not go through the
-  dispatcher.
+  function and a registered backward (the fused loss + gradients operator, or the forward and its
+  VJP operator), so the graph has no break. Eager calls do not go through the dispatcher.
+
+In this build the CUDA path computes output shapes, allocates the outputs and checks
+lengths/offsets, but ``_kfuse.Program.launch`` raises :class:`kfuse.DeviceError` (not available
+in this build).
 """
 
 import ctypes
