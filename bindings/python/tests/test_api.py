@@ -167,6 +167,10 @@ def test_torch_compile_of_a_scalar_loss():
     want.backward()
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(x["pred"].grad, y["pred"].grad)
+    # The compiled step ran the loss and its gradient as one operator (gradient w.r.t. input 0).
+    from kfuse import _program
+
+    assert any(name.endswith("_g0") for name in _program._REGISTERED), sorted(_program._REGISTERED)
 
 
 # --- errors ---------------------------------------------------------------------------------

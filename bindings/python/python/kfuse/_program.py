@@ -11,8 +11,12 @@ those dtypes, by value), checks the inputs, and runs:
   scales the saved gradients by the upstream gradient; otherwise the backward runs the derived
   vector-Jacobian product program (``vjp``) of the outputs that received a gradient.
 * under ``torch.compile`` the program is a custom operator (``torch.ops.kfuse.*``) with a shape
-  function and a registered backward, so the graph has no break. Eager calls do not go through the
-  dispatcher.
+  function and a registered backward (the fused loss + gradients operator, or the forward and its
+  VJP operator), so the graph has no break. Eager calls do not go through the dispatcher.
+
+In this build the CUDA path computes output shapes, allocates the outputs and checks
+lengths/offsets, but ``_kfuse.Program.launch`` raises :class:`kfuse.DeviceError` (not available
+in this build).
 """
 
 import ctypes
@@ -151,10 +155,11 @@ class _Variant:
         self.float_outputs = [i for i, d in enumerate(self.outputs) if d.dtype in FLOAT]
         # The fused loss + gradient path: one float output, a scalar.
         self.scalar_loss = len(self.float_outputs) == 1 and len(self.outputs[self.float_outputs[0]].shape) == 0
-        self._lock = threading.Lock()
+        # Re-entrant: registering the fused operator derives the gradient program.
+        self._lock = threading.RLock()
         self._grads = {}
         self._vjps = {}
-        self._ops = None
+        self._ops = {}
 
     def with_gradients(self, wrt):
         """``(program, gradient output index per wrt)`` for the fused loss + gradients."""
@@ -188,12 +193,16 @@ class _Variant:
         ups = [u.to(TORCH_DTYPES[self.outputs[i].dtype]).contiguous() for i, u in zip(outputs, upstream)]
         return _run(prog, names, list(tensors) + ups, validate=False)
 
-    def ops(self):
-        """The custom operators of this variant (registered on first use under torch.compile)."""
+    def ops(self, fused=()):
+        """The custom operator of this variant (registered on first use under torch.compile):
+        the plain forward, or with `fused` (float input indices) the loss and its gradients with
+        respect to those inputs in one operator whose backward scales them."""
         with self._lock:
-            if self._ops is None:
-                self._ops = _register(self)
-            return self._ops
+            op = self._ops.get(fused)
+            if op is None:
+                op = _register_fused(self, fused) if fused else _register(self)
+                self._ops[fused] = op
+            return op
 
 
 class _Fused(torch.autograd.Function):
@@ -362,6 +371,56 @@ def _register(variant):
         return op
 
 
+def _register_fused(variant, wrt):
+    """Defines ``kfuse::p<hash>_g<inputs>``: the outputs of a program whose only float output is a
+    scalar loss, followed by the loss's gradients with respect to the inputs `wrt` (one run of the
+    ``with_gradients`` program). Its backward scales the saved gradients by the loss's upstream
+    gradient, so forward and backward together are one launch."""
+    key = hashlib.sha256(variant.native.graph_text().encode()).hexdigest()[:16]
+    name = f"p{key}_g" + "_".join(str(i) for i in wrt)
+    with _LIB_LOCK:
+        if name in _REGISTERED:
+            return _REGISTERED[name]
+        lib = _library()
+        ins, outs = variant.inputs, variant.outputs
+        n_in, n_out = len(ins), len(outs)
+        loss_index = variant.float_outputs[0]
+        sources = _sym_sources(ins)
+        prog, grad_index = variant.with_gradients(wrt)
+        args = ", ".join(f"Tensor in_{d.name}" for d in ins)
+        ret = "(" + ", ".join("Tensor" for _ in range(n_out + len(wrt))) + ")"
+        lib.define(f"{name}({args}, bool validate=True) -> {ret}")
+
+        def impl(*a):
+            tensors, validate = [t.contiguous() for t in a[:n_in]], (a[n_in] if len(a) > n_in else True)
+            got = _run(prog, variant.names, tensors, validate)
+            return tuple(got[:n_out] + [got[i] for i in grad_index])
+
+        def fake(*a):
+            tensors = a[:n_in]
+            return tuple(_fake_outputs(outs, ins, sources, tensors) + [tensors[i].new_empty(tensors[i].shape) for i in wrt])
+
+        lib.impl(name, impl, "CPU")
+        lib.impl(name, impl, "CUDA")
+        torch.library.register_fake(f"kfuse::{name}", fake, lib=lib)
+
+        def setup_context(ctx, inputs, output):
+            ctx.save_for_backward(*output[n_out:])
+
+        def backward(ctx, *grads):
+            result = [None] * (n_in + 1)
+            up = grads[loss_index]
+            if up is not None:
+                for i, g in zip(wrt, ctx.saved_tensors):
+                    result[i] = g * up.to(g.dtype)
+            return tuple(result)
+
+        torch.library.register_autograd(f"kfuse::{name}", backward, setup_context=setup_context, lib=lib)
+        op = getattr(torch.ops.kfuse, name)
+        _REGISTERED[name] = op
+        return op
+
+
 def _fake_like(decl, tensors, sources):
     return _fake_outputs([decl], None, sources, tensors)[0]
 
@@ -475,10 +534,13 @@ class Program:
         dtypes = tuple(dtypes)
         if torch.compiler.is_compiling():
             # Traced by Dynamo: the operator is found at trace time (a constant), then called.
-            op = getattr(torch.ops.kfuse, _op_name(self._key, dtypes))
+            grad = torch.is_grad_enabled()
+            requires_grad = tuple(grad and t.requires_grad for t in ordered)
+            op = getattr(torch.ops.kfuse, _op_name(self._key, dtypes, requires_grad))
             out = op(*ordered, validate=validate)
-            out = (out,) if len(self._out_names) == 1 else out
-            return Outputs(zip(self._out_names, out))
+            n = len(self._out_names)
+            out = (out,) if n == 1 and not isinstance(out, (tuple, list)) else out
+            return Outputs(zip(self._out_names, out[:n]))
         variant = self._variants.get(dtypes) or self._variant(dtypes)
         wrt = ()
         if torch.is_grad_enabled():
@@ -508,11 +570,15 @@ _PROGRAMS_LOCK = threading.Lock()
 
 
 @torch.compiler.assume_constant_result
-def _op_name(key, dtypes):
+def _op_name(key, dtypes, requires_grad):
     """The name of the custom operator of program `key` at input dtypes `dtypes`, registered on
-    first use. Dynamo runs this at trace time and keeps the result as a constant."""
-    op = _PROGRAMS[key]._variant(dtypes).ops()
-    return op._qualified_op_name.split("::", 1)[1]
+    first use: for a scalar loss whose gradient is wanted (`requires_grad` per input), the fused
+    loss + gradients operator. Dynamo runs this at trace time and keeps the result a constant."""
+    variant = _PROGRAMS[key]._variant(dtypes)
+    fused = ()
+    if variant.scalar_loss:
+        fused = tuple(i for i in variant.float_inputs if requires_grad[i])
+    return variant.ops(fused)._qualified_op_name.split("::", 1)[1]
 
 
 def _decl_str(d):
