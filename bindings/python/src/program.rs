@@ -157,6 +157,14 @@ impl Program {
             .collect()
     }
 
+    /// The positions of the inputs declared `as lengths(..)` or `as offsets(..)` (cheap: what a
+    /// call checks before a launch).
+    #[getter]
+    fn layout_inputs(&self) -> Vec<usize> {
+        let graph = self.graph();
+        (0..graph.inputs.len()).filter(|&i| graph.constraint_of(kfuse_ir::InputId(i as u32)).is_some()).collect()
+    }
+
     /// The declared outputs, in order: `(name, dtype, shape)`.
     #[getter]
     fn outputs(&self) -> Vec<Decl> {

@@ -117,31 +117,35 @@ if _raw_stream is None:  # pragma: no cover - older torch
         return torch.cuda.current_stream(index).cuda_stream
 
 
-def _device_arg(name, t):
-    """``(name, address, bytes, dtype, shape)`` of a contiguous CUDA tensor."""
-    return (name, t.data_ptr(), t.numel() * t.element_size(), _KD[t.dtype], t.shape)
-
-
 def _run_cuda(native, names, tensors, validate):
     """Launches on the current stream of the tensors' device; outputs from PyTorch's allocator,
     no host synchronisation (except reading lengths/offsets values when `validate`)."""
-    device = tensors[0].device
     shapes = [(n, _KD[t.dtype], t.shape) for n, t in zip(names, tensors)]
     if validate:
-        meta = [(n, _host_arg(n, t.cpu())[1]) for n, t, d in zip(names, tensors, native.inputs) if d[3] is not None]
-        if meta:
+        layouts = native.layout_inputs
+        if layouts:
+            meta = [(names[i], _host_arg(names[i], tensors[i].cpu())[1]) for i in layouts]
             native.check_layouts(shapes, meta)
+    device = tensors[0].device
     out_decls = native.output_shapes(shapes)
     outs = [torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device) for _, dtype, shape in out_decls]
-    # kfuse's kernels load small trailing axes as vectors: a view that does not start 16-byte
-    # aligned is copied (the copies stay referenced here until the launch is queued).
-    tensors = [t.clone() if t.data_ptr() & 15 else t for t in tensors]
+    args = []
+    copies = []  # referenced until the launch is queued
+    for (n, dtype, shape), t in zip(shapes, tensors):
+        ptr = t.data_ptr()
+        if ptr & 15:
+            # kfuse's kernels load small trailing axes as vectors: a view that does not start
+            # 16-byte aligned is copied.
+            t = t.clone()
+            copies.append(t)
+            ptr = t.data_ptr()
+        args.append((n, ptr, t.nbytes, dtype, shape))
     index = device.index
     native.launch(
         index,
         _raw_stream(index),
-        [_device_arg(n, t) for n, t in zip(names, tensors)],
-        [_device_arg(n, t) for (n, _, _), t in zip(out_decls, outs)],
+        args,
+        [(n, t.data_ptr(), t.nbytes, dtype, shape) for (n, dtype, shape), t in zip(out_decls, outs)],
     )
     return outs
 
