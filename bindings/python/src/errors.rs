@@ -75,8 +75,23 @@ pub fn kfuse(e: kfuse::Error) -> PyErr {
             | kfuse_mlp::MlpError::InputRank { .. }
             | kfuse_mlp::MlpError::InputWidth { .. },
         ) => Kind::Input,
-        E::Runtime(_) => Kind::Device,
+        E::Runtime(r) => return runtime(r),
         _ => Kind::Error,
     };
     raise(kind, e.to_string())
+}
+
+/// What to install when the driver or NVRTC is missing, appended to the runtime's message.
+const INSTALL_DRIVER: &str = "install the NVIDIA driver (kfuse loads libcuda.so from it), or run on CPU tensors";
+const INSTALL_NVRTC: &str = "pip install nvidia-cuda-nvrtc==13.0.88 (a dependency of the kfuse package)";
+
+/// A runtime error: `kfuse.DeviceError`, saying what to install when something is missing.
+pub fn runtime(e: &kfuse_runtime::RuntimeError) -> PyErr {
+    use kfuse_runtime::RuntimeError as R;
+    let message = match e {
+        R::DriverMissing => format!("{e}; {INSTALL_DRIVER}"),
+        R::NvrtcMissing => format!("{e}; {INSTALL_NVRTC}"),
+        _ => e.to_string(),
+    };
+    raise(Kind::Device, message)
 }

@@ -2,14 +2,20 @@
 //!
 //! It exposes `Program` (a `kfuse::Program` of the process-wide engine: its interface, generated
 //! CUDA, derived backward programs, shape inference, the CPU reference interpreter and the CUDA
-//! launch) and `Mlp` (a fused MLP's CPU path). Tensors cross the boundary as plain values: `(name, bytes,
-//! dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device addresses for
-//! CUDA memory, so this module knows nothing of PyTorch; the glue in `kfuse/_program.py` does.
+//! launch), `Mlp` (a fused MLP: its CPU path, and its fused kernel per device and dtype) and
+//! `cache_info()` (kernel-cache counters and the functions loaded per device). Tensors cross the
+//! boundary as plain values: `(name, bytes, dtype, shape)` for host data, `(name, dtype, shape)`
+//! for shapes, and raw device addresses for CUDA memory, so this module knows nothing of
+//! PyTorch; the glue in `kfuse/_program.py` does.
 //!
 //! Errors become the exceptions of `kfuse._errors` (`ParseError`, `InputError`, `DeviceError`,
 //! `Error`), see the `errors` module.
+//!
+//! Unsafe code is denied except in one function, `device::borrow`, which borrows PyTorch's
+//! memory and stream for a launch.
 #![deny(unsafe_code)]
 
+mod device;
 mod errors;
 mod mlp;
 mod program;
@@ -22,6 +28,7 @@ use pyo3::prelude::*;
 fn _kfuse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<program::Program>()?;
     m.add_class::<mlp::Mlp>()?;
+    m.add_function(wrap_pyfunction!(device::cache_info, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,10 +1,16 @@
-//! The `Mlp` class: a fused MLP (model.json + safetensors) on the CPU interpreter path.
+//! The `Mlp` class: a fused MLP (model.json + safetensors) on the CPU interpreter path, and as
+//! the fused kernel on CUDA devices (one `kfuse::mlp::MlpProgram` per device and dtype).
 
-use kfuse_ir::HostTensor;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use kfuse::mlp::{MlpOptions, MlpProgram};
+use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::{MlpError, MlpModel};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::device::{self, engine};
 use crate::errors::{self, Kind};
 use crate::program::{dtype_name, parse_dtype};
 
@@ -12,6 +18,26 @@ use crate::program::{dtype_name, parse_dtype};
 #[pyclass(frozen, module = "kfuse._kfuse")]
 pub struct Mlp {
     model: MlpModel,
+    /// The model compiled and uploaded per (device ordinal, input and output dtype), on first use.
+    programs: Mutex<HashMap<(usize, DType), Arc<MlpProgram>>>,
+}
+
+impl Mlp {
+    /// The program for device `ordinal` and rows of `dtype` (in and out), compiled on first use
+    /// (tiered: the first calls may run a quickly compiled form while the optimised kernel
+    /// compiles in the background). The GIL is released while it compiles.
+    fn program(&self, py: Python<'_>, ordinal: usize, dtype: DType) -> PyResult<Arc<MlpProgram>> {
+        if let Some(p) = self.programs.lock().unwrap_or_else(|e| e.into_inner()).get(&(ordinal, dtype)) {
+            return Ok(p.clone());
+        }
+        device::device(ordinal)?;
+        let model = self.model.clone();
+        let made = py
+            .detach(|| MlpProgram::on_engine(engine(), ordinal, model, MlpOptions::for_dtypes(dtype, dtype)))
+            .map_err(errors::kfuse)?;
+        let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(programs.entry((ordinal, dtype)).or_insert_with(|| Arc::new(made)).clone())
+    }
 }
 
 fn mlp_error(e: MlpError) -> PyErr {
@@ -27,7 +53,7 @@ impl Mlp {
     /// Loads `model.json` and the weights it names.
     #[staticmethod]
     fn load(path: std::path::PathBuf) -> PyResult<Mlp> {
-        Ok(Mlp { model: MlpModel::load(&path).map_err(mlp_error)? })
+        Ok(Mlp { model: MlpModel::load(&path).map_err(mlp_error)?, programs: Mutex::new(HashMap::new()) })
     }
 
     #[getter]
@@ -62,6 +88,57 @@ impl Mlp {
         let model = &self.model;
         let out = py.detach(|| kfuse_mlp::run_cpu(model, &input)).map_err(mlp_error)?;
         Ok((PyBytes::new(py, &out.to_bytes()), dtype_name(out.dtype()), out.shape.clone()))
+    }
+
+    /// Queues the model on CUDA device `ordinal`, stream `stream` (a `cudaStream_t` of that
+    /// device, 0 for the legacy default stream): `rows` rows of `dtype` at `input` (`in_bytes`
+    /// bytes) into `output` (`out_bytes` bytes), memory that the caller keeps alive for the call.
+    /// No host synchronisation for the fused kernel. The first call per device and dtype compiles
+    /// (GIL released).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        ordinal: usize,
+        stream: u64,
+        input: u64,
+        in_bytes: u64,
+        output: u64,
+        out_bytes: u64,
+        rows: usize,
+        dtype: &str,
+    ) -> PyResult<()> {
+        let dt = parse_dtype(dtype)?;
+        let size = dt.size_bytes() as u64;
+        let rows_u = rows as u64;
+        for (role, bytes, width) in
+            [("input", in_bytes, self.model.input_width()), ("output", out_bytes, self.model.output_width())]
+        {
+            let want = rows_u.saturating_mul(width as u64).saturating_mul(size);
+            if bytes < want {
+                return Err(errors::raise(
+                    Kind::Input,
+                    format!("the {role} holds {bytes} bytes; {rows} rows of {width} {dt} need {want}"),
+                ));
+            }
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        device::check_aligned([("input", "x", input), ("output", "out", output)])?;
+        let program = self.program(py, ordinal, dt)?;
+        let gpu = program.gpu().clone();
+        let (stream, buffers) = device::borrow(&gpu, stream, &[(input, in_bytes), (output, out_bytes)])?;
+        py.detach(|| program.launch(&stream, &buffers[0], &buffers[1], rows)).map_err(errors::kfuse)
+    }
+
+    /// Blocks until every compiled program (device and dtype) uses its optimised kernel; returns
+    /// how many there are.
+    fn wait_optimized(&self, py: Python<'_>) -> PyResult<usize> {
+        let programs: Vec<Arc<MlpProgram>> =
+            self.programs.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        py.detach(|| programs.iter().try_for_each(|p| p.wait_optimized().map(|_| ()))).map_err(errors::kfuse)?;
+        Ok(programs.len())
     }
 
     fn __repr__(&self) -> String {

@@ -1,21 +1,14 @@
 //! The `Program` class: a type-checked `.kf` program seen from Python.
 
-use std::sync::OnceLock;
-
-use kfuse::{DType, Dim, Engine, HostTensor};
+use kfuse::{DType, DeviceTensor, Dim, HostTensor};
 use kfuse_ir::{Constraint, Shape};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedStr;
 use pyo3::types::PyBytes;
 
+use crate::device::{self, engine};
 use crate::errors::{self, Kind};
 use crate::shapes;
-
-/// The process-wide engine: the kernel cache (shared with the command-line tool through the disk
-/// cache) and the devices, each opened once.
-fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| Engine::with_cache(kfuse_runtime::KernelCache::global()))
-}
 
 /// A dimension as Python sees it: a symbol's name or a constant.
 #[derive(IntoPyObject)]
@@ -35,8 +28,9 @@ type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
 type HostOut<'py> = (String, Bound<'py, PyBytes>, &'static str, Vec<usize>);
 /// A shape crossing the boundary: `(name, dtype, shape)`.
 type ShapeArg = (String, String, Vec<usize>);
-/// A device tensor crossing the boundary: `(name, address, byte count, dtype, shape)`.
-type DeviceArg = (String, u64, u64, String, Vec<usize>);
+/// A device tensor crossing the boundary: `(name, address, byte count, dtype, shape)`; the
+/// strings are read in place.
+type DeviceArg = (PyBackedStr, u64, u64, PyBackedStr, Vec<usize>);
 
 /// A `.kf` program, type-checked: its declared interface, generated CUDA, derived programs, shape
 /// inference and the CPU reference interpreter. Immutable; derived programs are new objects.
@@ -163,6 +157,14 @@ impl Program {
             .collect()
     }
 
+    /// The positions of the inputs declared `as lengths(..)` or `as offsets(..)` (cheap: what a
+    /// call checks before a launch).
+    #[getter]
+    fn layout_inputs(&self) -> Vec<usize> {
+        let graph = self.graph();
+        (0..graph.inputs.len()).filter(|&i| graph.constraint_of(kfuse_ir::InputId(i as u32)).is_some()).collect()
+    }
+
     /// The declared outputs, in order: `(name, dtype, shape)`.
     #[getter]
     fn outputs(&self) -> Vec<Decl> {
@@ -273,16 +275,36 @@ impl Program {
             .collect())
     }
 
-    /// Launches the program on CUDA device `ordinal` and stream `stream` (a `cudaStream_t`, 0 for
-    /// the default stream) over memory that the caller owns: `(name, address, bytes, dtype,
-    /// shape)` for each input and output.
-    #[allow(unused_variables)]
-    fn launch(&self, ordinal: usize, stream: u64, inputs: Vec<DeviceArg>, outputs: Vec<DeviceArg>) -> PyResult<()> {
-        Err(errors::raise(
-            Kind::Device,
-            "CUDA launch from Python is not available in this build of kfuse; move the tensors to the CPU \
-             (the reference interpreter runs them)",
-        ))
+    /// Launches the program on CUDA device `ordinal` and stream `stream` (a `cudaStream_t` of
+    /// that device, 0 for the legacy default stream) over memory that the caller owns and keeps
+    /// alive for the call: `(name, address, bytes, dtype, shape)` for each input and each output
+    /// (declaration order), 16-byte aligned. Queues the kernels and returns: no host
+    /// synchronisation. The first launch on a device loads the kernels (compiling them with NVRTC
+    /// when the cache has none); the GIL is released meanwhile.
+    fn launch(
+        &self,
+        py: Python<'_>,
+        ordinal: usize,
+        stream: u64,
+        inputs: Vec<DeviceArg>,
+        outputs: Vec<DeviceArg>,
+    ) -> PyResult<()> {
+        let gpu = device::device(ordinal)?;
+        let named = inputs.iter().map(|a| ("input", &*a.0, a.1)).chain(outputs.iter().map(|a| ("output", &*a.0, a.1)));
+        device::check_aligned(named)?;
+        let memory: Vec<(u64, u64)> = inputs.iter().chain(&outputs).map(|a| (a.1, a.2)).collect();
+        let (stream, buffers) = device::borrow(&gpu, stream, &memory)?;
+        let mut buffers = buffers.into_iter();
+        let mut ins = Vec::with_capacity(inputs.len());
+        for ((name, _, _, dtype, shape), buffer) in inputs.iter().zip(&mut buffers) {
+            ins.push((&**name, DeviceTensor { buffer, dtype: parse_dtype(dtype)?, shape: shape.clone() }));
+        }
+        let mut outs = Vec::with_capacity(outputs.len());
+        for ((_, _, _, dtype, shape), buffer) in outputs.iter().zip(buffers) {
+            outs.push(DeviceTensor { buffer, dtype: parse_dtype(dtype)?, shape: shape.clone() });
+        }
+        let program = &self.program;
+        py.detach(|| program.launch(ordinal, &stream, &ins, &outs)).map_err(errors::kfuse)
     }
 
     fn __repr__(&self) -> String {

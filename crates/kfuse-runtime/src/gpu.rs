@@ -328,6 +328,13 @@ impl Gpu {
         &self.cache
     }
 
+    /// How many kernel functions are loaded on this device (each module's functions, counted
+    /// once however many lookups reached them). With the cache bypassed (`KFUSE_NO_CACHE=1`)
+    /// loads are not kept, so this stays 0.
+    pub fn loaded_functions(&self) -> usize {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner()).values().map(|m| m.functions.len()).sum()
+    }
+
     fn driver_error(&self, call: &'static str) -> impl Fn(DriverError) -> RuntimeError {
         let ordinal = self.ordinal;
         move |source| RuntimeError::Driver { call, ordinal, source }

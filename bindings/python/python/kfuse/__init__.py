@@ -21,6 +21,14 @@ from ._program import Decl, Outputs, Program, compile, load  # noqa: E402
 
 __version__ = _kfuse.__version__
 
+
+def cache_info():
+    """Runtime figures of this process: ``compiles``, ``disk_hits`` and ``memory_hits`` of the
+    kernel cache, ``cache_dir`` (``None`` without a disk folder), and ``loaded_functions``: for
+    each CUDA device ordinal opened so far, how many kernel functions are loaded on it (each
+    kernel is loaded once per device)."""
+    return _kfuse.cache_info()
+
 __all__ = [
     "Decl",
     "DeviceError",
@@ -29,6 +37,7 @@ __all__ = [
     "Outputs",
     "ParseError",
     "Program",
+    "cache_info",
     "compile",
     "export_mlp",
     "load",

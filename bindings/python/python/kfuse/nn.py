@@ -6,9 +6,9 @@ import tempfile
 import torch
 
 from . import _kfuse
-from ._errors import DeviceError, InputError
+from ._errors import InputError
 from ._export import export_mlp
-from ._program import _from_host, _host_arg
+from ._program import _KD, _from_host, _host_arg, _raw_stream
 
 __all__ = ["FusedMLP"]
 
@@ -17,6 +17,12 @@ class FusedMLP(torch.nn.Module):
     """An MLP (Linear layers and elementwise activations) run as one fused kernel on CUDA inputs
     and through kfuse's CPU path on CPU inputs. Inference only: an input that requires grad is an
     error. Weights are read once, at construction (:meth:`from_torch`, :meth:`load`).
+
+    On CUDA, inputs ``[..., in_features]`` in float32, float16 or bfloat16 give outputs of the
+    same dtype, allocated by PyTorch on the input's device and computed on its current stream
+    with no host synchronisation. The model is compiled once per device and dtype, on the first
+    call, tiered: that call does not wait for the optimised kernel, which compiles in the
+    background (:meth:`wait_optimized` waits for it, for benchmarks).
     """
 
     def __init__(self, native, path=None):
@@ -58,17 +64,43 @@ class FusedMLP(torch.nn.Module):
             raise InputError(
                 f"FusedMLP input has shape {tuple(x.shape)}, but the model takes [..., {self.in_features}]"
             )
-        if x.device.type == "cuda":
-            raise DeviceError(
-                "FusedMLP on CUDA tensors is not available in this build of kfuse; move the input to the CPU"
-            )
         lead = x.shape[:-1]
+        if x.is_cuda:
+            return self._forward_cuda(x, lead)
         rows = x.detach().reshape(-1, self.in_features).contiguous()
         if rows.shape[0] == 0:
             return x.new_empty((*lead, self.out_features))
         _, data, dtype, shape = _host_arg("x", rows)
         out, odt, oshape = self._native.run_cpu(data, dtype, shape)
         return _from_host(out, odt, oshape).reshape(*lead, self.out_features)
+
+    def _forward_cuda(self, x, lead):
+        rows = x.detach().reshape(-1, self.in_features)
+        # Contiguous and 16-byte aligned (the kernel loads rows as vectors).
+        if not rows.is_contiguous() or rows.data_ptr() & 15:
+            rows = rows.clone(memory_format=torch.contiguous_format)
+        n = rows.shape[0]
+        out = torch.empty((n, self.out_features), dtype=x.dtype, device=x.device)
+        if n:
+            index = x.get_device()
+            size = rows.element_size()
+            self._native.launch(
+                index,
+                _raw_stream(index),
+                rows.data_ptr(),
+                rows.numel() * size,
+                out.data_ptr(),
+                out.numel() * size,
+                n,
+                _KD[x.dtype],
+            )
+        return out.reshape(*lead, self.out_features)
+
+    def wait_optimized(self):
+        """Blocks until every device and dtype this module has run on uses the optimised kernel
+        (the first call may run a quickly compiled form while it compiles); for benchmarks."""
+        self._native.wait_optimized()
+        return self
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}"
