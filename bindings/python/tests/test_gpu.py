@@ -430,7 +430,8 @@ def test_inputs_on_two_gpus_are_an_input_error(gpu):
     prog = kfuse.load(example("giou_lengths.kf"))
     x = on(batch("lengths", seeded("two gpus"), 3)[0], gpu, torch.float32)
     x["target"] = x["target"].to(other)
-    with pytest.raises(kfuse.InputError, match="inputs are on different devices: `pred` is on cuda:0, `target` on cuda:1"):
+    message = "inputs are on different devices: `pred` is on cuda:0, `target` on cuda:1"
+    with pytest.raises(kfuse.InputError, match=message):
         prog(**x)
 
 
@@ -463,9 +464,9 @@ def bench_models():
     nn = torch.nn
     torch.manual_seed(0)
     return {
-        "mlp64x4_relu": nn.Sequential(nn.Linear(64, 64, bias=False), nn.ReLU(), nn.Linear(64, 64, bias=False), nn.ReLU(),
-                                      nn.Linear(64, 64, bias=False), nn.ReLU(), nn.Linear(64, 64, bias=False), nn.ReLU(),
-                                      nn.Linear(64, 16, bias=False)),
+        "mlp64x4_relu": nn.Sequential(nn.Linear(64, 64, bias=False), nn.ReLU(), nn.Linear(64, 64, bias=False),
+                                      nn.ReLU(), nn.Linear(64, 64, bias=False), nn.ReLU(),
+                                      nn.Linear(64, 64, bias=False), nn.ReLU(), nn.Linear(64, 16, bias=False)),
         "mlp128x4_relu": nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(), nn.Linear(128, 128, bias=False),
                                        nn.ReLU(), nn.Linear(128, 128, bias=False), nn.ReLU(),
                                        nn.Linear(128, 128, bias=False), nn.ReLU(), nn.Linear(128, 16, bias=False)),
@@ -482,7 +483,8 @@ def width_model(width):
                          nn.Linear(width, width, bias=False), nn.SiLU(), nn.Linear(width, 16))
 
 
-MLPS = {**{name: (lambda name=name: bench_models()[name]) for name in ("mlp64x4_relu", "mlp128x4_relu", "mlp_silu_bias")},
+BENCH_MODELS = ("mlp64x4_relu", "mlp128x4_relu", "mlp_silu_bias")
+MLPS = {**{name: (lambda name=name: bench_models()[name]) for name in BENCH_MODELS},
         **{f"width{w}": (lambda w=w: width_model(w)) for w in (16, 32, 48, 64, 96, 128, 192, 256)}}
 MLP_TOL = {torch.float16: 2e-2, torch.bfloat16: 3e-2}
 
