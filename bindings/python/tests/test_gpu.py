@@ -357,8 +357,9 @@ def test_non_contiguous_inputs_give_the_same_values_and_gradients(gpu):
     contiguous["pred"].requires_grad_()
     out2 = prog(**contiguous)
     out2.loss.backward()
-    assert torch.equal(out.loss, out2.loss)
-    assert torch.equal(pred.grad, contiguous["pred"].grad)
+    # The same kernels on the same values (a reduction's order may differ between launches).
+    close(out.loss, out2.loss, 1e-6, "strided vs contiguous loss")
+    close(pred.grad, contiguous["pred"].grad, 1e-6, "strided vs contiguous grad")
 
 
 def test_runs_on_the_current_stream(gpu):
@@ -452,7 +453,8 @@ def test_cuda1_runs_on_device_1(gpu, layout):
     # And from inside a device context of device 1, on its current stream.
     with torch.cuda.device(other):
         again = prog(**{k: v.detach() for k, v in x.items()})
-    assert torch.equal(again.loss, out.loss.detach())
+    assert again.loss.device == other
+    close(again.loss, out.loss, 1e-6, f"{layout} loss on cuda:1 from its device context")
 
 
 # ---------------------------------------------------------------------------------------------
