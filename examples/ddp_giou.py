@@ -286,10 +286,13 @@ def main():
     if rank == 0 and args.json:
         Path(args.json).write_text(json.dumps(gathered, indent=1))
     dist.destroy_process_group()
-    if failures:
-        for f in failures:
-            print(f"rank {rank}: FAILED: {f}", file=sys.stderr)
-        sys.exit(1)
+    for f in failures:
+        print(f"rank {rank}: FAILED: {f}", file=sys.stderr)
+    # Leave without tearing down the DDP model: its reducer's gloo group can deadlock on the GIL
+    # while the interpreter finalises (the step's work and output are complete here).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
