@@ -24,7 +24,8 @@ static OPENED: AtomicU64 = AtomicU64::new(0);
 /// Device `ordinal` of the engine, opened on first use; a device that cannot be opened (no
 /// driver, no such device) is a `kfuse.DeviceError` saying what to install.
 pub fn device(ordinal: usize) -> PyResult<Arc<Gpu>> {
-    let gpu = engine().device(ordinal).map_err(errors::kfuse)?;
+    // Opening a device makes its context current; PyTorch's current device is left as it was.
+    let gpu = kfuse::preserving_thread_context(|| engine().device(ordinal)).map_err(errors::kfuse)?;
     if ordinal < 64 {
         OPENED.fetch_or(1 << ordinal, Ordering::Relaxed);
     }

@@ -40,6 +40,30 @@ pub fn driver_available() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
+/// Runs `f`, then gives the calling thread back the CUDA context that was current before when
+/// `f` left another one current (kfuse's driver calls make their device's context current).
+/// Frameworks keep their current device in the thread's context (PyTorch's
+/// `torch.cuda.current_device()` reads it), so work kfuse does for them on another device, opening
+/// it included, must not move it. Without a driver it only runs `f`.
+pub fn preserving_thread_context<T>(f: impl FnOnce() -> T) -> T {
+    if !driver_available() {
+        return f();
+    }
+    let before = cudarc::driver::result::ctx::get_current().ok();
+    let out = f();
+    if let Some(before) = before {
+        if cudarc::driver::result::ctx::get_current().ok() != Some(before) {
+            let ctx = before.unwrap_or(std::ptr::null_mut());
+            // SAFETY: `ctx` is null (no context) or the context that was current on this thread
+            // when `f` began; `f` cannot destroy it (kfuse releases primary contexts only when a
+            // Gpu is dropped, and a framework's contexts outlive its calls into kfuse). On failure
+            // the thread keeps kfuse's context, as it would have without this function.
+            let _ = unsafe { cudarc::driver::result::ctx::set_current(ctx) };
+        }
+    }
+    out
+}
+
 /// A process-unique id for each opened `Gpu` (32 bits keep a `DeviceBuffer` small).
 fn next_gpu_id() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);

@@ -29,7 +29,10 @@ pub use cache::{
     CacheOutcome, CacheStats, ClearReport, KernelCache, VerifyProblem, VerifyReport,
 };
 pub use error::RuntimeError;
-pub use gpu::{driver_available, open_default, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement, KernelArg};
+pub use gpu::{
+    driver_available, open_default, preserving_thread_context, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement,
+    KernelArg,
+};
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use kfuse_arch::{Arch, ParseArchError};
 pub use nvrtc::{cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions, CompiledModule};

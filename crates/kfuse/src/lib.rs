@@ -36,4 +36,4 @@ pub use program::Program;
 pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};
 pub use kfuse_ir::{DType, Dim, Graph, HostTensor, Interface, LayoutConstraint, TensorData, TensorDecl};
 pub use kfuse_passes::{vjp, with_gradients, DeriveError, Derived};
-pub use kfuse_runtime::{DeviceBuffer, Gpu, KernelCache, Stream};
+pub use kfuse_runtime::{preserving_thread_context, DeviceBuffer, Gpu, KernelCache, Stream};

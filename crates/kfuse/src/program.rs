@@ -198,9 +198,12 @@ impl Program {
         inputs: &[(&str, DeviceTensor)],
         outputs: &[DeviceTensor],
     ) -> Result<()> {
-        let on = self.on_device(ordinal)?;
-        let mut workspace = on.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        on.exec.launch_device(stream, inputs, outputs, &mut workspace)
+        // The caller's current device (its thread's CUDA context) is left as it was.
+        kfuse_runtime::preserving_thread_context(|| {
+            let on = self.on_device(ordinal)?;
+            let mut workspace = on.workspace.lock().unwrap_or_else(|e| e.into_inner());
+            on.exec.launch_device(stream, inputs, outputs, &mut workspace)
+        })
     }
 
     /// The kernels loaded on device `ordinal` (loaded on the first call; the runtime compiles each

@@ -88,7 +88,8 @@ impl MlpProgram {
         model: MlpModel,
         options: MlpOptions,
     ) -> Result<MlpProgram, Error> {
-        MlpProgram::new(model, engine.device(ordinal)?, options)
+        // The caller's current device (its thread's CUDA context) is left as it was.
+        kfuse_runtime::preserving_thread_context(|| MlpProgram::new(model, engine.device(ordinal)?, options))
     }
 
     /// Runs the model on `input` (`[rows, in]` of the input dtype given to [`Self::new`]) and
@@ -111,13 +112,16 @@ impl MlpProgram {
         output: &DeviceBuffer,
         rows: usize,
     ) -> Result<(), Error> {
-        self.prepared.launch_on_stream(&self.gpu, stream, input, output, rows)
+        // The caller's current device (its thread's CUDA context) is left as it was.
+        kfuse_runtime::preserving_thread_context(|| {
+            self.prepared.launch_on_stream(&self.gpu, stream, input, output, rows)
+        })
     }
 
     /// Blocks until the optimised kernel is compiled and loaded, so that every later call uses it;
     /// says when it was ready. Returns at once when the first call did not need the fast form.
     pub fn wait_optimized(&self) -> Result<TierReady, Error> {
-        self.prepared.wait_optimized(&self.gpu)
+        kfuse_runtime::preserving_thread_context(|| self.prepared.wait_optimized(&self.gpu))
     }
 
     /// The kernel launches use now.
