@@ -117,6 +117,18 @@ if _raw_stream is None:  # pragma: no cover - older torch
         return torch.cuda.current_stream(index).cuda_stream
 
 
+_current_device = torch.cuda.current_device
+
+
+def _on_device(index, launch, *args):
+    """Calls `launch(*args)` with device `index` current, as PyTorch's own operators do: the
+    kernels load and launch there, and PyTorch's current device is the caller's again after."""
+    if index == _current_device():
+        return launch(*args)
+    with torch.cuda.device(index):
+        return launch(*args)
+
+
 def _run_cuda(native, names, tensors, validate):
     """Launches on the current stream of the tensors' device; outputs from PyTorch's allocator,
     no host synchronisation (except reading lengths/offsets values when `validate`)."""
@@ -141,7 +153,9 @@ def _run_cuda(native, names, tensors, validate):
             ptr = t.data_ptr()
         args.append((n, ptr, t.nbytes, dtype, shape))
     index = device.index
-    native.launch(
+    _on_device(
+        index,
+        native.launch,
         index,
         _raw_stream(index),
         args,

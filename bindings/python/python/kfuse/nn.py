@@ -8,7 +8,7 @@ import torch
 from . import _kfuse
 from ._errors import InputError
 from ._export import export_mlp
-from ._program import _KD, _from_host, _host_arg, _raw_stream
+from ._program import _KD, _from_host, _host_arg, _on_device, _raw_stream
 
 __all__ = ["FusedMLP"]
 
@@ -84,7 +84,9 @@ class FusedMLP(torch.nn.Module):
         if n:
             index = x.get_device()
             size = rows.element_size()
-            self._native.launch(
+            _on_device(
+                index,
+                self._native.launch,
                 index,
                 _raw_stream(index),
                 rows.data_ptr(),
