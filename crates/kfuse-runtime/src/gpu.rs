@@ -138,6 +138,16 @@ enum Memory {
     Borrowed { address: u64, bytes: usize },
 }
 
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if let Memory::Owned(slice) = std::mem::replace(&mut self.memory, Memory::Empty) {
+            // Freeing makes the device's context current on this thread: give the thread back the
+            // context it had (a framework's current device; buffers are often dropped by its GC).
+            preserving_thread_context(move || drop(slice));
+        }
+    }
+}
+
 impl DeviceBuffer {
     /// Size in bytes.
     pub fn bytes(&self) -> usize {

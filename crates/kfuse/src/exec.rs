@@ -66,7 +66,8 @@ impl Drop for Workspace {
         // The buffers are freed on the Gpu's own stream; kernels queued on another stream may
         // still use them. A failure here has no one to report to: the device is already broken.
         if let Some(gpu) = &self.used_on {
-            let _ = gpu.synchronize_device();
+            // The caller's current device (its thread's CUDA context) is left as it was.
+            kfuse_runtime::preserving_thread_context(|| gpu.synchronize_device()).ok();
         }
     }
 }
