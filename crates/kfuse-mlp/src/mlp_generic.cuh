@@ -240,7 +240,7 @@ __device__ __forceinline__ void kg_tile_step(KgTile& d, unsigned a_addr, unsigne
 // buffer at `buf1`); the result goes to `output`. Parameters at shared address `params`.
 // One n8 tile (8 output columns) at a time, its k16 steps in a loop: every piece of the layer
 // code exists once (more tiles at a time, sharing each A fragment, cost NVRTC 40-60% more time
-// on the dev machine for a faster kernel that only serves until the optimised one is ready).
+// for a faster kernel that only serves until the optimised one is ready).
 __device__ __forceinline__ void kg_forward(unsigned buf0, unsigned buf1, unsigned char* __restrict__ output, long long rows,
                                            long long row0, unsigned params, int stride, int lane) {
     const int layers = kg_table[KG_H_LAYERS];

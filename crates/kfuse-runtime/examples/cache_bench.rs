@@ -1,4 +1,4 @@
-//! Benchmark of the kernel cache for the seed scenario (issue 3, item 6): build the same kernel
+//! Benchmark of the kernel cache for the compile-once scenario: build the same kernel
 //! source 1000 times and 10 different sources 100 times each in one process through
 //! `Gpu::load_kernel`; then again in a fresh process with the disk cache warm. Reports compiles
 //! performed, total time, per-lookup time in memory (target < 5 µs) and the time from a ready

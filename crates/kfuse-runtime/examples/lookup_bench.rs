@@ -1,4 +1,4 @@
-//! Micro-benchmark of the in-memory kernel lookup (issue 3: "a kernel found in memory in under
+//! Micro-benchmark of the in-memory kernel lookup ("a kernel found in memory in under
 //! 5 µs"), no GPU needed. Times, per repeated lookup of one kernel among `--kernels` loaded ones:
 //!
 //! - `blake3 key path`: what `Gpu::load_kernel` did on a hit before the first-level map (build the
