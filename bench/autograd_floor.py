@@ -8,6 +8,7 @@ import time
 import torch
 
 import kfuse
+
 d = torch.device("cuda", 0)
 B, N = 1024, 256
 g = torch.Generator().manual_seed(0)
