@@ -244,7 +244,10 @@ impl Program {
     /// shape)` in declaration order.
     fn output_shapes(&self, inputs: Vec<ShapeArg>) -> PyResult<Vec<(String, &'static str, Vec<usize>)>> {
         let sizes = self.sizes(&inputs)?;
-        Ok(shapes::output_shapes(self.graph(), &sizes).into_iter().map(|(n, d, s)| (n, dtype_name(d), s)).collect())
+        Ok(shapes::output_shapes(self.program.interface(), &sizes)
+            .into_iter()
+            .map(|(n, d, s)| (n, dtype_name(d), s))
+            .collect())
     }
 
     /// Checks the values of lengths/offsets inputs: `inputs` are all inputs' shapes, `values` the
@@ -256,7 +259,7 @@ impl Program {
             .map(|(n, b)| (n, b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
             .collect();
         let refs: Vec<(&str, &[i32])> = ints.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
-        shapes::check_layouts(self.graph(), &sizes, &refs).map_err(|e| errors::bind(&e))
+        shapes::check_layouts(self.program.interface(), &sizes, &refs).map_err(|e| errors::bind(&e))
     }
 
     /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same

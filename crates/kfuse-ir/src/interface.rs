@@ -134,6 +134,59 @@ impl Interface {
         Ok(sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect())
     }
 
+    /// Checks the values of the lengths/offsets input `decl` (`values` flat, row-major over
+    /// `shape`) against the sizes bound to the symbols: the first bad element is the error, naming
+    /// the input and its position. An input without a layout constraint passes.
+    pub fn check_layout_values(
+        &self,
+        decl: &TensorDecl,
+        values: &[i32],
+        shape: &[usize],
+        sizes: &[u64],
+    ) -> Result<(), BindError> {
+        let Some(c) = decl.layout else { return Ok(()) };
+        let name = decl.name.clone();
+        let bound = match c.dim() {
+            Dim::Const(k) => k,
+            Dim::Sym(s) => sizes.get(s.0 as usize).copied().unwrap_or(0),
+        };
+        let dim = self.dim_str(c.dim());
+        match c {
+            Constraint::Lengths { .. } => {
+                for (i, &value) in values.iter().enumerate() {
+                    if value < 0 {
+                        return Err(BindError::LengthNegative { name, index: multi_index(i, shape), value });
+                    }
+                    if value as u64 > bound {
+                        let index = multi_index(i, shape);
+                        return Err(BindError::LengthTooLarge { name, index, value, dim, max: bound });
+                    }
+                }
+            }
+            Constraint::Offsets { .. } => {
+                let Some(&first) = values.first() else { return Err(BindError::OffsetsEmpty { name }) };
+                if first != 0 {
+                    return Err(BindError::OffsetStart { name, value: first });
+                }
+                for (index, w) in values.windows(2).enumerate().map(|(i, w)| (i + 1, w)) {
+                    let (prev, value) = (w[0], w[1]);
+                    if value < prev {
+                        return Err(BindError::OffsetDecrease { name, index, value, prev_index: index - 1, prev });
+                    }
+                    if value as u64 > bound {
+                        return Err(BindError::OffsetPastEnd { name, index, value, dim, total: bound });
+                    }
+                }
+                let index = values.len() - 1;
+                let value = values[index];
+                if value as u64 != bound {
+                    return Err(BindError::OffsetEnd { name, index, value, dim, total: bound });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The concrete shape of `decl` for run-time `sizes` (`None` when a symbol has no size or a
     /// size does not fit in `usize`).
     pub fn resolve(&self, decl: &TensorDecl, sizes: &[u64]) -> Option<Vec<usize>> {
@@ -145,6 +198,22 @@ impl Interface {
             })
             .collect()
     }
+}
+
+/// The position of flat element `flat` of a row-major tensor of `shape`, written `3` or `1, 2`.
+fn multi_index(flat: usize, shape: &[usize]) -> String {
+    let mut rest = flat;
+    let mut idx = vec![0usize; shape.len()];
+    for (k, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            idx[k] = rest % n;
+            rest /= n;
+        }
+    }
+    if idx.is_empty() {
+        return "0".into();
+    }
+    idx.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]

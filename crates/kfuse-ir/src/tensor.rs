@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 
-use crate::{BindError, Constraint, DType, Dim, Graph, Interface, TensorDecl};
+use crate::{BindError, DType, Graph, Interface, TensorDecl};
 
 /// The elements of a host tensor, row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -145,20 +145,10 @@ impl SymbolBindings {
         let shapes: Vec<(&str, DType, &[usize])> =
             inputs.iter().map(|(n, t)| (*n, t.dtype(), t.shape.as_slice())).collect();
         let bindings = SymbolBindings { sizes: interface.bind_shapes(&shapes)? };
-        for decl in &interface.inputs {
-            if let Some(c) = decl.layout {
-                bindings.check_constraint(interface, decl, c, inputs)?;
-            }
+        for decl in interface.inputs.iter().filter(|d| d.layout.is_some()) {
+            bindings.check_constraint(interface, decl, inputs)?;
         }
         Ok(bindings)
-    }
-
-    /// The run-time size of one dimension.
-    fn dim_size(&self, dim: Dim) -> u64 {
-        match dim {
-            Dim::Const(c) => c,
-            Dim::Sym(s) => self.sizes.get(s.0 as usize).copied().unwrap_or(0),
-        }
     }
 
     /// Checks the values of a lengths/offsets input (its dtype and shape are already checked).
@@ -166,68 +156,15 @@ impl SymbolBindings {
         &self,
         interface: &Interface,
         decl: &TensorDecl,
-        c: Constraint,
         inputs: &[(&str, &HostTensor)],
     ) -> Result<(), BindError> {
         let Some((_, t)) = inputs.iter().find(|(n, _)| *n == decl.name) else { return Ok(()) };
         // The dtype was checked against the declaration, and the verifier made that i32.
         let TensorData::I32(values) = &t.data else { return Ok(()) };
-        let name = decl.name.clone();
-        let bound = self.dim_size(c.dim());
-        let dim = interface.dim_str(c.dim());
-        match c {
-            Constraint::Lengths { .. } => {
-                for (i, &value) in values.iter().enumerate() {
-                    if value < 0 {
-                        return Err(BindError::LengthNegative { name, index: multi_index(i, &t.shape), value });
-                    }
-                    if value as u64 > bound {
-                        let index = multi_index(i, &t.shape);
-                        return Err(BindError::LengthTooLarge { name, index, value, dim, max: bound });
-                    }
-                }
-            }
-            Constraint::Offsets { .. } => {
-                let Some(&first) = values.first() else { return Err(BindError::OffsetsEmpty { name }) };
-                if first != 0 {
-                    return Err(BindError::OffsetStart { name, value: first });
-                }
-                for (index, w) in values.windows(2).enumerate().map(|(i, w)| (i + 1, w)) {
-                    let (prev, value) = (w[0], w[1]);
-                    if value < prev {
-                        return Err(BindError::OffsetDecrease { name, index, value, prev_index: index - 1, prev });
-                    }
-                    if value as u64 > bound {
-                        return Err(BindError::OffsetPastEnd { name, index, value, dim, total: bound });
-                    }
-                }
-                let index = values.len() - 1;
-                let value = values[index];
-                if value as u64 != bound {
-                    return Err(BindError::OffsetEnd { name, index, value, dim, total: bound });
-                }
-            }
-        }
-        Ok(())
+        interface.check_layout_values(decl, values, &t.shape, &self.sizes)
     }
 
     pub fn resolve(&self, graph: &Graph, shape: &crate::Shape) -> Vec<usize> {
         graph.resolve_shape(shape, &self.sizes)
     }
-}
-
-/// The position of flat element `flat` of a row-major tensor of `shape`, written `3` or `1, 2`.
-fn multi_index(flat: usize, shape: &[usize]) -> String {
-    let mut rest = flat;
-    let mut idx = vec![0usize; shape.len()];
-    for (k, &n) in shape.iter().enumerate().rev() {
-        if n > 0 {
-            idx[k] = rest % n;
-            rest /= n;
-        }
-    }
-    if idx.is_empty() {
-        return "0".into();
-    }
-    idx.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
