@@ -15,6 +15,7 @@ use kfuse_ir::{DType, HostTensor};
 
 use crate::error::{MlpError, Result};
 use crate::model::{LayerDescription, ModelDescription, MODEL_FORMAT};
+use crate::{emit_generic, emit_kernel, ActivationMath, MlpKernel, MlpKernelOptions, MlpModel};
 
 /// SplitMix64: tiny, deterministic, good enough for test data.
 #[derive(Clone, Debug)]
@@ -172,4 +173,65 @@ pub fn check_16bit(e: &crate::ErrorReport, bf16: bool, values: usize, what: &str
         return Err(format!("{what}: {e:?} (bounds: overall {overall:.0e}, per row {row_bound:.0e})"));
     }
     Ok(())
+}
+
+/// One model of the MLP emitter tests: widths, activations (one per layer), weight dtype, bias.
+pub struct Case {
+    pub widths: Vec<usize>,
+    pub acts: Vec<&'static str>,
+    pub dtype: DType,
+    pub bias: bool,
+    pub io: (DType, DType),
+    pub math: ActivationMath,
+}
+
+impl Case {
+    /// `hidden` after every layer but the last (none), f16 I/O, default kernel choices.
+    pub fn new(widths: &[usize], hidden: &'static str, dtype: DType, bias: bool) -> Case {
+        let n = widths.len() - 1;
+        let acts = (0..n).map(|i| if i + 1 == n { "none" } else { hidden }).collect();
+        Case { widths: widths.to_vec(), acts, dtype, bias, io: (DType::F16, DType::F16), math: ActivationMath::Packed }
+    }
+    /// The same model with other input and output dtypes.
+    pub fn io(self, input: DType, output: DType) -> Case {
+        Case { io: (input, output), ..self }
+    }
+    /// The same model with `act` after the last layer.
+    pub fn last(mut self, act: &'static str) -> Case {
+        if let Some(a) = self.acts.last_mut() {
+            *a = act;
+        }
+        self
+    }
+    /// Writes the model with random weights (`seed`) into `dir` and loads it; panics on failure
+    /// (a test fixture).
+    pub fn model(&self, dir: &std::path::Path, name: &str, seed: u64) -> MlpModel {
+        let mut spec = ModelSpec::new(&self.widths, "none");
+        spec.activations = self.acts.iter().map(|a| a.to_string()).collect();
+        spec.dtype = self.dtype;
+        spec.with_bias = self.bias;
+        spec.seed = seed;
+        MlpModel::load(write_model(dir, name, &spec).expect("write model")).expect("load model")
+    }
+    /// Kernel options for this case's I/O dtypes and activation math, with `shared_limit` when
+    /// given.
+    pub fn options(&self, shared_limit: Option<u32>) -> MlpKernelOptions {
+        let base = MlpKernelOptions {
+            in_dtype: self.io.0,
+            out_dtype: self.io.1,
+            activation_math: self.math,
+            ..MlpKernelOptions::default()
+        };
+        MlpKernelOptions { shared_limit: shared_limit.unwrap_or(base.shared_limit), ..base }
+    }
+}
+
+/// The optimised kernel of `model` and its generic fast form; panics when either cannot be
+/// emitted (a test fixture).
+pub fn both(model: &MlpModel, opts: &MlpKernelOptions) -> (MlpKernel, MlpKernel) {
+    let full = emit_kernel(model, opts).expect("emit the optimised kernel");
+    match emit_generic(model, opts, &full) {
+        Ok(generic) => (full, generic),
+        Err(why) => panic!("{}: no generic form: {why:?}", model.summary()),
+    }
 }

@@ -8,7 +8,7 @@
 //! tiers of the same kernels are in the `kfuse` crate's `mlp_generic` tests.
 
 use kfuse_ir::DType;
-use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::testing::{both, random_input, Case, Rng};
 use kfuse_mlp::{
     compare_rows, emit_fast_form, emit_generic, emit_kernel, evaluate_cpu, ActivationMath, GenericRefusal,
     HiddenAccumulator, MlpKernel, MlpKernelOptions, MlpModel,
@@ -17,60 +17,6 @@ use kfuse_mlp::{
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers (as in
 /// gpu_tier.rs).
 const TOL_16BIT: f64 = 1e-2;
-
-/// One model of the tests: widths, activations (one per layer), weight dtype, bias.
-struct Case {
-    widths: Vec<usize>,
-    acts: Vec<&'static str>,
-    dtype: DType,
-    bias: bool,
-    io: (DType, DType),
-    math: ActivationMath,
-}
-
-impl Case {
-    /// `hidden` after every layer but the last (none), f16 I/O, default kernel choices.
-    fn new(widths: &[usize], hidden: &'static str, dtype: DType, bias: bool) -> Case {
-        let n = widths.len() - 1;
-        let acts = (0..n).map(|i| if i + 1 == n { "none" } else { hidden }).collect();
-        Case { widths: widths.to_vec(), acts, dtype, bias, io: (DType::F16, DType::F16), math: ActivationMath::Packed }
-    }
-    fn io(self, input: DType, output: DType) -> Case {
-        Case { io: (input, output), ..self }
-    }
-    fn last(mut self, act: &'static str) -> Case {
-        if let Some(a) = self.acts.last_mut() {
-            *a = act;
-        }
-        self
-    }
-    fn model(&self, dir: &std::path::Path, name: &str, seed: u64) -> MlpModel {
-        let mut spec = ModelSpec::new(&self.widths, "none");
-        spec.activations = self.acts.iter().map(|a| a.to_string()).collect();
-        spec.dtype = self.dtype;
-        spec.with_bias = self.bias;
-        spec.seed = seed;
-        MlpModel::load(write_model(dir, name, &spec).expect("write model")).expect("load model")
-    }
-    fn options(&self, shared_limit: Option<u32>) -> MlpKernelOptions {
-        let base = MlpKernelOptions {
-            in_dtype: self.io.0,
-            out_dtype: self.io.1,
-            activation_math: self.math,
-            ..MlpKernelOptions::default()
-        };
-        MlpKernelOptions { shared_limit: shared_limit.unwrap_or(base.shared_limit), ..base }
-    }
-}
-
-/// The optimised kernel and its generic fast form.
-fn both(model: &MlpModel, opts: &MlpKernelOptions) -> (MlpKernel, MlpKernel) {
-    let full = emit_kernel(model, opts).expect("emit the optimised kernel");
-    match emit_generic(model, opts, &full) {
-        Ok(generic) => (full, generic),
-        Err(why) => panic!("{}: no generic form: {why:?}", model.summary()),
-    }
-}
 
 /// The source without the model's data: the layer table, the name (a hash of the whole source)
 /// and the comment lines naming the model.
