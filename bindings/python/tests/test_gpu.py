@@ -16,13 +16,13 @@ import torch
 import kfuse
 import kfuse.nn
 from conftest import example
+from refs import giou_terms, masked_mean
 
 N_SLOTS = 13  # slots per image of the padded layouts: odd, and not a multiple of a warp
 BATCHES = [0, 1, 3, 257, 1023]
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # (loss rtol, gradient rtol); absolute tolerances are these times the reference's largest value.
 TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (2e-3, 2e-2), torch.bfloat16: (1e-2, 6e-2)}
-EPS = 1e-7
 
 PER_BOX = """
 # Per-box terms (a non-scalar output) and their sum.
@@ -54,26 +54,6 @@ def grid_boxes(gen, *lead, odd):
     size = torch.randint(1, 28, (*lead, 2), generator=gen)
     lo, hi = 2 * start + odd, 2 * (start + size) + odd
     return (torch.cat([lo, hi], -1).double() / 32).contiguous()
-
-
-def giou_terms(pred, target):
-    ix1 = torch.maximum(pred[..., 0], target[..., 0])
-    iy1 = torch.maximum(pred[..., 1], target[..., 1])
-    ix2 = torch.minimum(pred[..., 2], target[..., 2])
-    iy2 = torch.minimum(pred[..., 3], target[..., 3])
-    inter = (ix2 - ix1).clamp(min=0) * (iy2 - iy1).clamp(min=0)
-    area1 = (pred[..., 2] - pred[..., 0]) * (pred[..., 3] - pred[..., 1])
-    area2 = (target[..., 2] - target[..., 0]) * (target[..., 3] - target[..., 1])
-    union = area1 + area2 - inter
-    iou = inter / (union + EPS)
-    cw = torch.maximum(pred[..., 2], target[..., 2]) - torch.minimum(pred[..., 0], target[..., 0])
-    ch = torch.maximum(pred[..., 3], target[..., 3]) - torch.minimum(pred[..., 1], target[..., 1])
-    areac = cw * ch
-    return 1 - (iou - (areac - union) / (areac + EPS))
-
-
-def masked_mean(per, valid):
-    return torch.where(valid, per, torch.zeros_like(per)).sum() / max(int(valid.sum()), 1)
 
 
 def batch(layout, gen, b, n=N_SLOTS):
