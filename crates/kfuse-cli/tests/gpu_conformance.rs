@@ -30,6 +30,16 @@ fn tolerance(d: DType) -> f64 {
     }
 }
 
+/// Absolute error accepted whatever the relative error: an output that is nearly zero (a focal
+/// loss of one box that fits, a cancellation) has a relative error set by f32 rounding of terms
+/// far larger than itself, so its error is judged against the scale of those terms (order 1).
+fn abs_floor(d: DType) -> f64 {
+    match d {
+        DType::F16 | DType::BF16 => 1e-3,
+        _ => 1e-6,
+    }
+}
+
 /// Size sets tried for every program: each symbol takes each size in turn (others at 3),
 /// plus all symbols at 1, and a larger case.
 fn size_sets(symbols: usize) -> Vec<Vec<u64>> {
@@ -71,10 +81,10 @@ fn check(gpu: &Arc<kfuse_runtime::Gpu>, p: &Program, sizes: &[u64], seed: u64, d
         assert_eq!(g.shape, w.shape, "{} {name}", p.origin());
         assert_eq!(g.dtype(), w.dtype(), "{} {name}", p.origin());
         let (rel, max_abs) = compare(g, w);
-        let tol = tolerance(g.dtype());
+        let (tol, floor) = (tolerance(g.dtype()), abs_floor(g.dtype()));
         assert!(
-            rel <= tol,
-            "{} ({dtype}) output {name} at sizes {sizes:?} (symbols {:?}), seed {seed}: rel err {rel:.3e} > {tol:.0e}, max abs err {max_abs:.3e}",
+            rel <= tol || max_abs <= floor,
+            "{} ({dtype}) output {name} at sizes {sizes:?} (symbols {:?}), seed {seed}: rel err {rel:.3e} > {tol:.0e} and max abs err {max_abs:.3e} > {floor:.0e}",
             p.origin(),
             p.graph().symbols
         );
