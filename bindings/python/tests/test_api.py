@@ -2,6 +2,8 @@
 non-contiguous inputs, torch.compile, the fused MLP, and every error with its message."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -332,3 +334,11 @@ def test_shapes_and_layout_checks_without_data():
         prog.output_shapes([shapes[0], ("target", "f32", [3, 4, 4]), shapes[2]])
     with pytest.raises(kfuse.InputError, match=r"input `pred` has dtype f16, but is declared as f32"):
         prog.output_shapes([("pred", "f16", [3, 5, 4]), *shapes[1:]])
+
+
+def test_import_does_not_load_the_compiler_frontend():
+    """`import kfuse` stays cheap: torch.compile's frontend (torch._dynamo, seconds to import)
+    loads only when the user compiles something."""
+    code = "import sys, torch, kfuse; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.strip() == "False", out.stderr

@@ -23,6 +23,7 @@ device loads the kernels (compiled once per architecture through the disk cache)
 import ctypes
 import hashlib
 import itertools
+import sys
 import threading
 import weakref
 
@@ -601,7 +602,6 @@ _KEYS = itertools.count()
 _PROGRAMS_LOCK = threading.Lock()
 
 
-@torch.compiler.assume_constant_result
 def _op_name(key, dtypes, requires_grad):
     """The name of the custom operator of program `key` at input dtypes `dtypes`, registered on
     first use: for a scalar loss whose gradient is wanted (`requires_grad` per input), the fused
@@ -611,6 +611,16 @@ def _op_name(key, dtypes, requires_grad):
     if variant.scalar_loss:
         fused = tuple(i for i in variant.float_inputs if requires_grad[i])
     return variant.ops(fused)._qualified_op_name.split("::", 1)[1]
+
+
+# What `torch.compiler.assume_constant_result` does (Dynamo runs the function at trace time and
+# keeps its result as a constant), without importing torch._dynamo: that import takes seconds, and
+# `import kfuse` must not pay it. The decorator itself is used when Dynamo is loaded already; the
+# torch.compile tests check the marker still works.
+if "torch._dynamo" in sys.modules:
+    _op_name = torch.compiler.assume_constant_result(_op_name)
+else:
+    _op_name._dynamo_marked_constant = True
 
 
 def _decl_str(d):
