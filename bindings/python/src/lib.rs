@@ -1,10 +1,11 @@
 //! `kfuse._kfuse`: the native half of the `kfuse` Python package.
 //!
 //! It exposes `Program` (a `kfuse::Program` of the process-wide engine: its interface, generated
-//! CUDA, derived backward programs, shape inference, the CPU reference interpreter and the CUDA
-//! launch), `Mlp` (a fused MLP: its CPU path, and its fused kernel per device and dtype) and
-//! `cache_info()` (kernel-cache counters and the functions loaded per device). Tensors cross the
-//! boundary as plain values: `(name, bytes, dtype, shape)` for host data, `(name, dtype, shape)`
+//! CUDA, derived backward programs and the CPU reference interpreter), `Binding` (a program bound
+//! to input shapes: output shapes, the lengths/offsets value check and the CUDA launch), `Mlp` (a
+//! fused MLP: its CPU path, and its fused kernel per device and dtype) and `cache_info()`
+//! (kernel-cache counters and the functions loaded per device). Tensors cross the boundary as
+//! plain values: `(name, bytes, dtype, shape)` for host data, `(name, dtype, shape)`
 //! for shapes, and raw device addresses for CUDA memory, so this module knows nothing of
 //! PyTorch; the glue in `kfuse/_program.py` does.
 //!
@@ -15,6 +16,7 @@
 //! memory and stream for a launch.
 #![deny(unsafe_code)]
 
+mod binding;
 mod device;
 mod errors;
 mod mlp;
@@ -27,6 +29,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _kfuse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<program::Program>()?;
+    m.add_class::<binding::Binding>()?;
     m.add_class::<mlp::Mlp>()?;
     m.add_function(wrap_pyfunction!(device::cache_info, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

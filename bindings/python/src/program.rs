@@ -1,14 +1,13 @@
 //! The `Program` class: a type-checked `.kf` program seen from Python.
 
-use kfuse::{DType, DeviceTensor, Dim, HostTensor};
+use kfuse::{DType, Dim, HostTensor};
 use kfuse_ir::{Constraint, Shape};
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedStr;
 use pyo3::types::PyBytes;
 
-use crate::device::{self, engine};
+use crate::binding::Binding;
+use crate::device::engine;
 use crate::errors::{self, Kind};
-use crate::shapes;
 
 /// A dimension as Python sees it: a symbol's name or a constant.
 #[derive(IntoPyObject)]
@@ -27,10 +26,7 @@ type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
 /// Host data returned: `(name, bytes, dtype, shape)`.
 type HostOut<'py> = (String, Bound<'py, PyBytes>, &'static str, Vec<usize>);
 /// A shape crossing the boundary: `(name, dtype, shape)`.
-type ShapeArg = (String, String, Vec<usize>);
-/// A device tensor crossing the boundary: `(name, address, byte count, dtype, shape)`; the
-/// strings are read in place.
-type DeviceArg = (PyBackedStr, u64, u64, PyBackedStr, Vec<usize>);
+pub(crate) type ShapeArg = (String, String, Vec<usize>);
 
 /// A `.kf` program, type-checked: its declared interface, generated CUDA, derived programs, shape
 /// inference and the CPU reference interpreter. Immutable; derived programs are new objects.
@@ -109,7 +105,7 @@ impl Program {
             .collect()
     }
 
-    fn sizes(&self, inputs: &[ShapeArg]) -> PyResult<Vec<u64>> {
+    pub(crate) fn sizes(&self, inputs: &[ShapeArg]) -> PyResult<Vec<u64>> {
         let parsed: Vec<(&str, DType, &[usize])> =
             inputs.iter().map(|(n, d, s)| Ok((n.as_str(), parse_dtype(d)?, s.as_slice()))).collect::<PyResult<_>>()?;
         self.program.interface().bind_shapes(&parsed).map_err(|e| errors::bind(&e))
@@ -240,26 +236,12 @@ impl Program {
         self.derived(g, &format!("{} (outputs {})", self.program.origin(), names.join(", ")))
     }
 
-    /// Checks the inputs' names, dtypes and shapes, and returns the outputs' `(name, dtype,
-    /// shape)` in declaration order.
-    fn output_shapes(&self, inputs: Vec<ShapeArg>) -> PyResult<Vec<(String, &'static str, Vec<usize>)>> {
+    /// Checks the inputs' names, dtypes and shapes (`(name, dtype, shape)` each) and returns the
+    /// program bound to those shapes: its outputs' shapes, the check of lengths/offsets values and
+    /// the CUDA launch.
+    fn bind(&self, inputs: Vec<ShapeArg>) -> PyResult<Binding> {
         let sizes = self.sizes(&inputs)?;
-        Ok(shapes::output_shapes(self.program.interface(), &sizes)
-            .into_iter()
-            .map(|(n, d, s)| (n, dtype_name(d), s))
-            .collect())
-    }
-
-    /// Checks the values of lengths/offsets inputs: `inputs` are all inputs' shapes, `values` the
-    /// `(name, bytes)` of the i32 metadata inputs (host copies).
-    fn check_layouts(&self, inputs: Vec<ShapeArg>, values: Vec<(String, Vec<u8>)>) -> PyResult<()> {
-        let sizes = self.sizes(&inputs)?;
-        let ints: Vec<(String, Vec<i32>)> = values
-            .into_iter()
-            .map(|(n, b)| (n, b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
-            .collect();
-        let refs: Vec<(&str, &[i32])> = ints.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
-        shapes::check_layouts(self.program.interface(), &sizes, &refs).map_err(|e| errors::bind(&e))
+        Binding::new(self.program.clone(), &inputs, sizes)
     }
 
     /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same
@@ -276,38 +258,6 @@ impl Program {
             .into_iter()
             .map(|(name, t)| (name, PyBytes::new(py, &t.to_bytes()), dtype_name(t.dtype()), t.shape.clone()))
             .collect())
-    }
-
-    /// Launches the program on CUDA device `ordinal` and stream `stream` (a `cudaStream_t` of
-    /// that device, 0 for the legacy default stream) over memory that the caller owns and keeps
-    /// alive for the call: `(name, address, bytes, dtype, shape)` for each input and each output
-    /// (declaration order), 16-byte aligned. Queues the kernels and returns: no host
-    /// synchronisation. The first launch on a device loads the kernels (compiling them with NVRTC
-    /// when the cache has none); the GIL is released meanwhile.
-    fn launch(
-        &self,
-        py: Python<'_>,
-        ordinal: usize,
-        stream: u64,
-        inputs: Vec<DeviceArg>,
-        outputs: Vec<DeviceArg>,
-    ) -> PyResult<()> {
-        let gpu = device::device(ordinal)?;
-        let named = inputs.iter().map(|a| ("input", &*a.0, a.1)).chain(outputs.iter().map(|a| ("output", &*a.0, a.1)));
-        device::check_aligned(named)?;
-        let memory: Vec<(u64, u64)> = inputs.iter().chain(&outputs).map(|a| (a.1, a.2)).collect();
-        let (stream, buffers) = device::borrow(&gpu, stream, &memory)?;
-        let mut buffers = buffers.into_iter();
-        let mut ins = Vec::with_capacity(inputs.len());
-        for ((name, _, _, dtype, shape), buffer) in inputs.iter().zip(&mut buffers) {
-            ins.push((&**name, DeviceTensor { buffer, dtype: parse_dtype(dtype)?, shape: shape.clone() }));
-        }
-        let mut outs = Vec::with_capacity(outputs.len());
-        for ((_, _, _, dtype, shape), buffer) in outputs.iter().zip(buffers) {
-            outs.push(DeviceTensor { buffer, dtype: parse_dtype(dtype)?, shape: shape.clone() });
-        }
-        let program = &self.program;
-        py.detach(|| program.launch(ordinal, &stream, &ins, &outs)).map_err(errors::kfuse)
     }
 
     fn __repr__(&self) -> String {

@@ -320,20 +320,23 @@ def test_nvrtc_is_found_in_its_wheel():
 
 
 def test_shapes_and_layout_checks_without_data():
-    """The checks the CUDA path makes before a launch (shapes from Rust, lengths copied to the
+    """The checks the CUDA path makes before a launch (shapes bound in Rust, lengths copied to the
     host), exercised on the CPU."""
     prog = _kfuse.Program.compile(PER_BOX, "per_box")
     shapes = [("pred", "f32", [3, 5, 4]), ("target", "f32", [3, 5, 4]), ("lengths", "i32", [3])]
-    assert prog.output_shapes(shapes) == [("per_box", "f32", [3, 5]), ("total", "f32", []), ("valid_count", "i32", [])]
+    binding = prog.bind(shapes)
+    assert binding.outputs == [("f32", [3, 5]), ("f32", []), ("i32", [])]
     good = torch.tensor([5, 0, 2], dtype=torch.int32).numpy().tobytes()
-    prog.check_layouts(shapes, [("lengths", good)])
+    binding.check_layouts([("lengths", good)])
     bad = torch.tensor([5, 0, 9], dtype=torch.int32).numpy().tobytes()
     with pytest.raises(kfuse.InputError, match=r"input `lengths`: lengths\[2\] = 9 is greater than N = 5"):
-        prog.check_layouts(shapes, [("lengths", bad)])
+        binding.check_layouts([("lengths", bad)])
     with pytest.raises(kfuse.InputError, match=r"input `target` has N = 4 \(axis 1\), but `pred` already set N = 5"):
-        prog.output_shapes([shapes[0], ("target", "f32", [3, 4, 4]), shapes[2]])
+        prog.bind([shapes[0], ("target", "f32", [3, 4, 4]), shapes[2]])
     with pytest.raises(kfuse.InputError, match=r"input `pred` has dtype f16, but is declared as f32"):
-        prog.output_shapes([("pred", "f16", [3, 5, 4]), *shapes[1:]])
+        prog.bind([("pred", "f16", [3, 5, 4]), *shapes[1:]])
+    with pytest.raises(kfuse.InputError, match=r"2 addresses given for 6 inputs and outputs"):
+        binding.launch(0, 0, [0, 0])
 
 
 def test_import_does_not_load_the_compiler_frontend():

@@ -34,7 +34,9 @@ def test_a_device_that_cannot_be_opened_is_a_device_error():
     which device is missing. Nothing is read at the (null) addresses."""
     prog = _kfuse.Program.load(example("giou_lengths.kf"))
     with pytest.raises(kfuse.DeviceError) as err:
-        prog.launch(999, 0, [("pred", 0, 0, "f32", [0, 1, 4])], [])
+        prog.bind([("pred", "f32", [0, 1, 4]), ("target", "f32", [0, 1, 4]), ("lengths", "i32", [0])]).launch(
+            999, 0, [0, 0, 0, 0]
+        )
     message = str(err.value)
     if ctypes.util.find_library("cuda") is None and not torch.cuda.is_available():
         assert "CUDA driver is not available" in message and "install the NVIDIA driver" in message

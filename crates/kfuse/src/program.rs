@@ -206,6 +206,12 @@ impl Program {
         })
     }
 
+    /// Whether the kernels are loaded on device `ordinal` already, so that a launch there only
+    /// queues them (no load, no compile).
+    pub fn is_loaded(&self, ordinal: usize) -> bool {
+        self.devices.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&ordinal)
+    }
+
     /// The kernels loaded on device `ordinal` (loaded on the first call; the runtime compiles each
     /// kernel once per architecture through the cache).
     fn on_device(&self, ordinal: usize) -> Result<Arc<OnDevice>> {

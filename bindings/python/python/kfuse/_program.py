@@ -119,6 +119,7 @@ if _raw_stream is None:  # pragma: no cover - older torch
 
 
 _current_device = torch.cuda.current_device
+_empty = torch.empty
 
 
 def _on_device(index, launch, *args):
@@ -130,49 +131,81 @@ def _on_device(index, launch, *args):
         return launch(*args)
 
 
-def _run_cuda(native, names, tensors, validate):
-    """Launches on the current stream of the tensors' device; outputs from PyTorch's allocator,
-    no host synchronisation (except reading lengths/offsets values when `validate`)."""
-    shapes = [(n, _KD[t.dtype], t.shape) for n, t in zip(names, tensors)]
-    if validate:
-        layouts = native.layout_inputs
-        if layouts:
-            meta = [(names[i], _host_arg(names[i], tensors[i].cpu())[1]) for i in layouts]
-            native.check_layouts(shapes, meta)
-    device = tensors[0].device
-    out_decls = native.output_shapes(shapes)
-    outs = [torch.empty(shape, dtype=TORCH_DTYPES[dtype], device=device) for _, dtype, shape in out_decls]
-    args = []
-    copies = []  # referenced until the launch is queued
-    for (n, dtype, shape), t in zip(shapes, tensors):
-        ptr = t.data_ptr()
-        if ptr & 15:
+class _Kernels:
+    """A native program run on torch tensors given in declaration order (`names`).
+
+    On CUDA, the program bound to each input shape signature (a native ``Binding``: the checked
+    shapes, the outputs' shapes) is kept, so that a call on shapes seen before allocates the
+    outputs and passes addresses only. Outputs come from PyTorch's allocator on the inputs' device;
+    the kernels queue on that device's current stream with no host synchronisation, except
+    reading lengths/offsets values when `validate`."""
+
+    __slots__ = ("native", "names", "layouts", "_bound")
+
+    # Shape signatures kept per program; a program called on ever new shapes starts over.
+    MAX_BOUND = 256
+
+    def __init__(self, native, names):
+        self.native = native
+        self.names = names
+        self.layouts = native.layout_inputs
+        self._bound = {}
+
+    def run(self, tensors, validate):
+        if tensors and tensors[0].is_cuda:
+            return self.run_cuda(tensors, validate)
+        return _run_cpu(self.native, self.names, tensors)
+
+    def _bind(self, tensors):
+        shapes = tuple(t.shape for t in tensors)
+        hit = self._bound.get(shapes)
+        if hit is None:
+            binding = self.native.bind([(n, _KD[t.dtype], t.shape) for n, t in zip(self.names, tensors)])
+            hit = (binding, [(shape, TORCH_DTYPES[dtype]) for dtype, shape in binding.outputs])
+            if len(self._bound) >= self.MAX_BOUND:
+                self._bound.clear()
+            self._bound[shapes] = hit
+        return hit
+
+    def run_cuda(self, tensors, validate):
+        binding, out_specs = self._bind(tensors)
+        if validate and self.layouts:
+            binding.check_layouts([(self.names[i], _host_arg(self.names[i], tensors[i].cpu())[1]) for i in self.layouts])
+        device = tensors[0].device
+        outs = [_empty(shape, dtype=dtype, device=device) for shape, dtype in out_specs]
+        addresses = [t.data_ptr() for t in tensors]
+        if any(a & 15 for a in addresses):
             # kfuse's kernels load small trailing axes as vectors: a view that does not start
-            # 16-byte aligned is copied.
-            t = t.clone()
-            copies.append(t)
-            ptr = t.data_ptr()
-        args.append((n, ptr, t.nbytes, dtype, shape))
-    index = device.index
-    _on_device(
-        index,
-        native.launch,
-        index,
-        _raw_stream(index),
-        args,
-        [(n, t.data_ptr(), t.nbytes, dtype, shape) for (n, dtype, shape), t in zip(out_decls, outs)],
-    )
-    return outs
-
-
-def _run(native, names, tensors, validate):
-    if tensors and tensors[0].device.type == "cuda":
-        return _run_cuda(native, names, tensors, validate)
-    return _run_cpu(native, names, tensors)
+            # 16-byte aligned is copied (the copies live until the launch is queued).
+            tensors = [t.clone() if a & 15 else t for t, a in zip(tensors, addresses)]
+            addresses = [t.data_ptr() for t in tensors]
+        addresses += [t.data_ptr() for t in outs]
+        index = device.index
+        _on_device(index, binding.launch, index, _raw_stream(index), addresses)
+        return outs
 
 
 # ---------------------------------------------------------------------------------------------
 # Variants: one program per combination of float input dtypes, with its derived programs.
+
+
+class _Fusion:
+    """The loss and its gradients with respect to the inputs `wrt` in one program: its kernels,
+    where the gradients are among its outputs, and what the backward needs."""
+
+    __slots__ = ("kernels", "grad_index", "wrt", "n_inputs", "n_outputs", "loss_index", "non_float")
+
+    def __init__(self, variant, wrt):
+        loss = variant.outputs[variant.float_outputs[0]].name
+        native, pairs = variant.native.with_gradients(loss, [variant.names[i] for i in wrt])
+        outs = [d[0] for d in native.outputs]
+        self.kernels = _Kernels(native, variant.names)
+        self.grad_index = [outs.index(g) for _, g in pairs]
+        self.wrt = wrt
+        self.n_inputs = len(variant.inputs)
+        self.n_outputs = len(variant.outputs)
+        self.loss_index = variant.float_outputs[0]
+        self.non_float = [i for i, d in enumerate(variant.outputs) if d.dtype not in FLOAT]
 
 
 class _Variant:
@@ -184,47 +217,48 @@ class _Variant:
         self.inputs = [Decl(*d) for d in native.inputs]
         self.outputs = [Decl(*d) for d in native.outputs]
         self.names = [d.name for d in self.inputs]
+        self.kernels = _Kernels(native, self.names)
         self.float_inputs = [i for i, d in enumerate(self.inputs) if d.dtype in FLOAT]
         self.float_outputs = [i for i, d in enumerate(self.outputs) if d.dtype in FLOAT]
+        self.non_float_outputs = [i for i, d in enumerate(self.outputs) if d.dtype not in FLOAT]
         # The fused loss + gradient path: one float output, a scalar.
         self.scalar_loss = len(self.float_outputs) == 1 and len(self.outputs[self.float_outputs[0]].shape) == 0
         # Re-entrant: registering the fused operator derives the gradient program.
         self._lock = threading.RLock()
-        self._grads = {}
+        self._fusions = {}
         self._vjps = {}
         self._ops = {}
 
-    def with_gradients(self, wrt):
-        """``(program, gradient output index per wrt)`` for the fused loss + gradients."""
-        with self._lock:
-            hit = self._grads.get(wrt)
-            if hit is None:
-                loss = self.outputs[self.float_outputs[0]].name
-                prog, pairs = self.native.with_gradients(loss, [self.names[i] for i in wrt])
-                outs = [d[0] for d in prog.outputs]
-                hit = (prog, [outs.index(g) for _, g in pairs])
-                self._grads[wrt] = hit
-            return hit
+    def fusion(self, wrt):
+        """The fused loss + gradients w.r.t. `wrt` (float input indices), built on first use."""
+        hit = self._fusions.get(wrt)
+        if hit is None:
+            with self._lock:
+                hit = self._fusions.get(wrt)
+                if hit is None:
+                    hit = self._fusions[wrt] = _Fusion(self, wrt)
+        return hit
 
     def vjp(self, outputs, wrt):
-        """The vector-Jacobian product program of the outputs `outputs` (indices) w.r.t. `wrt`."""
+        """The vector-Jacobian product of the outputs `outputs` (indices) w.r.t. `wrt`: kernels
+        whose inputs are this program's, then ``grad_<output>`` per output in `outputs`."""
         key = (outputs, wrt)
         with self._lock:
-            prog = self._vjps.get(key)
-            if prog is None:
+            hit = self._vjps.get(key)
+            if hit is None:
                 base = self.native
                 if len(outputs) != len(self.float_outputs):
                     base = base.select_outputs([self.outputs[i].name for i in outputs])
                 prog, _, _ = base.vjp([self.names[i] for i in wrt])
-                self._vjps[key] = prog
-            return prog
+                names = self.names + ["grad_" + self.outputs[i].name for i in outputs]
+                hit = self._vjps[key] = _Kernels(prog, names)
+            return hit
 
     def backward(self, tensors, outputs, upstream, wrt):
         """Gradients w.r.t. `wrt` given the upstream gradients of `outputs` (indices)."""
-        prog = self.vjp(outputs, wrt)
-        names = self.names + ["grad_" + self.outputs[i].name for i in outputs]
+        kernels = self.vjp(outputs, wrt)
         ups = [u.to(TORCH_DTYPES[self.outputs[i].dtype]).contiguous() for i, u in zip(outputs, upstream)]
-        return _run(prog, names, list(tensors) + ups, validate=False)
+        return kernels.run(list(tensors) + ups, validate=False)
 
     def ops(self, fused=()):
         """The custom operator of this variant (registered on first use under torch.compile):
@@ -242,26 +276,23 @@ class _Fused(torch.autograd.Function):
     """Eager autograd: the loss and its gradients in one run; backward scales them."""
 
     @staticmethod
-    def forward(ctx, variant, validate, wrt, *tensors):
-        prog, grad_index = variant.with_gradients(wrt)
-        outs = _run(prog, variant.names, list(tensors), validate)
-        n = len(variant.outputs)
-        ctx.wrt = wrt
-        ctx.loss_index = variant.float_outputs[0]
-        ctx.n_inputs = len(tensors)
-        ctx.save_for_backward(*[outs[i] for i in grad_index])
-        for i, d in enumerate(variant.outputs):
-            if d.dtype not in FLOAT:
-                ctx.mark_non_differentiable(outs[i])
-        return tuple(outs[:n])
+    def forward(ctx, fusion, validate, *tensors):
+        outs = fusion.kernels.run(tensors, validate)
+        ctx.fusion = fusion
+        ctx.save_for_backward(*[outs[i] for i in fusion.grad_index])
+        if fusion.non_float:
+            ctx.mark_non_differentiable(*[outs[i] for i in fusion.non_float])
+        return tuple(outs[: fusion.n_outputs])
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        grads = [None] * ctx.n_inputs
-        up = grad_outputs[ctx.loss_index]
-        for i, g in zip(ctx.wrt, ctx.saved_tensors):
-            grads[i] = g * up.to(g.dtype)
-        return (None, None, None, *grads)
+        fusion = ctx.fusion
+        grads = [None] * (2 + fusion.n_inputs)
+        up = grad_outputs[fusion.loss_index]
+        # A float gradient times the loss's 0-d upstream gradient keeps the gradient's dtype.
+        for i, g in zip(fusion.wrt, ctx.saved_tensors):
+            grads[2 + i] = g * up
+        return tuple(grads)
 
 
 class _Derived(torch.autograd.Function):
@@ -269,13 +300,12 @@ class _Derived(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, variant, validate, wrt, *tensors):
-        outs = _run(variant.native, variant.names, list(tensors), validate)
+        outs = variant.kernels.run(tensors, validate)
         ctx.variant = variant
         ctx.wrt = wrt
         ctx.save_for_backward(*tensors)
-        for i, d in enumerate(variant.outputs):
-            if d.dtype not in FLOAT:
-                ctx.mark_non_differentiable(outs[i])
+        if variant.non_float_outputs:
+            ctx.mark_non_differentiable(*[outs[i] for i in variant.non_float_outputs])
         ctx.set_materialize_grads(False)
         return tuple(outs)
 
@@ -359,7 +389,7 @@ def _register(variant):
 
         def fwd_impl(*a):
             tensors, validate = list(a[:n_in]), (a[n_in] if len(a) > n_in else True)
-            return single(_run(variant.native, variant.names, [t.contiguous() for t in tensors], validate), len(outs))
+            return single(variant.kernels.run([t.contiguous() for t in tensors], validate), len(outs))
 
         def fwd_fake(*a):
             return single(_fake_outputs(outs, ins, sources, a[:n_in]), len(outs))
@@ -419,15 +449,15 @@ def _register_fused(variant, wrt):
         n_in, n_out = len(ins), len(outs)
         loss_index = variant.float_outputs[0]
         sources = _sym_sources(ins)
-        prog, grad_index = variant.with_gradients(wrt)
+        fusion = variant.fusion(wrt)
         args = ", ".join(f"Tensor in_{d.name}" for d in ins)
         ret = "(" + ", ".join("Tensor" for _ in range(n_out + len(wrt))) + ")"
         lib.define(f"{name}({args}, bool validate=True) -> {ret}")
 
         def impl(*a):
             tensors, validate = [t.contiguous() for t in a[:n_in]], (a[n_in] if len(a) > n_in else True)
-            got = _run(prog, variant.names, tensors, validate)
-            return tuple(got[:n_out] + [got[i] for i in grad_index])
+            got = fusion.kernels.run(tensors, validate)
+            return tuple(got[:n_out] + [got[i] for i in fusion.grad_index])
 
         def fake(*a):
             tensors = a[:n_in]
@@ -578,12 +608,13 @@ class Program:
         wrt = ()
         if torch.is_grad_enabled():
             wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
-        if wrt:
-            fn = _Fused if variant.scalar_loss else _Derived
-            out = fn.apply(variant, validate, wrt, *ordered)
-        else:
+        if not wrt:
             # The outputs are new tensors that no autograd graph records.
-            out = _run(variant.native, variant.names, ordered, validate)
+            out = variant.kernels.run(ordered, validate)
+        elif variant.scalar_loss:
+            out = _Fused.apply(variant.fusion(wrt), validate, *ordered)
+        else:
+            out = _Derived.apply(variant, validate, wrt, *ordered)
         return Outputs(zip(self._out_names, out))
 
     def _bad_input(self, name, t):

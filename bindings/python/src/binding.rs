@@ -1,0 +1,115 @@
+//! The `Binding` class: a program bound to one set of input shapes, as the Python glue caches it
+//! per shape signature, so that a call on tensors of shapes seen before crosses the boundary with
+//! addresses only.
+
+use kfuse::{DType, DeviceTensor};
+use pyo3::prelude::*;
+
+use crate::device;
+use crate::errors::{self, Kind};
+use crate::program::{dtype_name, parse_dtype, ShapeArg};
+use crate::shapes;
+
+/// One tensor of a binding: its name, dtype, shape and byte count.
+struct Slot {
+    name: String,
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: u64,
+}
+
+impl Slot {
+    fn new(name: String, dtype: DType, shape: Vec<usize>) -> PyResult<Slot> {
+        let bytes = shape
+            .iter()
+            .try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64))
+            .ok_or_else(|| errors::raise(Kind::Input, format!("`{name}`: a {dtype}{shape:?} tensor is too large")))?;
+        Ok(Slot { name, dtype, shape, bytes })
+    }
+}
+
+/// A program bound to input shapes (checked against its declarations): the outputs' dtypes and
+/// shapes, the check of lengths/offsets values, and the launch on CUDA memory that the caller
+/// owns. Immutable.
+#[pyclass(frozen, module = "kfuse._kfuse")]
+pub struct Binding {
+    program: kfuse::Program,
+    sizes: Vec<u64>,
+    /// The inputs (declaration order), then the outputs (declaration order).
+    slots: Vec<Slot>,
+    inputs: usize,
+}
+
+impl Binding {
+    /// Binds `program` to `inputs` (`(name, dtype, shape)`, in declaration order), whose symbol
+    /// sizes `sizes` were checked and bound already.
+    pub fn new(program: kfuse::Program, inputs: &[ShapeArg], sizes: Vec<u64>) -> PyResult<Binding> {
+        let mut slots = Vec::with_capacity(inputs.len() + program.interface().outputs.len());
+        for (name, dtype, shape) in inputs {
+            slots.push(Slot::new(name.clone(), parse_dtype(dtype)?, shape.clone())?);
+        }
+        for (name, dtype, shape) in shapes::output_shapes(program.interface(), &sizes) {
+            slots.push(Slot::new(name, dtype, shape)?);
+        }
+        Ok(Binding { program, sizes, slots, inputs: inputs.len() })
+    }
+}
+
+#[pymethods]
+impl Binding {
+    /// The outputs' `(dtype, shape)`, in declaration order.
+    #[getter]
+    fn outputs(&self) -> Vec<(&'static str, Vec<usize>)> {
+        self.slots[self.inputs..].iter().map(|s| (dtype_name(s.dtype), s.shape.clone())).collect()
+    }
+
+    /// Checks the values of lengths/offsets inputs: `values` holds the `(name, bytes)` of the i32
+    /// metadata inputs (host copies, little-endian).
+    fn check_layouts(&self, values: Vec<(String, Vec<u8>)>) -> PyResult<()> {
+        let ints: Vec<(String, Vec<i32>)> = values
+            .into_iter()
+            .map(|(n, b)| (n, b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()))
+            .collect();
+        let refs: Vec<(&str, &[i32])> = ints.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+        shapes::check_layouts(self.program.interface(), &self.sizes, &refs).map_err(|e| errors::bind(&e))
+    }
+
+    /// Launches the program on CUDA device `ordinal` and stream `stream` (a `cudaStream_t` of
+    /// that device, 0 for the legacy default stream) over memory that the caller owns and keeps
+    /// alive for the call: `addresses` holds one 16-byte aligned address per input, then per
+    /// output, of tensors of the bound shapes. Queues the kernels and returns: no host
+    /// synchronisation. The first launch on a device loads the kernels (compiling them with NVRTC
+    /// when the cache has none) with the GIL released; later launches only queue them.
+    fn launch(&self, py: Python<'_>, ordinal: usize, stream: u64, addresses: Vec<u64>) -> PyResult<()> {
+        if addresses.len() != self.slots.len() {
+            return Err(errors::raise(
+                Kind::Input,
+                format!("{} addresses given for {} inputs and outputs", addresses.len(), self.slots.len()),
+            ));
+        }
+        let gpu = device::device(ordinal)?;
+        let roles =
+            self.slots.iter().enumerate().map(|(i, s)| if i < self.inputs { ("input", s) } else { ("output", s) });
+        device::check_aligned(roles.zip(&addresses).map(|((role, s), &a)| (role, s.name.as_str(), a)))?;
+        let memory: Vec<(u64, u64)> = addresses.iter().zip(&self.slots).map(|(&a, s)| (a, s.bytes)).collect();
+        let (stream, buffers) = device::borrow(&gpu, stream, &memory)?;
+        let mut tensors = self
+            .slots
+            .iter()
+            .zip(buffers)
+            .map(|(s, buffer)| (s.name.as_str(), DeviceTensor { buffer, dtype: s.dtype, shape: s.shape.clone() }));
+        let ins: Vec<(&str, DeviceTensor)> = tensors.by_ref().take(self.inputs).collect();
+        let outs: Vec<DeviceTensor> = tensors.map(|(_, t)| t).collect();
+        let program = &self.program;
+        let launch = || program.launch(ordinal, &stream, &ins, &outs);
+        // Queuing kernels takes microseconds: the GIL is kept, so that a call does not wait for
+        // it behind other Python threads. A first launch may compile, so it lets them run.
+        let result = if program.is_loaded(ordinal) { launch() } else { py.detach(launch) };
+        result.map_err(errors::kfuse)
+    }
+
+    fn __repr__(&self) -> String {
+        let shapes: Vec<String> = self.slots.iter().map(|s| format!("{}: {}{:?}", s.name, s.dtype, s.shape)).collect();
+        format!("<kfuse.Binding of {} ({})>", self.program.origin(), shapes.join(", "))
+    }
+}
