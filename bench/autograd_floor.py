@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Host time per eager call of PyTorch's autograd floor beside kfuse's GIoU call (B=1024, lengths
 layout, validate=False): what a forward + backward costs the host before any kernel of kfuse.
-Best and median of three runs of 1000 calls each, no synchronisation inside a run; a markdown
-row per case. Needs a CUDA GPU and the kfuse package; run from the repository root."""
+Best and median of three runs of 1000 calls each, no synchronisation inside a run, with autograd's
+default threads and with the backward on the calling thread
+(`torch.autograd.set_multithreading_enabled(False)`); a markdown row per case. Needs a CUDA GPU
+and the kfuse package; run from the repository root."""
 import time
 
 import torch
@@ -39,7 +41,7 @@ cases = {
   "kfuse giou_lengths fwd (no grad)": lambda: p(pred=pred.detach(), target=tgt, lengths=lengths, validate=False).loss,
   "kfuse giou_lengths fwd+bwd": lambda: p(pred=pred, target=tgt, lengths=lengths, validate=False).loss.backward(),
 }
-for name, f in cases.items():
+def measure(f):
     for _ in range(100): f()
     torch.cuda.synchronize()
     best = []
@@ -48,4 +50,11 @@ for name, f in cases.items():
         for _ in range(1000): f()
         best.append((time.perf_counter() - t) / 1000 * 1e6)
         torch.cuda.synchronize()
-    print(f"| {name} | {min(best):.1f} | {sorted(best)[1]:.1f} |")
+    return min(best), sorted(best)[1]
+print("| call | best | median | backward on the calling thread: best | median |")
+print("|---|---:|---:|---:|---:|")
+for name, f in cases.items():
+    b, m = measure(f)
+    with torch.autograd.set_multithreading_enabled(False):
+        tb, tm = measure(f)
+    print(f"| {name} | {b:.1f} | {m:.1f} | {tb:.1f} | {tm:.1f} |", flush=True)

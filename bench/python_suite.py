@@ -198,6 +198,37 @@ def cuda_times_us(torch, fn, warmup, iters):
             "loop_mean_us": starts[0].elapsed_time(ends[-1]) * 1e3 / iters, "iters": iters}
 
 
+def calling_thread_us(torch, step, suite):
+    """`cuda_times_us` with the backward run on the calling thread
+    (`torch.autograd.set_multithreading_enabled(False)`), not handed to autograd's device thread."""
+    with torch.autograd.set_multithreading_enabled(False):
+        return cuda_times_us(torch, step, suite.warmup, suite.iters)
+
+
+def graph_replay_us(torch, step, pred, suite):
+    """The training step captured into a CUDA graph (after warm-up on a side stream), then
+    `cuda_times_us` of its replays: the step's GPU time without the host's part. Checks that a
+    replay reproduces the eager gradient."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    want = pred.grad.clone()
+    pred.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    err = rel_err(torch, pred.grad, want)
+    suite.check("cuda graph replay gradient", err, 1e-6 if pred.dtype == torch.float32 else 1e-2)
+    times = cuda_times_us(torch, graph.replay, suite.warmup, suite.iters)
+    pred.grad = None
+    return {**times, "grad_rel_err_vs_eager": err}
+
+
 def host_us(torch, fn, calls):
     """Host time per call: time.perf_counter over `calls` eager calls, no synchronisation inside."""
     for _ in range(20):
@@ -361,6 +392,12 @@ def giou_case(suite, torch, np, dtype, batch):
     first_s = time.perf_counter() - t0
     compiled = {**cuda_times_us(torch, step, suite.warmup, suite.iters), "first_call_s": first_s,
                 **checked(f"torch.compile {dtype} B={batch}", step, pred, ref_loss, ref_grad, torch_tol)}
+    compiled_calling_thread = calling_thread_us(torch, step, suite)
+    try:
+        compiled_graph = graph_replay_us(torch, step, pred, suite)
+    except Exception as e:  # noqa: BLE001 - reported in the results, the kfuse rows still run
+        suite.log(f"torch.compile {dtype} B={batch} in a CUDA graph: {type(e).__name__}: {e}")
+        compiled_graph = {"error": f"{type(e).__name__}: {e}"}
 
     import kfuse
 
@@ -384,6 +421,12 @@ def giou_case(suite, torch, np, dtype, batch):
                 step = train_step(prog, pred, tgt, **extra, **kw)
                 figures[key] = {**cuda_times_us(torch, step, suite.warmup, suite.iters),
                                 **checked(f"kfuse {name} {key}", step, pred, want_loss, want_grad, tol)}
+            last = variants[-1][1]
+            step = train_step(prog, pred, tgt, **extra, **last)
+            figures["kfuse_calling_thread"] = calling_thread_us(torch, step, suite)
+            figures["torch_compile_calling_thread"] = compiled_calling_thread
+            figures["kfuse_cuda_graph"] = graph_replay_us(torch, step, pred, suite)
+            figures["torch_compile_cuda_graph"] = compiled_graph
             figures["standalone"] = standalone(suite, layout, dtype, batch)
             k = figures["kfuse"]["median_us"]
             best = min(figures[v]["median_us"] for v, _ in variants)
@@ -406,6 +449,12 @@ def giou_case(suite, torch, np, dtype, batch):
                 f"{eager['median_us']:.1f}", f"{compiled['median_us']:.1f}",
                 f"{figures['speedup_vs_torch_compile']:.1f}x", f"{compiled['first_call_s']:.1f}",
                 f"{figures['kfuse']['grad_rel_err']:.1e}"]))
+            ct, cc = figures["kfuse_calling_thread"]["median_us"], compiled_calling_thread["median_us"]
+            gk, gc = figures["kfuse_cuda_graph"]["median_us"], compiled_graph.get("median_us", float("nan"))
+            suite.rows.append(("giou_modes", name, [
+                f"{figures[variants[-1][0]]['median_us']:.1f}", f"{ct:.1f}", f"{cc:.1f}", f"{cc / ct:.1f}x",
+                f"{gk:.1f}", f"{gc:.1f}", f"{gc / gk:.1f}x", f"{figures['standalone']['b2b_us']:.1f}",
+                f"{gk / figures['standalone']['b2b_us']:.2f}"]))
 
         suite.attempt(f"giou {name}", measure)
 
@@ -443,6 +492,10 @@ def host_case(suite, torch, np):
             if layout_input:
                 figures["forward_no_validate_us"] = host_us(torch, fwd(validate=False), suite.host_calls)
                 figures["forward_backward_no_validate_us"] = host_us(torch, fwd_bwd(validate=False), suite.host_calls)
+            # The backward on the calling thread instead of autograd's device thread.
+            with torch.autograd.set_multithreading_enabled(False):
+                kw = {"validate": False} if layout_input else {}
+                figures["forward_backward_calling_thread_us"] = host_us(torch, fwd_bwd(**kw), suite.host_calls)
             # The calls timed are the ones checked: the result of one more is compared.
             ref = p.double().requires_grad_()
             want = torch_packed_loss(ref, t.double()) if layout == "packed" else torch_padded_loss(ref, t.double())
@@ -458,30 +511,38 @@ def host_case(suite, torch, np):
                 f"{figures['forward_us']:.1f}", f"{figures.get('forward_no_validate_us', figures['forward_us']):.1f}",
                 f"{figures['forward_backward_us']:.1f}",
                 f"{figures.get('forward_backward_no_validate_us', figures['forward_backward_us']):.1f}",
-                f"{floor_us:.1f}"]))
+                f"{figures['forward_backward_calling_thread_us']:.1f}", f"{floor_us:.1f}"]))
 
         suite.attempt(f"host {layout}", measure)
 
 
 FIRST_CALL = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 import torch
+path, folder, backward, warm_torch = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+dev = torch.device("cuda", 0)
+x = {n: torch.from_numpy(np.load(f"{folder}/{n}.npy")).to(dev) for n in ("pred", "target", "lengths")}
+if warm_torch:
+    # PyTorch's own first uses (its kernels load lazily; autograd starts its device thread), paid
+    # as a training loop that has run a step before calling kfuse has paid them.
+    w = x["pred"].clone().requires_grad_()
+    (w * 2).sum().backward()
+    float(w.grad.double().sum()); x["lengths"].cpu()
+torch.cuda.synchronize()
 t = time.perf_counter()
 import kfuse
 import_ms = (time.perf_counter() - t) * 1e3
-path, folder, backward = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-dev = torch.device("cuda", 0)
-x = {n: torch.from_numpy(np.load(f"{folder}/{n}.npy")).to(dev) for n in ("pred", "target", "lengths")}
-torch.cuda.synchronize()
 t0 = time.perf_counter()
 prog = kfuse.load(path)
+load_ms = (time.perf_counter() - t0) * 1e3
 pred = x["pred"].requires_grad_(backward)
 out = prog(pred=pred, target=x["target"], lengths=x["lengths"])
+loss = out.loss.item()
+forward_ms = (time.perf_counter() - t0) * 1e3
 if backward:
     out.loss.backward()
     grad_sum = float(pred.grad.double().sum())
-loss = out.loss.item()
 first_ms = (time.perf_counter() - t0) * 1e3
 t1 = time.perf_counter()
 pred.grad = None
@@ -491,26 +552,31 @@ if backward:
     float(pred.grad.double().sum())
 out.loss.item()
 second_ms = (time.perf_counter() - t1) * 1e3
-print("FIRST-CALL " + json.dumps({"first_ms": first_ms, "second_ms": second_ms, "import_ms": import_ms,
-                                  "loss": loss}))
+print("FIRST-CALL " + json.dumps({"first_ms": first_ms, "load_ms": load_ms, "to_loss_ms": forward_ms,
+                                  "second_ms": second_ms, "import_ms": import_ms, "loss": loss}))
 """
 
 
 def first_call_case(suite, torch, np):
-    """A new process: kfuse.load and the first result on the host, warm and cold disk cache."""
+    """A new process: kfuse.load and the first result on the host, with a cold disk cache and a
+    warm one, after PyTorch's own first uses (as in a training loop that has run a step); and with
+    a warm disk cache in a process whose first CUDA work is kfuse's call (torch's first uses inside
+    the timed region)."""
     folder = gen_boxes(suite, 1024, "f32")
     x = {n: torch.from_numpy(np.load(os.path.join(folder, n + ".npy"))) for n in ("pred", "target")}
     want = torch_padded_loss(x["pred"].double(), x["target"].double()).item()
     path = os.path.join(REPO, "examples", "giou_lengths.kf")
     reps = 1 if suite.quick else 3
+    # phase: (cold kernel cache, torch's first uses before the timer)
+    phases = {"cold": (True, True), "warm": (False, True), "warm_torch_first_use": (False, False)}
     for backward in (False, True):
         what = "forward_backward" if backward else "forward"
 
-        def run_once(cache, cold):
+        def run_once(cache, cold, warm_torch):
             env = {"KFUSE_CACHE_DIR": cache}
             if cold:
                 env["CUDA_CACHE_DISABLE"] = "1"  # NVRTC's own cache off: the compile is really cold
-            argv = [sys.executable, "-c", FIRST_CALL, path, folder, "1" if backward else "0"]
+            argv = [sys.executable, "-c", FIRST_CALL, path, folder, str(int(backward)), str(int(warm_torch))]
             out = suite.sh(argv, env=env)
             line = next(ln for ln in out.splitlines() if ln.startswith("FIRST-CALL "))
             got = json.loads(line[len("FIRST-CALL "):])
@@ -520,31 +586,34 @@ def first_call_case(suite, torch, np):
             return got
 
         def measure(backward=backward, what=what, run_once=run_once):
-            runs = {"cold": [], "warm": []}
+            runs = {phase: [] for phase in phases}
             for k in range(reps):
                 cache = os.path.join(suite.work, f"first-call-{what}-{k}")
                 shutil.rmtree(cache, ignore_errors=True)
                 os.makedirs(cache)
-                runs["cold"].append(run_once(cache, cold=True))
-                runs["warm"].append(run_once(cache, cold=False))
+                for phase, (cold, warm_torch) in phases.items():  # cold first: it fills the cache
+                    runs[phase].append(run_once(cache, cold, warm_torch))
             for phase, got in runs.items():
-                figures = {"first_ms_median": statistics.median(g["first_ms"] for g in got),
-                           "first_ms": [g["first_ms"] for g in got],
-                           "second_ms": [g["second_ms"] for g in got],
-                           "import_ms": [g["import_ms"] for g in got],
-                           "loss_rel_err": max(g["loss_rel_err"] for g in got)}
-                limit = 50 if phase == "warm" else 1000
+                cold, warm_torch = phases[phase]
+                figures = {"first_ms_median": statistics.median(g["first_ms"] for g in got)}
+                for key in ("first_ms", "load_ms", "to_loss_ms", "second_ms", "import_ms"):
+                    figures[key] = [g[key] for g in got]
+                figures["loss_rel_err"] = max(g["loss_rel_err"] for g in got)
+                limit = 1000 if cold else 50
                 suite.target(f"first call {what} {phase}", figures, "first_ms_median", f"under {limit} ms",
                              figures["first_ms_median"] < limit)
-                cmd = (("CUDA_CACHE_DISABLE=1 " if phase == "cold" else "")
+                cmd = (("CUDA_CACHE_DISABLE=1 " if cold else "")
                        + f"KFUSE_CACHE_DIR=$WORK/first-call-{what}-K python3 -c <bench/python_suite.py FIRST_CALL> "
-                       + f"examples/giou_lengths.kf $WORK/data/1024-f32 {int(backward)}")
+                       + f"examples/giou_lengths.kf $WORK/data/1024-f32 {int(backward)} {int(warm_torch)}")
                 suite.record(f"first-call--{what}_{phase}", {"program": "examples/giou_lengths.kf", "B": 1024,
-                                                             "backward": backward, "cache": phase, "processes": reps},
+                                                             "backward": backward, "cache": "cold" if cold else "warm",
+                                                             "torch_used_before": warm_torch, "processes": reps},
                              figures, command=cmd)
-                suite.rows.append(("first", f"{what} {phase}", [f"{figures['first_ms_median']:.1f}",
-                                                                  f"{statistics.median(figures['second_ms']):.2f}",
-                                                                  f"{statistics.median(figures['import_ms']):.0f}"]))
+                med = statistics.median
+                suite.rows.append(("first", f"{what} {phase}", [
+                    f"{figures['first_ms_median']:.1f}", f"{med(figures['load_ms']):.2f}",
+                    f"{med(figures['to_loss_ms']):.1f}", f"{med(figures['second_ms']):.2f}",
+                    f"{med(figures['import_ms']):.0f}"]))
 
         suite.attempt(f"first call {what}", measure)
 
@@ -643,10 +712,16 @@ TABLES = {
     "giou": ("GIoU loss forward + backward from PyTorch (median µs per call, CUDA events)",
              ["case", "kfuse", "kfuse validate=False", "standalone b2b", "ratio", "torch eager", "torch.compile",
               "vs compile", "compile 1st call s", "grad rel err"]),
+    "giou_modes": ("GIoU loss forward + backward, backward on the calling thread and in a CUDA graph (median µs per "
+                   "call, CUDA events; validate=False)",
+                   ["case", "kfuse", "kfuse, calling thread", "torch.compile, calling thread", "vs compile",
+                    "kfuse CUDA graph", "torch.compile CUDA graph", "vs compile", "standalone b2b",
+                    "graph / standalone"]),
     "host": ("Host time per eager call, B=1024 f32 (µs, perf_counter over the calls, no sync)",
-             ["layout", "fwd", "fwd validate=False", "fwd+bwd", "fwd+bwd validate=False", "torch a+b"]),
+             ["layout", "fwd", "fwd validate=False", "fwd+bwd", "fwd+bwd validate=False",
+              "fwd+bwd validate=False, calling thread", "torch a+b"]),
     "first": ("First call in a new process, giou_lengths.kf B=1024 (ms, kfuse.load to the result on the host)",
-              ["call", "first", "second", "import kfuse"]),
+              ["call", "first", "of which kfuse.load", "load to the loss on the host", "second", "import kfuse"]),
     "mlp": ("FusedMLP forward, fp16 (ms per call)",
             ["model", "FusedMLP", "kfuse mlp bench", "ratio", "torch eager", "rel err"]),
 }
