@@ -53,6 +53,8 @@
 //!   (`epilogue`), parameters (`signature`), zero fills (`fill`) and reduction tails (`tail`) are
 //!   shared. No two modules import each other.
 //! - `emit` turns expressions into CUDA statements; `cuda` spells types, literals and helpers.
+//! - `scale` is the one fixed kernel outside plans: a gradient scaled in place by its loss's
+//!   upstream gradient, skipped on the device when that is 1 (the fused loss + gradient's backward).
 //! - Fixed CUDA lives in reviewed templates under `src/templates/*.cuh`, embedded with
 //!   `include_str!` and rendered by `text::render` (`{{name}}` placeholders; lines starting with
 //!   `//~` are notes for the reader and are not emitted).
@@ -72,6 +74,7 @@ mod fill;
 mod kernel;
 mod onepass;
 mod plan;
+mod scale;
 mod shapes;
 mod signature;
 mod sinks;
@@ -85,6 +88,7 @@ pub use error::CodegenError;
 pub use plan::{
     BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param, Plan, SizeExpr,
 };
+pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 
 use emit::{temp_dtype, Emitter, Mode};
 

@@ -78,3 +78,17 @@ fn device_functions_compile_side_by_side() {
     );
     compile_all("two device functions", &src);
 }
+
+#[test]
+fn upstream_scaling_kernels_compile_for_every_float_pair() {
+    if nvrtc_or_skip("upstream_scaling_kernels_compile_for_every_float_pair").is_none() {
+        return;
+    }
+    let floats = [DType::F32, DType::F16, DType::BF16];
+    for grad in floats {
+        for up in floats {
+            let (source, name) = kfuse_codegen::scale_by_upstream_source(grad, up).expect("float dtypes");
+            compile_all(&name, &source);
+        }
+    }
+}

@@ -63,6 +63,10 @@ pub enum Error {
     /// An output that came back from the device with the wrong number of bytes.
     #[error("output `{name}` came back with {bytes} bytes, expected {want}")]
     OutputBytes { name: String, bytes: usize, want: usize },
+    /// A gradient or upstream gradient that [`scale_by_upstream`](crate::scale_by_upstream)
+    /// cannot take (not a float, an upstream of more than one element).
+    #[error("cannot scale {name} by its upstream gradient: {why}")]
+    Scale { name: String, why: String },
     /// A plan buffer for an input the interface does not declare (a planner bug).
     #[error("the plan has a buffer for input {index}, which its interface does not declare or which was not given (this is a bug in kfuse; please report it)")]
     PlanMissingInput { index: usize },

@@ -352,7 +352,7 @@ impl CudaProgram {
 }
 
 /// Checks that a device tensor's buffer is on device `ordinal` and holds its shape and dtype.
-fn check_tensor(role: &'static str, name: &str, t: &DeviceTensor, ordinal: usize) -> Result<()> {
+pub(crate) fn check_tensor(role: &'static str, name: &str, t: &DeviceTensor, ordinal: usize) -> Result<()> {
     if t.buffer.ordinal() != ordinal {
         return Err(Error::WrongDevice { role, name: name.to_string(), got: t.buffer.ordinal(), want: ordinal });
     }

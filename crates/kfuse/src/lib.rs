@@ -27,11 +27,13 @@ mod error;
 pub mod exec;
 pub mod mlp;
 mod program;
+mod scale;
 
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use exec::DeviceTensor;
 pub use program::Program;
+pub use scale::scale_by_upstream;
 
 pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};
 pub use kfuse_ir::{DType, Dim, Graph, HostTensor, Interface, LayoutConstraint, TensorData, TensorDecl};

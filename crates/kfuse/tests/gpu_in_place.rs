@@ -204,3 +204,45 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
     assert!(rel_err(&loss.download(&gpu), &want[0].1) <= 1e-5);
     assert!(rel_err(&dpred.download(&gpu), &want[1].1) <= 1e-5);
 }
+
+#[test]
+fn a_gradient_is_scaled_by_its_upstream_in_place_and_left_alone_by_an_upstream_of_one() {
+    let Some((engine, gpu)) =
+        device("a_gradient_is_scaled_by_its_upstream_in_place_and_left_alone_by_an_upstream_of_one")
+    else {
+        return;
+    };
+    let stream = gpu.create_stream().unwrap();
+    let mut rng = StdRng::seed_from_u64(seed());
+    let n = 3 * 1023 + 1;
+    for grad_dtype in [DType::F32, DType::F16, DType::BF16] {
+        for up_dtype in [DType::F32, DType::BF16, DType::F16] {
+            let values: Vec<f64> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
+            let grad = HostTensor::from_f64(grad_dtype, vec![n], &values);
+            for up in [1.0, -2.5] {
+                let g = Held::upload(&gpu, &grad);
+                let u = Held::upload(&gpu, &HostTensor::from_f64(up_dtype, vec![], &[up]));
+                gpu.synchronize().unwrap();
+                kfuse::scale_by_upstream(&engine, gpu.ordinal(), &stream, &g.borrowed(&gpu), &u.borrowed(&gpu))
+                    .unwrap_or_else(|e| panic!("{grad_dtype} by {up_dtype}: {e}"));
+                stream.synchronize().unwrap();
+                // -2.5 has few significant bits: the f32 product is exact and rounds once, as the
+                // f64 product does here, so the bytes must agree.
+                let scaled: Vec<f64> = grad.to_f64().iter().map(|v| v * up).collect();
+                let want = HostTensor::from_f64(grad_dtype, vec![n], &scaled);
+                assert_eq!(g.download(&gpu).to_bytes(), want.to_bytes(), "{grad_dtype} by {up_dtype} = {up}");
+            }
+        }
+    }
+    // Refused: an integer gradient, an upstream of more than one element.
+    let ints = Held::upload(&gpu, &HostTensor::from_f64(DType::I32, vec![4], &[1.0, 2.0, 3.0, 4.0]));
+    let one = Held::upload(&gpu, &HostTensor::from_f64(DType::F32, vec![], &[1.0]));
+    let two = Held::upload(&gpu, &HostTensor::from_f64(DType::F32, vec![2], &[1.0, 1.0]));
+    gpu.synchronize().unwrap();
+    let err = kfuse::scale_by_upstream(&engine, gpu.ordinal(), &stream, &ints.borrowed(&gpu), &one.borrowed(&gpu))
+        .unwrap_err();
+    assert!(matches!(&err, Error::Scale { why, .. } if why.contains("must be floats")), "{err}");
+    let err = kfuse::scale_by_upstream(&engine, gpu.ordinal(), &stream, &one.borrowed(&gpu), &two.borrowed(&gpu))
+        .unwrap_err();
+    assert!(matches!(&err, Error::Scale { why, .. } if why.contains("one element")), "{err}");
+}
