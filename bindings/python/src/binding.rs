@@ -113,3 +113,31 @@ impl Binding {
         format!("<kfuse.Binding of {} ({})>", self.program.origin(), shapes.join(", "))
     }
 }
+
+/// Scales a gradient (`grad`: address, dtype, element count; the caller's memory, 16-byte
+/// aligned) in place by a one-element upstream gradient (`upstream`: address, dtype) on CUDA
+/// device `ordinal` and stream `stream`; nothing is written when the upstream gradient is exactly
+/// 1, which the kernel reads on the device (no host synchronisation). The backward of a loss
+/// computed together with its gradients.
+#[pyfunction]
+pub fn scale_by_upstream(
+    ordinal: usize,
+    stream: u64,
+    grad: (u64, String, u64),
+    upstream: (u64, String),
+) -> PyResult<()> {
+    let (grad_dtype, up_dtype) = (parse_dtype(&grad.1)?, parse_dtype(&upstream.1)?);
+    let g = Slot::new("grad".to_string(), grad_dtype, vec![usize::try_from(grad.2).unwrap_or(usize::MAX)])?;
+    let u = Slot::new("upstream".to_string(), up_dtype, vec![])?;
+    let gpu = device::device(ordinal)?;
+    device::check_aligned([("gradient", g.name.as_str(), grad.0)])?;
+    let (stream, mut buffers) = device::borrow(&gpu, stream, &[(grad.0, g.bytes), (upstream.0, u.bytes)])?;
+    let up_buffer = buffers.pop();
+    let grad_buffer = buffers.pop();
+    let (Some(gb), Some(ub)) = (grad_buffer, up_buffer) else {
+        return Err(errors::raise(Kind::Error, "two buffers borrowed, fewer came back".to_string()));
+    };
+    let grad = DeviceTensor { buffer: gb, dtype: g.dtype, shape: g.shape };
+    let up = DeviceTensor { buffer: ub, dtype: u.dtype, shape: u.shape };
+    kfuse::scale_by_upstream(device::engine(), ordinal, &stream, &grad, &up).map_err(errors::kfuse)
+}

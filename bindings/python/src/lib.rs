@@ -3,10 +3,11 @@
 //! It exposes `Program` (a `kfuse::Program` of the process-wide engine: its interface, generated
 //! CUDA, derived backward programs and the CPU reference interpreter), `Binding` (a program bound
 //! to input shapes: output shapes, the lengths/offsets value check and the CUDA launch), `Mlp` (a
-//! fused MLP: its CPU path, and its fused kernel per device and dtype) and `cache_info()`
-//! (kernel-cache counters and the functions loaded per device). Tensors cross the boundary as
-//! plain values: `(name, bytes, dtype, shape)` for host data, `(name, dtype, shape)`
-//! for shapes, and raw device addresses for CUDA memory, so this module knows nothing of
+//! fused MLP: its CPU path, and its fused kernel per device and dtype), `scale_by_upstream` (the
+//! backward of a loss computed with its gradients, on CUDA) and `cache_info()` (kernel-cache
+//! counters and the functions loaded per device). Tensors cross the boundary as plain values:
+//! `(name, bytes, dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device
+//! addresses for CUDA memory, so this module knows nothing of
 //! PyTorch; the glue in `kfuse/_program.py` does.
 //!
 //! Errors become the exceptions of `kfuse._errors` (`ParseError`, `InputError`, `DeviceError`,
@@ -32,6 +33,7 @@ fn _kfuse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<binding::Binding>()?;
     m.add_class::<mlp::Mlp>()?;
     m.add_function(wrap_pyfunction!(device::cache_info, m)?)?;
+    m.add_function(wrap_pyfunction!(binding::scale_by_upstream, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -11,6 +11,7 @@ import torch
 import kfuse
 from kfuse import _kfuse
 from conftest import boxes, example
+from refs import giou_terms, masked_mean
 
 PER_BOX = """
 # Per-box GIoU-like terms, a non-scalar output and a scalar one.
@@ -87,6 +88,56 @@ def test_only_the_inputs_that_require_grad_get_one():
     x["target"].requires_grad_()
     prog(**x).loss.backward()
     assert x["pred"].grad is None and x["target"].grad is not None
+
+
+def giou_lengths_loss_and_grad(x, scale=1.0):
+    """The scalar GIoU loss of giou_lengths.kf and its gradient w.r.t. pred, in torch float64."""
+    pred = x["pred"].double().requires_grad_()
+    valid = torch.arange(pred.shape[1])[None, :] < x["lengths"][:, None].long()
+    loss = masked_mean(giou_terms(pred, x["target"].double()), valid)
+    (grad,) = torch.autograd.grad(loss * scale, pred)
+    return loss, grad
+
+
+def test_fused_backward_scales_by_the_upstream_gradient_and_survives_a_retained_graph():
+    """The loss + gradients launch: `loss.backward()` (upstream 1), a scaled upstream, gradient
+    accumulation over two calls, a second backward through a retained graph (which recomputes),
+    and `create_graph=True`, all against torch float64."""
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x = per_box_inputs(b=4, n=6, seed=21)
+    _, want = giou_lengths_loss_and_grad(x)
+    pred = x["pred"].clone().requires_grad_()
+    loss = prog(pred=pred, target=x["target"], lengths=x["lengths"]).loss
+    held = loss.grad_fn.grads[0].data_ptr()
+    loss.backward()
+    torch.testing.assert_close(pred.grad.double(), want, rtol=1e-5, atol=1e-7)
+    # The gradient computed with the loss became .grad itself: no copy.
+    assert pred.grad.data_ptr() == held
+    # Accumulates into .grad like any PyTorch gradient.
+    (prog(pred=pred, target=x["target"], lengths=x["lengths"]).loss * -2.5).backward()
+    torch.testing.assert_close(pred.grad.double(), want * -1.5, rtol=1e-5, atol=1e-7)
+    # A retained graph, backward twice with upstream 3: 6 times the gradient.
+    pred.grad = None
+    loss = prog(pred=pred, target=x["target"], lengths=x["lengths"]).loss * 3
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(pred.grad.double(), want * 6, rtol=1e-5, atol=1e-7)
+    # create_graph: the gradient still has the right value.
+    pred.grad = None
+    out = prog(pred=pred, target=x["target"], lengths=x["lengths"]).loss
+    (g,) = torch.autograd.grad(out * 2, pred, create_graph=True)
+    torch.testing.assert_close(g.double(), want * 2, rtol=1e-5, atol=1e-7)
+
+
+def test_a_second_backward_refuses_inputs_modified_in_place():
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x = per_box_inputs(b=3, n=5, seed=4)
+    pred, target = x["pred"].clone().requires_grad_(), x["target"].clone()
+    loss = prog(pred=pred, target=target, lengths=x["lengths"]).loss
+    loss.backward(retain_graph=True)
+    target.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"input `target` was modified in place after the forward"):
+        loss.backward()
 
 
 def test_vjp_program_is_a_program():

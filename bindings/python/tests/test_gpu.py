@@ -157,6 +157,31 @@ def test_gradient_of_target_too(gpu, dtype):
     close(x["target"].grad, want[1], TOL[dt][1], f"{dtype} d loss / d target")
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_fused_backward_on_cuda_keeps_its_gradient_and_survives_a_retained_graph(gpu, dtype):
+    """`loss.backward()` hands kfuse's gradient tensor to `.grad` (no copy, no pass over it); an
+    upstream of -2.5 scales it in place; a retained graph's second backward recomputes it."""
+    dt = DTYPES[dtype]
+    prog = kfuse.load(example("giou_lengths.kf"))
+    x64, loss_fn = batch("lengths", seeded("fused backward", dtype), 257)
+    x = on(x64, gpu, dt)
+    _, want = reference(loss_fn, x)
+    grad_tol = TOL[dt][1]
+    x["pred"].requires_grad_()
+    loss = prog(**x).loss
+    held = loss.grad_fn.grads[0].data_ptr()
+    loss.backward()
+    assert x["pred"].grad.data_ptr() == held
+    close(x["pred"].grad, want, grad_tol, f"{dtype} upstream 1")
+    (prog(**x).loss * -2.5).backward()
+    close(x["pred"].grad, -1.5 * want, grad_tol, f"{dtype} accumulated with upstream -2.5")
+    x["pred"].grad = None
+    loss = prog(**x).loss * 3
+    loss.backward(retain_graph=True)
+    loss.backward()
+    close(x["pred"].grad, 6 * want, grad_tol, f"{dtype} retained graph, twice with upstream 3")
+
+
 def per_box_batch(gen, b, n):
     x = {"pred": grid_boxes(gen, b, n, odd=1), "target": grid_boxes(gen, b, n, odd=0),
          "lengths": torch.randint(0, n + 1, (b,), generator=gen, dtype=torch.int32)}

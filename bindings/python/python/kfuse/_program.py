@@ -198,9 +198,10 @@ class _Fusion:
     """The loss and its gradients with respect to the inputs `wrt` in one program: its kernels,
     where the gradients are among its outputs, and what the backward needs."""
 
-    __slots__ = ("kernels", "grad_index", "wrt", "n_inputs", "n_outputs", "loss_index", "non_float")
+    __slots__ = ("variant", "kernels", "grad_index", "wrt", "n_inputs", "n_outputs", "loss_index", "non_float")
 
     def __init__(self, variant, wrt):
+        self.variant = variant
         loss = variant.outputs[variant.float_outputs[0]].name
         native, pairs = variant.native.with_gradients(loss, [variant.names[i] for i in wrt])
         outs = [d[0] for d in native.outputs]
@@ -277,14 +278,37 @@ class _Variant:
             return op
 
 
+def _scale_in_place(g, up):
+    """`g *= up` for a gradient `g` that kfuse computed and a one-element upstream gradient `up`.
+    On CUDA a kernel on the current stream reads `up` on the device and writes nothing when it is
+    1 (`loss.backward()`), so no pass over `g` and no synchronisation."""
+    if g.is_cuda and up.is_cuda and up.numel() == 1 and up.dtype in _KD and up.device == g.device:
+        index = g.get_device()
+        grad, upstream = (g.data_ptr(), _KD[g.dtype], g.numel()), (up.data_ptr(), _KD[up.dtype])
+        _on_device(index, _kfuse.scale_by_upstream, index, _raw_stream(index), grad, upstream)
+    elif g.is_cuda or float(up) != 1.0:
+        g.mul_(up)
+
+
 class _Fused(torch.autograd.Function):
-    """Eager autograd: the loss and its gradients in one run; backward scales them."""
+    """Eager autograd: the loss and its gradients in one run.
+
+    The first backward scales the gradients in place by the loss's upstream gradient and hands
+    them to autograd, which keeps them as ``.grad`` without a copy, so ``loss.backward()`` adds one
+    small launch and no pass over the gradients. The gradients are kfuse's own tensors, held by
+    the context until then (not through ``save_for_backward``: they are changed in place, and
+    saved-tensor hooks would only move them). A second backward through a retained graph
+    recomputes them with the derived VJP program from the inputs, which must not have changed in
+    place; a backward with ``create_graph=True`` multiplies out of place."""
 
     @staticmethod
     def forward(ctx, fusion, validate, *tensors):
         outs = fusion.kernels.run(tensors, validate)
         ctx.fusion = fusion
-        ctx.save_for_backward(*[outs[i] for i in fusion.grad_index])
+        ctx.grads = [outs[i] for i in fusion.grad_index]
+        # Only a second backward through a retained graph reads these.
+        ctx.inputs = tensors
+        ctx.versions = [t._version for t in tensors]
         if fusion.non_float:
             ctx.mark_non_differentiable(*[outs[i] for i in fusion.non_float])
         return tuple(outs[: fusion.n_outputs])
@@ -292,11 +316,25 @@ class _Fused(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grad_outputs):
         fusion = ctx.fusion
-        grads = [None] * (2 + fusion.n_inputs)
         up = grad_outputs[fusion.loss_index]
-        # A float gradient times the loss's 0-d upstream gradient keeps the gradient's dtype.
-        for i, g in zip(fusion.wrt, ctx.saved_tensors):
-            grads[2 + i] = g * up
+        if ctx.grads is None:
+            changed = [d.name for d, t, v in zip(fusion.variant.inputs, ctx.inputs, ctx.versions) if t._version != v]
+            if changed:
+                raise RuntimeError(
+                    f"kfuse: input `{changed[0]}` was modified in place after the forward; a second backward "
+                    "through a retained graph recomputes the gradients from the inputs"
+                )
+            got = fusion.variant.backward(ctx.inputs, (fusion.loss_index,), [up], fusion.wrt)
+        elif torch.is_grad_enabled():
+            got = [g * up for g in ctx.grads]
+        else:
+            # Handed over: no reference stays here, so autograd keeps them without a copy.
+            got, ctx.grads = ctx.grads, None
+            for g in got:
+                _scale_in_place(g, up)
+        grads = [None] * (2 + fusion.n_inputs)
+        for i, g in zip(fusion.wrt, got):
+            grads[2 + i] = g
         return tuple(grads)
 
 
