@@ -118,7 +118,9 @@ if _raw_stream is None:  # pragma: no cover - older torch
         return torch.cuda.current_stream(index).cuda_stream
 
 
-_current_device = torch.cuda.current_device
+# The current CUDA device; CUDA tensors exist whenever this is called, so PyTorch's lazy
+# initialisation check (`torch.cuda.current_device`) is not needed on the call path.
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _empty = torch.empty
 
 
