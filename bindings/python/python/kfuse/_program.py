@@ -300,17 +300,17 @@ class _Fused(torch.autograd.Function):
     small launch and no pass over the gradients. The gradients are kfuse's own tensors, held by
     the context until then (not through ``save_for_backward``: they are changed in place, and
     saved-tensor hooks would only move them). A second backward through a retained graph
-    recomputes them with the derived VJP program from the inputs, which must not have changed in
-    place; a backward with ``create_graph=True`` multiplies out of place."""
+    recomputes them with the derived VJP program from the saved inputs (PyTorch checks that they
+    have not changed in place); a backward with ``create_graph=True`` multiplies out of place."""
 
     @staticmethod
     def forward(ctx, fusion, validate, *tensors):
         outs = fusion.kernels.run(tensors, validate)
         ctx.fusion = fusion
         ctx.grads = [outs[i] for i in fusion.grad_index]
-        # Only a second backward through a retained graph reads these.
-        ctx.inputs = tensors
-        ctx.versions = [t._version for t in tensors]
+        # Only a second backward through a retained graph reads them; autograd frees them after a
+        # backward that does not retain the graph.
+        ctx.save_for_backward(*tensors)
         if fusion.non_float:
             ctx.mark_non_differentiable(*[outs[i] for i in fusion.non_float])
         return tuple(outs[: fusion.n_outputs])
@@ -320,13 +320,7 @@ class _Fused(torch.autograd.Function):
         fusion = ctx.fusion
         up = grad_outputs[fusion.loss_index]
         if ctx.grads is None:
-            changed = [d.name for d, t, v in zip(fusion.variant.inputs, ctx.inputs, ctx.versions) if t._version != v]
-            if changed:
-                raise RuntimeError(
-                    f"kfuse: input `{changed[0]}` was modified in place after the forward; a second backward "
-                    "through a retained graph recomputes the gradients from the inputs"
-                )
-            got = fusion.variant.backward(ctx.inputs, (fusion.loss_index,), [up], fusion.wrt)
+            got = fusion.variant.backward(ctx.saved_tensors, (fusion.loss_index,), [up], fusion.wrt)
         elif torch.is_grad_enabled():
             got = [g * up for g in ctx.grads]
         else:
