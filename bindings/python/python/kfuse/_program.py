@@ -608,17 +608,18 @@ class Program:
         ordered = []
         dtypes = []
         where = None  # -1 for the CPU, else the CUDA ordinal
+        grad = False  # whether any input requires grad
         # The loop is the eager call's host cost: plain tuples, no torch.device objects.
         for name, declared, is_float in self._spec:
             t = tensors.get(name)
-            kd = _KD.get(t.dtype) if isinstance(t, torch.Tensor) else None
-            if kd != declared and not (is_float and kd in FLOAT):
+            try:
+                kd = _KD.get(t.dtype)
+            except AttributeError:  # not a tensor (or missing)
+                kd = None
+            if kd != declared and not (is_float and kd in FLOAT) or not isinstance(t, torch.Tensor):
                 self._bad_input(name, t)
-            if t.is_cuda:
-                w = t.get_device()
-            elif t.is_cpu:
-                w = -1
-            else:
+            w = t.get_device()  # the CUDA ordinal, -1 elsewhere
+            if w < 0 and not t.is_cpu:
                 raise InputError(f"input `{name}` is on {t.device}; kfuse runs on CPU and CUDA tensors")
             if where is None:
                 where, first = w, name
@@ -628,6 +629,7 @@ class Program:
                 )
             if not t.is_contiguous():
                 t = t.contiguous()
+            grad = grad or t.requires_grad
             ordered.append(t)
             dtypes.append(kd)
         if len(tensors) != len(ordered):
@@ -645,11 +647,14 @@ class Program:
             return Outputs(zip(self._out_names, out[:n]))
         variant = self._variants.get(dtypes) or self._variant(dtypes)
         wrt = ()
-        if torch.is_grad_enabled():
+        if grad and torch.is_grad_enabled():
             wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
         if not wrt:
             # The outputs are new tensors that no autograd graph records.
-            out = variant.kernels.run(ordered, validate)
+            if where >= 0:
+                out = variant.kernels.run_cuda(ordered, validate)
+            else:
+                out = variant.kernels.run(ordered, validate)
         elif variant.scalar_loss:
             out = _Fused.apply(variant.fusion(wrt), validate, *ordered)
         else:
