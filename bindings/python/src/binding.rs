@@ -131,10 +131,9 @@ pub fn scale_by_upstream(
     let u = Slot::new("upstream".to_string(), up_dtype, vec![])?;
     let gpu = device::device(ordinal)?;
     device::check_aligned([("gradient", g.name.as_str(), grad.0)])?;
-    let (stream, mut buffers) = device::borrow(&gpu, stream, &[(grad.0, g.bytes), (upstream.0, u.bytes)])?;
-    let up_buffer = buffers.pop();
-    let grad_buffer = buffers.pop();
-    let (Some(gb), Some(ub)) = (grad_buffer, up_buffer) else {
+    let (stream, buffers) = device::borrow(&gpu, stream, &[(grad.0, g.bytes), (upstream.0, u.bytes)])?;
+    let mut buffers = buffers.into_iter();
+    let (Some(gb), Some(ub)) = (buffers.next(), buffers.next()) else {
         return Err(errors::raise(Kind::Error, "two buffers borrowed, fewer came back".to_string()));
     };
     let grad = DeviceTensor { buffer: gb, dtype: g.dtype, shape: g.shape };

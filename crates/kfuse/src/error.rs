@@ -65,8 +65,8 @@ pub enum Error {
     OutputBytes { name: String, bytes: usize, want: usize },
     /// A gradient or upstream gradient that [`scale_by_upstream`](crate::scale_by_upstream)
     /// cannot take (not a float, an upstream of more than one element).
-    #[error("cannot scale {name} by its upstream gradient: {why}")]
-    Scale { name: String, why: String },
+    #[error("cannot scale a gradient by its upstream gradient: {why}")]
+    Scale { why: String },
     /// A plan buffer for an input the interface does not declare (a planner bug).
     #[error("the plan has a buffer for input {index}, which its interface does not declare or which was not given (this is a bug in kfuse; please report it)")]
     PlanMissingInput { index: usize },

@@ -43,7 +43,7 @@ pub fn scale_by_upstream(
     grad: &DeviceTensor,
     upstream: &DeviceTensor,
 ) -> Result<()> {
-    let bad = |why: String| Error::Scale { name: "a gradient".to_string(), why };
+    let bad = |why: String| Error::Scale { why };
     let Some((source, name)) = kernel(grad.dtype, upstream.dtype) else {
         return Err(bad(format!(
             "the gradient is {} and the upstream {}; both must be floats",

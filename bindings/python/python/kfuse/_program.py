@@ -200,7 +200,7 @@ class _Fusion:
     """The loss and its gradients with respect to the inputs `wrt` in one program: its kernels,
     where the gradients are among its outputs, and what the backward needs."""
 
-    __slots__ = ("variant", "kernels", "grad_index", "wrt", "n_inputs", "n_outputs", "loss_index", "non_float")
+    __slots__ = ("variant", "kernels", "grad_index", "wrt", "n_inputs", "n_outputs", "loss_index")
 
     def __init__(self, variant, wrt):
         self.variant = variant
@@ -213,7 +213,6 @@ class _Fusion:
         self.n_inputs = len(variant.inputs)
         self.n_outputs = len(variant.outputs)
         self.loss_index = variant.float_outputs[0]
-        self.non_float = [i for i, d in enumerate(variant.outputs) if d.dtype not in FLOAT]
 
 
 class _Variant:
@@ -311,8 +310,9 @@ class _Fused(torch.autograd.Function):
         # Only a second backward through a retained graph reads them; autograd frees them after a
         # backward that does not retain the graph.
         ctx.save_for_backward(*tensors)
-        if fusion.non_float:
-            ctx.mark_non_differentiable(*[outs[i] for i in fusion.non_float])
+        non_float = fusion.variant.non_float_outputs
+        if non_float:
+            ctx.mark_non_differentiable(*[outs[i] for i in non_float])
         return tuple(outs[: fusion.n_outputs])
 
     @staticmethod
@@ -612,11 +612,8 @@ class Program:
         # The loop is the eager call's host cost: plain tuples, no torch.device objects.
         for name, declared, is_float in self._spec:
             t = tensors.get(name)
-            try:
-                kd = _KD.get(t.dtype)
-            except AttributeError:  # not a tensor (or missing)
-                kd = None
-            if kd != declared and not (is_float and kd in FLOAT) or not isinstance(t, torch.Tensor):
+            kd = _KD.get(t.dtype) if isinstance(t, torch.Tensor) else None
+            if kd != declared and not (is_float and kd in FLOAT):
                 self._bad_input(name, t)
             w = t.get_device()  # the CUDA ordinal, -1 elsewhere
             if w < 0 and not t.is_cpu:
@@ -651,10 +648,7 @@ class Program:
             wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
         if not wrt:
             # The outputs are new tensors that no autograd graph records.
-            if where >= 0:
-                out = variant.kernels.run_cuda(ordered, validate)
-            else:
-                out = variant.kernels.run(ordered, validate)
+            out = variant.kernels.run(ordered, validate)
         elif variant.scalar_loss:
             out = _Fused.apply(variant.fusion(wrt), validate, *ordered)
         else:
