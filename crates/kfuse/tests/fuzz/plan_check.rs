@@ -1,0 +1,165 @@
+//! What a plan must satisfy, checked against the graph and the interpreter's results (the plan's
+//! kernels are CUDA text: they cannot run here, so what is checked is how they fit together).
+
+use std::collections::BTreeMap;
+
+use kfuse_codegen::{BufferKind, ElemType, Param, Plan};
+use kfuse_ir::{DType, Graph};
+
+/// The C type a buffer of `elem` is declared with in a kernel's signature.
+fn c_type(elem: ElemType) -> &'static str {
+    match elem {
+        ElemType::Tensor(DType::F32) => "float",
+        ElemType::Tensor(DType::F16 | DType::BF16) => "unsigned short",
+        ElemType::Tensor(DType::I32) => "int",
+        ElemType::Tensor(DType::Bool) => "unsigned char",
+        ElemType::F64 => "double",
+        ElemType::U32 => "unsigned int",
+        ElemType::U64 => "unsigned long long",
+    }
+}
+
+/// The parameter lines of kernel `name`'s signature in `source` (one parameter a line, the
+/// declaration before `//`).
+fn signature<'a>(source: &'a str, name: &str) -> Result<Vec<&'a str>, String> {
+    let head = format!(" {name}(");
+    let start = source.find(&head).ok_or_else(|| format!("kernel {name}: no `{name}(` in its source"))?;
+    if !source[..start].lines().last().is_some_and(|l| l.starts_with("extern \"C\" __global__")) {
+        return Err(format!("kernel {name}: its entry point is not `extern \"C\" __global__`"));
+    }
+    let body = &source[start + head.len()..];
+    let end = body.find("\n)").ok_or_else(|| format!("kernel {name}: unterminated parameter list"))?;
+    Ok(body[..end]
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split("//").next().unwrap_or(l).trim())
+        .collect())
+}
+
+/// Checks `plan` against `graph`, the symbol `sizes` of one run and the interpreter's output
+/// lengths for that run:
+/// - the buffer list starts with the inputs then the outputs, in declaration order, each of its
+///   dtype and of the size the run gives (outputs: the length the interpreter computed);
+/// - every kernel has a unique name, an `extern "C" __global__` entry point whose parameter list
+///   matches `params` one to one (each buffer declared with its element type; inputs `const`,
+///   outputs and counters written), a block size a multiple of 32 in 32..=1024 and a grid of at
+///   least one block for these sizes;
+/// - every output is written by exactly one kernel; every Temp is written by exactly one kernel
+///   and read only by later ones (the kernels are in dependency order); a kernel's counters,
+///   partials and scratch belong to that kernel alone.
+pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -> Result<(), String> {
+    let (n_in, n_out) = (graph.inputs.len(), graph.outputs.len());
+    if plan.buffers.len() < n_in + n_out {
+        return Err(format!("{} buffers for {n_in} inputs and {n_out} outputs", plan.buffers.len()));
+    }
+    for (i, inp) in graph.inputs.iter().enumerate() {
+        let b = &plan.buffers[i];
+        let want: u64 = graph.resolve_shape(&inp.shape, sizes).iter().product::<usize>() as u64;
+        if b.kind != BufferKind::Input(kfuse_ir::InputId(i as u32)) || b.elem != ElemType::Tensor(inp.dtype) {
+            return Err(format!("buffer {i} is {:?} {:?}, not input `{}` {}", b.kind, b.elem, inp.name, inp.dtype));
+        }
+        if b.elems.eval(sizes) != Some(want) {
+            return Err(format!(
+                "input `{}`: buffer of {:?} elements, the run has {want}",
+                inp.name,
+                b.elems.eval(sizes)
+            ));
+        }
+    }
+    for (o, out) in graph.outputs.iter().enumerate() {
+        let b = &plan.buffers[n_in + o];
+        let dtype = graph.node(out.node).dtype;
+        if b.kind != BufferKind::Output(o) || b.elem != ElemType::Tensor(dtype) {
+            return Err(format!("buffer {} is {:?} {:?}, not output `{}` {dtype}", n_in + o, b.kind, b.elem, out.name));
+        }
+        if b.elems.eval(sizes) != Some(output_lens[o] as u64) {
+            return Err(format!(
+                "output `{}`: buffer of {:?} elements, the interpreter computed {}",
+                out.name,
+                b.elems.eval(sizes),
+                output_lens[o]
+            ));
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    // Buffer index -> (kernels writing it, kernels reading it).
+    let mut uses: BTreeMap<usize, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
+    for (k, kernel) in plan.kernels.iter().enumerate() {
+        let name = &kernel.name;
+        if !names.insert(name.clone()) {
+            return Err(format!("two kernels are named {name}"));
+        }
+        if !kernel.block.is_multiple_of(32) || !(32..=1024).contains(&kernel.block) {
+            return Err(format!("kernel {name}: block of {} threads", kernel.block));
+        }
+        if !kernel.grid.blocks(sizes, 132).is_some_and(|b| b >= 1) {
+            return Err(format!("kernel {name}: no grid for sizes {sizes:?}"));
+        }
+        let lines = signature(&kernel.source, name)?;
+        if lines.len() != kernel.params.len() {
+            return Err(format!(
+                "kernel {name}: {} parameters in its source, {} in the plan",
+                lines.len(),
+                kernel.params.len()
+            ));
+        }
+        for (param, line) in kernel.params.iter().zip(&lines) {
+            match *param {
+                Param::Size(s) => {
+                    if s.0 as usize >= graph.symbols.len() || !line.starts_with("long long ") {
+                        return Err(format!("kernel {name}: size parameter {s:?} declared `{line}`"));
+                    }
+                }
+                Param::Buffer(i) => {
+                    let b = plan.buffers.get(i).ok_or_else(|| format!("kernel {name}: buffer {i} does not exist"))?;
+                    let read_only = line.starts_with("const ");
+                    let decl = line.trim_start_matches("const ");
+                    if !decl.starts_with(&format!("{}* __restrict__ ", c_type(b.elem))) {
+                        return Err(format!("kernel {name}: buffer {i} ({:?}) declared `{line}`", b.elem));
+                    }
+                    let entry = uses.entry(i).or_default();
+                    if read_only {
+                        entry.1.push(k)
+                    } else {
+                        entry.0.push(k)
+                    }
+                }
+            }
+        }
+    }
+    for (i, b) in plan.buffers.iter().enumerate() {
+        let (writers, readers) = uses.get(&i).cloned().unwrap_or_default();
+        match b.kind {
+            BufferKind::Input(_) if !writers.is_empty() => {
+                return Err(format!("input buffer {i} is written by kernels {writers:?}"));
+            }
+            BufferKind::Output(o) if writers.len() != 1 || !readers.is_empty() => {
+                return Err(format!(
+                    "output `{}` is written by kernels {writers:?} and read by {readers:?}: one writer wanted",
+                    graph.outputs[o].name
+                ));
+            }
+            BufferKind::Temp => {
+                let [w] = writers[..] else {
+                    return Err(format!("temp buffer {i} is written by kernels {writers:?}: one writer wanted"));
+                };
+                if readers.iter().any(|&r| r <= w) {
+                    return Err(format!(
+                        "temp buffer {i} is written by kernel {w} and read by {readers:?}: out of order"
+                    ));
+                }
+            }
+            BufferKind::Counter { .. } | BufferKind::Partials { .. } | BufferKind::Scratch { .. } => {
+                let mut all = writers.clone();
+                all.extend(&readers);
+                all.dedup();
+                if all.len() > 1 {
+                    return Err(format!("{:?} buffer {i} is shared by kernels {all:?}", b.kind));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

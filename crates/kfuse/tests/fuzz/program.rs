@@ -1,0 +1,394 @@
+//! Random well-typed `.kf` programs: inputs of every dtype over the padded (`B`, `N`, with an
+//! optional `lengths` input) or packed (`T`, with an `offsets` input) symbols, then `let`s drawn
+//! from elementwise arithmetic, comparisons, logic, `where`, `clamp`, `pow`, math functions,
+//! casts, component access, `[.., None]`, reductions (all or last axis, with or without
+//! `where:`), `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
+//!
+//! The generator tracks each value's shape and kind so that what it writes type-checks; where its
+//! bookkeeping is conservative (a float it takes for an int) the program is still valid. Random
+//! edits of its output (see `mutate`) are the ill-typed programs.
+
+use kfuse_testing::{Rng, SeedableRng, StdRng};
+
+/// A value the program can use: its name, shape (dims as written; `1` after `[.., None]`) and
+/// kind.
+#[derive(Clone, Debug)]
+struct Val {
+    name: String,
+    shape: Vec<&'static str>,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A float of any dtype (computed in f32 / f64).
+    Float,
+    /// An `i32`.
+    Int,
+    /// A `bool`.
+    Bool,
+}
+
+impl Kind {
+    fn numeric(self) -> bool {
+        self != Kind::Bool
+    }
+}
+
+/// A generated program.
+pub struct Generated {
+    pub source: String,
+}
+
+const FLOATS: [&str; 3] = ["f32", "f16", "bf16"];
+const MATH: [&str; 11] = ["abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos", "floor"];
+const ARITH: [&str; 4] = ["+", "-", "*", "/"];
+const CMP: [&str; 6] = ["==", "!=", "<", "<=", ">", ">="];
+const REDUCE: [&str; 4] = ["sum", "mean", "max", "min"];
+
+/// NumPy broadcasting of two shapes as written (`1` stretches), or `None` when they clash.
+fn broadcast(a: &[&'static str], b: &[&'static str]) -> Option<Vec<&'static str>> {
+    let rank = a.len().max(b.len());
+    let mut out = Vec::with_capacity(rank);
+    for k in 0..rank {
+        let da = (k + a.len()).checked_sub(rank).map(|i| a[i]);
+        let db = (k + b.len()).checked_sub(rank).map(|i| b[i]);
+        out.push(match (da, db) {
+            (Some(x), Some(y)) if x == y => x,
+            (Some("1"), Some(y)) => y,
+            (Some(x), Some("1")) => x,
+            (Some(x), None) => x,
+            (None, Some(y)) => y,
+            _ => return None,
+        });
+    }
+    Some(out)
+}
+
+/// The kind of `a OP b` for arithmetic: float when either is (or for `/`), else int.
+fn arith_kind(op: &str, a: Kind, b: Kind) -> Kind {
+    if op == "/" || a == Kind::Float || b == Kind::Float {
+        Kind::Float
+    } else {
+        Kind::Int
+    }
+}
+
+struct Gen {
+    rng: StdRng,
+    vals: Vec<Val>,
+    lines: Vec<String>,
+    float_inputs: Vec<String>,
+    lengths: Option<String>,
+    packed: bool,
+    next: usize,
+}
+
+impl Gen {
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.rng.random_range(0..items.len())]
+    }
+
+    fn input(&mut self, name: &str, dtype: &str, shape: &[&'static str]) {
+        let kind = match dtype {
+            "i32" => Kind::Int,
+            "bool" => Kind::Bool,
+            _ => Kind::Float,
+        };
+        let dims = if shape.is_empty() { String::new() } else { format!("[{}]", shape.join(", ")) };
+        self.lines.push(format!("input {name}: {dtype}{dims}"));
+        if kind == Kind::Float {
+            self.float_inputs.push(name.to_string());
+        }
+        self.vals.push(Val { name: name.to_string(), shape: shape.to_vec(), kind });
+    }
+
+    fn declare_inputs(&mut self) {
+        self.packed = self.rng.random_bool(0.3);
+        let candidates: Vec<(&str, Vec<&'static str>)> = if self.packed {
+            vec![("p", vec!["T", "4"]), ("q", vec!["T"]), ("w", vec!["S"]), ("s", vec![])]
+        } else {
+            vec![("x", vec!["B", "N"]), ("v", vec!["B", "N", "4"]), ("r", vec!["N"]), ("c", vec!["B"]), ("s", vec![])]
+        };
+        let mut any = false;
+        for (name, shape) in candidates {
+            if self.rng.random_bool(0.6) || (!any && name == "s") {
+                let dtype = match self.rng.random_range(0..10) {
+                    0 => "i32",
+                    1 => "bool",
+                    k => FLOATS[k % 3],
+                };
+                self.input(name, dtype, &shape);
+                any = true;
+            }
+        }
+        // The layout's bounded dimension must size some input's axis.
+        let bounded = if self.packed { "T" } else { "N" };
+        if !self.vals.iter().any(|v| v.shape.contains(&bounded)) {
+            let (name, shape) = if self.packed { ("q", vec!["T"]) } else { ("r", vec!["N"]) };
+            self.input(name, "f32", &shape);
+        }
+        if self.packed {
+            self.lines.push("input offsets: i32[S] as offsets(T)".into());
+            self.vals.push(Val { name: "offsets".into(), shape: vec!["S"], kind: Kind::Int });
+        } else if self.rng.random_bool(0.5) {
+            self.lines.push("input lengths: i32[B] as lengths(N)".into());
+            self.vals.push(Val { name: "lengths".into(), shape: vec!["B"], kind: Kind::Int });
+            self.lengths = Some("lengths".into());
+        }
+        if !self.packed && self.rng.random_bool(0.3) {
+            self.input("m", "bool", &["B", "N"]);
+        }
+    }
+
+    fn val_where(&mut self, ok: impl Fn(&Val) -> bool) -> Option<Val> {
+        let found: Vec<Val> = self.vals.iter().filter(|v| ok(v)).cloned().collect();
+        (!found.is_empty()).then(|| self.pick(&found).clone())
+    }
+
+    fn literal(&mut self, kind: Kind) -> String {
+        match kind {
+            Kind::Bool => "true".into(),
+            Kind::Int => self.rng.random_range(-3..=4).to_string(),
+            Kind::Float => (*self.pick(&["0.5", "2.0", "1e-7", "0.0", "-1.5", "3", "1e3"])).to_string(),
+        }
+    }
+
+    /// One new expression over the values so far, with its shape and kind, or `None` when the
+    /// chosen form has no operands that fit.
+    fn expression(&mut self) -> Option<(String, Vec<&'static str>, Kind)> {
+        let a = self.val_where(|_| true)?;
+        match self.rng.random_range(0..14) {
+            0..=2 if a.kind.numeric() => {
+                let op = *self.pick(&ARITH);
+                if self.rng.random_bool(0.3) {
+                    let lit = self.literal(Kind::Float);
+                    return Some((format!("{} {op} {lit}", a.name), a.shape, arith_kind(op, a.kind, Kind::Float)));
+                }
+                let b = self.val_where(|b| b.kind.numeric() && broadcast(&a.shape, &b.shape).is_some())?;
+                let shape = broadcast(&a.shape, &b.shape)?;
+                Some((format!("{} {op} {}", a.name, b.name), shape, arith_kind(op, a.kind, b.kind)))
+            }
+            3 if a.kind.numeric() => {
+                let f = *self.pick(&MATH);
+                let kind = if matches!(f, "abs" | "floor") { a.kind } else { Kind::Float };
+                Some((format!("{f}({})", a.name), a.shape, kind))
+            }
+            4 if a.kind.numeric() => {
+                let b = self.val_where(|b| b.kind.numeric() && broadcast(&a.shape, &b.shape).is_some())?;
+                let shape = broadcast(&a.shape, &b.shape)?;
+                let f = *self.pick(&["min", "max", "pow"]);
+                let kind = if f == "pow" { Kind::Float } else { arith_kind("+", a.kind, b.kind) };
+                Some((format!("{f}({}, {})", a.name, b.name), shape, kind))
+            }
+            5 => {
+                let b = self
+                    .val_where(|b| b.kind.numeric() == a.kind.numeric() && broadcast(&a.shape, &b.shape).is_some())?;
+                let shape = broadcast(&a.shape, &b.shape)?;
+                if a.kind == Kind::Bool {
+                    let op = *self.pick(&["and", "or", "==", "!="]);
+                    Some((format!("{} {op} {}", a.name, b.name), shape, Kind::Bool))
+                } else {
+                    let op = *self.pick(&CMP);
+                    Some((format!("{} {op} {}", a.name, b.name), shape, Kind::Bool))
+                }
+            }
+            6 => {
+                let c = self.val_where(|c| c.kind == Kind::Bool && broadcast(&a.shape, &c.shape).is_some())?;
+                if !a.kind.numeric() {
+                    return Some((format!("not {}", c.name), c.shape, Kind::Bool));
+                }
+                let shape = broadcast(&a.shape, &c.shape)?;
+                let other = self.literal(a.kind);
+                Some((format!("where({}, {}, {other})", c.name, a.name), shape, a.kind))
+            }
+            7 if a.kind.numeric() => {
+                Some((format!("clamp({}, -1, {})", a.name, self.literal(Kind::Int)), a.shape, a.kind))
+            }
+            8 if a.shape.last() == Some(&"4") => {
+                let k = self.rng.random_range(-4..4);
+                Some((format!("{}[.., {k}]", a.name), a.shape[..a.shape.len() - 1].to_vec(), a.kind))
+            }
+            9 if (1..3).contains(&a.shape.len()) => {
+                let mut shape = a.shape.clone();
+                shape.push("1");
+                Some((format!("{}[.., None]", a.name), shape, a.kind))
+            }
+            10 | 11 => self.reduction(a),
+            12 => {
+                let to = *self.pick(&["f32", "f16", "bf16", "i32", "bool"]);
+                let kind = match to {
+                    "i32" => Kind::Int,
+                    "bool" => Kind::Bool,
+                    _ => Kind::Float,
+                };
+                Some((format!("{to}({})", a.name), a.shape, kind))
+            }
+            _ => {
+                if let Some(l) = self.lengths.clone().filter(|_| self.rng.random_bool(0.6)) {
+                    return Some((format!("mask({l})"), vec!["B", "N"], Kind::Bool));
+                }
+                let dims: Vec<&str> = ["B", "N", "T", "S"]
+                    .into_iter()
+                    .filter(|d| self.vals.iter().any(|v| v.shape.contains(d)))
+                    .collect();
+                let dim = *self.pick(&dims);
+                Some((format!("size({dim})"), vec![], Kind::Int))
+            }
+        }
+    }
+
+    fn reduction(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
+        let last = !a.shape.is_empty() && self.rng.random_bool(0.4);
+        let shape = if last { a.shape[..a.shape.len() - 1].to_vec() } else { vec![] };
+        let axis = if last { ", axis: -1" } else { "" };
+        let mask = if self.rng.random_bool(0.4) {
+            self.val_where(|m| m.kind == Kind::Bool && broadcast(&a.shape, &m.shape).as_deref() == Some(&a.shape[..]))
+        } else {
+            None
+        };
+        let mask = mask.map(|m| format!(", where: {}", m.name)).unwrap_or_default();
+        if a.kind == Kind::Bool {
+            return Some((format!("count({}{mask}{axis})", a.name), shape, Kind::Int));
+        }
+        let op = *self.pick(&REDUCE);
+        let kind = if op == "mean" { Kind::Float } else { a.kind };
+        Some((format!("{op}({}{mask}{axis})", a.name), shape, kind))
+    }
+
+    fn fresh(&mut self) -> String {
+        self.next += 1;
+        format!("t{}", self.next)
+    }
+
+    fn lets(&mut self, count: usize) {
+        for _ in 0..count {
+            let Some((text, shape, kind)) = (0..8).find_map(|_| self.expression()) else { continue };
+            let name = self.fresh();
+            self.lines.push(format!("let {name} = {text}"));
+            self.vals.push(Val { name, shape, kind });
+        }
+    }
+
+    fn outputs(&mut self) {
+        let outs = self.rng.random_range(1..=3);
+        let inputs = self.lines.iter().filter(|l| l.starts_with("input")).count();
+        for k in 0..outs {
+            // Prefer computed values; an input may be an output as it is.
+            let from = if self.vals.len() > inputs && self.rng.random_bool(0.85) { inputs } else { 0 };
+            let v = self.vals[self.rng.random_range(from..self.vals.len())].clone();
+            let cast = if v.kind == Kind::Float && self.rng.random_bool(0.2) {
+                format!(": {}", self.pick(&FLOATS))
+            } else {
+                String::new()
+            };
+            self.lines.push(format!("output o{k}{cast} = {}", v.name));
+        }
+        // A loss: a scalar float, and its gradient with respect to float inputs.
+        if !self.float_inputs.is_empty() && self.rng.random_bool(0.5) {
+            let loss = self.val_where(|v| v.kind == Kind::Float && v.shape.is_empty());
+            if let Some(loss) = loss {
+                self.lines.push(format!("output loss = {}", loss.name));
+                let wrt = self.float_inputs.clone();
+                for x in wrt {
+                    if self.rng.random_bool(0.7) {
+                        self.lines.push(format!("output d{x} = grad(loss, {x})"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The program of `seed`.
+pub fn generate(seed: u64) -> Generated {
+    let mut g = Gen {
+        rng: StdRng::seed_from_u64(seed),
+        vals: Vec::new(),
+        lines: vec![format!("# fuzz program {seed}")],
+        float_inputs: Vec::new(),
+        lengths: None,
+        packed: false,
+        next: 0,
+    };
+    g.declare_inputs();
+    let count = g.rng.random_range(1..=12);
+    g.lets(count);
+    g.outputs();
+    let mut source = g.lines.join("\n");
+    source.push('\n');
+    Generated { source }
+}
+
+const EDIT_TOKENS: &[&str] = &[
+    " ",
+    "\n",
+    "(",
+    ")",
+    "[",
+    "]",
+    ",",
+    ":",
+    "=",
+    "+",
+    "*",
+    "..",
+    "None",
+    "-1",
+    "0",
+    "4",
+    "1e40",
+    "x",
+    "t1",
+    "loss",
+    "grad(",
+    "sum(",
+    "where: ",
+    "axis: ",
+    "mask(",
+    "size(",
+    "as lengths(N)",
+    "f16",
+    "bool",
+    "i32",
+    "output ",
+    "let ",
+    "input ",
+    "\u{0}",
+    "é",
+    "#",
+];
+
+/// A random edit of `source` (deletions, duplications, insertions of tokens, byte flips) from
+/// `seed`: mostly ill-typed or malformed programs near valid ones.
+pub fn mutate(source: &str, seed: u64) -> String {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut s: Vec<char> = source.chars().collect();
+    for _ in 0..rng.random_range(1..=4) {
+        let at = rng.random_range(0..=s.len());
+        match rng.random_range(0..5) {
+            0 => {
+                let end = (at + rng.random_range(1..12)).min(s.len());
+                s.drain(at..end);
+            }
+            1 => {
+                let tok = EDIT_TOKENS[rng.random_range(0..EDIT_TOKENS.len())];
+                s.splice(at..at, tok.chars());
+            }
+            2 => {
+                let end = (at + rng.random_range(1..40)).min(s.len());
+                let piece: Vec<char> = s[at..end].to_vec();
+                s.splice(at..at, piece);
+            }
+            3 if at < s.len() => s[at] = char::from(rng.random_range(0x20u8..0x7f)),
+            _ => {
+                // Swap two lines: a use before its definition, an output before its value.
+                let mut lines: Vec<String> = s.iter().collect::<String>().split('\n').map(String::from).collect();
+                let (i, j) = (rng.random_range(0..lines.len()), rng.random_range(0..lines.len()));
+                lines.swap(i, j);
+                s = lines.join("\n").chars().collect();
+            }
+        }
+    }
+    s.into_iter().collect()
+}
