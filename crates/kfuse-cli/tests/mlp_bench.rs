@@ -5,7 +5,7 @@
 use kfuse::mlp::run_gpu;
 use kfuse_cli::mlp_bench::{bench_gpu, BenchOptions};
 use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::testing::{check_16bit, random_input, write_model, ModelSpec, Numerics, Rng};
 use kfuse_mlp::{compare_rows, evaluate_cpu, MlpModel};
 use kfuse_runtime::testing::gpu_or_skip;
 
@@ -33,10 +33,12 @@ fn large_batch_subsample_and_bench_report() {
     let picks: Vec<usize> = (0..2048).map(|i| i * (rows - 1) / 2047).collect();
     let xs: Vec<f64> = x.to_f64();
     let sub: Vec<f64> = picks.iter().flat_map(|&r| xs[r * 64..(r + 1) * 64].to_vec()).collect();
-    let want = evaluate_cpu(&model, &HostTensor::from_f64(DType::F16, vec![picks.len(), 64], &sub)).expect("cpu");
+    let sub = HostTensor::from_f64(DType::F16, vec![picks.len(), 64], &sub);
+    let want = evaluate_cpu(&model, &sub).expect("cpu");
     let g = got.to_f64();
     let got_sub: Vec<f64> = picks.iter().flat_map(|&r| g[r * 16..(r + 1) * 16].to_vec()).collect();
     let e = compare_rows(&got_sub, &want, 16);
     println!("2^21+1 rows, {} sampled: {e:?}", picks.len());
-    assert!(e.worst_row_rel_err <= TOL_16BIT && e.non_finite == 0, "{e:?}");
+    check_16bit(&model, &sub, &got_sub, &want, DType::F16, Numerics { f16_accumulator: false }, "2^21+1 rows")
+        .unwrap_or_else(|why| panic!("{why}"));
 }

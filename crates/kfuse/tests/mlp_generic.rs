@@ -6,7 +6,7 @@
 //! 8, f16 and bf16 weights, f32/f16/bf16 I/O, and relaunches bit-identically.
 
 use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::testing::{both, random_input, Case, Rng};
+use kfuse_mlp::testing::{both, check_16bit, random_input, Case, Numerics, Rng};
 use kfuse_mlp::{compare_rows, evaluate_cpu, ActivationMath};
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
 use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
@@ -91,8 +91,7 @@ fn generic_compiles_for_sm80_and_sm90() {
 fn generic_kernel_matches_cpu_interpreter() {
     let Some(gpu) = gpu_or_skip("generic_kernel_matches_cpu_interpreter") else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut rng, seed) = Rng::from_time();
-    println!("seed {seed}");
+    let (mut rng, _) = Rng::from_time();
     for (n, case) in cases().iter().enumerate() {
         let m = case.model(dir.path(), &format!("g{n}"), rng.next_u64());
         let (_, generic) = both(&m, &case.options(Some(gpu.max_shared_bytes())));
@@ -134,12 +133,9 @@ fn generic_kernel_matches_cpu_interpreter() {
                 e.worst_row_rel_err,
                 e.worst_row
             );
-            let bf16 = m.dtype == DType::BF16 || io_out == DType::BF16;
-            if let Err(why) =
-                kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary()))
-            {
-                panic!("{why}");
-            }
+            let what = format!("{} rows {rows}", m.summary());
+            check_16bit(&m, &x, &got.to_f64(), &want, io_out, Numerics { f16_accumulator: false }, &what)
+                .unwrap_or_else(|why| panic!("{why}"));
         }
     }
 }

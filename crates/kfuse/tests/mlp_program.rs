@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use kfuse::mlp::{MlpOptions, MlpProgram, Tiering};
 use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::testing::{check_16bit, random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::testing::{check_16bit, random_input, write_model, ModelSpec, Numerics, Rng};
+
+const PLAIN: Numerics = Numerics { f16_accumulator: false };
 use kfuse_mlp::{compare_rows, evaluate_cpu, MlpModel};
 use kfuse_runtime::testing::gpu_or_skip;
 
@@ -20,8 +22,7 @@ fn mlp_program_forward_and_launch_on_a_stream_match_the_interpreter() {
     let gpu = Arc::new(gpu);
     let stream = gpu.create_stream().expect("stream");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut rng, seed) = Rng::from_time();
-    println!("seed {seed}");
+    let (mut rng, _) = Rng::from_time();
     // (widths, activation, weight dtype, input, output, bias); the last is too wide to fuse.
     let cases = [
         (vec![64, 64, 64, 64, 64, 16], "relu", DType::F16, DType::F16, DType::F16, false),
@@ -41,13 +42,12 @@ fn mlp_program_forward_and_launch_on_a_stream_match_the_interpreter() {
         for rows in [1usize, 129, 1023] {
             let x = random_input(input, rows, model.input_width(), &mut rng);
             let want = evaluate_cpu(&model, &x).expect("cpu");
-            let bf16 = wdtype == DType::BF16 || output == DType::BF16;
             let what = format!("{} {input}->{output} rows {rows}", model.summary());
             // Host data.
             let y = program.forward(&x).expect("forward");
             assert_eq!((y.dtype(), y.shape.clone()), (output, vec![rows, out_w]));
-            let e = compare_rows(&y.to_f64(), &want, out_w);
-            check_16bit(&e, bf16, rows * out_w, &format!("forward {what}")).unwrap_or_else(|why| panic!("{why}"));
+            check_16bit(&model, &x, &y.to_f64(), &want, output, PLAIN, &format!("forward {what}"))
+                .unwrap_or_else(|why| panic!("{why}"));
             // Device buffers on a stream the program did not create.
             let xb = gpu.upload(&x.to_bytes()).expect("upload");
             let yb = gpu.alloc_zeroed(rows * out_w * output.size_bytes()).expect("alloc");
@@ -59,7 +59,8 @@ fn mlp_program_forward_and_launch_on_a_stream_match_the_interpreter() {
                 HostTensor::from_bytes(output, vec![rows, out_w], &gpu.download(&yb).expect("download")).expect("size");
             let e = compare_rows(&got.to_f64(), &want, out_w);
             println!("{what}: launch rel {:.2e} worst row {:.2e}", e.rel_err, e.worst_row_rel_err);
-            check_16bit(&e, bf16, rows * out_w, &format!("launch {what}")).unwrap_or_else(|why| panic!("{why}"));
+            check_16bit(&model, &x, &got.to_f64(), &want, output, PLAIN, &format!("launch {what}"))
+                .unwrap_or_else(|why| panic!("{why}"));
         }
         assert!(program.wait_optimized().is_ok());
     }

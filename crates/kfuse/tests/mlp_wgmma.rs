@@ -7,7 +7,9 @@
 
 use kfuse::mlp::prepare_with;
 use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Numerics, Rng};
+
+const PLAIN: Numerics = Numerics { f16_accumulator: false };
 use kfuse_mlp::{
     compare_rows, emit_kernel, evaluate_cpu, ActivationMath, HiddenAccumulator, MlpKernelOptions, MlpModel,
     TensorInstructions,
@@ -194,8 +196,7 @@ fn wgmma_kernels_match_cpu_interpreter() {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut rng, seed) = Rng::from_time();
-    println!("seed {seed}");
+    let (mut rng, _) = Rng::from_time();
     let plain = cases().into_iter().map(|c| (c, ActivationMath::Packed));
     let fma = fma_cases().into_iter().map(|(w, q, t)| {
         ((w, "silu", DType::F16, DType::F16, DType::F16, true, t), ActivationMath::PackedFma { eighths: q })
@@ -234,12 +235,9 @@ fn wgmma_kernels_match_cpu_interpreter() {
                 e.worst_row_rel_err,
                 e.worst_row
             );
-            let bf16 = wdtype == DType::BF16 || output == DType::BF16;
-            if let Err(why) =
-                kfuse_mlp::testing::check_16bit(&e, bf16, rows * out_w, &format!("{} rows {rows}", m.summary()))
-            {
-                panic!("{why}");
-            }
+            let what = format!("{} rows {rows}", m.summary());
+            kfuse_mlp::testing::check_16bit(&m, &x, &got.to_f64(), &want, output, PLAIN, &what)
+                .unwrap_or_else(|why| panic!("{why}"));
         }
     }
 }

@@ -93,7 +93,7 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
         if !kernel.block.is_multiple_of(32) || !(32..=1024).contains(&kernel.block) {
             return Err(format!("kernel {name}: block of {} threads", kernel.block));
         }
-        if !kernel.grid.blocks(sizes, 132).is_some_and(|b| b >= 1) {
+        if kernel.grid.blocks(sizes, 132).is_none_or(|b| b < 1) {
             return Err(format!("kernel {name}: no grid for sizes {sizes:?}"));
         }
         let lines = signature(&kernel.source, name)?;

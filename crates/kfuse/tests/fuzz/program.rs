@@ -150,7 +150,7 @@ impl Gen {
         match kind {
             Kind::Bool => "true".into(),
             Kind::Int => self.rng.random_range(-3..=4).to_string(),
-            Kind::Float => (*self.pick(&["0.5", "2.0", "1e-7", "0.0", "-1.5", "3", "1e3"])).to_string(),
+            Kind::Float => (*self.pick(&["0.5", "2.0", "1e-7", "0.0", "-1.5", "3.0", "1e3"])).to_string(),
         }
     }
 
@@ -162,8 +162,9 @@ impl Gen {
             0..=2 if a.kind.numeric() => {
                 let op = *self.pick(&ARITH);
                 if self.rng.random_bool(0.3) {
-                    let lit = self.literal(Kind::Float);
-                    return Some((format!("{} {op} {lit}", a.name), a.shape, arith_kind(op, a.kind, Kind::Float)));
+                    let kind = if self.rng.random_bool(0.7) { Kind::Float } else { Kind::Int };
+                    let lit = self.literal(kind);
+                    return Some((format!("{} {op} {lit}", a.name), a.shape, arith_kind(op, a.kind, kind)));
                 }
                 let b = self.val_where(|b| b.kind.numeric() && broadcast(&a.shape, &b.shape).is_some())?;
                 let shape = broadcast(&a.shape, &b.shape)?;
