@@ -1,5 +1,6 @@
 //! Tier gating for tests across the workspace: run NVRTC tests when libnvrtc loads and GPU
-//! tests when a device opens; otherwise print `SKIPPED: <test>: <why>` and let the test pass,
+//! tests when a device opens; otherwise write `SKIPPED #<n> (<tier> tier): <test>: <why>` on stderr
+//! (past the test harness's capture, so a plain `cargo test` shows it) and let the test pass,
 //! unless `KFUSE_REQUIRE_NVRTC=1` / `KFUSE_REQUIRE_GPU=1` make absence a failure.
 //!
 //! A skipped test passes, so a summary could not tell it from one that ran. When `KFUSE_SKIP_LOG`
@@ -11,6 +12,7 @@
 //! test code only.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::{nvrtc_version, open_default, Gpu};
 
@@ -18,10 +20,28 @@ fn required(var: &str) -> bool {
     std::env::var(var).map(|v| v.trim() == "1").unwrap_or(false)
 }
 
-/// Prints the `SKIPPED:` line and appends `tier\ttest\twhy` to the file `KFUSE_SKIP_LOG` names,
+/// Skips so far in this test executable (each line numbers its skip, so the highest number is
+/// the executable's count).
+static SKIPS: AtomicUsize = AtomicUsize::new(0);
+/// Whether this test executable has already shown why its NVRTC / GPU tier tests skip.
+static REASON_SHOWN: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+
+/// Shows the `SKIPPED:` line and appends `tier\ttest\twhy` to the file `KFUSE_SKIP_LOG` names,
 /// if any. A log that cannot be written is reported on stderr and does not fail the test.
+///
+/// The line goes to the process's stderr directly, not through `println!`/`eprintln!`, which the
+/// test harness captures (and shows only for failing tests): a plain `cargo test` shows every
+/// skip. The first skip of a tier in a test executable gives the reason; later ones refer to it.
 fn record_skip(tier: &str, test: &str, why: &dyn std::fmt::Display) {
-    println!("SKIPPED: {test}: {why}");
+    let shown = &REASON_SHOWN[usize::from(tier == "gpu")];
+    let n = SKIPS.fetch_add(1, Ordering::Relaxed) + 1;
+    let line = if shown.swap(true, Ordering::Relaxed) {
+        format!("SKIPPED #{n} ({tier} tier, reason as above): {}{test}\n", test_target())
+    } else {
+        format!("SKIPPED #{n} ({tier} tier): {}{test}: {why}\n", test_target())
+    };
+    // One write of a whole line: concurrent tests' lines stay whole. A closed stderr is no failure.
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
     let Some(path) = std::env::var_os("KFUSE_SKIP_LOG").filter(|p| !p.is_empty()) else {
         return;
     };
@@ -57,7 +77,7 @@ fn test_target() -> String {
     }
 }
 
-/// `Some(())` when NVRTC is usable; otherwise prints `SKIPPED:` (and logs the skip, see the
+/// `Some(())` when NVRTC is usable; otherwise shows a `SKIPPED` line (and logs the skip, see the
 /// module docs) and returns `None`, or panics when `KFUSE_REQUIRE_NVRTC=1`.
 pub fn nvrtc_or_skip(test: &str) -> Option<()> {
     match nvrtc_version() {
@@ -72,7 +92,7 @@ pub fn nvrtc_or_skip(test: &str) -> Option<()> {
     }
 }
 
-/// The default GPU ([`open_default`]) when one opens; otherwise prints `SKIPPED:` (and logs the
+/// The default GPU ([`open_default`]) when one opens; otherwise shows a `SKIPPED` line (and logs the
 /// skip, see the module docs) and returns `None`, or panics when `KFUSE_REQUIRE_GPU=1`. Also
 /// requires NVRTC, since GPU tests compile.
 pub fn gpu_or_skip(test: &str) -> Option<Gpu> {

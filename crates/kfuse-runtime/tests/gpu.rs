@@ -45,8 +45,13 @@ fn random_floats(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// A new seed every run (`KFUSE_TEST_SEED` replays one), printed so that a failure shows it.
 fn seed() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
+    let seed = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
+    });
+    println!("seed {seed} (replay with KFUSE_TEST_SEED={seed})");
+    seed
 }
 
 #[test]
