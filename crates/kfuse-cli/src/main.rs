@@ -617,6 +617,9 @@ fn read_inputs(specs: &[String]) -> Result<Vec<(String, HostTensor)>> {
         .iter()
         .map(|s| {
             let (name, path) = s.split_once('=').ok_or_else(|| anyhow!("--input `{s}` is not NAME=PATH.npy"))?;
+            if name.trim().is_empty() || path.is_empty() {
+                return Err(anyhow!("--input `{s}` is not NAME=PATH.npy: the name and the path must not be empty"));
+            }
             Ok((name.to_string(), npy::read_npy(Path::new(path))?))
         })
         .collect()

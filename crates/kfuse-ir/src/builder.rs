@@ -158,10 +158,11 @@ impl GraphBuilder {
             (UnaryOp::Not, _) => return Err(IrError::BadDType { op: "not", dtype: d, hint: " (it takes bool)" }),
             (_, Kind::Bool) => {
                 return Err(IrError::BadDType {
-                    op: op.name(),
+                    // Negation is written `-x`; its IR name `neg` is nowhere in the language.
+                    op: if op == UnaryOp::Neg { "-" } else { op.name() },
                     dtype: d,
                     hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
-                })
+                });
             }
             (op, Kind::Int) if op.is_float_math() => self.cast(x, DType::F32),
             _ => x,
