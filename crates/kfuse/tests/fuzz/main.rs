@@ -299,3 +299,24 @@ fn random_programs_edits_and_bytes_never_panic_and_plans_fit() {
         stats.generated
     );
 }
+
+/// Programs the fuzzer found problems in, kept as regression cases (checked like generated ones).
+const FOUND: &[&str] = &[
+    // Its backward graph's one-pass plan declares a Temp buffer that no kernel uses.
+    "input p: bf16[T, 4]\ninput q: f16[T]\ninput s: bool\ninput offsets: i32[S] as offsets(T)\n\
+     let t1 = clamp(p, -1, 4)\nlet t3 = mean(t1, where: s)\nlet t4 = where(s, t3, 1e-7)\n\
+     let t6 = offsets[.., None]\nlet t7 = tanh(t3)\noutput o0: bf16 = t7\noutput o1 = t6\noutput o2 = t6\n\
+     output loss = t4\noutput dp = grad(loss, p)\noutput dq = grad(loss, q)\n",
+];
+
+#[test]
+fn programs_found_by_fuzzing_pass() {
+    for (k, source) in FOUND.iter().enumerate() {
+        for seed in 0..8 {
+            let mut stats = Stats::default();
+            if let Err(e) = guarded(|| check_source(source, seed, true, false, &mut stats)) {
+                panic!("found program {k}, input seed {seed}: {e}\n--- source ---\n{source}");
+            }
+        }
+    }
+}
