@@ -14,8 +14,10 @@ use std::io::Write;
 
 use crate::{nvrtc_version, open_default, Gpu};
 
-fn required(var: &str) -> bool {
-    std::env::var(var).map(|v| v.trim() == "1").unwrap_or(false)
+/// Whether the tier gate `var` is on; an invalid value panics with the variable's error (this is
+/// test code: a misspelt requirement must not pass as "not required").
+fn required(var: &'static str) -> bool {
+    crate::env::flag(var).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Prints the `SKIPPED:` line and appends `tier\ttest\twhy` to the file `KFUSE_SKIP_LOG` names,
