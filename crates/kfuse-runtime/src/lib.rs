@@ -9,7 +9,7 @@
 //! - [`Gpu`] is one device with its own stream: buffers, kernel loading through the cache, launches
 //!   and timing events; [`Stream`]s it creates or borrows, and memory it borrows (the foreign
 //!   memory door: [`Gpu::borrow_stream`], [`Gpu::borrow_memory`]);
-//! - [`env`] reads kfuse's environment switches one way everywhere;
+//! - [`env`](mod@env) reads kfuse's environment switches one way everywhere;
 //! - [`testing`] gates NVRTC- and GPU-tier tests.
 //!
 //! It takes CUDA source strings and knows nothing of the IR. Libraries are loaded at run time

@@ -16,7 +16,7 @@
 //!   a handle to poll (`background`).
 //! - Environment: `KFUSE_CACHE_DIR`, `KFUSE_CACHE_MAX_BYTES` (`0`: lookups keep nothing on disk),
 //!   `KFUSE_NO_CACHE=1` (compile every time, touch no cache), `KFUSE_LOG_COMPILES=1` (print each
-//!   compile and its time); flags take the words of [`crate::env`]. An invalid value is an error
+//!   compile and its time); flags take the words of [`crate::env`](mod@crate::env). An invalid value is an error
 //!   ([`RuntimeError::InvalidEnv`]) of [`KernelCache::try_global`] and of every lookup through
 //!   [`KernelCache::global`], never a silent default.
 //!
