@@ -243,7 +243,7 @@ fn an_empty_folder_is_adopted_and_an_untagged_kfuse_cache_migrated() {
     let older = KernelCache::with_dir(dir.path(), MAX);
     let (_, outcome) = older.get_or_compile(&source(30), &sm90()).expect("reads");
     assert_eq!(outcome, CacheOutcome::DiskHit, "an older kfuse cache is read");
-    assert!(tag.exists(), "and tagged once kfuse writes to it");
+    assert!(tag.exists(), "and adopted (tagged)");
     fs::remove_file(&tag).expect("untag");
     let report = KernelCache::with_dir(dir.path(), MAX).verify().expect("an older kfuse cache is verified");
     assert_eq!((report.checked, report.valid), (1, 1), "{report:?}");

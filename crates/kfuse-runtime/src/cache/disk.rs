@@ -120,7 +120,8 @@ impl DiskStore {
     }
 
     /// Why lookups must leave the root alone, if they must (remembered once found). A missing
-    /// or unreadable root is not refused: reads find nothing and writes fail with a warning.
+    /// or unreadable root is not refused: reads find nothing and writes fail with a warning. An
+    /// older kfuse cache (untagged) is adopted here.
     pub fn refusal(&self) -> Option<Refusal> {
         if self.owned.load(Ordering::Relaxed) {
             return None;
@@ -133,9 +134,16 @@ impl DiskStore {
                 self.owned.store(true, Ordering::Relaxed);
                 None
             }
+            Ok(RootState::Legacy) => {
+                // An older kfuse's cache: adopted now, so that it is not walked again. A tag that
+                // cannot be written (a read-only folder) changes nothing: it is still read.
+                let _ = self.write_tag();
+                self.owned.store(true, Ordering::Relaxed);
+                None
+            }
             Ok(RootState::Foreign(reason)) => Some(self.refused.get_or_init(|| Refusal::NotOwned(reason)).clone()),
             Ok(RootState::NotAFolder) => Some(self.refused.get_or_init(|| Refusal::NotAFolder).clone()),
-            Ok(RootState::Missing | RootState::Empty | RootState::Legacy) | Err(_) => None,
+            Ok(RootState::Missing | RootState::Empty) | Err(_) => None,
         }
     }
 
