@@ -100,7 +100,12 @@ fn ms(d: Duration) -> f64 {
 pub fn run_phase(gpu: &Arc<Gpu>, phase: &str) -> Result<PhaseReport, Error> {
     let data = boxes::generate(1024, 256, 0)?;
     let inputs = [("pred", &data.pred), ("target", &data.target)];
-    let probe = std::env::var("KFUSE_BENCH_DRIVER_PROBE").map_or(true, |v| v.trim() != "0");
+    let probe = match std::env::var_os("KFUSE_BENCH_DRIVER_PROBE") {
+        Some(v) if !v.is_empty() => {
+            kfuse_runtime::env::flag("KFUSE_BENCH_DRIVER_PROBE").map_err(kfuse_runtime::RuntimeError::from)?
+        }
+        _ => true,
+    };
     let driver_probe_ms = if probe { driver_probe(gpu)? } else { 0.0 };
 
     let t0 = Instant::now();

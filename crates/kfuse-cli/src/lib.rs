@@ -2,7 +2,7 @@
 //! `kfuse` facade. [`bench`](mod@bench) times a program on a GPU, [`cachebench`] measures the kernel cache
 //! cold and warm, [`demo`] runs the GIoU demo, [`boxes`] generates box batches, [`npy`] reads and
 //! writes `.npy` files, [`testdata`] makes random inputs for any program, [`mlp_bench`] times an
-//! MLP model against the card's ceilings (`kfuse mlp bench`).
+//! MLP model against the card's ceilings (`kfuse mlp bench`), [`when`] writes dates for people.
 #![forbid(unsafe_code)]
 
 pub mod bench;
@@ -12,6 +12,7 @@ pub mod demo;
 pub mod mlp_bench;
 pub mod npy;
 pub mod testdata;
+pub mod when;
 
 /// Everything that can go wrong in the tool's commands.
 #[derive(Debug, thiserror::Error)]

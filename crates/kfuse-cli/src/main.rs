@@ -11,7 +11,7 @@ use kfuse::mlp::{self, MlpOptions, MlpProgram};
 use kfuse::{exec, Engine, HostTensor, Program};
 use kfuse_cli::{bench, boxes, mlp_bench, npy};
 use kfuse_mlp::MlpModel;
-use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache};
+use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache, VerifyAction};
 
 /// Prints a line to stdout; a closed pipe (`kfuse cache list | head`) ends the program quietly
 /// instead of panicking as `println!` would.
@@ -148,7 +148,8 @@ enum Command {
         #[arg(long)]
         arch: Option<String>,
     },
-    /// Inspect and maintain the on-disk kernel cache ($KFUSE_CACHE_DIR, default ~/.cache/kfuse).
+    /// Inspect and maintain the on-disk kernel cache ($KFUSE_CACHE_DIR, default ~/.cache/kfuse). kfuse
+    /// tags its folder with a CACHEDIR.TAG and refuses a folder that holds anything else.
     Cache {
         #[command(subcommand)]
         what: CacheCommand,
@@ -178,9 +179,9 @@ enum CacheCommand {
     },
     /// Every entry with its arch, size and last use.
     List,
-    /// Remove every entry.
+    /// Remove every entry (only kfuse's own files: anything else in the folder is left and listed).
     Clear,
-    /// Check every entry; report and remove bad ones.
+    /// Check every entry; report and remove bad ones (files that are not kfuse's are reported and left).
     Verify,
     /// The seed scenario: 1000 builds of one fused op and 100 of each of 10, cold then warm (fresh
     /// process); compiles, lookup times, first GIoU result. Needs a GPU.
@@ -354,7 +355,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Compile { file, arch } => {
             let p = load(&file)?;
             let arch = pick_arch(arch)?;
-            let cache = KernelCache::global();
+            let cache = KernelCache::try_global()?;
+            cache.check_folder()?;
             for k in &p.plan().kernels {
                 let t0 = Instant::now();
                 let (m, outcome) = cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?;
@@ -398,7 +400,11 @@ fn pick_arch(arch: Option<String>) -> Result<Arch> {
 }
 
 fn cache_command(what: CacheCommand) -> Result<()> {
-    let cache = KernelCache::global();
+    let cache = KernelCache::try_global()?;
+    if !matches!(what, CacheCommand::Bench { .. }) {
+        // A folder that is not kfuse's, or not a folder, is refused before anything is read.
+        cache.check_folder()?;
+    }
     match what {
         CacheCommand::Stats { json } => {
             let s = cache.stats();
@@ -407,7 +413,15 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             } else {
                 let dir = s.dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(none)".into());
                 say!("folder:   {dir}{}", if s.bypassed { " (bypassed by KFUSE_NO_CACHE)" } else { "" });
-                say!("entries:  {} ({} bytes of {} allowed)", s.entries, s.bytes, s.max_bytes);
+                if s.max_bytes == 0 {
+                    say!(
+                        "entries:  {} ({} bytes; KFUSE_CACHE_MAX_BYTES=0 keeps nothing new on disk)",
+                        s.entries,
+                        s.bytes
+                    );
+                } else {
+                    say!("entries:  {} ({} bytes of {} allowed)", s.entries, s.bytes, s.max_bytes);
+                }
                 let c = &s.persisted;
                 say!(
                     "all processes: {} disk hits, {} misses (compiles), {} repairs, {} failed writes, {} evictions",
@@ -420,32 +434,45 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             }
         }
         CacheCommand::List => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             for e in cache.list()? {
                 say!(
                     "{} {} {:>9} bytes  last used {}  {}",
                     e.arch,
                     e.key.to_hex(),
                     e.bytes,
-                    e.last_used_unix_s,
+                    kfuse_cli::when::date_and_age(e.last_used_unix_s, now),
                     e.path.display()
                 );
             }
         }
         CacheCommand::Clear => {
             let r = cache.clear()?;
+            for path in &r.left_alone {
+                say!("left alone: {} (not kfuse's)", path.display());
+            }
             say!("removed {} entries ({} bytes)", r.entries, r.bytes);
         }
         CacheCommand::Verify => {
             let r = cache.verify()?;
+            let mut left_alone = 0;
             for p in &r.problems {
-                say!(
-                    "bad: {} — {}{}",
-                    p.path.display(),
-                    p.reason,
-                    if p.removed { " (removed)" } else { " (could not remove)" }
-                );
+                let action = match &p.action {
+                    VerifyAction::Removed => "removed".to_string(),
+                    VerifyAction::RemoveFailed(why) => format!("could not remove: {why}"),
+                    VerifyAction::LeftAlone => {
+                        left_alone += 1;
+                        "not kfuse's, left alone".to_string()
+                    }
+                };
+                say!("{} — {} ({action})", p.path.display(), p.reason);
             }
-            say!("checked {} entries: {} valid, {} bad", r.checked, r.valid, r.problems.len());
+            say!(
+                "checked {} entries: {} valid, {} bad; {left_alone} files not kfuse's, left alone",
+                r.checked,
+                r.valid,
+                r.problems.len() - left_alone
+            );
         }
         CacheCommand::Bench { dir, json, phase_out } => {
             if let (Some(out), Some(dir)) = (&phase_out, &dir) {
@@ -456,11 +483,13 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             }
             let dir =
                 dir.unwrap_or_else(|| std::env::temp_dir().join(format!("kfuse-cache-bench-{}", std::process::id())));
-            let _ = std::fs::remove_dir_all(&dir);
+            // A cold start: kfuse's files go; a folder that is not kfuse's is refused.
+            KernelCache::with_dir(&dir, kfuse_runtime::cache::DEFAULT_MAX_BYTES).clear()?;
             let gpu = kfuse_cli::cachebench::open_with_cache_dir(&dir).context("`kfuse cache bench` needs a GPU")?;
             let cold = kfuse_cli::cachebench::run_phase(&gpu, "cold")?;
             drop(gpu);
-            let out = dir.join("warm-phase.json");
+            // Beside the cache folder, not in it: only kfuse's cache files go there.
+            let out = std::env::temp_dir().join(format!("kfuse-cache-bench-{}-warm.json", std::process::id()));
             let status = std::process::Command::new(std::env::current_exe()?)
                 .args(["cache", "bench", "--dir"])
                 .arg(&dir)
@@ -471,6 +500,7 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 bail!("the warm phase (a fresh process) failed: {status}");
             }
             let warm: kfuse_cli::cachebench::PhaseReport = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+            let _ = std::fs::remove_file(&out);
             let phases = [cold, warm];
             say!("{}", kfuse_cli::cachebench::render(&phases));
             if let Some(path) = json {
@@ -503,7 +533,8 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 });
                 if let Err(e) = result {
                     failed += 1;
-                    bar.println(format!("skipped {}: {e:#}", f.display()));
+                    // Printed whether or not stderr is a terminal (a hidden bar drops `println`).
+                    bar.suspend(|| eprintln!("failed: {}: {e:#}", f.display()));
                 }
                 bar.inc(1);
             }
@@ -512,6 +543,9 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 "{} files for {arch}: {compiled} kernels compiled, {hits} already cached, {failed} files failed",
                 files.len()
             );
+            if failed > 0 {
+                bail!("{failed} of {} .kf files in {} failed (each reason is above)", files.len(), dir.display());
+            }
         }
     }
     Ok(())

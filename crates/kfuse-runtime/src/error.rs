@@ -1,9 +1,10 @@
 //! The runtime's one error type: every failure of NVRTC, the driver, device memory, kernel
 //! launches and cache maintenance, each variant carrying what failed and where.
 //!
-//! Cache *lookups* never produce these for disk problems: a bad or unwritable cache is a warning
-//! and a recompile (see `cache`). Only explicit maintenance (`clear`, `verify`, `list`) reports
-//! I/O errors as values.
+//! Cache *lookups* never produce these for disk problems: a bad, unwritable or foreign cache folder
+//! is a warning and a recompile (see `cache`). Only explicit maintenance (`clear`, `verify`,
+//! `list`) reports I/O errors and folders that are not kfuse's as values; an invalid cache
+//! setting in the environment is an error of every lookup.
 
 use std::path::PathBuf;
 
@@ -178,4 +179,29 @@ pub enum RuntimeError {
     /// The cache has no disk folder (no home/cache dir and no KFUSE_CACHE_DIR).
     #[error("the kernel cache has no disk folder: set KFUSE_CACHE_DIR")]
     NoCacheDir,
+    /// The cache folder holds files kfuse did not write and has no kfuse `CACHEDIR.TAG`: kfuse
+    /// removes nothing from it and writes nothing into it.
+    #[error(
+        "{} is not a kfuse cache folder ({reason}); kfuse removes nothing from it and writes nothing into it. \
+         Point KFUSE_CACHE_DIR at a folder of its own (a new or empty one), or empty this one",
+        path.display()
+    )]
+    CacheNotOwned {
+        /// The cache folder.
+        path: PathBuf,
+        /// What in it is not kfuse's.
+        reason: String,
+    },
+    /// The cache folder's path exists but is not a folder.
+    #[error("the kernel cache folder {} is not a folder (it is a file or another kind of entry); set KFUSE_CACHE_DIR to a folder", path.display())]
+    CacheNotAFolder {
+        /// The path.
+        path: PathBuf,
+    },
+}
+
+impl From<crate::env::EnvError> for RuntimeError {
+    fn from(e: crate::env::EnvError) -> RuntimeError {
+        RuntimeError::InvalidEnv { name: e.name, value: e.value, expected: e.expected }
+    }
 }

@@ -233,9 +233,10 @@ enum ArgValue {
 }
 
 impl Gpu {
-    /// Opens device `ordinal` with the process-wide kernel cache ([`KernelCache::global`]).
+    /// Opens device `ordinal` with the process-wide kernel cache ([`KernelCache::try_global`]:
+    /// an invalid cache setting in the environment is an error).
     pub fn open(ordinal: usize) -> Result<Gpu, RuntimeError> {
-        Gpu::open_with_cache(ordinal, KernelCache::global())
+        Gpu::open_with_cache(ordinal, KernelCache::try_global()?)
     }
 
     /// Opens device `ordinal` with a given kernel cache.

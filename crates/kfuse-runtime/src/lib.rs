@@ -9,12 +9,14 @@
 //! - [`Gpu`] is one device with its own stream: buffers, kernel loading through the cache, launches
 //!   and timing events; [`Stream`]s it creates or borrows, and memory it borrows (the foreign
 //!   memory door: [`Gpu::borrow_stream`], [`Gpu::borrow_memory`]);
+//! - [`env`](mod@env) reads kfuse's environment switches one way everywhere;
 //! - [`testing`] gates NVRTC- and GPU-tier tests.
 //!
 //! It takes CUDA source strings and knows nothing of the IR. Libraries are loaded at run time
 //! (cudarc `dynamic-loading`); their absence is an error value, never a panic.
 
 pub mod cache;
+pub mod env;
 mod error;
 mod gpu;
 mod key;
@@ -26,7 +28,7 @@ pub mod timing;
 
 pub use cache::{
     BackgroundCompile, BackgroundFailure, BackgroundOutcome, CacheConfig, CacheCounters, CacheEntryInfo, CacheMode,
-    CacheOutcome, CacheStats, ClearReport, KernelCache, VerifyProblem, VerifyReport,
+    CacheOutcome, CacheStats, ClearReport, KernelCache, VerifyAction, VerifyProblem, VerifyReport,
 };
 pub use error::RuntimeError;
 pub use gpu::{

@@ -16,8 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::{nvrtc_version, open_default, Gpu};
 
-fn required(var: &str) -> bool {
-    std::env::var(var).map(|v| v.trim() == "1").unwrap_or(false)
+/// Whether the tier gate `var` is on; an invalid value panics with the variable's error (this is
+/// test code: a misspelt requirement must not pass as "not required").
+fn required(var: &'static str) -> bool {
+    crate::env::flag(var).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Skips so far in this test executable (each line numbers its skip, so the highest number is

@@ -6,10 +6,17 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Whether `KFUSE_LOG_TIMING=1` is set (read once per process).
+/// Whether `KFUSE_LOG_TIMING` is on (read once per process; see [`crate::env::flag`]). An
+/// invalid value is an error of [`crate::CacheConfig::from_env`], so of `Engine::new` and the
+/// command-line tool; here, where no error can be returned, it is warned about once and off.
 pub fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("KFUSE_LOG_TIMING").map(|v| v.trim() == "1").unwrap_or(false))
+    *ENABLED.get_or_init(|| {
+        crate::env::flag("KFUSE_LOG_TIMING").unwrap_or_else(|e| {
+            eprintln!("kfuse: warning: {e}; the timing log stays off");
+            false
+        })
+    })
 }
 
 /// Prints `kfuse: timing: <what>: <ms> ms` for the time since `started`, when enabled.

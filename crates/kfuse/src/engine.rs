@@ -22,9 +22,10 @@ struct Inner {
 
 impl Engine {
     /// An engine with the process-wide kernel cache, configured from the environment
-    /// (`KFUSE_CACHE_DIR`, `KFUSE_CACHE`, ...; see [`KernelCache::global`]).
+    /// (`KFUSE_CACHE_DIR`, `KFUSE_NO_CACHE`, ...; see [`KernelCache::global`]); an invalid setting
+    /// there is an error ([`kfuse_runtime::RuntimeError::InvalidEnv`]).
     pub fn new() -> Result<Engine> {
-        Ok(Engine::with_cache(KernelCache::global()))
+        Ok(Engine::with_cache(KernelCache::try_global()?))
     }
 
     /// An engine compiling through `cache`.

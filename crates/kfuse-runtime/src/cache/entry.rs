@@ -9,7 +9,8 @@ use crate::key::CACHE_FORMAT_VERSION;
 use crate::nvrtc::CompiledModule;
 use crate::{Arch, CacheKey};
 
-const MAGIC: [u8; 8] = *b"KFUSEKC\0";
+/// The first bytes of every entry.
+pub(crate) const MAGIC: [u8; 8] = *b"KFUSEKC\0";
 /// magic 8, format 4, arch 4 + 4, key 32, three lengths 3 x 8, checksum 32. The arch's second
 /// word is the minor version, with [`ACCEL_BIT`] set for an `a` target (`sm_90a`), so that the
 /// entries of plain targets keep their bytes.

@@ -6,17 +6,27 @@
 //!   different kernels compile in parallel. (The (key, device) → loaded function tier lives in
 //!   [`crate::Gpu`].)
 //! - Disk: see `disk` for the layout. Bad entries are warnings and recompiles (`Repaired`); a
-//!   failed write is a warning; a per-key file lock makes concurrent processes compile once.
+//!   failed write is a warning; a per-key file lock makes concurrent processes compile once (a
+//!   wait of more than 2 s says on stderr which lock file it waits for).
+//! - Ownership: kfuse marks its cache folder with a `CACHEDIR.TAG` and removes or overwrites
+//!   only its own files in it (`owner`). A folder that holds anything else is left alone: lookups
+//!   warn once and compile without the disk tier, and `clear`, `verify` and `list` refuse it with
+//!   [`RuntimeError::CacheNotOwned`] (see `maintain`).
 //! - Background: [`KernelCache::compile_in_background`] compiles on its own thread and returns
 //!   a handle to poll (`background`).
-//! - Environment: `KFUSE_CACHE_DIR`, `KFUSE_CACHE_MAX_BYTES`, `KFUSE_NO_CACHE=1` (compile every
-//!   time, touch no cache), `KFUSE_LOG_COMPILES=1` (print each compile and its time).
+//! - Environment: `KFUSE_CACHE_DIR`, `KFUSE_CACHE_MAX_BYTES` (`0`: lookups keep nothing on disk),
+//!   `KFUSE_NO_CACHE=1` (compile every time, touch no cache), `KFUSE_LOG_COMPILES=1` (print each
+//!   compile and its time); flags take the words of [`crate::env`](mod@crate::env). An invalid value is an error
+//!   ([`RuntimeError::InvalidEnv`]) of [`KernelCache::try_global`] and of every lookup through
+//!   [`KernelCache::global`], never a silent default.
 //!
 //! Without NVRTC nothing can be looked up: the key includes NVRTC's version.
 
 mod background;
 mod disk;
 mod entry;
+mod maintain;
+mod owner;
 mod probe;
 
 use std::collections::HashMap;
@@ -27,6 +37,8 @@ use std::time::Instant;
 
 pub use background::{BackgroundCompile, BackgroundFailure, BackgroundOutcome};
 use disk::{DiskStore, ReadOutcome};
+
+use crate::env::{self, EnvError};
 
 use crate::lookup::{LookupKey, SourceMap};
 
@@ -68,6 +80,10 @@ pub struct CacheCounters {
 }
 
 impl CacheCounters {
+    /// The field names, as `stats.json` holds them.
+    pub const FIELDS: [&'static str; 6] =
+        ["memory_hits", "disk_hits", "compiles", "repairs", "write_failures", "evictions"];
+
     fn add(&mut self, other: &CacheCounters) {
         self.memory_hits += other.memory_hits;
         self.disk_hits += other.disk_hits;
@@ -91,6 +107,9 @@ pub struct CacheStats {
     pub bytes: u64,
     /// Whether `KFUSE_NO_CACHE=1` switched the cache off.
     pub bypassed: bool,
+    /// Why lookups do not use the disk folder, when they do not (a folder that is not kfuse's,
+    /// not a folder, `KFUSE_CACHE_MAX_BYTES=0`, an invalid setting).
+    pub disk_unused: Option<String>,
     /// Counted by this process.
     pub session: CacheCounters,
     /// Counted by every process that used this folder, as recorded on disk (memory hits are
@@ -113,6 +132,17 @@ pub struct CacheEntryInfo {
     pub path: PathBuf,
 }
 
+/// What [`KernelCache::verify`] did about a problem.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum VerifyAction {
+    /// A file of kfuse's, removed.
+    Removed,
+    /// A file of kfuse's that could not be removed; the text says why.
+    RemoveFailed(String),
+    /// Not kfuse's: reported, never removed.
+    LeftAlone,
+}
+
 /// One problem found by [`KernelCache::verify`].
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct VerifyProblem {
@@ -120,8 +150,8 @@ pub struct VerifyProblem {
     pub path: PathBuf,
     /// What is wrong with it.
     pub reason: String,
-    /// Whether it was removed.
-    pub removed: bool,
+    /// What was done about it.
+    pub action: VerifyAction,
 }
 
 /// The result of [`KernelCache::verify`].
@@ -131,17 +161,19 @@ pub struct VerifyReport {
     pub checked: u64,
     /// Entry files found valid.
     pub valid: u64,
-    /// Bad entries and foreign files.
+    /// Bad entries of kfuse's (removed) and files that are not kfuse's (left alone).
     pub problems: Vec<VerifyProblem>,
 }
 
 /// The result of [`KernelCache::clear`].
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ClearReport {
     /// Entries removed from disk.
     pub entries: u64,
-    /// Bytes removed from disk.
+    /// Bytes removed from disk (entries and their sources).
     pub bytes: u64,
+    /// Files and folders in the cache folder that are not kfuse's, left as they were.
+    pub left_alone: Vec<PathBuf>,
 }
 
 /// Whether lookups use the cache.
@@ -167,10 +199,18 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
-    /// The configuration the environment asks for (see the module docs). Bad values are
-    /// warned about and replaced by defaults: the cache never stops a run.
-    pub fn from_env() -> CacheConfig {
-        let flag = |name: &str| std::env::var(name).map(|v| v.trim() == "1").unwrap_or(false);
+    /// The configuration the environment asks for (see the module docs). An invalid value of
+    /// `KFUSE_NO_CACHE`, `KFUSE_LOG_COMPILES`, `KFUSE_LOG_TIMING` (the runtime's timing log, checked
+    /// here so that it fails as early) or `KFUSE_CACHE_MAX_BYTES` is an error.
+    pub fn from_env() -> Result<CacheConfig, RuntimeError> {
+        CacheConfig::read_env().map_err(RuntimeError::from)
+    }
+
+    fn read_env() -> Result<CacheConfig, EnvError> {
+        let bypassed = env::flag("KFUSE_NO_CACHE")?;
+        let log_compiles = env::flag("KFUSE_LOG_COMPILES")?;
+        env::flag("KFUSE_LOG_TIMING")?;
+        let max_bytes = env::size("KFUSE_CACHE_MAX_BYTES")?.unwrap_or(DEFAULT_MAX_BYTES);
         let dir = match std::env::var_os("KFUSE_CACHE_DIR") {
             Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
             _ => dirs::cache_dir().map(|d| d.join("kfuse")),
@@ -178,32 +218,13 @@ impl CacheConfig {
         if dir.is_none() {
             warn("no user cache folder found and KFUSE_CACHE_DIR unset; kernels are cached in memory only");
         }
-        let max_bytes = match std::env::var("KFUSE_CACHE_MAX_BYTES") {
-            Ok(text) => parse_size(&text).unwrap_or_else(|| {
-                warn(&format!("KFUSE_CACHE_MAX_BYTES={text:?} is not a size (e.g. 1073741824, 512M, 2G); using 1G"));
-                DEFAULT_MAX_BYTES
-            }),
-            Err(_) => DEFAULT_MAX_BYTES,
-        };
-        CacheConfig {
+        Ok(CacheConfig {
             dir,
             max_bytes,
-            mode: if flag("KFUSE_NO_CACHE") { CacheMode::Bypassed } else { CacheMode::Enabled },
-            log_compiles: flag("KFUSE_LOG_COMPILES"),
-        }
+            mode: if bypassed { CacheMode::Bypassed } else { CacheMode::Enabled },
+            log_compiles,
+        })
     }
-}
-
-/// Parses `1234`, `64K`, `512M`, `2G` (binary units).
-pub fn parse_size(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let (digits, shift) = match text.char_indices().last()? {
-        (i, 'k' | 'K') => (&text[..i], 10),
-        (i, 'm' | 'M') => (&text[..i], 20),
-        (i, 'g' | 'G') => (&text[..i], 30),
-        _ => (text, 0),
-    };
-    digits.trim().parse::<u64>().ok()?.checked_mul(1u64 << shift)
 }
 
 fn warn(message: &str) {
@@ -263,36 +284,109 @@ pub struct KernelCache {
     /// First-level lookup of modules already in `memory`.
     by_source: SourceMap<Arc<CompiledModule>>,
     counters: AtomicCounters,
+    /// An invalid setting in the environment: every lookup and maintenance call returns it.
+    env_error: Option<EnvError>,
     warned_lock: AtomicBool,
     warned_stats: AtomicBool,
+    warned_folder: AtomicBool,
 }
 
 impl KernelCache {
-    /// The process-wide cache, configured from the environment on first use.
+    /// The process-wide cache, configured from the environment on first use. When the
+    /// environment holds an invalid setting, the cache keeps the error and returns it from every
+    /// lookup and maintenance call; [`KernelCache::try_global`] returns it at once.
     pub fn global() -> Arc<KernelCache> {
         static GLOBAL: OnceLock<Arc<KernelCache>> = OnceLock::new();
-        GLOBAL.get_or_init(|| Arc::new(KernelCache::new(CacheConfig::from_env()))).clone()
+        GLOBAL
+            .get_or_init(|| {
+                Arc::new(match CacheConfig::read_env() {
+                    Ok(config) => KernelCache::new(config),
+                    Err(e) => KernelCache::new(CacheConfig {
+                        dir: None,
+                        max_bytes: 0,
+                        mode: CacheMode::Enabled,
+                        log_compiles: false,
+                    })
+                    .with_env_error(Some(e)),
+                })
+            })
+            .clone()
+    }
+
+    /// The process-wide cache ([`KernelCache::global`]), or the error of an invalid setting in
+    /// the environment.
+    pub fn try_global() -> Result<Arc<KernelCache>, RuntimeError> {
+        let cache = KernelCache::global();
+        cache.check_env()?;
+        Ok(cache)
     }
 
     /// A cache on folder `dir` with size cap `max_bytes` (for tests and tools); compile
-    /// logging still follows `KFUSE_LOG_COMPILES`.
+    /// logging still follows `KFUSE_LOG_COMPILES` (an invalid value is an error of every lookup).
     pub fn with_dir(dir: impl Into<PathBuf>, max_bytes: u64) -> KernelCache {
+        let log = env::flag("KFUSE_LOG_COMPILES");
         KernelCache::new(CacheConfig {
             dir: Some(dir.into()),
             max_bytes,
             mode: CacheMode::Enabled,
-            log_compiles: CacheConfig::from_env_log_flag(),
+            log_compiles: *log.as_ref().unwrap_or(&false),
         })
+        .with_env_error(log.err())
     }
 
-    /// A cache with no disk tier.
+    /// A cache with no disk tier (compile logging as for [`KernelCache::with_dir`]).
     pub fn memory_only() -> KernelCache {
+        let log = env::flag("KFUSE_LOG_COMPILES");
         KernelCache::new(CacheConfig {
             dir: None,
             max_bytes: 0,
             mode: CacheMode::Enabled,
-            log_compiles: CacheConfig::from_env_log_flag(),
+            log_compiles: *log.as_ref().unwrap_or(&false),
         })
+        .with_env_error(log.err())
+    }
+
+    fn with_env_error(mut self, error: Option<EnvError>) -> KernelCache {
+        self.env_error = error;
+        self
+    }
+
+    /// The error of an invalid setting in the environment this cache was made from, if any.
+    pub fn check_env(&self) -> Result<(), RuntimeError> {
+        match &self.env_error {
+            Some(e) => Err(e.clone().into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the disk folder can be used: an error for an invalid setting, a folder that is
+    /// not kfuse's ([`RuntimeError::CacheNotOwned`]) or a path that is not a folder
+    /// ([`RuntimeError::CacheNotAFolder`]). A folder that does not exist yet is fine.
+    pub fn check_folder(&self) -> Result<(), RuntimeError> {
+        self.check_env()?;
+        let Some(disk) = &self.disk else { return Ok(()) };
+        match disk.state()? {
+            owner::RootState::Foreign(reason) => {
+                Err(RuntimeError::CacheNotOwned { path: disk.root().to_path_buf(), reason })
+            }
+            owner::RootState::NotAFolder => Err(RuntimeError::CacheNotAFolder { path: disk.root().to_path_buf() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The disk tier lookups use: none without a folder, with `KFUSE_CACHE_MAX_BYTES=0`, or for
+    /// a folder that is not kfuse's (warned about once).
+    fn lookup_disk(&self) -> Option<&DiskStore> {
+        let disk = self.disk.as_ref().filter(|_| self.config.max_bytes > 0)?;
+        match disk.refusal() {
+            None => Some(disk),
+            Some(refusal) => {
+                if !self.warned_folder.swap(true, Ordering::Relaxed) {
+                    warn(&format!("{}; kernels are compiled without the disk cache", refusal.error(disk.root())));
+                }
+                None
+            }
+        }
     }
 
     /// A cache with an explicit configuration.
@@ -307,8 +401,10 @@ impl KernelCache {
             memory: Mutex::new(HashMap::new()),
             by_source: SourceMap::new(),
             counters: AtomicCounters::default(),
+            env_error: None,
             warned_lock: AtomicBool::new(false),
             warned_stats: AtomicBool::new(false),
+            warned_folder: AtomicBool::new(false),
         }
     }
 
@@ -334,6 +430,7 @@ impl KernelCache {
         source: &str,
         opts: &CompileOptions,
     ) -> Result<(Arc<CompiledModule>, CacheOutcome), RuntimeError> {
+        self.check_env()?;
         if self.is_bypassed() {
             let module = self.compile_logged(source, opts, CacheOutcome::Compiled)?;
             self.record(CacheCounters { compiles: 1, ..Default::default() }, false);
@@ -348,7 +445,7 @@ impl KernelCache {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok((found.clone(), CacheOutcome::MemoryHit));
         }
-        let (module, outcome) = match &self.disk {
+        let (module, outcome) = match self.lookup_disk() {
             Some(disk) => self.load_or_compile(disk, source, opts, &key)?,
             None => {
                 let module = self.compile_logged(source, opts, CacheOutcome::Compiled)?;
@@ -389,10 +486,22 @@ impl KernelCache {
     ) -> Result<(CompiledModule, CacheOutcome), RuntimeError> {
         let arch = opts.arch;
         let mut damaged = false;
+        let mut foreign = false;
         let mut check = |found: ReadOutcome| -> Option<CompiledModule> {
             match found {
                 ReadOutcome::Hit(module) => Some(module),
                 ReadOutcome::Missing => None,
+                ReadOutcome::Foreign { path, reason } => {
+                    if !foreign {
+                        warn(&format!(
+                            "{} is in a kernel cache entry's place but is not kfuse's ({reason}); left alone, \
+                             the kernel is compiled without caching it",
+                            path.display()
+                        ));
+                    }
+                    foreign = true;
+                    None
+                }
                 ReadOutcome::Bad { path, reason } => {
                     if !damaged {
                         warn(&format!(
@@ -431,6 +540,10 @@ impl KernelCache {
         let module = self.compile_logged(source, opts, outcome)?;
         let mut delta = CacheCounters { compiles: 1, repairs: u64::from(damaged), ..Default::default() };
         let entry_path = disk.entry_path(key, arch);
+        if foreign {
+            self.record(delta, true);
+            return Ok((module, outcome));
+        }
         match disk.write(&module, source) {
             Ok(written) => match disk.account_and_evict(written, &entry_path) {
                 Ok(evicted) => delta.evictions = evicted,
@@ -492,6 +605,15 @@ impl KernelCache {
 
     /// Entries, bytes and counters.
     pub fn stats(&self) -> CacheStats {
+        let disk_unused = if let Some(e) = &self.env_error {
+            Some(e.to_string())
+        } else if let Some(refusal) = self.disk.as_ref().and_then(|d| d.refusal().map(|r| r.error(d.root()))) {
+            Some(refusal.to_string())
+        } else if self.disk.is_some() && self.config.max_bytes == 0 {
+            Some("KFUSE_CACHE_MAX_BYTES=0: lookups keep nothing on disk".to_string())
+        } else {
+            None
+        };
         let (entries, bytes, persisted) = match &self.disk {
             Some(disk) => {
                 let files = disk.scan().unwrap_or_default();
@@ -505,6 +627,7 @@ impl KernelCache {
             entries,
             bytes,
             bypassed: self.is_bypassed(),
+            disk_unused,
             session: self.counters.snapshot(),
             persisted,
         }
@@ -512,26 +635,27 @@ impl KernelCache {
 
     /// The entries on disk, most recently used first (contents not checked: see `verify`).
     pub fn list(&self) -> Result<Vec<CacheEntryInfo>, RuntimeError> {
-        let disk = self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?;
-        disk.list().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })
+        self.check_env()?;
+        self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?.list()
     }
 
-    /// Removes every entry from disk and memory.
+    /// Removes every kfuse file from disk (a folder that is not kfuse's is refused; files in
+    /// kfuse's folder that are not kfuse's are left and listed) and every entry from memory.
     pub fn clear(&self) -> Result<ClearReport, RuntimeError> {
+        self.check_env()?;
         self.memory.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.by_source.clear();
-        let Some(disk) = &self.disk else {
-            return Ok(ClearReport::default());
-        };
-        let (entries, bytes) =
-            disk.clear().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })?;
-        Ok(ClearReport { entries, bytes })
+        match &self.disk {
+            Some(disk) => disk.clear(),
+            None => Ok(ClearReport::default()),
+        }
     }
 
-    /// Checks every file in the disk folder; removes and reports bad entries and foreign files.
+    /// Checks every file in the disk folder: removes and reports kfuse's bad entries, reports
+    /// files that are not kfuse's and leaves them alone (a folder that is not kfuse's is refused).
     pub fn verify(&self) -> Result<VerifyReport, RuntimeError> {
-        let disk = self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?;
-        disk.verify().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })
+        self.check_env()?;
+        self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?.verify()
     }
 
     /// The disk path an entry for (`source`, `opts`) has (whether or not it exists).
@@ -541,25 +665,17 @@ impl KernelCache {
     }
 }
 
-impl CacheConfig {
-    fn from_env_log_flag() -> bool {
-        std::env::var("KFUSE_LOG_COMPILES").map(|v| v.trim() == "1").unwrap_or(false)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::CacheCounters;
 
     #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("1234"), Some(1234));
-        assert_eq!(parse_size("64K"), Some(64 << 10));
-        assert_eq!(parse_size("512m"), Some(512 << 20));
-        assert_eq!(parse_size(" 2G "), Some(2 << 30));
-        assert_eq!(parse_size("G"), None);
-        assert_eq!(parse_size("lots"), None);
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("99999999999G"), None);
+    fn the_counters_field_list_matches_what_stats_json_holds() {
+        let json = serde_json::to_value(CacheCounters::default()).expect("serialises");
+        let mut names: Vec<&str> = json.as_object().expect("an object").keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut fields = CacheCounters::FIELDS.to_vec();
+        fields.sort_unstable();
+        assert_eq!(names, fields);
     }
 }

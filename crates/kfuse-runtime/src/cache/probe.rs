@@ -22,12 +22,14 @@ impl KernelCache {
     /// ([`CacheOutcome::MemoryHit`]) or valid on disk ([`CacheOutcome::DiskHit`]), else `None`.
     /// Never compiles and never blocks on a compile in progress (another thread compiling the
     /// same key makes this `None`). A disk hit is kept in memory. Always `None` when the cache is
-    /// bypassed. Errors only when NVRTC's version cannot be read (it is part of the key).
+    /// bypassed. Errors only when NVRTC's version cannot be read (it is part of the key) or the
+    /// environment holds an invalid cache setting.
     pub fn get_cached(
         &self,
         source: &str,
         opts: &CompileOptions,
     ) -> Result<Option<(Arc<CompiledModule>, CacheOutcome)>, RuntimeError> {
+        self.check_env()?;
         if self.is_bypassed() {
             return Ok(None);
         }
@@ -46,7 +48,7 @@ impl KernelCache {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Some((found.clone(), CacheOutcome::MemoryHit)));
         }
-        let Some(disk) = &self.disk else {
+        let Some(disk) = self.lookup_disk() else {
             return Ok(None);
         };
         match disk.read(&key, opts.arch) {
@@ -58,7 +60,7 @@ impl KernelCache {
                 self.by_source.insert(&lookup, module.clone());
                 Ok(Some((module, CacheOutcome::DiskHit)))
             }
-            ReadOutcome::Missing | ReadOutcome::Bad { .. } => Ok(None),
+            ReadOutcome::Missing | ReadOutcome::Bad { .. } | ReadOutcome::Foreign { .. } => Ok(None),
         }
     }
 }
