@@ -1,13 +1,12 @@
 """torch.nn modules backed by kfuse."""
 
-import os
-import tempfile
+import json
 
 import torch
 
 from . import _kfuse
 from ._errors import InputError
-from ._export import export_mlp
+from ._export import describe
 from ._program import _KD, _from_host, _host_arg, _on_device, _raw_stream
 
 __all__ = ["FusedMLP"]
@@ -35,15 +34,15 @@ class FusedMLP(torch.nn.Module):
     @classmethod
     def from_torch(cls, module, dtype=torch.float16):
         """Reads the weights of `module` (what :func:`kfuse.export_mlp` accepts) in `dtype`
-        (float16 or bfloat16)."""
+        (float16 or bfloat16), in memory: no file is written."""
         name = {torch.float16: "f16", torch.bfloat16: "bf16"}.get(dtype)
         if name is None:
             raise InputError(f"FusedMLP weights are float16 or bfloat16, not {dtype}")
-        with tempfile.TemporaryDirectory(prefix="kfuse-mlp-") as folder:
-            path = os.path.join(folder, "model.json")
-            export_mlp(module, path, name)
-            native = _kfuse.Mlp.load(path)
-        return cls(native)
+        desc, tensors = describe(module, name)
+        # The description names no weights file: its tensors are passed along.
+        text = json.dumps({**desc, "weights": ""})
+        args = [_host_arg(n, t) for n, t in tensors.items()]
+        return cls(_kfuse.Mlp.from_tensors(text, args, f"module {type(module).__name__}"))
 
     @classmethod
     def load(cls, json_path):
