@@ -88,6 +88,8 @@ def describe(module, dtype="f16"):
     import torch
     from torch import nn
 
+    if not isinstance(module, nn.Module):
+        fail(f"expected a torch.nn.Module (an nn.Sequential of Linear and activations), not {type(module).__name__}")
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(dtype)
     if torch_dtype is None:
         fail(f"dtype must be f16 or bf16, not {dtype!r}")
@@ -146,6 +148,8 @@ def write_safetensors(path, tensors, dtype):
 def export_mlp(module, json_path, dtype="f16"):
     """Writes `module` as ``json_path`` (the description) and the weights beside it
     (``<stem>.safetensors``) in `dtype` (``"f16"`` or ``"bf16"``); returns the description."""
+    if os.path.isdir(json_path):
+        fail(f"`{json_path}` is a folder; give the path of the model.json to write (weights go beside it)")
     desc, tensors = describe(module, dtype)
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)

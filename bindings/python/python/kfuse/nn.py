@@ -1,6 +1,7 @@
 """torch.nn modules backed by kfuse."""
 
 import json
+import os
 
 import torch
 
@@ -47,7 +48,8 @@ class FusedMLP(torch.nn.Module):
     @classmethod
     def load(cls, json_path):
         """Loads a model exported by :func:`kfuse.export_mlp` (or ``tools/export_mlp.py``)."""
-        return cls(_kfuse.Mlp.load(str(json_path)), str(json_path))
+        path = os.fspath(json_path)
+        return cls(_kfuse.Mlp.load(path), path)
 
     def forward(self, x):
         if not isinstance(x, torch.Tensor):
@@ -64,6 +66,8 @@ class FusedMLP(torch.nn.Module):
                 f"FusedMLP input has shape {tuple(x.shape)}, but the model takes [..., {self.in_features}]"
             )
         lead = x.shape[:-1]
+        if not (x.is_cuda or x.is_cpu):
+            raise InputError(f"FusedMLP input is on {x.device}; it runs on CPU and CUDA tensors")
         if x.is_cuda:
             return self._forward_cuda(x, lead)
         rows = x.detach().reshape(-1, self.in_features).contiguous()
