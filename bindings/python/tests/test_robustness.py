@@ -320,3 +320,192 @@ def test_export_to_a_folder_writes_nothing(tmp_path):
     with pytest.raises(kfuse.Error, match="is a folder"):
         kfuse.export_mlp(nn.Sequential(nn.Linear(4, 2)), str(tmp_path / "dir"))
     assert sorted(os.listdir(tmp_path)) == before
+
+
+# --- valid edge cases: the correct result ----------------------------------------------------
+
+
+def giou_ref(x):
+    """The loss of giou_lengths.kf in float64 torch."""
+    p, t, lengths = x["pred"].double(), x["target"].double(), x["lengths"]
+    return refs.masked_mean(refs.giou_terms(p, t), refs.lengths_mask(lengths, p.shape[1]))
+
+
+@pytest.mark.parametrize("b, n", [(0, 3), (2, 0), (0, 0)])
+def test_empty_batch_gives_zero_loss_and_empty_gradient(b, n):
+    pred = torch.rand(b, n, 4, requires_grad=True)
+    out = giou()(pred=pred, target=torch.rand(b, n, 4), lengths=torch.full((b,), n, dtype=torch.int32))
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and pred.grad.shape == (b, n, 4)
+
+
+def test_all_lengths_zero_gives_zero_loss_and_zero_gradient():
+    x = batch(lengths=torch.zeros(2, dtype=torch.int32))
+    x["pred"].requires_grad_()
+    out = giou()(**x)
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and torch.count_nonzero(x["pred"].grad) == 0
+
+
+def test_nan_in_a_valid_box_propagates_to_the_loss_and_its_box_only():
+    x = batch()
+    x["pred"][0, 1, 2] = float("nan")
+    x["pred"].requires_grad_()
+    out = giou()(**x)
+    out.loss.backward()
+    assert torch.isnan(out.loss)
+    grad = x["pred"].grad
+    assert torch.isnan(grad[0, 1]).any()
+    others = torch.ones(2, 3, dtype=torch.bool)
+    others[0, 1] = False
+    assert torch.isfinite(grad[others]).all()
+
+
+def test_nan_and_infinity_in_padding_never_reach_the_loss():
+    x = batch()
+    clean = giou()(**x).loss
+    x["pred"][1, 1:] = float("nan")
+    x["target"][1, 2] = float("inf")
+    x["pred"].requires_grad_()
+    out = giou()(**x)
+    out.loss.backward()
+    assert out.loss.item() == clean.item()
+    torch.testing.assert_close(out.loss.double(), giou_ref(batch()), rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(x["pred"].grad).all() and torch.count_nonzero(x["pred"].grad[1, 1:]) == 0
+
+
+def test_non_contiguous_and_mixed_dtype_inputs_give_the_same_loss():
+    x = batch()
+    want = giou()(**x).loss
+    wide = torch.zeros(2, 3, 8)
+    wide[..., ::2] = x["pred"]
+    strided = giou()(**batch(pred=wide[..., ::2]))
+    assert not wide[..., ::2].is_contiguous() and strided.loss.item() == want.item()
+    half = giou()(**batch(pred=x["pred"].half()))
+    torch.testing.assert_close(half.loss, want, rtol=2e-3, atol=2e-3)
+
+
+def test_offsets_with_no_segments():
+    out = packed()(pred=torch.rand(0, 4), target=torch.rand(0, 4), offsets=torch.zeros(1, dtype=torch.int32))
+    assert out.loss.item() == 0.0
+
+
+def test_division_by_zero_and_sqrt_follow_ieee_as_torch_does():
+    div = kfuse.compile(SRC + "output y = x / 0\n", name="div")
+    x = torch.tensor([1.0, -1.0, 0.0])
+    torch.testing.assert_close(div(x=x).y, x / 0, equal_nan=True)
+    sq = kfuse.compile(SRC + "output y = sqrt(x)\n", name="sqrt")
+    x = torch.tensor([4.0, 0.0, -1.0, float("inf")], requires_grad=True)
+    y = sq(x=x).y
+    y.sum().backward()
+    xt = x.detach().clone().requires_grad_()
+    torch.sqrt(xt).sum().backward()
+    torch.testing.assert_close(y.detach(), torch.sqrt(xt.detach()), equal_nan=True)
+    torch.testing.assert_close(x.grad, xt.grad, equal_nan=True)
+
+
+def test_fused_mlp_edge_cases():
+    m = mlp()
+    assert m(torch.rand(0, 4)).shape == (0, 2)
+    assert m(torch.rand(2, 0, 4)).shape == (2, 0, 2)
+    assert m(torch.rand(4)).shape == (2,)
+    x = torch.rand(3, 4)
+    x[1, 2] = float("nan")
+    y = m(x)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+    t = torch.rand(4, 3)
+    assert torch.equal(m(t.t()), m(t.t().contiguous()))
+    assert m(torch.rand(3, 4).half()).dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [nn.LeakyReLU(0.2), nn.Softplus(beta=2.0), nn.Softplus(threshold=5.0), nn.GELU(approximate="tanh"), nn.Identity()],
+    ids=["leaky_relu_0.2", "softplus_beta2", "softplus_threshold5", "gelu_tanh", "identity"],
+)
+def test_fused_mlp_activations_as_expressions_match_torch(activation):
+    torch.manual_seed(2)
+    module = nn.Sequential(nn.Linear(4, 8), activation, nn.Dropout(0.5), nn.Linear(8, 3)).eval()
+    fused = kfuse.nn.FusedMLP.from_torch(module)
+    x = torch.randn(16, 4) * 3
+    with torch.no_grad():
+        ref = module.double()
+        for p in ref.parameters():
+            p.copy_(p.to(torch.float16).double())
+        want = ref(x.double())
+    torch.testing.assert_close(fused(x).double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_mlp_of_a_module_with_children():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.act, self.b = nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 1)
+
+        def forward(self, x):
+            return self.b(self.act(self.a(x)))
+
+    torch.manual_seed(3)
+    net = Net()
+    fused = kfuse.nn.FusedMLP.from_torch(net, dtype=torch.bfloat16)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        want = net(x)
+    torch.testing.assert_close(fused(x), want, rtol=1e-4, atol=1e-4)
+
+
+# --- in a subprocess: long programs, environment variables --------------------------------
+
+
+def run_python(code, env=None, cwd=REPO):
+    full = dict(os.environ, **(env or {}))
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=full, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"exit {out.returncode}\n--- stdout\n{out.stdout}\n--- stderr\n{out.stderr}"
+    return out
+
+
+def test_a_long_chain_of_lets_runs_with_its_gradient():
+    code = """
+import torch, kfuse
+n = 2000
+src = "input x: f32[N]\\n" + "".join(f"let a{i} = {'x' if i == 0 else f'a{i - 1}'} * 1 + 1\\n" for i in range(n))
+src += f"output y = sum(a{n - 1} * a{n - 1})\\n"
+x = torch.tensor([0.0, 1.0], requires_grad=True)
+out = kfuse.compile(src, name="chain")(x=x)
+out.y.backward()
+print(out.y.item(), x.grad.tolist())
+"""
+    values = run_python(code).stdout.split(maxsplit=1)
+    # y = (x + n)^2 summed: 2000^2 + 2001^2; dy/dx = 2 (x + n).
+    assert float(values[0]) == 2000.0**2 + 2001.0**2
+    assert values[1].strip() == "[4000.0, 4002.0]"
+
+
+def test_cache_folder_with_user_files_is_left_alone(tmp_path):
+    """KFUSE_CACHE_DIR pointed at a folder of the user's, or at a file: the package's CPU path,
+    compile, cuda_source and cache_info work, and every user file is byte-identical after."""
+    folder = tmp_path / "mine"
+    (folder / "sub").mkdir(parents=True)
+    files = {folder / "notes.txt": b"keep me\n", folder / "sub" / "data.bin": bytes(range(256))}
+    for path, data in files.items():
+        path.write_bytes(data)
+    lone = tmp_path / "a-file"
+    lone.write_bytes(b"not a folder")
+    code = """
+import torch, kfuse
+p = kfuse.load("examples/giou.kf")
+x = torch.rand(2, 3, 4)
+loss = p(pred=x, target=x)["loss"]
+assert len(p.cuda_source()) > 0
+print(float(loss), kfuse.cache_info()["cache_dir"])
+"""
+    for where in (folder, lone):
+        out = run_python(code, env={"KFUSE_CACHE_DIR": str(where)})
+        loss, reported = out.stdout.split()
+        assert abs(float(loss)) < 1e-5 and reported == str(where)
+    for path, data in files.items():
+        assert path.read_bytes() == data
+    assert sorted(p.name for p in folder.iterdir()) in (["notes.txt", "sub"], ["CACHEDIR.TAG", "notes.txt", "sub"])
+    assert lone.read_bytes() == b"not a folder"
