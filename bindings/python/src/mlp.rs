@@ -1,5 +1,6 @@
-//! The `Mlp` class: a fused MLP (model.json + safetensors) on the CPU interpreter path, and as
-//! the fused kernel on CUDA devices (one `kfuse::mlp::MlpProgram` per device and dtype).
+//! The `Mlp` class: a fused MLP (model.json + safetensors, or a description and its tensors in
+//! memory) on the CPU interpreter path, and as the fused kernel on CUDA devices (one
+//! `kfuse::mlp::MlpProgram` per device and dtype).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,7 @@ use pyo3::types::PyBytes;
 
 use crate::device::{self, engine};
 use crate::errors::{self, Kind};
-use crate::program::{dtype_name, parse_dtype};
+use crate::program::{dtype_name, parse_dtype, HostArg, Program};
 
 /// A fused MLP loaded from its description.
 #[pyclass(frozen, module = "kfuse._kfuse")]
@@ -54,6 +55,17 @@ impl Mlp {
     #[staticmethod]
     fn load(path: std::path::PathBuf) -> PyResult<Mlp> {
         Ok(Mlp { model: MlpModel::load(&path).map_err(mlp_error)?, programs: Mutex::new(HashMap::new()) })
+    }
+
+    /// Builds a model from model.json's text and its tensors as `(name, bytes, dtype, shape)`
+    /// (a module's parameters, read in memory: no file is written or read); `label` names the
+    /// model in errors.
+    #[staticmethod]
+    fn from_tensors(description: &str, tensors: Vec<HostArg<'_>>, label: &str) -> PyResult<Mlp> {
+        let tensors = Program::host_tensors(&tensors)?;
+        let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let model = MlpModel::from_tensors(description, &refs, label).map_err(mlp_error)?;
+        Ok(Mlp { model, programs: Mutex::new(HashMap::new()) })
     }
 
     #[getter]

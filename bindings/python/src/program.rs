@@ -22,7 +22,7 @@ type Decl = (String, &'static str, Vec<PyDim>);
 /// kind `"lengths"` or `"offsets"`.
 type InputDecl = (String, &'static str, Vec<PyDim>, Option<(&'static str, PyDim)>);
 /// Host data crossing the boundary: `(name, bytes, dtype, shape)`.
-type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
+pub(crate) type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
 /// Host data returned: `(name, bytes, dtype, shape)`.
 type HostOut<'py> = (String, Bound<'py, PyBytes>, &'static str, Vec<usize>);
 /// A shape crossing the boundary: `(name, dtype, shape)`.
@@ -83,7 +83,8 @@ impl Program {
         s.0.iter().map(|&d| self.dim(d)).collect()
     }
 
-    fn host_tensors(inputs: &[HostArg<'_>]) -> PyResult<Vec<(String, HostTensor)>> {
+    /// Host data given as `(name, bytes, dtype, shape)`, as tensors (bytes checked against the shape).
+    pub(crate) fn host_tensors(inputs: &[HostArg<'_>]) -> PyResult<Vec<(String, HostTensor)>> {
         inputs
             .iter()
             .map(|(name, bytes, dtype, shape)| {

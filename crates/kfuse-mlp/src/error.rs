@@ -20,7 +20,7 @@ pub enum MlpError {
     NoLayers { path: PathBuf },
     #[error("weights file `{path}` is not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
-    #[error("layer {layer}: tensor `{tensor}` ({role}) is not in `{path}`; the file holds: {available}")]
+    #[error("layer {layer}: tensor `{tensor}` ({role}) is not in `{path}`, which holds: {available}")]
     MissingTensor { layer: usize, role: &'static str, tensor: String, path: PathBuf, available: String },
     #[error(
         "layer {layer}: tensor `{tensor}` ({role}) has shape {shape:?}, but a {role} must have rank {want} ({layout})"

@@ -5,10 +5,10 @@
 //! (`kfuse::mlp`), which this crate's kernels describe fully (source, NVRTC options, target
 //! [`Arch`], launch geometry, parameter blob).
 //!
-//! Entry points: [`MlpModel::load`], [`run_cpu`], [`emit_kernel`] (the fused kernel),
-//! [`emit_fast_form`] (tiered compilation's quickly compiled stand-in, see [`Tiering`]),
-//! [`emit_tiled`] (one kernel per layer, for models that do not fit), and for tests and tools
-//! [`reference_f64`], [`testing`].
+//! Entry points: [`MlpModel::load`] (or [`MlpModel::from_tensors`] from memory), [`run_cpu`],
+//! [`emit_kernel`] (the fused kernel), [`emit_fast_form`] (tiered compilation's quickly compiled
+//! stand-in, see [`Tiering`]), [`emit_tiled`] (one kernel per layer, for models that do not
+//! fit), and for tests and tools [`reference_f64`], [`testing`].
 //! Does not handle: training/backward, layers other than Linear + elementwise activation.
 #![forbid(unsafe_code)]
 

@@ -1,5 +1,5 @@
 //! Loading an MLP: a `model.json` description next to a safetensors file holding a PyTorch
-//! `state_dict`, checked layer by layer.
+//! `state_dict`, or the same description with its tensors in memory, checked layer by layer.
 //!
 //! Handles: weights stored as F16, BF16 or F32 (each weight is rounded to the model's `dtype`
 //! on load, so the CPU and GPU paths compute the same function; biases keep their stored values
@@ -13,7 +13,7 @@ use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
-use kfuse_ir::DType;
+use kfuse_ir::{DType, HostTensor};
 
 use crate::activation::Activation;
 use crate::error::{MlpError, Result};
@@ -112,6 +112,103 @@ fn tensor_values(layer: usize, name: &str, view: &safetensors::tensor::TensorVie
     })
 }
 
+/// Checks what a description says besides its layers; returns the model's dtype.
+fn check_description(desc: &ModelDescription, path: &Path) -> Result<DType> {
+    if desc.format != MODEL_FORMAT {
+        return Err(MlpError::Format { path: path.to_path_buf(), found: desc.format.clone() });
+    }
+    let dtype = model_dtype(path, &desc.dtype)?;
+    if desc.layers.is_empty() {
+        return Err(MlpError::NoLayers { path: path.to_path_buf() });
+    }
+    Ok(dtype)
+}
+
+/// A layer's tensor that `path` lacks; the message lists (some of) the names it holds.
+fn missing(layer: usize, role: &'static str, name: &str, path: &Path, mut names: Vec<&str>) -> MlpError {
+    names.sort();
+    let shown: Vec<&str> = names.iter().take(24).copied().collect();
+    let more = names.len().saturating_sub(shown.len());
+    let available = if more > 0 {
+        format!("{} (and {more} more)", shown.join(", "))
+    } else if shown.is_empty() {
+        "no tensors".to_string()
+    } else {
+        shown.join(", ")
+    };
+    MlpError::MissingTensor { layer, role, tensor: name.to_string(), path: path.to_path_buf(), available }
+}
+
+/// A tensor as a layer reads it: its shape and its values as f32.
+type Found = (Vec<usize>, Vec<f32>);
+
+/// Builds the layers of `desc`, reading each tensor through `get(layer, role, name)`, and checks
+/// that ranks, widths and biases fit.
+fn build(
+    desc: &ModelDescription,
+    dtype: DType,
+    get: impl Fn(usize, &'static str, &str) -> Result<Found>,
+) -> Result<MlpModel> {
+    let mut layers: Vec<MlpLayer> = Vec::with_capacity(desc.layers.len());
+    for (i, ld) in desc.layers.iter().enumerate() {
+        let (shape, weight) = get(i, "weight", &ld.weight)?;
+        if shape.len() != 2 {
+            return Err(MlpError::TensorRank {
+                layer: i,
+                role: "weight",
+                tensor: ld.weight.clone(),
+                shape,
+                want: 2,
+                layout: "[out_features, in_features], as nn.Linear stores it",
+            });
+        }
+        if shape.contains(&0) {
+            return Err(MlpError::EmptyTensor { layer: i, tensor: ld.weight.clone(), shape });
+        }
+        let (outputs, inputs) = (shape[0], shape[1]);
+        if let Some(prev) = layers.last() {
+            if prev.outputs != inputs {
+                return Err(MlpError::WidthChain {
+                    layer: i,
+                    tensor: ld.weight.clone(),
+                    input: inputs,
+                    prev: i - 1,
+                    prev_out: prev.outputs,
+                });
+            }
+        }
+        let weight: Vec<f32> = weight.into_iter().map(|v| round_to(dtype, v)).collect();
+        let bias = match &ld.bias {
+            None => None,
+            Some(name) => {
+                let (shape, values) = get(i, "bias", name)?;
+                if shape.len() != 1 {
+                    return Err(MlpError::TensorRank {
+                        layer: i,
+                        role: "bias",
+                        tensor: name.clone(),
+                        shape,
+                        want: 1,
+                        layout: "[out_features]",
+                    });
+                }
+                if values.len() != outputs {
+                    return Err(MlpError::BiasShape {
+                        layer: i,
+                        tensor: name.clone(),
+                        got: values.len(),
+                        want: outputs,
+                    });
+                }
+                Some(values)
+            }
+        };
+        let activation = Activation::resolve(i, &ld.activation)?;
+        layers.push(MlpLayer { weight_name: ld.weight.clone(), inputs, outputs, weight, bias, activation });
+    }
+    Ok(MlpModel { dtype, layers })
+}
+
 impl MlpModel {
     /// Loads `json_path` and the safetensors file it names, checking every layer.
     pub fn load(json_path: impl AsRef<Path>) -> Result<MlpModel> {
@@ -126,98 +223,36 @@ impl MlpModel {
     /// Builds a model from a parsed description and the path of its weights file; `json_path`
     /// only labels errors.
     pub fn from_description(desc: &ModelDescription, json_path: &Path, weights_path: &Path) -> Result<MlpModel> {
-        if desc.format != MODEL_FORMAT {
-            return Err(MlpError::Format { path: json_path.to_path_buf(), found: desc.format.clone() });
-        }
-        let dtype = model_dtype(json_path, &desc.dtype)?;
-        if desc.layers.is_empty() {
-            return Err(MlpError::NoLayers { path: json_path.to_path_buf() });
-        }
+        let dtype = check_description(desc, json_path)?;
         let bytes = std::fs::read(weights_path).map_err(read_error("weights file", weights_path))?;
         let tensors = SafeTensors::deserialize(&bytes)
             .map_err(|e| MlpError::Safetensors { path: weights_path.to_path_buf(), message: e.to_string() })?;
-        let available = || {
-            let mut names = tensors.names();
-            names.sort();
-            let shown: Vec<&str> = names.iter().take(24).copied().collect();
-            let more = names.len().saturating_sub(shown.len());
-            if more > 0 {
-                format!("{} (and {more} more)", shown.join(", "))
-            } else if shown.is_empty() {
-                "no tensors".to_string()
-            } else {
-                shown.join(", ")
-            }
-        };
-        let get = |layer: usize, role: &'static str, name: &str| {
-            tensors.tensor(name).map_err(|_| MlpError::MissingTensor {
-                layer,
-                role,
-                tensor: name.to_string(),
-                path: weights_path.to_path_buf(),
-                available: available(),
-            })
-        };
-        let mut layers: Vec<MlpLayer> = Vec::with_capacity(desc.layers.len());
-        for (i, ld) in desc.layers.iter().enumerate() {
-            let w = get(i, "weight", &ld.weight)?;
-            let shape = w.shape().to_vec();
-            if shape.len() != 2 {
-                return Err(MlpError::TensorRank {
-                    layer: i,
-                    role: "weight",
-                    tensor: ld.weight.clone(),
-                    shape,
-                    want: 2,
-                    layout: "[out_features, in_features], as nn.Linear stores it",
-                });
-            }
-            if shape.contains(&0) {
-                return Err(MlpError::EmptyTensor { layer: i, tensor: ld.weight.clone(), shape });
-            }
-            let (outputs, inputs) = (shape[0], shape[1]);
-            if let Some(prev) = layers.last() {
-                if prev.outputs != inputs {
-                    return Err(MlpError::WidthChain {
-                        layer: i,
-                        tensor: ld.weight.clone(),
-                        input: inputs,
-                        prev: i - 1,
-                        prev_out: prev.outputs,
-                    });
-                }
-            }
-            let weight: Vec<f32> = tensor_values(i, &ld.weight, &w)?.into_iter().map(|v| round_to(dtype, v)).collect();
-            let bias = match &ld.bias {
-                None => None,
-                Some(name) => {
-                    let b = get(i, "bias", name)?;
-                    if b.shape().len() != 1 {
-                        return Err(MlpError::TensorRank {
-                            layer: i,
-                            role: "bias",
-                            tensor: name.clone(),
-                            shape: b.shape().to_vec(),
-                            want: 1,
-                            layout: "[out_features]",
-                        });
-                    }
-                    let values = tensor_values(i, name, &b)?;
-                    if values.len() != outputs {
-                        return Err(MlpError::BiasShape {
-                            layer: i,
-                            tensor: name.clone(),
-                            got: values.len(),
-                            want: outputs,
-                        });
-                    }
-                    Some(values)
-                }
+        build(desc, dtype, |layer, role, name| {
+            let view = tensors.tensor(name).map_err(|_| missing(layer, role, name, weights_path, tensors.names()))?;
+            Ok((view.shape().to_vec(), tensor_values(layer, name, &view)?))
+        })
+    }
+
+    /// Builds a model from model.json's text and its tensors in memory, by name (as a framework
+    /// holds a module's parameters): no file is read, and the description's `weights` is not
+    /// used. Tensors are F16, BF16 or F32, checked as [`MlpModel::load`] checks a file's;
+    /// `label` names the model in errors.
+    pub fn from_tensors(description: &str, tensors: &[(&str, &HostTensor)], label: &str) -> Result<MlpModel> {
+        let label = Path::new(label);
+        let desc: ModelDescription = serde_json::from_str(description)
+            .map_err(|e| MlpError::Json { path: label.to_path_buf(), message: e.to_string() })?;
+        let dtype = check_description(&desc, label)?;
+        build(&desc, dtype, |layer, role, name| {
+            let Some((_, t)) = tensors.iter().find(|(n, _)| *n == name) else {
+                return Err(missing(layer, role, name, label, tensors.iter().map(|(n, _)| *n).collect()));
             };
-            let activation = Activation::resolve(i, &ld.activation)?;
-            layers.push(MlpLayer { weight_name: ld.weight.clone(), inputs, outputs, weight, bias, activation });
-        }
-        Ok(MlpModel { dtype, layers })
+            match t.dtype() {
+                DType::F32 | DType::F16 | DType::BF16 => {
+                    Ok((t.shape.clone(), t.to_f64().into_iter().map(|v| v as f32).collect()))
+                }
+                other => Err(MlpError::TensorDType { layer, tensor: name.to_string(), dtype: other.to_string() }),
+            }
+        })
     }
 
     /// The widths along the model: input width, then each layer's output width.

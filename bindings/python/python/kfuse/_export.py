@@ -7,11 +7,14 @@ Softplus(beta=1, threshold=20), Identity; nn.Dropout is skipped (inference).
 Anything else is an error naming the module. Weights are saved as the state_dict tensors
 (PyTorch's [out, in] layout) in the dtype asked for (f16 or bf16).
 
-This file imports nothing of kfuse's native module, so ``tools/export_mlp.py`` can load it from a
+It needs torch and nothing else (no safetensors or NumPy: the file is written here). This file
+imports nothing of kfuse's native module, so ``tools/export_mlp.py`` can load it from a
 checkout where the package is not installed.
 """
+import ctypes
 import json
 import os
+import struct
 
 try:
     from ._errors import Error
@@ -79,13 +82,14 @@ def flatten(module, nn):
     return [(name, child) for name, child in children]
 
 
-def export_mlp(module, json_path, dtype="f16"):
-    """Writes `module` as ``json_path`` (the description) and the weights beside it
-    (``<stem>.safetensors``) in `dtype` (``"f16"`` or ``"bf16"``); returns the description."""
+def describe(module, dtype="f16"):
+    """The model description of `module` (model.json's content without the name of its weights
+    file) and the tensors it names, ``{name: contiguous CPU tensor in dtype}``."""
     import torch
     from torch import nn
-    from safetensors.torch import save_file
 
+    if not isinstance(module, nn.Module):
+        fail(f"expected a torch.nn.Module (an nn.Sequential of Linear and activations), not {type(module).__name__}")
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(dtype)
     if torch_dtype is None:
         fail(f"dtype must be f16 or bf16, not {dtype!r}")
@@ -113,12 +117,46 @@ def export_mlp(module, json_path, dtype="f16"):
             layers[-1]["activation"] = act
     if not layers:
         fail("the module holds no nn.Linear layers")
+    return {"format": "kfuse-mlp/1", "dtype": dtype, "layers": layers}, tensors
+
+
+def tensor_bytes(t):
+    """The bytes of a contiguous CPU tensor (one copy, no NumPy)."""
+    n = t.numel() * t.element_size()
+    return ctypes.string_at(t.data_ptr(), n) if n else b""
+
+
+def write_safetensors(path, tensors, dtype):
+    """Writes ``{name: tensor}`` (all of `dtype`, ``"f16"`` or ``"bf16"``) as a safetensors file:
+    an 8-byte little-endian header length, the JSON header (padded to 8 bytes), then the data in
+    header order. Written here so that exporting needs no package beyond torch."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = tensor_bytes(t)
+        header[name] = {"dtype": dtype.upper(), "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for data in blobs:
+            f.write(data)
+
+
+def export_mlp(module, json_path, dtype="f16"):
+    """Writes `module` as ``json_path`` (the description) and the weights beside it
+    (``<stem>.safetensors``) in `dtype` (``"f16"`` or ``"bf16"``); returns the description."""
+    if os.path.isdir(json_path):
+        fail(f"`{json_path}` is a folder; give the path of the model.json to write (weights go beside it)")
+    desc, tensors = describe(module, dtype)
     folder = os.path.dirname(os.path.abspath(json_path))
     os.makedirs(folder, exist_ok=True)
     stem = os.path.splitext(os.path.basename(json_path))[0]
     weights = f"{stem}.safetensors"
-    save_file(tensors, os.path.join(folder, weights))
-    desc = {"format": "kfuse-mlp/1", "weights": weights, "dtype": dtype, "layers": layers}
+    write_safetensors(os.path.join(folder, weights), tensors, dtype)
+    desc = {"format": desc["format"], "weights": weights, "dtype": dtype, "layers": desc["layers"]}
     with open(json_path, "w") as f:
         json.dump(desc, f, indent=2)
     return desc

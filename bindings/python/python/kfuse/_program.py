@@ -23,6 +23,7 @@ device loads the kernels (compiled once per architecture through the disk cache)
 import ctypes
 import hashlib
 import itertools
+import os
 import sys
 import threading
 import weakref
@@ -572,12 +573,23 @@ class Program:
 
     def with_input_dtypes(self, **dtypes):
         """The program with inputs declared at other dtypes (``pred="bf16"`` or torch dtypes)."""
-        pairs = [(n, KFUSE_DTYPES.get(d, d)) for n, d in dtypes.items()]
+        pairs = []
+        for n, d in dtypes.items():
+            if isinstance(d, torch.dtype):
+                if d not in KFUSE_DTYPES:
+                    raise InputError(f"input `{n}`: {d} is not a kfuse dtype; kfuse has {', '.join(TORCH_DTYPES)}")
+                d = KFUSE_DTYPES[d]
+            elif not isinstance(d, str):
+                raise TypeError(f"the dtype of `{n}` is a name ('f32', 'bf16', ...) or a torch dtype, not {d!r}")
+            pairs.append((n, d))
         return Program(self._native.with_input_dtypes(pairs))
 
     def vjp(self, *wrt):
         """The derived backward program: inputs are this program's plus ``grad_<output>`` per
         float output, outputs ``grad_<input>`` for each of `wrt`."""
+        if not wrt:
+            floats = ", ".join(d.name for d in self._base.inputs if d.dtype in FLOAT)
+            raise TypeError(f"vjp takes the inputs to differentiate with respect to (float inputs: {floats})")
         return Program(self._native.vjp(list(wrt))[0])
 
     def with_gradients(self, loss, *wrt):
@@ -614,7 +626,7 @@ class Program:
             t = tensors.get(name)
             kd = _KD.get(t.dtype) if isinstance(t, torch.Tensor) else None
             if kd != declared and not (is_float and kd in FLOAT):
-                self._bad_input(name, t)
+                self._bad_input(name, t, tensors)
             w = t.get_device()  # the CUDA ordinal, -1 elsewhere
             if w < 0 and not t.is_cpu:
                 raise InputError(f"input `{name}` is on {t.device}; kfuse runs on CPU and CUDA tensors")
@@ -655,10 +667,14 @@ class Program:
             out = _Derived.apply(variant, validate, wrt, *ordered)
         return Outputs(zip(self._out_names, out))
 
-    def _bad_input(self, name, t):
+    def _bad_input(self, name, t, given):
         d = next(d for d in self._base.inputs if d.name == name)
+        if name in given and t is None:
+            raise InputError(f"input `{name}` is None; give a torch.Tensor ({_decl_str(d)})")
         if t is None:
-            raise InputError(f"missing input `{name}` (declared as {_decl_str(d)})")
+            unknown = [n for n in given if n not in self._base.names]
+            extra = f"; given but not inputs: {', '.join(f'`{n}`' for n in unknown)}" if unknown else ""
+            raise InputError(f"missing input `{name}` (declared as {_decl_str(d)}){extra}")
         if not isinstance(t, torch.Tensor):
             raise InputError(f"input `{name}` must be a torch.Tensor, not {type(t).__name__}")
         hint = " (kfuse floats are float32, float16 and bfloat16)" if d.dtype in FLOAT else ""
@@ -701,7 +717,7 @@ def _decl_str(d):
 
 def load(path):
     """Reads a ``.kf`` file into a :class:`Program` (raises :class:`kfuse.ParseError`)."""
-    return Program(_kfuse.Program.load(str(path)))
+    return Program(_kfuse.Program.load(os.fspath(path)))
 
 
 def compile(source, name="<source>"):  # noqa: A001 - mirrors the language's own word

@@ -1,13 +1,13 @@
 """torch.nn modules backed by kfuse."""
 
+import json
 import os
-import tempfile
 
 import torch
 
 from . import _kfuse
 from ._errors import InputError
-from ._export import export_mlp
+from ._export import describe
 from ._program import _KD, _from_host, _host_arg, _on_device, _raw_stream
 
 __all__ = ["FusedMLP"]
@@ -35,20 +35,21 @@ class FusedMLP(torch.nn.Module):
     @classmethod
     def from_torch(cls, module, dtype=torch.float16):
         """Reads the weights of `module` (what :func:`kfuse.export_mlp` accepts) in `dtype`
-        (float16 or bfloat16)."""
+        (float16 or bfloat16), in memory: no file is written."""
         name = {torch.float16: "f16", torch.bfloat16: "bf16"}.get(dtype)
         if name is None:
             raise InputError(f"FusedMLP weights are float16 or bfloat16, not {dtype}")
-        with tempfile.TemporaryDirectory(prefix="kfuse-mlp-") as folder:
-            path = os.path.join(folder, "model.json")
-            export_mlp(module, path, name)
-            native = _kfuse.Mlp.load(path)
-        return cls(native)
+        desc, tensors = describe(module, name)
+        # The description names no weights file: its tensors are passed along.
+        text = json.dumps({**desc, "weights": ""})
+        args = [_host_arg(n, t) for n, t in tensors.items()]
+        return cls(_kfuse.Mlp.from_tensors(text, args, f"module {type(module).__name__}"))
 
     @classmethod
     def load(cls, json_path):
         """Loads a model exported by :func:`kfuse.export_mlp` (or ``tools/export_mlp.py``)."""
-        return cls(_kfuse.Mlp.load(str(json_path)), str(json_path))
+        path = os.fspath(json_path)
+        return cls(_kfuse.Mlp.load(path), path)
 
     def forward(self, x):
         if not isinstance(x, torch.Tensor):
@@ -65,6 +66,8 @@ class FusedMLP(torch.nn.Module):
                 f"FusedMLP input has shape {tuple(x.shape)}, but the model takes [..., {self.in_features}]"
             )
         lead = x.shape[:-1]
+        if not (x.is_cuda or x.is_cpu):
+            raise InputError(f"FusedMLP input is on {x.device}; it runs on CPU and CUDA tensors")
         if x.is_cuda:
             return self._forward_cuda(x, lead)
         rows = x.detach().reshape(-1, self.in_features).contiguous()
