@@ -592,8 +592,7 @@ fn load(file: &Path) -> Result<Program> {
 
 /// Parses and type-checks a `.kf` file, without planning kernels.
 fn parse(file: &Path) -> Result<kfuse::Graph> {
-    let source = std::fs::read_to_string(file)
-        .map_err(|source| kfuse::Error::Read { path: file.display().to_string(), source })?;
+    let source = kfuse::read_source(file)?;
     Ok(kfuse_lang::parse_program(&source, &file.display().to_string()).map_err(kfuse::Error::from)?)
 }
 

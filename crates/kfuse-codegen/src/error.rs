@@ -8,7 +8,7 @@ use kfuse_ir::IrError;
 pub enum CodegenError {
     /// The graph does not pass `kfuse_ir::verify`.
     #[error("the graph is malformed: {0}")]
-    InvalidGraph(#[from] IrError),
+    InvalidGraph(IrError),
     /// The graph names no output, so there is nothing to compute.
     #[error("the graph has no outputs, so there is nothing to generate")]
     NoOutputs,
@@ -47,4 +47,12 @@ pub enum CodegenError {
     /// A planner invariant broke: a bug in kfuse-codegen, reported instead of a panic.
     #[error("internal planner error at node v{node}: {what} (please report this with the graph)")]
     Internal { node: u32, what: &'static str },
+}
+
+// By hand rather than `#[from]`: the message includes the IR error, so it is not also the
+// `source` (a printer of the source chain would show it twice).
+impl From<IrError> for CodegenError {
+    fn from(e: IrError) -> CodegenError {
+        CodegenError::InvalidGraph(e)
+    }
 }

@@ -8,7 +8,7 @@ use kfuse_ir::{BindError, DType, IrError};
 pub enum InterpError {
     /// The graph breaks the IR's typing rules (the verifier's message).
     #[error("the graph cannot be evaluated: {0}")]
-    Graph(#[from] IrError),
+    Graph(IrError),
     /// The input tensors do not fit the graph's declarations.
     #[error(transparent)]
     Bind(#[from] BindError),
@@ -28,4 +28,12 @@ pub enum InterpError {
     /// An op meets a dtype it has no meaning for (only possible in a graph the verifier missed).
     #[error("v{node}: `{op}` is not defined for {dtype} operands")]
     Unsupported { node: u32, op: &'static str, dtype: DType },
+}
+
+// By hand rather than `#[from]`: the message includes the IR error, so it is not also the
+// `source` (a printer of the source chain would show it twice).
+impl From<IrError> for InterpError {
+    fn from(e: IrError) -> InterpError {
+        InterpError::Graph(e)
+    }
 }

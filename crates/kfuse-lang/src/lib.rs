@@ -34,6 +34,7 @@
 mod ast;
 mod builtins;
 mod diagnostic;
+pub mod files;
 mod functions;
 mod lexer;
 mod lower;
@@ -60,6 +61,7 @@ use parser::Parser;
 // The diagnostic is returned by value as the public API promises; errors are rare and cold.
 #[allow(clippy::result_large_err)]
 pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic> {
+    let source = without_bom(source);
     program(source).map_err(|r| r.place(source, file_name))
 }
 
@@ -78,7 +80,45 @@ pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic>
 /// ```
 #[allow(clippy::result_large_err)]
 pub fn parse_program_with_dtypes(source: &str, file_name: &str, dtypes: &[(&str, DType)]) -> Result<Graph, Diagnostic> {
+    let source = without_bom(source);
     program_with(source, dtypes).map_err(|r| r.place(source, file_name))
+}
+
+/// The text without a leading byte-order mark (U+FEFF, which some editors write at the start of
+/// a UTF-8 file); lines and columns are then counted from the text after it.
+fn without_bom(source: &str) -> &str {
+    source.strip_prefix('\u{FEFF}').unwrap_or(source)
+}
+
+/// The text of a source file's bytes: UTF-8, else a [`DiagnosticKind::Encoding`] diagnostic at the
+/// first byte that is not (line, column, and the byte offset in the message). A leading
+/// byte-order mark is kept here and skipped by the parser.
+///
+/// ```
+/// let d = kfuse_lang::source_text(b"input x: f32\nlet y = \xff\n".to_vec(), "bad.kf").unwrap_err();
+/// assert_eq!((d.line, d.column), (2, 9));
+/// assert!(d.message.contains("byte offset 21"));
+/// ```
+#[allow(clippy::result_large_err)]
+pub fn source_text(bytes: Vec<u8>, file_name: &str) -> Result<String, Diagnostic> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let byte = bytes.get(at).copied().unwrap_or(0);
+        // The lossy text equals the original up to `at`, so the span lands on the same line and
+        // column; the bad byte shows as U+FFFD.
+        let lossy = String::from_utf8_lossy(bytes);
+        let replacement = '\u{FFFD}'.len_utf8();
+        Report::new(
+            DiagnosticKind::Encoding,
+            Span::new(at, at + replacement),
+            format!(
+                "the file is not UTF-8 text: byte 0x{byte:02X} at byte offset {at} does not start a valid character"
+            ),
+        )
+        .expected("a .kf file saved as UTF-8")
+        .place(&lossy, file_name)
+    })
 }
 
 fn program(source: &str) -> Result<Graph, Report> {
@@ -108,6 +148,7 @@ fn program_with(source: &str, dtypes: &[(&str, DType)]) -> Result<Graph, Report>
 /// of the new graph, so that `SymId(k)` keeps its meaning. Errors name the file `<expression>`.
 #[allow(clippy::result_large_err)]
 pub fn parse_expression(source: &str, vars: &[(&str, DType, Shape)]) -> Result<Graph, Diagnostic> {
+    let source = without_bom(source);
     expression(source, vars).map_err(|r| r.place(source, "<expression>"))
 }
 

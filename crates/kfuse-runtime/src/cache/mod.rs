@@ -513,7 +513,7 @@ impl KernelCache {
     /// The entries on disk, most recently used first (contents not checked: see `verify`).
     pub fn list(&self) -> Result<Vec<CacheEntryInfo>, RuntimeError> {
         let disk = self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?;
-        disk.list().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })
+        disk.list().map_err(|error| RuntimeError::CacheIo { path: disk.root().to_path_buf(), error })
     }
 
     /// Removes every entry from disk and memory.
@@ -524,14 +524,14 @@ impl KernelCache {
             return Ok(ClearReport::default());
         };
         let (entries, bytes) =
-            disk.clear().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })?;
+            disk.clear().map_err(|error| RuntimeError::CacheIo { path: disk.root().to_path_buf(), error })?;
         Ok(ClearReport { entries, bytes })
     }
 
     /// Checks every file in the disk folder; removes and reports bad entries and foreign files.
     pub fn verify(&self) -> Result<VerifyReport, RuntimeError> {
         let disk = self.disk.as_ref().ok_or(RuntimeError::NoCacheDir)?;
-        disk.verify().map_err(|source| RuntimeError::CacheIo { path: disk.root().to_path_buf(), source })
+        disk.verify().map_err(|error| RuntimeError::CacheIo { path: disk.root().to_path_buf(), error })
     }
 
     /// The disk path an entry for (`source`, `opts`) has (whether or not it exists).
