@@ -24,7 +24,7 @@ pub enum CodegenError {
     /// The rows plan (the one-launch lengths gradient, `LengthsGradient::OnePass` under a lengths
     /// mask) runs blocks of exactly `rows_block` threads; another non-default block size is
     /// refused rather than replaced.
-    #[error("block size {block_size} cannot be honoured by the one-launch lengths-gradient plan (the rows plan), whose blocks have {rows_block} threads: use the default block size or {rows_block}, or plan the gradient as two kernels (LengthsGradient::TwoKernels)")]
+    #[error("block size {block_size} cannot be honoured by the one-launch lengths-gradient plan (the rows plan), whose blocks have {rows_block} threads: use the default block size or {rows_block}, or plan the gradient as two kernels (`--lengths-gradient two-kernels`)")]
     RowsPlanBlockSize { block_size: u32, rows_block: u32 },
     /// A constant size product overflows `u64`.
     #[error("the constant part of a size at node v{node} overflows 64 bits")]

@@ -25,6 +25,9 @@ pub enum InterpError {
     /// this impossible for graphs bound through `SymbolBindings`; it guards hand-edited graphs.
     #[error("v{node}: operand shape {operand:?} does not broadcast to {target:?}")]
     Broadcast { node: u32, operand: Vec<usize>, target: Vec<usize> },
+    /// An `i32` sum or count whose exact value an `i32` cannot hold: refused rather than wrapped.
+    #[error("v{node}: the i32 `{op}` is {value}, outside the i32 range -2147483648..=2147483647; sum floats instead (sum(f32(x))) if such totals are expected")]
+    IntOverflow { node: u32, op: &'static str, value: f64 },
     /// An op meets a dtype it has no meaning for (only possible in a graph the verifier missed).
     #[error("v{node}: `{op}` is not defined for {dtype} operands")]
     Unsupported { node: u32, op: &'static str, dtype: DType },

@@ -26,6 +26,18 @@
 //! `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and `offsets` are words only after an input's
 //! type, so they remain usable as names.
 //!
+//! Integers: `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
+//! 64 bits; a total outside the `i32` range is never wrapped: the CPU interpreter refuses it with
+//! an error naming the reduction, and a GPU kernel, which cannot stop with an error, clamps it to
+//! the nearest `i32` limit. Sum `f32(x)` when such totals are expected.
+//!
+//! Text: a source is UTF-8 (a leading byte-order mark is skipped; a byte that is not UTF-8 is an
+//! [`DiagnosticKind::Encoding`] error with its line, column and byte offset). Control characters
+//! (tab, line feed and carriage return aside) and invisible ones (zero-width and bidirectional
+//! controls, spaces other than U+0020) are errors that name them by code point (`U+0000 (NUL)`);
+//! comments may hold any visible text and spaces. [`files`] reads a source file: a regular file
+//! of at most [`files::MAX_SOURCE_BYTES`].
+//!
 //! Every error is a [`Diagnostic`] with file, line, column, a caret under the span and what was
 //! expected. No input makes this crate panic (a property test feeds it random text). It does not
 //! execute or compile anything: the interpreter and code generator consume the graph.
