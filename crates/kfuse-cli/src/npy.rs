@@ -28,9 +28,9 @@ pub enum NpyError {
     File(#[from] FileError),
     #[error("{} is not a .npy file: it does not start with the .npy magic bytes \\x93NUMPY", path.display())]
     Magic { path: PathBuf },
-    #[error("{} is a .npy file of format version {major}.{minor}, which kfuse does not read (it reads 1.0, 2.0 and 3.0)", path.display())]
+    #[error("{} is not a valid .npy file: its format version is {major}.{minor} (kfuse reads 1.0, 2.0 and 3.0)", path.display())]
     Version { path: PathBuf, major: u8, minor: u8 },
-    #[error("{} has a malformed .npy header: {why}", path.display())]
+    #[error("{} is not a valid .npy file: its header is malformed: {why}", path.display())]
     Header { path: PathBuf, why: String },
     /// The header or the data are shorter (or the data longer) than the header says.
     #[error("{} is truncated or padded: its header promises {promised} bytes of {what}, but the file has {has}", path.display())]
