@@ -57,8 +57,8 @@ struct Header {
 /// the file has is an error saying both.
 pub fn read_npy(path: &Path) -> Result<HostTensor, NpyError> {
     let p = || path.to_path_buf();
-    let (file, len) = files::open_regular(path)?;
-    let io = |error| NpyError::File(FileError::Io { path: p(), error });
+    let (file, len) = files::open_regular(path, ".npy file")?;
+    let io = |error| NpyError::File(FileError::Io { what: ".npy file", path: p(), error });
     let mut file = file.take(len);
     let mut pre = Vec::with_capacity(12);
     (&mut file).take(10).read_to_end(&mut pre).map_err(io)?;

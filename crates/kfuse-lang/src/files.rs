@@ -16,28 +16,32 @@ pub const MAX_SOURCE_BYTES: u64 = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     /// The operating system refused (missing file, no permission, I/O error).
-    #[error("cannot read {}: {error}", path.display())]
+    #[error("cannot read {what} {}: {error}", path.display())]
     Io {
+        /// What the file was read as ("kfuse source", "weights file", ".npy file").
+        what: &'static str,
         /// The file.
         path: PathBuf,
         /// What the operating system said.
         error: std::io::Error,
     },
     /// A directory, FIFO, device or socket where a file was expected.
-    #[error("cannot read {}: it is {kind}, not a regular file", path.display())]
+    #[error("cannot read {what} {}: it is {kind}, not a regular file", path.display())]
     NotRegular {
+        /// What the file was to be read as.
+        what: &'static str,
         /// The path.
         path: PathBuf,
         /// What it is instead ("a directory", "a FIFO (named pipe)", "a character device", ...).
         kind: &'static str,
     },
     /// A file larger than what it may hold.
-    #[error("cannot read {}: it holds more than {limit} bytes, the most a {what} may have{}", path.display(), size.map(|s| format!(" (it has {s})")).unwrap_or_default())]
+    #[error("cannot read {what} {}: it holds more than {limit} bytes, the most kfuse reads from a {what}{}", path.display(), size.map(|s| format!(" (it has {s})")).unwrap_or_default())]
     TooLarge {
+        /// What the file was read as.
+        what: &'static str,
         /// The file.
         path: PathBuf,
-        /// What the file was read as ("kfuse source", "model description").
-        what: &'static str,
         /// The limit in bytes.
         limit: u64,
         /// The file's size, when its metadata says it.
@@ -80,14 +84,15 @@ fn kind_of(t: std::fs::FileType) -> &'static str {
 }
 
 /// Opens `path` for reading if it is a regular file (symbolic links followed), with its size as
-/// its metadata says. Anything else is [`FileError::NotRegular`], refused before opening.
-pub fn open_regular(path: &Path) -> Result<(File, u64), FileError> {
-    let io = |error| FileError::Io { path: path.to_path_buf(), error };
+/// its metadata says. Anything else is [`FileError::NotRegular`], refused before opening. `what`
+/// names the file in errors (".npy file").
+pub fn open_regular(path: &Path, what: &'static str) -> Result<(File, u64), FileError> {
+    let io = |error| FileError::Io { what, path: path.to_path_buf(), error };
     let regular = |m: &std::fs::Metadata| {
         if m.is_file() {
             Ok(m.len())
         } else {
-            Err(FileError::NotRegular { path: path.to_path_buf(), kind: kind_of(m.file_type()) })
+            Err(FileError::NotRegular { what, path: path.to_path_buf(), kind: kind_of(m.file_type()) })
         }
     };
     regular(&std::fs::metadata(path).map_err(io)?)?;
@@ -99,7 +104,7 @@ pub fn open_regular(path: &Path) -> Result<(File, u64), FileError> {
 
 /// Reads a regular file of at most `limit` bytes; `what` names it in the error when it is larger.
 pub fn read_regular(path: &Path, limit: u64, what: &'static str) -> Result<Vec<u8>, FileError> {
-    let (file, len) = open_regular(path)?;
+    let (file, len) = open_regular(path, what)?;
     let too_large = |size| FileError::TooLarge { path: path.to_path_buf(), what, limit, size };
     if len > limit {
         return Err(too_large(Some(len)));
@@ -107,9 +112,11 @@ pub fn read_regular(path: &Path, limit: u64, what: &'static str) -> Result<Vec<u
     // Files such as those of /proc say 0 bytes and hold more: the limit bounds the read, not the
     // size the metadata gave.
     let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    file.take(limit.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(|error| FileError::Io { path: path.to_path_buf(), error })?;
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|error| FileError::Io {
+        what,
+        path: path.to_path_buf(),
+        error,
+    })?;
     if bytes.len() as u64 > limit {
         return Err(too_large(None));
     }
