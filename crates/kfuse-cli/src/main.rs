@@ -306,11 +306,15 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run { file, inputs, output, device } => {
+            let graph = parse(&file)?;
+            if kfuse::Interface::of(&graph).outputs.iter().any(|o| !o.shape.is_empty()) {
+                check_output_dir(&output)?;
+            }
             let tensors = read_inputs(&inputs)?;
             let named: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
             let outputs = match open_device(device)? {
                 // The interpreter needs no kernel plan.
-                None => kfuse_interp::run(&parse(&file)?, &named)?,
+                None => kfuse_interp::run(&graph, &named)?,
                 Some(gpu) => exec::CudaProgram::prepare(&gpu, &load(&file)?)?.run(&named)?,
             };
             write_outputs(&outputs, &output)
@@ -626,8 +630,7 @@ fn load(file: &Path) -> Result<Program> {
 
 /// Parses and type-checks a `.kf` file, without planning kernels.
 fn parse(file: &Path) -> Result<kfuse::Graph> {
-    let source = std::fs::read_to_string(file)
-        .map_err(|source| kfuse::Error::Read { path: file.display().to_string(), source })?;
+    let source = kfuse::read_source(file)?;
     Ok(kfuse_lang::parse_program(&source, &file.display().to_string()).map_err(kfuse::Error::from)?)
 }
 
@@ -654,7 +657,8 @@ fn read_inputs(specs: &[String]) -> Result<Vec<(String, HostTensor)>> {
             if name.trim().is_empty() || path.is_empty() {
                 return Err(anyhow!("--input `{s}` is not NAME=PATH.npy: the name and the path must not be empty"));
             }
-            Ok((name.to_string(), npy::read_npy(Path::new(path))?))
+            let tensor = npy::read_npy(Path::new(path)).with_context(|| format!("--input {name}"))?;
+            Ok((name.to_string(), tensor))
         })
         .collect()
 }
@@ -668,6 +672,20 @@ fn parse_dims(specs: &[String]) -> Result<Vec<(String, u64)>> {
             Ok((name.to_string(), v))
         })
         .collect()
+}
+
+/// Makes sure tensor outputs can be written to `dir` before anything is computed: creates the
+/// folder, then writes and removes an empty probe file in it.
+fn check_output_dir(dir: &Path) -> Result<()> {
+    let shown = dir.display();
+    if dir.exists() && !dir.is_dir() {
+        bail!("--output {shown}: it is a file, not a folder; give a folder for the tensor outputs");
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("--output {shown}: cannot create the folder"))?;
+    let probe = dir.join(format!(".kfuse-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").with_context(|| format!("--output {shown}: cannot write in the folder"))?;
+    std::fs::remove_file(&probe).with_context(|| format!("--output {shown}: cannot remove {}", probe.display()))?;
+    Ok(())
 }
 
 fn write_outputs(outputs: &[(String, HostTensor)], dir: &Path) -> Result<()> {

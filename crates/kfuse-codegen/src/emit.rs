@@ -693,13 +693,16 @@ pub(crate) fn reduce_identity(op: ReduceOp, xd: DType) -> String {
     }
 }
 
-/// The reduction's result from its final f64 accumulators, in the result's computed type.
+/// The reduction's result from its final f64 accumulators, in the result's computed type. An
+/// `i32` sum saturates at the `i32` limits instead of wrapping.
 pub(crate) fn finish_reduce(op: ReduceOp, xd: DType, accs: &[String]) -> String {
     let a = &accs[0];
     match (op, xd.kind()) {
         (ReduceOp::Count, _) => format!("(int)(long long){a}"),
         (ReduceOp::Mean, _) => format!("(float)({a} / {})", accs[1]),
-        (ReduceOp::Sum, Kind::Int) => format!("(int)(long long){a}"),
+        // Exact in f64 up to 2^53; a total outside the i32 range is clamped to its nearest limit
+        // (a kernel cannot stop with an error; the interpreter refuses such a sum).
+        (ReduceOp::Sum, Kind::Int) => format!("(int)fmin(fmax({a}, -2147483648.0), 2147483647.0)"),
         (_, Kind::Int) => format!("(int){a}"),
         _ => format!("(float){a}"),
     }

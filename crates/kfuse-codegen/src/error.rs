@@ -8,7 +8,7 @@ use kfuse_ir::IrError;
 pub enum CodegenError {
     /// The graph does not pass `kfuse_ir::verify`.
     #[error("the graph is malformed: {0}")]
-    InvalidGraph(#[from] IrError),
+    InvalidGraph(IrError),
     /// The graph names no output, so there is nothing to compute.
     #[error("the graph has no outputs, so there is nothing to generate")]
     NoOutputs,
@@ -24,7 +24,7 @@ pub enum CodegenError {
     /// The rows plan (the one-launch lengths gradient, `LengthsGradient::OnePass` under a lengths
     /// mask) runs blocks of exactly `rows_block` threads; another non-default block size is
     /// refused rather than replaced.
-    #[error("block size {block_size} cannot be honoured by the one-launch lengths-gradient plan (the rows plan), whose blocks have {rows_block} threads: use the default block size or {rows_block}, or plan the gradient as two kernels (LengthsGradient::TwoKernels)")]
+    #[error("block size {block_size} cannot be honoured by the one-launch lengths-gradient plan (the rows plan), whose blocks have {rows_block} threads: use the default block size or {rows_block}, or plan the gradient as two kernels (`--lengths-gradient two-kernels`)")]
     RowsPlanBlockSize { block_size: u32, rows_block: u32 },
     /// A constant size product overflows `u64`.
     #[error("the constant part of a size at node v{node} overflows 64 bits")]
@@ -47,4 +47,12 @@ pub enum CodegenError {
     /// A planner invariant broke: a bug in kfuse-codegen, reported instead of a panic.
     #[error("internal planner error at node v{node}: {what} (please report this with the graph)")]
     Internal { node: u32, what: &'static str },
+}
+
+// By hand rather than `#[from]`: the message includes the IR error, so it is not also the
+// `source` (a printer of the source chain would show it twice).
+impl From<IrError> for CodegenError {
+    fn from(e: IrError) -> CodegenError {
+        CodegenError::InvalidGraph(e)
+    }
 }

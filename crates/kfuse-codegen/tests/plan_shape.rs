@@ -427,7 +427,12 @@ fn rows_plan_refuses_a_block_size_it_cannot_honour() {
         let err = plan(&g, &with(block_size, LengthsGradient::OnePass)).expect_err("refused");
         assert_eq!(err, CodegenError::RowsPlanBlockSize { block_size, rows_block: 512 });
         let msg = err.to_string();
-        assert!(msg.contains(&format!("block size {block_size}")) && msg.contains("TwoKernels"), "{msg}");
+        assert!(
+            msg.contains(&format!("block size {block_size}"))
+                && msg.contains("--lengths-gradient two-kernels")
+                && !msg.contains("TwoKernels"),
+            "{msg}"
+        );
         // The two-kernel plan honours it.
         let two = plan(&g, &with(block_size, LengthsGradient::TwoKernels)).expect("plan");
         assert!(two.kernels.iter().all(|k| k.block == block_size), "{two:?}");

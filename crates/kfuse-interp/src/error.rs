@@ -8,7 +8,7 @@ use kfuse_ir::{BindError, DType, IrError};
 pub enum InterpError {
     /// The graph breaks the IR's typing rules (the verifier's message).
     #[error("the graph cannot be evaluated: {0}")]
-    Graph(#[from] IrError),
+    Graph(IrError),
     /// The input tensors do not fit the graph's declarations.
     #[error(transparent)]
     Bind(#[from] BindError),
@@ -25,7 +25,18 @@ pub enum InterpError {
     /// this impossible for graphs bound through `SymbolBindings`; it guards hand-edited graphs.
     #[error("v{node}: operand shape {operand:?} does not broadcast to {target:?}")]
     Broadcast { node: u32, operand: Vec<usize>, target: Vec<usize> },
+    /// An `i32` sum or count whose exact value an `i32` cannot hold: refused rather than wrapped.
+    #[error("v{node}: the i32 `{op}` is {value}, outside the i32 range -2147483648..=2147483647; sum floats instead (sum(f32(x))) if such totals are expected")]
+    IntOverflow { node: u32, op: &'static str, value: f64 },
     /// An op meets a dtype it has no meaning for (only possible in a graph the verifier missed).
     #[error("v{node}: `{op}` is not defined for {dtype} operands")]
     Unsupported { node: u32, op: &'static str, dtype: DType },
+}
+
+// By hand rather than `#[from]`: the message includes the IR error, so it is not also the
+// `source` (a printer of the source chain would show it twice).
+impl From<IrError> for InterpError {
+    fn from(e: IrError) -> InterpError {
+        InterpError::Graph(e)
+    }
 }

@@ -252,7 +252,7 @@ fn eval_node(
             let xv = operand(x)?;
             let x_kind = graph.node(x).dtype.kind();
             let mask_view = mask.map(|m| view(m, &xv.shape)).transpose()?;
-            match axis {
+            let reduced = match axis {
                 ReduceAxis::All => fresh(vec![reduce::reduce_all(op, x_kind, &xv.values, mask_view.as_ref()); len]),
                 ReduceAxis::Last => {
                     let row_len = xv.shape.last().copied().unwrap_or(0);
@@ -263,7 +263,14 @@ fn eval_node(
                     reduce::reduce_last(&mut o, op, x_kind, &xv.values, row_len, mask_view.as_ref());
                     fresh(o)
                 }
+            };
+            if node.dtype == kfuse_ir::DType::I32 {
+                let range = f64::from(i32::MIN)..=f64::from(i32::MAX);
+                if let Some(&value) = reduced.values.iter().find(|v| !range.contains(v)) {
+                    return Err(InterpError::IntOverflow { node: id, op: op.name(), value });
+                }
             }
+            reduced
         }
     };
     Ok(value)

@@ -8,7 +8,8 @@
 //! Masked-out elements are skipped before any arithmetic, so NaN there does not propagate.
 //! Empty reductions: `sum` and `count` give 0, `mean` NaN (0/0), float `max` -inf and `min` +inf.
 //! `i32` `max`/`min` of nothing give `i32::MIN`/`i32::MAX` (the identities an `i32` can hold).
-//! `i32` sums wrap like `i32` arithmetic. Not handled here: broadcasting of `x` itself (a
+//! `i32` sums and counts are exact (64-bit) here; one outside the `i32` range is refused by the
+//! evaluator ([`crate::InterpError::IntOverflow`]), never wrapped. Not handled here: broadcasting of `x` itself (a
 //! reduction's operand is always a whole tensor).
 
 use rayon::prelude::*;
@@ -16,7 +17,7 @@ use rayon::prelude::*;
 use kfuse_ir::{Kind, ReduceOp};
 
 use crate::broadcast::BroadcastView;
-use crate::elementwise::{max_nan, min_nan, wrap_i32, CHUNK};
+use crate::elementwise::{max_nan, min_nan, CHUNK};
 
 /// Below this many elements a pairwise sum adds sequentially.
 const PAIRWISE_LEAF: usize = 32;
@@ -106,7 +107,8 @@ fn pairwise_partial_sum(parts: &[Partial]) -> f64 {
 /// The final value of `op` from its combined partial, for an operand of compute kind `kind`.
 fn finish(op: ReduceOp, kind: Kind, p: Partial) -> f64 {
     match (op, kind) {
-        (ReduceOp::Sum, Kind::Int) => wrap_i32(p.int_sum),
+        // Exact: the evaluator refuses a result outside the i32 range.
+        (ReduceOp::Sum, Kind::Int) => p.int_sum as f64,
         (ReduceOp::Sum, _) => p.sum,
         // The builder casts ints to f32 before a mean; an int mean would still mean this.
         (ReduceOp::Mean, Kind::Int) => p.int_sum as f64 / p.included as f64,
@@ -115,7 +117,7 @@ fn finish(op: ReduceOp, kind: Kind, p: Partial) -> f64 {
         (ReduceOp::Min, Kind::Int) if p.included == 0 => i32::MAX as f64,
         (ReduceOp::Max, _) => p.max,
         (ReduceOp::Min, _) => p.min,
-        (ReduceOp::Count, _) => wrap_i32(p.trues as i64),
+        (ReduceOp::Count, _) => p.trues as f64,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Property test: random graphs of elementwise, layout and reduction ops, built through the
 //! builder and fed hostile values (NaN, infinities, signed zeros, huge and tiny numbers, empty
-//! batches), always evaluate without panicking and give outputs of their declared sizes.
+//! batches), always evaluate without panicking and give outputs of their declared sizes, or
+//! refuse an `i32` sum outside the `i32` range.
 
 mod common;
 
@@ -132,6 +133,12 @@ proptest! {
         let v = t(DType::F32, &[bsize, nsize, 3], &fill(bsize * nsize * 3));
         let inputs = [("x", &x), ("r", &r), ("i", &i), ("m", &m), ("s", &s), ("v", &v)];
         let evaluated = evaluate(&g, &inputs);
+        // An i32 sum or count outside the i32 range is refused, never wrapped.
+        if let Err(kfuse_interp::InterpError::IntOverflow { value, .. }) = &evaluated {
+            prop_assert!(*value < f64::from(i32::MIN) || *value > f64::from(i32::MAX), "{value}");
+            prop_assert!(run(&g, &inputs).is_err());
+            return Ok(());
+        }
         prop_assert!(evaluated.is_ok(), "{:?}\n{}", evaluated.err(), g);
         for (e, o) in evaluated.unwrap().iter().zip(&g.outputs) {
             let want = g.resolve_shape(&g.node(o.node).shape, &[bsize as u64, nsize as u64]);

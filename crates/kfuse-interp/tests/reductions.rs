@@ -124,11 +124,17 @@ fn empty_reductions_give_the_identities() {
 }
 
 #[test]
-fn integer_sums_stay_i32_and_wrap() {
+fn integer_sums_stay_i32_and_never_wrap() {
     let x = t(DType::I32, &[1, 3], &[i32::MAX as f64, 1.0, 5.0]);
     let g = reduce_graph(ReduceOp::Sum, ReduceAxis::Last, DType::I32, None);
     assert_eq!(g.node(g.outputs[0].node).dtype, DType::I32);
-    assert_same(&eval1(&g, &[("x", &x)]).values, &[i32::MIN as f64 + 5.0]);
+    let e = kfuse_interp::evaluate(&g, &[("x", &x)]).err();
+    assert!(
+        matches!(e, Some(kfuse_interp::InterpError::IntOverflow { op: "sum", value, .. }) if value == i32::MAX as f64 + 6.0),
+        "{e:?}"
+    );
+    let back = t(DType::I32, &[1, 3], &[i32::MAX as f64, 1.0, -5.0]);
+    assert_same(&eval1(&g, &[("x", &back)]).values, &[i32::MAX as f64 - 4.0]);
     let y = t(DType::I32, &[2, 2], &[3.0, -7.0, 2.0, 9.0]);
     assert_same(&reduce_on(ReduceOp::Sum, ReduceAxis::All, &y, None).values, &[7.0]);
     assert_same(&reduce_on(ReduceOp::Max, ReduceAxis::All, &y, None).values, &[9.0]);

@@ -48,6 +48,8 @@ pub enum DiagnosticKind {
     Grad,
     /// A program with nothing to compute (no output).
     NoOutput,
+    /// A file whose bytes are not UTF-8 text.
+    Encoding,
     /// A graph the builder accepted but the verifier rejected: a bug in kfuse, not in the source.
     Internal,
 }
@@ -141,7 +143,17 @@ impl Report {
         let end = floor_char_boundary(source, self.span.end.clamp(start, len));
         let line_start = source[..start].rfind('\n').map_or(0, |i| i + 1);
         let line_end = source[start..].find('\n').map_or(len, |i| start + i);
-        let source_line = source[line_start..line_end].trim_end_matches('\r').to_string();
+        // Control characters are shown as their Unicode pictures (NUL as ␀), one column each,
+        // so that the caret stays under them and nothing invisible reaches the terminal.
+        let source_line = source[line_start..line_end]
+            .trim_end_matches('\r')
+            .chars()
+            .map(|c| match u32::from(c) {
+                k @ 0..=0x1F if c != '\t' => char::from_u32(0x2400 + k).unwrap_or('?'),
+                0x7F => '\u{2421}',
+                _ => c,
+            })
+            .collect();
         let line = source[..start].matches('\n').count() + 1;
         let column = source[line_start..start].chars().count() + 1;
         let width = source[start..end.min(line_end).max(start)].chars().count().max(1);

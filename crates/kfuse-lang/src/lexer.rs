@@ -114,9 +114,16 @@ pub(crate) fn lex(src: &str) -> Result<Vec<Token>, Report> {
                 continue;
             }
             b'#' => {
-                while i < bytes.len() && bytes[i] != b'\n' {
-                    i += 1;
+                let end = src[i..].find('\n').map_or(src.len(), |k| i + k);
+                if let Some((k, c)) = src[i..end].char_indices().find(|&(_, c)| hidden_in_comment(c)) {
+                    return Err(Report::new(
+                        DiagnosticKind::Syntax,
+                        Span::new(i + k, i + k + c.len_utf8()),
+                        format!("a comment holds the invisible character {}", describe_char(c)),
+                    )
+                    .expected("visible text in comments (delete the character)"));
                 }
+                i = end;
                 continue;
             }
             b'\n' => {
@@ -206,10 +213,50 @@ fn bad_char(src: &str, i: usize) -> Report {
         '!' => ("!".into(), 1, "`!=`, or `not` for logical negation"),
         '.' => (".".into(), 1, "`..` as in x[.., 0], or a number like .5"),
         '%' => ("%".into(), 1, "an operator: + - * / == != < <= > >= and or not"),
+        _ if invisible(c).is_some() => {
+            let message = format!("unexpected invisible character {}", describe_char(c));
+            return Report::new(DiagnosticKind::Syntax, Span::new(i, i + c.len_utf8()), message)
+                .expected("a name, a number, an operator, or a comment starting with # (delete the character)");
+        }
         _ => (c.to_string(), c.len_utf8(), "a name, a number, an operator, or a comment starting with #"),
     };
     Report::new(DiagnosticKind::Syntax, Span::new(i, i + len), format!("unexpected character `{shown}`"))
         .expected(expected)
+}
+
+/// The name of a character that shows as nothing or as a plain space: control characters (tab,
+/// line feed and carriage return included, which the lexer takes as white space before asking),
+/// spaces other than U+0020, zero-width and bidirectional formatting characters, the byte-order
+/// mark. `None` for a visible character.
+pub(crate) fn invisible(c: char) -> Option<&'static str> {
+    Some(match c {
+        '\0' => "NUL",
+        '\t' => "tab",
+        '\u{7F}' => "DEL",
+        c if c.is_control() => "a control character",
+        '\u{A0}' => "no-break space",
+        '\u{AD}' => "soft hyphen",
+        '\u{2000}'..='\u{200A}' | '\u{202F}' | '\u{205F}' | '\u{3000}' => "a space other than U+0020",
+        '\u{200B}' => "zero-width space",
+        '\u{200C}' | '\u{200D}' | '\u{2060}'..='\u{2064}' => "a zero-width character",
+        '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' => "a bidirectional text control",
+        '\u{FEFF}' => "byte-order mark",
+        _ => return None,
+    })
+}
+
+/// Whether a comment may not hold `c`: a control character other than tab and carriage return,
+/// or a bidirectional text control (which can make a line read otherwise than it lexes).
+fn hidden_in_comment(c: char) -> bool {
+    (c.is_control() && !matches!(c, '\t' | '\r')) || invisible(c) == Some("a bidirectional text control")
+}
+
+/// `U+0000 (NUL)`: a character by code point, with its name when it is invisible.
+pub(crate) fn describe_char(c: char) -> String {
+    match invisible(c) {
+        Some(name) => format!("U+{:04X} ({name})", u32::from(c)),
+        None => format!("U+{:04X}", u32::from(c)),
+    }
 }
 
 /// Lexes a number starting at `*i` (a digit, or a `.` before a digit) and advances `*i`.

@@ -26,6 +26,18 @@
 //! `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and `offsets` are words only after an input's
 //! type, so they remain usable as names.
 //!
+//! Integers: `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
+//! 64 bits; a total outside the `i32` range is never wrapped: the CPU interpreter refuses it with
+//! an error naming the reduction, and a GPU kernel, which cannot stop with an error, clamps it to
+//! the nearest `i32` limit. Sum `f32(x)` when such totals are expected.
+//!
+//! Text: a source is UTF-8 (a leading byte-order mark is skipped; a byte that is not UTF-8 is an
+//! [`DiagnosticKind::Encoding`] error with its line, column and byte offset). Control characters
+//! (tab, line feed and carriage return aside) and invisible ones (zero-width and bidirectional
+//! controls, spaces other than U+0020) are errors that name them by code point (`U+0000 (NUL)`);
+//! comments may hold any visible text and spaces. [`files`] reads a source file: a regular file
+//! of at most [`files::MAX_SOURCE_BYTES`].
+//!
 //! Every error is a [`Diagnostic`] with file, line, column, a caret under the span and what was
 //! expected. No input makes this crate panic (a property test feeds it random text). It does not
 //! execute or compile anything: the interpreter and code generator consume the graph.
@@ -34,6 +46,7 @@
 mod ast;
 mod builtins;
 mod diagnostic;
+pub mod files;
 mod functions;
 mod lexer;
 mod lower;
@@ -60,6 +73,7 @@ use parser::Parser;
 // The diagnostic is returned by value as the public API promises; errors are rare and cold.
 #[allow(clippy::result_large_err)]
 pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic> {
+    let source = without_bom(source);
     program(source).map_err(|r| r.place(source, file_name))
 }
 
@@ -78,7 +92,45 @@ pub fn parse_program(source: &str, file_name: &str) -> Result<Graph, Diagnostic>
 /// ```
 #[allow(clippy::result_large_err)]
 pub fn parse_program_with_dtypes(source: &str, file_name: &str, dtypes: &[(&str, DType)]) -> Result<Graph, Diagnostic> {
+    let source = without_bom(source);
     program_with(source, dtypes).map_err(|r| r.place(source, file_name))
+}
+
+/// The text without a leading byte-order mark (U+FEFF, which some editors write at the start of
+/// a UTF-8 file); lines and columns are then counted from the text after it.
+fn without_bom(source: &str) -> &str {
+    source.strip_prefix('\u{FEFF}').unwrap_or(source)
+}
+
+/// The text of a source file's bytes: UTF-8, else a [`DiagnosticKind::Encoding`] diagnostic at the
+/// first byte that is not (line, column, and the byte offset in the message). A leading
+/// byte-order mark is kept here and skipped by the parser.
+///
+/// ```
+/// let d = kfuse_lang::source_text(b"input x: f32\nlet y = \xff\n".to_vec(), "bad.kf").unwrap_err();
+/// assert_eq!((d.line, d.column), (2, 9));
+/// assert!(d.message.contains("byte offset 21"));
+/// ```
+#[allow(clippy::result_large_err)]
+pub fn source_text(bytes: Vec<u8>, file_name: &str) -> Result<String, Diagnostic> {
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let bytes = e.as_bytes();
+        let byte = bytes.get(at).copied().unwrap_or(0);
+        // The lossy text equals the original up to `at`, so the span lands on the same line and
+        // column; the bad byte shows as U+FFFD.
+        let lossy = String::from_utf8_lossy(bytes);
+        let replacement = '\u{FFFD}'.len_utf8();
+        Report::new(
+            DiagnosticKind::Encoding,
+            Span::new(at, at + replacement),
+            format!(
+                "the file is not UTF-8 text: byte 0x{byte:02X} at byte offset {at} does not start a valid character"
+            ),
+        )
+        .expected("a .kf file saved as UTF-8")
+        .place(&lossy, file_name)
+    })
 }
 
 fn program(source: &str) -> Result<Graph, Report> {
@@ -108,6 +160,7 @@ fn program_with(source: &str, dtypes: &[(&str, DType)]) -> Result<Graph, Report>
 /// of the new graph, so that `SymId(k)` keeps its meaning. Errors name the file `<expression>`.
 #[allow(clippy::result_large_err)]
 pub fn parse_expression(source: &str, vars: &[(&str, DType, Shape)]) -> Result<Graph, Diagnostic> {
+    let source = without_bom(source);
     expression(source, vars).map_err(|r| r.place(source, "<expression>"))
 }
 

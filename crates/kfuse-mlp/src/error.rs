@@ -8,8 +8,12 @@ use kfuse_ir::DType;
 /// Why a model could not be loaded, run, compiled or benchmarked.
 #[derive(Debug, thiserror::Error)]
 pub enum MlpError {
-    #[error("cannot read {what} `{path}`: {source}")]
-    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("cannot write {what} `{path}`: {error}")]
+    Io { what: &'static str, path: PathBuf, error: std::io::Error },
+    /// The model description or its weights file could not be read (missing, not a regular
+    /// file, too large).
+    #[error(transparent)]
+    File(#[from] kfuse_lang::files::FileError),
     #[error("`{path}` is not a valid kfuse MLP description: {message}")]
     Json { path: PathBuf, message: String },
     #[error("`{path}`: unsupported format `{found}`; expected \"kfuse-mlp/1\"")]

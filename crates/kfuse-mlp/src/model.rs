@@ -14,6 +14,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use kfuse_ir::{DType, HostTensor};
+use kfuse_lang::files;
 
 use crate::activation::Activation;
 use crate::error::{MlpError, Result};
@@ -80,9 +81,10 @@ pub struct MlpModel {
     pub layers: Vec<MlpLayer>,
 }
 
-fn read_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> MlpError + 'a {
-    move |source| MlpError::Io { what, path: path.to_path_buf(), source }
-}
+/// The largest `model.json` read (a description of layers: kilobytes).
+const MAX_DESCRIPTION_BYTES: u64 = 64 << 20;
+/// The largest weights file read (16 GiB: far more than a fused or tiled MLP can hold).
+const MAX_WEIGHTS_BYTES: u64 = 16 << 30;
 
 /// Parses "f16" / "bf16" (the model's dtype).
 fn model_dtype(path: &Path, name: &str) -> Result<DType> {
@@ -213,8 +215,8 @@ impl MlpModel {
     /// Loads `json_path` and the safetensors file it names, checking every layer.
     pub fn load(json_path: impl AsRef<Path>) -> Result<MlpModel> {
         let json_path = json_path.as_ref();
-        let text = std::fs::read_to_string(json_path).map_err(read_error("model description", json_path))?;
-        let desc: ModelDescription = serde_json::from_str(&text)
+        let bytes = files::read_regular(json_path, MAX_DESCRIPTION_BYTES, "model description")?;
+        let desc: ModelDescription = serde_json::from_slice(&bytes)
             .map_err(|e| MlpError::Json { path: json_path.to_path_buf(), message: e.to_string() })?;
         let folder = json_path.parent().unwrap_or(Path::new("."));
         MlpModel::from_description(&desc, json_path, &folder.join(&desc.weights))
@@ -224,7 +226,7 @@ impl MlpModel {
     /// only labels errors.
     pub fn from_description(desc: &ModelDescription, json_path: &Path, weights_path: &Path) -> Result<MlpModel> {
         let dtype = check_description(desc, json_path)?;
-        let bytes = std::fs::read(weights_path).map_err(read_error("weights file", weights_path))?;
+        let bytes = files::read_regular(weights_path, MAX_WEIGHTS_BYTES, "weights file")?;
         let tensors = SafeTensors::deserialize(&bytes)
             .map_err(|e| MlpError::Safetensors { path: weights_path.to_path_buf(), message: e.to_string() })?;
         build(desc, dtype, |layer, role, name| {

@@ -143,10 +143,10 @@ pub fn write_model(dir: &Path, name: &str, spec: &ModelSpec) -> Result<PathBuf> 
     let json_path = dir.join(format!("{name}.json"));
     let text = serde_json::to_string_pretty(&desc)
         .map_err(|e| MlpError::Json { path: json_path.clone(), message: e.to_string() })?;
-    std::fs::write(&json_path, text).map_err(|source| MlpError::Io {
+    std::fs::write(&json_path, text).map_err(|error| MlpError::Io {
         what: "model description",
         path: json_path.clone(),
-        source,
+        error,
     })?;
     Ok(json_path)
 }

@@ -91,14 +91,14 @@ pub enum RuntimeError {
         code: NvrtcError,
     },
     /// A CUDA driver call failed.
-    #[error("CUDA driver call {call} failed on device {ordinal}: {source}")]
+    #[error("CUDA driver call {call} failed on device {ordinal}: {error}")]
     Driver {
         /// What was being done.
         call: &'static str,
         /// The device.
         ordinal: usize,
         /// The driver's status.
-        source: DriverError,
+        error: DriverError,
     },
     /// A device allocation failed for lack of memory.
     #[error("out of device memory: could not allocate {bytes} bytes on device {ordinal}")]
@@ -153,7 +153,7 @@ pub enum RuntimeError {
         reason: String,
     },
     /// The driver refused or failed a kernel launch.
-    #[error("launch of `{fn_name}` (grid {grid}, block {block}, {shared_bytes} B shared) on device {ordinal} failed: {source}")]
+    #[error("launch of `{fn_name}` (grid {grid}, block {block}, {shared_bytes} B shared) on device {ordinal} failed: {error}")]
     Launch {
         /// Kernel name.
         fn_name: String,
@@ -166,15 +166,15 @@ pub enum RuntimeError {
         /// The device.
         ordinal: usize,
         /// The driver's status.
-        source: DriverError,
+        error: DriverError,
     },
     /// A cache maintenance operation hit an I/O error.
-    #[error("kernel cache I/O error at {}: {source}", path.display())]
+    #[error("kernel cache I/O error at {}: {error}", path.display())]
     CacheIo {
         /// The file or folder.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The cache has no disk folder (no home/cache dir and no KFUSE_CACHE_DIR).
     #[error("the kernel cache has no disk folder: set KFUSE_CACHE_DIR")]

@@ -251,12 +251,12 @@ impl Gpu {
             CUresult::CUDA_ERROR_NO_DEVICE => {
                 RuntimeError::NoDevice { detail: "cuInit reports CUDA_ERROR_NO_DEVICE".to_string() }
             }
-            _ => RuntimeError::Driver { call: "cuInit", ordinal, source: e },
+            _ => RuntimeError::Driver { call: "cuInit", ordinal, error: e },
         })?;
-        let count = dresult::device::get_count().map_err(|source| RuntimeError::Driver {
+        let count = dresult::device::get_count().map_err(|error| RuntimeError::Driver {
             call: "cuDeviceGetCount",
             ordinal,
-            source,
+            error,
         })?;
         let count = usize::try_from(count).unwrap_or(0);
         if count == 0 {
@@ -267,7 +267,7 @@ impl Gpu {
         }
         timing::log("open: cuInit + device count", step);
         let step = Instant::now();
-        let driver = |call: &'static str| move |source| RuntimeError::Driver { call, ordinal, source };
+        let driver = |call: &'static str| move |error| RuntimeError::Driver { call, ordinal, error };
         let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
         timing::log("open: primary context", step);
         let step = Instant::now();
@@ -372,7 +372,7 @@ impl Gpu {
 
     fn driver_error(&self, call: &'static str) -> impl Fn(DriverError) -> RuntimeError {
         let ordinal = self.ordinal;
-        move |source| RuntimeError::Driver { call, ordinal, source }
+        move |error| RuntimeError::Driver { call, ordinal, error }
     }
 
     /// Compiles `source` for this device through the cache, loads it (cubin first, PTX
@@ -445,7 +445,7 @@ impl Gpu {
             CUresult::CUDA_ERROR_NOT_FOUND => {
                 RuntimeError::FunctionNotFound { fn_name: fn_name.to_string(), key: compiled.key.to_hex() }
             }
-            _ => RuntimeError::Driver { call: "cuModuleGetFunction", ordinal: self.ordinal, source: e },
+            _ => RuntimeError::Driver { call: "cuModuleGetFunction", ordinal: self.ordinal, error: e },
         })?;
         timing::log("load_kernel: cuModuleGetFunction", step);
         let function = GpuFunction {
@@ -760,13 +760,13 @@ impl Gpu {
             // SAFETY: as above; the driver checks that the grid can be resident at once.
             LaunchMode::Cooperative => unsafe { builder.launch_cooperative(config) },
         };
-        launched.map(|_| ()).map_err(|source| RuntimeError::Launch {
+        launched.map(|_| ()).map_err(|error| RuntimeError::Launch {
             fn_name: f.name.to_string(),
             grid,
             block,
             shared_bytes,
             ordinal: self.ordinal,
-            source,
+            error,
         })?;
         Ok(())
     }
@@ -811,10 +811,10 @@ impl Gpu {
         DeviceBuffer { memory: Memory::Owned(slice), gpu_id: self.id, ordinal: self.buffer_ordinal() }
     }
 
-    fn alloc_error(&self, source: DriverError, bytes: usize) -> RuntimeError {
-        match source.0 {
+    fn alloc_error(&self, error: DriverError, bytes: usize) -> RuntimeError {
+        match error.0 {
             CUresult::CUDA_ERROR_OUT_OF_MEMORY => RuntimeError::OutOfMemory { bytes, ordinal: self.ordinal },
-            _ => RuntimeError::Driver { call: "cuMemAlloc", ordinal: self.ordinal, source },
+            _ => RuntimeError::Driver { call: "cuMemAlloc", ordinal: self.ordinal, error },
         }
     }
 

@@ -21,10 +21,10 @@ pub struct Stream {
 impl Stream {
     /// Waits until every piece of work queued on the stream has finished.
     pub fn synchronize(&self) -> Result<(), RuntimeError> {
-        self.stream.synchronize().map_err(|source| RuntimeError::Driver {
+        self.stream.synchronize().map_err(|error| RuntimeError::Driver {
             call: "cuStreamSynchronize",
             ordinal: self.ordinal,
-            source,
+            error,
         })
     }
 

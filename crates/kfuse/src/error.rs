@@ -6,9 +6,9 @@ use kfuse_ir::DType;
 /// Everything that can go wrong between a description and its results.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A description file could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    /// A description file could not be read: missing, not a regular file, or too large.
+    #[error(transparent)]
+    File(#[from] kfuse_lang::files::FileError),
     /// The `.kf` source is wrong (file, line, column, what was expected). Boxed: a diagnostic
     /// carries its source line and is much larger than the other errors.
     #[error(transparent)]

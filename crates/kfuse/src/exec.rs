@@ -300,9 +300,9 @@ impl CudaProgram {
                 }
                 (BufferKind::Output(i), _) => &outputs[i].buffer,
                 (_, Some(buf)) => buf,
-                (kind, None) => {
+                (_, None) => {
                     return Err(Error::TooLarge {
-                        what: format!("the workspace buffer of {kind:?}"),
+                        what: "the plan's workspace (its partial sums, counters and temporaries)".to_string(),
                         sizes: sizes.clone(),
                     })
                 }

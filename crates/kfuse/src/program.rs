@@ -37,6 +37,14 @@ struct OnDevice {
     workspace: Mutex<Workspace>,
 }
 
+/// Reads a `.kf` file's text: a regular file (not a directory, FIFO or device) of at most
+/// [`kfuse_lang::files::MAX_SOURCE_BYTES`], in UTF-8 (a byte that is not is a diagnostic with
+/// its line and column).
+pub fn read_source(path: &Path) -> Result<String> {
+    let bytes = kfuse_lang::files::read_source_bytes(path)?;
+    Ok(kfuse_lang::source_text(bytes, &path.display().to_string())?)
+}
+
 impl Program {
     /// Parses, type-checks and plans `.kf` source; `name` is how messages name it (a file name).
     pub fn compile(engine: &Engine, source: &str, name: &str) -> Result<Program> {
@@ -44,10 +52,9 @@ impl Program {
         Program::build(engine, name.into(), Some(source.into()), Vec::new(), graph, CodegenOptions::default())
     }
 
-    /// Reads and compiles a `.kf` file.
+    /// Reads ([`read_source`]) and compiles a `.kf` file.
     pub fn load(engine: &Engine, path: &Path) -> Result<Program> {
-        let source =
-            std::fs::read_to_string(path).map_err(|source| Error::Read { path: path.display().to_string(), source })?;
+        let source = read_source(path)?;
         Program::compile(engine, &source, &path.display().to_string())
     }
 

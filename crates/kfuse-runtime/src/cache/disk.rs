@@ -116,7 +116,7 @@ impl DiskStore {
 
     /// What the root is now (not remembered; see `refusal` for the lookups' view).
     pub fn state(&self) -> Result<RootState, RuntimeError> {
-        owner::inspect(&self.root).map_err(|source| RuntimeError::CacheIo { path: self.root.clone(), source })
+        owner::inspect(&self.root).map_err(|source| RuntimeError::CacheIo { path: self.root.clone(), error: source })
     }
 
     /// Why lookups must leave the root alone, if they must (remembered once found). A missing

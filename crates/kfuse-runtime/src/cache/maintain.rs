@@ -19,7 +19,7 @@ use crate::RuntimeError;
 impl DiskStore {
     fn io_error(&self, path: &Path) -> impl Fn(io::Error) -> RuntimeError + '_ {
         let path = path.to_path_buf();
-        move |source| RuntimeError::CacheIo { path: path.clone(), source }
+        move |source| RuntimeError::CacheIo { path: path.clone(), error: source }
     }
 
     /// Whether there is a folder of kfuse's to work on (adopting an older kfuse cache by tagging
@@ -160,7 +160,7 @@ impl DiskStore {
         }
         let remove = |path: &Path| match fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                Err(RuntimeError::CacheIo { path: path.to_path_buf(), source: e })
+                Err(RuntimeError::CacheIo { path: path.to_path_buf(), error: e })
             }
             _ => Ok(()),
         };
