@@ -348,6 +348,15 @@ mod tests {
     }
 
     #[test]
+    fn floor_div_snaps_a_nearly_whole_quotient_as_python_does() {
+        // 1 / 0.1 rounds to 10.0, but 0.1 (as f64) goes into 1 only 9 times: Python's 1.0 // 0.1.
+        assert_eq!(floor_div_f(1.0, 0.1), 9.0);
+        assert_eq!(remainder_f(1.0, 0.1), 1.0 % 0.1);
+        assert_eq!(floor_div_f(-1.0, 0.1), -10.0);
+        assert_eq!(floor_div_f(1e300, 1e-300), 1e300 / 1e-300);
+    }
+
+    #[test]
     fn sigmoid_is_stable_at_both_ends() {
         assert_eq!(sigmoid(-1000.0), 0.0);
         assert_eq!(sigmoid(1000.0), 1.0);
