@@ -59,7 +59,8 @@ fn std_map(xs: &[f64], f: fn(f64) -> f64) -> Vec<f64> {
 fn transcendental_functions_match_std_on_edge_values() {
     // Values that f32 inputs hold exactly, so that std sees the same operands.
     let xs = [0.0, -0.0, 1e-10f32 as f64, -1.0, 0.5, -0.75, 2.0, INF, -INF, NAN];
-    let cases: [(UnaryOp, fn(f64) -> f64); 8] = [
+    type Reference = fn(f64) -> f64;
+    let cases: [(UnaryOp, Reference); 8] = [
         (UnaryOp::Log1p, f64::ln_1p),
         (UnaryOp::Expm1, f64::exp_m1),
         (UnaryOp::Atan, f64::atan),
