@@ -162,6 +162,10 @@ pub(crate) enum Helper {
     BlockMin,
     DivMod,
     StoreStreaming,
+    /// `kf_rem_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
+    IntDivShift,
+    /// `kf_remf`, `kf_floordivf`.
+    FloatDiv,
 }
 
 const F16: &str = include_str!("templates/helper_f16.cuh");
@@ -170,6 +174,8 @@ const DIV_MOD: &str = include_str!("templates/helper_divmod.cuh");
 const STORE_CS: &str = include_str!("templates/helper_store_cs.cuh");
 const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
 const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
+const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
+const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
 
 /// The definition of `h`, guarded so that it may appear more than once in a translation unit.
 pub(crate) fn helper_source(h: Helper) -> String {
@@ -192,6 +198,8 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::BlockMin => block_reduce("min", "kf_min_f64(v, o)", "__longlong_as_double(0x7ff0000000000000ll)"),
         Helper::DivMod => render(DIV_MOD, &[]),
         Helper::StoreStreaming => render(STORE_CS, &[]),
+        Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),
+        Helper::FloatDiv => render(FLOAT_DIV, &[]),
     }
 }
 

@@ -383,6 +383,9 @@ impl<'a> Emitter<'a> {
                 if kind == Kind::Float && matches!(op, BinaryOp::Min | BinaryOp::Max) {
                     self.uses.helpers.insert(Helper::MinMaxF32);
                 }
+                if matches!(op, BinaryOp::Remainder | BinaryOp::FloorDiv | BinaryOp::Shl | BinaryOp::Shr) {
+                    self.uses.helpers.insert(if kind == Kind::Float { Helper::FloatDiv } else { Helper::IntDivShift });
+                }
                 binary(op, kind, &va, &vb)
             }
             Op::Ternary(op, a, b, c) => {
@@ -398,6 +401,10 @@ impl<'a> Emitter<'a> {
                     (TernaryOp::Clamp, _) => {
                         let lo = binary(BinaryOp::Max, Kind::Int, &va, &vb);
                         binary(BinaryOp::Min, Kind::Int, &lo, &vc)
+                    }
+                    (TernaryOp::Fma, Kind::Float) => format!("fmaf({va}, {vb}, {vc})"),
+                    (TernaryOp::Fma, _) => {
+                        format!("(int)((unsigned int){va} * (unsigned int){vb} + (unsigned int){vc})")
                     }
                 }
             }
@@ -738,6 +745,23 @@ fn unary(op: UnaryOp, kind: Kind, v: &str) -> String {
         (UnaryOp::Sin, _) => format!("sinf({v})"),
         (UnaryOp::Cos, _) => format!("cosf({v})"),
         (UnaryOp::Floor, _) => format!("floorf({v})"),
+        (UnaryOp::Log1p, _) => format!("log1pf({v})"),
+        (UnaryOp::Expm1, _) => format!("expm1f({v})"),
+        (UnaryOp::Sign, Kind::Int) => format!("(({v} > 0) - ({v} < 0))"),
+        (UnaryOp::Sign, _) => format!("({v} > 0.0f ? 1.0f : ({v} < 0.0f ? -1.0f : 0.0f))"),
+        (UnaryOp::Round, _) => format!("rintf({v})"), // round half to even
+        (UnaryOp::Trunc, _) => format!("truncf({v})"),
+        (UnaryOp::Ceil, _) => format!("ceilf({v})"),
+        (UnaryOp::IsNan, _) => format!("({v} != {v})"),
+        (UnaryOp::IsInf, _) => format!("(fabsf({v}) == __int_as_float(0x7f800000))"),
+        (UnaryOp::IsFinite, _) => format!("(fabsf({v}) < __int_as_float(0x7f800000))"),
+        (UnaryOp::Atan, _) => format!("atanf({v})"),
+        (UnaryOp::Tan, _) => format!("tanf({v})"),
+        (UnaryOp::Asin, _) => format!("asinf({v})"),
+        (UnaryOp::Acos, _) => format!("acosf({v})"),
+        (UnaryOp::Sinh, _) => format!("sinhf({v})"),
+        (UnaryOp::Cosh, _) => format!("coshf({v})"),
+        (UnaryOp::BitNot, _) => format!("~{v}"),
     }
 }
 
@@ -756,7 +780,17 @@ fn binary(op: BinaryOp, kind: Kind, a: &str, b: &str) -> String {
         Ge => ">=",
         And => "&&",
         Or => "||",
+        BitAnd => "&",
+        BitOr => "|",
+        BitXor => "^",
         Pow => return format!("powf({a}, {b})"),
+        Atan2 => return format!("atan2f({a}, {b})"),
+        Remainder if kind == Kind::Float => return format!("kf_remf({a}, {b})"),
+        Remainder => return format!("kf_rem_i32({a}, {b})"),
+        FloorDiv if kind == Kind::Float => return format!("kf_floordivf({a}, {b})"),
+        FloorDiv => return format!("kf_floordiv_i32({a}, {b})"),
+        Shl => return format!("kf_shl_i32({a}, {b})"),
+        Shr => return format!("kf_shr_i32({a}, {b})"),
         Min if kind == Kind::Float => return format!("kf_minf({a}, {b})"),
         Max if kind == Kind::Float => return format!("kf_maxf({a}, {b})"),
         Min => return format!("({a} < {b} ? {a} : {b})"),

@@ -5,7 +5,8 @@
 //! the f64 value itself (never rounded to their storage dtype inside the graph); `i32` values are
 //! exact integers in `i32` range; `bool` is 0.0 or 1.0. Integer arithmetic is done in `i64` and
 //! wrapped to `i32` after every op, which is exactly two's-complement `i32` arithmetic (as on the
-//! GPU). Division and `pow` never see integers: the builder casts them to `f32` first.
+//! GPU). Division, `pow` and `atan2` never see integers: the builder casts them to `f32` first.
+//! Integer `remainder` and `floor_div` by zero give 0 (on the GPU too), rather than trapping.
 //!
 //! Does not handle reductions or layout ops (see `reduce` and `layout`).
 
@@ -111,6 +112,108 @@ pub(crate) fn map3(
     });
 }
 
+fn flag(b: bool) -> f64 {
+    if b {
+        1.0
+    } else {
+        0.0
+    }
+}
+
+/// `torch.sign`: -1, 0 or 1; 0 for NaN and for both zeros.
+fn sign(v: f64) -> f64 {
+    if v > 0.0 {
+        1.0
+    } else if v < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+/// `torch.remainder` of floats: `fmod`, moved by one divisor when its sign differs from the
+/// divisor's (so `-0.0` stays `-0.0`, and division by zero is NaN).
+pub(crate) fn remainder_f(a: f64, b: f64) -> f64 {
+    let m = a % b;
+    if m != 0.0 && (b < 0.0) != (m < 0.0) {
+        m + b
+    } else {
+        m
+    }
+}
+
+/// `torch.floor_divide` of floats, PyTorch's (and Python's) algorithm: the quotient of
+/// `a - fmod(a, b)` by `b`, which is nearly whole, snapped to the nearest integer below or at it.
+/// Division by zero is `a / b` (±inf or NaN); a zero quotient carries the sign of `a / b`.
+pub(crate) fn floor_div_f(a: f64, b: f64) -> f64 {
+    if b == 0.0 {
+        return a / b;
+    }
+    let m = a % b;
+    let mut div = (a - m) / b;
+    if m != 0.0 && (b < 0.0) != (m < 0.0) {
+        div -= 1.0;
+    }
+    if div == 0.0 {
+        return 0.0f64.copysign(a / b);
+    }
+    let f = div.floor();
+    if div - f > 0.5 {
+        f + 1.0
+    } else {
+        f
+    }
+}
+
+/// `torch.remainder` of `i32` (the sign of the divisor); `x % 0` is 0.
+pub(crate) fn remainder_i(a: i32, b: i32) -> i32 {
+    if b == 0 {
+        return 0;
+    }
+    let r = a.wrapping_rem(b);
+    if r != 0 && (r < 0) != (b < 0) {
+        r + b
+    } else {
+        r
+    }
+}
+
+/// `torch.floor_divide` of `i32`; `x // 0` is 0 and `i32::MIN // -1` wraps to `i32::MIN`.
+pub(crate) fn floor_div_i(a: i32, b: i32) -> i32 {
+    if b == 0 {
+        return 0;
+    }
+    let (q, r) = (a.wrapping_div(b), a.wrapping_rem(b));
+    if r != 0 && (a < 0) != (b < 0) {
+        q - 1
+    } else {
+        q
+    }
+}
+
+/// `torch.bitwise_left_shift` of `i32`: bits shifted out are lost; 0 for `n < 0` or `n >= 32`.
+pub(crate) fn shl_i(a: i32, n: i32) -> i32 {
+    if (0..32).contains(&n) {
+        ((a as u32) << n) as i32
+    } else {
+        0
+    }
+}
+
+/// `torch.bitwise_right_shift` of `i32` (arithmetic): `a >> 31` for `n < 0` or `n >= 32`.
+pub(crate) fn shr_i(a: i32, n: i32) -> i32 {
+    if (0..32).contains(&n) {
+        a >> n
+    } else {
+        a >> 31
+    }
+}
+
+/// An `i32` op on two values stored as f64 (exact integers in `i32` range).
+fn int2(f: fn(i32, i32) -> i32) -> impl Fn(f64, f64) -> f64 + Sync {
+    move |x, y| f(x as i32, y as i32) as f64
+}
+
 /// A unary op on operands of `dtype`, written into `out`.
 pub(crate) fn unary(
     node: u32,
@@ -125,6 +228,8 @@ pub(crate) fn unary(
         (Kind::Bool, _) | (_, UnaryOp::Not) => return Err(unsupported()),
         (Kind::Int, UnaryOp::Neg) => map1(out, x, |v| wrap_i32(-(v as i64))),
         (Kind::Int, UnaryOp::Abs) => map1(out, x, |v| wrap_i32((v as i64).abs())),
+        (Kind::Int, UnaryOp::Sign) => map1(out, x, sign),
+        (Kind::Int, UnaryOp::BitNot) => map1(out, x, |v| f64::from(!(v as i32))),
         (Kind::Int, _) => return Err(unsupported()),
         (Kind::Float, op) => match op {
             UnaryOp::Neg => map1(out, x, |v| -v),
@@ -139,7 +244,22 @@ pub(crate) fn unary(
             UnaryOp::Sin => map1(out, x, f64::sin),
             UnaryOp::Cos => map1(out, x, f64::cos),
             UnaryOp::Floor => map1(out, x, f64::floor),
-            UnaryOp::Not => return Err(unsupported()),
+            UnaryOp::Log1p => map1(out, x, f64::ln_1p),
+            UnaryOp::Expm1 => map1(out, x, f64::exp_m1),
+            UnaryOp::Sign => map1(out, x, sign),
+            UnaryOp::Round => map1(out, x, f64::round_ties_even),
+            UnaryOp::Trunc => map1(out, x, f64::trunc),
+            UnaryOp::Ceil => map1(out, x, f64::ceil),
+            UnaryOp::IsNan => map1(out, x, |v| flag(v.is_nan())),
+            UnaryOp::IsInf => map1(out, x, |v| flag(v.is_infinite())),
+            UnaryOp::IsFinite => map1(out, x, |v| flag(v.is_finite())),
+            UnaryOp::Atan => map1(out, x, f64::atan),
+            UnaryOp::Tan => map1(out, x, f64::tan),
+            UnaryOp::Asin => map1(out, x, f64::asin),
+            UnaryOp::Acos => map1(out, x, f64::acos),
+            UnaryOp::Sinh => map1(out, x, f64::sinh),
+            UnaryOp::Cosh => map1(out, x, f64::cosh),
+            UnaryOp::Not | UnaryOp::BitNot => return Err(unsupported()),
         },
     }
     Ok(())
@@ -179,6 +299,13 @@ pub(crate) fn binary(
         (Kind::Int, BinaryOp::Mul) => map2(out, a, b, |x, y| wrap_i32(x as i64 * y as i64)),
         (Kind::Int, BinaryOp::Min) => map2(out, a, b, f64::min),
         (Kind::Int, BinaryOp::Max) => map2(out, a, b, f64::max),
+        (Kind::Int, BinaryOp::Remainder) => map2(out, a, b, int2(remainder_i)),
+        (Kind::Int, BinaryOp::FloorDiv) => map2(out, a, b, int2(floor_div_i)),
+        (Kind::Int, BinaryOp::BitAnd) => map2(out, a, b, int2(|x, y| x & y)),
+        (Kind::Int, BinaryOp::BitOr) => map2(out, a, b, int2(|x, y| x | y)),
+        (Kind::Int, BinaryOp::BitXor) => map2(out, a, b, int2(|x, y| x ^ y)),
+        (Kind::Int, BinaryOp::Shl) => map2(out, a, b, int2(shl_i)),
+        (Kind::Int, BinaryOp::Shr) => map2(out, a, b, int2(shr_i)),
         (Kind::Int, _) => return Err(unsupported()),
         (Kind::Float, BinaryOp::Add) => map2(out, a, b, |x, y| x + y),
         (Kind::Float, BinaryOp::Sub) => map2(out, a, b, |x, y| x - y),
@@ -187,6 +314,9 @@ pub(crate) fn binary(
         (Kind::Float, BinaryOp::Pow) => map2(out, a, b, f64::powf),
         (Kind::Float, BinaryOp::Min) => map2(out, a, b, min_nan),
         (Kind::Float, BinaryOp::Max) => map2(out, a, b, max_nan),
+        (Kind::Float, BinaryOp::Atan2) => map2(out, a, b, f64::atan2),
+        (Kind::Float, BinaryOp::Remainder) => map2(out, a, b, remainder_f),
+        (Kind::Float, BinaryOp::FloorDiv) => map2(out, a, b, floor_div_f),
         (Kind::Float, _) => return Err(unsupported()),
     }
     Ok(())
@@ -215,6 +345,15 @@ mod tests {
         assert_eq!(cast_value(f64::NAN, Kind::Float, Kind::Bool), 1.0);
         assert_eq!(cast_value(-0.0, Kind::Float, Kind::Bool), 0.0);
         assert_eq!(cast_value(0.1, Kind::Float, Kind::Float), 0.1);
+    }
+
+    #[test]
+    fn floor_div_snaps_a_nearly_whole_quotient_as_python_does() {
+        // 1 / 0.1 rounds to 10.0, but 0.1 (as f64) goes into 1 only 9 times: Python's 1.0 // 0.1.
+        assert_eq!(floor_div_f(1.0, 0.1), 9.0);
+        assert_eq!(remainder_f(1.0, 0.1), 1.0 % 0.1);
+        assert_eq!(floor_div_f(-1.0, 0.1), -10.0);
+        assert_eq!(floor_div_f(1e300, 1e-300), 1e300 / 1e-300);
     }
 
     #[test]

@@ -192,9 +192,10 @@ fn eval_node(
             }
         }
         Op::Unary(op, x) => {
+            let operand_dtype = graph.node(x).dtype;
             let x = view(x, &shape)?;
             let mut o = out(pool);
-            elementwise::unary(id, op, node.dtype, &mut o, &x)?;
+            elementwise::unary(id, op, operand_dtype, &mut o, &x)?;
             fresh(o)
         }
         Op::Binary(op, a, b) => {
@@ -209,6 +210,10 @@ fn eval_node(
             match op {
                 TernaryOp::Select => map3(&mut o, &va, &vb, &vc, |c, x, y| if c != 0.0 { x } else { y }),
                 TernaryOp::Clamp => map3(&mut o, &va, &vb, &vc, |x, lo, hi| min_nan(max_nan(x, lo), hi)),
+                TernaryOp::Fma if node.dtype.kind() == Kind::Int => {
+                    map3(&mut o, &va, &vb, &vc, |x, y, z| wrap_i32(x as i64 * y as i64 + z as i64))
+                }
+                TernaryOp::Fma => map3(&mut o, &va, &vb, &vc, f64::mul_add),
             }
             fresh(o)
         }

@@ -156,6 +156,11 @@ impl GraphBuilder {
         let x = match (op, d.kind()) {
             (UnaryOp::Not, Kind::Bool) => x,
             (UnaryOp::Not, _) => return Err(IrError::BadDType { op: "not", dtype: d, hint: " (it takes bool)" }),
+            // `torch.bitwise_not` of a bool is the logical not.
+            (UnaryOp::BitNot, Kind::Bool) => return self.unary(UnaryOp::Not, x),
+            (UnaryOp::BitNot, Kind::Float) => {
+                return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32 or bool)" })
+            }
             (_, Kind::Bool) => {
                 return Err(IrError::BadDType {
                     // Negation is written `-x`; its IR name `neg` is nowhere in the language.
@@ -164,16 +169,32 @@ impl GraphBuilder {
                     hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
                 });
             }
+            // An int is already whole, as `torch.round`/`trunc`/`ceil` of an int tensor say.
+            (UnaryOp::Round | UnaryOp::Trunc | UnaryOp::Ceil, Kind::Int) => return Ok(x),
             (op, Kind::Int) if op.is_float_math() => self.cast(x, DType::F32),
             _ => x,
         };
         let n = self.node(x);
-        let (dtype, shape) = (n.dtype, n.shape.clone());
+        let dtype = if op.is_predicate() { DType::Bool } else { n.dtype };
+        let shape = n.shape.clone();
         Ok(self.push(Node { op: Op::Unary(op, x), dtype, shape }))
     }
 
     pub fn binary(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
         let mut meet = self.meet(op.name(), a, b)?;
+        if op.is_bitwise() {
+            // Bitwise and/or/xor of bools are the logical ops, as in PyTorch.
+            match (op, meet) {
+                (BinaryOp::BitAnd, DType::Bool) => return self.binary(BinaryOp::And, a, b),
+                (BinaryOp::BitOr, DType::Bool) => return self.binary(BinaryOp::Or, a, b),
+                (BinaryOp::BitXor, DType::Bool) => return self.binary(BinaryOp::Ne, a, b),
+                (_, DType::I32) => {}
+                (BinaryOp::Shl | BinaryOp::Shr, d) => {
+                    return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32)" })
+                }
+                (_, d) => return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32 or bool)" }),
+            }
+        }
         if op.is_logical() {
             if meet != DType::Bool {
                 return Err(IrError::BadDType { op: op.name(), dtype: meet, hint: " (it takes bool)" });
@@ -185,7 +206,7 @@ impl GraphBuilder {
                 hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
             });
         }
-        if matches!(op, BinaryOp::Div | BinaryOp::Pow) && meet == DType::I32 {
+        if op.is_float_only() && meet == DType::I32 {
             meet = DType::F32; // true division, as in PyTorch
         }
         let (a, b) = (self.retype_for(a, meet), self.retype_for(b, meet));
@@ -198,7 +219,24 @@ impl GraphBuilder {
         match op {
             TernaryOp::Select => self.select(a, b, c),
             TernaryOp::Clamp => self.clamp(a, b, c),
+            TernaryOp::Fma => self.fma(a, b, c),
         }
+    }
+
+    /// `fma(a, b, c)` = `a * b + c` (one rounding for floats, wrapping for `i32`).
+    pub fn fma(&mut self, a: NodeId, b: NodeId, c: NodeId) -> Result<NodeId, IrError> {
+        let dtype = self.meet_all("fma", &[a, b, c])?;
+        if dtype == DType::Bool {
+            return Err(IrError::BadDType {
+                op: "fma",
+                dtype,
+                hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
+            });
+        }
+        let (a, b, c) = (self.retype_for(a, dtype), self.retype_for(b, dtype), self.retype_for(c, dtype));
+        let s = self.broadcast(a, b)?;
+        let shape = self.broadcast_shape(&s, c)?;
+        Ok(self.push(Node { op: Op::Ternary(TernaryOp::Fma, a, b, c), dtype, shape }))
     }
 
     /// `where(cond, a, b)`.

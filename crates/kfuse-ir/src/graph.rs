@@ -57,10 +57,30 @@ pub enum UnaryOp {
     Sin,
     Cos,
     Floor,
+    Log1p,
+    Expm1,
+    /// -1, 0 or 1 (0 for NaN and both zeros, as `torch.sign`); ints stay ints.
+    Sign,
+    /// To the nearest integer, halfway cases to even (`torch.round`).
+    Round,
+    Trunc,
+    Ceil,
+    /// `isnan`, `isinf`, `isfinite`: a float operand tested, a `bool` result.
+    IsNan,
+    IsInf,
+    IsFinite,
+    Atan,
+    Tan,
+    Asin,
+    Acos,
+    Sinh,
+    Cosh,
+    /// `~x` of an `i32` (the builder turns `bitwise_not` of a bool into `not`).
+    BitNot,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 13] = [
+    pub const ALL: [UnaryOp; 29] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -74,6 +94,22 @@ impl UnaryOp {
         UnaryOp::Sin,
         UnaryOp::Cos,
         UnaryOp::Floor,
+        UnaryOp::Log1p,
+        UnaryOp::Expm1,
+        UnaryOp::Sign,
+        UnaryOp::Round,
+        UnaryOp::Trunc,
+        UnaryOp::Ceil,
+        UnaryOp::IsNan,
+        UnaryOp::IsInf,
+        UnaryOp::IsFinite,
+        UnaryOp::Atan,
+        UnaryOp::Tan,
+        UnaryOp::Asin,
+        UnaryOp::Acos,
+        UnaryOp::Sinh,
+        UnaryOp::Cosh,
+        UnaryOp::BitNot,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -90,11 +126,32 @@ impl UnaryOp {
             UnaryOp::Sin => "sin",
             UnaryOp::Cos => "cos",
             UnaryOp::Floor => "floor",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Expm1 => "expm1",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Round => "round",
+            UnaryOp::Trunc => "trunc",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::IsNan => "isnan",
+            UnaryOp::IsInf => "isinf",
+            UnaryOp::IsFinite => "isfinite",
+            UnaryOp::Atan => "atan",
+            UnaryOp::Tan => "tan",
+            UnaryOp::Asin => "asin",
+            UnaryOp::Acos => "acos",
+            UnaryOp::Sinh => "sinh",
+            UnaryOp::Cosh => "cosh",
+            UnaryOp::BitNot => "bitwise_not",
         }
     }
-    /// Math functions take floats only (an int operand is cast to `f32` by the builder).
+    /// Math functions take floats only (an int operand is cast to `f32` by the builder, except
+    /// that `round`, `trunc` and `ceil` of an int are the int itself, as in PyTorch).
     pub fn is_float_math(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs)
+        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::BitNot)
+    }
+    /// `isnan`, `isinf`, `isfinite`: the result is `bool`, not the operand's dtype.
+    pub fn is_predicate(self) -> bool {
+        matches!(self, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite)
     }
 }
 
@@ -115,6 +172,22 @@ pub enum BinaryOp {
     Ge,
     And,
     Or,
+    /// `atan2(y, x)`: floats only (ints are cast to `f32`, as `torch.atan2`).
+    Atan2,
+    /// `torch.remainder`: the result has the sign of the divisor. Integer division by zero gives 0.
+    Remainder,
+    /// `torch.floor_divide`: the quotient rounded toward -inf. Integer division by zero gives 0;
+    /// `i32::MIN / -1` wraps to `i32::MIN`.
+    FloorDiv,
+    /// Bitwise `&`, `|`, `^` of `i32` (the builder turns them into `and`, `or`, `!=` for bools).
+    BitAnd,
+    BitOr,
+    BitXor,
+    /// `a << n` of `i32`, as `torch.bitwise_left_shift`: 0 when `n < 0` or `n >= 32`.
+    Shl,
+    /// Arithmetic `a >> n` of `i32`, as `torch.bitwise_right_shift`: `a >> 31` (0 or -1) when
+    /// `n < 0` or `n >= 32`.
+    Shr,
 }
 
 impl BinaryOp {
@@ -135,6 +208,14 @@ impl BinaryOp {
             BinaryOp::Ge => ">=",
             BinaryOp::And => "and",
             BinaryOp::Or => "or",
+            BinaryOp::Atan2 => "atan2",
+            BinaryOp::Remainder => "remainder",
+            BinaryOp::FloorDiv => "floor_div",
+            BinaryOp::BitAnd => "bitwise_and",
+            BinaryOp::BitOr => "bitwise_or",
+            BinaryOp::BitXor => "bitwise_xor",
+            BinaryOp::Shl => "bitwise_left_shift",
+            BinaryOp::Shr => "bitwise_right_shift",
         }
     }
     pub fn is_comparison(self) -> bool {
@@ -142,6 +223,14 @@ impl BinaryOp {
     }
     pub fn is_logical(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+    /// Ops on `i32` only: the bitwise ones and the shifts.
+    pub fn is_bitwise(self) -> bool {
+        matches!(self, BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr)
+    }
+    /// Ops whose `i32` operands are cast to `f32` first (true division, `pow`, `atan2`).
+    pub fn is_float_only(self) -> bool {
+        matches!(self, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Atan2)
     }
 }
 
@@ -151,6 +240,8 @@ pub enum TernaryOp {
     Select,
     /// `clamp(x, lo, hi)` = `min(max(x, lo), hi)`; kept whole for its PyTorch gradient.
     Clamp,
+    /// `fma(a, b, c)` = `a * b + c`, rounded once for floats; wrapping for `i32`.
+    Fma,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -420,6 +511,7 @@ impl std::fmt::Display for Graph {
                 Op::Binary(op, a, b) => format!("v{} {} v{}", a.0, op.name(), b.0),
                 Op::Ternary(TernaryOp::Select, c, a, b) => format!("where(v{}, v{}, v{})", c.0, a.0, b.0),
                 Op::Ternary(TernaryOp::Clamp, x, lo, hi) => format!("clamp(v{}, v{}, v{})", x.0, lo.0, hi.0),
+                Op::Ternary(TernaryOp::Fma, a, b, c) => format!("fma(v{}, v{}, v{})", a.0, b.0, c.0),
                 Op::Component { x, index } => format!("v{}[.., {index}]", x.0),
                 Op::Stack(l) => {
                     let parts: Vec<String> = self.list(l).iter().map(|p| format!("v{}", p.0)).collect();

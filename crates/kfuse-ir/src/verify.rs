@@ -4,8 +4,7 @@
 use std::collections::HashSet;
 
 use crate::{
-    broadcast_shapes, BinaryOp, Constraint, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape,
-    TernaryOp,
+    broadcast_shapes, Constraint, DType, Dim, Graph, IrError, Kind, Op, ReduceAxis, ReduceOp, Shape, TernaryOp,
 };
 
 /// Checks operand order, dtypes, shapes, reductions, masks, names and input constraints.
@@ -63,9 +62,10 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             Op::Unary(op, x) => {
                 let d = node(x).dtype;
                 node(x).shape == n.shape
-                    && d == n.dtype
+                    && if op.is_predicate() { n.dtype == DType::Bool } else { d == n.dtype }
                     && match op {
                         crate::UnaryOp::Not => d == DType::Bool,
+                        crate::UnaryOp::BitNot => d.kind() == Kind::Int,
                         op if op.is_float_math() => d.is_float(),
                         _ => d != DType::Bool,
                     }
@@ -77,10 +77,10 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                     n.dtype == DType::Bool
                 } else if op.is_logical() {
                     da == DType::Bool && n.dtype == DType::Bool
+                } else if op.is_bitwise() {
+                    da.kind() == Kind::Int && n.dtype.kind() == Kind::Int
                 } else {
-                    da != DType::Bool
-                        && n.dtype.kind() == da.kind()
-                        && !(matches!(op, BinaryOp::Div | BinaryOp::Pow) && da.kind() == Kind::Int)
+                    da != DType::Bool && n.dtype.kind() == da.kind() && !(op.is_float_only() && da.kind() == Kind::Int)
                 };
                 kind_ok && dtype_ok && bshape(&node(a).shape, &node(b).shape).as_ref() == Some(&n.shape)
             }
@@ -92,7 +92,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                             && node(b).dtype.kind() == node(c).dtype.kind()
                             && node(b).dtype.kind() == n.dtype.kind()
                     }
-                    TernaryOp::Clamp => {
+                    TernaryOp::Clamp | TernaryOp::Fma => {
                         [a, b, c].iter().all(|&x| node(x).dtype.kind() == n.dtype.kind()) && n.dtype != DType::Bool
                     }
                 };

@@ -1,7 +1,8 @@
 //! Built-in functions: argument checking and lowering of calls.
 //!
-//! `where`, `clamp`, `pow`, elementwise `min`/`max` (two arguments), the one-argument math
-//! functions, reductions `sum mean max min count` (with `where:` and `axis: -1`), the casts
+//! `where`, `clamp`, `pow`, `fma`, elementwise `min`/`max` (two arguments), the one-argument math
+//! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
+//! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:` and `axis: -1`), the casts
 //! `f32 f16 bf16 i32 bool`, `grad`, and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
@@ -15,6 +16,21 @@ use crate::suggest::closest;
 
 fn unary_function(name: &str) -> Option<UnaryOp> {
     UnaryOp::ALL.into_iter().find(|op| !matches!(op, UnaryOp::Neg | UnaryOp::Not) && op.name() == name)
+}
+
+/// The two-argument elementwise functions named as in PyTorch, with their signature.
+fn binary_function(name: &str) -> Option<(BinaryOp, &'static str)> {
+    Some(match name {
+        "atan2" => (BinaryOp::Atan2, "atan2(y, x)"),
+        "remainder" => (BinaryOp::Remainder, "remainder(a, b)"),
+        "floor_div" => (BinaryOp::FloorDiv, "floor_div(a, b)"),
+        "bitwise_and" => (BinaryOp::BitAnd, "bitwise_and(a, b)"),
+        "bitwise_or" => (BinaryOp::BitOr, "bitwise_or(a, b)"),
+        "bitwise_xor" => (BinaryOp::BitXor, "bitwise_xor(a, b)"),
+        "bitwise_left_shift" => (BinaryOp::Shl, "bitwise_left_shift(a, n)"),
+        "bitwise_right_shift" => (BinaryOp::Shr, "bitwise_right_shift(a, n)"),
+        _ => return None,
+    })
 }
 
 fn reduction(name: &str) -> Option<ReduceOp> {
@@ -54,6 +70,11 @@ impl Lowerer<'_> {
             let x = self.expr(x)?;
             return self.b.unary(op, x).map_err(|e| self.ir_report(e, span, &[]));
         }
+        if let Some((op, signature)) = binary_function(name) {
+            let a = split(func, args, &[])?;
+            let [x, y] = exact(func, &a, span, signature)?;
+            return self.binary(op, x, y, span);
+        }
         if let Some(dtype) = DType::from_name(name) {
             let a = split(func, args, &[])?;
             let [x] = exact(func, &a, span, &format!("{name}(x)"))?;
@@ -75,6 +96,12 @@ impl Lowerer<'_> {
                 let [x, lo, hi] = exact(func, &a, span, "clamp(x, lo, hi)")?;
                 let (x, lo, hi) = (self.expr(x)?, self.expr(lo)?, self.expr(hi)?);
                 self.b.clamp(x, lo, hi).map_err(|e| self.ir_report(e, span, &[]))
+            }
+            "fma" => {
+                let a = split(func, args, &[])?;
+                let [x, y, z] = exact(func, &a, span, "fma(a, b, c), which is a * b + c rounded once")?;
+                let (x, y, z) = (self.expr(x)?, self.expr(y)?, self.expr(z)?);
+                self.b.fma(x, y, z).map_err(|e| self.ir_report(e, span, &[]))
             }
             "pow" => {
                 let a = split(func, args, &[])?;

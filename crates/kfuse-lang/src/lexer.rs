@@ -208,11 +208,19 @@ fn bad_char(src: &str, i: usize) -> Report {
     let c = rest.chars().next().unwrap_or(' ');
     let (shown, len, expected) = match c {
         '*' if rest.starts_with("**") => ("**".to_string(), 2, "pow(a, b) for powers"),
-        '&' => ("&".into(), if rest.starts_with("&&") { 2 } else { 1 }, "`and` for logical and"),
-        '|' => ("|".into(), if rest.starts_with("||") { 2 } else { 1 }, "`or` for logical or"),
+        '&' => (
+            "&".into(),
+            if rest.starts_with("&&") { 2 } else { 1 },
+            "`and` for logical and, bitwise_and(a, b) for bits",
+        ),
+        '|' => {
+            ("|".into(), if rest.starts_with("||") { 2 } else { 1 }, "`or` for logical or, bitwise_or(a, b) for bits")
+        }
+        '^' => ("^".into(), 1, "bitwise_xor(a, b), or pow(a, b) for powers"),
+        '~' => ("~".into(), 1, "bitwise_not(x), or `not` for logical negation"),
         '!' => ("!".into(), 1, "`!=`, or `not` for logical negation"),
         '.' => (".".into(), 1, "`..` as in x[.., 0], or a number like .5"),
-        '%' => ("%".into(), 1, "an operator: + - * / == != < <= > >= and or not"),
+        '%' => ("%".into(), 1, "remainder(a, b), or an operator: + - * / == != < <= > >= and or not"),
         _ if invisible(c).is_some() => {
             let message = format!("unexpected invisible character {}", describe_char(c));
             return Report::new(DiagnosticKind::Syntax, Span::new(i, i + c.len_utf8()), message)

@@ -20,11 +20,26 @@
 //!
 //! Precedence, loosest first: `or`, `and`, `not`, comparisons (non-chaining), `+ -`, `* /`,
 //! unary `-`, postfix `[.., K]` / `[.., None]`. Functions: `where(c, a, b)`, `min(a, b)`,
-//! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `abs exp log sqrt rsqrt sigmoid tanh erf sin cos
-//! floor`, reductions `sum mean max min count` (one positional argument, optional `where: MASK`
-//! and `axis: -1`), casts `f32 f16 bf16 i32 bool`, `grad(OF, INPUT)`, and for ragged data
-//! `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and `offsets` are words only after an input's
-//! type, so they remain usable as names.
+//! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `fma(a, b, c)` (`a * b + c` rounded once),
+//! `abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor log1p expm1 atan tan asin acos sinh cosh
+//! sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
+//! `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
+//! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
+//! positional argument, optional `where: MASK` and `axis: -1`), casts `f32 f16 bf16 i32 bool`,
+//! `grad(OF, INPUT)`, and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
+//! `offsets` are words only after an input's type, so they remain usable as names.
+//!
+//! The elementwise functions follow PyTorch's names and results: math functions of an `i32` give
+//! `f32` (but `round`, `trunc`, `ceil` and `sign` of an `i32` stay `i32`); `round` takes halfway
+//! cases to even; `sign` of NaN is 0; `isnan isinf isfinite` give `bool`; `remainder` has the sign
+//! of the divisor and `floor_div` rounds toward -inf, for floats and `i32` alike. Two definitions
+//! where PyTorch raises or C++ leaves it undefined: an `i32` `remainder` or `floor_div` by 0 gives
+//! 0 (`i32::MIN` floor-divided by -1 wraps to `i32::MIN`), and a shift count outside `0..=31`
+//! gives 0 for a left shift and the sign fill (`a >> 31`: 0 or -1) for a right shift, as PyTorch
+//! computes them. The bitwise functions take `i32` or `bool` (for bools they are `and`, `or` and
+//! `!=`); the shifts take `i32`. Gradients follow PyTorch's `derivatives.yaml`: `sign round trunc
+//! ceil floor floor_div` have none, `remainder(a, b)` gives `g` to `a` and `-g * floor_div(a, b)`
+//! to `b`.
 //!
 //! Integers: `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
 //! 64 bits; a total outside the `i32` range is never wrapped: the CPU interpreter refuses it with

@@ -13,7 +13,9 @@
 //! Subgradients follow PyTorch: `abs` at 0 gives 0; `clamp` passes the gradient where
 //! `lo <= x <= hi`; elementwise `max`/`min` ties split it half and half; `max`/`min` reductions
 //! share it evenly among tied elements; `where` sends it to the selected branch only; `sqrt` at 0
-//! gives inf; `floor` and the comparisons have none; masked-out elements get exactly 0.
+//! gives inf; `floor`, `ceil`, `round`, `trunc`, `sign`, `floor_div` and the comparisons have none
+//! (zeros, as PyTorch's `derivatives.yaml` says); `remainder(a, b)` gives `g` to `a` and
+//! `-g * floor_div(a, b)` to `b`; masked-out elements get exactly 0.
 //!
 //! Not handled: gradients with respect to a non-input node, integer or bool inputs, or a
 //! non-scalar `of` (all reported as [`IrError::NotDifferentiable`]).
@@ -147,6 +149,7 @@ fn describe(b: &GraphBuilder, id: NodeId) -> String {
         Op::Binary(op, _, _) => op.name(),
         Op::Ternary(TernaryOp::Select, ..) => "where",
         Op::Ternary(TernaryOp::Clamp, ..) => "clamp",
+        Op::Ternary(TernaryOp::Fma, ..) => "fma",
         Op::Component { .. } => "a component",
         Op::Stack(_) => "stack",
         Op::ExpandLast(_) => "x[.., None]",
@@ -302,6 +305,18 @@ impl Step<'_, '_> {
                 Ok(())
             }
             Op::Ternary(TernaryOp::Clamp, x, lo, hi) => self.clamp(x, lo, hi),
+            Op::Ternary(TernaryOp::Fma, a, b, c) => {
+                // d(a * b + c) = b da + a db + dc.
+                if self.is_active(a) {
+                    let ca = self.em.mul(g, b)?;
+                    self.send(a, ca)?;
+                }
+                if self.is_active(b) {
+                    let cb = self.em.mul(g, a)?;
+                    self.send(b, cb)?;
+                }
+                self.send(c, g)
+            }
             Op::Component { x, index } => {
                 if !self.is_active(x) {
                     return Ok(());
@@ -379,7 +394,60 @@ impl Step<'_, '_> {
         let (g, y) = (self.g, self.id);
         let em = &mut *self.em;
         let c = match op {
-            UnaryOp::Not | UnaryOp::Floor => return Ok(None),
+            // Piecewise constant (or bool/int valued): no gradient, as in PyTorch.
+            UnaryOp::Not
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Round
+            | UnaryOp::Trunc
+            | UnaryOp::Sign
+            | UnaryOp::IsNan
+            | UnaryOp::IsInf
+            | UnaryOp::IsFinite
+            | UnaryOp::BitNot => return Ok(None),
+            UnaryOp::Log1p => {
+                let one = em.lit(1.0);
+                let xp = em.add(x, one)?;
+                em.div(g, xp)?
+            }
+            UnaryOp::Expm1 => {
+                let one = em.lit(1.0);
+                let d = em.add(y, one)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Atan => {
+                let one = em.lit(1.0);
+                let x2 = em.mul(x, x)?;
+                let d = em.add(x2, one)?;
+                em.div(g, d)?
+            }
+            UnaryOp::Tan => {
+                let one = em.lit(1.0);
+                let y2 = em.mul(y, y)?;
+                let d = em.add(y2, one)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Asin | UnaryOp::Acos => {
+                // ±g / sqrt(1 - x^2), written as PyTorch does with rsqrt.
+                let one = em.lit(1.0);
+                let x2 = em.mul(x, x)?;
+                let d = em.sub(one, x2)?;
+                let r = em.unary(UnaryOp::Rsqrt, d)?;
+                let c = em.mul(g, r)?;
+                if op == UnaryOp::Acos {
+                    em.neg(c)?
+                } else {
+                    c
+                }
+            }
+            UnaryOp::Sinh => {
+                let c = em.unary(UnaryOp::Cosh, x)?;
+                em.mul(g, c)?
+            }
+            UnaryOp::Cosh => {
+                let s = em.unary(UnaryOp::Sinh, x)?;
+                em.mul(g, s)?
+            }
             UnaryOp::Neg => em.neg(g)?,
             UnaryOp::Abs => {
                 // sign(x) * g with sign(0) = 0, as PyTorch.
@@ -480,6 +548,36 @@ impl Step<'_, '_> {
                 Ok(())
             }
             BinaryOp::Pow => self.pow(a, b),
+            BinaryOp::Atan2 => {
+                // atan2(a, b): a gets g * b / (a² + b²), b gets -g * a / (a² + b²).
+                let a2 = self.em.mul(a, a)?;
+                let b2 = self.em.mul(b, b)?;
+                let r2 = self.em.add(a2, b2)?;
+                let gr = self.em.div(g, r2)?;
+                if act_a {
+                    let c = self.em.mul(gr, b)?;
+                    self.send(a, c)?;
+                }
+                if act_b {
+                    let ga = self.em.mul(gr, a)?;
+                    let c = self.em.neg(ga)?;
+                    self.send(b, c)?;
+                }
+                Ok(())
+            }
+            BinaryOp::Remainder => {
+                // a - floor_div(a, b) * b: the quotient is piecewise constant.
+                self.send(a, g)?;
+                if act_b {
+                    let q = self.em.b.binary(BinaryOp::FloorDiv, a, b)?;
+                    let gq = self.em.mul(g, q)?;
+                    let c = self.em.neg(gq)?;
+                    self.send(b, c)?;
+                }
+                Ok(())
+            }
+            // floor_div is piecewise constant; comparisons, logic and bitwise ops give bools or ints,
+            // which are never active.
             BinaryOp::Max | BinaryOp::Min => {
                 // Ties split the gradient half and half (torch.maximum / torch.minimum).
                 let wins = if op == BinaryOp::Max { BinaryOp::Gt } else { BinaryOp::Lt };
@@ -497,7 +595,6 @@ impl Step<'_, '_> {
                 }
                 Ok(())
             }
-            // Comparisons and logic give bools, which are never active.
             _ => Ok(()),
         }
     }

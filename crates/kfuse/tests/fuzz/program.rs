@@ -1,7 +1,7 @@
 //! Random well-typed `.kf` programs: inputs of every dtype over the padded (`B`, `N`, with an
 //! optional `lengths` input) or packed (`T`, with an `offsets` input) symbols, then `let`s drawn
 //! from elementwise arithmetic, comparisons, logic, `where`, `clamp`, `pow`, math functions,
-//! casts, component access, `[.., None]`, reductions (all or last axis, with or without
+//! `atan2`, `remainder`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all or last axis, with or without
 //! `where:`), `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
 //!
 //! The generator tracks each value's shape and kind so that what it writes type-checks; where its
@@ -41,7 +41,12 @@ pub struct Generated {
 }
 
 const FLOATS: [&str; 3] = ["f32", "f16", "bf16"];
-const MATH: [&str; 11] = ["abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos", "floor"];
+const MATH: [&str; 26] = [
+    "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos", "floor", "log1p", "expm1", "sign",
+    "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos", "sinh", "cosh",
+];
+/// Functions of two operands of one kind: `i32` (both) or `bool` (both, except the shifts).
+const BITWISE: [&str; 5] = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"];
 const ARITH: [&str; 4] = ["+", "-", "*", "/"];
 const CMP: [&str; 6] = ["==", "!=", "<", "<=", ">", ">="];
 const REDUCE: [&str; 4] = ["sum", "mean", "max", "min"];
@@ -158,7 +163,7 @@ impl Gen {
     /// chosen form has no operands that fit.
     fn expression(&mut self) -> Option<(String, Vec<&'static str>, Kind)> {
         let a = self.val_where(|_| true)?;
-        match self.rng.random_range(0..14) {
+        match self.rng.random_range(0..15) {
             0..=2 if a.kind.numeric() => {
                 let op = *self.pick(&ARITH);
                 if self.rng.random_bool(0.3) {
@@ -172,15 +177,33 @@ impl Gen {
             }
             3 if a.kind.numeric() => {
                 let f = *self.pick(&MATH);
-                let kind = if matches!(f, "abs" | "floor") { a.kind } else { Kind::Float };
+                let kind = match f {
+                    "abs" | "sign" | "round" | "trunc" | "ceil" => a.kind,
+                    "isnan" | "isinf" | "isfinite" => Kind::Bool,
+                    _ => Kind::Float, // `floor` of an int is f32 too
+                };
                 Some((format!("{f}({})", a.name), a.shape, kind))
             }
             4 if a.kind.numeric() => {
                 let b = self.val_where(|b| b.kind.numeric() && broadcast(&a.shape, &b.shape).is_some())?;
                 let shape = broadcast(&a.shape, &b.shape)?;
-                let f = *self.pick(&["min", "max", "pow"]);
-                let kind = if f == "pow" { Kind::Float } else { arith_kind("+", a.kind, b.kind) };
+                let f = *self.pick(&["min", "max", "pow", "atan2", "remainder", "floor_div", "fma"]);
+                let kind = if matches!(f, "pow" | "atan2") { Kind::Float } else { arith_kind("+", a.kind, b.kind) };
+                if f == "fma" {
+                    let lit = self.literal(Kind::Float);
+                    return Some((format!("fma({}, {}, {lit})", a.name, b.name), shape, Kind::Float));
+                }
                 Some((format!("{f}({}, {})", a.name, b.name), shape, kind))
+            }
+            13 if a.kind != Kind::Float => {
+                if self.rng.random_bool(0.25) {
+                    return Some((format!("bitwise_not({})", a.name), a.shape, a.kind));
+                }
+                let b = self.val_where(|b| b.kind == a.kind && broadcast(&a.shape, &b.shape).is_some())?;
+                let shape = broadcast(&a.shape, &b.shape)?;
+                let ops = if a.kind == Kind::Bool { &BITWISE[..3] } else { &BITWISE[..] };
+                let f = *self.pick(ops);
+                Some((format!("{f}({}, {})", a.name, b.name), shape, a.kind))
             }
             5 => {
                 let b = self

@@ -1,0 +1,277 @@
+//! The elementwise ops that follow PyTorch's math library (log1p .. cosh, sign, rounding, tests
+//! for NaN and infinity, atan2, remainder, floor_div, bitwise ops, shifts, fma) against
+//! hand-computed values and std's f64 functions, on edge values: signed zeros, infinities, NaN,
+//! halfway cases, negative operands, `i32::MIN / -1` and shift counts out of range. Expected values
+//! that are not from std are PyTorch's (float64 on the CPU) for the same operands.
+
+mod common;
+
+use common::*;
+use kfuse_ir::{BinaryOp, DType, GraphBuilder, Op, UnaryOp};
+
+const NAN: f64 = f64::NAN;
+const INF: f64 = f64::INFINITY;
+const MIN: f64 = i32::MIN as f64;
+const MAX: f64 = i32::MAX as f64;
+
+/// Bit-exact equality (so `-0.0` differs from `0.0`), every NaN equal to every NaN.
+fn assert_bits(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "element {i}: got {g:?}, want {w:?}");
+    }
+}
+
+fn unary_on(op: UnaryOp, dtype: DType, xs: &[f64]) -> (DType, Vec<f64>) {
+    let mut out_dtype = dtype;
+    let g = graph1(|b| {
+        let n = sym(b, "N");
+        let x = b.input("x", dtype, shape(&[n])).unwrap();
+        let y = b.unary(op, x).unwrap();
+        out_dtype = b.node(y).dtype;
+        y
+    });
+    let x = t(dtype, &[xs.len()], xs);
+    (out_dtype, eval1(&g, &[("x", &x)]).values)
+}
+
+fn unary_f(op: UnaryOp, xs: &[f64]) -> Vec<f64> {
+    unary_on(op, DType::F32, xs).1
+}
+
+fn binary_on(op: BinaryOp, dtype: DType, xs: &[f64], ys: &[f64]) -> Vec<f64> {
+    let g = graph1(|b| {
+        let n = sym(b, "N");
+        let x = b.input("x", dtype, shape(&[n])).unwrap();
+        let y = b.input("y", dtype, shape(&[n])).unwrap();
+        b.binary(op, x, y).unwrap()
+    });
+    let (x, y) = (t(dtype, &[xs.len()], xs), t(dtype, &[ys.len()], ys));
+    eval1(&g, &[("x", &x), ("y", &y)]).values
+}
+
+/// `f` of each element, as std computes it in f64.
+fn std_map(xs: &[f64], f: fn(f64) -> f64) -> Vec<f64> {
+    xs.iter().map(|&x| f(x)).collect()
+}
+
+#[test]
+fn transcendental_functions_match_std_on_edge_values() {
+    // Values that f32 inputs hold exactly, so that std sees the same operands.
+    let xs = [0.0, -0.0, 1e-10f32 as f64, -1.0, 0.5, -0.75, 2.0, INF, -INF, NAN];
+    type Reference = fn(f64) -> f64;
+    let cases: [(UnaryOp, Reference); 8] = [
+        (UnaryOp::Log1p, f64::ln_1p),
+        (UnaryOp::Expm1, f64::exp_m1),
+        (UnaryOp::Atan, f64::atan),
+        (UnaryOp::Tan, f64::tan),
+        (UnaryOp::Asin, f64::asin),
+        (UnaryOp::Acos, f64::acos),
+        (UnaryOp::Sinh, f64::sinh),
+        (UnaryOp::Cosh, f64::cosh),
+    ];
+    for (op, f) in cases {
+        assert_bits(&unary_f(op, &xs), &std_map(&xs, f));
+    }
+    // The points that matter, by hand: log1p(-1) = -inf, log1p keeps -0, expm1 is exact near 0,
+    // atan(±inf) = ±pi/2, asin outside [-1, 1] is NaN.
+    assert_bits(&unary_f(UnaryOp::Log1p, &[-1.0, -0.0, -2.0]), &[-INF, -0.0, NAN]);
+    assert_bits(&unary_f(UnaryOp::Expm1, &[-0.0, -INF]), &[-0.0, -1.0]);
+    let tiny = 1e-10f32 as f64;
+    assert_close(&unary_f(UnaryOp::Expm1, &[tiny]), &[tiny + tiny * tiny / 2.0], 1e-25);
+    let half_pi = std::f64::consts::FRAC_PI_2;
+    assert_bits(&unary_f(UnaryOp::Atan, &[INF, -INF]), &[half_pi, -half_pi]);
+    assert_bits(&unary_f(UnaryOp::Asin, &[2.0, -1.0]), &[NAN, -half_pi]);
+    assert_bits(&unary_f(UnaryOp::Acos, &[1.0, 1.5]), &[0.0, NAN]);
+    assert_bits(&unary_f(UnaryOp::Cosh, &[-INF]), &[INF]);
+}
+
+#[test]
+fn sign_is_zero_for_nan_and_both_zeros() {
+    assert_bits(
+        &unary_f(UnaryOp::Sign, &[NAN, -0.0, 0.0, -2.5, 3.0, -INF, 1e-45]),
+        &[0.0, 0.0, 0.0, -1.0, 1.0, -1.0, 1.0],
+    );
+    let (dtype, v) = unary_on(UnaryOp::Sign, DType::I32, &[MIN, -7.0, 0.0, MAX]);
+    assert_eq!(dtype, DType::I32, "sign of an int stays an int");
+    assert_bits(&v, &[-1.0, -1.0, 0.0, 1.0]);
+}
+
+#[test]
+fn round_takes_halfway_cases_to_even_and_keeps_signed_zeros() {
+    // 0.49999997 is the f32 just below 0.5, 2.5000002 the one just above 2.5.
+    let xs = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997f32 as f64, 2.5000002f32 as f64, -0.0, INF, -INF, NAN];
+    let want = [0.0, 2.0, 2.0, -0.0, -2.0, -2.0, 0.0, 3.0, -0.0, INF, -INF, NAN];
+    assert_bits(&unary_f(UnaryOp::Round, &xs), &want);
+    assert_bits(&unary_f(UnaryOp::Round, &[4194304.5, 4194305.5, -4194304.5]), &[4194304.0, 4194306.0, -4194304.0]);
+}
+
+#[test]
+fn trunc_and_ceil_round_toward_zero_and_up() {
+    let xs = [-1.5, -0.5, 0.5, 1.5, -0.0, INF, NAN];
+    assert_bits(&unary_f(UnaryOp::Trunc, &xs), &[-1.0, -0.0, 0.0, 1.0, -0.0, INF, NAN]);
+    assert_bits(&unary_f(UnaryOp::Ceil, &xs), &[-1.0, -0.0, 1.0, 2.0, -0.0, INF, NAN]);
+}
+
+#[test]
+fn rounding_an_int_is_the_int_itself() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::I32, shape(&[c(2)])).unwrap();
+    for op in [UnaryOp::Round, UnaryOp::Trunc, UnaryOp::Ceil] {
+        assert_eq!(b.unary(op, x).unwrap(), x, "{} of an i32 adds no node", op.name());
+    }
+}
+
+#[test]
+fn nan_and_infinity_tests_give_bools() {
+    let xs = [NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0];
+    for (op, want) in [
+        (UnaryOp::IsNan, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+        (UnaryOp::IsInf, [0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]),
+        (UnaryOp::IsFinite, [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]),
+    ] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let (out, v) = unary_on(op, dtype, &xs);
+            assert_eq!(out, DType::Bool, "{} gives bool", op.name());
+            assert_bits(&v, &want);
+        }
+        let (_, v) = unary_on(op, DType::F32, &[3.4e38, -1e-45]);
+        assert_bits(&v, &[want[5]; 2]);
+        // An int is never NaN or infinite (it is tested as the f32 it converts to).
+        let (out, v) = unary_on(op, DType::I32, &[MIN, 0.0, MAX]);
+        assert_eq!(out, DType::Bool);
+        let finite = if op == UnaryOp::IsFinite { 1.0 } else { 0.0 };
+        assert_bits(&v, &[finite; 3]);
+    }
+}
+
+#[test]
+fn atan2_matches_std_on_zeros_and_infinities() {
+    let ys = [0.0, -0.0, 0.0, -0.0, 1.0, -1.0, INF, INF, -INF, 1.0, NAN, 3.0];
+    let xs = [0.0, 0.0, -0.0, -1.0, 0.0, 0.0, INF, -INF, 1.0, -INF, 1.0, -4.0];
+    let want: Vec<f64> = ys.iter().zip(&xs).map(|(y, x)| y.atan2(*x)).collect();
+    assert_bits(&binary_on(BinaryOp::Atan2, DType::F32, &ys, &xs), &want);
+    let pi = std::f64::consts::PI;
+    assert_bits(&want[..4], &[0.0, -0.0, pi, -pi]);
+}
+
+#[test]
+fn float_remainder_has_the_sign_of_the_divisor() {
+    let xs = [7.5, -7.5, 7.5, -7.5, 0.0, -0.0, -3.0, INF, 1.0, -1.0, 0.0, 3.0, -3.0, NAN];
+    let ys = [2.0, 2.0, -2.0, -2.0, -3.0, 3.0, INF, 2.0, 0.0, 0.0, 0.0, INF, INF, 1.0];
+    let want = [1.5, 0.5, -0.5, -1.5, 0.0, -0.0, INF, NAN, NAN, NAN, NAN, 3.0, INF, NAN];
+    assert_bits(&binary_on(BinaryOp::Remainder, DType::F32, &xs, &ys), &want);
+}
+
+#[test]
+fn float_floor_div_rounds_toward_minus_infinity() {
+    let xs = [7.5, -7.5, 7.5, -7.5, 0.0, -0.0, -3.0, INF, 1.0, -1.0, 0.0, 3.0, -3.0, NAN];
+    let ys = [2.0, 2.0, -2.0, -2.0, -3.0, 3.0, INF, 2.0, 0.0, 0.0, 0.0, INF, INF, 1.0];
+    let want = [3.0, -4.0, -4.0, 3.0, -0.0, -0.0, -1.0, NAN, INF, -INF, NAN, 0.0, -1.0, NAN];
+    assert_bits(&binary_on(BinaryOp::FloorDiv, DType::F32, &xs, &ys), &want);
+}
+
+#[test]
+fn int_remainder_and_floor_div_wrap_and_define_division_by_zero() {
+    let i = DType::I32;
+    let xs = [5.0, -5.0, 5.0, -5.0, MIN, MIN, MAX, MIN, MAX, 7.0, -7.0, 0.0, MIN];
+    let ys = [3.0, 3.0, -3.0, -3.0, -1.0, 3.0, -1.0, 7.0, -7.0, 0.0, 0.0, 0.0, MIN];
+    assert_bits(
+        &binary_on(BinaryOp::Remainder, i, &xs, &ys),
+        &[2.0, 1.0, -1.0, -2.0, 0.0, 1.0, 0.0, 5.0, -6.0, 0.0, 0.0, 0.0, 0.0],
+    );
+    assert_bits(
+        &binary_on(BinaryOp::FloorDiv, i, &xs, &ys),
+        &[1.0, -2.0, -2.0, 1.0, MIN, -715827883.0, -MAX, -306783379.0, -306783379.0, 0.0, 0.0, 0.0, 1.0],
+    );
+}
+
+#[test]
+fn bitwise_ops_on_ints_match_rust_operators() {
+    let a = [-8, 5, i32::MIN, i32::MAX, -1, 0, 0x5555_5555];
+    let b = [5, -8, -1, i32::MIN, 12345, -1, 0x3333_3333];
+    let (af, bf): (Vec<f64>, Vec<f64>) = (a.map(f64::from).to_vec(), b.map(f64::from).to_vec());
+    let zip = |f: fn(i32, i32) -> i32| -> Vec<f64> { a.iter().zip(&b).map(|(x, y)| f64::from(f(*x, *y))).collect() };
+    assert_bits(&binary_on(BinaryOp::BitAnd, DType::I32, &af, &bf), &zip(|x, y| x & y));
+    assert_bits(&binary_on(BinaryOp::BitOr, DType::I32, &af, &bf), &zip(|x, y| x | y));
+    assert_bits(&binary_on(BinaryOp::BitXor, DType::I32, &af, &bf), &zip(|x, y| x ^ y));
+    assert_bits(&binary_on(BinaryOp::BitAnd, DType::I32, &[-8.0], &[5.0]), &[0.0]);
+    let (out, v) = unary_on(UnaryOp::BitNot, DType::I32, &af);
+    assert_eq!(out, DType::I32);
+    assert_bits(&v, &a.map(|x| f64::from(!x)));
+    assert_bits(&v[..2], &[7.0, -6.0]);
+}
+
+#[test]
+fn bitwise_ops_on_bools_are_the_logical_ops() {
+    let (xs, ys) = ([0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 1.0]);
+    assert_bits(&binary_on(BinaryOp::BitAnd, DType::Bool, &xs, &ys), &[0.0, 0.0, 0.0, 1.0]);
+    assert_bits(&binary_on(BinaryOp::BitOr, DType::Bool, &xs, &ys), &[0.0, 1.0, 1.0, 1.0]);
+    assert_bits(&binary_on(BinaryOp::BitXor, DType::Bool, &xs, &ys), &[0.0, 1.0, 1.0, 0.0]);
+    assert_bits(&unary_on(UnaryOp::BitNot, DType::Bool, &xs).1, &[1.0, 1.0, 0.0, 0.0]);
+    let mut b = GraphBuilder::new();
+    let p = b.input("p", DType::Bool, shape(&[c(2)])).unwrap();
+    let q = b.input("q", DType::Bool, shape(&[c(2)])).unwrap();
+    for (op, logical) in
+        [(BinaryOp::BitAnd, BinaryOp::And), (BinaryOp::BitOr, BinaryOp::Or), (BinaryOp::BitXor, BinaryOp::Ne)]
+    {
+        let n = b.binary(op, p, q).unwrap();
+        assert_eq!(b.node(n).op, Op::Binary(logical, p, q));
+    }
+    let n = b.unary(UnaryOp::BitNot, p).unwrap();
+    assert_eq!(b.node(n).op, Op::Unary(UnaryOp::Not, p));
+}
+
+#[test]
+fn shifts_define_out_of_range_counts_as_pytorch_computes_them() {
+    let a = [1.0, -8.0, 1.0, -8.0, 1.0, -8.0, 1.0, -8.0, 1.0, MIN, MAX, -1.0, 3.0];
+    let n = [31.0, 31.0, 32.0, 32.0, -1.0, -1.0, 33.0, 40.0, 0.0, 1.0, 1.0, 31.0, MIN];
+    assert_bits(
+        &binary_on(BinaryOp::Shl, DType::I32, &a, &n),
+        &[MIN, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, -2.0, MIN, 0.0],
+    );
+    assert_bits(
+        &binary_on(BinaryOp::Shr, DType::I32, &a, &n),
+        &[0.0, -1.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0, 1.0, -1073741824.0, 1073741823.0, -1.0, 0.0],
+    );
+}
+
+#[test]
+fn fma_rounds_once_for_floats_and_wraps_for_ints() {
+    let fma = |dtype: DType, a: &[f64], b: &[f64], c: &[f64]| {
+        let g = graph1(|bld| {
+            let n = sym(bld, "N");
+            let x = bld.input("a", dtype, shape(&[n])).unwrap();
+            let y = bld.input("b", dtype, shape(&[n])).unwrap();
+            let z = bld.input("c", dtype, shape(&[n])).unwrap();
+            bld.fma(x, y, z).unwrap()
+        });
+        let (ta, tb, tc) = (t(dtype, &[a.len()], a), t(dtype, &[b.len()], b), t(dtype, &[c.len()], c));
+        eval1(&g, &[("a", &ta), ("b", &tb), ("c", &tc)]).values
+    };
+    let (a, b, c) = ([1.5, -2.0, INF, 0.0, -0.0], [2.0, 0.25, 0.0, 5.0, 1.0], [0.25, 0.5, 1.0, -0.0, -0.0]);
+    assert_bits(&fma(DType::F32, &a, &b, &c), &[3.25, 0.0, NAN, 0.0, -0.0]);
+    // f64's fused multiply-add: 0.1 * 10 - 1 is not 0 when rounded once.
+    let tenth = 0.1f32 as f64;
+    assert_bits(&fma(DType::F32, &[tenth], &[10.0], &[-1.0]), &[tenth.mul_add(10.0, -1.0)]);
+    assert_bits(
+        &fma(DType::I32, &[65536.0, MAX, MIN, -3.0], &[65536.0, 2.0, -1.0, 4.0], &[5.0, 3.0, 0.0, 2.0]),
+        &[5.0, 1.0, MIN, -10.0],
+    );
+}
+
+#[test]
+fn floor_div_and_remainder_of_ints_stay_ints_and_atan2_of_ints_is_float() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", DType::I32, shape(&[c(2)])).unwrap();
+    let y = b.input("y", DType::I32, shape(&[c(2)])).unwrap();
+    for op in [BinaryOp::Remainder, BinaryOp::FloorDiv, BinaryOp::BitAnd, BinaryOp::Shl, BinaryOp::Shr] {
+        let n = b.binary(op, x, y).unwrap();
+        assert_eq!(b.node(n).dtype, DType::I32, "{}", op.name());
+    }
+    let n = b.binary(BinaryOp::Atan2, x, y).unwrap();
+    assert_eq!(b.node(n).dtype, DType::F32);
+    let h = b.input("h", DType::F16, shape(&[c(2)])).unwrap();
+    let n = b.binary(BinaryOp::FloorDiv, h, x).unwrap();
+    assert_eq!(b.node(n).dtype, DType::F16);
+}

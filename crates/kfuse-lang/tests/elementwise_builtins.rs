@@ -1,0 +1,132 @@
+//! The elementwise builtins named as in PyTorch (log1p .. cosh, sign, rounding, NaN tests, atan2,
+//! remainder, floor_div, bitwise ops, shifts, fma): what they lower to, their result dtypes, and
+//! the diagnostics for wrong dtypes and arities.
+
+use kfuse_ir::{BinaryOp, DType, Op, TernaryOp, UnaryOp};
+use kfuse_lang::{parse_program, Diagnostic, DiagnosticKind};
+
+const HEADER: &str = "input x: f32[N]\ninput k: i32[N]\ninput valid: bool[N]\n";
+
+fn graph(body: &str) -> kfuse_ir::Graph {
+    let src = format!("{HEADER}{body}");
+    parse_program(&src, "t.kf").unwrap_or_else(|d| panic!("{body:?} should parse:\n{d}"))
+}
+
+fn error(body: &str) -> Diagnostic {
+    let src = format!("{HEADER}{body}");
+    match parse_program(&src, "t.kf") {
+        Ok(g) => panic!("expected an error for {body:?}, got a graph:\n{g}"),
+        Err(d) => d,
+    }
+}
+
+/// The dtype and op of output `y` of `body`.
+fn lowered(body: &str) -> (DType, Op) {
+    let g = graph(body);
+    let out = g.output_by_name("y").map(|o| g.node(o.node)).expect("an output y");
+    (out.dtype, out.op)
+}
+
+#[test]
+fn unary_builtins_lower_to_their_ops_with_pytorchs_dtypes() {
+    for (name, op) in [
+        ("log1p", UnaryOp::Log1p),
+        ("expm1", UnaryOp::Expm1),
+        ("atan", UnaryOp::Atan),
+        ("tan", UnaryOp::Tan),
+        ("asin", UnaryOp::Asin),
+        ("acos", UnaryOp::Acos),
+        ("sinh", UnaryOp::Sinh),
+        ("cosh", UnaryOp::Cosh),
+        ("sign", UnaryOp::Sign),
+        ("round", UnaryOp::Round),
+        ("trunc", UnaryOp::Trunc),
+        ("ceil", UnaryOp::Ceil),
+    ] {
+        let (dtype, got) = lowered(&format!("output y = {name}(x)\n"));
+        assert_eq!(dtype, DType::F32, "{name}");
+        assert!(matches!(got, Op::Unary(o, _) if o == op), "{name} lowers to {got:?}");
+    }
+    for name in ["isnan", "isinf", "isfinite"] {
+        assert_eq!(lowered(&format!("output y = {name}(x)\n")).0, DType::Bool, "{name}");
+        assert_eq!(lowered(&format!("output y = {name}(k)\n")).0, DType::Bool, "{name} of an int");
+    }
+    // Math of an int is f32; sign, rounding and bitwise_not of an int stay i32.
+    assert_eq!(lowered("output y = atan(k)\n").0, DType::F32);
+    for name in ["sign", "round", "trunc", "ceil", "bitwise_not"] {
+        assert_eq!(lowered(&format!("output y = {name}(k)\n")).0, DType::I32, "{name}");
+    }
+    assert!(matches!(lowered("output y = round(k)\n").1, Op::Input(_)), "rounding an int is the int");
+    assert!(matches!(lowered("output y = bitwise_not(valid)\n").1, Op::Unary(UnaryOp::Not, _)));
+}
+
+#[test]
+fn binary_builtins_lower_to_their_ops_with_pytorchs_dtypes() {
+    for (call, op, dtype) in [
+        ("atan2(x, 2.0)", BinaryOp::Atan2, DType::F32),
+        ("atan2(k, k)", BinaryOp::Atan2, DType::F32),
+        ("remainder(x, 3)", BinaryOp::Remainder, DType::F32),
+        ("remainder(k, 3)", BinaryOp::Remainder, DType::I32),
+        ("floor_div(x, -2.5)", BinaryOp::FloorDiv, DType::F32),
+        ("floor_div(k, k)", BinaryOp::FloorDiv, DType::I32),
+        ("bitwise_and(k, 255)", BinaryOp::BitAnd, DType::I32),
+        ("bitwise_or(k, 1)", BinaryOp::BitOr, DType::I32),
+        ("bitwise_xor(k, k + 1)", BinaryOp::BitXor, DType::I32),
+        ("bitwise_left_shift(k, 3)", BinaryOp::Shl, DType::I32),
+        ("bitwise_right_shift(k, 33)", BinaryOp::Shr, DType::I32),
+        ("bitwise_and(valid, x > 0)", BinaryOp::And, DType::Bool),
+        ("bitwise_or(valid, x > 0)", BinaryOp::Or, DType::Bool),
+        ("bitwise_xor(valid, x > 0)", BinaryOp::Ne, DType::Bool),
+    ] {
+        let (d, got) = lowered(&format!("output y = {call}\n"));
+        assert_eq!(d, dtype, "{call}");
+        assert!(matches!(got, Op::Binary(o, _, _) if o == op), "{call} lowers to {got:?}");
+    }
+    let (d, got) = lowered("output y = fma(x, 2.0, k)\n");
+    assert_eq!(d, DType::F32);
+    assert!(matches!(got, Op::Ternary(TernaryOp::Fma, ..)));
+    assert_eq!(lowered("output y = fma(k, k, 1)\n").0, DType::I32);
+}
+
+#[test]
+fn wrong_dtypes_and_arities_are_reported_at_the_call() {
+    use DiagnosticKind::{Arguments, Type};
+    let d = error("output y = bitwise_and(x, 1)\n");
+    assert_eq!(d.kind, Type, "{d}");
+    assert!(d.message.contains("`bitwise_and` does not accept f32"), "{d}");
+    assert!(d.expected.as_deref().unwrap_or("").contains("i32 or bool"), "{d}");
+    let d = error("output y = bitwise_left_shift(valid, valid)\n");
+    assert_eq!(d.kind, Type, "{d}");
+    assert!(d.message.contains("`bitwise_left_shift` does not accept bool operands (it takes i32)"), "{d}");
+    let d = error("output y = bitwise_not(x)\n");
+    assert!(d.message.contains("`bitwise_not` does not accept f32"), "{d}");
+    let d = error("output y = sign(valid)\n");
+    assert!(d.kind == Type && d.message.contains("`sign` does not accept bool"), "{d}");
+    let d = error("output y = fma(valid, valid, valid)\n");
+    assert!(d.kind == Type && d.message.contains("`fma` does not accept bool"), "{d}");
+    let d = error("output y = remainder(x, valid)\n");
+    assert!(d.kind == Type && d.message.contains("got f32 and bool"), "{d}");
+    let d = error("output y = atan2(x)\n");
+    assert_eq!(d.kind, Arguments, "{d}");
+    assert!(d.message.contains("`atan2` takes 2 arguments, got 1"), "{d}");
+    assert_eq!(d.expected.as_deref(), Some("atan2(y, x)"));
+    let d = error("output y = fma(x, x)\n");
+    assert!(d.kind == Arguments && d.message.contains("`fma` takes 3 arguments"), "{d}");
+    let d = error("output y = floor_divide(x, 2)\n");
+    assert!(d.expected.as_deref().unwrap_or("").contains("floor_div"), "{d}");
+}
+
+#[test]
+fn operator_characters_point_at_the_named_functions() {
+    for (body, hint) in [
+        ("output y = k % 3\n", "remainder(a, b)"),
+        ("output y = k & 3\n", "bitwise_and(a, b)"),
+        ("output y = k | 3\n", "bitwise_or(a, b)"),
+        ("output y = k ^ 3\n", "bitwise_xor(a, b)"),
+        ("output y = ~k\n", "bitwise_not(x)"),
+    ] {
+        let d = error(body);
+        assert_eq!(d.kind, DiagnosticKind::Syntax, "{d}");
+        assert!(d.expected.as_deref().unwrap_or("").contains(hint), "{body:?}: {d}");
+    }
+}

@@ -1,0 +1,152 @@
+//! Gradient checks for the elementwise ops that follow PyTorch's math library: autodiff agrees
+//! with central finite differences (f64, on the interpreter) on random inputs inside each op's
+//! domain and away from its kinks; the piecewise-constant ops (sign, round, trunc, ceil,
+//! floor_div) give zeros there, as PyTorch's `derivatives.yaml` says.
+
+mod common;
+
+use common::{distance_to, weighted_sum, Problem};
+use kfuse_ir::{BinaryOp, UnaryOp};
+use proptest::prelude::*;
+
+fn cfg() -> ProptestConfig {
+    ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() }
+}
+
+/// A `[B, N]` shape with small run-time sizes, and `count` value vectors of that size from `range`.
+fn matrices(count: usize, range: std::ops::Range<f64>) -> impl Strategy<Value = (usize, usize, Vec<Vec<f64>>)> {
+    (1usize..4, 1usize..5).prop_flat_map(move |(b, n)| {
+        let r = range.clone();
+        (Just(b), Just(n), proptest::collection::vec(proptest::collection::vec(r, b * n), count))
+    })
+}
+
+/// `sum(w * op(x))` over `x: f32[B, N]`, checked w.r.t. `x`.
+fn check_unary(op: UnaryOp, b: usize, n: usize, x: &[f64], w: &[f64]) -> Result<(), TestCaseError> {
+    let mut p = Problem::new();
+    let xi = p.input("x", &["B", "N"], &[b, n], x.to_vec());
+    let wi = p.input("w", &["B", "N"], &[b, n], w.to_vec());
+    let y = p.b.unary(op, xi).unwrap();
+    let loss = weighted_sum(&mut p.b, wi, y);
+    p.check(loss, &["x"]).map_err(|e| TestCaseError::fail(format!("{}: {e}", op.name())))
+}
+
+/// `sum(w * op(x, y))` with `x: [B, N]` and `y` of dims `ydims`, checked w.r.t. both.
+fn check_binary(op: BinaryOp, dims: (usize, usize), ydims: &[&str], v: &[Vec<f64>]) -> Result<(), TestCaseError> {
+    let (b, n) = dims;
+    let mut p = Problem::new();
+    let xi = p.input("x", &["B", "N"], &[b, n], v[0].clone());
+    let ysizes: Vec<usize> = ydims.iter().map(|d| d.parse().unwrap_or(if *d == "B" { b } else { n })).collect();
+    let yi = p.input("y", ydims, &ysizes, v[1].clone());
+    let wi = p.input("w", &["B", "N"], &[b, n], v[2].clone());
+    let z = p.b.binary(op, xi, yi).unwrap();
+    let loss = weighted_sum(&mut p.b, wi, z);
+    p.check(loss, &["x", "y"]).map_err(|e| TestCaseError::fail(format!("{}: {e}", op.name())))
+}
+
+proptest! {
+    #![proptest_config(cfg())]
+
+    #[test]
+    fn smooth_unary_ops((b, n, v) in matrices(2, -2.0..2.0)) {
+        for op in [UnaryOp::Expm1, UnaryOp::Atan, UnaryOp::Sinh, UnaryOp::Cosh] {
+            check_unary(op, b, n, &v[0], &v[1])?;
+        }
+    }
+
+    #[test]
+    fn log1p_above_minus_one((b, n, v) in matrices(2, -0.9..4.0)) {
+        check_unary(UnaryOp::Log1p, b, n, &v[0], &v[1])?;
+    }
+
+    #[test]
+    fn tan_inside_its_period((b, n, v) in matrices(2, -1.2..1.2)) {
+        check_unary(UnaryOp::Tan, b, n, &v[0], &v[1])?;
+    }
+
+    #[test]
+    fn asin_and_acos_inside_the_unit_interval((b, n, v) in matrices(2, -0.9..0.9)) {
+        for op in [UnaryOp::Asin, UnaryOp::Acos] {
+            check_unary(op, b, n, &v[0], &v[1])?;
+        }
+    }
+
+    #[test]
+    fn piecewise_constant_ops_have_zero_gradient((b, n, v) in matrices(2, -3.0..3.0)) {
+        // Away from the integers (trunc, ceil; sign's kink at 0 is one) and the halves (round).
+        prop_assume!(distance_to(&v[0], |x| x - x.round()) > 1e-3);
+        prop_assume!(distance_to(&v[0], |x| x - x.floor() - 0.5) > 1e-3);
+        for op in [UnaryOp::Sign, UnaryOp::Round, UnaryOp::Trunc, UnaryOp::Ceil] {
+            check_unary(op, b, n, &v[0], &v[1])?;
+        }
+    }
+
+    #[test]
+    fn atan2_away_from_the_origin((b, n, v) in matrices(3, -3.0..3.0)) {
+        let r2: Vec<f64> = v[0].iter().zip(&v[1]).map(|(y, x)| y * y + x * x).collect();
+        prop_assume!(distance_to(&r2, |r| r) > 0.1);
+        // Away from the branch cut (x < 0, y = 0), where atan2 jumps by 2 pi.
+        let cut: Vec<f64> = v[0].iter().zip(&v[1]).map(|(y, x)| if *x < 0.0 { *y } else { 1.0 }).collect();
+        prop_assume!(distance_to(&cut, |y| y) > 1e-3);
+        check_binary(BinaryOp::Atan2, (b, n), &["B", "N"], &v)?;
+    }
+
+    #[test]
+    fn remainder_and_floor_div_away_from_whole_quotients((b, n, v) in matrices(3, -5.0..5.0)) {
+        prop_assume!(distance_to(&v[1], |y| y) > 0.3);
+        let q: Vec<f64> = v[0].iter().zip(&v[1]).map(|(x, y)| x / y).collect();
+        prop_assume!(distance_to(&q, |q| q - q.round()) > 1e-3);
+        check_binary(BinaryOp::Remainder, (b, n), &["B", "N"], &v)?;
+        check_binary(BinaryOp::FloorDiv, (b, n), &["B", "N"], &v)?;
+    }
+
+    #[test]
+    fn remainder_by_a_broadcast_divisor((b, n, v) in matrices(3, 0.5..5.0)) {
+        // y: [B, 1] (the first B values), summed back over N.
+        let mut v = v;
+        v[1].truncate(b);
+        let q: Vec<f64> = v[0].iter().enumerate().map(|(i, x)| x / v[1][i / n]).collect();
+        prop_assume!(distance_to(&q, |q| q - q.round()) > 1e-3);
+        check_binary(BinaryOp::Remainder, (b, n), &["B", "1"], &v)?;
+    }
+
+    #[test]
+    fn fma_sends_each_operand_its_partial((b, n, v) in matrices(4, -3.0..3.0)) {
+        let mut p = Problem::new();
+        let x = p.input("x", &["B", "N"], &[b, n], v[0].clone());
+        let y = p.input("y", &["B", "N"], &[b, n], v[1].clone());
+        let z = p.input("z", &["B", "1"], &[b, 1], v[2][..b].to_vec());
+        let w = p.input("w", &["B", "N"], &[b, n], v[3].clone());
+        let f = p.b.fma(x, y, z).unwrap();
+        let loss = weighted_sum(&mut p.b, w, f);
+        p.check(loss, &["x", "y", "z"]).map_err(TestCaseError::fail)?;
+        // The same input in two slots: d(x * x + x) = 2x + 1.
+        let mut p = Problem::new();
+        let x = p.input("x", &["B", "N"], &[b, n], v[0].clone());
+        let w = p.input("w", &["B", "N"], &[b, n], v[3].clone());
+        let f = p.b.fma(x, x, x).unwrap();
+        let loss = weighted_sum(&mut p.b, w, f);
+        p.check(loss, &["x"]).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn nan_tests_and_bitwise_ops_pass_no_gradient_but_select_it((b, n, v) in matrices(2, -3.0..3.0)) {
+        // where(isfinite(x) and bitwise_and(i32(x), 1) == 0, x * x, -x): the bool/int parts only choose.
+        prop_assume!(distance_to(&v[0], |x| x - x.round()) > 1e-3);
+        let mut p = Problem::new();
+        let x = p.input("x", &["B", "N"], &[b, n], v[0].clone());
+        let w = p.input("w", &["B", "N"], &[b, n], v[1].clone());
+        let fin = p.b.unary(UnaryOp::IsFinite, x).unwrap();
+        let i = p.b.cast(x, kfuse_ir::DType::I32);
+        let one = p.b.lit_int(1);
+        let low = p.b.binary(BinaryOp::BitAnd, i, one).unwrap();
+        let zero = p.b.lit_int(0);
+        let even = p.b.binary(BinaryOp::Eq, low, zero).unwrap();
+        let c = p.b.binary(BinaryOp::And, fin, even).unwrap();
+        let sq = p.b.binary(BinaryOp::Mul, x, x).unwrap();
+        let neg = p.b.unary(UnaryOp::Neg, x).unwrap();
+        let z = p.b.select(c, sq, neg).unwrap();
+        let loss = weighted_sum(&mut p.b, w, z);
+        p.check(loss, &["x"]).map_err(TestCaseError::fail)?;
+    }
+}
