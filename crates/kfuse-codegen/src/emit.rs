@@ -115,6 +115,9 @@ pub(crate) struct Emitter<'a> {
     /// While the body's first top-level branch is open (batched loops): its condition. Loads at
     /// the flat index directly inside it are prefetched too, each under that condition.
     pub prefetch_guard: Option<String>,
+    /// The value number past which [`Emitter::eval`] refuses to go on (see
+    /// [`crate::MAX_KERNEL_VALUES`]).
+    pub max_values: u32,
 }
 
 /// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
@@ -150,6 +153,7 @@ impl<'a> Emitter<'a> {
             substitutions: HashMap::new(),
             prefetch: None,
             prefetch_guard: None,
+            max_values: crate::MAX_KERNEL_VALUES,
         }
     }
 
@@ -347,6 +351,9 @@ impl<'a> Emitter<'a> {
         let mut tasks = vec![Task::Eval(n, ctx.to_vec())];
         let mut values: Vec<String> = Vec::new();
         while let Some(task) = tasks.pop() {
+            if self.next_var > self.max_values {
+                return Err(CodegenError::TooLarge { node: n.0, limit: self.max_values });
+            }
             match task {
                 Task::Eval(n, ctx) => self.start(n, ctx, &mut tasks, &mut values)?,
                 Task::Finish(n, ctx) => {
@@ -942,4 +949,34 @@ fn binary(op: BinaryOp, kind: Kind, a: &str, b: &str) -> String {
         return format!("(int)((unsigned int){a} {sym} (unsigned int){b})");
     }
     format!("{a} {sym} {b}")
+}
+
+#[cfg(test)]
+mod tests {
+    use kfuse_ir::{BinaryOp, DType, GraphBuilder, Shape};
+
+    use super::{Emitter, Mode};
+    use crate::CodegenError;
+
+    #[test]
+    fn an_emitter_stops_at_its_value_limit_with_an_error_naming_it() {
+        let mut b = GraphBuilder::new();
+        let mut v = b.input("x", DType::F32, Shape::scalar()).unwrap();
+        for _ in 0..5000 {
+            let one = b.lit_float(1.5);
+            v = b.binary(BinaryOp::Mul, v, one).unwrap();
+        }
+        b.output("y", v).unwrap();
+        let g = b.finish().unwrap();
+        let out = g.outputs[0].node;
+        let mut em = Emitter::new(&g, None, Mode::DeviceFn, Vec::new(), 0);
+        em.max_values = 1000;
+        let err = em.eval(out, &[]).unwrap_err();
+        assert!(matches!(err, CodegenError::TooLarge { limit: 1000, .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("more than 1000 values") && message.contains("split the program"), "{message}");
+        // Within the limit the same chain is emitted, one value per node.
+        let mut em = Emitter::new(&g, None, Mode::DeviceFn, Vec::new(), 0);
+        assert_eq!(em.eval(out, &[]).unwrap(), "v4999");
+    }
 }
