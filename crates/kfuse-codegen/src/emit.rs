@@ -115,6 +115,9 @@ pub(crate) struct Emitter<'a> {
     /// While the body's first top-level branch is open (batched loops): its condition. Loads at
     /// the flat index directly inside it are prefetched too, each under that condition.
     pub prefetch_guard: Option<String>,
+    /// The value number past which [`Emitter::eval`] refuses to go on (see
+    /// [`crate::MAX_KERNEL_VALUES`]).
+    pub max_values: u32,
 }
 
 /// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
@@ -150,6 +153,7 @@ impl<'a> Emitter<'a> {
             substitutions: HashMap::new(),
             prefetch: None,
             prefetch_guard: None,
+            max_values: crate::MAX_KERNEL_VALUES,
         }
     }
 
@@ -339,46 +343,140 @@ impl<'a> Emitter<'a> {
 
     /// Emits whatever computes node `n` at context `ctx` and returns an expression for it (a
     /// value name or a literal).
+    ///
+    /// Operands are evaluated depth first, the first operand first, each value bound once its
+    /// operands are (post order). The walk keeps its own stack of pending work ([`Task`]), so the
+    /// depth of the graph costs heap, not the thread's stack.
     pub fn eval(&mut self, n: NodeId, ctx: &[Coord]) -> R<String> {
+        let mut tasks = vec![Task::Eval(n, ctx.to_vec())];
+        let mut values: Vec<String> = Vec::new();
+        while let Some(task) = tasks.pop() {
+            if self.next_var > self.max_values {
+                return Err(CodegenError::TooLarge { node: n.0, limit: self.max_values });
+            }
+            match task {
+                Task::Eval(n, ctx) => self.start(n, ctx, &mut tasks, &mut values)?,
+                Task::Finish(n, ctx) => {
+                    let v = self.finish(n, &ctx, &mut values)?;
+                    values.push(v);
+                }
+                Task::FinishStack { n, ctx, sel, parts } => {
+                    let vals = pop_values(&mut values, parts, n)?;
+                    // The parts were evaluated last to first; the select chain nests from the last.
+                    let mut e = String::new();
+                    for (k, v) in (0..parts).rev().zip(vals) {
+                        e = if e.is_empty() { v } else { format!("({sel} == {k} ? {v} : {e})") };
+                    }
+                    let depth = self.target_depth(&ctx);
+                    let ty = cuda::value_type(self.g.node(n).dtype);
+                    let note = format!("n{}", n.0);
+                    values.push(self.bind(depth, Key::Node(n, ctx), ty, e, &note));
+                }
+                Task::ReduceGuarded(r) => {
+                    let mv = pop_values(&mut values, 1, r.n)?.remove(0);
+                    self.open_branch(&mv);
+                    self.reduce_element(r, &mut tasks);
+                }
+                Task::ReduceFinish(r) => {
+                    let v = match update_needs_value(r.op, r.mask) {
+                        true => Some(pop_values(&mut values, 1, r.n)?.remove(0)),
+                        false => None,
+                    };
+                    let line = self.update_line(r.op, &r.accs, v);
+                    self.push_stmt(line);
+                    values.push(self.close_row_reduce(*r));
+                }
+            }
+        }
+        match (values.pop(), values.is_empty()) {
+            (Some(v), true) => Ok(v),
+            _ => Err(CodegenError::Internal { node: n.0, what: "the evaluation left no single value" }),
+        }
+    }
+
+    /// The first step of evaluating `n` at `ctx`: a value that is known or needs no operand is
+    /// pushed on `values`; otherwise the work it needs is pushed on `tasks` (the operands on top,
+    /// the first operand topmost, so that it is evaluated first).
+    fn start(&mut self, n: NodeId, ctx: Vec<Coord>, tasks: &mut Vec<Task>, values: &mut Vec<String>) -> R<()> {
         let g = self.g;
         let node = g.node(n);
         if let Op::Const(l) = node.op {
-            return Ok(cuda::literal(l, node.dtype));
+            values.push(cuda::literal(l, node.dtype));
+            return Ok(());
         }
         if let Some(v) = self.substitutions.get(&n) {
-            return Ok(v.clone());
+            values.push(v.clone());
+            return Ok(());
         }
-        let key = Key::Node(n, ctx.to_vec());
+        let key = Key::Node(n, ctx.clone());
         if let Some(v) = self.lookup(&key) {
-            return Ok(v);
+            values.push(v);
+            return Ok(());
         }
         if let Some(v) = self.eval_elsewhere(n, &key)? {
-            return Ok(v);
+            values.push(v);
+            return Ok(());
         }
-        let dims = node.shape.dims().to_vec();
-        let ty = cuda::value_type(node.dtype);
-        let expr = match node.op {
+        let dims = node.shape.dims();
+        match node.op {
             Op::Const(_) => return Err(CodegenError::Internal { node: n.0, what: "constant reached the value path" }),
             Op::Component { x, index } => {
-                let mut c = ctx.to_vec();
+                let mut c = ctx;
                 c.push(Coord::Const(u64::from(index)));
-                return self.eval(x, &c);
+                tasks.push(Task::Eval(x, c));
             }
-            Op::ExpandLast(x) => return self.eval(x, &ctx[..ctx.len() - 1]),
-            Op::Stack(l) => return self.eval_stack(n, l, &dims, ctx),
-            Op::Input(id) => return self.load_input(n, id.0, ctx),
-            Op::Iota { axis } => format!("(int){}", self.coord(&ctx[axis as usize])),
+            Op::ExpandLast(x) => {
+                let mut c = ctx;
+                c.pop();
+                tasks.push(Task::Eval(x, c));
+            }
+            Op::Stack(l) => self.start_stack(n, l, dims, ctx, tasks)?,
+            Op::Input(id) => values.push(self.load_input(n, id.0, &ctx)?),
+            Op::Iota { axis } => {
+                let expr = format!("(int){}", self.coord(&ctx[axis as usize]));
+                let depth = self.target_depth(&ctx);
+                values.push(self.bind(depth, key, cuda::value_type(node.dtype), expr, &format!("n{}", n.0)));
+            }
+            Op::Cast(x) | Op::Unary(_, x) => {
+                let xc = self.operand_ctx(dims, &ctx, x);
+                tasks.push(Task::Finish(n, ctx));
+                tasks.push(Task::Eval(x, xc));
+            }
+            Op::Binary(_, a, b) => {
+                let (ac, bc) = (self.operand_ctx(dims, &ctx, a), self.operand_ctx(dims, &ctx, b));
+                tasks.push(Task::Finish(n, ctx));
+                tasks.push(Task::Eval(b, bc));
+                tasks.push(Task::Eval(a, ac));
+            }
+            Op::Ternary(_, a, b, c) => {
+                let (ac, bc, cc) =
+                    (self.operand_ctx(dims, &ctx, a), self.operand_ctx(dims, &ctx, b), self.operand_ctx(dims, &ctx, c));
+                tasks.push(Task::Finish(n, ctx));
+                tasks.push(Task::Eval(c, cc));
+                tasks.push(Task::Eval(b, bc));
+                tasks.push(Task::Eval(a, ac));
+            }
+            Op::Reduce { op, x, mask, .. } => self.start_row_reduce(n, op, x, mask, ctx, tasks)?,
+        }
+        Ok(())
+    }
+
+    /// The last step of evaluating an elementwise node whose operands' values are on top of
+    /// `values`: its expression, bound to a new value name.
+    fn finish(&mut self, n: NodeId, ctx: &[Coord], values: &mut Vec<String>) -> R<String> {
+        let g = self.g;
+        let node = g.node(n);
+        let expr = match node.op {
             Op::Cast(x) => {
-                let v = self.eval(x, &self.operand_ctx(&dims, ctx, x))?;
+                let [v] = pop_array(values, n)?;
                 cast(g.node(x).dtype.kind(), node.dtype.kind(), &v)
             }
-            Op::Unary(op, x) => {
-                let v = self.eval(x, &self.operand_ctx(&dims, ctx, x))?;
+            Op::Unary(op, _) => {
+                let [v] = pop_array(values, n)?;
                 unary(op, node.dtype.kind(), &v)
             }
-            Op::Binary(op, a, b) => {
-                let va = self.eval(a, &self.operand_ctx(&dims, ctx, a))?;
-                let vb = self.eval(b, &self.operand_ctx(&dims, ctx, b))?;
+            Op::Binary(op, a, _) => {
+                let [va, vb] = pop_array(values, n)?;
                 let kind = g.node(a).dtype.kind();
                 if kind == Kind::Float && matches!(op, BinaryOp::Min | BinaryOp::Max) {
                     self.uses.helpers.insert(Helper::MinMaxF32);
@@ -388,10 +486,8 @@ impl<'a> Emitter<'a> {
                 }
                 binary(op, kind, &va, &vb)
             }
-            Op::Ternary(op, a, b, c) => {
-                let va = self.eval(a, &self.operand_ctx(&dims, ctx, a))?;
-                let vb = self.eval(b, &self.operand_ctx(&dims, ctx, b))?;
-                let vc = self.eval(c, &self.operand_ctx(&dims, ctx, c))?;
+            Op::Ternary(op, ..) => {
+                let [va, vb, vc] = pop_array(values, n)?;
                 match (op, node.dtype.kind()) {
                     (TernaryOp::Select, _) => format!("({va} ? {vb} : {vc})"),
                     (TernaryOp::Clamp, Kind::Float) => {
@@ -408,10 +504,11 @@ impl<'a> Emitter<'a> {
                     }
                 }
             }
-            Op::Reduce { op, x, mask, .. } => return self.row_reduce(n, op, x, mask, ctx),
+            _ => return Err(CodegenError::Internal { node: n.0, what: "a node without operands was finished" }),
         };
         let depth = self.target_depth(ctx);
-        Ok(self.bind(depth, key, ty, expr, &format!("n{}", n.0)))
+        let ty = cuda::value_type(node.dtype);
+        Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), ty, expr, &format!("n{}", n.0)))
     }
 
     /// Scalars that another kernel (a Temp buffer) or this kernel's final reduction provides.
@@ -450,28 +547,32 @@ impl<'a> Emitter<'a> {
         Ok(Some(self.bind(depth, key.clone(), cuda::value_type(node.dtype), e, &format!("n{}", n.0))))
     }
 
-    fn eval_stack(&mut self, n: NodeId, l: kfuse_ir::ListId, dims: &[Dim], ctx: &[Coord]) -> R<String> {
-        let parts = self.g.list(l).to_vec();
+    /// Starts a stack: at a constant index it is that part; at a run-time index every part is
+    /// evaluated (the last first) and selected by the index.
+    fn start_stack(
+        &mut self,
+        n: NodeId,
+        l: kfuse_ir::ListId,
+        dims: &[Dim],
+        ctx: Vec<Coord>,
+        tasks: &mut Vec<Task>,
+    ) -> R<()> {
+        let parts = self.g.list(l);
         let inner = &dims[..dims.len() - 1];
         let pctx = &ctx[..ctx.len() - 1];
-        let part_ctx = |s: &Self, p: NodeId| s.operand_ctx(inner, pctx, p);
         if let Some(Coord::Const(k)) = ctx.last() {
             let p = *parts
                 .get(*k as usize)
                 .ok_or(CodegenError::Internal { node: n.0, what: "stack index out of range" })?;
-            return self.eval(p, &part_ctx(self, p));
+            tasks.push(Task::Eval(p, self.operand_ctx(inner, pctx, p)));
+            return Ok(());
         }
         // A run-time index into the stacked axis: evaluate every part and select.
         let sel = self.coord(&ctx[ctx.len() - 1]);
-        let mut e = String::new();
-        for (k, &p) in parts.iter().enumerate().rev() {
-            let v = self.eval(p, &part_ctx(self, p))?;
-            e = if e.is_empty() { v } else { format!("({sel} == {k} ? {v} : {e})") };
-        }
-        let key = Key::Node(n, ctx.to_vec());
-        let depth = self.target_depth(ctx);
-        let ty = cuda::value_type(self.g.node(n).dtype);
-        Ok(self.bind(depth, key, ty, e, &format!("n{}", n.0)))
+        let part_tasks: Vec<Task> = parts.iter().map(|&p| Task::Eval(p, self.operand_ctx(inner, pctx, p))).collect();
+        tasks.push(Task::FinishStack { n, ctx, sel, parts: parts.len() });
+        tasks.extend(part_tasks);
+        Ok(())
     }
 
     fn load_input(&mut self, n: NodeId, input: u32, ctx: &[Coord]) -> R<String> {
@@ -553,8 +654,17 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// A reduction along the last axis: a loop over the row in the block the result belongs to.
-    fn row_reduce(&mut self, n: NodeId, op: ReduceOp, x: NodeId, mask: Option<NodeId>, ctx: &[Coord]) -> R<String> {
+    /// Starts a reduction along the last axis: a loop over the row in the block the result
+    /// belongs to, then its guard (when it has one) and its element are evaluated inside.
+    fn start_row_reduce(
+        &mut self,
+        n: NodeId,
+        op: ReduceOp,
+        x: NodeId,
+        mask: Option<NodeId>,
+        ctx: Vec<Coord>,
+        tasks: &mut Vec<Task>,
+    ) -> R<()> {
         if self.mode == Mode::DeviceFn {
             return Err(CodegenError::Unsupported {
                 node: n.0,
@@ -564,31 +674,49 @@ impl<'a> Emitter<'a> {
         if full_reduce(self.g, n).is_some() {
             return Err(CodegenError::Internal { node: n.0, what: "a full reduction reached the row-loop path" });
         }
-        let depth = self.target_depth(ctx);
+        let depth = self.target_depth(&ctx);
         let saved = self.blocks.split_off(depth + 1);
         let xd = self.g.node(x).dtype;
         let accs = self.declare_accumulators(depth, op, xd);
         let l = self.next_loop;
         self.next_loop += 1;
-        let xdims = self.g.node(x).shape.dims().to_vec();
+        let xdims = self.g.node(x).shape.dims();
         let extent = self.dim(xdims[xdims.len() - 1]);
         self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
-        let mut xctx = ctx.to_vec();
+        let mut xctx = ctx.clone();
         xctx.push(Coord::Loop(l));
         let guard = self.reduce_guard(op, x, mask, &xctx);
-        if let Some((m, mctx)) = &guard {
-            let mv = self.eval(*m, mctx)?;
-            self.open_branch(&mv);
+        let r = Box::new(RowReduce { n, op, x, mask, ctx, xctx, depth, saved, accs, guarded: guard.is_some() });
+        match guard {
+            Some((m, mctx)) => {
+                tasks.push(Task::ReduceGuarded(r));
+                tasks.push(Task::Eval(m, mctx));
+            }
+            None => self.reduce_element(r, tasks),
         }
-        self.reduce_update(op, x, mask, &xctx, &accs)?;
-        if guard.is_some() {
+        Ok(())
+    }
+
+    /// Inside a row reduction's loop (and guard): evaluates its element, then adds it.
+    fn reduce_element(&mut self, r: Box<RowReduce>, tasks: &mut Vec<Task>) {
+        let element = update_needs_value(r.op, r.mask).then(|| Task::Eval(r.x, r.xctx.clone()));
+        tasks.push(Task::ReduceFinish(r));
+        tasks.extend(element);
+    }
+
+    /// Closes a row reduction's guard and loop, puts back the blocks it set aside, and binds its
+    /// result in the block it belongs to.
+    fn close_row_reduce(&mut self, r: RowReduce) -> String {
+        if r.guarded {
             self.close();
         }
         self.close();
-        self.blocks.extend(saved);
-        let e = finish_reduce(op, xd, &accs);
-        let ty = cuda::value_type(self.g.node(n).dtype);
-        Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), ty, e, &format!("n{} {} along the last axis", n.0, op.name())))
+        self.blocks.extend(r.saved);
+        let xd = self.g.node(r.x).dtype;
+        let e = finish_reduce(r.op, xd, &r.accs);
+        let ty = cuda::value_type(self.g.node(r.n).dtype);
+        let note = format!("n{} {} along the last axis", r.n.0, r.op.name());
+        self.bind(r.depth, Key::Node(r.n, r.ctx), ty, e, &note)
     }
 
     /// Declares the f64 accumulators of a reduction in block `depth` and returns their names.
@@ -658,24 +786,81 @@ impl<'a> Emitter<'a> {
         xctx: &[Coord],
         accs: &[String],
     ) -> R<()> {
-        let a = &accs[0];
-        let line = match op {
-            ReduceOp::Count if mask.is_none() => format!("{a} += 1.0;"),
-            ReduceOp::Count => {
-                let v = self.eval(x, xctx)?;
-                format!("{a} += {v} ? 1.0 : 0.0;")
-            }
-            ReduceOp::Sum => format!("{a} += (double){};", self.eval(x, xctx)?),
-            ReduceOp::Mean => format!("{a} += (double){}; {} += 1.0;", self.eval(x, xctx)?, accs[1]),
-            ReduceOp::Max | ReduceOp::Min => {
-                self.uses.helpers.insert(Helper::MinMaxF64);
-                let f = if op == ReduceOp::Max { "kf_max_f64" } else { "kf_min_f64" };
-                format!("{a} = {f}({a}, (double){});", self.eval(x, xctx)?)
-            }
+        let v = match update_needs_value(op, mask) {
+            true => Some(self.eval(x, xctx)?),
+            false => None,
         };
+        let line = self.update_line(op, accs, v);
         self.push_stmt(line);
         Ok(())
     }
+
+    /// The statement that adds an element of value `v` (`None` for an unmasked count, which
+    /// needs none) to the accumulators `accs` of reduction `op`.
+    fn update_line(&mut self, op: ReduceOp, accs: &[String], v: Option<String>) -> String {
+        let a = &accs[0];
+        let Some(v) = v else { return format!("{a} += 1.0;") };
+        match op {
+            ReduceOp::Count => format!("{a} += {v} ? 1.0 : 0.0;"),
+            ReduceOp::Sum => format!("{a} += (double){v};"),
+            ReduceOp::Mean => format!("{a} += (double){v}; {} += 1.0;", accs[1]),
+            ReduceOp::Max | ReduceOp::Min => {
+                self.uses.helpers.insert(Helper::MinMaxF64);
+                let f = if op == ReduceOp::Max { "kf_max_f64" } else { "kf_min_f64" };
+                format!("{a} = {f}({a}, (double){v});")
+            }
+        }
+    }
+}
+
+/// Pending work of [`Emitter::eval`]'s walk, on its own stack.
+enum Task {
+    /// Evaluate a node at a context and push its value.
+    Eval(NodeId, Vec<Coord>),
+    /// The operands' values are on top of the value stack: bind the node's expression.
+    Finish(NodeId, Vec<Coord>),
+    /// A stack at a run-time index `sel`: the values of its `parts` parts are on top, the first
+    /// part's topmost.
+    FinishStack { n: NodeId, ctx: Vec<Coord>, sel: String, parts: usize },
+    /// A row reduction whose guard's value is on top: open the branch, then the element.
+    ReduceGuarded(Box<RowReduce>),
+    /// A row reduction whose element's value (when it needs one) is on top: add it and close.
+    ReduceFinish(Box<RowReduce>),
+}
+
+/// A row reduction between its steps: its loop is open, the blocks it left are set aside.
+struct RowReduce {
+    n: NodeId,
+    op: ReduceOp,
+    x: NodeId,
+    mask: Option<NodeId>,
+    ctx: Vec<Coord>,
+    xctx: Vec<Coord>,
+    /// The block its accumulators and result live in.
+    depth: usize,
+    /// The blocks inside that one, put back when the loop closes.
+    saved: Vec<Block>,
+    accs: Vec<String>,
+    guarded: bool,
+}
+
+/// Whether adding an element of reduction `op` reads its value (an unmasked count only counts).
+fn update_needs_value(op: ReduceOp, mask: Option<NodeId>) -> bool {
+    !(op == ReduceOp::Count && mask.is_none())
+}
+
+/// The last `k` values, in the order they were pushed.
+fn pop_values(values: &mut Vec<String>, k: usize, n: NodeId) -> R<Vec<String>> {
+    let at =
+        values.len().checked_sub(k).ok_or(CodegenError::Internal { node: n.0, what: "an operand value is missing" })?;
+    Ok(values.split_off(at))
+}
+
+/// The last `K` values, in the order they were pushed.
+fn pop_array<const K: usize>(values: &mut Vec<String>, n: NodeId) -> R<[String; K]> {
+    pop_values(values, K, n)?
+        .try_into()
+        .map_err(|_| CodegenError::Internal { node: n.0, what: "an operand value is missing" })
 }
 
 /// The storage dtype of a Temp buffer holding a scalar computed as `dtype` (floats stay f32:
@@ -801,4 +986,34 @@ fn binary(op: BinaryOp, kind: Kind, a: &str, b: &str) -> String {
         return format!("(int)((unsigned int){a} {sym} (unsigned int){b})");
     }
     format!("{a} {sym} {b}")
+}
+
+#[cfg(test)]
+mod tests {
+    use kfuse_ir::{BinaryOp, DType, GraphBuilder, Shape};
+
+    use super::{Emitter, Mode};
+    use crate::CodegenError;
+
+    #[test]
+    fn an_emitter_stops_at_its_value_limit_with_an_error_naming_it() {
+        let mut b = GraphBuilder::new();
+        let mut v = b.input("x", DType::F32, Shape::scalar()).unwrap();
+        for _ in 0..5000 {
+            let one = b.lit_float(1.5);
+            v = b.binary(BinaryOp::Mul, v, one).unwrap();
+        }
+        b.output("y", v).unwrap();
+        let g = b.finish().unwrap();
+        let out = g.outputs[0].node;
+        let mut em = Emitter::new(&g, None, Mode::DeviceFn, Vec::new(), 0);
+        em.max_values = 1000;
+        let err = em.eval(out, &[]).unwrap_err();
+        assert!(matches!(err, CodegenError::TooLarge { limit: 1000, .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("more than 1000 values") && message.contains("split the program"), "{message}");
+        // Within the limit the same chain is emitted, one value per node.
+        let mut em = Emitter::new(&g, None, Mode::DeviceFn, Vec::new(), 0);
+        assert_eq!(em.eval(out, &[]).unwrap(), "v4999");
+    }
 }

@@ -44,6 +44,12 @@ pub enum CodegenError {
     /// The function name is not a C identifier.
     #[error("`{name}` is not a valid C identifier for a device function")]
     BadFunctionName { name: String },
+    /// A kernel would need more named values than [`crate::MAX_KERNEL_VALUES`]. A last-axis
+    /// reduction evaluates its operand again inside its row loop, so a long chain through such
+    /// reductions (or the gradient of a chain through component accesses) grows with the square
+    /// of its length.
+    #[error("the kernel needs more than {limit} values by node v{node}: a last-axis reduction (axis: -1, or the gradient of a component access x[.., k]) computes its operand again inside its loop, so a long chain through such reductions grows with the square of its length; split the program into shorter ones, or reduce over every element")]
+    TooLarge { node: u32, limit: u32 },
     /// A planner invariant broke: a bug in kfuse-codegen, reported instead of a panic.
     #[error("internal planner error at node v{node}: {what} (please report this with the graph)")]
     Internal { node: u32, what: &'static str },

@@ -92,6 +92,11 @@ pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 
 use emit::{temp_dtype, Emitter, Mode};
 
+/// The most named values (`v<k>`, about one per node and place it is computed at) one kernel's
+/// code may have: about 100 MB of CUDA source. Past it, planning stops with
+/// [`CodegenError::TooLarge`] instead of using ever more time and memory.
+pub const MAX_KERNEL_VALUES: u32 = 2_000_000;
+
 /// Plans and generates the kernels that compute every output of `graph`.
 ///
 /// The same graph and options always give the same plan, byte for byte.

@@ -189,49 +189,81 @@ fn is_lengths_mask(g: &Graph, m: NodeId) -> bool {
 /// The f32 value of scalar `t` when `scale` is 1, for `t` built from `scale` and constants by
 /// negation, +, -, * and /; `None` otherwise.
 fn value_at_unit_scale(g: &Graph, t: NodeId, scale: NodeId) -> Option<f32> {
-    if t == scale {
-        return Some(1.0);
-    }
-    let node = g.node(t);
-    if node.dtype.kind() != Kind::Float {
-        return None;
-    }
-    match node.op {
-        Op::Const(l) => Some(l.as_f64() as f32),
-        Op::Unary(UnaryOp::Neg, x) => Some(-value_at_unit_scale(g, x, scale)?),
-        Op::Binary(op, a, b) => {
-            let (a, b) = (value_at_unit_scale(g, a, scale)?, value_at_unit_scale(g, b, scale)?);
-            match op {
-                BinaryOp::Add => Some(a + b),
-                BinaryOp::Sub => Some(a - b),
-                BinaryOp::Mul => Some(a * b),
-                BinaryOp::Div => Some(a / b),
-                _ => None,
-            }
+    let reads = |n: NodeId| match g.node(n).op {
+        _ if n == scale || g.node(n).dtype.kind() != Kind::Float => vec![],
+        Op::Unary(UnaryOp::Neg, x) => vec![x],
+        Op::Binary(_, a, b) => vec![a, b],
+        _ => vec![],
+    };
+    let mut memo: HashMap<NodeId, Option<f32>> = HashMap::new();
+    bottom_up(t, &mut memo, reads, |n, memo| {
+        let value = |x: NodeId| memo.get(&x).copied().flatten();
+        if n == scale {
+            return Some(1.0);
         }
-        _ => None,
+        let node = g.node(n);
+        if node.dtype.kind() != Kind::Float {
+            return None;
+        }
+        match node.op {
+            Op::Const(l) => Some(l.as_f64() as f32),
+            Op::Unary(UnaryOp::Neg, x) => Some(-value(x)?),
+            Op::Binary(op, a, b) => {
+                let (a, b) = (value(a)?, value(b)?);
+                match op {
+                    BinaryOp::Add => Some(a + b),
+                    BinaryOp::Sub => Some(a - b),
+                    BinaryOp::Mul => Some(a * b),
+                    BinaryOp::Div => Some(a / b),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+        .filter(|v| v.is_finite())
+    })
+    .flatten()
+}
+
+/// Computes `f` for `root` and for every node it reads, each once, operands before their users,
+/// with an explicit stack (graphs of any depth): `reads(n)` are the nodes whose results `f(n, _)`
+/// looks up in the memo. Results stay in `memo` for later calls.
+fn bottom_up<T: Copy>(
+    root: NodeId,
+    memo: &mut HashMap<NodeId, T>,
+    reads: impl Fn(NodeId) -> Vec<NodeId>,
+    f: impl Fn(NodeId, &HashMap<NodeId, T>) -> T,
+) -> Option<T> {
+    let mut stack = vec![(root, false)];
+    while let Some((n, operands_done)) = stack.pop() {
+        if memo.contains_key(&n) {
+            continue;
+        }
+        if operands_done {
+            let v = f(n, memo);
+            memo.insert(n, v);
+        } else {
+            stack.push((n, true));
+            stack.extend(reads(n).into_iter().filter(|x| !memo.contains_key(x)).map(|x| (x, false)));
+        }
     }
-    .filter(|v| v.is_finite())
+    memo.get(&root).copied()
 }
 
 /// The degree of node `n` in the crossing scalars (`None`: not homogeneous, or a shape of
 /// dependence this analysis does not follow).
 fn degree(g: &Graph, n: NodeId, crossing: &[NodeId], memo: &mut HashMap<NodeId, Option<Deg>>) -> Option<Deg> {
-    if let Some(d) = memo.get(&n) {
-        return *d;
-    }
-    let d = degree_uncached(g, n, crossing, memo);
-    memo.insert(n, d);
-    d
+    let reads = |n: NodeId| if crossing.contains(&n) { vec![] } else { g.operands(n) };
+    bottom_up(n, memo, reads, |n, memo| degree_of(g, n, crossing, |x| memo.get(&x).copied().flatten())).flatten()
 }
 
-fn degree_uncached(g: &Graph, n: NodeId, crossing: &[NodeId], memo: &mut HashMap<NodeId, Option<Deg>>) -> Option<Deg> {
+/// The degree of node `n` from its operands' degrees (`deg`).
+fn degree_of(g: &Graph, n: NodeId, crossing: &[NodeId], deg: impl Fn(NodeId) -> Option<Deg>) -> Option<Deg> {
     use Deg::*;
     if crossing.contains(&n) {
         return Some(Linear);
     }
     let node = g.node(n);
-    let mut deg = |x: NodeId| degree(g, x, crossing, memo);
     let free = |d: Deg| matches!(d, Free | Zero);
     match node.op {
         Op::Const(l) => Some(if node.dtype.kind() == Kind::Float && l.as_f64() == 0.0 { Zero } else { Free }),

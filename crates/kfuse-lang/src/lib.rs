@@ -53,6 +53,12 @@
 //! comments may hold any visible text and spaces. [`files`] reads a source file: a regular file
 //! of at most [`files::MAX_SOURCE_BYTES`].
 //!
+//! Programs may have any number of statements (a chain of 100,000 `let`s is fine). One
+//! expression may nest at most 64 levels of parentheses, calls and unary `-`/`not`, and its tree
+//! may be at most 256 levels deep (a chain `a + b + ...` adds one level per operator); past
+//! either limit the parser stops with a diagnostic that names the limit, and a `let` per part
+//! keeps any computation within them.
+//!
 //! Every error is a [`Diagnostic`] with file, line, column, a caret under the span and what was
 //! expected. No input makes this crate panic (a property test feeds it random text). It does not
 //! execute or compile anything: the interpreter and code generator consume the graph.
