@@ -4,8 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kfuse::Engine;
-use kfuse_runtime::{DeviceBuffer, Gpu, Stream};
+use kfuse::{DeviceBuffer, Engine, Gpu, Stream};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
