@@ -138,5 +138,5 @@ pub fn scale_by_upstream(
     };
     let grad = DeviceTensor { buffer: gb, dtype: g.dtype, shape: g.shape };
     let up = DeviceTensor { buffer: ub, dtype: u.dtype, shape: u.shape };
-    kfuse::scale_by_upstream(device::engine(), ordinal, &stream, &grad, &up).map_err(errors::kfuse)
+    kfuse::scale_by_upstream(device::engine()?, ordinal, &stream, &grad, &up).map_err(errors::kfuse)
 }

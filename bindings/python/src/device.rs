@@ -4,18 +4,26 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kfuse::Engine;
-use kfuse_runtime::{DeviceBuffer, Gpu, Stream};
+use kfuse::{DeviceBuffer, Engine, Gpu, Stream};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{self, Kind};
 
 /// The process-wide engine: the kernel cache (shared with the command-line tool through the disk
-/// cache) and the devices, each opened once.
-pub fn engine() -> &'static Engine {
+/// cache) and the devices, each opened once. An invalid setting of the cache's environment
+/// (`KFUSE_NO_CACHE=maybe`, `KFUSE_CACHE_MAX_BYTES=lots`, ...) is a `kfuse.ConfigError` naming the
+/// variable and the accepted values, raised by every call that needs the engine (`kfuse.load`,
+/// `kfuse.compile`, `kfuse.cache_info()`, ...), CPU-only ones included.
+pub fn engine() -> PyResult<&'static Engine> {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| Engine::with_cache(kfuse_runtime::KernelCache::global()))
+    if let Some(engine) = ENGINE.get() {
+        return Ok(engine);
+    }
+    let engine = Engine::new().map_err(errors::kfuse)?;
+    // Two threads may get here at once; both engines share the process-wide cache, and the first
+    // one stored is kept.
+    Ok(ENGINE.get_or_init(|| engine))
 }
 
 /// The ordinals (below 64) of the devices this module has opened, one bit each.
@@ -25,7 +33,8 @@ static OPENED: AtomicU64 = AtomicU64::new(0);
 /// driver, no such device) is a `kfuse.DeviceError` saying what to install.
 pub fn device(ordinal: usize) -> PyResult<Arc<Gpu>> {
     // Opening a device makes its context current; PyTorch's current device is left as it was.
-    let gpu = kfuse::preserving_thread_context(|| engine().device(ordinal)).map_err(errors::kfuse)?;
+    let engine = engine()?;
+    let gpu = kfuse::preserving_thread_context(|| engine.device(ordinal)).map_err(errors::kfuse)?;
     if ordinal < 64 {
         OPENED.fetch_or(1 << ordinal, Ordering::Relaxed);
     }
@@ -79,7 +88,8 @@ pub fn borrow(gpu: &Gpu, stream: u64, memory: &[(u64, u64)]) -> PyResult<(Stream
 /// hits), the cache folder, and the kernel functions loaded on each device opened so far.
 #[pyfunction]
 pub fn cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let cache = engine().cache();
+    let engine = engine()?;
+    let cache = engine.cache();
     let counters = cache.stats().session;
     let info = PyDict::new(py);
     info.set_item("compiles", counters.compiles)?;
@@ -89,7 +99,7 @@ pub fn cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let loaded = PyDict::new(py);
     let opened = OPENED.load(Ordering::Relaxed);
     for ordinal in (0..64).filter(|o| opened & (1 << o) != 0) {
-        let gpu = engine().device(ordinal).map_err(errors::kfuse)?;
+        let gpu = engine.device(ordinal).map_err(errors::kfuse)?;
         loaded.set_item(ordinal, gpu.loaded_functions())?;
     }
     info.set_item("loaded_functions", loaded)?;

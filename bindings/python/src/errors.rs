@@ -16,6 +16,8 @@ pub enum Kind {
     Input,
     /// `kfuse.DeviceError`: no driver, GPU or NVRTC, or a feature this build lacks.
     Device,
+    /// `kfuse.ConfigError`: an environment variable of kfuse's with a value it cannot use.
+    Config,
 }
 
 impl Kind {
@@ -24,6 +26,7 @@ impl Kind {
             Kind::Error => "Error",
             Kind::Input => "InputError",
             Kind::Device => "DeviceError",
+            Kind::Config => "ConfigError",
         }
     }
 }
@@ -55,15 +58,17 @@ pub fn bind(e: &kfuse_ir::BindError) -> PyErr {
     raise(Kind::Input, e.to_string())
 }
 
-/// A facade error: a diagnostic is a `ParseError`; what the caller's tensors got wrong an
-/// `InputError`; the driver, GPU or NVRTC a `DeviceError`; anything else an `Error`.
+/// A facade error: a diagnostic is a `ParseError`; what the caller's tensors got wrong (an `i32`
+/// sum of their values outside the `i32` range included) an `InputError`; the driver, GPU or
+/// NVRTC a `DeviceError` (an invalid environment variable a `ConfigError`); anything else an
+/// `Error`.
 pub fn kfuse(e: kfuse::Error) -> PyErr {
     use kfuse::Error as E;
     use kfuse_interp::InterpError as I;
     let kind = match &e {
         E::Parse(d) => return parse_error(d),
         E::Bind(_)
-        | E::Interp(I::Bind(_) | I::DuplicateInput { .. } | I::DataLength { .. })
+        | E::Interp(I::Bind(_) | I::DuplicateInput { .. } | I::DataLength { .. } | I::IntOverflow { .. })
         | E::BufferTooSmall { .. }
         | E::OutputCount { .. }
         | E::OutputDType { .. }
@@ -85,10 +90,12 @@ pub fn kfuse(e: kfuse::Error) -> PyErr {
 const INSTALL_DRIVER: &str = "install the NVIDIA driver (kfuse loads libcuda.so from it), or run on CPU tensors";
 const INSTALL_NVRTC: &str = "pip install nvidia-cuda-nvrtc==13.0.88 (a dependency of the kfuse package)";
 
-/// A runtime error: `kfuse.DeviceError`, saying what to install when something is missing.
+/// A runtime error: `kfuse.DeviceError`, saying what to install when something is missing; an
+/// invalid environment variable (`KFUSE_NO_CACHE=maybe`) is a `kfuse.ConfigError`.
 pub fn runtime(e: &kfuse_runtime::RuntimeError) -> PyErr {
     use kfuse_runtime::RuntimeError as R;
     let message = match e {
+        R::InvalidEnv { .. } => return raise(Kind::Config, e.to_string()),
         R::DriverMissing => format!("{e}; {INSTALL_DRIVER}"),
         R::NvrtcMissing => format!("{e}; {INSTALL_NVRTC}"),
         _ => e.to_string(),

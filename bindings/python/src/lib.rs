@@ -11,7 +11,7 @@
 //! PyTorch; the glue in `kfuse/_program.py` does.
 //!
 //! Errors become the exceptions of `kfuse._errors` (`ParseError`, `InputError`, `DeviceError`,
-//! `Error`), see the `errors` module.
+//! `ConfigError`, `Error`), see the `errors` module.
 //!
 //! Unsafe code is denied except in one function, `device::borrow`, which borrows PyTorch's
 //! memory and stream for a launch.

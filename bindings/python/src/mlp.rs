@@ -32,9 +32,10 @@ impl Mlp {
             return Ok(p.clone());
         }
         device::device(ordinal)?;
+        let engine = engine()?;
         let model = self.model.clone();
         let made = py
-            .detach(|| MlpProgram::on_engine(engine(), ordinal, model, MlpOptions::for_dtypes(dtype, dtype)))
+            .detach(|| MlpProgram::on_engine(engine, ordinal, model, MlpOptions::for_dtypes(dtype, dtype)))
             .map_err(errors::kfuse)?;
         let mut programs = self.programs.lock().unwrap_or_else(|e| e.into_inner());
         Ok(programs.entry((ordinal, dtype)).or_insert_with(|| Arc::new(made)).clone())

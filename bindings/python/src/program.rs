@@ -68,7 +68,7 @@ impl Program {
     }
 
     fn derived(&self, graph: kfuse::Graph, origin: &str) -> PyResult<Program> {
-        let p = kfuse::Program::from_graph(engine(), graph, origin).map_err(errors::kfuse)?;
+        let p = kfuse::Program::from_graph(engine()?, graph, origin).map_err(errors::kfuse)?;
         Ok(Program::new(p))
     }
 
@@ -118,13 +118,13 @@ impl Program {
     /// Parses and type-checks `.kf` source; `name` names it in messages (`<name>`).
     #[staticmethod]
     fn compile(source: &str, name: &str) -> PyResult<Program> {
-        Ok(Program::new(kfuse::Program::compile(engine(), source, name).map_err(errors::kfuse)?))
+        Ok(Program::new(kfuse::Program::compile(engine()?, source, name).map_err(errors::kfuse)?))
     }
 
     /// Reads, parses and type-checks a `.kf` file.
     #[staticmethod]
     fn load(path: std::path::PathBuf) -> PyResult<Program> {
-        Ok(Program::new(kfuse::Program::load(engine(), &path).map_err(errors::kfuse)?))
+        Ok(Program::new(kfuse::Program::load(engine()?, &path).map_err(errors::kfuse)?))
     }
 
     /// Where the program came from.

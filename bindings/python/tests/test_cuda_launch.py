@@ -3,14 +3,13 @@ loaded once per device, a non-default current stream, and FusedMLP against the t
 tier, the `gpu` fixture); and the error of a device that cannot be opened (CPU tier)."""
 
 import ctypes.util
-import os
 import random
 
 import pytest
 import torch
 
 import kfuse
-from conftest import boxes, example
+from conftest import boxes, env_flag, example
 from kfuse import _kfuse
 
 
@@ -91,8 +90,8 @@ def fresh_program():
 
 
 def test_kernels_are_loaded_once_per_device(gpu):
-    if os.environ.get("KFUSE_NO_CACHE") == "1":
-        pytest.skip("KFUSE_NO_CACHE=1: loaded kernels are not kept, so none are counted")
+    if env_flag("KFUSE_NO_CACHE"):
+        pytest.skip("KFUSE_NO_CACHE is on: loaded kernels are not kept, so none are counted")
     prog = fresh_program()
     kernels = prog.cuda_source().count("__global__")
     assert kernels >= 1

@@ -121,9 +121,13 @@ CASES = {
 }
 
 
+# Examples with outputs other than a loss and its gradient, each checked by its own test below.
+OWN_TESTS = {"elementwise_ops"}
+
+
 def test_every_example_has_a_case():
     stems = sorted(p.stem for p in EXAMPLES.glob("*.kf"))
-    assert stems == sorted(CASES), "add the new example to CASES"
+    assert stems == sorted(set(CASES) | OWN_TESTS), "add the new example to CASES"
 
 
 def as_kfuse(x):
@@ -203,3 +207,87 @@ def test_no_gradient_is_computed_without_requires_grad():
     with torch.no_grad():
         x["pred"].requires_grad_()
         assert prog(**x).loss.grad_fn is None
+
+
+def wrap_i32(v):
+    """int64 values as the i32 two's-complement results (kfuse's i32 `+`, `*` and `<<` wrap)."""
+    return (v + 2**31) % 2**32 - 2**31
+
+
+def int_div_or_zero(a, b, op):
+    """`op` (torch.remainder or torch.floor_divide, Python's signs) elementwise, 0 where b is 0."""
+    safe = torch.where(b == 0, torch.ones_like(b), b)
+    return torch.where(b == 0, torch.zeros_like(a), op(a, safe))
+
+
+def shift(v, count, left):
+    """kfuse's shifts: a count outside 0..31 gives 0 (left) or the sign (right)."""
+    inside = (count >= 0) & (count <= 31)
+    c = count.clamp(0, 31)
+    if left:
+        return torch.where(inside, v * (2**c), torch.zeros_like(v))
+    return torch.where(inside, torch.div(v, 2**c, rounding_mode="floor"), torch.where(v < 0, -1, 0))
+
+
+def elementwise_ops_ref(x, y, k):
+    """examples/elementwise_ops.kf in float64 / int64 torch: every output but the gradients."""
+    q = x * 4.0
+    s, d = k - 4, k - 3
+    logic = ((s & 6) ^ (k | -8)) + ~s
+    shifts = shift(s, k * 5, left=True) + shift(-1000 * s, s * 9, left=False)
+    terms = torch.log1p(x.abs()) * torch.expm1(y) + torch.atan(x) * torch.tan(y) + torch.asin(x * 0.5) * torch.acos(
+        y * 0.5
+    )
+    more = (
+        torch.sinh(x) * torch.cosh(y)
+        + torch.atan2(x, y + 2.0)
+        + torch.remainder(q, 1.5) * y
+        + (x * y + x) * torch.round(y)
+    )
+    flag = lambda c, v: torch.where(c, v, 0)  # noqa: E731
+    return {
+        "smooth": torch.log1p(x.abs()) * torch.expm1(y) * torch.cosh(y),
+        "trig": (torch.atan(x) + 2.0)
+        * (torch.tan(y) + 2.0)
+        * (torch.asin(x * 0.5) + torch.acos(y * 0.5))
+        * torch.sinh(x + 2.0),
+        "angle": torch.atan2(x, y),
+        "rounded": torch.round(q) + torch.trunc(y * 4.0) * 8.0 - torch.ceil(q) * torch.sign(y) * 64.0,
+        "modular": torch.remainder(q, 1.5) + torch.floor(y * 4.0 / -0.75) * 8.0 + (x * y + 0.25),
+        "flags": flag(torch.isnan(torch.log(x)), 1)
+        + flag(torch.isinf(torch.log(torch.round(q).abs())), 2)
+        + flag(torch.isfinite(y / x), 4),
+        "bits": wrap_i32(
+            logic
+            + shifts
+            + int_div_or_zero(s, d, torch.remainder) * 16
+            + int_div_or_zero(s * 100, d, torch.floor_divide) * 1024
+            + (s * d + k) * 65536
+        ),
+        "loss": (terms + more).mean(),
+    }
+
+
+@pytest.mark.parametrize("b,n", SIZES)
+def test_elementwise_ops_match_torch(b, n):
+    """Every output of the tour of elementwise functions against torch (float64, int64 wrapped to
+    i32), and its gradients against torch autograd. x and y lie in (-1.5, 1.5), inside every
+    function's domain; some x are 0 or negative, so that the NaN/infinity flags take each value."""
+    prog = kfuse.load(example("elementwise_ops.kf"))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"elementwise_ops {b} {n}".encode()))
+    x = torch.rand(b, n, generator=gen) * 3 - 1.5
+    x.view(-1)[::3] = 0.0
+    y = torch.rand(b, n, generator=gen) * 3 - 1.5
+    k = torch.randint(0, 8, (b, n), generator=gen, dtype=torch.int32)
+    out = prog(x=x, y=y, k=k)
+    xd, yd = x.double().requires_grad_(), y.double().requires_grad_()
+    want = elementwise_ops_ref(xd, yd, k.long())
+    want["dx"], want["dy"] = torch.autograd.grad(want["loss"], [xd, yd])
+    assert list(out) == [d.name for d in prog.outputs] == list(want)
+    for name, w in want.items():
+        if name in ("flags", "bits"):
+            assert out[name].dtype == torch.int32, name
+            assert torch.equal(out[name].long(), w), f"{name}: {out[name]} != {w}"
+        else:
+            assert out[name].dtype == torch.float32, name
+            close(out[name], w.detach(), f"elementwise_ops {name}")

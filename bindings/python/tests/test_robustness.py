@@ -57,6 +57,11 @@ def offsets(*values, dtype=torch.int32):
 
 
 @functools.cache
+def int_sum():
+    return kfuse.compile("input x: i32[N]\noutput y = sum(x)\n", name="int_sum")
+
+
+@functools.cache
 def mlp():
     torch.manual_seed(0)
     return kfuse.nn.FusedMLP.from_torch(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
@@ -113,7 +118,9 @@ CASES = [
     ("source_without_output", compile_(SRC), kfuse.ParseError, r"the program defines no output"),
     ("source_empty", compile_(""), kfuse.ParseError, r"the program defines no output[\s\S]*src:1:1"),
     ("source_nul_character", compile_(SRC + "output y = x\x00\n"), kfuse.ParseError,
-     r"unexpected character[\s\S]*src:2:13"),
+     r"unexpected invisible character U\+0000 \(NUL\)[\s\S]*src:2:13[\s\S]*delete the character"),
+    ("source_zero_width_space", compile_(SRC + "output y = x\u200b\n"), kfuse.ParseError,
+     r"invisible character U\+200B \(zero-width space\)[\s\S]*src:2:13"),
     ("source_unknown_dtype", compile_("input x: f64[N]\noutput y = x\n"), kfuse.ParseError,
      r"unknown dtype `f64`[\s\S]*f32, f16, bf16, i32 or bool"),
     ("source_shapes_do_not_broadcast", compile_(SRC + "input z: f32[M]\noutput y = x + z\n"), kfuse.ParseError,
@@ -123,9 +130,14 @@ CASES = [
     # Files.
     ("load_missing_file", lambda tmp: kfuse.load(tmp / "nope.kf"), kfuse.Error,
      r"cannot read .*nope\.kf.*No such file or directory"),
-    ("load_directory", lambda tmp: kfuse.load(tmp), kfuse.Error, r"cannot read .*Is a directory"),
+    ("load_directory", lambda tmp: kfuse.load(tmp), kfuse.Error,
+     r"cannot read kfuse source .*: it is a directory, not a regular file"),
+    ("load_dev_zero", lambda tmp: kfuse.load("/dev/zero"), kfuse.Error,
+     r"cannot read kfuse source /dev/zero: it is a character device, not a regular file"),
     ("load_non_utf8", lambda tmp: kfuse.load(write(tmp, "bad.kf", b"input x: f32[N]\noutput y = x \xff\n")),
-     kfuse.Error, r"bad\.kf.*UTF-8"),
+     kfuse.ParseError, r"not UTF-8 text: byte 0xFF[\s\S]*bad\.kf:2:14[\s\S]*saved as UTF-8"),
+    ("load_nul_character", lambda tmp: kfuse.load(write(tmp, "nul.kf", b"input x: f32[N]\noutput y = x\x00\n")),
+     kfuse.ParseError, r"U\+0000 \(NUL\)[\s\S]*nul\.kf:2:13"),
     ("load_empty_file", lambda tmp: kfuse.load(write(tmp, "empty.kf", b"")), kfuse.ParseError,
      r"the program defines no output[\s\S]*empty\.kf:1:1"),
     ("load_none", lambda tmp: kfuse.load(None), TypeError, r"os\.PathLike object, not NoneType"),
@@ -177,6 +189,11 @@ CASES = [
      kfuse.InputError, r"`lengths`: lengths\[0\] = -1 is negative"),
     ("lengths_over_n", lambda tmp: giou()(**batch(lengths=torch.tensor([3, 4], dtype=torch.int32))),
      kfuse.InputError, r"`lengths`: lengths\[1\] = 4 is greater than N = 3"),
+    # i32 sums are exact or refused, never wrapped.
+    ("sum_i32_above_the_range", lambda tmp: int_sum()(x=torch.tensor([2**31 - 1, 1], dtype=torch.int32)),
+     kfuse.InputError, r"the i32 `sum` is 2147483648, outside the i32 range -2147483648\.\.=2147483647; sum floats"),
+    ("sum_i32_below_the_range", lambda tmp: int_sum()(x=torch.tensor([-(2**31), -1], dtype=torch.int32)),
+     kfuse.InputError, r"the i32 `sum` is -2147483649, outside the i32 range"),
     ("lengths_checked_on_cpu_without_validate",
      lambda tmp: giou()(**batch(lengths=torch.tensor([3, 9], dtype=torch.int32)), validate=False),
      kfuse.InputError, r"lengths\[1\] = 9 is greater than N = 3"),
@@ -262,14 +279,16 @@ CASES = [
      r"FusedMLP is for inference[\s\S]*torch\.no_grad\(\)"),
     # Model files.
     ("mlp_load_missing", lambda tmp: kfuse.nn.FusedMLP.load(tmp / "nope.json"), kfuse.Error,
-     r"cannot read model description `.*nope\.json`: No such file or directory"),
+     r"cannot read model description .*nope\.json: No such file or directory"),
     ("mlp_load_directory", lambda tmp: kfuse.nn.FusedMLP.load(tmp), kfuse.Error,
-     r"cannot read model description `.*`: Is a directory"),
+     r"cannot read model description .*: it is a directory, not a regular file"),
+    ("mlp_load_dev_zero", lambda tmp: kfuse.nn.FusedMLP.load("/dev/zero"), kfuse.Error,
+     r"cannot read model description /dev/zero: it is a character device, not a regular file"),
     ("mlp_load_not_json", lambda tmp: kfuse.nn.FusedMLP.load(write(tmp, "m.json", b"{not json")), kfuse.Error,
      r"`.*m\.json` is not a valid kfuse MLP description: key must be a string at line 1 column 2"),
     ("mlp_load_weights_missing",
      lambda tmp: kfuse.nn.FusedMLP.load(model_file(tmp, lambda d: d.update(weights="gone.safetensors"))), kfuse.Error,
-     r"cannot read weights file `.*gone\.safetensors`: No such file or directory"),
+     r"cannot read weights file .*gone\.safetensors: No such file or directory"),
     ("mlp_load_weights_corrupt",
      lambda tmp: kfuse.nn.FusedMLP.load(model_file(tmp, weights=b"\x05\x00\x00\x00\x00\x00\x00\x00hello")),
      kfuse.Error, r"weights file `.*model\.safetensors` is not a valid safetensors file"),
@@ -312,6 +331,18 @@ def test_parse_error_says_where():
         kfuse.compile(SRC + "output y = z * 2\n", name="where.kf")
     assert (info.value.file, info.value.line, info.value.column) == ("where.kf", 2, 12)
     assert isinstance(info.value, ValueError)
+
+
+def test_invisible_and_non_utf8_text_say_line_and_column(tmp_path):
+    with pytest.raises(kfuse.ParseError) as info:
+        kfuse.compile(SRC + "let a = x\nlet b =\x00 a\noutput y = b\n", name="nul.kf")
+    assert (info.value.file, info.value.line, info.value.column) == ("nul.kf", 3, 8)
+    assert "U+0000" in str(info.value) and "nul.kf:3:8" in str(info.value)
+    path = write(tmp_path, "latin1.kf", "input x: f32[N]\n# café\noutput y = x\n".encode("latin-1"))
+    with pytest.raises(kfuse.ParseError) as info:
+        kfuse.load(path)
+    assert (info.value.line, info.value.column) == (2, 6)
+    assert re.search(r"not UTF-8 text: byte 0xE9[\s\S]*latin1\.kf:2:6", str(info.value)), str(info.value)
 
 
 def test_export_to_a_folder_writes_nothing(tmp_path):
@@ -509,3 +540,121 @@ print(float(loss), kfuse.cache_info()["cache_dir"])
         assert path.read_bytes() == data
     assert sorted(p.name for p in folder.iterdir()) in (["notes.txt", "sub"], ["CACHEDIR.TAG", "notes.txt", "sub"])
     assert lone.read_bytes() == b"not a folder"
+
+
+def test_a_program_of_10000_lets_loads_runs_and_emits_cuda(tmp_path):
+    """kfuse.load of 10,000 chained lets: the CPU result and its gradient, and the generated CUDA
+    (the codegen walks the whole chain), in a subprocess so that an abort cannot take pytest down."""
+    n = 10_000
+    path = tmp_path / "deep.kf"
+    path.write_text(
+        "input x: f32[N]\nlet a0 = x + 1\n"
+        + "".join(f"let a{i} = a{i - 1} + 1\n" for i in range(1, n))
+        + f"output y = sum(a{n - 1})\n"
+    )
+    code = f"""
+import torch, kfuse
+p = kfuse.load({str(path)!r})
+x = torch.tensor([0.0, 1.0], requires_grad=True)
+out = p(x=x)
+out.y.backward()
+print(out.y.item(), x.grad.tolist(), "__global__" in p.cuda_source())
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stderr}"
+    assert out.stdout.split() == [str(float(2 * n + 1)), "[1.0,", "1.0]", "True"]
+
+
+# Every call that needs the kernel cache, on CPU: each raises (or returns) what it gives.
+ENV_PROBE = """
+import json, kfuse
+calls = {
+    "load": lambda: kfuse.load("examples/giou.kf"),
+    "compile": lambda: kfuse.compile("input x: f32[N]\\noutput y = x * x\\n", name="probe"),
+    "cache_info": lambda: kfuse.cache_info()["cache_dir"],
+}
+result = {}
+for name, call in calls.items():
+    try:
+        value = call()
+        result[name] = {"ok": True, "value": value if isinstance(value, (str, type(None))) else repr(value)}
+    except Exception as e:
+        kind = isinstance(e, kfuse.Error)
+        result[name] = {"ok": False, "class": type(e).__name__, "is_kfuse": kind, "message": str(e)}
+print(json.dumps(result))
+"""
+
+
+def probe_env(tmp_path, **env):
+    """ENV_PROBE's results in a fresh interpreter with `env` (kfuse's other variables unset)."""
+    unset = dict.fromkeys(("KFUSE_NO_CACHE", "KFUSE_LOG_COMPILES", "KFUSE_LOG_TIMING", "KFUSE_CACHE_MAX_BYTES"), "")
+    out = run_python(ENV_PROBE, env={**unset, "KFUSE_CACHE_DIR": str(tmp_path / "cache"), **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+FLAG_WORDS = r"expected 1, true, yes, on \(or 0, false, no, off; empty is off\)"
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("KFUSE_NO_CACHE", "maybe", FLAG_WORDS),
+        ("KFUSE_NO_CACHE", "2", FLAG_WORDS),
+        ("KFUSE_LOG_COMPILES", "2", FLAG_WORDS),
+        ("KFUSE_LOG_TIMING", "sometimes", FLAG_WORDS),
+        ("KFUSE_CACHE_MAX_BYTES", "lots", r"expected a byte count such as 1073741824, 64K, 512M or 2G"),
+        ("KFUSE_CACHE_MAX_BYTES", "-1", r"expected a byte count"),
+    ],
+)
+def test_an_invalid_environment_variable_is_a_config_error_on_cpu(tmp_path, name, value, expected):
+    """Without a GPU too: kfuse.load, kfuse.compile and kfuse.cache_info raise kfuse.ConfigError
+    naming the variable, its value and what it accepts; the interpreter lives on."""
+    result = probe_env(tmp_path, **{name: value})
+    for call, got in result.items():
+        assert not got["ok"] and got["class"] == "ConfigError" and got["is_kfuse"], (call, got)
+        assert re.search(rf'environment variable {name}="{re.escape(value)}" is invalid: {expected}', got["message"]), (
+            call,
+            got,
+        )
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("word", ["true", "yes", "ON", "1", " On "])
+def test_cache_flag_accepts_the_words_for_on(tmp_path, word):
+    result = probe_env(tmp_path, KFUSE_NO_CACHE=word)
+    assert all(got["ok"] for got in result.values()), result
+    assert result["cache_info"]["value"] is None  # no cache: no folder
+
+
+@pytest.mark.parametrize("word", ["false", "no", "OFF", "0", ""])
+def test_cache_flag_accepts_the_words_for_off(tmp_path, word):
+    result = probe_env(tmp_path, KFUSE_NO_CACHE=word, KFUSE_LOG_COMPILES="off", KFUSE_CACHE_MAX_BYTES="64M")
+    assert all(got["ok"] for got in result.values()), result
+    assert result["cache_info"]["value"] == str(tmp_path / "cache")
+
+
+def test_require_gpu_flag_takes_the_runtimes_words():
+    from conftest import parse_flag
+
+    for word in ("1", "true", "YES", " on "):
+        assert parse_flag("KFUSE_REQUIRE_GPU", word) is True
+    for word in (None, "", "0", "False", "no", "OFF"):
+        assert parse_flag("KFUSE_REQUIRE_GPU", word) is False
+    for word in ("2", "maybe", "y"):
+        with pytest.raises(ValueError, match=rf"KFUSE_REQUIRE_GPU='{word}' is invalid: expected 1, true, yes, on"):
+            parse_flag("KFUSE_REQUIRE_GPU", word)
+
+
+def test_an_invalid_require_gpu_flag_stops_the_test_run(tmp_path):
+    (tmp_path / "test_one.py").write_text("def test_nothing():\n    pass\n")
+    (tmp_path / "conftest.py").write_text((REPO / "bindings/python/tests/conftest.py").read_text())
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=dict(os.environ, KFUSE_REQUIRE_GPU="maybe"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage error
+    assert "KFUSE_REQUIRE_GPU='maybe' is invalid: expected 1, true, yes, on" in out.stdout + out.stderr

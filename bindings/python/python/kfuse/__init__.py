@@ -11,7 +11,7 @@ Gradients come from kfuse's own autodiff, and programs are custom operators unde
 """
 
 from . import _nvrtc
-from ._errors import DeviceError, Error, InputError, ParseError
+from ._errors import ConfigError, DeviceError, Error, InputError, ParseError
 
 _nvrtc.load()
 
@@ -30,6 +30,7 @@ def cache_info():
     return _kfuse.cache_info()
 
 __all__ = [
+    "ConfigError",
     "Decl",
     "DeviceError",
     "Error",

@@ -20,9 +20,17 @@ class ParseError(Error, ValueError):
 
 
 class InputError(Error, ValueError):
-    """Inputs that do not fit a program: a wrong name, dtype, shape or device, or bad
-    lengths/offsets. The message names the input."""
+    """Inputs that do not fit a program: a wrong name, dtype, shape or device, bad
+    lengths/offsets (the message names the input), or values whose ``i32`` sum does not fit in
+    ``i32`` (the message says so; sum floats instead)."""
 
 
 class DeviceError(Error):
     """No usable CUDA driver, GPU or NVRTC library; the message says what to install."""
+
+
+class ConfigError(Error):
+    """An environment variable of kfuse's with a value it cannot use (``KFUSE_NO_CACHE=maybe``,
+    ``KFUSE_CACHE_MAX_BYTES=lots``, ...); the message names the variable and the values it
+    accepts. Raised by the first call that needs the kernel cache (``kfuse.load``,
+    ``kfuse.compile``, ``kfuse.cache_info()``), on CPU too."""
