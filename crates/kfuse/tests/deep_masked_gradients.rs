@@ -98,7 +98,7 @@ fn the_gradient_through_a_hundred_thousand_wheres_is_built_planned_emitted_and_r
     let threshold = |i: usize| ((i * 7) % 11) as f64 / 4.0 - 1.0;
     let factor = |i: usize| match i {
         1 => 1.5,
-        _ if i % 2 == 0 => 2.0,
+        _ if i.is_multiple_of(2) => 2.0,
         _ => 0.5,
     };
     let src = where_chain(lets, threshold, factor, &format!("output y = sum(a{lets})\noutput dx = grad(y, x)\n"));
