@@ -1,5 +1,6 @@
 //! The command-line tool on programs of any depth: 100,000 chained `let`s are checked, emitted
-//! and run on the CPU (exit 0), and an expression nested past the parser's limits is a
+//! and run on the CPU (exit 0), the gradient through 100,000 chained `where`s is checked (exit 0),
+//! and an expression nested past the parser's limits is a
 //! diagnostic (exit 1) with the limit, the line and the column; never a death by signal.
 
 use std::path::{Path, PathBuf};
@@ -93,4 +94,22 @@ fn expressions_nested_past_the_limit_are_diagnostics_with_the_limit_and_the_plac
             assert!(!err.contains("panicked"), "{cmd} {name}: {err}");
         }
     }
+}
+
+#[test]
+fn check_the_gradient_through_a_hundred_thousand_chained_wheres() {
+    // a_i = where(x > i, a_{i-1} * 1.5, 0): the gradient is zero outside one mask per `let`.
+    let dir = tempfile::tempdir().unwrap();
+    let mut src = String::from("input x: f32[N]\n");
+    for i in 1..=LETS {
+        let prev = if i == 1 { "x".to_string() } else { format!("a{}", i - 1) };
+        src.push_str(&format!("let a{i} = where(x > {i}, {prev} * 1.5, 0)\n"));
+    }
+    src.push_str(&format!("output y = sum(a{LETS})\noutput dx = grad(y, x)\n"));
+    let path = dir.path().join("wheres.kf");
+    std::fs::write(&path, src).unwrap();
+    let out = kfuse(&["check", &path.display().to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let typed = String::from_utf8_lossy(&out.stdout);
+    assert!(typed.contains("output y: f32[]") && typed.contains("output dx: f32[N]"), "{typed}");
 }

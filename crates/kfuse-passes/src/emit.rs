@@ -11,6 +11,14 @@
 //! Masked-out elements then stay exactly 0 even where `x` holds NaN or infinity (padding
 //! garbage), and the kernel needs the rest of the expression only under the mask.
 //!
+//! A gradient can sit inside many such layers, one per `where` it came through (a chain of
+//! `let a_i = where(x > i, a_{i-1} * c, 0)` puts one layer per `let` around its gradient). The
+//! constructors peel the layers with a loop, apply the operation inside them, and wrap the result
+//! again with a loop ([`Emitter::wrap`]): more than two layers become two, the inner ones combined
+//! with `and` (`where(m1, where(m2, g, 0), 0)` is `where(m1 and m2, g, 0)`, still exactly 0 where
+//! any mask is false). So each constructor does a bounded amount of work and no recursion deeper
+//! than two calls, whatever the depth of the program.
+//!
 //! Folding `0 * x` to `0` treats a zero gradient as a structural zero (it does not turn into NaN
 //! when `x` is infinite), which is the intended meaning of "no gradient flows here".
 //!
@@ -66,6 +74,51 @@ impl Emitter<'_> {
         }
     }
 
+    /// The masks of the `where(m, _, 0)` layers around `n`, outermost first, and the value inside.
+    fn peel(&self, mut n: NodeId) -> (Vec<NodeId>, NodeId) {
+        let mut masks = Vec::new();
+        while let Some((m, g)) = self.zero_outside(n) {
+            masks.push(m);
+            n = g;
+        }
+        (masks, n)
+    }
+
+    /// `inner` inside `where(m, _, 0)` layers of `masks` (outermost first), and of the layers that
+    /// `inner` already has. Up to two layers are built as they are; beyond two, the outermost mask
+    /// stays and the others are combined into one with `and`, so a gradient that goes through a
+    /// chain of `where`s keeps two layers (and a growing mask) instead of one layer per `where`.
+    fn wrap(&mut self, masks: &[NodeId], inner: NodeId) -> Result<NodeId, IrError> {
+        if masks.is_empty() {
+            return Ok(inner);
+        }
+        let (more, core) = self.peel(inner);
+        if masks.len() + more.len() <= 2 {
+            return masks.iter().rev().try_fold(inner, |v, &m| self.keep_where(m, v));
+        }
+        let mut all = masks.iter().chain(&more).copied();
+        let (Some(outer), Some(first)) = (all.next(), all.next()) else {
+            return Err(IrError::Malformed("wrap: fewer than three masks to combine".into()));
+        };
+        let combined = all.try_fold(first, |acc, m| self.b.binary(BinaryOp::And, acc, m))?;
+        let v = self.keep_where(combined, core)?;
+        self.keep_where(outer, v)
+    }
+
+    /// Descends `a` and `b` together through the `where(m, _, 0)` layers they share (the same
+    /// mask node, outermost first): the shared masks and the two values inside them.
+    fn shared_masks(&self, mut a: NodeId, mut b: NodeId) -> (Vec<NodeId>, NodeId, NodeId) {
+        let mut masks = Vec::new();
+        while let (Some((m, x)), Some((m2, y))) = (self.zero_outside(a), self.zero_outside(b)) {
+            if m != m2 {
+                break;
+            }
+            masks.push(m);
+            (a, b) = (x, y);
+        }
+        (masks, a, b)
+    }
+
     /// `where(m, inner, 0)`, built as it is (re-hoisting here could swap two masks forever).
     fn keep_where(&mut self, m: NodeId, inner: NodeId) -> Result<NodeId, IrError> {
         if self.is_zero(inner) {
@@ -82,11 +135,10 @@ impl Emitter<'_> {
         if self.is_zero(b) {
             return Ok(a);
         }
-        if let (Some((m, x)), Some((m2, y))) = (self.zero_outside(a), self.zero_outside(b)) {
-            if m == m2 {
-                let s = self.add(x, y)?;
-                return self.keep_where(m, s);
-            }
+        let (masks, x, y) = self.shared_masks(a, b);
+        if !masks.is_empty() {
+            let s = self.add(x, y)?;
+            return self.wrap(&masks, s);
         }
         if let Some(c) = self.fold(a, b, |x, y| x + y) {
             return Ok(c);
@@ -101,11 +153,10 @@ impl Emitter<'_> {
         if self.is_zero(a) {
             return self.neg(b);
         }
-        if let (Some((m, x)), Some((m2, y))) = (self.zero_outside(a), self.zero_outside(b)) {
-            if m == m2 {
-                let s = self.sub(x, y)?;
-                return self.keep_where(m, s);
-            }
+        let (masks, x, y) = self.shared_masks(a, b);
+        if !masks.is_empty() {
+            let s = self.sub(x, y)?;
+            return self.wrap(&masks, s);
         }
         if let Some(c) = self.fold(a, b, |x, y| x - y) {
             return Ok(c);
@@ -121,9 +172,10 @@ impl Emitter<'_> {
         if let Op::Unary(UnaryOp::Neg, x) = self.b.node(a).op {
             return Ok(x);
         }
-        if let Some((m, x)) = self.zero_outside(a) {
+        let (masks, x) = self.peel(a);
+        if !masks.is_empty() {
             let n = self.neg(x)?;
-            return self.keep_where(m, n);
+            return self.wrap(&masks, n);
         }
         self.b.unary(UnaryOp::Neg, a)
     }
@@ -144,13 +196,15 @@ impl Emitter<'_> {
         if let Some(c) = self.fold(a, b, |x, y| x * y) {
             return Ok(c);
         }
-        if let Some((m, x)) = self.zero_outside(a) {
+        let (masks, x) = self.peel(a);
+        if !masks.is_empty() {
             let p = self.mul(x, b)?;
-            return self.keep_where(m, p);
+            return self.wrap(&masks, p);
         }
-        if let Some((m, y)) = self.zero_outside(b) {
+        let (masks, y) = self.peel(b);
+        if !masks.is_empty() {
             let p = self.mul(a, y)?;
-            return self.keep_where(m, p);
+            return self.wrap(&masks, p);
         }
         if self.float_const(a) == Some(-1.0) {
             return self.neg(b);
@@ -171,9 +225,10 @@ impl Emitter<'_> {
         if let Some(c) = self.fold(a, b, |x, y| x / y) {
             return Ok(c);
         }
-        if let Some((m, x)) = self.zero_outside(a) {
+        let (masks, x) = self.peel(a);
+        if !masks.is_empty() {
             let q = self.div(x, b)?;
-            return self.keep_where(m, q);
+            return self.wrap(&masks, q);
         }
         self.b.binary(BinaryOp::Div, a, b)
     }
@@ -188,30 +243,34 @@ impl Emitter<'_> {
     }
 
     /// `where(cond, a, b)`; `where(c, x, x)` is `x` (lazily broadcast); two branches that are
-    /// zero outside one mask make a select that is zero outside it.
+    /// zero outside one mask make a select that is zero outside it (layer by layer, in a loop).
     pub fn select(&mut self, cond: NodeId, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
-        if a == b {
-            return Ok(a);
-        }
-        if let (Some(x), Some(y)) = (self.float_const(a), self.float_const(b)) {
-            if x.to_bits() == y.to_bits() {
-                return Ok(a);
+        let (mut masks, mut a, mut b) = (Vec::new(), a, b);
+        let inner = loop {
+            if a == b {
+                break a;
             }
-        }
-        let (ma, mb) = (self.zero_outside(a), self.zero_outside(b));
-        let shared = match (ma, mb) {
-            (Some((m, x)), Some((m2, y))) if m == m2 => Some((m, x, y)),
-            (Some((m, x)), None) if self.is_zero(b) => Some((m, x, b)),
-            (None, Some((m, y))) if self.is_zero(a) => Some((m, a, y)),
-            _ => None,
+            if let (Some(x), Some(y)) = (self.float_const(a), self.float_const(b)) {
+                if x.to_bits() == y.to_bits() {
+                    break a;
+                }
+            }
+            let (ma, mb) = (self.zero_outside(a), self.zero_outside(b));
+            let shared = match (ma, mb) {
+                (Some((m, x)), Some((m2, y))) if m == m2 => Some((m, x, y)),
+                (Some((m, x)), None) if self.is_zero(b) => Some((m, x, b)),
+                (None, Some((m, y))) if self.is_zero(a) => Some((m, a, y)),
+                _ => None,
+            };
+            match shared {
+                Some((m, x, y)) if m != cond => {
+                    masks.push(m);
+                    (a, b) = (x, y);
+                }
+                _ => break self.b.select(cond, a, b)?,
+            }
         };
-        if let Some((m, x, y)) = shared {
-            if m != cond {
-                let inner = self.select(cond, x, y)?;
-                return self.keep_where(m, inner);
-            }
-        }
-        self.b.select(cond, a, b)
+        self.wrap(&masks, inner)
     }
 
     /// A bool tensor of `shape` that is true everywhere (`iota >= 0`); it carries a shape so that
