@@ -5,29 +5,15 @@
 //! Speed is never asserted.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use kfuse_cli::{boxes, npy};
 
+mod common;
+use common::kfuse;
+
 /// f32 results against the f64 interpreter (the conformance suite's tolerance).
 const F32_TOLERANCE: f64 = 1e-5;
-
-fn kfuse_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
-}
-
-fn kfuse(args: &[&str]) -> Output {
-    Command::new(kfuse_exe()).args(args).output().expect("kfuse runs")
-}
 
 fn example(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples").join(name).display().to_string()

@@ -8,24 +8,8 @@ use std::process::{Command, Output};
 use kfuse::{DType, HostTensor};
 use kfuse_cli::{boxes, npy};
 
-fn kfuse(args: &[&str]) -> Output {
-    Command::new(kfuse_exe()).args(args).output().expect("kfuse runs")
-}
-
-/// The binary cargo built, or (for test executables copied to a machine without Rust, such as the
-/// GPU machine's bundle) the `kfuse` on PATH.
-fn kfuse_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
-}
+mod common;
+use common::{kfuse, kfuse_exe};
 
 fn examples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples")

@@ -12,22 +12,11 @@ use std::process::{Command, Output};
 
 use kfuse_runtime::testing::nvrtc_or_skip;
 
+mod common;
+use common::{kfuse_exe, stdout};
+
 const SIGNATURE: &str = "Signature: 8a477f597d28d172789f06886806bc55";
 const ENTRY_NAME: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.kfc";
-
-/// The binary cargo built, or the `kfuse` on PATH (see tests/cli.rs).
-fn kfuse_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
-}
 
 /// Runs kfuse with `cache_dir` as KFUSE_CACHE_DIR, the other cache variables cleared, then `env`.
 fn kfuse_in(cache_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -38,10 +27,6 @@ fn kfuse_in(cache_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     }
     cmd.envs(env.iter().copied());
     cmd.output().expect("kfuse runs")
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Asserts success and returns stdout.

@@ -3,35 +3,15 @@
 //! and an expression nested past the parser's limits is a
 //! diagnostic (exit 1) with the limit, the line and the column; never a death by signal.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 use kfuse::{DType, HostTensor};
 use kfuse_cli::npy;
 
+mod common;
+use common::kfuse;
+
 const LETS: usize = 100_000;
-
-/// The binary cargo built, or (for test executables copied to a machine without Rust) the
-/// `kfuse` on PATH.
-fn kfuse_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
-}
-
-fn kfuse(args: &[&str]) -> Output {
-    let out = Command::new(kfuse_exe()).args(args).output().expect("kfuse runs");
-    // Exited by itself, not killed by a signal (a stack overflow aborts with SIGABRT).
-    assert!(out.status.code().is_some(), "kfuse {args:?} died: {:?}", out.status);
-    out
-}
 
 /// `LETS` lets in cycles of `+ 1`, `* 2`, `- 1`, `* 0.5` (each cycle adds exactly 0.5).
 fn deep_file(dir: &Path) -> String {

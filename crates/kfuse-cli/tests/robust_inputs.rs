@@ -10,28 +10,8 @@ use std::process::{Command, Output};
 use kfuse::{DType, HostTensor};
 use kfuse_cli::npy;
 
-fn kfuse(args: &[&str]) -> Output {
-    Command::new(kfuse_exe()).args(args).output().expect("kfuse runs")
-}
-
-/// The binary cargo built, or (for test executables copied to a machine without Rust) the
-/// `kfuse` on PATH.
-fn kfuse_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+mod common;
+use common::{kfuse, stderr};
 
 /// Asserts exit status 1, one `error` line, no panic, and every `needle` in stderr.
 fn fails_with(out: &Output, needles: &[&str]) {

@@ -5,13 +5,15 @@
 //! positions are pinned by kfuse-lang's `diagnostics` tests, the inputs of `kfuse run` by `cli.rs`.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use kfuse::{DType, HostTensor};
 use kfuse_cli::npy;
 
+mod common;
+
 fn kfuse(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kfuse"))
+    common::command()
         .args(args)
         .env("KFUSE_NO_CACHE", "1")
         .env_remove("KFUSE_REQUIRE_GPU")
