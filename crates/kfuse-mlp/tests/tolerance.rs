@@ -3,7 +3,7 @@
 //! the CPU (`round_like_gpu`: input and hidden activations rounded to the model's dtype).
 
 use kfuse_ir::DType;
-use kfuse_mlp::testing::{check_16bit, check_values, random_input, round_like_gpu, Case, Numerics, Rng};
+use kfuse_mlp::testing::{check_16bit, check_values, random_input, round_like_gpu, Case, Numerics, Rng, SIGMAS};
 use kfuse_mlp::{compare_rows, evaluate_cpu, MlpModel};
 
 const PLAIN: Numerics = Numerics { f16_accumulator: false };
@@ -101,9 +101,9 @@ fn a_real_error_is_rejected_even_on_a_value_near_zero() {
 
 #[test]
 fn the_bound_is_absolute_plus_relative() {
-    // scale 1e-3, f16 output: bound = 6e-3 * (1 + 2^-11) + 2^-11 * |want|.
+    // scale 1e-3, f16 output: bound = SIGMAS * 1e-3 * (1 + 2^-11) + 2^-11 * |want|.
     let u = 2f64.powi(-11);
-    let bound = |w: f64| 6e-3 * (1.0 + u) + u * w.abs();
+    let bound = |w: f64| SIGMAS * 1e-3 * (1.0 + u) + u * w.abs();
     for w in [0.0, 1e-6, 1.0, 100.0] {
         assert!(check_values(&[w + 0.99 * bound(w)], &[w], &[1e-3], DType::F16, 1, "in").is_ok());
         assert!(check_values(&[w - 1.01 * bound(w)], &[w], &[1e-3], DType::F16, 1, "out").is_err());
