@@ -563,18 +563,10 @@ fn giou_baseline(
     ))
 }
 
-/// Today's date in UTC as YYYY-MM-DD (civil-from-days, no time crate needed).
+/// Today's date in UTC as YYYY-MM-DD.
 pub fn today_utc() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let z = (secs / 86400) as i64 + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + (m <= 2) as i64;
+    let (y, m, d) = crate::when::civil_from_days(secs / 86400);
     format!("{y:04}-{m:02}-{d:02}")
 }
 

@@ -30,7 +30,7 @@ pub fn date_and_age(then_s: u64, now_s: u64) -> String {
 
 /// (year, month, day) of the proleptic Gregorian calendar, `days` after 1970-01-01 (Howard
 /// Hinnant's `civil_from_days`).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
+pub(crate) fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let z = days + 719_468;
     let era = z / 146_097;
     let doe = z - era * 146_097;

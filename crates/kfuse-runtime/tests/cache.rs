@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 
+mod common;
+use common::probe_exe;
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_runtime::{
     Arch, CacheConfig, CacheMode, CacheOutcome, CompileOptions, CompiledModule, KernelCache, VerifyAction,
@@ -375,21 +377,6 @@ fn compile_errors_are_not_cached() {
         assert!(matches!(err, kfuse_runtime::RuntimeError::Compile { .. }), "{err}");
     }
     assert_eq!(cache.stats().entries, 0);
-}
-
-/// The probe binary: where cargo built it, or (for test executables copied to a machine without
-/// Rust, such as the GPU machine's bundle) the copy on PATH.
-fn probe_exe() -> std::path::PathBuf {
-    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kfuse-cache-probe"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse-cache-probe"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
 }
 
 /// Root ignores folder permissions, so the read-only case is also run as an unprivileged user

@@ -12,6 +12,8 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+mod common;
+use common::probe_exe;
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, KernelCache, RuntimeError, VerifyAction};
 
@@ -295,20 +297,6 @@ fn a_cap_of_zero_keeps_nothing_on_disk() {
     }
     assert!(!root.exists(), "a cap of 0 wrote to disk");
     assert!(cache.stats().disk_unused.is_some_and(|u| u.contains("KFUSE_CACHE_MAX_BYTES=0")));
-}
-
-/// The probe binary (see tests/cache.rs).
-fn probe_exe() -> PathBuf {
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_kfuse-cache-probe"));
-    if built.exists() {
-        return built;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("kfuse-cache-probe"))
-        .find(|p| p.exists())
-        .unwrap_or(built)
 }
 
 #[test]
