@@ -299,7 +299,7 @@ def test_derivation_errors():
 
 def test_outputs_mapping():
     out = kfuse.compile(PER_BOX, name="per_box")(**per_box_inputs())
-    assert list(out) == ["per_box", "total", "valid_count"] and len(out) == 3
+    assert list(out.keys()) == ["per_box", "total", "valid_count"] and len(out) == 3
     assert out["total"] is out.total
     with pytest.raises(AttributeError, match="no output named 'nope'"):
         out.nope
@@ -307,6 +307,16 @@ def test_outputs_mapping():
         out.total = 1
     with pytest.raises(TypeError, match="read-only"):
         out["total"] = 1
+    with pytest.raises(KeyError, match="no output named 'nope'"):
+        out["nope"]
+    # A tuple of tensors: unpacking, indexing and the mapping view agree.
+    per_box, total, valid_count = out
+    assert per_box is out[0] is out["per_box"] and total is out.total and valid_count is out[-1]
+    assert isinstance(total, torch.Tensor) and out[1:] == (total, valid_count)
+    assert [k for k, _ in out.items()] == list(out.keys()) and list(out.values()) == list(out)
+    assert out._asdict() == {"per_box": per_box, "total": total, "valid_count": valid_count}
+    assert repr(out).startswith("Outputs(per_box=tensor(")
+    assert isinstance(out, kfuse.Outputs) and isinstance(out, tuple)
 
 
 # --- the fused MLP --------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_layouts_match_float64_values_and_gradients(gpu, layout, dtype, b):
 
     # Forward only.
     out = prog(**x)
-    assert list(out) == ["loss"]
+    assert list(out.keys()) == ["loss"]
     assert out.loss.device == gpu and out.loss.dtype == dt and out.loss.shape == ()
     close(out.loss, want_loss, loss_tol, f"{layout} {dtype} B={b} loss")
 

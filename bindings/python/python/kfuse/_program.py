@@ -20,6 +20,7 @@ outputs are allocated by PyTorch on the inputs' device, and the kernels are queu
 device loads the kernels (compiled once per architecture through the disk cache).
 """
 
+import collections
 import ctypes
 import hashlib
 import itertools
@@ -67,25 +68,66 @@ class Decl(tuple):
         return f"Decl({text})"
 
 
-class Outputs(dict):
-    """A program's outputs in declaration order: ``out["loss"]`` or ``out.loss``. Read-only."""
+class Outputs(tuple):
+    """A program's outputs in declaration order: a tuple of tensors (``loss, grad = prog(...)``)
+    whose items are also found by name (``out.loss`` or ``out["loss"]``); ``keys()``, ``values()``,
+    ``items()`` and ``_asdict()`` give the mapping view. Immutable, like any tuple.
+
+    Each program's outputs are a ``collections.namedtuple`` of its output names with these methods
+    added (so reading an output by name costs what a namedtuple field costs, and ``torch.compile``
+    traces it as a namedtuple); this class is their common base. An output whose name is not a
+    valid namedtuple field (a Python keyword, a leading underscore) or is one of these methods'
+    names is reached by ``out["name"]``."""
 
     __slots__ = ()
+    _names = ()
+
+    def __getitem__(self, key):
+        if key.__class__ is str:
+            try:
+                key = self._names.index(key)
+            except ValueError:
+                raise KeyError(f"no output named {key!r} (outputs: {', '.join(self._names)})") from None
+        return tuple.__getitem__(self, key)
 
     def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"no output named {name!r} (outputs: {', '.join(self)})") from None
+        # Only reached for names that are not outputs (outputs are the namedtuple's fields).
+        raise AttributeError(f"no output named {name!r} (outputs: {', '.join(self._names)})")
 
     def _read_only(self, *args, **kwargs):
         raise TypeError("kfuse outputs are read-only")
 
     __setattr__ = __delattr__ = __setitem__ = __delitem__ = _read_only
-    clear = pop = popitem = setdefault = update = _read_only
+
+    def keys(self):
+        """The output names, in declaration order."""
+        return self._names
+
+    def values(self):
+        """The output tensors, in declaration order."""
+        return tuple(self)
+
+    def items(self):
+        """``(name, tensor)`` pairs, in declaration order."""
+        return tuple(zip(self._names, self))
+
+    def _asdict(self):
+        """The outputs as a new ``dict`` from name to tensor."""
+        return dict(zip(self._names, self))
 
     def __repr__(self):
-        return "Outputs(" + ", ".join(f"{k}={v!r}" for k, v in self.items()) + ")"
+        return "Outputs(" + ", ".join(f"{k}={v!r}" for k, v in zip(self._names, self)) + ")"
+
+
+def _outputs_type(names):
+    """The outputs class of a program whose outputs are `names` (see :class:`Outputs`): a
+    subclass of :class:`Outputs` and of the namedtuple of those names, in that order, so that
+    Outputs' methods come first and ``torch.compile`` sees a namedtuple."""
+    names = tuple(names)
+    hidden = set(dir(Outputs)) - set(dir(tuple))
+    fields = [f"_{i}" if n in hidden else n for i, n in enumerate(names)]
+    base = collections.namedtuple("Outputs", fields, rename=True, module=__name__)
+    return type("Outputs", (Outputs, base), {"__slots__": (), "_names": names, "__module__": __name__})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +164,7 @@ if _raw_stream is None:  # pragma: no cover - older torch
 # The current CUDA device; CUDA tensors exist whenever this is called, so PyTorch's lazy
 # initialisation check (`torch.cuda.current_device`) is not needed on the call path.
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-_empty = torch.empty
+_empty_like = torch.empty_like
 
 
 def _on_device(index, launch, *args):
@@ -161,7 +203,15 @@ class _Kernels:
 
     def _bind(self, tensors, shapes):
         binding = self.native.bind([(n, _KD[t.dtype], t.shape) for n, t in zip(self.names, tensors)])
-        hit = (binding, [(shape, TORCH_DTYPES[dtype]) for dtype, shape in binding.outputs])
+        # How each output is allocated: like the input of the same shape and dtype where there is
+        # one (`torch.empty_like` parses no shape: the cheapest allocation PyTorch has), else from
+        # the first input's device with its shape and dtype.
+        specs = []
+        for dtype, shape in binding.outputs:
+            dt, shape = TORCH_DTYPES[dtype], tuple(shape)
+            like = next((i for i, t in enumerate(tensors) if t.dtype is dt and tuple(t.shape) == shape), None)
+            specs.append((like, shape, dt))
+        hit = (binding, specs)
         if len(self._bound) >= self.MAX_BOUND:
             self._bound.clear()
         self._bound[shapes] = hit
@@ -170,13 +220,16 @@ class _Kernels:
     def run_cuda(self, tensors, validate):
         # The hot path of every eager CUDA call: list comprehensions, no helper calls.
         shapes = tuple([t.shape for t in tensors])
-        binding, out_specs = self._bound.get(shapes) or self._bind(tensors, shapes)
+        binding, specs = self._bound.get(shapes) or self._bind(tensors, shapes)
         if validate and self.layouts:
             binding.check_layouts([(self.names[i], _host_arg(self.names[i], tensors[i].cpu())[1]) for i in self.layouts])
-        device = tensors[0].device
-        outs = [_empty(shape, dtype=dtype, device=device) for shape, dtype in out_specs]
+        first = tensors[0]
+        outs = [
+            _empty_like(tensors[like]) if like is not None else first.new_empty(shape, dtype=dt)
+            for like, shape, dt in specs
+        ]
         addresses = [t.data_ptr() for t in tensors] + [t.data_ptr() for t in outs]
-        index = device.index
+        index = first.get_device()
         try:
             if index == _current_device():
                 binding.launch(index, _raw_stream(index), addresses)
@@ -214,6 +267,14 @@ class _Fusion:
         self.n_inputs = len(variant.inputs)
         self.n_outputs = len(variant.outputs)
         self.loss_index = variant.float_outputs[0]
+
+    def place(self, grads):
+        """The backward's result: `grads` (one per input of `wrt`) in their inputs' places after
+        the two non-tensor arguments of `_Fused.apply`, None elsewhere."""
+        result = [None] * (2 + self.n_inputs)
+        for i, g in zip(self.wrt, grads):
+            result[2 + i] = g
+        return tuple(result)
 
 
 class _Variant:
@@ -283,13 +344,20 @@ class _Variant:
 def _scale_in_place(g, up):
     """`g *= up` for a gradient `g` that kfuse computed and a one-element upstream gradient `up`.
     On CUDA a kernel on the current stream reads `up` on the device and writes nothing when it is
-    1 (`loss.backward()`), so no pass over `g` and no synchronisation."""
-    if g.is_cuda and up.is_cuda and up.numel() == 1 and up.dtype in _KD and up.device == g.device:
-        index = g.get_device()
+    1 (`loss.backward()`), so no pass over `g` and no synchronisation. Runs on autograd's device
+    thread: integer device ordinals only, no torch.device objects."""
+    index = g.get_device()
+    if index >= 0 and up.get_device() == index and up.numel() == 1 and up.dtype in _KD:
         grad, upstream = (g.data_ptr(), _KD[g.dtype], g.numel()), (up.data_ptr(), _KD[up.dtype])
-        _on_device(index, _kfuse.scale_by_upstream, index, _raw_stream(index), grad, upstream)
-    elif g.is_cuda or float(up) != 1.0:
+        if index == _current_device():
+            _scale_by_upstream(index, _raw_stream(index), grad, upstream)
+        else:
+            _on_device(index, _scale_by_upstream, index, _raw_stream(index), grad, upstream)
+    elif index >= 0 or float(up) != 1.0:
         g.mul_(up)
+
+
+_scale_by_upstream = _kfuse.scale_by_upstream
 
 
 class _Fused(torch.autograd.Function):
@@ -320,19 +388,17 @@ class _Fused(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         fusion = ctx.fusion
         up = grad_outputs[fusion.loss_index]
-        if ctx.grads is None:
+        got = ctx.grads
+        if got is None:
             got = fusion.variant.backward(ctx.saved_tensors, (fusion.loss_index,), [up], fusion.wrt)
         elif torch.is_grad_enabled():
-            got = [g * up for g in ctx.grads]
+            got = [g * up for g in got]
         else:
             # Handed over: no reference stays here, so autograd keeps them without a copy.
-            got, ctx.grads = ctx.grads, None
+            ctx.grads = None
             for g in got:
                 _scale_in_place(g, up)
-        grads = [None] * (2 + fusion.n_inputs)
-        for i, g in zip(fusion.wrt, got):
-            grads[2 + i] = g
-        return tuple(grads)
+        return fusion.place(got)
 
 
 class _Derived(torch.autograd.Function):
@@ -547,6 +613,7 @@ class Program:
         self._variants = {}
         self._lock = threading.Lock()
         self._out_names = tuple(d.name for d in self._base.outputs)
+        self._outputs = _outputs_type(self._out_names)
         self._spec = tuple((d.name, d.dtype, d.dtype in FLOAT) for d in self._base.inputs)
         with _PROGRAMS_LOCK:
             self._key = next(_KEYS)
@@ -653,7 +720,7 @@ class Program:
             out = op(*ordered, validate=validate)
             n = len(self._out_names)
             out = (out,) if n == 1 and not isinstance(out, (tuple, list)) else out
-            return Outputs(zip(self._out_names, out[:n]))
+            return self._outputs(*out[:n])
         variant = self._variants.get(dtypes) or self._variant(dtypes)
         wrt = ()
         if grad and torch.is_grad_enabled():
@@ -665,7 +732,7 @@ class Program:
             out = _Fused.apply(variant.fusion(wrt), validate, *ordered)
         else:
             out = _Derived.apply(variant, validate, wrt, *ordered)
-        return Outputs(zip(self._out_names, out))
+        return self._outputs._make(out)
 
     def _bad_input(self, name, t, given):
         d = next(d for d in self._base.inputs if d.name == name)
