@@ -2,6 +2,8 @@
 //! per shape signature, so that a call on tensors of shapes seen before crosses the boundary with
 //! addresses only.
 
+use std::sync::{Arc, RwLock};
+
 use kfuse::{DType, DeviceTensor};
 use pyo3::prelude::*;
 
@@ -38,9 +40,33 @@ pub struct Binding {
     /// The inputs (declaration order), then the outputs (declaration order).
     slots: Vec<Slot>,
     inputs: usize,
+    /// The program bound on each device launched on so far (usually one).
+    devices: RwLock<Vec<(usize, Arc<kfuse::DeviceBinding>)>>,
 }
 
 impl Binding {
+    /// The program bound on device `ordinal`, when a launch there has bound it already.
+    fn on_device(&self, ordinal: usize) -> Option<Arc<kfuse::DeviceBinding>> {
+        let bound = self.devices.read().unwrap_or_else(|e| e.into_inner());
+        bound.iter().find(|(o, _)| *o == ordinal).map(|(_, b)| b.clone())
+    }
+
+    /// Binds the program on device `ordinal` (opening it, loading the kernels, sizing the
+    /// workspace) and keeps the result for later launches there.
+    fn bind_device(&self, ordinal: usize) -> PyResult<Arc<kfuse::DeviceBinding>> {
+        // Opening the device through the module's engine makes it count in `cache_info()`.
+        device::device(ordinal)?;
+        let shapes: Vec<(&str, kfuse::DType, &[usize])> =
+            self.slots[..self.inputs].iter().map(|s| (s.name.as_str(), s.dtype, s.shape.as_slice())).collect();
+        let bound = Arc::new(self.program.bind_device(ordinal, &shapes).map_err(errors::kfuse)?);
+        let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, existing)) = devices.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(existing.clone());
+        }
+        devices.push((ordinal, bound.clone()));
+        Ok(bound)
+    }
+
     /// Binds `program` to `inputs` (`(name, dtype, shape)`, in declaration order), whose symbol
     /// sizes `sizes` were checked and bound already.
     pub fn new(program: kfuse::Program, inputs: &[ShapeArg], sizes: Vec<u64>) -> PyResult<Binding> {
@@ -51,7 +77,7 @@ impl Binding {
         for (name, dtype, shape) in shapes::output_shapes(program.interface(), &sizes) {
             slots.push(Slot::new(name, dtype, shape)?);
         }
-        Ok(Binding { program, sizes, slots, inputs: inputs.len() })
+        Ok(Binding { program, sizes, slots, inputs: inputs.len(), devices: RwLock::new(Vec::new()) })
     }
 }
 
@@ -87,25 +113,20 @@ impl Binding {
                 format!("{} addresses given for {} inputs and outputs", addresses.len(), self.slots.len()),
             ));
         }
-        let gpu = device::device(ordinal)?;
         let roles =
             self.slots.iter().enumerate().map(|(i, s)| if i < self.inputs { ("input", s) } else { ("output", s) });
         device::check_aligned(roles.zip(&addresses).map(|((role, s), &a)| (role, s.name.as_str(), a)))?;
+        let bound = match self.on_device(ordinal) {
+            Some(bound) => bound,
+            // The first launch on a device loads the kernels, compiling them when the cache has
+            // none: other Python threads run meanwhile.
+            None => py.detach(|| self.bind_device(ordinal))?,
+        };
         let memory: Vec<(u64, u64)> = addresses.iter().zip(&self.slots).map(|(&a, s)| (a, s.bytes)).collect();
-        let (stream, buffers) = device::borrow(&gpu, stream, &memory)?;
-        let mut tensors = self
-            .slots
-            .iter()
-            .zip(buffers)
-            .map(|(s, buffer)| (s.name.as_str(), DeviceTensor { buffer, dtype: s.dtype, shape: s.shape.clone() }));
-        let ins: Vec<(&str, DeviceTensor)> = tensors.by_ref().take(self.inputs).collect();
-        let outs: Vec<DeviceTensor> = tensors.map(|(_, t)| t).collect();
-        let program = &self.program;
-        let launch = || program.launch(ordinal, &stream, &ins, &outs);
+        let (stream, buffers) = device::borrow(bound.gpu(), stream, &memory)?;
         // Queuing kernels takes microseconds: the GIL is kept, so that a call does not wait for
-        // it behind other Python threads. A first launch may compile, so it lets them run.
-        let result = if program.is_loaded(ordinal) { launch() } else { py.detach(launch) };
-        result.map_err(errors::kfuse)
+        // it behind other Python threads.
+        bound.launch(&stream, &buffers).map_err(errors::kfuse)
     }
 
     fn __repr__(&self) -> String {

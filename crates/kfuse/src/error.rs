@@ -39,6 +39,10 @@ pub enum Error {
     /// `launch` given another number of output tensors than the program has outputs.
     #[error("{origin}: {got} output tensors given, but the program has {want} outputs ({names})")]
     OutputCount { origin: String, got: usize, want: usize, names: String },
+    /// A bound launch ([`crate::DeviceBinding::launch`]) given another number of buffers than its
+    /// inputs and outputs, or a buffer smaller than its bound shape.
+    #[error("a bound launch of {origin}: {why}")]
+    BoundBuffers { origin: String, why: String },
     /// An output tensor of the wrong dtype.
     #[error("output `{name}` (position {position}) has dtype {got}, but the program writes {want}")]
     OutputDType { name: String, position: usize, got: DType, want: DType },

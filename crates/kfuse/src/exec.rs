@@ -101,7 +101,7 @@ impl CudaProgram {
     }
 
     /// The grid of each kernel for run-time `sizes`.
-    fn grids(&self, sizes: &[u64]) -> Result<Vec<u32>> {
+    pub(crate) fn grids(&self, sizes: &[u64]) -> Result<Vec<u32>> {
         let sm = self.gpu.sm_count().max(1);
         self.plan
             .kernels
@@ -286,30 +286,49 @@ impl CudaProgram {
         }
         let grids = self.grids(&sizes)?;
         self.reserve(workspace, &sizes, &grids)?;
+        let position = |id: kfuse_ir::InputId| {
+            // Binding checked that every declared input is given.
+            interface
+                .inputs
+                .get(id.0 as usize)
+                .and_then(|d| inputs.iter().position(|(n, _)| *n == d.name))
+                .ok_or(Error::PlanMissingInput { index: id.0 as usize })
+        };
+        let ins: Vec<&DeviceBuffer> = inputs.iter().map(|(_, t)| &t.buffer).collect();
+        let outs: Vec<&DeviceBuffer> = outputs.iter().map(|t| &t.buffer).collect();
+        self.launch_reserved(stream, &sizes, &grids, workspace, position, &ins, &outs)
+    }
+
+    /// Launches every kernel on `stream` with the caller's `inputs` (found for each declared
+    /// input by `position`) and `outputs` (declaration order), the plan's other buffers from
+    /// `workspace`, which [`CudaProgram::reserve`] made large enough for `sizes` and `grids`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_reserved(
+        &self,
+        stream: &Stream,
+        sizes: &[u64],
+        grids: &[u32],
+        workspace: &mut Workspace,
+        position: impl Fn(kfuse_ir::InputId) -> Result<usize>,
+        inputs: &[&DeviceBuffer],
+        outputs: &[&DeviceBuffer],
+    ) -> Result<()> {
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
             let buf = match (decl.kind, slot) {
-                (BufferKind::Input(id), _) => {
-                    // Binding checked that every declared input is given.
-                    let given =
-                        interface.inputs.get(id.0 as usize).and_then(|d| inputs.iter().find(|(n, _)| *n == d.name));
-                    match given {
-                        Some((_, t)) => &t.buffer,
-                        None => return Err(Error::PlanMissingInput { index: id.0 as usize }),
-                    }
-                }
-                (BufferKind::Output(i), _) => &outputs[i].buffer,
+                (BufferKind::Input(id), _) => inputs[position(id)?],
+                (BufferKind::Output(i), _) => outputs[i],
                 (_, Some(buf)) => buf,
                 (_, None) => {
                     return Err(Error::TooLarge {
                         what: "the plan's workspace (its partial sums, counters and temporaries)".to_string(),
-                        sizes: sizes.clone(),
+                        sizes: sizes.to_vec(),
                     })
                 }
             };
             buffers.push(buf);
         }
-        self.launch_buffers(stream, &sizes, &grids, &buffers)?;
+        self.launch_buffers(stream, sizes, grids, &buffers)?;
         if workspace.used_on.is_none() {
             workspace.used_on = Some(self.gpu.clone());
         }
@@ -319,7 +338,7 @@ impl CudaProgram {
     /// Makes `workspace` large enough for `sizes`. Growing waits for the whole device (kernels on
     /// any stream may still use the old buffers), allocates (and zeroes: counters start at 0) on
     /// the device's own stream and waits for that, so the new buffers are ready for any stream.
-    fn reserve(&self, workspace: &mut Workspace, sizes: &[u64], grids: &[u32]) -> Result<()> {
+    pub(crate) fn reserve(&self, workspace: &mut Workspace, sizes: &[u64], grids: &[u32]) -> Result<()> {
         let mut needed = Vec::with_capacity(self.plan.buffers.len());
         let mut grow = workspace.buffers.len() != self.plan.buffers.len();
         for (i, decl) in self.plan.buffers.iter().enumerate() {

@@ -32,7 +32,7 @@ mod scale;
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use exec::DeviceTensor;
-pub use program::{read_source, Program};
+pub use program::{read_source, DeviceBinding, Program};
 pub use scale::scale_by_upstream;
 
 pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};

@@ -213,6 +213,50 @@ impl Program {
         })
     }
 
+    /// Binds the program to inputs of these names, dtypes and shapes on GPU `ordinal`: checks
+    /// them against the declarations, loads the kernels there (compiling through the cache), sizes
+    /// the launch grids and makes the workspace large enough (this waits for the device, as a
+    /// first [`Program::launch`] does). The result launches on device memory of those shapes
+    /// with no further checks of shapes and no allocation: what a framework keeps per shape
+    /// signature, so that a call on shapes seen before passes addresses only.
+    pub fn bind_device(&self, ordinal: usize, inputs: &[(&str, DType, &[usize])]) -> Result<DeviceBinding> {
+        let interface = self.interface();
+        let sizes = interface.bind_shapes(inputs)?;
+        let mut bytes = Vec::with_capacity(inputs.len() + interface.outputs.len());
+        let too_big = |what: String| Error::TooLarge { what, sizes: sizes.clone() };
+        let count = |dtype: DType, shape: &[usize]| {
+            shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64))
+        };
+        for (name, dtype, shape) in inputs {
+            bytes.push(count(*dtype, shape).ok_or_else(|| too_big(format!("input `{name}`")))?);
+        }
+        for o in &interface.outputs {
+            let shape = interface.resolve(o, &sizes).ok_or_else(|| too_big(format!("output `{}`", o.name)))?;
+            bytes.push(count(o.dtype, &shape).ok_or_else(|| too_big(format!("output `{}`", o.name)))?);
+        }
+        // Plan inputs by declaration index -> position among the given inputs.
+        let mut positions = Vec::with_capacity(interface.inputs.len());
+        for (index, decl) in interface.inputs.iter().enumerate() {
+            let at = inputs.iter().position(|(n, _, _)| *n == decl.name).ok_or(Error::PlanMissingInput { index })?;
+            positions.push(at);
+        }
+        kfuse_runtime::preserving_thread_context(|| {
+            let on = self.on_device(ordinal)?;
+            let grids = on.exec.grids(&sizes)?;
+            on.exec.reserve(&mut on.workspace.lock().unwrap_or_else(|e| e.into_inner()), &sizes, &grids)?;
+            Ok(DeviceBinding {
+                on,
+                origin: self.origin.clone(),
+                ordinal,
+                sizes,
+                grids,
+                bytes,
+                positions,
+                inputs: inputs.len(),
+            })
+        })
+    }
+
     /// Whether the kernels are loaded on device `ordinal` already, so that a launch there only
     /// queues them (no load, no compile).
     pub fn is_loaded(&self, ordinal: usize) -> bool {
@@ -230,6 +274,89 @@ impl Program {
         let on = Arc::new(OnDevice { exec, workspace: Mutex::new(Workspace::default()) });
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         Ok(devices.entry(ordinal).or_insert(on).clone())
+    }
+}
+
+/// A [`Program`] bound to one set of input shapes on one GPU ([`Program::bind_device`]).
+pub struct DeviceBinding {
+    on: Arc<OnDevice>,
+    origin: Arc<str>,
+    ordinal: usize,
+    sizes: Vec<u64>,
+    grids: Vec<u32>,
+    /// The bytes of each input (in the order given to `bind_device`), then of each output.
+    bytes: Vec<u64>,
+    /// For each declared input, its position among the given inputs.
+    positions: Vec<usize>,
+    inputs: usize,
+}
+
+impl DeviceBinding {
+    /// The GPU the kernels are loaded on.
+    pub fn gpu(&self) -> &Arc<kfuse_runtime::Gpu> {
+        self.on.exec.gpu()
+    }
+
+    /// The run-time size of each dimension symbol of the bound shapes.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    /// Queues the kernels on `stream` of the bound GPU over `buffers`: one per input (in the
+    /// order given to [`Program::bind_device`]), then one per output (declaration order), each in
+    /// that GPU's memory and at least as large as the bound shape needs. No host synchronisation
+    /// and no allocation. As with [`Program::launch`], launches of one program on one device share
+    /// its workspace, so they must be ordered on the GPU, and the values of `lengths` / `offsets`
+    /// inputs are not checked here.
+    pub fn launch(&self, stream: &Stream, buffers: &[kfuse_runtime::DeviceBuffer]) -> Result<()> {
+        if stream.ordinal() != self.ordinal {
+            return Err(Error::WrongStream { got: stream.ordinal(), want: self.ordinal });
+        }
+        let bad = |why: String| Error::BoundBuffers { origin: self.origin.to_string(), why };
+        if buffers.len() != self.bytes.len() {
+            return Err(bad(format!(
+                "{} buffers given for {} inputs and {} outputs",
+                buffers.len(),
+                self.inputs,
+                self.bytes.len() - self.inputs
+            )));
+        }
+        for (i, (buf, &want)) in buffers.iter().zip(&self.bytes).enumerate() {
+            let (role, index) = if i < self.inputs { ("input", i) } else { ("output", i - self.inputs) };
+            if buf.ordinal() != self.ordinal {
+                return Err(Error::WrongDevice {
+                    role,
+                    name: format!("#{index}"),
+                    got: buf.ordinal(),
+                    want: self.ordinal,
+                });
+            }
+            if (buf.bytes() as u64) < want {
+                return Err(bad(format!("{role} #{index} holds {} bytes; its bound shape needs {want}", buf.bytes())));
+            }
+        }
+        let (ins, outs) = buffers.split_at(self.inputs);
+        let ins: Vec<&kfuse_runtime::DeviceBuffer> = ins.iter().collect();
+        let outs: Vec<&kfuse_runtime::DeviceBuffer> = outs.iter().collect();
+        let positions = &self.positions;
+        let position = |id: kfuse_ir::InputId| {
+            positions.get(id.0 as usize).copied().ok_or(Error::PlanMissingInput { index: id.0 as usize })
+        };
+        kfuse_runtime::preserving_thread_context(|| {
+            let mut workspace = self.on.workspace.lock().unwrap_or_else(|e| e.into_inner());
+            self.on.exec.launch_reserved(stream, &self.sizes, &self.grids, &mut workspace, position, &ins, &outs)
+        })
+    }
+}
+
+impl std::fmt::Debug for DeviceBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBinding")
+            .field("origin", &self.origin)
+            .field("ordinal", &self.ordinal)
+            .field("sizes", &self.sizes)
+            .field("grids", &self.grids)
+            .finish_non_exhaustive()
     }
 }
 

@@ -80,9 +80,23 @@ fn check_in_place(gpu: &Gpu, p: &Program, stream: &Stream, inputs: &[(&str, Host
     gpu.synchronize().unwrap();
     let device_inputs: Vec<(&str, DeviceTensor)> = held.iter().map(|(n, h)| (*n, h.borrowed(gpu))).collect();
     let device_outputs: Vec<DeviceTensor> = outs.iter().map(|h| h.borrowed(gpu)).collect();
-    // Twice on the same buffers: the kernels leave their counters ready for the next launch.
-    for round in 0..2 {
-        p.launch(gpu.ordinal(), stream, &device_inputs, &device_outputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+    // The bound launch (what a framework keeps per shape signature) over the same memory.
+    let typed: Vec<(&str, DType, &[usize])> = inputs.iter().map(|(n, t)| (*n, t.dtype(), t.shape.as_slice())).collect();
+    let bound = p.bind_device(gpu.ordinal(), &typed).unwrap_or_else(|e| panic!("{what}: bind_device: {e}"));
+    let buffers: Vec<DeviceBuffer> =
+        held.iter().map(|(_, h)| h.borrowed(gpu).buffer).chain(outs.iter().map(|h| h.borrowed(gpu).buffer)).collect();
+    // Twice on the same buffers: the kernels leave their counters ready for the next launch;
+    // then the bound launch, with the outputs poisoned again first.
+    for round in 0..3 {
+        if round < 2 {
+            p.launch(gpu.ordinal(), stream, &device_inputs, &device_outputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+        } else {
+            for h in &outs {
+                gpu.fill(&h.owned, 0x7f).unwrap();
+            }
+            gpu.synchronize().unwrap();
+            bound.launch(stream, &buffers).unwrap_or_else(|e| panic!("{what}: bound launch: {e}"));
+        }
         stream.synchronize().unwrap();
         for ((name, w), h) in want.iter().zip(&outs) {
             let got = h.download(gpu);
@@ -195,6 +209,19 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
     ];
     let err = p.launch(gpu.ordinal(), &stream, &bad, &[loss.borrowed(&gpu), dpred.borrowed(&gpu)]).unwrap_err();
     assert!(matches!(&err, Error::BufferTooSmall { name, want: 96, bytes: 16, .. } if name == "pred"), "{err}");
+
+    // The bound launch checks what it can without shapes: the count and each buffer's size.
+    let typed: [(&str, DType, &[usize]); 2] = [("pred", DType::F32, &[2, 3, 4]), ("target", DType::F32, &[2, 3, 4])];
+    let bound = p.bind_device(gpu.ordinal(), &typed).unwrap();
+    let mine = |h: &Held| h.borrowed(&gpu).buffer;
+    let err = bound.launch(&stream, &[mine(&pred), mine(&target), mine(&loss)]).unwrap_err();
+    assert!(err.to_string().contains("3 buffers given for 2 inputs and 2 outputs"), "{err}");
+    // SAFETY: a prefix of a live allocation of this device.
+    let short = unsafe { gpu.borrow_memory(dpred.owned.address(), 64) };
+    let err = bound.launch(&stream, &[mine(&pred), mine(&target), mine(&loss), short]).unwrap_err();
+    assert!(err.to_string().contains("output #1 holds 64 bytes; its bound shape needs 96"), "{err}");
+    let err = p.bind_device(gpu.ordinal(), &[("pred", DType::F32, &[2, 3, 4])]).unwrap_err();
+    assert!(err.to_string().contains("target"), "{err}");
 
     let ok = [loss.borrowed(&gpu), dpred.borrowed(&gpu)];
     p.launch(gpu.ordinal(), &stream, &inputs, &ok).unwrap();
