@@ -8,8 +8,8 @@ use kfuse::{DType, DeviceTensor};
 use pyo3::prelude::*;
 
 use crate::device;
+use crate::dtypes::{dtype_name, parse_dtype, ShapeArg};
 use crate::errors::{self, Kind};
-use crate::program::{dtype_name, parse_dtype, ShapeArg};
 use crate::shapes;
 
 /// One tensor of a binding: its name, dtype, shape and byte count.

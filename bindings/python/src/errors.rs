@@ -38,7 +38,7 @@ pub fn raise(kind: Kind, message: impl Into<String>) -> PyErr {
 }
 
 /// Raises `kfuse.ParseError` carrying the diagnostic's file, line, column and caret report.
-pub fn parse_error(d: &kfuse_lang::Diagnostic) -> PyErr {
+pub fn parse_error(d: &kfuse::Diagnostic) -> PyErr {
     Python::attach(|py| instantiate(py, "ParseError", (d.to_string(), d.file.clone(), d.line, d.column)))
 }
 
@@ -54,7 +54,7 @@ fn instantiate<'py>(py: Python<'py>, name: &str, args: impl pyo3::call::PyCallAr
 }
 
 /// Inputs that do not bind: `kfuse.InputError`.
-pub fn bind(e: &kfuse_ir::BindError) -> PyErr {
+pub fn bind(e: &kfuse::BindError) -> PyErr {
     raise(Kind::Input, e.to_string())
 }
 
@@ -64,7 +64,7 @@ pub fn bind(e: &kfuse_ir::BindError) -> PyErr {
 /// `Error`.
 pub fn kfuse(e: kfuse::Error) -> PyErr {
     use kfuse::Error as E;
-    use kfuse_interp::InterpError as I;
+    use kfuse::InterpError as I;
     let kind = match &e {
         E::Parse(d) => return parse_error(d),
         E::Bind(_)
@@ -76,9 +76,9 @@ pub fn kfuse(e: kfuse::Error) -> PyErr {
         | E::WrongDevice { .. }
         | E::WrongStream { .. }
         | E::Mlp(
-            kfuse_mlp::MlpError::InputDType { .. }
-            | kfuse_mlp::MlpError::InputRank { .. }
-            | kfuse_mlp::MlpError::InputWidth { .. },
+            kfuse::mlp::MlpError::InputDType { .. }
+            | kfuse::mlp::MlpError::InputRank { .. }
+            | kfuse::mlp::MlpError::InputWidth { .. },
         ) => Kind::Input,
         E::Runtime(r) => return runtime(r),
         _ => Kind::Error,
@@ -92,8 +92,8 @@ const INSTALL_NVRTC: &str = "pip install nvidia-cuda-nvrtc==13.0.88 (a dependenc
 
 /// A runtime error: `kfuse.DeviceError`, saying what to install when something is missing; an
 /// invalid environment variable (`KFUSE_NO_CACHE=maybe`) is a `kfuse.ConfigError`.
-pub fn runtime(e: &kfuse_runtime::RuntimeError) -> PyErr {
-    use kfuse_runtime::RuntimeError as R;
+pub fn runtime(e: &kfuse::RuntimeError) -> PyErr {
+    use kfuse::RuntimeError as R;
     let message = match e {
         R::InvalidEnv { .. } => return raise(Kind::Config, e.to_string()),
         R::DriverMissing => format!("{e}; {INSTALL_DRIVER}"),

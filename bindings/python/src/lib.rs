@@ -19,6 +19,7 @@
 
 mod binding;
 mod device;
+mod dtypes;
 mod errors;
 mod mlp;
 mod program;

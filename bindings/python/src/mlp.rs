@@ -5,15 +5,16 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use kfuse::mlp::{MlpError, MlpModel};
 use kfuse::mlp::{MlpOptions, MlpProgram};
-use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::{MlpError, MlpModel};
+use kfuse::{DType, HostTensor};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::device::{self, engine};
+use crate::dtypes::{dtype_name, parse_dtype};
 use crate::errors::{self, Kind};
-use crate::program::{dtype_name, parse_dtype, HostArg, Program};
+use crate::program::{HostArg, Program};
 
 /// A fused MLP loaded from its description.
 #[pyclass(frozen, module = "kfuse._kfuse")]
@@ -99,7 +100,7 @@ impl Mlp {
             errors::raise(Kind::Input, format!("{} bytes given for a {dt}{shape:?} input", data.len()))
         })?;
         let model = &self.model;
-        let out = py.detach(|| kfuse_mlp::run_cpu(model, &input)).map_err(mlp_error)?;
+        let out = py.detach(|| kfuse::mlp::run_cpu(model, &input)).map_err(mlp_error)?;
         Ok((PyBytes::new(py, &out.to_bytes()), dtype_name(out.dtype()), out.shape.clone()))
     }
 

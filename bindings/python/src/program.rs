@@ -1,12 +1,12 @@
 //! The `Program` class: a type-checked `.kf` program seen from Python.
 
-use kfuse::{DType, Dim, HostTensor};
-use kfuse_ir::{Constraint, Shape};
+use kfuse::{Constraint, DType, Dim, HostTensor, Shape};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::binding::Binding;
 use crate::device::engine;
+use crate::dtypes::{dtype_name, parse_dtype, ShapeArg};
 use crate::errors::{self, Kind};
 
 /// A dimension as Python sees it: a symbol's name or a constant.
@@ -25,37 +25,12 @@ type InputDecl = (String, &'static str, Vec<PyDim>, Option<(&'static str, PyDim)
 pub(crate) type HostArg<'py> = (String, Bound<'py, PyBytes>, String, Vec<usize>);
 /// Host data returned: `(name, bytes, dtype, shape)`.
 type HostOut<'py> = (String, Bound<'py, PyBytes>, &'static str, Vec<usize>);
-/// A shape crossing the boundary: `(name, dtype, shape)`.
-pub(crate) type ShapeArg = (String, String, Vec<usize>);
 
 /// A `.kf` program, type-checked: its declared interface, generated CUDA, derived programs, shape
 /// inference and the CPU reference interpreter. Immutable; derived programs are new objects.
 #[pyclass(frozen, module = "kfuse._kfuse")]
 pub struct Program {
     program: kfuse::Program,
-}
-
-pub fn parse_dtype(s: &str) -> PyResult<DType> {
-    Ok(match s {
-        "f32" => DType::F32,
-        "f16" => DType::F16,
-        "bf16" => DType::BF16,
-        "i32" => DType::I32,
-        "bool" => DType::Bool,
-        _ => {
-            return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, bool")))
-        }
-    })
-}
-
-pub fn dtype_name(d: DType) -> &'static str {
-    match d {
-        DType::F32 => "f32",
-        DType::F16 => "f16",
-        DType::BF16 => "bf16",
-        DType::I32 => "i32",
-        DType::Bool => "bool",
-    }
 }
 
 impl Program {
@@ -142,7 +117,7 @@ impl Program {
             .iter()
             .enumerate()
             .map(|(i, inp)| {
-                let layout = graph.constraint_of(kfuse_ir::InputId(i as u32)).map(|c| {
+                let layout = graph.constraint_of(kfuse::InputId(i as u32)).map(|c| {
                     let kind = match c {
                         Constraint::Lengths { .. } => "lengths",
                         Constraint::Offsets { .. } => "offsets",
@@ -159,7 +134,7 @@ impl Program {
     #[getter]
     fn layout_inputs(&self) -> Vec<usize> {
         let graph = self.graph();
-        (0..graph.inputs.len()).filter(|&i| graph.constraint_of(kfuse_ir::InputId(i as u32)).is_some()).collect()
+        (0..graph.inputs.len()).filter(|&i| graph.constraint_of(kfuse::InputId(i as u32)).is_some()).collect()
     }
 
     /// The declared outputs, in order: `(name, dtype, shape)`.
@@ -221,20 +196,8 @@ impl Program {
 
     /// The program with only the outputs named (in that order); what they do not need is dropped.
     fn select_outputs(&self, names: Vec<String>) -> PyResult<Program> {
-        let graph = self.graph();
-        let mut g = graph.clone();
-        let mut outputs = Vec::with_capacity(names.len());
-        for name in &names {
-            let Some(o) = graph.output_by_name(name) else {
-                let known = graph.outputs.iter().map(|o| format!("`{}`", o.name)).collect::<Vec<_>>().join(", ");
-                return Err(errors::raise(Kind::Error, format!("no output named `{name}` (outputs: {known})")));
-            };
-            outputs.push(o.clone());
-        }
-        g.outputs = outputs;
-        let g =
-            kfuse_ir::GraphBuilder::from_graph(g).finish().map_err(|e| errors::raise(Kind::Error, e.to_string()))?;
-        self.derived(g, &format!("{} (outputs {})", self.program.origin(), names.join(", ")))
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        Ok(Program::new(self.program.select_outputs(&refs).map_err(errors::kfuse)?))
     }
 
     /// Checks the inputs' names, dtypes and shapes (`(name, dtype, shape)` each) and returns the

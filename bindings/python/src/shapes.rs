@@ -4,7 +4,7 @@
 //! Both come from the program's [`Interface`], so the messages are [`BindError`]'s, the same the
 //! interpreter and the GPU executor give.
 
-use kfuse_ir::{BindError, DType, Interface};
+use kfuse::{BindError, DType, Interface};
 
 /// The outputs' `(name, dtype, shape)` in declaration order for symbol sizes `sizes` (bound from
 /// the inputs' shapes, so every symbol has a size).

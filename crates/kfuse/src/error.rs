@@ -39,6 +39,9 @@ pub enum Error {
     /// `launch` given another number of output tensors than the program has outputs.
     #[error("{origin}: {got} output tensors given, but the program has {want} outputs ({names})")]
     OutputCount { origin: String, got: usize, want: usize, names: String },
+    /// An output name that the program does not have.
+    #[error("no output named `{name}` (outputs: {known})")]
+    NoOutput { name: String, known: String },
     /// A bound launch ([`crate::DeviceBinding::launch`]) given another number of buffers than its
     /// inputs and outputs, or a buffer smaller than its bound shape.
     #[error("a bound launch of {origin}: {why}")]

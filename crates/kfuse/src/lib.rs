@@ -36,6 +36,11 @@ pub use program::{read_source, DeviceBinding, Program};
 pub use scale::scale_by_upstream;
 
 pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};
-pub use kfuse_ir::{DType, Dim, Graph, HostTensor, Interface, LayoutConstraint, TensorData, TensorDecl};
+pub use kfuse_interp::InterpError;
+pub use kfuse_ir::{
+    BindError, Constraint, DType, Dim, Graph, HostTensor, InputId, Interface, LayoutConstraint, Shape, TensorData,
+    TensorDecl,
+};
+pub use kfuse_lang::Diagnostic;
 pub use kfuse_passes::{vjp, with_gradients, DeriveError, Derived};
-pub use kfuse_runtime::{preserving_thread_context, DeviceBuffer, Gpu, KernelCache, Stream};
+pub use kfuse_runtime::{preserving_thread_context, DeviceBuffer, Gpu, KernelCache, RuntimeError, Stream};

@@ -108,6 +108,25 @@ impl Program {
         Program::build(&self.engine, self.origin.clone(), Some(source.clone()), merged, graph, self.codegen.clone())
     }
 
+    /// The same computation with only the outputs named, in that order; what they do not need is
+    /// dropped from the graph (and from its kernels).
+    pub fn select_outputs(&self, names: &[&str]) -> Result<Program> {
+        let graph = self.graph();
+        let mut outputs = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(o) = graph.output_by_name(name) else {
+                let known = graph.outputs.iter().map(|o| format!("`{}`", o.name)).collect::<Vec<_>>().join(", ");
+                return Err(Error::NoOutput { name: name.to_string(), known });
+            };
+            outputs.push(o.clone());
+        }
+        let mut selected = Graph::clone(graph);
+        selected.outputs = outputs;
+        let selected = kfuse_ir::GraphBuilder::from_graph(selected).finish()?;
+        let origin = format!("{} (outputs {})", self.origin, names.join(", "));
+        Program::build(&self.engine, origin.into(), None, Vec::new(), selected, self.codegen.clone())
+    }
+
     /// The inputs and outputs: names, dtypes, shapes in symbols, layout constraints.
     pub fn interface(&self) -> &Interface {
         &self.plan.interface

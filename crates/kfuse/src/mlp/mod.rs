@@ -19,10 +19,10 @@ pub mod launcher;
 use std::sync::Arc;
 
 use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::{MlpKernelOptions, MlpModel};
+use kfuse_mlp::MlpKernelOptions;
 use kfuse_runtime::{DeviceBuffer, Gpu, Stream};
 
-pub use kfuse_mlp::{KernelTier, Tiering};
+pub use kfuse_mlp::{run_cpu, KernelTier, MlpError, MlpModel, Tiering};
 pub use launcher::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
 
 use crate::Error;
