@@ -407,3 +407,33 @@ def test_import_does_not_load_the_compiler_frontend():
     code = "import sys, torch, kfuse; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_native_module_matches_its_type_stubs():
+    """Every public name of the stub file exists in kfuse._kfuse with the same kind (class,
+    function, attribute), every public method and property of a stubbed class exists, and the
+    module has nothing public that the stubs leave out; the package ships py.typed."""
+    import ast
+    import pathlib
+
+    from kfuse import _kfuse
+
+    folder = pathlib.Path(kfuse.__file__).parent
+    assert (folder / "py.typed").exists()
+    tree = ast.parse((folder / "_kfuse.pyi").read_text())
+    stubbed = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stubbed.add(node.name)
+            cls = getattr(_kfuse, node.name)
+            assert isinstance(cls, type), node.name
+            members = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            public = {n for n in dir(cls) if not n.startswith("_")}
+            assert members == public, f"{node.name}: stub {sorted(members)} vs module {sorted(public)}"
+        elif isinstance(node, ast.FunctionDef):
+            stubbed.add(node.name)
+            assert callable(getattr(_kfuse, node.name)), node.name
+        elif isinstance(node, ast.AnnAssign) and node.target.id == "__version__":
+            assert isinstance(_kfuse.__version__, str)
+    public = {n for n in dir(_kfuse) if not n.startswith("_")}
+    assert public == stubbed, f"module {sorted(public)} vs stubs {sorted(stubbed)}"
