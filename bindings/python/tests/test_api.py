@@ -48,9 +48,11 @@ def test_interface_lists_declarations_layouts_and_cuda():
     prog = kfuse.load(example("giou_lengths.kf"))
     assert prog.name.endswith("giou_lengths.kf")
     (pred, target, lengths) = prog.inputs
-    assert (pred.name, pred.dtype, pred.shape, pred.layout) == ("pred", "f32", ("B", "N", 4), None)
-    assert (lengths.name, lengths.dtype, lengths.shape, lengths.layout) == ("lengths", "i32", ("B",), ("lengths", "N"))
-    assert [(d.name, d.dtype, d.shape) for d in prog.outputs] == [("loss", "f32", ())]
+    assert (pred.name, pred.dtype, pred.shape, pred.layout) == ("pred", torch.float32, ("B", "N", 4), None)
+    assert (lengths.name, lengths.dtype, lengths.shape, lengths.layout) == ("lengths", torch.int32, ("B",), ("lengths", "N"))
+    assert [(d.name, d.dtype, d.kfuse_dtype, d.shape) for d in prog.outputs] == [("loss", torch.float32, "f32", ())]
+    assert (pred.kfuse_dtype, lengths.kfuse_dtype) == ("f32", "i32")
+    assert repr(lengths) == "Decl(lengths: i32[B] as lengths(N))"
     src = prog.cuda_source()
     assert "__global__" in src and "#include" not in src
     packed = kfuse.load(example("giou_packed.kf"))
@@ -164,7 +166,7 @@ def test_half_precision_inputs_run_the_program_typed_at_their_dtype(dtype):
     prog(**x).loss.backward()
     assert x["pred"].grad.dtype == dtype
     # Explicitly, by value.
-    assert prog.with_input_dtypes(pred="bf16", target=torch.bfloat16).inputs[0].dtype == "bf16"
+    assert prog.with_input_dtypes(pred="bf16", target=torch.bfloat16).inputs[0].dtype == torch.bfloat16
 
 
 def test_non_contiguous_inputs_give_the_same_result():

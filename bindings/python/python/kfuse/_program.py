@@ -47,8 +47,9 @@ FLOAT = ("f32", "f16", "bf16")
 
 
 class Decl(tuple):
-    """A declared tensor: ``name``, ``dtype`` (kfuse's name), ``shape`` (symbol names and
-    constants) and, for inputs, ``layout`` (``None``, ``("lengths", dim)`` or ``("offsets", dim)``)."""
+    """A declared tensor: ``name``, ``dtype`` (a torch dtype), ``kfuse_dtype`` (kfuse's name of
+    it: ``"f32"``, ``"bf16"``, ...), ``shape`` (symbol names and constants) and, for inputs,
+    ``layout`` (``None``, ``("lengths", dim)`` or ``("offsets", dim)``)."""
 
     __slots__ = ()
 
@@ -56,13 +57,14 @@ class Decl(tuple):
         return tuple.__new__(cls, (name, dtype, tuple(shape), layout))
 
     name = property(lambda self: self[0])
-    dtype = property(lambda self: self[1])
+    kfuse_dtype = property(lambda self: self[1])
+    dtype = property(lambda self: TORCH_DTYPES[self[1]])
     shape = property(lambda self: self[2])
     layout = property(lambda self: self[3])
 
     def __repr__(self):
         dims = ", ".join(str(d) for d in self.shape)
-        text = f"{self.name}: {self.dtype}[{dims}]"
+        text = f"{self.name}: {self.kfuse_dtype}[{dims}]"
         if self.layout is not None:
             text += f" as {self.layout[0]}({self.layout[1]})"
         return f"Decl({text})"
@@ -287,9 +289,9 @@ class _Variant:
         self.outputs = [Decl(*d) for d in native.outputs]
         self.names = [d.name for d in self.inputs]
         self.kernels = _Kernels(native, self.names)
-        self.float_inputs = [i for i, d in enumerate(self.inputs) if d.dtype in FLOAT]
-        self.float_outputs = [i for i, d in enumerate(self.outputs) if d.dtype in FLOAT]
-        self.non_float_outputs = [i for i, d in enumerate(self.outputs) if d.dtype not in FLOAT]
+        self.float_inputs = [i for i, d in enumerate(self.inputs) if d.kfuse_dtype in FLOAT]
+        self.float_outputs = [i for i, d in enumerate(self.outputs) if d.kfuse_dtype in FLOAT]
+        self.non_float_outputs = [i for i, d in enumerate(self.outputs) if d.kfuse_dtype not in FLOAT]
         # The fused loss + gradient path: one float output, a scalar.
         self.scalar_loss = len(self.float_outputs) == 1 and len(self.outputs[self.float_outputs[0]].shape) == 0
         # Re-entrant: registering the fused operator derives the gradient program.
@@ -326,7 +328,7 @@ class _Variant:
     def backward(self, tensors, outputs, upstream, wrt):
         """Gradients w.r.t. `wrt` given the upstream gradients of `outputs` (indices)."""
         kernels = self.vjp(outputs, wrt)
-        ups = [u.to(TORCH_DTYPES[self.outputs[i].dtype]).contiguous() for i, u in zip(outputs, upstream)]
+        ups = [u.to(TORCH_DTYPES[self.outputs[i].kfuse_dtype]).contiguous() for i, u in zip(outputs, upstream)]
         return kernels.run(list(tensors) + ups, validate=False)
 
     def ops(self, fused=()):
@@ -463,7 +465,7 @@ def _fake_outputs(decls, inputs, sources, tensors):
                 shape.append(tensors[i].shape[axis])
             else:
                 shape.append(dim)
-        outs.append(tensors[0].new_empty(shape, dtype=TORCH_DTYPES[d.dtype]))
+        outs.append(tensors[0].new_empty(shape, dtype=TORCH_DTYPES[d.kfuse_dtype]))
     return outs
 
 
@@ -614,7 +616,7 @@ class Program:
         self._lock = threading.Lock()
         self._out_names = tuple(d.name for d in self._base.outputs)
         self._outputs = _outputs_type(self._out_names)
-        self._spec = tuple((d.name, d.dtype, d.dtype in FLOAT) for d in self._base.inputs)
+        self._spec = tuple((d.name, d.kfuse_dtype, d.kfuse_dtype in FLOAT) for d in self._base.inputs)
         with _PROGRAMS_LOCK:
             self._key = next(_KEYS)
             _PROGRAMS[self._key] = self
@@ -655,7 +657,7 @@ class Program:
         """The derived backward program: inputs are this program's plus ``grad_<output>`` per
         float output, outputs ``grad_<input>`` for each of `wrt`."""
         if not wrt:
-            floats = ", ".join(d.name for d in self._base.inputs if d.dtype in FLOAT)
+            floats = ", ".join(d.name for d in self._base.inputs if d.kfuse_dtype in FLOAT)
             raise TypeError(f"vjp takes the inputs to differentiate with respect to (float inputs: {floats})")
         return Program(self._native.vjp(list(wrt))[0])
 
@@ -675,7 +677,7 @@ class Program:
                     changes = [
                         (d.name, got)
                         for d, got in zip(self._base.inputs, dtypes)
-                        if got != d.dtype and d.dtype in FLOAT and got in FLOAT
+                        if got != d.kfuse_dtype and d.kfuse_dtype in FLOAT and got in FLOAT
                     ]
                     v = _Variant(self._native.with_input_dtypes(changes)) if changes else self._base
                     self._variants[dtypes] = v
@@ -744,7 +746,7 @@ class Program:
             raise InputError(f"missing input `{name}` (declared as {_decl_str(d)}){extra}")
         if not isinstance(t, torch.Tensor):
             raise InputError(f"input `{name}` must be a torch.Tensor, not {type(t).__name__}")
-        hint = " (kfuse floats are float32, float16 and bfloat16)" if d.dtype in FLOAT else ""
+        hint = " (kfuse floats are float32, float16 and bfloat16)" if d.kfuse_dtype in FLOAT else ""
         raise InputError(f"input `{name}` has dtype {t.dtype}, but is declared as {_decl_str(d)}{hint}")
 
 
@@ -776,7 +778,7 @@ else:
 
 
 def _decl_str(d):
-    s = f"{d.dtype}[{', '.join(str(x) for x in d.shape)}]"
+    s = f"{d.kfuse_dtype}[{', '.join(str(x) for x in d.shape)}]"
     if d.layout is not None:
         s += f" as {d.layout[0]}({d.layout[1]})"
     return s
