@@ -397,7 +397,7 @@ fn pick_arch(arch: Option<String>) -> Result<Arch> {
     match arch {
         Some(a) => Ok(a.parse()?),
         None => match kfuse_runtime::open_default() {
-            Ok(gpu) => Ok(gpu.compile_arch()),
+            Ok(gpu) => Ok(gpu.arch()),
             Err(e) => bail!("no GPU to take the architecture from ({e}); pass --arch, e.g. --arch sm_90"),
         },
     }
