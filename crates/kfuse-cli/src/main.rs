@@ -440,8 +440,10 @@ fn cache_command(what: CacheCommand) -> Result<()> {
         CacheCommand::List => {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             for e in cache.list()? {
+                let nvrtc =
+                    e.nvrtc_version.map_or("NVRTC ?".to_string(), |(major, minor)| format!("NVRTC {major}.{minor}"));
                 say!(
-                    "{} {} {:>9} bytes  last used {}  {}",
+                    "{} {} {:>9} bytes  {nvrtc}  last used {}  {}",
                     e.arch,
                     e.key.to_hex(),
                     e.bytes,
