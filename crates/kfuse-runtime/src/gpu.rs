@@ -121,8 +121,9 @@ impl GpuFunction {
     }
 }
 
-/// Device memory of one `Gpu`: an allocation it owns, freed (in its stream's order) when dropped,
-/// or memory borrowed from its owner ([`Gpu::borrow_memory`]), never freed by kfuse.
+/// Device memory of one `Gpu`: an allocation it owns, freed when dropped (in its stream's order, or
+/// at once for [`Gpu::alloc_long_lived`]'s), or memory borrowed from its owner
+/// ([`Gpu::borrow_memory`]), never freed by kfuse.
 pub struct DeviceBuffer {
     memory: Memory,
     gpu_id: u32,
@@ -149,10 +150,10 @@ impl Drop for DeviceBuffer {
         match std::mem::replace(&mut self.memory, Memory::Empty) {
             Memory::Owned(slice) => preserving_thread_context(move || drop(slice)),
             Memory::Plain { address, ctx, .. } => preserving_thread_context(|| {
-                // SAFETY: `address` came from cuMemAlloc in `ctx` (alloc_long_lived) and is freed only
-                // here; its contract says no queued kernel uses it any more. A failure cannot be
-                // reported from Drop; it leaks the allocation.
+                // A failure cannot be reported from Drop; it leaks the allocation.
                 if ctx.bind_to_thread().is_ok() {
+                    // SAFETY: `address` came from cuMemAlloc in `ctx` (alloc_long_lived), which is
+                    // current, and is freed only here; its contract says no queued kernel uses it.
                     let _ = unsafe { dresult::free_sync(address) };
                 }
             }),
@@ -538,7 +539,8 @@ impl Gpu {
         })
     }
 
-    /// Allocates `bytes` of zeroed device memory.
+    /// Allocates `bytes` of zeroed device memory, in this Gpu's stream order, from the driver's
+    /// stream-ordered pool (see [`Gpu::alloc_long_lived`] for memory outside it).
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, RuntimeError> {
         if bytes == 0 {
             return Ok(self.empty_buffer());

@@ -725,6 +725,34 @@ mod tests {
     }
 
     #[test]
+    fn a_cached_module_that_does_not_load_is_rebuilt_in_place() {
+        let Some(probe) = crate::testing::gpu_or_skip("a_cached_module_that_does_not_load_is_rebuilt_in_place") else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = CompileOptions::for_arch(probe.arch());
+        // An entry as an NVRTC this driver cannot read would leave it: a cubin and PTX it refuses.
+        let bogus = CompiledModule {
+            built_for: probe.arch(),
+            cubin: b"\x7fELF, but not a cubin this driver loads".to_vec(),
+            ptx: "not PTX either".to_string(),
+            ..written_entry(dir.path(), &opts)
+        };
+        KernelCache::with_dir(dir.path(), 1 << 30).disk.as_ref().expect("disk").write(&bogus, SOURCE).expect("written");
+        let cache = std::sync::Arc::new(KernelCache::with_dir(dir.path(), 1 << 30));
+        let gpu = crate::Gpu::open_with_cache(probe.ordinal(), cache.clone()).expect("opens");
+        gpu.load_kernel(SOURCE, "k").expect("rebuilt and loaded");
+        let session = cache.stats().session;
+        assert_eq!((session.disk_hits, session.compiles, session.repairs), (1, 1, 1));
+        // The entry on disk is now the rebuilt one: the next process loads it as it is.
+        let fresh = std::sync::Arc::new(KernelCache::with_dir(dir.path(), 1 << 30));
+        let gpu = crate::Gpu::open_with_cache(probe.ordinal(), fresh.clone()).expect("opens");
+        gpu.load_kernel(SOURCE, "k").expect("loads");
+        let session = fresh.stats().session;
+        assert_eq!((session.disk_hits, session.compiles, session.repairs), (1, 0, 0));
+    }
+
+    #[test]
     fn a_disk_hit_and_a_memory_hit_ask_nothing_of_nvrtc() {
         // Pure tier: NVRTC may be absent; the lookups below must not need it.
         let dir = tempfile::tempdir().expect("tempdir");
