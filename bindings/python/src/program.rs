@@ -189,9 +189,8 @@ impl Program {
     /// to each of `wrt` (`grad_<input>`), in one fused program; and the `(input, output)` pairs.
     fn with_gradients(&self, loss: &str, wrt: Vec<String>) -> PyResult<(Program, Vec<(String, String)>)> {
         let names: Vec<&str> = wrt.iter().map(String::as_str).collect();
-        let d = kfuse::with_gradients(self.graph(), loss, &names).map_err(|e| errors::kfuse(e.into()))?;
-        let origin = format!("{} with gradients of `{loss}`", self.program.origin());
-        Ok((self.derived(d.graph, &origin)?, d.gradients))
+        let (program, gradients) = self.program.with_gradients(loss, &names).map_err(errors::kfuse)?;
+        Ok((Program::new(program), gradients))
     }
 
     /// The program with only the outputs named (in that order); what they do not need is dropped.

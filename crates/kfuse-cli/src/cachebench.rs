@@ -7,8 +7,8 @@
 //! generate the CUDA source, and get the loaded function (`Gpu::load_kernel`, which goes through
 //! the memory tier, then the disk tier, then NVRTC).
 //!
-//! Also reported, separately from the first result: the time `Gpu::open` took (context creation
-//! and loading NVRTC), the driver first-use probe (one 16 B allocation, a 4 KB upload and its
+//! Also reported, separately from the first result: the time `Gpu::open` took (context creation,
+//! stream and attributes), the driver first-use probe (one 16 B allocation, a 4 KB upload and its
 //! download before the first result: a fresh context's first device-memory use, about 9-10 ms of
 //! driver work on an H100 whatever the sizes; `KFUSE_BENCH_DRIVER_PROBE=0` skips it, and the
 //! first result then includes it), and a second run in the same process (the steady state).
@@ -50,7 +50,7 @@ pub struct PhaseReport {
     pub first_parse_plan_ms: f64,
     pub first_load_ms: f64,
     pub first_run_ms: f64,
-    /// How long `Gpu::open` took in this process (context, stream, NVRTC loading).
+    /// How long `Gpu::open` took in this process (context, stream, attributes).
     #[serde(default)]
     pub open_ms: f64,
     /// The driver first-use probe before the first result (0 when skipped).

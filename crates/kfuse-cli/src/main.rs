@@ -397,7 +397,7 @@ fn pick_arch(arch: Option<String>) -> Result<Arch> {
     match arch {
         Some(a) => Ok(a.parse()?),
         None => match kfuse_runtime::open_default() {
-            Ok(gpu) => Ok(gpu.compile_arch()),
+            Ok(gpu) => Ok(gpu.arch()),
             Err(e) => bail!("no GPU to take the architecture from ({e}); pass --arch, e.g. --arch sm_90"),
         },
     }
@@ -440,8 +440,10 @@ fn cache_command(what: CacheCommand) -> Result<()> {
         CacheCommand::List => {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             for e in cache.list()? {
+                let nvrtc =
+                    e.nvrtc_version.map_or("NVRTC ?".to_string(), |(major, minor)| format!("NVRTC {major}.{minor}"));
                 say!(
-                    "{} {} {:>9} bytes  last used {}  {}",
+                    "{} {} {:>9} bytes  {nvrtc}  last used {}  {}",
                     e.arch,
                     e.key.to_hex(),
                     e.bytes,

@@ -78,23 +78,19 @@ fn main() -> Result<(), String> {
     println!("lookup bench: {} B source, {} kernels loaded, {reps} timed lookups each", probe.len(), sources.len());
 
     // Old path: blake3 key over options + source, mutex, two maps.
-    if nvrtc_available() {
-        let old: Mutex<HashMap<CacheKey, HashMap<String, Value>>> = Mutex::new(HashMap::new());
-        for (i, s) in sources.iter().enumerate() {
-            let key = cache_key(s, &opts).map_err(|e| e.to_string())?;
-            let value: Value = (Arc::from(name), Arc::new(i as u32), Arc::new(0));
-            old.lock().map_err(|e| e.to_string())?.entry(key).or_default().insert(name.to_string(), value);
-        }
-        let (p50, p99, mean) = time_each(reps, || {
-            let key = cache_key(&probe, &CompileOptions::for_arch(arch)).ok();
-            let guard = old.lock().unwrap_or_else(|e| e.into_inner());
-            let hit = key.and_then(|k| guard.get(&k)).and_then(|m| m.get(name)).cloned();
-            assert!(hit.is_some_and(|v| *v.1 == 0));
-        });
-        println!("blake3 key path (before)      p50 {p50:.3} µs  p99 {p99:.3} µs  mean {mean:.3} µs");
-    } else {
-        println!("blake3 key path (before)      SKIPPED: libnvrtc not loadable (the key includes its version)");
+    let old: Mutex<HashMap<CacheKey, HashMap<String, Value>>> = Mutex::new(HashMap::new());
+    for (i, s) in sources.iter().enumerate() {
+        let key = cache_key(s, &opts);
+        let value: Value = (Arc::from(name), Arc::new(i as u32), Arc::new(0));
+        old.lock().map_err(|e| e.to_string())?.entry(key).or_default().insert(name.to_string(), value);
     }
+    let (p50, p99, mean) = time_each(reps, || {
+        let key = Some(cache_key(&probe, &CompileOptions::for_arch(arch)));
+        let guard = old.lock().unwrap_or_else(|e| e.into_inner());
+        let hit = key.and_then(|k| guard.get(&k)).and_then(|m| m.get(name)).cloned();
+        assert!(hit.is_some_and(|v| *v.1 == 0));
+    });
+    println!("blake3 key path (before)      p50 {p50:.3} µs  p99 {p99:.3} µs  mean {mean:.3} µs");
 
     let map: SourceMap<Value> = SourceMap::new();
     let none: Vec<String> = Vec::new();

@@ -23,7 +23,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
-use crate::cache::KernelCache;
+use crate::cache::{CacheOutcome, KernelCache};
 use crate::lookup::{LookupKey, SourceMap};
 use crate::nvrtc::{check_no_nul, CompileOptions, CompiledModule};
 use crate::stream::Stream;
@@ -83,7 +83,9 @@ pub struct Gpu {
     id: u32,
     ordinal: usize,
     arch: Arch,
-    compile_arch: Arch,
+    /// What NVRTC builds for this device, asked only when someone wants to know (see
+    /// [`Gpu::compile_arch`]): lookups are keyed by the device's own arch.
+    compile_arch: OnceLock<Arch>,
     name: String,
     sm_count: u32,
     l2_bytes: usize,
@@ -119,8 +121,9 @@ impl GpuFunction {
     }
 }
 
-/// Device memory of one `Gpu`: an allocation it owns, freed (in its stream's order) when dropped,
-/// or memory borrowed from its owner ([`Gpu::borrow_memory`]), never freed by kfuse.
+/// Device memory of one `Gpu`: an allocation it owns, freed when dropped (in its stream's order, or
+/// at once for [`Gpu::alloc_long_lived`]'s), or memory borrowed from its owner
+/// ([`Gpu::borrow_memory`]), never freed by kfuse.
 pub struct DeviceBuffer {
     memory: Memory,
     gpu_id: u32,
@@ -132,18 +135,29 @@ pub struct DeviceBuffer {
 enum Memory {
     /// No memory: CUDA cannot allocate zero bytes, kernels see a null pointer.
     Empty,
-    /// Allocated by this runtime.
+    /// Allocated by this runtime, in its stream's order (the driver's stream-ordered pool).
     Owned(CudaSlice<u8>),
+    /// Allocated by this runtime with plain `cuMemAlloc` ([`Gpu::alloc_long_lived`]).
+    Plain { address: u64, bytes: usize, ctx: Arc<CudaContext> },
     /// Someone else's allocation.
     Borrowed { address: u64, bytes: usize },
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if let Memory::Owned(slice) = std::mem::replace(&mut self.memory, Memory::Empty) {
-            // Freeing makes the device's context current on this thread: give the thread back the
-            // context it had (a framework's current device; buffers are often dropped by its GC).
-            preserving_thread_context(move || drop(slice));
+        // Freeing makes the device's context current on this thread: give the thread back the
+        // context it had (a framework's current device; buffers are often dropped by its GC).
+        match std::mem::replace(&mut self.memory, Memory::Empty) {
+            Memory::Owned(slice) => preserving_thread_context(move || drop(slice)),
+            Memory::Plain { address, ctx, .. } => preserving_thread_context(|| {
+                // A failure cannot be reported from Drop; it leaks the allocation.
+                if ctx.bind_to_thread().is_ok() {
+                    // SAFETY: `address` came from cuMemAlloc in `ctx` (alloc_long_lived), which is
+                    // current, and is freed only here; its contract says no queued kernel uses it.
+                    let _ = unsafe { dresult::free_sync(address) };
+                }
+            }),
+            Memory::Empty | Memory::Borrowed { .. } => {}
         }
     }
 }
@@ -154,7 +168,7 @@ impl DeviceBuffer {
         match &self.memory {
             Memory::Empty => 0,
             Memory::Owned(slice) => slice.len(),
-            Memory::Borrowed { bytes, .. } => *bytes,
+            Memory::Plain { bytes, .. } | Memory::Borrowed { bytes, .. } => *bytes,
         }
     }
     /// The device address of the first byte (0 for an empty buffer).
@@ -164,7 +178,7 @@ impl DeviceBuffer {
             // With event tracking off (see `Gpu::open_with_cache`), taking the pointer records
             // nothing.
             Memory::Owned(slice) => slice.device_ptr(slice.stream()).0,
-            Memory::Borrowed { address, .. } => *address,
+            Memory::Plain { address, .. } | Memory::Borrowed { address, .. } => *address,
         }
     }
     /// The ordinal of the device the memory is on.
@@ -299,20 +313,13 @@ impl Gpu {
         )? != 0;
         let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
         timing::log("open: stream + attributes", step);
-        // The driver sets up device memory management lazily, on a context's first allocation
-        // (8-11 ms on the H100, whatever the size). Paying it here makes `open` return a context
-        // that is ready in full, so the first run of a kernel costs only its own work.
-        let step = Instant::now();
-        let first = stream.alloc_zeros::<u8>(16).map_err(driver("cuMemAlloc (first allocation)"))?;
-        drop(first);
-        stream.synchronize().map_err(driver("cuStreamSynchronize"))?;
-        timing::log("open: first allocation (driver memory setup)", step);
-        let step = Instant::now();
-        let compile_arch = compile_arch_for(arch);
-        timing::log("open: NVRTC version + supported archs (loads libnvrtc)", step);
+        // Nothing is allocated here: the first allocation of the stream-ordered pool sets the pool
+        // up (8-11 ms on an H100), which a framework's process, whose own allocations use plain
+        // cuMemAlloc, never pays otherwise; launches on its memory allocate with
+        // `alloc_long_lived`. Nor is NVRTC asked anything (see `compile_arch`).
         timing::log("open: total", opened);
         Ok(Gpu {
-            compile_arch,
+            compile_arch: OnceLock::new(),
             ctx,
             stream,
             id: next_gpu_id(),
@@ -333,10 +340,11 @@ impl Gpu {
     pub fn arch(&self) -> Arch {
         self.arch
     }
-    /// The architecture kernels are compiled for: the device's, or the newest NVRTC supports
-    /// below it (then the PTX fallback is what loads).
+    /// The architecture NVRTC builds this device's kernels for: the device's, or the newest one
+    /// NVRTC supports below it (then the PTX fallback is what loads). Asks NVRTC on the first
+    /// call (loading it); kernel lookups do not need it: they are keyed by [`Gpu::arch`].
     pub fn compile_arch(&self) -> Arch {
-        self.compile_arch
+        *self.compile_arch.get_or_init(|| crate::nvrtc::build_arch(self.arch).unwrap_or(self.arch))
     }
     /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
     pub fn name(&self) -> String {
@@ -392,12 +400,17 @@ impl Gpu {
         fn_name: &str,
         extra: &[String],
     ) -> Result<GpuFunction, RuntimeError> {
-        self.load_kernel_for(source, fn_name, self.compile_arch, extra)
+        self.load_kernel_for(source, fn_name, self.arch, extra)
     }
 
     /// [`Gpu::load_kernel_with_options`] for an explicit target, e.g. `sm_90a` for a kernel that
     /// uses architecture-specific instructions. An `a` target must be this device's exact
     /// compute capability ([`RuntimeError::ArchMismatch`] otherwise).
+    ///
+    /// A module the cache had (from memory or disk) that does not load, or that an older NVRTC
+    /// built for a stand-in arch that the NVRTC found now no longer needs, is rebuilt with
+    /// [`KernelCache::rebuild`] and loaded again: the cache does not key by NVRTC version, so this
+    /// is how an entry of another NVRTC or driver is replaced.
     pub fn load_kernel_for(
         &self,
         source: &str,
@@ -432,7 +445,7 @@ impl Gpu {
             std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
             std::collections::hash_map::Entry::Vacant(entry) => {
                 let step = Instant::now();
-                let module = self.load_module(&compiled)?;
+                let module = self.load_cached_module(compiled.clone(), outcome, source, &opts)?;
                 timing::log("load_kernel: cuModuleLoadData", step);
                 entry.insert(LoadedModule { module, functions: HashMap::new() })
             }
@@ -463,6 +476,35 @@ impl Gpu {
         Ok(self.functions.insert(&lookup, function))
     }
 
+    /// Loads a module from the cache; one that came from the cache rather than from a compile
+    /// just now is rebuilt when it does not load or is a stand-in NVRTC no longer needs.
+    fn load_cached_module(
+        &self,
+        compiled: Arc<CompiledModule>,
+        outcome: CacheOutcome,
+        source: &str,
+        opts: &CompileOptions,
+    ) -> Result<Arc<CudaModule>, RuntimeError> {
+        let from_cache = matches!(outcome, CacheOutcome::MemoryHit | CacheOutcome::DiskHit);
+        // A stand-in's cubin never loads here (the PTX does, through the JIT, on every process):
+        // worth one question to NVRTC, which such a device needed anyway to build it.
+        let outdated_stand_in = from_cache
+            && compiled.built_for != compiled.arch
+            && crate::nvrtc::build_arch(compiled.arch).is_ok_and(|now| now != compiled.built_for);
+        if !outdated_stand_in {
+            match self.load_module(&compiled) {
+                Ok(module) => return Ok(module),
+                Err(e) if !from_cache => return Err(e),
+                Err(e) => eprintln!(
+                    "kfuse: warning: cached kernel {} (built by NVRTC {}.{}) does not load: {e}; rebuilding it",
+                    compiled.key, compiled.nvrtc_version.0, compiled.nvrtc_version.1
+                ),
+            }
+        }
+        let rebuilt = self.cache.rebuild(source, opts)?;
+        self.load_module(&rebuilt)
+    }
+
     /// Loads a compiled module: the cubin first; the PTX (driver JIT, slow) only if the cubin
     /// is refused.
     pub fn load_module(&self, compiled: &CompiledModule) -> Result<Arc<CudaModule>, RuntimeError> {
@@ -480,7 +522,7 @@ impl Gpu {
                 Ok(module) => {
                     eprintln!(
                         "kfuse: warning: cubin of {} ({}) refused by device {} ({}): {cubin_error}; loaded its PTX through the driver JIT in {:.1} ms",
-                        compiled.key, compiled.arch, self.ordinal, self.arch,
+                        compiled.key, compiled.built_for, self.ordinal, self.arch,
                         started.elapsed().as_secs_f64() * 1e3
                     );
                     return Ok(module);
@@ -490,20 +532,49 @@ impl Gpu {
         };
         Err(RuntimeError::ModuleLoad {
             key: compiled.key.to_hex(),
-            arch: compiled.arch,
+            arch: compiled.built_for,
             ordinal: self.ordinal,
             cubin_error,
             ptx_error,
         })
     }
 
-    /// Allocates `bytes` of zeroed device memory.
+    /// Allocates `bytes` of zeroed device memory, in this Gpu's stream order, from the driver's
+    /// stream-ordered pool (see [`Gpu::alloc_long_lived`] for memory outside it).
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DeviceBuffer, RuntimeError> {
         if bytes == 0 {
             return Ok(self.empty_buffer());
         }
         let slice = self.stream.alloc_zeros::<u8>(bytes).map_err(|e| self.alloc_error(e, bytes))?;
         Ok(self.wrap(slice))
+    }
+
+    /// Allocates `bytes` of device memory with plain `cuMemAlloc`, zeroed on this Gpu's stream
+    /// (`cuMemsetD8Async`: ready for another stream once that stream is synchronised), freed with
+    /// `cuMemFree` when dropped. The one place for the small long-lived buffers that launches on a
+    /// framework's memory need (a program's workspace): [`Gpu::alloc_zeroed`] uses the driver's
+    /// stream-ordered pool, whose first use in a process costs 8-11 ms to set up, and a framework's
+    /// process (PyTorch's allocator uses plain `cudaMalloc`) would pay that only for kfuse.
+    ///
+    /// The buffer must be dropped only once no queued kernel uses it any more (synchronise the
+    /// device first): `cuMemFree` does not wait for kernels on other streams.
+    pub fn alloc_long_lived(&self, bytes: usize) -> Result<DeviceBuffer, RuntimeError> {
+        if bytes == 0 {
+            return Ok(self.empty_buffer());
+        }
+        self.ctx.bind_to_thread().map_err(self.driver_error("cuCtxSetCurrent"))?;
+        // SAFETY: this Gpu's context is current on this thread (just bound); the allocation is
+        // owned by the returned buffer and freed once, in its Drop.
+        let address = unsafe { dresult::malloc_sync(bytes) }.map_err(|e| self.alloc_error(e, bytes))?;
+        let buf = DeviceBuffer {
+            memory: Memory::Plain { address, bytes, ctx: self.ctx.clone() },
+            gpu_id: self.id,
+            ordinal: self.buffer_ordinal(),
+        };
+        // SAFETY: `address` addresses the `bytes` bytes just allocated, alive while `buf` is.
+        unsafe { dresult::memset_d8_async(address, 0, bytes, self.stream.cu_stream()) }
+            .map_err(self.driver_error("cuMemsetD8Async"))?;
+        Ok(buf)
     }
 
     /// Copies `bytes` to a new device buffer.
@@ -824,17 +895,6 @@ impl Gpu {
         } else {
             Err(RuntimeError::ForeignHandle { what, owner_ordinal: ordinal, ordinal: self.ordinal })
         }
-    }
-}
-
-/// The arch to compile for: the device's when NVRTC supports it, else the newest supported one
-/// below it (its cubin will not load on a newer major, but its PTX will, through the JIT).
-fn compile_arch_for(device: Arch) -> Arch {
-    match crate::nvrtc::supported_archs() {
-        Ok(archs) if !archs.is_empty() && !archs.contains(&device) => {
-            archs.iter().copied().filter(|a| *a <= device).max().unwrap_or(device)
-        }
-        _ => device,
     }
 }
 

@@ -1,5 +1,11 @@
-//! The cache key: a blake3 hash over everything that changes a compiled binary (source,
-//! NVRTC options, target arch, NVRTC version, kfuse version, cache format version).
+//! The cache key: a blake3 hash over what a kernel is asked to be (source, NVRTC options, target
+//! arch, kfuse version, cache format version).
+//!
+//! NVRTC's version is not part of it, so that a lookup never loads libnvrtc: the entry records
+//! which NVRTC built it, and a cubin that the driver then refuses is rebuilt in its place (the
+//! cache heals itself; see `Gpu::load_kernel_for`). The target arch is the one asked for (the
+//! device's), also when NVRTC does not know it and builds for an older one: that entry is found
+//! again without asking NVRTC which archs it knows.
 //!
 //! The encoding is explicit and length-prefixed so the key is stable across builds, runs and
 //! machines; it never uses `DefaultHasher`. It does not canonicalise the source: callers hash the
@@ -9,8 +15,9 @@ use std::fmt;
 
 use crate::Arch;
 
-/// Version of the on-disk entry format; part of every key and every entry header.
-pub const CACHE_FORMAT_VERSION: u32 = 1;
+/// Version of the on-disk entry format; part of every key and every entry header. Version 2:
+/// the key leaves out NVRTC's version and the header records it, with the arch the cubin is for.
+pub const CACHE_FORMAT_VERSION: u32 = 2;
 
 /// kfuse's own version, part of every key.
 pub const KFUSE_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -26,10 +33,8 @@ pub struct KeyParts<'a> {
     pub source: &'a str,
     /// The full NVRTC option list (arch option included).
     pub options: &'a [String],
-    /// The target architecture.
+    /// The target architecture asked for.
     pub arch: Arch,
-    /// NVRTC's (major, minor) version.
-    pub nvrtc_version: (i32, i32),
     /// kfuse's version string.
     pub kfuse_version: &'a str,
     /// The cache format version.
@@ -47,8 +52,6 @@ impl CacheKey {
         field(b"kfuse-kernel-cache-key");
         field(&parts.format_version.to_le_bytes());
         field(parts.kfuse_version.as_bytes());
-        field(&parts.nvrtc_version.0.to_le_bytes());
-        field(&parts.nvrtc_version.1.to_le_bytes());
         field(&parts.arch.major.to_le_bytes());
         field(&parts.arch.minor.to_le_bytes());
         // Only the `a` targets add a field, so that the keys of plain targets stay what they were.
@@ -130,7 +133,6 @@ mod tests {
             source: "extern \"C\" __global__ void k() {}",
             options,
             arch: Arch::new(9, 0),
-            nvrtc_version: (13, 0),
             kfuse_version: "0.1.0",
             format_version: 1,
         }
@@ -144,7 +146,7 @@ mod tests {
         assert_eq!(a, b);
         // Pinned so that an accidental change of the encoding (which would orphan every
         // user's cache) shows up in review.
-        assert_eq!(a.to_hex(), "4cd74fb3d91a6c575676ba89504b3f7c95a354bf891e6ece14ab356be2f06411");
+        assert_eq!(a.to_hex(), "2c9b0dd7d697561f8b5ded372ec40417c1d29a2cf66b6f743eac17f3a17f8a35");
     }
 
     #[test]
@@ -157,7 +159,6 @@ mod tests {
             KeyParts { options: &other_options, ..base(&options) },
             KeyParts { arch: Arch::new(8, 0), ..base(&options) },
             KeyParts { arch: Arch::accelerated(9, 0), ..base(&options) },
-            KeyParts { nvrtc_version: (13, 1), ..base(&options) },
             KeyParts { kfuse_version: "0.1.1", ..base(&options) },
             KeyParts { format_version: 2, ..base(&options) },
         ];

@@ -37,5 +37,8 @@ pub use gpu::{
 };
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use kfuse_arch::{Arch, ParseArchError};
-pub use nvrtc::{cache_key, compile, nvrtc_available, nvrtc_version, supported_archs, CompileOptions, CompiledModule};
+pub use nvrtc::{
+    build_arch, cache_key, compile, nvrtc_available, nvrtc_calls_on_this_thread, nvrtc_version, supported_archs,
+    CompileOptions, CompiledModule,
+};
 pub use stream::Stream;

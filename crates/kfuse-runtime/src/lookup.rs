@@ -105,6 +105,23 @@ impl<V: Clone> SourceMap<V> {
         value
     }
 
+    /// Stores `value` for `key`, in place of any value already there.
+    pub fn replace(&self, key: &LookupKey<'_>, value: V) {
+        let hash = self.hash(key);
+        let mut buckets = self.buckets.write().unwrap_or_else(|e| e.into_inner());
+        let bucket = buckets.entry(hash).or_default();
+        match bucket.iter_mut().find(|entry| entry.matches(key)) {
+            Some(existing) => existing.value = value,
+            None => bucket.push(Entry {
+                source: key.source.into(),
+                name: key.name.into(),
+                arch: key.arch,
+                extra: key.extra.into(),
+                value,
+            }),
+        }
+    }
+
     /// Number of entries.
     pub fn len(&self) -> usize {
         let buckets = self.buckets.read().unwrap_or_else(|e| e.into_inner());

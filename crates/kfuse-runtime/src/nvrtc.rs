@@ -6,6 +6,7 @@
 //! program log on success and failure, RAII destruction of the NVRTC program on every path.
 //! Does not handle: headers (kfuse sources are header-free), caching (see `cache`).
 
+use std::cell::Cell;
 use std::ffi::{c_char, CString};
 use std::sync::OnceLock;
 
@@ -29,12 +30,17 @@ impl CompileOptions {
         CompileOptions { arch, extra: Vec::new() }
     }
 
-    /// The exact option list given to NVRTC: `--gpu-architecture=sm_XY` (`sm_XYa` for an `a`
+    /// The option list of the target asked for: `--gpu-architecture=sm_XY` (`sm_XYa` for an `a`
     /// target), `--std=c++17 -default-device` and then `extra`. Deterministic; part of the cache
-    /// key.
+    /// key. NVRTC gets the same list, with an older arch when it does not know `arch` (see
+    /// [`compile`]).
     pub fn nvrtc_options(&self) -> Vec<String> {
+        self.options_for(self.arch)
+    }
+
+    fn options_for(&self, arch: Arch) -> Vec<String> {
         let mut options = Vec::with_capacity(3 + self.extra.len());
-        options.push(format!("--gpu-architecture={}", self.arch));
+        options.push(format!("--gpu-architecture={arch}"));
         options.push("--std=c++17".to_string());
         options.push("-default-device".to_string());
         options.extend(self.extra.iter().cloned());
@@ -45,10 +51,15 @@ impl CompileOptions {
 /// The result of one NVRTC compilation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompiledModule {
-    /// The cache key of (source, options, arch, NVRTC version, kfuse version, format).
+    /// The cache key of (source, options, arch, kfuse version, format).
     pub key: CacheKey,
-    /// The architecture the cubin is for.
+    /// The architecture asked for (the key's).
     pub arch: Arch,
+    /// The architecture the cubin is for: `arch`, or the newest one below it that NVRTC knows
+    /// when it does not know `arch` (that cubin loads on no newer major; its PTX does).
+    pub built_for: Arch,
+    /// The (major, minor) version of the NVRTC that built it.
+    pub nvrtc_version: (i32, i32),
     /// The cubin (an ELF image), loaded first.
     pub cubin: Vec<u8>,
     /// The PTX, the fallback when the cubin does not load.
@@ -57,9 +68,25 @@ pub struct CompiledModule {
     pub log: String,
 }
 
+thread_local! {
+    /// Calls into NVRTC made on this thread (see [`nvrtc_calls_on_this_thread`]).
+    static CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times this thread has asked for NVRTC (its presence, version, archs or a compile):
+/// a lookup served by the cache asks for none, and tests check that with this count.
+pub fn nvrtc_calls_on_this_thread() -> u64 {
+    CALLS.with(Cell::get)
+}
+
+fn count_call() {
+    CALLS.with(|calls| calls.set(calls.get() + 1));
+}
+
 /// Whether libnvrtc can be loaded; checked once per process because cudarc panics on a
 /// missing library.
 pub fn nvrtc_available() -> bool {
+    count_call();
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: is_culib_present only tries to dlopen candidate library names and drops them;
     // it has no preconditions (cudarc marks every dynamic-loading entry point unsafe).
@@ -68,6 +95,7 @@ pub fn nvrtc_available() -> bool {
 
 /// NVRTC's (major, minor) version, or [`RuntimeError::NvrtcMissing`] when libnvrtc is absent.
 pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
+    count_call();
     static VERSION: OnceLock<(i32, i32)> = OnceLock::new();
     if let Some(version) = VERSION.get() {
         return Ok(*version);
@@ -85,9 +113,13 @@ pub fn nvrtc_version() -> Result<(i32, i32), RuntimeError> {
     Ok(*VERSION.get_or_init(|| (major, minor)))
 }
 
-/// The real architectures this NVRTC can target, ascending.
+/// The real architectures this NVRTC can target, ascending (asked once per process).
 pub fn supported_archs() -> Result<Vec<Arch>, RuntimeError> {
+    static ARCHS: OnceLock<Vec<Arch>> = OnceLock::new();
     nvrtc_version()?;
+    if let Some(archs) = ARCHS.get() {
+        return Ok(archs.clone());
+    }
     let mut count: i32 = 0;
     // SAFETY: libnvrtc is loaded (nvrtc_version succeeded); the pointer is valid for one int.
     unsafe { sys::nvrtcGetNumSupportedArchs(&mut count) }
@@ -101,34 +133,44 @@ pub fn supported_archs() -> Result<Vec<Arch>, RuntimeError> {
     let mut archs: Vec<Arch> =
         raw.into_iter().filter_map(|sm| u32::try_from(sm).ok()).map(|sm| Arch::new(sm / 10, sm % 10)).collect();
     archs.sort();
-    Ok(archs)
+    Ok(ARCHS.get_or_init(|| archs).clone())
 }
 
-/// The cache key `compile(source, opts)` would produce, without compiling.
-pub fn cache_key(source: &str, opts: &CompileOptions) -> Result<CacheKey, RuntimeError> {
-    let nvrtc = nvrtc_version()?;
-    Ok(key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc))
-}
-
-pub(crate) fn key_with_options(source: &str, options: &[String], arch: Arch, nvrtc_version: (i32, i32)) -> CacheKey {
+/// The cache key `compile(source, opts)` would produce, without compiling (and without NVRTC).
+pub fn cache_key(source: &str, opts: &CompileOptions) -> CacheKey {
     CacheKey::from_parts(&KeyParts {
         source,
-        options,
-        arch,
-        nvrtc_version,
+        options: &opts.nvrtc_options(),
+        arch: opts.arch,
         kfuse_version: KFUSE_VERSION,
         format_version: CACHE_FORMAT_VERSION,
     })
 }
 
-/// Compiles `source` with NVRTC to a cubin for `opts.arch`, keeping the PTX. No caching.
+/// The arch NVRTC builds for when asked for `target`: `target` itself when NVRTC knows it (or it
+/// is an `a` target, which has no stand-in), else the newest known one below it (its cubin loads
+/// on no newer major, but its PTX does, through the driver's JIT).
+pub fn build_arch(target: Arch) -> Result<Arch, RuntimeError> {
+    if target.accel {
+        return Ok(target);
+    }
+    let archs = supported_archs()?;
+    if archs.is_empty() || archs.contains(&target) {
+        return Ok(target);
+    }
+    Ok(archs.iter().copied().filter(|a| *a <= target).max().unwrap_or(target))
+}
+
+/// Compiles `source` with NVRTC to a cubin for `opts.arch` (or, when this NVRTC does not know
+/// it, for [`build_arch`]'s stand-in), keeping the PTX. No caching.
 pub fn compile(source: &str, opts: &CompileOptions) -> Result<CompiledModule, RuntimeError> {
     let nvrtc = nvrtc_version()?;
-    let options = opts.nvrtc_options();
+    let built_for = build_arch(opts.arch)?;
+    let options = opts.options_for(built_for);
     for option in &options {
         check_no_nul("an NVRTC option", option)?;
     }
-    let key = key_with_options(source, &options, opts.arch, nvrtc);
+    let key = cache_key(source, opts);
     let program = Program::create(source)?;
     // SAFETY: `program.handle` was created by nvrtcCreateProgram and is destroyed only by
     // Program's Drop, after this call; options were checked to contain no NUL (cudarc unwraps
@@ -136,11 +178,11 @@ pub fn compile(source: &str, opts: &CompileOptions) -> Result<CompiledModule, Ru
     let compiled = unsafe { result::compile_program(program.handle, &options) };
     let log = program.log()?;
     if let Err(code) = compiled {
-        return Err(RuntimeError::Compile { arch: opts.arch, options, log, code });
+        return Err(RuntimeError::Compile { arch: built_for, options, log, code });
     }
     let cubin = program.cubin()?;
     let ptx = program.ptx()?;
-    Ok(CompiledModule { key, arch: opts.arch, cubin, ptx, log })
+    Ok(CompiledModule { key, arch: opts.arch, built_for, nvrtc_version: nvrtc, cubin, ptx, log })
 }
 
 pub(crate) fn check_no_nul(what: &'static str, text: &str) -> Result<(), RuntimeError> {

@@ -3,7 +3,9 @@
 //! launch on the device's own stream, download), or on device tensors that a framework owns
 //! (launch on its stream into its output tensors, with a workspace for the plan's other buffers).
 //!
-//! Not here: compilation and caching (kfuse-runtime's `Gpu::load_kernel` does both).
+//! Loading a plan compiles the kernels the cache does not hold in parallel, one thread each, then
+//! loads them all ([`compile_missing`]). Not here: compilation and caching themselves
+//! (kfuse-runtime's `Gpu::load_kernel` does both).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +13,7 @@ use std::time::Instant;
 use half::slice::HalfFloatSliceExt;
 use kfuse_codegen::{BufferDecl, BufferKind, Launch, Param, Plan};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
-use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
+use kfuse_runtime::{timing, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
 use crate::{Error, Result};
 
@@ -75,8 +77,22 @@ impl Drop for Workspace {
 impl CudaProgram {
     /// Loads the kernels of a plan.
     pub fn from_plan(gpu: &Arc<Gpu>, plan: Arc<Plan>) -> Result<CudaProgram> {
+        CudaProgram::with_companions(gpu, plan, &[])
+    }
+
+    /// Loads the kernels of a plan and `companions` (source, name), kernels that later calls will
+    /// want on this device (the gradient-scaling kernel of a backward): those the cache does not
+    /// hold compile in parallel with the plan's. The companions stay loaded on `gpu` (its
+    /// `load_kernel` of them is then a lookup in memory).
+    pub fn with_companions(gpu: &Arc<Gpu>, plan: Arc<Plan>, companions: &[(&str, &str)]) -> Result<CudaProgram> {
+        let sources: Vec<&str> =
+            plan.kernels.iter().map(|k| k.source.as_str()).chain(companions.iter().map(|(s, _)| *s)).collect();
+        compile_missing(gpu, &sources)?;
         let functions =
             plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
+        for (source, name) in companions {
+            gpu.load_kernel(source, name)?;
+        }
         let resident = plan
             .kernels
             .iter()
@@ -336,8 +352,11 @@ impl CudaProgram {
     }
 
     /// Makes `workspace` large enough for `sizes`. Growing waits for the whole device (kernels on
-    /// any stream may still use the old buffers), allocates (and zeroes: counters start at 0) on
-    /// the device's own stream and waits for that, so the new buffers are ready for any stream.
+    /// any stream may still use the old buffers), allocates with plain `cuMemAlloc`
+    /// ([`Gpu::alloc_long_lived`]: a framework's process never sets up the driver's stream-ordered
+    /// pool for kfuse), zeroes on the device's own stream (counters start at 0) and waits for that,
+    /// so the new buffers are ready for any stream. The old buffers are freed after the wait, and
+    /// the last ones when the workspace drops (which synchronises the device first).
     pub(crate) fn reserve(&self, workspace: &mut Workspace, sizes: &[u64], grids: &[u32]) -> Result<()> {
         let mut needed = Vec::with_capacity(self.plan.buffers.len());
         let mut grow = workspace.buffers.len() != self.plan.buffers.len();
@@ -361,13 +380,47 @@ impl CudaProgram {
             let have = workspace.buffers.get(i).and_then(|s| s.as_ref()).map_or(0, |buf| buf.bytes());
             buffers.push(match bytes {
                 None => None,
-                Some(b) => Some(self.gpu.alloc_zeroed(b.max(have))?),
+                Some(b) => Some(self.gpu.alloc_long_lived(b.max(have))?),
             });
         }
         self.gpu.synchronize()?;
         workspace.buffers = buffers;
         Ok(())
     }
+}
+
+/// Compiles, through `gpu`'s cache and for its arch, those of `sources` that the cache holds
+/// neither in memory nor on disk, one thread each (NVRTC is thread-safe, and the cache compiles
+/// each key once). Nothing happens on other threads when at most one is missing (it is compiled
+/// when loaded) or the cache is bypassed (every load compiles). A found module stays in memory,
+/// so loading it next costs a lookup.
+pub fn compile_missing(gpu: &Gpu, sources: &[&str]) -> Result<()> {
+    let cache = gpu.cache();
+    if cache.is_bypassed() {
+        return Ok(());
+    }
+    let opts = CompileOptions::for_arch(gpu.arch());
+    let mut missing: Vec<&str> = Vec::new();
+    for &source in sources {
+        if !missing.contains(&source) && cache.get_cached(source, &opts)?.is_none() {
+            missing.push(source);
+        }
+    }
+    if missing.len() < 2 {
+        return Ok(());
+    }
+    let step = Instant::now();
+    let compiled: Vec<Result<()>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = missing
+            .iter()
+            .map(|&source| scope.spawn(|| cache.get_or_compile(source, &opts).map(|_| ()).map_err(Error::from)))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    });
+    if timing::enabled() {
+        timing::log(&format!("load: {} kernels compiled in parallel", missing.len()), step);
+    }
+    compiled.into_iter().collect()
 }
 
 /// Checks that a device tensor's buffer is on device `ordinal` and holds its shape and dtype.

@@ -28,6 +28,10 @@ pub struct Program {
     graph: Arc<Graph>,
     plan: Arc<Plan>,
     codegen: CodegenOptions,
+    /// The (gradient, upstream) dtype pairs its backward scales with
+    /// [`scale_by_upstream`](crate::scale_by_upstream): set for a [`Program::with_gradients`]
+    /// program, whose device load then loads those scaling kernels too.
+    scaled: Vec<(DType, DType)>,
     devices: Arc<Mutex<HashMap<usize, Arc<OnDevice>>>>,
 }
 
@@ -81,14 +85,61 @@ impl Program {
             graph: Arc::new(graph),
             plan,
             codegen,
+            scaled: Vec::new(),
             devices: Arc::new(Mutex::new(HashMap::new())),
         })
+    }
+
+    /// The program with, after its outputs, the gradient of its scalar output `loss` with respect
+    /// to each of `wrt` (`grad_<input>`), in one fused program ([`crate::with_gradients`]); and the
+    /// `(input, gradient output)` pairs. Its backward scales the gradients by the loss's upstream
+    /// gradient ([`crate::scale_by_upstream`]), so loading it on a device loads the scaling kernel
+    /// of each (gradient, loss) dtype pair too, compiled in parallel with its own when not cached:
+    /// the first backward then compiles nothing.
+    pub fn with_gradients(&self, loss: &str, wrt: &[&str]) -> Result<(Program, Vec<(String, String)>)> {
+        let derived = kfuse_passes::with_gradients(&self.graph, loss, wrt)?;
+        let origin = format!("{} with gradients of `{loss}`", self.origin);
+        let mut program = Program::from_graph(&self.engine, derived.graph, &origin)?;
+        let interface = program.interface();
+        let dtype_of = |name: &str| interface.outputs.iter().find(|o| o.name == name).map(|o| o.dtype);
+        let mut scaled = Vec::new();
+        if let Some(upstream) = dtype_of(loss) {
+            for grad in derived.gradients.iter().filter_map(|(_, g)| dtype_of(g)) {
+                if !scaled.contains(&(grad, upstream)) {
+                    scaled.push((grad, upstream));
+                }
+            }
+        }
+        program.scaled = scaled;
+        Ok((program, derived.gradients))
+    }
+
+    /// The kernels (CUDA source, name) that loading this program on a device compiles when the
+    /// cache does not hold them: the plan's, then, for a [`Program::with_gradients`] program, the
+    /// gradient-scaling kernel of each of its (gradient, loss) dtype pairs. None depends on sizes,
+    /// so a new batch size compiles nothing.
+    pub fn device_kernels(&self) -> Vec<(&str, &str)> {
+        let plan = self.plan.kernels.iter().map(|k| (k.source.as_str(), k.name.as_str()));
+        plan.chain(self.scaling_kernels().map(|(s, n)| -> (&str, &str) { (s, n) })).collect()
+    }
+
+    fn scaling_kernels(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        self.scaled.iter().filter_map(|&(g, u)| crate::scale::kernel(g, u)).map(|(s, n)| (s.as_str(), n.as_str()))
     }
 
     /// The same program planned with other code generation options.
     pub fn with_codegen(&self, opts: CodegenOptions) -> Result<Program> {
         let graph = Graph::clone(&self.graph);
-        Program::build(&self.engine, self.origin.clone(), self.source.clone(), self.input_dtypes.clone(), graph, opts)
+        let mut program = Program::build(
+            &self.engine,
+            self.origin.clone(),
+            self.source.clone(),
+            self.input_dtypes.clone(),
+            graph,
+            opts,
+        )?;
+        program.scaled = self.scaled.clone();
+        Ok(program)
     }
 
     /// The same source with some inputs declared at other dtypes (for example an f32 description
@@ -282,14 +333,16 @@ impl Program {
         self.devices.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&ordinal)
     }
 
-    /// The kernels loaded on device `ordinal` (loaded on the first call; the runtime compiles each
-    /// kernel once per architecture through the cache).
+    /// The kernels loaded on device `ordinal` (loaded on the first call, with the scaling kernels
+    /// its backward will want; the runtime compiles each kernel once per architecture through the
+    /// cache, the missing ones in parallel).
     fn on_device(&self, ordinal: usize) -> Result<Arc<OnDevice>> {
         if let Some(on) = self.devices.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal) {
             return Ok(on.clone());
         }
         let gpu = self.engine.device(ordinal)?;
-        let exec = CudaProgram::from_plan(&gpu, self.plan.clone())?;
+        let scaling: Vec<(&str, &str)> = self.scaling_kernels().collect();
+        let exec = CudaProgram::with_companions(&gpu, self.plan.clone(), &scaling)?;
         let on = Arc::new(OnDevice { exec, workspace: Mutex::new(Workspace::default()) });
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         Ok(devices.entry(ordinal).or_insert(on).clone())

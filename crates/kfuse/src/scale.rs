@@ -18,8 +18,9 @@ const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// A kernel's CUDA source and name.
 type Kernel = (String, String);
 
-/// The kernel of each (gradient, upstream) float pair, generated once.
-fn kernel(grad: DType, upstream: DType) -> Option<&'static Kernel> {
+/// The kernel (source, name) of each (gradient, upstream) float pair, generated once; `None` for
+/// a pair that is not two floats.
+pub(crate) fn kernel(grad: DType, upstream: DType) -> Option<&'static Kernel> {
     static KERNELS: OnceLock<Vec<((DType, DType), Kernel)>> = OnceLock::new();
     let all = KERNELS.get_or_init(|| {
         FLOATS

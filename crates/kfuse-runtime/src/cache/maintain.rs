@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use super::disk::{is_ours, DiskStore, STALE_TEMP_AGE};
+use super::entry::{self, HEADER_LEN};
 use super::owner::{self, ArchFile, RootFile, RootState, ENTRY_EXT, LOCKS_DIR};
 use super::{CacheEntryInfo, ClearReport, VerifyAction, VerifyProblem, VerifyReport};
 use crate::RuntimeError;
@@ -56,6 +57,7 @@ impl DiskStore {
                 arch: e.arch,
                 bytes: e.bytes,
                 last_used_unix_s: e.modified.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+                nvrtc_version: header_of(&e.path).as_deref().and_then(entry::nvrtc_version_of),
                 path: e.path,
             })
             .collect();
@@ -227,4 +229,12 @@ impl DiskStore {
 
 fn is_stale(meta: &fs::Metadata) -> bool {
     meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age > STALE_TEMP_AGE)
+}
+
+/// The first [`HEADER_LEN`] bytes of an entry file, if it has that many.
+fn header_of(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut header = vec![0u8; HEADER_LEN];
+    fs::File::open(path).and_then(|mut file| file.read_exact(&mut header)).ok()?;
+    Some(header)
 }

@@ -20,7 +20,9 @@
 //!   ([`RuntimeError::InvalidEnv`]) of [`KernelCache::try_global`] and of every lookup through
 //!   [`KernelCache::global`], never a silent default.
 //!
-//! Without NVRTC nothing can be looked up: the key includes NVRTC's version.
+//! A lookup that finds its kernel (in memory or on disk) never loads NVRTC: the key does not
+//! include NVRTC's version (the entry records it; see `crate::key`). Only a compile does.
+//! [`KernelCache::rebuild`] replaces an entry whose cubin the driver refused.
 
 mod background;
 mod disk;
@@ -42,7 +44,7 @@ use crate::env::{self, EnvError};
 
 use crate::lookup::{LookupKey, SourceMap};
 
-use crate::nvrtc::{compile, key_with_options, nvrtc_version, CompileOptions, CompiledModule};
+use crate::nvrtc::{cache_key, compile, CompileOptions, CompiledModule};
 use crate::{Arch, CacheKey, RuntimeError};
 
 /// Default size cap of the disk tier: 1 GiB.
@@ -130,6 +132,9 @@ pub struct CacheEntryInfo {
     pub last_used_unix_s: u64,
     /// The entry file.
     pub path: PathBuf,
+    /// The NVRTC that built it, as its header says (`None` when the header is unreadable: `verify`
+    /// tells why).
+    pub nvrtc_version: Option<(i32, i32)>,
 }
 
 /// What [`KernelCache::verify`] did about a problem.
@@ -467,7 +472,7 @@ impl KernelCache {
             self.counters.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(MemoryProbe::Found(found));
         }
-        let key = key_with_options(source, &opts.nvrtc_options(), opts.arch, nvrtc_version()?);
+        let key = cache_key(source, opts);
         let slot = {
             let mut memory = self.memory.lock().unwrap_or_else(|e| e.into_inner());
             memory.entry(key).or_default().clone()
@@ -660,14 +665,122 @@ impl KernelCache {
 
     /// The disk path an entry for (`source`, `opts`) has (whether or not it exists).
     pub fn entry_path(&self, source: &str, opts: &CompileOptions) -> Result<Option<PathBuf>, RuntimeError> {
-        let key = crate::nvrtc::cache_key(source, opts)?;
+        let key = cache_key(source, opts);
         Ok(self.disk.as_ref().map(|d| d.entry_path(&key, opts.arch)))
+    }
+
+    /// Compiles (`source`, `opts`) again and puts the result in place of what the cache held, in
+    /// memory and on disk: for an entry whose cubin the driver refused (built by another NVRTC, or
+    /// for another driver). Counted as a repair. A bypassed cache only compiles.
+    pub fn rebuild(&self, source: &str, opts: &CompileOptions) -> Result<Arc<CompiledModule>, RuntimeError> {
+        self.check_env()?;
+        if self.is_bypassed() {
+            return self.get_or_compile(source, opts).map(|(module, _)| module);
+        }
+        let key = cache_key(source, opts);
+        let slot = self.memory.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
+        let mut held = slot.module.lock().unwrap_or_else(|e| e.into_inner());
+        let module = Arc::new(self.compile_logged(source, opts, CacheOutcome::Repaired)?);
+        let mut delta = CacheCounters { compiles: 1, repairs: 1, ..Default::default() };
+        if let Some(disk) = self.lookup_disk() {
+            let _lock = disk.lock(&key, opts.arch).ok();
+            if let Err(e) = disk.write(&module, source) {
+                delta.write_failures = 1;
+                warn(&format!(
+                    "could not rewrite kernel cache entry {} ({e})",
+                    disk.entry_path(&key, opts.arch).display()
+                ));
+            }
+        }
+        self.record(delta, true);
+        *held = Some(module.clone());
+        self.by_source.replace(&LookupKey { source, name: "", arch: opts.arch, extra: &opts.extra }, module.clone());
+        Ok(module)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::CacheCounters;
+    use super::{CacheOutcome, KernelCache};
+    use crate::nvrtc::{cache_key, nvrtc_calls_on_this_thread, CompileOptions, CompiledModule};
+    use crate::Arch;
+
+    const SOURCE: &str = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] = 1.0f; }";
+
+    /// An entry as another process (another NVRTC, for an arch this NVRTC may not know) left it.
+    fn written_entry(dir: &std::path::Path, opts: &CompileOptions) -> CompiledModule {
+        let module = CompiledModule {
+            key: cache_key(SOURCE, opts),
+            arch: opts.arch,
+            built_for: Arch::new(10, 0),
+            nvrtc_version: (12, 8),
+            cubin: b"\x7fELF, a stand-in cubin".to_vec(),
+            ptx: ".version 8.7\n.target sm_100\n".to_string(),
+            log: String::new(),
+        };
+        let writer = KernelCache::with_dir(dir, 1 << 30);
+        writer.disk.as_ref().expect("a disk tier").write(&module, SOURCE).expect("entry written");
+        module
+    }
+
+    #[test]
+    fn a_cached_module_that_does_not_load_is_rebuilt_in_place() {
+        let Some(probe) = crate::testing::gpu_or_skip("a_cached_module_that_does_not_load_is_rebuilt_in_place") else {
+            return;
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = CompileOptions::for_arch(probe.arch());
+        // An entry as an NVRTC this driver cannot read would leave it: a cubin and PTX it refuses.
+        let bogus = CompiledModule {
+            built_for: probe.arch(),
+            cubin: b"\x7fELF, but not a cubin this driver loads".to_vec(),
+            ptx: "not PTX either".to_string(),
+            ..written_entry(dir.path(), &opts)
+        };
+        KernelCache::with_dir(dir.path(), 1 << 30).disk.as_ref().expect("disk").write(&bogus, SOURCE).expect("written");
+        let cache = std::sync::Arc::new(KernelCache::with_dir(dir.path(), 1 << 30));
+        let gpu = crate::Gpu::open_with_cache(probe.ordinal(), cache.clone()).expect("opens");
+        gpu.load_kernel(SOURCE, "k").expect("rebuilt and loaded");
+        let session = cache.stats().session;
+        assert_eq!((session.disk_hits, session.compiles, session.repairs), (1, 1, 1));
+        // The entry on disk is now the rebuilt one: the next process loads it as it is.
+        let fresh = std::sync::Arc::new(KernelCache::with_dir(dir.path(), 1 << 30));
+        let gpu = crate::Gpu::open_with_cache(probe.ordinal(), fresh.clone()).expect("opens");
+        gpu.load_kernel(SOURCE, "k").expect("loads");
+        let session = fresh.stats().session;
+        assert_eq!((session.disk_hits, session.compiles, session.repairs), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_disk_hit_and_a_memory_hit_ask_nothing_of_nvrtc() {
+        // Pure tier: NVRTC may be absent; the lookups below must not need it.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = CompileOptions::for_arch(Arch::new(12, 0));
+        let written = written_entry(dir.path(), &opts);
+        let cache = KernelCache::with_dir(dir.path(), 1 << 30);
+        let before = nvrtc_calls_on_this_thread();
+        let (found, outcome) = cache.get_or_compile(SOURCE, &opts).expect("served from disk");
+        assert_eq!(outcome, CacheOutcome::DiskHit);
+        assert_eq!(*found, written);
+        assert_eq!((found.built_for, found.nvrtc_version), (Arch::new(10, 0), (12, 8)));
+        let (_, outcome) = cache.get_or_compile(SOURCE, &opts).expect("served from memory");
+        assert_eq!(outcome, CacheOutcome::MemoryHit);
+        let probed = KernelCache::with_dir(dir.path(), 1 << 30).get_cached(SOURCE, &opts).expect("probe");
+        assert_eq!(probed.map(|(_, o)| o), Some(CacheOutcome::DiskHit));
+        assert_eq!(nvrtc_calls_on_this_thread(), before, "a cache hit asked NVRTC something");
+        assert_eq!(cache.stats().session.compiles, 0);
+    }
+
+    #[test]
+    fn cache_list_shows_the_nvrtc_of_each_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = CompileOptions::for_arch(Arch::new(9, 0));
+        let written = written_entry(dir.path(), &opts);
+        let listed = KernelCache::with_dir(dir.path(), 1 << 30).list().expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!((listed[0].key, listed[0].arch, listed[0].nvrtc_version), (written.key, opts.arch, Some((12, 8))));
+    }
 
     #[test]
     fn the_counters_field_list_matches_what_stats_json_holds() {
