@@ -380,7 +380,25 @@ def test_nvrtc_is_found_in_its_wheel():
         pytest.skip("the nvidia-cuda-nvrtc wheel is not installed in this environment")
     path = _nvrtc.library_path()
     assert path is not None and "libnvrtc.so.13" in os.path.basename(path)
-    assert _nvrtc.load() == path
+    assert _nvrtc.locate() == path == os.environ["KFUSE_NVRTC_LIBRARY"]
+
+
+def test_import_and_cpu_runs_do_not_load_nvrtc():
+    """NVRTC is loaded only when a kernel must compile: importing kfuse, reading a program and
+    running it on CPU tensors make kfuse's native module load no libnvrtc (the dynamic loader's
+    log names who loads each library; PyTorch's CUDA builds load their own copy at import)."""
+    code = (
+        "import torch, kfuse\n"
+        f"p = kfuse.load({example('giou.kf')!r})\n"
+        "x = torch.rand(2, 3, 4); x[..., 2:] += x[..., :2] + 0.1\n"
+        "print(p(pred=x, target=x.clone()).loss.item())\n"
+    )
+    env = {**os.environ, "LD_DEBUG": "files"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300, env=env)
+    loads = [line for line in out.stderr.splitlines() if "dynamically loaded by" in line]
+    assert any("_kfuse" in line for line in loads), "the loader's log names kfuse's native module"
+    by_kfuse = [line for line in loads if "nvrtc" in line.split("dynamically loaded by")[0] and "_kfuse" in line]
+    assert not by_kfuse, by_kfuse
 
 
 def test_shapes_and_layout_checks_without_data():

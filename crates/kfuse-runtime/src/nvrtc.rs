@@ -88,9 +88,55 @@ fn count_call() {
 pub fn nvrtc_available() -> bool {
     count_call();
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: is_culib_present only tries to dlopen candidate library names and drops them;
-    // it has no preconditions (cudarc marks every dynamic-loading entry point unsafe).
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    *PRESENT.get_or_init(|| {
+        preload_named_library();
+        // SAFETY: is_culib_present only tries to dlopen candidate library names and drops them;
+        // it has no preconditions (cudarc marks every dynamic-loading entry point unsafe).
+        unsafe { sys::is_culib_present() }
+    })
+}
+
+/// Elsewhere the variable is not read: cudarc finds NVRTC by name.
+#[cfg(not(unix))]
+fn preload_named_library() {}
+
+/// The variable that names the NVRTC library file to use (`.../libnvrtc.so.13`). The Python
+/// package sets it to the `nvidia-cuda-nvrtc` wheel's copy when it is imported, without loading
+/// the library: NVRTC is loaded on its first use, which a warm kernel cache never needs.
+pub const NVRTC_LIBRARY_ENV: &str = "KFUSE_NVRTC_LIBRARY";
+
+/// Loads the file named by [`NVRTC_LIBRARY_ENV`], if any, process-wide (`RTLD_GLOBAL`) and for
+/// the rest of the process, so that cudarc's search by name finds it already loaded; first the
+/// `libnvrtc-builtins` of the same folder, which NVRTC opens by name when it compiles. A file that
+/// does not load is a warning, and the search by name goes on as without the variable.
+#[cfg(unix)]
+fn preload_named_library() {
+    let Some(path) = std::env::var_os(NVRTC_LIBRARY_ENV).filter(|p| !p.is_empty()) else { return };
+    let path = std::path::PathBuf::from(path);
+    let open = |file: &std::path::Path| {
+        let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL;
+        // SAFETY: loading NVRTC (or its builtins) runs only their initialisers, which have no
+        // preconditions; the handle is leaked on purpose, so the library is never unloaded while
+        // cudarc's function pointers into it live.
+        unsafe { libloading::os::unix::Library::open(Some(file), flags) }.map(std::mem::forget)
+    };
+    if let Some(folder) = path.parent() {
+        let mut builtins: Vec<std::path::PathBuf> = std::fs::read_dir(folder)
+            .map(|entries| entries.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        builtins
+            .retain(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc-builtins.so")));
+        builtins.sort();
+        if let Some(b) = builtins.first() {
+            let _ = open(b);
+        }
+    }
+    if let Err(e) = open(&path) {
+        eprintln!(
+            "kfuse: warning: {NVRTC_LIBRARY_ENV}={} does not load ({e}); looking for libnvrtc by name instead",
+            path.display()
+        );
+    }
 }
 
 /// NVRTC's (major, minor) version, or [`RuntimeError::NvrtcMissing`] when libnvrtc is absent.

@@ -13,9 +13,9 @@ Gradients come from kfuse's own autodiff, and programs are custom operators unde
 from . import _nvrtc
 from ._errors import ConfigError, DeviceError, Error, InputError, ParseError
 
-_nvrtc.load()
+_nvrtc.locate()
 
-from . import _kfuse  # noqa: E402  (after libnvrtc is loaded)
+from . import _kfuse  # noqa: E402  (after the runtime is told where libnvrtc is)
 from ._export import export_mlp  # noqa: E402
 from ._program import Decl, Outputs, Program, compile, load  # noqa: E402
 

@@ -1,7 +1,6 @@
-"""Finds libnvrtc in the ``nvidia-cuda-nvrtc`` wheel and loads it, so that kfuse's runtime (which
-opens ``libnvrtc.so.13`` by name) finds it without ``LD_LIBRARY_PATH``."""
+"""Finds libnvrtc in the ``nvidia-cuda-nvrtc`` wheel and tells kfuse's runtime where it is, so
+that the runtime finds it without ``LD_LIBRARY_PATH``, loading it only when a kernel must compile."""
 
-import ctypes
 import glob
 import os
 import site
@@ -40,25 +39,21 @@ def library_path():
     return next(iter(_candidates()), None)
 
 
-def load():
-    """Loads the wheel's libnvrtc once (process-wide); returns its path or ``None``.
-
-    A library already on the system search path works as well; ``None`` only means that the
-    wheel's copy was not found.
-    """
+def locate():
+    """Tells kfuse's runtime where the wheel's libnvrtc is, without loading it: sets
+    ``KFUSE_NVRTC_LIBRARY`` (unless already set), which the runtime reads when it first needs
+    NVRTC, that is, when a kernel must compile; a warm kernel cache never loads it. Returns the
+    path, or ``None`` when the wheel is not installed (a library on the system search path works
+    as well)."""
     global _loaded
     if _loaded is None:
-        path = library_path()
-        if path is None:
-            _loaded = ""
-        else:
-            try:
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                _loaded = path
-            except OSError:
-                _loaded = ""
+        _loaded = os.environ.get(ENV) or library_path() or ""
+        if _loaded:
+            os.environ.setdefault(ENV, _loaded)
     return _loaded or None
 
+
+ENV = "KFUSE_NVRTC_LIBRARY"
 
 MISSING = (
     "NVRTC is not available: install the CUDA 13.0 NVRTC wheel "
