@@ -13,7 +13,7 @@ use kfuse_codegen::{BufferDecl, BufferKind, Launch, Param, Plan};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
-use crate::{Error, Result};
+use crate::{Error, Result, Validation};
 
 /// A tensor in device memory: a buffer (usually borrowed from a framework with
 /// [`Gpu::borrow_memory`]), its dtype and its row-major, contiguous shape.
@@ -31,6 +31,8 @@ pub struct CudaProgram {
     functions: Vec<GpuFunction>,
     /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
     resident: Vec<Option<u32>>,
+    /// The tag a violation of an input's layout is recorded with (see `checks`).
+    tag: u32,
 }
 
 /// The device buffers and launch geometry of one set of host inputs.
@@ -73,8 +75,14 @@ impl Drop for Workspace {
 }
 
 impl CudaProgram {
-    /// Loads the kernels of a plan.
+    /// Loads the kernels of a plan; a violation its kernels record names it `kernels <hash>`.
     pub fn from_plan(gpu: &Arc<Gpu>, plan: Arc<Plan>) -> Result<CudaProgram> {
+        let origin: Arc<str> = format!("kernels {}", plan.graph_hash.short()).into();
+        CudaProgram::from_plan_named(gpu, plan, &origin)
+    }
+
+    /// Loads the kernels of a plan; a violation its kernels record names it `origin`.
+    pub fn from_plan_named(gpu: &Arc<Gpu>, plan: Arc<Plan>, origin: &Arc<str>) -> Result<CudaProgram> {
         let functions =
             plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
         let resident = plan
@@ -89,7 +97,8 @@ impl CudaProgram {
                 },
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, resident })
+        let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, resident, tag })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -159,14 +168,26 @@ impl CudaProgram {
         Ok(BoundRun { sizes, grids, buffers })
     }
 
-    /// Enqueues every kernel of the plan on the device's own stream (asynchronous).
+    /// Enqueues every kernel of the plan on the device's own stream (asynchronous). The inputs
+    /// were checked on the host by [`CudaProgram::bind`]; the kernels check again on the device
+    /// (see [`Validation::Deferred`]), and [`CudaProgram::download`] takes what they found. A
+    /// violation pending on the device from an earlier call is returned first.
     pub fn launch(&self, run: &BoundRun) -> Result<()> {
+        crate::checks::take_pending(&self.gpu)?;
         let buffers: Vec<&DeviceBuffer> = run.buffers.iter().collect();
-        self.launch_buffers(&self.gpu.default_stream(), &run.sizes, &run.grids, &buffers)
+        self.launch_buffers(&self.gpu.default_stream(), &run.sizes, &run.grids, &buffers, Validation::Deferred)
     }
 
     /// Enqueues every kernel on `stream` with the plan's buffers in `buffers` (plan order).
-    fn launch_buffers(&self, stream: &Stream, sizes: &[u64], grids: &[u32], buffers: &[&DeviceBuffer]) -> Result<()> {
+    fn launch_buffers(
+        &self,
+        stream: &Stream,
+        sizes: &[u64],
+        grids: &[u32],
+        buffers: &[&DeviceBuffer],
+        validation: Validation,
+    ) -> Result<()> {
+        let checks = validation == Validation::Deferred;
         for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
             let args: Vec<KernelArg<'_>> = k
                 .params
@@ -174,6 +195,8 @@ impl CudaProgram {
                 .map(|p| match *p {
                     Param::Buffer(b) => KernelArg::Buffer(buffers[b]),
                     Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
+                    Param::ErrorRecord => KernelArg::ErrorRecord(checks),
+                    Param::CheckTag => KernelArg::U32(self.tag),
                 })
                 .collect();
             let step = Instant::now();
@@ -203,6 +226,7 @@ impl CudaProgram {
         let step = Instant::now();
         self.gpu.synchronize()?;
         timing::log("download: synchronize (waits for the kernels)", step);
+        crate::checks::take_pending(&self.gpu)?;
         let step = Instant::now();
         let interface = &self.plan.interface;
         let mut out = Vec::with_capacity(interface.outputs.len());
@@ -243,15 +267,19 @@ impl CudaProgram {
     /// Launches the plan on `stream` with inputs and outputs already in device memory: checks
     /// names, dtypes, shapes, buffer sizes and devices, then queues the kernels. No host
     /// synchronisation and no allocation, except when `workspace` must grow (see
-    /// [`Program::launch`](crate::Program::launch)). The values of `lengths` / `offsets` inputs are not checked (they are on
-    /// the device): they must keep their declared promises.
+    /// [`Program::launch`](crate::Program::launch)). The values of `lengths` / `offsets` inputs
+    /// are checked by the kernels as they read them when `validation` is
+    /// [`Validation::Deferred`]; a violation pending on the device from an earlier call is
+    /// returned before anything is queued.
     pub fn launch_device(
         &self,
         stream: &Stream,
         inputs: &[(&str, DeviceTensor)],
         outputs: &[DeviceTensor],
         workspace: &mut Workspace,
+        validation: Validation,
     ) -> Result<()> {
+        crate::checks::take_pending(&self.gpu)?;
         let ordinal = self.gpu.ordinal();
         if stream.ordinal() != ordinal {
             return Err(Error::WrongStream { got: stream.ordinal(), want: ordinal });
@@ -309,7 +337,7 @@ impl CudaProgram {
             };
             buffers.push(buf);
         }
-        self.launch_buffers(stream, &sizes, &grids, &buffers)?;
+        self.launch_buffers(stream, &sizes, &grids, &buffers, validation)?;
         if workspace.used_on.is_none() {
             workspace.used_on = Some(self.gpu.clone());
         }
