@@ -57,6 +57,13 @@ impl Engine {
         crate::checks::take_pending(&gpu)
     }
 
+    /// Returns the violation pending on GPU `ordinal` (see [`Engine::check_errors`]) without
+    /// waiting: what the device has recorded so far. What every launch does first.
+    pub fn take_pending_error(&self, ordinal: usize) -> Result<()> {
+        let gpu = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal).cloned();
+        gpu.map_or(Ok(()), |gpu| crate::checks::take_pending(&gpu))
+    }
+
     /// The ordinals of the GPUs this engine has opened, in increasing order.
     pub fn opened_devices(&self) -> Vec<usize> {
         let mut v: Vec<usize> = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
