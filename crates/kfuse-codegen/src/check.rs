@@ -59,7 +59,8 @@ pub(crate) fn poison_accumulators(slots: usize, indent: &str) -> String {
     if slots == 0 {
         return String::new();
     }
-    let accs: Vec<String> = (0..slots).map(|s| format!("acc{s} = __longlong_as_double(0x7ff8000000000000ll);")).collect();
+    let accs: Vec<String> =
+        (0..slots).map(|s| format!("acc{s} = __longlong_as_double(0x7ff8000000000000ll);")).collect();
     format!("{indent}if (kf_bad) {{ {} }} // a failed check: every result of the block is NaN\n", accs.join(" "))
 }
 
@@ -81,14 +82,17 @@ pub(crate) fn loop_checks(checks: &[LoopCheck]) -> String {
     if checks.is_empty() {
         return s;
     }
-    s.push_str("    if (kf_err != nullptr) { // the checks of the lengths/offsets inputs this kernel does not read itself\n");
+    s.push_str(
+        "    if (kf_err != nullptr) { // the checks of the lengths/offsets inputs this kernel does not read itself\n",
+    );
     s.push_str("        const long long kf_c0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, kf_cs = (long long)gridDim.x * blockDim.x;\n");
     for c in checks {
         let (i, n, b) = (c.input, &c.count, &c.bound);
         let k = |v: ViolationKind| v as u32;
         match c.constraint {
             Constraint::Lengths { .. } => {
-                let _ = writeln!(s, "        for (long long j = kf_c0; j < {n}; j += kf_cs) {{ // {} as lengths", c.name);
+                let _ =
+                    writeln!(s, "        for (long long j = kf_c0; j < {n}; j += kf_cs) {{ // {} as lengths", c.name);
                 let _ = writeln!(s, "            const int v = in{i}[j];");
                 let _ = writeln!(
                     s,
@@ -105,7 +109,8 @@ pub(crate) fn loop_checks(checks: &[LoopCheck]) -> String {
                     k(ViolationKind::OffsetsEmpty),
                     c.name
                 );
-                let _ = writeln!(s, "        for (long long j = kf_c0; j < {n}; j += kf_cs) {{ // {} as offsets", c.name);
+                let _ =
+                    writeln!(s, "        for (long long j = kf_c0; j < {n}; j += kf_cs) {{ // {} as offsets", c.name);
                 let _ = writeln!(s, "            const int v = in{i}[j];");
                 let _ = writeln!(s, "            const int p = j > 0 ? in{i}[j - 1] : 0;");
                 let _ = writeln!(

@@ -386,8 +386,11 @@ impl Gpu {
         if let Some(r) = self.error_record.get() {
             return Ok(r.device_address());
         }
-        let r = ErrorRecord::new(&self.ctx)
-            .map_err(|(call, error)| RuntimeError::Driver { call, ordinal: self.ordinal, error })?;
+        let r = ErrorRecord::new(&self.ctx).map_err(|(call, error)| RuntimeError::Driver {
+            call,
+            ordinal: self.ordinal,
+            error,
+        })?;
         let _ = self.error_record.set(r); // a record another thread set first wins; this one is freed
         self.error_record.get().map(|r| r.device_address()).ok_or(RuntimeError::Driver {
             call: "cuMemHostAlloc (error record)",

@@ -91,8 +91,55 @@ pub fn violation_error(ordinal: usize, v: &DeviceViolation) -> Error {
         Some(ViolationKind::OffsetEnd) => BindError::OffsetEnd { name, index: pos, value, dim, total: bound },
         Some(ViolationKind::OffsetsEmpty) => BindError::OffsetsEmpty { name },
         None => {
-            return Error::DeviceInputUnknown { ordinal, tag: v.tag, input: v.input, position: v.position, value: v.value }
+            return Error::DeviceInputUnknown {
+                ordinal,
+                tag: v.tag,
+                input: v.input,
+                position: v.position,
+                value: v.value,
+            }
         }
     };
     Error::DeviceInput { origin: origin.to_string(), ordinal, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn giou_lengths_tag() -> u32 {
+        let src = "input pred: f32[B, N, 4]\ninput lengths: i32[B] as lengths(N)\noutput s = sum(pred[.., 0], where: mask(lengths))\n";
+        let g = kfuse_lang::parse_program(src, "ragged.kf").unwrap();
+        let interface = Interface::of(&g);
+        register(&Arc::from("ragged.kf"), &g.stable_hash(), &interface)
+    }
+
+    fn violation(tag: u32, kind: ViolationKind, position: u64, value: i64, bound: i64) -> DeviceViolation {
+        DeviceViolation { tag, input: 1, kind: kind as u32, position, value, bound }
+    }
+
+    #[test]
+    fn a_recorded_violation_names_the_program_input_position_value_and_bound() {
+        let tag = giou_lengths_tag();
+        assert_eq!(giou_lengths_tag(), tag, "the same program keeps its tag");
+        let e = violation_error(0, &violation(tag, ViolationKind::LengthTooLarge, 3, 1 << 30, 13));
+        let text = e.to_string();
+        assert!(matches!(e, Error::DeviceInput { ordinal: 0, .. }), "{text}");
+        assert!(
+            text.starts_with("ragged.kf: input `lengths`: lengths[3] = 1073741824 is greater than N = 13"),
+            "{text}"
+        );
+        assert!(text.contains("found on device 0 by the kernels of an earlier call"), "{text}");
+        let text = violation_error(1, &violation(tag, ViolationKind::LengthNegative, 0, -7, 13)).to_string();
+        assert!(text.contains("lengths[0] = -7 is negative") && text.contains("device 1"), "{text}");
+    }
+
+    #[test]
+    fn an_unknown_tag_or_kind_still_says_what_was_found() {
+        let e = violation_error(0, &violation(u32::MAX, ViolationKind::LengthNegative, 2, -1, 4));
+        assert!(matches!(e, Error::DeviceInputUnknown { position: 2, value: -1, .. }), "{e}");
+        let tag = giou_lengths_tag();
+        let e = violation_error(0, &DeviceViolation { tag, input: 1, kind: 99, position: 2, value: -1, bound: 4 });
+        assert!(e.to_string().contains("input #1, position 2, value -1"), "{e}");
+    }
 }

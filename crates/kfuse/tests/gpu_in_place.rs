@@ -84,7 +84,8 @@ fn check_in_place(gpu: &Gpu, p: &Program, stream: &Stream, inputs: &[(&str, Host
     let device_outputs: Vec<DeviceTensor> = outs.iter().map(|h| h.borrowed(gpu)).collect();
     // Twice on the same buffers: the kernels leave their counters ready for the next launch.
     for round in 0..2 {
-        p.launch(gpu.ordinal(), stream, &device_inputs, &device_outputs, Validation::Deferred).unwrap_or_else(|e| panic!("{what}: {e}"));
+        p.launch(gpu.ordinal(), stream, &device_inputs, &device_outputs, Validation::Deferred)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         stream.synchronize().unwrap();
         for ((name, w), h) in want.iter().zip(&outs) {
             let got = h.download(gpu);
@@ -184,7 +185,9 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
     let wrong = Held::poisoned(&gpu, DType::F32, &[2, 3, 5]);
     let inputs = [("pred", pred.borrowed(&gpu)), ("target", target.borrowed(&gpu))];
 
-    let err = p.launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu), wrong.borrowed(&gpu)], Validation::Deferred).unwrap_err();
+    let err = p
+        .launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu), wrong.borrowed(&gpu)], Validation::Deferred)
+        .unwrap_err();
     assert!(matches!(&err, Error::OutputShape { name, position: 1, .. } if name == "dpred"), "{err}");
     let err = p.launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu)], Validation::Deferred).unwrap_err();
     assert!(matches!(err, Error::OutputCount { got: 1, want: 2, .. }), "{err}");
@@ -195,7 +198,9 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
         ("pred", DeviceTensor { buffer: short, dtype: DType::F32, shape: vec![2, 3, 4] }),
         ("target", target.borrowed(&gpu)),
     ];
-    let err = p.launch(gpu.ordinal(), &stream, &bad, &[loss.borrowed(&gpu), dpred.borrowed(&gpu)], Validation::Deferred).unwrap_err();
+    let err = p
+        .launch(gpu.ordinal(), &stream, &bad, &[loss.borrowed(&gpu), dpred.borrowed(&gpu)], Validation::Deferred)
+        .unwrap_err();
     assert!(matches!(&err, Error::BufferTooSmall { name, want: 96, bytes: 16, .. } if name == "pred"), "{err}");
 
     let ok = [loss.borrowed(&gpu), dpred.borrowed(&gpu)];

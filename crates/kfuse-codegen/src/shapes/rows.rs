@@ -145,8 +145,13 @@ fn sync(checks: bool, ind: usize, plain: &str) -> String {
     let mut s = String::new();
     let l = match (checks, plain.strip_prefix("kf_bar(")) {
         (false, _) => format!("{plain};"),
-        (true, None) => "kf_bad = __syncthreads_or(kf_bad) != 0; // and a failed check of a bound reaches every thread".into(),
-        (true, Some(args)) => format!("kf_bad = kf_bar_or({}, kf_bad); // and a failed check of a bound reaches the role", args.trim_end_matches(')')),
+        (true, None) => {
+            "kf_bad = __syncthreads_or(kf_bad) != 0; // and a failed check of a bound reaches every thread".into()
+        }
+        (true, Some(args)) => format!(
+            "kf_bad = kf_bar_or({}, kf_bad); // and a failed check of a bound reaches the role",
+            args.trim_end_matches(')')
+        ),
     };
     line(&mut s, ind, &l);
     s
