@@ -45,7 +45,7 @@ pub(crate) fn register(origin: &Arc<str>, hash: &GraphHash, interface: &Interfac
     if let Some(i) = reg.iter().position(|e| e.hash == *hash && e.origin == *origin) {
         return i as u32;
     }
-    reg.push(Entry { origin: origin.clone(), hash: hash.clone(), interface: Arc::new(interface.clone()) });
+    reg.push(Entry { origin: origin.clone(), hash: *hash, interface: Arc::new(interface.clone()) });
     (reg.len() - 1) as u32
 }
 
@@ -100,7 +100,7 @@ pub fn violation_error(ordinal: usize, v: &DeviceViolation) -> Error {
             }
         }
     };
-    Error::DeviceInput { origin: origin.to_string(), ordinal, source }
+    Error::DeviceInput { origin: origin.to_string(), ordinal, source: Box::new(source) }
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ pub enum Error {
     /// on device `ordinal` (their outputs were written as NaN meanwhile) and taken from the
     /// device's error record by a later call.
     #[error("{origin}: {source}; found on device {ordinal} by the kernels of an earlier call, which wrote NaN into its outputs (the loss)")]
-    DeviceInput { origin: String, ordinal: usize, source: kfuse_ir::BindError },
+    DeviceInput { origin: String, ordinal: usize, source: Box<kfuse_ir::BindError> },
     /// A violation recorded on a device by kernels this process cannot name (a record it does not
     /// know how to read).
     #[error("a lengths/offsets value broke its layout on device {ordinal}: input #{input}, position {position}, value {value} (kernels of tag {tag}, not known to this process)")]

@@ -113,12 +113,12 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
                     }
                 }
                 Param::ErrorRecord => {
-                    if *line != "unsigned long long* __restrict__ kf_err" || graph.constraints.is_empty() {
+                    if !line.starts_with("unsigned long long* __restrict__ kf_err") || graph.constraints.is_empty() {
                         return Err(format!("kernel {name}: error record declared `{line}`"));
                     }
                 }
                 Param::CheckTag => {
-                    if *line != "unsigned int kf_tag" {
+                    if !line.starts_with("unsigned int kf_tag") {
                         return Err(format!("kernel {name}: check tag declared `{line}`"));
                     }
                 }
