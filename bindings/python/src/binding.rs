@@ -105,8 +105,12 @@ impl Binding {
     /// alive for the call: `addresses` holds one 16-byte aligned address per input, then per
     /// output, of tensors of the bound shapes. Queues the kernels and returns: no host
     /// synchronisation. The first launch on a device loads the kernels (compiling them with NVRTC
-    /// when the cache has none) with the GIL released; later launches only queue them.
-    fn launch(&self, py: Python<'_>, ordinal: usize, stream: u64, addresses: Vec<u64>) -> PyResult<()> {
+    /// when the cache has none) with the GIL released; later launches only queue them. `validate`
+    /// 0 gives the kernels no error record (no checks); otherwise they check the lengths/offsets
+    /// values they read and record a violation on the device, which this launch, like any later
+    /// kfuse call on the device, raises first (`InputError`) when it is pending.
+    #[pyo3(signature = (ordinal, stream, addresses, validate=1))]
+    fn launch(&self, py: Python<'_>, ordinal: usize, stream: u64, addresses: Vec<u64>, validate: i64) -> PyResult<()> {
         if addresses.len() != self.slots.len() {
             return Err(errors::raise(
                 Kind::Input,
@@ -126,7 +130,8 @@ impl Binding {
         let (stream, buffers) = device::borrow(bound.gpu(), stream, &memory)?;
         // Queuing kernels takes microseconds: the GIL is kept, so that a call does not wait for
         // it behind other Python threads.
-        bound.launch(&stream, &buffers).map_err(errors::kfuse)
+        let mode = if validate == 0 { kfuse::Validation::Off } else { kfuse::Validation::Deferred };
+        bound.launch(&stream, &buffers, mode).map_err(errors::kfuse)
     }
 
     fn __repr__(&self) -> String {
@@ -151,6 +156,7 @@ pub fn scale_by_upstream(
     let g = Slot::new("grad".to_string(), grad_dtype, vec![usize::try_from(grad.2).unwrap_or(usize::MAX)])?;
     let u = Slot::new("upstream".to_string(), up_dtype, vec![])?;
     let gpu = device::device(ordinal)?;
+    device::engine()?.take_pending_error(ordinal).map_err(errors::kfuse)?;
     device::check_aligned([("gradient", g.name.as_str(), grad.0)])?;
     let (stream, buffers) = device::borrow(&gpu, stream, &[(grad.0, g.bytes), (upstream.0, u.bytes)])?;
     let mut buffers = buffers.into_iter();

@@ -105,3 +105,18 @@ pub fn cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("loaded_functions", loaded)?;
     Ok(info)
 }
+
+/// Waits for every device this module opened and raises the violation of a lengths/offsets
+/// layout that kernels recorded there (`kfuse.InputError`); nothing without a device.
+#[pyfunction]
+pub fn check_errors(py: Python<'_>) -> PyResult<()> {
+    let opened = OPENED.load(Ordering::Relaxed);
+    if opened == 0 {
+        return Ok(());
+    }
+    let engine = engine()?;
+    for ordinal in (0..64).filter(|o| opened & (1 << o) != 0) {
+        py.detach(|| engine.check_errors(ordinal)).map_err(errors::kfuse)?;
+    }
+    Ok(())
+}

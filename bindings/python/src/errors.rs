@@ -68,6 +68,8 @@ pub fn kfuse(e: kfuse::Error) -> PyErr {
     let kind = match &e {
         E::Parse(d) => return parse_error(d),
         E::Bind(_)
+        | E::DeviceInput { .. }
+        | E::DeviceInputUnknown { .. }
         | E::Interp(I::Bind(_) | I::DuplicateInput { .. } | I::DataLength { .. } | I::IntOverflow { .. })
         | E::BufferTooSmall { .. }
         | E::OutputCount { .. }

@@ -4,7 +4,8 @@
 //! CUDA, derived backward programs and the CPU reference interpreter), `Binding` (a program bound
 //! to input shapes: output shapes, the lengths/offsets value check and the CUDA launch), `Mlp` (a
 //! fused MLP: its CPU path, and its fused kernel per device and dtype), `scale_by_upstream` (the
-//! backward of a loss computed with its gradients, on CUDA) and `cache_info()` (kernel-cache
+//! backward of a loss computed with its gradients, on CUDA), `check_errors()` (waits and raises a
+//! lengths/offsets violation the kernels recorded on a device) and `cache_info()` (kernel-cache
 //! counters and the functions loaded per device). Tensors cross the boundary as plain values:
 //! `(name, bytes, dtype, shape)` for host data, `(name, dtype, shape)` for shapes, and raw device
 //! addresses for CUDA memory, so this module knows nothing of
@@ -35,6 +36,7 @@ fn _kfuse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<mlp::Mlp>()?;
     m.add_function(wrap_pyfunction!(device::cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(binding::scale_by_upstream, m)?)?;
+    m.add_function(wrap_pyfunction!(device::check_errors, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -214,13 +214,14 @@ def test_non_scalar_output_and_its_gradient(gpu):
     close(x["target"].grad, want[1], 1e-4, "d / d target")
 
 
-def test_bad_lengths_on_cuda_are_an_input_error(gpu):
+def test_bad_lengths_on_cuda_are_an_input_error_before_launching_with_validate_sync(gpu):
     prog = kfuse.load(example("giou_lengths.kf"))
     x64, _ = batch("lengths", seeded("bad lengths"), 5)
     x = on(x64, gpu, torch.float32)
     x["lengths"] = torch.tensor([1, N_SLOTS + 1, 0, 2, 3], dtype=torch.int32, device=gpu)
     with pytest.raises(kfuse.InputError, match=rf"input `lengths`: lengths\[1\] = {N_SLOTS + 1} is greater than N"):
-        prog(**x)
+        prog(**x, validate="sync")
+    assert kfuse.check_errors() is None  # nothing was launched
 
 
 # ---------------------------------------------------------------------------------------------

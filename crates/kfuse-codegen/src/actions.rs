@@ -56,7 +56,8 @@ pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Re
             Action::Append { values } => {
                 let mut vals = Vec::with_capacity(values.len());
                 for (n, ctx) in values {
-                    vals.push(em.eval(*n, ctx)?);
+                    let v = em.eval(*n, ctx)?;
+                    vals.push(crate::check::poisoned(em.checks, DType::F32, &v));
                 }
                 for l in append_lines(&vals) {
                     em.push_stmt(l);
@@ -68,7 +69,8 @@ pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Re
                 em.note_conversion(d);
                 let mut vals = Vec::with_capacity(values.len());
                 for (n, ctx) in values {
-                    vals.push(em.eval(*n, ctx)?);
+                    let v = em.eval(*n, ctx)?;
+                    vals.push(crate::check::poisoned(em.checks, d, &v));
                 }
                 let name = &g.outputs[*output].name;
                 if !has_component_axis(g, *output) {

@@ -166,6 +166,8 @@ pub(crate) enum Helper {
     IntDivShift,
     /// `kf_remf`, `kf_floordivf`.
     FloatDiv,
+    /// `kf_report`: the record of a failed check of a lengths/offsets value.
+    Report,
 }
 
 const F16: &str = include_str!("templates/helper_f16.cuh");
@@ -176,6 +178,7 @@ const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
 const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
 const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
 const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
+const REPORT: &str = include_str!("templates/helper_report.cuh");
 
 /// The definition of `h`, guarded so that it may appear more than once in a translation unit.
 pub(crate) fn helper_source(h: Helper) -> String {
@@ -200,6 +203,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::StoreStreaming => render(STORE_CS, &[]),
         Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),
         Helper::FloatDiv => render(FLOAT_DIV, &[]),
+        Helper::Report => render(REPORT, &[]),
     }
 }
 

@@ -104,6 +104,10 @@ pub(crate) struct Emitter<'a> {
     /// Row mode: vector stores are plain, not streaming (the rows plan's few valid elements,
     /// stored amid its fill warps' streaming stores: measured faster plain).
     pub plain_stores: bool,
+    /// Element mode of a graph with lengths/offsets inputs: each lengths value read is checked
+    /// against its bound when the kernel's error record is not null (a violation is recorded and
+    /// sets `kf_bad`, see `check`), and float stores write NaN while `kf_bad` holds.
+    pub checks: bool,
     /// Values fixed by the caller instead of computed (node → C expression), e.g. a scale
     /// factor replaced by `1.0f` when a kernel computes an unscaled gradient.
     pub substitutions: HashMap<NodeId, String>,
@@ -150,6 +154,7 @@ impl<'a> Emitter<'a> {
             slot_results: HashMap::new(),
             row_mode: false,
             plain_stores: false,
+            checks: matches!(mode, Mode::Element { .. }) && !g.constraints.is_empty(),
             substitutions: HashMap::new(),
             prefetch: None,
             prefetch_guard: None,
@@ -583,7 +588,8 @@ impl<'a> Emitter<'a> {
         let node = self.g.node(n);
         let (dtype, dims) = (node.dtype, node.shape.dims().to_vec());
         let name = format!("in{input}");
-        if let (Some(Dim::Const(c)), Some(Coord::Const(k))) = (dims.last(), ctx.last()) {
+        let lengths_bound = self.lengths_bound(input);
+        if let (None, Some(Dim::Const(c)), Some(Coord::Const(k))) = (lengths_bound, dims.last(), ctx.last()) {
             if let Some(vty) = cuda::vector_type(dtype, *c) {
                 let prefix = ctx[..ctx.len() - 1].to_vec();
                 let vkey = Key::Vector(n, prefix.clone());
@@ -614,7 +620,24 @@ impl<'a> Emitter<'a> {
         let note = format!("{} {dtype}", self.g.inputs[input as usize].name);
         let raw = self.prefetched(depth, &off, cuda::storage_type(dtype), format!("{name}[{off}]"), &note);
         let e = cuda::load_conversion(dtype, &raw);
-        Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note))
+        let v = self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note);
+        if let Some(bound) = lengths_bound {
+            let bound = self.dim(bound);
+            self.uses.helpers.insert(Helper::Report);
+            self.blocks[depth].lines.push(crate::check::lengths_check(input, &off, &v, &bound));
+        }
+        Ok(v)
+    }
+
+    /// The bound of input `input` when it is a lengths input whose reads this emitter checks.
+    fn lengths_bound(&self, input: u32) -> Option<Dim> {
+        if !self.checks {
+            return None;
+        }
+        self.g.constraints.iter().find_map(|c| match *c {
+            kfuse_ir::Constraint::Lengths { input: i, max } if i.0 == input => Some(max),
+            _ => None,
+        })
     }
 
     /// A load `load` of type `ty` placed in block `depth` at offset `off`: when it is one of the

@@ -4,7 +4,7 @@
 //!
 //! Not handled here: the rows plan's tiled fill (see `shapes::rows`).
 
-use kfuse_ir::{Graph, Op};
+use kfuse_ir::{DType, Graph, Op};
 
 use crate::actions::{has_component_axis, Action};
 use crate::cuda::Helper;
@@ -34,7 +34,7 @@ const ZERO_FILL_16: &str = include_str!("templates/zero_fill_16.cuh");
 pub(crate) fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, cols: &str, stride: &str) {
     em.uses.helpers.insert(Helper::StoreStreaming);
     let per = 16 / esz;
-    let (ety, zero) = zero_element(esz);
+    let (ety, zero, zero16) = fill_values(esz, g.node(g.outputs[o].node).dtype, em.checks);
     let name = &g.outputs[o].name;
     let (o, per_m1, per) = (o.to_string(), (per - 1).to_string(), per.to_string());
     let text = render(
@@ -47,7 +47,8 @@ pub(crate) fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, c
             ("per", &per),
             ("per_m1", &per_m1),
             ("ety", ety),
-            ("zero", zero),
+            ("zero", &zero),
+            ("zero16", &zero16),
         ],
     );
     for l in text.lines() {
@@ -55,12 +56,27 @@ pub(crate) fn write_zero_fill(em: &mut Emitter, g: &Graph, o: usize, esz: u64, c
     }
 }
 
-/// The C type of one `esz`-byte element of a zero fill (`esz` < 16, dividing 16) and its zero.
-pub(crate) fn zero_element(esz: u64) -> (&'static str, &'static str) {
-    match esz {
+/// The C type of one `esz`-byte element of a zero fill (`esz` < 16, dividing 16), its zero, and
+/// the value of a 16-byte chunk. In a checked kernel a float output's fill writes NaN bits
+/// instead while `kf_bad` holds (see `check`).
+pub(crate) fn fill_values(esz: u64, dtype: DType, checks: bool) -> (&'static str, String, String) {
+    let (ety, zero) = match esz {
         1 => ("unsigned char", "(unsigned char)0"),
         2 => ("unsigned short", "(unsigned short)0"),
         4 => ("unsigned int", "0u"),
         _ => ("uint2", "make_uint2(0u, 0u)"),
+    };
+    let zero16 = "make_uint4(0u, 0u, 0u, 0u)";
+    match crate::check::fill_word(dtype).filter(|_| checks && esz > 1) {
+        None => (ety, zero.to_string(), zero16.to_string()),
+        Some(w) => {
+            let nan = match esz {
+                2 => format!("(unsigned short)0x{:04x}", w & 0xffff),
+                4 => format!("0x{w:08x}u"),
+                _ => format!("make_uint2(0x{w:08x}u, 0x{w:08x}u)"),
+            };
+            let nan16 = format!("make_uint4(0x{w:08x}u, 0x{w:08x}u, 0x{w:08x}u, 0x{w:08x}u)");
+            (ety, format!("(kf_bad ? {nan} : {zero})"), format!("(kf_bad ? {nan16} : {zero16})"))
+        }
     }
 }

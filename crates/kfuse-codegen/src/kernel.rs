@@ -29,7 +29,7 @@ use crate::plan::{GridSpec, Kernel};
 use crate::shapes::{compacted, grid_stride, row_groups, rows, warp_per_row, KernelShape};
 use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
-use crate::{sinks, CodegenError, CodegenOptions};
+use crate::{check, sinks, CodegenError, CodegenOptions};
 
 pub(crate) fn emit_kernel(
     g: &Graph,
@@ -103,6 +103,9 @@ pub(crate) fn emit_kernel(
         None => "1".to_string(),
     };
     let n_expr = em.product(&info.dims);
+    // Checks: kernel 0 checks the offsets inputs and the lengths inputs it does not read itself.
+    let checked = em.checks;
+    let loop_checks = if checked && k == 0 { loop_check_inputs(&mut em, g) } else { Vec::new() };
     let prefetch = em.prefetch.take().unwrap_or_default();
     let (body, mut uses) = em.into_lines();
     let lazy_inputs: Vec<InputId> =
@@ -149,6 +152,7 @@ pub(crate) fn emit_kernel(
             temps_written: &ep.temps_written,
             list: compacted_pass.and_then(|b| b.list.map(|l| (l, b.pass.comps))),
             n_slots: slots.len(),
+            checked,
         },
     )?;
 
@@ -176,6 +180,11 @@ pub(crate) fn emit_kernel(
         let _ = writeln!(src, "    {decl}{sep} // {comment}");
     }
     src.push_str(")\n{\n");
+    if checked {
+        src.push_str(check::BAD_DECL);
+        src.push_str(&check::loop_checks(&loop_checks));
+    }
+    let poison = if checked { check::poison_accumulators(slots.len(), "    ") } else { String::new() };
     let mut accumulators = String::new();
     for (s, (_, init, what)) in slots.iter().enumerate() {
         let _ = writeln!(accumulators, "    double acc{s} = {init}; // {what}");
@@ -185,6 +194,7 @@ pub(crate) fn emit_kernel(
             let _ = writeln!(src, "    const long long n = {n_expr};");
             src.push_str(&accumulators);
             grid_stride::write_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, &[]);
+            src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
         KernelShape::Compacted => {
@@ -198,6 +208,7 @@ pub(crate) fn emit_kernel(
                 write_plain_tail(&mut src, &slots, &epilogue);
             } else {
                 src.push_str(compacted::FINAL_DRAIN);
+                src.push_str(&poison);
                 let mut rescale = String::new();
                 compacted::write_rescale(&mut rescale, g, pass);
                 write_barrier_tail(&mut src, &slots, &epilogue, &rescale);
@@ -205,16 +216,19 @@ pub(crate) fn emit_kernel(
         }
         KernelShape::WarpPerRow => {
             warp_per_row::write(&mut src, &rows_expr, &cols_expr, &accumulators, &body);
+            src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
         KernelShape::RowGroups => {
             row_groups::write(&mut src, &rows_expr, &cols_expr, &accumulators, &body);
+            src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
         KernelShape::Rows => {
             // The rows loop declares its own sizes.
             src.push_str(&accumulators);
             src.push_str(&rows_src);
+            src.push_str(&poison);
             rows::write_rows_tail(&mut src, &slots, &epilogue);
         }
     }
@@ -243,4 +257,23 @@ pub(crate) fn tuning_note(opts: &CodegenOptions) -> String {
         let _ = write!(note, ", batched_threads_per_sm={}", opts.batched_threads_per_sm);
     }
     note
+}
+
+/// The inputs kernel 0 checks with its loop: every offsets input, and every lengths input that
+/// it does not read (and check) itself; their loads and sizes join the emitter's uses.
+fn loop_check_inputs(em: &mut Emitter, g: &Graph) -> Vec<check::LoopCheck> {
+    let mut out = Vec::new();
+    for &c in &g.constraints {
+        let input = c.input().0;
+        if matches!(c, kfuse_ir::Constraint::Lengths { .. }) && em.uses.inputs.contains(&input) {
+            continue;
+        }
+        em.uses.inputs.insert(input);
+        em.uses.helpers.insert(Helper::Report);
+        let inp = &g.inputs[input as usize];
+        let count = em.product(&inp.shape.0);
+        let bound = em.dim(c.dim());
+        out.push(check::LoopCheck { input, name: inp.name.clone(), constraint: c, count, bound });
+    }
+    out
 }

@@ -66,6 +66,7 @@
 mod actions;
 mod analysis;
 mod buffers;
+mod check;
 mod cuda;
 mod emit;
 mod epilogue;
@@ -87,6 +88,7 @@ pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
 pub use plan::{
     BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param, Plan, SizeExpr,
+    ViolationKind, ERROR_RECORD_WORDS,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 

@@ -207,6 +207,51 @@ pub enum Param {
     Buffer(usize),
     /// The run-time size of a dimension symbol, passed as a signed 64-bit integer (`i64`).
     Size(SymId),
+    /// The device address of the error record that the kernel's checks of lengths/offsets
+    /// values write (`unsigned long long*`, 8 words, see [`ERROR_RECORD_WORDS`]), or 0 (a null
+    /// pointer): no checks, the kernel runs as if it had none.
+    ErrorRecord,
+    /// The tag a violation is recorded with (`unsigned int`): the executor's number for the
+    /// program, so that the host can name it.
+    CheckTag,
+}
+
+/// The words (`u64`) of the error record a checking kernel writes ([`Param::ErrorRecord`]), in
+/// order: 0 the claim (0 free; a kernel that finds a violation takes it with `atomicCAS` 0 -> 1,
+/// so only the first violation is recorded), 1 the tag ([`Param::CheckTag`]), 2 the input's index
+/// in the graph, 3 the kind ([`ViolationKind`] as its number), 4 the position (flat, row-major),
+/// 5 the value (an `i32` sign-extended), 6 the bound it broke (the size, or for a decrease the
+/// previous value), 7 ready (1 once words 1 to 6 are written and fenced with
+/// `__threadfence_system`). The host reads ready first and resets ready, then the claim.
+pub const ERROR_RECORD_WORDS: usize = 8;
+
+/// What a recorded violation broke (word 3 of the error record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ViolationKind {
+    /// A lengths value below 0.
+    LengthNegative = 1,
+    /// A lengths value above its bound.
+    LengthTooLarge = 2,
+    /// An offsets input whose first value is not 0.
+    OffsetStart = 3,
+    /// An offsets value below the previous one (the bound is the previous value).
+    OffsetDecrease = 4,
+    /// An offsets value above the packed size.
+    OffsetPastEnd = 5,
+    /// An offsets input whose last value is not the packed size.
+    OffsetEnd = 6,
+    /// An offsets input with no element.
+    OffsetsEmpty = 7,
+}
+
+impl ViolationKind {
+    /// The kind of record word 3 (`None` for a number no kernel writes).
+    pub fn from_word(w: u64) -> Option<ViolationKind> {
+        use ViolationKind::*;
+        [LengthNegative, LengthTooLarge, OffsetStart, OffsetDecrease, OffsetPastEnd, OffsetEnd, OffsetsEmpty]
+            .into_iter()
+            .find(|k| *k as u64 == w)
+    }
 }
 
 /// How the executor chooses the grid size.

@@ -28,6 +28,8 @@ pub(crate) struct SignatureParts<'a> {
     pub list: Option<((usize, usize), u32)>,
     /// Its partial slots.
     pub n_slots: usize,
+    /// Whether it checks lengths/offsets values (the error record and the tag follow the sizes).
+    pub checked: bool,
 }
 
 /// The parameters: (parameter, declaration, comment).
@@ -37,7 +39,7 @@ pub(crate) fn params(
     buffers: &BufferIndex,
     parts: SignatureParts,
 ) -> Result<Vec<(Param, String, String)>, CodegenError> {
-    let SignatureParts { k, shape, uses, mut outputs_written, temps_written, list, n_slots } = parts;
+    let SignatureParts { k, shape, uses, mut outputs_written, temps_written, list, n_slots, checked } = parts;
     let mut params: Vec<(Param, String, String)> = Vec::new(); // (param, declaration, comment)
     for &i in &uses.inputs {
         let inp = &g.inputs[i as usize];
@@ -98,6 +100,14 @@ pub(crate) fn params(
     }
     for &s in &uses.syms {
         params.push((Param::Size(s), format!("long long sz{}", s.0), format!("size {}", g.symbols[s.0 as usize])));
+    }
+    if checked {
+        params.push((
+            Param::ErrorRecord,
+            "unsigned long long* __restrict__ kf_err".into(),
+            "error record of the lengths/offsets checks (null: no checks)".into(),
+        ));
+        params.push((Param::CheckTag, "unsigned int kf_tag".into(), "tag of a recorded violation".into()));
     }
     Ok(params)
 }

@@ -48,6 +48,8 @@ fn run(gpu: &Gpu, p: &Plan, sizes: &[u64], inputs: &[Vec<u8>], rounds: usize, ti
                 .map(|q| match q {
                     Param::Buffer(i) => KernelArg::Buffer(&bufs[*i]),
                     Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
+                    Param::ErrorRecord => KernelArg::ErrorRecord(true),
+                    Param::CheckTag => KernelArg::U32(0),
                 })
                 .collect();
             gpu.launch(&funcs[k], grids[k], kern.block, 0, &args).expect("launch");

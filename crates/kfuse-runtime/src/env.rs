@@ -62,6 +62,32 @@ fn raw(name: &'static str, expected: &'static str) -> Result<Option<String>, Env
     }
 }
 
+/// What `KFUSE_FAST_COMPILE` accepts, for error messages.
+pub const FAST_COMPILE_VALUES: &str = "min, mid or max (or 0/off; empty is off)";
+
+/// Parses a fast-compile level: `Some(None)` for off, `Some(Some(level))` for NVRTC's
+/// `-Ofast-compile` levels, `None` for anything else.
+pub fn parse_fast_compile(text: &str) -> Option<Option<&'static str>> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "off" | "false" | "no" => Some(None),
+        "min" => Some(Some("min")),
+        "mid" => Some(Some("mid")),
+        "max" => Some(Some("max")),
+        _ => None,
+    }
+}
+
+/// `KFUSE_FAST_COMPILE`: NVRTC's `-Ofast-compile` level for the kernels of programs (`None`:
+/// off, the default). Faster compiles, possibly slower kernels; the level is part of each
+/// kernel's cache key, so kernels of either kind stay cached side by side.
+pub fn fast_compile() -> Result<Option<&'static str>, EnvError> {
+    const NAME: &str = "KFUSE_FAST_COMPILE";
+    match raw(NAME, FAST_COMPILE_VALUES)? {
+        None => Ok(None),
+        Some(value) => parse_fast_compile(&value).ok_or(EnvError { name: NAME, value, expected: FAST_COMPILE_VALUES }),
+    }
+}
+
 /// Whether flag `name` is on (unset or empty: off); see the module docs.
 pub fn flag(name: &'static str) -> Result<bool, EnvError> {
     match raw(name, FLAG_VALUES)? {
@@ -94,6 +120,15 @@ mod tests {
         for bad in ["2", "enabled", "y", "tru", "1 1"] {
             assert_eq!(parse_flag(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn fast_compile_levels_parse() {
+        assert_eq!(parse_fast_compile(""), Some(None));
+        assert_eq!(parse_fast_compile(" Off "), Some(None));
+        assert_eq!(parse_fast_compile("MAX"), Some(Some("max")));
+        assert_eq!(parse_fast_compile("mid"), Some(Some("mid")));
+        assert_eq!(parse_fast_compile("fast"), None);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::cache::{CacheOutcome, KernelCache};
+use crate::device_errors::{DeviceViolation, ErrorRecord};
 use crate::lookup::{LookupKey, SourceMap};
 use crate::nvrtc::{check_no_nul, CompileOptions, CompiledModule};
 use crate::stream::Stream;
@@ -96,6 +97,9 @@ pub struct Gpu {
     modules: Mutex<HashMap<CacheKey, LoadedModule>>,
     /// First-level lookup: (source, function, extra options) → loaded function.
     functions: SourceMap<GpuFunction>,
+    /// The record that checking kernels write a violation of their inputs' values into
+    /// (allocated on first need).
+    error_record: OnceLock<ErrorRecord>,
 }
 
 /// A kernel function loaded on one `Gpu`.
@@ -204,6 +208,9 @@ pub enum KernelArg<'a> {
     U32(u32),
     /// `float`.
     F32(f32),
+    /// `unsigned long long*`: with `true` the device address of this Gpu's error record (see
+    /// [`Gpu::error_record_address`]), with `false` a null pointer (the kernel checks nothing).
+    ErrorRecord(bool),
 }
 
 mod sealed {
@@ -333,6 +340,7 @@ impl Gpu {
             cache,
             modules: Mutex::new(HashMap::new()),
             functions: SourceMap::new(),
+            error_record: OnceLock::new(),
         })
     }
 
@@ -378,6 +386,34 @@ impl Gpu {
         self.modules.lock().unwrap_or_else(|e| e.into_inner()).values().map(|m| m.functions.len()).sum()
     }
 
+    /// The device address of this Gpu's error record: 8 words of page-locked host memory mapped
+    /// into the device, which kernels that check their inputs' values write a violation into
+    /// (the first one only) and [`Gpu::take_device_error`] reads without synchronising. Allocated
+    /// on the first call (outside a CUDA graph capture: run a call before capturing), then fixed.
+    pub fn error_record_address(&self) -> Result<u64, RuntimeError> {
+        if let Some(r) = self.error_record.get() {
+            return Ok(r.device_address());
+        }
+        let r = ErrorRecord::new(&self.ctx).map_err(|(call, error)| RuntimeError::Driver {
+            call,
+            ordinal: self.ordinal,
+            error,
+        })?;
+        let _ = self.error_record.set(r); // a record another thread set first wins; this one is freed
+        self.error_record.get().map(|r| r.device_address()).ok_or(RuntimeError::Driver {
+            call: "cuMemHostAlloc (error record)",
+            ordinal: self.ordinal,
+            error: DriverError(CUresult::CUDA_ERROR_NOT_INITIALIZED),
+        })
+    }
+
+    /// The violation a kernel recorded on this device, if one is complete, and the record reset
+    /// for the next one. No synchronisation: it sees what the device has written so far
+    /// (synchronise first to see everything queued before).
+    pub fn take_device_error(&self) -> Option<DeviceViolation> {
+        self.error_record.get().and_then(|r| r.take())
+    }
+
     fn driver_error(&self, call: &'static str) -> impl Fn(DriverError) -> RuntimeError {
         let ordinal = self.ordinal;
         move |error| RuntimeError::Driver { call, ordinal, error }
@@ -386,9 +422,10 @@ impl Gpu {
     /// Compiles `source` for this device through the cache, loads it (cubin first, PTX
     /// fallback) and looks up `fn_name`. A second call with the same source and name costs a
     /// fast hash of the source, one map probe and one comparison of the source (see
-    /// [`crate::lookup`]). Same as [`Gpu::load_kernel_with_options`] with no extra options.
+    /// [`crate::lookup`]). Same as [`Gpu::load_kernel_with_options`] with no extra options but
+    /// NVRTC's `-Ofast-compile` level when `KFUSE_FAST_COMPILE` asks for one.
     pub fn load_kernel(&self, source: &str, fn_name: &str) -> Result<GpuFunction, RuntimeError> {
-        self.load_kernel_with_options(source, fn_name, &[])
+        self.load_kernel_with_options(source, fn_name, fast_compile_options())
     }
 
     /// [`Gpu::load_kernel`] with extra NVRTC options (e.g. `--use_fast_math`), appended after
@@ -807,6 +844,7 @@ impl Gpu {
                 KernelArg::I32(v) => ArgValue::I32(v),
                 KernelArg::U32(v) => ArgValue::U32(v),
                 KernelArg::F32(v) => ArgValue::F32(v),
+                KernelArg::ErrorRecord(on) => ArgValue::Pointer(if on { self.error_record_address()? } else { 0 }),
             });
         }
         let mut builder = stream.launch_builder(&f.function);
@@ -896,6 +934,20 @@ impl Gpu {
             Err(RuntimeError::ForeignHandle { what, owner_ordinal: ordinal, ordinal: self.ordinal })
         }
     }
+}
+
+/// The extra NVRTC options `KFUSE_FAST_COMPILE` asks for (read once per process; an invalid value
+/// is an error of [`crate::CacheConfig::from_env`], so of `Engine::new` and the command-line tool;
+/// here it is warned about once and off).
+pub fn fast_compile_options() -> &'static [String] {
+    static OPTIONS: OnceLock<Vec<String>> = OnceLock::new();
+    OPTIONS.get_or_init(|| match crate::env::fast_compile() {
+        Ok(level) => level.map(|l| vec![format!("-Ofast-compile={l}")]).unwrap_or_default(),
+        Err(e) => {
+            eprintln!("kfuse: warning: {e}; kernels compile at NVRTC's default optimisation");
+            Vec::new()
+        }
+    })
 }
 
 /// Opens device 0, or the ordinal in `KFUSE_DEVICE`.

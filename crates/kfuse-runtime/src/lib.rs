@@ -8,7 +8,8 @@
 //!   equality, so a repeat costs about one map probe);
 //! - [`Gpu`] is one device with its own stream: buffers, kernel loading through the cache, launches
 //!   and timing events; [`Stream`]s it creates or borrows, and memory it borrows (the foreign
-//!   memory door: [`Gpu::borrow_stream`], [`Gpu::borrow_memory`]);
+//!   memory door: [`Gpu::borrow_stream`], [`Gpu::borrow_memory`]), and the error record that
+//!   checking kernels write a violation of their inputs' values into ([`Gpu::take_device_error`]);
 //! - [`env`](mod@env) reads kfuse's environment switches one way everywhere;
 //! - [`testing`] gates NVRTC- and GPU-tier tests.
 //!
@@ -16,6 +17,7 @@
 //! (cudarc `dynamic-loading`); their absence is an error value, never a panic.
 
 pub mod cache;
+mod device_errors;
 pub mod env;
 mod error;
 mod gpu;
@@ -30,10 +32,11 @@ pub use cache::{
     BackgroundCompile, BackgroundFailure, BackgroundOutcome, CacheConfig, CacheCounters, CacheEntryInfo, CacheMode,
     CacheOutcome, CacheStats, ClearReport, KernelCache, VerifyAction, VerifyProblem, VerifyReport,
 };
+pub use device_errors::DeviceViolation;
 pub use error::RuntimeError;
 pub use gpu::{
-    driver_available, open_default, preserving_thread_context, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement,
-    KernelArg,
+    driver_available, fast_compile_options, open_default, preserving_thread_context, DeviceBuffer, Gpu, GpuEvent,
+    GpuFunction, HostElement, KernelArg,
 };
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use kfuse_arch::{Arch, ParseArchError};

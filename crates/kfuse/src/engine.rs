@@ -46,6 +46,31 @@ impl Engine {
         Ok(gpu)
     }
 
+    /// Waits for every stream of GPU `ordinal` and returns the violation of a lengths/offsets
+    /// layout that kernels recorded there since it was last taken
+    /// ([`Error::DeviceInput`](crate::Error::DeviceInput)), resetting it. A device this engine
+    /// has not opened has nothing to report (it is not opened for this).
+    pub fn check_errors(&self, ordinal: usize) -> Result<()> {
+        let gpu = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal).cloned();
+        let Some(gpu) = gpu else { return Ok(()) };
+        kfuse_runtime::preserving_thread_context(|| gpu.synchronize_device())?;
+        crate::checks::take_pending(&gpu)
+    }
+
+    /// Returns the violation pending on GPU `ordinal` (see [`Engine::check_errors`]) without
+    /// waiting: what the device has recorded so far. What every launch does first.
+    pub fn take_pending_error(&self, ordinal: usize) -> Result<()> {
+        let gpu = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal).cloned();
+        gpu.map_or(Ok(()), |gpu| crate::checks::take_pending(&gpu))
+    }
+
+    /// The ordinals of the GPUs this engine has opened, in increasing order.
+    pub fn opened_devices(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.inner.devices.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
     /// The kernel cache every device of this engine compiles through.
     pub fn cache(&self) -> &Arc<KernelCache> {
         &self.inner.cache

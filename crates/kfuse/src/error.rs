@@ -74,6 +74,15 @@ pub enum Error {
     /// cannot take (not a float, an upstream of more than one element).
     #[error("cannot scale a gradient by its upstream gradient: {why}")]
     Scale { why: String },
+    /// A lengths/offsets value that broke its layout, found by the kernels of an earlier launch
+    /// on device `ordinal` (their outputs were written as NaN meanwhile) and taken from the
+    /// device's error record by a later call.
+    #[error("{origin}: {source}; found on device {ordinal} by the kernels of an earlier call, which wrote NaN into its outputs (the loss)")]
+    DeviceInput { origin: String, ordinal: usize, source: Box<kfuse_ir::BindError> },
+    /// A violation recorded on a device by kernels this process cannot name (a record it does not
+    /// know how to read).
+    #[error("a lengths/offsets value broke its layout on device {ordinal}: input #{input}, position {position}, value {value} (kernels of tag {tag}, not known to this process)")]
+    DeviceInputUnknown { ordinal: usize, tag: u32, input: u32, position: u64, value: i64 },
     /// A plan buffer for an input the interface does not declare (a planner bug).
     #[error("the plan has a buffer for input {index}, which its interface does not declare or which was not given (this is a bug in kfuse; please report it)")]
     PlanMissingInput { index: usize },

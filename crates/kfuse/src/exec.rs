@@ -15,7 +15,7 @@ use kfuse_codegen::{BufferDecl, BufferKind, Launch, Param, Plan};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
-use crate::{Error, Result};
+use crate::{Error, Result, Validation};
 
 /// A tensor in device memory: a buffer (usually borrowed from a framework with
 /// [`Gpu::borrow_memory`]), its dtype and its row-major, contiguous shape.
@@ -33,6 +33,8 @@ pub struct CudaProgram {
     functions: Vec<GpuFunction>,
     /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
     resident: Vec<Option<u32>>,
+    /// The tag a violation of an input's layout is recorded with (see `checks`).
+    tag: u32,
 }
 
 /// The device buffers and launch geometry of one set of host inputs.
@@ -75,16 +77,23 @@ impl Drop for Workspace {
 }
 
 impl CudaProgram {
-    /// Loads the kernels of a plan.
+    /// Loads the kernels of a plan; a violation its kernels record names it `kernels <hash>`.
     pub fn from_plan(gpu: &Arc<Gpu>, plan: Arc<Plan>) -> Result<CudaProgram> {
-        CudaProgram::with_companions(gpu, plan, &[])
+        let origin: Arc<str> = format!("kernels {}", plan.graph_hash.short()).into();
+        CudaProgram::with_companions(gpu, plan, &[], &origin)
     }
 
     /// Loads the kernels of a plan and `companions` (source, name), kernels that later calls will
     /// want on this device (the gradient-scaling kernel of a backward): those the cache does not
     /// hold compile in parallel with the plan's. The companions stay loaded on `gpu` (its
-    /// `load_kernel` of them is then a lookup in memory).
-    pub fn with_companions(gpu: &Arc<Gpu>, plan: Arc<Plan>, companions: &[(&str, &str)]) -> Result<CudaProgram> {
+    /// `load_kernel` of them is then a lookup in memory). A violation its kernels record names it
+    /// `origin`.
+    pub fn with_companions(
+        gpu: &Arc<Gpu>,
+        plan: Arc<Plan>,
+        companions: &[(&str, &str)],
+        origin: &Arc<str>,
+    ) -> Result<CudaProgram> {
         let sources: Vec<&str> =
             plan.kernels.iter().map(|k| k.source.as_str()).chain(companions.iter().map(|(s, _)| *s)).collect();
         compile_missing(gpu, &sources)?;
@@ -105,7 +114,8 @@ impl CudaProgram {
                 },
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, resident })
+        let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, resident, tag })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -175,14 +185,26 @@ impl CudaProgram {
         Ok(BoundRun { sizes, grids, buffers })
     }
 
-    /// Enqueues every kernel of the plan on the device's own stream (asynchronous).
+    /// Enqueues every kernel of the plan on the device's own stream (asynchronous). The inputs
+    /// were checked on the host by [`CudaProgram::bind`]; the kernels check again on the device
+    /// (see [`Validation::Deferred`]), and [`CudaProgram::download`] takes what they found. A
+    /// violation pending on the device from an earlier call is returned first.
     pub fn launch(&self, run: &BoundRun) -> Result<()> {
+        crate::checks::take_pending(&self.gpu)?;
         let buffers: Vec<&DeviceBuffer> = run.buffers.iter().collect();
-        self.launch_buffers(&self.gpu.default_stream(), &run.sizes, &run.grids, &buffers)
+        self.launch_buffers(&self.gpu.default_stream(), &run.sizes, &run.grids, &buffers, Validation::Deferred)
     }
 
     /// Enqueues every kernel on `stream` with the plan's buffers in `buffers` (plan order).
-    fn launch_buffers(&self, stream: &Stream, sizes: &[u64], grids: &[u32], buffers: &[&DeviceBuffer]) -> Result<()> {
+    fn launch_buffers(
+        &self,
+        stream: &Stream,
+        sizes: &[u64],
+        grids: &[u32],
+        buffers: &[&DeviceBuffer],
+        validation: Validation,
+    ) -> Result<()> {
+        let checks = validation == Validation::Deferred;
         for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
             let args: Vec<KernelArg<'_>> = k
                 .params
@@ -190,6 +212,8 @@ impl CudaProgram {
                 .map(|p| match *p {
                     Param::Buffer(b) => KernelArg::Buffer(buffers[b]),
                     Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
+                    Param::ErrorRecord => KernelArg::ErrorRecord(checks),
+                    Param::CheckTag => KernelArg::U32(self.tag),
                 })
                 .collect();
             let step = Instant::now();
@@ -219,6 +243,7 @@ impl CudaProgram {
         let step = Instant::now();
         self.gpu.synchronize()?;
         timing::log("download: synchronize (waits for the kernels)", step);
+        crate::checks::take_pending(&self.gpu)?;
         let step = Instant::now();
         let interface = &self.plan.interface;
         let mut out = Vec::with_capacity(interface.outputs.len());
@@ -259,15 +284,19 @@ impl CudaProgram {
     /// Launches the plan on `stream` with inputs and outputs already in device memory: checks
     /// names, dtypes, shapes, buffer sizes and devices, then queues the kernels. No host
     /// synchronisation and no allocation, except when `workspace` must grow (see
-    /// [`Program::launch`](crate::Program::launch)). The values of `lengths` / `offsets` inputs are not checked (they are on
-    /// the device): they must keep their declared promises.
+    /// [`Program::launch`](crate::Program::launch)). The values of `lengths` / `offsets` inputs
+    /// are checked by the kernels as they read them when `validation` is
+    /// [`Validation::Deferred`]; a violation pending on the device from an earlier call is
+    /// returned before anything is queued.
     pub fn launch_device(
         &self,
         stream: &Stream,
         inputs: &[(&str, DeviceTensor)],
         outputs: &[DeviceTensor],
         workspace: &mut Workspace,
+        validation: Validation,
     ) -> Result<()> {
+        crate::checks::take_pending(&self.gpu)?;
         let ordinal = self.gpu.ordinal();
         if stream.ordinal() != ordinal {
             return Err(Error::WrongStream { got: stream.ordinal(), want: ordinal });
@@ -312,12 +341,13 @@ impl CudaProgram {
         };
         let ins: Vec<&DeviceBuffer> = inputs.iter().map(|(_, t)| &t.buffer).collect();
         let outs: Vec<&DeviceBuffer> = outputs.iter().map(|t| &t.buffer).collect();
-        self.launch_reserved(stream, &sizes, &grids, workspace, position, &ins, &outs)
+        self.launch_reserved(stream, &sizes, &grids, workspace, position, &ins, &outs, validation)
     }
 
     /// Launches every kernel on `stream` with the caller's `inputs` (found for each declared
     /// input by `position`) and `outputs` (declaration order), the plan's other buffers from
-    /// `workspace`, which [`CudaProgram::reserve`] made large enough for `sizes` and `grids`.
+    /// `workspace`, which [`CudaProgram::reserve`] made large enough for `sizes` and `grids`; the
+    /// kernels check lengths/offsets values as `validation` says.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_reserved(
         &self,
@@ -328,6 +358,7 @@ impl CudaProgram {
         position: impl Fn(kfuse_ir::InputId) -> Result<usize>,
         inputs: &[&DeviceBuffer],
         outputs: &[&DeviceBuffer],
+        validation: Validation,
     ) -> Result<()> {
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
@@ -344,7 +375,7 @@ impl CudaProgram {
             };
             buffers.push(buf);
         }
-        self.launch_buffers(stream, sizes, grids, &buffers)?;
+        self.launch_buffers(stream, sizes, grids, &buffers, validation)?;
         if workspace.used_on.is_none() {
             workspace.used_on = Some(self.gpu.clone());
         }
@@ -399,7 +430,8 @@ pub fn compile_missing(gpu: &Gpu, sources: &[&str]) -> Result<()> {
     if cache.is_bypassed() {
         return Ok(());
     }
-    let opts = CompileOptions::for_arch(gpu.arch());
+    // The options `Gpu::load_kernel` compiles with, so that its later lookups hit.
+    let opts = CompileOptions { arch: gpu.arch(), extra: kfuse_runtime::fast_compile_options().to_vec() };
     let mut missing: Vec<&str> = Vec::new();
     for &source in sources {
         if !missing.contains(&source) && cache.get_cached(source, &opts)?.is_none() {

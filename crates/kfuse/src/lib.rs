@@ -22,6 +22,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod checks;
 mod engine;
 mod error;
 pub mod exec;
@@ -29,6 +30,7 @@ pub mod mlp;
 mod program;
 mod scale;
 
+pub use checks::{violation_error, Validation};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use exec::DeviceTensor;

@@ -11,7 +11,7 @@ use kfuse_ir::{DType, Graph, HostTensor, Interface};
 use kfuse_runtime::Stream;
 
 use crate::exec::{CudaProgram, DeviceTensor, Workspace};
-use crate::{Engine, Error, Result};
+use crate::{Engine, Error, Result, Validation};
 
 /// A type-checked computation and its fused kernel plan, ready to run on the CPU or any GPU of its
 /// [`Engine`]. Cheap to clone; clones share the plan and the kernels loaded on each device.
@@ -267,19 +267,28 @@ impl Program {
     /// it must not happen while a stream is being captured into a CUDA graph: make one warm-up
     /// call at the largest sizes first. Launches of one program on one device share that
     /// workspace, so they must be ordered on the GPU (one stream, or streams the caller orders).
-    /// The values of `lengths` / `offsets` inputs are not checked here (they are on the device).
+    ///
+    /// The values of `lengths` / `offsets` inputs are on the device: with
+    /// [`Validation::Deferred`] the kernels check each value they read, clamp it as always,
+    /// record the first violation on the device and write NaN into the outputs it affects (the
+    /// loss); the next launch on that device (any program) or
+    /// [`Engine::check_errors`](crate::Engine::check_errors) returns it as
+    /// [`Error::DeviceInput`](crate::Error::DeviceInput). [`Validation::Off`] checks nothing. To
+    /// refuse bad values before launching, check them on the host first (copy them back and use
+    /// [`Interface::check_layout_values`](kfuse_ir::Interface::check_layout_values)).
     pub fn launch(
         &self,
         ordinal: usize,
         stream: &Stream,
         inputs: &[(&str, DeviceTensor)],
         outputs: &[DeviceTensor],
+        validation: Validation,
     ) -> Result<()> {
         // The caller's current device (its thread's CUDA context) is left as it was.
         kfuse_runtime::preserving_thread_context(|| {
             let on = self.on_device(ordinal)?;
             let mut workspace = on.workspace.lock().unwrap_or_else(|e| e.into_inner());
-            on.exec.launch_device(stream, inputs, outputs, &mut workspace)
+            on.exec.launch_device(stream, inputs, outputs, &mut workspace, validation)
         })
     }
 
@@ -342,7 +351,7 @@ impl Program {
         }
         let gpu = self.engine.device(ordinal)?;
         let scaling: Vec<(&str, &str)> = self.scaling_kernels().collect();
-        let exec = CudaProgram::with_companions(&gpu, self.plan.clone(), &scaling)?;
+        let exec = CudaProgram::with_companions(&gpu, self.plan.clone(), &scaling, &self.origin)?;
         let on = Arc::new(OnDevice { exec, workspace: Mutex::new(Workspace::default()) });
         let mut devices = self.devices.lock().unwrap_or_else(|e| e.into_inner());
         Ok(devices.entry(ordinal).or_insert(on).clone())
@@ -378,9 +387,16 @@ impl DeviceBinding {
     /// order given to [`Program::bind_device`]), then one per output (declaration order), each in
     /// that GPU's memory and at least as large as the bound shape needs. No host synchronisation
     /// and no allocation. As with [`Program::launch`], launches of one program on one device share
-    /// its workspace, so they must be ordered on the GPU, and the values of `lengths` / `offsets`
-    /// inputs are not checked here.
-    pub fn launch(&self, stream: &Stream, buffers: &[kfuse_runtime::DeviceBuffer]) -> Result<()> {
+    /// its workspace, so they must be ordered on the GPU; the kernels check `lengths` / `offsets`
+    /// values as `validation` says, and a violation pending on the device from an earlier call is
+    /// returned before anything is queued.
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        buffers: &[kfuse_runtime::DeviceBuffer],
+        validation: crate::Validation,
+    ) -> Result<()> {
+        crate::checks::take_pending(self.gpu())?;
         if stream.ordinal() != self.ordinal {
             return Err(Error::WrongStream { got: stream.ordinal(), want: self.ordinal });
         }
@@ -416,7 +432,16 @@ impl DeviceBinding {
         };
         kfuse_runtime::preserving_thread_context(|| {
             let mut workspace = self.on.workspace.lock().unwrap_or_else(|e| e.into_inner());
-            self.on.exec.launch_reserved(stream, &self.sizes, &self.grids, &mut workspace, position, &ins, &outs)
+            self.on.exec.launch_reserved(
+                stream,
+                &self.sizes,
+                &self.grids,
+                &mut workspace,
+                position,
+                &ins,
+                &outs,
+                validation,
+            )
         })
     }
 }
@@ -446,6 +471,6 @@ impl std::fmt::Debug for Program {
 impl CudaProgram {
     /// Loads the kernels of `program`'s plan on `gpu` (compiled through the kernel cache).
     pub fn prepare(gpu: &Arc<kfuse_runtime::Gpu>, program: &Program) -> Result<CudaProgram> {
-        CudaProgram::from_plan(gpu, program.plan().clone())
+        CudaProgram::with_companions(gpu, program.plan().clone(), &[], &program.origin)
     }
 }

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use kfuse::{DType, DeviceBuffer, DeviceTensor, Engine, Error, Gpu, HostTensor, KernelCache, Program, Stream};
+use kfuse::{
+    DType, DeviceBuffer, DeviceTensor, Engine, Error, Gpu, HostTensor, KernelCache, Program, Stream, Validation,
+};
 use kfuse_testing::{example, float_inputs_as, gpu_or_skip, rel_l2_err as rel_err, Rng, SeedableRng, StdRng};
 
 /// The engine and the device of the default GPU, or `None` (skipped) without one.
@@ -89,13 +91,16 @@ fn check_in_place(gpu: &Gpu, p: &Program, stream: &Stream, inputs: &[(&str, Host
     // then the bound launch, with the outputs poisoned again first.
     for round in 0..3 {
         if round < 2 {
-            p.launch(gpu.ordinal(), stream, &device_inputs, &device_outputs).unwrap_or_else(|e| panic!("{what}: {e}"));
+            p.launch(gpu.ordinal(), stream, &device_inputs, &device_outputs, Validation::Deferred)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
         } else {
             for h in &outs {
                 gpu.fill(&h.owned, 0x7f).unwrap();
             }
             gpu.synchronize().unwrap();
-            bound.launch(stream, &buffers).unwrap_or_else(|e| panic!("{what}: bound launch: {e}"));
+            bound
+                .launch(stream, &buffers, Validation::Deferred)
+                .unwrap_or_else(|e| panic!("{what}: bound launch: {e}"));
         }
         stream.synchronize().unwrap();
         for ((name, w), h) in want.iter().zip(&outs) {
@@ -196,9 +201,11 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
     let wrong = Held::poisoned(&gpu, DType::F32, &[2, 3, 5]);
     let inputs = [("pred", pred.borrowed(&gpu)), ("target", target.borrowed(&gpu))];
 
-    let err = p.launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu), wrong.borrowed(&gpu)]).unwrap_err();
+    let err = p
+        .launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu), wrong.borrowed(&gpu)], Validation::Deferred)
+        .unwrap_err();
     assert!(matches!(&err, Error::OutputShape { name, position: 1, .. } if name == "dpred"), "{err}");
-    let err = p.launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu)]).unwrap_err();
+    let err = p.launch(gpu.ordinal(), &stream, &inputs, &[loss.borrowed(&gpu)], Validation::Deferred).unwrap_err();
     assert!(matches!(err, Error::OutputCount { got: 1, want: 2, .. }), "{err}");
 
     // SAFETY: a prefix of a live allocation of this device.
@@ -207,24 +214,27 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
         ("pred", DeviceTensor { buffer: short, dtype: DType::F32, shape: vec![2, 3, 4] }),
         ("target", target.borrowed(&gpu)),
     ];
-    let err = p.launch(gpu.ordinal(), &stream, &bad, &[loss.borrowed(&gpu), dpred.borrowed(&gpu)]).unwrap_err();
+    let err = p
+        .launch(gpu.ordinal(), &stream, &bad, &[loss.borrowed(&gpu), dpred.borrowed(&gpu)], Validation::Deferred)
+        .unwrap_err();
     assert!(matches!(&err, Error::BufferTooSmall { name, want: 96, bytes: 16, .. } if name == "pred"), "{err}");
 
     // The bound launch checks what it can without shapes: the count and each buffer's size.
     let typed: [(&str, DType, &[usize]); 2] = [("pred", DType::F32, &[2, 3, 4]), ("target", DType::F32, &[2, 3, 4])];
     let bound = p.bind_device(gpu.ordinal(), &typed).unwrap();
     let mine = |h: &Held| h.borrowed(&gpu).buffer;
-    let err = bound.launch(&stream, &[mine(&pred), mine(&target), mine(&loss)]).unwrap_err();
+    let err = bound.launch(&stream, &[mine(&pred), mine(&target), mine(&loss)], Validation::Deferred).unwrap_err();
     assert!(err.to_string().contains("3 buffers given for 2 inputs and 2 outputs"), "{err}");
     // SAFETY: a prefix of a live allocation of this device.
     let short = unsafe { gpu.borrow_memory(dpred.owned.address(), 64) };
-    let err = bound.launch(&stream, &[mine(&pred), mine(&target), mine(&loss), short]).unwrap_err();
+    let err =
+        bound.launch(&stream, &[mine(&pred), mine(&target), mine(&loss), short], Validation::Deferred).unwrap_err();
     assert!(err.to_string().contains("output #1 holds 64 bytes; its bound shape needs 96"), "{err}");
     let err = p.bind_device(gpu.ordinal(), &[("pred", DType::F32, &[2, 3, 4])]).unwrap_err();
     assert!(err.to_string().contains("target"), "{err}");
 
     let ok = [loss.borrowed(&gpu), dpred.borrowed(&gpu)];
-    p.launch(gpu.ordinal(), &stream, &inputs, &ok).unwrap();
+    p.launch(gpu.ordinal(), &stream, &inputs, &ok, Validation::Deferred).unwrap();
     stream.synchronize().unwrap();
     let named = [("pred", &pred.download(&gpu)), ("target", &target.download(&gpu))];
     let want = p.run_cpu(&named).unwrap();

@@ -17,7 +17,7 @@ _nvrtc.locate()
 
 from . import _kfuse  # noqa: E402  (after the runtime is told where libnvrtc is)
 from ._export import export_mlp  # noqa: E402
-from ._program import Decl, Outputs, Program, compile, load  # noqa: E402
+from ._program import Decl, Outputs, Program, check_errors, compile, load  # noqa: E402
 
 __version__ = _kfuse.__version__
 
@@ -39,6 +39,7 @@ __all__ = [
     "ParseError",
     "Program",
     "cache_info",
+    "check_errors",
     "compile",
     "export_mlp",
     "load",

@@ -184,8 +184,9 @@ class _Kernels:
     On CUDA, the program bound to each input shape signature (a native ``Binding``: the checked
     shapes, the outputs' shapes) is kept, so that a call on shapes seen before allocates the
     outputs and passes addresses only. Outputs come from PyTorch's allocator on the inputs' device;
-    the kernels queue on that device's current stream with no host synchronisation, except
-    reading lengths/offsets values when `validate`."""
+    the kernels queue on that device's current stream with no host synchronisation. `mode` is how
+    lengths/offsets values are checked (see `_mode`): 1 by the kernels on the device, 2 also on
+    the host first (a copy back, which synchronises), 0 not at all."""
 
     __slots__ = ("native", "names", "layouts", "_bound")
 
@@ -198,9 +199,9 @@ class _Kernels:
         self.layouts = native.layout_inputs
         self._bound = {}
 
-    def run(self, tensors, validate):
+    def run(self, tensors, mode):
         if tensors and tensors[0].is_cuda:
-            return self.run_cuda(tensors, validate)
+            return self.run_cuda(tensors, mode)
         return _run_cpu(self.native, self.names, tensors)
 
     def _bind(self, tensors, shapes):
@@ -219,11 +220,11 @@ class _Kernels:
         self._bound[shapes] = hit
         return hit
 
-    def run_cuda(self, tensors, validate):
+    def run_cuda(self, tensors, mode):
         # The hot path of every eager CUDA call: list comprehensions, no helper calls.
         shapes = tuple([t.shape for t in tensors])
         binding, specs = self._bound.get(shapes) or self._bind(tensors, shapes)
-        if validate and self.layouts:
+        if mode == 2 and self.layouts:
             binding.check_layouts([(self.names[i], _host_arg(self.names[i], tensors[i].cpu())[1]) for i in self.layouts])
         first = tensors[0]
         outs = [
@@ -234,9 +235,9 @@ class _Kernels:
         index = first.get_device()
         try:
             if index == _current_device():
-                binding.launch(index, _raw_stream(index), addresses)
+                binding.launch(index, _raw_stream(index), addresses, mode)
             else:
-                _on_device(index, binding.launch, index, _raw_stream(index), addresses)
+                _on_device(index, binding.launch, index, _raw_stream(index), addresses, mode)
         except InputError:
             if not any(a & 15 for a in addresses):
                 raise
@@ -244,7 +245,7 @@ class _Kernels:
             # 16-byte aligned is copied (the copies live until the launch is queued).
             copies = [t.clone() if t.data_ptr() & 15 else t for t in tensors]
             addresses = [t.data_ptr() for t in copies] + [t.data_ptr() for t in outs]
-            _on_device(index, binding.launch, index, _raw_stream(index), addresses)
+            _on_device(index, binding.launch, index, _raw_stream(index), addresses, mode)
         return outs
 
 
@@ -325,11 +326,13 @@ class _Variant:
                 hit = self._vjps[key] = _Kernels(prog, names)
             return hit
 
-    def backward(self, tensors, outputs, upstream, wrt):
-        """Gradients w.r.t. `wrt` given the upstream gradients of `outputs` (indices)."""
+    def backward(self, tensors, outputs, upstream, wrt, mode):
+        """Gradients w.r.t. `wrt` given the upstream gradients of `outputs` (indices); the VJP
+        program reads lengths/offsets too, and checks them on the device as the forward did
+        (`mode` 2, the host check, is not repeated: the forward passed it)."""
         kernels = self.vjp(outputs, wrt)
         ups = [u.to(TORCH_DTYPES[self.outputs[i].kfuse_dtype]).contiguous() for i, u in zip(outputs, upstream)]
-        return kernels.run(list(tensors) + ups, validate=False)
+        return kernels.run(list(tensors) + ups, 1 if mode else 0)
 
     def ops(self, fused=()):
         """The custom operator of this variant (registered on first use under torch.compile):
@@ -374,9 +377,10 @@ class _Fused(torch.autograd.Function):
     have not changed in place); a backward with ``create_graph=True`` multiplies out of place."""
 
     @staticmethod
-    def forward(ctx, fusion, validate, *tensors):
-        outs = fusion.kernels.run(tensors, validate)
+    def forward(ctx, fusion, mode, *tensors):
+        outs = fusion.kernels.run(tensors, mode)
         ctx.fusion = fusion
+        ctx.mode = mode
         ctx.grads = [outs[i] for i in fusion.grad_index]
         # Only a second backward through a retained graph reads them; autograd frees them after a
         # backward that does not retain the graph.
@@ -392,7 +396,7 @@ class _Fused(torch.autograd.Function):
         up = grad_outputs[fusion.loss_index]
         got = ctx.grads
         if got is None:
-            got = fusion.variant.backward(ctx.saved_tensors, (fusion.loss_index,), [up], fusion.wrt)
+            got = fusion.variant.backward(ctx.saved_tensors, (fusion.loss_index,), [up], fusion.wrt, ctx.mode)
         elif torch.is_grad_enabled():
             got = [g * up for g in got]
         else:
@@ -407,9 +411,10 @@ class _Derived(torch.autograd.Function):
     """Eager autograd: forward only; backward runs the derived VJP program."""
 
     @staticmethod
-    def forward(ctx, variant, validate, wrt, *tensors):
-        outs = variant.kernels.run(tensors, validate)
+    def forward(ctx, variant, mode, wrt, *tensors):
+        outs = variant.kernels.run(tensors, mode)
         ctx.variant = variant
+        ctx.mode = mode
         ctx.wrt = wrt
         ctx.save_for_backward(*tensors)
         if variant.non_float_outputs:
@@ -424,7 +429,7 @@ class _Derived(torch.autograd.Function):
         used = tuple(i for i in variant.float_outputs if grad_outputs[i] is not None)
         grads = [None] * len(tensors)
         if used:
-            got = variant.backward(tensors, used, [grad_outputs[i] for i in used], ctx.wrt)
+            got = variant.backward(tensors, used, [grad_outputs[i] for i in used], ctx.wrt, ctx.mode)
             for i, g in zip(ctx.wrt, got):
                 grads[i] = g
         return (None, None, None, *grads)
@@ -486,8 +491,8 @@ def _register(variant):
         sources = _sym_sources(ins)
         args = ", ".join(f"Tensor in_{d.name}" for d in ins)
         ret = "(" + ", ".join("Tensor" for _ in outs) + ")" if len(outs) != 1 else "Tensor"
-        lib.define(f"{name}({args}, bool validate=True) -> {ret}")
-        bargs = args + "".join(f", Tensor up_{outs[i].name}" for i in fl_out)
+        lib.define(f"{name}({args}, int validate=1) -> {ret}")
+        bargs = args + "".join(f", Tensor up_{outs[i].name}" for i in fl_out) + ", int validate=1"
         bret = "(" + ", ".join("Tensor" for _ in wrt) + ")" if len(wrt) != 1 else "Tensor"
         if wrt:
             lib.define(f"{name}_vjp({bargs}) -> {bret}")
@@ -496,8 +501,8 @@ def _register(variant):
             return values[0] if n == 1 else tuple(values)
 
         def fwd_impl(*a):
-            tensors, validate = list(a[:n_in]), (a[n_in] if len(a) > n_in else True)
-            return single(variant.kernels.run([t.contiguous() for t in tensors], validate), len(outs))
+            tensors, mode = list(a[:n_in]), (a[n_in] if len(a) > n_in else 1)
+            return single(variant.kernels.run([t.contiguous() for t in tensors], mode), len(outs))
 
         def fwd_fake(*a):
             return single(_fake_outputs(outs, ins, sources, a[:n_in]), len(outs))
@@ -510,8 +515,10 @@ def _register(variant):
             vjp_op = getattr(torch.ops.kfuse, f"{name}_vjp")
 
             def bwd_impl(*a):
-                tensors, ups = [t.contiguous() for t in a[:n_in]], a[n_in:]
-                return single(variant.backward(tensors, fl_out, list(ups), wrt), len(wrt))
+                n_up = len(fl_out)
+                tensors, ups = [t.contiguous() for t in a[:n_in]], a[n_in : n_in + n_up]
+                mode = a[n_in + n_up] if len(a) > n_in + n_up else 1
+                return single(variant.backward(tensors, fl_out, list(ups), wrt, mode), len(wrt))
 
             def bwd_fake(*a):
                 return single([a[i].new_empty(a[i].shape) for i in wrt], len(wrt))
@@ -522,6 +529,7 @@ def _register(variant):
 
             def setup_context(ctx, inputs, output):
                 ctx.save_for_backward(*inputs[:n_in])
+                ctx.mode = inputs[n_in] if len(inputs) > n_in else 1
 
             def backward(ctx, *grads):
                 tensors = ctx.saved_tensors
@@ -529,7 +537,7 @@ def _register(variant):
                 for i in fl_out:
                     g = grads[i]
                     ups.append(torch.zeros_like(_fake_like(outs[i], tensors, sources)) if g is None else g)
-                got = vjp_op(*tensors, *ups)
+                got = vjp_op(*tensors, *ups, validate=ctx.mode)
                 got = (got,) if len(wrt) == 1 else got
                 result = [None] * (n_in + 1)
                 for i, g in zip(wrt, got):
@@ -560,11 +568,11 @@ def _register_fused(variant, wrt):
         fusion = variant.fusion(wrt)
         args = ", ".join(f"Tensor in_{d.name}" for d in ins)
         ret = "(" + ", ".join("Tensor" for _ in range(n_out + len(wrt))) + ")"
-        lib.define(f"{name}({args}, bool validate=True) -> {ret}")
+        lib.define(f"{name}({args}, int validate=1) -> {ret}")
 
         def impl(*a):
-            tensors, validate = [t.contiguous() for t in a[:n_in]], (a[n_in] if len(a) > n_in else True)
-            got = fusion.kernels.run(tensors, validate)
+            tensors, mode = [t.contiguous() for t in a[:n_in]], (a[n_in] if len(a) > n_in else 1)
+            got = fusion.kernels.run(tensors, mode)
             return tuple(got[:n_out] + [got[i] for i in fusion.grad_index])
 
         def fake(*a):
@@ -605,8 +613,12 @@ class Program:
 
     ``program(name=tensor, ...)`` takes every declared input by keyword and returns the outputs,
     in declaration order, as an :class:`Outputs` mapping (``out["loss"]`` or ``out.loss``).
-    Any batch size runs without recompiling. ``validate=False`` skips the check of lengths/offsets
-    values on CUDA (it needs a synchronisation; the CPU path always checks).
+    Any batch size runs without recompiling. On CUDA, lengths/offsets values are checked by the
+    kernels as they read them (``validate=True``, the default; no synchronisation): a bad value
+    makes the outputs it reaches NaN (the loss) and is raised as :class:`kfuse.InputError` by the
+    next kfuse call on that device or by :func:`kfuse.check_errors`. ``validate="sync"`` checks
+    them on the host before launching (a copy back, which waits for the GPU) and raises at once;
+    ``validate=False`` checks nothing. The CPU path always checks before running.
     """
 
     def __init__(self, native):
@@ -686,6 +698,7 @@ class Program:
     def __call__(self, *args, validate=True, **tensors):
         if args:
             raise TypeError(f"{self.name}: inputs are given by keyword ({', '.join(self._base.names)})")
+        mode = 1 if validate is True else _mode(validate)
         ordered = []
         dtypes = []
         where = None  # -1 for the CPU, else the CUDA ordinal
@@ -719,7 +732,7 @@ class Program:
             grad = torch.is_grad_enabled()
             requires_grad = tuple(grad and t.requires_grad for t in ordered)
             op = getattr(torch.ops.kfuse, _op_name(self._key, dtypes, requires_grad))
-            out = op(*ordered, validate=validate)
+            out = op(*ordered, validate=mode)
             n = len(self._out_names)
             out = (out,) if n == 1 and not isinstance(out, (tuple, list)) else out
             return self._outputs(*out[:n])
@@ -729,11 +742,11 @@ class Program:
             wrt = tuple(i for i in variant.float_inputs if ordered[i].requires_grad)
         if not wrt:
             # The outputs are new tensors that no autograd graph records.
-            out = variant.kernels.run(ordered, validate)
+            out = variant.kernels.run(ordered, mode)
         elif variant.scalar_loss:
-            out = _Fused.apply(variant.fusion(wrt), validate, *ordered)
+            out = _Fused.apply(variant.fusion(wrt), mode, *ordered)
         else:
-            out = _Derived.apply(variant, validate, wrt, *ordered)
+            out = _Derived.apply(variant, mode, wrt, *ordered)
         return self._outputs._make(out)
 
     def _bad_input(self, name, t, given):
@@ -777,6 +790,28 @@ else:
     _op_name._dynamo_marked_constant = True
 
 
+def _mode(validate):
+    """The check mode of a `validate` argument: 1 (True) on the device, 2 ("sync") on the host
+    before launching, 0 (False) none."""
+    if validate is True:
+        return 1
+    if validate is False:
+        return 0
+    if isinstance(validate, str):
+        if validate == "sync":
+            return 2
+        raise ValueError(f"validate={validate!r}: the choices are True (check on the device, the default), \"sync\" (check on the host before launching) and False (no check)")
+    raise TypeError(f"validate must be True, False or \"sync\", not {type(validate).__name__} {validate!r}")
+
+
+def check_errors():
+    """Waits for every CUDA device kfuse launched on and raises the violation of a
+    lengths/offsets layout that its kernels found since the last one was raised
+    (:class:`kfuse.InputError`, naming the program, input, position and value); returns None when
+    there is none (and always without a GPU)."""
+    _kfuse.check_errors()
+
+
 def _decl_str(d):
     s = f"{d.kfuse_dtype}[{', '.join(str(x) for x in d.shape)}]"
     if d.layout is not None:
@@ -794,4 +829,4 @@ def compile(source, name="<source>"):  # noqa: A001 - mirrors the language's own
     return Program(_kfuse.Program.compile(source, name))
 
 
-__all__ = ["Program", "Outputs", "Decl", "load", "compile", "DeviceError"]
+__all__ = ["Program", "Outputs", "Decl", "load", "compile", "check_errors", "DeviceError"]

@@ -40,7 +40,7 @@ use kfuse_ir::{Graph, NodeId};
 use crate::actions::{row_mode_bound, run_actions, Action, Combine, Group};
 use crate::analysis::Analysis;
 use crate::emit::{Coord, Emitter, Mode, Prefetch};
-use crate::fill::{zero_element, zero_fill_bytes};
+use crate::fill::{fill_values, zero_fill_bytes};
 use crate::text::render;
 use crate::CodegenError;
 
@@ -75,6 +75,9 @@ struct RowsLines {
     other: Vec<String>,
     /// Bytes the else-branch stores per padding element (every fill and other store).
     pad_bytes: u64,
+    /// Whether the kernel checks lengths values: a failed check in a thread that loads bounds
+    /// is or-ed into `kf_bad` of every thread that uses them, at the barrier that publishes them.
+    checks: bool,
     /// The crossing scalars' shared declarations and the lines (thread 0) that compute them.
     decls: Vec<String>,
     crossing_lines: Vec<String>,
@@ -122,10 +125,35 @@ fn write_rows_body(g: &Graph, l: &RowsLines) -> String {
             ("min_compute_warps", &MIN_COMPUTE_WARPS.to_string()),
             ("decls", &decls),
             ("first_bound", &first_bound),
+            ("bar_or", if l.checks { BAR_OR } else { "" }),
+            ("first_sync", &sync(l.checks, 1, "__syncthreads()")),
         ],
     );
     write_fill_role(&mut s, g, l);
     write_compute_role(&mut s, l);
+    s
+}
+
+/// A named barrier that also ors `kf_bad` over its threads (`bar.red.or.pred`): checked kernels
+/// only.
+const BAR_OR: &str = "    auto kf_bar_or = [](int id, int n, bool p) -> bool { int r; asm volatile(\"{ .reg .pred kf_p, kf_q; setp.ne.s32 kf_p, %1, 0; bar.red.or.pred kf_q, %2, %3, kf_p; selp.s32 %0, 1, 0, kf_q; }\" : \"=r\"(r) : \"r\"((int)p), \"r\"(id), \"r\"(n) : \"memory\"); return r != 0; }; // a named barrier that ors kf_bad (a failed check) over its threads\n";
+
+/// The barrier `plain` (a statement without its `;`) at `ind` levels, which in a checked kernel
+/// also ors `kf_bad` over the threads that pass it (`__syncthreads_or`, or `kf_bar_or` for a
+/// role's named barrier `kf_bar(id, n)`).
+fn sync(checks: bool, ind: usize, plain: &str) -> String {
+    let mut s = String::new();
+    let l = match (checks, plain.strip_prefix("kf_bar(")) {
+        (false, _) => format!("{plain};"),
+        (true, None) => {
+            "kf_bad = __syncthreads_or(kf_bad) != 0; // and a failed check of a bound reaches every thread".into()
+        }
+        (true, Some(args)) => format!(
+            "kf_bad = kf_bar_or({}, kf_bad); // and a failed check of a bound reaches the role",
+            args.trim_end_matches(')')
+        ),
+    };
+    line(&mut s, ind, &l);
     s
 }
 
@@ -142,7 +170,7 @@ fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
     let (mut setup, mut fills) = (String::new(), String::new());
     for &(o, esz) in &l.fills {
         let per = 16 / esz;
-        let (ety, zero) = zero_element(esz);
+        let (ety, zero, zero16) = fill_values(esz, g.node(g.outputs[o].node).dtype, l.checks);
         let (o, name, per_m1, per) =
             (o.to_string(), g.outputs[o].name.as_str(), (per - 1).to_string(), per.to_string());
         let values = [
@@ -151,7 +179,8 @@ fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
             ("per", per.as_str()),
             ("per_m1", per_m1.as_str()),
             ("ety", ety),
-            ("zero", zero),
+            ("zero", &zero),
+            ("zero16", &zero16),
         ];
         setup.push_str(&render(FILL_SETUP, &values));
         // The zero fill over the padding of the tile's elements `[kf_za, kf_zb)`, fill thread
@@ -170,7 +199,13 @@ fn write_fill_role(s: &mut String, g: &Graph, l: &RowsLines) {
     }
     s.push_str(&render(
         FILL_ROLE,
-        &[("fill_setup", &setup), ("later_bound", &later_bound), ("fills", &fills), ("other", &other)],
+        &[
+            ("fill_setup", &setup),
+            ("later_bound", &later_bound),
+            ("fills", &fills),
+            ("other", &other),
+            ("later_sync", &sync(l.checks, 4, "kf_bar(2, kf_fn)")),
+        ],
     ));
 }
 
@@ -211,6 +246,7 @@ fn write_compute_role(s: &mut String, l: &RowsLines) {
             ("crossing", &crossing),
             ("tile_bound", &tile_bound),
             ("body", &body_lines),
+            ("further_sync", &sync(l.checks, 3, "kf_bar(1, kf_cn)")),
         ],
     ));
 }
@@ -354,6 +390,7 @@ pub(crate) fn rows_loop(
         fills,
         other,
         pad_bytes,
+        checks: em.checks,
         decls,
         crossing_lines,
         rows: em.product(&info.dims[..info.dims.len() - 1]),

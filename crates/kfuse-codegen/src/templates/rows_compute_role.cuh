@@ -21,7 +21,7 @@
         if (kf_ra + kf_nr0 < kf_rb) { // several tiles: the compute warps' sums, in warp order
             for (int o = 16; o > 0; o >>= 1) kf_n += __shfl_xor_sync(0xffffffffu, kf_n, o);
             if (kf_l == 0) kf_wn[kf_w] = kf_n;
-            kf_bar(1, kf_cn);
+{{further_sync}}
             kf_n = 0;
             for (int w = 0; w < kf_cw; ++w) kf_n += kf_wn[w];
             kf_bar(1, kf_cn);

@@ -10,7 +10,7 @@
                 int kf_kr = kf_ft / kf_cp{{o}}, kf_kc = kf_ft - kf_kr * kf_cp{{o}}; // this thread's chunk: row in the tile, chunk in the row
                 for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
                     const int kf_k0 = kf_kc * {{per}}, kf_hb = kf_hf[kf_kr]; // the chunk's first column, the row's bound
-                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
+                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, {{zero16}});
                     else if (kf_k0 + {{per}} > kf_hb) for (int j = kf_hb - kf_k0; j < {{per}}; ++j) reinterpret_cast<{{ety}}*>(kf_zp + kf_q)[j] = {{zero}}; // the row's last valid chunk
                     kf_kc += kf_ep{{o}};
                     kf_kr += kf_dp{{o}};
@@ -26,7 +26,7 @@
                 long long kf_kr = ((kf_zc + kf_ft) * {{per}} - kf_za) / cols, kf_kc = (kf_zc + kf_ft) * {{per}} - kf_za - kf_kr * cols; // the chunk's first element: row, column in the tile
                 for (long long kf_q = kf_zc + kf_ft; kf_q < kf_zd; kf_q += kf_fn) {
                     const long long kf_hb = kf_hf[kf_kr];
-                    if (kf_kc >= kf_hb && kf_kc + {{per}} <= cols) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + kf_q, make_uint4(0u, 0u, 0u, 0u));
+                    if (kf_kc >= kf_hb && kf_kc + {{per}} <= cols) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + kf_q, {{zero16}});
                     else if (kf_kc + {{per}} > kf_hb) for (int j = 0; j < {{per}}; ++j) kf_z(kf_q * {{per}} + j);
                     kf_kc += kf_e{{o}};
                     kf_kr += kf_d{{o}};

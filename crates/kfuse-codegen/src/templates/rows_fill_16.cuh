@@ -8,7 +8,7 @@
                 int kf_kr = kf_ft / kf_cp{{o}}, kf_kc = kf_ft - kf_kr * kf_cp{{o}}; // this thread's chunk: row in the tile, chunk in the row
                 for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
                     const int kf_k0 = kf_kc, kf_hb = kf_hf[kf_kr]; // the chunk's first column, the row's bound
-                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
+                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, {{zero16}});
                     kf_kc += kf_ep{{o}};
                     kf_kr += kf_dp{{o}};
                     if (kf_kc >= kf_cp{{o}}) { kf_kc -= kf_cp{{o}}; ++kf_kr; }
@@ -19,7 +19,7 @@
                 long long kf_kr = ((kf_zc + kf_ft) * 1 - kf_za) / cols, kf_kc = (kf_zc + kf_ft) * 1 - kf_za - kf_kr * cols; // the chunk's first element: row, column in the tile
                 for (long long kf_q = kf_zc + kf_ft; kf_q < kf_zd; kf_q += kf_fn) {
                     const long long kf_hb = kf_hf[kf_kr];
-                    if (kf_kc >= kf_hb) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + kf_q, make_uint4(0u, 0u, 0u, 0u));
+                    if (kf_kc >= kf_hb) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + kf_q, {{zero16}});
                     kf_kc += kf_e{{o}};
                     kf_kr += kf_d{{o}};
                     if (kf_kc >= cols) { kf_kc -= cols; ++kf_kr; }

@@ -16,7 +16,7 @@
 {{later_bound}}
                     kf_hf[kf_ft] = kf_b;
                 }
-                kf_bar(2, kf_fn);
+{{later_sync}}
             }
             const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // the tile's elements
 {{fills}}

@@ -3,7 +3,8 @@
 //~ {{cols}} (size expressions), {{block}}, {{tile_rows}}, {{batch}}, {{valid_cost}},
 //~ {{pad_bytes}}, {{min_compute_warps}} (integers), and the generated blocks {{decls}} (the
 //~ crossing scalars' shared declarations) and {{first_bound}} (the bound of row
-//~ kf_ra + threadIdx.x into kf_b).
+//~ kf_ra + threadIdx.x into kf_b); {{bar_or}} and {{first_sync}}: see `shapes::rows` (the checks' or of
+//~ kf_bad over the threads that share the bounds).
     const long long rows = {{rows}}, cols = {{cols}};
     constexpr int KF_B = {{block}}, KF_W = KF_B / 32, KF_T = {{tile_rows}}, KF_U = {{batch}}; // threads (the launch's block), warps, most rows per tile, valid elements per compute thread and step
     const int kf_w = threadIdx.x >> 5, kf_l = threadIdx.x & 31;
@@ -25,6 +26,7 @@
         return x; // the total, in every lane past the last row's pair
     };
     auto kf_bar = [](int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }; // a role's named barrier
+{{bar_or}}
     // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in
     //    proportion to the tile's work, valid elements costing KF_VC chunks of padding (at least KF_MINCW of
     //    them, and one fill warp at least while there is padding), fill warps [kf_cw, KF_W).
@@ -37,7 +39,7 @@
         kf_hc[threadIdx.x] = kf_b;
         kf_hf[threadIdx.x] = kf_b;
     }
-    __syncthreads();
+{{first_sync}}
     if (kf_w == 0) {
         const long long kf_v = kf_prefix(kf_nr0), kf_p = (((long long)kf_nr0 * cols - kf_v) * KF_PB + 15) / 16; // valid elements, padding chunks (any padding: one at least)
         if (kf_l == 31) {

@@ -11,5 +11,5 @@
     for (long long e = kf_za + lane; e < kf_zh; e += {{stride}}) reinterpret_cast<{{ety}}*>(out{{o}})[e] = {{zero}};
     for (long long e = kf_zt + lane; e < kf_zb; e += {{stride}}) reinterpret_cast<{{ety}}*>(out{{o}})[e] = {{zero}};
     #pragma unroll 4
-    for (long long c = kf_zc + lane; c < kf_zd; c += {{stride}}) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + c, make_uint4(0u, 0u, 0u, 0u));
+    for (long long c = kf_zc + lane; c < kf_zd; c += {{stride}}) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + c, {{zero16}});
 }

@@ -4,5 +4,5 @@
 { // zero fill of {{name}} over columns [kf_hi, {{cols}}): 16-byte streaming stores
     const long long kf_za = rowbase + kf_hi, kf_zb = rowbase + {{cols}}; // elements
     #pragma unroll 4
-    for (long long e = kf_za + lane; e < kf_zb; e += {{stride}}) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + e, make_uint4(0u, 0u, 0u, 0u));
+    for (long long e = kf_za + lane; e < kf_zb; e += {{stride}}) kf_st_cs(reinterpret_cast<uint4*>(out{{o}}) + e, {{zero16}});
 }

@@ -215,6 +215,7 @@ impl CacheConfig {
         let bypassed = env::flag("KFUSE_NO_CACHE")?;
         let log_compiles = env::flag("KFUSE_LOG_COMPILES")?;
         env::flag("KFUSE_LOG_TIMING")?;
+        env::fast_compile()?;
         let max_bytes = env::size("KFUSE_CACHE_MAX_BYTES")?.unwrap_or(DEFAULT_MAX_BYTES);
         let dir = match std::env::var_os("KFUSE_CACHE_DIR") {
             Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),

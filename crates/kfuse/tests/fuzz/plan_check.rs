@@ -112,6 +112,16 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
                         return Err(format!("kernel {name}: size parameter {s:?} declared `{line}`"));
                     }
                 }
+                Param::ErrorRecord => {
+                    if !line.starts_with("unsigned long long* __restrict__ kf_err") || graph.constraints.is_empty() {
+                        return Err(format!("kernel {name}: error record declared `{line}`"));
+                    }
+                }
+                Param::CheckTag => {
+                    if !line.starts_with("unsigned int kf_tag") {
+                        return Err(format!("kernel {name}: check tag declared `{line}`"));
+                    }
+                }
                 Param::Buffer(i) => {
                     let b = plan.buffers.get(i).ok_or_else(|| format!("kernel {name}: buffer {i} does not exist"))?;
                     let read_only = line.starts_with("const ");

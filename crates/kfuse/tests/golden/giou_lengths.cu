@@ -34,6 +34,17 @@ __device__ double kf_block_sum(double v, double* smem) {
     return v;
 }
 #endif
+#ifndef KF_HELPER_REPORT
+#define KF_HELPER_REPORT
+// Records a violation of a lengths/offsets input unless an earlier one holds the record.
+__device__ __noinline__ void kf_report(unsigned long long* rec, unsigned int tag, unsigned int input, unsigned int kind, long long pos, long long value, long long bound) {
+    if (atomicCAS(rec, 0ull, 1ull) != 0ull) return; // only the first violation is recorded
+    volatile unsigned long long* r = rec;
+    r[1] = tag; r[2] = input; r[3] = kind; r[4] = (unsigned long long)pos; r[5] = (unsigned long long)value; r[6] = (unsigned long long)bound;
+    __threadfence_system();
+    r[7] = 1ull; // ready
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(256) kf_6ed2da893539a693_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
@@ -43,9 +54,12 @@ extern "C" __global__ void __launch_bounds__(256) kf_6ed2da893539a693_0(
     double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
     long long sz0, // size B
-    long long sz1 // size N
+    long long sz1, // size N
+    unsigned long long* __restrict__ kf_err, // error record of the lengths/offsets checks (null: no checks)
+    unsigned int kf_tag // tag of a recorded violation
 )
 {
+    bool kf_bad = false; // a lengths/offsets check failed in this thread: float outputs are written NaN
     const long long rows = sz0;
     // Lanes per row: the most of 32, 16, ... with which this grid covers every row in one pass.
     const long long kf_threads = (long long)gridDim.x * blockDim.x;
@@ -59,6 +73,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_6ed2da893539a693_0(
     for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> kf_gs; row < rows; row += ((long long)gridDim.x * blockDim.x) >> kf_gs) {
         const long long rowbase = row * sz1;
         const int v0 = in2[row]; // lengths i32
+        if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
         const long long kf_hi = v0 < 0 ? 0ll : ((long long)v0 < sz1 ? (long long)v0 : sz1); // columns where the predicate holds
         for (long long col = lane; col < kf_hi; col += kf_g) {
             const long long i = rowbase + col;
@@ -99,6 +114,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_6ed2da893539a693_0(
             acc1 += 1.0;
         }
     }
+    if (kf_bad) { acc0 = __longlong_as_double(0x7ff8000000000000ll); acc1 = __longlong_as_double(0x7ff8000000000000ll); } // a failed check: every result of the block is NaN
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
     __shared__ double kf_smem[32];
     __shared__ bool kf_last_block;

@@ -27,6 +27,17 @@ __device__ __forceinline__ void kf_st_cs(uint4* p, uint4 v) { asm volatile("st.g
 __device__ __forceinline__ void kf_st_cs(uint2* p, uint2 v) { asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(v.x), "r"(v.y)); }
 __device__ __forceinline__ void kf_st_cs(unsigned int* p, unsigned int v) { asm volatile("st.global.cs.u32 [%0], %1;" :: "l"(p), "r"(v)); }
 #endif
+#ifndef KF_HELPER_REPORT
+#define KF_HELPER_REPORT
+// Records a violation of a lengths/offsets input unless an earlier one holds the record.
+__device__ __noinline__ void kf_report(unsigned long long* rec, unsigned int tag, unsigned int input, unsigned int kind, long long pos, long long value, long long bound) {
+    if (atomicCAS(rec, 0ull, 1ull) != 0ull) return; // only the first violation is recorded
+    volatile unsigned long long* r = rec;
+    r[1] = tag; r[2] = input; r[3] = kind; r[4] = (unsigned long long)pos; r[5] = (unsigned long long)value; r[6] = (unsigned long long)bound;
+    __threadfence_system();
+    r[7] = 1ull; // ready
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
     const float* __restrict__ in0, // pred f32[B, N, 4]
@@ -37,9 +48,12 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
     double* __restrict__ partials, // 1 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // [0] ticket, [2, 4) the arrival word (count | arrivals << 40); 0 at launch, left at 0
     long long sz0, // size B
-    long long sz1 // size N
+    long long sz1, // size N
+    unsigned long long* __restrict__ kf_err, // error record of the lengths/offsets checks (null: no checks)
+    unsigned int kf_tag // tag of a recorded violation
 )
 {
+    bool kf_bad = false; // a lengths/offsets check failed in this thread: float outputs are written NaN
     double acc0 = 0.0; // sum n48 where n5 (n49)
     const long long rows = sz0, cols = sz1;
     constexpr int KF_B = 512, KF_W = KF_B / 32, KF_T = 64, KF_U = 2; // threads (the launch's block), warps, most rows per tile, valid elements per compute thread and step
@@ -63,6 +77,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
         return x; // the total, in every lane past the last row's pair
     };
     auto kf_bar = [](int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }; // a role's named barrier
+    auto kf_bar_or = [](int id, int n, bool p) -> bool { int r; asm volatile("{ .reg .pred kf_p, kf_q; setp.ne.s32 kf_p, %1, 0; bar.red.or.pred kf_q, %2, %3, kf_p; selp.s32 %0, 1, 0, kf_q; }" : "=r"(r) : "r"((int)p), "r"(id), "r"(n) : "memory"); return r != 0; }; // a named barrier that ors kf_bad (a failed check) over its threads
     // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in
     //    proportion to the tile's work, valid elements costing KF_VC chunks of padding (at least KF_MINCW of
     //    them, and one fill warp at least while there is padding), fill warps [kf_cw, KF_W).
@@ -74,12 +89,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
         {
             const long long row = kf_ra + threadIdx.x;
             const int v0 = in2[row]; // lengths i32
+            if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
             kf_b = (int)kf_cl(v0);
         }
         kf_hc[threadIdx.x] = kf_b;
         kf_hf[threadIdx.x] = kf_b;
     }
-    __syncthreads();
+    kf_bad = __syncthreads_or(kf_bad) != 0; // and a failed check of a bound reaches every thread
     if (kf_w == 0) {
         const long long kf_v = kf_prefix(kf_nr0), kf_p = (((long long)kf_nr0 * cols - kf_v) * KF_PB + 15) / 16; // valid elements, padding chunks (any padding: one at least)
         if (kf_l == 31) {
@@ -106,11 +122,12 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
                     {
                         const long long row = kf_r0 + kf_ft;
                         const int v0 = in2[row]; // lengths i32
+                        if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
                         kf_b = (int)kf_cl(v0);
                     }
                     kf_hf[kf_ft] = kf_b;
                 }
-                kf_bar(2, kf_fn);
+                kf_bad = kf_bar_or(2, kf_fn, kf_bad); // and a failed check of a bound reaches the role
             }
             const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // the tile's elements
             if (kf_a1) { // dpred: zero where the mask fails; chunk k of a row holds its columns [1 k, 1 k + 1)
@@ -119,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
                 int kf_kr = kf_ft / kf_cp1, kf_kc = kf_ft - kf_kr * kf_cp1; // this thread's chunk: row in the tile, chunk in the row
                 for (int kf_q = kf_ft; kf_q < kf_zn; kf_q += kf_fn) {
                     const int kf_k0 = kf_kc, kf_hb = kf_hf[kf_kr]; // the chunk's first column, the row's bound
-                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, make_uint4(0u, 0u, 0u, 0u));
+                    if (kf_k0 >= kf_hb) kf_st_cs(kf_zp + kf_q, (kf_bad ? make_uint4(0x7fc00000u, 0x7fc00000u, 0x7fc00000u, 0x7fc00000u) : make_uint4(0u, 0u, 0u, 0u)));
                     kf_kc += kf_ep1;
                     kf_kr += kf_dp1;
                     if (kf_kc >= kf_cp1) { kf_kc -= kf_cp1; ++kf_kr; }
@@ -130,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
                 long long kf_kr = ((kf_zc + kf_ft) * 1 - kf_za) / cols, kf_kc = (kf_zc + kf_ft) * 1 - kf_za - kf_kr * cols; // the chunk's first element: row, column in the tile
                 for (long long kf_q = kf_zc + kf_ft; kf_q < kf_zd; kf_q += kf_fn) {
                     const long long kf_hb = kf_hf[kf_kr];
-                    if (kf_kc >= kf_hb) kf_st_cs(reinterpret_cast<uint4*>(out1) + kf_q, make_uint4(0u, 0u, 0u, 0u));
+                    if (kf_kc >= kf_hb) kf_st_cs(reinterpret_cast<uint4*>(out1) + kf_q, (kf_bad ? make_uint4(0x7fc00000u, 0x7fc00000u, 0x7fc00000u, 0x7fc00000u) : make_uint4(0u, 0u, 0u, 0u)));
                     kf_kc += kf_e1;
                     kf_kr += kf_d1;
                     if (kf_kc >= cols) { kf_kc -= cols; ++kf_kr; }
@@ -153,6 +170,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
             {
                 const long long row = kf_r;
                 const int v0 = in2[row]; // lengths i32
+                if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
                 kf_b = (int)kf_cl(v0);
             }
             kf_n += kf_b;
@@ -160,7 +178,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
         if (kf_ra + kf_nr0 < kf_rb) { // several tiles: the compute warps' sums, in warp order
             for (int o = 16; o > 0; o >>= 1) kf_n += __shfl_xor_sync(0xffffffffu, kf_n, o);
             if (kf_l == 0) kf_wn[kf_w] = kf_n;
-            kf_bar(1, kf_cn);
+            kf_bad = kf_bar_or(1, kf_cn, kf_bad); // and a failed check of a bound reaches the role
             kf_n = 0;
             for (int w = 0; w < kf_cw; ++w) kf_n += kf_wn[w];
             kf_bar(1, kf_cn);
@@ -212,6 +230,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
                 {
                     const long long row = kf_r0 + threadIdx.x;
                     const int v0 = in2[row]; // lengths i32
+                    if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
                     kf_b = (int)kf_cl(v0);
                 }
                 kf_hc[threadIdx.x] = kf_b;
@@ -340,11 +359,12 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_0945bdf16409336e_0(
                 const float v110 = (v103 ? v109 : 0.0f); // n117
                 const float v111 = (v108 ? v85 : v110); // n119
                 const float v112 = v107 + v111; // n120
-                reinterpret_cast<float4*>(out1)[i] = make_float4(v68, v90, v101, v112); // dpred
+                reinterpret_cast<float4*>(out1)[i] = make_float4((kf_bad ? __int_as_float(0x7fc00000) : v68), (kf_bad ? __int_as_float(0x7fc00000) : v90), (kf_bad ? __int_as_float(0x7fc00000) : v101), (kf_bad ? __int_as_float(0x7fc00000) : v112)); // dpred
             }
         }
         kf_bar(1, kf_cn); // kf_hc and kf_hp are rewritten by the next tile
     }
+    if (kf_bad) { acc0 = __longlong_as_double(0x7ff8000000000000ll); } // a failed check: every result of the block is NaN
     // 5. The compute warps' sums, in warp order; warp 0 publishes the block's and takes the ticket.
     __shared__ double kf_wr[1][KF_W];
     for (int o = 16; o > 0; o >>= 1) acc0 = acc0 + __shfl_xor_sync(0xffffffffu, acc0, o);

@@ -45,18 +45,44 @@ __device__ __forceinline__ long long kf_mod(long long a, long long b) {
     return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a % (unsigned int)b) : a % b;
 }
 #endif
+#ifndef KF_HELPER_REPORT
+#define KF_HELPER_REPORT
+// Records a violation of a lengths/offsets input unless an earlier one holds the record.
+__device__ __noinline__ void kf_report(unsigned long long* rec, unsigned int tag, unsigned int input, unsigned int kind, long long pos, long long value, long long bound) {
+    if (atomicCAS(rec, 0ull, 1ull) != 0ull) return; // only the first violation is recorded
+    volatile unsigned long long* r = rec;
+    r[1] = tag; r[2] = input; r[3] = kind; r[4] = (unsigned long long)pos; r[5] = (unsigned long long)value; r[6] = (unsigned long long)bound;
+    __threadfence_system();
+    r[7] = 1ull; // ready
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(256, 4) kf_ece3d0956d35640b_0(
     const float* __restrict__ in0, // pred f32[T, 4]
     const float* __restrict__ in1, // target f32[T, 4]
+    const int* __restrict__ in2, // offsets i32[S]
     float* __restrict__ out0, // output loss f32[]
     float* __restrict__ tmp0, // n54 f32 scalar, written here for a later kernel
     float* __restrict__ tmp1, // n55 f32 scalar, written here for a later kernel
     double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
-    long long sz0 // size T
+    long long sz0, // size T
+    long long sz1, // size S
+    unsigned long long* __restrict__ kf_err, // error record of the lengths/offsets checks (null: no checks)
+    unsigned int kf_tag // tag of a recorded violation
 )
 {
+    bool kf_bad = false; // a lengths/offsets check failed in this thread: float outputs are written NaN
+    if (kf_err != nullptr) { // the checks of the lengths/offsets inputs this kernel does not read itself
+        const long long kf_c0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, kf_cs = (long long)gridDim.x * blockDim.x;
+        if (kf_c0 == 0 && sz1 == 0) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, 7u, 0, 0, sz0); } // offsets: no element
+        for (long long j = kf_c0; j < sz1; j += kf_cs) { // offsets as offsets
+            const int v = in2[j];
+            const int p = j > 0 ? in2[j - 1] : 0;
+            const unsigned int kf_k = (j == 0 && v != 0) ? 3u : (v < p ? 4u : ((long long)v > (sz0) ? 5u : ((j == sz1 - 1 && (long long)v != (sz0)) ? 6u : 0u)));
+            if (kf_k != 0u) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, kf_k, j, v, kf_k == 4u ? (long long)p : (long long)(sz0)); }
+        }
+    }
     const long long n = sz0;
     double acc0 = 0.0; // sum n46 (n47)
     double acc1 = 0.0; // count n49 (n50)
@@ -122,6 +148,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ece3d0956d35640b_0(
             }
         }
     }
+    if (kf_bad) { acc0 = __longlong_as_double(0x7ff8000000000000ll); acc1 = __longlong_as_double(0x7ff8000000000000ll); } // a failed check: every result of the block is NaN
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
     __shared__ double kf_smem[32];
     __shared__ bool kf_last_block;
@@ -186,9 +213,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ece3d0956d35640b_1(
     float* __restrict__ out1, // output dpred f32[T, 4]
     const float* __restrict__ tmp0, // n54 f32 scalar from an earlier kernel
     const float* __restrict__ tmp1, // n55 f32 scalar from an earlier kernel
-    long long sz0 // size T
+    long long sz0, // size T
+    unsigned long long* __restrict__ kf_err, // error record of the lengths/offsets checks (null: no checks)
+    unsigned int kf_tag // tag of a recorded violation
 )
 {
+    bool kf_bad = false; // a lengths/offsets check failed in this thread: float outputs are written NaN
     const long long n = sz0;
     const long long kf_stride = (long long)gridDim.x * blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
@@ -322,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ece3d0956d35640b_1(
             const float v109 = (v102 ? v108 : 0.0f); // n117
             const float v110 = (v107 ? v84 : v109); // n119
             const float v111 = v106 + v110; // n120
-            reinterpret_cast<float4*>(out1)[i] = make_float4(v67, v89, v100, v111); // dpred
+            reinterpret_cast<float4*>(out1)[i] = make_float4((kf_bad ? __int_as_float(0x7fc00000) : v67), (kf_bad ? __int_as_float(0x7fc00000) : v89), (kf_bad ? __int_as_float(0x7fc00000) : v100), (kf_bad ? __int_as_float(0x7fc00000) : v111)); // dpred
         }
     }
 }

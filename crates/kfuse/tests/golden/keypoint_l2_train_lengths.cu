@@ -5,6 +5,17 @@
 // sink: full reduction n15 into partial slot 0
 // sink: full reduction n16: the count of the mask, each block's sum of the clamped bounds (kf_cntd), no partial slot
 
+#ifndef KF_HELPER_REPORT
+#define KF_HELPER_REPORT
+// Records a violation of a lengths/offsets input unless an earlier one holds the record.
+__device__ __noinline__ void kf_report(unsigned long long* rec, unsigned int tag, unsigned int input, unsigned int kind, long long pos, long long value, long long bound) {
+    if (atomicCAS(rec, 0ull, 1ull) != 0ull) return; // only the first violation is recorded
+    volatile unsigned long long* r = rec;
+    r[1] = tag; r[2] = input; r[3] = kind; r[4] = (unsigned long long)pos; r[5] = (unsigned long long)value; r[6] = (unsigned long long)bound;
+    __threadfence_system();
+    r[7] = 1ull; // ready
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
     const float* __restrict__ in0, // pred f32[B, N, 3]
@@ -15,9 +26,12 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
     double* __restrict__ partials, // 1 f64 partial slots per block, slot-major
     unsigned int* __restrict__ counter, // [0] ticket, [2, 4) the arrival word (count | arrivals << 40); 0 at launch, left at 0
     long long sz0, // size B
-    long long sz1 // size N
+    long long sz1, // size N
+    unsigned long long* __restrict__ kf_err, // error record of the lengths/offsets checks (null: no checks)
+    unsigned int kf_tag // tag of a recorded violation
 )
 {
+    bool kf_bad = false; // a lengths/offsets check failed in this thread: float outputs are written NaN
     double acc0 = 0.0; // sum n14 where n5 (n15)
     const long long rows = sz0, cols = sz1;
     constexpr int KF_B = 512, KF_W = KF_B / 32, KF_T = 64, KF_U = 2; // threads (the launch's block), warps, most rows per tile, valid elements per compute thread and step
@@ -40,6 +54,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
         return x; // the total, in every lane past the last row's pair
     };
     auto kf_bar = [](int id, int n) { asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(n) : "memory"); }; // a role's named barrier
+    auto kf_bar_or = [](int id, int n, bool p) -> bool { int r; asm volatile("{ .reg .pred kf_p, kf_q; setp.ne.s32 kf_p, %1, 0; bar.red.or.pred kf_q, %2, %3, kf_p; selp.s32 %0, 1, 0, kf_q; }" : "=r"(r) : "r"((int)p), "r"(id), "r"(n) : "memory"); return r != 0; }; // a named barrier that ors kf_bad (a failed check) over its threads
     // 1. The first tile's bounds; warp 0 sums them and splits the warps: compute warps [0, kf_cw) in
     //    proportion to the tile's work, valid elements costing KF_VC chunks of padding (at least KF_MINCW of
     //    them, and one fill warp at least while there is padding), fill warps [kf_cw, KF_W).
@@ -51,12 +66,13 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
         {
             const long long row = kf_ra + threadIdx.x;
             const int v0 = in2[row]; // lengths i32
+            if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
             kf_b = (int)kf_cl(v0);
         }
         kf_hc[threadIdx.x] = kf_b;
         kf_hf[threadIdx.x] = kf_b;
     }
-    __syncthreads();
+    kf_bad = __syncthreads_or(kf_bad) != 0; // and a failed check of a bound reaches every thread
     if (kf_w == 0) {
         const long long kf_v = kf_prefix(kf_nr0), kf_p = (((long long)kf_nr0 * cols - kf_v) * KF_PB + 15) / 16; // valid elements, padding chunks (any padding: one at least)
         if (kf_l == 31) {
@@ -80,20 +96,21 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
                     {
                         const long long row = kf_r0 + kf_ft;
                         const int v0 = in2[row]; // lengths i32
+                        if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
                         kf_b = (int)kf_cl(v0);
                     }
                     kf_hf[kf_ft] = kf_b;
                 }
-                kf_bar(2, kf_fn);
+                kf_bad = kf_bar_or(2, kf_fn, kf_bad); // and a failed check of a bound reaches the role
             }
             const long long kf_za = kf_r0 * cols, kf_zb = kf_r1 * cols; // the tile's elements
             for (long long e = kf_ft; e < kf_zb - kf_za; e += kf_fn) { // other else-branch stores, per element
                 const long long kf_kr = e / cols;
                 if (e - kf_kr * cols < kf_hf[kf_kr]) continue;
                 const long long i = kf_za + e;
-                out1[i * 3 + 0] = 0.0f; // dpred
-                out1[i * 3 + 1] = 0.0f; // dpred
-                out1[i * 3 + 2] = 0.0f; // dpred
+                out1[i * 3 + 0] = (kf_bad ? __int_as_float(0x7fc00000) : 0.0f); // dpred
+                out1[i * 3 + 1] = (kf_bad ? __int_as_float(0x7fc00000) : 0.0f); // dpred
+                out1[i * 3 + 2] = (kf_bad ? __int_as_float(0x7fc00000) : 0.0f); // dpred
             }
             kf_bar(2, kf_fn); // kf_hf is rewritten by the next tile
         }
@@ -112,6 +129,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
             {
                 const long long row = kf_r;
                 const int v0 = in2[row]; // lengths i32
+                if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
                 kf_b = (int)kf_cl(v0);
             }
             kf_n += kf_b;
@@ -119,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
         if (kf_ra + kf_nr0 < kf_rb) { // several tiles: the compute warps' sums, in warp order
             for (int o = 16; o > 0; o >>= 1) kf_n += __shfl_xor_sync(0xffffffffu, kf_n, o);
             if (kf_l == 0) kf_wn[kf_w] = kf_n;
-            kf_bar(1, kf_cn);
+            kf_bad = kf_bar_or(1, kf_cn, kf_bad); // and a failed check of a bound reaches the role
             kf_n = 0;
             for (int w = 0; w < kf_cw; ++w) kf_n += kf_wn[w];
             kf_bar(1, kf_cn);
@@ -164,6 +182,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
                 {
                     const long long row = kf_r0 + threadIdx.x;
                     const int v0 = in2[row]; // lengths i32
+                    if (kf_err != nullptr && (unsigned long long)(long long)v0 > (unsigned long long)(sz1)) { kf_bad = true; kf_report(kf_err, kf_tag, 2u, v0 < 0 ? 1u : 2u, (long long)(row), (long long)v0, (long long)(sz1)); } // check: 0 <= lengths <= sz1
                     kf_b = (int)kf_cl(v0);
                 }
                 kf_hc[threadIdx.x] = kf_b;
@@ -200,13 +219,14 @@ extern "C" __global__ void __launch_bounds__(512, 2) kf_11f4faa54a65b28a_0(
                 const float v18 = v17 + v17; // n28
                 const float v19 = kf_c0 * v12; // n24
                 const float v20 = v19 + v19; // n25
-                out1[i * 3 + 0] = v16; // dpred
-                out1[i * 3 + 1] = v18; // dpred
-                out1[i * 3 + 2] = v20; // dpred
+                out1[i * 3 + 0] = (kf_bad ? __int_as_float(0x7fc00000) : v16); // dpred
+                out1[i * 3 + 1] = (kf_bad ? __int_as_float(0x7fc00000) : v18); // dpred
+                out1[i * 3 + 2] = (kf_bad ? __int_as_float(0x7fc00000) : v20); // dpred
             }
         }
         kf_bar(1, kf_cn); // kf_hc and kf_hp are rewritten by the next tile
     }
+    if (kf_bad) { acc0 = __longlong_as_double(0x7ff8000000000000ll); } // a failed check: every result of the block is NaN
     // 5. The compute warps' sums, in warp order; warp 0 publishes the block's and takes the ticket.
     __shared__ double kf_wr[1][KF_W];
     for (int o = 16; o > 0; o >>= 1) acc0 = acc0 + __shfl_xor_sync(0xffffffffu, acc0, o);
