@@ -26,8 +26,9 @@ binary (--kfuse, else PATH, else target/release/kfuse). Every measurement is one
 * first-call--PROGRAM_CACHE: the first call of a program in a new process, from before
   `kfuse.load` to the result on the host, with a warm disk cache and with a cold one; split into
   kfuse's share (`kfuse.load`, the call until it returns, the gradient scaling the backward
-  launches) and PyTorch's (the rest: its allocations, autograd, the read-back). Targets: cold, the
-  whole first forward + backward at most 200 ms; warm, kfuse's share at most 10 ms.
+  launches) and PyTorch's (the rest: its allocations, autograd, the read-back); cold also with
+  `KFUSE_FAST_COMPILE=max`. Targets: cold, the whole first forward + backward at most 200 ms;
+  warm, kfuse's share at most 10 ms.
 * mlp--MODEL: `kfuse.nn.FusedMLP` forward at 2^21 rows, fp16, on the three benchmark models of
   tools/bench_mlp_torch.py, against `kfuse mlp bench` on the same exported model and the PyTorch
   module itself.
@@ -696,12 +697,16 @@ def first_call_case(suite, torch, np):
     path = os.path.join(REPO, "examples", "giou_lengths.kf")
     reps = 1 if suite.quick else 3
     # phase: (cold kernel cache, torch's first uses before the timer)
-    phases = {"cold": (True, True), "warm": (False, True), "warm_torch_first_use": (False, False)}
+    # phase: (cold kernel cache, torch's first uses before the timer, NVRTC's -Ofast-compile level)
+    phases = {"cold": (True, True, None), "cold_fast_compile": (True, True, "max"), "warm": (False, True, None),
+              "warm_torch_first_use": (False, False, None)}
     for backward in (False, True):
         what = "forward_backward" if backward else "forward"
 
-        def run_once(cache, cold, warm_torch):
+        def run_once(cache, cold, warm_torch, fast):
             env = {"KFUSE_CACHE_DIR": cache}
+            if fast:
+                env["KFUSE_FAST_COMPILE"] = fast
             if cold:
                 env["CUDA_CACHE_DISABLE"] = "1"  # NVRTC's own cache off: the compile is really cold
             argv = [sys.executable, "-c", FIRST_CALL, path, folder, str(int(backward)), str(int(warm_torch))]
@@ -719,10 +724,10 @@ def first_call_case(suite, torch, np):
                 cache = os.path.join(suite.work, f"first-call-{what}-{k}")
                 shutil.rmtree(cache, ignore_errors=True)
                 os.makedirs(cache)
-                for phase, (cold, warm_torch) in phases.items():  # cold first: it fills the cache
-                    runs[phase].append(run_once(cache, cold, warm_torch))
+                for phase, (cold, warm_torch, fast) in phases.items():  # cold first: it fills the cache
+                    runs[phase].append(run_once(cache, cold, warm_torch, fast))
             for phase, got in runs.items():
-                cold, warm_torch = phases[phase]
+                cold, warm_torch, fast = phases[phase]
                 figures = {"first_ms_median": statistics.median(g["first_ms"] for g in got),
                            "kfuse_ms_median": statistics.median(g["kfuse_ms"] for g in got)}
                 for key in ("first_ms", "load_ms", "to_loss_ms", "kfuse_ms", "torch_ms", "second_ms", "import_ms"):
@@ -736,12 +741,13 @@ def first_call_case(suite, torch, np):
                     # kfuse's share (load, the call, the gradient scaling): PyTorch's first uses are its own.
                     suite.target(f"first call {what} {phase}", figures, "kfuse_ms_median",
                                  "kfuse's share at most 10 ms", figures["kfuse_ms_median"] <= 10)
-                cmd = (("CUDA_CACHE_DISABLE=1 " if cold else "")
+                cmd = (("CUDA_CACHE_DISABLE=1 " if cold else "") + (f"KFUSE_FAST_COMPILE={fast} " if fast else "")
                        + f"KFUSE_CACHE_DIR=$WORK/first-call-{what}-K python3 -c <bench/python_suite.py FIRST_CALL> "
                        + f"examples/giou_lengths.kf $WORK/data/1024-f32 {int(backward)} {int(warm_torch)}")
                 suite.record(f"first-call--{what}_{phase}", {"program": "examples/giou_lengths.kf", "B": 1024,
                                                              "backward": backward, "cache": "cold" if cold else "warm",
-                                                             "torch_used_before": warm_torch, "processes": reps},
+                                                             "torch_used_before": warm_torch, "processes": reps,
+                                                             "fast_compile": fast},
                              figures, command=cmd)
                 med = statistics.median
                 suite.rows.append(("first", f"{what} {phase}", [
