@@ -4,7 +4,7 @@
 
     giou = kfuse.load("examples/giou_lengths.kf")     # or kfuse.compile(source_text, name="giou")
     out = giou(pred=pred, target=target, lengths=lengths)
-    out["loss"].backward()                             # out.loss works too; pred.grad is filled
+    out.loss.backward()                                # out["loss"] works too; pred.grad is filled
 
 CPU tensors run through kfuse's reference interpreter, CUDA tensors through the fused kernels.
 Gradients come from kfuse's own autodiff, and programs are custom operators under torch.compile.
