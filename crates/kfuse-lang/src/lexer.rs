@@ -34,6 +34,14 @@ pub(crate) enum Tok {
     Minus,
     Star,
     Slash,
+    SlashSlash,
+    Percent,
+    Amp,
+    Pipe,
+    Caret,
+    Tilde,
+    Shl,
+    Shr,
     EqEq,
     NotEq,
     Lt,
@@ -80,6 +88,14 @@ impl Tok {
             Tok::Minus => "-",
             Tok::Star => "*",
             Tok::Slash => "/",
+            Tok::SlashSlash => "//",
+            Tok::Percent => "%",
+            Tok::Amp => "&",
+            Tok::Pipe => "|",
+            Tok::Caret => "^",
+            Tok::Tilde => "~",
+            Tok::Shl => "<<",
+            Tok::Shr => ">>",
             Tok::EqEq => "==",
             Tok::NotEq => "!=",
             Tok::Lt => "<",
@@ -184,6 +200,15 @@ fn lex_punct(bytes: &[u8], i: usize) -> Option<(Tok, usize)> {
         (b'!', b'=') => (Tok::NotEq, 2),
         (b'<', b'=') => (Tok::Le, 2),
         (b'>', b'=') => (Tok::Ge, 2),
+        (b'<', b'<') => (Tok::Shl, 2),
+        (b'>', b'>') => (Tok::Shr, 2),
+        (b'/', b'/') => (Tok::SlashSlash, 2),
+        (b'&', b'&') | (b'|', b'|') => return None,
+        (b'&', _) => (Tok::Amp, 1),
+        (b'|', _) => (Tok::Pipe, 1),
+        (b'^', _) => (Tok::Caret, 1),
+        (b'~', _) => (Tok::Tilde, 1),
+        (b'%', _) => (Tok::Percent, 1),
         (b'=', _) => (Tok::Assign, 1),
         (b'<', _) => (Tok::Lt, 1),
         (b'>', _) => (Tok::Gt, 1),
@@ -208,19 +233,10 @@ fn bad_char(src: &str, i: usize) -> Report {
     let c = rest.chars().next().unwrap_or(' ');
     let (shown, len, expected) = match c {
         '*' if rest.starts_with("**") => ("**".to_string(), 2, "pow(a, b) for powers"),
-        '&' => (
-            "&".into(),
-            if rest.starts_with("&&") { 2 } else { 1 },
-            "`and` for logical and, bitwise_and(a, b) for bits",
-        ),
-        '|' => {
-            ("|".into(), if rest.starts_with("||") { 2 } else { 1 }, "`or` for logical or, bitwise_or(a, b) for bits")
-        }
-        '^' => ("^".into(), 1, "bitwise_xor(a, b), or pow(a, b) for powers"),
-        '~' => ("~".into(), 1, "bitwise_not(x), or `not` for logical negation"),
+        '&' => ("&&".into(), 2, "`and` for logical and, or `&` (bitwise_and) for bits and masks"),
+        '|' => ("||".into(), 2, "`or` for logical or, or `|` (bitwise_or) for bits and masks"),
         '!' => ("!".into(), 1, "`!=`, or `not` for logical negation"),
         '.' => (".".into(), 1, "`..` as in x[.., 0], or a number like .5"),
-        '%' => ("%".into(), 1, "remainder(a, b), or an operator: + - * / == != < <= > >= and or not"),
         _ if invisible(c).is_some() => {
             let message = format!("unexpected invisible character {}", describe_char(c));
             return Report::new(DiagnosticKind::Syntax, Span::new(i, i + c.len_utf8()), message)

@@ -18,8 +18,11 @@
 //! let rows = size(T)                  # the run-time size of a dimension symbol, as an i32
 //! ```
 //!
-//! Precedence, loosest first: `or`, `and`, `not`, comparisons (non-chaining), `+ -`, `* /`,
-//! unary `-`, postfix `[.., K]` / `[.., None]`. Functions: `where(c, a, b)`, `min(a, b)`,
+//! Precedence, loosest first (Python's): `or`, `and`, `not`, comparisons (non-chaining), `|`,
+//! `^`, `&`, `<< >>`, `+ -`, `* / // %`, unary `- ~`, postfix `[.., K]` / `[.., None]`. The
+//! operators `| ^ & << >> // % ~` are the functions `bitwise_or bitwise_xor bitwise_and
+//! bitwise_left_shift bitwise_right_shift floor_div remainder bitwise_not` (so `valid & (x > 0)`
+//! is a mask, and the comparison needs its brackets, as in PyTorch). Functions: `where(c, a, b)`, `min(a, b)`,
 //! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `fma(a, b, c)` (`a * b + c` rounded once),
 //! `abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor log1p expm1 atan tan asin acos sinh cosh
 //! sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,

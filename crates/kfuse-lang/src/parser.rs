@@ -257,25 +257,29 @@ impl<'t> Parser<'t> {
 
     fn binary_chain(
         &mut self,
-        ops: &[(Tok, BinaryOp)],
+        ops: &[(Tok, Infix)],
         mut operand: impl FnMut(&mut Self) -> Result<Expr, Report>,
     ) -> Result<Expr, Report> {
         let mut lhs = operand(self)?;
         while let Some(&(_, op)) = ops.iter().find(|(t, _)| *t == self.peek().tok) {
-            self.bump();
+            let at = self.bump().span;
             let rhs = operand(self)?;
             let span = lhs.span.to(rhs.span);
-            lhs = self.node(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), span)?;
+            let kind = match op {
+                Infix::Op(op) => ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+                Infix::Func(name) => call(name, at, vec![lhs, rhs]),
+            };
+            lhs = self.node(kind, span)?;
         }
         Ok(lhs)
     }
 
     fn or(&mut self) -> Result<Expr, Report> {
-        self.binary_chain(&[(Tok::Or, BinaryOp::Or)], |p| p.and())
+        self.binary_chain(&[(Tok::Or, Infix::Op(BinaryOp::Or))], |p| p.and())
     }
 
     fn and(&mut self) -> Result<Expr, Report> {
-        self.binary_chain(&[(Tok::And, BinaryOp::And)], |p| p.not())
+        self.binary_chain(&[(Tok::And, Infix::Op(BinaryOp::And))], |p| p.not())
     }
 
     fn not(&mut self) -> Result<Expr, Report> {
@@ -290,12 +294,12 @@ impl<'t> Parser<'t> {
     }
 
     fn comparison(&mut self) -> Result<Expr, Report> {
-        let lhs = self.additive()?;
+        let lhs = self.bit_or()?;
         let Some(op) = comparison_op(&self.peek().tok) else {
             return Ok(lhs);
         };
         self.bump();
-        let rhs = self.additive()?;
+        let rhs = self.bit_or()?;
         if comparison_op(&self.peek().tok).is_some() {
             let t = self.peek();
             return Err(Report::new(DiagnosticKind::Syntax, t.span, "comparisons do not chain")
@@ -305,23 +309,54 @@ impl<'t> Parser<'t> {
         self.node(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), span)
     }
 
+    // Python's precedence, as PyTorch's operators have it: `|` below `^` below `&` below shifts,
+    // all above comparisons and below `+ -`; `//` and `%` with `*` and `/`; `~` with unary `-`.
+    // Each operator is the named function it stands for (`a & b` is `bitwise_and(a, b)`).
+    fn bit_or(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::Pipe, Infix::Func("bitwise_or"))], |p| p.bit_xor())
+    }
+
+    fn bit_xor(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::Caret, Infix::Func("bitwise_xor"))], |p| p.bit_and())
+    }
+
+    fn bit_and(&mut self) -> Result<Expr, Report> {
+        self.binary_chain(&[(Tok::Amp, Infix::Func("bitwise_and"))], |p| p.shift())
+    }
+
+    fn shift(&mut self) -> Result<Expr, Report> {
+        let ops = [(Tok::Shl, Infix::Func("bitwise_left_shift")), (Tok::Shr, Infix::Func("bitwise_right_shift"))];
+        self.binary_chain(&ops, |p| p.additive())
+    }
+
     fn additive(&mut self) -> Result<Expr, Report> {
-        self.binary_chain(&[(Tok::Plus, BinaryOp::Add), (Tok::Minus, BinaryOp::Sub)], |p| p.multiplicative())
+        self.binary_chain(&[(Tok::Plus, Infix::Op(BinaryOp::Add)), (Tok::Minus, Infix::Op(BinaryOp::Sub))], |p| {
+            p.multiplicative()
+        })
     }
 
     fn multiplicative(&mut self) -> Result<Expr, Report> {
-        self.binary_chain(&[(Tok::Star, BinaryOp::Mul), (Tok::Slash, BinaryOp::Div)], |p| p.unary())
+        let ops = [
+            (Tok::Star, Infix::Op(BinaryOp::Mul)),
+            (Tok::Slash, Infix::Op(BinaryOp::Div)),
+            (Tok::SlashSlash, Infix::Func("floor_div")),
+            (Tok::Percent, Infix::Func("remainder")),
+        ];
+        self.binary_chain(&ops, |p| p.unary())
     }
 
     fn unary(&mut self) -> Result<Expr, Report> {
-        match self.eat(&Tok::Minus) {
-            Some(span) => {
-                let x = self.nested(|p| p.unary())?;
-                let span = span.to(x.span);
-                self.node(ExprKind::Neg(Box::new(x)), span)
-            }
-            None => self.postfix(),
+        if let Some(span) = self.eat(&Tok::Minus) {
+            let x = self.nested(|p| p.unary())?;
+            let span = span.to(x.span);
+            return self.node(ExprKind::Neg(Box::new(x)), span);
         }
+        if let Some(at) = self.eat(&Tok::Tilde) {
+            let x = self.nested(|p| p.unary())?;
+            let span = at.to(x.span);
+            return self.node(call("bitwise_not", at, vec![x]), span);
+        }
+        self.postfix()
     }
 
     fn postfix(&mut self) -> Result<Expr, Report> {
@@ -401,6 +436,21 @@ impl<'t> Parser<'t> {
             }
         }
         Ok(args)
+    }
+}
+
+/// What an infix operator builds: a binary node, or a call of the named function it stands for.
+#[derive(Clone, Copy)]
+enum Infix {
+    Op(BinaryOp),
+    Func(&'static str),
+}
+
+/// A call of the function `name`, written as the operator at `at`, with positional `args`.
+fn call(name: &'static str, at: Span, args: Vec<Expr>) -> ExprKind {
+    ExprKind::Call {
+        func: Ident { name: name.to_string(), span: at },
+        args: args.into_iter().map(|value| Arg { keyword: None, value }).collect(),
     }
 }
 

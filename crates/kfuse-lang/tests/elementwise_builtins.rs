@@ -117,14 +117,42 @@ fn wrong_dtypes_and_arities_are_reported_at_the_call() {
 }
 
 #[test]
-fn operator_characters_point_at_the_named_functions() {
-    for (body, hint) in [
-        ("output y = k % 3\n", "remainder(a, b)"),
-        ("output y = k & 3\n", "bitwise_and(a, b)"),
-        ("output y = k | 3\n", "bitwise_or(a, b)"),
-        ("output y = k ^ 3\n", "bitwise_xor(a, b)"),
-        ("output y = ~k\n", "bitwise_not(x)"),
+fn infix_operators_are_the_named_functions_with_pythons_precedence() {
+    // Each operator builds exactly the graph of the function it stands for.
+    for (infix, named) in [
+        ("k % 3", "remainder(k, 3)"),
+        ("x // 2", "floor_div(x, 2)"),
+        ("k & 3", "bitwise_and(k, 3)"),
+        ("k | 3", "bitwise_or(k, 3)"),
+        ("k ^ 3", "bitwise_xor(k, 3)"),
+        ("~k", "bitwise_not(k)"),
+        ("~valid", "bitwise_not(valid)"),
+        ("k << 2", "bitwise_left_shift(k, 2)"),
+        ("k >> 1", "bitwise_right_shift(k, 1)"),
+        ("valid & (x > 0)", "bitwise_and(valid, x > 0)"),
+        // Precedence: | < ^ < & < shifts < + - < * / // % < unary - ~, all above comparisons.
+        ("k | k ^ k & k", "bitwise_or(k, bitwise_xor(k, bitwise_and(k, k)))"),
+        ("k & k << 1 + 1", "bitwise_and(k, bitwise_left_shift(k, 1 + 1))"),
+        ("k + k % 3 * 2", "k + remainder(k, 3) * 2"),
+        ("-k // 2", "floor_div(-k, 2)"),
+        ("~k & 7", "bitwise_and(bitwise_not(k), 7)"),
+        ("k | 1 == 3", "bitwise_or(k, 1) == 3"),
+        ("k >> 1 >> 1", "bitwise_right_shift(bitwise_right_shift(k, 1), 1)"),
     ] {
+        let (a, b) = (graph(&format!("output y = {infix}\n")), graph(&format!("output y = {named}\n")));
+        assert_eq!(a.to_string(), b.to_string(), "{infix} should be {named}");
+    }
+    // Wrong dtypes are the functions' errors, at the operator.
+    let d = error("output y = x & 1\n");
+    assert!(d.kind == DiagnosticKind::Type && d.message.contains("bitwise_and"), "{d}");
+    // Comparisons bind looser, as in Python: this chains two comparisons.
+    let d = error("output y = x > 0 & x < 1\n");
+    assert!(d.message.contains("comparisons do not chain"), "{d}");
+}
+
+#[test]
+fn c_style_logical_operators_point_at_the_words() {
+    for (body, hint) in [("output y = valid && valid\n", "`and`"), ("output y = valid || valid\n", "`or`")] {
         let d = error(body);
         assert_eq!(d.kind, DiagnosticKind::Syntax, "{d}");
         assert!(d.expected.as_deref().unwrap_or("").contains(hint), "{body:?}: {d}");
