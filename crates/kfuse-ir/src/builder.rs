@@ -169,8 +169,8 @@ impl GraphBuilder {
                     hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
                 });
             }
-            // An int is already whole, as `torch.round`/`trunc`/`ceil` of an int tensor say.
-            (UnaryOp::Round | UnaryOp::Trunc | UnaryOp::Ceil, Kind::Int) => return Ok(x),
+            // An int is already whole, as `torch.round`/`trunc`/`ceil`/`floor` of an int tensor say.
+            (UnaryOp::Round | UnaryOp::Trunc | UnaryOp::Ceil | UnaryOp::Floor, Kind::Int) => return Ok(x),
             (op, Kind::Int) if op.is_float_math() => self.cast(x, DType::F32),
             _ => x,
         };

@@ -33,7 +33,7 @@
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!
 //! The elementwise functions follow PyTorch's names and results: math functions of an `i32` give
-//! `f32` (but `round`, `trunc`, `ceil` and `sign` of an `i32` stay `i32`); `round` takes halfway
+//! `f32` (but `round`, `trunc`, `ceil`, `floor` and `sign` of an `i32` stay `i32`); `round` takes halfway
 //! cases to even; `sign` of NaN is 0; `isnan isinf isfinite` give `bool`; `remainder` has the sign
 //! of the divisor and `floor_div` rounds toward -inf, for floats and `i32` alike. Two definitions
 //! where PyTorch raises or C++ leaves it undefined: an `i32` `remainder` or `floor_div` by 0 gives

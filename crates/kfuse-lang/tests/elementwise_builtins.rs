@@ -53,10 +53,12 @@ fn unary_builtins_lower_to_their_ops_with_pytorchs_dtypes() {
     }
     // Math of an int is f32; sign, rounding and bitwise_not of an int stay i32.
     assert_eq!(lowered("output y = atan(k)\n").0, DType::F32);
-    for name in ["sign", "round", "trunc", "ceil", "bitwise_not"] {
+    for name in ["sign", "round", "trunc", "ceil", "floor", "bitwise_not"] {
         assert_eq!(lowered(&format!("output y = {name}(k)\n")).0, DType::I32, "{name}");
     }
-    assert!(matches!(lowered("output y = round(k)\n").1, Op::Input(_)), "rounding an int is the int");
+    for name in ["round", "trunc", "ceil", "floor"] {
+        assert!(matches!(lowered(&format!("output y = {name}(k)\n")).1, Op::Input(_)), "{name} of an int is the int");
+    }
     assert!(matches!(lowered("output y = bitwise_not(valid)\n").1, Op::Unary(UnaryOp::Not, _)));
 }
 
