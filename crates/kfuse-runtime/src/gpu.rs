@@ -942,7 +942,7 @@ impl Gpu {
 pub fn fast_compile_options() -> &'static [String] {
     static OPTIONS: OnceLock<Vec<String>> = OnceLock::new();
     OPTIONS.get_or_init(|| match crate::env::fast_compile() {
-        Ok(level) => level.map(|l| vec![format!("-Ofast-compile={l}")]).unwrap_or_default(),
+        Ok(level) => level.map(|l| vec![format!("--Ofast-compile={l}")]).unwrap_or_default(),
         Err(e) => {
             eprintln!("kfuse: warning: {e}; kernels compile at NVRTC's default optimisation");
             Vec::new()

@@ -83,8 +83,10 @@ impl Held {
         DeviceTensor { buffer, dtype: self.dtype, shape: self.shape.clone() }
     }
     fn values(&self, gpu: &Gpu) -> Vec<f64> {
-        let t = HostTensor::from_bytes(self.dtype, self.shape.clone(), &gpu.download(&self.owned).unwrap()).unwrap();
-        t.to_f64()
+        // The allocation is at least 16 bytes; the tensor is its first bytes.
+        let mut bytes = gpu.download(&self.owned).unwrap();
+        bytes.truncate(self.shape.iter().product::<usize>() * self.dtype.size_bytes());
+        HostTensor::from_bytes(self.dtype, self.shape.clone(), &bytes).unwrap().to_f64()
     }
 }
 
