@@ -648,16 +648,16 @@ if warm_torch:
 torch.cuda.synchronize()
 t = time.perf_counter()
 import kfuse
-from kfuse import _program
+from kfuse import _autograd
 import_ms = (time.perf_counter() - t) * 1e3
 # kfuse's share of the backward: the gradient scaling it launches (timed around the call).
 scale_ns = [0]
-_scale = _program._scale_in_place
+_scale = _autograd._scale_in_place
 def _timed_scale(g, up):
     t = time.perf_counter_ns()
     _scale(g, up)
     scale_ns[0] += time.perf_counter_ns() - t
-_program._scale_in_place = _timed_scale
+_autograd._scale_in_place = _timed_scale
 t0 = time.perf_counter()
 prog = kfuse.load(path)
 load_ms = (time.perf_counter() - t0) * 1e3

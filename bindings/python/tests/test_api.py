@@ -224,9 +224,9 @@ def test_torch_compile_of_a_scalar_loss():
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(x["pred"].grad, y["pred"].grad)
     # The compiled step ran the loss and its gradient as one operator (gradient w.r.t. input 0).
-    from kfuse import _program
+    from kfuse import _ops
 
-    assert any(name.endswith("_g0") for name in _program._REGISTERED), sorted(_program._REGISTERED)
+    assert any(name.endswith("_g0") for name in _ops._REGISTERED), sorted(_ops._REGISTERED)
 
 
 # --- errors ---------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import torch
 from . import _kfuse
 from ._errors import InputError
 from ._export import describe
-from ._program import _KD, _from_host, _host_arg, _on_device, _raw_stream
+from ._run import _from_host, _host_arg, _on_device, _raw_stream
+from ._types import _KD
 
 __all__ = ["FusedMLP"]
 
