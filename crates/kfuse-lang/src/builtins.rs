@@ -125,7 +125,7 @@ impl Lowerer<'_> {
     /// `min(a, b)` / `max(a, b)` are elementwise; with one positional argument they reduce.
     fn min_or_max(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
         let n = func.name.as_str();
-        let a = split(func, args, &["where", "axis"])?;
+        let a = split(func, args, &["where", "axis", "keepdim"])?;
         match a.positional.as_slice() {
             [_] => self.reduce(func, args, span),
             [x, y] => {
@@ -149,13 +149,31 @@ impl Lowerer<'_> {
         }
     }
 
-    /// `sum mean max min count` with optional `where:` and `axis:`.
+    /// `sum mean max min count` with optional `where:`, `axis:` and `keepdim:` (PyTorch's: the
+    /// reduced axis stays, of size 1, as `x[.., None]` would put it back).
     fn reduce(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
         let n = func.name.as_str();
         let Some(op) = reduction(n) else {
             return Err(self.unknown_function(func));
         };
-        let a = split(func, args, &["where", "axis"])?;
+        let a = split(func, args, &["where", "axis", "keepdim"])?;
+        let keepdim = match a.keyword("keepdim") {
+            None => false,
+            Some(Expr { kind: ExprKind::Bool(b), .. }) => *b,
+            Some(other) => {
+                return Err(Report::new(DiagnosticKind::Arguments, other.span, "`keepdim` must be `true` or `false`")
+                    .expected(format!("{n}(x, axis: -1, keepdim: true)")))
+            }
+        };
+        if keepdim && a.keyword("axis").is_none() {
+            let at = a.keyword_span("keepdim").unwrap_or(span);
+            return Err(Report::new(
+                DiagnosticKind::Arguments,
+                at,
+                format!("`keepdim: true` keeps the reduced axis, so `{n}` needs an `axis:`"),
+            )
+            .expected(format!("{n}(x, axis: -1, keepdim: true), or {n}(x) over every element")));
+        }
         let [x] = exact(func, &a, span, &format!("{n}(x, where: mask, axis: -1)"))?;
         let xn = self.expr(x)?;
         let mask = match a.keyword("where") {
@@ -168,14 +186,15 @@ impl Lowerer<'_> {
         };
         // A mask error points at the whole `where: MASK` argument.
         let mask = mask.map(|(m, s)| (m, a.keyword_span("where").unwrap_or(s)));
-        self.b.reduce(op, axis, xn, mask.map(|m| m.0)).map_err(|e| {
+        let reduced = self.b.reduce(op, axis, xn, mask.map(|m| m.0)).map_err(|e| {
             let at = match (&e, mask) {
                 (kfuse_ir::IrError::MaskShape { .. }, Some((_, s))) => s,
                 (kfuse_ir::IrError::BadDType { op: "where:", .. }, Some((_, s))) => s,
                 _ => span,
             };
             self.ir_report(e, at, &[])
-        })
+        })?;
+        Ok(if keepdim { self.b.expand_last(reduced) } else { reduced })
     }
 
     /// Reads an `axis:` argument: only the last axis (`-1`, or `rank - 1`) is supported.

@@ -28,7 +28,7 @@
 //! sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
 //! `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
-//! positional argument, optional `where: MASK` and `axis: -1`), casts `f32 f16 bf16 i32 bool`,
+//! positional argument, optional `where: MASK`, `axis: -1` and `keepdim: true`), casts `f32 f16 bf16 i32 bool`,
 //! `grad(OF, INPUT)`, and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!
