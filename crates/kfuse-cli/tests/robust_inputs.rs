@@ -441,3 +441,59 @@ fn messages_name_options_as_the_command_line_spells_them() {
     fails_with(&out, &["block size 128", "--lengths-gradient two-kernels"]);
     assert!(!stderr(&out).contains("::"), "a Rust path in the message: {}", stderr(&out));
 }
+
+#[test]
+fn an_nvrtc_library_named_that_does_not_load_is_a_warning_then_the_search_by_name() {
+    // A file that is not a library: loading it fails, kfuse says so once, and NVRTC is then found
+    // by name as without the variable (a compile succeeds where NVRTC is installed, and is the
+    // usual "NVRTC is not available" error where it is not).
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = write_file(dir.path(), "libnvrtc.so.13", b"not a shared library");
+    let cache = dir.path().join("cache");
+    let out = common::command()
+        .args(["compile", "--arch", "sm_90", "../../examples/giou.kf"])
+        .env("KFUSE_NVRTC_LIBRARY", &bogus)
+        .env("KFUSE_CACHE_DIR", &cache)
+        .output()
+        .expect("kfuse runs");
+    let err = stderr(&out);
+    assert!(err.contains("KFUSE_NVRTC_LIBRARY=") && err.contains("does not load"), "{err}");
+    assert_eq!(err.matches("does not load").count(), 1, "warned once: {err}");
+    if out.status.success() {
+        assert!(stdout_of(&out).contains("sm_90"), "{}", stdout_of(&out));
+    } else {
+        assert!(err.contains("NVRTC"), "{err}");
+    }
+}
+
+fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_nvrtc_library_named_by_path_compiles_without_the_library_search_path() {
+    // What the Python package does for its NVRTC wheel: name the library file and leave
+    // LD_LIBRARY_PATH alone; kfuse loads it (and its builtins, from the same folder) to compile.
+    let test = "the_nvrtc_library_named_by_path_compiles_without_the_library_search_path";
+    if kfuse_runtime::testing::nvrtc_or_skip(test).is_none() {
+        return;
+    }
+    // The file this process loaded NVRTC from (the tier gate above loaded it).
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let library = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("libnvrtc.so")))
+        .map(PathBuf::from)
+        .expect("NVRTC is loaded, so its file is mapped");
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::command()
+        .args(["compile", "--arch", "sm_90", "../../examples/giou.kf"])
+        .env_remove("LD_LIBRARY_PATH")
+        .env("KFUSE_NVRTC_LIBRARY", &library)
+        .env("KFUSE_CACHE_DIR", dir.path().join("cache"))
+        .output()
+        .expect("kfuse runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout_of(&out).contains("miss (compiled)"), "{}", stdout_of(&out));
+}
