@@ -340,7 +340,27 @@ def _select(node, a, ctx):
     return f"{x.text}[.., {a['index'] % last}]", x.shape[:-1]
 
 
+def _slice(node, a, ctx):
+    x = ctx.v(a["self"])
+    full = ctx.shape_of(a["self"])
+    n = len(full)
+    if n == 0 or a["dim"] % n != n - 1:
+        raise Refused(f"a slice along axis {a['dim']} of a {n}-d tensor (kfuse slices the last axis only)")
+    size = full[-1]
+    if not isinstance(size, int) or not all(isinstance(a[k], (int, type(None))) for k in ("start", "end", "step")):
+        raise Refused("a slice of a last axis of non-constant size")
+    picked = range(size)[slice(a["start"], a["end"], a["step"])]
+    if len(picked) == size:
+        return x.text, x.shape
+    if len(picked) != 1:
+        raise Refused(f"a slice of {len(picked)} of {size} components (kfuse slices one component or all)")
+    if len(x.shape) < n or x.shape[-1] == 1:
+        return x.text, x.shape
+    return f"{x.text}[.., {picked[0]}][.., None]", x.shape[:-1] + (1,)
+
+
 RULES = {
+    aten.slice: _slice,
     aten.add: _infix("+"),
     aten.sub: _infix("-"),
     aten.rsub: _rsub,
