@@ -3,6 +3,7 @@ PyTorch (CPU tier: the fused regions run in kfuse's interpreter; GPU tier: CUDA 
 float64), the reuse of programs across sizes, ``kfuse.explain`` and the entry point."""
 
 import glob
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -250,38 +251,52 @@ def test_backend_does_not_load_with_kfuse():
     assert out.stdout.split() == ["False", "False"]
 
 
-def _wheel():
-    found = sorted(glob.glob(os.path.join(os.environ.get("KFUSE_WHEEL_DIR", ""), "kfuse-*.whl")))
-    return found[-1] if os.environ.get("KFUSE_WHEEL_DIR") and found else None
+# A fresh process that never imports kfuse: Dynamo finds the backend through the entry point.
+_ENTRY_POINT_CHECK = (
+    "import sys; sys.path[:0] = sys.argv[1:]\n"
+    "import importlib.metadata as md, torch\n"
+    "eps = md.entry_points(group='torch_dynamo_backends')\n"
+    "print([e.value for e in eps if e.name == 'kfuse'])\n"
+    "f = torch.compile(lambda x: torch.relu(x) * 2 - 1, backend='kfuse')\n"
+    "x = torch.randn(5, 3)\n"
+    "print(bool(torch.equal(f(x), torch.relu(x) * 2 - 1)), 'kfuse._backend' in sys.modules)\n"
+)
 
 
-def test_entry_point_of_installed_wheel():
-    """The installed package registers `kfuse` in torch_dynamo_backends: `torch.compile(fn,
-    backend="kfuse")` runs in a fresh process that never imports kfuse itself."""
-    wheel = _wheel()
-    if wheel is None:
+def _run_entry_point_check(*path):
+    out = subprocess.run([sys.executable, "-c", _ENTRY_POINT_CHECK, *path], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:2] == ["['kfuse._backend:backend']", "True True"], out.stdout
+
+
+def test_entry_point_of_this_install():
+    """`torch.compile(fn, backend="kfuse")` with no `import kfuse`, for the kfuse these tests run."""
+    try:
+        dist = importlib.metadata.distribution("kfuse")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("kfuse is not installed as a distribution here (no metadata to hold an entry point)")
+    if not os.path.samefile(dist.locate_file("kfuse/__init__.py"), kfuse.__file__):
+        pytest.skip(f"the kfuse imported ({kfuse.__file__}) is not the installed distribution's")
+    _run_entry_point_check()
+
+
+def test_entry_point_of_built_wheel():
+    """The same from a wheel installed into an empty folder (`KFUSE_WHEEL_DIR`: where the built
+    wheel is)."""
+    folder = os.environ.get("KFUSE_WHEEL_DIR")
+    wheels = sorted(glob.glob(os.path.join(folder, "kfuse-*.whl"))) if folder else []
+    if not wheels:
         pytest.skip("set KFUSE_WHEEL_DIR to a folder with a built kfuse wheel to test its entry point")
     if importlib.util.find_spec("pip") is None:
         pytest.skip("pip is not available to install the wheel")
     target = tempfile.mkdtemp(prefix="kfuse-ep-")
     try:
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel],
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheels[-1]],
             check=True,
             capture_output=True,
         )
-        code = (
-            "import sys; sys.path.insert(0, sys.argv[1])\n"
-            "import importlib.metadata as md, torch\n"
-            "eps = md.entry_points(group='torch_dynamo_backends')\n"
-            "print([e.value for e in eps if e.name == 'kfuse'])\n"
-            "f = torch.compile(lambda x: torch.relu(x) * 2 - 1, backend='kfuse')\n"
-            "x = torch.randn(5, 3)\n"
-            "print(bool(torch.equal(f(x), torch.relu(x) * 2 - 1)), 'kfuse._backend' in sys.modules)\n"
-        )
-        out = subprocess.run([sys.executable, "-c", code, target], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr[-3000:]
-        assert out.stdout.split("\n")[:2] == ["['kfuse._backend:backend']", "True True"], out.stdout
+        _run_entry_point_check(target)
     finally:
         shutil.rmtree(target, ignore_errors=True)
 

@@ -195,15 +195,20 @@ def _propose(gm, fresh):
 class _Region(torch.nn.Module):
     """A fused region: calls its kfuse program and expands outputs kfuse leaves broadcast."""
 
-    def __init__(self, prog, lowered):
+    def __init__(self, prog, lowered, fallback):
         super().__init__()
         self.prog = prog
+        self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
         self.inputs = lowered.inputs
         self.symbols = lowered.symbols
         self.expand = [(i, full) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
 
     def forward(self, *args):
-        outs = self.prog(validate=False, **{name: args[i] for i, name in self.inputs})
+        try:
+            outs = self.prog(validate=False, **{name: args[i] for i, name in self.inputs})
+        except Error as e:
+            log.warning("kfuse backend: %s raised %s; the region runs in PyTorch", self.prog.name, e)
+            return self.fallback(*args)
         if not self.expand:
             return tuple(outs)
         outs = list(outs)
@@ -231,7 +236,7 @@ def _fuse(gm, graph_name, report):
             except Exception as e:  # the submodule runs the aten ops as they are
                 fallbacks += [(n.target, f"region kept in PyTorch: {e}") for n in sub.graph.nodes if n.op == "call_function"]
                 continue
-            setattr(gm, node.target, _Region(prog, lowered))
+            setattr(gm, node.target, _Region(prog, lowered, sub))
             kernels.append(Kernel(graph_name, lowered.ops, lowered.text, _kernel_count(prog) if report else None, cached))
         elif node.op == "call_function" and node.target is not operator.getitem:
             reason = by_name.get(node.name, "a region of a single op is left to PyTorch")
