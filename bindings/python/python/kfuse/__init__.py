@@ -29,6 +29,17 @@ def cache_info():
     kernel is loaded once per device)."""
     return _kfuse.cache_info()
 
+def explain(fn, *example_inputs):
+    """Compiles `fn` with ``torch.compile(fn, backend="kfuse")``, runs it on `example_inputs`
+    (and its backward when the outputs require grad, leaving every ``.grad`` as it was) and
+    returns what the backend did: ``report.kernels`` (per fused region: its aten ``ops``, its
+    ``.kf`` ``source``, its CUDA ``kernels`` count), ``report.fallbacks`` (each op left to
+    PyTorch with its ``reason``); ``print(report)`` shows both per graph."""
+    from ._backend import explain as _explain  # imports torch._dynamo: only when asked
+
+    return _explain(fn, *example_inputs)
+
+
 __all__ = [
     "ConfigError",
     "Decl",
@@ -41,6 +52,7 @@ __all__ = [
     "cache_info",
     "check_errors",
     "compile",
+    "explain",
     "export_mlp",
     "load",
     "nn",

@@ -1,0 +1,291 @@
+"""kfuse as a ``torch.compile`` backend: ``torch.compile(fn, backend="kfuse")``.
+
+AOTAutograd traces the forward and the backward into aten graphs (with PyTorch's core
+decompositions, so losses and activation backwards arrive as pointwise aten ops). In each graph
+a capability-based partitioner groups the ops kfuse expresses (:mod:`kfuse._lower`) into
+regions; each region becomes one ``.kf`` program, compiled once per text (the programs are
+generic over the symbols' sizes) and called in place of the region: CPU tensors through the
+reference interpreter, CUDA tensors through the fused kernels on the current stream. Everything
+else, and every region kfuse refuses or fails to compile, runs as PyTorch runs it; the reasons
+are kept for :func:`kfuse.explain`.
+"""
+
+import logging
+import operator
+import threading
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
+
+from . import _lower
+from ._errors import Error
+from ._program import compile as _compile_kf
+
+log = logging.getLogger("kfuse.backend")
+
+# Partitioning is retried without an op that a region could not lower, at most this often.
+MAX_ROUNDS = 32
+PREFIX = "kfuse_region_"
+
+# ---------------------------------------------------------------------------------------------
+# Programs, one per distinct text.
+
+_PROGRAMS = {}
+_PROGRAMS_LOCK = threading.Lock()
+stats = {"compiles": 0, "reused": 0}
+
+
+def _program(text, name):
+    """The program of `text` (compiled on first sight) and whether it came from this cache."""
+    with _PROGRAMS_LOCK:
+        hit = _PROGRAMS.get(text)
+        if hit is not None:
+            stats["reused"] += 1
+            return hit, True
+        prog = _compile_kf(text, name)
+        stats["compiles"] += 1
+        _PROGRAMS[text] = prog
+        return prog, False
+
+
+def _kernel_count(prog):
+    try:
+        return prog.cuda_source().count("__global__")
+    except Exception:  # no code generator for this program: nothing to count
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# What explain reports.
+
+
+class Kernel:
+    """One fused region: the `graph` it is in, the aten `ops` it holds, its ``.kf`` `source`,
+    the number of CUDA `kernels` it runs as (None when unknown) and whether its program came
+    from the backend's cache (`cached`)."""
+
+    def __init__(self, graph, ops, source, kernels, cached):
+        self.graph, self.ops, self.source, self.kernels, self.cached = graph, ops, source, kernels, cached
+
+    def __repr__(self):
+        return f"Kernel({self.graph}: {len(self.ops)} ops, {self.kernels} CUDA kernel(s))"
+
+
+class Fallback:
+    """An op left to PyTorch: the `graph` it is in, its `op` name and the `reason`."""
+
+    def __init__(self, graph, op, reason):
+        self.graph, self.op, self.reason = graph, op, reason
+
+    def __repr__(self):
+        return f"Fallback({self.graph}: {self.op}: {self.reason})"
+
+
+class Report:
+    """What the kfuse backend did with the graphs of one compiled function."""
+
+    def __init__(self):
+        self.kernels = []
+        self.fallbacks = []
+        self.graphs = []  # graph names in compile order
+
+    def __str__(self):
+        out = []
+        for g in self.graphs:
+            ks = [k for k in self.kernels if k.graph == g]
+            fs = [f for f in self.fallbacks if f.graph == g]
+            out.append(f"== {g} graph: {len(ks)} fused region(s), {len(fs)} op(s) left to PyTorch")
+            for i, k in enumerate(ks):
+                count = "?" if k.kernels is None else k.kernels
+                cached = ", program reused" if k.cached else ""
+                out.append(f"-- region {i}: {len(k.ops)} ops, {count} CUDA kernel(s){cached}")
+                out.append("   ops: " + ", ".join(k.ops))
+                out.extend("   | " + line for line in k.source.rstrip("\n").split("\n"))
+            for f in fs:
+                out.append(f"-- left to PyTorch: {f.op}: {f.reason}")
+        return "\n".join(out) if out else "(no graph was compiled)"
+
+    __repr__ = __str__
+
+# ---------------------------------------------------------------------------------------------
+# Partitioning and fusing one aten graph.
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, excluded):
+        self.excluded = excluded
+        self.reasons = {}
+
+    def is_node_supported(self, submodules, node):
+        if node.op != "call_function":
+            return False
+        if node in self.excluded:
+            return False
+        reason = _lower.supported(node)
+        if reason is not None:
+            self.reasons[node] = reason
+            return False
+        return True
+
+
+_TRIVIAL = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "alias"}
+
+
+def _is_compute(node):
+    packet = getattr(node.target, "overloadpacket", None)
+    return getattr(packet, "__name__", "") not in _TRIVIAL
+
+
+def _checked(prog, lowered):
+    """Raises Refused when the program's outputs are not what the lowering expects."""
+    for decl, (_, _, dtype, shape) in zip(prog.outputs, lowered.outputs):
+        got = tuple(str(d) for d in decl.shape)
+        if decl.kfuse_dtype != dtype or got != tuple(str(d) for d in shape):
+            raise _lower.Refused(
+                f"kfuse typed output `{decl.name}` as {decl.kfuse_dtype}{list(decl.shape)}, expected {dtype}{list(shape)}"
+            )
+
+
+def _lower_and_compile(sub, name, fresh):
+    """Lowers and compiles a region; `fresh` collects the texts compiled for this graph."""
+    lowered = _lower.lower_region(sub)
+    try:
+        prog, cached = _program(lowered.text, name)
+        if not cached:
+            fresh.add(lowered.text)
+        cached = cached and lowered.text not in fresh
+    except Error as e:
+        raise _lower.Refused(f"kfuse did not compile the region: {e}") from e
+    _checked(prog, lowered)
+    return lowered, prog, cached
+
+
+def _propose(gm, fresh):
+    """Regions that lower and compile, and the reasons for every op refused on the way."""
+    excluded = {}
+    for _ in range(MAX_ROUNDS):
+        support = _Support(excluded)
+        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=False)
+        partitions = [p for p in partitioner.propose_partitions() if any(_is_compute(n) for n in p.nodes)]
+        retry = False
+        for p in partitions:
+            try:
+                sub, _, _ = fuse_as_graphmodule(gm, list(p.nodes), "probe", always_return_tuple=True)
+                _lower_and_compile(sub, "probe", fresh)
+            except _lower.Refused as e:
+                # Refused at one node: partition again without it; otherwise the region stays.
+                culprit = [n for n in p.nodes if n.name == getattr(e, "node", None)]
+                for n in culprit or p.nodes:
+                    excluded[n] = str(e)
+                retry = True
+            except Exception as e:  # never a crash: the region stays in PyTorch
+                for n in p.nodes:
+                    excluded[n] = f"unexpected {type(e).__name__}: {e}"
+                retry = True
+        if not retry:
+            return partitions, {**support.reasons, **excluded}
+    return [], {n: "kfuse gave up partitioning this graph" for n in gm.graph.nodes}
+
+
+class _Region(torch.nn.Module):
+    """A fused region: calls its kfuse program and expands outputs kfuse leaves broadcast."""
+
+    def __init__(self, prog, lowered, fallback):
+        super().__init__()
+        self.prog = prog
+        self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
+        self.inputs = lowered.inputs
+        self.symbols = lowered.symbols
+        self.expand = [(i, full) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
+
+    def forward(self, *args):
+        try:
+            outs = self.prog(validate=False, **{name: args[i] for i, name in self.inputs})
+        except Error as e:
+            log.warning("kfuse backend: %s raised %s; the region runs in PyTorch", self.prog.name, e)
+            return self.fallback(*args)
+        if not self.expand:
+            return tuple(outs)
+        outs = list(outs)
+        for i, full in self.expand:
+            size = [d if isinstance(d, int) else args[self.symbols[d][0]].shape[self.symbols[d][1]] for d in full]
+            outs[i] = outs[i].expand(size)
+        return tuple(outs)
+
+
+def _fuse(gm, graph_name, report):
+    try:
+        fresh = set()
+        partitions, reasons = _propose(gm, fresh)
+    except Exception as e:  # the graph runs as PyTorch's
+        partitions, reasons = [], {n: f"unexpected {type(e).__name__}: {e}" for n in gm.graph.nodes}
+    by_name = {n.name: r for n, r in reasons.items()}
+    if partitions:
+        gm = fuse_by_partitions(gm, [dict.fromkeys(p.nodes) for p in partitions], prefix=PREFIX, always_return_tuple=True)
+    kernels, fallbacks = [], []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_module" and node.target.startswith(PREFIX):
+            sub = getattr(gm, node.target)
+            try:
+                lowered, prog, cached = _lower_and_compile(sub, f"{graph_name}.{node.target}", fresh)
+            except Exception as e:  # the submodule runs the aten ops as they are
+                fallbacks += [(n.target, f"region kept in PyTorch: {e}") for n in sub.graph.nodes if n.op == "call_function"]
+                continue
+            setattr(gm, node.target, _Region(prog, lowered, sub))
+            kernels.append(Kernel(graph_name, lowered.ops, lowered.text, _kernel_count(prog) if report else None, cached))
+        elif node.op == "call_function" and node.target is not operator.getitem:
+            reason = by_name.get(node.name, "a region of a single op is left to PyTorch")
+            fallbacks.append((node.target, reason))
+    gm.recompile()
+    log.debug("kfuse backend, %s graph: %d region(s), %d op(s) left to PyTorch", graph_name, len(kernels), len(fallbacks))
+    if report is not None:
+        report.graphs.append(graph_name)
+        report.kernels += kernels
+        report.fallbacks += [Fallback(graph_name, str(op), reason) for op, reason in fallbacks]
+    return gm
+
+
+def _aot(report):
+    def compiler(graph_name):
+        return lambda gm, example_inputs: make_boxed_func(_fuse(gm, graph_name, report))
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=core_aten_decompositions(),
+    )
+
+
+def backend(gm, example_inputs, **kwargs):
+    """The ``torch.compile`` backend (registered as ``"kfuse"``): AOTAutograd with kfuse
+    fusing the pointwise regions of the forward and backward aten graphs."""
+    return _aot(None)(gm, example_inputs, **kwargs)
+
+
+def explain(fn, *example_inputs):
+    """Compiles `fn` with the kfuse backend, runs it on `example_inputs` (and its backward, when
+    the outputs require grad, without touching any ``.grad``), and returns a :class:`Report`."""
+    report = Report()
+
+    aot = _aot(report)
+
+    def reporting_backend(gm, example_inputs, **kwargs):
+        return aot(gm, example_inputs, **kwargs)
+
+    compiled = torch.compile(fn, backend=reporting_backend)
+    out = compiled(*example_inputs)
+    # The backward graph is compiled when the backward first runs.
+    leaves = [t for t in example_inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if isinstance(fn, torch.nn.Module):
+        leaves += [p for p in fn.parameters() if p.requires_grad]
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]
+    outs = [o for o in outs if o.requires_grad]
+    if leaves and outs:
+        torch.autograd.grad(outs, leaves, [torch.ones_like(o) for o in outs], allow_unused=True)
+    return report

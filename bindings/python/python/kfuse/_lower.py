@@ -1,0 +1,564 @@
+"""Aten graphs to ``.kf`` text: which aten operations kfuse expresses, and the lowering of a
+region of them (a small ``torch.fx`` graph) into one ``.kf`` program.
+
+Every value of a region is a ``let`` cast to the dtype PyTorch gives it, so kfuse's typing
+never decides a dtype on its own. Shapes are written with one token per dimension: a constant
+for a static size of at most :data:`MAX_CONST_DIM` (so that ``x[.., K]`` can read a component),
+a symbol ``D<size>`` for a larger static size and ``S_<name>`` for a symbolic size of
+``torch.compile``'s dynamic shapes (sizes torch knows equal share one token).
+
+A value may be held *unexpanded*: PyTorch's ``expand``, ``full`` and leading size-1 axes are
+broadcasts that the ``.kf`` text leaves to NumPy broadcasting, so the text's shape of a value
+(its last dims) may be smaller than torch's. Operations that depend on axes (reductions,
+components) need the two to agree, and an output that is still unexpanded is expanded (a view)
+after the call. Anything that does not fit raises :class:`Refused`, and its region (or op)
+stays in PyTorch.
+"""
+
+import math
+
+import torch
+
+from ._types import KFUSE_DTYPES
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# Static sizes up to this are written as constants, larger ones as symbols.
+MAX_CONST_DIM = 16
+
+
+class Refused(Exception):
+    """What kfuse cannot express; the message is the reason shown by ``kfuse.explain``."""
+
+
+class V:
+    """A lowered value: its ``.kf`` text (a name or a literal), the text's shape (tokens), its
+    kfuse dtype and whether it is a Python scalar (a weak literal)."""
+
+    __slots__ = ("text", "shape", "dtype", "scalar")
+
+    def __init__(self, text, shape=(), dtype=None, scalar=False):
+        self.text, self.shape, self.dtype, self.scalar = text, tuple(shape), dtype, scalar
+
+
+def fake(node):
+    """The fake tensor (``meta["val"]``) of an fx node, or None."""
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def dim_token(d):
+    """The ``.kf`` token of one torch size (int or SymInt)."""
+    if isinstance(d, torch.SymInt):
+        expr = d.node.expr
+        if expr.is_Integer:
+            d = int(expr)
+        elif expr.is_Symbol:
+            return "S_" + "".join(c if c.isalnum() else "_" for c in str(expr))
+        else:
+            raise Refused(f"the size `{expr}` is computed from other sizes")
+    if not isinstance(d, int) or d < 0:
+        raise Refused(f"the size {d!r} is not a size kfuse declares")
+    return d if d <= MAX_CONST_DIM else f"D{d}"
+
+
+def shape_tokens(t):
+    return tuple(dim_token(d) for d in t.shape)
+
+
+def kf_dtype(dtype):
+    kd = KFUSE_DTYPES.get(dtype)
+    if kd is None:
+        raise Refused(f"dtype {dtype} is not a kfuse dtype (f32, f16, bf16, i32, bool)")
+    return kd
+
+
+def literal(x):
+    """The ``.kf`` text of a Python scalar."""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        if not -(2**31) <= x < 2**31:
+            raise Refused(f"the integer {x} is outside the i32 range")
+        return f"({x})" if x < 0 else str(x)
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            raise Refused(f"the constant {x} is not finite")
+        s = repr(x)
+        if "." not in s and "e" not in s:
+            s += ".0"
+        return f"({s})" if x < 0 else s
+    raise Refused(f"the argument {x!r} is not a tensor or a number")
+
+
+def broadcast(*shapes):
+    """NumPy broadcasting of token shapes (as kfuse does: equal tokens match, 1 stretches)."""
+    out = []
+    for i in range(1, max((len(s) for s in shapes), default=0) + 1):
+        dims = {s[-i] for s in shapes if len(s) >= i} - {1}
+        if len(dims) > 1:
+            raise Refused(f"shapes {', '.join(str(list(s)) for s in shapes)} do not broadcast in kfuse")
+        out.append(dims.pop() if dims else 1)
+    return tuple(reversed(out))
+
+
+def bind(node):
+    """An aten node's arguments by schema name, defaults filled in."""
+    out = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        else:
+            out[a.name] = a.default_value if a.has_default_value() else None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules: each takes (node, args by name, ctx) and returns (text, text shape) of the value,
+# where `ctx.v(x)` is the lowered value of an argument. The result is cast to the node's dtype.
+
+
+def _cast_to(v, dtype):
+    return v.text if v.scalar or v.dtype == dtype else f"{dtype}({v.text})"
+
+
+def _infix(op, cast=True):
+    def rule(node, a, ctx):
+        x, y = ctx.v(a["self"]), ctx.v(a["other"])
+        alpha = a.get("alpha")
+        out = ctx.out_dtype
+        xt, yt = (_cast_to(x, out), _cast_to(y, out)) if cast else (x.text, y.text)
+        if alpha is not None and alpha != 1:
+            yt = f"{yt} * {literal(alpha)}"
+        return f"{xt} {op} {yt}", broadcast(x.shape, y.shape)
+
+    return rule
+
+
+def _rsub(node, a, ctx):
+    x, y = ctx.v(a["self"]), ctx.v(a["other"])
+    alpha = a.get("alpha")
+    xt = _cast_to(x, ctx.out_dtype)
+    if alpha is not None and alpha != 1:
+        xt = f"{xt} * {literal(alpha)}"
+    return f"{_cast_to(y, ctx.out_dtype)} - {xt}", broadcast(x.shape, y.shape)
+
+
+def _div(node, a, ctx):
+    x, y = ctx.v(a["self"]), ctx.v(a["other"])
+    mode = a.get("rounding_mode")
+    xt, yt = _cast_to(x, ctx.out_dtype), _cast_to(y, ctx.out_dtype)
+    shape = broadcast(x.shape, y.shape)
+    if mode is None:
+        return f"{xt} / {yt}", shape
+    if mode == "floor":
+        return f"{xt} // {yt}", shape
+    if mode == "trunc" and ctx.out_dtype in ("f32", "f16", "bf16"):
+        return f"trunc({xt} / {yt})", shape
+    raise Refused(f"division with rounding_mode={mode!r} on {ctx.out_dtype}")
+
+
+def _call(fn, *names, cast=True):
+    def rule(node, a, ctx):
+        vs = [ctx.v(a[n]) for n in names]
+        texts = [_cast_to(v, ctx.out_dtype) if cast else v.text for v in vs]
+        return f"{fn}({', '.join(texts)})", broadcast(*(v.shape for v in vs))
+
+    return rule
+
+
+def _unary(template, cast=True):
+    def rule(node, a, ctx):
+        x = ctx.v(a["self"])
+        return template.format(x=_cast_to(x, ctx.out_dtype) if cast else x.text), x.shape
+
+    return rule
+
+
+def _pow(node, a, ctx):
+    x, e = ctx.v(a["self"]), ctx.v(a["exponent"])
+    xt, et = _cast_to(x, ctx.out_dtype), _cast_to(e, ctx.out_dtype)
+    if e.scalar:
+        # The exponents PyTorch computes as products and roots.
+        special = {1: "{x}", 2: "{x} * {x}", 3: "{x} * {x} * {x}", 0.5: "sqrt({x})", -1: "1 / {x}", -0.5: "rsqrt({x})"}
+        ev = a["exponent"]
+        if ev in special and not isinstance(ev, bool):
+            return special[ev].format(x=xt), x.shape
+    return f"pow({xt}, {et})", broadcast(x.shape, e.shape)
+
+
+def _compare(op):
+    def rule(node, a, ctx):
+        x, y = ctx.v(a["self"]), ctx.v(a["other"])
+        return f"{x.text} {op} {y.text}", broadcast(x.shape, y.shape)
+
+    return rule
+
+
+def _logical(op):
+    def rule(node, a, ctx):
+        x, y = ctx.v(a["self"]), ctx.v(a["other"])
+        return f"bool({x.text}) {op} bool({y.text})", broadcast(x.shape, y.shape)
+
+    return rule
+
+
+def _where(node, a, ctx):
+    c, x, y = ctx.v(a["condition"]), ctx.v(a["self"]), ctx.v(a["other"])
+    out = ctx.out_dtype
+    return f"where(bool({c.text}), {_cast_to(x, out)}, {_cast_to(y, out)})", broadcast(c.shape, x.shape, y.shape)
+
+
+def _clamp(node, a, ctx):
+    x = ctx.v(a["self"])
+    lo, hi = a.get("min"), a.get("max")
+    text, shapes = _cast_to(x, ctx.out_dtype), [x.shape]
+    if lo is not None:
+        lv = ctx.v(lo)
+        text, shapes = f"max({text}, {_cast_to(lv, ctx.out_dtype)})", shapes + [lv.shape]
+    if hi is not None:
+        hv = ctx.v(hi)
+        text, shapes = f"min({text}, {_cast_to(hv, ctx.out_dtype)})", shapes + [hv.shape]
+    return text, broadcast(*shapes)
+
+
+def _gelu(node, a, ctx):
+    x = _cast_to(ctx.v(a["self"]), ctx.out_dtype)
+    if a.get("approximate") == "tanh":
+        return f"0.5 * {x} * (1 + tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))", ctx.v(a["self"]).shape
+    return f"0.5 * {x} * (1 + erf({x} * 0.7071067811865476))", ctx.v(a["self"]).shape
+
+
+def _cast(node, a, ctx):
+    x = ctx.v(a["self"] if "self" in a else a["a"])
+    if node.target is aten._to_copy.default:
+        src = fake(a["self"])
+        dev, layout = a.get("device"), a.get("layout")
+        if dev is not None and src is not None and torch.device(dev) != src.device:
+            raise Refused(f"a copy to another device ({dev})")
+        if layout not in (None, torch.strided):
+            raise Refused(f"a copy to layout {layout}")
+    return x.text, x.shape
+
+
+def _identity(node, a, ctx):
+    x = ctx.v(a["self"])
+    return x.text, x.shape
+
+
+def _constant(node, a, ctx):
+    # full / full_like / zeros_like / scalar_tensor: a broadcast constant.
+    value = a.get("fill_value", a.get("s"))
+    if node.target in (aten.zeros_like.default,):
+        value = 0
+    elif node.target in (aten.ones_like.default,):
+        value = 1
+    if not isinstance(value, (bool, int, float)):
+        raise Refused("a fill value that is not a number")
+    return literal(value), ()
+
+
+def _reduce(fn):
+    def rule(node, a, ctx):
+        src = fake(a["self"])
+        x = ctx.v(a["self"])
+        full = ctx.shape_of(a["self"])
+        if x.shape != full:
+            raise Refused("a reduction of a broadcast (expanded) value")
+        text = x.text
+        if a.get("dtype") is not None:
+            text = f"{kf_dtype(a['dtype'])}({text})"
+        n = src.dim()
+        dims = a.get("dim")
+        dims = [dims] if isinstance(dims, int) else list(dims or [])
+        dims = sorted({d % n for d in dims}) if n else []
+        if not dims or dims == list(range(n)):
+            return f"{fn}({text})", ()
+        if dims != [n - 1]:
+            raise Refused(f"a reduction over axes {dims} of a {n}-d tensor (kfuse reduces all axes or the last)")
+        out = f"{fn}({text}, axis: -1)"
+        shape = full[:-1]
+        if a.get("keepdim"):
+            out, shape = f"{out}[.., None]", shape + (1,)
+        return out, shape
+
+    return rule
+
+
+def _reshape_by_shapes(node, a, ctx):
+    """A view that adds or removes size-1 axes only where the text can follow it."""
+    src = a["self"]
+    x = ctx.v(src)
+    before, after = ctx.shape_of(src), ctx.shape_of(node)
+    k = len(x.shape)
+    if before == after:
+        return x.text, x.shape
+    if after == before + (1,):
+        return f"{x.text}[.., None]", x.shape + (1,)
+    if before == after + (1,):
+        return (f"{x.text}[.., 0]", x.shape[:-1]) if k else (x.text, x.shape)
+    lead = len(after) - len(before)
+    if lead > 0 and after[lead:] == before and set(after[:lead]) == {1}:
+        return x.text, x.shape
+    if lead < 0 and before[-lead:] == after and set(before[:-lead]) == {1} and k <= len(after):
+        return x.text, x.shape
+    raise Refused(f"a view from {list(before)} to {list(after)} (kfuse adds or removes size-1 axes only)")
+
+
+def _unsqueeze(node, a, ctx):
+    x = ctx.v(a["self"])
+    n = len(ctx.shape_of(a["self"]))
+    d = a["dim"] % (n + 1)
+    if d == n:
+        return f"{x.text}[.., None]", x.shape + (1,)
+    if d <= n - len(x.shape):
+        return x.text, x.shape
+    raise Refused(f"an unsqueeze at axis {d} of a {n}-d tensor (kfuse adds a last axis)")
+
+
+def _expand(node, a, ctx):
+    x = ctx.v(a["self"])
+    return x.text, x.shape
+
+
+def _select(node, a, ctx):
+    x = ctx.v(a["self"])
+    full = ctx.shape_of(a["self"])
+    n = len(full)
+    if a["dim"] % n != n - 1:
+        raise Refused(f"a select along axis {a['dim']} of a {n}-d tensor (kfuse reads components of the last axis)")
+    if len(x.shape) < n:
+        return x.text, x.shape
+    last = x.shape[-1]
+    if last == 1:
+        return f"{x.text}[.., 0]", x.shape[:-1]
+    if not isinstance(last, int):
+        raise Refused(f"a select on a last axis of non-constant size {last}")
+    return f"{x.text}[.., {a['index'] % last}]", x.shape[:-1]
+
+
+def _slice(node, a, ctx):
+    x = ctx.v(a["self"])
+    full = ctx.shape_of(a["self"])
+    n = len(full)
+    if n == 0 or a["dim"] % n != n - 1:
+        raise Refused(f"a slice along axis {a['dim']} of a {n}-d tensor (kfuse slices the last axis only)")
+    size = full[-1]
+    if not isinstance(size, int) or not all(isinstance(a[k], (int, type(None))) for k in ("start", "end", "step")):
+        raise Refused("a slice of a last axis of non-constant size")
+    picked = range(size)[slice(a["start"], a["end"], a["step"])]
+    if len(picked) == size:
+        return x.text, x.shape
+    if len(picked) != 1:
+        raise Refused(f"a slice of {len(picked)} of {size} components (kfuse slices one component or all)")
+    if len(x.shape) < n or x.shape[-1] == 1:
+        return x.text, x.shape
+    return f"{x.text}[.., {picked[0]}][.., None]", x.shape[:-1] + (1,)
+
+
+RULES = {
+    aten.slice: _slice,
+    aten.add: _infix("+"),
+    aten.sub: _infix("-"),
+    aten.rsub: _rsub,
+    aten.mul: _infix("*"),
+    aten.div: _div,
+    aten.pow: _pow,
+    aten.remainder: _infix("%"),
+    aten.floor_divide: _infix("//"),
+    aten.maximum: _call("max", "self", "other"),
+    aten.minimum: _call("min", "self", "other"),
+    aten.atan2: _call("atan2", "self", "other"),
+    aten.eq: _compare("=="),
+    aten.ne: _compare("!="),
+    aten.lt: _compare("<"),
+    aten.le: _compare("<="),
+    aten.gt: _compare(">"),
+    aten.ge: _compare(">="),
+    aten.logical_and: _logical("and"),
+    aten.logical_or: _logical("or"),
+    aten.logical_xor: _logical("!="),
+    aten.logical_not: _unary("not bool({x})"),
+    aten.bitwise_and: _infix("&", cast=False),
+    aten.bitwise_or: _infix("|", cast=False),
+    aten.bitwise_xor: _infix("^", cast=False),
+    aten.bitwise_not: _unary("~{x}"),
+    aten.where: _where,
+    aten.clamp: _clamp,
+    aten.clamp_min: lambda n, a, c: _clamp(n, {"self": a["self"], "min": a["min"], "max": None}, c),
+    aten.clamp_max: lambda n, a, c: _clamp(n, {"self": a["self"], "min": None, "max": a["max"]}, c),
+    aten.neg: _unary("-{x}"),
+    aten.reciprocal: _unary("1 / {x}"),
+    aten.relu: _unary("max({x}, 0)"),
+    aten.silu: _unary("{x} * sigmoid({x})"),
+    aten.gelu: _gelu,
+    aten.clone: _identity,
+    aten.alias: _identity,
+    aten._to_copy: _cast,
+    prims.convert_element_type: _cast,
+    aten.full: _constant,
+    aten.full_like: _constant,
+    aten.zeros_like: _constant,
+    aten.ones_like: _constant,
+    aten.scalar_tensor: _constant,
+    aten.sum: _reduce("sum"),
+    aten.mean: _reduce("mean"),
+    aten.amax: _reduce("max"),
+    aten.amin: _reduce("min"),
+    aten.view: _reshape_by_shapes,
+    aten._unsafe_view: _reshape_by_shapes,
+    aten.reshape: _reshape_by_shapes,
+    aten.squeeze: _reshape_by_shapes,
+    aten.unsqueeze: _unsqueeze,
+    aten.expand: _expand,
+    aten.select: _select,
+}
+for _name in (
+    "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
+    "sinh cosh round"
+).split():
+    RULES[getattr(aten, _name)] = _unary(_name + "({x})")
+for _name in ("isnan", "isinf", "isfinite"):
+    RULES[getattr(aten, _name)] = _unary(_name + "({x})", cast=False)
+
+
+def rule_of(node):
+    """The rule for an fx node, or raises :class:`Refused` with the reason."""
+    if node.op != "call_function":
+        raise Refused(f"{node.op} nodes stay in PyTorch")
+    packet = getattr(node.target, "overloadpacket", None)
+    rule = RULES.get(packet)
+    if rule is None:
+        raise Refused("kfuse has no lowering of this operation")
+    a = bind(node)
+    if a.get("out") is not None or a.get("decimals") not in (None, 0):
+        raise Refused("an overload with arguments kfuse does not express")
+    return rule, a
+
+
+class _Ctx:
+    """What a rule sees: the lowered values of the region's nodes and the output dtype."""
+
+    def __init__(self, values, out_dtype):
+        self.values, self.out_dtype = values, out_dtype
+
+    def v(self, x):
+        if isinstance(x, torch.fx.Node):
+            got = self.values.get(x)
+            if got is None:
+                raise Refused(f"the argument `{x.name}` is not a tensor kfuse reads")
+            return got
+        if isinstance(x, (bool, int, float)):
+            return V(literal(x), (), None, scalar=True)
+        raise Refused(f"the argument {x!r} is not a tensor or a number")
+
+    def shape_of(self, node):
+        t = fake(node)
+        if t is None:
+            raise Refused(f"`{node}` has no tensor metadata")
+        return shape_tokens(t)
+
+
+def check_tensor(t, what):
+    if t is None:
+        raise Refused(f"{what} is not a tensor with metadata")
+    kf_dtype(t.dtype)
+    shape_tokens(t)
+
+
+def supported(node):
+    """None if kfuse can express `node` alone (its operands at their full shapes), else the
+    reason it cannot."""
+    try:
+        rule, a = rule_of(node)
+        check_tensor(fake(node), "its result")
+        values = {}
+        for x in node.all_input_nodes:
+            t = fake(x)
+            if t is not None:
+                check_tensor(t, f"`{x.name}`")
+                values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
+        rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype)))
+    except Refused as e:
+        return str(e)
+    except Exception as e:  # anything unexpected: the op stays in PyTorch
+        return f"unexpected {type(e).__name__}: {e}"
+    return None
+
+
+class Lowered:
+    """A region as ``.kf`` text: `inputs` are (placeholder position, input name), `outputs` per
+    region output its torch shape tokens and whether the program's result needs expanding to it;
+    `symbols` maps each symbol to (placeholder position, axis) to read its size at run time."""
+
+    def __init__(self, text, inputs, outputs, symbols, ops):
+        self.text, self.inputs, self.outputs, self.symbols, self.ops = text, inputs, outputs, symbols, ops
+
+
+def lower_region(gm):
+    """The ``.kf`` program of an fx graph module whose nodes are all supported ops. Symbols are
+    named ``N0, N1, ...`` in order of appearance, so that the same region at other static sizes
+    has the same text (and program)."""
+    decls, lines, values, inputs, symbols, ops = [], [], {}, [], {}, []
+    names = {}  # token -> the symbol's name in the text
+    outputs_node = None
+    devices = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            t = fake(node)
+            if t is None:
+                continue  # a size argument: read by no rule
+            name = f"a{len(inputs)}"
+            tokens = shape_tokens(t)
+            devices.add(t.device)
+            for axis, tok in enumerate(tokens):
+                if isinstance(tok, str) and tok not in names:
+                    names[tok] = f"N{len(names)}"
+                    symbols[names[tok]] = (placeholders.index(node), axis)
+            dims = ", ".join(str(names.get(d, d)) for d in tokens)
+            decls.append(f"input {name}: {kf_dtype(t.dtype)}[{dims}]" if tokens else f"input {name}: {kf_dtype(t.dtype)}")
+            values[node] = V(name, tokens, kf_dtype(t.dtype))
+            inputs.append((placeholders.index(node), name))
+        elif node.op == "call_function":
+            try:
+                rule, a = rule_of(node)
+                t = fake(node)
+                check_tensor(t, f"the result of `{node.name}`")
+                dtype = kf_dtype(t.dtype)
+                text, shape = rule(node, a, _Ctx(values, dtype))
+                if broadcast(shape, shape_tokens(t)) != shape_tokens(t):
+                    raise Refused(f"the value would have shape {list(shape)} where torch has {list(shape_tokens(t))}")
+            except Refused as e:
+                e.node = node.name  # the op to partition again without
+                raise
+            name = f"t{len(ops)}"
+            lines.append(f"let {name} = {dtype}({text})")
+            values[node] = V(name, shape, dtype)
+            ops.append(str(node.target))
+        elif node.op == "output":
+            outputs_node = node
+        else:
+            raise Refused(f"a {node.op} node inside the region")
+    if len(devices) > 1:
+        raise Refused(f"inputs on several devices ({', '.join(sorted(map(str, devices)))})")
+
+    def named(shape):
+        if any(isinstance(d, str) and d not in names for d in shape):
+            raise Refused(f"an output of shape {list(shape)} has a size no input has")
+        return tuple(names.get(d, d) for d in shape)
+
+    result = outputs_node.args[0]
+    outs = list(result) if isinstance(result, (tuple, list)) else [result]
+    outputs = []
+    for i, o in enumerate(outs):
+        v = values.get(o)
+        if v is None or fake(o) is None:
+            raise Refused("a region output that is not a tensor computed in the region")
+        lines.append(f"output o{i} = {v.text}")
+        full = shape_tokens(fake(o))
+        outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
+    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops)
