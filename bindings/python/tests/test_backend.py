@@ -310,3 +310,20 @@ def test_gpu_matches_float64(gpu, name):
     fn, make, wrt = CASES[name]
     inputs = [t.to(gpu) for t in make(torch.Generator().manual_seed(SEED))]
     _check(name, fn, inputs, wrt, torch.compile(fn, backend=_backend.backend), rtol=1e-4, atol=1e-5, reference_dtype=torch.float64)
+
+
+# Half-precision inputs: kfuse computes in f32 and rounds once at each region's outputs, so the
+# results are compared with float64 eager on the same (rounded) inputs, at bf16/f16 tolerances.
+HALF_CASES = ["gelu_erf", "gelu_tanh", "smooth_l1", "relu_affine", "log_sigmoid", "softmax_rows", "weighted_rows", "huber"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("name", HALF_CASES)
+def test_half_inputs_match_float64(name, dtype):
+    fn, make, wrt = CASES[name]
+    inputs = [t.to(dtype) if t.is_floating_point() else t for t in make(torch.Generator().manual_seed(SEED))]
+    tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
+    before = _backend.stats["compiles"] + _backend.stats["reused"]
+    _check(f"{name} {dtype}", fn, inputs, wrt, torch.compile(fn, backend=_backend.backend), rtol=tol, atol=tol,
+           reference_dtype=torch.float64)
+    assert _backend.stats["compiles"] + _backend.stats["reused"] > before, f"{name} {dtype}: no region was fused"
