@@ -22,9 +22,7 @@ struct Slot {
 
 impl Slot {
     fn new(name: String, dtype: DType, shape: Vec<usize>) -> PyResult<Slot> {
-        let bytes = shape
-            .iter()
-            .try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64))
+        let bytes = kfuse::exec::byte_count(dtype, &shape)
             .ok_or_else(|| errors::raise(Kind::Input, format!("`{name}`: a {dtype}{shape:?} tensor is too large")))?;
         Ok(Slot { name, dtype, shape, bytes })
     }

@@ -11,7 +11,7 @@ use kfuse::{DType, HostTensor};
 use kfuse_cli::npy;
 
 mod common;
-use common::{kfuse, stderr};
+use common::{kfuse, stderr, stdout};
 
 /// Asserts exit status 1, one `error` line, no panic, and every `needle` in stderr.
 fn fails_with(out: &Output, needles: &[&str]) {
@@ -442,6 +442,20 @@ fn messages_name_options_as_the_command_line_spells_them() {
     assert!(!stderr(&out).contains("::"), "a Rust path in the message: {}", stderr(&out));
 }
 
+/// `kfuse compile` of examples/giou.kf for sm_90 into a fresh cache under `dir`, with
+/// `KFUSE_NVRTC_LIBRARY` naming `library` and, when `search_path` is false, no LD_LIBRARY_PATH.
+fn compile_with_nvrtc_library(dir: &Path, library: &Path, search_path: bool) -> Output {
+    let mut command = common::command();
+    command
+        .args(["compile", "--arch", "sm_90", "../../examples/giou.kf"])
+        .env("KFUSE_NVRTC_LIBRARY", library)
+        .env("KFUSE_CACHE_DIR", dir.join("cache"));
+    if !search_path {
+        command.env_remove("LD_LIBRARY_PATH");
+    }
+    command.output().expect("kfuse runs")
+}
+
 #[test]
 fn an_nvrtc_library_named_that_does_not_load_is_a_warning_then_the_search_by_name() {
     // A file that is not a library: loading it fails, kfuse says so once, and NVRTC is then found
@@ -449,25 +463,15 @@ fn an_nvrtc_library_named_that_does_not_load_is_a_warning_then_the_search_by_nam
     // usual "NVRTC is not available" error where it is not).
     let dir = tempfile::tempdir().unwrap();
     let bogus = write_file(dir.path(), "libnvrtc.so.13", b"not a shared library");
-    let cache = dir.path().join("cache");
-    let out = common::command()
-        .args(["compile", "--arch", "sm_90", "../../examples/giou.kf"])
-        .env("KFUSE_NVRTC_LIBRARY", &bogus)
-        .env("KFUSE_CACHE_DIR", &cache)
-        .output()
-        .expect("kfuse runs");
+    let out = compile_with_nvrtc_library(dir.path(), Path::new(&bogus), true);
     let err = stderr(&out);
     assert!(err.contains("KFUSE_NVRTC_LIBRARY=") && err.contains("does not load"), "{err}");
     assert_eq!(err.matches("does not load").count(), 1, "warned once: {err}");
     if out.status.success() {
-        assert!(stdout_of(&out).contains("sm_90"), "{}", stdout_of(&out));
+        assert!(stdout(&out).contains("sm_90"), "{}", stdout(&out));
     } else {
         assert!(err.contains("NVRTC"), "{err}");
     }
-}
-
-fn stdout_of(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -487,13 +491,7 @@ fn the_nvrtc_library_named_by_path_compiles_without_the_library_search_path() {
         .map(PathBuf::from)
         .expect("NVRTC is loaded, so its file is mapped");
     let dir = tempfile::tempdir().unwrap();
-    let out = common::command()
-        .args(["compile", "--arch", "sm_90", "../../examples/giou.kf"])
-        .env_remove("LD_LIBRARY_PATH")
-        .env("KFUSE_NVRTC_LIBRARY", &library)
-        .env("KFUSE_CACHE_DIR", dir.path().join("cache"))
-        .output()
-        .expect("kfuse runs");
+    let out = compile_with_nvrtc_library(dir.path(), &library, false);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout_of(&out).contains("miss (compiled)"), "{}", stdout_of(&out));
+    assert!(stdout(&out).contains("miss (compiled)"), "{}", stdout(&out));
 }

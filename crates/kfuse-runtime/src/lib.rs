@@ -35,8 +35,8 @@ pub use cache::{
 pub use device_errors::DeviceViolation;
 pub use error::RuntimeError;
 pub use gpu::{
-    driver_available, fast_compile_options, open_default, preserving_thread_context, DeviceBuffer, Gpu, GpuEvent,
-    GpuFunction, HostElement, KernelArg,
+    driver_available, open_default, preserving_thread_context, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement,
+    KernelArg,
 };
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use kfuse_arch::{Arch, ParseArchError};

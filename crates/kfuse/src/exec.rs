@@ -7,13 +7,14 @@
 //! loads them all ([`compile_missing`]). Not here: compilation and caching themselves
 //! (kfuse-runtime's `Gpu::load_kernel` does both).
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::Instant;
 
 use half::slice::HalfFloatSliceExt;
 use kfuse_codegen::{BufferDecl, BufferKind, Launch, Param, Plan};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
-use kfuse_runtime::{timing, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
+use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
 
 use crate::{Error, Result, Validation};
 
@@ -356,15 +357,15 @@ impl CudaProgram {
         grids: &[u32],
         workspace: &mut Workspace,
         position: impl Fn(kfuse_ir::InputId) -> Result<usize>,
-        inputs: &[&DeviceBuffer],
-        outputs: &[&DeviceBuffer],
+        inputs: &[impl Borrow<DeviceBuffer>],
+        outputs: &[impl Borrow<DeviceBuffer>],
         validation: Validation,
     ) -> Result<()> {
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
             let buf = match (decl.kind, slot) {
-                (BufferKind::Input(id), _) => inputs[position(id)?],
-                (BufferKind::Output(i), _) => outputs[i],
+                (BufferKind::Input(id), _) => inputs[position(id)?].borrow(),
+                (BufferKind::Output(i), _) => outputs[i].borrow(),
                 (_, Some(buf)) => buf,
                 (_, None) => {
                     return Err(Error::TooLarge {
@@ -430,8 +431,7 @@ pub fn compile_missing(gpu: &Gpu, sources: &[&str]) -> Result<()> {
     if cache.is_bypassed() {
         return Ok(());
     }
-    // The options `Gpu::load_kernel` compiles with, so that its later lookups hit.
-    let opts = CompileOptions { arch: gpu.arch(), extra: kfuse_runtime::fast_compile_options().to_vec() };
+    let opts = gpu.kernel_options();
     let mut missing: Vec<&str> = Vec::new();
     for &source in sources {
         if !missing.contains(&source) && cache.get_cached(source, &opts)?.is_none() {
@@ -455,13 +455,17 @@ pub fn compile_missing(gpu: &Gpu, sources: &[&str]) -> Result<()> {
     compiled.into_iter().collect()
 }
 
+/// The bytes a contiguous tensor of `dtype` and `shape` holds; `None` when that overflows.
+pub fn byte_count(dtype: DType, shape: &[usize]) -> Option<u64> {
+    shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64))
+}
+
 /// Checks that a device tensor's buffer is on device `ordinal` and holds its shape and dtype.
 pub(crate) fn check_tensor(role: &'static str, name: &str, t: &DeviceTensor, ordinal: usize) -> Result<()> {
     if t.buffer.ordinal() != ordinal {
         return Err(Error::WrongDevice { role, name: name.to_string(), got: t.buffer.ordinal(), want: ordinal });
     }
-    let want =
-        t.shape.iter().try_fold(t.dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64)).unwrap_or(u64::MAX);
+    let want = byte_count(t.dtype, &t.shape).unwrap_or(u64::MAX);
     if (t.buffer.bytes() as u64) < want {
         return Err(Error::BufferTooSmall {
             role,

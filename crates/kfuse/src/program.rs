@@ -10,7 +10,7 @@ use kfuse_codegen::{CodegenOptions, Plan};
 use kfuse_ir::{DType, Graph, HostTensor, Interface};
 use kfuse_runtime::Stream;
 
-use crate::exec::{CudaProgram, DeviceTensor, Workspace};
+use crate::exec::{byte_count, CudaProgram, DeviceTensor, Workspace};
 use crate::{Engine, Error, Result, Validation};
 
 /// A type-checked computation and its fused kernel plan, ready to run on the CPU or any GPU of its
@@ -303,15 +303,12 @@ impl Program {
         let sizes = interface.bind_shapes(inputs)?;
         let mut bytes = Vec::with_capacity(inputs.len() + interface.outputs.len());
         let too_big = |what: String| Error::TooLarge { what, sizes: sizes.clone() };
-        let count = |dtype: DType, shape: &[usize]| {
-            shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64))
-        };
         for (name, dtype, shape) in inputs {
-            bytes.push(count(*dtype, shape).ok_or_else(|| too_big(format!("input `{name}`")))?);
+            bytes.push(byte_count(*dtype, shape).ok_or_else(|| too_big(format!("input `{name}`")))?);
         }
         for o in &interface.outputs {
             let shape = interface.resolve(o, &sizes).ok_or_else(|| too_big(format!("output `{}`", o.name)))?;
-            bytes.push(count(o.dtype, &shape).ok_or_else(|| too_big(format!("output `{}`", o.name)))?);
+            bytes.push(byte_count(o.dtype, &shape).ok_or_else(|| too_big(format!("output `{}`", o.name)))?);
         }
         // Plan inputs by declaration index -> position among the given inputs.
         let mut positions = Vec::with_capacity(interface.inputs.len());
@@ -424,8 +421,6 @@ impl DeviceBinding {
             }
         }
         let (ins, outs) = buffers.split_at(self.inputs);
-        let ins: Vec<&kfuse_runtime::DeviceBuffer> = ins.iter().collect();
-        let outs: Vec<&kfuse_runtime::DeviceBuffer> = outs.iter().collect();
         let positions = &self.positions;
         let position = |id: kfuse_ir::InputId| {
             positions.get(id.0 as usize).copied().ok_or(Error::PlanMissingInput { index: id.0 as usize })
@@ -438,8 +433,8 @@ impl DeviceBinding {
                 &self.grids,
                 &mut workspace,
                 position,
-                &ins,
-                &outs,
+                ins,
+                outs,
                 validation,
             )
         })

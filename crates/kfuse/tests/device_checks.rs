@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
-use kfuse::{
-    DType, DeviceBuffer, DeviceTensor, Engine, Error, Gpu, HostTensor, KernelCache, Program, TensorData, Validation,
-};
+use kfuse::{DType, Engine, Error, Gpu, HostTensor, KernelCache, Program, TensorData, Validation};
 use kfuse_codegen::Param;
-use kfuse_testing::{example, gpu_or_skip};
+use kfuse_testing::example;
+
+mod common;
+use common::{device, Held};
 
 const B: usize = 5;
 const N: usize = 13;
@@ -41,15 +42,6 @@ fn kernels_of_ragged_programs_take_the_error_record_and_others_do_not() {
     }
 }
 
-fn device(test: &str) -> Option<(Engine, Arc<Gpu>)> {
-    let probe = gpu_or_skip(test)?;
-    let ordinal = probe.ordinal();
-    drop(probe);
-    let engine = engine();
-    let gpu = engine.device(ordinal).expect("the device opened once already");
-    Some((engine, gpu))
-}
-
 fn boxes(rows: usize, seed: u64) -> Vec<f64> {
     // Deterministic boxes (x1 < x2, y1 < y2) without a random source.
     (0..rows)
@@ -60,34 +52,6 @@ fn boxes(rows: usize, seed: u64) -> Vec<f64> {
             [x, y, x + w, y + h]
         })
         .collect()
-}
-
-struct Held {
-    owned: DeviceBuffer,
-    dtype: DType,
-    shape: Vec<usize>,
-}
-
-impl Held {
-    fn upload(gpu: &Gpu, t: &HostTensor) -> Held {
-        Held { owned: gpu.upload(&t.to_bytes()).unwrap(), dtype: t.dtype(), shape: t.shape.clone() }
-    }
-    fn zeros(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Held {
-        let bytes = (shape.iter().product::<usize>() * dtype.size_bytes()).max(16);
-        Held { owned: gpu.alloc_zeroed(bytes).unwrap(), dtype, shape: shape.to_vec() }
-    }
-    fn borrowed(&self, gpu: &Gpu) -> DeviceTensor {
-        // SAFETY: `self.owned` is a live allocation of this device of at least that size, and it
-        // outlives every launch of the test (each test synchronises before dropping it).
-        let buffer = unsafe { gpu.borrow_memory(self.owned.address(), self.owned.bytes()) };
-        DeviceTensor { buffer, dtype: self.dtype, shape: self.shape.clone() }
-    }
-    fn values(&self, gpu: &Gpu) -> Vec<f64> {
-        // The allocation is at least 16 bytes; the tensor is its first bytes.
-        let mut bytes = gpu.download(&self.owned).unwrap();
-        bytes.truncate(self.shape.iter().product::<usize>() * self.dtype.size_bytes());
-        HostTensor::from_bytes(self.dtype, self.shape.clone(), &bytes).unwrap().to_f64()
-    }
 }
 
 /// Launches giou_train_lengths in place with `lengths` and returns (loss, dpred).

@@ -4,22 +4,11 @@
 //! at odd sizes, in f32 and bf16. Also the launch's checks (shapes, buffer sizes). Skips, saying
 //! why, without a GPU; fails instead with KFUSE_REQUIRE_GPU=1.
 
-use std::sync::Arc;
+use kfuse::{DType, DeviceBuffer, DeviceTensor, Error, Gpu, HostTensor, Program, Stream, Validation};
+use kfuse_testing::{example, float_inputs_as, rel_l2_err as rel_err, Rng, SeedableRng, StdRng};
 
-use kfuse::{
-    DType, DeviceBuffer, DeviceTensor, Engine, Error, Gpu, HostTensor, KernelCache, Program, Stream, Validation,
-};
-use kfuse_testing::{example, float_inputs_as, gpu_or_skip, rel_l2_err as rel_err, Rng, SeedableRng, StdRng};
-
-/// The engine and the device of the default GPU, or `None` (skipped) without one.
-fn device(test: &str) -> Option<(Engine, Arc<Gpu>)> {
-    let probe = gpu_or_skip(test)?;
-    let ordinal = probe.ordinal();
-    drop(probe);
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    let gpu = engine.device(ordinal).expect("the device opened once already");
-    Some((engine, gpu))
-}
+mod common;
+use common::{device, Held};
 
 /// A new seed every run, printed so that a failure can be replayed with KFUSE_TEST_SEED.
 fn seed() -> u64 {
@@ -40,35 +29,6 @@ fn boxes(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> HostTensor {
         v.extend([x, y, x + w, y + h]);
     }
     HostTensor::from_f64(dtype, shape.to_vec(), &v)
-}
-
-/// An allocation made by the runtime and the same memory borrowed, as a framework's tensor is.
-struct Held {
-    owned: DeviceBuffer,
-    dtype: DType,
-    shape: Vec<usize>,
-}
-
-impl Held {
-    fn upload(gpu: &Gpu, t: &HostTensor) -> Held {
-        Held { owned: gpu.upload(&t.to_bytes()).unwrap(), dtype: t.dtype(), shape: t.shape.clone() }
-    }
-    fn poisoned(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Held {
-        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
-        let owned = gpu.alloc_zeroed(bytes).unwrap();
-        gpu.fill(&owned, 0x7f).unwrap();
-        gpu.synchronize().unwrap();
-        Held { owned, dtype, shape: shape.to_vec() }
-    }
-    fn borrowed(&self, gpu: &Gpu) -> DeviceTensor {
-        // SAFETY: `self.owned` is a live allocation of this device of exactly that size, and it
-        // outlives every launch of the test (each test synchronises before dropping it).
-        let buffer = unsafe { gpu.borrow_memory(self.owned.address(), self.owned.bytes()) };
-        DeviceTensor { buffer, dtype: self.dtype, shape: self.shape.clone() }
-    }
-    fn download(&self, gpu: &Gpu) -> HostTensor {
-        HostTensor::from_bytes(self.dtype, self.shape.clone(), &gpu.download(&self.owned).unwrap()).unwrap()
-    }
 }
 
 /// Launches `p` in place on `stream` with `inputs` and compares every output with the interpreter.

@@ -1,0 +1,69 @@
+//! What the facade's GPU tests share: the device under test (a memory-only kernel cache) and
+//! runtime allocations handed to launches as borrowed memory, as a framework's tensors are.
+//!
+//! Each test file uses a part of it, so unused items are expected.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use kfuse::{DType, DeviceBuffer, DeviceTensor, Engine, Gpu, HostTensor, KernelCache};
+use kfuse_testing::gpu_or_skip;
+
+/// The engine (kernels cached in memory only) and the default GPU, or `None` (skipped, saying
+/// why) without one.
+pub fn device(test: &str) -> Option<(Engine, Arc<Gpu>)> {
+    let probe = gpu_or_skip(test)?;
+    let ordinal = probe.ordinal();
+    drop(probe);
+    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
+    let gpu = engine.device(ordinal).expect("the device opened once already");
+    Some((engine, gpu))
+}
+
+/// An allocation made by the runtime and the same memory borrowed, as a framework's tensor is.
+pub struct Held {
+    pub owned: DeviceBuffer,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl Held {
+    /// `t`'s bytes in a new allocation.
+    pub fn upload(gpu: &Gpu, t: &HostTensor) -> Held {
+        Held { owned: gpu.upload(&t.to_bytes()).unwrap(), dtype: t.dtype(), shape: t.shape.clone() }
+    }
+
+    /// A zeroed tensor (at least 16 bytes are allocated: an empty or scalar tensor too).
+    pub fn zeros(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Held {
+        let bytes = (shape.iter().product::<usize>() * dtype.size_bytes()).max(16);
+        Held { owned: gpu.alloc_zeroed(bytes).unwrap(), dtype, shape: shape.to_vec() }
+    }
+
+    /// A tensor whose every byte is 0x7f, so that an element a kernel does not write shows.
+    pub fn poisoned(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Held {
+        let held = Held::zeros(gpu, dtype, shape);
+        gpu.fill(&held.owned, 0x7f).unwrap();
+        gpu.synchronize().unwrap();
+        held
+    }
+
+    /// The allocation borrowed as a device tensor of its dtype and shape.
+    pub fn borrowed(&self, gpu: &Gpu) -> DeviceTensor {
+        // SAFETY: `self.owned` is a live allocation of this device of at least that size, and it
+        // outlives every launch of the test (each test synchronises before dropping it).
+        let buffer = unsafe { gpu.borrow_memory(self.owned.address(), self.owned.bytes()) };
+        DeviceTensor { buffer, dtype: self.dtype, shape: self.shape.clone() }
+    }
+
+    /// The tensor's values (the first bytes of the allocation).
+    pub fn download(&self, gpu: &Gpu) -> HostTensor {
+        let mut bytes = gpu.download(&self.owned).unwrap();
+        bytes.truncate(self.shape.iter().product::<usize>() * self.dtype.size_bytes());
+        HostTensor::from_bytes(self.dtype, self.shape.clone(), &bytes).unwrap()
+    }
+
+    /// [`Held::download`] as f64 values.
+    pub fn values(&self, gpu: &Gpu) -> Vec<f64> {
+        self.download(gpu).to_f64()
+    }
+}
