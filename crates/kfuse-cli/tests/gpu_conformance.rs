@@ -238,3 +238,85 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
     }
     println!("{cases} tuned GPU cases agreed with the interpreter");
 }
+
+/// Programs whose reductions along the last axis are used again in their rows (the row-wise
+/// shape: each row's group of lanes computes them once), with the sizes of their symbols to try:
+/// row counts and lengths around a warp and a block (1, 3, 31, 33, 1023, 4097), rows of one
+/// element, empty rows and long rows (262144) with few of them.
+const ROW_PROGRAMS: &[(&str, &str)] = &[
+    (
+        "softmax",
+        "input x: f32[B, C]\nlet m = max(x, axis: -1)\nlet e = exp(x - m[.., None])\noutput y = e / sum(e, axis: -1)[.., None]\n",
+    ),
+    (
+        "layer norm and its input gradient",
+        "input x: f32[B, C]\ninput w: f32[C]\ninput b: f32[C]\ninput dy: f32[B, C]\n\
+         let mu = mean(x, axis: -1, keepdim: true)\nlet d = x - mu\nlet var = mean(d * d, axis: -1, keepdim: true)\n\
+         output y = d * rsqrt(var + 0.00001) * w + b\noutput loss = sum(y * dy)\noutput dx = grad(loss, x)\n",
+    ),
+    (
+        "masked row reductions, per row and used again",
+        "input x: f32[B, C]\ninput k: f32[B, C]\nlet m = k > 0.0\n\
+         output s = sum(x, where: m, axis: -1)\noutput hi = max(x, where: m, axis: -1)\n\
+         output lo = min(x, where: m, axis: -1)\noutput n = count(m, axis: -1)\n\
+         output z = x - mean(x, where: m, axis: -1)[.., None]\n",
+    ),
+    (
+        "per-row results into a mean",
+        "input x: f32[B, C]\ninput t: f32[B, C]\nlet z = x - max(x, axis: -1)[.., None]\n\
+         let lse = log(sum(exp(z), axis: -1))\noutput loss = mean(lse - sum(t * z, axis: -1))\noutput dx = grad(loss, x)\n",
+    ),
+    (
+        "rows of a rank-3 tensor",
+        "input x: f32[A, B, C]\noutput y = x - max(x, axis: -1)[.., None]\noutput r = mean(sum(x * x, axis: -1))\n",
+    ),
+];
+
+#[test]
+fn row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths() {
+    let Some(gpu) = gpu_or_skip("row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths") else { return };
+    let gpu = Arc::new(gpu);
+    let engine = engine_of(&gpu);
+    let rows_by_cols: &[(u64, u64)] =
+        &[(1, 1), (3, 3), (31, 33), (33, 31), (1023, 1000), (4097, 3), (3, 4097), (0, 5), (5, 0), (2, 262_144)];
+    let mut cases = 0;
+    for (what, src) in ROW_PROGRAMS {
+        for dtype in [DType::F32, DType::BF16] {
+            let p = compile_at(&engine, src, &format!("{what} ({dtype})"), dtype);
+            let rank3 = p.graph().symbols.len() == 3;
+            for (k, &(rows, cols)) in rows_by_cols.iter().enumerate() {
+                // A rank-3 program takes its rows as A x B (B odd).
+                let sizes = if rank3 { vec![rows.div_ceil(3), 3.min(rows), cols] } else { vec![rows, cols] };
+                check(&gpu, &p, &sizes, fresh_seed() + k as u64, dtype);
+                cases += 1;
+            }
+        }
+    }
+    // Other block sizes: row groups of more than a warp fold through shared memory.
+    for block_size in [64, 1024] {
+        let (what, src) = ROW_PROGRAMS[1];
+        let p = compile_at(&engine, src, what, DType::F32);
+        let opts = kfuse_codegen::CodegenOptions { block_size, ..Default::default() };
+        let p = p.with_codegen(opts).unwrap();
+        for (k, sizes) in [[33u64, 4097], [1023, 1000], [3, 100_003]].into_iter().enumerate() {
+            check(&gpu, &p, &sizes, fresh_seed() + 100 + k as u64, DType::F32);
+            cases += 1;
+        }
+    }
+    println!("{cases} row-wise GPU cases agreed with the interpreter");
+}
+
+#[test]
+fn row_programs_plan_their_row_reductions_once_per_row() {
+    // Pure tier: the programs above parse, run on the interpreter, and get a row-wise kernel.
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    for (what, src) in ROW_PROGRAMS {
+        let p = Program::compile(&engine, src, what).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let row_wise = p.plan().kernels.iter().filter(|k| k.source.contains("computed once per row")).count();
+        assert!(row_wise >= 1, "{what}: no row-wise kernel in\n{}", p.cuda_source());
+        let sizes = vec![3; p.graph().symbols.len()];
+        let inputs = testdata::random_inputs_for(p.graph(), &sizes, 7).unwrap();
+        let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}

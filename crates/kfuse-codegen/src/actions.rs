@@ -49,6 +49,26 @@ pub(crate) enum Combine {
     Min,
 }
 
+impl Combine {
+    /// How the partial results of reduction `op` combine (a mean's sum and count add).
+    pub(crate) fn of(op: ReduceOp) -> Combine {
+        match op {
+            ReduceOp::Max => Combine::Max,
+            ReduceOp::Min => Combine::Min,
+            _ => Combine::Sum,
+        }
+    }
+
+    /// The combine's name in helper functions (`kf_block_<name>`, `kf_row_<name>`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Combine::Sum => "sum",
+            Combine::Max => "max",
+            Combine::Min => "min",
+        }
+    }
+}
+
 pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Result<(), CodegenError> {
     for a in actions {
         match a {

@@ -160,6 +160,10 @@ pub(crate) enum Helper {
     BlockSum,
     BlockMax,
     BlockMin,
+    /// `kf_row_sum`, `kf_row_max`, `kf_row_min`: folds over a row group of the row-wise shape.
+    RowSum,
+    RowMax,
+    RowMin,
     DivMod,
     StoreStreaming,
     /// `kf_rem_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
@@ -176,6 +180,7 @@ const DIV_MOD: &str = include_str!("templates/helper_divmod.cuh");
 const STORE_CS: &str = include_str!("templates/helper_store_cs.cuh");
 const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
 const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
+const ROW_REDUCE: &str = include_str!("templates/helper_row_reduce.cuh");
 const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
 const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
 const REPORT: &str = include_str!("templates/helper_report.cuh");
@@ -199,12 +204,21 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
         Helper::BlockMin => block_reduce("min", "kf_min_f64(v, o)", "__longlong_as_double(0x7ff0000000000000ll)"),
+        Helper::RowSum => row_reduce("sum", "v + o"),
+        Helper::RowMax => row_reduce("max", "kf_max_f64(v, o)"),
+        Helper::RowMin => row_reduce("min", "kf_min_f64(v, o)"),
         Helper::DivMod => render(DIV_MOD, &[]),
         Helper::StoreStreaming => render(STORE_CS, &[]),
         Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),
         Helper::FloatDiv => render(FLOAT_DIV, &[]),
         Helper::Report => render(REPORT, &[]),
     }
+}
+
+/// A fold of one f64 per lane over each row group (see `shapes::row_wise`).
+fn row_reduce(name: &str, combine: &str) -> String {
+    let upper = name.to_uppercase();
+    render(ROW_REDUCE, &[("name", name), ("upper", &upper), ("combine", combine)])
 }
 
 /// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),

@@ -122,6 +122,10 @@ pub(crate) struct Emitter<'a> {
     /// The value number past which [`Emitter::eval`] refuses to go on (see
     /// [`crate::MAX_KERNEL_VALUES`]).
     pub max_values: u32,
+    /// A row-wise kernel (see `shapes::row_wise`): `(k, cols)` where the first `k` domain axes
+    /// number the rows (`row`) and `rowbase` is `row * cols`, so a tensor shaped like those axes
+    /// times `cols`, read at the row and a loop variable, is read at `rowbase + j<l>`.
+    pub row_base: Option<(usize, Dim)>,
 }
 
 /// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
@@ -159,6 +163,7 @@ impl<'a> Emitter<'a> {
             prefetch: None,
             prefetch_guard: None,
             max_values: crate::MAX_KERNEL_VALUES,
+            row_base: None,
         }
     }
 
@@ -195,6 +200,22 @@ impl<'a> Emitter<'a> {
     /// computed inside stay inside, like a branch's.
     pub fn open_column_loop(&mut self, header: String) {
         self.open(BlockKind::Branch, header);
+    }
+
+    /// Opens a loop over a row's columns, `for (long long j<l> = start; j<l> < end; j<l> +=
+    /// step)`, and returns `l`: values that do not use `j<l>` are placed outside it.
+    pub fn open_row_loop(&mut self, start: &str, end: &str, step: &str) -> u32 {
+        let l = self.next_loop;
+        self.next_loop += 1;
+        self.open(BlockKind::Loop(l), format!("for (long long j{l} = {start}; j{l} < {end}; j{l} += {step}) {{"));
+        l
+    }
+
+    /// Binds `expr` as the value of `n` at `ctx` in the outermost block, where every later use
+    /// finds it.
+    pub fn bind_root(&mut self, n: NodeId, ctx: Vec<Coord>, expr: String, note: &str) -> String {
+        let ty = cuda::value_type(self.g.node(n).dtype);
+        self.bind(0, Key::Node(n, ctx), ty, expr, note)
     }
 
     /// Opens `else {` right after a closed branch.
@@ -307,6 +328,14 @@ impl<'a> Emitter<'a> {
     /// directly when the tensor's leading axes are the domain).
     fn offset(&mut self, dims: &[Dim], ctx: &[Coord]) -> String {
         let r = self.dims.len();
+        if let Some((k, cols)) = self.row_base {
+            let row_axes = ctx.len() == k + 1 && ctx[..k].iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32));
+            if let (true, Some(Coord::Loop(l))) =
+                (row_axes && dims[..k] == self.dims[..k] && dims[k] == cols, ctx.last())
+            {
+                return format!("rowbase + j{l}");
+            }
+        }
         let aligned = matches!(self.mode, Mode::Element { .. })
             && dims.len() >= r
             && dims[..r] == self.dims[..]

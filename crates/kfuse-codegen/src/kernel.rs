@@ -26,7 +26,7 @@ use crate::cuda::{self, Helper};
 use crate::emit::{Coord, Emitter, Mode};
 use crate::epilogue::{emit_epilogue, EpilogueRun};
 use crate::plan::{GridSpec, Kernel};
-use crate::shapes::{compacted, grid_stride, row_groups, rows, warp_per_row, KernelShape};
+use crate::shapes::{compacted, grid_stride, row_groups, row_wise, rows, warp_per_row, KernelShape};
 use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
 use crate::{check, sinks, CodegenError, CodegenOptions};
@@ -59,7 +59,12 @@ pub(crate) fn emit_kernel(
     }
     let last_dim = info.dims.last().copied();
     let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &groups);
-    let shape = KernelShape::choose(onepass.map(|b| &b.pass), row_bound.is_some(), last_dim, &groups);
+    let row_wise = match (onepass, &row_bound) {
+        (None, None) => row_wise::detect(g, an, info),
+        _ => None,
+    };
+    let shape =
+        KernelShape::choose(onepass.map(|b| &b.pass), row_bound.is_some(), row_wise.is_some(), last_dim, &groups);
     let block = shape.block(opts);
 
     // The loop body. Inputs loaded outside any predicate branch (or by a predicate itself) are
@@ -68,7 +73,12 @@ pub(crate) fn emit_kernel(
     let mut next_var = em.next_var();
     let mut rows_src = String::new();
     let mut queued = None; // the compacted shape: the group whose elements are queued
+    let mut row_sizes = None; // the row-wise shape: its row count and length
     match (shape, &row_bound, last_dim) {
+        (KernelShape::RowWise, _, _) => {
+            let plan = row_wise.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without rows" })?;
+            row_sizes = Some(row_wise::emit_body(&mut em, g, plan, &info.dims, &groups, &mut unconditional)?);
+        }
         (KernelShape::Rows, _, _) => {
             let (src, nv) = rows::rows_loop(&mut em, g, an, k, &groups, mask_counts, next_var)?;
             rows_src = src;
@@ -81,7 +91,7 @@ pub(crate) fn emit_kernel(
             warp_per_row::emit_row_body(&mut em, g, &groups[0], bound, last, "kf_g", &mut unconditional)?;
         }
         (KernelShape::GridStride | KernelShape::Compacted, _, _) => {
-            queued = grid_stride::emit_groups(&mut em, g, &groups, &mut unconditional)?;
+            queued = grid_stride::emit_groups(&mut em, g, &groups, &mut unconditional, true)?;
         }
         _ => return Err(CodegenError::Internal { node: 0, what: "row shape without a row bound" }),
     }
@@ -162,7 +172,11 @@ pub(crate) fn emit_kernel(
     let _ = writeln!(src, "// kernel {name} ({} of {launched}) of graph {hash}", k + 1);
     let _ = writeln!(src, "// options: block_size={block}{}; reduction level {}", tuning_note(opts), info.level);
     let dom_str = g.shape_str(&kfuse_ir::Shape(info.dims.clone()));
-    let _ = writeln!(src, "{}", shape.domain_note(&dom_str));
+    let domain_note = match &row_wise {
+        Some(plan) if shape == KernelShape::RowWise => row_wise::domain_note(plan, &dom_str),
+        _ => shape.domain_note(&dom_str),
+    };
+    let _ = writeln!(src, "{domain_note}");
     for note in &sink_notes {
         let _ = writeln!(src, "// sink: {note}");
     }
@@ -224,6 +238,13 @@ pub(crate) fn emit_kernel(
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
+        KernelShape::RowWise => {
+            let sizes =
+                row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
+            row_wise::write(&mut src, sizes, &accumulators, &body);
+            src.push_str(&poison);
+            write_plain_tail(&mut src, &slots, &epilogue);
+        }
         KernelShape::Rows => {
             // The rows loop declares its own sizes.
             src.push_str(&accumulators);
@@ -234,13 +255,19 @@ pub(crate) fn emit_kernel(
     }
     src.push_str("}\n");
 
-    let (work, per_block) = shape.grid_work(&info.dims, block)?;
+    let grid = match &row_wise {
+        Some(plan) if shape == KernelShape::RowWise => row_wise::grid(plan, &info.dims, block, resident_blocks)?,
+        _ => {
+            let (work, per_block) = shape.grid_work(&info.dims, block)?;
+            GridSpec::Work { work, per_block, max_blocks_per_sm: resident_blocks }
+        }
+    };
     Ok(Kernel {
         name,
         source: src,
         params: params.into_iter().map(|p| p.0).collect(),
         block,
-        grid: GridSpec::Work { work, per_block, max_blocks_per_sm: resident_blocks },
+        grid,
         lazy_inputs,
         launch: shape.launch(),
     })

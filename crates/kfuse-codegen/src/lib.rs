@@ -87,8 +87,8 @@ use kfuse_ir::{verify, Graph, Kind};
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
 pub use plan::{
-    BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param, Plan, SizeExpr,
-    ViolationKind, ERROR_RECORD_WORDS,
+    row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param,
+    Plan, SizeExpr, ViolationKind, ERROR_RECORD_WORDS, ROW_COLS_PER_LANE, ROW_MIN_LANES,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 

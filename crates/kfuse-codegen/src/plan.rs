@@ -261,6 +261,27 @@ pub enum GridSpec {
     /// loops over `work` items with a grid-stride loop, so any grid size is correct; at least one
     /// block always runs (it writes the results of empty reductions).
     Work { work: SizeExpr, per_block: u64, max_blocks_per_sm: u32 },
+    /// A row-wise kernel's grid: `rows` rows of `cols` columns, each taking a group of
+    /// [`row_lanes`]`(cols, block)` lanes, so a block of `block` threads takes `block / lanes`
+    /// rows at a time: `blocks = clamp(ceil(rows / (block / lanes)), 1, max_blocks_per_sm *
+    /// sm_count)` (the kernel strides over the rows, so any grid size is correct).
+    Rows { rows: SizeExpr, cols: SizeExpr, block: u32, max_blocks_per_sm: u32 },
+}
+
+/// The fewest lanes of a row group in a row-wise kernel.
+pub const ROW_MIN_LANES: u64 = 4;
+/// The columns a lane of a row group takes, about: the group grows until it has this few.
+pub const ROW_COLS_PER_LANE: u64 = 8;
+
+/// The lanes of a row-wise kernel's row group for rows of `cols` columns in blocks of `block`
+/// threads: the power of two from [`ROW_MIN_LANES`] up to `block` with about
+/// [`ROW_COLS_PER_LANE`] columns a lane (the generated kernel computes the same).
+pub fn row_lanes(cols: u64, block: u32) -> u64 {
+    let mut g = ROW_MIN_LANES;
+    while g < u64::from(block) && g.saturating_mul(ROW_COLS_PER_LANE) < cols {
+        g <<= 1;
+    }
+    g
 }
 
 impl GridSpec {
@@ -269,11 +290,20 @@ impl GridSpec {
     pub fn blocks(&self, sizes: &[u64], sm_count: u32) -> Option<u32> {
         match self {
             GridSpec::Work { work, per_block, max_blocks_per_sm } => {
-                let work = work.eval(sizes)?;
-                let wanted = work.div_ceil((*per_block).max(1));
-                let cap = u64::from(*max_blocks_per_sm).checked_mul(u64::from(sm_count))?.max(1);
-                u32::try_from(wanted.clamp(1, cap)).ok()
+                let wanted = work.eval(sizes)?.div_ceil((*per_block).max(1));
+                clamp_blocks(wanted, *max_blocks_per_sm, sm_count)
+            }
+            GridSpec::Rows { rows, cols, block, max_blocks_per_sm } => {
+                let per_block = (u64::from(*block) / row_lanes(cols.eval(sizes)?, *block)).max(1);
+                clamp_blocks(rows.eval(sizes)?.div_ceil(per_block), *max_blocks_per_sm, sm_count)
             }
         }
     }
+}
+
+/// `wanted` blocks, at least one, at most `max_blocks_per_sm` on each of `sm_count`
+/// multiprocessors.
+fn clamp_blocks(wanted: u64, max_blocks_per_sm: u32, sm_count: u32) -> Option<u32> {
+    let cap = u64::from(max_blocks_per_sm).checked_mul(u64::from(sm_count))?.max(1);
+    u32::try_from(wanted.clamp(1, cap)).ok()
 }

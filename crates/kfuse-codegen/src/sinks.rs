@@ -68,12 +68,7 @@ pub(crate) fn collect(
                     Some(m) => format!("{} n{} where n{} (n{})", op.name(), x.0, m.0, node.0),
                     None => format!("{} n{} (n{})", op.name(), x.0, node.0),
                 };
-                let combine = match op {
-                    ReduceOp::Max => Combine::Max,
-                    ReduceOp::Min => Combine::Min,
-                    _ => Combine::Sum,
-                };
-                slots.push((combine, reduce_identity(op, xd), what.clone()));
+                slots.push((Combine::of(op), reduce_identity(op, xd), what.clone()));
                 if op == ReduceOp::Mean {
                     slots.push((Combine::Sum, "0.0".into(), format!("count of {what}")));
                 }

@@ -71,21 +71,13 @@ fn indented(lines: &[String], indent: &str) -> String {
     s
 }
 
-fn block_fn(c: Combine) -> &'static str {
-    match c {
-        Combine::Sum => "kf_block_sum",
-        Combine::Max => "kf_block_max",
-        Combine::Min => "kf_block_min",
-    }
-}
-
 /// The per-slot blocks of the tails: each block's fixed-order reduction of its threads'
 /// accumulators, thread 0's writes of the block's partials, and the fixed-order fold of every
 /// block's partials into `r<s>` (valid in thread 0).
 fn slot_blocks(slots: &[(Combine, String, String)]) -> (String, String, String) {
     let (mut block_reduce, mut partials, mut fold) = (String::new(), String::new(), String::new());
     for (s, (c, _, _)) in slots.iter().enumerate() {
-        let _ = writeln!(block_reduce, "    acc{s} = {}(acc{s}, kf_smem);", block_fn(*c));
+        let _ = writeln!(block_reduce, "    acc{s} = kf_block_{}(acc{s}, kf_smem);", c.name());
         let _ = writeln!(partials, "        partials[{s}u * gridDim.x + blockIdx.x] = acc{s};");
     }
     for (s, (_, init, _)) in slots.iter().enumerate() {
@@ -103,7 +95,7 @@ fn slot_blocks(slots: &[(Combine, String, String)]) -> (String, String, String) 
     }
     fold.push_str("    }\n");
     for (s, (c, _, _)) in slots.iter().enumerate() {
-        let _ = writeln!(fold, "    r{s} = {}(r{s}, kf_smem);", block_fn(*c));
+        let _ = writeln!(fold, "    r{s} = kf_block_{}(r{s}, kf_smem);", c.name());
     }
     (block_reduce, partials, fold)
 }

@@ -78,7 +78,7 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
             Param::Size(SymId(1))
         ]
     );
-    let GridSpec::Work { work, per_block, max_blocks_per_sm } = &k.grid;
+    let GridSpec::Work { work, per_block, max_blocks_per_sm } = &k.grid else { panic!("a work grid: {:?}", k.grid) };
     assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0), SymId(1)] });
     assert_eq!((*per_block, *max_blocks_per_sm), (256, 4));
     // The grid formula: B=16384, N=256 on 132 SMs caps at 4 blocks per SM (all resident); B=N=1 still runs one.
@@ -113,7 +113,10 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let p = plan(&g, &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
-    assert_eq!(src.matches("for (long long j").count(), 3, "max, sum-exp and the picked logit each loop over the row");
+    // Two passes over each row by its lanes: the max, then the sum-exp and the picked logit,
+    // which read only the max.
+    assert_eq!(src.matches("for (long long j").count(), 2, "{src}");
+    assert!(src.contains("2 row reduction phase(s) computed once per row"), "{src}");
     // The row max is computed before the exp-sum loop that uses it.
     assert!(src.find("kf_max_f64(a").expect("max loop") < src.find("expf(").expect("exp"));
     // The label is loaded once per row, outside the loops.
@@ -168,7 +171,7 @@ fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
     assert!(valid_loop.contains("in0") && valid_loop.contains("in1") && valid_loop.contains("acc1 += 1.0;"));
     assert!(!src[fill..valid].contains("in0") && !src[fill..valid].contains("in1"));
     // The grid counts rows, 8 warps (rows) per 256-thread block.
-    let GridSpec::Work { work, per_block, .. } = &k.grid;
+    let GridSpec::Work { work, per_block, .. } = &k.grid else { panic!("a work grid: {:?}", k.grid) };
     assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0)] });
     assert_eq!(*per_block, 8);
     assert_eq!(k.lazy_inputs, vec![InputId(0), InputId(1)]);
@@ -274,7 +277,7 @@ fn lengths_scaled_gradient_is_one_row_mode_pass() {
         p.buffers.iter().any(|b| b.kind == BufferKind::Counter { kernel: 0 } && b.elems == SizeExpr::constant(4)),
         "ticket, spare, arrival word"
     );
-    let GridSpec::Work { per_block, max_blocks_per_sm, .. } = &k.grid;
+    let GridSpec::Work { per_block, max_blocks_per_sm, .. } = &k.grid else { panic!("a work grid: {:?}", k.grid) };
     assert_eq!((*per_block, *max_blocks_per_sm), (8, 2));
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })), "no list buffers");
 }
@@ -459,7 +462,7 @@ fn errors_are_values_that_say_what_is_wrong() {
         "{}",
         k.source
     );
-    let GridSpec::Work { max_blocks_per_sm, .. } = &k.grid;
+    let GridSpec::Work { max_blocks_per_sm, .. } = &k.grid else { panic!("a work grid: {:?}", k.grid) };
     assert_eq!(*max_blocks_per_sm, 3);
     let eight = plan(&g, &with(256, 8)).expect("plan");
     assert!(
@@ -501,4 +504,64 @@ fn device_function_is_a_header_free_float_function() {
         }
     "#]]
     .assert_eq(&src);
+}
+
+/// `x - max(x, axis: -1)[.., None]` over `[B, C]`, and `mean(-sum(t * x, axis: -1))` beside it.
+fn row_graph() -> kfuse_ir::Graph {
+    let mut b = GraphBuilder::new();
+    let (bs, cs) = (b.symbol("B"), b.symbol("C"));
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(cs)]);
+    let x = b.input("x", DType::F32, shape.clone()).unwrap();
+    let t = b.input("t", DType::F32, shape).unwrap();
+    let m = b.reduce(ReduceOp::Max, ReduceAxis::Last, x, None).unwrap();
+    let m = b.expand_last(m);
+    let z = b.binary(BinaryOp::Sub, x, m).unwrap();
+    b.output("z", z).unwrap();
+    let tz = b.binary(BinaryOp::Mul, t, z).unwrap();
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::Last, tz, None).unwrap();
+    let l = b.reduce(ReduceOp::Mean, ReduceAxis::All, s, None).unwrap();
+    b.output("loss", l).unwrap();
+    b.finish().unwrap()
+}
+
+#[test]
+fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
+    let g = row_graph();
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 2, "the loss over the rows [B], z over [B, C]");
+    // The loss: one row result per row (the max, then the sum that reads it), into the mean.
+    let src = &p.kernels[0].source;
+    assert!(src.contains("2 row reduction phase(s) computed once per row, then the body once per row"), "{src}");
+    assert!(src.contains("if (kf_live && lane == 0) {"), "{src}");
+    // z: the maximum is folded over the row's lanes once, then read by every element.
+    let k = &p.kernels[1];
+    let src = &k.source;
+    assert!(src.contains("1 row reduction phase(s) computed once per row, then the body at each element"), "{src}");
+    assert_eq!(src.matches("kf_row_max(").count(), 2, "the helper and one call:\n{src}");
+    assert!(!src.contains("for (long long j0 = 0;"), "no serial loop over a row:\n{src}");
+    assert!(src.contains("in0[rowbase + j0]"), "rows are read at rowbase + column:\n{src}");
+    // The grid follows the row length: 4 to 256 lanes a row.
+    let GridSpec::Rows { rows, cols, block, max_blocks_per_sm } = &k.grid else { panic!("a rows grid: {:?}", k.grid) };
+    assert_eq!(
+        (rows, cols, *block),
+        (&SizeExpr { constant: 1, symbols: vec![SymId(0)] }, &SizeExpr { constant: 1, symbols: vec![SymId(1)] }, 256)
+    );
+    assert_eq!(*max_blocks_per_sm, 8);
+    // 4 lanes a row for 16 columns (64 rows a block), a whole block for 4096.
+    assert_eq!(k.grid.blocks(&[6400, 16], 132), Some(100));
+    assert_eq!(k.grid.blocks(&[100, 4096], 132), Some(100));
+    assert_eq!(k.grid.blocks(&[1_000_000, 4096], 132), Some(8 * 132));
+    assert_eq!(k.grid.blocks(&[0, 7], 132), Some(1), "one block at least");
+}
+
+#[test]
+fn row_groups_take_about_eight_columns_a_lane() {
+    use kfuse_codegen::row_lanes;
+    assert_eq!(row_lanes(0, 256), 4);
+    assert_eq!(row_lanes(16, 256), 4);
+    assert_eq!(row_lanes(33, 256), 8);
+    assert_eq!(row_lanes(1000, 256), 128);
+    assert_eq!(row_lanes(1024, 256), 128);
+    assert_eq!(row_lanes(4096, 256), 256, "at most the block");
+    assert_eq!(row_lanes(u64::MAX, 1024), 1024);
 }

@@ -16,17 +16,21 @@ use crate::text::{render, write_lines};
 use crate::CodegenError;
 
 /// Emits every group's actions into `em` (the body of one element `i`), a predicate's branch
-/// around the actions it guards; the loads of the first group's branch are prefetched under it.
-/// Inputs loaded outside any branch go into `unconditional`. A group with a one-pass `Append`
-/// (the compacted shape) queues its elements instead: its index is returned, for `kf_drain`.
+/// around the actions it guards; when `batched`, the body's loads are prefetched (those of the
+/// first group's branch under it). Inputs loaded outside any branch go into `unconditional`. A
+/// group with a one-pass `Append` (the compacted shape) queues its elements instead: its index
+/// is returned, for `kf_drain`.
 pub(crate) fn emit_groups(
     em: &mut Emitter,
     g: &Graph,
     groups: &[Group],
     unconditional: &mut BTreeSet<u32>,
+    batched: bool,
 ) -> Result<Option<usize>, CodegenError> {
     let mut compacted = None;
-    em.prefetch = Some(Vec::new());
+    if batched {
+        em.prefetch = Some(Vec::new());
+    }
     for (gi, grp) in groups.iter().enumerate() {
         match &grp.guard {
             None => {

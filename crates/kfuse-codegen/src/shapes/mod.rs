@@ -8,6 +8,7 @@
 pub(crate) mod compacted;
 pub(crate) mod grid_stride;
 pub(crate) mod row_groups;
+pub(crate) mod row_wise;
 pub(crate) mod rows;
 pub(crate) mod warp_per_row;
 
@@ -37,15 +38,20 @@ pub(crate) enum KernelShape {
     /// The rows plan: a loss over a lengths mask and its scaled gradient, fill and compute warps,
     /// a grid-wide arrival word (see `rows`). A cooperative launch.
     Rows,
+    /// Rows whose reductions along the last axis are used again in the row: each row's group of
+    /// lanes computes them once, then the body (see `row_wise`).
+    RowWise,
 }
 
 impl KernelShape {
     /// The shape of a kernel whose sinks form `groups`, given its one-pass plan (kernel 0 only),
-    /// whether its single predicate is a row bound (see `actions::row_mode_bound`) and its
-    /// domain's last axis.
+    /// whether its single predicate is a row bound (see `actions::row_mode_bound`), whether it
+    /// reads row reductions that the row-wise shape computes once per row (`row_wise::detect`),
+    /// and its domain's last axis.
     pub(crate) fn choose(
         onepass: Option<&OnePass>,
         row_bound: bool,
+        row_wise: bool,
         last_dim: Option<Dim>,
         groups: &[Group],
     ) -> KernelShape {
@@ -61,6 +67,7 @@ impl KernelShape {
                         KernelShape::WarpPerRow
                     }
                 }
+                _ if row_wise => KernelShape::RowWise,
                 _ => KernelShape::GridStride,
             },
         }
@@ -78,7 +85,9 @@ impl KernelShape {
     pub(crate) fn launch(self) -> Launch {
         match self {
             KernelShape::Compacted | KernelShape::Rows => Launch::Cooperative,
-            KernelShape::GridStride | KernelShape::WarpPerRow | KernelShape::RowGroups => Launch::Plain,
+            KernelShape::GridStride | KernelShape::WarpPerRow | KernelShape::RowGroups | KernelShape::RowWise => {
+                Launch::Plain
+            }
         }
     }
 
@@ -88,7 +97,7 @@ impl KernelShape {
             KernelShape::Rows => format!("// domain: {dom} elements as rows of the last axis, in tiles of rows per block (see kfuse-codegen's rows plan); only the columns below the row's bound are computed, the others zero-filled"),
             KernelShape::RowGroups => format!("// domain: {dom} elements as rows of the last axis, a group of 32 down to {} lanes per row (grid-stride over rows); only the columns below the row's bound are computed", row_groups::MIN_ROW_LANES),
             KernelShape::WarpPerRow => format!("// domain: {dom} elements as rows of the last axis, one warp per row (grid-stride over rows); only the columns below the row's bound are computed"),
-            KernelShape::GridStride | KernelShape::Compacted => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 64-bit flat index"),
+            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 64-bit flat index"),
         }
     }
 
@@ -97,7 +106,7 @@ impl KernelShape {
         match self {
             KernelShape::Compacted => "grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0",
             KernelShape::Rows => "[0] ticket, [2, 4) the arrival word (count | arrivals << 40); 0 at launch, left at 0",
-            KernelShape::GridStride | KernelShape::WarpPerRow | KernelShape::RowGroups => {
+            KernelShape::GridStride | KernelShape::WarpPerRow | KernelShape::RowGroups | KernelShape::RowWise => {
                 "ticket: 0 at launch, left at 0"
             }
         }
@@ -114,7 +123,10 @@ impl KernelShape {
             // Blocks enough for the fewest lanes per row (a smaller grid, measured 25% faster on a
             // loss kernel over 16384 short rows than warps covering the rows in one pass).
             KernelShape::RowGroups => (size_expr(rows)?, u64::from(block / row_groups::MIN_ROW_LANES)),
-            KernelShape::GridStride | KernelShape::Compacted => (size_expr(dims)?, u64::from(block)),
+            // (A row-wise kernel's grid follows its row length: `row_wise::grid`.)
+            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise => {
+                (size_expr(dims)?, u64::from(block))
+            }
         })
     }
 

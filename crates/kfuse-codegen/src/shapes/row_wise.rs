@@ -1,0 +1,265 @@
+//! The row-wise shape: a kernel whose work reads a reduction along the last axis of its own rows
+//! (softmax, log-softmax, layer and RMS norm, cross-entropy and their gradients) computes that
+//! reduction once per row, by the group of lanes that owns the row, instead of once per element
+//! that uses it (a serial loop over the row in every thread: O(cols^2) per row).
+//!
+//! Each row takes a group of `kf_g` lanes, a power of two from [`crate::ROW_MIN_LANES`] up to the
+//! block, about [`crate::ROW_COLS_PER_LANE`] columns a lane ([`crate::row_lanes`]); the block
+//! takes `blockDim.x / kf_g` rows at a time, grid-stride over the rows. For each row:
+//!
+//! 1. The row reductions, in *phases*: a phase holds the reductions that read only earlier
+//!    phases' results (softmax: the maximum, then the sum of `exp(x - max)`), and is one pass of
+//!    the group's lanes over the row (`j<l> = lane, lane + kf_g, …`) updating each reduction's
+//!    f64 accumulators, then one fold of each accumulator over the group (`kf_row_<op>`: xor
+//!    shuffles within a warp, then per-warp values folded in order through shared memory), which
+//!    leaves the same bits in every lane. The result is bound once per row and read from there by
+//!    every later use. The row is read once per phase; later passes are served by the caches.
+//! 2. The body: the kernel's sinks (stores, full reductions) at each element of the row
+//!    ([`RowCase::Elements`]: the domain is the rows times the reduced axis), or once per row by
+//!    the group's lane 0 ([`RowCase::Results`]: the domain is the rows, e.g. a per-row loss summed
+//!    into a mean).
+//!
+//! A dead group (past the last row, in the block's last step) reads the last row and stores
+//! nothing, so that every thread of the block reaches every fold. The accumulation order depends
+//! on the row length and the block size only: results are the same bits from run to run.
+//!
+//! Not handled here: reductions the detection leaves out (another row length, a broadcast
+//! operand) stay serial loops (see `emit`); the tail (see `tail`).
+
+use std::collections::BTreeSet;
+
+use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
+
+use crate::actions::{Combine, Group};
+use crate::analysis::{full_reduce, slots_of, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
+use crate::buffers::size_expr;
+use crate::cuda::Helper;
+use crate::emit::{finish_reduce, Coord, Emitter};
+use crate::plan::GridSpec;
+use crate::shapes::grid_stride;
+use crate::text::{render, write_lines};
+use crate::CodegenError;
+
+/// Which axes the kernel's domain shares with the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowCase {
+    /// The domain is `[rows.., cols]`: the reductions' operands are shaped like it, and the body
+    /// runs at every element of the row.
+    Elements,
+    /// The domain is `[rows..]`: the reductions' operands are `[rows.., cols]`, and the body runs
+    /// once per row.
+    Results,
+}
+
+/// The row reductions of a kernel, found by [`detect`].
+#[derive(Clone, Debug)]
+pub(crate) struct RowWise {
+    pub case: RowCase,
+    /// The reductions in phases: each reads only the results of earlier phases (node order
+    /// within a phase).
+    pub phases: Vec<Vec<NodeId>>,
+    /// The row length: the reduced axis.
+    pub cols: Dim,
+}
+
+impl RowWise {
+    /// The domain axes that number the rows.
+    fn row_axes(&self, dims: &[Dim]) -> usize {
+        match self.case {
+            RowCase::Elements => dims.len() - 1,
+            RowCase::Results => dims.len(),
+        }
+    }
+}
+
+/// The row reductions of kernel `info` that this shape computes once per row: reductions along
+/// the last axis, reached from the kernel's sinks, whose operand is the kernel's rows times a row
+/// length that is not a small constant (a component axis, cheap to loop over). `None` when there
+/// are none.
+pub(crate) fn detect(g: &Graph, an: &Analysis, info: &KernelInfo) -> Option<RowWise> {
+    let dims = &info.dims;
+    // The nodes the kernel's element work evaluates: from its sinks through operands, stopping at
+    // scalars computed elsewhere (epilogues) and at full reductions.
+    let mut seen = vec![false; g.nodes.len()];
+    let mut stack: Vec<NodeId> = Vec::new();
+    for s in &info.sinks {
+        match s.kind {
+            SinkKind::Reduce { node, .. } => {
+                if let Some((_, x, mask)) = full_reduce(g, node) {
+                    stack.push(x);
+                    stack.extend(mask);
+                }
+            }
+            SinkKind::Output { index } => stack.push(g.outputs[index].node),
+        }
+    }
+    // A scalar computed by an epilogue is read, not evaluated (see `emit::eval_elsewhere`).
+    let elsewhere = |n: NodeId| an.home[n.index()].is_some() && g.node(n).shape.is_scalar();
+    let mut found: Vec<(NodeId, RowCase, Dim)> = Vec::new();
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut seen[n.index()], true) || elsewhere(n) || full_reduce(g, n).is_some() {
+            continue;
+        }
+        g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+        if let Op::Reduce { axis: ReduceAxis::Last, x, .. } = g.node(n).op {
+            let xd = g.node(x).shape.dims();
+            let Some((&cols, rows)) = xd.split_last() else { continue };
+            if xd == &dims[..] && !dims.is_empty() {
+                found.push((n, RowCase::Elements, cols));
+            } else if rows == &dims[..] && !matches!(cols, Dim::Const(c) if c <= MAX_COMPONENTS) {
+                found.push((n, RowCase::Results, cols));
+            }
+        }
+    }
+    // One row length per kernel: the element rows when there are any, else the first found.
+    let (case, cols) =
+        found.iter().find(|f| f.1 == RowCase::Elements).or(found.first()).map(|&(_, case, cols)| (case, cols))?;
+    let chosen: BTreeSet<NodeId> = found.iter().filter(|f| f.1 == case && f.2 == cols).map(|f| f.0).collect();
+    // Phases: one more than the latest phase of a chosen reduction its operands read (operands
+    // have lower node ids, so one pass in node order settles every node).
+    let mut reach = vec![0u32; g.nodes.len()];
+    let mut phases: Vec<Vec<NodeId>> = Vec::new();
+    for i in 0..g.nodes.len() {
+        let n = NodeId(i as u32);
+        if !seen[i] || elsewhere(n) {
+            continue;
+        }
+        let mut r = 0;
+        g.node(n).op.for_each_operand(&g.lists, |x| r = r.max(reach[x.index()]));
+        if chosen.contains(&n) {
+            r += 1;
+            if phases.len() < r as usize {
+                phases.resize(r as usize, Vec::new());
+            }
+            phases[r as usize - 1].push(n);
+        }
+        reach[i] = r;
+    }
+    Some(RowWise { case, phases, cols })
+}
+
+/// The row count and row length of the kernel's template, as C expressions.
+pub(crate) struct RowSizes {
+    pub rows: String,
+    pub cols: String,
+}
+
+/// Emits the row body into `em`: each phase's pass and folds, then the sinks' `groups` (at each
+/// column, or once per row). Inputs read outside the sinks' predicates go into `unconditional`.
+pub(crate) fn emit_body(
+    em: &mut Emitter,
+    g: &Graph,
+    plan: &RowWise,
+    dims: &[Dim],
+    groups: &[Group],
+    unconditional: &mut BTreeSet<u32>,
+) -> Result<RowSizes, CodegenError> {
+    let k = plan.row_axes(dims);
+    em.row_mode = plan.case == RowCase::Elements;
+    em.row_base = Some((k, plan.cols));
+    let sizes = RowSizes { rows: em.product(&dims[..k]), cols: em.dim(plan.cols) };
+    if plan.case == RowCase::Results {
+        em.push_stmt("const long long i = row; // the row's element of the domain".to_string());
+    }
+    let ctx: Vec<Coord> = (0..k as u32).map(Coord::Dom).collect();
+    for phase in &plan.phases {
+        // The phase's accumulators, one pass over the row, then each accumulator's fold.
+        let mut reductions = Vec::with_capacity(phase.len());
+        for &n in phase {
+            let Op::Reduce { op, x, mask, .. } = g.node(n).op else {
+                return Err(CodegenError::Internal {
+                    node: n.0,
+                    what: "a row phase holds a node that does not reduce",
+                });
+            };
+            let accs = em.declare_accumulators(0, op, g.node(x).dtype);
+            reductions.push((n, op, x, mask, accs));
+        }
+        let l = em.open_row_loop("lane", "kf_n", "kf_g");
+        for (_, op, x, mask, accs) in &reductions {
+            let mut xctx = ctx.clone();
+            xctx.push(Coord::Loop(l));
+            match em.reduce_guard(*op, *x, *mask, &xctx) {
+                Some((m, mctx)) => {
+                    let mv = em.eval(m, &mctx)?;
+                    em.open_branch(&mv);
+                    em.reduce_update(*op, *x, *mask, &xctx, accs)?;
+                    em.close();
+                }
+                None => em.reduce_update(*op, *x, *mask, &xctx, accs)?,
+            }
+        }
+        em.close();
+        for (n, op, x, _, accs) in reductions {
+            let combine = Combine::of(op);
+            em.uses.helpers.insert(match combine {
+                Combine::Sum => Helper::RowSum,
+                Combine::Max => Helper::RowMax,
+                Combine::Min => Helper::RowMin,
+            });
+            if combine != Combine::Sum {
+                em.uses.helpers.insert(Helper::MinMaxF64);
+            }
+            for a in accs.iter().take(slots_of(op) as usize) {
+                em.push_stmt(format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name()));
+            }
+            let e = finish_reduce(op, g.node(x).dtype, &accs);
+            em.bind_root(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
+        }
+    }
+    // The body: the sinks at each column of the row, or once per row.
+    match plan.case {
+        RowCase::Elements => {
+            em.open_column_loop("for (long long col = lane; col < kf_n; col += kf_g) {".to_string());
+            em.push_stmt("const long long i = rowbase + col;".to_string());
+        }
+        RowCase::Results => em.open_branch("kf_live && lane == 0"),
+    }
+    grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+    em.close();
+    em.row_base = None;
+    Ok(sizes)
+}
+
+/// The shape's template.
+const ROW_WISE: &str = include_str!("../templates/row_wise.cuh");
+
+/// The sizes, the lanes per row, the `accumulators` and the grid-stride loop over the rows,
+/// running `body`.
+pub(crate) fn write(src: &mut String, sizes: &RowSizes, accumulators: &str, body: &[String]) {
+    let mut body_lines = String::new();
+    write_lines(&mut body_lines, body, "        ");
+    src.push_str(&render(
+        ROW_WISE,
+        &[
+            ("rows", &sizes.rows),
+            ("cols", &sizes.cols),
+            ("min_lanes", &crate::ROW_MIN_LANES.to_string()),
+            ("cols_per_lane", &crate::ROW_COLS_PER_LANE.to_string()),
+            ("accumulators", accumulators),
+            ("body", &body_lines),
+        ],
+    ));
+}
+
+/// The launch's grid: enough blocks for every row group of the row length's lanes, at most
+/// `resident` blocks per multiprocessor.
+pub(crate) fn grid(plan: &RowWise, dims: &[Dim], block: u32, resident: u32) -> Result<GridSpec, CodegenError> {
+    let rows = size_expr(&dims[..plan.row_axes(dims)])?;
+    let cols = size_expr(&[plan.cols])?;
+    Ok(GridSpec::Rows { rows, cols, block, max_blocks_per_sm: resident })
+}
+
+/// The header's domain line.
+pub(crate) fn domain_note(plan: &RowWise, dom: &str) -> String {
+    let per = match plan.case {
+        RowCase::Elements => "the body at each element of the row",
+        RowCase::Results => "the body once per row (lane 0)",
+    };
+    format!(
+        "// domain: {dom} elements; rows of the last reduced axis, a group of {} to blockDim.x lanes per row (about {} columns a lane), grid-stride over the rows; its {} row reduction phase(s) computed once per row, then {per}",
+        crate::ROW_MIN_LANES,
+        crate::ROW_COLS_PER_LANE,
+        plan.phases.len()
+    )
+}
