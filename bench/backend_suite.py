@@ -44,6 +44,8 @@ from benchlib import REPO, run_meta, write_result
 SUITE = "backend"
 TOL = {"f32": 1e-3, "bf16": 3e-2}  # max relative error against eager in the same dtype
 BACKENDS = ("kfuse", "inductor")
+SLOW_S = 1.0  # a step slower than this (seconds) is not captured in a CUDA graph
+BUDGET_S = 3.0  # timed steps per measurement: at most about this long (seconds)
 N_SLOTS = 256
 EPS = 1e-7
 
@@ -267,13 +269,25 @@ def child(args):
     names = ["out"] + [f"grad_{i}" for i in wrt]
     figures["max_rel_err"] = {n: max_rel_err(g, e) for n, g, e in zip(names, got, want)}
     del got, want
-    iters, warmup = (5, 2) if cpu else (100, 10)
+    # At most about BUDGET_S of timed calls (fewer for a slow step); a step slower than SLOW_S is
+    # timed a few times, not captured.
+    step()
+    sync()
+    t0 = time.perf_counter()
+    step()
+    sync()
+    one = time.perf_counter() - t0
+    iters = max(3, min(5 if cpu else 100, int(BUDGET_S / one)))
+    warmup = min(2 if cpu else 10, iters)
     figures["step"] = cuda_times_us(torch, step, warmup, iters, cpu=cpu)
     if cpu:
         figures["cuda_graph"] = {"skipped": "no CUDA graph on the CPU"}
+    elif one > SLOW_S:
+        figures["cuda_graph"] = {"too_slow": f"one step took {one:.3g} s (the limit is {SLOW_S:g} s)"}
     else:
         figures["cuda_graph"] = graph_times(torch, step, cuda_times_us, warmup, iters)
-    figures["host_us_per_call"] = host_us(torch, step, 5 if cpu else 50, cpu=cpu)
+    slow = cpu or one > SLOW_S
+    figures["host_us_per_call"] = host_us(torch, step, 5 if slow else 50, cpu=cpu, warmup=2 if slow else 20)
 
     # A new batch size: what its first call compiles.
     small, wrt_s, up_s = make_inputs(torch, case, dev, max(1, case["batch"] // 2))

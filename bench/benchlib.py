@@ -122,9 +122,9 @@ def interleaved_us(torch, fns, warmup, iters, rounds, cpu=False, before=None):
     return out
 
 
-def host_us(torch, fn, calls, cpu=False):
+def host_us(torch, fn, calls, cpu=False, warmup=20):
     """Host time per call: time.perf_counter over `calls` calls, no synchronisation inside."""
-    for _ in range(20):
+    for _ in range(warmup):
         fn()
     if not cpu:
         torch.cuda.synchronize()

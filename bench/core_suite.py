@@ -46,6 +46,9 @@ SUITE = "core"
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 TOL = {"f32": 1e-3, "bf16": 3e-2}  # max relative error against eager in the same dtype
 GROUPS = ("layer_norm", "rms_norm", "cross_entropy", "gelu_bias")
+PROBE_FRACTION = 64  # kfuse runs first at 1/64 of the rows,
+SLOW_S = 1.0  # and not in full when one call would take longer than this (seconds)
+BUDGET_S = 3.0  # timed calls per implementation and row: at most about this long (seconds)
 
 # ---------------------------------------------------------------------------------------------
 # The kfuse programs. Inputs are declared f32; a call with bf16 tensors runs the program typed at bf16.
@@ -104,7 +107,8 @@ output loss = sum(0.9 * nll + 0.1 * smooth, where: valid) / max(count(valid), 1)
 
 
 class Row:
-    """One measurement: `make(device)` builds the Workload; `params` go into the JSON."""
+    """One measurement: `make(device, rows)` builds the Workload (`rows` of the leading axis, None
+    for the row's own); `params` go into the JSON."""
 
     def __init__(self, group, name, params, make):
         self.group, self.name, self.params, self.make = group, name, params, make
@@ -149,9 +153,9 @@ def norm_rows(kind, rows, dims, dtypes):
                           "torch": "F.layer_norm(x, (D,), w, b, eps=1e-5)" if kind == "layer_norm"
                           else "F.rms_norm(x, (D,), w, eps=1e-6)"}
 
-                def make(dev, kind=kind, d=d, dt=dt, mode=mode):
+                def make(dev, n=None, kind=kind, d=d, dt=dt, mode=mode):
                     g = torch.Generator(device=dev).manual_seed(d)
-                    x = torch.randn(rows, d, device=dev, dtype=DTYPES[dt], generator=g)
+                    x = torch.randn(n or rows, d, device=dev, dtype=DTYPES[dt], generator=g)
                     w = 1 + 0.1 * torch.randn(d, device=dev, dtype=DTYPES[dt], generator=g)
                     b = 0.1 * torch.randn(d, device=dev, dtype=DTYPES[dt], generator=g)
                     if kind == "layer_norm":
@@ -191,7 +195,8 @@ def xent_rows(total, classes, dtypes):
                       "torch": "F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.1), int64 labels",
                       "ignored_fraction": 1 / 16}
 
-            def make(dev, b=b, c=c, dt=dt):
+            def make(dev, n=None, b=b, c=c, dt=dt):
+                b = n or b
                 g = torch.Generator(device=dev).manual_seed(c)
                 logits = (2 * torch.randn(b, c, device=dev, dtype=DTYPES[dt], generator=g)).requires_grad_()
                 labels = torch.randint(0, c, (b,), device=dev, generator=g)
@@ -220,9 +225,9 @@ def gelu_rows(shape):
     params = {"workload": "gelu_bias", "mode": "fwd_bwd", "dtype": "bf16", "shape": list(shape),
               "torch": "F.gelu(x + bias)"}
 
-    def make(dev):
+    def make(dev, n=None):
         g = torch.Generator(device=dev).manual_seed(7)
-        x = torch.randn(*shape, device=dev, dtype=torch.bfloat16, generator=g)
+        x = torch.randn(n or shape[0], shape[1], device=dev, dtype=torch.bfloat16, generator=g)
         bias = 0.1 * torch.randn(shape[-1], device=dev, dtype=torch.bfloat16, generator=g)
 
         def fn(x, bias):
@@ -344,26 +349,47 @@ def measure_row(suite, row, copy):
             figures["inductor"] = {"error": f"{type(e).__name__}: {e}"}
             suite.failures.append(f"{row.name}: torch.compile failed: {type(e).__name__}")
 
-    form, kcall, first_s, got, tried, extra = kfuse_call(w, suite.log)
+    # kfuse at 1/64 of the rows first (it compiles there): a form whose full-size call would take
+    # longer than SLOW_S (a row kernel that is quadratic in the row length) is not run in full.
+    small_rows = max(1, row.params["shape"][0] // PROBE_FRACTION)
+    small = row.make(dev, small_rows)
+    form, kcall, first_s, _, tried, _ = kfuse_call(small, suite.log)
+    if kcall is not None:
+        small_s = call_seconds(step_of(kcall, small), dev)
+        estimate = small_s * row.params["shape"][0] / small_rows
+        figures["kfuse_probe"] = {"rows": small_rows, "call_s": small_s, "full_call_estimate_s": estimate,
+                                  "first_call_s": first_s}
+        if estimate > SLOW_S:
+            kcall = None
+            figures["kfuse"] = {"too_slow": f"one call at {small_rows} rows took {small_s:.3g} s: about "
+                                            f"{estimate:.3g} s at the row's size (the limit is {SLOW_S:g} s)"}
+            suite.log(f"   kfuse: {figures['kfuse']['too_slow']}")
+    del small
+    if kcall is not None:
+        form, kcall, first_s, got, tried, extra = kfuse_call(w, suite.log)
+        if extra:
+            figures["kfuse_form_extra_bytes"] = extra
     params["kfuse_form"] = form
-    if extra:
-        figures["kfuse_form_extra_bytes"] = extra
     if tried:
         figures["kfuse_forms_failed"] = tried
     if kcall is None:
-        figures["kfuse"] = {"unsupported": tried[-1]["error"] if tried else "no kfuse form"}
+        figures.setdefault("kfuse", {"unsupported": tried[-1]["error"] if tried else "no kfuse form"})
     else:
         figures["kfuse_first_call_s"] = first_s
         figures["max_rel_err"]["kfuse"] = errors(got, want, w)
         if not suite.check(f"{row.name} kfuse", figures["max_rel_err"]["kfuse"], TOL[dt]):
             figures["kfuse_wrong"] = True
         calls["kfuse"] = kcall
-    del got, want
+    got = want = None  # their memory back before timing
 
     steps = {name: step_of(c, w) for name, c in calls.items()}
     a = suite.args
-    b2b = interleaved_us(torch, steps, a.warmup, a.iters, a.rounds, cpu=suite.cpu)
-    flushed = interleaved_us(torch, steps, 2, a.flushed_iters, a.rounds, cpu=suite.cpu, before=suite.flush)
+    # At most about BUDGET_S of timed calls per implementation (fewer calls for a slow one).
+    slowest = max(call_seconds(s, dev) for s in steps.values())
+    iters = max(a.rounds, min(a.iters, int(BUDGET_S / slowest)))
+    flushed_iters = max(a.rounds, min(a.flushed_iters, iters // 2))
+    b2b = interleaved_us(torch, steps, min(a.warmup, iters), iters, a.rounds, cpu=suite.cpu)
+    flushed = interleaved_us(torch, steps, 2, flushed_iters, a.rounds, cpu=suite.cpu, before=suite.flush)
     for name in steps:
         figures[name] = {"b2b": b2b[name], "flushed": flushed[name],
                          "pct_copy_b2b": pct_copy(w.nbytes, b2b[name]["median_us"], copy),
@@ -373,6 +399,16 @@ def measure_row(suite, row, copy):
             figures[f"ratio_kfuse_{other}"] = b2b["kfuse"]["median_us"] / b2b[other]["median_us"]
             figures[f"ratio_kfuse_{other}_flushed"] = flushed["kfuse"]["median_us"] / flushed[other]["median_us"]
     suite.record(row, params, figures)
+
+
+def call_seconds(fn, dev):
+    """The time of one call (after one more that warms it up), to the device's finish."""
+    fn()
+    sync(dev)
+    t0 = time.perf_counter()
+    fn()
+    sync(dev)
+    return time.perf_counter() - t0
 
 
 def pct_copy(nbytes, us, copy):
@@ -426,7 +462,7 @@ def table(suite):
 
         def r(k):
             return f"{f[k]:.2f}" if k in f else "–"
-        kf = "unsupported" if "unsupported" in f.get("kfuse", {}) else t("kfuse")
+        kf = next((k.replace("_", " ") for k in ("unsupported", "too_slow") if k in f.get("kfuse", {})), t("kfuse"))
         err = max(f["max_rel_err"].get("kfuse", {}).values(), default=None)
         print(f"| {name} | {f['bytes'] / 1e6:.1f} | {t('eager')} | {t('inductor')} | {kf} | {p('eager')} | "
               f"{p('inductor')} | {p('kfuse')} | {r('ratio_kfuse_eager')} | {r('ratio_kfuse_inductor')} | "
