@@ -22,12 +22,12 @@ TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR; CUDA_CACHE_DISABLE=1) measures, after
 the first call (forward + backward to the gradients on the host: the compile, "cold"); the
 results against eager (max relative error of the output and each gradient); the step's GPU time
 replayed from a CUDA graph and, not captured, by CUDA events around each call; host time per
-call (time.perf_counter over 50 calls, no synchronisation); a first call at half the batch
-(the compile a new batch size costs: kfuse's NVRTC compiles and programs built, Inductor's
-kernels generated and Dynamo's graphs); for kfuse, `kfuse.explain`'s regions and fallbacks (a case
-with no fused region falls back entirely). A second process on the same folders times the first
-call again ("warm"; for the first size of each function). Exit status 1 when a result is wrong or
-a process failed.
+call (time.perf_counter over 50 calls, no synchronisation); for kfuse, `kfuse.explain`'s
+regions and fallbacks (a case with no fused region falls back entirely). For the first size of
+each function also a first call at half the batch (the compile a new batch size costs: kfuse's
+NVRTC compiles and programs built, Inductor's kernels generated, Dynamo's graphs), and a second
+process on the same folders times the first call again ("warm"). A step slower than a second is
+timed a few times and not captured. Exit status 1 when a result is wrong or a process failed.
 """
 import argparse
 import json
@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import REPO, run_meta, write_result
+from benchlib import REPO, cuda_times_us, exit_status, host_us, max_rel_err, run_meta, side_stream_warmup, write_result
 
 SUITE = "backend"
 TOL = {"f32": 1e-3, "bf16": 3e-2}  # max relative error against eager in the same dtype
@@ -235,7 +235,6 @@ def child(args):
     else:
         import torch._inductor.compile_fx  # noqa: F401
     import torch._dynamo  # noqa: F401
-    from benchlib import cuda_times_us, host_us, max_rel_err
 
     case = json.loads(args.child)
     dev = torch.device("cpu") if cpu else torch.device("cuda", 0)
@@ -285,18 +284,19 @@ def child(args):
     elif one > SLOW_S:
         figures["cuda_graph"] = {"too_slow": f"one step took {one:.3g} s (the limit is {SLOW_S:g} s)"}
     else:
-        figures["cuda_graph"] = graph_times(torch, step, cuda_times_us, warmup, iters)
+        figures["cuda_graph"] = graph_times(torch, step, warmup, iters)
     slow = cpu or one > SLOW_S
     figures["host_us_per_call"] = host_us(torch, step, 5 if slow else 50, cpu=cpu, warmup=2 if slow else 20)
 
-    # A new batch size: what its first call compiles.
+    # A new batch size: what its first call compiles (for the first size of each function).
     small, wrt_s, up_s = make_inputs(torch, case, dev, max(1, case["batch"] // 2))
-    before = counters(torch, args.backend)
-    t0 = time.perf_counter()
-    step_of(compiled, small, wrt_s, up_s)()
-    sync()
-    figures["new_batch"] = {"batch": max(1, case["batch"] // 2), "first_call_s": time.perf_counter() - t0,
-                            **{k: v - before[k] for k, v in counters(torch, args.backend).items()}}
+    if case["warm"]:
+        before = counters(torch, args.backend)
+        t0 = time.perf_counter()
+        step_of(compiled, small, wrt_s, up_s)()
+        sync()
+        figures["new_batch"] = {"batch": max(1, case["batch"] // 2), "first_call_s": time.perf_counter() - t0,
+                                **{k: v - before[k] for k, v in counters(torch, args.backend).items()}}
     if args.backend == "kfuse":
         report = kfuse.explain(fn, *[t.detach().requires_grad_(i in wrt_s) for i, t in enumerate(small)])
         figures["explain"] = {
@@ -327,15 +327,10 @@ def counters(torch, backend):
     return out
 
 
-def graph_times(torch, step, cuda_times_us, warmup, iters):
+def graph_times(torch, step, warmup, iters):
     """The step captured into a CUDA graph (after warm-up on a side stream), its replays timed."""
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
+        side_stream_warmup(torch, step)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
@@ -477,10 +472,7 @@ def main():
         log(f"-- {case['name']}")
         run_case(args, case, meta, failures, rows, log)
     table(rows, meta)
-    if failures:
-        print(f"\n{len(failures)} failures:\n  " + "\n  ".join(failures))
-        return 1
-    return 0
+    return exit_status(failures)
 
 
 if __name__ == "__main__":

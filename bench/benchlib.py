@@ -122,6 +122,16 @@ def interleaved_us(torch, fns, warmup, iters, rounds, cpu=False, before=None):
     return out
 
 
+def side_stream_warmup(torch, step, calls=3):
+    """Runs `step` a few times on a side stream, as a CUDA graph capture wants before it starts."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(calls):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 def host_us(torch, fn, calls, cpu=False, warmup=20):
     """Host time per call: time.perf_counter over `calls` calls, no synchronisation inside."""
     for _ in range(warmup):
@@ -175,3 +185,11 @@ def max_rel_err(got, want):
     num = (got - want).abs().max().item() if got.numel() else 0.0
     den = want.abs().max().item() if want.numel() else 0.0
     return num / den if den > 0 else num
+
+
+def exit_status(failures):
+    """Prints the failures, if any; the exit status: 1 with failures, else 0."""
+    if failures:
+        print(f"\n{len(failures)} failures:\n  " + "\n  ".join(failures))
+        return 1
+    return 0

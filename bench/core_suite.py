@@ -40,7 +40,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from benchlib import copy_bandwidth, interleaved_us, l2_flusher, max_rel_err, run_meta, write_result
+from benchlib import copy_bandwidth, exit_status, interleaved_us, l2_flusher, max_rel_err, run_meta, write_result
 
 SUITE = "core"
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
@@ -504,10 +504,7 @@ def main():
             torch.cuda.empty_cache()
         suite.log(f"   ({time.perf_counter() - t0:.1f} s)")
     table(suite)
-    if suite.failures:
-        print(f"\n{len(suite.failures)} failures:\n  " + "\n  ".join(suite.failures))
-        return 1
-    return 0
+    return exit_status(suite.failures)
 
 
 if __name__ == "__main__":

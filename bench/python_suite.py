@@ -55,7 +55,7 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from benchlib import cuda_times_us, host_us, rel_err, run_meta  # noqa: E402
+from benchlib import cuda_times_us, exit_status, host_us, rel_err, run_meta, side_stream_warmup  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = 1
@@ -175,12 +175,7 @@ def graph_replay_us(torch, step, pred, suite):
     """The training step captured into a CUDA graph (after warm-up on a side stream), then
     `cuda_times_us` of its replays: the step's GPU time without the host's part. Checks that a
     replay reproduces the eager gradient."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    side_stream_warmup(torch, step)
     want = pred.grad.clone()
     pred.grad = None
     graph = torch.cuda.CUDAGraph()
@@ -854,10 +849,7 @@ def main():
     print_tables(suite)
     if suite.missed:
         print(f"\n{len(suite.missed)} performance targets not met:\n  " + "\n  ".join(suite.missed))
-    if suite.failures:
-        print(f"\n{len(suite.failures)} failures:\n  " + "\n  ".join(suite.failures))
-        return 1
-    return 0
+    return exit_status(suite.failures)
 
 
 if __name__ == "__main__":
