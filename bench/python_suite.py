@@ -39,7 +39,6 @@ A markdown table of the headline figures is printed at the end.
 """
 import argparse
 import copy
-import datetime
 import json
 import os
 import shlex
@@ -56,6 +55,7 @@ os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from benchlib import cuda_times_us, exit_status, host_us, rel_err, run_meta, side_stream_warmup  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = 1
@@ -80,33 +80,6 @@ MLP_TOL = 2e-2
 
 # ---------------------------------------------------------------------------------------------
 # Run metadata and results.
-
-
-def run_meta():
-    now = datetime.datetime.now(datetime.timezone.utc)
-    device, driver = "unknown-device", "unknown"
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, check=True).stdout.strip().splitlines()
-        if out:
-            device, driver = [s.strip() for s in out[0].split(",", 1)]
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return {"device": device, "driver": driver, "date": now.strftime("%Y-%m-%d"),
-            "time_utc": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": commit()}
-
-
-def commit():
-    if os.environ.get("KFUSE_COMMIT"):
-        return os.environ["KFUSE_COMMIT"]
-    try:
-        head = subprocess.run(["git", "-C", REPO, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def find_kfuse(given):
@@ -191,24 +164,6 @@ class Suite:
 # Timing as a PyTorch user does it.
 
 
-def cuda_times_us(torch, fn, warmup, iters):
-    """Median (and min, p90) of CUDA-event times around each call, calls back to back after warm-up;
-    and the mean per call of the whole loop between two events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for a, b in zip(starts, ends):
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    times = sorted(a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends))
-    return {"median_us": times[len(times) // 2], "min_us": times[0], "p90_us": times[int(len(times) * 0.9)],
-            "loop_mean_us": starts[0].elapsed_time(ends[-1]) * 1e3 / iters, "iters": iters}
-
-
 def calling_thread_us(torch, step, suite):
     """`cuda_times_us` with the backward run on the calling thread
     (`torch.autograd.set_multithreading_enabled(False)`), not handed to autograd's device thread."""
@@ -220,12 +175,7 @@ def graph_replay_us(torch, step, pred, suite):
     """The training step captured into a CUDA graph (after warm-up on a side stream), then
     `cuda_times_us` of its replays: the step's GPU time without the host's part. Checks that a
     replay reproduces the eager gradient."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    side_stream_warmup(torch, step)
     want = pred.grad.clone()
     pred.grad = None
     graph = torch.cuda.CUDAGraph()
@@ -238,19 +188,6 @@ def graph_replay_us(torch, step, pred, suite):
     times = cuda_times_us(torch, graph.replay, suite.warmup, suite.iters)
     pred.grad = None
     return {**times, "grad_rel_err_vs_eager": err}
-
-
-def host_us(torch, fn, calls):
-    """Host time per call: time.perf_counter over `calls` eager calls, no synchronisation inside."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) * 1e6 / calls
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,14 +219,6 @@ def torch_padded_loss(pred, target):
 
 def torch_packed_loss(pred, target):
     return giou_terms(pred, target).sum() / max(pred.shape[0], 1)
-
-
-def rel_err(torch, got, want):
-    """Relative error: |got - want| / |want| in the 2-norm (for a scalar, the plain relative error)."""
-    got, want = got.detach().double(), want.detach().double()
-    den = torch.linalg.vector_norm(want).item()
-    num = torch.linalg.vector_norm(got - want).item()
-    return num / den if den > 0 else num
 
 
 # ---------------------------------------------------------------------------------------------
@@ -920,10 +849,7 @@ def main():
     print_tables(suite)
     if suite.missed:
         print(f"\n{len(suite.missed)} performance targets not met:\n  " + "\n  ".join(suite.missed))
-    if suite.failures:
-        print(f"\n{len(suite.failures)} failures:\n  " + "\n  ".join(suite.failures))
-        return 1
-    return 0
+    return exit_status(suite.failures)
 
 
 if __name__ == "__main__":
