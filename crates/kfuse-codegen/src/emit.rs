@@ -203,11 +203,15 @@ impl<'a> Emitter<'a> {
     }
 
     /// Opens a loop over a row's columns, `for (long long j<l> = start; j<l> < end; j<l> +=
-    /// step)`, and returns `l`: values that do not use `j<l>` are placed outside it.
-    pub fn open_row_loop(&mut self, start: &str, end: &str, step: &str) -> u32 {
+    /// step)`, unrolled `unroll` times, and returns `l`: values that do not use `j<l>` are placed
+    /// outside it.
+    pub fn open_row_loop(&mut self, start: &str, end: &str, step: &str, unroll: u32) -> u32 {
         let l = self.next_loop;
         self.next_loop += 1;
-        self.open(BlockKind::Loop(l), format!("for (long long j{l} = {start}; j{l} < {end}; j{l} += {step}) {{"));
+        self.open(
+            BlockKind::Loop(l),
+            format!("#pragma unroll {unroll}\nfor (long long j{l} = {start}; j{l} < {end}; j{l} += {step}) {{"),
+        );
         l
     }
 
@@ -238,7 +242,8 @@ impl<'a> Emitter<'a> {
             parent.lines.pop();
             parent.lines.push("} else {".to_string());
         } else {
-            parent.lines.push(b.header);
+            // A header may start with a `#pragma` line of its own.
+            parent.lines.extend(b.header.lines().map(str::to_string));
         }
         parent.lines.extend(b.lines.into_iter().map(|l| format!("    {l}")));
         parent.lines.push("}".to_string());

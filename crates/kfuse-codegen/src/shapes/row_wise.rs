@@ -40,6 +40,10 @@ use crate::shapes::grid_stride;
 use crate::text::{render, write_lines};
 use crate::CodegenError;
 
+/// How many columns of a row pass a lane's loops unroll, so that as many loads of each lane are in
+/// flight at once (a loop's accumulation still adds them in column order).
+const UNROLL: u32 = 4;
+
 /// Which axes the kernel's domain shares with the rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RowCase {
@@ -175,7 +179,7 @@ pub(crate) fn emit_body(
             let accs = em.declare_accumulators(0, op, g.node(x).dtype);
             reductions.push((n, op, x, mask, accs));
         }
-        let l = em.open_row_loop("lane", "kf_n", "kf_g");
+        let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
         for (_, op, x, mask, accs) in &reductions {
             let mut xctx = ctx.clone();
             xctx.push(Coord::Loop(l));
@@ -210,7 +214,9 @@ pub(crate) fn emit_body(
     // The body: the sinks at each column of the row, or once per row.
     match plan.case {
         RowCase::Elements => {
-            em.open_column_loop("for (long long col = lane; col < kf_n; col += kf_g) {".to_string());
+            em.open_column_loop(format!(
+                "#pragma unroll {UNROLL}\nfor (long long col = lane; col < kf_n; col += kf_g) {{"
+            ));
             em.push_stmt("const long long i = rowbase + col;".to_string());
         }
         RowCase::Results => em.open_branch("kf_live && lane == 0"),
