@@ -347,7 +347,7 @@ impl GraphBuilder {
             let axis = (0..32).rev().find(|a| axes >> a & 1 == 1).unwrap_or(0);
             return Err(IrError::BadAxis { op: "unsqueeze", axis, rank, why: "is past the result's last axis".into() });
         };
-        let new_trailing = (shape.rank() - n.shape.rank()..shape.rank()).all(|a| axes >> a & 1 == 1);
+        let new_trailing = (n.shape.rank()..shape.rank()).all(|a| axes >> a & 1 == 1);
         if new_trailing {
             let mut y = x;
             for _ in 0..axes.count_ones() {

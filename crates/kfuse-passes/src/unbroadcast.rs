@@ -62,7 +62,8 @@ fn reduce_exact(
         )));
     }
     if !has_broadcast_axis(full, target) {
-        return Ok(x);
+        // Only size-1 leading axes that `target` lacks, if any, are left to drop.
+        return if full.rank() > target.rank() { sum_broadcast_axes(em, x, full, target) } else { Ok(x) };
     }
     if target.dims().iter().all(|d| *d == Dim::Const(1)) {
         return Ok(em.reduce(ReduceOp::Sum, ReduceAxis::All, x, None)?);
