@@ -66,7 +66,7 @@ fn reduce_exact(
         return if full.rank() > target.rank() { sum_broadcast_axes(em, x, full, target) } else { Ok(x) };
     }
     if target.dims().iter().all(|d| *d == Dim::Const(1)) {
-        return Ok(em.reduce(ReduceOp::Sum, ReduceAxis::All, x, None)?);
+        return em.reduce(ReduceOp::Sum, ReduceAxis::All, x, None);
     }
     // Here `target` has a dim other than 1, so both shapes have a last axis.
     let (Some(fl), Some(tl)) = (full.last(), target.last()) else {

@@ -65,11 +65,14 @@ fn masked_reductions_over_any_axes_have_their_gradients() {
     }
 }
 
+type Dims = &'static [&'static str];
+type Sizes = &'static [usize];
+
 #[test]
 fn operands_broadcast_along_leading_and_middle_axes_get_summed_gradients() {
     // (operand dims, full dims): a [D] weight in [B, D]; [1, D] in [A, B, D]; [B, 1, D] in
     // [B, N, D]; [N, 1] in [B, N, D]; a symbolic [N] row in [B, N].
-    let cases: [(&[&str], &[usize], &[&str], &[usize]); 5] = [
+    let cases: [(Dims, Sizes, Dims, Sizes); 5] = [
         (&["D"], &[5], &["B", "D"], &[3, 5]),
         (&["1", "D"], &[1, 5], &["A", "B", "D"], &[2, 3, 5]),
         (&["B", "1", "D"], &[3, 1, 5], &["B", "N", "D"], &[3, 4, 5]),
