@@ -122,7 +122,7 @@ CASES = {
 
 
 # Examples with outputs other than a loss and its gradient, each checked by its own test below.
-OWN_TESTS = {"elementwise_ops"}
+OWN_TESTS = {"elementwise_ops", "layer_norm_train", "rms_norm_train", "gelu_bias_train"}  # the last three: test_norm_examples.py
 
 
 def test_every_example_has_a_case():

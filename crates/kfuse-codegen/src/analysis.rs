@@ -10,7 +10,9 @@
 //! - Every scalar that depends on a full reduction has a *home*: the kernel whose epilogue (run by
 //!   the last block) computes it. A later kernel reads it from a [`crate::BufferKind::Temp`].
 //!
-//! A `ReduceAxis::Last` reduction over a rank-1 tensor is a full reduction and handled as one.
+//! A reduction over every axis (`ReduceAxis::All`, `Last` of a rank-1 tensor, `Axes` naming every
+//! axis without `keepdim`) is a full reduction and handled as one; any other is computed where its
+//! result is used (see `emit`).
 //! Not handled here: anything about CUDA text (see `emit` and `kernel`).
 
 use std::collections::BTreeMap;
@@ -26,10 +28,17 @@ pub const MAX_COMPONENTS: u64 = 8;
 /// A full reduction `(op, x, mask)`, or `None` for any other node.
 pub(crate) fn full_reduce(g: &Graph, n: NodeId) -> Option<(ReduceOp, NodeId, Option<NodeId>)> {
     match g.node(n).op {
-        Op::Reduce { op, axis, x, mask } if axis == ReduceAxis::All || g.node(x).shape.rank() == 1 => {
-            Some((op, x, mask))
-        }
+        Op::Reduce { op, axis, x, mask } if reduces_everything(axis, g.node(x).shape.rank()) => Some((op, x, mask)),
         _ => None,
+    }
+}
+
+/// Whether a reduction along `axis` of an operand of rank `rank` leaves a scalar.
+fn reduces_everything(axis: ReduceAxis, rank: usize) -> bool {
+    match axis {
+        ReduceAxis::All => true,
+        ReduceAxis::Last => rank == 1,
+        ReduceAxis::Axes { keepdim, .. } => !keepdim && (0..rank).all(|a| axis.reduces(a, rank)),
     }
 }
 

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceOp, SymId, TernaryOp, UnaryOp};
+use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, ReduceOp, SymId, TernaryOp, UnaryOp};
 
 use crate::analysis::{full_reduce, Analysis};
 use crate::cuda::{self, Helper};
@@ -469,6 +469,7 @@ impl<'a> Emitter<'a> {
                 c.pop();
                 tasks.push(Task::Eval(x, c));
             }
+            Op::Unsqueeze { x, axes } => tasks.push(Task::Eval(x, squeeze_ctx(ctx, axes))),
             Op::Stack(l) => self.start_stack(n, l, dims, ctx, tasks)?,
             Op::Input(id) => values.push(self.load_input(n, id.0, &ctx)?),
             Op::Iota { axis } => {
@@ -495,7 +496,7 @@ impl<'a> Emitter<'a> {
                 tasks.push(Task::Eval(b, bc));
                 tasks.push(Task::Eval(a, ac));
             }
-            Op::Reduce { op, x, mask, .. } => self.start_row_reduce(n, op, x, mask, ctx, tasks)?,
+            Op::Reduce { op, axis, x, mask } => self.start_row_reduce(n, op, axis, x, mask, ctx, tasks)?,
         }
         Ok(())
     }
@@ -711,12 +712,17 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    /// Starts a reduction along the last axis: a loop over the row in the block the result
-    /// belongs to, then its guard (when it has one) and its element are evaluated inside.
+    /// Starts a reduction along the last axis or over a set of axes: one loop per reduced axis,
+    /// nested in the operand's order, in the block the result belongs to (the reduced axes'
+    /// coordinates are the loop variables; kept axes take the result's coordinates, 0 on the
+    /// axes that `keepdim` left), then its guard (when it has one) and its element are
+    /// evaluated inside.
+    #[allow(clippy::too_many_arguments)]
     fn start_row_reduce(
         &mut self,
         n: NodeId,
         op: ReduceOp,
+        axis: ReduceAxis,
         x: NodeId,
         mask: Option<NodeId>,
         ctx: Vec<Coord>,
@@ -735,15 +741,31 @@ impl<'a> Emitter<'a> {
         let saved = self.blocks.split_off(depth + 1);
         let xd = self.g.node(x).dtype;
         let accs = self.declare_accumulators(depth, op, xd);
-        let l = self.next_loop;
-        self.next_loop += 1;
         let xdims = self.g.node(x).shape.dims();
-        let extent = self.dim(xdims[xdims.len() - 1]);
-        self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
-        let mut xctx = ctx.clone();
-        xctx.push(Coord::Loop(l));
+        let rank = xdims.len();
+        let mut xctx = Vec::with_capacity(rank);
+        // The result's axis that the operand's next axis corresponds to.
+        let mut next = 0;
+        let mut loops = 0;
+        for (a, &d) in xdims.iter().enumerate() {
+            if !axis.reduces(a, rank) {
+                let c = ctx
+                    .get(next)
+                    .ok_or(CodegenError::Internal { node: n.0, what: "a reduction's context is too short" })?;
+                xctx.push(c.clone());
+                next += 1;
+                continue;
+            }
+            next += usize::from(axis.keepdim());
+            let l = self.next_loop;
+            self.next_loop += 1;
+            let extent = self.dim(d);
+            self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
+            xctx.push(Coord::Loop(l));
+            loops += 1;
+        }
         let guard = self.reduce_guard(op, x, mask, &xctx);
-        let r = Box::new(RowReduce { n, op, x, mask, ctx, xctx, depth, saved, accs, guarded: guard.is_some() });
+        let r = Box::new(RowReduce { n, op, x, mask, ctx, xctx, depth, saved, accs, loops, guarded: guard.is_some() });
         match guard {
             Some((m, mctx)) => {
                 tasks.push(Task::ReduceGuarded(r));
@@ -761,18 +783,26 @@ impl<'a> Emitter<'a> {
         tasks.extend(element);
     }
 
-    /// Closes a row reduction's guard and loop, puts back the blocks it set aside, and binds its
-    /// result in the block it belongs to.
+    /// Closes a row reduction's guard and loops, puts back the blocks it set aside, and binds
+    /// its result in the block it belongs to.
     fn close_row_reduce(&mut self, r: RowReduce) -> String {
         if r.guarded {
             self.close();
         }
-        self.close();
+        for _ in 0..r.loops {
+            self.close();
+        }
         self.blocks.extend(r.saved);
         let xd = self.g.node(r.x).dtype;
         let e = finish_reduce(r.op, xd, &r.accs);
         let ty = cuda::value_type(self.g.node(r.n).dtype);
-        let note = format!("n{} {} along the last axis", r.n.0, r.op.name());
+        let note = match self.g.node(r.n).op {
+            Op::Reduce { axis: axis @ ReduceAxis::Axes { .. }, .. } => {
+                let axes: Vec<String> = axis.axes(r.xctx.len()).iter().map(|a| a.to_string()).collect();
+                format!("n{} {} over axes [{}]", r.n.0, r.op.name(), axes.join(", "))
+            }
+            _ => format!("n{} {} along the last axis", r.n.0, r.op.name()),
+        };
         self.bind(r.depth, Key::Node(r.n, r.ctx), ty, e, &note)
     }
 
@@ -798,6 +828,10 @@ impl<'a> Emitter<'a> {
             match node.op {
                 Op::ExpandLast(x) => {
                     ctx.pop();
+                    n = x;
+                }
+                Op::Unsqueeze { x, axes } => {
+                    ctx = squeeze_ctx(ctx, axes);
                     n = x;
                 }
                 Op::Component { x, index } => {
@@ -898,7 +932,15 @@ struct RowReduce {
     /// The blocks inside that one, put back when the loop closes.
     saved: Vec<Block>,
     accs: Vec<String>,
+    /// How many loops it opened (one per reduced axis).
+    loops: usize,
     guarded: bool,
+}
+
+/// The context of the operand of an [`Op::Unsqueeze`] at `ctx`: the new axes' coordinates left
+/// out.
+fn squeeze_ctx(ctx: Vec<Coord>, axes: u32) -> Vec<Coord> {
+    ctx.into_iter().enumerate().filter(|(a, _)| *a >= 32 || axes >> a & 1 == 0).map(|(_, c)| c).collect()
 }
 
 /// Whether adding an element of reduction `op` reads its value (an unmasked count only counts).

@@ -268,7 +268,7 @@ fn degree_of(g: &Graph, n: NodeId, crossing: &[NodeId], deg: impl Fn(NodeId) -> 
     match node.op {
         Op::Const(l) => Some(if node.dtype.kind() == Kind::Float && l.as_f64() == 0.0 { Zero } else { Free }),
         Op::Input(_) | Op::Iota { .. } => Some(Free),
-        Op::Component { x, .. } | Op::ExpandLast(x) => deg(x),
+        Op::Component { x, .. } | Op::ExpandLast(x) | Op::Unsqueeze { x, .. } => deg(x),
         Op::Unary(UnaryOp::Neg, x) => deg(x),
         Op::Cast(x) if node.dtype.kind() == Kind::Float && g.node(x).dtype.kind() == Kind::Float => deg(x),
         Op::Unary(_, x) | Op::Cast(x) => deg(x).filter(|d| free(*d)).map(|_| Free),

@@ -249,7 +249,7 @@ fn eval_node(
             layout::stack(&mut o, &views);
             fresh(o)
         }
-        Op::ExpandLast(x) => {
+        Op::ExpandLast(x) | Op::Unsqueeze { x, .. } => {
             let v = operand(x)?;
             Value { shape: shape.clone(), values: Arc::clone(&v.values) }
         }
@@ -266,6 +266,17 @@ fn eval_node(
                     }
                     let mut o = out(pool);
                     reduce::reduce_last(&mut o, op, x_kind, &xv.values, row_len, mask_view.as_ref());
+                    fresh(o)
+                }
+                ReduceAxis::Axes { .. } => {
+                    let rank = xv.shape.len();
+                    let want = axis.result_shape(&kfuse_ir::Shape(vec![kfuse_ir::Dim::Const(1); rank]));
+                    if want.is_none_or(|s| s.rank() != shape.len()) {
+                        return Err(InterpError::Broadcast { node: id, operand: xv.shape.clone(), target: shape });
+                    }
+                    let mut o = out(pool);
+                    let reduced = axis.axes(rank);
+                    reduce::reduce_axes(&mut o, op, x_kind, &xv.values, &xv.shape, &reduced, mask_view.as_ref())?;
                     fresh(o)
                 }
             };

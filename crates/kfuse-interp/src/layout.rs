@@ -61,3 +61,33 @@ pub(crate) fn stack(out: &mut [f64], parts: &[BroadcastView]) {
         }
     });
 }
+
+/// `x` (dense, of `shape`) with its axes reordered: axis `k` of the result is axis `perm[k]` of
+/// `x` (`torch.permute`), written densely.
+pub(crate) fn permute(x: &[f64], shape: &[usize], perm: &[usize]) -> Vec<f64> {
+    let mut strides = vec![1usize; shape.len()];
+    for a in (0..shape.len().saturating_sub(1)).rev() {
+        strides[a] = strides[a + 1] * shape[a + 1];
+    }
+    let (dims, steps): (Vec<usize>, Vec<usize>) = perm.iter().map(|&a| (shape[a], strides[a])).unzip();
+    let mut out = Vec::with_capacity(x.len());
+    if x.is_empty() {
+        return out;
+    }
+    let mut index = vec![0usize; dims.len()];
+    let mut offset = 0usize;
+    for _ in 0..x.len() {
+        out.push(x[offset]);
+        // The odometer: the last axis moves fastest.
+        for d in (0..dims.len()).rev() {
+            index[d] += 1;
+            offset += steps[d];
+            if index[d] < dims[d] {
+                break;
+            }
+            offset -= dims[d] * steps[d];
+            index[d] = 0;
+        }
+    }
+    out
+}

@@ -1,9 +1,12 @@
-//! Reductions (`sum`, `mean`, `max`, `min`, `count`) over every element or along the last axis,
-//! optionally masked, computed in f64 with an order that does not depend on the thread count.
+//! Reductions (`sum`, `mean`, `max`, `min`, `count`) over every element, along the last axis or
+//! over any set of axes, optionally masked, computed in f64 with an order that does not depend on
+//! the thread count.
 //!
 //! Order: a row (or a fixed chunk of `CHUNK` elements, for a reduction over everything) is
 //! summed pairwise by index halves; chunk results are combined pairwise in index order. Chunk
-//! boundaries are fixed, so results are bit-identical whatever rayon's pool size.
+//! boundaries are fixed, so results are bit-identical whatever rayon's pool size. A reduction
+//! over a set of axes moves them last (kept axes first, each group in its order) and reduces
+//! the rows so formed, in row-major order of the reduced axes.
 //!
 //! Masked-out elements are skipped before any arithmetic, so NaN there does not propagate.
 //! Empty reductions: `sum` and `count` give 0, `mean` NaN (0/0), float `max` -inf and `min` +inf.
@@ -168,6 +171,32 @@ pub(crate) fn reduce_last(
             *d = finish(op, kind, combined);
         }
     });
+}
+
+/// Writes `op` over the axes `reduced` (in order) of `x` (of `shape`) into `out` (one element per
+/// combination of the other axes, in their order), with `mask` viewed at `x`'s shape.
+pub(crate) fn reduce_axes(
+    out: &mut [f64],
+    op: ReduceOp,
+    kind: Kind,
+    x: &[f64],
+    shape: &[usize],
+    reduced: &[usize],
+    mask: Option<&BroadcastView>,
+) -> Result<(), crate::InterpError> {
+    let perm: Vec<usize> = (0..shape.len()).filter(|a| !reduced.contains(a)).chain(reduced.iter().copied()).collect();
+    let moved: Vec<usize> = perm.iter().map(|&a| shape[a]).collect();
+    let row_len = reduced.iter().map(|&a| shape[a]).product::<usize>();
+    let xt = crate::layout::permute(x, shape, &perm);
+    let mt = mask.map(|m| crate::layout::permute(&m.chunk(0, x.len()), shape, &perm));
+    let mv = mt.as_deref().map(|m| BroadcastView::new(0, m, &moved, &moved)).transpose()?;
+    if row_len == 0 {
+        // Every row is empty: each result is the empty reduction.
+        out.fill(finish(op, kind, Partial::EMPTY));
+        return Ok(());
+    }
+    reduce_last(out, op, kind, &xt, row_len, mv.as_ref());
+    Ok(())
 }
 
 #[cfg(test)]

@@ -323,7 +323,44 @@ impl GraphBuilder {
         Ok(self.push(Node { op: Op::Iota { axis }, dtype: DType::I32, shape }))
     }
 
-    /// A reduction over every element or along the last axis, optionally masked.
+    /// A reduction over the axes `axes` of `x` (PyTorch's `dim=`: negative axes count from the
+    /// end), keeping them with size 1 under `keepdim`, optionally masked. Errors name the axis
+    /// and the rank: an axis out of range, one named twice, an empty list.
+    pub fn reduce_axes(
+        &mut self,
+        op: ReduceOp,
+        x: NodeId,
+        axes: &[i64],
+        keepdim: bool,
+        mask: Option<NodeId>,
+    ) -> Result<NodeId, IrError> {
+        let mask_bits = axis_mask(op.name(), axes, self.node(x).shape.rank())?;
+        self.reduce(op, ReduceAxis::Axes { mask: mask_bits, keepdim }, x, mask)
+    }
+
+    /// `x` with new size-1 axes where `axes` has a bit set (see [`Op::Unsqueeze`]). New axes
+    /// only at the end are written as `x[.., None]`, and no new axis is `x` itself.
+    pub fn unsqueeze(&mut self, x: NodeId, axes: u32) -> Result<NodeId, IrError> {
+        let n = self.node(x);
+        let Some(shape) = n.shape.unsqueezed(axes) else {
+            let rank = n.shape.rank() + axes.count_ones() as usize;
+            let axis = (0..32).rev().find(|a| axes >> a & 1 == 1).unwrap_or(0);
+            return Err(IrError::BadAxis { op: "unsqueeze", axis, rank, why: "is past the result's last axis".into() });
+        };
+        let new_trailing = (n.shape.rank()..shape.rank()).all(|a| axes >> a & 1 == 1);
+        if new_trailing {
+            let mut y = x;
+            for _ in 0..axes.count_ones() {
+                y = self.expand_last(y);
+            }
+            return Ok(y);
+        }
+        let dtype = n.dtype;
+        Ok(self.push(Node { op: Op::Unsqueeze { x, axes }, dtype, shape }))
+    }
+
+    /// A reduction over every element, along the last axis or over a set of axes (see
+    /// [`ReduceAxis`], whose normal forms this makes), optionally masked.
     pub fn reduce(
         &mut self,
         op: ReduceOp,
@@ -369,14 +406,38 @@ impl GraphBuilder {
                 });
             }
         }
-        let shape = match axis {
-            ReduceAxis::All => Shape::scalar(),
-            ReduceAxis::Last if xs.rank() == 0 => {
-                return Err(IrError::RankTooLow { op: op.name(), min: 1, shape: "[]".into() })
+        let rank = xs.rank();
+        let (axis, keep) = match axis {
+            ReduceAxis::Axes { mask: m, keepdim } => {
+                if m == 0 {
+                    return Err(IrError::BadAxis { op: op.name(), axis: 0, rank, why: "list is empty".into() });
+                }
+                let all = if rank >= 32 { u32::MAX } else { (1u32 << rank) - 1 };
+                if m & !all != 0 {
+                    let axis = i64::from(31 - m.leading_zeros());
+                    return Err(IrError::BadAxis { op: op.name(), axis, rank, why: "is out of range".into() });
+                }
+                let keep = if keepdim { m.count_ones() } else { 0 };
+                // The last axis alone is `Last` even at rank 1 (where it is also every axis), as
+                // `axis: -1` always was.
+                if m == 1 << (rank - 1) {
+                    (ReduceAxis::Last, keep)
+                } else if m == all {
+                    (ReduceAxis::All, keep)
+                } else {
+                    (ReduceAxis::Axes { mask: m, keepdim }, 0)
+                }
             }
-            ReduceAxis::Last => xs.without_last(),
+            a => (a, 0),
         };
-        Ok(self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape }))
+        let Some(shape) = axis.result_shape(&xs) else {
+            return Err(IrError::RankTooLow { op: op.name(), min: 1, shape: self.graph.shape_str(&xs) });
+        };
+        let mut y = self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape });
+        for _ in 0..keep {
+            y = self.expand_last(y);
+        }
+        Ok(y)
     }
 
     /// Declares the ragged layout of an `i32` input (see [`Constraint`]); the values are checked
@@ -433,6 +494,34 @@ impl GraphBuilder {
     }
 }
 
+/// The bit mask of `axes` (negative ones counting from the end) of an operand of rank `rank`.
+fn axis_mask(op: &'static str, axes: &[i64], rank: usize) -> Result<u32, IrError> {
+    let bad = |axis: i64, why: String| IrError::BadAxis { op, axis, rank, why };
+    if axes.is_empty() {
+        return Err(bad(0, "list is empty (name at least one axis, or reduce over every element)".into()));
+    }
+    let r = i64::try_from(rank).unwrap_or(i64::MAX);
+    let mut mask = 0u32;
+    for &axis in axes {
+        let a = if axis < 0 { axis.saturating_add(r) } else { axis };
+        if !(0..r).contains(&a) {
+            let range = match rank {
+                0 => "a scalar has no axis".to_string(),
+                _ => format!("the axes are 0 to {} or -{r} to -1", r - 1),
+            };
+            return Err(bad(axis, format!("is out of range ({range})")));
+        }
+        if a >= ReduceAxis::MAX_RANK as i64 {
+            return Err(bad(axis, format!("is past the {} axes a reduction can name", ReduceAxis::MAX_RANK)));
+        }
+        if mask >> a & 1 == 1 {
+            return Err(bad(axis, format!("is named twice (as axis {a})")));
+        }
+        mask |= 1 << a;
+    }
+    Ok(mask)
+}
+
 /// Removes dead nodes (left behind by weak literals that were retyped, or unused `let`s) and
 /// renumbers the rest, keeping their order.
 fn prune_dead(g: Graph) -> Graph {
@@ -458,6 +547,7 @@ fn prune_dead(g: Graph) -> Graph {
             Op::Ternary(t, a, b, c) => Op::Ternary(t, r(a), r(b), r(c)),
             Op::Component { x, index } => Op::Component { x: r(x), index },
             Op::ExpandLast(x) => Op::ExpandLast(r(x)),
+            Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: r(x), axes },
             Op::Reduce { op, axis, x, mask } => Op::Reduce { op, axis, x: r(x), mask: mask.map(r) },
             Op::Stack(l) => {
                 let parts: Vec<NodeId> = g.list(l).iter().map(|&p| r(p)).collect();

@@ -18,6 +18,8 @@ pub enum IrError {
     ComponentNeedsConstAxis { shape: String },
     #[error("`{op}` needs an operand of rank at least {min}, got shape {shape}")]
     RankTooLow { op: &'static str, min: usize, shape: String },
+    #[error("`{op}`: axis {axis} {why}, for an operand of rank {rank}")]
+    BadAxis { op: &'static str, axis: i64, rank: usize, why: String },
     #[error("the mask of `{op}` has shape {mask}, which does not broadcast to the operand's shape {operand}")]
     MaskShape { op: &'static str, mask: String, operand: String },
     #[error("`stack` needs at least one part")]

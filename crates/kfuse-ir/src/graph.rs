@@ -266,12 +266,63 @@ impl ReduceOp {
     }
 }
 
+/// Which axes a reduction reduces. The builder normalises: a reduction over every axis is `All`
+/// (followed by `x[.., None]` per axis under `keepdim`), one over exactly the last axis is `Last`
+/// (followed by `x[.., None]` under `keepdim`), so that `Axes` names a proper subset of the axes
+/// that is not just the last one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceAxis {
     /// Over every element: the result is a scalar.
     All,
     /// Along the last axis: the result drops that axis.
     Last,
+    /// Over the axes whose bit is set in `mask` (bit `a` = axis `a` of the operand). The result
+    /// drops them, or keeps them with size 1 when `keepdim` is set (PyTorch's `dim=`, `keepdim=`).
+    Axes { mask: u32, keepdim: bool },
+}
+
+impl ReduceAxis {
+    /// The most axes an operand of an [`ReduceAxis::Axes`] reduction may have (one bit each).
+    pub const MAX_RANK: usize = 32;
+
+    /// Whether axis `a` of an operand of rank `rank` is reduced.
+    pub fn reduces(self, a: usize, rank: usize) -> bool {
+        match self {
+            ReduceAxis::All => true,
+            ReduceAxis::Last => a + 1 == rank,
+            ReduceAxis::Axes { mask, .. } => a < Self::MAX_RANK && mask >> a & 1 == 1,
+        }
+    }
+
+    /// Whether the reduced axes stay in the result (with size 1).
+    pub fn keepdim(self) -> bool {
+        matches!(self, ReduceAxis::Axes { keepdim: true, .. })
+    }
+
+    /// The shape of the result of reducing an operand of shape `xs` (`None` when the axes do not
+    /// fit the operand: `Last` of a scalar, an `Axes` bit past its rank).
+    pub fn result_shape(self, xs: &Shape) -> Option<Shape> {
+        let rank = xs.rank();
+        match self {
+            ReduceAxis::All => Some(Shape::scalar()),
+            ReduceAxis::Last => xs.last().map(|_| xs.without_last()),
+            ReduceAxis::Axes { mask, keepdim } => {
+                if rank < Self::MAX_RANK && mask >> rank != 0 {
+                    return None;
+                }
+                let kept = xs.dims().iter().enumerate().filter_map(|(a, &d)| match self.reduces(a, rank) {
+                    false => Some(d),
+                    true => keepdim.then_some(Dim::Const(1)),
+                });
+                Some(Shape(kept.collect()))
+            }
+        }
+    }
+
+    /// The reduced axes of an operand of rank `rank`, in order.
+    pub fn axes(self, rank: usize) -> Vec<usize> {
+        (0..rank).filter(|&a| self.reduces(a, rank)).collect()
+    }
 }
 
 /// What a node computes. Operands are other nodes; shapes broadcast like NumPy.
@@ -301,6 +352,13 @@ pub enum Op {
     Stack(ListId),
     /// `x[.., None]`: a new last axis of size 1.
     ExpandLast(NodeId),
+    /// New axes of size 1 at the result's axes whose bit is set in `axes` (bit `a` = axis `a` of
+    /// the result), the operand's axes filling the others in order (`torch.unsqueeze`, several
+    /// at once). The gradient of a reduction over inner axes puts them back with it.
+    Unsqueeze {
+        x: NodeId,
+        axes: u32,
+    },
     /// A reduction, optionally over only the elements where `mask` (broadcast to `x`) is true.
     Reduce {
         op: ReduceOp,
@@ -315,7 +373,9 @@ impl Op {
     pub fn for_each_operand(&self, lists: &[Vec<NodeId>], mut f: impl FnMut(NodeId)) {
         match *self {
             Op::Input(_) | Op::Const(_) | Op::Iota { .. } => {}
-            Op::Cast(x) | Op::Unary(_, x) | Op::Component { x, .. } | Op::ExpandLast(x) => f(x),
+            Op::Cast(x) | Op::Unary(_, x) | Op::Component { x, .. } | Op::ExpandLast(x) | Op::Unsqueeze { x, .. } => {
+                f(x)
+            }
             Op::Binary(_, a, b) => {
                 f(a);
                 f(b)
@@ -518,10 +578,15 @@ impl std::fmt::Display for Graph {
                     format!("stack({})", parts.join(", "))
                 }
                 Op::ExpandLast(x) => format!("v{}[.., None]", x.0),
+                Op::Unsqueeze { x, axes } => format!("unsqueeze(v{}, axis: {})", x.0, axis_list(axes, n.shape.rank())),
                 Op::Reduce { op, axis, x, mask } => {
                     let ax = match axis {
-                        ReduceAxis::All => "",
-                        ReduceAxis::Last => ", axis: -1",
+                        ReduceAxis::All => String::new(),
+                        ReduceAxis::Last => ", axis: -1".to_string(),
+                        ReduceAxis::Axes { mask, keepdim } => {
+                            let list = axis_list(mask, self.node(x).shape.rank());
+                            format!(", axis: {list}{}", if keepdim { ", keepdim: true" } else { "" })
+                        }
                     };
                     let m = mask.map(|m| format!(", where: v{}", m.0)).unwrap_or_default();
                     format!("{}(v{}{ax}{m})", op.name(), x.0)
@@ -535,4 +600,10 @@ impl std::fmt::Display for Graph {
         }
         Ok(())
     }
+}
+
+/// The axes whose bit is set in `mask`, below `rank`, written as a list: `[0, 2]`.
+fn axis_list(mask: u32, rank: usize) -> String {
+    let axes: Vec<String> = (0..rank.min(32)).filter(|a| mask >> a & 1 == 1).map(|a| a.to_string()).collect();
+    format!("[{}]", axes.join(", "))
 }

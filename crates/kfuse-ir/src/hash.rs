@@ -87,13 +87,15 @@ impl Graph {
                         e.u(p.0 as u64);
                     }
                 }
-                Op::Reduce { op, axis, x, mask } => e.s(&format!(
-                    "reduce {} {} {} {}",
-                    op.name(),
-                    matches!(axis, ReduceAxis::All),
-                    x.0,
-                    mask.map(|m| m.0 as i64).unwrap_or(-1)
-                )),
+                Op::Reduce { op, axis, x, mask } => {
+                    // `All` and `Last` keep the encoding they had before `Axes` existed.
+                    let axes = match axis {
+                        ReduceAxis::All => "true".to_string(),
+                        ReduceAxis::Last => "false".to_string(),
+                        ReduceAxis::Axes { mask, keepdim } => format!("axes {mask} {keepdim}"),
+                    };
+                    e.s(&format!("reduce {} {axes} {} {}", op.name(), x.0, mask.map(|m| m.0 as i64).unwrap_or(-1)))
+                }
                 op => e.s(&format!("{op:?}")),
             }
         }

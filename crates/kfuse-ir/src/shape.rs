@@ -47,6 +47,20 @@ impl Shape {
         d.push(dim);
         Shape(d)
     }
+    /// The shape with new axes of size 1 where `axes` has a bit set (bit `a` = axis `a` of the
+    /// result), this shape's axes filling the others in order; `None` when a bit is past the
+    /// result's rank.
+    pub fn unsqueezed(&self, axes: u32) -> Option<Shape> {
+        let rank = self.rank() + axes.count_ones() as usize;
+        if rank < 32 && axes >> rank != 0 {
+            return None;
+        }
+        let mut rest = self.0.iter();
+        let dims: Option<Vec<Dim>> = (0..rank)
+            .map(|a| if a < 32 && axes >> a & 1 == 1 { Some(Dim::Const(1)) } else { rest.next().copied() })
+            .collect();
+        dims.map(Shape)
+    }
     /// Writes the shape with symbol names, e.g. `[B, N, 4]`.
     pub fn display<'a>(&'a self, symbols: &'a [String]) -> ShapeDisplay<'a> {
         ShapeDisplay { shape: self, symbols }

@@ -112,12 +112,13 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                     && parts.iter().all(|&p| node(p).shape.broadcasts_to(&n.shape.without_last()))
             }
             Op::ExpandLast(x) => node(x).shape.with_last(Dim::Const(1)) == n.shape && node(x).dtype == n.dtype,
+            Op::Unsqueeze { x, axes } => {
+                axes != 0 && node(x).shape.unsqueezed(axes).as_ref() == Some(&n.shape) && node(x).dtype == n.dtype
+            }
             Op::Reduce { op, axis, x, mask } => {
                 let xs = &node(x).shape;
-                let shape_ok = match axis {
-                    ReduceAxis::All => n.shape.is_scalar(),
-                    ReduceAxis::Last => xs.rank() >= 1 && xs.without_last() == n.shape,
-                };
+                let shape_ok = !matches!(axis, ReduceAxis::Axes { mask: 0, .. })
+                    && axis.result_shape(xs).as_ref() == Some(&n.shape);
                 let dtype_ok = match op {
                     ReduceOp::Count => node(x).dtype == DType::Bool && n.dtype == DType::I32,
                     ReduceOp::Mean => node(x).dtype.is_float() && n.dtype == node(x).dtype,

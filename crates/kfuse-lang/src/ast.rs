@@ -91,6 +91,8 @@ pub(crate) enum ExprKind {
         func: Ident,
         args: Vec<Arg>,
     },
+    /// `[a, b, ...]`: a list, as in `axis: [0, 1]` (not a value).
+    List(Vec<Expr>),
 }
 
 /// A call argument, positional or `name: value`.
@@ -119,6 +121,7 @@ impl Expr {
             ExprKind::Component { x, .. } => x.depth,
             ExprKind::Binary(_, a, b) => a.depth.max(b.depth),
             ExprKind::Call { args, .. } => args.iter().map(|a| a.value.depth).max().unwrap_or(0),
+            ExprKind::List(items) => items.iter().map(|x| x.depth).max().unwrap_or(0),
         }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! `where`, `clamp`, `pow`, `fma`, elementwise `min`/`max` (two arguments), the one-argument math
 //! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
-//! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:` and `axis: -1`), the casts
+//! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
 //! `f32 f16 bf16 i32 bool`, `grad`, and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
@@ -31,6 +31,35 @@ fn binary_function(name: &str) -> Option<(BinaryOp, &'static str)> {
         "bitwise_right_shift" => (BinaryOp::Shr, "bitwise_right_shift(a, n)"),
         _ => return None,
     })
+}
+
+/// Reads an `axis:` argument: one integer literal (maybe negative) or a list of them, each with
+/// its span. Whether the axes fit the operand is the builder's check.
+fn axis_list(ax: &Expr) -> Result<Vec<(i64, Span)>, Report> {
+    let int = |e: &Expr| match &e.kind {
+        ExprKind::Int(v) => Some(*v),
+        ExprKind::Neg(x) => match x.kind {
+            ExprKind::Int(v) => Some(-v),
+            _ => None,
+        },
+        _ => None,
+    };
+    let not_int = |at: Span| {
+        Report::new(DiagnosticKind::Axis, at, "the axis must be an integer literal")
+            .expected("axis: 0, axis: -1 (the last axis) or a list such as axis: [0, 1]")
+    };
+    match &ax.kind {
+        ExprKind::List(items) if items.is_empty() => Err(Report::new(
+            DiagnosticKind::Axis,
+            ax.span,
+            "the axis list is empty, so there is nothing to reduce over",
+        )
+        .expected("at least one axis, as in axis: [0], or no `axis:` to reduce over every element")),
+        ExprKind::List(items) => {
+            items.iter().map(|e| int(e).map(|v| (v, e.span)).ok_or_else(|| not_int(e.span))).collect()
+        }
+        _ => int(ax).map(|v| vec![(v, ax.span)]).ok_or_else(|| not_int(ax.span)),
+    }
 }
 
 fn reduction(name: &str) -> Option<ReduceOp> {
@@ -149,8 +178,8 @@ impl Lowerer<'_> {
         }
     }
 
-    /// `sum mean max min count` with optional `where:`, `axis:` and `keepdim:` (PyTorch's: the
-    /// reduced axis stays, of size 1, as `x[.., None]` would put it back).
+    /// `sum mean max min count` with optional `where:`, `axis:` (one axis or a list, negative
+    /// ones counting from the end) and `keepdim:` (PyTorch's: the reduced axes stay, of size 1).
     fn reduce(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
         let n = func.name.as_str();
         let Some(op) = reduction(n) else {
@@ -175,51 +204,39 @@ impl Lowerer<'_> {
             .expected(format!("{n}(x, axis: -1, keepdim: true), or {n}(x) over every element")));
         }
         let [x] = exact(func, &a, span, &format!("{n}(x, where: mask, axis: -1)"))?;
+        let axes = a.keyword("axis").map(axis_list).transpose()?;
         let xn = self.expr(x)?;
         let mask = match a.keyword("where") {
             Some(m) => Some((self.expr(m)?, m.span)),
             None => None,
         };
-        let axis = match a.keyword("axis") {
-            None => ReduceAxis::All,
-            Some(ax) => self.axis(n, ax, self.b.node(xn).shape.rank())?,
-        };
-        // A mask error points at the whole `where: MASK` argument.
+        // A mask error points at the whole `where: MASK` argument, an axis error at the axis.
         let mask = mask.map(|(m, s)| (m, a.keyword_span("where").unwrap_or(s)));
-        let reduced = self.b.reduce(op, axis, xn, mask.map(|m| m.0)).map_err(|e| {
+        let reduced = match &axes {
+            None => self.b.reduce(op, ReduceAxis::All, xn, mask.map(|m| m.0)),
+            Some(list) => {
+                let values: Vec<i64> = list.iter().map(|(v, _)| *v).collect();
+                self.b.reduce_axes(op, xn, &values, keepdim, mask.map(|m| m.0))
+            }
+        };
+        reduced.map_err(|e| {
             let at = match (&e, mask) {
                 (kfuse_ir::IrError::MaskShape { .. }, Some((_, s))) => s,
                 (kfuse_ir::IrError::BadDType { op: "where:", .. }, Some((_, s))) => s,
+                (kfuse_ir::IrError::BadAxis { axis, .. }, _) => {
+                    let items = axes.iter().flatten();
+                    // The second naming of a duplicate, else the first item with that value.
+                    let hits: Vec<Span> = items.filter(|(v, _)| v == axis).map(|(_, s)| *s).collect();
+                    let dup = axes.iter().flatten().filter(|(v, _)| *v == *axis).count() > 1;
+                    match (hits.last(), hits.first(), dup) {
+                        (Some(s), _, true) | (_, Some(s), false) => *s,
+                        _ => a.keyword("axis").map_or(span, |ax| ax.span),
+                    }
+                }
                 _ => span,
             };
             self.ir_report(e, at, &[])
-        })?;
-        Ok(if keepdim { self.b.expand_last(reduced) } else { reduced })
-    }
-
-    /// Reads an `axis:` argument: only the last axis (`-1`, or `rank - 1`) is supported.
-    fn axis(&self, func: &str, ax: &Expr, rank: usize) -> Result<ReduceAxis, Report> {
-        let value = match &ax.kind {
-            ExprKind::Int(v) => Some(*v),
-            ExprKind::Neg(x) => match x.kind {
-                ExprKind::Int(v) => Some(-v),
-                _ => None,
-            },
-            _ => None,
-        };
-        let last = i64::try_from(rank).ok().map(|r| r - 1);
-        match value {
-            Some(-1) => Ok(ReduceAxis::Last),
-            Some(v) if rank > 0 && Some(v) == last => Ok(ReduceAxis::Last),
-            Some(v) => Err(Report::new(
-                DiagnosticKind::Axis,
-                ax.span,
-                format!("`{func}` reduces over every element or along the last axis only, and axis {v} is not the last axis of a rank-{rank} operand"),
-            )
-            .expected("axis: -1 (the last axis), or no axis to reduce over every element")),
-            None => Err(Report::new(DiagnosticKind::Axis, ax.span, "the axis must be an integer literal")
-                .expected("axis: -1 (the last axis), or no axis to reduce over every element")),
-        }
+        })
     }
 
     /// `grad(of, wrt)`: the gradient of a scalar float with respect to an input.

@@ -42,7 +42,8 @@ pub enum DiagnosticKind {
     Shape,
     /// A call with the wrong number or names of arguments.
     Arguments,
-    /// A reduction axis other than the last one.
+    /// A reduction axis that the operand does not have, one named twice, or an empty or
+    /// non-literal axis list.
     Axis,
     /// A `grad(...)` that cannot be taken.
     Grad,

@@ -28,7 +28,7 @@
 //! sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
 //! `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
-//! positional argument, optional `where: MASK`, `axis: -1` and `keepdim: true`), casts `f32 f16 bf16 i32 bool`,
+//! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 bool`,
 //! `grad(OF, INPUT)`, and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!
@@ -43,6 +43,15 @@
 //! `!=`); the shifts take `i32`. Gradients follow PyTorch's `derivatives.yaml`: `sign round trunc
 //! ceil floor floor_div` have none, `remainder(a, b)` gives `g` to `a` and `-g * floor_div(a, b)`
 //! to `b`.
+//!
+//! Reductions follow PyTorch's `dim=` and `keepdim=`: with no `axis:` over every element (a
+//! scalar); `axis: 0`, `axis: -2` (negative axes count from the end) or a list `axis: [0, 2]`
+//! over those axes, which the result drops, or keeps with size 1 under `keepdim: true`
+//! (`sum(x, axis: 0, keepdim: true)` of an `[R, C]` `x` is `[1, C]`). A mask (`where:`)
+//! broadcasts to the operand whatever the axes. An axis out of range, one named twice (`[1, -1]`
+//! of a rank-2 operand) and an empty list are [`DiagnosticKind::Axis`] errors at the axis.
+//! Gradients flow through every form, and through operands broadcast along any axes (a `[D]`
+//! bias added to `[B, D]` rows gets the column sum).
 //!
 //! Integers: `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
 //! 64 bits; a total outside the `i32` range is never wrapped: the CPU interpreter refuses it with

@@ -285,6 +285,8 @@ impl<'s> Lowerer<'s> {
                 Ok(self.b.expand_last(x))
             }
             ExprKind::Call { func, args } => self.call(func, args, e.span),
+            ExprKind::List(_) => Err(Report::new(DiagnosticKind::Type, e.span, "a list `[...]` is not a value")
+                .expected("a list only as the axes of a reduction: sum(x, axis: [0, 1])")),
         }
     }
 
@@ -319,6 +321,7 @@ impl<'s> Lowerer<'s> {
                 DiagnosticKind::Type
             }
             IrError::DuplicateName(_) => DiagnosticKind::DuplicateName,
+            IrError::BadAxis { .. } => DiagnosticKind::Axis,
             IrError::NotDifferentiable { .. } => DiagnosticKind::Grad,
             IrError::UnknownSymbol(_) | IrError::Malformed(_) => DiagnosticKind::Internal,
         };
@@ -342,6 +345,11 @@ impl<'s> Lowerer<'s> {
                 "a mask whose shape broadcasts to the operand's (a [B, N] mask over a [B, N, 4] operand is written mask[.., None])".into()
             }
             IrError::DuplicateName(_) => "a name that is not used yet".into(),
+            IrError::BadAxis { rank: 0, .. } => "no axis: a scalar reduces over every element, as in sum(x)".into(),
+            IrError::BadAxis { rank, .. } => format!(
+                "axes from 0 to {} (or -{rank} to -1, counting from the end), each named once, as in axis: 0 or axis: [0, -1]",
+                rank - 1
+            ),
             IrError::BadConstraint { layout: "offsets", .. } => {
                 "an i32 input of one axis, as in `input offsets: i32[S] as offsets(T)`".into()
             }

@@ -412,10 +412,30 @@ impl<'t> Parser<'t> {
                 return self.node(ExprKind::Call { func, args }, t.span.to(close));
             }
             Tok::Ident(name) => ExprKind::Name(name),
+            Tok::LBracket => return self.list(),
             _ => return Err(self.unexpected(EXPR_START)),
         };
         self.bump();
         self.node(kind, t.span)
+    }
+
+    /// A list `[a, b, ...]` (the `[` is next). Kept out of `primary` so that its locals do not
+    /// enlarge the frame of every nesting level.
+    #[inline(never)]
+    fn list(&mut self) -> Result<Expr, Report> {
+        let open = self.bump().span;
+        let items = self.nested(|p| {
+            let mut items = Vec::new();
+            while p.peek().tok != Tok::RBracket {
+                items.push(p.expr()?);
+                if p.eat(&Tok::Comma).is_none() {
+                    break;
+                }
+            }
+            Ok(items)
+        })?;
+        let close = self.expect(&Tok::RBracket, "`,` or `]`")?;
+        self.node(ExprKind::List(items), open.to(close))
     }
 
     /// Call arguments up to (not including) the closing `)`.

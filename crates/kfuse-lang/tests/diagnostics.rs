@@ -176,8 +176,18 @@ fn calls_check_functions_arity_keywords_and_axes() {
         "positional argument after",
         "positional arguments first",
     );
-    check(&error("let y = sum(x, axis: 0)\n"), Axis, 1, 22, "0", "last axis only", "axis: -1");
+    check(&error("let y = sum(x, axis: 2)\n"), Axis, 1, 22, "2", "axis 2 is out of range", "axes from 0 to 1");
+    check(&error("let y = sum(x, axis: -3)\n"), Axis, 1, 22, "-3", "rank 2", "-2 to -1");
+    check(&error("let y = sum(x, axis: [0, -2])\n"), Axis, 1, 26, "-2", "named twice", "each named once");
+    check(&error("let y = sum(x, axis: [0, 5])\n"), Axis, 1, 26, "5", "out of range", "axes from 0 to 1");
+    check(&error("let y = sum(x, axis: [])\n"), Axis, 1, 22, "[]", "list is empty", "axis: [0]");
+    check(&error("let y = sum(x, axis: [0, n])\n"), Axis, 1, 26, "n", "integer literal", "axis: [0, 1]");
     check(&error("let y = sum(x, axis: n)\n"), Axis, 1, 22, "n", "integer literal", "axis: -1");
+    check(&error("let y = [0, 1]\n"), DiagnosticKind::Type, 1, 9, "[0, 1]", "not a value", "axis: [0, 1]");
+    check(&error("let y = sum(sum(x), axis: 0)\n"), Axis, 1, 27, "0", "rank 0", "sum(x)");
+    for ok in ["sum(x, axis: 0)", "mean(x, axis: -2, keepdim: true)", "max(x, axis: [0, 1])", "count(valid, axis: 0)"] {
+        assert!(parse_program(&format!("{HEADER}output y = {ok}\n"), "t.kf").is_ok(), "{ok}");
+    }
     assert!(
         parse_program(&format!("{HEADER}output y = sum(x, axis: 1)\n"), "t.kf").is_ok(),
         "axis 1 is the last of [N, 4]"

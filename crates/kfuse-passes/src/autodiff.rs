@@ -153,6 +153,7 @@ fn describe(b: &GraphBuilder, id: NodeId) -> String {
         Op::Component { .. } => "a component",
         Op::Stack(_) => "stack",
         Op::ExpandLast(_) => "x[.., None]",
+        Op::Unsqueeze { .. } => "unsqueeze",
         Op::Reduce { op, .. } => op.name(),
     };
     format!("v{} (`{what}`)", id.0)
@@ -351,6 +352,18 @@ impl Step<'_, '_> {
             }
             Op::ExpandLast(x) => {
                 let c = self.slice_last(g, 0, 1)?;
+                self.send_exact(x, c)
+            }
+            Op::Unsqueeze { x, axes } => {
+                // `g` has size 1 on the new axes (or lacks them): sum them away.
+                let (gr, yr) = (self.em.shape(g).rank(), self.node.shape.rank());
+                let bits = (yr - gr.min(yr)..yr).filter(|&a| axes >> a & 1 == 1).map(|a| a - (yr - gr.min(yr)));
+                let m = bits.fold(0u32, |m, a| m | 1 << a);
+                let c = if m == 0 {
+                    g
+                } else {
+                    self.em.reduce(ReduceOp::Sum, ReduceAxis::Axes { mask: m, keepdim: false }, g, None)?
+                };
                 self.send_exact(x, c)
             }
             Op::Reduce { op, axis, x, mask } => self.reduce(op, axis, x, mask),
@@ -690,22 +703,23 @@ impl Step<'_, '_> {
         }
         let (g, y) = (self.g, self.id);
         let xs = self.em.shape(x);
+        let rank = xs.rank();
         let c = match op {
             ReduceOp::Count => return Ok(()),
             ReduceOp::Sum => {
-                let gb = self.spread(g, axis);
+                let gb = self.spread(g, axis, rank)?;
                 self.masked(mask, gb)?
             }
             ReduceOp::Mean => {
                 let n = self.element_count(axis, x, mask)?;
                 let share = self.em.div(g, n)?;
-                let gb = self.spread(share, axis);
+                let gb = self.spread(share, axis, rank)?;
                 self.masked(mask, gb)?
             }
             ReduceOp::Max | ReduceOp::Min => {
                 // The gradient is shared evenly among the elements equal to the result (PyTorch's
                 // amax/amin); elements left out by the mask never take part.
-                let yb = self.spread(y, axis);
+                let yb = self.spread(y, axis, rank)?;
                 let hit = self.em.compare(BinaryOp::Eq, x, yb)?;
                 let hit = match mask {
                     Some(m) => self.em.compare(BinaryOp::And, hit, m)?,
@@ -713,7 +727,7 @@ impl Step<'_, '_> {
                 };
                 let ties = self.em.reduce(ReduceOp::Count, axis, hit, None)?;
                 let share = self.em.div(g, ties)?;
-                let sb = self.spread(share, axis);
+                let sb = self.spread(share, axis, rank)?;
                 let zero = self.em.lit(0.0);
                 self.em.select(hit, sb, zero)?
             }
@@ -722,11 +736,24 @@ impl Step<'_, '_> {
         self.send_exact(x, c)
     }
 
-    /// A value shaped like a reduction's result, made to broadcast against the reduced operand.
-    fn spread(&mut self, v: NodeId, axis: ReduceAxis) -> NodeId {
+    /// A value whose shape broadcasts to a reduction's result, made to broadcast against the
+    /// reduced operand (of rank `rank`): the reduced axes that the result dropped and that come
+    /// after `v`'s first axis are put back with size 1.
+    fn spread(&mut self, v: NodeId, axis: ReduceAxis, rank: usize) -> Result<NodeId, IrError> {
+        let vr = self.em.shape(v).rank();
         match axis {
-            ReduceAxis::Last if !self.em.shape(v).is_scalar() => self.em.expand_last(v),
-            _ => v,
+            ReduceAxis::Last if vr > 0 => Ok(self.em.expand_last(v)),
+            ReduceAxis::Axes { keepdim: false, .. } if vr > 0 => {
+                // `v`'s axes are the last `vr` kept axes of the operand; the first of them is where
+                // the spread value begins.
+                let kept: Vec<usize> = (0..rank).filter(|&a| !axis.reduces(a, rank)).collect();
+                let start = kept.len().checked_sub(vr).map(|k| kept[k]).ok_or_else(|| {
+                    IrError::Malformed(format!("a gradient of rank {vr} for a reduction to rank {}", kept.len()))
+                })?;
+                let bits = (start..rank).filter(|&a| axis.reduces(a, rank)).fold(0u32, |m, a| m | 1 << (a - start));
+                self.em.unsqueeze(v, bits)
+            }
+            _ => Ok(v),
         }
     }
 
@@ -745,12 +772,8 @@ impl Step<'_, '_> {
     fn element_count(&mut self, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
         let xs = self.em.shape(x);
         if mask.is_none() {
-            let dims: &[Dim] = match axis {
-                ReduceAxis::All => xs.dims(),
-                ReduceAxis::Last => &xs.dims()[xs.rank().saturating_sub(1)..],
-            };
-            let consts: Option<Vec<u64>> =
-                dims.iter().map(|d| if let Dim::Const(c) = d { Some(*c) } else { None }).collect();
+            let dims = axis.axes(xs.rank()).into_iter().map(|a| xs.dims()[a]);
+            let consts: Option<Vec<u64>> = dims.map(|d| if let Dim::Const(c) = d { Some(c) } else { None }).collect();
             if let Some(c) = consts {
                 // Exact in f64 for any tensor that fits in memory.
                 return Ok(self.em.lit(c.iter().map(|&v| v as f64).product()));

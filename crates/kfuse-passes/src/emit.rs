@@ -312,6 +312,10 @@ impl Emitter<'_> {
         self.b.expand_last(x)
     }
 
+    pub fn unsqueeze(&mut self, x: NodeId, axes: u32) -> Result<NodeId, IrError> {
+        self.b.unsqueeze(x, axes)
+    }
+
     pub fn stack(&mut self, parts: &[NodeId]) -> Result<NodeId, IrError> {
         self.b.stack(parts)
     }

@@ -1,16 +1,15 @@
 //! Summing a gradient back over the axes along which its operand was broadcast.
 //!
 //! When an operand of shape `A` was broadcast up to the result shape `S` (a scalar bias, a `[B, 1]`
-//! column, a `[4]` row), the operand's gradient is the result's gradient summed over the broadcast
-//! axes. The IR reduces only over all axes or the last axis, so [`reduce_to`] handles:
+//! column, a `[D]` weight), the operand's gradient is the result's gradient summed over the
+//! broadcast axes. [`reduce_to`] handles every pattern, preferring these forms:
 //! - an operand that is scalar-like (every dim 1 or absent): one sum over all axes;
 //! - broadcast axes at the end of `S` (`[B, 1]` in `[B, N]`): sums along the last axis, then the
 //!   size-1 axes are put back with `x[.., None]`;
 //! - a kept last axis of small constant size (`[4]` in `[B, 4]`): the gradient is split into its
-//!   components, each is reduced recursively, and the results are stacked again.
-//!
-//! Anything else (a symbolic kept axis after a broadcast one, `[N]` in `[B, N]`; leading size-1
-//! axes that the operand lacks) is reported as [`IrError::NotDifferentiable`] rather than guessed.
+//!   components, each is reduced recursively, and the results are stacked again;
+//! - anything else (`[D]` in `[B, D]`, `[1, D]` in `[A, B, D]`): one sum over the broadcast axes
+//!   (the leading axes the operand lacks dropped), the operand's inner size-1 axes put back.
 
 use kfuse_ir::{Dim, IrError, NodeId, ReduceAxis, ReduceOp, Shape};
 
@@ -28,35 +27,7 @@ pub(crate) fn reduce_to(em: &mut Emitter<'_>, g: NodeId, full: &Shape, target: &
     // Sums must see every element, so a lazily broadcast gradient is first made full-sized.
     let x = em.broadcast_to(g, full)?;
     let mut budget = MAX_SLICES;
-    match reduce_exact(em, x, full, target, &mut budget) {
-        Ok(r) => Ok(r),
-        Err(Failure::Ir(e)) => Err(e),
-        Err(Failure::Unreducible) => Err(IrError::NotDifferentiable {
-            what: format!("an operand of shape {} broadcast to {}", show(em, target), show(em, full)),
-            why: "its gradient needs a sum over broadcast axes that come before kept axes, which the IR \
-                  (sums over all axes or the last axis only) expresses only when the kept trailing axes \
-                  are small constants; make the operand broadcast as a scalar or along trailing size-1 axes"
-                .into(),
-        }),
-    }
-}
-
-/// Why [`reduce_exact`] stopped.
-enum Failure {
-    /// The broadcast pattern is not expressible (the caller names the shapes).
-    Unreducible,
-    /// Building a node failed.
-    Ir(IrError),
-}
-
-impl From<IrError> for Failure {
-    fn from(e: IrError) -> Self {
-        Failure::Ir(e)
-    }
-}
-
-fn show(em: &Emitter<'_>, s: &Shape) -> String {
-    em.b.graph().shape_str(s)
+    reduce_exact(em, x, full, target, &mut budget)
 }
 
 /// Whether `target` (aligned to the right) is broadcast along some axis of `full` that is not 1.
@@ -81,19 +52,25 @@ fn reduce_exact(
     full: &Shape,
     target: &Shape,
     budget: &mut u64,
-) -> Result<NodeId, Failure> {
-    if target.rank() > full.rank() {
-        return Err(Failure::Unreducible);
+) -> Result<NodeId, IrError> {
+    if !target.broadcasts_to(full) {
+        let g = em.b.graph();
+        return Err(IrError::Malformed(format!(
+            "a gradient of shape {} for an operand of shape {}",
+            g.shape_str(full),
+            g.shape_str(target)
+        )));
     }
     if !has_broadcast_axis(full, target) {
-        return if full.broadcasts_to(target) { Ok(x) } else { Err(Failure::Unreducible) };
+        // Only size-1 leading axes that `target` lacks, if any, are left to drop.
+        return if full.rank() > target.rank() { sum_broadcast_axes(em, x, full, target) } else { Ok(x) };
     }
     if target.dims().iter().all(|d| *d == Dim::Const(1)) {
-        return Ok(em.reduce(ReduceOp::Sum, ReduceAxis::All, x, None)?);
+        return em.reduce(ReduceOp::Sum, ReduceAxis::All, x, None);
     }
     // Here `target` has a dim other than 1, so both shapes have a last axis.
     let (Some(fl), Some(tl)) = (full.last(), target.last()) else {
-        return Err(Failure::Unreducible);
+        return sum_broadcast_axes(em, x, full, target);
     };
     let (full_rest, target_rest) = (full.without_last(), target.without_last());
     if fl == Dim::Const(1) || tl == Dim::Const(1) {
@@ -107,21 +84,39 @@ fn reduce_exact(
         let r = reduce_exact(em, y, &full_rest, &target_rest, budget)?;
         return Ok(em.expand_last(r));
     }
-    // The last axis is kept while some earlier axis is broadcast: only a small constant last
-    // axis can be split into components, each reduced on its own.
-    let Dim::Const(k) = fl else {
-        return Err(Failure::Unreducible);
+    // The last axis is kept while some earlier axis is broadcast: a small constant last axis is
+    // split into components, each reduced on its own; any other is summed over the axes at once.
+    let k = match fl {
+        Dim::Const(k) if k <= *budget => k,
+        _ => return sum_broadcast_axes(em, x, full, target),
     };
-    if k > *budget {
-        return Err(Failure::Unreducible);
-    }
     *budget /= k;
     let mut parts = Vec::new();
     for i in 0..k {
-        let i = u32::try_from(i).map_err(|_| Failure::Unreducible)?;
+        let i = u32::try_from(i).map_err(|_| IrError::Malformed("component index exceeds u32".into()))?;
         let y = em.component(x, i)?;
         let mut inner_budget = *budget;
         parts.push(reduce_exact(em, y, &full_rest, &target_rest, &mut inner_budget)?);
     }
-    Ok(em.stack(&parts)?)
+    em.stack(&parts)
+}
+
+/// `x` (exactly of shape `full`) summed over the axes along which `target` was broadcast in one
+/// reduction: the leading axes `target` lacks are dropped, `target`'s size-1 axes put back.
+fn sum_broadcast_axes(em: &mut Emitter<'_>, x: NodeId, full: &Shape, target: &Shape) -> Result<NodeId, IrError> {
+    let lead = full.rank() - target.rank();
+    let (mut dropped, mut kept_ones) = (0u32, 0u32);
+    for a in 0..full.rank() {
+        if a < lead {
+            dropped |= 1 << a;
+        } else if is_reduced(full.dims()[a], target_dim(full, target, a)) {
+            kept_ones |= 1 << (a - lead);
+        }
+    }
+    let r =
+        em.reduce(ReduceOp::Sum, ReduceAxis::Axes { mask: dropped | kept_ones << lead, keepdim: false }, x, None)?;
+    if kept_ones == 0 {
+        return Ok(r);
+    }
+    em.unsqueeze(r, kept_ones)
 }
