@@ -87,8 +87,13 @@ pub(crate) struct Analysis {
     /// For each node: the kernel whose epilogue computes it, for scalars that depend on a full
     /// reduction (and full reductions themselves); `None` for values computed where needed.
     pub home: Vec<Option<usize>>,
-    /// Temp buffer number (in node order) of each scalar that crosses kernels.
+    /// Temp buffer number of each value that crosses kernels: the scalars (numbered in node
+    /// order), then the row values (see `row_values`).
     pub temps: BTreeMap<NodeId, usize>,
+    /// Row reductions that a row-wise kernel computes once per row and stores, one value per row,
+    /// for later kernels to read instead of reducing the rows again: node -> the kernel that
+    /// stores it (set by `shapes::row_wise::plan_rows`; their buffers are in `temps`).
+    pub row_values: BTreeMap<NodeId, usize>,
 }
 
 /// How many partial slots a full reduction needs (`mean` keeps a sum and a count).
@@ -197,7 +202,7 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
         temps.insert(n, t);
         kernels[h].temp_writes.push(n);
     }
-    Ok(Analysis { kernels, home, temps })
+    Ok(Analysis { kernels, home, temps, row_values: BTreeMap::new() })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

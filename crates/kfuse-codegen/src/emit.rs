@@ -456,6 +456,10 @@ impl<'a> Emitter<'a> {
             values.push(v);
             return Ok(());
         }
+        if let Some(v) = self.read_row_value(n, &key, &ctx) {
+            values.push(v);
+            return Ok(());
+        }
         let dims = node.shape.dims();
         match node.op {
             Op::Const(_) => return Err(CodegenError::Internal { node: n.0, what: "constant reached the value path" }),
@@ -585,6 +589,23 @@ impl<'a> Emitter<'a> {
             .ok_or(CodegenError::Internal { node: n.0, what: "reduction without slots" })?;
         let e = finish_reduce(op, self.g.node(x).dtype, &slots);
         Ok(Some(self.bind(depth, key.clone(), cuda::value_type(node.dtype), e, &format!("n{}", n.0))))
+    }
+
+    /// A row reduction that an earlier row-wise kernel stored, one value per row (see
+    /// `Analysis::row_values`): loaded at its row instead of reduced again.
+    fn read_row_value(&mut self, n: NodeId, key: &Key, ctx: &[Coord]) -> Option<String> {
+        let (Some(an), Mode::Element { kernel }) = (self.an, self.mode) else { return None };
+        let t = match (an.row_values.get(&n), an.temps.get(&n)) {
+            (Some(&w), Some(&t)) if w < kernel => t,
+            _ => return None,
+        };
+        self.uses.temps_read.insert(t);
+        let node = self.g.node(n);
+        let off = self.offset(node.shape.dims(), ctx);
+        let e = cuda::load_conversion(temp_dtype(node.dtype), &format!("tmp{t}[{off}]"));
+        let depth = self.target_depth(ctx);
+        let note = format!("n{} per row, from an earlier kernel", n.0);
+        Some(self.bind(depth, key.clone(), cuda::value_type(node.dtype), e, &note))
     }
 
     /// Starts a stack: at a constant index it is that part; at a run-time index every part is

@@ -33,7 +33,7 @@ use crate::{check, sinks, CodegenError, CodegenOptions};
 
 pub(crate) fn emit_kernel(
     g: &Graph,
-    an: &Analysis,
+    (an, row_plan): (&Analysis, Option<&row_wise::RowWise>),
     k: usize,
     launched: usize,
     opts: &CodegenOptions,
@@ -59,10 +59,7 @@ pub(crate) fn emit_kernel(
     }
     let last_dim = info.dims.last().copied();
     let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &groups);
-    let row_wise = match (onepass, &row_bound) {
-        (None, None) => row_wise::detect(g, an, info),
-        _ => None,
-    };
+    let row_wise = row_plan.filter(|_| onepass.is_none());
     let shape =
         KernelShape::choose(onepass.map(|b| &b.pass), row_bound.is_some(), row_wise.is_some(), last_dim, &groups);
     let block = shape.block(opts);
@@ -77,7 +74,7 @@ pub(crate) fn emit_kernel(
     match (shape, &row_bound, last_dim) {
         (KernelShape::RowWise, _, _) => {
             let plan = row_wise.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without rows" })?;
-            row_sizes = Some(row_wise::emit_body(&mut em, g, plan, &info.dims, &groups, &mut unconditional)?);
+            row_sizes = Some(row_wise::emit_body(&mut em, g, (an, k), plan, &info.dims, &groups, &mut unconditional)?);
         }
         (KernelShape::Rows, _, _) => {
             let (src, nv) = rows::rows_loop(&mut em, g, an, k, &groups, mask_counts, next_var)?;
@@ -150,6 +147,8 @@ pub(crate) fn emit_kernel(
             uses.helpers.insert(Helper::MinMaxF64);
         }
     }
+    let mut temps_written = ep.temps_written.clone();
+    temps_written.extend(row_sizes.iter().flat_map(|r| r.temps_written.iter().copied()));
     let params = params(
         g,
         an,
@@ -159,7 +158,7 @@ pub(crate) fn emit_kernel(
             shape,
             uses: &uses,
             outputs_written,
-            temps_written: &ep.temps_written,
+            temps_written: &temps_written,
             list: compacted_pass.and_then(|b| b.list.map(|l| (l, b.pass.comps))),
             n_slots: slots.len(),
             checked,

@@ -117,7 +117,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }
-    let an = analysis::analyse(graph)?;
+    let mut an = analysis::analyse(graph)?;
     let hash = graph.stable_hash();
 
     let mut buffers = Vec::new();
@@ -136,16 +136,16 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             buffers::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
-    let temps_base = buffers.len();
-    for &n in an.temps.keys() {
-        let dtype = temp_dtype(graph.node(n).dtype);
-        buffers.push(BufferDecl {
-            kind: BufferKind::Temp,
-            elem: ElemType::Tensor(dtype),
-            elems: SizeExpr::constant(1),
-        });
-    }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
+    let row_plans = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
+    let temps_base = buffers.len();
+    let mut temps: Vec<(usize, kfuse_ir::NodeId)> = an.temps.iter().map(|(&n, &t)| (t, n)).collect();
+    temps.sort();
+    for (_, n) in temps {
+        let node = graph.node(n);
+        let elems = buffers::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: n.0 })?;
+        buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::Tensor(temp_dtype(node.dtype)), elems });
+    }
     // The rows plan's blocks have a fixed size; the default block size stands for it.
     let rows_block = shapes::rows::ROWS_BLOCK;
     if pass.as_ref().is_some_and(|p| p.rows)
@@ -221,7 +221,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
     let kernels = (0..launched)
-        .map(|k| kernel::emit_kernel(graph, &an, k, launched, opts, &hash, &index))
+        .map(|k| kernel::emit_kernel(graph, (&an, row_plans[k].as_ref()), k, launched, opts, &hash, &index))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
 }

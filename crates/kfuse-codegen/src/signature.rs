@@ -64,10 +64,12 @@ pub(crate) fn params(
     let temp_nodes: Vec<(NodeId, usize)> = an.temps.iter().map(|(&n, &t)| (n, t)).collect();
     for (n, t) in temp_nodes {
         let d = temp_dtype(g.node(n).dtype);
+        let shape = &g.node(n).shape;
+        let what = if shape.is_scalar() { "scalar".to_string() } else { format!("{} per row", g.shape_str(shape)) };
         let (constness, note) = if temps_written.contains(&t) {
-            ("", format!("n{} {} scalar, written here for a later kernel", n.0, d))
+            ("", format!("n{} {d} {what}, written here for a later kernel", n.0))
         } else if uses.temps_read.contains(&t) {
-            ("const ", format!("n{} {} scalar from an earlier kernel", n.0, d))
+            ("const ", format!("n{} {d} {what} from an earlier kernel", n.0))
         } else {
             continue;
         };

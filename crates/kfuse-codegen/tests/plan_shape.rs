@@ -529,17 +529,20 @@ fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     let g = row_graph();
     let p = plan(&g, &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 2, "the loss over the rows [B], z over [B, C]");
-    // The loss: one row result per row (the max, then the sum that reads it), into the mean.
-    let src = &p.kernels[0].source;
+    // The loss: one row result per row (the max, then the sum that reads it), into the mean; the
+    // maximum is folded over the row's lanes once and stored for z's kernel, one value per row.
+    let k = &p.kernels[0];
+    let src = &k.source;
     assert!(src.contains("2 row reduction phase(s) computed once per row, then the body once per row"), "{src}");
     assert!(src.contains("if (kf_live && lane == 0) {"), "{src}");
-    // z: the maximum is folded over the row's lanes once, then read by every element.
-    let k = &p.kernels[1];
-    let src = &k.source;
-    assert!(src.contains("1 row reduction phase(s) computed once per row, then the body at each element"), "{src}");
     assert_eq!(src.matches("kf_row_max(").count(), 2, "the helper and one call:\n{src}");
     assert!(!src.contains("for (long long j0 = 0;"), "no serial loop over a row:\n{src}");
     assert!(src.contains("in0[rowbase + j0]"), "rows are read at rowbase + column:\n{src}");
+    assert!(src.contains("if (kf_live && lane == 0) tmp0[row] = v"), "{src}");
+    // z reads the stored maximum at its row and reduces nothing.
+    let z = &p.kernels[1].source;
+    assert!(z.contains("const float* __restrict__ tmp0, // n2 f32 [B] per row from an earlier kernel"), "{z}");
+    assert!(!z.contains("for (long long j") && !z.contains("kf_row_"), "{z}");
     // The grid follows the row length: 4 to 256 lanes a row.
     let GridSpec::Rows { rows, cols, block, max_blocks_per_sm } = &k.grid else { panic!("a rows grid: {:?}", k.grid) };
     assert_eq!(

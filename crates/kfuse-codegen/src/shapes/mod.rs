@@ -56,6 +56,8 @@ impl KernelShape {
         groups: &[Group],
     ) -> KernelShape {
         match onepass {
+            // Row reductions used again in their rows: computed once per row, whatever else holds.
+            None if row_wise => KernelShape::RowWise,
             Some(p) if p.rows => KernelShape::Rows,
             // A lengths mask is a row bound, and under one the one-pass plan is the rows plan.
             Some(_) => KernelShape::Compacted,
@@ -67,7 +69,6 @@ impl KernelShape {
                         KernelShape::WarpPerRow
                     }
                 }
-                _ if row_wise => KernelShape::RowWise,
                 _ => KernelShape::GridStride,
             },
         }

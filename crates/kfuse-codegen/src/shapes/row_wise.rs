@@ -19,6 +19,12 @@
 //!    the group's lane 0 ([`RowCase::Results`]: the domain is the rows, e.g. a per-row loss summed
 //!    into a mean).
 //!
+//! A row reduction that a later kernel also needs (layer norm's mean and variance in the kernel of
+//! its weight gradients, the row maximum and sum in a cross-entropy's gradient kernel) is stored
+//! by the first row-wise kernel that computes it, one value per row (a Temp buffer shaped like the
+//! rows), and loaded at its row by the later kernels, which never reduce that row again
+//! ([`plan_rows`], `Analysis::row_values`).
+//!
 //! A dead group (past the last row, in the block's last step) reads the last row and stores
 //! nothing, so that every thread of the block reaches every fold. The accumulation order depends
 //! on the row length and the block size only: results are the same bits from run to run.
@@ -26,15 +32,15 @@
 //! Not handled here: reductions the detection leaves out (another row length, a broadcast
 //! operand) stay serial loops (see `emit`); the tail (see `tail`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
 
 use crate::actions::{Combine, Group};
 use crate::analysis::{full_reduce, slots_of, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
 use crate::buffers::size_expr;
-use crate::cuda::Helper;
-use crate::emit::{finish_reduce, Coord, Emitter};
+use crate::cuda::{self, Helper};
+use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
 use crate::plan::GridSpec;
 use crate::shapes::grid_stride;
 use crate::text::{render, write_lines};
@@ -76,14 +82,11 @@ impl RowWise {
     }
 }
 
-/// The row reductions of kernel `info` that this shape computes once per row: reductions along
-/// the last axis, reached from the kernel's sinks, whose operand is the kernel's rows times a row
-/// length that is not a small constant (a component axis, cheap to loop over). `None` when there
-/// are none.
-pub(crate) fn detect(g: &Graph, an: &Analysis, info: &KernelInfo) -> Option<RowWise> {
-    let dims = &info.dims;
-    // The nodes the kernel's element work evaluates: from its sinks through operands, stopping at
-    // scalars computed elsewhere (epilogues) and at full reductions.
+/// The nodes kernel `info`'s element work evaluates: from its sinks through operands, stopping
+/// at scalars computed elsewhere (epilogues), at full reductions and at `leaves` (values read
+/// from an earlier kernel).
+fn evaluated(g: &Graph, an: &Analysis, info: &KernelInfo, leaves: &BTreeMap<NodeId, usize>) -> Vec<bool> {
+    let elsewhere = |n: NodeId| an.home[n.index()].is_some() && g.node(n).shape.is_scalar();
     let mut seen = vec![false; g.nodes.len()];
     let mut stack: Vec<NodeId> = Vec::new();
     for s in &info.sinks {
@@ -97,15 +100,57 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, info: &KernelInfo) -> Option<RowW
             SinkKind::Output { index } => stack.push(g.outputs[index].node),
         }
     }
-    // A scalar computed by an epilogue is read, not evaluated (see `emit::eval_elsewhere`).
-    let elsewhere = |n: NodeId| an.home[n.index()].is_some() && g.node(n).shape.is_scalar();
-    let mut found: Vec<(NodeId, RowCase, Dim)> = Vec::new();
     while let Some(n) = stack.pop() {
-        if std::mem::replace(&mut seen[n.index()], true) || elsewhere(n) || full_reduce(g, n).is_some() {
+        if seen[n.index()] || elsewhere(n) || full_reduce(g, n).is_some() {
             continue;
         }
-        g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
-        if let Op::Reduce { axis: ReduceAxis::Last, x, .. } = g.node(n).op {
+        seen[n.index()] = true;
+        if !leaves.contains_key(&n) {
+            g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+        }
+    }
+    seen
+}
+
+/// Plans the row-wise kernels of a graph: for each kernel (in launch order; kernel 0 not when it
+/// runs the one-pass plan, `onepass0`), its row reductions ([`detect`]); a row reduction that a
+/// later kernel also evaluates is stored by the first kernel that computes it, one value per row,
+/// and read by the later ones (recorded in `an.row_values`, its buffer appended to `an.temps`).
+pub(crate) fn plan_rows(g: &Graph, an: &mut Analysis, onepass0: bool) -> Vec<Option<RowWise>> {
+    let none = BTreeMap::new();
+    let reached: Vec<Vec<bool>> = an.kernels.iter().map(|info| evaluated(g, an, info, &none)).collect();
+    let mut plans = Vec::with_capacity(an.kernels.len());
+    for k in 0..an.kernels.len() {
+        let plan = match k == 0 && onepass0 {
+            true => None,
+            false => detect(g, an, &an.kernels[k], &evaluated(g, an, &an.kernels[k], &an.row_values)),
+        };
+        for n in plan.iter().flat_map(|p| p.phases.iter().flatten()) {
+            if reached[k + 1..].iter().any(|e| e[n.index()]) && !an.row_values.contains_key(n) {
+                an.row_values.insert(*n, k);
+                let t = an.temps.len();
+                an.temps.insert(*n, t);
+            }
+        }
+        plans.push(plan);
+    }
+    plans
+}
+
+/// The row reductions of kernel `info` that this shape computes once per row: reductions along
+/// the last axis, among the nodes its element work evaluates (`seen`, see [`evaluated`]) and not
+/// stored by an earlier kernel, whose operand is the kernel's rows times a row length that is not
+/// a small constant (a component axis, cheap to loop over). `None` when there are none.
+fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<RowWise> {
+    let dims = &info.dims;
+    let evaluates = |n: NodeId| seen[n.index()] && !an.row_values.contains_key(&n);
+    let mut found: Vec<(NodeId, RowCase, Dim)> = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let n = NodeId(i as u32);
+        if !evaluates(n) {
+            continue;
+        }
+        if let Op::Reduce { axis: ReduceAxis::Last, x, .. } = node.op {
             let xd = g.node(x).shape.dims();
             let Some((&cols, rows)) = xd.split_last() else { continue };
             if xd == &dims[..] && !dims.is_empty() {
@@ -125,7 +170,7 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, info: &KernelInfo) -> Option<RowW
     let mut phases: Vec<Vec<NodeId>> = Vec::new();
     for i in 0..g.nodes.len() {
         let n = NodeId(i as u32);
-        if !seen[i] || elsewhere(n) {
+        if !evaluates(n) {
             continue;
         }
         let mut r = 0;
@@ -142,10 +187,12 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, info: &KernelInfo) -> Option<RowW
     Some(RowWise { case, phases, cols })
 }
 
-/// The row count and row length of the kernel's template, as C expressions.
+/// The row count and row length of the kernel's template, as C expressions, and the Temp
+/// buffers the kernel stores row values into.
 pub(crate) struct RowSizes {
     pub rows: String,
     pub cols: String,
+    pub temps_written: Vec<usize>,
 }
 
 /// Emits the row body into `em`: each phase's pass and folds, then the sinks' `groups` (at each
@@ -153,6 +200,7 @@ pub(crate) struct RowSizes {
 pub(crate) fn emit_body(
     em: &mut Emitter,
     g: &Graph,
+    (an, kernel): (&Analysis, usize),
     plan: &RowWise,
     dims: &[Dim],
     groups: &[Group],
@@ -161,7 +209,7 @@ pub(crate) fn emit_body(
     let k = plan.row_axes(dims);
     em.row_mode = plan.case == RowCase::Elements;
     em.row_base = Some((k, plan.cols));
-    let sizes = RowSizes { rows: em.product(&dims[..k]), cols: em.dim(plan.cols) };
+    let mut sizes = RowSizes { rows: em.product(&dims[..k]), cols: em.dim(plan.cols), temps_written: Vec::new() };
     if plan.case == RowCase::Results {
         em.push_stmt("const long long i = row; // the row's element of the domain".to_string());
     }
@@ -208,7 +256,16 @@ pub(crate) fn emit_body(
                 em.push_stmt(format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name()));
             }
             let e = finish_reduce(op, g.node(x).dtype, &accs);
-            em.bind_root(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
+            let v = em.bind_root(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
+            // A later kernel reads it: one store per row.
+            if let (Some(&w), Some(&t)) = (an.row_values.get(&n), an.temps.get(&n)) {
+                if w == kernel {
+                    let d = temp_dtype(g.node(n).dtype);
+                    let value = cuda::store_conversion(d, &v);
+                    em.push_stmt(format!("if (kf_live && lane == 0) tmp{t}[row] = {value}; // for a later kernel"));
+                    sizes.temps_written.push(t);
+                }
+            }
         }
     }
     // The body: the sinks at each column of the row, or once per row.

@@ -104,6 +104,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         double a0 = __longlong_as_double(0xfff0000000000000ll);
         double a1 = 0.0;
         const int v4 = in1[i]; // labels i32
+        #pragma unroll 4
         for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
             const float v2 = in0[rowbase + j0]; // logits f32
             a0 = kf_max_f64(a0, (double)v2);
@@ -117,6 +118,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
         const float v8 = (float)a1; // n14 sum along the row, once per row
         double a9 = 0.0;
+        #pragma unroll 4
         for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
             const float v10 = in0[rowbase + j1]; // logits f32
             const float v11 = v10 - v7; // n4

@@ -102,6 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
         double a0 = __longlong_as_double(0xfff0000000000000ll);
+        #pragma unroll 4
         for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
             const float v1 = in0[rowbase + j0]; // logits f32
             a0 = kf_max_f64(a0, (double)v1);
@@ -109,6 +110,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
         a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
         const float v2 = (float)a0; // n2 max along the row, once per row
         double a3 = 0.0;
+        #pragma unroll 4
         for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
             const float v4 = in0[rowbase + j1]; // logits f32
             const float v5 = v4 - v2; // n4
@@ -119,6 +121,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
         const float v7 = (float)a3; // n6 sum along the row, once per row
         double a8 = 0.0;
         const float v12 = logf(v7); // n7
+        #pragma unroll 4
         for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
             const float v9 = in1[rowbase + j2]; // targets f32
             const float v10 = in0[rowbase + j2]; // logits f32
