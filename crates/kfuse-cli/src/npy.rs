@@ -356,6 +356,18 @@ mod tests {
     }
 
     #[test]
+    fn i64_round_trips_at_its_limits_as_numpy_int64() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = HostTensor::new(vec![4], TensorData::I64(vec![i64::MIN, -1, (1 << 53) + 1, i64::MAX]));
+        let p = dir.path().join("labels.npy");
+        write_npy(&p, &t).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(String::from_utf8_lossy(&bytes[..128]).contains("'descr': '<i8'"), "numpy's int64 header");
+        assert_eq!(read_npy(&p).unwrap(), t);
+        assert_eq!(dtype_name(DType::I64), "int64");
+    }
+
+    #[test]
     fn corrupt_and_foreign_files_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.npy");

@@ -162,3 +162,40 @@ fn what_does_not_apply_to_i64_is_a_diagnostic_naming_it() {
     let g = parse_program("input x: i64[N]\noutput y = exp(x)\n", "t.kf").expect("parses");
     assert_eq!(g.node(g.outputs[0].node).dtype, DType::F32);
 }
+
+#[test]
+fn the_cross_entropy_example_is_torchs_smoothed_mean_over_labels_not_ignored() {
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cross_entropy_train.kf"))
+        .expect("the example");
+    let (b, c) = (5usize, 3usize);
+    let logits: Vec<f32> = (0..b * c).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.7).collect();
+    let labels = [2i64, -100, 0, 1, -100];
+    let lt = HostTensor::new(vec![b, c], TensorData::F32(logits.clone()));
+    let outs = run(&src, &[("logits", &lt), ("labels", &longs(&labels))]);
+    // torch: (1 - e) * nll_mean + e / C * sum(-sum_c log_probs, kept) / kept, with e = 0.1.
+    let (mut nll, mut smooth, mut kept) = (0.0, 0.0, 0.0);
+    for (row, &label) in logits.chunks(c).zip(&labels) {
+        let row: Vec<f64> = row.iter().map(|&v| f64::from(v)).collect();
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        if label != -100 {
+            nll -= row[label as usize] - lse;
+            smooth -= row.iter().map(|v| v - lse).sum::<f64>();
+            kept += 1.0;
+        }
+    }
+    let want = 0.9 * nll / kept + 0.1 / c as f64 * smooth / kept;
+    let got = out_f64(&outs, "loss")[0];
+    assert!((got - want).abs() <= 1e-6 * want.abs(), "loss {got} vs torch's formula {want}");
+    // Ignored rows get no gradient; each kept row's gradient sums to 0 (softmax minus a target
+    // distribution).
+    let d = out_f64(&outs, "dlogits");
+    for (row, &label) in d.chunks(c).zip(&labels) {
+        let s: f64 = row.iter().sum();
+        if label == -100 {
+            assert!(row.iter().all(|&v| v == 0.0), "{row:?}");
+        } else {
+            assert!(s.abs() < 1e-6, "{row:?}");
+        }
+    }
+}
