@@ -16,9 +16,10 @@ pub fn parse_dtype(s: &str) -> PyResult<DType> {
         "f16" => DType::F16,
         "bf16" => DType::BF16,
         "i32" => DType::I32,
+        "i64" => DType::I64,
         "bool" => DType::Bool,
         _ => {
-            return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, bool")))
+            return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, i64, bool")))
         }
     })
 }
@@ -30,6 +31,7 @@ pub fn dtype_name(d: DType) -> &'static str {
         DType::F16 => "f16",
         DType::BF16 => "bf16",
         DType::I32 => "i32",
+        DType::I64 => "i64",
         DType::Bool => "bool",
     }
 }

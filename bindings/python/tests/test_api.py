@@ -457,3 +457,14 @@ def test_the_native_module_matches_its_type_stubs():
             assert isinstance(_kfuse.__version__, str)
     public = {n for n in dir(_kfuse) if not n.startswith("_")}
     assert public == stubbed, f"module {sorted(public)} vs stubs {sorted(stubbed)}"
+
+
+def test_int64_tensors_cross_both_ways_exactly():
+    prog = kfuse.compile("input x: i64[N]\ninput k: i32[N]\noutput y = x * 3 + k\noutput n = i32(x)\n", name="longs")
+    assert [d.dtype for d in prog.inputs] == [torch.int64, torch.int32]
+    x = torch.tensor([2**62 + 1, -(2**63), 2**53 + 1, -7], dtype=torch.int64)
+    k = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    out = prog(x=x, k=k)
+    assert out.y.dtype == torch.int64 and out.n.dtype == torch.int32
+    assert torch.equal(out.y, x * 3 + k)  # wraps at 2^63, as torch does
+    assert torch.equal(out.n, x.to(torch.int32))

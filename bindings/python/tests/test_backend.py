@@ -239,10 +239,35 @@ def test_unsupported_dtype_falls_back_with_reason():
         return (x * labels.to(x.dtype) + 1).exp()
 
     gen = torch.Generator().manual_seed(SEED)
-    x, labels = _randn(gen, 5, 7), torch.randint(0, 3, (5, 7), generator=gen)  # int64 labels
+    x, labels = _randn(gen, 5, 7), torch.randint(0, 3, (5, 7), generator=gen, dtype=torch.int16)
     report = kfuse.explain(fn, x, labels)
     torch.testing.assert_close(torch.compile(fn, backend=_backend.backend)(x, labels), fn(x, labels))
-    assert any("int64" in f.reason for f in report.fallbacks), str(report)
+    assert any("int16" in f.reason for f in report.fallbacks), str(report)
+
+
+def test_int64_labels_are_fused_and_cross_entropy_matches_eager():
+    def scaled(x, labels):
+        return (x * labels.to(x.dtype) + (labels % 3 == 1).to(x.dtype)).exp()
+
+    def xent(logits, labels):
+        return F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.1)
+
+    gen = torch.Generator().manual_seed(SEED)
+    x, labels = _randn(gen, 5, 7), torch.randint(-4, 4, (5, 7), generator=gen)  # int64
+    report = kfuse.explain(scaled, x, labels)
+    assert not any("int64" in f.reason for f in report.fallbacks), str(report)
+    assert "i64" in str(report), str(report)
+    torch.testing.assert_close(torch.compile(scaled, backend=_backend.backend)(x, labels), scaled(x, labels))
+    logits = _randn(gen, 6, 5).requires_grad_()
+    targets = torch.randint(0, 5, (6,), generator=gen)
+    targets[2] = -100
+    ref = logits.detach().clone().requires_grad_()
+    got = torch.compile(xent, backend=_backend.backend)(logits, targets)
+    want = xent(ref, targets)
+    torch.testing.assert_close(got, want)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(logits.grad, ref.grad)
 
 
 def test_backend_does_not_load_with_kfuse():

@@ -48,6 +48,15 @@ def xent_batch(gen, b, n):
     return {"logits": logits, "targets": targets}
 
 
+def labels_batch(gen, b, n):
+    """Logits and int64 class labels, every third row after the first ignored (-100)."""
+    c = n + 2
+    logits = torch.randn(b, c, generator=gen, dtype=torch.float64) * 2
+    labels = torch.randint(0, c, (b,), generator=gen, dtype=torch.int64)
+    labels[1::3] = -100
+    return {"logits": logits, "labels": labels}
+
+
 def keypoint_batch(gen, b, n):
     lengths = torch.randint(0, n + 1, (b,), generator=gen, dtype=torch.int32)
     return {
@@ -101,6 +110,10 @@ def xent(x):
     return refs.softmax_xent(x["logits"], x["targets"])
 
 
+def cross_entropy(x):
+    return torch.nn.functional.cross_entropy(x["logits"], x["labels"], ignore_index=-100, label_smoothing=0.1)
+
+
 # example stem -> (batch maker, loss in torch, the input a training example differentiates)
 CASES = {
     "giou": (predicate_batch, giou_pred, None),
@@ -118,6 +131,7 @@ CASES = {
     "focal_train": (logits_batch, focal, "logits"),
     "softmax_xent": (xent_batch, xent, None),
     "softmax_xent_train": (xent_batch, xent, "logits"),
+    "cross_entropy_train": (labels_batch, cross_entropy, "logits"),
 }
 
 
@@ -131,7 +145,7 @@ def test_every_example_has_a_case():
 
 
 def as_kfuse(x):
-    """float64 reference inputs as the f32 tensors kfuse takes (ints stay i32)."""
+    """float64 reference inputs as the f32 tensors kfuse takes (ints keep their dtype)."""
     return {k: v.float() if v.is_floating_point() else v for k, v in x.items()}
 
 

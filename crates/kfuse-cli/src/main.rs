@@ -708,6 +708,10 @@ fn format_scalar(t: &HostTensor) -> String {
     match t.dtype() {
         kfuse::DType::Bool => (t.to_f64()[0] != 0.0).to_string(),
         kfuse::DType::I32 => format!("{}", t.to_f64()[0] as i64),
+        kfuse::DType::I64 => match &t.data {
+            kfuse::TensorData::I64(v) => v.first().map_or_else(String::new, i64::to_string),
+            _ => format!("{}", t.to_f64()[0] as i64),
+        },
         _ => format!("{}", t.to_f64()[0]),
     }
 }

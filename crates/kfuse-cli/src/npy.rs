@@ -1,7 +1,7 @@
 //! `.npy` files in and out: read by a small reader of its own (it reads only a regular file, and
 //! no more than the header promises and the file holds), written through the `npyz` crate.
 //!
-//! Handles C-order arrays of `float32`, `float16`, `int32`, `bool`, and bfloat16 as NumPy's
+//! Handles C-order arrays of `float32`, `float16`, `int32`, `int64`, `bool`, and bfloat16 as NumPy's
 //! `ml_dtypes` writes it (`'<V2'`, two raw bytes per element: load it in Python with
 //! `np.load(p).view(ml_dtypes.bfloat16)`). Fortran order, pickled object arrays, big-endian and
 //! other dtypes are clear errors naming the file.
@@ -101,6 +101,7 @@ pub fn read_npy(path: &Path) -> Result<HostTensor, NpyError> {
         return Err(NpyError::FortranOrder { path: p() });
     }
     let item = match header.descr.as_str() {
+        "<i8" => 8,
         "<f4" | "<i4" => 4,
         "<f2" | "<V2" | "|V2" => 2,
         "|b1" => 1,
@@ -132,6 +133,9 @@ pub fn read_npy(path: &Path) -> Result<HostTensor, NpyError> {
     let data = match header.descr.as_str() {
         "<f4" => TensorData::F32(data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
         "<i4" => TensorData::I32(data.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        "<i8" => {
+            TensorData::I64(data.chunks_exact(8).map(|c| i64::from_le_bytes(std::array::from_fn(|k| c[k]))).collect())
+        }
         "<f2" => TensorData::F16(data.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]])).collect()),
         "|b1" => TensorData::Bool(data.iter().map(|&b| b != 0).collect()),
         _ => TensorData::BF16(data.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]])).collect()),
@@ -295,6 +299,7 @@ pub fn write_npy(path: &Path, t: &HostTensor) -> Result<(), NpyError> {
         TensorData::F32(v) => write_typed(w, &shape, v.iter().copied()),
         TensorData::F16(v) => write_typed(w, &shape, v.iter().copied()),
         TensorData::I32(v) => write_typed(w, &shape, v.iter().copied()),
+        TensorData::I64(v) => write_typed(w, &shape, v.iter().copied()),
         TensorData::Bool(v) => write_typed(w, &shape, v.iter().copied()),
         TensorData::BF16(v) => write_bf16(w, &shape, v),
     }
@@ -329,6 +334,7 @@ pub fn dtype_name(d: DType) -> &'static str {
         DType::F16 => "float16",
         DType::BF16 => "bfloat16",
         DType::I32 => "int32",
+        DType::I64 => "int64",
         DType::Bool => "bool",
     }
 }
@@ -347,6 +353,18 @@ mod tests {
             write_npy(&p, &t).unwrap();
             assert_eq!(read_npy(&p).unwrap(), t, "{d}");
         }
+    }
+
+    #[test]
+    fn i64_round_trips_at_its_limits_as_numpy_int64() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = HostTensor::new(vec![4], TensorData::I64(vec![i64::MIN, -1, (1 << 53) + 1, i64::MAX]));
+        let p = dir.path().join("labels.npy");
+        write_npy(&p, &t).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(String::from_utf8_lossy(&bytes[..128]).contains("'descr': '<i8'"), "numpy's int64 header");
+        assert_eq!(read_npy(&p).unwrap(), t);
+        assert_eq!(dtype_name(DType::I64), "int64");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::text::render;
 pub(crate) fn value_type(dtype: DType) -> &'static str {
     match dtype.kind() {
         Kind::Float => "float",
+        Kind::Int if dtype == DType::I64 => "long long",
         Kind::Int => "int",
         Kind::Bool => "bool",
     }
@@ -24,6 +25,7 @@ pub(crate) fn storage_type(dtype: DType) -> &'static str {
         DType::F32 => "float",
         DType::F16 | DType::BF16 => "unsigned short",
         DType::I32 => "int",
+        DType::I64 => "long long",
         DType::Bool => "unsigned char",
     }
 }
@@ -32,6 +34,10 @@ pub(crate) fn storage_type(dtype: DType) -> &'static str {
 pub(crate) fn literal(lit: Literal, dtype: DType) -> String {
     match dtype.kind() {
         Kind::Float => float_literal(lit.as_f64() as f32),
+        Kind::Int if dtype == DType::I64 => match lit {
+            Literal::Int(v) => long_literal(v),
+            l => long_literal(l.as_f64() as i64),
+        },
         Kind::Int => int_literal(lit.as_f64() as i64 as i32),
         Kind::Bool => (if lit.as_f64() != 0.0 { "true" } else { "false" }).to_string(),
     }
@@ -62,6 +68,14 @@ pub(crate) fn int_literal(v: i32) -> String {
     }
 }
 
+pub(crate) fn long_literal(v: i64) -> String {
+    match v {
+        i64::MIN => "(-9223372036854775807ll - 1)".to_string(),
+        v if v < 0 => format!("({v}ll)"),
+        v => format!("{v}ll"),
+    }
+}
+
 /// The raw-word vector type used to move `comps` elements of `dtype` at once, when their total
 /// size is 4, 8 or 16 bytes (`float2`/`float4` for f32 so that the code reads naturally).
 pub(crate) fn vector_type(dtype: DType, comps: u64) -> Option<&'static str> {
@@ -71,6 +85,8 @@ pub(crate) fn vector_type(dtype: DType, comps: u64) -> Option<&'static str> {
     match (dtype, comps * dtype.size_bytes() as u64) {
         (DType::F32, 8) => Some("float2"),
         (DType::F32, 16) => Some("float4"),
+        (DType::I64, 16) => Some("longlong2"),
+        (DType::I64, _) => None,
         (_, 4) => Some("unsigned int"),
         (_, 8) => Some("uint2"),
         (_, 16) => Some("uint4"),
@@ -89,6 +105,7 @@ pub(crate) fn vector_extract(v: &str, dtype: DType, comps: u64, k: u64) -> Strin
     match dtype {
         DType::F32 => format!("{v}.{}", LANES[k as usize]),
         DType::I32 => format!("(int){}", word(w)),
+        DType::I64 => format!("{v}.{}", LANES[k as usize]),
         DType::F16 => format!("kf_f16_to_f32((unsigned short){})", shifted(w)),
         DType::BF16 => format!("kf_bf16_to_f32((unsigned short){})", shifted(w)),
         DType::Bool => format!("(({} & 0xffu) != 0u)", shifted(w)),
@@ -99,6 +116,9 @@ pub(crate) fn vector_extract(v: &str, dtype: DType, comps: u64, k: u64) -> Strin
 pub(crate) fn vector_pack(dtype: DType, values: &[String]) -> String {
     if dtype == DType::F32 {
         return format!("make_float{}({})", values.len(), values.join(", "));
+    }
+    if dtype == DType::I64 {
+        return format!("make_longlong{}({})", values.len(), values.join(", "));
     }
     let bytes = dtype.size_bytes();
     let per_word = 4 / bytes;
@@ -133,7 +153,7 @@ pub(crate) fn vector_pack(dtype: DType, values: &[String]) -> String {
 /// Converts a computed value to the element type stored for `dtype`.
 pub(crate) fn store_conversion(dtype: DType, v: &str) -> String {
     match dtype {
-        DType::F32 | DType::I32 => v.to_string(),
+        DType::F32 | DType::I32 | DType::I64 => v.to_string(),
         DType::F16 => format!("kf_f32_to_f16({v})"),
         DType::BF16 => format!("kf_f32_to_bf16({v})"),
         DType::Bool => format!("(unsigned char)({v} ? 1 : 0)"),
@@ -143,7 +163,7 @@ pub(crate) fn store_conversion(dtype: DType, v: &str) -> String {
 /// Converts a loaded element of `dtype` to its computed value.
 pub(crate) fn load_conversion(dtype: DType, v: &str) -> String {
     match dtype {
-        DType::F32 | DType::I32 => v.to_string(),
+        DType::F32 | DType::I32 | DType::I64 => v.to_string(),
         DType::F16 => format!("kf_f16_to_f32({v})"),
         DType::BF16 => format!("kf_bf16_to_f32({v})"),
         DType::Bool => format!("({v} != 0)"),
@@ -168,6 +188,8 @@ pub(crate) enum Helper {
     StoreStreaming,
     /// `kf_rem_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
     IntDivShift,
+    /// `kf_rem_i64`, `kf_floordiv_i64`, `kf_shl_i64`, `kf_shr_i64`.
+    Int64DivShift,
     /// `kf_remf`, `kf_floordivf`.
     FloatDiv,
     /// `kf_report`: the record of a failed check of a lengths/offsets value.
@@ -182,6 +204,7 @@ const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
 const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
 const ROW_REDUCE: &str = include_str!("templates/helper_row_reduce.cuh");
 const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
+const INT64_DIV_SHIFT: &str = include_str!("templates/helper_int64_div_shift.cuh");
 const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
 const REPORT: &str = include_str!("templates/helper_report.cuh");
 
@@ -210,6 +233,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::DivMod => render(DIV_MOD, &[]),
         Helper::StoreStreaming => render(STORE_CS, &[]),
         Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),
+        Helper::Int64DivShift => render(INT64_DIV_SHIFT, &[]),
         Helper::FloatDiv => render(FLOAT_DIV, &[]),
         Helper::Report => render(REPORT, &[]),
     }

@@ -513,22 +513,27 @@ impl<'a> Emitter<'a> {
         let expr = match node.op {
             Op::Cast(x) => {
                 let [v] = pop_array(values, n)?;
-                cast(g.node(x).dtype.kind(), node.dtype.kind(), &v)
+                cast(g.node(x).dtype, node.dtype, &v)
             }
             Op::Unary(op, _) => {
                 let [v] = pop_array(values, n)?;
-                unary(op, node.dtype.kind(), &v)
+                unary(op, node.dtype, &v)
             }
             Op::Binary(op, a, _) => {
                 let [va, vb] = pop_array(values, n)?;
-                let kind = g.node(a).dtype.kind();
+                let dtype = g.node(a).dtype;
+                let kind = dtype.kind();
                 if kind == Kind::Float && matches!(op, BinaryOp::Min | BinaryOp::Max) {
                     self.uses.helpers.insert(Helper::MinMaxF32);
                 }
                 if matches!(op, BinaryOp::Remainder | BinaryOp::FloorDiv | BinaryOp::Shl | BinaryOp::Shr) {
-                    self.uses.helpers.insert(if kind == Kind::Float { Helper::FloatDiv } else { Helper::IntDivShift });
+                    self.uses.helpers.insert(match dtype {
+                        DType::I64 => Helper::Int64DivShift,
+                        _ if kind == Kind::Float => Helper::FloatDiv,
+                        _ => Helper::IntDivShift,
+                    });
                 }
-                binary(op, kind, &va, &vb)
+                binary(op, dtype, &va, &vb)
             }
             Op::Ternary(op, ..) => {
                 let [va, vb, vc] = pop_array(values, n)?;
@@ -539,10 +544,13 @@ impl<'a> Emitter<'a> {
                         format!("kf_minf(kf_maxf({va}, {vb}), {vc})")
                     }
                     (TernaryOp::Clamp, _) => {
-                        let lo = binary(BinaryOp::Max, Kind::Int, &va, &vb);
-                        binary(BinaryOp::Min, Kind::Int, &lo, &vc)
+                        let lo = binary(BinaryOp::Max, node.dtype, &va, &vb);
+                        binary(BinaryOp::Min, node.dtype, &lo, &vc)
                     }
                     (TernaryOp::Fma, Kind::Float) => format!("fmaf({va}, {vb}, {vc})"),
+                    (TernaryOp::Fma, _) if node.dtype == DType::I64 => format!(
+                        "(long long)((unsigned long long){va} * (unsigned long long){vb} + (unsigned long long){vc})"
+                    ),
                     (TernaryOp::Fma, _) => {
                         format!("(int)((unsigned int){va} * (unsigned int){vb} + (unsigned int){vc})")
                     }
@@ -984,11 +992,11 @@ fn pop_array<const K: usize>(values: &mut Vec<String>, n: NodeId) -> R<[String; 
 }
 
 /// The storage dtype of a Temp buffer holding a scalar computed as `dtype` (floats stay f32:
-/// a value crossing kernels is not rounded to f16/bf16).
+/// a value crossing kernels is not rounded to f16/bf16; ints keep their width).
 pub(crate) fn temp_dtype(dtype: DType) -> DType {
     match dtype.kind() {
         Kind::Float => DType::F32,
-        Kind::Int => DType::I32,
+        Kind::Int => dtype,
         Kind::Bool => DType::Bool,
     }
 }
@@ -1006,7 +1014,8 @@ pub(crate) fn reduce_identity(op: ReduceOp, xd: DType) -> String {
 }
 
 /// The reduction's result from its final f64 accumulators, in the result's computed type. An
-/// `i32` sum saturates at the `i32` limits instead of wrapping.
+/// `i32` sum saturates at the `i32` limits instead of wrapping; an `i64` result is exact while the
+/// accumulator stays within ±2^53 (beyond, the conversion saturates at the `i64` limits).
 pub(crate) fn finish_reduce(op: ReduceOp, xd: DType, accs: &[String]) -> String {
     let a = &accs[0];
     match (op, xd.kind()) {
@@ -1014,13 +1023,23 @@ pub(crate) fn finish_reduce(op: ReduceOp, xd: DType, accs: &[String]) -> String 
         (ReduceOp::Mean, _) => format!("(float)({a} / {})", accs[1]),
         // Exact in f64 up to 2^53; a total outside the i32 range is clamped to its nearest limit
         // (a kernel cannot stop with an error; the interpreter refuses such a sum).
+        (_, Kind::Int) if xd == DType::I64 => format!("(long long){a}"),
         (ReduceOp::Sum, Kind::Int) => format!("(int)fmin(fmax({a}, -2147483648.0), 2147483647.0)"),
         (_, Kind::Int) => format!("(int){a}"),
         _ => format!("(float){a}"),
     }
 }
 
-fn cast(from: Kind, to: Kind, v: &str) -> String {
+fn cast(from_dtype: DType, to_dtype: DType, v: &str) -> String {
+    let (from, to) = (from_dtype.kind(), to_dtype.kind());
+    match (from_dtype, to_dtype) {
+        (DType::I64, DType::I64) => return v.to_string(),
+        // Keeps the low 32 bits (two's complement), as the interpreter does.
+        (DType::I64, DType::I32) => return format!("(int)(unsigned int)(unsigned long long){v}"),
+        // From a float: cvt.rzi truncates, saturates at the i64 range, NaN -> 0.
+        (_, DType::I64) if from != Kind::Bool => return format!("(long long){v}"),
+        _ => {}
+    }
     match (from, to) {
         // Float to float is exact: no rounding inside a graph.
         (Kind::Float, Kind::Float) | (Kind::Int, Kind::Int) | (Kind::Bool, Kind::Bool) => v.to_string(),
@@ -1033,7 +1052,14 @@ fn cast(from: Kind, to: Kind, v: &str) -> String {
     }
 }
 
-fn unary(op: UnaryOp, kind: Kind, v: &str) -> String {
+fn unary(op: UnaryOp, dtype: DType, v: &str) -> String {
+    let kind = dtype.kind();
+    match (op, dtype) {
+        (UnaryOp::Neg, DType::I64) => return format!("(long long)(0ull - (unsigned long long){v})"),
+        (UnaryOp::Abs, DType::I64) => return format!("({v} < 0 ? (long long)(0ull - (unsigned long long){v}) : {v})"),
+        (UnaryOp::Sign, DType::I64) => return format!("(long long)(({v} > 0) - ({v} < 0))"),
+        _ => {}
+    }
     match (op, kind) {
         (UnaryOp::Neg, Kind::Int) => format!("(int)(0u - (unsigned int){v})"),
         (UnaryOp::Abs, Kind::Int) => format!("({v} < 0 ? (int)(0u - (unsigned int){v}) : {v})"),
@@ -1070,8 +1096,18 @@ fn unary(op: UnaryOp, kind: Kind, v: &str) -> String {
     }
 }
 
-fn binary(op: BinaryOp, kind: Kind, a: &str, b: &str) -> String {
+fn binary(op: BinaryOp, dtype: DType, a: &str, b: &str) -> String {
     use BinaryOp::*;
+    let kind = dtype.kind();
+    if dtype == DType::I64 {
+        match op {
+            Remainder => return format!("kf_rem_i64({a}, {b})"),
+            FloorDiv => return format!("kf_floordiv_i64({a}, {b})"),
+            Shl => return format!("kf_shl_i64({a}, {b})"),
+            Shr => return format!("kf_shr_i64({a}, {b})"),
+            _ => {}
+        }
+    }
     let sym = match op {
         Add => "+",
         Sub => "-",
@@ -1101,6 +1137,10 @@ fn binary(op: BinaryOp, kind: Kind, a: &str, b: &str) -> String {
         Min => return format!("({a} < {b} ? {a} : {b})"),
         Max => return format!("({a} > {b} ? {a} : {b})"),
     };
+    if dtype == DType::I64 && matches!(op, Add | Sub | Mul) {
+        // i64 arithmetic wraps too, through unsigned long long.
+        return format!("(long long)((unsigned long long){a} {sym} (unsigned long long){b})");
+    }
     if kind == Kind::Int && matches!(op, Add | Sub | Mul) {
         // i32 arithmetic wraps (as the interpreter's does); signed overflow is undefined in C++.
         return format!("(int)((unsigned int){a} {sym} (unsigned int){b})");

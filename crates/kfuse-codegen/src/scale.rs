@@ -53,7 +53,7 @@ fn float_access(d: DType) -> Option<(&'static str, &'static str, &'static str)> 
         DType::F32 => Some(("float", "{}", "{}")),
         DType::F16 => Some(("unsigned short", "kf_f16_to_f32({})", "kf_f32_to_f16({})")),
         DType::BF16 => Some(("unsigned short", "kf_bf16_to_f32({})", "kf_f32_to_bf16({})")),
-        DType::I32 | DType::Bool => None,
+        DType::I32 | DType::I64 | DType::Bool => None,
     }
 }
 

@@ -53,6 +53,12 @@ fn normalize_golden() {
 }
 
 #[test]
+fn int64_golden() {
+    golden_env();
+    check("int64", expect_file!["golden/int64.cu"]);
+}
+
+#[test]
 fn masked_delta_lengths_golden() {
     golden_env();
     check("masked_delta_lengths", expect_file!["golden/masked_delta_lengths.cu"]);

@@ -3,9 +3,11 @@
 //!
 //! Value representation (shared by the whole interpreter): every element is an `f64`. Floats are
 //! the f64 value itself (never rounded to their storage dtype inside the graph); `i32` values are
-//! exact integers in `i32` range; `bool` is 0.0 or 1.0. Integer arithmetic is done in `i64` and
-//! wrapped to `i32` after every op, which is exactly two's-complement `i32` arithmetic (as on the
-//! GPU). Division, `pow` and `atan2` never see integers: the builder casts them to `f32` first.
+//! exact integers in `i32` range; `i64` values are their two's-complement bits reinterpreted as an
+//! f64 ([`enc_i64`], [`dec_i64`]: every i64 is kept exactly, and moving values, as broadcasts,
+//! stacks, components and `where` do, copies bits); `bool` is 0.0 or 1.0. `i32` arithmetic is done
+//! in `i64` and wrapped to `i32` after every op, which is exactly two's-complement `i32` arithmetic
+//! (as on the GPU); `i64` arithmetic wraps at 64 bits. Division, `pow` and `atan2` never see integers: the builder casts them to `f32` first.
 //! Integer `remainder` and `floor_div` by zero give 0 (on the GPU too), rather than trapping.
 //!
 //! Does not handle reductions or layout ops (see `reduce` and `layout`).
@@ -19,6 +21,16 @@ use crate::InterpError;
 
 /// Output elements per parallel task. Fixed, so that chunking never depends on the thread count.
 pub(crate) const CHUNK: usize = 1 << 13;
+
+/// An `i64` value as the interpreter stores it (its bits in an f64 slot).
+pub(crate) fn enc_i64(v: i64) -> f64 {
+    f64::from_bits(v as u64)
+}
+
+/// The `i64` value stored by [`enc_i64`].
+pub(crate) fn dec_i64(v: f64) -> i64 {
+    v.to_bits() as i64
+}
 
 /// Wraps an integer result to `i32` (two's complement) and stores it as f64.
 pub(crate) fn wrap_i32(v: i64) -> f64 {
@@ -73,6 +85,23 @@ pub(crate) fn cast_value(v: f64, from: Kind, to: Kind) -> f64 {
         (Kind::Float, Kind::Int) => v as i32 as f64,
         (_, Kind::Bool) => truth(v),
         _ => v,
+    }
+}
+
+/// Converts one stored value of `from` to `to` (see [`cast_value`]; `i64` is stored as bits):
+/// a float to `i64` truncates toward zero and saturates at the `i64` range (NaN gives 0), an
+/// `i64` to `i32` keeps the low 32 bits (wraps, as PyTorch's `.to(torch.int32)` does), an `i64` to
+/// a float rounds to nearest.
+pub(crate) fn cast_dtype(v: f64, from: DType, to: DType) -> f64 {
+    match (from, to) {
+        (DType::I64, DType::I64) => v,
+        (DType::I64, _) => match to.kind() {
+            Kind::Int => wrap_i32(dec_i64(v)),
+            Kind::Bool => flag(dec_i64(v) != 0),
+            Kind::Float => dec_i64(v) as f64,
+        },
+        (_, DType::I64) => enc_i64(v as i64),
+        _ => cast_value(v, from.kind(), to.kind()),
     }
 }
 
@@ -167,6 +196,18 @@ pub(crate) fn floor_div_f(a: f64, b: f64) -> f64 {
 
 /// `torch.remainder` of `i32` (the sign of the divisor); `x % 0` is 0.
 pub(crate) fn remainder_i(a: i32, b: i32) -> i32 {
+    // Exact in 64 bits; the result lies between 0 and `b`.
+    remainder_i64(a.into(), b.into()) as i32
+}
+
+/// `torch.floor_divide` of `i32`; `x // 0` is 0 and `i32::MIN // -1` wraps to `i32::MIN`.
+pub(crate) fn floor_div_i(a: i32, b: i32) -> i32 {
+    // Exact in 64 bits, then wrapped (only `i32::MIN // -1` leaves the range).
+    floor_div_i64(a.into(), b.into()) as i32
+}
+
+/// `torch.remainder` of `i64` (the sign of the divisor); `x % 0` is 0.
+pub(crate) fn remainder_i64(a: i64, b: i64) -> i64 {
     if b == 0 {
         return 0;
     }
@@ -178,8 +219,8 @@ pub(crate) fn remainder_i(a: i32, b: i32) -> i32 {
     }
 }
 
-/// `torch.floor_divide` of `i32`; `x // 0` is 0 and `i32::MIN // -1` wraps to `i32::MIN`.
-pub(crate) fn floor_div_i(a: i32, b: i32) -> i32 {
+/// `torch.floor_divide` of `i64`; `x // 0` is 0 and `i64::MIN // -1` wraps to `i64::MIN`.
+pub(crate) fn floor_div_i64(a: i64, b: i64) -> i64 {
     if b == 0 {
         return 0;
     }
@@ -188,6 +229,24 @@ pub(crate) fn floor_div_i(a: i32, b: i32) -> i32 {
         q - 1
     } else {
         q
+    }
+}
+
+/// `torch.bitwise_left_shift` of `i64`: bits shifted out are lost; 0 for `n < 0` or `n >= 64`.
+pub(crate) fn shl_i64(a: i64, n: i64) -> i64 {
+    if (0..64).contains(&n) {
+        ((a as u64) << n) as i64
+    } else {
+        0
+    }
+}
+
+/// `torch.bitwise_right_shift` of `i64` (arithmetic): `a >> 63` for `n < 0` or `n >= 64`.
+pub(crate) fn shr_i64(a: i64, n: i64) -> i64 {
+    if (0..64).contains(&n) {
+        a >> n
+    } else {
+        a >> 63
     }
 }
 
@@ -214,6 +273,31 @@ fn int2(f: fn(i32, i32) -> i32) -> impl Fn(f64, f64) -> f64 + Sync {
     move |x, y| f(x as i32, y as i32) as f64
 }
 
+/// An `i64` op on two stored `i64` values.
+fn long2(f: fn(i64, i64) -> i64) -> impl Fn(f64, f64) -> f64 + Sync {
+    move |x, y| enc_i64(f(dec_i64(x), dec_i64(y)))
+}
+
+/// An `i64` op on one stored `i64` value.
+fn long1(f: fn(i64) -> i64) -> impl Fn(f64) -> f64 + Sync {
+    move |x| enc_i64(f(dec_i64(x)))
+}
+
+/// An `i64` comparison of two stored `i64` values.
+fn long_cmp(f: fn(&i64, &i64) -> bool) -> impl Fn(f64, f64) -> f64 + Sync {
+    move |x, y| flag(f(&dec_i64(x), &dec_i64(y)))
+}
+
+/// `clamp(x, lo, hi)` of stored `i64` values (`max` then `min`, as for every dtype).
+pub(crate) fn clamp_i64(x: f64, lo: f64, hi: f64) -> f64 {
+    enc_i64(dec_i64(x).max(dec_i64(lo)).min(dec_i64(hi)))
+}
+
+/// `fma(x, y, z)` of stored `i64` values, wrapping.
+pub(crate) fn fma_i64(x: f64, y: f64, z: f64) -> f64 {
+    enc_i64(dec_i64(x).wrapping_mul(dec_i64(y)).wrapping_add(dec_i64(z)))
+}
+
 /// A unary op on operands of `dtype`, written into `out`.
 pub(crate) fn unary(
     node: u32,
@@ -226,6 +310,13 @@ pub(crate) fn unary(
     match (dtype.kind(), op) {
         (Kind::Bool, UnaryOp::Not) => map1(out, x, |v| if v != 0.0 { 0.0 } else { 1.0 }),
         (Kind::Bool, _) | (_, UnaryOp::Not) => return Err(unsupported()),
+        (Kind::Int, op) if dtype == DType::I64 => match op {
+            UnaryOp::Neg => map1(out, x, long1(i64::wrapping_neg)),
+            UnaryOp::Abs => map1(out, x, long1(i64::wrapping_abs)),
+            UnaryOp::Sign => map1(out, x, long1(i64::signum)),
+            UnaryOp::BitNot => map1(out, x, long1(|v| !v)),
+            _ => return Err(unsupported()),
+        },
         (Kind::Int, UnaryOp::Neg) => map1(out, x, |v| wrap_i32(-(v as i64))),
         (Kind::Int, UnaryOp::Abs) => map1(out, x, |v| wrap_i32((v as i64).abs())),
         (Kind::Int, UnaryOp::Sign) => map1(out, x, sign),
@@ -277,7 +368,18 @@ pub(crate) fn binary(
 ) -> Result<(), InterpError> {
     let unsupported = || InterpError::Unsupported { node, op: op.name(), dtype: operand_dtype };
     let b2 = |x: bool| if x { 1.0 } else { 0.0 };
-    // Comparisons mean the same for every kind: ints and bools are exact in f64.
+    // Comparisons mean the same for every kind: ints and bools are exact in f64 (`i64` is decoded).
+    if operand_dtype == DType::I64 && op.is_comparison() {
+        match op {
+            BinaryOp::Eq => map2(out, a, b, long_cmp(i64::eq)),
+            BinaryOp::Ne => map2(out, a, b, long_cmp(i64::ne)),
+            BinaryOp::Lt => map2(out, a, b, long_cmp(i64::lt)),
+            BinaryOp::Le => map2(out, a, b, long_cmp(i64::le)),
+            BinaryOp::Gt => map2(out, a, b, long_cmp(i64::gt)),
+            _ => map2(out, a, b, long_cmp(i64::ge)),
+        }
+        return Ok(());
+    }
     match op {
         BinaryOp::Eq => map2(out, a, b, |x, y| b2(x == y)),
         BinaryOp::Ne => map2(out, a, b, |x, y| b2(x != y)),
@@ -294,6 +396,21 @@ pub(crate) fn binary(
         (Kind::Bool, BinaryOp::And) => map2(out, a, b, |x, y| b2(x != 0.0 && y != 0.0)),
         (Kind::Bool, BinaryOp::Or) => map2(out, a, b, |x, y| b2(x != 0.0 || y != 0.0)),
         (Kind::Bool, _) | (_, BinaryOp::And | BinaryOp::Or) => return Err(unsupported()),
+        (Kind::Int, op) if operand_dtype == DType::I64 => match op {
+            BinaryOp::Add => map2(out, a, b, long2(i64::wrapping_add)),
+            BinaryOp::Sub => map2(out, a, b, long2(i64::wrapping_sub)),
+            BinaryOp::Mul => map2(out, a, b, long2(i64::wrapping_mul)),
+            BinaryOp::Min => map2(out, a, b, long2(i64::min)),
+            BinaryOp::Max => map2(out, a, b, long2(i64::max)),
+            BinaryOp::Remainder => map2(out, a, b, long2(remainder_i64)),
+            BinaryOp::FloorDiv => map2(out, a, b, long2(floor_div_i64)),
+            BinaryOp::BitAnd => map2(out, a, b, long2(|x, y| x & y)),
+            BinaryOp::BitOr => map2(out, a, b, long2(|x, y| x | y)),
+            BinaryOp::BitXor => map2(out, a, b, long2(|x, y| x ^ y)),
+            BinaryOp::Shl => map2(out, a, b, long2(shl_i64)),
+            BinaryOp::Shr => map2(out, a, b, long2(shr_i64)),
+            _ => return Err(unsupported()),
+        },
         (Kind::Int, BinaryOp::Add) => map2(out, a, b, |x, y| wrap_i32(x as i64 + y as i64)),
         (Kind::Int, BinaryOp::Sub) => map2(out, a, b, |x, y| wrap_i32(x as i64 - y as i64)),
         (Kind::Int, BinaryOp::Mul) => map2(out, a, b, |x, y| wrap_i32(x as i64 * y as i64)),

@@ -10,10 +10,12 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use kfuse_ir::{Graph, HostTensor, Kind, Literal, NodeId, Op, ReduceAxis, SymbolBindings, TensorData, TernaryOp};
+use kfuse_ir::{
+    DType, Graph, HostTensor, Kind, Literal, NodeId, Op, ReduceAxis, SymbolBindings, TensorData, TernaryOp,
+};
 
 use crate::broadcast::BroadcastView;
-use crate::elementwise::{self, cast_value, map1, map3, max_nan, min_nan, wrap_i32};
+use crate::elementwise::{self, cast_dtype, cast_value, dec_i64, enc_i64, map1, map3, max_nan, min_nan, wrap_i32};
 use crate::pool::BufferPool;
 use crate::{layout, reduce, Evaluated, InterpError};
 
@@ -40,13 +42,14 @@ pub(crate) enum InputValues<'a> {
     F64(Value),
 }
 
-/// Every element as f64, in parallel (exact for every dtype).
+/// Every element as the interpreter stores it, in parallel (exact for every dtype; `i64` as bits).
 pub(crate) fn tensor_to_f64(data: &TensorData) -> Vec<f64> {
     match data {
         TensorData::F32(v) => v.par_iter().map(|&x| x as f64).collect(),
         TensorData::F16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
         TensorData::BF16(v) => v.par_iter().map(|&x| x.to_f64()).collect(),
         TensorData::I32(v) => v.par_iter().map(|&x| x as f64).collect(),
+        TensorData::I64(v) => v.par_iter().map(|&x| enc_i64(x)).collect(),
         TensorData::Bool(v) => v.par_iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
     }
 }
@@ -160,6 +163,8 @@ fn eval_node(
         }
         Op::Const(lit) => {
             let v = match (lit, kind) {
+                (Literal::Int(n), Kind::Int) if node.dtype == DType::I64 => enc_i64(n),
+                (l, Kind::Int) if node.dtype == DType::I64 => cast_dtype(l.as_f64(), DType::F32, DType::I64),
                 (Literal::Int(n), Kind::Int) => wrap_i32(n),
                 (Literal::Float(_), Kind::Int) => cast_value(lit.as_f64(), Kind::Float, Kind::Int),
                 (l, k) => cast_value(l.as_f64(), Kind::Float, k),
@@ -179,15 +184,22 @@ fn eval_node(
             fresh(o)
         }
         Op::Cast(x) => {
-            let from = graph.node(x).dtype.kind();
+            let from_dtype = graph.node(x).dtype;
+            let from = from_dtype.kind();
             let v = operand(x)?;
-            if from == kind || matches!((from, kind), (Kind::Int | Kind::Bool, Kind::Float) | (Kind::Bool, Kind::Int)) {
+            let same_bits = if from_dtype == DType::I64 || node.dtype == DType::I64 {
+                from_dtype == node.dtype
+            } else {
+                from == kind || matches!((from, kind), (Kind::Int | Kind::Bool, Kind::Float) | (Kind::Bool, Kind::Int))
+            };
+            if same_bits {
                 // The value is unchanged: share it.
                 Value { shape: v.shape.clone(), values: Arc::clone(&v.values) }
             } else {
                 let x = view(x, &shape)?;
                 let mut o = out(pool);
-                map1(&mut o, &x, |e| cast_value(e, from, kind));
+                let to = node.dtype;
+                map1(&mut o, &x, |e| cast_dtype(e, from_dtype, to));
                 fresh(o)
             }
         }
@@ -209,6 +221,8 @@ fn eval_node(
             let mut o = out(pool);
             match op {
                 TernaryOp::Select => map3(&mut o, &va, &vb, &vc, |c, x, y| if c != 0.0 { x } else { y }),
+                TernaryOp::Clamp if node.dtype == DType::I64 => map3(&mut o, &va, &vb, &vc, elementwise::clamp_i64),
+                TernaryOp::Fma if node.dtype == DType::I64 => map3(&mut o, &va, &vb, &vc, elementwise::fma_i64),
                 TernaryOp::Clamp => map3(&mut o, &va, &vb, &vc, |x, lo, hi| min_nan(max_nan(x, lo), hi)),
                 TernaryOp::Fma if node.dtype.kind() == Kind::Int => {
                     map3(&mut o, &va, &vb, &vc, |x, y, z| wrap_i32(x as i64 * y as i64 + z as i64))
@@ -254,8 +268,19 @@ fn eval_node(
             Value { shape: shape.clone(), values: Arc::clone(&v.values) }
         }
         Op::Reduce { op, axis, x, mask } => {
-            let xv = operand(x)?;
+            let mut xv = operand(x)?;
             let x_kind = graph.node(x).dtype.kind();
+            // An `i64` operand is reduced as f64 numbers, as the GPU's f64 accumulators do: exact
+            // while values and partial sums stay within 2^53.
+            let is_i64 = graph.node(x).dtype == DType::I64;
+            let decoded;
+            if is_i64 {
+                decoded = Value {
+                    shape: xv.shape.clone(),
+                    values: Arc::new(xv.values.par_iter().map(|&v| dec_i64(v) as f64).collect()),
+                };
+                xv = &decoded;
+            }
             let mask_view = mask.map(|m| view(m, &xv.shape)).transpose()?;
             let reduced = match axis {
                 ReduceAxis::All => fresh(vec![reduce::reduce_all(op, x_kind, &xv.values, mask_view.as_ref()); len]),
@@ -280,6 +305,10 @@ fn eval_node(
                     fresh(o)
                 }
             };
+            if is_i64 {
+                let values = reduced.values.par_iter().map(|&v| enc_i64(v as i64)).collect();
+                return Ok(Value { shape: reduced.shape, values: Arc::new(values) });
+            }
             if node.dtype == kfuse_ir::DType::I32 {
                 let range = f64::from(i32::MIN)..=f64::from(i32::MAX);
                 if let Some(&value) = reduced.values.iter().find(|v| !range.contains(v)) {

@@ -5,7 +5,7 @@ use kfuse_ir::TensorData;
 use rayon::prelude::*;
 
 use crate::broadcast::BroadcastView;
-use crate::elementwise::CHUNK;
+use crate::elementwise::{enc_i64, CHUNK};
 
 /// Writes the index along `axis` of every element of a tensor of `shape` (`axis < shape.len()`).
 pub(crate) fn iota(out: &mut [f64], shape: &[usize], axis: usize) {
@@ -31,6 +31,7 @@ pub(crate) fn component_of_host(out: &mut [f64], x: &TensorData, size: usize, in
         TensorData::F16(v) => component_of(out, v, size, index, |h| h.to_f64()),
         TensorData::BF16(v) => component_of(out, v, size, index, |h| h.to_f64()),
         TensorData::I32(v) => component_of(out, v, size, index, f64::from),
+        TensorData::I64(v) => component_of(out, v, size, index, enc_i64),
         TensorData::Bool(v) => component_of(out, v, size, index, |b| if b { 1.0 } else { 0.0 }),
     }
 }

@@ -10,8 +10,12 @@
 //! - `i32` arithmetic is two's-complement: results wrap to `i32` after every op.
 //! - `min`/`max`/`clamp` propagate NaN (PyTorch's `torch.minimum`/`maximum`), as do the
 //!   `max`/`min` reductions.
-//! - Casts: float to int truncates toward zero and saturates at the `i32` range, NaN giving 0;
-//!   anything to bool is `!= 0` (NaN is true); bool to a number is 0 or 1.
+//! - `i64` arithmetic is two's-complement too, wrapping at 64 bits (values are kept exactly).
+//! - Casts: float to int truncates toward zero and saturates at the target's range (`i32` or
+//!   `i64`), NaN giving 0; `i64` to `i32` keeps the low 32 bits; anything to bool is `!= 0` (NaN is
+//!   true); bool to a number is 0 or 1.
+//! - Reductions of `i64` compute in f64, as the GPU's accumulators do: exact while the values and
+//!   partial sums stay within ±2^53.
 //! - Empty reductions: `sum`/`count` 0, `mean` NaN, float `max` -inf and `min` +inf, `i32` `max`
 //!   `i32::MIN` and `min` `i32::MAX`.
 //! - Reductions are bit-for-bit deterministic whatever the thread count (fixed chunks, pairwise
@@ -33,12 +37,13 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use kfuse_ir::{verify, DType, Graph, HostTensor, Kind, Op, SymbolBindings};
+use kfuse_ir::{verify, DType, Graph, HostTensor, Op, SymbolBindings, TensorData};
 
 pub use error::InterpError;
 use eval::{element_count, evaluate_bound, InputValues, Value};
 
-/// One output of a graph as computed: unrounded f64 values (ints exact, bools 0/1), row-major.
+/// One output of a graph as computed: unrounded f64 values (ints exact, but `i64` magnitudes
+/// above 2^53 rounded to the nearest f64; bools 0/1), row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Evaluated {
     /// The output's name.
@@ -52,6 +57,11 @@ pub struct Evaluated {
 /// Evaluates `graph` on `inputs` (pairs of declared name and tensor, in any order) and returns
 /// every output's unrounded f64 values, in `graph.outputs` order.
 pub fn evaluate(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Evaluated>, InterpError> {
+    Ok(decode_outputs(graph, evaluate_stored(graph, inputs)?))
+}
+
+/// [`evaluate`] with outputs as the evaluator stores them (`i64` as bits, see `elementwise`).
+fn evaluate_stored(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Evaluated>, InterpError> {
     check_graph(graph)?;
     check_unique(inputs.iter().map(|(n, _)| *n))?;
     for (name, t) in inputs {
@@ -75,22 +85,38 @@ pub fn evaluate(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Eva
 /// Evaluates `graph` like [`evaluate`], then stores each output in its node's dtype (floats
 /// rounded to nearest-even, as [`HostTensor::from_f64`] does).
 pub fn run(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>, InterpError> {
-    let evaluated = evaluate(graph, inputs)?;
+    let evaluated = evaluate_stored(graph, inputs)?;
     Ok(graph
         .outputs
         .iter()
         .zip(evaluated)
         .map(|(o, e)| {
-            let dtype = graph.node(o.node).dtype;
-            (e.name, HostTensor::from_f64(dtype, e.shape, &e.values))
+            let tensor = match graph.node(o.node).dtype {
+                DType::I64 => HostTensor::new(
+                    e.shape,
+                    TensorData::I64(e.values.iter().map(|&v| elementwise::dec_i64(v)).collect()),
+                ),
+                dtype => HostTensor::from_f64(dtype, e.shape, &e.values),
+            };
+            (e.name, tensor)
         })
         .collect())
 }
 
+/// Turns the stored values of `i64` outputs into numbers.
+fn decode_outputs(graph: &Graph, mut evaluated: Vec<Evaluated>) -> Vec<Evaluated> {
+    for (o, e) in graph.outputs.iter().zip(&mut evaluated) {
+        if graph.node(o.node).dtype == DType::I64 {
+            e.values.iter_mut().for_each(|v| *v = elementwise::dec_i64(*v) as f64);
+        }
+    }
+    evaluated
+}
+
 /// Same as [`evaluate`], but from f64 input values (for gradient checks by finite differences):
 /// each input is `(name, shape, values)`. The dtype is taken from the input's declaration; float
-/// inputs keep their f64 values unrounded, `i32` inputs truncate toward zero (saturating, NaN
-/// giving 0) and `bool` inputs are `!= 0`.
+/// inputs keep their f64 values unrounded, `i32` and `i64` inputs truncate toward zero
+/// (saturating, NaN giving 0) and `bool` inputs are `!= 0`.
 pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> Result<Vec<Evaluated>, InterpError> {
     check_graph(graph)?;
     check_unique(inputs.iter().map(|(n, _, _)| *n))?;
@@ -115,9 +141,9 @@ pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> R
         .iter()
         .map(|decl| {
             let given = inputs.iter().find(|(n, _, _)| *n == decl.name);
-            let kind = decl.dtype.kind();
+            let dtype = decl.dtype;
             let values: Vec<f64> = given
-                .map(|(_, _, v)| v.par_iter().map(|&x| elementwise::cast_value(x, Kind::Float, kind)).collect())
+                .map(|(_, _, v)| v.par_iter().map(|&x| elementwise::cast_dtype(x, DType::F32, dtype)).collect())
                 .unwrap_or_default();
             InputValues::F64(Value {
                 shape: given.map(|(_, s, _)| s.clone()).unwrap_or_default(),
@@ -125,7 +151,7 @@ pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> R
             })
         })
         .collect::<Vec<_>>();
-    evaluate_bound(graph, &bindings, &values)
+    Ok(decode_outputs(graph, evaluate_bound(graph, &bindings, &values)?))
 }
 
 /// Verifies the graph (after checking what the verifier itself would index out of range).

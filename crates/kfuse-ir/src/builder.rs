@@ -109,13 +109,14 @@ impl GraphBuilder {
         self.push(Node { op: Op::Cast(x), dtype, shape })
     }
 
-    /// Converts `x` so that it computes as `dtype` does: a cast only when the kind changes.
+    /// Converts `x` so that it computes as `dtype` does: a cast only when the kind changes, or
+    /// the integer width (`i32` and `i64` compute differently; float dtypes all compute alike).
     fn retype_for(&mut self, x: NodeId, dtype: DType) -> NodeId {
         let n = self.node(x);
         if self.weak.contains(&x) {
             return self.cast(x, dtype);
         }
-        if n.dtype.kind() == dtype.kind() {
+        if n.dtype.kind() == dtype.kind() && (dtype.kind() != Kind::Int || n.dtype == dtype) {
             x
         } else {
             self.cast(x, dtype)
@@ -148,7 +149,7 @@ impl GraphBuilder {
                 .try_fold(first, |acc, &d| DType::promote(acc, d))
                 .ok_or(IrError::BadDType { op, dtype: DType::Bool, hint: "" })?,
         };
-        Ok(if base == DType::I32 && weak_float { DType::F32 } else { base })
+        Ok(if base.kind() == Kind::Int && weak_float { DType::F32 } else { base })
     }
 
     pub fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId, IrError> {
@@ -159,7 +160,7 @@ impl GraphBuilder {
             // `torch.bitwise_not` of a bool is the logical not.
             (UnaryOp::BitNot, Kind::Bool) => return self.unary(UnaryOp::Not, x),
             (UnaryOp::BitNot, Kind::Float) => {
-                return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32 or bool)" })
+                return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32, i64 or bool)" })
             }
             (_, Kind::Bool) => {
                 return Err(IrError::BadDType {
@@ -188,11 +189,13 @@ impl GraphBuilder {
                 (BinaryOp::BitAnd, DType::Bool) => return self.binary(BinaryOp::And, a, b),
                 (BinaryOp::BitOr, DType::Bool) => return self.binary(BinaryOp::Or, a, b),
                 (BinaryOp::BitXor, DType::Bool) => return self.binary(BinaryOp::Ne, a, b),
-                (_, DType::I32) => {}
+                (_, DType::I32 | DType::I64) => {}
                 (BinaryOp::Shl | BinaryOp::Shr, d) => {
-                    return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32)" })
+                    return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32 or i64)" })
                 }
-                (_, d) => return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32 or bool)" }),
+                (_, d) => {
+                    return Err(IrError::BadDType { op: op.name(), dtype: d, hint: " (it takes i32, i64 or bool)" })
+                }
             }
         }
         if op.is_logical() {
@@ -206,7 +209,7 @@ impl GraphBuilder {
                 hint: " (use where(c, 1.0, 0.0) to turn a bool into a number)",
             });
         }
-        if op.is_float_only() && meet == DType::I32 {
+        if op.is_float_only() && meet.kind() == Kind::Int {
             meet = DType::F32; // true division, as in PyTorch
         }
         let (a, b) = (self.retype_for(a, meet), self.retype_for(b, meet));
@@ -385,7 +388,7 @@ impl GraphBuilder {
                     hint: " (use count for bool tensors)",
                 })
             }
-            (ReduceOp::Mean, DType::I32) => (self.cast(x, DType::F32), DType::F32),
+            (ReduceOp::Mean, DType::I32 | DType::I64) => (self.cast(x, DType::F32), DType::F32),
             (_, d) => (x, d),
         };
         let xs = self.node(x).shape.clone();

@@ -9,11 +9,13 @@ pub enum DType {
     F16,
     BF16,
     I32,
+    I64,
     Bool,
 }
 
 /// How a value is computed: every float dtype computes as a float (f32 on the GPU, f64 in the
-/// interpreter), `i32` as a 32-bit integer, `bool` as a boolean.
+/// interpreter), `i32` and `i64` as 32- and 64-bit integers (the same kind: they differ only in
+/// width), `bool` as a boolean.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     Float,
@@ -22,12 +24,12 @@ pub enum Kind {
 }
 
 impl DType {
-    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::Bool];
+    pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::I64, DType::Bool];
 
     pub fn kind(self) -> Kind {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => Kind::Float,
-            DType::I32 => Kind::Int,
+            DType::I32 | DType::I64 => Kind::Int,
             DType::Bool => Kind::Bool,
         }
     }
@@ -39,6 +41,7 @@ impl DType {
     /// Bytes per element in memory (`bool` is one byte).
     pub fn size_bytes(self) -> usize {
         match self {
+            DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::Bool => 1,
@@ -52,6 +55,7 @@ impl DType {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
             DType::I32 => "i32",
+            DType::I64 => "i64",
             DType::Bool => "bool",
         }
     }
@@ -61,13 +65,15 @@ impl DType {
     }
 
     /// The dtype of `a op b` for arithmetic: the wider float wins; mixing `f16` with `bf16` gives
-    /// `f32`; a float with an int gives the float. `None` when either side is `bool`.
+    /// `f32`; a float with an int gives the float; `i32` with `i64` gives `i64` (as in PyTorch).
+    /// `None` when either side is `bool`.
     pub fn promote(a: DType, b: DType) -> Option<DType> {
         use DType::*;
         Some(match (a, b) {
             (Bool, _) | (_, Bool) => return None,
             (x, y) if x == y => x,
-            (I32, f) | (f, I32) => f,
+            (I32, I64) | (I64, I32) => I64,
+            (I32 | I64, f) | (f, I32 | I64) => f,
             _ => F32, // two different float dtypes
         })
     }

@@ -12,6 +12,7 @@ pub enum TensorData {
     F16(Vec<f16>),
     BF16(Vec<bf16>),
     I32(Vec<i32>),
+    I64(Vec<i64>),
     Bool(Vec<bool>),
 }
 
@@ -34,6 +35,7 @@ impl HostTensor {
             TensorData::F16(_) => DType::F16,
             TensorData::BF16(_) => DType::BF16,
             TensorData::I32(_) => DType::I32,
+            TensorData::I64(_) => DType::I64,
             TensorData::Bool(_) => DType::Bool,
         }
     }
@@ -47,19 +49,21 @@ impl HostTensor {
     }
 
     /// Builds a tensor of `dtype` from f64 values, rounding to nearest (ints truncate toward
-    /// zero, bools are `!= 0`).
+    /// zero, saturating at their range, NaN giving 0; bools are `!= 0`).
     pub fn from_f64(dtype: DType, shape: Vec<usize>, values: &[f64]) -> HostTensor {
         let data = match dtype {
             DType::F32 => TensorData::F32(values.iter().map(|&v| v as f32).collect()),
             DType::F16 => TensorData::F16(values.iter().map(|&v| f16::from_f64(v)).collect()),
             DType::BF16 => TensorData::BF16(values.iter().map(|&v| bf16::from_f64(v)).collect()),
             DType::I32 => TensorData::I32(values.iter().map(|&v| v as i32).collect()),
+            DType::I64 => TensorData::I64(values.iter().map(|&v| v as i64).collect()),
             DType::Bool => TensorData::Bool(values.iter().map(|&v| v != 0.0).collect()),
         };
         HostTensor::new(shape, data)
     }
 
-    /// Every element as f64 (exact for every dtype kfuse has).
+    /// Every element as f64 (exact for every dtype but `i64`, whose magnitudes above 2^53 round to
+    /// the nearest f64).
     pub fn to_f64(&self) -> Vec<f64> {
         self.data.to_f64()
     }
@@ -76,6 +80,7 @@ impl HostTensor {
             TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
         }
     }
@@ -95,6 +100,9 @@ impl HostTensor {
             DType::I32 => {
                 TensorData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect())
             }
+            DType::I64 => {
+                TensorData::I64(bytes.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect())
+            }
             DType::Bool => TensorData::Bool(bytes.iter().map(|&b| b != 0).collect()),
         };
         Some(HostTensor::new(shape, data))
@@ -108,6 +116,7 @@ impl TensorData {
             TensorData::F16(v) => v.len(),
             TensorData::BF16(v) => v.len(),
             TensorData::I32(v) => v.len(),
+            TensorData::I64(v) => v.len(),
             TensorData::Bool(v) => v.len(),
         }
     }
@@ -120,6 +129,7 @@ impl TensorData {
             TensorData::F16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             TensorData::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
             TensorData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
         }
     }

@@ -72,7 +72,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             }
             Op::Binary(op, a, b) => {
                 let (da, db) = (node(a).dtype, node(b).dtype);
-                let kind_ok = da.kind() == db.kind();
+                let kind_ok = computes_alike(da, db);
                 let dtype_ok = if op.is_comparison() {
                     n.dtype == DType::Bool
                 } else if op.is_logical() {
@@ -80,7 +80,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 } else if op.is_bitwise() {
                     da.kind() == Kind::Int && n.dtype.kind() == Kind::Int
                 } else {
-                    da != DType::Bool && n.dtype.kind() == da.kind() && !(op.is_float_only() && da.kind() == Kind::Int)
+                    da != DType::Bool && computes_alike(n.dtype, da) && !(op.is_float_only() && da.kind() == Kind::Int)
                 };
                 kind_ok && dtype_ok && bshape(&node(a).shape, &node(b).shape).as_ref() == Some(&n.shape)
             }
@@ -89,11 +89,11 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 let kinds = match op {
                     TernaryOp::Select => {
                         node(a).dtype == DType::Bool
-                            && node(b).dtype.kind() == node(c).dtype.kind()
-                            && node(b).dtype.kind() == n.dtype.kind()
+                            && computes_alike(node(b).dtype, node(c).dtype)
+                            && computes_alike(node(b).dtype, n.dtype)
                     }
                     TernaryOp::Clamp | TernaryOp::Fma => {
-                        [a, b, c].iter().all(|&x| node(x).dtype.kind() == n.dtype.kind()) && n.dtype != DType::Bool
+                        [a, b, c].iter().all(|&x| computes_alike(node(x).dtype, n.dtype)) && n.dtype != DType::Bool
                     }
                 };
                 kinds && s.as_ref() == Some(&n.shape)
@@ -107,7 +107,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             Op::Stack(l) => {
                 let parts = g.lists.get(l.0 as usize).map(|v| v.as_slice()).unwrap_or(&[]);
                 !parts.is_empty()
-                    && parts.iter().all(|&p| p.index() < i && node(p).dtype.kind() == n.dtype.kind())
+                    && parts.iter().all(|&p| p.index() < i && computes_alike(node(p).dtype, n.dtype))
                     && n.shape.last() == Some(Dim::Const(parts.len() as u64))
                     && parts.iter().all(|&p| node(p).shape.broadcasts_to(&n.shape.without_last()))
             }
@@ -168,4 +168,10 @@ fn check_symbols(g: &Graph, s: &Shape) -> Result<(), IrError> {
         }
     }
     Ok(())
+}
+
+/// Whether values of `a` and `b` are computed alike: the same kind and, for integers, the same
+/// width (every float dtype computes as one float type; `i32` and `i64` do not mix).
+fn computes_alike(a: DType, b: DType) -> bool {
+    a.kind() == b.kind() && (a.kind() != Kind::Int || a == b)
 }

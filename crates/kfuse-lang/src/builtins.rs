@@ -3,7 +3,8 @@
 //! `where`, `clamp`, `pow`, `fma`, elementwise `min`/`max` (two arguments), the one-argument math
 //! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
 //! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
-//! `f32 f16 bf16 i32 bool`, `grad`, and the ragged-data helpers `mask(lengths)` and `size(D)`,
+//! `f32 f16 bf16 i32 i64 bool`, `grad`, `iota(x, axis: A)` (the index along an axis, for one-hot
+//! comparisons with integer labels), and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
 use kfuse_ir::{BinaryOp, Constraint, DType, Dim, NodeId, Op, ReduceAxis, ReduceOp, Shape, UnaryOp};
@@ -142,6 +143,7 @@ impl Lowerer<'_> {
             "grad" => self.grad(func, args, span),
             "mask" => self.mask(func, args, span),
             "size" => self.size(func, args, span),
+            "iota" => self.iota(func, args, span),
             _ => Err(self.unknown_function(func)),
         }
     }
@@ -321,6 +323,48 @@ impl Lowerer<'_> {
         let iota = self.b.iota(shape, axis).map_err(|e| self.ir_report(e, span, &[]))?;
         let lengths = self.b.expand_last(xn);
         self.b.binary(BinaryOp::Lt, iota, lengths).map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `iota(x, axis: A)`: an `i32` tensor of `x`'s shape whose every element is its index along
+    /// axis `A` (negative counts from the end; the last axis when `axis:` is left out), as
+    /// `torch.arange` along that axis; `iota(logits, axis: -1) == labels[.., None]` is a one-hot.
+    fn iota(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &["axis"])?;
+        let [x] = exact(func, &a, span, "iota(x, axis: -1)")?;
+        let xn = self.expr(x)?;
+        let shape = self.b.node(xn).shape.clone();
+        let rank = shape.rank() as i64;
+        let (axis, at) = match a.keyword("axis") {
+            None => (-1, span),
+            Some(ax) => {
+                let literal = match &ax.kind {
+                    ExprKind::Int(v) => Some(*v),
+                    ExprKind::Neg(x) => match x.kind {
+                        ExprKind::Int(v) => Some(-v),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                let v = match literal {
+                    Some(v) => v,
+                    None => {
+                        return Err(Report::new(DiagnosticKind::Axis, ax.span, "the axis must be an integer literal")
+                            .expected("iota(x, axis: -1), an axis of x counted from 0 or, negative, from the end"))
+                    }
+                };
+                (v, ax.span)
+            }
+        };
+        let k = if axis < 0 { axis + rank } else { axis };
+        if !(0..rank).contains(&k) {
+            return Err(Report::new(
+                DiagnosticKind::Axis,
+                at,
+                format!("`iota` counts along axis {axis}, but its operand has rank {rank}"),
+            )
+            .expected(format!("an axis from {} to {}", -rank, rank - 1)));
+        }
+        self.b.iota(shape, k as u32).map_err(|e| self.ir_report(e, span, &[]))
     }
 
     /// `size(D)`: the run-time size of dimension symbol `D` as an `i32` scalar, lowered as

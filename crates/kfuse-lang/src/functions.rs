@@ -7,8 +7,8 @@
 #[rustfmt::skip] // a few names a line, not one (long names would make rustfmt list one a line)
 pub(crate) const FUNCTIONS: &[&str] = &[
     "where", "min", "max", "clamp", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos",
-    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "bool", "grad", "mask", "size",
+    "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "i64", "bool", "grad", "mask", "size",
     "log1p", "expm1", "sign", "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos",
     "sinh", "cosh", "atan2", "remainder", "floor_div", "fma", "bitwise_and", "bitwise_or", "bitwise_xor",
-    "bitwise_not", "bitwise_left_shift", "bitwise_right_shift",
+    "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "iota",
 ];

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! # Comments start with #. Statements end at a line break (not inside brackets).
-//! input pred:   f32[B, N, 4]          # dtype f32 f16 bf16 i32 bool; dims are symbols or sizes
+//! input pred:   f32[B, N, 4]          # dtype f32 f16 bf16 i32 i64 bool; dims: symbols or sizes
 //! input scale:  f32                   # a scalar (also `f32[]`)
 //! let valid = pred[.., 3] != 0        # last-axis component; negative indices count from the end
 //! w = where(valid, 1.0, 0.0)          # `let` is optional
@@ -16,6 +16,8 @@
 //! let valid = mask(lengths)           # bool[B, N]: valid[b, n] is n < lengths[b]
 //! input offsets: i32[S] as offsets(T) # ragged, packed: offsets[0] = 0 <= ... <= offsets[S-1] = T
 //! let rows = size(T)                  # the run-time size of a dimension symbol, as an i32
+//! input labels: i64[B]                # class indices, as torch's int64
+//! let one_hot = iota(x, axis: -1) == labels[.., None]   # iota: each element's index along an axis
 //! ```
 //!
 //! Precedence, loosest first (Python's): `or`, `and`, `not`, comparisons (non-chaining), `|`,
@@ -28,11 +30,13 @@
 //! sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
 //! `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
-//! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 bool`,
-//! `grad(OF, INPUT)`, and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
+//! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 i64 bool`,
+//! `grad(OF, INPUT)`, `iota(X, axis: A)` (an `i32` of `X`'s shape: each element's index along axis
+//! `A`, negative from the end, the last when left out), and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!
-//! The elementwise functions follow PyTorch's names and results: math functions of an `i32` give
+//! The elementwise functions follow PyTorch's names and results (what this paragraph says of `i32`
+//! holds for `i64` too, with 64 for 32): math functions of an `i32` give
 //! `f32` (but `round`, `trunc`, `ceil`, `floor` and `sign` of an `i32` stay `i32`); `round` takes halfway
 //! cases to even; `sign` of NaN is 0; `isnan isinf isfinite` give `bool`; `remainder` has the sign
 //! of the divisor and `floor_div` rounds toward -inf, for floats and `i32` alike. Two definitions
@@ -53,7 +57,15 @@
 //! Gradients flow through every form, and through operands broadcast along any axes (a `[D]`
 //! bias added to `[B, D]` rows gets the column sum).
 //!
-//! Integers: `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
+//! Integers: `i32` with `i64` computes as `i64`, an integer with a float as the float, and an
+//! integer literal takes the other operand's dtype (literals themselves fit in `i32`: write
+//! `i64(1 << 20) * 4096` for larger values). A float cast to `i32` or `i64` truncates toward zero,
+//! saturates at the target's range and gives 0 for NaN (on the CPU and the GPU alike; PyTorch
+//! leaves out-of-range values undefined); `i64` to `i32` keeps the low 32 bits, as PyTorch does.
+//! `i64` `+ - *` wrap at 64 bits; `i64` reductions are computed in f64, as on the GPU: `sum`,
+//! `max` and `min` of `i64` are exact while the values and every partial sum stay within ±2^53
+//! (about 9.007e15), and a `max`/`min` of no element gives the `i32` limits, as for `i32`.
+//! `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
 //! 64 bits; a total outside the `i32` range is never wrapped: the CPU interpreter refuses it with
 //! an error naming the reduction, and a GPU kernel, which cannot stop with an error, clamps it to
 //! the nearest `i32` limit. Sum `f32(x)` when such totals are expected.

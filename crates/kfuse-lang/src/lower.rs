@@ -371,10 +371,10 @@ fn expected_operands(op: &str) -> &'static str {
         "count" => "a bool tensor, as in count(x > 0)",
         "sum" | "mean" | "max" | "min" => "numbers to reduce (count(...) counts the true elements of a bool tensor)",
         "bitwise_and" | "bitwise_or" | "bitwise_xor" | "bitwise_not" => {
-            "i32 or bool operands (i32(x) converts a float)"
+            "i32, i64 or bool operands (i32(x) converts a float)"
         }
-        "bitwise_left_shift" | "bitwise_right_shift" => "i32 operands (i32(x) converts a float)",
-        _ => "numbers: f32, f16, bf16 or i32",
+        "bitwise_left_shift" | "bitwise_right_shift" => "i32 or i64 operands (i32(x) converts a float)",
+        _ => "numbers: f32, f16, bf16, i32 or i64",
     }
 }
 
@@ -385,7 +385,7 @@ fn expected_same_kind(op: &str) -> &'static str {
         "where" => "two branches of the same kind: two numbers or two bools",
         "clamp" => "numbers for x, lo and hi",
         "fma" => "numbers for a, b and c",
-        "bitwise_and" | "bitwise_or" | "bitwise_xor" => "two i32 or two bools",
+        "bitwise_and" | "bitwise_or" | "bitwise_xor" => "two integers or two bools",
         _ => "numbers on both sides (use where(c, 1.0, 0.0) to turn a bool into a number)",
     }
 }

@@ -160,7 +160,7 @@ impl<'t> Parser<'t> {
     }
 
     fn dtype(&mut self) -> Result<DType, Report> {
-        const TYPES: &str = "a dtype: f32, f16, bf16, i32 or bool";
+        const TYPES: &str = "a dtype: f32, f16, bf16, i32, i64 or bool";
         match &self.peek().tok {
             Tok::Ident(name) => match DType::from_name(name) {
                 Some(d) => {

@@ -57,7 +57,7 @@ fn syntax_errors_say_what_was_expected() {
     check(&error("let y = x x\n"), Syntax, 1, 11, "x", "unexpected name `x`", "end of the line");
     check(&error("let y = 0 < x < 1\n"), Syntax, 1, 15, "<", "comparisons do not chain", "and");
     check(&error("let y = x ** 2\n"), Syntax, 1, 11, "**", "unexpected character", "pow(a, b)");
-    check(&error("input z: f64[N]\n"), Syntax, 1, 10, "f64", "unknown dtype `f64`", "f32, f16, bf16, i32 or bool");
+    check(&error("input z: f64[N]\n"), Syntax, 1, 10, "f64", "unknown dtype `f64`", "f32, f16, bf16, i32, i64 or bool");
     check(&error("let y = x[0]\n"), Syntax, 1, 11, "0", "unexpected number `0`", "x[.., 0]");
     check(&error("x + 1\n"), Syntax, 1, 3, "+", "unexpected `+`", "`=`");
     check(&error(")\n"), Syntax, 1, 1, ")", "unexpected `)`", "a statement");

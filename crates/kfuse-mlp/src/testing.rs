@@ -165,13 +165,13 @@ pub const TOL_16BIT: f64 = 1e-2;
 pub const SIGMAS: f64 = 8.0;
 
 /// The largest relative error of rounding a value to `dtype` (half an ulp): 2⁻²⁴ for f32, 2⁻¹¹
-/// for f16, 2⁻⁸ for bf16; 0 for the exact i32 and bool.
+/// for f16, 2⁻⁸ for bf16; 0 for the exact i32, i64 and bool.
 pub fn unit_roundoff(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 2f64.powi(-24),
         DType::F16 => 2f64.powi(-11),
         DType::BF16 => 2f64.powi(-8),
-        DType::I32 | DType::Bool => 0.0,
+        DType::I32 | DType::I64 | DType::Bool => 0.0,
     }
 }
 

@@ -37,14 +37,14 @@ pub fn example(stem: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// A tensor of `dtype` and `shape` with values uniform in [-1, 1) (floats), in -3..=3 (i32), or
+/// A tensor of `dtype` and `shape` with values uniform in [-1, 1) (floats), in -3..=3 (i32, i64), or
 /// random booleans, from `seed`.
 pub fn random_tensor(dtype: DType, shape: &[usize], seed: u64) -> HostTensor {
     let mut rng = StdRng::seed_from_u64(seed);
     let n: usize = shape.iter().product();
     let values: Vec<f64> = (0..n)
         .map(|_| match dtype {
-            DType::I32 => f64::from(rng.random_range(-3i32..=3)),
+            DType::I32 | DType::I64 => f64::from(rng.random_range(-3i32..=3)),
             DType::Bool => f64::from(u8::from(rng.random_bool(0.5))),
             _ => rng.random_range(-1.0..1.0),
         })

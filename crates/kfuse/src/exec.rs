@@ -487,6 +487,7 @@ fn upload_tensor(gpu: &Gpu, t: &HostTensor) -> Result<DeviceBuffer> {
         TensorData::F16(v) => gpu.upload_slice(v.reinterpret_cast())?,
         TensorData::BF16(v) => gpu.upload_slice(v.reinterpret_cast())?,
         TensorData::I32(v) => gpu.upload_slice(v)?,
+        TensorData::I64(v) => gpu.upload_slice(v)?,
         TensorData::Bool(v) => gpu.upload_slice(v)?,
     })
 }

@@ -70,7 +70,7 @@ def shape_tokens(t):
 def kf_dtype(dtype):
     kd = KFUSE_DTYPES.get(dtype)
     if kd is None:
-        raise Refused(f"dtype {dtype} is not a kfuse dtype (f32, f16, bf16, i32, bool)")
+        raise Refused(f"dtype {dtype} is not a kfuse dtype (f32, f16, bf16, i32, i64, bool)")
     return kd
 
 

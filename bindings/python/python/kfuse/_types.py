@@ -9,6 +9,7 @@ TORCH_DTYPES = {
     "f16": torch.float16,
     "bf16": torch.bfloat16,
     "i32": torch.int32,
+    "i64": torch.int64,
     "bool": torch.bool,
 }
 KFUSE_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}

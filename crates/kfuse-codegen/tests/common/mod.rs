@@ -208,6 +208,46 @@ pub fn lengths_mean_and_gradient(with_loss: bool) -> Result<Graph, IrError> {
     b.finish()
 }
 
+/// `i64` work: wrapping arithmetic with an `i32` operand, floor division, remainder, shifts,
+/// clamp and casts, component reads of an `[.., 2]` pair (a `longlong2` load), a row sum, and a
+/// full sum used again by element work (an `i64` scalar crossing kernels).
+pub fn int64() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let bs = b.symbol("B");
+    let n = b.symbol("N");
+    let x = b.input("x", DType::I64, Shape(vec![Dim::Sym(bs), Dim::Sym(n)]))?;
+    let k = b.input("k", DType::I32, Shape(vec![Dim::Sym(n)]))?;
+    let pairs = b.input("pairs", DType::I64, Shape(vec![Dim::Sym(bs), Dim::Const(2)]))?;
+    let xk = bin(&mut b, B::Mul, x, k)?;
+    let three = b.lit_int(3);
+    let q = bin(&mut b, B::FloorDiv, xk, three)?;
+    let five = b.lit_int(5);
+    let r = bin(&mut b, B::Remainder, x, five)?;
+    let one = b.lit_int(1);
+    let shl = bin(&mut b, B::Shl, q, one)?;
+    let y = bin(&mut b, B::Add, shl, r)?;
+    let (lo, hi) = (b.lit_int(-1000), b.lit_int(1000));
+    let y = b.clamp(y, lo, hi)?;
+    b.output("y", y)?;
+    let half = b.lit_float(0.5);
+    let f = bin(&mut b, B::Mul, x, half)?;
+    b.output("half", f)?;
+    let p0 = b.component(pairs, 0)?;
+    let p1 = b.component(pairs, 1)?;
+    let two = b.lit_int(2);
+    let p = bin(&mut b, B::Shr, p1, two)?;
+    let p = bin(&mut b, B::Sub, p0, p)?;
+    let p = b.unary(UnaryOp::Abs, p)?;
+    b.output("pair", p)?;
+    let rows = b.reduce(ReduceOp::Sum, ReduceAxis::Last, x, None)?;
+    b.output("rows", rows)?;
+    let total = b.reduce(ReduceOp::Sum, ReduceAxis::All, x, None)?;
+    let centred = bin(&mut b, B::Sub, x, total)?;
+    let narrow = b.cast(centred, DType::I32);
+    b.output("centred", narrow)?;
+    b.finish()
+}
+
 /// Every representative graph, by name.
 pub fn all() -> Vec<(&'static str, Graph)> {
     let mut v = Vec::new();
@@ -223,5 +263,6 @@ pub fn all() -> Vec<(&'static str, Graph)> {
     add("normalize", normalize());
     add("masked_delta", masked_delta());
     add("masked_delta_lengths", masked_delta_lengths());
+    add("int64", int64());
     v
 }

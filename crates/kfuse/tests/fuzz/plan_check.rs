@@ -12,6 +12,7 @@ fn c_type(elem: ElemType) -> &'static str {
         ElemType::Tensor(DType::F32) => "float",
         ElemType::Tensor(DType::F16 | DType::BF16) => "unsigned short",
         ElemType::Tensor(DType::I32) => "int",
+        ElemType::Tensor(DType::I64) => "long long",
         ElemType::Tensor(DType::Bool) => "unsigned char",
         ElemType::F64 => "double",
         ElemType::U32 => "unsigned int",
