@@ -18,8 +18,8 @@ Rows (GROUP: rows):
 
 The kfuse side of each row is `.kf` source in this file, called through the `kfuse` package as a
 user calls a program (autograd derives the backward). A row may list several forms, the first
-that compiles and runs is measured (cross-entropy: int64 labels with `gather`, then int32 labels,
-then one-hot targets in the logits' dtype; `params.kfuse_form` says which). A row that kfuse
+that compiles and runs is measured (cross-entropy: int64 labels with `gather`, int64 labels
+compared with each column's index (`iota`), int32 labels with `gather`, then one-hot targets in the logits' dtype; `params.kfuse_form` says which). A row that kfuse
 cannot compile or run is recorded with kfuse's error message (`figures.kfuse.unsupported`) and
 its PyTorch baselines; the suite goes on.
 
@@ -91,6 +91,14 @@ XENT_LABELS = _LOG_SOFTMAX + """
 input labels: {int}[B]
 let valid = labels != -100
 let nll = -sum(gather(log_probs, where(valid, labels, 0)[.., None], axis: -1), axis: -1)
+output loss = sum(0.9 * nll + 0.1 * smooth, where: valid) / max(count(valid), 1)
+"""
+
+# The same with the label's column picked by comparing each column's index with the label.
+XENT_IOTA = _LOG_SOFTMAX + """
+input labels: i64[B]
+let valid = labels != -100
+let nll = -sum(where(iota(logits, axis: -1) == labels[.., None], log_probs, 0.0), axis: -1)
 output loss = sum(0.9 * nll + 0.1 * smooth, where: valid) / max(count(valid), 1)
 """
 
@@ -211,6 +219,7 @@ def xent_rows(total, classes, dtypes):
                     return {"logits": lg, "onehot": oh}
 
                 forms = [("int64 labels, gather", XENT_LABELS.format(int="i64"), lambda ts: dict(logits=ts[0], labels=ts[1])),
+                         ("int64 labels, iota one-hot", XENT_IOTA, lambda ts: dict(logits=ts[0], labels=ts[1])),
                          ("int32 labels, gather", XENT_LABELS.format(int="i32"),
                           lambda ts: dict(logits=ts[0], labels=ts[1].to(torch.int32))),
                          ("one-hot targets in the logits' dtype", XENT_ONE_HOT, one_hot)]
