@@ -90,7 +90,12 @@ impl Tuning {
 #[derive(Subcommand)]
 enum Command {
     /// Parse and type-check a .kf file; print the typed graph.
-    Check { file: PathBuf },
+    Check {
+        file: PathBuf,
+        /// Also print the plan: each kernel's shape (how its threads cover the work) and its sinks.
+        #[arg(long)]
+        plan: bool,
+    },
     /// Print the generated CUDA source of a .kf file.
     Emit {
         file: PathBuf,
@@ -294,8 +299,18 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Check { file } => {
+        Command::Check { file, plan } => {
             say!("{}", parse(&file)?);
+            if plan {
+                let p = load(&file)?;
+                let kernels = &p.plan().kernels;
+                for (k, kernel) in kernels.iter().enumerate() {
+                    say!("kernel {} of {} ({}):", k + 1, kernels.len(), kernel.name);
+                    for note in kernel.plan_notes() {
+                        say!("    {note}");
+                    }
+                }
+            }
             Ok(())
         }
         Command::Emit { file, tuning } => {

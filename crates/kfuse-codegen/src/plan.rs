@@ -189,6 +189,19 @@ pub struct Kernel {
     pub launch: Launch,
 }
 
+impl Kernel {
+    /// What the kernel's header says of its plan: its domain line (how its threads cover the work:
+    /// the kernel shape, and for a row-wise kernel its row phases) and one line per sink (what it
+    /// writes), without the comment markers.
+    pub fn plan_notes(&self) -> Vec<&str> {
+        self.source
+            .lines()
+            .take_while(|l| l.starts_with("//"))
+            .filter_map(|l| l.strip_prefix("// domain: ").or_else(|| l.strip_prefix("// sink: ").map(|s| s.trim())))
+            .collect()
+    }
+}
+
 /// How the executor launches a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Launch {

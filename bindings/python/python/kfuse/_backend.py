@@ -53,11 +53,14 @@ def _program(text, name):
         return prog, False
 
 
-def _kernel_count(prog):
+def _kernel_shapes(prog):
+    """Each CUDA kernel's shape as its header states it (how its threads cover the work), or None
+    when the program has no generated code to read."""
     try:
-        return prog.cuda_source().count("__global__")
-    except Exception:  # no code generator for this program: nothing to count
+        source = prog.cuda_source()
+    except Exception:  # no code generator for this program: nothing to read
         return None
+    return [line[len("// domain: "):] for line in source.splitlines() if line.startswith("// domain: ")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,11 +69,13 @@ def _kernel_count(prog):
 
 class Kernel:
     """One fused region: the `graph` it is in, the aten `ops` it holds, its ``.kf`` `source`,
-    the number of CUDA `kernels` it runs as (None when unknown) and whether its program came
-    from the backend's cache (`cached`)."""
+    the `shapes` of the CUDA kernels it runs as (one line each: how the kernel's threads cover
+    its work, e.g. a row reduction computed once per row; None when unknown), their number
+    `kernels`, and whether its program came from the backend's cache (`cached`)."""
 
-    def __init__(self, graph, ops, source, kernels, cached):
-        self.graph, self.ops, self.source, self.kernels, self.cached = graph, ops, source, kernels, cached
+    def __init__(self, graph, ops, source, shapes, cached):
+        self.graph, self.ops, self.source, self.shapes, self.cached = graph, ops, source, shapes, cached
+        self.kernels = None if shapes is None else len(shapes)
 
     def __repr__(self):
         return f"Kernel({self.graph}: {len(self.ops)} ops, {self.kernels} CUDA kernel(s))"
@@ -105,6 +110,7 @@ class Report:
                 cached = ", program reused" if k.cached else ""
                 out.append(f"-- region {i}: {len(k.ops)} ops, {count} CUDA kernel(s){cached}")
                 out.append("   ops: " + ", ".join(k.ops))
+                out.extend(f"   kernel {j}: {shape}" for j, shape in enumerate(k.shapes or []))
                 out.extend("   | " + line for line in k.source.rstrip("\n").split("\n"))
             for f in fs:
                 out.append(f"-- left to PyTorch: {f.op}: {f.reason}")
@@ -237,7 +243,7 @@ def _fuse(gm, graph_name, report):
                 fallbacks += [(n.target, f"region kept in PyTorch: {e}") for n in sub.graph.nodes if n.op == "call_function"]
                 continue
             setattr(gm, node.target, _Region(prog, lowered, sub))
-            kernels.append(Kernel(graph_name, lowered.ops, lowered.text, _kernel_count(prog) if report else None, cached))
+            kernels.append(Kernel(graph_name, lowered.ops, lowered.text, _kernel_shapes(prog) if report else None, cached))
         elif node.op == "call_function" and node.target is not operator.getitem:
             reason = by_name.get(node.name, "a region of a single op is left to PyTorch")
             fallbacks.append((node.target, reason))

@@ -275,15 +275,16 @@ def _reduce(fn):
         dims = a.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         dims = sorted({d % n for d in dims}) if n else []
+        keep = bool(a.get("keepdim"))
         if not dims or dims == list(range(n)):
-            return f"{fn}({text})", ()
-        if dims != [n - 1]:
-            raise Refused(f"a reduction over axes {dims} of a {n}-d tensor (kfuse reduces all axes or the last)")
-        out = f"{fn}({text}, axis: -1)"
-        shape = full[:-1]
-        if a.get("keepdim"):
-            out, shape = f"{out}[.., None]", shape + (1,)
-        return out, shape
+            if not keep:
+                return f"{fn}({text})", ()
+            dims = list(range(n))
+        axis = str(dims[0]) if len(dims) == 1 else "[" + ", ".join(str(d) for d in dims) + "]"
+        if keep:
+            shape = tuple(1 if i in dims else d for i, d in enumerate(full))
+            return f"{fn}({text}, axis: {axis}, keepdim: true)", shape
+        return f"{fn}({text}, axis: {axis})", tuple(d for i, d in enumerate(full) if i not in dims)
 
     return rule
 
