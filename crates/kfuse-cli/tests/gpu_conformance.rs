@@ -320,3 +320,63 @@ fn row_programs_plan_their_row_reductions_once_per_row() {
         p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
     }
 }
+
+/// Programs that reduce over their leading axis (the columns shape: chunks of rows per tile of
+/// 32 columns, folded in order by the tile's last block), with sizes around a tile and a chunk.
+const COLUMN_PROGRAMS: &[(&str, &str)] = &[
+    (
+        "column sum, max and masked mean",
+        "input x: f32[B, D]\ninput y: f32[B, D]\noutput s = sum(x, axis: 0)\noutput hi = max(x * y, axis: 0)\n\
+         output m = mean(x, where: y > 0.0, axis: 0)\noutput n = count(y > 0.0, axis: 0)\n",
+    ),
+    (
+        "a bias gradient beside the input gradient",
+        "input x: f32[B, D]\ninput bias: f32[D]\ninput dy: f32[B, D]\nlet z = x + bias\n\
+         let y = 0.5 * z * (1.0 + erf(z * 0.7071067811865476))\noutput loss = sum(y * dy)\n\
+         output dx = grad(loss, x)\noutput dbias = grad(loss, bias)\n",
+    ),
+    (
+        "a leading axis of a rank-3 tensor",
+        "input x: f32[B, T, D]\noutput s = sum(x * x, axis: 0)\noutput lo = min(x, axis: 0)\n",
+    ),
+];
+
+#[test]
+fn column_reductions_match_the_interpreter_at_odd_row_and_column_counts() {
+    let Some(gpu) = gpu_or_skip("column_reductions_match_the_interpreter_at_odd_row_and_column_counts") else {
+        return;
+    };
+    let gpu = Arc::new(gpu);
+    let engine = engine_of(&gpu);
+    let rows_by_cols: &[(u64, u64)] =
+        &[(1, 1), (3, 3), (31, 33), (33, 31), (1023, 65), (4097, 3), (3, 4097), (0, 5), (5, 0), (100_003, 40)];
+    let mut cases = 0;
+    for (what, src) in COLUMN_PROGRAMS {
+        for dtype in [DType::F32, DType::BF16] {
+            let p = compile_at(&engine, src, &format!("{what} ({dtype})"), dtype);
+            let rank3 = p.graph().symbols.len() == 3;
+            for (k, &(rows, cols)) in rows_by_cols.iter().enumerate() {
+                // A rank-3 program takes its columns as T x D (T = 3).
+                let sizes = if rank3 { vec![rows, 3, cols.div_ceil(3)] } else { vec![rows, cols] };
+                check(&gpu, &p, &sizes, fresh_seed() + 200 + k as u64, dtype);
+                cases += 1;
+            }
+        }
+    }
+    println!("{cases} column GPU cases agreed with the interpreter");
+}
+
+#[test]
+fn column_programs_plan_split_column_reductions() {
+    // Pure tier: the programs above run on the interpreter and get a column kernel.
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    for (what, src) in COLUMN_PROGRAMS {
+        let p = Program::compile(&engine, src, what).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let columns = p.plan().kernels.iter().filter(|k| k.source.contains("folded in chunk order")).count();
+        assert_eq!(columns, 1, "{what}: one column kernel in\n{}", p.cuda_source());
+        let sizes = vec![3; p.graph().symbols.len()];
+        let inputs = testdata::random_inputs_for(p.graph(), &sizes, 7).unwrap();
+        let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}

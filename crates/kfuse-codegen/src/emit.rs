@@ -222,6 +222,14 @@ impl<'a> Emitter<'a> {
         self.bind(0, Key::Node(n, ctx), ty, expr, note)
     }
 
+    /// Binds `expr` as the value of `n` at `ctx` in the innermost block (a value valid only there,
+    /// e.g. a fold that one lane computed inside a branch).
+    pub fn bind_here(&mut self, n: NodeId, ctx: Vec<Coord>, expr: String, note: &str) -> String {
+        let ty = cuda::value_type(self.g.node(n).dtype);
+        let depth = self.blocks.len() - 1;
+        self.bind(depth, Key::Node(n, ctx), ty, expr, note)
+    }
+
     /// Opens `else {` right after a closed branch.
     pub fn open_else(&mut self) {
         self.open(BlockKind::Branch, "else {".to_string());
@@ -1036,8 +1044,10 @@ fn cast(from_dtype: DType, to_dtype: DType, v: &str) -> String {
         (DType::I64, DType::I64) => return v.to_string(),
         // Keeps the low 32 bits (two's complement), as the interpreter does.
         (DType::I64, DType::I32) => return format!("(int)(unsigned int)(unsigned long long){v}"),
-        // From a float: cvt.rzi truncates, saturates at the i64 range, NaN -> 0.
-        (_, DType::I64) if from != Kind::Bool => return format!("(long long){v}"),
+        // From a float: cvt.rzi.s64 truncates and saturates at the i64 range, but gives the
+        // lowest i64 for NaN (measured on an H200), so NaN is mapped to 0 first.
+        (_, DType::I64) if from == Kind::Float => return format!("({v} != {v} ? 0ll : (long long){v})"),
+        (_, DType::I64) if from == Kind::Int => return format!("(long long){v}"),
         _ => {}
     }
     match (from, to) {

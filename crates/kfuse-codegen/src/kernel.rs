@@ -26,14 +26,14 @@ use crate::cuda::{self, Helper};
 use crate::emit::{Coord, Emitter, Mode};
 use crate::epilogue::{emit_epilogue, EpilogueRun};
 use crate::plan::{GridSpec, Kernel};
-use crate::shapes::{compacted, grid_stride, row_groups, row_wise, rows, warp_per_row, KernelShape};
+use crate::shapes::{columns, compacted, grid_stride, row_groups, row_wise, rows, warp_per_row, KernelShape};
 use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
 use crate::{check, sinks, CodegenError, CodegenOptions};
 
 pub(crate) fn emit_kernel(
     g: &Graph,
-    (an, row_plan): (&Analysis, Option<&row_wise::RowWise>),
+    (an, row_plan, column_plan): (&Analysis, Option<&row_wise::RowWise>, Option<&columns::Columns>),
     k: usize,
     launched: usize,
     opts: &CodegenOptions,
@@ -60,8 +60,15 @@ pub(crate) fn emit_kernel(
     let last_dim = info.dims.last().copied();
     let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &groups);
     let row_wise = row_plan.filter(|_| onepass.is_none());
-    let shape =
-        KernelShape::choose(onepass.map(|b| &b.pass), row_bound.is_some(), row_wise.is_some(), last_dim, &groups);
+    let column_wise = column_plan.filter(|_| onepass.is_none());
+    let shape = KernelShape::choose(
+        onepass.map(|b| &b.pass),
+        row_bound.is_some(),
+        row_wise.is_some(),
+        column_wise.is_some(),
+        last_dim,
+        &groups,
+    );
     let block = shape.block(opts);
 
     // The loop body. Inputs loaded outside any predicate branch (or by a predicate itself) are
@@ -71,7 +78,12 @@ pub(crate) fn emit_kernel(
     let mut rows_src = String::new();
     let mut queued = None; // the compacted shape: the group whose elements are queued
     let mut row_sizes = None; // the row-wise shape: its row count and length
+    let mut column_sizes = None; // the columns shape: its column and row counts
     match (shape, &row_bound, last_dim) {
+        (KernelShape::Columns, _, _) => {
+            let plan = column_wise.ok_or(CodegenError::Internal { node: 0, what: "columns without a plan" })?;
+            column_sizes = Some(columns::emit_body(&mut em, g, plan, &info.dims, &groups, &mut unconditional)?);
+        }
         (KernelShape::RowWise, _, _) => {
             let plan = row_wise.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without rows" })?;
             row_sizes = Some(row_wise::emit_body(&mut em, g, (an, k), plan, &info.dims, &groups, &mut unconditional)?);
@@ -171,8 +183,9 @@ pub(crate) fn emit_kernel(
     let _ = writeln!(src, "// kernel {name} ({} of {launched}) of graph {hash}", k + 1);
     let _ = writeln!(src, "// options: block_size={block}{}; reduction level {}", tuning_note(opts), info.level);
     let dom_str = g.shape_str(&kfuse_ir::Shape(info.dims.clone()));
-    let domain_note = match &row_wise {
-        Some(plan) if shape == KernelShape::RowWise => row_wise::domain_note(plan, &dom_str),
+    let domain_note = match (shape, &row_wise, column_wise) {
+        (KernelShape::RowWise, Some(plan), _) => row_wise::domain_note(plan, &dom_str),
+        (KernelShape::Columns, _, Some(plan)) => columns::domain_note(plan, &dom_str),
         _ => shape.domain_note(&dom_str),
     };
     let _ = writeln!(src, "{domain_note}");
@@ -237,6 +250,11 @@ pub(crate) fn emit_kernel(
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
+        KernelShape::Columns => {
+            let sizes =
+                column_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "columns without sizes" })?;
+            columns::write(&mut src, sizes, block, &body);
+        }
         KernelShape::RowWise => {
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
@@ -254,8 +272,9 @@ pub(crate) fn emit_kernel(
     }
     src.push_str("}\n");
 
-    let grid = match &row_wise {
-        Some(plan) if shape == KernelShape::RowWise => row_wise::grid(plan, &info.dims, block, resident_blocks)?,
+    let grid = match (shape, &row_wise, column_wise) {
+        (KernelShape::RowWise, Some(plan), _) => row_wise::grid(plan, &info.dims, block, resident_blocks)?,
+        (KernelShape::Columns, _, Some(plan)) => columns::grid(plan, &info.dims, block)?,
         _ => {
             let (work, per_block) = shape.grid_work(&info.dims, block)?;
             GridSpec::Work { work, per_block, max_blocks_per_sm: resident_blocks }

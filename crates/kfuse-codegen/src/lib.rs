@@ -87,8 +87,9 @@ use kfuse_ir::{verify, Graph, Kind};
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
 pub use plan::{
-    row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch, LengthsGradient, Param,
-    Plan, SizeExpr, ViolationKind, ERROR_RECORD_WORDS, ROW_COLS_PER_LANE, ROW_MIN_LANES,
+    column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch,
+    LengthsGradient, Param, Plan, SizeExpr, ViolationKind, COLUMN_BLOCKS_PER_SM, COLUMN_MIN_CHUNK_ROWS,
+    ERROR_RECORD_WORDS, ROW_COLS_PER_LANE, ROW_MIN_LANES,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 
@@ -138,6 +139,19 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
     let row_plans = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
+    // Kernels without row reductions may reduce columns (not kernel 0 under a one-pass plan).
+    let column_plans: Vec<Option<shapes::columns::Columns>> = an
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(k, info)| match (&row_plans[k], k == 0 && pass.is_some()) {
+            (None, false) => {
+                let seen = shapes::row_wise::evaluated(graph, &an, info, &an.row_values);
+                shapes::columns::detect(graph, info, &seen)
+            }
+            _ => None,
+        })
+        .collect();
     let temps_base = buffers.len();
     let mut temps: Vec<(usize, kfuse_ir::NodeId)> = an.temps.iter().map(|(&n, &t)| (t, n)).collect();
     temps.sort();
@@ -163,6 +177,22 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         };
         let slots = info.slots.saturating_sub(counted);
         let rows = k == 0 && pass.as_ref().is_some_and(|p| p.rows);
+        if let Some(c) = &column_plans[k] {
+            // A column kernel: partials per block (an accumulator's 32 columns after another)
+            // and a ticket per tile of 32 columns (one counter per column is enough).
+            buffers.push(BufferDecl {
+                kind: BufferKind::Partials { kernel: k, slots_per_block: c.accs * shapes::columns::TILE },
+                elem: ElemType::F64,
+                elems: SizeExpr::constant(u64::from(c.accs * shapes::columns::TILE)),
+            });
+            buffers.push(BufferDecl {
+                kind: BufferKind::Counter { kernel: k },
+                elem: ElemType::U32,
+                elems: buffers::size_expr(&info.dims)?,
+            });
+            reduction.push(Some((Some(buffers.len() - 2), buffers.len() - 1)));
+            continue;
+        }
         if slots == 0 && !rows {
             reduction.push(None);
             continue;
@@ -221,7 +251,17 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
     let kernels = (0..launched)
-        .map(|k| kernel::emit_kernel(graph, (&an, row_plans[k].as_ref()), k, launched, opts, &hash, &index))
+        .map(|k| {
+            kernel::emit_kernel(
+                graph,
+                (&an, row_plans[k].as_ref(), column_plans[k].as_ref()),
+                k,
+                launched,
+                opts,
+                &hash,
+                &index,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
 }

@@ -279,6 +279,24 @@ pub enum GridSpec {
     /// rows at a time: `blocks = clamp(ceil(rows / (block / lanes)), 1, max_blocks_per_sm *
     /// sm_count)` (the kernel strides over the rows, so any grid size is correct).
     Rows { rows: SizeExpr, cols: SizeExpr, block: u32, max_blocks_per_sm: u32 },
+    /// A column kernel's grid: `cols` columns in tiles of 32, each tile's `rows` rows split in
+    /// [`column_chunks`] chunks, exactly one block per tile and chunk (the kernel derives the
+    /// chunk count from the grid, so the grid is never capped).
+    Columns { cols: SizeExpr, rows: SizeExpr, lanes: u32 },
+}
+
+/// The fewest rows a chunk of a column kernel takes: fewer leave its row lanes idle.
+pub const COLUMN_MIN_CHUNK_ROWS: u64 = 64;
+/// The blocks a column kernel aims at per multiprocessor (two waves of eight).
+pub const COLUMN_BLOCKS_PER_SM: u64 = 16;
+
+/// The chunks of rows a column kernel splits each tile of 32 columns in, for `cols` columns of
+/// `rows` rows on `sm_count` multiprocessors: enough blocks for [`COLUMN_BLOCKS_PER_SM`], but no
+/// chunk under [`COLUMN_MIN_CHUNK_ROWS`] rows (at least one chunk).
+pub fn column_chunks(cols: u64, rows: u64, sm_count: u32) -> u64 {
+    let tiles = cols.div_ceil(32).max(1);
+    let wanted = (COLUMN_BLOCKS_PER_SM * u64::from(sm_count)).div_ceil(tiles);
+    wanted.min(rows.div_ceil(COLUMN_MIN_CHUNK_ROWS)).max(1)
 }
 
 /// The fewest lanes of a row group in a row-wise kernel.
@@ -305,6 +323,14 @@ impl GridSpec {
             GridSpec::Work { work, per_block, max_blocks_per_sm } => {
                 let wanted = work.eval(sizes)?.div_ceil((*per_block).max(1));
                 clamp_blocks(wanted, *max_blocks_per_sm, sm_count)
+            }
+            GridSpec::Columns { cols, rows, .. } => {
+                let (cols, rows) = (cols.eval(sizes)?, rows.eval(sizes)?);
+                if cols == 0 {
+                    return Some(1); // it returns at once: no column to write
+                }
+                let blocks = cols.div_ceil(32).max(1).checked_mul(column_chunks(cols, rows, sm_count))?;
+                u32::try_from(blocks).ok().filter(|&b| b <= i32::MAX as u32)
             }
             GridSpec::Rows { rows, cols, block, max_blocks_per_sm } => {
                 let per_block = (u64::from(*block) / row_lanes(cols.eval(sizes)?, *block)).max(1);

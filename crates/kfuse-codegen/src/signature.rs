@@ -88,15 +88,15 @@ pub(crate) fn params(
             format!("their {comps} unscaled f32 values"),
         ));
     }
-    if n_slots > 0 || shape == KernelShape::Rows {
+    if n_slots > 0 || matches!(shape, KernelShape::Rows | KernelShape::Columns) {
         let (p, c) = buffers.reduction[k]
             .ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without its counter" })?;
         if let Some(p) = p {
-            params.push((
-                Param::Buffer(p),
-                "double* __restrict__ partials".into(),
-                format!("{n_slots} f64 partial slots per block, slot-major"),
-            ));
+            let note = match shape {
+                KernelShape::Columns => "per block: each accumulator's f64 partials of its 32 columns".to_string(),
+                _ => format!("{n_slots} f64 partial slots per block, slot-major"),
+            };
+            params.push((Param::Buffer(p), "double* __restrict__ partials".into(), note));
         }
         params.push((Param::Buffer(c), "unsigned int* __restrict__ counter".into(), shape.counter_note().into()));
     }

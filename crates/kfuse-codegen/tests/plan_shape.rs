@@ -568,3 +568,31 @@ fn row_groups_take_about_eight_columns_a_lane() {
     assert_eq!(row_lanes(4096, 256), 256, "at most the block");
     assert_eq!(row_lanes(u64::MAX, 1024), 1024);
 }
+
+#[test]
+fn a_leading_axis_reduction_is_split_over_chunks_of_rows_per_tile_of_columns() {
+    use kfuse_codegen::column_chunks;
+    let mut b = GraphBuilder::new();
+    let (bs, ds) = (b.symbol("B"), b.symbol("D"));
+    let x = b.input("x", DType::F32, Shape(vec![Dim::Sym(bs), Dim::Sym(ds)])).unwrap();
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::Axes { mask: 1, keepdim: false }, x, None).unwrap();
+    b.output("s", s).unwrap();
+    let g = b.finish().unwrap();
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    let k = &p.kernels[0];
+    assert!(k.source.contains("1 reduction(s) over the leading axis split in chunks of rows"), "{}", k.source);
+    assert!(!k.source.contains("for (long long j0 = 0;"), "no thread walks every row:\n{}", k.source);
+    // Partials per block (32 columns of one accumulator) and a ticket per tile.
+    let partials = p.buffers.iter().find(|d| matches!(d.kind, BufferKind::Partials { .. })).expect("partials");
+    assert_eq!(partials.kind, BufferKind::Partials { kernel: 0, slots_per_block: 32 });
+    let GridSpec::Columns { lanes, .. } = &k.grid else { panic!("a columns grid: {:?}", k.grid) };
+    assert_eq!(*lanes, 8);
+    // 132 SMs: 16 blocks each over the tiles, no chunk under 64 rows, one chunk at least.
+    assert_eq!(column_chunks(4096, 8192, 132), 17); // 128 tiles: 2112 / 128 -> 17 chunks of 482 rows
+    assert_eq!(column_chunks(64, 100, 132), 2); // 2 tiles, 100 rows: 2 chunks of 64 at most
+    assert_eq!(column_chunks(1_000_000, 8192, 132), 1);
+    assert_eq!(column_chunks(0, 0, 132), 1);
+    assert_eq!(k.grid.blocks(&[8192, 4096], 132), Some(128 * 17));
+    assert_eq!(k.grid.blocks(&[8192, 0], 132), Some(1));
+}

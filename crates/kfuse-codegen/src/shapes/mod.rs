@@ -5,6 +5,7 @@
 //!
 //! Not handled here: the element body's actions (`actions`), the tails (`tail`).
 
+pub(crate) mod columns;
 pub(crate) mod compacted;
 pub(crate) mod grid_stride;
 pub(crate) mod row_groups;
@@ -41,6 +42,9 @@ pub(crate) enum KernelShape {
     /// Rows whose reductions along the last axis are used again in the row: each row's group of
     /// lanes computes them once, then the body (see `row_wise`).
     RowWise,
+    /// Reductions over the leading axis of an operand shaped like the rows times the domain,
+    /// split over chunks of rows and folded in order by each tile's last block (see `columns`).
+    Columns,
 }
 
 impl KernelShape {
@@ -52,12 +56,14 @@ impl KernelShape {
         onepass: Option<&OnePass>,
         row_bound: bool,
         row_wise: bool,
+        columns: bool,
         last_dim: Option<Dim>,
         groups: &[Group],
     ) -> KernelShape {
         match onepass {
             // Row reductions used again in their rows: computed once per row, whatever else holds.
             None if row_wise => KernelShape::RowWise,
+            None if columns => KernelShape::Columns,
             Some(p) if p.rows => KernelShape::Rows,
             // A lengths mask is a row bound, and under one the one-pass plan is the rows plan.
             Some(_) => KernelShape::Compacted,
@@ -86,9 +92,11 @@ impl KernelShape {
     pub(crate) fn launch(self) -> Launch {
         match self {
             KernelShape::Compacted | KernelShape::Rows => Launch::Cooperative,
-            KernelShape::GridStride | KernelShape::WarpPerRow | KernelShape::RowGroups | KernelShape::RowWise => {
-                Launch::Plain
-            }
+            KernelShape::GridStride
+            | KernelShape::WarpPerRow
+            | KernelShape::RowGroups
+            | KernelShape::RowWise
+            | KernelShape::Columns => Launch::Plain,
         }
     }
 
@@ -98,7 +106,7 @@ impl KernelShape {
             KernelShape::Rows => format!("// domain: {dom} elements as rows of the last axis, in tiles of rows per block (see kfuse-codegen's rows plan); only the columns below the row's bound are computed, the others zero-filled"),
             KernelShape::RowGroups => format!("// domain: {dom} elements as rows of the last axis, a group of 32 down to {} lanes per row (grid-stride over rows); only the columns below the row's bound are computed", row_groups::MIN_ROW_LANES),
             KernelShape::WarpPerRow => format!("// domain: {dom} elements as rows of the last axis, one warp per row (grid-stride over rows); only the columns below the row's bound are computed"),
-            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 64-bit flat index"),
+            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise | KernelShape::Columns => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 64-bit flat index"),
         }
     }
 
@@ -107,6 +115,7 @@ impl KernelShape {
         match self {
             KernelShape::Compacted => "grid barrier: [0] arrivals, [1] departures; 0 at launch, left at 0",
             KernelShape::Rows => "[0] ticket, [2, 4) the arrival word (count | arrivals << 40); 0 at launch, left at 0",
+            KernelShape::Columns => "a ticket per tile of 32 columns: 0 at launch, left at 0",
             KernelShape::GridStride | KernelShape::WarpPerRow | KernelShape::RowGroups | KernelShape::RowWise => {
                 "ticket: 0 at launch, left at 0"
             }
@@ -124,8 +133,8 @@ impl KernelShape {
             // Blocks enough for the fewest lanes per row (a smaller grid, measured 25% faster on a
             // loss kernel over 16384 short rows than warps covering the rows in one pass).
             KernelShape::RowGroups => (size_expr(rows)?, u64::from(block / row_groups::MIN_ROW_LANES)),
-            // (A row-wise kernel's grid follows its row length: `row_wise::grid`.)
-            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise => {
+            // (Row-wise and column kernels' grids follow their rows: `row_wise::grid`, `columns::grid`.)
+            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise | KernelShape::Columns => {
                 (size_expr(dims)?, u64::from(block))
             }
         })

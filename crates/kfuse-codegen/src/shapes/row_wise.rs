@@ -85,7 +85,7 @@ impl RowWise {
 /// The nodes kernel `info`'s element work evaluates: from its sinks through operands, stopping
 /// at scalars computed elsewhere (epilogues), at full reductions and at `leaves` (values read
 /// from an earlier kernel).
-fn evaluated(g: &Graph, an: &Analysis, info: &KernelInfo, leaves: &BTreeMap<NodeId, usize>) -> Vec<bool> {
+pub(crate) fn evaluated(g: &Graph, an: &Analysis, info: &KernelInfo, leaves: &BTreeMap<NodeId, usize>) -> Vec<bool> {
     let elsewhere = |n: NodeId| an.home[n.index()].is_some() && g.node(n).shape.is_scalar();
     let mut seen = vec![false; g.nodes.len()];
     let mut stack: Vec<NodeId> = Vec::new();

@@ -1,0 +1,228 @@
+//! The columns shape: reductions over the leading axis of an operand shaped like the rows times
+//! the kernel's domain (a bias's gradient, a norm's weight gradients: `sum(g, axis: 0)` of a
+//! `[B, D]` `g`) as split reductions with a deterministic fold, instead of one thread per column
+//! walking every row (a few hundred threads for a whole GPU).
+//!
+//! The domain's flat elements (the columns) come in tiles of [`TILE`]; each tile's rows are split
+//! in `kf_s` chunks, one block each (`blockIdx.x = tile * kf_s + chunk`; the host's
+//! `GridSpec::Columns` sets the grid, so `kf_s = gridDim.x / tiles`). A block's threads are
+//! [`TILE`] columns by `blockDim.x / TILE` row lanes:
+//!
+//! 1. Each thread adds the rows `chunk start + lane, + lanes, …` of its column into its
+//!    accumulators (the reduction's element evaluated at that row and column).
+//! 2. The block folds its row lanes in order through shared memory and writes one partial per
+//!    accumulator and column of its chunk.
+//! 3. A ticket per tile: the tile's last block folds the chunks' partials in chunk order, binds
+//!    each reduction's value, runs the kernel's body (the stores) for the tile's columns, and
+//!    resets the ticket for the next launch.
+//!
+//! No float atomics: the fold order is fixed by the grid, so results are the same bits from run
+//! to run on a device. Not handled here: reductions over several leading axes or nested column
+//! reductions (they stay serial loops, see `emit`), kernels with full reductions.
+
+use std::collections::BTreeSet;
+
+use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
+
+use crate::actions::{Combine, Group};
+use crate::analysis::{slots_of, KernelInfo, SinkKind};
+use crate::buffers::size_expr;
+use crate::cuda::Helper;
+use crate::emit::{finish_reduce, Coord, Emitter};
+use crate::plan::GridSpec;
+use crate::shapes::grid_stride;
+use crate::text::{render, write_lines};
+use crate::CodegenError;
+
+/// Columns a block takes (one warp's width: the row lanes' loads are coalesced).
+pub(crate) const TILE: u32 = 32;
+/// How many row steps of a thread's pass are unrolled (their loads in flight together).
+const UNROLL: u32 = 4;
+
+/// A kernel's column reductions, found by [`detect`].
+#[derive(Clone, Debug)]
+pub(crate) struct Columns {
+    /// The reductions over axis 0 of an operand shaped `[rows] ++ domain`, in node order.
+    pub reductions: Vec<NodeId>,
+    /// The reduced leading axis.
+    pub rows: Dim,
+    /// Accumulators per column over all the reductions (a mean keeps two).
+    pub accs: u32,
+}
+
+/// The column reductions of kernel `info`, among the nodes its element work evaluates (`seen`):
+/// reductions over axis 0 alone, without keepdim, of an operand shaped `[rows] ++ domain`, no
+/// one of them inside another's operand. `None` when there are none, when the kernel also has
+/// full reductions, or when a sink is not a tensor output.
+pub(crate) fn detect(g: &Graph, info: &KernelInfo, seen: &[bool]) -> Option<Columns> {
+    let dims = &info.dims;
+    if dims.is_empty() || info.slots > 0 || info.sinks.iter().any(|s| !matches!(s.kind, SinkKind::Output { .. })) {
+        return None;
+    }
+    let mut reductions = Vec::new();
+    let mut rows = None;
+    for (i, node) in g.nodes.iter().enumerate() {
+        let Op::Reduce { op, axis: ReduceAxis::Axes { mask: 1, keepdim: false }, x, .. } = node.op else { continue };
+        let xd = g.node(x).shape.dims();
+        if !seen[i] || xd.len() != dims.len() + 1 || xd[1..] != dims[..] || rows.is_some_and(|r| r != xd[0]) {
+            continue;
+        }
+        rows = Some(xd[0]);
+        reductions.push((NodeId(i as u32), op));
+    }
+    let rows = rows?;
+    // Each reduction's operand must not read another: they are all folded at once.
+    let found: BTreeSet<NodeId> = reductions.iter().map(|r| r.0).collect();
+    let mut inside = vec![false; g.nodes.len()];
+    for (i, node) in g.nodes.iter().enumerate() {
+        let mut r = false;
+        node.op.for_each_operand(&g.lists, |x| r |= inside[x.index()] || found.contains(&x));
+        inside[i] = r;
+    }
+    if reductions.iter().any(|&(n, _)| inside[n.index()]) {
+        return None;
+    }
+    let accs = reductions.iter().map(|&(_, op)| slots_of(op)).sum();
+    Some(Columns { reductions: reductions.into_iter().map(|r| r.0).collect(), rows, accs })
+}
+
+/// The C expressions of the kernel's sizes, for its template.
+pub(crate) struct ColumnSizes {
+    pub cols: String,
+    pub rows: String,
+}
+
+/// Emits the whole kernel body into `em`: the pass over the block's rows, the block's fold and
+/// partials, the tile's ticket, the last block's fold of the partials and the sinks' `groups` at
+/// the tile's columns. Inputs read outside the sinks' predicates go into `unconditional`.
+pub(crate) fn emit_body(
+    em: &mut Emitter,
+    g: &Graph,
+    plan: &Columns,
+    dims: &[Dim],
+    groups: &[Group],
+    unconditional: &mut BTreeSet<u32>,
+) -> Result<ColumnSizes, CodegenError> {
+    let sizes = ColumnSizes { cols: em.product(dims), rows: em.dim(plan.rows) };
+    let dom: Vec<Coord> = (0..dims.len() as u32).map(Coord::Dom).collect();
+    // 1. The pass over the chunk's rows.
+    let mut reductions = Vec::with_capacity(plan.reductions.len());
+    for &n in &plan.reductions {
+        let Op::Reduce { op, x, mask, .. } = g.node(n).op else {
+            return Err(CodegenError::Internal { node: n.0, what: "a column reduction that does not reduce" });
+        };
+        let accs = em.declare_accumulators(0, op, g.node(x).dtype);
+        reductions.push((n, op, x, mask, accs));
+    }
+    let l = em.open_row_loop("kf_r0 + kf_lane", "kf_r1", "kf_lanes", UNROLL);
+    for (_, op, x, mask, accs) in &reductions {
+        let mut xctx = vec![Coord::Loop(l)];
+        xctx.extend(dom.iter().cloned());
+        match em.reduce_guard(*op, *x, *mask, &xctx) {
+            Some((m, mctx)) => {
+                let mv = em.eval(m, &mctx)?;
+                em.open_branch(&mv);
+                em.reduce_update(*op, *x, *mask, &xctx, accs)?;
+                em.close();
+            }
+            None => em.reduce_update(*op, *x, *mask, &xctx, accs)?,
+        }
+    }
+    em.close();
+    unconditional.extend(em.uses.inputs.iter().copied());
+    // 2. The block's fold over its row lanes, in lane order, and its partials.
+    let all: Vec<(Combine, &String)> = reductions
+        .iter()
+        .flat_map(|(_, op, _, _, accs)| {
+            let c = Combine::of(*op);
+            accs.iter().take(slots_of(*op) as usize).map(move |a| (if a == &accs[0] { c } else { Combine::Sum }, a))
+        })
+        .collect();
+    for (s, (c, a)) in all.iter().enumerate() {
+        if *c != Combine::Sum {
+            em.uses.helpers.insert(Helper::MinMaxF64);
+        }
+        em.push_stmt(format!("kf_cs[kf_lane][kf_c] = {a}; // accumulator {s}"));
+        em.push_stmt("__syncthreads();".to_string());
+        em.push_stmt("if (kf_lane == 0) {".to_string());
+        em.push_stmt(format!(
+            "    for (long long kf_k = 1; kf_k < kf_lanes; ++kf_k) {a} = {};",
+            combine(*c, a, "kf_cs[kf_k][kf_c]")
+        ));
+        em.push_stmt(format!("    partials[(blockIdx.x * {}ll + {s}) * {TILE} + kf_c] = {a};", all.len()));
+        em.push_stmt("}".to_string());
+        em.push_stmt("__syncthreads(); // kf_cs is reused".to_string());
+    }
+    // 3. The tile's ticket; its last block folds the chunks in order and runs the body.
+    em.push_stmt("__shared__ bool kf_last_block;".to_string());
+    em.push_stmt("if (threadIdx.x == 0) {".to_string());
+    em.push_stmt("    __threadfence(); // publish the partials before taking a ticket".to_string());
+    em.push_stmt("    kf_last_block = atomicAdd(&counter[kf_tile], 1u) == (unsigned int)(kf_s - 1);".to_string());
+    em.push_stmt("}".to_string());
+    em.push_stmt("__syncthreads();".to_string());
+    em.push_stmt("if (!kf_last_block) return;".to_string());
+    em.push_stmt("__threadfence();".to_string());
+    em.push_stmt(
+        "if (threadIdx.x == 0) counter[kf_tile] = 0u; // self-resetting: the next launch needs no memset".to_string(),
+    );
+    em.open_branch("kf_lane == 0 && kf_live");
+    for (s, (c, a)) in all.iter().enumerate() {
+        let p = format!(
+            "((volatile double*)partials)[((long long)(kf_tile * kf_s + kf_k) * {} + {s}) * {TILE} + kf_c]",
+            all.len()
+        );
+        em.push_stmt(format!(
+            "{a} = ((volatile double*)partials)[((long long)(kf_tile * kf_s) * {} + {s}) * {TILE} + kf_c];",
+            all.len()
+        ));
+        em.push_stmt(format!("for (long long kf_k = 1; kf_k < kf_s; ++kf_k) {a} = {};", combine(*c, a, &p)));
+    }
+    for (n, op, x, _, accs) in &reductions {
+        let e = finish_reduce(*op, g.node(*x).dtype, accs);
+        em.bind_here(*n, dom.clone(), e, &format!("n{} {} over the rows, folded over the chunks", n.0, op.name()));
+    }
+    grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+    em.close();
+    Ok(sizes)
+}
+
+/// `a` combined with `b` as reduction slots combine.
+fn combine(c: Combine, a: &str, b: &str) -> String {
+    match c {
+        Combine::Sum => format!("{a} + {b}"),
+        Combine::Max => format!("kf_max_f64({a}, {b})"),
+        Combine::Min => format!("kf_min_f64({a}, {b})"),
+    }
+}
+
+/// The shape's template.
+const COLUMNS: &str = include_str!("../templates/columns.cuh");
+
+/// The sizes, the block's coordinates and `body`.
+pub(crate) fn write(src: &mut String, sizes: &ColumnSizes, block: u32, body: &[String]) {
+    let mut body_lines = String::new();
+    write_lines(&mut body_lines, body, "    ");
+    src.push_str(&render(
+        COLUMNS,
+        &[
+            ("cols", &sizes.cols),
+            ("rows", &sizes.rows),
+            ("tile", &TILE.to_string()),
+            ("lanes", &(block / TILE).to_string()),
+            ("body", &body_lines),
+        ],
+    ));
+}
+
+/// The launch's grid: a block per tile of [`TILE`] columns and chunk of rows.
+pub(crate) fn grid(plan: &Columns, dims: &[Dim], block: u32) -> Result<GridSpec, CodegenError> {
+    Ok(GridSpec::Columns { cols: size_expr(dims)?, rows: size_expr(&[plan.rows])?, lanes: block / TILE })
+}
+
+/// The header's domain line.
+pub(crate) fn domain_note(plan: &Columns, dom: &str) -> String {
+    format!(
+        "// domain: {dom} elements as columns, in tiles of {TILE}; {} reduction(s) over the leading axis split in chunks of rows, a block per tile and chunk, folded in chunk order by the tile's last block",
+        plan.reductions.len()
+    )
+}
