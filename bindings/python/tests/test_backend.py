@@ -363,3 +363,37 @@ def test_explain_names_each_kernels_shape():
     # The row mean and variance are computed once per row, by the row's lanes.
     assert any("computed once per row" in s for k in fw for s in k.shapes), str(report)
     assert "   kernel 0: " in str(report)
+
+
+def test_a_padded_box_loss_fuses_its_forward_and_backward_whole():
+    # Counting bools (`valid.sum()`) and stacking the gradients of a box's four coordinates back
+    # into one tensor are fused: nothing is left to PyTorch.
+    gen = torch.Generator().manual_seed(SEED)
+
+    def padded_giou(pred, target):
+        x1, y1, x2, y2 = pred.unbind(-1)
+        a1, b1, a2, b2 = target.unbind(-1)
+        inter = (torch.min(x2, a2) - torch.max(x1, a1)).clamp(min=0) * (torch.min(y2, b2) - torch.max(y1, b1)).clamp(min=0)
+        union = (x2 - x1) * (y2 - y1) + (a2 - a1) * (b2 - b1) - inter
+        hull = (torch.max(x2, a2) - torch.min(x1, a1)) * (torch.max(y2, b2) - torch.min(y1, b1))
+        loss = 1 - (inter / union - (hull - union) / hull)
+        valid = target[..., 3] != 0
+        return torch.where(valid, loss, torch.zeros(())).sum() / valid.sum().clamp(min=1)
+
+    xy, wh = torch.rand(5, 7, 2, generator=gen), torch.rand(5, 7, 2, generator=gen) + 0.1
+    pred = torch.cat([xy, xy + wh], -1).requires_grad_()
+    xy, wh = torch.rand(5, 7, 2, generator=gen), torch.rand(5, 7, 2, generator=gen) + 0.1
+    target = torch.cat([xy, xy + wh], -1)
+    target[:, 4:, 3] = 0
+    report = kfuse.explain(padded_giou, pred, target)
+    assert not report.fallbacks, str(report)
+    assert [k.graph for k in report.kernels] == ["forward", "backward"], str(report)
+    # And the results are eager's, in float64.
+    compiled = torch.compile(padded_giou, backend="kfuse")
+    p64 = pred.detach().double().requires_grad_()
+    want = padded_giou(p64, target.double())
+    want.backward()
+    got = compiled(pred, target)
+    got.backward()
+    assert abs(float(got) - float(want)) <= 1e-5 * max(1.0, abs(float(want)))
+    assert torch.allclose(pred.grad.double(), p64.grad, rtol=1e-5, atol=1e-6)

@@ -3,7 +3,7 @@
 //! `where`, `clamp`, `pow`, `fma`, elementwise `min`/`max` (two arguments), the one-argument math
 //! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
 //! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
-//! `f32 f16 bf16 i32 i64 bool`, `grad`, `iota(x, axis: A)` (the index along an axis, for one-hot
+//! `f32 f16 bf16 i32 i64 bool`, `grad`, `stack(a, b, ...)` (along a new last axis), `iota(x, axis: A)` (the index along an axis, for one-hot
 //! comparisons with integer labels), and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
@@ -144,6 +144,16 @@ impl Lowerer<'_> {
             "mask" => self.mask(func, args, span),
             "size" => self.size(func, args, span),
             "iota" => self.iota(func, args, span),
+            "stack" => {
+                // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
+                let a = split(func, args, &[])?;
+                if a.positional.is_empty() {
+                    return Err(Report::new(DiagnosticKind::Arguments, span, "`stack` needs at least one part")
+                        .expected("stack(a, b, ...), the parts along a new last axis"));
+                }
+                let parts = a.positional.iter().map(|e| self.expr(e)).collect::<Result<Vec<_>, _>>()?;
+                self.b.stack(&parts).map_err(|e| self.ir_report(e, span, &parts))
+            }
             _ => Err(self.unknown_function(func)),
         }
     }

@@ -206,6 +206,21 @@ def _logical(op):
     return rule
 
 
+def _cat(node, a, ctx):
+    """`cat` along the last axis of parts whose last axis has size 1 (what stacking the gradients
+    of `unbind`'s parts gives): kfuse's `stack` of their components."""
+    tensors = list(a["tensors"])
+    n = fake(node).dim()
+    if n == 0 or a.get("dim", 0) % n != n - 1 or any(fake(t) is None or fake(t).shape[-1] != 1 for t in tensors):
+        raise Refused("a cat other than of size-1 last axes (kfuse stacks along a new last axis)")
+    parts = [ctx.v(t) for t in tensors]
+    if any(len(p.shape) != n for p in parts):
+        raise Refused("a cat of broadcast parts")
+    out = ctx.out_dtype
+    texts = [_cast_to(V(f"{p.text}[.., 0]", p.shape[:-1], p.dtype), out) for p in parts]
+    return "stack(" + ", ".join(texts) + ")", broadcast(*[p.shape[:-1] for p in parts]) + (len(parts),)
+
+
 def _where(node, a, ctx):
     c, x, y = ctx.v(a["condition"]), ctx.v(a["self"]), ctx.v(a["other"])
     out = ctx.out_dtype
@@ -275,16 +290,19 @@ def _reduce(fn):
         dims = a.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         dims = sorted({d % n for d in dims}) if n else []
+        name = fn
+        if fn == "sum" and src.dtype == torch.bool and a.get("dtype") is None:
+            name = "count"  # torch sums bools as integers; kfuse counts them
         keep = bool(a.get("keepdim"))
         if not dims or dims == list(range(n)):
             if not keep:
-                return f"{fn}({text})", ()
+                return f"{name}({text})", ()
             dims = list(range(n))
         axis = str(dims[0]) if len(dims) == 1 else "[" + ", ".join(str(d) for d in dims) + "]"
         if keep:
             shape = tuple(1 if i in dims else d for i, d in enumerate(full))
-            return f"{fn}({text}, axis: {axis}, keepdim: true)", shape
-        return f"{fn}({text}, axis: {axis})", tuple(d for i, d in enumerate(full) if i not in dims)
+            return f"{name}({text}, axis: {axis}, keepdim: true)", shape
+        return f"{name}({text}, axis: {axis})", tuple(d for i, d in enumerate(full) if i not in dims)
 
     return rule
 
@@ -416,6 +434,7 @@ RULES = {
     aten.unsqueeze: _unsqueeze,
     aten.expand: _expand,
     aten.select: _select,
+    aten.cat: _cat,
 }
 for _name in (
     "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
