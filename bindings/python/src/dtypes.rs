@@ -19,7 +19,10 @@ pub fn parse_dtype(s: &str) -> PyResult<DType> {
         "i64" => DType::I64,
         "bool" => DType::Bool,
         _ => {
-            return Err(errors::raise(Kind::Input, format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, i64, bool")))
+            return Err(errors::raise(
+                Kind::Input,
+                format!("unknown dtype `{s}`; kfuse has f32, f16, bf16, i32, i64, bool"),
+            ))
         }
     })
 }
