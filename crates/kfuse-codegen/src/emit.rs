@@ -905,6 +905,28 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Adds one element to the accumulators under the reduction's guard (see
+    /// [`Emitter::reduce_guard`]), in a branch of its own when it has one.
+    pub fn reduce_update_guarded(
+        &mut self,
+        op: ReduceOp,
+        x: NodeId,
+        mask: Option<NodeId>,
+        xctx: &[Coord],
+        accs: &[String],
+    ) -> R<()> {
+        match self.reduce_guard(op, x, mask, xctx) {
+            Some((m, mctx)) => {
+                let mv = self.eval(m, &mctx)?;
+                self.open_branch(&mv);
+                self.reduce_update(op, x, mask, xctx, accs)?;
+                self.close();
+                Ok(())
+            }
+            None => self.reduce_update(op, x, mask, xctx, accs),
+        }
+    }
+
     /// Adds one element to the accumulators, assuming its guard holds.
     pub fn reduce_update(
         &mut self,

@@ -118,15 +118,7 @@ pub(crate) fn emit_body(
     for (_, op, x, mask, accs) in &reductions {
         let mut xctx = vec![Coord::Loop(l)];
         xctx.extend(dom.iter().cloned());
-        match em.reduce_guard(*op, *x, *mask, &xctx) {
-            Some((m, mctx)) => {
-                let mv = em.eval(m, &mctx)?;
-                em.open_branch(&mv);
-                em.reduce_update(*op, *x, *mask, &xctx, accs)?;
-                em.close();
-            }
-            None => em.reduce_update(*op, *x, *mask, &xctx, accs)?,
-        }
+        em.reduce_update_guarded(*op, *x, *mask, &xctx, accs)?;
     }
     em.close();
     unconditional.extend(em.uses.inputs.iter().copied());
