@@ -272,27 +272,56 @@ const ROW_PROGRAMS: &[(&str, &str)] = &[
     ),
 ];
 
-#[test]
-fn row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths() {
-    let Some(gpu) = gpu_or_skip("row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths") else { return };
-    let gpu = Arc::new(gpu);
-    let engine = engine_of(&gpu);
-    let rows_by_cols: &[(u64, u64)] =
-        &[(1, 1), (3, 3), (31, 33), (33, 31), (1023, 1000), (4097, 3), (3, 4097), (0, 5), (5, 0), (2, 262_144)];
+/// Each program of `programs` in f32 and bf16 at each `(rows, cols)` of `rows_by_cols` (a rank-3
+/// program gets its sizes from `rank3`), against the interpreter: the number of cases.
+fn check_programs(
+    gpu: &Arc<kfuse_runtime::Gpu>,
+    programs: &[(&str, &str)],
+    rows_by_cols: &[(u64, u64)],
+    rank3: impl Fn(u64, u64) -> Vec<u64>,
+    seed: u64,
+) -> usize {
+    let engine = engine_of(gpu);
     let mut cases = 0;
-    for (what, src) in ROW_PROGRAMS {
+    for (what, src) in programs {
         for dtype in [DType::F32, DType::BF16] {
             let p = compile_at(&engine, src, &format!("{what} ({dtype})"), dtype);
-            let rank3 = p.graph().symbols.len() == 3;
             for (k, &(rows, cols)) in rows_by_cols.iter().enumerate() {
-                // A rank-3 program takes its rows as A x B (B odd).
-                let sizes = if rank3 { vec![rows.div_ceil(3), 3.min(rows), cols] } else { vec![rows, cols] };
-                check(&gpu, &p, &sizes, fresh_seed() + k as u64, dtype);
+                let sizes = if p.graph().symbols.len() == 3 { rank3(rows, cols) } else { vec![rows, cols] };
+                check(gpu, &p, &sizes, seed + k as u64, dtype);
                 cases += 1;
             }
         }
     }
+    cases
+}
+
+/// Pure tier: each program of `programs` parses, runs on the interpreter, and gets a kernel whose
+/// header contains `shape`.
+fn plans_with_shape(programs: &[(&str, &str)], shape: &str) {
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    for (what, src) in programs {
+        let p = Program::compile(&engine, src, what).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = p.plan().kernels.iter().filter(|k| k.source.contains(shape)).count();
+        assert!(got >= 1, "{what}: no kernel with `{shape}` in\n{}", p.cuda_source());
+        let sizes = vec![3; p.graph().symbols.len()];
+        let inputs = testdata::random_inputs_for(p.graph(), &sizes, 7).unwrap();
+        let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}
+
+#[test]
+fn row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths() {
+    let Some(gpu) = gpu_or_skip("row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths") else { return };
+    let gpu = Arc::new(gpu);
+    let rows_by_cols: &[(u64, u64)] =
+        &[(1, 1), (3, 3), (31, 33), (33, 31), (1023, 1000), (4097, 3), (3, 4097), (0, 5), (5, 0), (2, 262_144)];
+    // A rank-3 program takes its rows as A x B (B odd).
+    let mut cases =
+        check_programs(&gpu, ROW_PROGRAMS, rows_by_cols, |r, c| vec![r.div_ceil(3), 3.min(r), c], fresh_seed());
     // Other block sizes: row groups of more than a warp fold through shared memory.
+    let engine = engine_of(&gpu);
     for block_size in [64, 1024] {
         let (what, src) = ROW_PROGRAMS[1];
         let p = compile_at(&engine, src, what, DType::F32);
@@ -308,17 +337,7 @@ fn row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths() {
 
 #[test]
 fn row_programs_plan_their_row_reductions_once_per_row() {
-    // Pure tier: the programs above parse, run on the interpreter, and get a row-wise kernel.
-    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
-    for (what, src) in ROW_PROGRAMS {
-        let p = Program::compile(&engine, src, what).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let row_wise = p.plan().kernels.iter().filter(|k| k.source.contains("computed once per row")).count();
-        assert!(row_wise >= 1, "{what}: no row-wise kernel in\n{}", p.cuda_source());
-        let sizes = vec![3; p.graph().symbols.len()];
-        let inputs = testdata::random_inputs_for(p.graph(), &sizes, 7).unwrap();
-        let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
-    }
+    plans_with_shape(ROW_PROGRAMS, "computed once per row");
 }
 
 /// Programs that reduce over their leading axis (the columns shape: chunks of rows per tile of
@@ -347,36 +366,15 @@ fn column_reductions_match_the_interpreter_at_odd_row_and_column_counts() {
         return;
     };
     let gpu = Arc::new(gpu);
-    let engine = engine_of(&gpu);
     let rows_by_cols: &[(u64, u64)] =
         &[(1, 1), (3, 3), (31, 33), (33, 31), (1023, 65), (4097, 3), (3, 4097), (0, 5), (5, 0), (100_003, 40)];
-    let mut cases = 0;
-    for (what, src) in COLUMN_PROGRAMS {
-        for dtype in [DType::F32, DType::BF16] {
-            let p = compile_at(&engine, src, &format!("{what} ({dtype})"), dtype);
-            let rank3 = p.graph().symbols.len() == 3;
-            for (k, &(rows, cols)) in rows_by_cols.iter().enumerate() {
-                // A rank-3 program takes its columns as T x D (T = 3).
-                let sizes = if rank3 { vec![rows, 3, cols.div_ceil(3)] } else { vec![rows, cols] };
-                check(&gpu, &p, &sizes, fresh_seed() + 200 + k as u64, dtype);
-                cases += 1;
-            }
-        }
-    }
+    // A rank-3 program takes its columns as T x D (T = 3).
+    let cases =
+        check_programs(&gpu, COLUMN_PROGRAMS, rows_by_cols, |r, c| vec![r, 3, c.div_ceil(3)], fresh_seed() + 200);
     println!("{cases} column GPU cases agreed with the interpreter");
 }
 
 #[test]
 fn column_programs_plan_split_column_reductions() {
-    // Pure tier: the programs above run on the interpreter and get a column kernel.
-    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
-    for (what, src) in COLUMN_PROGRAMS {
-        let p = Program::compile(&engine, src, what).unwrap_or_else(|e| panic!("{what}: {e}"));
-        let columns = p.plan().kernels.iter().filter(|k| k.source.contains("folded in chunk order")).count();
-        assert_eq!(columns, 1, "{what}: one column kernel in\n{}", p.cuda_source());
-        let sizes = vec![3; p.graph().symbols.len()];
-        let inputs = testdata::random_inputs_for(p.graph(), &sizes, 7).unwrap();
-        let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
-    }
+    plans_with_shape(COLUMN_PROGRAMS, "folded in chunk order");
 }
