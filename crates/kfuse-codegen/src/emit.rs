@@ -215,15 +215,9 @@ impl<'a> Emitter<'a> {
         l
     }
 
-    /// Binds `expr` as the value of `n` at `ctx` in the outermost block, where every later use
-    /// finds it.
-    pub fn bind_root(&mut self, n: NodeId, ctx: Vec<Coord>, expr: String, note: &str) -> String {
-        let ty = cuda::value_type(self.g.node(n).dtype);
-        self.bind(0, Key::Node(n, ctx), ty, expr, note)
-    }
-
-    /// Binds `expr` as the value of `n` at `ctx` in the innermost block (a value valid only there,
-    /// e.g. a fold that one lane computed inside a branch).
+    /// Binds `expr` as the value of `n` at `ctx` in the innermost block, where later uses in it and
+    /// in blocks inside it find it (a row's fold at the top of its body, or a value valid only in
+    /// one lane's branch).
     pub fn bind_here(&mut self, n: NodeId, ctx: Vec<Coord>, expr: String, note: &str) -> String {
         let ty = cuda::value_type(self.g.node(n).dtype);
         let depth = self.blocks.len() - 1;

@@ -33,7 +33,7 @@ use crate::{check, sinks, CodegenError, CodegenOptions};
 
 pub(crate) fn emit_kernel(
     g: &Graph,
-    (an, row_plan, column_plan): (&Analysis, Option<&row_wise::RowWise>, Option<&columns::Columns>),
+    (an, row_wise, column_wise): (&Analysis, Option<&row_wise::RowWise>, Option<&columns::Columns>),
     k: usize,
     launched: usize,
     opts: &CodegenOptions,
@@ -59,8 +59,6 @@ pub(crate) fn emit_kernel(
     }
     let last_dim = info.dims.last().copied();
     let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &groups);
-    let row_wise = row_plan.filter(|_| onepass.is_none());
-    let column_wise = column_plan.filter(|_| onepass.is_none());
     let shape = KernelShape::choose(
         onepass.map(|b| &b.pass),
         row_bound.is_some(),

@@ -138,17 +138,15 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
     let pass = onepass::detect(graph, &an, opts.lengths_gradient);
-    let row_plans = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
+    let rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
     // Kernels without row reductions may reduce columns (not kernel 0 under a one-pass plan).
     let column_plans: Vec<Option<shapes::columns::Columns>> = an
         .kernels
         .iter()
+        .zip(&rows)
         .enumerate()
-        .map(|(k, info)| match (&row_plans[k], k == 0 && pass.is_some()) {
-            (None, false) => {
-                let seen = shapes::row_wise::evaluated(graph, &an, info, &an.row_values);
-                shapes::columns::detect(graph, info, &seen)
-            }
+        .map(|(k, (info, r))| match (&r.plan, k == 0 && pass.is_some()) {
+            (None, false) => shapes::columns::detect(graph, info, &r.evaluated),
             _ => None,
         })
         .collect();
@@ -254,7 +252,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         .map(|k| {
             kernel::emit_kernel(
                 graph,
-                (&an, row_plans[k].as_ref(), column_plans[k].as_ref()),
+                (&an, rows[k].plan.as_ref(), column_plans[k].as_ref()),
                 k,
                 launched,
                 opts,

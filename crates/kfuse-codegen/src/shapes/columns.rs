@@ -127,7 +127,8 @@ pub(crate) fn emit_body(
         .iter()
         .flat_map(|(_, op, _, _, accs)| {
             let c = Combine::of(*op);
-            accs.iter().take(slots_of(*op) as usize).map(move |a| (if a == &accs[0] { c } else { Combine::Sum }, a))
+            // A mean's count adds; its sum (the first) combines as the reduction does.
+            accs.iter().enumerate().map(move |(j, a)| (if j == 0 { c } else { Combine::Sum }, a))
         })
         .collect();
     for (s, (c, a)) in all.iter().enumerate() {

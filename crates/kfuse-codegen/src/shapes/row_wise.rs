@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
 
 use crate::actions::{Combine, Group};
-use crate::analysis::{full_reduce, slots_of, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
+use crate::analysis::{full_reduce, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
 use crate::buffers::size_expr;
 use crate::cuda::{self, Helper};
 use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
@@ -85,7 +85,7 @@ impl RowWise {
 /// The nodes kernel `info`'s element work evaluates: from its sinks through operands, stopping
 /// at scalars computed elsewhere (epilogues), at full reductions and at `leaves` (values read
 /// from an earlier kernel).
-pub(crate) fn evaluated(g: &Graph, an: &Analysis, info: &KernelInfo, leaves: &BTreeMap<NodeId, usize>) -> Vec<bool> {
+fn evaluated(g: &Graph, an: &Analysis, info: &KernelInfo, leaves: &BTreeMap<NodeId, usize>) -> Vec<bool> {
     let elsewhere = |n: NodeId| an.home[n.index()].is_some() && g.node(n).shape.is_scalar();
     let mut seen = vec![false; g.nodes.len()];
     let mut stack: Vec<NodeId> = Vec::new();
@@ -112,18 +112,26 @@ pub(crate) fn evaluated(g: &Graph, an: &Analysis, info: &KernelInfo, leaves: &BT
     seen
 }
 
+/// The row-wise plan of one kernel and the nodes its element work evaluates (see [`evaluated`],
+/// with the row values of earlier kernels as leaves), which the column shape's detection reads too.
+pub(crate) struct KernelRows {
+    pub plan: Option<RowWise>,
+    pub evaluated: Vec<bool>,
+}
+
 /// Plans the row-wise kernels of a graph: for each kernel (in launch order; kernel 0 not when it
 /// runs the one-pass plan, `onepass0`), its row reductions ([`detect`]); a row reduction that a
 /// later kernel also evaluates is stored by the first kernel that computes it, one value per row,
 /// and read by the later ones (recorded in `an.row_values`, its buffer appended to `an.temps`).
-pub(crate) fn plan_rows(g: &Graph, an: &mut Analysis, onepass0: bool) -> Vec<Option<RowWise>> {
+pub(crate) fn plan_rows(g: &Graph, an: &mut Analysis, onepass0: bool) -> Vec<KernelRows> {
     let none = BTreeMap::new();
     let reached: Vec<Vec<bool>> = an.kernels.iter().map(|info| evaluated(g, an, info, &none)).collect();
     let mut plans = Vec::with_capacity(an.kernels.len());
     for k in 0..an.kernels.len() {
+        let seen = evaluated(g, an, &an.kernels[k], &an.row_values);
         let plan = match k == 0 && onepass0 {
             true => None,
-            false => detect(g, an, &an.kernels[k], &evaluated(g, an, &an.kernels[k], &an.row_values)),
+            false => detect(g, an, &an.kernels[k], &seen),
         };
         for n in plan.iter().flat_map(|p| p.phases.iter().flatten()) {
             if reached[k + 1..].iter().any(|e| e[n.index()]) && !an.row_values.contains_key(n) {
@@ -132,7 +140,7 @@ pub(crate) fn plan_rows(g: &Graph, an: &mut Analysis, onepass0: bool) -> Vec<Opt
                 an.temps.insert(*n, t);
             }
         }
-        plans.push(plan);
+        plans.push(KernelRows { plan, evaluated: seen });
     }
     plans
 }
@@ -244,11 +252,11 @@ pub(crate) fn emit_body(
             if combine != Combine::Sum {
                 em.uses.helpers.insert(Helper::MinMaxF64);
             }
-            for a in accs.iter().take(slots_of(op) as usize) {
+            for a in &accs {
                 em.push_stmt(format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name()));
             }
             let e = finish_reduce(op, g.node(x).dtype, &accs);
-            let v = em.bind_root(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
+            let v = em.bind_here(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
             // A later kernel reads it: one store per row.
             if let (Some(&w), Some(&t)) = (an.row_values.get(&n), an.temps.get(&n)) {
                 if w == kernel {
