@@ -94,7 +94,11 @@ pub(crate) fn run_actions(em: &mut Emitter, g: &Graph, actions: &[Action]) -> Re
                 }
                 let name = &g.outputs[*output].name;
                 if !has_component_axis(g, *output) {
-                    em.push_stmt(format!("out{output}[i] = {}; // {name}", cuda::store_conversion(d, &vals[0])));
+                    let line = match em.group_store(*output, d, &vals[0]) {
+                        Some(kept) => format!("{kept} // {name}"),
+                        None => format!("out{output}[i] = {}; // {name}", cuda::store_conversion(d, &vals[0])),
+                    };
+                    em.push_stmt(line);
                 } else if let Some(vty) = cuda::vector_type(d, vals.len() as u64) {
                     if em.row_mode && !em.plain_stores {
                         em.uses.helpers.insert(Helper::StoreStreaming);

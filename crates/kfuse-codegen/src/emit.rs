@@ -22,6 +22,7 @@ use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, Reduce
 
 use crate::analysis::{full_reduce, Analysis};
 use crate::cuda::{self, Helper};
+use crate::row_cache::{RowCache, VECTOR};
 use crate::CodegenError;
 
 /// One coordinate of an evaluation context.
@@ -37,6 +38,8 @@ pub(crate) enum Coord {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Key {
     Node(NodeId, Vec<Coord>),
+    /// A row cache group's array of an input read at the column alone (see `row_cache::Group`).
+    ColumnGroup(NodeId),
     Vector(NodeId, Vec<Coord>),
     DomCoord(u32),
 }
@@ -46,6 +49,9 @@ enum BlockKind {
     Root,
     Branch,
     Loop(u32),
+    /// A row-wise body's block of columns (a loop over them, a group of them, or one): row
+    /// mode places values that do not read the column outside it.
+    Columns,
 }
 
 #[derive(Debug)]
@@ -126,6 +132,12 @@ pub(crate) struct Emitter<'a> {
     /// number the rows (`row`) and `rowbase` is `row * cols`, so a tensor shaped like those axes
     /// times `cols`, read at the row and a loop variable, is read at `rowbase + j<l>`.
     pub row_base: Option<(usize, Dim)>,
+    /// A row-wise kernel's cached branch (see `row_cache`): row-shaped inputs read in its row
+    /// loops and its body's column loop come from the lane's registers.
+    pub row_cache: Option<RowCache>,
+    /// Row mode: the block the row's values live in (the root, or the block of a row loop's body
+    /// of its own, see [`Emitter::open_row_block`]).
+    row_depth: usize,
 }
 
 /// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
@@ -164,6 +176,8 @@ impl<'a> Emitter<'a> {
             prefetch_guard: None,
             max_values: crate::MAX_KERNEL_VALUES,
             row_base: None,
+            row_cache: None,
+            row_depth: 0,
         }
     }
 
@@ -202,16 +216,23 @@ impl<'a> Emitter<'a> {
         self.open(BlockKind::Branch, header);
     }
 
+    /// Opens a row-wise body's block of columns (`header` is its whole first line and any
+    /// statements after it): values that do not read the column are placed outside it.
+    pub fn open_columns(&mut self, header: String) {
+        self.open(BlockKind::Columns, header);
+    }
+
     /// Opens a loop over a row's columns, `for (long long j<l> = start; j<l> < end; j<l> +=
     /// step)`, unrolled `unroll` times, and returns `l`: values that do not use `j<l>` are placed
     /// outside it.
     pub fn open_row_loop(&mut self, start: &str, end: &str, step: &str, unroll: u32) -> u32 {
         let l = self.next_loop;
         self.next_loop += 1;
-        self.open(
-            BlockKind::Loop(l),
-            format!("#pragma unroll {unroll}\nfor (long long j{l} = {start}; j{l} < {end}; j{l} += {step}) {{"),
-        );
+        let header = match &mut self.row_cache {
+            Some(cache) => cache.loop_header(l),
+            None => format!("#pragma unroll {unroll}\nfor (long long j{l} = {start}; j{l} < {end}; j{l} += {step}) {{"),
+        };
+        self.open(BlockKind::Loop(l), header);
         l
     }
 
@@ -222,6 +243,39 @@ impl<'a> Emitter<'a> {
         let ty = cuda::value_type(self.g.node(n).dtype);
         let depth = self.blocks.len() - 1;
         self.bind(depth, Key::Node(n, ctx), ty, expr, note)
+    }
+
+    /// The innermost block's depth (where [`Emitter::declare_accumulators`] puts what the
+    /// statements pushed now use).
+    pub fn depth(&self) -> usize {
+        self.blocks.len() - 1
+    }
+
+    /// The value and loop numbers so far, for [`Emitter::renumber`].
+    pub fn mark(&self) -> (u32, u32) {
+        (self.next_var, self.next_loop)
+    }
+
+    /// Numbers values and loops again from `mark` (what was emitted since is dropped).
+    pub fn renumber(&mut self, mark: (u32, u32)) {
+        (self.next_var, self.next_loop) = mark;
+    }
+
+    /// Opens a block that holds a row loop's body of its own (see [`Emitter::take_row_block`]):
+    /// the row's values are placed in it.
+    pub fn open_row_block(&mut self) {
+        self.open(BlockKind::Branch, String::new());
+        self.row_depth = self.depth();
+    }
+
+    /// Closes the block [`Emitter::open_row_block`] opened and returns its lines, which go
+    /// into a loop of their own.
+    pub fn take_row_block(&mut self) -> Vec<String> {
+        self.row_depth = 0;
+        match self.blocks.len() > 1 {
+            true => self.blocks.pop().map(|b| b.lines).unwrap_or_default(),
+            false => Vec::new(),
+        }
     }
 
     /// Opens `else {` right after a closed branch.
@@ -244,7 +298,8 @@ impl<'a> Emitter<'a> {
             parent.lines.pop();
             parent.lines.push("} else {".to_string());
         } else {
-            // A header may start with a `#pragma` line of its own.
+            // A header may start with a `#pragma` line of its own, and end with indented
+            // statements of the block.
             parent.lines.extend(b.header.lines().map(str::to_string));
         }
         parent.lines.extend(b.lines.into_iter().map(|l| format!("    {l}")));
@@ -260,7 +315,14 @@ impl<'a> Emitter<'a> {
         let loop_depth = |l: u32| self.blocks.iter().position(|b| b.kind == BlockKind::Loop(l));
         let dv =
             ctx.iter().filter_map(|c| if let Coord::Loop(l) = c { loop_depth(*l) } else { None }).max().unwrap_or(0);
-        match (dv + 1..self.blocks.len()).find(|&d| matches!(self.blocks[d].kind, BlockKind::Loop(_))) {
+        let column = Coord::Dom(self.dims.len().saturating_sub(1) as u32);
+        let per_row = self.row_mode && !ctx.contains(&column);
+        let outside = |kind: BlockKind| match kind {
+            BlockKind::Loop(_) => true,
+            BlockKind::Columns => per_row,
+            _ => false,
+        };
+        match (dv + 1..self.blocks.len()).find(|&d| outside(self.blocks[d].kind)) {
             Some(d) => d - 1,
             None => self.blocks.len() - 1,
         }
@@ -314,8 +376,11 @@ impl<'a> Emitter<'a> {
                 }
                 // Row mode: the row number is the flat index over every axis but the last, so the
                 // derivation is the same with `row` for `i` and the last axis left out.
-                let (flat, end, depth) =
-                    if self.row_mode { ("row", last, 0) } else { ("i", dims.len(), self.target_depth(&[])) };
+                let (flat, end, depth) = if self.row_mode {
+                    ("row", last, self.row_depth)
+                } else {
+                    ("i", dims.len(), self.target_depth(&[]))
+                };
                 let inner = self.product(&dims[a + 1..end]);
                 if self.row_mode && inner == "1" && a == 0 {
                     return "row".to_string();
@@ -684,6 +749,12 @@ impl<'a> Emitter<'a> {
         self.note_conversion(dtype);
         let depth = self.target_depth(ctx);
         let note = format!("{} {dtype}", self.g.inputs[input as usize].name);
+        if let Some(e) = self.cached_load(input, &dims, ctx) {
+            return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
+        }
+        if let Some(e) = self.group_load(n, input, dtype, &off) {
+            return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
+        }
         let raw = self.prefetched(depth, &off, cuda::storage_type(dtype), format!("{name}[{off}]"), &note);
         let e = cuda::load_conversion(dtype, &raw);
         let v = self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note);
@@ -693,6 +764,71 @@ impl<'a> Emitter<'a> {
             self.blocks[depth].lines.push(crate::check::lengths_check(input, &off, &v, &bound));
         }
         Ok(v)
+    }
+
+    /// The register of the row cache that holds input `input` (of shape `dims`) at `ctx`, when
+    /// the row cache is on, the input is shaped like the rows, and `ctx` is the row at a cached
+    /// loop's column or at the body's column.
+    fn cached_load(&mut self, input: u32, dims: &[Dim], ctx: &[Coord]) -> Option<String> {
+        let (k, cols) = self.row_base?;
+        let rows = |c: &[Coord]| c.iter().enumerate().all(|(a, c)| *c == Coord::Dom(a as u32));
+        if dims.len() != k + 1 || dims[..k] != self.dims[..k] || dims[k] != cols || ctx.len() != k + 1 {
+            return None;
+        }
+        if self.lengths_bound(input).is_some() {
+            return None;
+        }
+        let row_mode = self.row_mode;
+        let cache = self.row_cache.as_mut()?;
+        let slot = match ctx[k] {
+            Coord::Loop(l) if rows(&ctx[..k]) => cache.loop_slot(l)?,
+            Coord::Dom(a) if a as usize == k && row_mode && rows(ctx) => cache.body.clone()?,
+            _ => return None,
+        };
+        cache.slot(input, &slot)
+    }
+
+    /// In a cached row's group of columns: input `input` (node `n`) read at the column alone
+    /// (offset `off` is `col`) comes from the group's array, loaded once a group.
+    fn group_load(&mut self, n: NodeId, input: u32, dtype: DType, off: &str) -> Option<String> {
+        let group = self.row_cache.as_ref()?.group.as_ref()?;
+        if off != "col" || self.lengths_bound(input).is_some() {
+            return None;
+        }
+        let (depth, q) = (group.depth, group.q);
+        let key = Key::ColumnGroup(n);
+        let name = match self.blocks[depth].memo.get(&key) {
+            Some(name) => name.clone(),
+            None => {
+                let name = self.fresh("kf_d");
+                let note = self.g.inputs[input as usize].name.clone();
+                let lines = self.row_cache.as_mut()?.group_load_lines(input, dtype, &name, &note);
+                let b = &mut self.blocks[depth];
+                b.lines.extend(lines);
+                b.memo.insert(key, name.clone());
+                name
+            }
+        };
+        Some(format!("{name}[{q}]"))
+    }
+
+    /// In a cached row's group of columns: the statement that keeps the value `v` of output
+    /// `output` (of `dtype`, stored at the element) for the group's store, when the store is
+    /// unconditional.
+    pub fn group_store(&mut self, output: usize, dtype: DType, v: &str) -> Option<String> {
+        let depth = self.depth();
+        let group = self.row_cache.as_mut()?.group.as_mut()?;
+        if depth != group.column_depth {
+            return None;
+        }
+        if !group.outputs.iter().any(|o| o.0 == output) {
+            group.outputs.push((output, dtype));
+            let ty = cuda::value_type(dtype);
+            let d = group.depth;
+            self.blocks[d].lines.push(format!("{ty} kf_o{output}[{VECTOR}]; // the group's values of output {output}"));
+        }
+        let q = self.row_cache.as_ref()?.group.as_ref()?.q;
+        Some(format!("kf_o{output}[{q}] = {v};"))
     }
 
     /// The bound of input `input` when it is a lengths input whose reads this emitter checks.

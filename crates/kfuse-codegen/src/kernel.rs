@@ -25,7 +25,8 @@ use crate::buffers::BufferIndex;
 use crate::cuda::{self, Helper};
 use crate::emit::{Coord, Emitter, Mode};
 use crate::epilogue::{emit_epilogue, EpilogueRun};
-use crate::plan::{GridSpec, Kernel};
+use crate::plan::{GridSpec, Kernel, RegisterRows};
+use crate::row_cache::{ROW_CACHE_SLOTS, VECTOR};
 use crate::shapes::{columns, compacted, grid_stride, row_groups, row_wise, rows, warp_per_row, KernelShape};
 use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
@@ -198,16 +199,22 @@ pub(crate) fn emit_kernel(
     // exactly that many blocks per SM, so that every block is resident at once (one wave).
     let (resident_blocks, bounded) = shape.resident_blocks(opts, block, !prefetch.is_empty());
     let bounds = if bounded { format!("{block}, {resident_blocks}") } else { block.to_string() };
-    let _ = writeln!(src, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {name}(");
-    for (j, (_, decl, comment)) in params.iter().enumerate() {
-        let sep = if j + 1 < params.len() { "," } else { "" };
-        let _ = writeln!(src, "    {decl}{sep} // {comment}");
-    }
-    src.push_str(")\n{\n");
-    if checked {
-        src.push_str(check::BAD_DECL);
-        src.push_str(&check::loop_checks(&loop_checks));
-    }
+    // The entry point's signature and its checks (a row-wise kernel may have two entries).
+    let entry_head = |entry: &str| {
+        let mut head = String::new();
+        let _ = writeln!(head, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {entry}(");
+        for (j, (_, decl, comment)) in params.iter().enumerate() {
+            let sep = if j + 1 < params.len() { "," } else { "" };
+            let _ = writeln!(head, "    {decl}{sep} // {comment}");
+        }
+        head.push_str(")\n{\n");
+        if checked {
+            head.push_str(check::BAD_DECL);
+            head.push_str(&check::loop_checks(&loop_checks));
+        }
+        head
+    };
+    src.push_str(&entry_head(&name));
     let poison = if checked { check::poison_accumulators(slots.len(), "    ") } else { String::new() };
     let mut accumulators = String::new();
     for (s, (_, init, what)) in slots.iter().enumerate() {
@@ -256,7 +263,7 @@ pub(crate) fn emit_kernel(
         KernelShape::RowWise => {
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, &body);
+            row_wise::write(&mut src, sizes, &accumulators, &body, false);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -269,6 +276,30 @@ pub(crate) fn emit_kernel(
         }
     }
     src.push_str("}\n");
+    // Rows that fit the lanes' registers: a second entry point, allocated its own registers.
+    let register_rows = match (shape, row_sizes.as_ref().and_then(|r| r.cached.as_ref())) {
+        (KernelShape::RowWise, Some(cached)) => {
+            let entry = format!("{name}_regs");
+            src.push_str(&entry_head(&entry));
+            let sizes =
+                row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "register rows without sizes" })?;
+            row_wise::write(&mut src, sizes, &accumulators, &cached.body, true);
+            src.push_str(&poison);
+            write_plain_tail(&mut src, &slots, &epilogue);
+            src.push_str("}\n");
+            let aligned = cached
+                .vectors
+                .iter()
+                .map(|(ptr, bytes)| {
+                    params.iter().position(|p| p.1.ends_with(&format!(" {ptr}"))).map(|i| (i, *bytes)).ok_or(
+                        CodegenError::Internal { node: 0, what: "a vector access of a buffer that is not a parameter" },
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(RegisterRows { entry, cols_per_lane: u64::from(ROW_CACHE_SLOTS), vector: u64::from(VECTOR), aligned })
+        }
+        _ => None,
+    };
 
     let grid = match (shape, &row_wise, column_wise) {
         (KernelShape::RowWise, Some(plan), _) => row_wise::grid(plan, &info.dims, block, resident_blocks)?,
@@ -286,6 +317,7 @@ pub(crate) fn emit_kernel(
         grid,
         lazy_inputs,
         launch: shape.launch(),
+        register_rows,
     })
 }
 

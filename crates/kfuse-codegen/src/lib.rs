@@ -75,6 +75,7 @@ mod fill;
 mod kernel;
 mod onepass;
 mod plan;
+mod row_cache;
 mod scale;
 mod shapes;
 mod signature;
@@ -88,7 +89,7 @@ pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
 pub use plan::{
     column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch,
-    LengthsGradient, Param, Plan, SizeExpr, ViolationKind, COLUMN_BLOCKS_PER_SM, COLUMN_MIN_CHUNK_ROWS,
+    LengthsGradient, Param, Plan, RegisterRows, SizeExpr, ViolationKind, COLUMN_BLOCKS_PER_SM, COLUMN_MIN_CHUNK_ROWS,
     ERROR_RECORD_WORDS, ROW_COLS_PER_LANE, ROW_MIN_LANES,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};

@@ -187,6 +187,38 @@ pub struct Kernel {
     pub lazy_inputs: Vec<InputId>,
     /// How the executor launches it.
     pub launch: Launch,
+    /// A row-wise kernel's second entry point, for rows that fit the lanes' registers.
+    pub register_rows: Option<RegisterRows>,
+}
+
+/// A row-wise kernel's entry point for rows kept in registers: each lane loads its columns of
+/// each row-shaped input once, a vector at a time, and every pass reads them from there. The
+/// executor launches it instead of [`Kernel::name`] (same parameters, same grid) when
+/// [`RegisterRows::applies`]; the other entry takes any row.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RegisterRows {
+    /// The entry point's name.
+    pub entry: String,
+    /// The columns a lane holds, at most.
+    pub cols_per_lane: u64,
+    /// The columns of one vector: the row length must be a multiple of it.
+    pub vector: u64,
+    /// The parameters (indices into [`Kernel::params`]) read or written a vector at a time,
+    /// with the alignment in bytes their addresses need.
+    pub aligned: Vec<(usize, u64)>,
+}
+
+impl RegisterRows {
+    /// Whether a launch of a kernel with `grid`, run-time `sizes` and parameter addresses
+    /// `address(param index)` takes this entry point.
+    pub fn applies(&self, grid: &GridSpec, sizes: &[u64], address: impl Fn(usize) -> Option<u64>) -> bool {
+        let GridSpec::Rows { cols, block, .. } = grid else { return false };
+        let Some(cols) = cols.eval(sizes) else { return false };
+        let lanes = row_lanes(cols, *block);
+        cols <= lanes.saturating_mul(self.cols_per_lane)
+            && cols % self.vector.max(1) == 0
+            && self.aligned.iter().all(|&(p, bytes)| address(p).is_some_and(|a| a % bytes.max(1) == 0))
+    }
 }
 
 impl Kernel {

@@ -114,13 +114,31 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
     // Two passes over each row by its lanes: the max, then the sum-exp and the picked logit,
-    // which read only the max.
-    assert_eq!(src.matches("for (long long j").count(), 2, "{src}");
+    // which read only the max. The entry point for any row reads the logits in each pass; the
+    // one for rows that fit the lanes' registers loads them once, 4 columns at a time.
+    let k = &p.kernels[0];
+    let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
+    assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 16, 4));
+    let (any, kept) = src.split_at(src.find(&format!("void __launch_bounds__(256) {}(", regs.entry)).expect("entry"));
+    assert_eq!(any.matches("for (long long j").count(), 2, "{src}");
+    assert_eq!(any.matches("in0[rowbase + j").count(), 2, "{src}");
+    assert_eq!(
+        kept.matches("const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);").count(),
+        1,
+        "{src}"
+    );
+    assert_eq!(kept.matches("for (int t").count(), 2, "{src}");
+    assert_eq!(kept.matches("= kf_c0[t").count(), 2, "{src}");
+    assert!(!kept.contains("in0[rowbase + j"), "{src}");
+    // The logits are read a vector at a time: the entry point needs them aligned to 16 bytes.
+    assert_eq!(regs.aligned.len(), 1, "{regs:?}");
+    assert_eq!(k.params[regs.aligned[0].0], kfuse_codegen::Param::Buffer(0), "{regs:?}");
+    assert_eq!(regs.aligned[0].1, 16);
     assert!(src.contains("2 row reduction phase(s) computed once per row"), "{src}");
     // The row max is computed before the exp-sum loop that uses it.
     assert!(src.find("kf_max_f64(a").expect("max loop") < src.find("expf(").expect("exp"));
-    // The label is loaded once per row, outside the loops.
-    assert_eq!(src.matches("in1[").count(), 1);
+    // The label is loaded once per row, outside the loops, by each entry point.
+    assert_eq!(src.matches("in1[").count(), 2);
 }
 
 #[test]
@@ -535,9 +553,10 @@ fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     let src = &k.source;
     assert!(src.contains("2 row reduction phase(s) computed once per row, then the body once per row"), "{src}");
     assert!(src.contains("if (kf_live && lane == 0) {"), "{src}");
-    assert_eq!(src.matches("kf_row_max(").count(), 2, "the helper and one call:\n{src}");
+    assert_eq!(src.matches("kf_row_max(").count(), 3, "the helper and one call in each entry point:\n{src}");
     assert!(!src.contains("for (long long j0 = 0;"), "no serial loop over a row:\n{src}");
-    assert!(src.contains("in0[rowbase + j0]"), "rows are read at rowbase + column:\n{src}");
+    assert!(src.contains("in0[rowbase + j"), "rows are read at rowbase + column:\n{src}");
+    assert!(src.contains("*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"), "or kept in registers:\n{src}");
     assert!(src.contains("if (kf_live && lane == 0) tmp0[row] = v"), "{src}");
     // z reads the stored maximum at its row and reduces nothing.
     let z = &p.kernels[1].source;

@@ -32,6 +32,9 @@ pub struct CudaProgram {
     gpu: Arc<Gpu>,
     plan: Arc<Plan>,
     functions: Vec<GpuFunction>,
+    /// Per kernel: the entry point for rows kept in registers, where it has one (see
+    /// [`kfuse_codegen::RegisterRows`]).
+    register_rows: Vec<Option<GpuFunction>>,
     /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
     resident: Vec<Option<u32>>,
     /// The tag a violation of an input's layout is recorded with (see `checks`).
@@ -100,6 +103,11 @@ impl CudaProgram {
         compile_missing(gpu, &sources)?;
         let functions =
             plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
+        let register_rows = plan
+            .kernels
+            .iter()
+            .map(|k| k.register_rows.as_ref().map(|r| gpu.load_kernel(&k.source, &r.entry)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
         for (source, name) in companions {
             gpu.load_kernel(source, name)?;
         }
@@ -116,7 +124,7 @@ impl CudaProgram {
             })
             .collect::<Result<Vec<_>>>()?;
         let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
-        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, resident, tag })
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, resident, tag })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -207,6 +215,15 @@ impl CudaProgram {
     ) -> Result<()> {
         let checks = validation == Validation::Deferred;
         for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
+            // Rows that fit the lanes' registers take the kernel's entry point for them.
+            let address = |p: usize| match k.params.get(p) {
+                Some(Param::Buffer(b)) => buffers.get(*b).map(|buf| buf.address()),
+                _ => None,
+            };
+            let f = match (&k.register_rows, self.register_rows.get(i)) {
+                (Some(r), Some(Some(rf))) if r.applies(&k.grid, sizes, address) => rf,
+                _ => f,
+            };
             let args: Vec<KernelArg<'_>> = k
                 .params
                 .iter()

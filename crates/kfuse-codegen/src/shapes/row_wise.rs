@@ -25,6 +25,15 @@
 //! rows), and loaded at its row by the later kernels, which never reduce that row again
 //! ([`plan_rows`], `Analysis::row_values`).
 //!
+//! A kernel with row-shaped inputs has a second entry point, `<name>_regs`, for rows that fit
+//! its lanes' registers (see `row_cache`): each lane loads its columns of each row-shaped input
+//! once, a vector of 4 at a time, the passes read them from registers, and the body runs the
+//! columns in groups of 4 with one vector load per weight and one vector store per output. The
+//! executor launches it where the row length is a multiple of 4, at most 16 columns a lane, and
+//! the buffers it accesses by vectors are aligned ([`crate::RegisterRows`]); two entry points
+//! keep each one's registers its own (one kernel with both loops took the larger count for
+//! both, measured slower for long rows).
+//!
 //! A dead group (past the last row, in the block's last step) reads the last row and stores
 //! nothing, so that every thread of the block reaches every fold. The accumulation order depends
 //! on the row length and the block size only: results are the same bits from run to run.
@@ -34,7 +43,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
+use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
 
 use crate::actions::{Combine, Group};
 use crate::analysis::{full_reduce, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
@@ -42,6 +51,7 @@ use crate::buffers::size_expr;
 use crate::cuda::{self, Helper};
 use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
 use crate::plan::GridSpec;
+use crate::row_cache::{Group as RowGroup, RowCache, ROW_CACHE_GROUPS, VECTOR};
 use crate::shapes::grid_stride;
 use crate::text::{render, write_lines};
 use crate::CodegenError;
@@ -195,16 +205,30 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
     Some(RowWise { case, phases, cols })
 }
 
-/// The row count and row length of the kernel's template, as C expressions, and the Temp
-/// buffers the kernel stores row values into.
+/// The row count and row length of the kernel's template, as C expressions, the Temp buffers
+/// the kernel stores row values into, and the rows kept in registers (`None` when no input is
+/// shaped like the rows).
 pub(crate) struct RowSizes {
     pub rows: String,
     pub cols: String,
     pub temps_written: Vec<usize>,
+    pub cached: Option<RegisterBody>,
+}
+
+/// The body of the entry point for rows kept in registers, and the buffers it reads or writes a
+/// vector at a time with the vector's bytes (see `row_cache`).
+pub(crate) struct RegisterBody {
+    pub body: Vec<String>,
+    pub vectors: Vec<(String, u64)>,
 }
 
 /// Emits the row body into `em`: each phase's pass and folds, then the sinks' `groups` (at each
 /// column, or once per row). Inputs read outside the sinks' predicates go into `unconditional`.
+///
+/// Rows of at most [`ROW_CACHE_SLOTS`](crate::row_cache::ROW_CACHE_SLOTS) columns a lane have a body of their own, returned in
+/// [`RowSizes::cached`], that keeps the row-shaped inputs in registers (see `row_cache`) and
+/// goes into an entry point of its own; any row can take the body emitted into `em`, which
+/// re-reads them each pass.
 pub(crate) fn emit_body(
     em: &mut Emitter,
     g: &Graph,
@@ -217,11 +241,48 @@ pub(crate) fn emit_body(
     let k = plan.row_axes(dims);
     em.row_mode = plan.case == RowCase::Elements;
     em.row_base = Some((k, plan.cols));
-    let mut sizes = RowSizes { rows: em.product(&dims[..k]), cols: em.dim(plan.cols), temps_written: Vec::new() };
+    let rows = em.product(&dims[..k]);
+    let cols = em.dim(plan.cols);
+    let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None };
+    let mark = em.mark();
+    em.open_row_block();
+    em.row_cache = Some(RowCache::default());
+    emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
+    let mut cache = em.row_cache.take().unwrap_or_default();
+    let lines = em.take_row_block();
+    if cache.inputs.is_empty() {
+        em.renumber(mark);
+        sizes.temps_written.clear();
+    } else {
+        let mut body = cache.preload(g);
+        body.extend(lines);
+        sizes.cached = Some(RegisterBody { body, vectors: cache.vectors });
+    }
+    emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
+    sizes.temps_written.sort_unstable();
+    sizes.temps_written.dedup();
+    em.row_base = None;
+    Ok(sizes)
+}
+
+/// Emits the phases' passes and folds and the body, reading rows through the row cache when the
+/// emitter has one.
+#[allow(clippy::too_many_arguments)]
+fn emit_passes(
+    em: &mut Emitter,
+    g: &Graph,
+    (an, kernel): (&Analysis, usize),
+    plan: &RowWise,
+    k: usize,
+    groups: &[Group],
+    unconditional: &mut BTreeSet<u32>,
+    sizes: &mut RowSizes,
+) -> Result<(), CodegenError> {
     if plan.case == RowCase::Results {
         em.push_stmt("const long long i = row; // the row's element of the domain".to_string());
     }
     let ctx: Vec<Coord> = (0..k as u32).map(Coord::Dom).collect();
+    let registers = em.row_cache.is_some();
     for phase in &plan.phases {
         // The phase's accumulators, one pass over the row, then each accumulator's fold.
         let mut reductions = Vec::with_capacity(phase.len());
@@ -232,17 +293,23 @@ pub(crate) fn emit_body(
                     what: "a row phase holds a node that does not reduce",
                 });
             };
-            let accs = em.declare_accumulators(0, op, g.node(x).dtype);
+            let accs = em.declare_accumulators(em.depth(), op, g.node(x).dtype);
             reductions.push((n, op, x, mask, accs));
         }
         let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
         for (_, op, x, mask, accs) in &reductions {
             let mut xctx = ctx.clone();
             xctx.push(Coord::Loop(l));
-            em.reduce_update_guarded(*op, *x, *mask, &xctx, accs)?;
+            match (op, mask, registers) {
+                // An unmasked mean of a row in registers counts every column: only its sum is
+                // accumulated. (Rows re-read from memory keep the count's fold: measured faster,
+                // its barrier keeps the block's warps together over the row's re-reads.)
+                (ReduceOp::Mean, None, true) => em.reduce_update_guarded(ReduceOp::Sum, *x, None, &xctx, &accs[..1])?,
+                _ => em.reduce_update_guarded(*op, *x, *mask, &xctx, accs)?,
+            }
         }
         em.close();
-        for (n, op, x, _, accs) in reductions {
+        for (n, op, x, mask, accs) in reductions {
             let combine = Combine::of(op);
             em.uses.helpers.insert(match combine {
                 Combine::Sum => Helper::RowSum,
@@ -252,8 +319,12 @@ pub(crate) fn emit_body(
             if combine != Combine::Sum {
                 em.uses.helpers.insert(Helper::MinMaxF64);
             }
-            for a in &accs {
-                em.push_stmt(format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name()));
+            for (s, a) in accs.iter().enumerate() {
+                if s == 1 && op == ReduceOp::Mean && mask.is_none() && registers {
+                    em.push_stmt(format!("{a} = (double)kf_n; // the row's columns"));
+                } else {
+                    em.push_stmt(format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name()));
+                }
             }
             let e = finish_reduce(op, g.node(x).dtype, &accs);
             let v = em.bind_here(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
@@ -269,27 +340,70 @@ pub(crate) fn emit_body(
         }
     }
     // The body: the sinks at each column of the row, or once per row.
-    match plan.case {
-        RowCase::Elements => {
-            em.open_column_loop(format!(
-                "#pragma unroll {UNROLL}\nfor (long long col = lane; col < kf_n; col += kf_g) {{"
-            ));
+    match (plan.case, em.row_cache.is_some()) {
+        (RowCase::Elements, true) => emit_groups_cached(em, g, groups, unconditional)?,
+        (RowCase::Elements, false) => {
+            em.open_columns(format!("#pragma unroll {UNROLL}\nfor (long long col = lane; col < kf_n; col += kf_g) {{"));
             em.push_stmt("const long long i = rowbase + col;".to_string());
+            grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+            em.close();
         }
-        RowCase::Results => em.open_branch("kf_live && lane == 0"),
+        (RowCase::Results, _) => {
+            em.open_branch("kf_live && lane == 0");
+            grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+            em.close();
+        }
     }
-    grid_stride::emit_groups(em, g, groups, unconditional, false)?;
-    em.close();
-    em.row_base = None;
-    Ok(sizes)
+    Ok(())
+}
+
+/// The body of a cached row: the lane's columns in groups of consecutive ones, each column's
+/// sinks in a block of its own, then the group's stores of the outputs kept for it (see
+/// `row_cache::Group`).
+fn emit_groups_cached(
+    em: &mut Emitter,
+    g: &Graph,
+    groups: &[Group],
+    unconditional: &mut BTreeSet<u32>,
+) -> Result<(), CodegenError> {
+    for v in 0..ROW_CACHE_GROUPS {
+        let (header, first) = RowCache::group_header(v);
+        em.open_columns(header);
+        em.push_stmt(first);
+        let depth = em.depth();
+        for q in 0..VECTOR {
+            em.open_columns("{".to_string());
+            for l in RowCache::column_start(q) {
+                em.push_stmt(l);
+            }
+            let column_depth = em.depth();
+            if let Some(cache) = em.row_cache.as_mut() {
+                cache.body = Some((VECTOR * v + q).to_string());
+                let outputs = cache.group.take().map(|gr| gr.outputs).unwrap_or_default();
+                cache.group = Some(RowGroup { q, depth, column_depth, outputs });
+            }
+            grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+            em.close();
+        }
+        let kept = em.row_cache.as_mut().and_then(|c| c.group.take()).map(|gr| gr.outputs).unwrap_or_default();
+        for (o, dtype) in kept {
+            em.note_conversion(dtype);
+            let lines = em.row_cache.as_mut().map(|c| c.group_stores(o, dtype, &g.outputs[o].name)).unwrap_or_default();
+            for l in lines {
+                em.push_stmt(l);
+            }
+        }
+        em.close();
+    }
+    Ok(())
 }
 
 /// The shape's template.
 const ROW_WISE: &str = include_str!("../templates/row_wise.cuh");
 
 /// The sizes, the lanes per row, the `accumulators` and the grid-stride loop over the rows,
-/// running `body`.
-pub(crate) fn write(src: &mut String, sizes: &RowSizes, accumulators: &str, body: &[String]) {
+/// running `body` (with `registers`, the body of rows kept in registers).
+pub(crate) fn write(src: &mut String, sizes: &RowSizes, accumulators: &str, body: &[String], registers: bool) {
     let mut body_lines = String::new();
     write_lines(&mut body_lines, body, "        ");
     src.push_str(&render(
@@ -300,6 +414,7 @@ pub(crate) fn write(src: &mut String, sizes: &RowSizes, accumulators: &str, body
             ("min_lanes", &crate::ROW_MIN_LANES.to_string()),
             ("cols_per_lane", &crate::ROW_COLS_PER_LANE.to_string()),
             ("accumulators", accumulators),
+            ("n_type", if registers { "int" } else { "long long" }),
             ("body", &body_lines),
         ],
     ));

@@ -2,13 +2,14 @@
 //~ {{rows}} rows of {{cols}} columns; a row takes a group of kf_g lanes, the power of two from
 //~ {{min_lanes}} up to the block that gives about {{cols_per_lane}} columns a lane (the host's
 //~ `row_lanes` computes the same to size the grid); grid-stride over the rows, blockDim.x / kf_g
-//~ rows at a time. {{accumulators}}: the full reductions' accumulators; {{body}}: the row body.
+//~ rows at a time. {{accumulators}}: the full reductions' accumulators; {{body}}: the row body;
+//~ {{n_type}}: the type of the lanes' and columns' counts (`int` for rows kept in registers).
     const long long rows = {{rows}};
     const long long cols = {{cols}};
     // Lanes per row: the power of two from {{min_lanes}} up to the block with about {{cols_per_lane}} columns a lane.
-    long long kf_g = {{min_lanes}};
-    while (kf_g < (long long)blockDim.x && kf_g * {{cols_per_lane}} < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    {{n_type}} kf_g = {{min_lanes}};
+    while (kf_g < ({{n_type}})blockDim.x && kf_g * {{cols_per_lane}} < cols) kf_g <<= 1;
+    const {{n_type}} lane = ({{n_type}})(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
 {{accumulators}}
@@ -18,7 +19,7 @@
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const {{n_type}} kf_n = kf_live ? ({{n_type}})cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
 {{body}}
     }

@@ -203,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -212,13 +212,75 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        double a0 = 0.0;
+        double a9 = 0.0;
         #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const long long v1 = in0[rowbase + j0]; // x i64
+        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
+            const long long v10 = in0[rowbase + j1]; // x i64
+            a9 += (double)v10;
+        }
+        a9 = kf_row_sum(a9, kf_g, kf_rs); // over the row's lanes
+        const long long v11 = (long long)a9; // n24 sum along the row, once per row
+        if (kf_live && lane == 0) {
+            const longlong2 v12 = reinterpret_cast<const longlong2*>(in2)[i]; // pairs 2 x i64 at once
+            const long long v13 = v12.x; // pairs[.., 0]
+            const long long v14 = v12.y; // pairs[.., 1]
+            const long long v15 = kf_shr_i64(v14, 2ll); // n21
+            const long long v16 = (long long)((unsigned long long)v13 - (unsigned long long)v15); // n22
+            const long long v17 = (v16 < 0 ? (long long)(0ull - (unsigned long long)v16) : v16); // n23
+            out2[i] = v17; // pair
+            out3[i] = v11; // rows
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1_regs(
+    const long long* __restrict__ in0, // x i64[B, N]
+    const long long* __restrict__ in2, // pairs i64[B, 2]
+    long long* __restrict__ out2, // output pair i64[B]
+    long long* __restrict__ out3, // output rows i64[B]
+    long long sz0, // size B
+    long long sz1 // size N
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        long long kf_c0[16]; // x in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                kf_c0[4 * kf_v + 0] = in0[rowbase + kf_j + 0];
+                kf_c0[4 * kf_v + 1] = in0[rowbase + kf_j + 1];
+                kf_c0[4 * kf_v + 2] = in0[rowbase + kf_j + 2];
+                kf_c0[4 * kf_v + 3] = in0[rowbase + kf_j + 3];
+            }
+        }
+        const long long i = row; // the row's element of the domain
+        double a0 = 0.0;
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const long long v1 = kf_c0[t0]; // x i64
             a0 += (double)v1;
         }
         a0 = kf_row_sum(a0, kf_g, kf_rs); // over the row's lanes

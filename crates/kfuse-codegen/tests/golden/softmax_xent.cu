@@ -87,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // mean n15 (n16)
@@ -98,15 +98,124 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
+        const long long i = row; // the row's element of the domain
+        double a17 = __longlong_as_double(0xfff0000000000000ll);
+        double a18 = 0.0;
+        const int v21 = in1[i]; // labels i32
+        #pragma unroll 4
+        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+            const float v19 = in0[rowbase + j2]; // logits f32
+            a17 = kf_max_f64(a17, (double)v19);
+            const int v20 = (int)j2; // n9
+            const bool v22 = v20 == v21; // n11
+            const float v23 = (v22 ? v19 : 0.0f); // n13
+            a18 += (double)v23;
+        }
+        a17 = kf_row_max(a17, kf_g, kf_rs); // over the row's lanes
+        const float v24 = (float)a17; // n2 max along the row, once per row
+        a18 = kf_row_sum(a18, kf_g, kf_rs); // over the row's lanes
+        const float v25 = (float)a18; // n14 sum along the row, once per row
+        double a26 = 0.0;
+        #pragma unroll 4
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v27 = in0[rowbase + j3]; // logits f32
+            const float v28 = v27 - v24; // n4
+            const float v29 = expf(v28); // n5
+            a26 += (double)v29;
+        }
+        a26 = kf_row_sum(a26, kf_g, kf_rs); // over the row's lanes
+        const float v30 = (float)a26; // n6 sum along the row, once per row
+        if (kf_live && lane == 0) {
+            const float v31 = logf(v30); // n7
+            const float v32 = v31 + v24; // n8
+            const float v33 = v32 - v25; // n15
+            acc0 += (double)v33; acc1 += 1.0;
+        }
+    }
+    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
+    __shared__ double kf_smem[32];
+    __shared__ bool kf_last_block;
+    acc0 = kf_block_sum(acc0, kf_smem);
+    acc1 = kf_block_sum(acc1, kf_smem);
+    if (threadIdx.x == 0) {
+        partials[0u * gridDim.x + blockIdx.x] = acc0;
+        partials[1u * gridDim.x + blockIdx.x] = acc1;
+        __threadfence(); // publish the partials before taking a ticket
+        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!kf_last_block) return;
+    __threadfence();
+    // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one
+    // block reduction; no float atomics, so the result is bit-identical for a given grid size.
+    double r0 = 0.0;
+    double r1 = 0.0;
+    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        r0 += ((volatile double*)partials)[0u * gridDim.x + b];
+        r1 += ((volatile double*)partials)[1u * gridDim.x + b];
+    }
+    r0 = kf_block_sum(r0, kf_smem);
+    r1 = kf_block_sum(r1, kf_smem);
+    if (threadIdx.x == 0) {
+        const float v34 = (float)(r0 / r1); // n16
+        out0[0] = v34; // output loss
+        *counter = 0u; // self-resetting ticket: the next launch needs no memset
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0_regs(
+    const float* __restrict__ in0, // logits f32[B, C]
+    const int* __restrict__ in1, // labels i32[B]
+    float* __restrict__ out0, // output loss f32[]
+    double* __restrict__ partials, // 2 f64 partial slots per block, slot-major
+    unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
+    long long sz0, // size B
+    long long sz1 // size C
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    double acc0 = 0.0; // mean n15 (n16)
+    double acc1 = 0.0; // count of mean n15 (n16)
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // logits in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+        }
         const long long i = row; // the row's element of the domain
         double a0 = __longlong_as_double(0xfff0000000000000ll);
         double a1 = 0.0;
         const int v4 = in1[i]; // labels i32
-        #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const float v2 = in0[rowbase + j0]; // logits f32
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const float v2 = kf_c0[t0]; // logits f32
             a0 = kf_max_f64(a0, (double)v2);
             const int v3 = (int)j0; // n9
             const bool v5 = v3 == v4; // n11
@@ -118,9 +227,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
         const float v8 = (float)a1; // n14 sum along the row, once per row
         double a9 = 0.0;
-        #pragma unroll 4
-        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v10 = in0[rowbase + j1]; // logits f32
+        #pragma unroll
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v10 = kf_c0[t1]; // logits f32
             const float v11 = v10 - v7; // n4
             const float v12 = expf(v11); // n5
             a9 += (double)v12;
@@ -159,8 +270,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v17 = (float)(r0 / r1); // n16
-        out0[0] = v17; // output loss
+        const float v34 = (float)(r0 / r1); // n16
+        out0[0] = v34; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

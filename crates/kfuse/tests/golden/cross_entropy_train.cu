@@ -269,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_2(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // sum n30 where n32 (n33)
@@ -279,22 +279,153 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_2(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        double a0 = __longlong_as_double(0xfff0000000000000ll);
+        double a28 = __longlong_as_double(0xfff0000000000000ll);
         #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const float v1 = in0[rowbase + j0]; // logits f32
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v29 = in0[rowbase + j3]; // logits f32
+            a28 = kf_max_f64(a28, (double)v29);
+        }
+        a28 = kf_row_max(a28, kf_g, kf_rs); // over the row's lanes
+        const float v30 = (float)a28; // n2 max along the row, once per row
+        if (kf_live && lane == 0) tmp4[row] = v30; // for a later kernel
+        double a31 = 0.0;
+        #pragma unroll 4
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v32 = in0[rowbase + j4]; // logits f32
+            const float v33 = v32 - v30; // n4
+            const float v34 = expf(v33); // n5
+            a31 += (double)v34;
+        }
+        a31 = kf_row_sum(a31, kf_g, kf_rs); // over the row's lanes
+        const float v35 = (float)a31; // n6 sum along the row, once per row
+        if (kf_live && lane == 0) tmp5[row] = v35; // for a later kernel
+        double a36 = 0.0;
+        double a37 = 0.0;
+        const long long v40 = in1[i]; // labels i64
+        const float v44 = logf(v35); // n7
+        #pragma unroll 4
+        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
+            const int v38 = (int)j5; // n10
+            const long long v39 = (long long)v38; // n12
+            const bool v41 = v39 == v40; // n13
+            const float v42 = in0[rowbase + j5]; // logits f32
+            const float v43 = v42 - v30; // n4
+            const float v45 = v43 - v44; // n9
+            const float v46 = (v41 ? v45 : 0.0f); // n15
+            a36 += (double)v46;
+            a37 += (double)v45;
+        }
+        a36 = kf_row_sum(a36, kf_g, kf_rs); // over the row's lanes
+        const float v47 = (float)a36; // n16 sum along the row, once per row
+        a37 = kf_row_sum(a37, kf_g, kf_rs); // over the row's lanes
+        const float v48 = (float)a37; // n18 sum along the row, once per row
+        if (kf_live && lane == 0) {
+            const bool v49 = v40 != (-100ll); // n32
+            if (v49) {
+                const float v50 = -v47; // n17
+                const float v51 = 0.9f * v50; // n21
+                const float v52 = tmp0[0]; // n28 from an earlier kernel
+                const float v53 = -v48; // n19
+                const float v54 = v52 * v53; // n29
+                const float v55 = v51 + v54; // n30
+                acc0 += (double)v55;
+            }
+        }
+    }
+    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
+    __shared__ double kf_smem[32];
+    __shared__ bool kf_last_block;
+    acc0 = kf_block_sum(acc0, kf_smem);
+    if (threadIdx.x == 0) {
+        partials[0u * gridDim.x + blockIdx.x] = acc0;
+        __threadfence(); // publish the partials before taking a ticket
+        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!kf_last_block) return;
+    __threadfence();
+    // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one
+    // block reduction; no float atomics, so the result is bit-identical for a given grid size.
+    double r0 = 0.0;
+    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        r0 += ((volatile double*)partials)[0u * gridDim.x + b];
+    }
+    r0 = kf_block_sum(r0, kf_smem);
+    if (threadIdx.x == 0) {
+        const float v56 = (float)r0; // n33
+        const float v57 = tmp1[0]; // n35 from an earlier kernel
+        const float v58 = v56 / v57; // n36
+        out0[0] = v58; // output loss
+        *counter = 0u; // self-resetting ticket: the next launch needs no memset
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_2_regs(
+    const float* __restrict__ in0, // logits f32[B, C]
+    const long long* __restrict__ in1, // labels i64[B]
+    float* __restrict__ out0, // output loss f32[]
+    float* __restrict__ tmp4, // n2 f32 [B] per row, written here for a later kernel
+    float* __restrict__ tmp5, // n6 f32 [B] per row, written here for a later kernel
+    const float* __restrict__ tmp0, // n28 f32 scalar from an earlier kernel
+    const float* __restrict__ tmp1, // n35 f32 scalar from an earlier kernel
+    double* __restrict__ partials, // 1 f64 partial slots per block, slot-major
+    unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
+    long long sz0, // size B
+    long long sz1 // size C
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    double acc0 = 0.0; // sum n30 where n32 (n33)
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // logits in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+        }
+        const long long i = row; // the row's element of the domain
+        double a0 = __longlong_as_double(0xfff0000000000000ll);
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const float v1 = kf_c0[t0]; // logits f32
             a0 = kf_max_f64(a0, (double)v1);
         }
         a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
         const float v2 = (float)a0; // n2 max along the row, once per row
         if (kf_live && lane == 0) tmp4[row] = v2; // for a later kernel
         double a3 = 0.0;
-        #pragma unroll 4
-        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v4 = in0[rowbase + j1]; // logits f32
+        #pragma unroll
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v4 = kf_c0[t1]; // logits f32
             const float v5 = v4 - v2; // n4
             const float v6 = expf(v5); // n5
             a3 += (double)v6;
@@ -306,12 +437,14 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_2(
         double a9 = 0.0;
         const long long v12 = in1[i]; // labels i64
         const float v16 = logf(v7); // n7
-        #pragma unroll 4
-        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+        #pragma unroll
+        for (int t2 = 0; t2 < 16; ++t2) {
+            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
+            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
             const int v10 = (int)j2; // n10
             const long long v11 = (long long)v10; // n12
             const bool v13 = v11 == v12; // n13
-            const float v14 = in0[rowbase + j2]; // logits f32
+            const float v14 = kf_c0[t2]; // logits f32
             const float v15 = v14 - v2; // n4
             const float v17 = v15 - v16; // n9
             const float v18 = (v13 ? v17 : 0.0f); // n15
@@ -355,10 +488,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_2(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v28 = (float)r0; // n33
-        const float v29 = tmp1[0]; // n35 from an earlier kernel
-        const float v30 = v28 / v29; // n36
-        out0[0] = v30; // output loss
+        const float v56 = (float)r0; // n33
+        const float v57 = tmp1[0]; // n35 from an earlier kernel
+        const float v58 = v56 / v57; // n36
+        out0[0] = v58; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -406,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -415,8 +548,121 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
+        double a244 = 0.0;
+        double a245 = 0.0;
+        const long long v246 = in1[row]; // labels i64
+        const bool v247 = v246 != (-100ll); // n32
+        const float v248 = tmp2[0]; // n41 from an earlier kernel
+        const float v249 = (v247 ? v248 : 0.0f); // n42
+        const float v253 = tmp3[0]; // n44 from an earlier kernel
+        const float v254 = (v247 ? v253 : 0.0f); // n45
+        const float v259 = tmp4[row]; // n2 per row, from an earlier kernel
+        #pragma unroll 4
+        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+            const int v250 = (int)j2; // n10
+            const long long v251 = (long long)v250; // n12
+            const bool v252 = v251 == v246; // n13
+            const float v255 = (v252 ? v254 : 0.0f); // n47
+            const float v256 = v249 + v255; // n48
+            const float v257 = -v256; // n49
+            a244 += (double)v257;
+            const float v258 = in0[rowbase + j2]; // logits f32
+            const bool v260 = v258 == v259; // n61
+            if (v260) {
+                a245 += 1.0;
+            }
+        }
+        a244 = kf_row_sum(a244, kf_g, kf_rs); // over the row's lanes
+        const float v261 = (float)a244; // n50 sum along the row, once per row
+        a245 = kf_row_sum(a245, kf_g, kf_rs); // over the row's lanes
+        const int v262 = (int)(long long)a245; // n62 count along the row, once per row
+        double a263 = 0.0;
+        const float v269 = tmp5[row]; // n6 per row, from an earlier kernel
+        const float v270 = v261 / v269; // n53
+        #pragma unroll 4
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const int v264 = (int)j3; // n10
+            const long long v265 = (long long)v264; // n12
+            const bool v266 = v265 == v246; // n13
+            const float v267 = (v266 ? v254 : 0.0f); // n47
+            const float v268 = v249 + v267; // n48
+            const float v271 = in0[rowbase + j3]; // logits f32
+            const float v272 = v271 - v259; // n4
+            const float v273 = expf(v272); // n5
+            const float v274 = v270 * v273; // n55
+            const float v275 = v268 + v274; // n56
+            const float v276 = -v275; // n57
+            a263 += (double)v276;
+        }
+        a263 = kf_row_sum(a263, kf_g, kf_rs); // over the row's lanes
+        const float v277 = (float)a263; // n58 sum along the row, once per row
+        const float v289 = (float)v262; // n63
+        const float v290 = v277 / v289; // n64
+        #pragma unroll 4
+        for (long long col = lane; col < kf_n; col += kf_g) {
+            const long long i = rowbase + col;
+            const int v278 = (int)col; // n10
+            const long long v279 = (long long)v278; // n12
+            const bool v280 = v279 == v246; // n13
+            const float v281 = (v280 ? v254 : 0.0f); // n47
+            const float v282 = v249 + v281; // n48
+            const float v283 = in0[i]; // logits f32
+            const float v284 = v283 - v259; // n4
+            const float v285 = expf(v284); // n5
+            const float v286 = v270 * v285; // n55
+            const float v287 = v282 + v286; // n56
+            const bool v288 = v283 == v259; // n61
+            const float v291 = (v288 ? v290 : 0.0f); // n66
+            const float v292 = v287 + v291; // n67
+            out1[i] = v292; // dlogits
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3_regs(
+    const float* __restrict__ in0, // logits f32[B, C]
+    const long long* __restrict__ in1, // labels i64[B]
+    float* __restrict__ out1, // output dlogits f32[B, C]
+    const float* __restrict__ tmp4, // n2 f32 [B] per row from an earlier kernel
+    const float* __restrict__ tmp5, // n6 f32 [B] per row from an earlier kernel
+    const float* __restrict__ tmp2, // n41 f32 scalar from an earlier kernel
+    const float* __restrict__ tmp3, // n44 f32 scalar from an earlier kernel
+    long long sz0, // size B
+    long long sz1 // size C
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // logits in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+        }
         double a0 = 0.0;
         double a1 = 0.0;
         const long long v2 = in1[row]; // labels i64
@@ -426,8 +672,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3(
         const float v9 = tmp3[0]; // n44 from an earlier kernel
         const float v10 = (v3 ? v9 : 0.0f); // n45
         const float v15 = tmp4[row]; // n2 per row, from an earlier kernel
-        #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
             const int v6 = (int)j0; // n10
             const long long v7 = (long long)v6; // n12
             const bool v8 = v7 == v2; // n13
@@ -435,7 +683,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3(
             const float v12 = v5 + v11; // n48
             const float v13 = -v12; // n49
             a0 += (double)v13;
-            const float v14 = in0[rowbase + j0]; // logits f32
+            const float v14 = kf_c0[t0]; // logits f32
             const bool v16 = v14 == v15; // n61
             if (v16) {
                 a1 += 1.0;
@@ -448,14 +696,16 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3(
         double a19 = 0.0;
         const float v25 = tmp5[row]; // n6 per row, from an earlier kernel
         const float v26 = v17 / v25; // n53
-        #pragma unroll 4
-        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
+        #pragma unroll
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
             const int v20 = (int)j1; // n10
             const long long v21 = (long long)v20; // n12
             const bool v22 = v21 == v2; // n13
             const float v23 = (v22 ? v10 : 0.0f); // n47
             const float v24 = v5 + v23; // n48
-            const float v27 = in0[rowbase + j1]; // logits f32
+            const float v27 = kf_c0[t1]; // logits f32
             const float v28 = v27 - v15; // n4
             const float v29 = expf(v28); // n5
             const float v30 = v26 * v29; // n55
@@ -465,25 +715,315 @@ extern "C" __global__ void __launch_bounds__(256) kf_18ed1d34d545b36d_3(
         }
         a19 = kf_row_sum(a19, kf_g, kf_rs); // over the row's lanes
         const float v33 = (float)a19; // n58 sum along the row, once per row
-        #pragma unroll 4
-        for (long long col = lane; col < kf_n; col += kf_g) {
-            const long long i = rowbase + col;
-            const int v34 = (int)col; // n10
-            const long long v35 = (long long)v34; // n12
-            const bool v36 = v35 == v2; // n13
-            const float v37 = (v36 ? v10 : 0.0f); // n47
-            const float v38 = v5 + v37; // n48
-            const float v39 = in0[i]; // logits f32
-            const float v40 = v39 - v15; // n4
-            const float v41 = expf(v40); // n5
-            const float v42 = v26 * v41; // n55
-            const float v43 = v38 + v42; // n56
-            const bool v44 = v39 == v15; // n61
-            const float v45 = (float)v18; // n63
-            const float v46 = v33 / v45; // n64
-            const float v47 = (v44 ? v46 : 0.0f); // n66
-            const float v48 = v43 + v47; // n67
-            out1[i] = v48; // dlogits
+        const float v45 = (float)v18; // n63
+        const float v46 = v33 / v45; // n64
+        if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
+            const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const int v34 = (int)col; // n10
+                const long long v35 = (long long)v34; // n12
+                const bool v36 = v35 == v2; // n13
+                const float v37 = (v36 ? v10 : 0.0f); // n47
+                const float v38 = v5 + v37; // n48
+                const float v39 = kf_c0[0]; // logits f32
+                const float v40 = v39 - v15; // n4
+                const float v41 = expf(v40); // n5
+                const float v42 = v26 * v41; // n55
+                const float v43 = v38 + v42; // n56
+                const bool v44 = v39 == v15; // n61
+                const float v47 = (v44 ? v46 : 0.0f); // n66
+                const float v48 = v43 + v47; // n67
+                kf_o1[0] = v48; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const int v49 = (int)col; // n10
+                const long long v50 = (long long)v49; // n12
+                const bool v51 = v50 == v2; // n13
+                const float v52 = (v51 ? v10 : 0.0f); // n47
+                const float v53 = v5 + v52; // n48
+                const float v54 = kf_c0[1]; // logits f32
+                const float v55 = v54 - v15; // n4
+                const float v56 = expf(v55); // n5
+                const float v57 = v26 * v56; // n55
+                const float v58 = v53 + v57; // n56
+                const bool v59 = v54 == v15; // n61
+                const float v60 = (v59 ? v46 : 0.0f); // n66
+                const float v61 = v58 + v60; // n67
+                kf_o1[1] = v61; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const int v62 = (int)col; // n10
+                const long long v63 = (long long)v62; // n12
+                const bool v64 = v63 == v2; // n13
+                const float v65 = (v64 ? v10 : 0.0f); // n47
+                const float v66 = v5 + v65; // n48
+                const float v67 = kf_c0[2]; // logits f32
+                const float v68 = v67 - v15; // n4
+                const float v69 = expf(v68); // n5
+                const float v70 = v26 * v69; // n55
+                const float v71 = v66 + v70; // n56
+                const bool v72 = v67 == v15; // n61
+                const float v73 = (v72 ? v46 : 0.0f); // n66
+                const float v74 = v71 + v73; // n67
+                kf_o1[2] = v74; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const int v75 = (int)col; // n10
+                const long long v76 = (long long)v75; // n12
+                const bool v77 = v76 == v2; // n13
+                const float v78 = (v77 ? v10 : 0.0f); // n47
+                const float v79 = v5 + v78; // n48
+                const float v80 = kf_c0[3]; // logits f32
+                const float v81 = v80 - v15; // n4
+                const float v82 = expf(v81); // n5
+                const float v83 = v26 * v82; // n55
+                const float v84 = v79 + v83; // n56
+                const bool v85 = v80 == v15; // n61
+                const float v86 = (v85 ? v46 : 0.0f); // n66
+                const float v87 = v84 + v86; // n67
+                kf_o1[3] = v87; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
+        }
+        if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
+            const int kf_j = 4 * (lane + 1 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const int v88 = (int)col; // n10
+                const long long v89 = (long long)v88; // n12
+                const bool v90 = v89 == v2; // n13
+                const float v91 = (v90 ? v10 : 0.0f); // n47
+                const float v92 = v5 + v91; // n48
+                const float v93 = kf_c0[4]; // logits f32
+                const float v94 = v93 - v15; // n4
+                const float v95 = expf(v94); // n5
+                const float v96 = v26 * v95; // n55
+                const float v97 = v92 + v96; // n56
+                const bool v98 = v93 == v15; // n61
+                const float v99 = (v98 ? v46 : 0.0f); // n66
+                const float v100 = v97 + v99; // n67
+                kf_o1[0] = v100; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const int v101 = (int)col; // n10
+                const long long v102 = (long long)v101; // n12
+                const bool v103 = v102 == v2; // n13
+                const float v104 = (v103 ? v10 : 0.0f); // n47
+                const float v105 = v5 + v104; // n48
+                const float v106 = kf_c0[5]; // logits f32
+                const float v107 = v106 - v15; // n4
+                const float v108 = expf(v107); // n5
+                const float v109 = v26 * v108; // n55
+                const float v110 = v105 + v109; // n56
+                const bool v111 = v106 == v15; // n61
+                const float v112 = (v111 ? v46 : 0.0f); // n66
+                const float v113 = v110 + v112; // n67
+                kf_o1[1] = v113; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const int v114 = (int)col; // n10
+                const long long v115 = (long long)v114; // n12
+                const bool v116 = v115 == v2; // n13
+                const float v117 = (v116 ? v10 : 0.0f); // n47
+                const float v118 = v5 + v117; // n48
+                const float v119 = kf_c0[6]; // logits f32
+                const float v120 = v119 - v15; // n4
+                const float v121 = expf(v120); // n5
+                const float v122 = v26 * v121; // n55
+                const float v123 = v118 + v122; // n56
+                const bool v124 = v119 == v15; // n61
+                const float v125 = (v124 ? v46 : 0.0f); // n66
+                const float v126 = v123 + v125; // n67
+                kf_o1[2] = v126; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const int v127 = (int)col; // n10
+                const long long v128 = (long long)v127; // n12
+                const bool v129 = v128 == v2; // n13
+                const float v130 = (v129 ? v10 : 0.0f); // n47
+                const float v131 = v5 + v130; // n48
+                const float v132 = kf_c0[7]; // logits f32
+                const float v133 = v132 - v15; // n4
+                const float v134 = expf(v133); // n5
+                const float v135 = v26 * v134; // n55
+                const float v136 = v131 + v135; // n56
+                const bool v137 = v132 == v15; // n61
+                const float v138 = (v137 ? v46 : 0.0f); // n66
+                const float v139 = v136 + v138; // n67
+                kf_o1[3] = v139; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
+        }
+        if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
+            const int kf_j = 4 * (lane + 2 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const int v140 = (int)col; // n10
+                const long long v141 = (long long)v140; // n12
+                const bool v142 = v141 == v2; // n13
+                const float v143 = (v142 ? v10 : 0.0f); // n47
+                const float v144 = v5 + v143; // n48
+                const float v145 = kf_c0[8]; // logits f32
+                const float v146 = v145 - v15; // n4
+                const float v147 = expf(v146); // n5
+                const float v148 = v26 * v147; // n55
+                const float v149 = v144 + v148; // n56
+                const bool v150 = v145 == v15; // n61
+                const float v151 = (v150 ? v46 : 0.0f); // n66
+                const float v152 = v149 + v151; // n67
+                kf_o1[0] = v152; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const int v153 = (int)col; // n10
+                const long long v154 = (long long)v153; // n12
+                const bool v155 = v154 == v2; // n13
+                const float v156 = (v155 ? v10 : 0.0f); // n47
+                const float v157 = v5 + v156; // n48
+                const float v158 = kf_c0[9]; // logits f32
+                const float v159 = v158 - v15; // n4
+                const float v160 = expf(v159); // n5
+                const float v161 = v26 * v160; // n55
+                const float v162 = v157 + v161; // n56
+                const bool v163 = v158 == v15; // n61
+                const float v164 = (v163 ? v46 : 0.0f); // n66
+                const float v165 = v162 + v164; // n67
+                kf_o1[1] = v165; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const int v166 = (int)col; // n10
+                const long long v167 = (long long)v166; // n12
+                const bool v168 = v167 == v2; // n13
+                const float v169 = (v168 ? v10 : 0.0f); // n47
+                const float v170 = v5 + v169; // n48
+                const float v171 = kf_c0[10]; // logits f32
+                const float v172 = v171 - v15; // n4
+                const float v173 = expf(v172); // n5
+                const float v174 = v26 * v173; // n55
+                const float v175 = v170 + v174; // n56
+                const bool v176 = v171 == v15; // n61
+                const float v177 = (v176 ? v46 : 0.0f); // n66
+                const float v178 = v175 + v177; // n67
+                kf_o1[2] = v178; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const int v179 = (int)col; // n10
+                const long long v180 = (long long)v179; // n12
+                const bool v181 = v180 == v2; // n13
+                const float v182 = (v181 ? v10 : 0.0f); // n47
+                const float v183 = v5 + v182; // n48
+                const float v184 = kf_c0[11]; // logits f32
+                const float v185 = v184 - v15; // n4
+                const float v186 = expf(v185); // n5
+                const float v187 = v26 * v186; // n55
+                const float v188 = v183 + v187; // n56
+                const bool v189 = v184 == v15; // n61
+                const float v190 = (v189 ? v46 : 0.0f); // n66
+                const float v191 = v188 + v190; // n67
+                kf_o1[3] = v191; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
+        }
+        if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
+            const int kf_j = 4 * (lane + 3 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const int v192 = (int)col; // n10
+                const long long v193 = (long long)v192; // n12
+                const bool v194 = v193 == v2; // n13
+                const float v195 = (v194 ? v10 : 0.0f); // n47
+                const float v196 = v5 + v195; // n48
+                const float v197 = kf_c0[12]; // logits f32
+                const float v198 = v197 - v15; // n4
+                const float v199 = expf(v198); // n5
+                const float v200 = v26 * v199; // n55
+                const float v201 = v196 + v200; // n56
+                const bool v202 = v197 == v15; // n61
+                const float v203 = (v202 ? v46 : 0.0f); // n66
+                const float v204 = v201 + v203; // n67
+                kf_o1[0] = v204; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const int v205 = (int)col; // n10
+                const long long v206 = (long long)v205; // n12
+                const bool v207 = v206 == v2; // n13
+                const float v208 = (v207 ? v10 : 0.0f); // n47
+                const float v209 = v5 + v208; // n48
+                const float v210 = kf_c0[13]; // logits f32
+                const float v211 = v210 - v15; // n4
+                const float v212 = expf(v211); // n5
+                const float v213 = v26 * v212; // n55
+                const float v214 = v209 + v213; // n56
+                const bool v215 = v210 == v15; // n61
+                const float v216 = (v215 ? v46 : 0.0f); // n66
+                const float v217 = v214 + v216; // n67
+                kf_o1[1] = v217; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const int v218 = (int)col; // n10
+                const long long v219 = (long long)v218; // n12
+                const bool v220 = v219 == v2; // n13
+                const float v221 = (v220 ? v10 : 0.0f); // n47
+                const float v222 = v5 + v221; // n48
+                const float v223 = kf_c0[14]; // logits f32
+                const float v224 = v223 - v15; // n4
+                const float v225 = expf(v224); // n5
+                const float v226 = v26 * v225; // n55
+                const float v227 = v222 + v226; // n56
+                const bool v228 = v223 == v15; // n61
+                const float v229 = (v228 ? v46 : 0.0f); // n66
+                const float v230 = v227 + v229; // n67
+                kf_o1[2] = v230; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const int v231 = (int)col; // n10
+                const long long v232 = (long long)v231; // n12
+                const bool v233 = v232 == v2; // n13
+                const float v234 = (v233 ? v10 : 0.0f); // n47
+                const float v235 = v5 + v234; // n48
+                const float v236 = kf_c0[15]; // logits f32
+                const float v237 = v236 - v15; // n4
+                const float v238 = expf(v237); // n5
+                const float v239 = v26 * v238; // n55
+                const float v240 = v235 + v239; // n56
+                const bool v241 = v236 == v15; // n61
+                const float v242 = (v241 ? v46 : 0.0f); // n66
+                const float v243 = v240 + v242; // n67
+                kf_o1[3] = v243; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
     }
 }

@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -52,15 +52,157 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
+        double a273 = 0.0;
+        double a274 = 0.0;
+        double a275 = 0.0;
+        #pragma unroll 4
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v276 = in0[rowbase + j3]; // x f32
+            a273 += (double)v276; a274 += 1.0;
+            const int v277 = (int)row; // n27
+            const bool v278 = v277 >= 0; // n29
+            if (v278) {
+                a275 += 1.0;
+            }
+        }
+        a273 = kf_row_sum(a273, kf_g, kf_rs); // over the row's lanes
+        a274 = kf_row_sum(a274, kf_g, kf_rs); // over the row's lanes
+        const float v279 = (float)(a273 / a274); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v279; // for a later kernel
+        a275 = kf_row_sum(a275, kf_g, kf_rs); // over the row's lanes
+        const int v280 = (int)(long long)a275; // n30 count along the row, once per row
+        double a281 = 0.0;
+        double a282 = 0.0;
+        double a283 = 0.0;
+        #pragma unroll 4
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v284 = in0[rowbase + j4]; // x f32
+            const float v285 = v284 - v279; // n6
+            const float v286 = v285 * v285; // n7
+            a281 += (double)v286; a282 += 1.0;
+            const float v287 = in3[rowbase + j4]; // dy f32
+            const float v288 = in1[j4]; // gamma f32
+            const float v289 = v287 * v288; // n16
+            const float v290 = v289 * v285; // n18
+            a283 += (double)v290;
+        }
+        a281 = kf_row_sum(a281, kf_g, kf_rs); // over the row's lanes
+        a282 = kf_row_sum(a282, kf_g, kf_rs); // over the row's lanes
+        const float v291 = (float)(a281 / a282); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v291; // for a later kernel
+        a283 = kf_row_sum(a283, kf_g, kf_rs); // over the row's lanes
+        const float v292 = (float)a283; // n19 sum along the row, once per row
+        double a293 = 0.0;
+        const float v297 = v291 + 1e-5f; // n11
+        const float v298 = rsqrtf(v297); // n12
+        const float v300 = v298 * v298; // n21
+        const float v301 = v300 * v298; // n22
+        const float v302 = v301 * (-0.5f); // n24
+        const float v303 = v292 * v302; // n25
+        const float v304 = (float)v280; // n31
+        const float v305 = v303 / v304; // n32
+        #pragma unroll 4
+        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
+            const float v294 = in3[rowbase + j5]; // dy f32
+            const float v295 = in1[j5]; // gamma f32
+            const float v296 = v294 * v295; // n16
+            const float v299 = v296 * v298; // n17
+            const float v306 = in0[rowbase + j5]; // x f32
+            const float v307 = v306 - v279; // n6
+            const float v308 = v305 * v307; // n34
+            const float v309 = v299 + v308; // n35
+            const float v310 = v309 + v308; // n36
+            const float v311 = -v310; // n37
+            a293 += (double)v311;
+        }
+        a293 = kf_row_sum(a293, kf_g, kf_rs); // over the row's lanes
+        const float v312 = (float)a293; // n38 sum along the row, once per row
+        const float v326 = v312 / v304; // n41
+        #pragma unroll 4
+        for (long long col = lane; col < kf_n; col += kf_g) {
+            const long long i = rowbase + col;
+            const float v313 = in0[i]; // x f32
+            const float v314 = v313 - v279; // n6
+            const float v315 = v314 * v298; // n13
+            const float v316 = in1[col]; // gamma f32
+            const float v317 = v315 * v316; // n14
+            const float v318 = in2[col]; // beta f32
+            const float v319 = v317 + v318; // n15
+            out0[i] = v319; // y
+            const float v320 = in3[i]; // dy f32
+            const float v321 = v320 * v316; // n16
+            const float v322 = v321 * v298; // n17
+            const float v323 = v305 * v314; // n34
+            const float v324 = v322 + v323; // n35
+            const float v325 = v324 + v323; // n36
+            const float v327 = v325 + v326; // n43
+            out1[i] = v327; // dx
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0_regs(
+    const float* __restrict__ in0, // x f32[B, D]
+    const float* __restrict__ in1, // gamma f32[D]
+    const float* __restrict__ in2, // beta f32[D]
+    const float* __restrict__ in3, // dy f32[B, D]
+    float* __restrict__ out0, // output y f32[B, D]
+    float* __restrict__ out1, // output dx f32[B, D]
+    float* __restrict__ tmp0, // n4 f32 [B] per row, written here for a later kernel
+    float* __restrict__ tmp1, // n8 f32 [B] per row, written here for a later kernel
+    long long sz0, // size B
+    long long sz1 // size D
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // x in registers: the lane's columns of the row
+        float kf_c3[16]; // dy in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in3 + rowbase + kf_j);
+                kf_c3[4 * kf_v + 0] = kf_w.x;
+                kf_c3[4 * kf_v + 1] = kf_w.y;
+                kf_c3[4 * kf_v + 2] = kf_w.z;
+                kf_c3[4 * kf_v + 3] = kf_w.w;
+            }
+        }
         double a0 = 0.0;
         double a1 = 0.0;
         double a2 = 0.0;
-        #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const float v3 = in0[rowbase + j0]; // x f32
-            a0 += (double)v3; a1 += 1.0;
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const float v3 = kf_c0[t0]; // x f32
+            a0 += (double)v3;
             const int v4 = (int)row; // n27
             const bool v5 = v4 >= 0; // n29
             if (v5) {
@@ -68,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
             }
         }
         a0 = kf_row_sum(a0, kf_g, kf_rs); // over the row's lanes
-        a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
+        a1 = (double)kf_n; // the row's columns
         const float v6 = (float)(a0 / a1); // n4 mean along the row, once per row
         if (kf_live && lane == 0) tmp0[row] = v6; // for a later kernel
         a2 = kf_row_sum(a2, kf_g, kf_rs); // over the row's lanes
@@ -76,20 +218,22 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         double a8 = 0.0;
         double a9 = 0.0;
         double a10 = 0.0;
-        #pragma unroll 4
-        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v11 = in0[rowbase + j1]; // x f32
+        #pragma unroll
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v11 = kf_c0[t1]; // x f32
             const float v12 = v11 - v6; // n6
             const float v13 = v12 * v12; // n7
-            a8 += (double)v13; a9 += 1.0;
-            const float v14 = in3[rowbase + j1]; // dy f32
+            a8 += (double)v13;
+            const float v14 = kf_c3[t1]; // dy f32
             const float v15 = in1[j1]; // gamma f32
             const float v16 = v14 * v15; // n16
             const float v17 = v16 * v12; // n18
             a10 += (double)v17;
         }
         a8 = kf_row_sum(a8, kf_g, kf_rs); // over the row's lanes
-        a9 = kf_row_sum(a9, kf_g, kf_rs); // over the row's lanes
+        a9 = (double)kf_n; // the row's columns
         const float v18 = (float)(a8 / a9); // n8 mean along the row, once per row
         if (kf_live && lane == 0) tmp1[row] = v18; // for a later kernel
         a10 = kf_row_sum(a10, kf_g, kf_rs); // over the row's lanes
@@ -103,13 +247,15 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         const float v30 = v19 * v29; // n25
         const float v31 = (float)v7; // n31
         const float v32 = v30 / v31; // n32
-        #pragma unroll 4
-        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
-            const float v21 = in3[rowbase + j2]; // dy f32
+        #pragma unroll
+        for (int t2 = 0; t2 < 16; ++t2) {
+            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
+            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
+            const float v21 = kf_c3[t2]; // dy f32
             const float v22 = in1[j2]; // gamma f32
             const float v23 = v21 * v22; // n16
             const float v26 = v23 * v25; // n17
-            const float v33 = in0[rowbase + j2]; // x f32
+            const float v33 = kf_c0[t2]; // x f32
             const float v34 = v33 - v6; // n6
             const float v35 = v32 * v34; // n34
             const float v36 = v26 + v35; // n35
@@ -119,26 +265,418 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         }
         a20 = kf_row_sum(a20, kf_g, kf_rs); // over the row's lanes
         const float v39 = (float)a20; // n38 sum along the row, once per row
-        #pragma unroll 4
-        for (long long col = lane; col < kf_n; col += kf_g) {
-            const long long i = rowbase + col;
-            const float v40 = in0[i]; // x f32
-            const float v41 = v40 - v6; // n6
-            const float v42 = v41 * v25; // n13
-            const float v43 = in1[col]; // gamma f32
-            const float v44 = v42 * v43; // n14
-            const float v45 = in2[col]; // beta f32
-            const float v46 = v44 + v45; // n15
-            out0[i] = v46; // y
-            const float v47 = in3[i]; // dy f32
-            const float v48 = v47 * v43; // n16
-            const float v49 = v48 * v25; // n17
-            const float v50 = v32 * v41; // n34
-            const float v51 = v49 + v50; // n35
-            const float v52 = v51 + v50; // n36
-            const float v53 = v39 / v31; // n41
-            const float v54 = v52 + v53; // n43
-            out1[i] = v54; // dx
+        const float v55 = v39 / v31; // n41
+        if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
+            const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_d43[4]; // gamma at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d43[0] = kf_w.x;
+                kf_d43[1] = kf_w.y;
+                kf_d43[2] = kf_w.z;
+                kf_d43[3] = kf_w.w;
+            }
+            float kf_d46[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
+                kf_d46[0] = kf_w.x;
+                kf_d46[1] = kf_w.y;
+                kf_d46[2] = kf_w.z;
+                kf_d46[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v40 = kf_c0[0]; // x f32
+                const float v41 = v40 - v6; // n6
+                const float v42 = v41 * v25; // n13
+                const float v44 = kf_d43[0]; // gamma f32
+                const float v45 = v42 * v44; // n14
+                const float v47 = kf_d46[0]; // beta f32
+                const float v48 = v45 + v47; // n15
+                kf_o0[0] = v48; // y
+                const float v49 = kf_c3[0]; // dy f32
+                const float v50 = v49 * v44; // n16
+                const float v51 = v50 * v25; // n17
+                const float v52 = v32 * v41; // n34
+                const float v53 = v51 + v52; // n35
+                const float v54 = v53 + v52; // n36
+                const float v56 = v54 + v55; // n43
+                kf_o1[0] = v56; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v57 = kf_c0[1]; // x f32
+                const float v58 = v57 - v6; // n6
+                const float v59 = v58 * v25; // n13
+                const float v60 = kf_d43[1]; // gamma f32
+                const float v61 = v59 * v60; // n14
+                const float v62 = kf_d46[1]; // beta f32
+                const float v63 = v61 + v62; // n15
+                kf_o0[1] = v63; // y
+                const float v64 = kf_c3[1]; // dy f32
+                const float v65 = v64 * v60; // n16
+                const float v66 = v65 * v25; // n17
+                const float v67 = v32 * v58; // n34
+                const float v68 = v66 + v67; // n35
+                const float v69 = v68 + v67; // n36
+                const float v70 = v69 + v55; // n43
+                kf_o1[1] = v70; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v71 = kf_c0[2]; // x f32
+                const float v72 = v71 - v6; // n6
+                const float v73 = v72 * v25; // n13
+                const float v74 = kf_d43[2]; // gamma f32
+                const float v75 = v73 * v74; // n14
+                const float v76 = kf_d46[2]; // beta f32
+                const float v77 = v75 + v76; // n15
+                kf_o0[2] = v77; // y
+                const float v78 = kf_c3[2]; // dy f32
+                const float v79 = v78 * v74; // n16
+                const float v80 = v79 * v25; // n17
+                const float v81 = v32 * v72; // n34
+                const float v82 = v80 + v81; // n35
+                const float v83 = v82 + v81; // n36
+                const float v84 = v83 + v55; // n43
+                kf_o1[2] = v84; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v85 = kf_c0[3]; // x f32
+                const float v86 = v85 - v6; // n6
+                const float v87 = v86 * v25; // n13
+                const float v88 = kf_d43[3]; // gamma f32
+                const float v89 = v87 * v88; // n14
+                const float v90 = kf_d46[3]; // beta f32
+                const float v91 = v89 + v90; // n15
+                kf_o0[3] = v91; // y
+                const float v92 = kf_c3[3]; // dy f32
+                const float v93 = v92 * v88; // n16
+                const float v94 = v93 * v25; // n17
+                const float v95 = v32 * v86; // n34
+                const float v96 = v94 + v95; // n35
+                const float v97 = v96 + v95; // n36
+                const float v98 = v97 + v55; // n43
+                kf_o1[3] = v98; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+        }
+        if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
+            const int kf_j = 4 * (lane + 1 * kf_g);
+            float kf_d102[4]; // gamma at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d102[0] = kf_w.x;
+                kf_d102[1] = kf_w.y;
+                kf_d102[2] = kf_w.z;
+                kf_d102[3] = kf_w.w;
+            }
+            float kf_d105[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
+                kf_d105[0] = kf_w.x;
+                kf_d105[1] = kf_w.y;
+                kf_d105[2] = kf_w.z;
+                kf_d105[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v99 = kf_c0[4]; // x f32
+                const float v100 = v99 - v6; // n6
+                const float v101 = v100 * v25; // n13
+                const float v103 = kf_d102[0]; // gamma f32
+                const float v104 = v101 * v103; // n14
+                const float v106 = kf_d105[0]; // beta f32
+                const float v107 = v104 + v106; // n15
+                kf_o0[0] = v107; // y
+                const float v108 = kf_c3[4]; // dy f32
+                const float v109 = v108 * v103; // n16
+                const float v110 = v109 * v25; // n17
+                const float v111 = v32 * v100; // n34
+                const float v112 = v110 + v111; // n35
+                const float v113 = v112 + v111; // n36
+                const float v114 = v113 + v55; // n43
+                kf_o1[0] = v114; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v115 = kf_c0[5]; // x f32
+                const float v116 = v115 - v6; // n6
+                const float v117 = v116 * v25; // n13
+                const float v118 = kf_d102[1]; // gamma f32
+                const float v119 = v117 * v118; // n14
+                const float v120 = kf_d105[1]; // beta f32
+                const float v121 = v119 + v120; // n15
+                kf_o0[1] = v121; // y
+                const float v122 = kf_c3[5]; // dy f32
+                const float v123 = v122 * v118; // n16
+                const float v124 = v123 * v25; // n17
+                const float v125 = v32 * v116; // n34
+                const float v126 = v124 + v125; // n35
+                const float v127 = v126 + v125; // n36
+                const float v128 = v127 + v55; // n43
+                kf_o1[1] = v128; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v129 = kf_c0[6]; // x f32
+                const float v130 = v129 - v6; // n6
+                const float v131 = v130 * v25; // n13
+                const float v132 = kf_d102[2]; // gamma f32
+                const float v133 = v131 * v132; // n14
+                const float v134 = kf_d105[2]; // beta f32
+                const float v135 = v133 + v134; // n15
+                kf_o0[2] = v135; // y
+                const float v136 = kf_c3[6]; // dy f32
+                const float v137 = v136 * v132; // n16
+                const float v138 = v137 * v25; // n17
+                const float v139 = v32 * v130; // n34
+                const float v140 = v138 + v139; // n35
+                const float v141 = v140 + v139; // n36
+                const float v142 = v141 + v55; // n43
+                kf_o1[2] = v142; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v143 = kf_c0[7]; // x f32
+                const float v144 = v143 - v6; // n6
+                const float v145 = v144 * v25; // n13
+                const float v146 = kf_d102[3]; // gamma f32
+                const float v147 = v145 * v146; // n14
+                const float v148 = kf_d105[3]; // beta f32
+                const float v149 = v147 + v148; // n15
+                kf_o0[3] = v149; // y
+                const float v150 = kf_c3[7]; // dy f32
+                const float v151 = v150 * v146; // n16
+                const float v152 = v151 * v25; // n17
+                const float v153 = v32 * v144; // n34
+                const float v154 = v152 + v153; // n35
+                const float v155 = v154 + v153; // n36
+                const float v156 = v155 + v55; // n43
+                kf_o1[3] = v156; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+        }
+        if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
+            const int kf_j = 4 * (lane + 2 * kf_g);
+            float kf_d160[4]; // gamma at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d160[0] = kf_w.x;
+                kf_d160[1] = kf_w.y;
+                kf_d160[2] = kf_w.z;
+                kf_d160[3] = kf_w.w;
+            }
+            float kf_d163[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
+                kf_d163[0] = kf_w.x;
+                kf_d163[1] = kf_w.y;
+                kf_d163[2] = kf_w.z;
+                kf_d163[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v157 = kf_c0[8]; // x f32
+                const float v158 = v157 - v6; // n6
+                const float v159 = v158 * v25; // n13
+                const float v161 = kf_d160[0]; // gamma f32
+                const float v162 = v159 * v161; // n14
+                const float v164 = kf_d163[0]; // beta f32
+                const float v165 = v162 + v164; // n15
+                kf_o0[0] = v165; // y
+                const float v166 = kf_c3[8]; // dy f32
+                const float v167 = v166 * v161; // n16
+                const float v168 = v167 * v25; // n17
+                const float v169 = v32 * v158; // n34
+                const float v170 = v168 + v169; // n35
+                const float v171 = v170 + v169; // n36
+                const float v172 = v171 + v55; // n43
+                kf_o1[0] = v172; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v173 = kf_c0[9]; // x f32
+                const float v174 = v173 - v6; // n6
+                const float v175 = v174 * v25; // n13
+                const float v176 = kf_d160[1]; // gamma f32
+                const float v177 = v175 * v176; // n14
+                const float v178 = kf_d163[1]; // beta f32
+                const float v179 = v177 + v178; // n15
+                kf_o0[1] = v179; // y
+                const float v180 = kf_c3[9]; // dy f32
+                const float v181 = v180 * v176; // n16
+                const float v182 = v181 * v25; // n17
+                const float v183 = v32 * v174; // n34
+                const float v184 = v182 + v183; // n35
+                const float v185 = v184 + v183; // n36
+                const float v186 = v185 + v55; // n43
+                kf_o1[1] = v186; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v187 = kf_c0[10]; // x f32
+                const float v188 = v187 - v6; // n6
+                const float v189 = v188 * v25; // n13
+                const float v190 = kf_d160[2]; // gamma f32
+                const float v191 = v189 * v190; // n14
+                const float v192 = kf_d163[2]; // beta f32
+                const float v193 = v191 + v192; // n15
+                kf_o0[2] = v193; // y
+                const float v194 = kf_c3[10]; // dy f32
+                const float v195 = v194 * v190; // n16
+                const float v196 = v195 * v25; // n17
+                const float v197 = v32 * v188; // n34
+                const float v198 = v196 + v197; // n35
+                const float v199 = v198 + v197; // n36
+                const float v200 = v199 + v55; // n43
+                kf_o1[2] = v200; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v201 = kf_c0[11]; // x f32
+                const float v202 = v201 - v6; // n6
+                const float v203 = v202 * v25; // n13
+                const float v204 = kf_d160[3]; // gamma f32
+                const float v205 = v203 * v204; // n14
+                const float v206 = kf_d163[3]; // beta f32
+                const float v207 = v205 + v206; // n15
+                kf_o0[3] = v207; // y
+                const float v208 = kf_c3[11]; // dy f32
+                const float v209 = v208 * v204; // n16
+                const float v210 = v209 * v25; // n17
+                const float v211 = v32 * v202; // n34
+                const float v212 = v210 + v211; // n35
+                const float v213 = v212 + v211; // n36
+                const float v214 = v213 + v55; // n43
+                kf_o1[3] = v214; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+        }
+        if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
+            const int kf_j = 4 * (lane + 3 * kf_g);
+            float kf_d218[4]; // gamma at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d218[0] = kf_w.x;
+                kf_d218[1] = kf_w.y;
+                kf_d218[2] = kf_w.z;
+                kf_d218[3] = kf_w.w;
+            }
+            float kf_d221[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
+                kf_d221[0] = kf_w.x;
+                kf_d221[1] = kf_w.y;
+                kf_d221[2] = kf_w.z;
+                kf_d221[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v215 = kf_c0[12]; // x f32
+                const float v216 = v215 - v6; // n6
+                const float v217 = v216 * v25; // n13
+                const float v219 = kf_d218[0]; // gamma f32
+                const float v220 = v217 * v219; // n14
+                const float v222 = kf_d221[0]; // beta f32
+                const float v223 = v220 + v222; // n15
+                kf_o0[0] = v223; // y
+                const float v224 = kf_c3[12]; // dy f32
+                const float v225 = v224 * v219; // n16
+                const float v226 = v225 * v25; // n17
+                const float v227 = v32 * v216; // n34
+                const float v228 = v226 + v227; // n35
+                const float v229 = v228 + v227; // n36
+                const float v230 = v229 + v55; // n43
+                kf_o1[0] = v230; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v231 = kf_c0[13]; // x f32
+                const float v232 = v231 - v6; // n6
+                const float v233 = v232 * v25; // n13
+                const float v234 = kf_d218[1]; // gamma f32
+                const float v235 = v233 * v234; // n14
+                const float v236 = kf_d221[1]; // beta f32
+                const float v237 = v235 + v236; // n15
+                kf_o0[1] = v237; // y
+                const float v238 = kf_c3[13]; // dy f32
+                const float v239 = v238 * v234; // n16
+                const float v240 = v239 * v25; // n17
+                const float v241 = v32 * v232; // n34
+                const float v242 = v240 + v241; // n35
+                const float v243 = v242 + v241; // n36
+                const float v244 = v243 + v55; // n43
+                kf_o1[1] = v244; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v245 = kf_c0[14]; // x f32
+                const float v246 = v245 - v6; // n6
+                const float v247 = v246 * v25; // n13
+                const float v248 = kf_d218[2]; // gamma f32
+                const float v249 = v247 * v248; // n14
+                const float v250 = kf_d221[2]; // beta f32
+                const float v251 = v249 + v250; // n15
+                kf_o0[2] = v251; // y
+                const float v252 = kf_c3[14]; // dy f32
+                const float v253 = v252 * v248; // n16
+                const float v254 = v253 * v25; // n17
+                const float v255 = v32 * v246; // n34
+                const float v256 = v254 + v255; // n35
+                const float v257 = v256 + v255; // n36
+                const float v258 = v257 + v55; // n43
+                kf_o1[2] = v258; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v259 = kf_c0[15]; // x f32
+                const float v260 = v259 - v6; // n6
+                const float v261 = v260 * v25; // n13
+                const float v262 = kf_d218[3]; // gamma f32
+                const float v263 = v261 * v262; // n14
+                const float v264 = kf_d221[3]; // beta f32
+                const float v265 = v263 + v264; // n15
+                kf_o0[3] = v265; // y
+                const float v266 = kf_c3[15]; // dy f32
+                const float v267 = v266 * v262; // n16
+                const float v268 = v267 * v25; // n17
+                const float v269 = v32 * v260; // n34
+                const float v270 = v268 + v269; // n35
+                const float v271 = v270 + v269; // n36
+                const float v272 = v271 + v55; // n43
+                kf_o1[3] = v272; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
     }
 }

@@ -41,7 +41,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -50,18 +50,124 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
+        double a187 = 0.0;
+        double a188 = 0.0;
+        double a189 = 0.0;
+        double a190 = 0.0;
+        #pragma unroll 4
+        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
+            const float v191 = in0[rowbase + j1]; // x f32
+            const float v192 = v191 * v191; // n3
+            a187 += (double)v192; a188 += 1.0;
+            const float v193 = in2[rowbase + j1]; // dy f32
+            const float v194 = in1[j1]; // weight f32
+            const float v195 = v193 * v194; // n11
+            const float v196 = v195 * v191; // n13
+            a189 += (double)v196;
+            const int v197 = (int)row; // n22
+            const bool v198 = v197 >= 0; // n24
+            if (v198) {
+                a190 += 1.0;
+            }
+        }
+        a187 = kf_row_sum(a187, kf_g, kf_rs); // over the row's lanes
+        a188 = kf_row_sum(a188, kf_g, kf_rs); // over the row's lanes
+        const float v199 = (float)(a187 / a188); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v199; // for a later kernel
+        a189 = kf_row_sum(a189, kf_g, kf_rs); // over the row's lanes
+        const float v200 = (float)a189; // n14 sum along the row, once per row
+        a190 = kf_row_sum(a190, kf_g, kf_rs); // over the row's lanes
+        const int v201 = (int)(long long)a190; // n25 count along the row, once per row
+        const float v203 = v199 + 1e-5f; // n7
+        const float v204 = rsqrtf(v203); // n8
+        const float v211 = v204 * v204; // n16
+        const float v212 = v211 * v204; // n17
+        const float v213 = v212 * (-0.5f); // n19
+        const float v214 = v200 * v213; // n20
+        const float v215 = (float)v201; // n26
+        const float v216 = v214 / v215; // n27
+        #pragma unroll 4
+        for (long long col = lane; col < kf_n; col += kf_g) {
+            const long long i = rowbase + col;
+            const float v202 = in0[i]; // x f32
+            const float v205 = v202 * v204; // n9
+            const float v206 = in1[col]; // weight f32
+            const float v207 = v205 * v206; // n10
+            out0[i] = v207; // y
+            const float v208 = in2[i]; // dy f32
+            const float v209 = v208 * v206; // n11
+            const float v210 = v209 * v204; // n12
+            const float v217 = v216 * v202; // n29
+            const float v218 = v210 + v217; // n30
+            const float v219 = v218 + v217; // n31
+            out1[i] = v219; // dx
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0_regs(
+    const float* __restrict__ in0, // x f32[B, D]
+    const float* __restrict__ in1, // weight f32[D]
+    const float* __restrict__ in2, // dy f32[B, D]
+    float* __restrict__ out0, // output y f32[B, D]
+    float* __restrict__ out1, // output dx f32[B, D]
+    float* __restrict__ tmp0, // n4 f32 [B] per row, written here for a later kernel
+    long long sz0, // size B
+    long long sz1 // size D
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // x in registers: the lane's columns of the row
+        float kf_c2[16]; // dy in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + rowbase + kf_j);
+                kf_c2[4 * kf_v + 0] = kf_w.x;
+                kf_c2[4 * kf_v + 1] = kf_w.y;
+                kf_c2[4 * kf_v + 2] = kf_w.z;
+                kf_c2[4 * kf_v + 3] = kf_w.w;
+            }
+        }
         double a0 = 0.0;
         double a1 = 0.0;
         double a2 = 0.0;
         double a3 = 0.0;
-        #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const float v4 = in0[rowbase + j0]; // x f32
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const float v4 = kf_c0[t0]; // x f32
             const float v5 = v4 * v4; // n3
-            a0 += (double)v5; a1 += 1.0;
-            const float v6 = in2[rowbase + j0]; // dy f32
+            a0 += (double)v5;
+            const float v6 = kf_c2[t0]; // dy f32
             const float v7 = in1[j0]; // weight f32
             const float v8 = v6 * v7; // n11
             const float v9 = v8 * v4; // n13
@@ -73,36 +179,336 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
             }
         }
         a0 = kf_row_sum(a0, kf_g, kf_rs); // over the row's lanes
-        a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
+        a1 = (double)kf_n; // the row's columns
         const float v12 = (float)(a0 / a1); // n4 mean along the row, once per row
         if (kf_live && lane == 0) tmp0[row] = v12; // for a later kernel
         a2 = kf_row_sum(a2, kf_g, kf_rs); // over the row's lanes
         const float v13 = (float)a2; // n14 sum along the row, once per row
         a3 = kf_row_sum(a3, kf_g, kf_rs); // over the row's lanes
         const int v14 = (int)(long long)a3; // n25 count along the row, once per row
-        #pragma unroll 4
-        for (long long col = lane; col < kf_n; col += kf_g) {
-            const long long i = rowbase + col;
-            const float v15 = in0[i]; // x f32
-            const float v16 = v12 + 1e-5f; // n7
-            const float v17 = rsqrtf(v16); // n8
-            const float v18 = v15 * v17; // n9
-            const float v19 = in1[col]; // weight f32
-            const float v20 = v18 * v19; // n10
-            out0[i] = v20; // y
-            const float v21 = in2[i]; // dy f32
-            const float v22 = v21 * v19; // n11
-            const float v23 = v22 * v17; // n12
-            const float v24 = v17 * v17; // n16
-            const float v25 = v24 * v17; // n17
-            const float v26 = v25 * (-0.5f); // n19
-            const float v27 = v13 * v26; // n20
-            const float v28 = (float)v14; // n26
-            const float v29 = v27 / v28; // n27
-            const float v30 = v29 * v15; // n29
-            const float v31 = v23 + v30; // n30
-            const float v32 = v31 + v30; // n31
-            out1[i] = v32; // dx
+        const float v16 = v12 + 1e-5f; // n7
+        const float v17 = rsqrtf(v16); // n8
+        const float v25 = v17 * v17; // n16
+        const float v26 = v25 * v17; // n17
+        const float v27 = v26 * (-0.5f); // n19
+        const float v28 = v13 * v27; // n20
+        const float v29 = (float)v14; // n26
+        const float v30 = v28 / v29; // n27
+        if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
+            const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_d19[4]; // weight at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d19[0] = kf_w.x;
+                kf_d19[1] = kf_w.y;
+                kf_d19[2] = kf_w.z;
+                kf_d19[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v15 = kf_c0[0]; // x f32
+                const float v18 = v15 * v17; // n9
+                const float v20 = kf_d19[0]; // weight f32
+                const float v21 = v18 * v20; // n10
+                kf_o0[0] = v21; // y
+                const float v22 = kf_c2[0]; // dy f32
+                const float v23 = v22 * v20; // n11
+                const float v24 = v23 * v17; // n12
+                const float v31 = v30 * v15; // n29
+                const float v32 = v24 + v31; // n30
+                const float v33 = v32 + v31; // n31
+                kf_o1[0] = v33; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v34 = kf_c0[1]; // x f32
+                const float v35 = v34 * v17; // n9
+                const float v36 = kf_d19[1]; // weight f32
+                const float v37 = v35 * v36; // n10
+                kf_o0[1] = v37; // y
+                const float v38 = kf_c2[1]; // dy f32
+                const float v39 = v38 * v36; // n11
+                const float v40 = v39 * v17; // n12
+                const float v41 = v30 * v34; // n29
+                const float v42 = v40 + v41; // n30
+                const float v43 = v42 + v41; // n31
+                kf_o1[1] = v43; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v44 = kf_c0[2]; // x f32
+                const float v45 = v44 * v17; // n9
+                const float v46 = kf_d19[2]; // weight f32
+                const float v47 = v45 * v46; // n10
+                kf_o0[2] = v47; // y
+                const float v48 = kf_c2[2]; // dy f32
+                const float v49 = v48 * v46; // n11
+                const float v50 = v49 * v17; // n12
+                const float v51 = v30 * v44; // n29
+                const float v52 = v50 + v51; // n30
+                const float v53 = v52 + v51; // n31
+                kf_o1[2] = v53; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v54 = kf_c0[3]; // x f32
+                const float v55 = v54 * v17; // n9
+                const float v56 = kf_d19[3]; // weight f32
+                const float v57 = v55 * v56; // n10
+                kf_o0[3] = v57; // y
+                const float v58 = kf_c2[3]; // dy f32
+                const float v59 = v58 * v56; // n11
+                const float v60 = v59 * v17; // n12
+                const float v61 = v30 * v54; // n29
+                const float v62 = v60 + v61; // n30
+                const float v63 = v62 + v61; // n31
+                kf_o1[3] = v63; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+        }
+        if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
+            const int kf_j = 4 * (lane + 1 * kf_g);
+            float kf_d66[4]; // weight at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d66[0] = kf_w.x;
+                kf_d66[1] = kf_w.y;
+                kf_d66[2] = kf_w.z;
+                kf_d66[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v64 = kf_c0[4]; // x f32
+                const float v65 = v64 * v17; // n9
+                const float v67 = kf_d66[0]; // weight f32
+                const float v68 = v65 * v67; // n10
+                kf_o0[0] = v68; // y
+                const float v69 = kf_c2[4]; // dy f32
+                const float v70 = v69 * v67; // n11
+                const float v71 = v70 * v17; // n12
+                const float v72 = v30 * v64; // n29
+                const float v73 = v71 + v72; // n30
+                const float v74 = v73 + v72; // n31
+                kf_o1[0] = v74; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v75 = kf_c0[5]; // x f32
+                const float v76 = v75 * v17; // n9
+                const float v77 = kf_d66[1]; // weight f32
+                const float v78 = v76 * v77; // n10
+                kf_o0[1] = v78; // y
+                const float v79 = kf_c2[5]; // dy f32
+                const float v80 = v79 * v77; // n11
+                const float v81 = v80 * v17; // n12
+                const float v82 = v30 * v75; // n29
+                const float v83 = v81 + v82; // n30
+                const float v84 = v83 + v82; // n31
+                kf_o1[1] = v84; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v85 = kf_c0[6]; // x f32
+                const float v86 = v85 * v17; // n9
+                const float v87 = kf_d66[2]; // weight f32
+                const float v88 = v86 * v87; // n10
+                kf_o0[2] = v88; // y
+                const float v89 = kf_c2[6]; // dy f32
+                const float v90 = v89 * v87; // n11
+                const float v91 = v90 * v17; // n12
+                const float v92 = v30 * v85; // n29
+                const float v93 = v91 + v92; // n30
+                const float v94 = v93 + v92; // n31
+                kf_o1[2] = v94; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v95 = kf_c0[7]; // x f32
+                const float v96 = v95 * v17; // n9
+                const float v97 = kf_d66[3]; // weight f32
+                const float v98 = v96 * v97; // n10
+                kf_o0[3] = v98; // y
+                const float v99 = kf_c2[7]; // dy f32
+                const float v100 = v99 * v97; // n11
+                const float v101 = v100 * v17; // n12
+                const float v102 = v30 * v95; // n29
+                const float v103 = v101 + v102; // n30
+                const float v104 = v103 + v102; // n31
+                kf_o1[3] = v104; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+        }
+        if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
+            const int kf_j = 4 * (lane + 2 * kf_g);
+            float kf_d107[4]; // weight at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d107[0] = kf_w.x;
+                kf_d107[1] = kf_w.y;
+                kf_d107[2] = kf_w.z;
+                kf_d107[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v105 = kf_c0[8]; // x f32
+                const float v106 = v105 * v17; // n9
+                const float v108 = kf_d107[0]; // weight f32
+                const float v109 = v106 * v108; // n10
+                kf_o0[0] = v109; // y
+                const float v110 = kf_c2[8]; // dy f32
+                const float v111 = v110 * v108; // n11
+                const float v112 = v111 * v17; // n12
+                const float v113 = v30 * v105; // n29
+                const float v114 = v112 + v113; // n30
+                const float v115 = v114 + v113; // n31
+                kf_o1[0] = v115; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v116 = kf_c0[9]; // x f32
+                const float v117 = v116 * v17; // n9
+                const float v118 = kf_d107[1]; // weight f32
+                const float v119 = v117 * v118; // n10
+                kf_o0[1] = v119; // y
+                const float v120 = kf_c2[9]; // dy f32
+                const float v121 = v120 * v118; // n11
+                const float v122 = v121 * v17; // n12
+                const float v123 = v30 * v116; // n29
+                const float v124 = v122 + v123; // n30
+                const float v125 = v124 + v123; // n31
+                kf_o1[1] = v125; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v126 = kf_c0[10]; // x f32
+                const float v127 = v126 * v17; // n9
+                const float v128 = kf_d107[2]; // weight f32
+                const float v129 = v127 * v128; // n10
+                kf_o0[2] = v129; // y
+                const float v130 = kf_c2[10]; // dy f32
+                const float v131 = v130 * v128; // n11
+                const float v132 = v131 * v17; // n12
+                const float v133 = v30 * v126; // n29
+                const float v134 = v132 + v133; // n30
+                const float v135 = v134 + v133; // n31
+                kf_o1[2] = v135; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v136 = kf_c0[11]; // x f32
+                const float v137 = v136 * v17; // n9
+                const float v138 = kf_d107[3]; // weight f32
+                const float v139 = v137 * v138; // n10
+                kf_o0[3] = v139; // y
+                const float v140 = kf_c2[11]; // dy f32
+                const float v141 = v140 * v138; // n11
+                const float v142 = v141 * v17; // n12
+                const float v143 = v30 * v136; // n29
+                const float v144 = v142 + v143; // n30
+                const float v145 = v144 + v143; // n31
+                kf_o1[3] = v145; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+        }
+        if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
+            const int kf_j = 4 * (lane + 3 * kf_g);
+            float kf_d148[4]; // weight at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d148[0] = kf_w.x;
+                kf_d148[1] = kf_w.y;
+                kf_d148[2] = kf_w.z;
+                kf_d148[3] = kf_w.w;
+            }
+            float kf_o0[4]; // the group's values of output 0
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v146 = kf_c0[12]; // x f32
+                const float v147 = v146 * v17; // n9
+                const float v149 = kf_d148[0]; // weight f32
+                const float v150 = v147 * v149; // n10
+                kf_o0[0] = v150; // y
+                const float v151 = kf_c2[12]; // dy f32
+                const float v152 = v151 * v149; // n11
+                const float v153 = v152 * v17; // n12
+                const float v154 = v30 * v146; // n29
+                const float v155 = v153 + v154; // n30
+                const float v156 = v155 + v154; // n31
+                kf_o1[0] = v156; // dx
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v157 = kf_c0[13]; // x f32
+                const float v158 = v157 * v17; // n9
+                const float v159 = kf_d148[1]; // weight f32
+                const float v160 = v158 * v159; // n10
+                kf_o0[1] = v160; // y
+                const float v161 = kf_c2[13]; // dy f32
+                const float v162 = v161 * v159; // n11
+                const float v163 = v162 * v17; // n12
+                const float v164 = v30 * v157; // n29
+                const float v165 = v163 + v164; // n30
+                const float v166 = v165 + v164; // n31
+                kf_o1[1] = v166; // dx
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v167 = kf_c0[14]; // x f32
+                const float v168 = v167 * v17; // n9
+                const float v169 = kf_d148[2]; // weight f32
+                const float v170 = v168 * v169; // n10
+                kf_o0[2] = v170; // y
+                const float v171 = kf_c2[14]; // dy f32
+                const float v172 = v171 * v169; // n11
+                const float v173 = v172 * v17; // n12
+                const float v174 = v30 * v167; // n29
+                const float v175 = v173 + v174; // n30
+                const float v176 = v175 + v174; // n31
+                kf_o1[2] = v176; // dx
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v177 = kf_c0[15]; // x f32
+                const float v178 = v177 * v17; // n9
+                const float v179 = kf_d148[3]; // weight f32
+                const float v180 = v178 * v179; // n10
+                kf_o0[3] = v180; // y
+                const float v181 = kf_c2[15]; // dy f32
+                const float v182 = v181 * v179; // n11
+                const float v183 = v182 * v17; // n12
+                const float v184 = v30 * v177; // n29
+                const float v185 = v183 + v184; // n30
+                const float v186 = v185 + v184; // n31
+                kf_o1[3] = v186; // dx
+            }
+            *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
     }
 }

@@ -102,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // mean n12 (n13)
@@ -114,22 +114,166 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        double a0 = __longlong_as_double(0xfff0000000000000ll);
+        double a20 = __longlong_as_double(0xfff0000000000000ll);
         #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const float v1 = in0[rowbase + j0]; // logits f32
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v21 = in0[rowbase + j3]; // logits f32
+            a20 = kf_max_f64(a20, (double)v21);
+        }
+        a20 = kf_row_max(a20, kf_g, kf_rs); // over the row's lanes
+        const float v22 = (float)a20; // n2 max along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v22; // for a later kernel
+        double a23 = 0.0;
+        #pragma unroll 4
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v24 = in0[rowbase + j4]; // logits f32
+            const float v25 = v24 - v22; // n4
+            const float v26 = expf(v25); // n5
+            a23 += (double)v26;
+        }
+        a23 = kf_row_sum(a23, kf_g, kf_rs); // over the row's lanes
+        const float v27 = (float)a23; // n6 sum along the row, once per row
+        if (kf_live && lane == 0) tmp2[row] = v27; // for a later kernel
+        double a28 = 0.0;
+        const float v32 = logf(v27); // n7
+        #pragma unroll 4
+        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
+            const float v29 = in1[rowbase + j5]; // targets f32
+            const float v30 = in0[rowbase + j5]; // logits f32
+            const float v31 = v30 - v22; // n4
+            const float v33 = v31 - v32; // n9
+            const float v34 = v29 * v33; // n10
+            a28 += (double)v34;
+        }
+        a28 = kf_row_sum(a28, kf_g, kf_rs); // over the row's lanes
+        const float v35 = (float)a28; // n11 sum along the row, once per row
+        if (kf_live && lane == 0) {
+            const float v36 = -v35; // n12
+            acc0 += (double)v36; acc1 += 1.0;
+            const long long v37 = i; // coordinate 0 of the domain
+            const int v38 = (int)v37; // n15
+            const bool v39 = v38 >= 0; // n17
+            if (v39) {
+                acc2 += 1.0;
+            }
+        }
+    }
+    // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
+    __shared__ double kf_smem[32];
+    __shared__ bool kf_last_block;
+    acc0 = kf_block_sum(acc0, kf_smem);
+    acc1 = kf_block_sum(acc1, kf_smem);
+    acc2 = kf_block_sum(acc2, kf_smem);
+    if (threadIdx.x == 0) {
+        partials[0u * gridDim.x + blockIdx.x] = acc0;
+        partials[1u * gridDim.x + blockIdx.x] = acc1;
+        partials[2u * gridDim.x + blockIdx.x] = acc2;
+        __threadfence(); // publish the partials before taking a ticket
+        kf_last_block = atomicAdd(counter, 1u) == gridDim.x - 1u;
+    }
+    __syncthreads();
+    if (!kf_last_block) return;
+    __threadfence();
+    // The last block folds all partials: thread t takes blocks t, t + blockDim.x, ... in order, then one
+    // block reduction; no float atomics, so the result is bit-identical for a given grid size.
+    double r0 = 0.0;
+    double r1 = 0.0;
+    double r2 = 0.0;
+    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        r0 += ((volatile double*)partials)[0u * gridDim.x + b];
+        r1 += ((volatile double*)partials)[1u * gridDim.x + b];
+        r2 += ((volatile double*)partials)[2u * gridDim.x + b];
+    }
+    r0 = kf_block_sum(r0, kf_smem);
+    r1 = kf_block_sum(r1, kf_smem);
+    r2 = kf_block_sum(r2, kf_smem);
+    if (threadIdx.x == 0) {
+        const float v40 = (float)(r0 / r1); // n13
+        out0[0] = v40; // output loss
+        const int v41 = (int)(long long)r2; // n18
+        const float v42 = (float)v41; // n19
+        const float v43 = 1.0f / v42; // n20
+        const float v44 = -v43; // n21
+        tmp0[0] = v44; // n21 for a later kernel
+        *counter = 0u; // self-resetting ticket: the next launch needs no memset
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0_regs(
+    const float* __restrict__ in0, // logits f32[B, C]
+    const float* __restrict__ in1, // targets f32[B, C]
+    float* __restrict__ out0, // output loss f32[]
+    float* __restrict__ tmp1, // n2 f32 [B] per row, written here for a later kernel
+    float* __restrict__ tmp2, // n6 f32 [B] per row, written here for a later kernel
+    float* __restrict__ tmp0, // n21 f32 scalar, written here for a later kernel
+    double* __restrict__ partials, // 3 f64 partial slots per block, slot-major
+    unsigned int* __restrict__ counter, // ticket: 0 at launch, left at 0
+    long long sz0, // size B
+    long long sz1 // size C
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    double acc0 = 0.0; // mean n12 (n13)
+    double acc1 = 0.0; // count of mean n12 (n13)
+    double acc2 = 0.0; // count n17 (n18)
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // logits in registers: the lane's columns of the row
+        float kf_c1[16]; // targets in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + rowbase + kf_j);
+                kf_c1[4 * kf_v + 0] = kf_w.x;
+                kf_c1[4 * kf_v + 1] = kf_w.y;
+                kf_c1[4 * kf_v + 2] = kf_w.z;
+                kf_c1[4 * kf_v + 3] = kf_w.w;
+            }
+        }
+        const long long i = row; // the row's element of the domain
+        double a0 = __longlong_as_double(0xfff0000000000000ll);
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const float v1 = kf_c0[t0]; // logits f32
             a0 = kf_max_f64(a0, (double)v1);
         }
         a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
         const float v2 = (float)a0; // n2 max along the row, once per row
         if (kf_live && lane == 0) tmp1[row] = v2; // for a later kernel
         double a3 = 0.0;
-        #pragma unroll 4
-        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v4 = in0[rowbase + j1]; // logits f32
+        #pragma unroll
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v4 = kf_c0[t1]; // logits f32
             const float v5 = v4 - v2; // n4
             const float v6 = expf(v5); // n5
             a3 += (double)v6;
@@ -139,10 +283,12 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
         if (kf_live && lane == 0) tmp2[row] = v7; // for a later kernel
         double a8 = 0.0;
         const float v12 = logf(v7); // n7
-        #pragma unroll 4
-        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
-            const float v9 = in1[rowbase + j2]; // targets f32
-            const float v10 = in0[rowbase + j2]; // logits f32
+        #pragma unroll
+        for (int t2 = 0; t2 < 16; ++t2) {
+            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
+            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
+            const float v9 = kf_c1[t2]; // targets f32
+            const float v10 = kf_c0[t2]; // logits f32
             const float v11 = v10 - v2; // n4
             const float v13 = v11 - v12; // n9
             const float v14 = v9 * v13; // n10
@@ -191,13 +337,13 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     r1 = kf_block_sum(r1, kf_smem);
     r2 = kf_block_sum(r2, kf_smem);
     if (threadIdx.x == 0) {
-        const float v20 = (float)(r0 / r1); // n13
-        out0[0] = v20; // output loss
-        const int v21 = (int)(long long)r2; // n18
-        const float v22 = (float)v21; // n19
-        const float v23 = 1.0f / v22; // n20
-        const float v24 = -v23; // n21
-        tmp0[0] = v24; // n21 for a later kernel
+        const float v40 = (float)(r0 / r1); // n13
+        out0[0] = v40; // output loss
+        const int v41 = (int)(long long)r2; // n18
+        const float v42 = (float)v41; // n19
+        const float v43 = 1.0f / v42; // n20
+        const float v44 = -v43; // n21
+        tmp0[0] = v44; // n21 for a later kernel
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -244,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
     // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
-    const long long lane = threadIdx.x & (kf_g - 1); // lane within the row's group
+    const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -253,19 +399,127 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
         const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
-        const long long kf_n = kf_live ? cols : 0; // the columns this group visits
+        const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
+        double a185 = 0.0;
+        double a186 = 0.0;
+        const float v187 = tmp0[0]; // n21 from an earlier kernel
+        const float v192 = tmp1[row]; // n2 per row, from an earlier kernel
+        #pragma unroll 4
+        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+            const float v188 = in1[rowbase + j2]; // targets f32
+            const float v189 = v187 * v188; // n22
+            const float v190 = -v189; // n23
+            a185 += (double)v190;
+            const float v191 = in0[rowbase + j2]; // logits f32
+            const bool v193 = v191 == v192; // n35
+            if (v193) {
+                a186 += 1.0;
+            }
+        }
+        a185 = kf_row_sum(a185, kf_g, kf_rs); // over the row's lanes
+        const float v194 = (float)a185; // n24 sum along the row, once per row
+        a186 = kf_row_sum(a186, kf_g, kf_rs); // over the row's lanes
+        const int v195 = (int)(long long)a186; // n36 count along the row, once per row
+        double a196 = 0.0;
+        const float v199 = tmp2[row]; // n6 per row, from an earlier kernel
+        const float v200 = v194 / v199; // n27
+        #pragma unroll 4
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v197 = in1[rowbase + j3]; // targets f32
+            const float v198 = v187 * v197; // n22
+            const float v201 = in0[rowbase + j3]; // logits f32
+            const float v202 = v201 - v192; // n4
+            const float v203 = expf(v202); // n5
+            const float v204 = v200 * v203; // n29
+            const float v205 = v198 + v204; // n30
+            const float v206 = -v205; // n31
+            a196 += (double)v206;
+        }
+        a196 = kf_row_sum(a196, kf_g, kf_rs); // over the row's lanes
+        const float v207 = (float)a196; // n32 sum along the row, once per row
+        const float v216 = (float)v195; // n37
+        const float v217 = v207 / v216; // n38
+        #pragma unroll 4
+        for (long long col = lane; col < kf_n; col += kf_g) {
+            const long long i = rowbase + col;
+            const float v208 = in1[i]; // targets f32
+            const float v209 = v187 * v208; // n22
+            const float v210 = in0[i]; // logits f32
+            const float v211 = v210 - v192; // n4
+            const float v212 = expf(v211); // n5
+            const float v213 = v200 * v212; // n29
+            const float v214 = v209 + v213; // n30
+            const bool v215 = v210 == v192; // n35
+            const float v218 = (v215 ? v217 : 0.0f); // n41
+            const float v219 = v214 + v218; // n42
+            out1[i] = v219; // dlogits
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1_regs(
+    const float* __restrict__ in0, // logits f32[B, C]
+    const float* __restrict__ in1, // targets f32[B, C]
+    float* __restrict__ out1, // output dlogits f32[B, C]
+    const float* __restrict__ tmp1, // n2 f32 [B] per row from an earlier kernel
+    const float* __restrict__ tmp2, // n6 f32 [B] per row from an earlier kernel
+    const float* __restrict__ tmp0, // n21 f32 scalar from an earlier kernel
+    long long sz0, // size B
+    long long sz1 // size C
+)
+{
+    const long long rows = sz0;
+    const long long cols = sz1;
+    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
+    int kf_g = 4;
+    while (kf_g < (int)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
+    const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
+    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Every thread of the block runs every step (the folds wait for the whole block); a group past
+    // the last row reads that row and stores nothing.
+    for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
+        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const bool kf_live = kf_rw < rows;
+        const long long row = kf_live ? kf_rw : rows - 1;
+        const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
+        const long long rowbase = row * cols;
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c1[16]; // targets in registers: the lane's columns of the row
+        float kf_c0[16]; // logits in registers: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in1 + rowbase + kf_j);
+                kf_c1[4 * kf_v + 0] = kf_w.x;
+                kf_c1[4 * kf_v + 1] = kf_w.y;
+                kf_c1[4 * kf_v + 2] = kf_w.z;
+                kf_c1[4 * kf_v + 3] = kf_w.w;
+            }
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+        }
         double a0 = 0.0;
         double a1 = 0.0;
         const float v2 = tmp0[0]; // n21 from an earlier kernel
         const float v7 = tmp1[row]; // n2 per row, from an earlier kernel
-        #pragma unroll 4
-        for (long long j0 = lane; j0 < kf_n; j0 += kf_g) {
-            const float v3 = in1[rowbase + j0]; // targets f32
+        #pragma unroll
+        for (int t0 = 0; t0 < 16; ++t0) {
+            if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
+            const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
+            const float v3 = kf_c1[t0]; // targets f32
             const float v4 = v2 * v3; // n22
             const float v5 = -v4; // n23
             a0 += (double)v5;
-            const float v6 = in0[rowbase + j0]; // logits f32
+            const float v6 = kf_c0[t0]; // logits f32
             const bool v8 = v6 == v7; // n35
             if (v8) {
                 a1 += 1.0;
@@ -278,11 +532,13 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
         double a11 = 0.0;
         const float v14 = tmp2[row]; // n6 per row, from an earlier kernel
         const float v15 = v9 / v14; // n27
-        #pragma unroll 4
-        for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v12 = in1[rowbase + j1]; // targets f32
+        #pragma unroll
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v12 = kf_c1[t1]; // targets f32
             const float v13 = v2 * v12; // n22
-            const float v16 = in0[rowbase + j1]; // logits f32
+            const float v16 = kf_c0[t1]; // logits f32
             const float v17 = v16 - v7; // n4
             const float v18 = expf(v17); // n5
             const float v19 = v15 * v18; // n29
@@ -292,22 +548,267 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
         }
         a11 = kf_row_sum(a11, kf_g, kf_rs); // over the row's lanes
         const float v22 = (float)a11; // n32 sum along the row, once per row
-        #pragma unroll 4
-        for (long long col = lane; col < kf_n; col += kf_g) {
-            const long long i = rowbase + col;
-            const float v23 = in1[i]; // targets f32
-            const float v24 = v2 * v23; // n22
-            const float v25 = in0[i]; // logits f32
-            const float v26 = v25 - v7; // n4
-            const float v27 = expf(v26); // n5
-            const float v28 = v15 * v27; // n29
-            const float v29 = v24 + v28; // n30
-            const bool v30 = v25 == v7; // n35
-            const float v31 = (float)v10; // n37
-            const float v32 = v22 / v31; // n38
-            const float v33 = (v30 ? v32 : 0.0f); // n41
-            const float v34 = v29 + v33; // n42
-            out1[i] = v34; // dlogits
+        const float v31 = (float)v10; // n37
+        const float v32 = v22 / v31; // n38
+        if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
+            const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v23 = kf_c1[0]; // targets f32
+                const float v24 = v2 * v23; // n22
+                const float v25 = kf_c0[0]; // logits f32
+                const float v26 = v25 - v7; // n4
+                const float v27 = expf(v26); // n5
+                const float v28 = v15 * v27; // n29
+                const float v29 = v24 + v28; // n30
+                const bool v30 = v25 == v7; // n35
+                const float v33 = (v30 ? v32 : 0.0f); // n41
+                const float v34 = v29 + v33; // n42
+                kf_o1[0] = v34; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v35 = kf_c1[1]; // targets f32
+                const float v36 = v2 * v35; // n22
+                const float v37 = kf_c0[1]; // logits f32
+                const float v38 = v37 - v7; // n4
+                const float v39 = expf(v38); // n5
+                const float v40 = v15 * v39; // n29
+                const float v41 = v36 + v40; // n30
+                const bool v42 = v37 == v7; // n35
+                const float v43 = (v42 ? v32 : 0.0f); // n41
+                const float v44 = v41 + v43; // n42
+                kf_o1[1] = v44; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v45 = kf_c1[2]; // targets f32
+                const float v46 = v2 * v45; // n22
+                const float v47 = kf_c0[2]; // logits f32
+                const float v48 = v47 - v7; // n4
+                const float v49 = expf(v48); // n5
+                const float v50 = v15 * v49; // n29
+                const float v51 = v46 + v50; // n30
+                const bool v52 = v47 == v7; // n35
+                const float v53 = (v52 ? v32 : 0.0f); // n41
+                const float v54 = v51 + v53; // n42
+                kf_o1[2] = v54; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v55 = kf_c1[3]; // targets f32
+                const float v56 = v2 * v55; // n22
+                const float v57 = kf_c0[3]; // logits f32
+                const float v58 = v57 - v7; // n4
+                const float v59 = expf(v58); // n5
+                const float v60 = v15 * v59; // n29
+                const float v61 = v56 + v60; // n30
+                const bool v62 = v57 == v7; // n35
+                const float v63 = (v62 ? v32 : 0.0f); // n41
+                const float v64 = v61 + v63; // n42
+                kf_o1[3] = v64; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
+        }
+        if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
+            const int kf_j = 4 * (lane + 1 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v65 = kf_c1[4]; // targets f32
+                const float v66 = v2 * v65; // n22
+                const float v67 = kf_c0[4]; // logits f32
+                const float v68 = v67 - v7; // n4
+                const float v69 = expf(v68); // n5
+                const float v70 = v15 * v69; // n29
+                const float v71 = v66 + v70; // n30
+                const bool v72 = v67 == v7; // n35
+                const float v73 = (v72 ? v32 : 0.0f); // n41
+                const float v74 = v71 + v73; // n42
+                kf_o1[0] = v74; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v75 = kf_c1[5]; // targets f32
+                const float v76 = v2 * v75; // n22
+                const float v77 = kf_c0[5]; // logits f32
+                const float v78 = v77 - v7; // n4
+                const float v79 = expf(v78); // n5
+                const float v80 = v15 * v79; // n29
+                const float v81 = v76 + v80; // n30
+                const bool v82 = v77 == v7; // n35
+                const float v83 = (v82 ? v32 : 0.0f); // n41
+                const float v84 = v81 + v83; // n42
+                kf_o1[1] = v84; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v85 = kf_c1[6]; // targets f32
+                const float v86 = v2 * v85; // n22
+                const float v87 = kf_c0[6]; // logits f32
+                const float v88 = v87 - v7; // n4
+                const float v89 = expf(v88); // n5
+                const float v90 = v15 * v89; // n29
+                const float v91 = v86 + v90; // n30
+                const bool v92 = v87 == v7; // n35
+                const float v93 = (v92 ? v32 : 0.0f); // n41
+                const float v94 = v91 + v93; // n42
+                kf_o1[2] = v94; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v95 = kf_c1[7]; // targets f32
+                const float v96 = v2 * v95; // n22
+                const float v97 = kf_c0[7]; // logits f32
+                const float v98 = v97 - v7; // n4
+                const float v99 = expf(v98); // n5
+                const float v100 = v15 * v99; // n29
+                const float v101 = v96 + v100; // n30
+                const bool v102 = v97 == v7; // n35
+                const float v103 = (v102 ? v32 : 0.0f); // n41
+                const float v104 = v101 + v103; // n42
+                kf_o1[3] = v104; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
+        }
+        if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
+            const int kf_j = 4 * (lane + 2 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v105 = kf_c1[8]; // targets f32
+                const float v106 = v2 * v105; // n22
+                const float v107 = kf_c0[8]; // logits f32
+                const float v108 = v107 - v7; // n4
+                const float v109 = expf(v108); // n5
+                const float v110 = v15 * v109; // n29
+                const float v111 = v106 + v110; // n30
+                const bool v112 = v107 == v7; // n35
+                const float v113 = (v112 ? v32 : 0.0f); // n41
+                const float v114 = v111 + v113; // n42
+                kf_o1[0] = v114; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v115 = kf_c1[9]; // targets f32
+                const float v116 = v2 * v115; // n22
+                const float v117 = kf_c0[9]; // logits f32
+                const float v118 = v117 - v7; // n4
+                const float v119 = expf(v118); // n5
+                const float v120 = v15 * v119; // n29
+                const float v121 = v116 + v120; // n30
+                const bool v122 = v117 == v7; // n35
+                const float v123 = (v122 ? v32 : 0.0f); // n41
+                const float v124 = v121 + v123; // n42
+                kf_o1[1] = v124; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v125 = kf_c1[10]; // targets f32
+                const float v126 = v2 * v125; // n22
+                const float v127 = kf_c0[10]; // logits f32
+                const float v128 = v127 - v7; // n4
+                const float v129 = expf(v128); // n5
+                const float v130 = v15 * v129; // n29
+                const float v131 = v126 + v130; // n30
+                const bool v132 = v127 == v7; // n35
+                const float v133 = (v132 ? v32 : 0.0f); // n41
+                const float v134 = v131 + v133; // n42
+                kf_o1[2] = v134; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v135 = kf_c1[11]; // targets f32
+                const float v136 = v2 * v135; // n22
+                const float v137 = kf_c0[11]; // logits f32
+                const float v138 = v137 - v7; // n4
+                const float v139 = expf(v138); // n5
+                const float v140 = v15 * v139; // n29
+                const float v141 = v136 + v140; // n30
+                const bool v142 = v137 == v7; // n35
+                const float v143 = (v142 ? v32 : 0.0f); // n41
+                const float v144 = v141 + v143; // n42
+                kf_o1[3] = v144; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
+        }
+        if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
+            const int kf_j = 4 * (lane + 3 * kf_g);
+            float kf_o1[4]; // the group's values of output 1
+            {
+                const int col = kf_j + 0;
+                const long long i = rowbase + col;
+                const float v145 = kf_c1[12]; // targets f32
+                const float v146 = v2 * v145; // n22
+                const float v147 = kf_c0[12]; // logits f32
+                const float v148 = v147 - v7; // n4
+                const float v149 = expf(v148); // n5
+                const float v150 = v15 * v149; // n29
+                const float v151 = v146 + v150; // n30
+                const bool v152 = v147 == v7; // n35
+                const float v153 = (v152 ? v32 : 0.0f); // n41
+                const float v154 = v151 + v153; // n42
+                kf_o1[0] = v154; // dlogits
+            }
+            {
+                const int col = kf_j + 1;
+                const long long i = rowbase + col;
+                const float v155 = kf_c1[13]; // targets f32
+                const float v156 = v2 * v155; // n22
+                const float v157 = kf_c0[13]; // logits f32
+                const float v158 = v157 - v7; // n4
+                const float v159 = expf(v158); // n5
+                const float v160 = v15 * v159; // n29
+                const float v161 = v156 + v160; // n30
+                const bool v162 = v157 == v7; // n35
+                const float v163 = (v162 ? v32 : 0.0f); // n41
+                const float v164 = v161 + v163; // n42
+                kf_o1[1] = v164; // dlogits
+            }
+            {
+                const int col = kf_j + 2;
+                const long long i = rowbase + col;
+                const float v165 = kf_c1[14]; // targets f32
+                const float v166 = v2 * v165; // n22
+                const float v167 = kf_c0[14]; // logits f32
+                const float v168 = v167 - v7; // n4
+                const float v169 = expf(v168); // n5
+                const float v170 = v15 * v169; // n29
+                const float v171 = v166 + v170; // n30
+                const bool v172 = v167 == v7; // n35
+                const float v173 = (v172 ? v32 : 0.0f); // n41
+                const float v174 = v171 + v173; // n42
+                kf_o1[2] = v174; // dlogits
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v175 = kf_c1[15]; // targets f32
+                const float v176 = v2 * v175; // n22
+                const float v177 = kf_c0[15]; // logits f32
+                const float v178 = v177 - v7; // n4
+                const float v179 = expf(v178); // n5
+                const float v180 = v15 * v179; // n29
+                const float v181 = v176 + v180; // n30
+                const bool v182 = v177 == v7; // n35
+                const float v183 = (v182 ? v32 : 0.0f); // n41
+                const float v184 = v181 + v183; // n42
+                kf_o1[3] = v184; // dlogits
+            }
+            *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
     }
 }

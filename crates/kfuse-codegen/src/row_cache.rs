@@ -1,0 +1,195 @@
+//! Rows kept in registers: a row-wise kernel whose rows fit its lanes' registers (at most
+//! [`ROW_CACHE_SLOTS`] columns a lane), whose row length is a multiple of [`VECTOR`] and whose
+//! buffers are aligned to vectors of it, loads each row-shaped input of a row once, a vector at
+//! a time, into an array per lane; every phase's pass and the body read the array instead of
+//! memory. The body runs the lane's columns in groups of [`VECTOR`] consecutive ones: inputs
+//! read at the column alone (a weight shaped like the row) are loaded once a group, and outputs
+//! shaped like the rows are stored once a group, each as one vector.
+//!
+//! Slot `t` of a lane holds column `VECTOR * (lane + (t / VECTOR) * kf_g) + t % VECTOR`: the
+//! group's lanes read consecutive vectors. A reduction adds a lane's columns in slot order, so
+//! its bits depend on the row length, the block and whether the branch is taken (the alignment
+//! of the buffers, which picks the entry point), and are the same from run to run.
+//!
+//! The emitter asks [`RowCache::slot`], [`Group`] and [`RowCache::group_load_lines`] at each
+//! load and store; the shape puts the loads ([`RowCache::preload`]) before the passes once it
+//! knows which inputs were read. The kernel is a second entry point beside the one for any row,
+//! so that each is allocated its own registers; the executor picks it where the rows fit, their
+//! length is a multiple of [`VECTOR`] and the buffers in [`RowCache::vectors`] are aligned (see
+//! `plan::RegisterRows`).
+//!
+//! Not handled here: the passes (see `shapes::row_wise`), the entry points (see `kernel`).
+
+use kfuse_ir::{DType, Graph};
+
+use crate::cuda;
+
+/// The columns a lane keeps in registers, at most: rows of up to `kf_g * ROW_CACHE_SLOTS`
+/// columns (4096 at 256 threads a block) can take the entry point for rows in registers.
+pub const ROW_CACHE_SLOTS: u32 = 16;
+
+/// The columns of one vector load or store.
+pub const VECTOR: u32 = 4;
+
+/// The groups of [`VECTOR`] columns a lane keeps.
+pub const ROW_CACHE_GROUPS: u32 = ROW_CACHE_SLOTS / VECTOR;
+
+/// The row-shaped inputs a kernel keeps in registers, at most (each takes
+/// [`ROW_CACHE_SLOTS`] registers a lane); later ones are read from memory.
+const MAX_CACHED_INPUTS: usize = 3;
+
+/// The cached branch's state while it is emitted.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RowCache {
+    /// The row loops (`l` of `j<l>`) whose column is the lane's slot `t<l>`.
+    pub loops: Vec<u32>,
+    /// In the body's column block: its slot (a literal).
+    pub body: Option<String>,
+    /// The inputs read through the cache, in first-use order.
+    pub inputs: Vec<u32>,
+    /// In the body: the group of columns being emitted.
+    pub group: Option<Group>,
+    /// The buffers accessed a vector at a time (`in<k>`, `out<o>`) with the vector's bytes:
+    /// the entry point is launched only where they are aligned to it.
+    pub vectors: Vec<(String, u64)>,
+}
+
+/// The group of columns of the body being emitted (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Group {
+    /// The column of the group being emitted (`kf_j + q`).
+    pub q: u32,
+    /// The emitter's depth of the group's block and of its column's block (where an output's
+    /// store is unconditional).
+    pub depth: usize,
+    pub column_depth: usize,
+    /// The outputs stored through the group, with their dtypes.
+    pub outputs: Vec<(usize, DType)>,
+}
+
+impl RowCache {
+    /// The register that holds input `input` at slot `slot`, recording the input; `None` when
+    /// the cache is full.
+    pub fn slot(&mut self, input: u32, slot: &str) -> Option<String> {
+        if !self.inputs.contains(&input) {
+            if self.inputs.len() == MAX_CACHED_INPUTS {
+                return None;
+            }
+            self.inputs.push(input);
+        }
+        Some(format!("kf_c{input}[{slot}]"))
+    }
+
+    /// The header of a cached loop `l` over the lane's slots `t<l>`, with the column `j<l>` of
+    /// each; the loop stops at the first group past the row.
+    pub fn loop_header(&mut self, l: u32) -> String {
+        self.loops.push(l);
+        let t = format!("t{l}");
+        format!(
+            "#pragma unroll\nfor (int {t} = 0; {t} < {ROW_CACHE_SLOTS}; ++{t}) {{\n    if ({VECTOR} * (lane + ({t} / {VECTOR}) * kf_g) >= kf_n) break;\n    const int j{l} = {VECTOR} * (lane + ({t} / {VECTOR}) * kf_g) + {t} % {VECTOR};"
+        )
+    }
+
+    /// The slot variable of loop `l`, when it is a cached loop.
+    pub fn loop_slot(&self, l: u32) -> Option<String> {
+        self.loops.contains(&l).then(|| format!("t{l}"))
+    }
+
+    /// Records buffer `ptr` as accessed a vector of `dtype` at a time, and returns the vector
+    /// type (`None` for a dtype without one: it is accessed a column at a time).
+    fn vector(&mut self, ptr: String, dtype: DType) -> Option<&'static str> {
+        let vty = cuda::vector_type(dtype, u64::from(VECTOR))?;
+        if !self.vectors.iter().any(|(p, _)| *p == ptr) {
+            self.vectors.push((ptr, u64::from(VECTOR) * dtype.size_bytes() as u64));
+        }
+        Some(vty)
+    }
+
+    /// The loads of `VECTOR` elements of `ptr` (of `dtype`) at `at` into `slot(q)`.
+    fn group_loads(&mut self, dtype: DType, ptr: &str, at: &str, slot: impl Fn(u32) -> String) -> Vec<String> {
+        match self.vector(ptr.to_string(), dtype) {
+            Some(vty) => {
+                let mut lines = vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>({ptr} + {at});")];
+                for q in 0..VECTOR {
+                    let e = cuda::vector_extract("kf_w", dtype, u64::from(VECTOR), u64::from(q));
+                    lines.push(format!("{} = {e};", slot(q)));
+                }
+                lines
+            }
+            None => (0..VECTOR)
+                .map(|q| format!("{} = {};", slot(q), cuda::load_conversion(dtype, &format!("{ptr}[{at} + {q}]"))))
+                .collect(),
+        }
+    }
+
+    /// The declarations and the loads of the cached inputs, issued together before the first
+    /// pass (each lane's loads of the whole row in flight at once).
+    pub fn preload(&mut self, g: &Graph) -> Vec<String> {
+        let mut lines = vec!["// The row fits the lanes' registers: each row-shaped input is loaded once.".to_string()];
+        let mut loads = Vec::new();
+        for k in self.inputs.clone() {
+            let dtype: DType = g.inputs[k as usize].dtype;
+            let ty = cuda::value_type(dtype);
+            lines.push(format!(
+                "{ty} kf_c{k}[{ROW_CACHE_SLOTS}]; // {} in registers: the lane's columns of the row",
+                g.inputs[k as usize].name
+            ));
+            loads.push("{".to_string());
+            let body = self
+                .group_loads(dtype, &format!("in{k}"), "rowbase + kf_j", |q| format!("kf_c{k}[{VECTOR} * kf_v + {q}]"));
+            loads.extend(body.into_iter().map(|l| format!("    {l}")));
+            loads.push("}".to_string());
+        }
+        lines.push("#pragma unroll".to_string());
+        lines.push(format!("for (int kf_v = 0; kf_v < {ROW_CACHE_GROUPS}; ++kf_v) {{"));
+        lines.push(format!("    const int kf_j = {VECTOR} * (lane + kf_v * kf_g);"));
+        lines.push("    if (kf_j >= kf_n) break;".to_string());
+        lines.extend(loads.into_iter().map(|l| format!("    {l}")));
+        lines.push("}".to_string());
+        lines
+    }
+
+    /// The header of the body's group `v` of columns, and its first statement.
+    pub fn group_header(v: u32) -> (String, String) {
+        (
+            format!("if ({VECTOR} * (lane + {v} * kf_g) < kf_n) {{ // the lane's group {v} of {VECTOR} columns"),
+            format!("const int kf_j = {VECTOR} * (lane + {v} * kf_g);"),
+        )
+    }
+
+    /// The statements that start column `q` of the group.
+    pub fn column_start(q: u32) -> Vec<String> {
+        vec![format!("const int col = kf_j + {q};"), "const long long i = rowbase + col;".to_string()]
+    }
+
+    /// The declaration and loads of input `k` (of `dtype`, read at the column alone) at the
+    /// group's columns into the array `name`.
+    pub fn group_load_lines(&mut self, k: u32, dtype: DType, name: &str, note: &str) -> Vec<String> {
+        let ty = cuda::value_type(dtype);
+        let mut lines = vec![format!("{ty} {name}[{VECTOR}]; // {note} at the group's columns")];
+        lines.push("{".to_string());
+        let loads = self.group_loads(dtype, &format!("in{k}"), "kf_j", |q| format!("{name}[{q}]"));
+        lines.extend(loads.into_iter().map(|l| format!("    {l}")));
+        lines.push("}".to_string());
+        lines
+    }
+
+    /// The store of output `o` (of `dtype`) at the group's columns from the array `kf_o<o>`.
+    pub fn group_stores(&mut self, o: usize, dtype: DType, note: &str) -> Vec<String> {
+        let values: Vec<String> = (0..VECTOR).map(|q| format!("kf_o{o}[{q}]")).collect();
+        match self.vector(format!("out{o}"), dtype) {
+            Some(vty) => vec![format!(
+                "*reinterpret_cast<{vty}*>(out{o} + rowbase + kf_j) = {}; // {note}",
+                cuda::vector_pack(dtype, &values)
+            )],
+            None => (0..VECTOR)
+                .map(|q| {
+                    format!(
+                        "out{o}[rowbase + kf_j + {q}] = {}; // {note}",
+                        cuda::store_conversion(dtype, &values[q as usize])
+                    )
+                })
+                .collect(),
+        }
+    }
+}
