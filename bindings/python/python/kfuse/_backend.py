@@ -208,7 +208,7 @@ class _Region(torch.nn.Module):
         self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
         self.inputs = lowered.inputs
         self.symbols = lowered.symbols
-        self.expand = [(i, full) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
+        self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
 
     def forward(self, *args):
         try:
@@ -219,9 +219,9 @@ class _Region(torch.nn.Module):
         if not self.expand:
             return tuple(outs)
         outs = list(outs)
-        for i, full in self.expand:
+        for i, full, view in self.expand:
             size = [d if isinstance(d, int) else args[self.symbols[d][0]].shape[self.symbols[d][1]] for d in full]
-            outs[i] = outs[i].expand(size)
+            outs[i] = outs[i].expand(size) if view else outs[i].expand(size).contiguous()
         return tuple(outs)
 
 

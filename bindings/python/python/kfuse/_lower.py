@@ -576,10 +576,13 @@ def supported(node):
 class Lowered:
     """A region as ``.kf`` text: `inputs` are (placeholder position, input name), `outputs` per
     region output its torch shape tokens and whether the program's result needs expanding to it;
-    `symbols` maps each symbol to (placeholder position, axis) to read its size at run time."""
+    `symbols` maps each symbol to (placeholder position, axis) to read its size at run time;
+    `views` holds the outputs torch itself gives as broadcast views (a zero stride): the others are
+    written in full once expanded (a caller may write into them, as into `zeros_like`'s)."""
 
-    def __init__(self, text, inputs, outputs, symbols, ops):
+    def __init__(self, text, inputs, outputs, symbols, ops, views=frozenset()):
         self.text, self.inputs, self.outputs, self.symbols, self.ops = text, inputs, outputs, symbols, ops
+        self.views = views
 
 
 def lower_region(gm):
@@ -645,4 +648,5 @@ def lower_region(gm):
         lines.append(f"output o{i} = {v.text}")
         full = shape_tokens(fake(o))
         outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
-    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops)
+    views = frozenset(i for i, o in enumerate(outs) if any(isinstance(st, int) and st == 0 for st in fake(o).stride()))
+    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops, views)
