@@ -553,6 +553,20 @@ def check_tensor(t, what):
     shape_tokens(t)
 
 
+def size_value(d, names):
+    """The value of a size passed as a scalar (a SymInt of dynamic shapes, as `N` in layer norm's
+    backward): kfuse's `size` of the symbol, which an input of the region must have as an axis
+    (`names`: token -> symbol name; None when that is checked later)."""
+    tok = dim_token(d)
+    if isinstance(tok, int):
+        return V(literal(tok), (), None, scalar=True)
+    if names is None:
+        return V(f"size({tok})", (), "i32")
+    if tok not in names:
+        raise Refused(f"the size `{d}` is no axis of the region's inputs")
+    return V(f"size({names[tok]})", (), "i32")
+
+
 def supported(node):
     """None if kfuse can express `node` alone (its operands at their full shapes), else the
     reason it cannot."""
@@ -565,6 +579,8 @@ def supported(node):
             if t is not None:
                 check_tensor(t, f"`{x.name}`")
                 values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
+            elif isinstance(x.meta.get("val"), torch.SymInt):
+                values[x] = size_value(x.meta["val"], None)
         rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype), partial=True))
     except Refused as e:
         return str(e)
@@ -591,6 +607,7 @@ def lower_region(gm):
     has the same text (and program)."""
     decls, lines, values, inputs, symbols, ops = [], [], {}, [], {}, []
     names = {}  # token -> the symbol's name in the text
+    sizes = []  # placeholders of sizes, not yet given a value
     outputs_node = None
     devices = set()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -598,7 +615,9 @@ def lower_region(gm):
         if node.op == "placeholder":
             t = fake(node)
             if t is None:
-                continue  # a size argument: read by no rule
+                if isinstance(node.meta.get("val"), torch.SymInt):
+                    sizes.append(node)  # a size argument: its symbol's name is known once all inputs are
+                continue
             name = f"a{len(inputs)}"
             tokens = shape_tokens(t)
             devices.add(t.device)
@@ -611,6 +630,12 @@ def lower_region(gm):
             values[node] = V(name, tokens, kf_dtype(t.dtype))
             inputs.append((placeholders.index(node), name))
         elif node.op == "call_function":
+            for x in sizes:
+                try:
+                    values[x] = size_value(x.meta["val"], names)
+                except Refused:
+                    pass  # a rule that reads it says why
+            sizes = []
             try:
                 rule, a = rule_of(node)
                 t = fake(node)
