@@ -611,7 +611,9 @@ def lower_region(gm):
     outputs_node = None
     devices = set()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node in gm.graph.nodes:
+    # Every input first: a submodule's placeholders come where a node first reads them, and a
+    # rule may read an input's shape before that (arange's `iota`).
+    for node in placeholders + [n for n in gm.graph.nodes if n.op != "placeholder"]:
         if node.op == "placeholder":
             t = fake(node)
             if t is None:
