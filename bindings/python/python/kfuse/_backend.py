@@ -1,7 +1,8 @@
 """kfuse as a ``torch.compile`` backend: ``torch.compile(fn, backend="kfuse")``.
 
 AOTAutograd traces the forward and the backward into aten graphs (with PyTorch's core
-decompositions, so losses and activation backwards arrive as pointwise aten ops). In each graph
+decompositions and :mod:`kfuse._decomp`'s, so losses, norms and activation backwards arrive as
+pointwise aten ops and reductions). In each graph
 a capability-based partitioner groups the ops kfuse expresses (:mod:`kfuse._lower`) into
 regions; each region becomes one ``.kf`` program, compiled once per text (the programs are
 generic over the symbols' sizes) and called in place of the region: CPU tensors through the
@@ -15,7 +16,6 @@ import operator
 import threading
 
 import torch
-from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -23,6 +23,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
 from . import _lower
+from ._decomp import decompositions
 from ._errors import Error
 from ._program import compile as _compile_kf
 
@@ -207,7 +208,7 @@ class _Region(torch.nn.Module):
         self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
         self.inputs = lowered.inputs
         self.symbols = lowered.symbols
-        self.expand = [(i, full) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
+        self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
 
     def forward(self, *args):
         try:
@@ -218,9 +219,9 @@ class _Region(torch.nn.Module):
         if not self.expand:
             return tuple(outs)
         outs = list(outs)
-        for i, full in self.expand:
+        for i, full, view in self.expand:
             size = [d if isinstance(d, int) else args[self.symbols[d][0]].shape[self.symbols[d][1]] for d in full]
-            outs[i] = outs[i].expand(size)
+            outs[i] = outs[i].expand(size) if view else outs[i].expand(size).contiguous()
         return tuple(outs)
 
 
@@ -264,7 +265,7 @@ def _aot(report):
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=core_aten_decompositions(),
+        decompositions=decompositions(),
     )
 
 

@@ -307,6 +307,65 @@ def _reduce(fn):
     return rule
 
 
+def _drop_leading_ones(src, x, count, ctx):
+    """`x` (the value of node `src`) without its first `count` axes, all of size 1 in the text
+    (the text has no view that removes leading axes). A reduction with `keepdim` (a weight's
+    gradient summed over the batch axes, then viewed as the weight) is written again without
+    it; another value is summed over those axes, one element each."""
+    if isinstance(src, torch.fx.Node) and src.op == "call_function":
+        packet = getattr(src.target, "overloadpacket", None)
+        if packet in _REDUCTIONS and bind(src).get("keepdim"):
+            try:
+                text, shape = RULES[packet](src, dict(bind(src), keepdim=False), _Ctx(ctx.values, x.dtype, ctx.partial))
+            except Refused:  # its operand is not in the region (`supported` sees one node)
+                text, shape = None, None
+            if shape == x.shape[count:]:
+                return text, shape
+    if x.dtype == "bool":
+        raise Refused("a view that removes leading size-1 axes of a bool value")
+    axes = "[" + ", ".join(str(i) for i in range(count)) + "]"
+    return f"sum({x.text}, axis: {axes})", x.shape[count:]
+
+
+def _arange(node, a, ctx):
+    """`arange(start, end, step)`: its elements written out when its length is a constant of
+    at most :data:`MAX_CONST_DIM` (a component axis: what `select`'s and `unbind`'s backward
+    compare with an index), else kfuse's `iota` along an axis of that length of a tensor of the
+    region (only that tensor's shape is read)."""
+    start, step = a.get("start") or 0, a.get("step")
+    step = 1 if step is None else step
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (start, step)):
+        raise Refused("an arange whose start or step is not a constant")
+    out = ctx.out_dtype
+    if out in ("f32", "f16", "bf16") and not all(float(v).is_integer() for v in (start, step)):
+        raise Refused("an arange with a fractional start or step (torch rounds each element from float64)")
+    n = ctx.shape_of(node)[0]
+    if isinstance(n, int):
+        if n == 0:
+            raise Refused("an empty arange")
+        return "stack(" + ", ".join(literal(start + i * step) for i in range(n)) + ")", (n,)
+    for v in ctx.values.values():
+        if n in v.shape:
+            k = v.shape.index(n)
+            others = [i for i in range(len(v.shape)) if i != k]
+            shaped = v.text
+            if others:
+                fn = "count" if v.dtype == "bool" else "sum"
+                shaped = f"{fn}({v.text}, axis: [{', '.join(map(str, others))}])"
+            text = f"{out}(iota({shaped}, axis: 0))"
+            if step != 1:
+                text = f"{text} * {literal(step)}"
+            if start != 0:
+                text = f"{text} + {literal(start)}"
+            return text, (n,)
+    if ctx.partial:
+        return "0", (n,)  # whether a tensor of the region has this length is known with the region
+    raise Refused(
+        f"an arange of length {n}, which no tensor of its region has as an axis: kfuse builds index ranges as "
+        f"`iota` along an axis of a tensor (and writes out constant lengths up to {MAX_CONST_DIM})"
+    )
+
+
 def _reshape_by_shapes(node, a, ctx):
     """A view that adds or removes size-1 axes only where the text can follow it."""
     src = a["self"]
@@ -322,8 +381,10 @@ def _reshape_by_shapes(node, a, ctx):
     lead = len(after) - len(before)
     if lead > 0 and after[lead:] == before and set(after[:lead]) == {1}:
         return x.text, x.shape
-    if lead < 0 and before[-lead:] == after and set(before[:-lead]) == {1} and k <= len(after):
-        return x.text, x.shape
+    if lead < 0 and before[-lead:] == after and set(before[:-lead]) == {1}:
+        if k <= len(after):
+            return x.text, x.shape
+        return _drop_leading_ones(src, x, k - len(after), ctx)
     raise Refused(f"a view from {list(before)} to {list(after)} (kfuse adds or removes size-1 axes only)")
 
 
@@ -418,6 +479,7 @@ RULES = {
     aten.alias: _identity,
     aten._to_copy: _cast,
     prims.convert_element_type: _cast,
+    aten.arange: _arange,
     aten.full: _constant,
     aten.full_like: _constant,
     aten.zeros_like: _constant,
@@ -436,6 +498,7 @@ RULES = {
     aten.select: _select,
     aten.cat: _cat,
 }
+_REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin)
 for _name in (
     "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
     "sinh cosh round"
@@ -462,8 +525,9 @@ def rule_of(node):
 class _Ctx:
     """What a rule sees: the lowered values of the region's nodes and the output dtype."""
 
-    def __init__(self, values, out_dtype):
-        self.values, self.out_dtype = values, out_dtype
+    def __init__(self, values, out_dtype, partial=False):
+        # `partial`: `values` holds a node's own operands only, not its whole region.
+        self.values, self.out_dtype, self.partial = values, out_dtype, partial
 
     def v(self, x):
         if isinstance(x, torch.fx.Node):
@@ -489,6 +553,20 @@ def check_tensor(t, what):
     shape_tokens(t)
 
 
+def size_value(d, names):
+    """The value of a size passed as a scalar (a SymInt of dynamic shapes, as `N` in layer norm's
+    backward): kfuse's `size` of the symbol, which an input of the region must have as an axis
+    (`names`: token -> symbol name; None when that is checked later)."""
+    tok = dim_token(d)
+    if isinstance(tok, int):
+        return V(literal(tok), (), None, scalar=True)
+    if names is None:
+        return V(f"size({tok})", (), "i32")
+    if tok not in names:
+        raise Refused(f"the size `{d}` is no axis of the region's inputs")
+    return V(f"size({names[tok]})", (), "i32")
+
+
 def supported(node):
     """None if kfuse can express `node` alone (its operands at their full shapes), else the
     reason it cannot."""
@@ -501,7 +579,9 @@ def supported(node):
             if t is not None:
                 check_tensor(t, f"`{x.name}`")
                 values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
-        rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype)))
+            elif isinstance(x.meta.get("val"), torch.SymInt):
+                values[x] = size_value(x.meta["val"], None)
+        rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype), partial=True))
     except Refused as e:
         return str(e)
     except Exception as e:  # anything unexpected: the op stays in PyTorch
@@ -512,10 +592,13 @@ def supported(node):
 class Lowered:
     """A region as ``.kf`` text: `inputs` are (placeholder position, input name), `outputs` per
     region output its torch shape tokens and whether the program's result needs expanding to it;
-    `symbols` maps each symbol to (placeholder position, axis) to read its size at run time."""
+    `symbols` maps each symbol to (placeholder position, axis) to read its size at run time;
+    `views` holds the outputs torch itself gives as broadcast views (a zero stride): the others are
+    written in full once expanded (a caller may write into them, as into `zeros_like`'s)."""
 
-    def __init__(self, text, inputs, outputs, symbols, ops):
+    def __init__(self, text, inputs, outputs, symbols, ops, views=frozenset()):
         self.text, self.inputs, self.outputs, self.symbols, self.ops = text, inputs, outputs, symbols, ops
+        self.views = views
 
 
 def lower_region(gm):
@@ -524,14 +607,19 @@ def lower_region(gm):
     has the same text (and program)."""
     decls, lines, values, inputs, symbols, ops = [], [], {}, [], {}, []
     names = {}  # token -> the symbol's name in the text
+    sizes = []  # placeholders of sizes, not yet given a value
     outputs_node = None
     devices = set()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node in gm.graph.nodes:
+    # Every input first: a submodule's placeholders come where a node first reads them, and a
+    # rule may read an input's shape before that (arange's `iota`).
+    for node in placeholders + [n for n in gm.graph.nodes if n.op != "placeholder"]:
         if node.op == "placeholder":
             t = fake(node)
             if t is None:
-                continue  # a size argument: read by no rule
+                if isinstance(node.meta.get("val"), torch.SymInt):
+                    sizes.append(node)  # a size argument: its symbol's name is known once all inputs are
+                continue
             name = f"a{len(inputs)}"
             tokens = shape_tokens(t)
             devices.add(t.device)
@@ -544,6 +632,12 @@ def lower_region(gm):
             values[node] = V(name, tokens, kf_dtype(t.dtype))
             inputs.append((placeholders.index(node), name))
         elif node.op == "call_function":
+            for x in sizes:
+                try:
+                    values[x] = size_value(x.meta["val"], names)
+                except Refused:
+                    pass  # a rule that reads it says why
+            sizes = []
             try:
                 rule, a = rule_of(node)
                 t = fake(node)
@@ -581,4 +675,5 @@ def lower_region(gm):
         lines.append(f"output o{i} = {v.text}")
         full = shape_tokens(fake(o))
         outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
-    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops)
+    views = frozenset(i for i, o in enumerate(outs) if any(isinstance(st, int) and st == 0 for st in fake(o).stride()))
+    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops, views)

@@ -1,0 +1,123 @@
+"""The decompositions the kfuse backend adds to PyTorch's core aten ones, so that what users
+write reaches the aten graphs as operations :mod:`kfuse._lower` expresses.
+
+Layer norm is decomposed with PyTorch's own rule (into ``var_mean``, ``rsqrt`` and pointwise
+ops); the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``,
+every overload) become two-pass means: the mean, then the sum of the squared deviations over
+``max(N - correction, 0)`` (a mean when the correction is 0), as PyTorch computes them.
+Half-precision inputs are computed in float32 and rounded once, as PyTorch does.
+"""
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _dims(x, dim):
+    """The reduced axes, non-negative and sorted (None or [] reduce every axis, as for `var`)."""
+    if dim is None:
+        return list(range(x.dim()))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:
+        return list(range(x.dim()))
+    n = max(x.dim(), 1)
+    return sorted({d % n for d in dims})
+
+
+def _moments(x, dim, correction, keepdim, want_mean):
+    """(variance, mean or None) of `x` over `dim` with PyTorch's meaning of `correction`."""
+    dims = _dims(x, dim)
+    c = 1 if correction is None else correction
+    dtype = x.dtype
+    if dtype in _LOW_PRECISION:
+        x = aten._to_copy.default(x, dtype=torch.float32)
+    n = 1
+    for d in dims:
+        n = n * x.shape[d]
+    mean_kept = aten.mean.dim(x, dims, True)
+    dev = aten.sub.Tensor(x, mean_kept)
+    sq = aten.mul.Tensor(dev, dev)
+    if c == 0:
+        var = aten.mean.dim(sq, dims, keepdim)
+    else:
+        denom = n - c
+        if isinstance(denom, (int, float)):
+            denom = max(denom, 0)
+        var = aten.div.Tensor(aten.sum.dim_IntList(sq, dims, keepdim), denom)
+    mean = None
+    if want_mean:
+        mean = mean_kept if keepdim else aten.mean.dim(x, dims, False)
+    if dtype in _LOW_PRECISION:
+        var = aten._to_copy.default(var, dtype=dtype)
+        mean = None if mean is None else aten._to_copy.default(mean, dtype=dtype)
+    return var, mean
+
+
+def _unbiased(unbiased):
+    return 1 if unbiased is None or unbiased else 0
+
+
+def _var_correction(x, dim=None, *, correction=None, keepdim=False):
+    return _moments(x, dim, correction, keepdim, False)[0]
+
+
+def _var_dim(x, dim=None, unbiased=True, keepdim=False):
+    return _moments(x, dim, _unbiased(unbiased), keepdim, False)[0]
+
+
+def _var_default(x, unbiased=True):
+    return _moments(x, None, _unbiased(unbiased), False, False)[0]
+
+
+def _var_mean_correction(x, dim=None, *, correction=None, keepdim=False):
+    return _moments(x, dim, correction, keepdim, True)
+
+
+def _var_mean_dim(x, dim=None, unbiased=True, keepdim=False):
+    return _moments(x, dim, _unbiased(unbiased), keepdim, True)
+
+
+def _var_mean_default(x, unbiased=True):
+    return _moments(x, None, _unbiased(unbiased), False, True)
+
+
+def _std(var_fn):
+    def rule(*args, **kwargs):
+        return aten.sqrt.default(var_fn(*args, **kwargs))
+
+    return rule
+
+
+def _std_mean(var_mean_fn):
+    def rule(*args, **kwargs):
+        var, mean = var_mean_fn(*args, **kwargs)
+        return aten.sqrt.default(var), mean
+
+    return rule
+
+
+MOMENTS = {
+    aten.var.correction: _var_correction,
+    aten.var.dim: _var_dim,
+    aten.var.default: _var_default,
+    aten.var_mean.correction: _var_mean_correction,
+    aten.var_mean.dim: _var_mean_dim,
+    aten.var_mean.default: _var_mean_default,
+    aten.std.correction: _std(_var_correction),
+    aten.std.dim: _std(_var_dim),
+    aten.std.default: _std(_var_default),
+    aten.std_mean.correction: _std_mean(_var_mean_correction),
+    aten.std_mean.dim: _std_mean(_var_mean_dim),
+    aten.std_mean.default: _std_mean(_var_mean_default),
+}
+
+
+def decompositions():
+    """The table the backend gives AOTAutograd: core aten's, layer norm's forward, the moments."""
+    table = core_aten_decompositions()
+    table.update(get_decompositions([aten.native_layer_norm]))
+    table.update(MOMENTS)
+    return table
