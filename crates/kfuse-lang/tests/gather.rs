@@ -47,10 +47,10 @@ fn gather_along_a_middle_axis_with_i64_indices_matches_torch() {
     let x: Vec<f64> = (0..24).map(f64::from).collect();
     let x = floats(vec![2, 3, 4], &x);
     let idx = HostTensor::new(vec![2, 2, 4], TensorData::I64(vec![0, 1, 2, 0, 2, 2, 1, 0, 1, 1, 1, 1, 0, 2, 0, 2]));
-    let outs = run("input x: f32[A, B, C]\ninput idx: i64[A, K, C]\noutput y = gather(x, idx, axis: 1)\n", &[
-        ("x", &x),
-        ("idx", &idx),
-    ]);
+    let outs = run(
+        "input x: f32[A, B, C]\ninput idx: i64[A, K, C]\noutput y = gather(x, idx, axis: 1)\n",
+        &[("x", &x), ("idx", &idx)],
+    );
     let y = &outs[0].1;
     assert_eq!(y.shape, vec![2, 2, 4]);
     assert_eq!(y.to_f64(), [0.0, 5.0, 10.0, 3.0, 8.0, 9.0, 6.0, 3.0, 16.0, 17.0, 18.0, 19.0, 12.0, 21.0, 14.0, 23.0]);

@@ -28,7 +28,7 @@ impl Emitter<'_> {
     pub(super) fn start_gather(&mut self, n: NodeId, ctx: Vec<Coord>, index: &str, tasks: &mut Vec<Task>) -> R<()> {
         let g = self.g;
         let node = g.node(n);
-        let Op::Gather { x, axis, .. } = node.op else {
+        let Op::Gather { x, index: index_node, axis } = node.op else {
             return Err(CodegenError::Internal { node: n.0, what: "a gather step for another op" });
         };
         let a = axis as usize;
@@ -40,20 +40,32 @@ impl Emitter<'_> {
             .ok_or(CodegenError::Internal { node: n.0, what: "a gather axis past the source's rank" })?;
         let size = self.dim(size);
         let depth = self.target_depth(&ctx);
-        let (at, ok, result) = (self.fresh("v"), self.fresh("v"), self.fresh("v"));
+        // The index as a `long long` (an `i32` one widened, so that offsets do not overflow).
+        let at = match g.node(index_node).dtype {
+            DType::I64 => index.to_string(),
+            _ => {
+                let at = self.fresh("v");
+                let line = format!("const long long {at} = {index}; // n{} gathers at this index", n.0);
+                self.blocks[depth].lines.push(line);
+                at
+            }
+        };
+        let (ok, result) = (self.fresh("v"), self.fresh("v"));
         let ty = cuda::value_type(node.dtype);
-        let missing = match node.dtype.kind() {
-            Kind::Float => "__int_as_float(0x7fc00000)",
-            Kind::Int if node.dtype == DType::I64 => "0ll",
-            Kind::Int => "0",
-            Kind::Bool => "false",
+        let (missing, word) = match node.dtype.kind() {
+            Kind::Float => ("__int_as_float(0x7fc00000)", "NaN"),
+            Kind::Int if node.dtype == DType::I64 => ("0ll", "0"),
+            Kind::Int => ("0", "0"),
+            Kind::Bool => ("false", "false"),
         };
         let lines = &mut self.blocks[depth].lines;
-        lines.push(format!("const long long {at} = {index}; // n{} gathers at this index along axis {a}", n.0));
         lines.push(format!(
             "const bool {ok} = (unsigned long long){at} < (unsigned long long)({size}); // the index is in 0..{size}"
         ));
-        lines.push(format!("{ty} {result} = {missing}; // n{}: NaN or 0 where the index is out of range", n.0));
+        lines.push(format!(
+            "{ty} {result} = {missing}; // n{} gathered along axis {a}: {word} where the index is out of range",
+            n.0
+        ));
         let saved = self.blocks.split_off(depth + 1);
         self.open_branch(&ok);
         let loops = ctx
