@@ -393,3 +393,74 @@ fn column_reductions_match_the_interpreter_at_odd_row_and_column_counts() {
 fn column_programs_plan_split_column_reductions() {
     plans_with_shape(COLUMN_PROGRAMS, "folded in chunk order");
 }
+
+/// Programs with gathers (the random indices are in 0..8, so every gathered axis is 8 or more
+/// long; an empty batch is the gather_nll example's): a pick per row of a log-softmax and its gradient (row-wise), several picks per row of a
+/// computed source, a gather along the leading axis with its gradient (each element of the
+/// gradient reads its column's indices), and i64 and bool sources.
+const GATHER_PROGRAMS: &[(&str, &str)] = &[
+    (
+        "log-softmax picks per row and their gradient",
+        "input x: f32[B, C]\ninput labels: i64[B, K]\nlet z = x - max(x, axis: -1)[.., None]\n\
+         let lp = z - log(sum(exp(z), axis: -1))[.., None]\noutput picked = gather(lp, labels)\n\
+         output loss = -mean(gather(lp, labels, axis: -1))\noutput dx = grad(loss, x)\n",
+    ),
+    (
+        "a gather along the leading axis and its gradient",
+        "input x: f32[R, C]\ninput idx: i32[K, C]\ninput w: f32[K, C]\nlet y = gather(x * x + 1.0, idx, axis: 0)\n\
+         output g = y\noutput loss = sum(w * y)\noutput dx = grad(loss, x)\n",
+    ),
+    (
+        "gathers of i64 and bool sources",
+        "input a: i64[B, C]\ninput idx: i64[B, K]\noutput g = gather(a * 3 - 1, idx)\n\
+         output m = gather(a > 3, idx, axis: 1)\noutput s = sum(f32(gather(a, idx)), axis: -1)\n",
+    ),
+];
+
+#[test]
+fn gathers_match_the_interpreter_at_odd_sizes() {
+    let Some(gpu) = gpu_or_skip("gathers_match_the_interpreter_at_odd_sizes") else { return };
+    let gpu = Arc::new(gpu);
+    // (rows, gathered axis); every program has a third symbol K (indices a row or rows), 1 or 3.
+    let rows_by_cols: &[(u64, u64)] = &[(9, 8), (31, 33), (33, 31), (1023, 1000), (4097, 9), (9, 4097), (8, 262_144)];
+    let mut cases =
+        check_programs(&gpu, GATHER_PROGRAMS, rows_by_cols, |r, c| vec![r, c, 1 + 2 * (r % 2)], fresh_seed() + 300);
+    // An index outside the axis reads nothing and gives NaN (a float source) or 0 / false.
+    let engine = engine_of(&gpu);
+    let src = "input x: f32[B, C]\ninput a: i32[B, C]\ninput idx: i64[B, K]\noutput f = gather(x, idx)\n\
+               output i = gather(a, idx)\noutput b = gather(a > 0, idx)\n";
+    let p = compile_at(&engine, src, "out-of-range gathers", DType::F32);
+    let x = HostTensor::new(vec![2, 3], kfuse::TensorData::F32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+    let a = HostTensor::new(vec![2, 3], kfuse::TensorData::I32(vec![1, 2, 3, 4, 5, 6]));
+    let idx = HostTensor::new(vec![2, 3], kfuse::TensorData::I64(vec![2, -1, 3, i64::MIN, 0, 1 << 40]));
+    let named = [("x", &x), ("a", &a), ("idx", &idx)];
+    let prog = CudaProgram::prepare(&gpu, &p).unwrap();
+    let bound = prog.bind(&named).unwrap();
+    prog.poison_outputs(&bound, 0x7f).unwrap();
+    prog.launch(&bound).unwrap();
+    let got = prog.download(&bound).unwrap();
+    let f = got[0].1.to_f64();
+    assert_eq!(f[0], 3.0);
+    assert_eq!(f[4], 4.0);
+    assert!([1, 2, 3, 5].iter().all(|&k| f[k].is_nan()), "{f:?}");
+    assert_eq!(got[1].1.to_f64(), [3.0, 0.0, 0.0, 0.0, 4.0, 0.0]);
+    assert_eq!(got[2].1.to_f64(), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]);
+    cases += 1;
+    println!("{cases} gather GPU cases agreed with the interpreter");
+}
+
+#[test]
+fn gather_programs_plan_and_run_on_the_interpreter() {
+    // Pure tier: the row-wise shape takes the gradient of the log-softmax picks (the picks
+    // themselves, over a domain [B, K], reduce their rows in each element); every program runs
+    // at size 8.
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    for (k, (what, src)) in GATHER_PROGRAMS.iter().enumerate() {
+        let p = Program::compile(&engine, src, what).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let row_wise = p.plan().kernels.iter().filter(|k| k.source.contains("computed once per row")).count();
+        assert!(k > 0 || row_wise >= 1, "{what}: {row_wise} row-wise kernels in\n{}", p.cuda_source());
+        let inputs = testdata::random_inputs_for(p.graph(), &vec![8; p.graph().symbols.len()], 7).unwrap();
+        let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        p.run_cpu(&named).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}

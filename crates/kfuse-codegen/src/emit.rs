@@ -25,6 +25,8 @@ use crate::cuda::{self, Helper};
 use crate::row_cache::{RowCache, VECTOR};
 use crate::CodegenError;
 
+mod gather;
+
 /// One coordinate of an evaluation context.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Coord {
@@ -33,6 +35,12 @@ pub(crate) enum Coord {
     /// The variable of row loop number `n` (`j<n>`).
     Loop(u32),
     Const(u64),
+    /// A value computed at run time: a gather's index (`name`, a `long long`), computed at a
+    /// context that uses the row loops `loops`.
+    Value {
+        name: String,
+        loops: Vec<u32>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -313,10 +321,16 @@ impl<'a> Emitter<'a> {
     /// The innermost block a value with context `ctx` may live in (see the module docs).
     fn target_depth(&self, ctx: &[Coord]) -> usize {
         let loop_depth = |l: u32| self.blocks.iter().position(|b| b.kind == BlockKind::Loop(l));
-        let dv =
-            ctx.iter().filter_map(|c| if let Coord::Loop(l) = c { loop_depth(*l) } else { None }).max().unwrap_or(0);
+        let loops = ctx.iter().flat_map(|c| match c {
+            Coord::Loop(l) => std::slice::from_ref(l),
+            Coord::Value { loops, .. } => loops.as_slice(),
+            Coord::Dom(_) | Coord::Const(_) => &[],
+        });
+        let dv = loops.filter_map(|l| loop_depth(*l)).max().unwrap_or(0);
+        // Row mode: a value that reads neither the column nor a run-time coordinate (a gather's
+        // index, computed where it is used) is the same for the whole row.
         let column = Coord::Dom(self.dims.len().saturating_sub(1) as u32);
-        let per_row = self.row_mode && !ctx.contains(&column);
+        let per_row = self.row_mode && !ctx.iter().any(|c| *c == column || matches!(c, Coord::Value { .. }));
         let outside = |kind: BlockKind| match kind {
             BlockKind::Loop(_) => true,
             BlockKind::Columns => per_row,
@@ -363,6 +377,7 @@ impl<'a> Emitter<'a> {
         match *c {
             Coord::Const(k) => k.to_string(),
             Coord::Loop(l) => format!("j{l}"),
+            Coord::Value { ref name, .. } => name.clone(),
             Coord::Dom(a) => {
                 let key = Key::DomCoord(a);
                 if let Some(v) = self.lookup(&key) {
@@ -478,6 +493,14 @@ impl<'a> Emitter<'a> {
                     let note = format!("n{}", n.0);
                     values.push(self.bind(depth, Key::Node(n, ctx), ty, e, &note));
                 }
+                Task::GatherRead(n, ctx) => {
+                    let [index] = pop_array(&mut values, n)?;
+                    self.start_gather(n, ctx, &index, &mut tasks)?;
+                }
+                Task::GatherDone(r) => {
+                    let [v] = pop_array(&mut values, r.n)?;
+                    values.push(self.finish_gather(*r, &v));
+                }
                 Task::ReduceGuarded(r) => {
                     let mv = pop_values(&mut values, 1, r.n)?.remove(0);
                     self.open_branch(&mv);
@@ -568,6 +591,17 @@ impl<'a> Emitter<'a> {
                 tasks.push(Task::Eval(a, ac));
             }
             Op::Reduce { op, axis, x, mask } => self.start_row_reduce(n, op, axis, x, mask, ctx, tasks)?,
+            Op::Gather { index, .. } => {
+                if self.mode == Mode::DeviceFn {
+                    return Err(CodegenError::Unsupported {
+                        node: n.0,
+                        what: "gather inside a device function (its inputs are scalars)".into(),
+                    });
+                }
+                let ic = self.operand_ctx(dims, &ctx, index);
+                tasks.push(Task::GatherRead(n, ctx));
+                tasks.push(Task::Eval(index, ic));
+            }
         }
         Ok(())
     }
@@ -1102,6 +1136,11 @@ enum Task {
     /// A stack at a run-time index `sel`: the values of its `parts` parts are on top, the first
     /// part's topmost.
     FinishStack { n: NodeId, ctx: Vec<Coord>, sel: String, parts: usize },
+    /// A gather whose index value is on top: open the branch where it is in range, then evaluate
+    /// the source at the gathered position.
+    GatherRead(NodeId, Vec<Coord>),
+    /// A gather whose source value is on top: store it and close the branch.
+    GatherDone(Box<gather::GatherRead>),
     /// A row reduction whose guard's value is on top: open the branch, then the element.
     ReduceGuarded(Box<RowReduce>),
     /// A row reduction whose element's value (when it needs one) is on top: add it and close.

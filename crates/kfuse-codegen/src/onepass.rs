@@ -270,6 +270,8 @@ fn degree_of(g: &Graph, n: NodeId, crossing: &[NodeId], deg: impl Fn(NodeId) -> 
         Op::Input(_) | Op::Iota { .. } => Some(Free),
         Op::Component { x, .. } | Op::ExpandLast(x) | Op::Unsqueeze { x, .. } => deg(x),
         Op::Unary(UnaryOp::Neg, x) => deg(x),
+        // A selection of `x`'s elements: as linear as `x`, at an index that does not vary with the scale.
+        Op::Gather { x, index, .. } => deg(index).filter(|d| free(*d)).and_then(|_| deg(x)),
         Op::Cast(x) if node.dtype.kind() == Kind::Float && g.node(x).dtype.kind() == Kind::Float => deg(x),
         Op::Unary(_, x) | Op::Cast(x) => deg(x).filter(|d| free(*d)).map(|_| Free),
         Op::Binary(op, a, b) => {

@@ -59,6 +59,12 @@ fn int64_golden() {
 }
 
 #[test]
+fn gather_golden() {
+    golden_env();
+    check("gather", expect_file!["golden/gather.cu"]);
+}
+
+#[test]
 fn masked_delta_lengths_golden() {
     golden_env();
     check("masked_delta_lengths", expect_file!["golden/masked_delta_lengths.cu"]);

@@ -28,6 +28,10 @@ pub enum InterpError {
     /// An `i32` sum or count whose exact value an `i32` cannot hold: refused rather than wrapped.
     #[error("v{node}: the i32 `{op}` is {value}, outside the i32 range -2147483648..=2147483647; sum floats instead (sum(f32(x))) if such totals are expected")]
     IntOverflow { node: u32, op: &'static str, value: f64 },
+    /// A `gather` index outside the source's axis (`0..size`; negative indices are out of
+    /// range too, as in `torch.gather` on CUDA).
+    #[error("v{node}: `gather` index {value} at position {position:?} of the index is out of range for axis {axis} of the source, of size {size} (an index must be in 0..{size})")]
+    GatherIndex { node: u32, value: i64, position: Vec<usize>, axis: usize, size: usize },
     /// An op meets a dtype it has no meaning for (only possible in a graph the verifier missed).
     #[error("v{node}: `{op}` is not defined for {dtype} operands")]
     Unsupported { node: u32, op: &'static str, dtype: DType },

@@ -267,6 +267,28 @@ fn eval_node(
             let v = operand(x)?;
             Value { shape: shape.clone(), values: Arc::clone(&v.values) }
         }
+        Op::Gather { x, index, axis } => {
+            let (xv, iv) = (operand(x)?, operand(index)?);
+            let a = axis as usize;
+            let fits = a < xv.shape.len()
+                && iv.shape == shape
+                && (0..shape.len()).all(|d| d == a || xv.shape.get(d) == Some(&shape[d]));
+            if !fits {
+                return Err(InterpError::Broadcast { node: id, operand: xv.shape.clone(), target: shape });
+            }
+            let mut o = out(pool);
+            let wide = graph.node(index).dtype == DType::I64;
+            if let Err(bad) = layout::gather(&mut o, &xv.values, &xv.shape, &iv.values, &shape, a, wide) {
+                return Err(InterpError::GatherIndex {
+                    node: id,
+                    value: bad.value,
+                    position: unflatten(bad.position, &shape),
+                    axis: a,
+                    size: xv.shape[a],
+                });
+            }
+            fresh(o)
+        }
         Op::Reduce { op, axis, x, mask } => {
             let mut xv = operand(x)?;
             let x_kind = graph.node(x).dtype.kind();
@@ -319,4 +341,14 @@ fn eval_node(
         }
     };
     Ok(value)
+}
+
+/// The coordinates of flat position `flat` in a dense tensor of `shape`.
+fn unflatten(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut coords = vec![0; shape.len()];
+    for (c, &d) in coords.iter_mut().zip(shape).rev() {
+        *c = flat % d.max(1);
+        flat /= d.max(1);
+    }
+    coords
 }

@@ -1,11 +1,11 @@
-//! Layout ops: `iota`, component access `x[.., i]` and `stack` along a new last axis.
+//! Layout ops: `iota`, component access `x[.., i]`, `stack` along a new last axis and `gather`.
 //! (`x[.., None]` needs no work: the values are shared unchanged.) Does not handle arithmetic.
 
 use kfuse_ir::TensorData;
 use rayon::prelude::*;
 
 use crate::broadcast::BroadcastView;
-use crate::elementwise::{enc_i64, CHUNK};
+use crate::elementwise::{dec_i64, enc_i64, CHUNK};
 
 /// Writes the index along `axis` of every element of a tensor of `shape` (`axis < shape.len()`).
 pub(crate) fn iota(out: &mut [f64], shape: &[usize], axis: usize) {
@@ -91,4 +91,38 @@ pub(crate) fn permute(x: &[f64], shape: &[usize], perm: &[usize]) -> Vec<f64> {
         }
     }
     out
+}
+
+/// An index of a gather outside its axis: the flat position in the index tensor and the value.
+pub(crate) struct BadIndex {
+    pub position: usize,
+    pub value: i64,
+}
+
+/// Writes `torch.gather(x, axis, index)`: `x` of shape `xs` (dense), `index` of shape `is`
+/// (equal to `xs` but on `axis`; `i64` values as their bits when `wide`). The first index (in
+/// flat order) outside `0..xs[axis]` is returned as an error, and `out` is then unspecified.
+pub(crate) fn gather(
+    out: &mut [f64],
+    x: &[f64],
+    xs: &[usize],
+    index: &[f64],
+    is: &[usize],
+    axis: usize,
+    wide: bool,
+) -> Result<(), BadIndex> {
+    let inner: usize = is[axis + 1..].iter().product();
+    let (k, size) = (is[axis], xs[axis]);
+    let value = |v: f64| if wide { dec_i64(v) } else { v as i64 };
+    if let Some(position) = index.par_iter().position_first(|&v| !(0..size as i64).contains(&value(v))) {
+        return Err(BadIndex { position, value: value(index[position]) });
+    }
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+        for (j, d) in dst.iter_mut().enumerate() {
+            let e = c * CHUNK + j;
+            let (outer, t) = (e / inner / k.max(1), e % inner);
+            *d = x[(outer * size + value(index[e]) as usize) * inner + t];
+        }
+    });
+    Ok(())
 }

@@ -326,6 +326,35 @@ impl GraphBuilder {
         Ok(self.push(Node { op: Op::Iota { axis }, dtype: DType::I32, shape }))
     }
 
+    /// `torch.gather(x, axis, index)` (see [`Op::Gather`]): `axis` negative counts from the end;
+    /// `index` is `i32` or `i64` with `x`'s rank and `x`'s size on every axis but `axis`.
+    pub fn gather(&mut self, x: NodeId, index: NodeId, axis: i64) -> Result<NodeId, IrError> {
+        let (xn, inode) = (self.node(x), self.node(index));
+        let rank = xn.shape.rank();
+        if rank == 0 {
+            return Err(IrError::RankTooLow { op: "gather", min: 1, shape: self.graph.shape_str(&xn.shape) });
+        }
+        let a = axis_mask("gather", &[axis], rank)?.trailing_zeros();
+        if !matches!(inode.dtype, DType::I32 | DType::I64) {
+            return Err(IrError::BadDType {
+                op: "gather",
+                dtype: inode.dtype,
+                hint: " as the index (it must be i32 or i64)",
+            });
+        }
+        let fits = inode.shape.rank() == rank
+            && (0..rank).all(|d| d == a as usize || inode.shape.dims()[d] == xn.shape.dims()[d]);
+        if !fits {
+            return Err(IrError::GatherShape {
+                axis: a as usize,
+                index: self.graph.shape_str(&inode.shape),
+                operand: self.graph.shape_str(&xn.shape),
+            });
+        }
+        let (dtype, shape) = (xn.dtype, inode.shape.clone());
+        Ok(self.push(Node { op: Op::Gather { x, index, axis: a }, dtype, shape }))
+    }
+
     /// A reduction over the axes `axes` of `x` (PyTorch's `dim=`: negative axes count from the
     /// end), keeping them with size 1 under `keepdim`, optionally masked. Errors name the axis
     /// and the rank: an axis out of range, one named twice, an empty list.
@@ -551,6 +580,7 @@ fn prune_dead(g: Graph) -> Graph {
             Op::Component { x, index } => Op::Component { x: r(x), index },
             Op::ExpandLast(x) => Op::ExpandLast(r(x)),
             Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: r(x), axes },
+            Op::Gather { x, index, axis } => Op::Gather { x: r(x), index: r(index), axis },
             Op::Reduce { op, axis, x, mask } => Op::Reduce { op, axis, x: r(x), mask: mask.map(r) },
             Op::Stack(l) => {
                 let parts: Vec<NodeId> = g.list(l).iter().map(|&p| r(p)).collect();

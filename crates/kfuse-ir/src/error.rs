@@ -22,6 +22,8 @@ pub enum IrError {
     BadAxis { op: &'static str, axis: i64, rank: usize, why: String },
     #[error("the mask of `{op}` has shape {mask}, which does not broadcast to the operand's shape {operand}")]
     MaskShape { op: &'static str, mask: String, operand: String },
+    #[error("`gather` along axis {axis}: the index has shape {index}, but it needs the source's rank and its size on every other axis (the source has shape {operand})")]
+    GatherShape { axis: usize, index: String, operand: String },
     #[error("`stack` needs at least one part")]
     EmptyStack,
     #[error("duplicate name `{0}`")]

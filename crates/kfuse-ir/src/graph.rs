@@ -359,6 +359,16 @@ pub enum Op {
         x: NodeId,
         axes: u32,
     },
+    /// `torch.gather(x, axis, index)`: the result has `index`'s shape, and its element at
+    /// `(.., j, ..)` is `x`'s element at `(.., index[.., j, ..], ..)` (`j` on `axis`). `index` is
+    /// `i32` or `i64`, has `x`'s rank and equals `x`'s shape on every other axis. An index outside
+    /// `0..size` (negative ones too) is an error in the interpreter; generated code reads
+    /// in bounds and gives NaN (floats) or 0 (`false`) there.
+    Gather {
+        x: NodeId,
+        index: NodeId,
+        axis: u32,
+    },
     /// A reduction, optionally over only the elements where `mask` (broadcast to `x`) is true.
     Reduce {
         op: ReduceOp,
@@ -387,6 +397,10 @@ impl Op {
             }
             // A list id out of range (a malformed graph) has no operands; the verifier reports it.
             Op::Stack(l) => lists.get(l.0 as usize).into_iter().flatten().copied().for_each(f),
+            Op::Gather { x, index, .. } => {
+                f(x);
+                f(index)
+            }
             Op::Reduce { x, mask, .. } => {
                 f(x);
                 if let Some(m) = mask {
@@ -579,6 +593,7 @@ impl std::fmt::Display for Graph {
                 }
                 Op::ExpandLast(x) => format!("v{}[.., None]", x.0),
                 Op::Unsqueeze { x, axes } => format!("unsqueeze(v{}, axis: {})", x.0, axis_list(axes, n.shape.rank())),
+                Op::Gather { x, index, axis } => format!("gather(v{}, v{}, axis: {axis})", x.0, index.0),
                 Op::Reduce { op, axis, x, mask } => {
                     let ax = match axis {
                         ReduceAxis::All => String::new(),

@@ -115,6 +115,16 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             Op::Unsqueeze { x, axes } => {
                 axes != 0 && node(x).shape.unsqueezed(axes).as_ref() == Some(&n.shape) && node(x).dtype == n.dtype
             }
+            Op::Gather { x, index, axis } => {
+                let (xs, is) = (&node(x).shape, &node(index).shape);
+                let a = axis as usize;
+                matches!(node(index).dtype, DType::I32 | DType::I64)
+                    && a < xs.rank()
+                    && is.rank() == xs.rank()
+                    && (0..xs.rank()).all(|d| d == a || is.dims()[d] == xs.dims()[d])
+                    && n.shape == *is
+                    && n.dtype == node(x).dtype
+            }
             Op::Reduce { op, axis, x, mask } => {
                 let xs = &node(x).shape;
                 let shape_ok = !matches!(axis, ReduceAxis::Axes { mask: 0, .. })

@@ -4,7 +4,7 @@
 //! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
 //! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
 //! `f32 f16 bf16 i32 i64 bool`, `grad`, `stack(a, b, ...)` (along a new last axis), `iota(x, axis: A)` (the index along an axis, for one-hot
-//! comparisons with integer labels), and the ragged-data helpers `mask(lengths)` and `size(D)`,
+//! comparisons with integer labels), `gather(x, index, axis: A)` (`torch.gather`), and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
 use kfuse_ir::{BinaryOp, Constraint, DType, Dim, NodeId, Op, ReduceAxis, ReduceOp, Shape, UnaryOp};
@@ -72,6 +72,26 @@ fn reduction(name: &str) -> Option<ReduceOp> {
         "count" => ReduceOp::Count,
         _ => return None,
     })
+}
+
+/// The `axis:` argument of a function that takes one axis (`iota`, `gather`): its value (-1 when
+/// it is left out) and where to point an error about it.
+fn one_axis(a: &SplitArgs, span: Span, expected: &str) -> Result<(i64, Span), Report> {
+    let Some(ax) = a.keyword("axis") else { return Ok((-1, span)) };
+    let literal = match &ax.kind {
+        ExprKind::Int(v) => Some(*v),
+        ExprKind::Neg(x) => match x.kind {
+            ExprKind::Int(v) => Some(-v),
+            _ => None,
+        },
+        _ => None,
+    };
+    match literal {
+        Some(v) => Ok((v, ax.span)),
+        None => {
+            Err(Report::new(DiagnosticKind::Axis, ax.span, "the axis must be an integer literal").expected(expected))
+        }
+    }
 }
 
 /// A call's arguments split into positional ones and `keyword: value` ones.
@@ -144,6 +164,7 @@ impl Lowerer<'_> {
             "mask" => self.mask(func, args, span),
             "size" => self.size(func, args, span),
             "iota" => self.iota(func, args, span),
+            "gather" => self.gather(func, args, span),
             "stack" => {
                 // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
                 let a = split(func, args, &[])?;
@@ -344,27 +365,8 @@ impl Lowerer<'_> {
         let xn = self.expr(x)?;
         let shape = self.b.node(xn).shape.clone();
         let rank = shape.rank() as i64;
-        let (axis, at) = match a.keyword("axis") {
-            None => (-1, span),
-            Some(ax) => {
-                let literal = match &ax.kind {
-                    ExprKind::Int(v) => Some(*v),
-                    ExprKind::Neg(x) => match x.kind {
-                        ExprKind::Int(v) => Some(-v),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                let v = match literal {
-                    Some(v) => v,
-                    None => {
-                        return Err(Report::new(DiagnosticKind::Axis, ax.span, "the axis must be an integer literal")
-                            .expected("iota(x, axis: -1), an axis of x counted from 0 or, negative, from the end"))
-                    }
-                };
-                (v, ax.span)
-            }
-        };
+        let (axis, at) =
+            one_axis(&a, span, "iota(x, axis: -1), an axis of x counted from 0 or, negative, from the end")?;
         let k = if axis < 0 { axis + rank } else { axis };
         if !(0..rank).contains(&k) {
             return Err(Report::new(
@@ -375,6 +377,26 @@ impl Lowerer<'_> {
             .expected(format!("an axis from {} to {}", -rank, rank - 1)));
         }
         self.b.iota(shape, k as u32).map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `gather(x, index, axis: A)`: `torch.gather(x, A, index)`, the elements of `x` at `index`
+    /// along axis `A` (the last axis when `axis:` is left out). `index` is `i32` or `i64`, with
+    /// `x`'s rank and `x`'s size on every other axis; the result has its shape. `x` may be any
+    /// expression: it is evaluated at the gathered positions only.
+    fn gather(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &["axis"])?;
+        let [x, index] = exact(func, &a, span, "gather(x, index, axis: -1)")?;
+        let (xn, ixn) = (self.expr(x)?, self.expr(index)?);
+        let (axis, at) =
+            one_axis(&a, span, "gather(x, index, axis: -1), an axis of x counted from 0 or, negative, from the end")?;
+        self.b.gather(xn, ixn, axis).map_err(|e| {
+            let place = match e {
+                kfuse_ir::IrError::BadAxis { .. } => at,
+                kfuse_ir::IrError::BadDType { .. } => index.span,
+                _ => span,
+            };
+            self.ir_report(e, place, &[])
+        })
     }
 
     /// `size(D)`: the run-time size of dimension symbol `D` as an `i32` scalar, lowered as

@@ -10,5 +10,5 @@ pub(crate) const FUNCTIONS: &[&str] = &[
     "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "i64", "bool", "grad", "mask", "size",
     "log1p", "expm1", "sign", "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos",
     "sinh", "cosh", "atan2", "remainder", "floor_div", "fma", "bitwise_and", "bitwise_or", "bitwise_xor",
-    "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "iota", "stack",
+    "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "iota", "stack", "gather",
 ];

@@ -18,6 +18,7 @@
 //! let rows = size(T)                  # the run-time size of a dimension symbol, as an i32
 //! input labels: i64[B]                # class indices, as torch's int64
 //! let one_hot = iota(x, axis: -1) == labels[.., None]   # iota: each element's index along an axis
+//! let picked = gather(x, labels[.., None], axis: -1)    # torch.gather: x[b, labels[b]], as [B, 1]
 //! ```
 //!
 //! Precedence, loosest first (Python's): `or`, `and`, `not`, comparisons (non-chaining), `|`,
@@ -33,7 +34,7 @@
 //! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 i64 bool`,
 //! `grad(OF, INPUT)`, `stack(A, B, ...)` (the parts, broadcast to one shape, along a new last axis,
 //! as `torch.stack(..., dim=-1)`), `iota(X, axis: A)` (an `i32` of `X`'s shape: each element's index along axis
-//! `A`, negative from the end, the last when left out), and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
+//! `A`, negative from the end, the last when left out), `gather(X, INDEX, axis: A)` (see below), and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!
 //! The elementwise functions follow PyTorch's names and results (what this paragraph says of `i32`
@@ -57,6 +58,17 @@
 //! of a rank-2 operand) and an empty list are [`DiagnosticKind::Axis`] errors at the axis.
 //! Gradients flow through every form, and through operands broadcast along any axes (a `[D]`
 //! bias added to `[B, D]` rows gets the column sum).
+//!
+//! `gather(x, index, axis: A)` is `torch.gather(x, A, index)` (`axis:` one integer literal,
+//! negative from the end, the last when left out): `index` is `i32` or `i64`, has `x`'s rank and
+//! `x`'s size on every axis but `A`; the result has `index`'s shape and `x`'s dtype, and holds
+//! `x` at `index` along `A` (`gather(x, i, axis: 1)[r, j] = x[r, i[r, j]]`). `x` may be any
+//! expression; generated code evaluates it at the gathered positions only. An index outside
+//! `0..size` (negative ones too, as torch on CUDA) is an interpreter error naming its position;
+//! generated code does not check it, reads nothing there and gives NaN (floats), 0 (integers) or
+//! `false`. The gradient puts `g` back at each index, adding where an index repeats: each element
+//! of the source's gradient compares its column with the indices of its row (no atomics, O(K)
+//! per element for K indices a row).
 //!
 //! Integers: `i32` with `i64` computes as `i64`, an integer with a float as the float, and an
 //! integer literal takes the other operand's dtype (literals themselves fit in `i32`: write

@@ -316,6 +316,7 @@ impl<'s> Lowerer<'s> {
             | IrError::ComponentNeedsConstAxis { .. }
             | IrError::RankTooLow { .. }
             | IrError::MaskShape { .. }
+            | IrError::GatherShape { .. }
             | IrError::EmptyStack => DiagnosticKind::Shape,
             IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => {
                 DiagnosticKind::Type
@@ -344,6 +345,9 @@ impl<'s> Lowerer<'s> {
             IrError::MaskShape { .. } => {
                 "a mask whose shape broadcasts to the operand's (a [B, N] mask over a [B, N, 4] operand is written mask[.., None])".into()
             }
+            IrError::GatherShape { axis, .. } => format!(
+                "an index with the source's rank whose size differs from the source's on axis {axis} only, as in gather(x, labels[.., None], axis: -1) for x: f32[B, C], labels: i64[B]"
+            ),
             IrError::DuplicateName(_) => "a name that is not used yet".into(),
             IrError::BadAxis { rank: 0, .. } => "no axis: a scalar reduces over every element, as in sum(x)".into(),
             IrError::BadAxis { rank, .. } => format!(
@@ -369,6 +373,7 @@ fn expected_operands(op: &str) -> &'static str {
         "where" => "a bool condition, such as x > 0",
         "where:" => "a bool mask, such as where: x > 0",
         "count" => "a bool tensor, as in count(x > 0)",
+        "gather" => "an i32 or i64 index (i64(x) converts a float)",
         "sum" | "mean" | "max" | "min" => "numbers to reduce (count(...) counts the true elements of a bool tensor)",
         "bitwise_and" | "bitwise_or" | "bitwise_xor" | "bitwise_not" => {
             "i32, i64 or bool operands (i32(x) converts a float)"

@@ -154,6 +154,7 @@ fn describe(b: &GraphBuilder, id: NodeId) -> String {
         Op::Stack(_) => "stack",
         Op::ExpandLast(_) => "x[.., None]",
         Op::Unsqueeze { .. } => "unsqueeze",
+        Op::Gather { .. } => "gather",
         Op::Reduce { op, .. } => op.name(),
     };
     format!("v{} (`{what}`)", id.0)
@@ -366,8 +367,44 @@ impl Step<'_, '_> {
                 };
                 self.send_exact(x, c)
             }
+            Op::Gather { x, index, axis } => self.gather(x, index, axis),
             Op::Reduce { op, axis, x, mask } => self.reduce(op, axis, x, mask),
         }
+    }
+
+    /// The gradient of `gather(x, index, axis)` scatters `g` back without atomics:
+    /// `dx[.., c, ..] = sum over j of g[.., j, ..] where index[.., j, ..] == c`, written as a
+    /// one-hot of each index along a new axis after `axis` (`iota` compared with the index),
+    /// selecting `g`, summed over `axis`. Each element of `dx` reads the K indices of its row:
+    /// O(C K) per row, as a one-hot. An out-of-range index picks no column.
+    fn gather(&mut self, x: NodeId, index: NodeId, axis: u32) -> Result<(), IrError> {
+        if !self.is_active(x) || self.em.is_zero(self.g) {
+            return Ok(());
+        }
+        let a = axis as usize;
+        let (out, xs) = (self.node.shape.clone(), self.em.shape(x));
+        if a + 1 >= ReduceAxis::MAX_RANK {
+            return Err(IrError::NotDifferentiable {
+                what: format!("v{} (`gather`)", self.id.0),
+                why: format!(
+                    "its gradient needs an axis after axis {a}, past the {} axes kfuse can name",
+                    ReduceAxis::MAX_RANK
+                ),
+            });
+        }
+        let g = self.em.broadcast_to(self.g, &out)?;
+        // [.., K, C, ..]: the index's shape with the source's axis inserted after `axis`.
+        let mut dims = out.dims().to_vec();
+        dims.insert(a + 1, xs.dims()[a]);
+        let column = self.em.b.iota(kfuse_ir::Shape(dims), axis + 1)?;
+        let new_axis = 1u32 << (a + 1);
+        let at = self.em.unsqueeze(index, new_axis)?;
+        let hit = self.em.compare(BinaryOp::Eq, at, column)?;
+        let gu = self.em.unsqueeze(g, new_axis)?;
+        let zero = self.em.lit(0.0);
+        let picked = self.em.select(hit, gu, zero)?;
+        let c = self.em.reduce(ReduceOp::Sum, ReduceAxis::Axes { mask: 1 << a, keepdim: false }, picked, None)?;
+        self.send_exact(x, c)
     }
 
     /// Like [`Step::send`] for ops whose operand has the result's shape minus or plus an axis

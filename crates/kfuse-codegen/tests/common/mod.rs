@@ -248,6 +248,35 @@ pub fn int64() -> Result<Graph, IrError> {
     b.finish()
 }
 
+/// Gathers: along the last axis of a computed source with three indices a row (the index read
+/// as one vector, components of the result), along the first axis of a bf16 source with `i32`
+/// indices, of a bool source, and into a full sum.
+pub fn gather() -> Result<Graph, IrError> {
+    let mut b = GraphBuilder::new();
+    let (bs, c, k) = (b.symbol("B"), b.symbol("C"), b.symbol("K"));
+    let x = b.input("x", DType::F32, Shape(vec![Dim::Sym(bs), Dim::Sym(c)]))?;
+    let h = b.input("h", DType::BF16, Shape(vec![Dim::Sym(bs), Dim::Sym(c)]))?;
+    let idx = b.input("idx", DType::I64, Shape(vec![Dim::Sym(bs), Dim::Const(3)]))?;
+    let rows = b.input("rows", DType::I32, Shape(vec![Dim::Sym(k), Dim::Sym(c)]))?;
+    let xh = bin(&mut b, B::Mul, x, h)?;
+    let one = b.lit_float(1.0);
+    let src = bin(&mut b, B::Add, xh, one)?;
+    let picked = b.gather(src, idx, -1)?;
+    b.output("picked", picked)?;
+    let e = b.unary(UnaryOp::Exp, h)?;
+    let e = b.cast(e, DType::BF16);
+    let by_rows = b.gather(e, rows, 0)?;
+    b.output("by_rows", by_rows)?;
+    let zero = b.lit_float(0.0);
+    let neg = bin(&mut b, B::Lt, x, zero)?;
+    let negative = b.gather(neg, idx, 1)?;
+    b.output("negative", negative)?;
+    let gx = b.gather(x, idx, -1)?;
+    let total = b.reduce(ReduceOp::Sum, ReduceAxis::All, gx, None)?;
+    b.output("total", total)?;
+    b.finish()
+}
+
 /// Every representative graph, by name.
 pub fn all() -> Vec<(&'static str, Graph)> {
     let mut v = Vec::new();
@@ -264,5 +293,6 @@ pub fn all() -> Vec<(&'static str, Graph)> {
     add("masked_delta", masked_delta());
     add("masked_delta_lengths", masked_delta_lengths());
     add("int64", int64());
+    add("gather", gather());
     v
 }
