@@ -114,6 +114,11 @@ def cross_entropy(x):
     return torch.nn.functional.cross_entropy(x["logits"], x["labels"], ignore_index=-100, label_smoothing=0.1)
 
 
+def nll(x):
+    log_probs = torch.log_softmax(x["logits"], -1)
+    return torch.nn.functional.nll_loss(log_probs, x["labels"], ignore_index=-100)
+
+
 # example stem -> (batch maker, loss in torch, the input a training example differentiates)
 CASES = {
     "giou": (predicate_batch, giou_pred, None),
@@ -132,6 +137,7 @@ CASES = {
     "softmax_xent": (xent_batch, xent, None),
     "softmax_xent_train": (xent_batch, xent, "logits"),
     "cross_entropy_train": (labels_batch, cross_entropy, "logits"),
+    "gather_nll": (labels_batch, nll, "logits"),
 }
 
 
