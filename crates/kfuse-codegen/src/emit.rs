@@ -22,7 +22,7 @@ use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, Reduce
 
 use crate::analysis::{full_reduce, Analysis};
 use crate::cuda::{self, Helper};
-use crate::row_cache::{RowCache, VECTOR};
+use crate::row_cache::RowCache;
 use crate::CodegenError;
 
 mod gather;
@@ -859,7 +859,8 @@ impl<'a> Emitter<'a> {
             group.outputs.push((output, dtype));
             let ty = cuda::value_type(dtype);
             let d = group.depth;
-            self.blocks[d].lines.push(format!("{ty} kf_o{output}[{VECTOR}]; // the group's values of output {output}"));
+            let w = self.row_cache.as_ref().map_or(0, |c| c.width);
+            self.blocks[d].lines.push(format!("{ty} kf_o{output}[{w}]; // the group's values of output {output}"));
         }
         let q = self.row_cache.as_ref()?.group.as_ref()?.q;
         Some(format!("kf_o{output}[{q}] = {v};"))

@@ -26,7 +26,7 @@ use crate::cuda::{self, Helper};
 use crate::emit::{Coord, Emitter, Mode};
 use crate::epilogue::{emit_epilogue, EpilogueRun};
 use crate::plan::{GridSpec, Kernel, RegisterRows};
-use crate::row_cache::{ROW_CACHE_SLOTS, VECTOR};
+use crate::row_cache::ROW_CACHE_SLOTS;
 use crate::shapes::{columns, compacted, grid_stride, row_groups, row_wise, rows, warp_per_row, KernelShape};
 use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
@@ -296,7 +296,12 @@ pub(crate) fn emit_kernel(
                     )
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            Some(RegisterRows { entry, cols_per_lane: u64::from(ROW_CACHE_SLOTS), vector: u64::from(VECTOR), aligned })
+            Some(RegisterRows {
+                entry,
+                cols_per_lane: u64::from(ROW_CACHE_SLOTS),
+                vector: u64::from(cached.width),
+                aligned,
+            })
         }
         _ => None,
     };

@@ -1,12 +1,12 @@
 //! Rows kept in registers: a row-wise kernel whose rows fit its lanes' registers (at most
-//! [`ROW_CACHE_SLOTS`] columns a lane), whose row length is a multiple of [`VECTOR`] and whose
-//! buffers are aligned to vectors of it, loads each row-shaped input of a row once, a vector at
+//! [`ROW_CACHE_SLOTS`] columns a lane), whose row length is a multiple of the vector's columns
+//! ([`RowCache::width`]: 4, or 8 of 2-byte dtypes) and whose buffers are aligned to vectors, loads each row-shaped input of a row once, a vector at
 //! a time, into an array per lane; every phase's pass and the body read the array instead of
-//! memory. The body runs the lane's columns in groups of [`VECTOR`] consecutive ones: inputs
+//! memory. The body runs the lane's columns in groups of a vector's consecutive ones: inputs
 //! read at the column alone (a weight shaped like the row) are loaded once a group, and outputs
 //! shaped like the rows are stored once a group, each as one vector.
 //!
-//! Slot `t` of a lane holds column `VECTOR * (lane + (t / VECTOR) * kf_g) + t % VECTOR`: the
+//! Slot `t` of a lane holds column `W * (lane + (t / W) * kf_g) + t % W` (`W` the width): the
 //! group's lanes read consecutive vectors. A reduction adds a lane's columns in slot order, so
 //! its bits depend on the row length, the block and whether the branch is taken (the alignment
 //! of the buffers, which picks the entry point), and are the same from run to run.
@@ -15,12 +15,12 @@
 //! load and store; the shape puts the loads ([`RowCache::preload`]) before the passes once it
 //! knows which inputs were read. The kernel is a second entry point beside the one for any row,
 //! so that each is allocated its own registers; the executor picks it where the rows fit, their
-//! length is a multiple of [`VECTOR`] and the buffers in [`RowCache::vectors`] are aligned (see
+//! length is a multiple of the width and the buffers in [`RowCache::vectors`] are aligned (see
 //! `plan::RegisterRows`).
 //!
 //! Not handled here: the passes (see `shapes::row_wise`), the entry points (see `kernel`).
 
-use kfuse_ir::{DType, Graph};
+use kfuse_ir::{DType, Graph, Kind};
 
 use crate::cuda;
 
@@ -28,19 +28,19 @@ use crate::cuda;
 /// columns (4096 at 256 threads a block) can take the entry point for rows in registers.
 pub const ROW_CACHE_SLOTS: u32 = 16;
 
-/// The columns of one vector load or store.
-pub const VECTOR: u32 = 4;
-
-/// The groups of [`VECTOR`] columns a lane keeps.
-pub const ROW_CACHE_GROUPS: u32 = ROW_CACHE_SLOTS / VECTOR;
+/// The bytes of one vector load or store: a group holds this many bytes of its widest buffer's
+/// columns (4 columns of 4 bytes, 8 of 2 bytes; see [`RowCache::for_graph`]).
+const VECTOR_BYTES: u32 = 16;
 
 /// The row-shaped inputs a kernel keeps in registers, at most (each takes
 /// [`ROW_CACHE_SLOTS`] registers a lane); later ones are read from memory.
 const MAX_CACHED_INPUTS: usize = 3;
 
 /// The cached branch's state while it is emitted.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct RowCache {
+    /// The columns of a group: one vector load or store of each buffer.
+    pub width: u32,
     /// The row loops (`l` of `j<l>`) whose column is the lane's slot `t<l>`.
     pub loops: Vec<u32>,
     /// In the body's column block: its slot (a literal).
@@ -68,6 +68,33 @@ pub(crate) struct Group {
 }
 
 impl RowCache {
+    /// The cache of a kernel of graph `g`: groups of 8 columns when every floating-point input
+    /// and output is 2 bytes wide (16-byte vectors of f16 or bf16), else of 4.
+    pub fn for_graph(g: &Graph) -> RowCache {
+        let widest = g
+            .inputs
+            .iter()
+            .map(|i| i.dtype)
+            .chain(g.outputs.iter().map(|o| g.node(o.node).dtype))
+            .filter(|d| d.kind() == Kind::Float)
+            .map(|d| d.size_bytes() as u32)
+            .max()
+            .unwrap_or(4);
+        RowCache {
+            width: (VECTOR_BYTES / widest.max(1)).clamp(4, 8),
+            loops: Vec::new(),
+            body: None,
+            inputs: Vec::new(),
+            group: None,
+            vectors: Vec::new(),
+        }
+    }
+
+    /// The groups of [`RowCache::width`] columns a lane keeps.
+    pub fn groups(&self) -> u32 {
+        ROW_CACHE_SLOTS / self.width
+    }
+
     /// The register that holds input `input` at slot `slot`, recording the input; `None` when
     /// the cache is full.
     pub fn slot(&mut self, input: u32, slot: &str) -> Option<String> {
@@ -84,9 +111,9 @@ impl RowCache {
     /// each; the loop stops at the first group past the row.
     pub fn loop_header(&mut self, l: u32) -> String {
         self.loops.push(l);
-        let t = format!("t{l}");
+        let (t, w) = (format!("t{l}"), self.width);
         format!(
-            "#pragma unroll\nfor (int {t} = 0; {t} < {ROW_CACHE_SLOTS}; ++{t}) {{\n    if ({VECTOR} * (lane + ({t} / {VECTOR}) * kf_g) >= kf_n) break;\n    const int j{l} = {VECTOR} * (lane + ({t} / {VECTOR}) * kf_g) + {t} % {VECTOR};"
+            "#pragma unroll\nfor (int {t} = 0; {t} < {ROW_CACHE_SLOTS}; ++{t}) {{\n    if ({w} * (lane + ({t} / {w}) * kf_g) >= kf_n) break;\n    const int j{l} = {w} * (lane + ({t} / {w}) * kf_g) + {t} % {w};"
         )
     }
 
@@ -98,25 +125,26 @@ impl RowCache {
     /// Records buffer `ptr` as accessed a vector of `dtype` at a time, and returns the vector
     /// type (`None` for a dtype without one: it is accessed a column at a time).
     fn vector(&mut self, ptr: String, dtype: DType) -> Option<&'static str> {
-        let vty = cuda::vector_type(dtype, u64::from(VECTOR))?;
+        let vty = cuda::vector_type(dtype, u64::from(self.width))?;
         if !self.vectors.iter().any(|(p, _)| *p == ptr) {
-            self.vectors.push((ptr, u64::from(VECTOR) * dtype.size_bytes() as u64));
+            self.vectors.push((ptr, u64::from(self.width) * dtype.size_bytes() as u64));
         }
         Some(vty)
     }
 
-    /// The loads of `VECTOR` elements of `ptr` (of `dtype`) at `at` into `slot(q)`.
+    /// The loads of a group's elements of `ptr` (of `dtype`) at `at` into `slot(q)`.
     fn group_loads(&mut self, dtype: DType, ptr: &str, at: &str, slot: impl Fn(u32) -> String) -> Vec<String> {
+        let w = self.width;
         match self.vector(ptr.to_string(), dtype) {
             Some(vty) => {
                 let mut lines = vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>({ptr} + {at});")];
-                for q in 0..VECTOR {
-                    let e = cuda::vector_extract("kf_w", dtype, u64::from(VECTOR), u64::from(q));
+                for q in 0..w {
+                    let e = cuda::vector_extract("kf_w", dtype, u64::from(w), u64::from(q));
                     lines.push(format!("{} = {e};", slot(q)));
                 }
                 lines
             }
-            None => (0..VECTOR)
+            None => (0..w)
                 .map(|q| format!("{} = {};", slot(q), cuda::load_conversion(dtype, &format!("{ptr}[{at} + {q}]"))))
                 .collect(),
         }
@@ -135,14 +163,15 @@ impl RowCache {
                 g.inputs[k as usize].name
             ));
             loads.push("{".to_string());
-            let body = self
-                .group_loads(dtype, &format!("in{k}"), "rowbase + kf_j", |q| format!("kf_c{k}[{VECTOR} * kf_v + {q}]"));
+            let w = self.width;
+            let body =
+                self.group_loads(dtype, &format!("in{k}"), "rowbase + kf_j", |q| format!("kf_c{k}[{w} * kf_v + {q}]"));
             loads.extend(body.into_iter().map(|l| format!("    {l}")));
             loads.push("}".to_string());
         }
         lines.push("#pragma unroll".to_string());
-        lines.push(format!("for (int kf_v = 0; kf_v < {ROW_CACHE_GROUPS}; ++kf_v) {{"));
-        lines.push(format!("    const int kf_j = {VECTOR} * (lane + kf_v * kf_g);"));
+        lines.push(format!("for (int kf_v = 0; kf_v < {}; ++kf_v) {{", self.groups()));
+        lines.push(format!("    const int kf_j = {} * (lane + kf_v * kf_g);", self.width));
         lines.push("    if (kf_j >= kf_n) break;".to_string());
         lines.extend(loads.into_iter().map(|l| format!("    {l}")));
         lines.push("}".to_string());
@@ -150,10 +179,11 @@ impl RowCache {
     }
 
     /// The header of the body's group `v` of columns, and its first statement.
-    pub fn group_header(v: u32) -> (String, String) {
+    pub fn group_header(&self, v: u32) -> (String, String) {
+        let w = self.width;
         (
-            format!("if ({VECTOR} * (lane + {v} * kf_g) < kf_n) {{ // the lane's group {v} of {VECTOR} columns"),
-            format!("const int kf_j = {VECTOR} * (lane + {v} * kf_g);"),
+            format!("if ({w} * (lane + {v} * kf_g) < kf_n) {{ // the lane's group {v} of {w} columns"),
+            format!("const int kf_j = {w} * (lane + {v} * kf_g);"),
         )
     }
 
@@ -166,7 +196,7 @@ impl RowCache {
     /// group's columns into the array `name`.
     pub fn group_load_lines(&mut self, k: u32, dtype: DType, name: &str, note: &str) -> Vec<String> {
         let ty = cuda::value_type(dtype);
-        let mut lines = vec![format!("{ty} {name}[{VECTOR}]; // {note} at the group's columns")];
+        let mut lines = vec![format!("{ty} {name}[{}]; // {note} at the group's columns", self.width)];
         lines.push("{".to_string());
         let loads = self.group_loads(dtype, &format!("in{k}"), "kf_j", |q| format!("{name}[{q}]"));
         lines.extend(loads.into_iter().map(|l| format!("    {l}")));
@@ -176,13 +206,13 @@ impl RowCache {
 
     /// The store of output `o` (of `dtype`) at the group's columns from the array `kf_o<o>`.
     pub fn group_stores(&mut self, o: usize, dtype: DType, note: &str) -> Vec<String> {
-        let values: Vec<String> = (0..VECTOR).map(|q| format!("kf_o{o}[{q}]")).collect();
+        let values: Vec<String> = (0..self.width).map(|q| format!("kf_o{o}[{q}]")).collect();
         match self.vector(format!("out{o}"), dtype) {
             Some(vty) => vec![format!(
                 "*reinterpret_cast<{vty}*>(out{o} + rowbase + kf_j) = {}; // {note}",
                 cuda::vector_pack(dtype, &values)
             )],
-            None => (0..VECTOR)
+            None => (0..self.width)
                 .map(|q| {
                     format!(
                         "out{o}[rowbase + kf_j + {q}] = {}; // {note}",

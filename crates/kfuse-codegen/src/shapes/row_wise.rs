@@ -27,9 +27,10 @@
 //!
 //! A kernel with row-shaped inputs has a second entry point, `<name>_regs`, for rows that fit
 //! its lanes' registers (see `row_cache`): each lane loads its columns of each row-shaped input
-//! once, a vector of 4 at a time, the passes read them from registers, and the body runs the
-//! columns in groups of 4 with one vector load per weight and one vector store per output. The
-//! executor launches it where the row length is a multiple of 4, at most 16 columns a lane, and
+//! once, a vector (4 columns, or 8 of 2-byte dtypes) at a time, the passes read them from
+//! registers, and the body runs the columns in groups of a vector with one vector load per weight
+//! and one vector store per output. The executor launches it where the row length is a multiple
+//! of the vector's columns, at most 16 columns a lane, and
 //! the buffers it accesses by vectors are aligned ([`crate::RegisterRows`]); two entry points
 //! keep each one's registers its own (one kernel with both loops took the larger count for
 //! both, measured slower for long rows).
@@ -51,7 +52,7 @@ use crate::buffers::size_expr;
 use crate::cuda::{self, Helper};
 use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
 use crate::plan::GridSpec;
-use crate::row_cache::{Group as RowGroup, RowCache, ROW_CACHE_GROUPS, VECTOR};
+use crate::row_cache::{Group as RowGroup, RowCache};
 use crate::shapes::grid_stride;
 use crate::text::{render, write_lines};
 use crate::CodegenError;
@@ -220,6 +221,8 @@ pub(crate) struct RowSizes {
 pub(crate) struct RegisterBody {
     pub body: Vec<String>,
     pub vectors: Vec<(String, u64)>,
+    /// The columns of a vector (see `row_cache::RowCache::width`).
+    pub width: u32,
 }
 
 /// Emits the row body into `em`: each phase's pass and folds, then the sinks' `groups` (at each
@@ -246,9 +249,9 @@ pub(crate) fn emit_body(
     let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None };
     let mark = em.mark();
     em.open_row_block();
-    em.row_cache = Some(RowCache::default());
+    em.row_cache = Some(RowCache::for_graph(g));
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
-    let mut cache = em.row_cache.take().unwrap_or_default();
+    let mut cache = em.row_cache.take().unwrap_or_else(|| RowCache::for_graph(g));
     let lines = em.take_row_block();
     if cache.inputs.is_empty() {
         em.renumber(mark);
@@ -256,7 +259,7 @@ pub(crate) fn emit_body(
     } else {
         let mut body = cache.preload(g);
         body.extend(lines);
-        sizes.cached = Some(RegisterBody { body, vectors: cache.vectors });
+        sizes.cached = Some(RegisterBody { body, vectors: cache.vectors, width: cache.width });
     }
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
     sizes.temps_written.sort_unstable();
@@ -366,19 +369,23 @@ fn emit_groups_cached(
     groups: &[Group],
     unconditional: &mut BTreeSet<u32>,
 ) -> Result<(), CodegenError> {
-    for v in 0..ROW_CACHE_GROUPS {
-        let (header, first) = RowCache::group_header(v);
+    let Some((groups_n, width)) = em.row_cache.as_ref().map(|c| (c.groups(), c.width)) else { return Ok(()) };
+    for v in 0..groups_n {
+        let (header, first) = match em.row_cache.as_ref() {
+            Some(c) => c.group_header(v),
+            None => return Ok(()),
+        };
         em.open_columns(header);
         em.push_stmt(first);
         let depth = em.depth();
-        for q in 0..VECTOR {
+        for q in 0..width {
             em.open_columns("{".to_string());
             for l in RowCache::column_start(q) {
                 em.push_stmt(l);
             }
             let column_depth = em.depth();
             if let Some(cache) = em.row_cache.as_mut() {
-                cache.body = Some((VECTOR * v + q).to_string());
+                cache.body = Some((width * v + q).to_string());
                 let outputs = cache.group.take().map(|gr| gr.outputs).unwrap_or_default();
                 cache.group = Some(RowGroup { q, depth, column_depth, outputs });
             }

@@ -1,0 +1,59 @@
+//! Pure tier: the entry point for rows kept in registers, as a plan describes it, and the rule the
+//! executor applies to pick it at launch (row length, lanes, vector width, buffer alignment).
+
+use std::sync::Arc;
+
+use kfuse::{DType, Engine, Program};
+
+const LAYER_NORM: &str = "input x: f32[B, D]\ninput w: f32[D]\ninput b: f32[D]\n\
+    let mu = mean(x, axis: -1, keepdim: true)\nlet d = x - mu\n\
+    output y = d * rsqrt(mean(d * d, axis: -1, keepdim: true) + 0.00001) * w + b\n";
+
+fn layer_norm(dtype: DType) -> Program {
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    let p = Program::compile(&engine, LAYER_NORM, "layer norm").expect("compiles");
+    p.with_input_dtypes(&[("x", dtype), ("w", dtype), ("b", dtype)]).expect("dtypes")
+}
+
+#[test]
+fn a_row_wise_kernel_names_its_entry_point_for_rows_in_registers_and_the_buffers_it_reads_by_vectors() {
+    for (dtype, width) in [(DType::F32, 4), (DType::BF16, 8), (DType::F16, 8)] {
+        let p = layer_norm(dtype);
+        let k = &p.plan().kernels[0];
+        let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
+        assert_eq!(r.entry, format!("{}_regs", k.name));
+        assert!(k.source.contains(&format!("void __launch_bounds__(256) {}(", r.entry)), "{}", k.source);
+        assert_eq!((r.cols_per_lane, r.vector), (16, width), "{dtype}");
+        // x, w, b and y: four buffers read or written a vector (16 bytes) at a time.
+        assert_eq!(r.aligned.len(), 4, "{dtype}: {r:?}");
+        assert!(r
+            .aligned
+            .iter()
+            .all(|&(p, bytes)| bytes == 16 && matches!(k.params[p], kfuse_codegen::Param::Buffer(_))));
+    }
+}
+
+#[test]
+fn the_executor_takes_the_entry_point_for_rows_in_registers_only_where_the_rows_fit_and_the_buffers_align() {
+    let p = layer_norm(DType::BF16);
+    let k = &p.plan().kernels[0];
+    let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
+    let aligned = |_: usize| Some(0x7f00_0000_0000u64);
+    // 256 lanes a row (the block), 16 columns a lane: rows of up to 4096 columns, a multiple of 8.
+    for (rows, cols, takes) in [
+        (8192, 4096, true),
+        (3, 8, true),
+        (1, 1000, true),
+        (5, 4100, false),
+        (2, 4104, false),
+        (7, 8192, false),
+        (4, 12, false),
+    ] {
+        assert_eq!(r.applies(&k.grid, &[rows, cols], aligned), takes, "[{rows}, {cols}]");
+    }
+    // A buffer off its 16 bytes (a view at an odd offset) takes the entry point for any row.
+    let first = r.aligned[0].0;
+    let one_off = |p: usize| Some(if p == first { 0x7f00_0000_0008u64 } else { 0x7f00_0000_0000 });
+    assert!(!r.applies(&k.grid, &[8192, 4096], one_off));
+    assert!(!r.applies(&k.grid, &[8192, 4096], |_| None), "an unknown address never takes it");
+}
