@@ -59,6 +59,7 @@ pub(crate) fn evaluate_bound(
     graph: &Graph,
     bindings: &SymbolBindings,
     inputs: &[InputValues],
+    precision: Precision,
 ) -> Result<Vec<Evaluated>, InterpError> {
     let live = graph.live_nodes();
     // Nodes whose every live use is a component access `x[.., i]` (and that are no output).
@@ -101,6 +102,12 @@ pub(crate) fn evaluate_bound(
         } else {
             eval_node(graph, bindings, inputs, &env, &mut pool, i)?
         };
+        let mut value = value;
+        if precision == Precision::F32 && graph.nodes[i].dtype.kind() == Kind::Float && !value.values.is_empty() {
+            // As the GPU computes: every float value rounded to f32 (reductions accumulate in f64
+            // and round their result, as the GPU's accumulators do).
+            Arc::make_mut(&mut value.values).iter_mut().for_each(|v| *v = *v as f32 as f64);
+        }
         env[i] = Some(value);
         graph.nodes[i].op.for_each_operand(&graph.lists, |x| {
             remaining[x.index()] -= 1;
@@ -123,6 +130,17 @@ pub(crate) fn evaluate_bound(
             Ok(Evaluated { name: o.name.clone(), shape: v.shape, values })
         })
         .collect()
+}
+
+/// How the interpreter rounds the float values inside a graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Computed in f64, never rounded inside the graph (the reference).
+    F64,
+    /// Every float node's values rounded to f32, as the generated kernels compute them: the
+    /// difference from [`Precision::F64`] shows how much f32 rounding alone moves a result
+    /// (much more than its magnitude suggests where large terms cancel).
+    F32,
 }
 
 fn missing(node: NodeId) -> InterpError {

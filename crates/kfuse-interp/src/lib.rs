@@ -7,6 +7,8 @@
 //! Semantics, in addition to those documented on [`kfuse_ir::Op`]:
 //! - Every float, whatever its storage dtype, is computed in f64 and never rounded inside the
 //!   graph; [`run`] rounds outputs to their dtype (to nearest, ties to even, for f16/bf16).
+//!   [`run_in`] with [`Precision::F32`] rounds every float value to f32 instead, as the kernels
+//!   compute: tests compare the two to see how far f32 rounding alone moves an output.
 //! - `i32` arithmetic is two's-complement: results wrap to `i32` after every op.
 //! - `min`/`max`/`clamp` propagate NaN (PyTorch's `torch.minimum`/`maximum`), as do the
 //!   `max`/`min` reductions.
@@ -40,6 +42,7 @@ use rayon::prelude::*;
 use kfuse_ir::{verify, DType, Graph, HostTensor, Op, SymbolBindings, TensorData};
 
 pub use error::InterpError;
+pub use eval::Precision;
 use eval::{element_count, evaluate_bound, InputValues, Value};
 
 /// One output of a graph as computed: unrounded f64 values (ints exact, but `i64` magnitudes
@@ -57,11 +60,15 @@ pub struct Evaluated {
 /// Evaluates `graph` on `inputs` (pairs of declared name and tensor, in any order) and returns
 /// every output's unrounded f64 values, in `graph.outputs` order.
 pub fn evaluate(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Evaluated>, InterpError> {
-    Ok(decode_outputs(graph, evaluate_stored(graph, inputs)?))
+    Ok(decode_outputs(graph, evaluate_stored(graph, inputs, Precision::F64)?))
 }
 
 /// [`evaluate`] with outputs as the evaluator stores them (`i64` as bits, see `elementwise`).
-fn evaluate_stored(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<Evaluated>, InterpError> {
+fn evaluate_stored(
+    graph: &Graph,
+    inputs: &[(&str, &HostTensor)],
+    precision: Precision,
+) -> Result<Vec<Evaluated>, InterpError> {
     check_graph(graph)?;
     check_unique(inputs.iter().map(|(n, _)| *n))?;
     for (name, t) in inputs {
@@ -79,13 +86,22 @@ fn evaluate_stored(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<
             }
         })
         .collect::<Vec<_>>();
-    evaluate_bound(graph, &bindings, &values)
+    evaluate_bound(graph, &bindings, &values, precision)
 }
 
 /// Evaluates `graph` like [`evaluate`], then stores each output in its node's dtype (floats
 /// rounded to nearest-even, as [`HostTensor::from_f64`] does).
 pub fn run(graph: &Graph, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>, InterpError> {
-    let evaluated = evaluate_stored(graph, inputs)?;
+    run_in(graph, inputs, Precision::F64)
+}
+
+/// [`run`] with the float values inside the graph computed in `precision` (see [`Precision`]).
+pub fn run_in(
+    graph: &Graph,
+    inputs: &[(&str, &HostTensor)],
+    precision: Precision,
+) -> Result<Vec<(String, HostTensor)>, InterpError> {
+    let evaluated = evaluate_stored(graph, inputs, precision)?;
     Ok(graph
         .outputs
         .iter()
@@ -151,7 +167,7 @@ pub fn evaluate_f64(graph: &Graph, inputs: &[(&str, Vec<usize>, Vec<f64>)]) -> R
             })
         })
         .collect::<Vec<_>>();
-    Ok(decode_outputs(graph, evaluate_bound(graph, &bindings, &values)?))
+    Ok(decode_outputs(graph, evaluate_bound(graph, &bindings, &values, Precision::F64)?))
 }
 
 /// Verifies the graph (after checking what the verifier itself would index out of range).

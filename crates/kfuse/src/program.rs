@@ -250,6 +250,13 @@ impl Program {
         Ok(kfuse_interp::run(&self.graph, inputs)?)
     }
 
+    /// [`Program::run_cpu`] with every float value inside the program rounded to f32, as the
+    /// kernels compute: its difference from `run_cpu` is how far f32 rounding alone moves each
+    /// output (tests allow the GPU that much; see [`kfuse_interp::Precision`]).
+    pub fn run_cpu_f32(&self, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>> {
+        Ok(kfuse_interp::run_in(&self.graph, inputs, kfuse_interp::Precision::F32)?)
+    }
+
     /// Runs on GPU `ordinal`: uploads the inputs, launches on the device's own stream, waits and
     /// downloads the outputs (declaration order).
     pub fn run_gpu(&self, ordinal: usize, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>> {
