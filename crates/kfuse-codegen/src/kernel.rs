@@ -68,6 +68,17 @@ pub(crate) fn emit_kernel(
         last_dim,
         &groups,
     );
+    // Elementwise work over rows of a wide last axis: the row-wise shape without reductions (see
+    // `row_wise::elementwise`), so that no element derives its coordinates by division and the
+    // rows that fit the lanes' registers move as vectors.
+    let elementwise_rows;
+    let (shape, row_wise) = match row_wise::elementwise(g, info, shape, slots.len(), em.checks) {
+        Some(plan) => {
+            elementwise_rows = plan;
+            (KernelShape::RowWise, Some(&elementwise_rows))
+        }
+        None => (shape, row_wise),
+    };
     let block = shape.block(opts);
 
     // The loop body. Inputs loaded outside any predicate branch (or by a predicate itself) are

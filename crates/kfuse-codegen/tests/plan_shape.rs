@@ -163,9 +163,19 @@ fn elementwise_outputs_fuse_and_store_vectors() {
     let p = plan(&g, &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
-    assert!(src.contains("reinterpret_cast<float4*>(out1)[i] = make_float4("));
-    assert!(src.contains("out0[i] = kf_f32_to_f16("));
-    assert!(src.contains("kf_mod(i, sz1)"), "the broadcast bias needs the N coordinate (32-bit when sizes allow)");
+    assert!(src.contains("kf_st_cs(reinterpret_cast<float4*>(out1) + i, make_float4("), "{src}");
+    assert!(src.contains("out0[i] = kf_f32_to_f16("), "{src}");
+    // Elementwise by rows: the broadcast bias is read at the column, with no per-element division.
+    assert!(src.contains("elementwise by rows of the last axis"), "{src}");
+    assert!(src.contains("= in1[col]; // bias"), "{src}");
+    assert!(!src.contains("kf_mod") && !src.contains("kf_div"), "{src}");
+    // Rows in registers: x is loaded and the bias read a vector at a time, y stored 4 halves at once.
+    let regs = p.kernels[0].register_rows.as_ref().expect("an entry point for rows in registers");
+    assert_eq!(regs.vector, 4);
+    let kept = &src[src.find(&format!("{}(", regs.entry)).expect("entry")..];
+    assert!(kept.contains("*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"), "{src}");
+    assert!(kept.contains("*reinterpret_cast<const float4*>(in1 + kf_j)"), "{src}");
+    assert!(kept.contains("*reinterpret_cast<uint2*>(out0 + rowbase + kf_j) = make_uint2("), "{src}");
     assert!(!src.contains("atomicAdd"));
 }
 

@@ -53,7 +53,7 @@ use crate::cuda::{self, Helper};
 use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
 use crate::plan::GridSpec;
 use crate::row_cache::{Group as RowGroup, RowCache};
-use crate::shapes::grid_stride;
+use crate::shapes::{grid_stride, KernelShape};
 use crate::text::{render, write_lines};
 use crate::CodegenError;
 
@@ -204,6 +204,27 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
         reach[i] = r;
     }
     Some(RowWise { case, phases, cols })
+}
+
+/// The row-wise plan without reductions of an elementwise kernel that would otherwise take the
+/// grid-stride shape (`shape`): a domain of two or more axes whose last one is not a small
+/// constant (a component axis), no full reductions (`slots`) and no lengths/offsets `checks`.
+/// Its rows need no per-element division (the column is a loop variable), and rows of at most
+/// [`ROW_CACHE_SLOTS`](crate::row_cache::ROW_CACHE_SLOTS) columns a lane take the register entry,
+/// which loads and stores them a vector at a time.
+pub(crate) fn elementwise(
+    g: &Graph,
+    info: &KernelInfo,
+    shape: KernelShape,
+    slots: usize,
+    checks: bool,
+) -> Option<RowWise> {
+    let &cols = info.dims.last()?;
+    let wide = !matches!(cols, Dim::Const(c) if c <= MAX_COMPONENTS);
+    let plain = shape == KernelShape::GridStride && slots == 0 && !checks && info.dims.len() >= 2;
+    // Some output is shaped like the domain (the rows are worth a group of lanes each).
+    let rows_out = g.outputs.iter().any(|o| g.node(o.node).shape.dims() == &info.dims[..]);
+    (wide && plain && rows_out).then_some(RowWise { case: RowCase::Elements, phases: Vec::new(), cols })
 }
 
 /// The row count and row length of the kernel's template, as C expressions, the Temp buffers
@@ -441,6 +462,13 @@ pub(crate) fn domain_note(plan: &RowWise, dom: &str) -> String {
         RowCase::Elements => "the body at each element of the row",
         RowCase::Results => "the body once per row (lane 0)",
     };
+    if plan.phases.is_empty() {
+        return format!(
+            "// domain: {dom} elements; elementwise by rows of the last axis, a group of {} to blockDim.x lanes per row (about {} columns a lane), grid-stride over the rows; no row reductions, the body at each element of the row",
+            crate::ROW_MIN_LANES,
+            crate::ROW_COLS_PER_LANE
+        );
+    }
     format!(
         "// domain: {dom} elements; rows of the last reduced axis, a group of {} to blockDim.x lanes per row (about {} columns a lane), grid-stride over the rows; its {} row reduction phase(s) computed once per row, then {per}",
         crate::ROW_MIN_LANES,
