@@ -81,9 +81,7 @@ output y = 0.5 * z * (1 + erf(z * 0.7071067811865476))
 # per kept row 0.9 * nll + 0.1 * (-mean of log_probs), averaged over the kept rows.
 _LOG_SOFTMAX = """
 input logits: f32[B, C]
-let row_max = max(logits, axis: -1)
-let z = logits - row_max[.., None]
-let log_probs = z - log(sum(exp(z), axis: -1))[.., None]
+let log_probs = log_softmax(logits, axis: -1)
 let smooth = -mean(log_probs, axis: -1)
 """
 

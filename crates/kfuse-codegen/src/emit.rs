@@ -590,6 +590,21 @@ impl<'a> Emitter<'a> {
                 tasks.push(Task::Eval(b, bc));
                 tasks.push(Task::Eval(a, ac));
             }
+            Op::Reduce { axis, x, .. } if counts_every_element(self.g, n) => {
+                // The product of the reduced axes' sizes: no loop, no pass over the row.
+                let xdims = self.g.node(x).shape.dims();
+                let rank = xdims.len();
+                let reduced: Vec<Dim> = (0..rank).filter(|&a| axis.reduces(a, rank)).map(|a| xdims[a]).collect();
+                let expr = format!("({})({})", cuda::value_type(node.dtype), self.product(&reduced));
+                let depth = self.target_depth(&ctx);
+                values.push(self.bind(
+                    depth,
+                    key,
+                    cuda::value_type(node.dtype),
+                    expr,
+                    &format!("n{} the count of every element", n.0),
+                ));
+            }
             Op::Reduce { op, axis, x, mask } => self.start_row_reduce(n, op, axis, x, mask, ctx, tasks)?,
             Op::Gather { index, .. } => {
                 if self.mode == Mode::DeviceFn {
@@ -1166,6 +1181,17 @@ struct RowReduce {
     guarded: bool,
 }
 
+/// Whether node `n` counts every element of its operand along its axes: a `count` without a
+/// mask of `iota >= 0` (what `size(D)` and a mean's gradient count), whose value is the product
+/// of the reduced axes' sizes.
+pub(crate) fn counts_every_element(g: &Graph, n: NodeId) -> bool {
+    let Op::Reduce { op: ReduceOp::Count, x, mask: None, .. } = g.node(n).op else { return false };
+    let Op::Binary(BinaryOp::Ge, a, b) = g.node(x).op else { return false };
+    matches!(g.node(a).op, Op::Iota { .. })
+        && matches!(g.node(b).op, Op::Const(kfuse_ir::Literal::Int(0)))
+        && g.node(x).shape == g.node(a).shape
+}
+
 /// The context of the operand of an [`Op::Unsqueeze`] at `ctx`: the new axes' coordinates left
 /// out.
 fn squeeze_ctx(ctx: Vec<Coord>, axes: u32) -> Vec<Coord> {
@@ -1295,6 +1321,7 @@ fn unary(op: UnaryOp, dtype: DType, v: &str) -> String {
         (UnaryOp::Sinh, _) => format!("sinhf({v})"),
         (UnaryOp::Cosh, _) => format!("coshf({v})"),
         (UnaryOp::BitNot, _) => format!("~{v}"),
+        (UnaryOp::Detach, _) => v.to_string(),
     }
 }
 

@@ -274,7 +274,7 @@ pub(crate) fn emit_kernel(
         KernelShape::RowWise => {
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, &body, false);
+            row_wise::write(&mut src, sizes, &accumulators, (&[], &body), false);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -294,7 +294,7 @@ pub(crate) fn emit_kernel(
             src.push_str(&entry_head(&entry));
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "register rows without sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, &cached.body, true);
+            row_wise::write(&mut src, sizes, &accumulators, (&cached.prologue, &cached.body), true);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
             src.push_str("}\n");

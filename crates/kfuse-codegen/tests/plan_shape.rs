@@ -173,7 +173,7 @@ fn elementwise_outputs_fuse_and_store_vectors() {
     let regs = p.kernels[0].register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!(regs.vector, 4);
     let kept = &src[src.find(&format!("{}(", regs.entry)).expect("entry")..];
-    assert!(kept.contains("*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"), "{src}");
+    assert!(kept.contains("kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j)"), "{src}");
     assert!(kept.contains("*reinterpret_cast<const float4*>(in1 + kf_j)"), "{src}");
     assert!(kept.contains("*reinterpret_cast<uint2*>(out0 + rowbase + kf_j) = make_uint2("), "{src}");
     assert!(!src.contains("atomicAdd"));

@@ -350,6 +350,7 @@ pub(crate) fn unary(
             UnaryOp::Acos => map1(out, x, f64::acos),
             UnaryOp::Sinh => map1(out, x, f64::sinh),
             UnaryOp::Cosh => map1(out, x, f64::cosh),
+            UnaryOp::Detach => map1(out, x, |v| v),
             UnaryOp::Not | UnaryOp::BitNot => return Err(unsupported()),
         },
     }

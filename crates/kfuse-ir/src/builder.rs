@@ -155,6 +155,8 @@ impl GraphBuilder {
     pub fn unary(&mut self, op: UnaryOp, x: NodeId) -> Result<NodeId, IrError> {
         let d = self.node(x).dtype;
         let x = match (op, d.kind()) {
+            (UnaryOp::Detach, Kind::Float) => x,
+            (UnaryOp::Detach, _) => return Ok(x),
             (UnaryOp::Not, Kind::Bool) => x,
             (UnaryOp::Not, _) => return Err(IrError::BadDType { op: "not", dtype: d, hint: " (it takes bool)" }),
             // `torch.bitwise_not` of a bool is the logical not.

@@ -77,10 +77,13 @@ pub enum UnaryOp {
     Cosh,
     /// `~x` of an `i32` (the builder turns `bitwise_not` of a bool into `not`).
     BitNot,
+    /// `x` itself, through which no gradient flows (`torch.Tensor.detach`): the builder keeps
+    /// it for floats only (an int or bool carries no gradient anyway).
+    Detach,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 29] = [
+    pub const ALL: [UnaryOp; 30] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -110,6 +113,7 @@ impl UnaryOp {
         UnaryOp::Sinh,
         UnaryOp::Cosh,
         UnaryOp::BitNot,
+        UnaryOp::Detach,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -142,12 +146,13 @@ impl UnaryOp {
             UnaryOp::Sinh => "sinh",
             UnaryOp::Cosh => "cosh",
             UnaryOp::BitNot => "bitwise_not",
+            UnaryOp::Detach => "detach",
         }
     }
     /// Math functions take floats only (an int operand is cast to `f32` by the builder, except
     /// that `round`, `trunc` and `ceil` of an int are the int itself, as in PyTorch).
     pub fn is_float_math(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::BitNot)
+        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::BitNot | UnaryOp::Detach)
     }
     /// `isnan`, `isinf`, `isfinite`: the result is `bool`, not the operand's dtype.
     pub fn is_predicate(self) -> bool {

@@ -4,7 +4,7 @@
 //! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
 //! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
 //! `f32 f16 bf16 i32 i64 bool`, `grad`, `stack(a, b, ...)` (along a new last axis), `iota(x, axis: A)` (the index along an axis, for one-hot
-//! comparisons with integer labels), `gather(x, index, axis: A)` (`torch.gather`), and the ragged-data helpers `mask(lengths)` and `size(D)`,
+//! comparisons with integer labels), `gather(x, index, axis: A)` (`torch.gather`), `softmax`/`log_softmax(x, axis: A)` (the axis's maximum detached), `detach(x)` (no gradient flows through), and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
 
 use kfuse_ir::{BinaryOp, Constraint, DType, Dim, NodeId, Op, ReduceAxis, ReduceOp, Shape, UnaryOp};
@@ -74,7 +74,7 @@ fn reduction(name: &str) -> Option<ReduceOp> {
     })
 }
 
-/// The `axis:` argument of a function that takes one axis (`iota`, `gather`): its value (-1 when
+/// The `axis:` argument of a function that takes one axis (`iota`, `gather`, `softmax`): its value (-1 when
 /// it is left out) and where to point an error about it.
 fn one_axis(a: &SplitArgs, span: Span, expected: &str) -> Result<(i64, Span), Report> {
     let Some(ax) = a.keyword("axis") else { return Ok((-1, span)) };
@@ -165,6 +165,7 @@ impl Lowerer<'_> {
             "size" => self.size(func, args, span),
             "iota" => self.iota(func, args, span),
             "gather" => self.gather(func, args, span),
+            "softmax" | "log_softmax" => self.softmax(func, args, span),
             "stack" => {
                 // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
                 let a = split(func, args, &[])?;
@@ -270,6 +271,34 @@ impl Lowerer<'_> {
             };
             self.ir_report(e, at, &[])
         })
+    }
+
+    /// `softmax(x, axis: A)` and `log_softmax(x, axis: A)` (`torch.softmax`, `torch.log_softmax`;
+    /// `axis: -1` when left out) over one axis, shifted by the axis's maximum for range. The
+    /// maximum is detached: the result does not depend on the shift, so its exact gradient has
+    /// no term through it, and none is computed (a tie count and a sum along the axis fewer).
+    fn softmax(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let n = func.name.as_str();
+        let a = split(func, args, &["axis"])?;
+        let [x] = exact(func, &a, span, &format!("{n}(x, axis: -1)"))?;
+        let axis = one_axis(&a, span, &format!("{n}(x, axis: -1)"))?;
+        let xn = self.expr(x)?;
+        let at = axis.1;
+        let err = |l: &Self, e| l.ir_report(e, at, &[]);
+        let xf = match self.dtype(xn).kind() {
+            kfuse_ir::Kind::Float => xn,
+            _ => self.b.cast(xn, DType::F32),
+        };
+        let m = self.b.reduce_axes(ReduceOp::Max, xf, &[axis.0], true, None).map_err(|e| err(self, e))?;
+        let m = self.b.unary(UnaryOp::Detach, m).map_err(|e| err(self, e))?;
+        let z = self.b.binary(BinaryOp::Sub, xf, m).map_err(|e| err(self, e))?;
+        let ez = self.b.unary(UnaryOp::Exp, z).map_err(|e| err(self, e))?;
+        let s = self.b.reduce_axes(ReduceOp::Sum, ez, &[axis.0], true, None).map_err(|e| err(self, e))?;
+        if n == "softmax" {
+            return self.b.binary(BinaryOp::Div, ez, s).map_err(|e| err(self, e));
+        }
+        let ls = self.b.unary(UnaryOp::Log, s).map_err(|e| err(self, e))?;
+        self.b.binary(BinaryOp::Sub, z, ls).map_err(|e| err(self, e))
     }
 
     /// `grad(of, wrt)`: the gradient of a scalar float with respect to an input.

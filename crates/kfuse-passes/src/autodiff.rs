@@ -454,7 +454,9 @@ impl Step<'_, '_> {
             | UnaryOp::IsNan
             | UnaryOp::IsInf
             | UnaryOp::IsFinite
-            | UnaryOp::BitNot => return Ok(None),
+            | UnaryOp::BitNot
+            // No gradient flows through by definition.
+            | UnaryOp::Detach => return Ok(None),
             UnaryOp::Log1p => {
                 let one = em.lit(1.0);
                 let xp = em.add(x, one)?;

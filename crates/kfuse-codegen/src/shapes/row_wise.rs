@@ -50,7 +50,7 @@ use crate::actions::{Combine, Group};
 use crate::analysis::{full_reduce, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
 use crate::buffers::size_expr;
 use crate::cuda::{self, Helper};
-use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
+use crate::emit::{counts_every_element, finish_reduce, temp_dtype, Coord, Emitter};
 use crate::plan::GridSpec;
 use crate::row_cache::{Group as RowGroup, RowCache};
 use crate::shapes::{grid_stride, KernelShape};
@@ -166,7 +166,8 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
     let mut found: Vec<(NodeId, RowCase, Dim)> = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
         let n = NodeId(i as u32);
-        if !evaluates(n) {
+        // A count of every element is the row length: no pass (see `emit::counts_every_element`).
+        if !evaluates(n) || counts_every_element(g, n) {
             continue;
         }
         if let Op::Reduce { axis: ReduceAxis::Last, x, .. } = node.op {
@@ -240,6 +241,8 @@ pub(crate) struct RowSizes {
 /// The body of the entry point for rows kept in registers, and the buffers it reads or writes a
 /// vector at a time with the vector's bytes (see `row_cache`).
 pub(crate) struct RegisterBody {
+    /// Before the row loop: the prefetch arrays and the loads of the thread's first row.
+    pub prologue: Vec<String>,
     pub body: Vec<String>,
     pub vectors: Vec<(String, u64)>,
     /// The columns of a vector (see `row_cache::RowCache::width`).
@@ -278,9 +281,10 @@ pub(crate) fn emit_body(
         em.renumber(mark);
         sizes.temps_written.clear();
     } else {
-        let mut body = cache.preload(g);
+        // Rows without passes load the next row ahead (see `RowCache::preload`).
+        let (prologue, mut body) = cache.preload(g, plan.phases.is_empty());
         body.extend(lines);
-        sizes.cached = Some(RegisterBody { body, vectors: cache.vectors, width: cache.width });
+        sizes.cached = Some(RegisterBody { prologue, body, vectors: cache.vectors, width: cache.width });
     }
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
     sizes.temps_written.sort_unstable();
@@ -430,10 +434,19 @@ fn emit_groups_cached(
 const ROW_WISE: &str = include_str!("../templates/row_wise.cuh");
 
 /// The sizes, the lanes per row, the `accumulators` and the grid-stride loop over the rows,
-/// running `body` (with `registers`, the body of rows kept in registers).
-pub(crate) fn write(src: &mut String, sizes: &RowSizes, accumulators: &str, body: &[String], registers: bool) {
+/// running `body`; `prologue` goes before the loop (with `registers`, the body and prologue of
+/// rows kept in registers).
+pub(crate) fn write(
+    src: &mut String,
+    sizes: &RowSizes,
+    accumulators: &str,
+    (prologue, body): (&[String], &[String]),
+    registers: bool,
+) {
     let mut body_lines = String::new();
     write_lines(&mut body_lines, body, "        ");
+    let mut prologue_lines = String::new();
+    write_lines(&mut prologue_lines, prologue, "    ");
     src.push_str(&render(
         ROW_WISE,
         &[
@@ -442,6 +455,7 @@ pub(crate) fn write(src: &mut String, sizes: &RowSizes, accumulators: &str, body
             ("min_lanes", &crate::ROW_MIN_LANES.to_string()),
             ("cols_per_lane", &crate::ROW_COLS_PER_LANE.to_string()),
             ("accumulators", accumulators),
+            ("prologue", &prologue_lines),
             ("n_type", if registers { "int" } else { "long long" }),
             ("body", &body_lines),
         ],

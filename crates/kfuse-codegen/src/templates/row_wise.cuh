@@ -2,7 +2,8 @@
 //~ {{rows}} rows of {{cols}} columns; a row takes a group of kf_g lanes, the power of two from
 //~ {{min_lanes}} up to the block that gives about {{cols_per_lane}} columns a lane (the host's
 //~ `row_lanes` computes the same to size the grid); grid-stride over the rows, blockDim.x / kf_g
-//~ rows at a time. {{accumulators}}: the full reductions' accumulators; {{body}}: the row body;
+//~ rows at a time. {{accumulators}}: the full reductions' accumulators; {{prologue}}: what goes
+//~ before the loop (rows kept in registers: the loads of the first row); {{body}}: the row body;
 //~ {{n_type}}: the type of the lanes' and columns' counts (`int` for rows kept in registers).
     const long long rows = {{rows}};
     const long long cols = {{cols}};
@@ -13,6 +14,7 @@
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
 {{accumulators}}
+{{prologue}}
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {

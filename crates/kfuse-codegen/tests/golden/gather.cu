@@ -226,6 +226,20 @@ extern "C" __global__ void __launch_bounds__(256) kf_24d058b5ffa963ea_1_regs(
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Rows kept in registers: each row-shaped input is loaded once, a row ahead.
+    uint4 kf_p3[4]; // rows: the lane's vectors of its next row
+    {
+        const long long kf_r1 = (long long)blockIdx.x * kf_gpb;
+        const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+        const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
+        const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n1) break;
+            kf_p3[kf_v] = *reinterpret_cast<const uint4*>(in3 + kf_base1 + kf_j);
+        }
+    }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -234,18 +248,26 @@ extern "C" __global__ void __launch_bounds__(256) kf_24d058b5ffa963ea_1_regs(
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        // The row fits the lanes' registers: each row-shaped input is loaded once.
-        int kf_c3[16]; // rows in registers: the lane's columns of the row
+        // This row's columns, from the loads issued a row ahead.
+        int kf_c3[16]; // rows: the lane's columns of the row
         #pragma unroll
         for (int kf_v = 0; kf_v < 4; ++kf_v) {
-            const int kf_j = 4 * (lane + kf_v * kf_g);
-            if (kf_j >= kf_n) break;
-            {
-                const uint4 kf_w = *reinterpret_cast<const uint4*>(in3 + rowbase + kf_j);
-                kf_c3[4 * kf_v + 0] = (int)kf_w.x;
-                kf_c3[4 * kf_v + 1] = (int)kf_w.y;
-                kf_c3[4 * kf_v + 2] = (int)kf_w.z;
-                kf_c3[4 * kf_v + 3] = (int)kf_w.w;
+            kf_c3[4 * kf_v + 0] = (int)kf_p3[kf_v].x;
+            kf_c3[4 * kf_v + 1] = (int)kf_p3[kf_v].y;
+            kf_c3[4 * kf_v + 2] = (int)kf_p3[kf_v].z;
+            kf_c3[4 * kf_v + 3] = (int)kf_p3[kf_v].w;
+        }
+        // The next row's loads, in flight while this row is computed.
+        {
+            const long long kf_r1 = kf_r0 + (long long)gridDim.x * kf_gpb;
+            const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+            const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
+            const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
+            #pragma unroll
+            for (int kf_v = 0; kf_v < 4; ++kf_v) {
+                const int kf_j = 4 * (lane + kf_v * kf_g);
+                if (kf_j >= kf_n1) break;
+                kf_p3[kf_v] = *reinterpret_cast<const uint4*>(in3 + kf_base1 + kf_j);
             }
         }
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns

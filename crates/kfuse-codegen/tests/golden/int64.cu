@@ -359,6 +359,23 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_2_regs(
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Rows kept in registers: each row-shaped input is loaded once, a row ahead.
+    long long kf_p0[16]; // x: the lane's columns of its next row
+    {
+        const long long kf_r1 = (long long)blockIdx.x * kf_gpb;
+        const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+        const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
+        const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n1) break;
+            kf_p0[4 * kf_v + 0] = in0[kf_base1 + kf_j + 0];
+            kf_p0[4 * kf_v + 1] = in0[kf_base1 + kf_j + 1];
+            kf_p0[4 * kf_v + 2] = in0[kf_base1 + kf_j + 2];
+            kf_p0[4 * kf_v + 3] = in0[kf_base1 + kf_j + 3];
+        }
+    }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -367,17 +384,24 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_2_regs(
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        // The row fits the lanes' registers: each row-shaped input is loaded once.
-        long long kf_c0[16]; // x in registers: the lane's columns of the row
+        // This row's columns, from the loads issued a row ahead.
+        long long kf_c0[16]; // x: the lane's columns of the row
         #pragma unroll
-        for (int kf_v = 0; kf_v < 4; ++kf_v) {
-            const int kf_j = 4 * (lane + kf_v * kf_g);
-            if (kf_j >= kf_n) break;
-            {
-                kf_c0[4 * kf_v + 0] = in0[rowbase + kf_j + 0];
-                kf_c0[4 * kf_v + 1] = in0[rowbase + kf_j + 1];
-                kf_c0[4 * kf_v + 2] = in0[rowbase + kf_j + 2];
-                kf_c0[4 * kf_v + 3] = in0[rowbase + kf_j + 3];
+        for (int t = 0; t < 16; ++t) kf_c0[t] = kf_p0[t];
+        // The next row's loads, in flight while this row is computed.
+        {
+            const long long kf_r1 = kf_r0 + (long long)gridDim.x * kf_gpb;
+            const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+            const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
+            const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
+            #pragma unroll
+            for (int kf_v = 0; kf_v < 4; ++kf_v) {
+                const int kf_j = 4 * (lane + kf_v * kf_g);
+                if (kf_j >= kf_n1) break;
+                kf_p0[4 * kf_v + 0] = in0[kf_base1 + kf_j + 0];
+                kf_p0[4 * kf_v + 1] = in0[kf_base1 + kf_j + 1];
+                kf_p0[4 * kf_v + 2] = in0[kf_base1 + kf_j + 2];
+                kf_p0[4 * kf_v + 3] = in0[kf_base1 + kf_j + 3];
             }
         }
         const long long v1 = tmp0[0]; // n25 from an earlier kernel

@@ -78,6 +78,22 @@ extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_0_regs(
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    // Rows kept in registers: each row-shaped input is loaded once, a row ahead.
+    float4 kf_p0[4]; // x: the lane's vectors of its next row
+    float4 kf_p2[4]; // dy: the lane's vectors of its next row
+    {
+        const long long kf_r1 = (long long)blockIdx.x * kf_gpb;
+        const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+        const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
+        const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n1) break;
+            kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j);
+            kf_p2[kf_v] = *reinterpret_cast<const float4*>(in2 + kf_base1 + kf_j);
+        }
+    }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -86,26 +102,35 @@ extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_0_regs(
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        // The row fits the lanes' registers: each row-shaped input is loaded once.
-        float kf_c0[16]; // x in registers: the lane's columns of the row
-        float kf_c2[16]; // dy in registers: the lane's columns of the row
+        // This row's columns, from the loads issued a row ahead.
+        float kf_c0[16]; // x: the lane's columns of the row
         #pragma unroll
         for (int kf_v = 0; kf_v < 4; ++kf_v) {
-            const int kf_j = 4 * (lane + kf_v * kf_g);
-            if (kf_j >= kf_n) break;
-            {
-                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
-                kf_c0[4 * kf_v + 0] = kf_w.x;
-                kf_c0[4 * kf_v + 1] = kf_w.y;
-                kf_c0[4 * kf_v + 2] = kf_w.z;
-                kf_c0[4 * kf_v + 3] = kf_w.w;
-            }
-            {
-                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + rowbase + kf_j);
-                kf_c2[4 * kf_v + 0] = kf_w.x;
-                kf_c2[4 * kf_v + 1] = kf_w.y;
-                kf_c2[4 * kf_v + 2] = kf_w.z;
-                kf_c2[4 * kf_v + 3] = kf_w.w;
+            kf_c0[4 * kf_v + 0] = kf_p0[kf_v].x;
+            kf_c0[4 * kf_v + 1] = kf_p0[kf_v].y;
+            kf_c0[4 * kf_v + 2] = kf_p0[kf_v].z;
+            kf_c0[4 * kf_v + 3] = kf_p0[kf_v].w;
+        }
+        float kf_c2[16]; // dy: the lane's columns of the row
+        #pragma unroll
+        for (int kf_v = 0; kf_v < 4; ++kf_v) {
+            kf_c2[4 * kf_v + 0] = kf_p2[kf_v].x;
+            kf_c2[4 * kf_v + 1] = kf_p2[kf_v].y;
+            kf_c2[4 * kf_v + 2] = kf_p2[kf_v].z;
+            kf_c2[4 * kf_v + 3] = kf_p2[kf_v].w;
+        }
+        // The next row's loads, in flight while this row is computed.
+        {
+            const long long kf_r1 = kf_r0 + (long long)gridDim.x * kf_gpb;
+            const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+            const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
+            const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
+            #pragma unroll
+            for (int kf_v = 0; kf_v < 4; ++kf_v) {
+                const int kf_j = 4 * (lane + kf_v * kf_g);
+                if (kf_j >= kf_n1) break;
+                kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j);
+                kf_p2[kf_v] = *reinterpret_cast<const float4*>(in2 + kf_base1 + kf_j);
             }
         }
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns

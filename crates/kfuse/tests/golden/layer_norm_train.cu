@@ -54,91 +54,84 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        double a273 = 0.0;
-        double a274 = 0.0;
-        double a275 = 0.0;
+        double a270 = 0.0;
+        double a271 = 0.0;
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v276 = in0[rowbase + j3]; // x f32
-            a273 += (double)v276; a274 += 1.0;
-            const int v277 = (int)row; // n27
-            const bool v278 = v277 >= 0; // n29
-            if (v278) {
-                a275 += 1.0;
-            }
+            const float v272 = in0[rowbase + j3]; // x f32
+            a270 += (double)v272; a271 += 1.0;
         }
-        a273 = kf_row_sum(a273, kf_g, kf_rs); // over the row's lanes
-        a274 = kf_row_sum(a274, kf_g, kf_rs); // over the row's lanes
-        const float v279 = (float)(a273 / a274); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v279; // for a later kernel
-        a275 = kf_row_sum(a275, kf_g, kf_rs); // over the row's lanes
-        const int v280 = (int)(long long)a275; // n30 count along the row, once per row
-        double a281 = 0.0;
-        double a282 = 0.0;
-        double a283 = 0.0;
+        a270 = kf_row_sum(a270, kf_g, kf_rs); // over the row's lanes
+        a271 = kf_row_sum(a271, kf_g, kf_rs); // over the row's lanes
+        const float v273 = (float)(a270 / a271); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v273; // for a later kernel
+        double a274 = 0.0;
+        double a275 = 0.0;
+        double a276 = 0.0;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v284 = in0[rowbase + j4]; // x f32
-            const float v285 = v284 - v279; // n6
-            const float v286 = v285 * v285; // n7
-            a281 += (double)v286; a282 += 1.0;
-            const float v287 = in3[rowbase + j4]; // dy f32
-            const float v288 = in1[j4]; // gamma f32
-            const float v289 = v287 * v288; // n16
-            const float v290 = v289 * v285; // n18
-            a283 += (double)v290;
+            const float v277 = in0[rowbase + j4]; // x f32
+            const float v278 = v277 - v273; // n6
+            const float v279 = v278 * v278; // n7
+            a274 += (double)v279; a275 += 1.0;
+            const float v280 = in3[rowbase + j4]; // dy f32
+            const float v281 = in1[j4]; // gamma f32
+            const float v282 = v280 * v281; // n16
+            const float v283 = v282 * v278; // n18
+            a276 += (double)v283;
         }
-        a281 = kf_row_sum(a281, kf_g, kf_rs); // over the row's lanes
-        a282 = kf_row_sum(a282, kf_g, kf_rs); // over the row's lanes
-        const float v291 = (float)(a281 / a282); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v291; // for a later kernel
-        a283 = kf_row_sum(a283, kf_g, kf_rs); // over the row's lanes
-        const float v292 = (float)a283; // n19 sum along the row, once per row
-        double a293 = 0.0;
-        const float v297 = v291 + 1e-5f; // n11
-        const float v298 = rsqrtf(v297); // n12
-        const float v300 = v298 * v298; // n21
-        const float v301 = v300 * v298; // n22
-        const float v302 = v301 * (-0.5f); // n24
-        const float v303 = v292 * v302; // n25
-        const float v304 = (float)v280; // n31
-        const float v305 = v303 / v304; // n32
+        a274 = kf_row_sum(a274, kf_g, kf_rs); // over the row's lanes
+        a275 = kf_row_sum(a275, kf_g, kf_rs); // over the row's lanes
+        const float v284 = (float)(a274 / a275); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v284; // for a later kernel
+        a276 = kf_row_sum(a276, kf_g, kf_rs); // over the row's lanes
+        const float v285 = (float)a276; // n19 sum along the row, once per row
+        double a286 = 0.0;
+        const float v290 = v284 + 1e-5f; // n11
+        const float v291 = rsqrtf(v290); // n12
+        const float v293 = v291 * v291; // n21
+        const float v294 = v293 * v291; // n22
+        const float v295 = v294 * (-0.5f); // n24
+        const float v296 = v285 * v295; // n25
+        const int v297 = (int)(sz1); // n30 the count of every element
+        const float v298 = (float)v297; // n31
+        const float v299 = v296 / v298; // n32
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v294 = in3[rowbase + j5]; // dy f32
-            const float v295 = in1[j5]; // gamma f32
-            const float v296 = v294 * v295; // n16
-            const float v299 = v296 * v298; // n17
-            const float v306 = in0[rowbase + j5]; // x f32
-            const float v307 = v306 - v279; // n6
-            const float v308 = v305 * v307; // n34
-            const float v309 = v299 + v308; // n35
-            const float v310 = v309 + v308; // n36
-            const float v311 = -v310; // n37
-            a293 += (double)v311;
+            const float v287 = in3[rowbase + j5]; // dy f32
+            const float v288 = in1[j5]; // gamma f32
+            const float v289 = v287 * v288; // n16
+            const float v292 = v289 * v291; // n17
+            const float v300 = in0[rowbase + j5]; // x f32
+            const float v301 = v300 - v273; // n6
+            const float v302 = v299 * v301; // n34
+            const float v303 = v292 + v302; // n35
+            const float v304 = v303 + v302; // n36
+            const float v305 = -v304; // n37
+            a286 += (double)v305;
         }
-        a293 = kf_row_sum(a293, kf_g, kf_rs); // over the row's lanes
-        const float v312 = (float)a293; // n38 sum along the row, once per row
-        const float v326 = v312 / v304; // n41
+        a286 = kf_row_sum(a286, kf_g, kf_rs); // over the row's lanes
+        const float v306 = (float)a286; // n38 sum along the row, once per row
+        const float v320 = v306 / v298; // n41
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v313 = in0[i]; // x f32
-            const float v314 = v313 - v279; // n6
-            const float v315 = v314 * v298; // n13
-            const float v316 = in1[col]; // gamma f32
-            const float v317 = v315 * v316; // n14
-            const float v318 = in2[col]; // beta f32
-            const float v319 = v317 + v318; // n15
-            out0[i] = v319; // y
-            const float v320 = in3[i]; // dy f32
-            const float v321 = v320 * v316; // n16
-            const float v322 = v321 * v298; // n17
-            const float v323 = v305 * v314; // n34
-            const float v324 = v322 + v323; // n35
-            const float v325 = v324 + v323; // n36
-            const float v327 = v325 + v326; // n43
-            out1[i] = v327; // dx
+            const float v307 = in0[i]; // x f32
+            const float v308 = v307 - v273; // n6
+            const float v309 = v308 * v291; // n13
+            const float v310 = in1[col]; // gamma f32
+            const float v311 = v309 * v310; // n14
+            const float v312 = in2[col]; // beta f32
+            const float v313 = v311 + v312; // n15
+            out0[i] = v313; // y
+            const float v314 = in3[i]; // dy f32
+            const float v315 = v314 * v310; // n16
+            const float v316 = v315 * v291; // n17
+            const float v317 = v299 * v308; // n34
+            const float v318 = v316 + v317; // n35
+            const float v319 = v318 + v317; // n36
+            const float v321 = v319 + v320; // n43
+            out1[i] = v321; // dx
         }
     }
 }
@@ -196,484 +189,477 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0_regs(
         }
         double a0 = 0.0;
         double a1 = 0.0;
-        double a2 = 0.0;
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v3 = kf_c0[t0]; // x f32
-            a0 += (double)v3;
-            const int v4 = (int)row; // n27
-            const bool v5 = v4 >= 0; // n29
-            if (v5) {
-                a2 += 1.0;
-            }
+            const float v2 = kf_c0[t0]; // x f32
+            a0 += (double)v2;
         }
         a0 = kf_row_sum(a0, kf_g, kf_rs); // over the row's lanes
         a1 = (double)kf_n; // the row's columns
-        const float v6 = (float)(a0 / a1); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v6; // for a later kernel
-        a2 = kf_row_sum(a2, kf_g, kf_rs); // over the row's lanes
-        const int v7 = (int)(long long)a2; // n30 count along the row, once per row
-        double a8 = 0.0;
-        double a9 = 0.0;
-        double a10 = 0.0;
+        const float v3 = (float)(a0 / a1); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v3; // for a later kernel
+        double a4 = 0.0;
+        double a5 = 0.0;
+        double a6 = 0.0;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v11 = kf_c0[t1]; // x f32
-            const float v12 = v11 - v6; // n6
-            const float v13 = v12 * v12; // n7
-            a8 += (double)v13;
-            const float v14 = kf_c3[t1]; // dy f32
-            const float v15 = in1[j1]; // gamma f32
-            const float v16 = v14 * v15; // n16
-            const float v17 = v16 * v12; // n18
-            a10 += (double)v17;
+            const float v7 = kf_c0[t1]; // x f32
+            const float v8 = v7 - v3; // n6
+            const float v9 = v8 * v8; // n7
+            a4 += (double)v9;
+            const float v10 = kf_c3[t1]; // dy f32
+            const float v11 = in1[j1]; // gamma f32
+            const float v12 = v10 * v11; // n16
+            const float v13 = v12 * v8; // n18
+            a6 += (double)v13;
         }
-        a8 = kf_row_sum(a8, kf_g, kf_rs); // over the row's lanes
-        a9 = (double)kf_n; // the row's columns
-        const float v18 = (float)(a8 / a9); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v18; // for a later kernel
-        a10 = kf_row_sum(a10, kf_g, kf_rs); // over the row's lanes
-        const float v19 = (float)a10; // n19 sum along the row, once per row
-        double a20 = 0.0;
-        const float v24 = v18 + 1e-5f; // n11
-        const float v25 = rsqrtf(v24); // n12
-        const float v27 = v25 * v25; // n21
-        const float v28 = v27 * v25; // n22
-        const float v29 = v28 * (-0.5f); // n24
-        const float v30 = v19 * v29; // n25
-        const float v31 = (float)v7; // n31
-        const float v32 = v30 / v31; // n32
+        a4 = kf_row_sum(a4, kf_g, kf_rs); // over the row's lanes
+        a5 = (double)kf_n; // the row's columns
+        const float v14 = (float)(a4 / a5); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v14; // for a later kernel
+        a6 = kf_row_sum(a6, kf_g, kf_rs); // over the row's lanes
+        const float v15 = (float)a6; // n19 sum along the row, once per row
+        double a16 = 0.0;
+        const float v20 = v14 + 1e-5f; // n11
+        const float v21 = rsqrtf(v20); // n12
+        const float v23 = v21 * v21; // n21
+        const float v24 = v23 * v21; // n22
+        const float v25 = v24 * (-0.5f); // n24
+        const float v26 = v15 * v25; // n25
+        const int v27 = (int)(sz1); // n30 the count of every element
+        const float v28 = (float)v27; // n31
+        const float v29 = v26 / v28; // n32
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v21 = kf_c3[t2]; // dy f32
-            const float v22 = in1[j2]; // gamma f32
-            const float v23 = v21 * v22; // n16
-            const float v26 = v23 * v25; // n17
-            const float v33 = kf_c0[t2]; // x f32
-            const float v34 = v33 - v6; // n6
-            const float v35 = v32 * v34; // n34
-            const float v36 = v26 + v35; // n35
-            const float v37 = v36 + v35; // n36
-            const float v38 = -v37; // n37
-            a20 += (double)v38;
+            const float v17 = kf_c3[t2]; // dy f32
+            const float v18 = in1[j2]; // gamma f32
+            const float v19 = v17 * v18; // n16
+            const float v22 = v19 * v21; // n17
+            const float v30 = kf_c0[t2]; // x f32
+            const float v31 = v30 - v3; // n6
+            const float v32 = v29 * v31; // n34
+            const float v33 = v22 + v32; // n35
+            const float v34 = v33 + v32; // n36
+            const float v35 = -v34; // n37
+            a16 += (double)v35;
         }
-        a20 = kf_row_sum(a20, kf_g, kf_rs); // over the row's lanes
-        const float v39 = (float)a20; // n38 sum along the row, once per row
-        const float v55 = v39 / v31; // n41
+        a16 = kf_row_sum(a16, kf_g, kf_rs); // over the row's lanes
+        const float v36 = (float)a16; // n38 sum along the row, once per row
+        const float v52 = v36 / v28; // n41
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
-            float kf_d43[4]; // gamma at the group's columns
+            float kf_d40[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d40[0] = kf_w.x;
+                kf_d40[1] = kf_w.y;
+                kf_d40[2] = kf_w.z;
+                kf_d40[3] = kf_w.w;
+            }
+            float kf_d43[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
                 kf_d43[0] = kf_w.x;
                 kf_d43[1] = kf_w.y;
                 kf_d43[2] = kf_w.z;
                 kf_d43[3] = kf_w.w;
-            }
-            float kf_d46[4]; // beta at the group's columns
-            {
-                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d46[0] = kf_w.x;
-                kf_d46[1] = kf_w.y;
-                kf_d46[2] = kf_w.z;
-                kf_d46[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v40 = kf_c0[0]; // x f32
-                const float v41 = v40 - v6; // n6
-                const float v42 = v41 * v25; // n13
-                const float v44 = kf_d43[0]; // gamma f32
-                const float v45 = v42 * v44; // n14
-                const float v47 = kf_d46[0]; // beta f32
-                const float v48 = v45 + v47; // n15
-                kf_o0[0] = v48; // y
-                const float v49 = kf_c3[0]; // dy f32
-                const float v50 = v49 * v44; // n16
-                const float v51 = v50 * v25; // n17
-                const float v52 = v32 * v41; // n34
-                const float v53 = v51 + v52; // n35
-                const float v54 = v53 + v52; // n36
-                const float v56 = v54 + v55; // n43
-                kf_o1[0] = v56; // dx
+                const float v37 = kf_c0[0]; // x f32
+                const float v38 = v37 - v3; // n6
+                const float v39 = v38 * v21; // n13
+                const float v41 = kf_d40[0]; // gamma f32
+                const float v42 = v39 * v41; // n14
+                const float v44 = kf_d43[0]; // beta f32
+                const float v45 = v42 + v44; // n15
+                kf_o0[0] = v45; // y
+                const float v46 = kf_c3[0]; // dy f32
+                const float v47 = v46 * v41; // n16
+                const float v48 = v47 * v21; // n17
+                const float v49 = v29 * v38; // n34
+                const float v50 = v48 + v49; // n35
+                const float v51 = v50 + v49; // n36
+                const float v53 = v51 + v52; // n43
+                kf_o1[0] = v53; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v57 = kf_c0[1]; // x f32
-                const float v58 = v57 - v6; // n6
-                const float v59 = v58 * v25; // n13
-                const float v60 = kf_d43[1]; // gamma f32
-                const float v61 = v59 * v60; // n14
-                const float v62 = kf_d46[1]; // beta f32
-                const float v63 = v61 + v62; // n15
-                kf_o0[1] = v63; // y
-                const float v64 = kf_c3[1]; // dy f32
-                const float v65 = v64 * v60; // n16
-                const float v66 = v65 * v25; // n17
-                const float v67 = v32 * v58; // n34
-                const float v68 = v66 + v67; // n35
-                const float v69 = v68 + v67; // n36
-                const float v70 = v69 + v55; // n43
-                kf_o1[1] = v70; // dx
+                const float v54 = kf_c0[1]; // x f32
+                const float v55 = v54 - v3; // n6
+                const float v56 = v55 * v21; // n13
+                const float v57 = kf_d40[1]; // gamma f32
+                const float v58 = v56 * v57; // n14
+                const float v59 = kf_d43[1]; // beta f32
+                const float v60 = v58 + v59; // n15
+                kf_o0[1] = v60; // y
+                const float v61 = kf_c3[1]; // dy f32
+                const float v62 = v61 * v57; // n16
+                const float v63 = v62 * v21; // n17
+                const float v64 = v29 * v55; // n34
+                const float v65 = v63 + v64; // n35
+                const float v66 = v65 + v64; // n36
+                const float v67 = v66 + v52; // n43
+                kf_o1[1] = v67; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v71 = kf_c0[2]; // x f32
-                const float v72 = v71 - v6; // n6
-                const float v73 = v72 * v25; // n13
-                const float v74 = kf_d43[2]; // gamma f32
-                const float v75 = v73 * v74; // n14
-                const float v76 = kf_d46[2]; // beta f32
-                const float v77 = v75 + v76; // n15
-                kf_o0[2] = v77; // y
-                const float v78 = kf_c3[2]; // dy f32
-                const float v79 = v78 * v74; // n16
-                const float v80 = v79 * v25; // n17
-                const float v81 = v32 * v72; // n34
-                const float v82 = v80 + v81; // n35
-                const float v83 = v82 + v81; // n36
-                const float v84 = v83 + v55; // n43
-                kf_o1[2] = v84; // dx
+                const float v68 = kf_c0[2]; // x f32
+                const float v69 = v68 - v3; // n6
+                const float v70 = v69 * v21; // n13
+                const float v71 = kf_d40[2]; // gamma f32
+                const float v72 = v70 * v71; // n14
+                const float v73 = kf_d43[2]; // beta f32
+                const float v74 = v72 + v73; // n15
+                kf_o0[2] = v74; // y
+                const float v75 = kf_c3[2]; // dy f32
+                const float v76 = v75 * v71; // n16
+                const float v77 = v76 * v21; // n17
+                const float v78 = v29 * v69; // n34
+                const float v79 = v77 + v78; // n35
+                const float v80 = v79 + v78; // n36
+                const float v81 = v80 + v52; // n43
+                kf_o1[2] = v81; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v85 = kf_c0[3]; // x f32
-                const float v86 = v85 - v6; // n6
-                const float v87 = v86 * v25; // n13
-                const float v88 = kf_d43[3]; // gamma f32
-                const float v89 = v87 * v88; // n14
-                const float v90 = kf_d46[3]; // beta f32
-                const float v91 = v89 + v90; // n15
-                kf_o0[3] = v91; // y
-                const float v92 = kf_c3[3]; // dy f32
-                const float v93 = v92 * v88; // n16
-                const float v94 = v93 * v25; // n17
-                const float v95 = v32 * v86; // n34
-                const float v96 = v94 + v95; // n35
-                const float v97 = v96 + v95; // n36
-                const float v98 = v97 + v55; // n43
-                kf_o1[3] = v98; // dx
+                const float v82 = kf_c0[3]; // x f32
+                const float v83 = v82 - v3; // n6
+                const float v84 = v83 * v21; // n13
+                const float v85 = kf_d40[3]; // gamma f32
+                const float v86 = v84 * v85; // n14
+                const float v87 = kf_d43[3]; // beta f32
+                const float v88 = v86 + v87; // n15
+                kf_o0[3] = v88; // y
+                const float v89 = kf_c3[3]; // dy f32
+                const float v90 = v89 * v85; // n16
+                const float v91 = v90 * v21; // n17
+                const float v92 = v29 * v83; // n34
+                const float v93 = v91 + v92; // n35
+                const float v94 = v93 + v92; // n36
+                const float v95 = v94 + v52; // n43
+                kf_o1[3] = v95; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
         if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
             const int kf_j = 4 * (lane + 1 * kf_g);
-            float kf_d102[4]; // gamma at the group's columns
+            float kf_d99[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d99[0] = kf_w.x;
+                kf_d99[1] = kf_w.y;
+                kf_d99[2] = kf_w.z;
+                kf_d99[3] = kf_w.w;
+            }
+            float kf_d102[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
                 kf_d102[0] = kf_w.x;
                 kf_d102[1] = kf_w.y;
                 kf_d102[2] = kf_w.z;
                 kf_d102[3] = kf_w.w;
-            }
-            float kf_d105[4]; // beta at the group's columns
-            {
-                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d105[0] = kf_w.x;
-                kf_d105[1] = kf_w.y;
-                kf_d105[2] = kf_w.z;
-                kf_d105[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v99 = kf_c0[4]; // x f32
-                const float v100 = v99 - v6; // n6
-                const float v101 = v100 * v25; // n13
-                const float v103 = kf_d102[0]; // gamma f32
-                const float v104 = v101 * v103; // n14
-                const float v106 = kf_d105[0]; // beta f32
-                const float v107 = v104 + v106; // n15
-                kf_o0[0] = v107; // y
-                const float v108 = kf_c3[4]; // dy f32
-                const float v109 = v108 * v103; // n16
-                const float v110 = v109 * v25; // n17
-                const float v111 = v32 * v100; // n34
-                const float v112 = v110 + v111; // n35
-                const float v113 = v112 + v111; // n36
-                const float v114 = v113 + v55; // n43
-                kf_o1[0] = v114; // dx
+                const float v96 = kf_c0[4]; // x f32
+                const float v97 = v96 - v3; // n6
+                const float v98 = v97 * v21; // n13
+                const float v100 = kf_d99[0]; // gamma f32
+                const float v101 = v98 * v100; // n14
+                const float v103 = kf_d102[0]; // beta f32
+                const float v104 = v101 + v103; // n15
+                kf_o0[0] = v104; // y
+                const float v105 = kf_c3[4]; // dy f32
+                const float v106 = v105 * v100; // n16
+                const float v107 = v106 * v21; // n17
+                const float v108 = v29 * v97; // n34
+                const float v109 = v107 + v108; // n35
+                const float v110 = v109 + v108; // n36
+                const float v111 = v110 + v52; // n43
+                kf_o1[0] = v111; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v115 = kf_c0[5]; // x f32
-                const float v116 = v115 - v6; // n6
-                const float v117 = v116 * v25; // n13
-                const float v118 = kf_d102[1]; // gamma f32
-                const float v119 = v117 * v118; // n14
-                const float v120 = kf_d105[1]; // beta f32
-                const float v121 = v119 + v120; // n15
-                kf_o0[1] = v121; // y
-                const float v122 = kf_c3[5]; // dy f32
-                const float v123 = v122 * v118; // n16
-                const float v124 = v123 * v25; // n17
-                const float v125 = v32 * v116; // n34
-                const float v126 = v124 + v125; // n35
-                const float v127 = v126 + v125; // n36
-                const float v128 = v127 + v55; // n43
-                kf_o1[1] = v128; // dx
+                const float v112 = kf_c0[5]; // x f32
+                const float v113 = v112 - v3; // n6
+                const float v114 = v113 * v21; // n13
+                const float v115 = kf_d99[1]; // gamma f32
+                const float v116 = v114 * v115; // n14
+                const float v117 = kf_d102[1]; // beta f32
+                const float v118 = v116 + v117; // n15
+                kf_o0[1] = v118; // y
+                const float v119 = kf_c3[5]; // dy f32
+                const float v120 = v119 * v115; // n16
+                const float v121 = v120 * v21; // n17
+                const float v122 = v29 * v113; // n34
+                const float v123 = v121 + v122; // n35
+                const float v124 = v123 + v122; // n36
+                const float v125 = v124 + v52; // n43
+                kf_o1[1] = v125; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v129 = kf_c0[6]; // x f32
-                const float v130 = v129 - v6; // n6
-                const float v131 = v130 * v25; // n13
-                const float v132 = kf_d102[2]; // gamma f32
-                const float v133 = v131 * v132; // n14
-                const float v134 = kf_d105[2]; // beta f32
-                const float v135 = v133 + v134; // n15
-                kf_o0[2] = v135; // y
-                const float v136 = kf_c3[6]; // dy f32
-                const float v137 = v136 * v132; // n16
-                const float v138 = v137 * v25; // n17
-                const float v139 = v32 * v130; // n34
-                const float v140 = v138 + v139; // n35
-                const float v141 = v140 + v139; // n36
-                const float v142 = v141 + v55; // n43
-                kf_o1[2] = v142; // dx
+                const float v126 = kf_c0[6]; // x f32
+                const float v127 = v126 - v3; // n6
+                const float v128 = v127 * v21; // n13
+                const float v129 = kf_d99[2]; // gamma f32
+                const float v130 = v128 * v129; // n14
+                const float v131 = kf_d102[2]; // beta f32
+                const float v132 = v130 + v131; // n15
+                kf_o0[2] = v132; // y
+                const float v133 = kf_c3[6]; // dy f32
+                const float v134 = v133 * v129; // n16
+                const float v135 = v134 * v21; // n17
+                const float v136 = v29 * v127; // n34
+                const float v137 = v135 + v136; // n35
+                const float v138 = v137 + v136; // n36
+                const float v139 = v138 + v52; // n43
+                kf_o1[2] = v139; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v143 = kf_c0[7]; // x f32
-                const float v144 = v143 - v6; // n6
-                const float v145 = v144 * v25; // n13
-                const float v146 = kf_d102[3]; // gamma f32
-                const float v147 = v145 * v146; // n14
-                const float v148 = kf_d105[3]; // beta f32
-                const float v149 = v147 + v148; // n15
-                kf_o0[3] = v149; // y
-                const float v150 = kf_c3[7]; // dy f32
-                const float v151 = v150 * v146; // n16
-                const float v152 = v151 * v25; // n17
-                const float v153 = v32 * v144; // n34
-                const float v154 = v152 + v153; // n35
-                const float v155 = v154 + v153; // n36
-                const float v156 = v155 + v55; // n43
-                kf_o1[3] = v156; // dx
+                const float v140 = kf_c0[7]; // x f32
+                const float v141 = v140 - v3; // n6
+                const float v142 = v141 * v21; // n13
+                const float v143 = kf_d99[3]; // gamma f32
+                const float v144 = v142 * v143; // n14
+                const float v145 = kf_d102[3]; // beta f32
+                const float v146 = v144 + v145; // n15
+                kf_o0[3] = v146; // y
+                const float v147 = kf_c3[7]; // dy f32
+                const float v148 = v147 * v143; // n16
+                const float v149 = v148 * v21; // n17
+                const float v150 = v29 * v141; // n34
+                const float v151 = v149 + v150; // n35
+                const float v152 = v151 + v150; // n36
+                const float v153 = v152 + v52; // n43
+                kf_o1[3] = v153; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
         if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
             const int kf_j = 4 * (lane + 2 * kf_g);
-            float kf_d160[4]; // gamma at the group's columns
+            float kf_d157[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d157[0] = kf_w.x;
+                kf_d157[1] = kf_w.y;
+                kf_d157[2] = kf_w.z;
+                kf_d157[3] = kf_w.w;
+            }
+            float kf_d160[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
                 kf_d160[0] = kf_w.x;
                 kf_d160[1] = kf_w.y;
                 kf_d160[2] = kf_w.z;
                 kf_d160[3] = kf_w.w;
-            }
-            float kf_d163[4]; // beta at the group's columns
-            {
-                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d163[0] = kf_w.x;
-                kf_d163[1] = kf_w.y;
-                kf_d163[2] = kf_w.z;
-                kf_d163[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v157 = kf_c0[8]; // x f32
-                const float v158 = v157 - v6; // n6
-                const float v159 = v158 * v25; // n13
-                const float v161 = kf_d160[0]; // gamma f32
-                const float v162 = v159 * v161; // n14
-                const float v164 = kf_d163[0]; // beta f32
-                const float v165 = v162 + v164; // n15
-                kf_o0[0] = v165; // y
-                const float v166 = kf_c3[8]; // dy f32
-                const float v167 = v166 * v161; // n16
-                const float v168 = v167 * v25; // n17
-                const float v169 = v32 * v158; // n34
-                const float v170 = v168 + v169; // n35
-                const float v171 = v170 + v169; // n36
-                const float v172 = v171 + v55; // n43
-                kf_o1[0] = v172; // dx
+                const float v154 = kf_c0[8]; // x f32
+                const float v155 = v154 - v3; // n6
+                const float v156 = v155 * v21; // n13
+                const float v158 = kf_d157[0]; // gamma f32
+                const float v159 = v156 * v158; // n14
+                const float v161 = kf_d160[0]; // beta f32
+                const float v162 = v159 + v161; // n15
+                kf_o0[0] = v162; // y
+                const float v163 = kf_c3[8]; // dy f32
+                const float v164 = v163 * v158; // n16
+                const float v165 = v164 * v21; // n17
+                const float v166 = v29 * v155; // n34
+                const float v167 = v165 + v166; // n35
+                const float v168 = v167 + v166; // n36
+                const float v169 = v168 + v52; // n43
+                kf_o1[0] = v169; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v173 = kf_c0[9]; // x f32
-                const float v174 = v173 - v6; // n6
-                const float v175 = v174 * v25; // n13
-                const float v176 = kf_d160[1]; // gamma f32
-                const float v177 = v175 * v176; // n14
-                const float v178 = kf_d163[1]; // beta f32
-                const float v179 = v177 + v178; // n15
-                kf_o0[1] = v179; // y
-                const float v180 = kf_c3[9]; // dy f32
-                const float v181 = v180 * v176; // n16
-                const float v182 = v181 * v25; // n17
-                const float v183 = v32 * v174; // n34
-                const float v184 = v182 + v183; // n35
-                const float v185 = v184 + v183; // n36
-                const float v186 = v185 + v55; // n43
-                kf_o1[1] = v186; // dx
+                const float v170 = kf_c0[9]; // x f32
+                const float v171 = v170 - v3; // n6
+                const float v172 = v171 * v21; // n13
+                const float v173 = kf_d157[1]; // gamma f32
+                const float v174 = v172 * v173; // n14
+                const float v175 = kf_d160[1]; // beta f32
+                const float v176 = v174 + v175; // n15
+                kf_o0[1] = v176; // y
+                const float v177 = kf_c3[9]; // dy f32
+                const float v178 = v177 * v173; // n16
+                const float v179 = v178 * v21; // n17
+                const float v180 = v29 * v171; // n34
+                const float v181 = v179 + v180; // n35
+                const float v182 = v181 + v180; // n36
+                const float v183 = v182 + v52; // n43
+                kf_o1[1] = v183; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v187 = kf_c0[10]; // x f32
-                const float v188 = v187 - v6; // n6
-                const float v189 = v188 * v25; // n13
-                const float v190 = kf_d160[2]; // gamma f32
-                const float v191 = v189 * v190; // n14
-                const float v192 = kf_d163[2]; // beta f32
-                const float v193 = v191 + v192; // n15
-                kf_o0[2] = v193; // y
-                const float v194 = kf_c3[10]; // dy f32
-                const float v195 = v194 * v190; // n16
-                const float v196 = v195 * v25; // n17
-                const float v197 = v32 * v188; // n34
-                const float v198 = v196 + v197; // n35
-                const float v199 = v198 + v197; // n36
-                const float v200 = v199 + v55; // n43
-                kf_o1[2] = v200; // dx
+                const float v184 = kf_c0[10]; // x f32
+                const float v185 = v184 - v3; // n6
+                const float v186 = v185 * v21; // n13
+                const float v187 = kf_d157[2]; // gamma f32
+                const float v188 = v186 * v187; // n14
+                const float v189 = kf_d160[2]; // beta f32
+                const float v190 = v188 + v189; // n15
+                kf_o0[2] = v190; // y
+                const float v191 = kf_c3[10]; // dy f32
+                const float v192 = v191 * v187; // n16
+                const float v193 = v192 * v21; // n17
+                const float v194 = v29 * v185; // n34
+                const float v195 = v193 + v194; // n35
+                const float v196 = v195 + v194; // n36
+                const float v197 = v196 + v52; // n43
+                kf_o1[2] = v197; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v201 = kf_c0[11]; // x f32
-                const float v202 = v201 - v6; // n6
-                const float v203 = v202 * v25; // n13
-                const float v204 = kf_d160[3]; // gamma f32
-                const float v205 = v203 * v204; // n14
-                const float v206 = kf_d163[3]; // beta f32
-                const float v207 = v205 + v206; // n15
-                kf_o0[3] = v207; // y
-                const float v208 = kf_c3[11]; // dy f32
-                const float v209 = v208 * v204; // n16
-                const float v210 = v209 * v25; // n17
-                const float v211 = v32 * v202; // n34
-                const float v212 = v210 + v211; // n35
-                const float v213 = v212 + v211; // n36
-                const float v214 = v213 + v55; // n43
-                kf_o1[3] = v214; // dx
+                const float v198 = kf_c0[11]; // x f32
+                const float v199 = v198 - v3; // n6
+                const float v200 = v199 * v21; // n13
+                const float v201 = kf_d157[3]; // gamma f32
+                const float v202 = v200 * v201; // n14
+                const float v203 = kf_d160[3]; // beta f32
+                const float v204 = v202 + v203; // n15
+                kf_o0[3] = v204; // y
+                const float v205 = kf_c3[11]; // dy f32
+                const float v206 = v205 * v201; // n16
+                const float v207 = v206 * v21; // n17
+                const float v208 = v29 * v199; // n34
+                const float v209 = v207 + v208; // n35
+                const float v210 = v209 + v208; // n36
+                const float v211 = v210 + v52; // n43
+                kf_o1[3] = v211; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
         if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
             const int kf_j = 4 * (lane + 3 * kf_g);
-            float kf_d218[4]; // gamma at the group's columns
+            float kf_d215[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
+                kf_d215[0] = kf_w.x;
+                kf_d215[1] = kf_w.y;
+                kf_d215[2] = kf_w.z;
+                kf_d215[3] = kf_w.w;
+            }
+            float kf_d218[4]; // beta at the group's columns
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
                 kf_d218[0] = kf_w.x;
                 kf_d218[1] = kf_w.y;
                 kf_d218[2] = kf_w.z;
                 kf_d218[3] = kf_w.w;
-            }
-            float kf_d221[4]; // beta at the group's columns
-            {
-                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d221[0] = kf_w.x;
-                kf_d221[1] = kf_w.y;
-                kf_d221[2] = kf_w.z;
-                kf_d221[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v215 = kf_c0[12]; // x f32
-                const float v216 = v215 - v6; // n6
-                const float v217 = v216 * v25; // n13
-                const float v219 = kf_d218[0]; // gamma f32
-                const float v220 = v217 * v219; // n14
-                const float v222 = kf_d221[0]; // beta f32
-                const float v223 = v220 + v222; // n15
-                kf_o0[0] = v223; // y
-                const float v224 = kf_c3[12]; // dy f32
-                const float v225 = v224 * v219; // n16
-                const float v226 = v225 * v25; // n17
-                const float v227 = v32 * v216; // n34
-                const float v228 = v226 + v227; // n35
-                const float v229 = v228 + v227; // n36
-                const float v230 = v229 + v55; // n43
-                kf_o1[0] = v230; // dx
+                const float v212 = kf_c0[12]; // x f32
+                const float v213 = v212 - v3; // n6
+                const float v214 = v213 * v21; // n13
+                const float v216 = kf_d215[0]; // gamma f32
+                const float v217 = v214 * v216; // n14
+                const float v219 = kf_d218[0]; // beta f32
+                const float v220 = v217 + v219; // n15
+                kf_o0[0] = v220; // y
+                const float v221 = kf_c3[12]; // dy f32
+                const float v222 = v221 * v216; // n16
+                const float v223 = v222 * v21; // n17
+                const float v224 = v29 * v213; // n34
+                const float v225 = v223 + v224; // n35
+                const float v226 = v225 + v224; // n36
+                const float v227 = v226 + v52; // n43
+                kf_o1[0] = v227; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v231 = kf_c0[13]; // x f32
-                const float v232 = v231 - v6; // n6
-                const float v233 = v232 * v25; // n13
-                const float v234 = kf_d218[1]; // gamma f32
-                const float v235 = v233 * v234; // n14
-                const float v236 = kf_d221[1]; // beta f32
-                const float v237 = v235 + v236; // n15
-                kf_o0[1] = v237; // y
-                const float v238 = kf_c3[13]; // dy f32
-                const float v239 = v238 * v234; // n16
-                const float v240 = v239 * v25; // n17
-                const float v241 = v32 * v232; // n34
-                const float v242 = v240 + v241; // n35
-                const float v243 = v242 + v241; // n36
-                const float v244 = v243 + v55; // n43
-                kf_o1[1] = v244; // dx
+                const float v228 = kf_c0[13]; // x f32
+                const float v229 = v228 - v3; // n6
+                const float v230 = v229 * v21; // n13
+                const float v231 = kf_d215[1]; // gamma f32
+                const float v232 = v230 * v231; // n14
+                const float v233 = kf_d218[1]; // beta f32
+                const float v234 = v232 + v233; // n15
+                kf_o0[1] = v234; // y
+                const float v235 = kf_c3[13]; // dy f32
+                const float v236 = v235 * v231; // n16
+                const float v237 = v236 * v21; // n17
+                const float v238 = v29 * v229; // n34
+                const float v239 = v237 + v238; // n35
+                const float v240 = v239 + v238; // n36
+                const float v241 = v240 + v52; // n43
+                kf_o1[1] = v241; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v245 = kf_c0[14]; // x f32
-                const float v246 = v245 - v6; // n6
-                const float v247 = v246 * v25; // n13
-                const float v248 = kf_d218[2]; // gamma f32
-                const float v249 = v247 * v248; // n14
-                const float v250 = kf_d221[2]; // beta f32
-                const float v251 = v249 + v250; // n15
-                kf_o0[2] = v251; // y
-                const float v252 = kf_c3[14]; // dy f32
-                const float v253 = v252 * v248; // n16
-                const float v254 = v253 * v25; // n17
-                const float v255 = v32 * v246; // n34
-                const float v256 = v254 + v255; // n35
-                const float v257 = v256 + v255; // n36
-                const float v258 = v257 + v55; // n43
-                kf_o1[2] = v258; // dx
+                const float v242 = kf_c0[14]; // x f32
+                const float v243 = v242 - v3; // n6
+                const float v244 = v243 * v21; // n13
+                const float v245 = kf_d215[2]; // gamma f32
+                const float v246 = v244 * v245; // n14
+                const float v247 = kf_d218[2]; // beta f32
+                const float v248 = v246 + v247; // n15
+                kf_o0[2] = v248; // y
+                const float v249 = kf_c3[14]; // dy f32
+                const float v250 = v249 * v245; // n16
+                const float v251 = v250 * v21; // n17
+                const float v252 = v29 * v243; // n34
+                const float v253 = v251 + v252; // n35
+                const float v254 = v253 + v252; // n36
+                const float v255 = v254 + v52; // n43
+                kf_o1[2] = v255; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v259 = kf_c0[15]; // x f32
-                const float v260 = v259 - v6; // n6
-                const float v261 = v260 * v25; // n13
-                const float v262 = kf_d218[3]; // gamma f32
-                const float v263 = v261 * v262; // n14
-                const float v264 = kf_d221[3]; // beta f32
-                const float v265 = v263 + v264; // n15
-                kf_o0[3] = v265; // y
-                const float v266 = kf_c3[15]; // dy f32
-                const float v267 = v266 * v262; // n16
-                const float v268 = v267 * v25; // n17
-                const float v269 = v32 * v260; // n34
-                const float v270 = v268 + v269; // n35
-                const float v271 = v270 + v269; // n36
-                const float v272 = v271 + v55; // n43
-                kf_o1[3] = v272; // dx
+                const float v256 = kf_c0[15]; // x f32
+                const float v257 = v256 - v3; // n6
+                const float v258 = v257 * v21; // n13
+                const float v259 = kf_d215[3]; // gamma f32
+                const float v260 = v258 * v259; // n14
+                const float v261 = kf_d218[3]; // beta f32
+                const float v262 = v260 + v261; // n15
+                kf_o0[3] = v262; // y
+                const float v263 = kf_c3[15]; // dy f32
+                const float v264 = v263 * v259; // n16
+                const float v265 = v264 * v21; // n17
+                const float v266 = v29 * v257; // n34
+                const float v267 = v265 + v266; // n35
+                const float v268 = v267 + v266; // n36
+                const float v269 = v268 + v52; // n43
+                kf_o1[3] = v269; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx

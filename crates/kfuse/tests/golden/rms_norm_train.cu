@@ -52,57 +52,50 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        double a187 = 0.0;
-        double a188 = 0.0;
-        double a189 = 0.0;
-        double a190 = 0.0;
+        double a184 = 0.0;
+        double a185 = 0.0;
+        double a186 = 0.0;
         #pragma unroll 4
         for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v191 = in0[rowbase + j1]; // x f32
-            const float v192 = v191 * v191; // n3
-            a187 += (double)v192; a188 += 1.0;
-            const float v193 = in2[rowbase + j1]; // dy f32
-            const float v194 = in1[j1]; // weight f32
-            const float v195 = v193 * v194; // n11
-            const float v196 = v195 * v191; // n13
-            a189 += (double)v196;
-            const int v197 = (int)row; // n22
-            const bool v198 = v197 >= 0; // n24
-            if (v198) {
-                a190 += 1.0;
-            }
+            const float v187 = in0[rowbase + j1]; // x f32
+            const float v188 = v187 * v187; // n3
+            a184 += (double)v188; a185 += 1.0;
+            const float v189 = in2[rowbase + j1]; // dy f32
+            const float v190 = in1[j1]; // weight f32
+            const float v191 = v189 * v190; // n11
+            const float v192 = v191 * v187; // n13
+            a186 += (double)v192;
         }
-        a187 = kf_row_sum(a187, kf_g, kf_rs); // over the row's lanes
-        a188 = kf_row_sum(a188, kf_g, kf_rs); // over the row's lanes
-        const float v199 = (float)(a187 / a188); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v199; // for a later kernel
-        a189 = kf_row_sum(a189, kf_g, kf_rs); // over the row's lanes
-        const float v200 = (float)a189; // n14 sum along the row, once per row
-        a190 = kf_row_sum(a190, kf_g, kf_rs); // over the row's lanes
-        const int v201 = (int)(long long)a190; // n25 count along the row, once per row
-        const float v203 = v199 + 1e-5f; // n7
-        const float v204 = rsqrtf(v203); // n8
-        const float v211 = v204 * v204; // n16
-        const float v212 = v211 * v204; // n17
-        const float v213 = v212 * (-0.5f); // n19
-        const float v214 = v200 * v213; // n20
-        const float v215 = (float)v201; // n26
-        const float v216 = v214 / v215; // n27
+        a184 = kf_row_sum(a184, kf_g, kf_rs); // over the row's lanes
+        a185 = kf_row_sum(a185, kf_g, kf_rs); // over the row's lanes
+        const float v193 = (float)(a184 / a185); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v193; // for a later kernel
+        a186 = kf_row_sum(a186, kf_g, kf_rs); // over the row's lanes
+        const float v194 = (float)a186; // n14 sum along the row, once per row
+        const float v196 = v193 + 1e-5f; // n7
+        const float v197 = rsqrtf(v196); // n8
+        const float v204 = v197 * v197; // n16
+        const float v205 = v204 * v197; // n17
+        const float v206 = v205 * (-0.5f); // n19
+        const float v207 = v194 * v206; // n20
+        const int v208 = (int)(sz1); // n25 the count of every element
+        const float v209 = (float)v208; // n26
+        const float v210 = v207 / v209; // n27
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v202 = in0[i]; // x f32
-            const float v205 = v202 * v204; // n9
-            const float v206 = in1[col]; // weight f32
-            const float v207 = v205 * v206; // n10
-            out0[i] = v207; // y
-            const float v208 = in2[i]; // dy f32
-            const float v209 = v208 * v206; // n11
-            const float v210 = v209 * v204; // n12
-            const float v217 = v216 * v202; // n29
-            const float v218 = v210 + v217; // n30
-            const float v219 = v218 + v217; // n31
-            out1[i] = v219; // dx
+            const float v195 = in0[i]; // x f32
+            const float v198 = v195 * v197; // n9
+            const float v199 = in1[col]; // weight f32
+            const float v200 = v198 * v199; // n10
+            out0[i] = v200; // y
+            const float v201 = in2[i]; // dy f32
+            const float v202 = v201 * v199; // n11
+            const float v203 = v202 * v197; // n12
+            const float v211 = v210 * v195; // n29
+            const float v212 = v203 + v211; // n30
+            const float v213 = v212 + v211; // n31
+            out1[i] = v213; // dx
         }
     }
 }
@@ -159,353 +152,346 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0_regs(
         double a0 = 0.0;
         double a1 = 0.0;
         double a2 = 0.0;
-        double a3 = 0.0;
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v4 = kf_c0[t0]; // x f32
-            const float v5 = v4 * v4; // n3
-            a0 += (double)v5;
-            const float v6 = kf_c2[t0]; // dy f32
-            const float v7 = in1[j0]; // weight f32
-            const float v8 = v6 * v7; // n11
-            const float v9 = v8 * v4; // n13
-            a2 += (double)v9;
-            const int v10 = (int)row; // n22
-            const bool v11 = v10 >= 0; // n24
-            if (v11) {
-                a3 += 1.0;
-            }
+            const float v3 = kf_c0[t0]; // x f32
+            const float v4 = v3 * v3; // n3
+            a0 += (double)v4;
+            const float v5 = kf_c2[t0]; // dy f32
+            const float v6 = in1[j0]; // weight f32
+            const float v7 = v5 * v6; // n11
+            const float v8 = v7 * v3; // n13
+            a2 += (double)v8;
         }
         a0 = kf_row_sum(a0, kf_g, kf_rs); // over the row's lanes
         a1 = (double)kf_n; // the row's columns
-        const float v12 = (float)(a0 / a1); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v12; // for a later kernel
+        const float v9 = (float)(a0 / a1); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v9; // for a later kernel
         a2 = kf_row_sum(a2, kf_g, kf_rs); // over the row's lanes
-        const float v13 = (float)a2; // n14 sum along the row, once per row
-        a3 = kf_row_sum(a3, kf_g, kf_rs); // over the row's lanes
-        const int v14 = (int)(long long)a3; // n25 count along the row, once per row
-        const float v16 = v12 + 1e-5f; // n7
-        const float v17 = rsqrtf(v16); // n8
-        const float v25 = v17 * v17; // n16
-        const float v26 = v25 * v17; // n17
-        const float v27 = v26 * (-0.5f); // n19
-        const float v28 = v13 * v27; // n20
-        const float v29 = (float)v14; // n26
-        const float v30 = v28 / v29; // n27
+        const float v10 = (float)a2; // n14 sum along the row, once per row
+        const float v12 = v9 + 1e-5f; // n7
+        const float v13 = rsqrtf(v12); // n8
+        const float v21 = v13 * v13; // n16
+        const float v22 = v21 * v13; // n17
+        const float v23 = v22 * (-0.5f); // n19
+        const float v24 = v10 * v23; // n20
+        const int v25 = (int)(sz1); // n25 the count of every element
+        const float v26 = (float)v25; // n26
+        const float v27 = v24 / v26; // n27
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
-            float kf_d19[4]; // weight at the group's columns
+            float kf_d15[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d19[0] = kf_w.x;
-                kf_d19[1] = kf_w.y;
-                kf_d19[2] = kf_w.z;
-                kf_d19[3] = kf_w.w;
+                kf_d15[0] = kf_w.x;
+                kf_d15[1] = kf_w.y;
+                kf_d15[2] = kf_w.z;
+                kf_d15[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v15 = kf_c0[0]; // x f32
-                const float v18 = v15 * v17; // n9
-                const float v20 = kf_d19[0]; // weight f32
-                const float v21 = v18 * v20; // n10
-                kf_o0[0] = v21; // y
-                const float v22 = kf_c2[0]; // dy f32
-                const float v23 = v22 * v20; // n11
-                const float v24 = v23 * v17; // n12
-                const float v31 = v30 * v15; // n29
-                const float v32 = v24 + v31; // n30
-                const float v33 = v32 + v31; // n31
-                kf_o1[0] = v33; // dx
+                const float v11 = kf_c0[0]; // x f32
+                const float v14 = v11 * v13; // n9
+                const float v16 = kf_d15[0]; // weight f32
+                const float v17 = v14 * v16; // n10
+                kf_o0[0] = v17; // y
+                const float v18 = kf_c2[0]; // dy f32
+                const float v19 = v18 * v16; // n11
+                const float v20 = v19 * v13; // n12
+                const float v28 = v27 * v11; // n29
+                const float v29 = v20 + v28; // n30
+                const float v30 = v29 + v28; // n31
+                kf_o1[0] = v30; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v34 = kf_c0[1]; // x f32
-                const float v35 = v34 * v17; // n9
-                const float v36 = kf_d19[1]; // weight f32
-                const float v37 = v35 * v36; // n10
-                kf_o0[1] = v37; // y
-                const float v38 = kf_c2[1]; // dy f32
-                const float v39 = v38 * v36; // n11
-                const float v40 = v39 * v17; // n12
-                const float v41 = v30 * v34; // n29
-                const float v42 = v40 + v41; // n30
-                const float v43 = v42 + v41; // n31
-                kf_o1[1] = v43; // dx
+                const float v31 = kf_c0[1]; // x f32
+                const float v32 = v31 * v13; // n9
+                const float v33 = kf_d15[1]; // weight f32
+                const float v34 = v32 * v33; // n10
+                kf_o0[1] = v34; // y
+                const float v35 = kf_c2[1]; // dy f32
+                const float v36 = v35 * v33; // n11
+                const float v37 = v36 * v13; // n12
+                const float v38 = v27 * v31; // n29
+                const float v39 = v37 + v38; // n30
+                const float v40 = v39 + v38; // n31
+                kf_o1[1] = v40; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v44 = kf_c0[2]; // x f32
-                const float v45 = v44 * v17; // n9
-                const float v46 = kf_d19[2]; // weight f32
-                const float v47 = v45 * v46; // n10
-                kf_o0[2] = v47; // y
-                const float v48 = kf_c2[2]; // dy f32
-                const float v49 = v48 * v46; // n11
-                const float v50 = v49 * v17; // n12
-                const float v51 = v30 * v44; // n29
-                const float v52 = v50 + v51; // n30
-                const float v53 = v52 + v51; // n31
-                kf_o1[2] = v53; // dx
+                const float v41 = kf_c0[2]; // x f32
+                const float v42 = v41 * v13; // n9
+                const float v43 = kf_d15[2]; // weight f32
+                const float v44 = v42 * v43; // n10
+                kf_o0[2] = v44; // y
+                const float v45 = kf_c2[2]; // dy f32
+                const float v46 = v45 * v43; // n11
+                const float v47 = v46 * v13; // n12
+                const float v48 = v27 * v41; // n29
+                const float v49 = v47 + v48; // n30
+                const float v50 = v49 + v48; // n31
+                kf_o1[2] = v50; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v54 = kf_c0[3]; // x f32
-                const float v55 = v54 * v17; // n9
-                const float v56 = kf_d19[3]; // weight f32
-                const float v57 = v55 * v56; // n10
-                kf_o0[3] = v57; // y
-                const float v58 = kf_c2[3]; // dy f32
-                const float v59 = v58 * v56; // n11
-                const float v60 = v59 * v17; // n12
-                const float v61 = v30 * v54; // n29
-                const float v62 = v60 + v61; // n30
-                const float v63 = v62 + v61; // n31
-                kf_o1[3] = v63; // dx
+                const float v51 = kf_c0[3]; // x f32
+                const float v52 = v51 * v13; // n9
+                const float v53 = kf_d15[3]; // weight f32
+                const float v54 = v52 * v53; // n10
+                kf_o0[3] = v54; // y
+                const float v55 = kf_c2[3]; // dy f32
+                const float v56 = v55 * v53; // n11
+                const float v57 = v56 * v13; // n12
+                const float v58 = v27 * v51; // n29
+                const float v59 = v57 + v58; // n30
+                const float v60 = v59 + v58; // n31
+                kf_o1[3] = v60; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
         if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
             const int kf_j = 4 * (lane + 1 * kf_g);
-            float kf_d66[4]; // weight at the group's columns
+            float kf_d63[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d66[0] = kf_w.x;
-                kf_d66[1] = kf_w.y;
-                kf_d66[2] = kf_w.z;
-                kf_d66[3] = kf_w.w;
+                kf_d63[0] = kf_w.x;
+                kf_d63[1] = kf_w.y;
+                kf_d63[2] = kf_w.z;
+                kf_d63[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v64 = kf_c0[4]; // x f32
-                const float v65 = v64 * v17; // n9
-                const float v67 = kf_d66[0]; // weight f32
-                const float v68 = v65 * v67; // n10
-                kf_o0[0] = v68; // y
-                const float v69 = kf_c2[4]; // dy f32
-                const float v70 = v69 * v67; // n11
-                const float v71 = v70 * v17; // n12
-                const float v72 = v30 * v64; // n29
-                const float v73 = v71 + v72; // n30
-                const float v74 = v73 + v72; // n31
-                kf_o1[0] = v74; // dx
+                const float v61 = kf_c0[4]; // x f32
+                const float v62 = v61 * v13; // n9
+                const float v64 = kf_d63[0]; // weight f32
+                const float v65 = v62 * v64; // n10
+                kf_o0[0] = v65; // y
+                const float v66 = kf_c2[4]; // dy f32
+                const float v67 = v66 * v64; // n11
+                const float v68 = v67 * v13; // n12
+                const float v69 = v27 * v61; // n29
+                const float v70 = v68 + v69; // n30
+                const float v71 = v70 + v69; // n31
+                kf_o1[0] = v71; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v75 = kf_c0[5]; // x f32
-                const float v76 = v75 * v17; // n9
-                const float v77 = kf_d66[1]; // weight f32
-                const float v78 = v76 * v77; // n10
-                kf_o0[1] = v78; // y
-                const float v79 = kf_c2[5]; // dy f32
-                const float v80 = v79 * v77; // n11
-                const float v81 = v80 * v17; // n12
-                const float v82 = v30 * v75; // n29
-                const float v83 = v81 + v82; // n30
-                const float v84 = v83 + v82; // n31
-                kf_o1[1] = v84; // dx
+                const float v72 = kf_c0[5]; // x f32
+                const float v73 = v72 * v13; // n9
+                const float v74 = kf_d63[1]; // weight f32
+                const float v75 = v73 * v74; // n10
+                kf_o0[1] = v75; // y
+                const float v76 = kf_c2[5]; // dy f32
+                const float v77 = v76 * v74; // n11
+                const float v78 = v77 * v13; // n12
+                const float v79 = v27 * v72; // n29
+                const float v80 = v78 + v79; // n30
+                const float v81 = v80 + v79; // n31
+                kf_o1[1] = v81; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v85 = kf_c0[6]; // x f32
-                const float v86 = v85 * v17; // n9
-                const float v87 = kf_d66[2]; // weight f32
-                const float v88 = v86 * v87; // n10
-                kf_o0[2] = v88; // y
-                const float v89 = kf_c2[6]; // dy f32
-                const float v90 = v89 * v87; // n11
-                const float v91 = v90 * v17; // n12
-                const float v92 = v30 * v85; // n29
-                const float v93 = v91 + v92; // n30
-                const float v94 = v93 + v92; // n31
-                kf_o1[2] = v94; // dx
+                const float v82 = kf_c0[6]; // x f32
+                const float v83 = v82 * v13; // n9
+                const float v84 = kf_d63[2]; // weight f32
+                const float v85 = v83 * v84; // n10
+                kf_o0[2] = v85; // y
+                const float v86 = kf_c2[6]; // dy f32
+                const float v87 = v86 * v84; // n11
+                const float v88 = v87 * v13; // n12
+                const float v89 = v27 * v82; // n29
+                const float v90 = v88 + v89; // n30
+                const float v91 = v90 + v89; // n31
+                kf_o1[2] = v91; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v95 = kf_c0[7]; // x f32
-                const float v96 = v95 * v17; // n9
-                const float v97 = kf_d66[3]; // weight f32
-                const float v98 = v96 * v97; // n10
-                kf_o0[3] = v98; // y
-                const float v99 = kf_c2[7]; // dy f32
-                const float v100 = v99 * v97; // n11
-                const float v101 = v100 * v17; // n12
-                const float v102 = v30 * v95; // n29
-                const float v103 = v101 + v102; // n30
-                const float v104 = v103 + v102; // n31
-                kf_o1[3] = v104; // dx
+                const float v92 = kf_c0[7]; // x f32
+                const float v93 = v92 * v13; // n9
+                const float v94 = kf_d63[3]; // weight f32
+                const float v95 = v93 * v94; // n10
+                kf_o0[3] = v95; // y
+                const float v96 = kf_c2[7]; // dy f32
+                const float v97 = v96 * v94; // n11
+                const float v98 = v97 * v13; // n12
+                const float v99 = v27 * v92; // n29
+                const float v100 = v98 + v99; // n30
+                const float v101 = v100 + v99; // n31
+                kf_o1[3] = v101; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
         if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
             const int kf_j = 4 * (lane + 2 * kf_g);
-            float kf_d107[4]; // weight at the group's columns
+            float kf_d104[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d107[0] = kf_w.x;
-                kf_d107[1] = kf_w.y;
-                kf_d107[2] = kf_w.z;
-                kf_d107[3] = kf_w.w;
+                kf_d104[0] = kf_w.x;
+                kf_d104[1] = kf_w.y;
+                kf_d104[2] = kf_w.z;
+                kf_d104[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v105 = kf_c0[8]; // x f32
-                const float v106 = v105 * v17; // n9
-                const float v108 = kf_d107[0]; // weight f32
-                const float v109 = v106 * v108; // n10
-                kf_o0[0] = v109; // y
-                const float v110 = kf_c2[8]; // dy f32
-                const float v111 = v110 * v108; // n11
-                const float v112 = v111 * v17; // n12
-                const float v113 = v30 * v105; // n29
-                const float v114 = v112 + v113; // n30
-                const float v115 = v114 + v113; // n31
-                kf_o1[0] = v115; // dx
+                const float v102 = kf_c0[8]; // x f32
+                const float v103 = v102 * v13; // n9
+                const float v105 = kf_d104[0]; // weight f32
+                const float v106 = v103 * v105; // n10
+                kf_o0[0] = v106; // y
+                const float v107 = kf_c2[8]; // dy f32
+                const float v108 = v107 * v105; // n11
+                const float v109 = v108 * v13; // n12
+                const float v110 = v27 * v102; // n29
+                const float v111 = v109 + v110; // n30
+                const float v112 = v111 + v110; // n31
+                kf_o1[0] = v112; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v116 = kf_c0[9]; // x f32
-                const float v117 = v116 * v17; // n9
-                const float v118 = kf_d107[1]; // weight f32
-                const float v119 = v117 * v118; // n10
-                kf_o0[1] = v119; // y
-                const float v120 = kf_c2[9]; // dy f32
-                const float v121 = v120 * v118; // n11
-                const float v122 = v121 * v17; // n12
-                const float v123 = v30 * v116; // n29
-                const float v124 = v122 + v123; // n30
-                const float v125 = v124 + v123; // n31
-                kf_o1[1] = v125; // dx
+                const float v113 = kf_c0[9]; // x f32
+                const float v114 = v113 * v13; // n9
+                const float v115 = kf_d104[1]; // weight f32
+                const float v116 = v114 * v115; // n10
+                kf_o0[1] = v116; // y
+                const float v117 = kf_c2[9]; // dy f32
+                const float v118 = v117 * v115; // n11
+                const float v119 = v118 * v13; // n12
+                const float v120 = v27 * v113; // n29
+                const float v121 = v119 + v120; // n30
+                const float v122 = v121 + v120; // n31
+                kf_o1[1] = v122; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v126 = kf_c0[10]; // x f32
-                const float v127 = v126 * v17; // n9
-                const float v128 = kf_d107[2]; // weight f32
-                const float v129 = v127 * v128; // n10
-                kf_o0[2] = v129; // y
-                const float v130 = kf_c2[10]; // dy f32
-                const float v131 = v130 * v128; // n11
-                const float v132 = v131 * v17; // n12
-                const float v133 = v30 * v126; // n29
-                const float v134 = v132 + v133; // n30
-                const float v135 = v134 + v133; // n31
-                kf_o1[2] = v135; // dx
+                const float v123 = kf_c0[10]; // x f32
+                const float v124 = v123 * v13; // n9
+                const float v125 = kf_d104[2]; // weight f32
+                const float v126 = v124 * v125; // n10
+                kf_o0[2] = v126; // y
+                const float v127 = kf_c2[10]; // dy f32
+                const float v128 = v127 * v125; // n11
+                const float v129 = v128 * v13; // n12
+                const float v130 = v27 * v123; // n29
+                const float v131 = v129 + v130; // n30
+                const float v132 = v131 + v130; // n31
+                kf_o1[2] = v132; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v136 = kf_c0[11]; // x f32
-                const float v137 = v136 * v17; // n9
-                const float v138 = kf_d107[3]; // weight f32
-                const float v139 = v137 * v138; // n10
-                kf_o0[3] = v139; // y
-                const float v140 = kf_c2[11]; // dy f32
-                const float v141 = v140 * v138; // n11
-                const float v142 = v141 * v17; // n12
-                const float v143 = v30 * v136; // n29
-                const float v144 = v142 + v143; // n30
-                const float v145 = v144 + v143; // n31
-                kf_o1[3] = v145; // dx
+                const float v133 = kf_c0[11]; // x f32
+                const float v134 = v133 * v13; // n9
+                const float v135 = kf_d104[3]; // weight f32
+                const float v136 = v134 * v135; // n10
+                kf_o0[3] = v136; // y
+                const float v137 = kf_c2[11]; // dy f32
+                const float v138 = v137 * v135; // n11
+                const float v139 = v138 * v13; // n12
+                const float v140 = v27 * v133; // n29
+                const float v141 = v139 + v140; // n30
+                const float v142 = v141 + v140; // n31
+                kf_o1[3] = v142; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
         }
         if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
             const int kf_j = 4 * (lane + 3 * kf_g);
-            float kf_d148[4]; // weight at the group's columns
+            float kf_d145[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d148[0] = kf_w.x;
-                kf_d148[1] = kf_w.y;
-                kf_d148[2] = kf_w.z;
-                kf_d148[3] = kf_w.w;
+                kf_d145[0] = kf_w.x;
+                kf_d145[1] = kf_w.y;
+                kf_d145[2] = kf_w.z;
+                kf_d145[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v146 = kf_c0[12]; // x f32
-                const float v147 = v146 * v17; // n9
-                const float v149 = kf_d148[0]; // weight f32
-                const float v150 = v147 * v149; // n10
-                kf_o0[0] = v150; // y
-                const float v151 = kf_c2[12]; // dy f32
-                const float v152 = v151 * v149; // n11
-                const float v153 = v152 * v17; // n12
-                const float v154 = v30 * v146; // n29
-                const float v155 = v153 + v154; // n30
-                const float v156 = v155 + v154; // n31
-                kf_o1[0] = v156; // dx
+                const float v143 = kf_c0[12]; // x f32
+                const float v144 = v143 * v13; // n9
+                const float v146 = kf_d145[0]; // weight f32
+                const float v147 = v144 * v146; // n10
+                kf_o0[0] = v147; // y
+                const float v148 = kf_c2[12]; // dy f32
+                const float v149 = v148 * v146; // n11
+                const float v150 = v149 * v13; // n12
+                const float v151 = v27 * v143; // n29
+                const float v152 = v150 + v151; // n30
+                const float v153 = v152 + v151; // n31
+                kf_o1[0] = v153; // dx
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v157 = kf_c0[13]; // x f32
-                const float v158 = v157 * v17; // n9
-                const float v159 = kf_d148[1]; // weight f32
-                const float v160 = v158 * v159; // n10
-                kf_o0[1] = v160; // y
-                const float v161 = kf_c2[13]; // dy f32
-                const float v162 = v161 * v159; // n11
-                const float v163 = v162 * v17; // n12
-                const float v164 = v30 * v157; // n29
-                const float v165 = v163 + v164; // n30
-                const float v166 = v165 + v164; // n31
-                kf_o1[1] = v166; // dx
+                const float v154 = kf_c0[13]; // x f32
+                const float v155 = v154 * v13; // n9
+                const float v156 = kf_d145[1]; // weight f32
+                const float v157 = v155 * v156; // n10
+                kf_o0[1] = v157; // y
+                const float v158 = kf_c2[13]; // dy f32
+                const float v159 = v158 * v156; // n11
+                const float v160 = v159 * v13; // n12
+                const float v161 = v27 * v154; // n29
+                const float v162 = v160 + v161; // n30
+                const float v163 = v162 + v161; // n31
+                kf_o1[1] = v163; // dx
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v167 = kf_c0[14]; // x f32
-                const float v168 = v167 * v17; // n9
-                const float v169 = kf_d148[2]; // weight f32
-                const float v170 = v168 * v169; // n10
-                kf_o0[2] = v170; // y
-                const float v171 = kf_c2[14]; // dy f32
-                const float v172 = v171 * v169; // n11
-                const float v173 = v172 * v17; // n12
-                const float v174 = v30 * v167; // n29
-                const float v175 = v173 + v174; // n30
-                const float v176 = v175 + v174; // n31
-                kf_o1[2] = v176; // dx
+                const float v164 = kf_c0[14]; // x f32
+                const float v165 = v164 * v13; // n9
+                const float v166 = kf_d145[2]; // weight f32
+                const float v167 = v165 * v166; // n10
+                kf_o0[2] = v167; // y
+                const float v168 = kf_c2[14]; // dy f32
+                const float v169 = v168 * v166; // n11
+                const float v170 = v169 * v13; // n12
+                const float v171 = v27 * v164; // n29
+                const float v172 = v170 + v171; // n30
+                const float v173 = v172 + v171; // n31
+                kf_o1[2] = v173; // dx
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v177 = kf_c0[15]; // x f32
-                const float v178 = v177 * v17; // n9
-                const float v179 = kf_d148[3]; // weight f32
-                const float v180 = v178 * v179; // n10
-                kf_o0[3] = v180; // y
-                const float v181 = kf_c2[15]; // dy f32
-                const float v182 = v181 * v179; // n11
-                const float v183 = v182 * v17; // n12
-                const float v184 = v30 * v177; // n29
-                const float v185 = v183 + v184; // n30
-                const float v186 = v185 + v184; // n31
-                kf_o1[3] = v186; // dx
+                const float v174 = kf_c0[15]; // x f32
+                const float v175 = v174 * v13; // n9
+                const float v176 = kf_d145[3]; // weight f32
+                const float v177 = v175 * v176; // n10
+                kf_o0[3] = v177; // y
+                const float v178 = kf_c2[15]; // dy f32
+                const float v179 = v178 * v176; // n11
+                const float v180 = v179 * v13; // n12
+                const float v181 = v27 * v174; // n29
+                const float v182 = v180 + v181; // n30
+                const float v183 = v182 + v181; // n31
+                kf_o1[3] = v183; // dx
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
