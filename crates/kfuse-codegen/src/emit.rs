@@ -88,6 +88,8 @@ pub(crate) struct Uses {
     pub temps_read: BTreeSet<usize>,
     pub syms: BTreeSet<SymId>,
     pub helpers: BTreeSet<Helper>,
+    /// Outputs stored by earlier kernels and read here (see `Emitter::stored_outputs`).
+    pub outputs_read: BTreeSet<usize>,
 }
 
 impl Uses {
@@ -97,6 +99,7 @@ impl Uses {
         self.temps_read.extend(other.temps_read);
         self.syms.extend(other.syms);
         self.helpers.extend(other.helpers);
+        self.outputs_read.extend(other.outputs_read);
     }
 }
 
@@ -125,6 +128,10 @@ pub(crate) struct Emitter<'a> {
     /// Values fixed by the caller instead of computed (node → C expression), e.g. a scale
     /// factor replaced by `1.0f` when a kernel computes an unscaled gradient.
     pub substitutions: HashMap<NodeId, String>,
+    /// Nodes read from the output buffer an earlier kernel stored them in instead of computed
+    /// (node → output index): a column reduction of an output (a bias gradient summed from the
+    /// input gradient) reads that one tensor, not the ones it is computed from.
+    pub stored_outputs: HashMap<NodeId, usize>,
     /// Grid-stride element mode with batched loads: `Some` collects every load the loop body
     /// makes for each element at the flat index `i` outside any branch; the body reads
     /// `kf_pf<k>[kf_u]` instead, and the kernel issues those loads for all of a thread's batched
@@ -180,6 +187,7 @@ impl<'a> Emitter<'a> {
             plain_stores: false,
             checks: matches!(mode, Mode::Element { .. }) && !g.constraints.is_empty(),
             substitutions: HashMap::new(),
+            stored_outputs: HashMap::new(),
             prefetch: None,
             prefetch_guard: None,
             max_values: crate::MAX_KERNEL_VALUES,
@@ -548,6 +556,16 @@ impl<'a> Emitter<'a> {
         }
         if let Some(v) = self.read_row_value(n, &key, &ctx) {
             values.push(v);
+            return Ok(());
+        }
+        if let Some(&o) = self.stored_outputs.get(&n) {
+            self.uses.outputs_read.insert(o);
+            let off = self.offset(node.shape.dims(), &ctx);
+            let e = cuda::load_conversion(node.dtype, &format!("out{o}[{off}]"));
+            self.note_conversion(node.dtype);
+            let depth = self.target_depth(&ctx);
+            let note = format!("n{} output {}, stored by an earlier kernel", n.0, self.g.outputs[o].name);
+            values.push(self.bind(depth, key, cuda::value_type(node.dtype), e, &note));
             return Ok(());
         }
         let dims = node.shape.dims();

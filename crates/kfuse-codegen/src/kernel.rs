@@ -92,6 +92,7 @@ pub(crate) fn emit_kernel(
     match (shape, &row_bound, last_dim) {
         (KernelShape::Columns, _, _) => {
             let plan = column_wise.ok_or(CodegenError::Internal { node: 0, what: "columns without a plan" })?;
+            em.stored_outputs = columns::stored_operands(g, an, k, plan);
             column_sizes = Some(columns::emit_body(&mut em, g, plan, &info.dims, &groups, &mut unconditional)?);
         }
         (KernelShape::RowWise, _, _) => {
@@ -211,7 +212,11 @@ pub(crate) fn emit_kernel(
     let (resident_blocks, bounded) = shape.resident_blocks(opts, block, !prefetch.is_empty());
     let bounds = if bounded { format!("{block}, {resident_blocks}") } else { block.to_string() };
     // The entry point's signature and its checks (a row-wise kernel may have two entries).
-    let entry_head = |entry: &str| {
+    // The entry point for rows in registers promises `batched_threads_per_sm` threads resident
+    // too: without a bound its unrolled slots took up to 80 registers (3 blocks of 256 a
+    // multiprocessor), too few warps to hide the latency of each row's loads and folds.
+    let register_bounds = format!("{block}, {}", (opts.batched_threads_per_sm / block).max(1));
+    let entry_head = |entry: &str, bounds: &str| {
         let mut head = String::new();
         let _ = writeln!(head, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {entry}(");
         for (j, (_, decl, comment)) in params.iter().enumerate() {
@@ -225,7 +230,7 @@ pub(crate) fn emit_kernel(
         }
         head
     };
-    src.push_str(&entry_head(&name));
+    src.push_str(&entry_head(&name, &bounds));
     let poison = if checked { check::poison_accumulators(slots.len(), "    ") } else { String::new() };
     let mut accumulators = String::new();
     for (s, (_, init, what)) in slots.iter().enumerate() {
@@ -291,7 +296,7 @@ pub(crate) fn emit_kernel(
     let register_rows = match (shape, row_sizes.as_ref().and_then(|r| r.cached.as_ref())) {
         (KernelShape::RowWise, Some(cached)) => {
             let entry = format!("{name}_regs");
-            src.push_str(&entry_head(&entry));
+            src.push_str(&entry_head(&entry, &register_bounds));
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "register rows without sizes" })?;
             row_wise::write(&mut src, sizes, &accumulators, (&cached.prologue, &cached.body), true);

@@ -61,6 +61,24 @@ pub(crate) fn params(
             format!("output {} {}{}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape)),
         ));
     }
+    for &o in uses.outputs_read.iter().filter(|o| !outputs_written.contains(o)) {
+        let node = g.node(g.outputs[o].node);
+        let decl = format!("const {}* __restrict__ out{o}", cuda::storage_type(node.dtype));
+        params.push((
+            Param::Buffer(buffers.outputs_base + o),
+            decl,
+            format!(
+                "output {} {}{}, stored by an earlier kernel",
+                g.outputs[o].name,
+                node.dtype,
+                g.shape_str(&node.shape)
+            ),
+        ));
+    }
+    params.sort_by_key(|p| match p.0 {
+        Param::Buffer(b) => b,
+        _ => usize::MAX,
+    });
     let temp_nodes: Vec<(NodeId, usize)> = an.temps.iter().map(|(&n, &t)| (n, t)).collect();
     for (n, t) in temp_nodes {
         let d = temp_dtype(g.node(n).dtype);

@@ -119,7 +119,8 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let k = &p.kernels[0];
     let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 16, 4));
-    let (any, kept) = src.split_at(src.find(&format!("void __launch_bounds__(256) {}(", regs.entry)).expect("entry"));
+    let (any, kept) =
+        src.split_at(src.find(&format!("void __launch_bounds__(256, 4) {}(", regs.entry)).expect("entry"));
     assert_eq!(any.matches("for (long long j").count(), 2, "{src}");
     assert_eq!(any.matches("in0[rowbase + j").count(), 2, "{src}");
     assert_eq!(

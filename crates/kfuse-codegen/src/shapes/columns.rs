@@ -20,12 +20,12 @@
 //! to run on a device. Not handled here: reductions over several leading axes or nested column
 //! reductions (they stay serial loops, see `emit`), kernels with full reductions.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
 
 use crate::actions::{Combine, Group};
-use crate::analysis::{slots_of, KernelInfo, SinkKind};
+use crate::analysis::{slots_of, Analysis, KernelInfo, SinkKind};
 use crate::buffers::size_expr;
 use crate::cuda::Helper;
 use crate::emit::{finish_reduce, Coord, Emitter};
@@ -84,6 +84,26 @@ pub(crate) fn detect(g: &Graph, info: &KernelInfo, seen: &[bool]) -> Option<Colu
     }
     let accs = reductions.iter().map(|&(_, op)| slots_of(op)).sum();
     Some(Columns { reductions: reductions.into_iter().map(|r| r.0).collect(), rows, accs })
+}
+
+/// The column reductions' operands that an earlier kernel stores as outputs (node → output
+/// index): the reductions read those buffers (one tensor: a bias gradient summed from the stored
+/// input gradient) instead of computing their operands again from the tensors they come from.
+/// The sum is then of the stored values, rounded to the output's dtype, as PyTorch sums the
+/// gradient tensor it has.
+pub(crate) fn stored_operands(g: &Graph, an: &Analysis, k: usize, plan: &Columns) -> HashMap<NodeId, usize> {
+    let mut stored = HashMap::new();
+    for &n in &plan.reductions {
+        let Op::Reduce { x, .. } = g.node(n).op else { continue };
+        let earlier = an.kernels[..k].iter().flat_map(|info| &info.sinks).find_map(|s| match s.kind {
+            SinkKind::Output { index } if g.outputs[index].node == x => Some(index),
+            _ => None,
+        });
+        if let Some(o) = earlier {
+            stored.insert(x, o);
+        }
+    }
+    stored
 }
 
 /// The C expressions of the kernel's sizes, for its template.

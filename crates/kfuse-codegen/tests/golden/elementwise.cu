@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_fe17890dc8e1a591_0(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_fe17890dc8e1a591_0_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_fe17890dc8e1a591_0_regs(
     const float* __restrict__ in0, // x f32[B, N]
     const float* __restrict__ in1, // bias f32[N]
     const float* __restrict__ in2, // boxes f32[B, N, 4]

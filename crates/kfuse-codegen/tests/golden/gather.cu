@@ -209,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_24d058b5ffa963ea_1(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_24d058b5ffa963ea_1_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_24d058b5ffa963ea_1_regs(
     const unsigned short* __restrict__ in1, // h bf16[B, C]
     const int* __restrict__ in3, // rows i32[K, C]
     unsigned short* __restrict__ out1, // output by_rows bf16[K, C]

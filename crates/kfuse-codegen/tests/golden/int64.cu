@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_1_regs(
     const long long* __restrict__ in0, // x i64[B, N]
     const long long* __restrict__ in2, // pairs i64[B, 2]
     long long* __restrict__ out2, // output pair i64[B]
@@ -343,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_2(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_2_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_2_regs(
     const long long* __restrict__ in0, // x i64[B, N]
     int* __restrict__ out4, // output centred i32[B, N]
     const long long* __restrict__ tmp0, // n25 i64 scalar from an earlier kernel

@@ -364,7 +364,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_18c9d8eed58c7fb1_2(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_18c9d8eed58c7fb1_2_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_18c9d8eed58c7fb1_2_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const long long* __restrict__ in1, // labels i64[B]
     float* __restrict__ out0, // output loss f32[]
@@ -593,7 +593,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_18c9d8eed58c7fb1_3(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_18c9d8eed58c7fb1_3_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_18c9d8eed58c7fb1_3_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const long long* __restrict__ in1, // labels i64[B]
     float* __restrict__ out1, // output dlogits f32[B, C]

@@ -422,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_b368e55d569ce120_1(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_b368e55d569ce120_1_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_b368e55d569ce120_1_regs(
     const float* __restrict__ in0, // x f32[B, N]
     const float* __restrict__ in1, // y f32[B, N]
     float* __restrict__ out8, // output dx f32[B, N]

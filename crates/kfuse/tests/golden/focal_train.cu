@@ -260,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_14ee97f127e31032_1(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_14ee97f127e31032_1_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_14ee97f127e31032_1_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out1, // output dlogits f32[B, C]

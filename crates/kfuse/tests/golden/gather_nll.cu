@@ -266,7 +266,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const long long* __restrict__ in1, // labels i64[B]
     float* __restrict__ out0, // output loss f32[]
@@ -539,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_2(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_2_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_2_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const long long* __restrict__ in1, // labels i64[B]
     float* __restrict__ out1, // output dlogits f32[B, C]

@@ -136,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
     const float* __restrict__ in0, // x f32[B, D]
     const float* __restrict__ in1, // gamma f32[D]
     const float* __restrict__ in2, // beta f32[D]

@@ -100,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
     const float* __restrict__ in0, // x f32[B, D]
     const float* __restrict__ in1, // weight f32[D]
     const float* __restrict__ in2, // dy f32[B, D]

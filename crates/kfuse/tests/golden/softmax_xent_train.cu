@@ -202,7 +202,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out0, // output loss f32[]
@@ -458,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_1_regs(
+extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_1_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out1, // output dlogits f32[B, C]
