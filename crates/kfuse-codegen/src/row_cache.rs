@@ -55,7 +55,7 @@ pub(crate) struct RowCache {
 }
 
 /// The group of columns of the body being emitted (see the module docs).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Group {
     /// The column of the group being emitted (`kf_j + q`).
     pub q: u32,

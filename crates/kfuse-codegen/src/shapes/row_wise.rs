@@ -275,7 +275,9 @@ pub(crate) fn emit_body(
     em.open_row_block();
     em.row_cache = Some(RowCache::for_graph(g));
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
-    let mut cache = em.row_cache.take().unwrap_or_else(|| RowCache::for_graph(g));
+    let Some(mut cache) = em.row_cache.take() else {
+        return Err(CodegenError::Internal { node: 0, what: "the row cache went missing while its body was emitted" });
+    };
     let lines = em.take_row_block();
     if cache.inputs.is_empty() {
         em.renumber(mark);
@@ -306,10 +308,18 @@ fn emit_passes(
     unconditional: &mut BTreeSet<u32>,
     sizes: &mut RowSizes,
 ) -> Result<(), CodegenError> {
+    let ctx: Vec<Coord> = (0..k as u32).map(Coord::Dom).collect();
     if plan.case == RowCase::Results {
         em.push_stmt("const long long i = row; // the row's element of the domain".to_string());
+        // The inputs the once-per-row body reads at its row (a label), loaded by every lane
+        // before the passes: their latency hides behind the row's, not after the last fold.
+        let seen = evaluated(g, an, &an.kernels[kernel], &an.row_values);
+        for (i, node) in g.nodes.iter().enumerate() {
+            if matches!(node.op, Op::Input(_)) && seen[i] && node.shape.dims() == &an.kernels[kernel].dims[..] {
+                em.eval(NodeId(i as u32), &ctx)?;
+            }
+        }
     }
-    let ctx: Vec<Coord> = (0..k as u32).map(Coord::Dom).collect();
     let registers = em.row_cache.is_some();
     for phase in &plan.phases {
         // The phase's accumulators, one pass over the row, then each accumulator's fold.

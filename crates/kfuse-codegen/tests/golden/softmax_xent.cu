@@ -101,22 +101,22 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        double a17 = __longlong_as_double(0xfff0000000000000ll);
-        double a18 = 0.0;
-        const int v21 = in1[i]; // labels i32
+        const int v17 = in1[i]; // labels i32
+        double a18 = __longlong_as_double(0xfff0000000000000ll);
+        double a19 = 0.0;
         #pragma unroll 4
         for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
-            const float v19 = in0[rowbase + j2]; // logits f32
-            a17 = kf_max_f64(a17, (double)v19);
-            const int v20 = (int)j2; // n9
-            const bool v22 = v20 == v21; // n11
-            const float v23 = (v22 ? v19 : 0.0f); // n13
-            a18 += (double)v23;
+            const float v20 = in0[rowbase + j2]; // logits f32
+            a18 = kf_max_f64(a18, (double)v20);
+            const int v21 = (int)j2; // n9
+            const bool v22 = v21 == v17; // n11
+            const float v23 = (v22 ? v20 : 0.0f); // n13
+            a19 += (double)v23;
         }
-        a17 = kf_row_max(a17, kf_g, kf_rs); // over the row's lanes
-        const float v24 = (float)a17; // n2 max along the row, once per row
-        a18 = kf_row_sum(a18, kf_g, kf_rs); // over the row's lanes
-        const float v25 = (float)a18; // n14 sum along the row, once per row
+        a18 = kf_row_max(a18, kf_g, kf_rs); // over the row's lanes
+        const float v24 = (float)a18; // n2 max along the row, once per row
+        a19 = kf_row_sum(a19, kf_g, kf_rs); // over the row's lanes
+        const float v25 = (float)a19; // n14 sum along the row, once per row
         double a26 = 0.0;
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
@@ -208,24 +208,24 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_fb25441b8ec4e128_0_regs(
             }
         }
         const long long i = row; // the row's element of the domain
-        double a0 = __longlong_as_double(0xfff0000000000000ll);
-        double a1 = 0.0;
-        const int v4 = in1[i]; // labels i32
+        const int v0 = in1[i]; // labels i32
+        double a1 = __longlong_as_double(0xfff0000000000000ll);
+        double a2 = 0.0;
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v2 = kf_c0[t0]; // logits f32
-            a0 = kf_max_f64(a0, (double)v2);
-            const int v3 = (int)j0; // n9
-            const bool v5 = v3 == v4; // n11
-            const float v6 = (v5 ? v2 : 0.0f); // n13
-            a1 += (double)v6;
+            const float v3 = kf_c0[t0]; // logits f32
+            a1 = kf_max_f64(a1, (double)v3);
+            const int v4 = (int)j0; // n9
+            const bool v5 = v4 == v0; // n11
+            const float v6 = (v5 ? v3 : 0.0f); // n13
+            a2 += (double)v6;
         }
-        a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
-        const float v7 = (float)a0; // n2 max along the row, once per row
-        a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
-        const float v8 = (float)a1; // n14 sum along the row, once per row
+        a1 = kf_row_max(a1, kf_g, kf_rs); // over the row's lanes
+        const float v7 = (float)a1; // n2 max along the row, once per row
+        a2 = kf_row_sum(a2, kf_g, kf_rs); // over the row's lanes
+        const float v8 = (float)a2; // n14 sum along the row, once per row
         double a9 = 0.0;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {

@@ -282,49 +282,49 @@ extern "C" __global__ void __launch_bounds__(256) kf_18c9d8eed58c7fb1_2(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        double a29 = __longlong_as_double(0xfff0000000000000ll);
+        const long long v29 = in1[i]; // labels i64
+        double a30 = __longlong_as_double(0xfff0000000000000ll);
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v30 = in0[rowbase + j3]; // logits f32
-            a29 = kf_max_f64(a29, (double)v30);
+            const float v31 = in0[rowbase + j3]; // logits f32
+            a30 = kf_max_f64(a30, (double)v31);
         }
-        a29 = kf_row_max(a29, kf_g, kf_rs); // over the row's lanes
-        const float v31 = (float)a29; // n2 max along the row, once per row
-        if (kf_live && lane == 0) tmp4[row] = v31; // for a later kernel
-        double a32 = 0.0;
-        const float v34 = v31; // n4
+        a30 = kf_row_max(a30, kf_g, kf_rs); // over the row's lanes
+        const float v32 = (float)a30; // n2 max along the row, once per row
+        if (kf_live && lane == 0) tmp4[row] = v32; // for a later kernel
+        double a33 = 0.0;
+        const float v35 = v32; // n4
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v33 = in0[rowbase + j4]; // logits f32
-            const float v35 = v33 - v34; // n5
-            const float v36 = expf(v35); // n6
-            a32 += (double)v36;
+            const float v34 = in0[rowbase + j4]; // logits f32
+            const float v36 = v34 - v35; // n5
+            const float v37 = expf(v36); // n6
+            a33 += (double)v37;
         }
-        a32 = kf_row_sum(a32, kf_g, kf_rs); // over the row's lanes
-        const float v37 = (float)a32; // n7 sum along the row, once per row
-        if (kf_live && lane == 0) tmp5[row] = v37; // for a later kernel
-        double a38 = 0.0;
+        a33 = kf_row_sum(a33, kf_g, kf_rs); // over the row's lanes
+        const float v38 = (float)a33; // n7 sum along the row, once per row
+        if (kf_live && lane == 0) tmp5[row] = v38; // for a later kernel
         double a39 = 0.0;
-        const long long v42 = in1[i]; // labels i64
-        const float v46 = logf(v37); // n9
+        double a40 = 0.0;
+        const float v46 = logf(v38); // n9
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const int v40 = (int)j5; // n11
-            const long long v41 = (long long)v40; // n13
-            const bool v43 = v41 == v42; // n14
+            const int v41 = (int)j5; // n11
+            const long long v42 = (long long)v41; // n13
+            const bool v43 = v42 == v29; // n14
             const float v44 = in0[rowbase + j5]; // logits f32
-            const float v45 = v44 - v34; // n5
+            const float v45 = v44 - v35; // n5
             const float v47 = v45 - v46; // n10
             const float v48 = (v43 ? v47 : 0.0f); // n16
-            a38 += (double)v48;
-            a39 += (double)v47;
+            a39 += (double)v48;
+            a40 += (double)v47;
         }
-        a38 = kf_row_sum(a38, kf_g, kf_rs); // over the row's lanes
-        const float v49 = (float)a38; // n17 sum along the row, once per row
         a39 = kf_row_sum(a39, kf_g, kf_rs); // over the row's lanes
-        const float v50 = (float)a39; // n19 sum along the row, once per row
+        const float v49 = (float)a39; // n17 sum along the row, once per row
+        a40 = kf_row_sum(a40, kf_g, kf_rs); // over the row's lanes
+        const float v50 = (float)a40; // n19 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const bool v51 = v42 != (-100ll); // n33
+            const bool v51 = v29 != (-100ll); // n33
             if (v51) {
                 const float v52 = -v49; // n18
                 const float v53 = 0.9f * v52; // n22
@@ -410,55 +410,55 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_18c9d8eed58c7fb1_2_regs(
             }
         }
         const long long i = row; // the row's element of the domain
-        double a0 = __longlong_as_double(0xfff0000000000000ll);
+        const long long v0 = in1[i]; // labels i64
+        double a1 = __longlong_as_double(0xfff0000000000000ll);
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v1 = kf_c0[t0]; // logits f32
-            a0 = kf_max_f64(a0, (double)v1);
+            const float v2 = kf_c0[t0]; // logits f32
+            a1 = kf_max_f64(a1, (double)v2);
         }
-        a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
-        const float v2 = (float)a0; // n2 max along the row, once per row
-        if (kf_live && lane == 0) tmp4[row] = v2; // for a later kernel
-        double a3 = 0.0;
-        const float v5 = v2; // n4
+        a1 = kf_row_max(a1, kf_g, kf_rs); // over the row's lanes
+        const float v3 = (float)a1; // n2 max along the row, once per row
+        if (kf_live && lane == 0) tmp4[row] = v3; // for a later kernel
+        double a4 = 0.0;
+        const float v6 = v3; // n4
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v4 = kf_c0[t1]; // logits f32
-            const float v6 = v4 - v5; // n5
-            const float v7 = expf(v6); // n6
-            a3 += (double)v7;
+            const float v5 = kf_c0[t1]; // logits f32
+            const float v7 = v5 - v6; // n5
+            const float v8 = expf(v7); // n6
+            a4 += (double)v8;
         }
-        a3 = kf_row_sum(a3, kf_g, kf_rs); // over the row's lanes
-        const float v8 = (float)a3; // n7 sum along the row, once per row
-        if (kf_live && lane == 0) tmp5[row] = v8; // for a later kernel
-        double a9 = 0.0;
+        a4 = kf_row_sum(a4, kf_g, kf_rs); // over the row's lanes
+        const float v9 = (float)a4; // n7 sum along the row, once per row
+        if (kf_live && lane == 0) tmp5[row] = v9; // for a later kernel
         double a10 = 0.0;
-        const long long v13 = in1[i]; // labels i64
-        const float v17 = logf(v8); // n9
+        double a11 = 0.0;
+        const float v17 = logf(v9); // n9
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const int v11 = (int)j2; // n11
-            const long long v12 = (long long)v11; // n13
-            const bool v14 = v12 == v13; // n14
+            const int v12 = (int)j2; // n11
+            const long long v13 = (long long)v12; // n13
+            const bool v14 = v13 == v0; // n14
             const float v15 = kf_c0[t2]; // logits f32
-            const float v16 = v15 - v5; // n5
+            const float v16 = v15 - v6; // n5
             const float v18 = v16 - v17; // n10
             const float v19 = (v14 ? v18 : 0.0f); // n16
-            a9 += (double)v19;
-            a10 += (double)v18;
+            a10 += (double)v19;
+            a11 += (double)v18;
         }
-        a9 = kf_row_sum(a9, kf_g, kf_rs); // over the row's lanes
-        const float v20 = (float)a9; // n17 sum along the row, once per row
         a10 = kf_row_sum(a10, kf_g, kf_rs); // over the row's lanes
-        const float v21 = (float)a10; // n19 sum along the row, once per row
+        const float v20 = (float)a10; // n17 sum along the row, once per row
+        a11 = kf_row_sum(a11, kf_g, kf_rs); // over the row's lanes
+        const float v21 = (float)a11; // n19 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const bool v22 = v13 != (-100ll); // n33
+            const bool v22 = v0 != (-100ll); // n33
             if (v22) {
                 const float v23 = -v20; // n18
                 const float v24 = 0.9f * v23; // n22

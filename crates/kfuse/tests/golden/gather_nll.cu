@@ -186,40 +186,40 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        double a20 = __longlong_as_double(0xfff0000000000000ll);
+        const long long v20 = in1[i]; // labels i64
+        double a21 = __longlong_as_double(0xfff0000000000000ll);
         #pragma unroll 4
         for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
-            const float v21 = in0[rowbase + j2]; // logits f32
-            a20 = kf_max_f64(a20, (double)v21);
+            const float v22 = in0[rowbase + j2]; // logits f32
+            a21 = kf_max_f64(a21, (double)v22);
         }
-        a20 = kf_row_max(a20, kf_g, kf_rs); // over the row's lanes
-        const float v22 = (float)a20; // n2 max along the row, once per row
-        if (kf_live && lane == 0) tmp2[row] = v22; // for a later kernel
-        double a23 = 0.0;
+        a21 = kf_row_max(a21, kf_g, kf_rs); // over the row's lanes
+        const float v23 = (float)a21; // n2 max along the row, once per row
+        if (kf_live && lane == 0) tmp2[row] = v23; // for a later kernel
+        double a24 = 0.0;
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v24 = in0[rowbase + j3]; // logits f32
-            const float v25 = v24 - v22; // n4
-            const float v26 = expf(v25); // n5
-            a23 += (double)v26;
+            const float v25 = in0[rowbase + j3]; // logits f32
+            const float v26 = v25 - v23; // n4
+            const float v27 = expf(v26); // n5
+            a24 += (double)v27;
         }
-        a23 = kf_row_sum(a23, kf_g, kf_rs); // over the row's lanes
-        const float v27 = (float)a23; // n6 sum along the row, once per row
-        if (kf_live && lane == 0) tmp3[row] = v27; // for a later kernel
+        a24 = kf_row_sum(a24, kf_g, kf_rs); // over the row's lanes
+        const float v28 = (float)a24; // n6 sum along the row, once per row
+        if (kf_live && lane == 0) tmp3[row] = v28; // for a later kernel
         if (kf_live && lane == 0) {
-            const long long v28 = in1[i]; // labels i64
-            const bool v29 = v28 >= 0ll; // n12
+            const bool v29 = v20 >= 0ll; // n12
             const long long v30 = tmp0[0]; // n16 from an earlier kernel
-            const bool v31 = v28 < v30; // n17
+            const bool v31 = v20 < v30; // n17
             const bool v32 = v29 && v31; // n18
             if (v32) {
-                const long long v33 = (v32 ? v28 : 0ll); // n19
+                const long long v33 = (v32 ? v20 : 0ll); // n19
                 const bool v34 = (unsigned long long)v33 < (unsigned long long)(sz1); // the index is in 0..sz1
                 float v35 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
                 if (v34) {
                     const float v36 = in0[i * sz1 + v33]; // logits f32
-                    const float v37 = v36 - v22; // n4
-                    const float v38 = logf(v27); // n7
+                    const float v37 = v36 - v23; // n4
+                    const float v38 = logf(v28); // n7
                     const float v39 = v37 - v38; // n9
                     v35 = v39;
                 }
@@ -313,44 +313,44 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
             }
         }
         const long long i = row; // the row's element of the domain
-        double a0 = __longlong_as_double(0xfff0000000000000ll);
+        const long long v0 = in1[i]; // labels i64
+        double a1 = __longlong_as_double(0xfff0000000000000ll);
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v1 = kf_c0[t0]; // logits f32
-            a0 = kf_max_f64(a0, (double)v1);
+            const float v2 = kf_c0[t0]; // logits f32
+            a1 = kf_max_f64(a1, (double)v2);
         }
-        a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
-        const float v2 = (float)a0; // n2 max along the row, once per row
-        if (kf_live && lane == 0) tmp2[row] = v2; // for a later kernel
-        double a3 = 0.0;
+        a1 = kf_row_max(a1, kf_g, kf_rs); // over the row's lanes
+        const float v3 = (float)a1; // n2 max along the row, once per row
+        if (kf_live && lane == 0) tmp2[row] = v3; // for a later kernel
+        double a4 = 0.0;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v4 = kf_c0[t1]; // logits f32
-            const float v5 = v4 - v2; // n4
-            const float v6 = expf(v5); // n5
-            a3 += (double)v6;
+            const float v5 = kf_c0[t1]; // logits f32
+            const float v6 = v5 - v3; // n4
+            const float v7 = expf(v6); // n5
+            a4 += (double)v7;
         }
-        a3 = kf_row_sum(a3, kf_g, kf_rs); // over the row's lanes
-        const float v7 = (float)a3; // n6 sum along the row, once per row
-        if (kf_live && lane == 0) tmp3[row] = v7; // for a later kernel
+        a4 = kf_row_sum(a4, kf_g, kf_rs); // over the row's lanes
+        const float v8 = (float)a4; // n6 sum along the row, once per row
+        if (kf_live && lane == 0) tmp3[row] = v8; // for a later kernel
         if (kf_live && lane == 0) {
-            const long long v8 = in1[i]; // labels i64
-            const bool v9 = v8 >= 0ll; // n12
+            const bool v9 = v0 >= 0ll; // n12
             const long long v10 = tmp0[0]; // n16 from an earlier kernel
-            const bool v11 = v8 < v10; // n17
+            const bool v11 = v0 < v10; // n17
             const bool v12 = v9 && v11; // n18
             if (v12) {
-                const long long v13 = (v12 ? v8 : 0ll); // n19
+                const long long v13 = (v12 ? v0 : 0ll); // n19
                 const bool v14 = (unsigned long long)v13 < (unsigned long long)(sz1); // the index is in 0..sz1
                 float v15 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
                 if (v14) {
                     const float v16 = in0[i * sz1 + v13]; // logits f32
-                    const float v17 = v16 - v2; // n4
-                    const float v18 = logf(v7); // n7
+                    const float v17 = v16 - v3; // n4
+                    const float v18 = logf(v8); // n7
                     const float v19 = v17 - v18; // n9
                     v15 = v19;
                 }
