@@ -9,8 +9,10 @@
 //! silent overflow. Coordinates are derived only when a broadcast operand needs them (never for
 //! operands shaped like the domain, which use `i` directly), through `kf_div`/`kf_mod`: 32-bit
 //! division when the index and divisor fit in 32 bits (decided at run time, a warp-uniform branch
-//! in practice), 64-bit otherwise. In row mode (lengths masks) the row and column are loop
-//! variables and no division happens per element.
+//! in practice), 64-bit otherwise. In row mode (lengths masks, row-wise kernels, elementwise
+//! work over rows of a wide last axis) the row and column are loop variables and no division
+//! happens per element: measured on an H200, the division made a GELU over [16384, 4096]
+//! instruction-bound (bf16 as slow as f32, 2.5x slower than by rows).
 //!
 //! Not handled here: expression emission (see `emit`), the buffer list (see `lib`).
 
