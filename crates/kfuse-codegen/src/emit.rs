@@ -884,7 +884,9 @@ impl<'a> Emitter<'a> {
     /// unconditional.
     pub fn group_store(&mut self, output: usize, dtype: DType, v: &str) -> Option<String> {
         let depth = self.depth();
-        let group = self.row_cache.as_mut()?.group.as_mut()?;
+        let cache = self.row_cache.as_mut()?;
+        let w = cache.width;
+        let group = cache.group.as_mut()?;
         if depth != group.column_depth {
             return None;
         }
@@ -892,7 +894,6 @@ impl<'a> Emitter<'a> {
             group.outputs.push((output, dtype));
             let ty = cuda::value_type(dtype);
             let d = group.depth;
-            let w = self.row_cache.as_ref().map_or(0, |c| c.width);
             self.blocks[d].lines.push(format!("{ty} kf_o{output}[{w}]; // the group's values of output {output}"));
         }
         let q = self.row_cache.as_ref()?.group.as_ref()?.q;

@@ -206,13 +206,8 @@ impl RowCache {
                 "    const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;".to_string(),
                 "    const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;".to_string(),
                 "    const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;".to_string(),
-                "    #pragma unroll".to_string(),
-                format!("    for (int kf_v = 0; kf_v < {groups}; ++kf_v) {{"),
-                format!("        const int kf_j = {w} * (lane + kf_v * kf_g);"),
-                "        if (kf_j >= kf_n1) break;".to_string(),
             ];
-            lines.extend(loads.iter().map(|l| format!("        {l}")));
-            lines.push("    }".to_string());
+            lines.extend(self.group_loop("kf_n1", &loads).into_iter().map(|l| format!("    {l}")));
             lines.push("}".to_string());
             lines
         };
@@ -240,11 +235,20 @@ impl RowCache {
             loads.extend(body.into_iter().map(|l| format!("    {l}")));
             loads.push("}".to_string());
         }
-        lines.push("#pragma unroll".to_string());
-        lines.push(format!("for (int kf_v = 0; kf_v < {}; ++kf_v) {{", self.groups()));
-        lines.push(format!("    const int kf_j = {} * (lane + kf_v * kf_g);", self.width));
-        lines.push("    if (kf_j >= kf_n) break;".to_string());
-        lines.extend(loads.into_iter().map(|l| format!("    {l}")));
+        lines.extend(self.group_loop("kf_n", &loads));
+        lines
+    }
+
+    /// The loop over the lane's groups of a row of `bound` columns, running `loads` (which read
+    /// the group's first column `kf_j`) for each group the row has.
+    fn group_loop(&self, bound: &str, loads: &[String]) -> Vec<String> {
+        let mut lines = vec![
+            "#pragma unroll".to_string(),
+            format!("for (int kf_v = 0; kf_v < {}; ++kf_v) {{", self.groups()),
+            format!("    const int kf_j = {} * (lane + kf_v * kf_g);", self.width),
+            format!("    if (kf_j >= {bound}) break;"),
+        ];
+        lines.extend(loads.iter().map(|l| format!("    {l}")));
         lines.push("}".to_string());
         lines
     }

@@ -4,6 +4,8 @@
 //!
 //! Not handled here: the signature's text (see `kernel`).
 
+use std::collections::BTreeSet;
+
 use kfuse_ir::{Graph, NodeId};
 
 use crate::analysis::Analysis;
@@ -39,7 +41,7 @@ pub(crate) fn params(
     buffers: &BufferIndex,
     parts: SignatureParts,
 ) -> Result<Vec<(Param, String, String)>, CodegenError> {
-    let SignatureParts { k, shape, uses, mut outputs_written, temps_written, list, n_slots, checked } = parts;
+    let SignatureParts { k, shape, uses, outputs_written, temps_written, list, n_slots, checked } = parts;
     let mut params: Vec<(Param, String, String)> = Vec::new(); // (param, declaration, comment)
     for &i in &uses.inputs {
         let inp = &g.inputs[i as usize];
@@ -50,35 +52,20 @@ pub(crate) fn params(
             format!("{} {}{}", inp.name, inp.dtype, g.shape_str(&inp.shape)),
         ));
     }
-    outputs_written.sort_unstable();
-    outputs_written.dedup();
-    for &o in &outputs_written {
+    // The outputs written here, and those an earlier kernel stored that are read here (const),
+    // in output order.
+    let outputs: BTreeSet<usize> = outputs_written.iter().chain(&uses.outputs_read).copied().collect();
+    for o in outputs {
         let node = g.node(g.outputs[o].node);
-        let decl = format!("{}* __restrict__ out{o}", cuda::storage_type(node.dtype));
+        let (constness, note) =
+            if outputs_written.contains(&o) { ("", "") } else { ("const ", ", stored by an earlier kernel") };
+        let decl = format!("{constness}{}* __restrict__ out{o}", cuda::storage_type(node.dtype));
         params.push((
             Param::Buffer(buffers.outputs_base + o),
             decl,
-            format!("output {} {}{}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape)),
+            format!("output {} {}{}{note}", g.outputs[o].name, node.dtype, g.shape_str(&node.shape)),
         ));
     }
-    for &o in uses.outputs_read.iter().filter(|o| !outputs_written.contains(o)) {
-        let node = g.node(g.outputs[o].node);
-        let decl = format!("const {}* __restrict__ out{o}", cuda::storage_type(node.dtype));
-        params.push((
-            Param::Buffer(buffers.outputs_base + o),
-            decl,
-            format!(
-                "output {} {}{}, stored by an earlier kernel",
-                g.outputs[o].name,
-                node.dtype,
-                g.shape_str(&node.shape)
-            ),
-        ));
-    }
-    params.sort_by_key(|p| match p.0 {
-        Param::Buffer(b) => b,
-        _ => usize::MAX,
-    });
     let temp_nodes: Vec<(NodeId, usize)> = an.temps.iter().map(|(&n, &t)| (n, t)).collect();
     for (n, t) in temp_nodes {
         let d = temp_dtype(g.node(n).dtype);

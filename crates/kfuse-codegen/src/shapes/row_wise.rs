@@ -81,6 +81,10 @@ pub(crate) struct RowWise {
     pub phases: Vec<Vec<NodeId>>,
     /// The row length: the reduced axis.
     pub cols: Dim,
+    /// [`RowCase::Results`]: the inputs shaped like the rows that the kernel reads (a label),
+    /// which every lane loads at its row before the passes, so that their latency hides behind
+    /// the row's instead of following the last fold.
+    pub row_inputs: Vec<NodeId>,
 }
 
 impl RowWise {
@@ -204,7 +208,14 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
         }
         reach[i] = r;
     }
-    Some(RowWise { case, phases, cols })
+    let row_inputs = match case {
+        RowCase::Results => (0..g.nodes.len())
+            .filter(|&i| seen[i] && matches!(g.nodes[i].op, Op::Input(_)) && g.nodes[i].shape.dims() == &dims[..])
+            .map(|i| NodeId(i as u32))
+            .collect(),
+        RowCase::Elements => Vec::new(),
+    };
+    Some(RowWise { case, phases, cols, row_inputs })
 }
 
 /// The row-wise plan without reductions of an elementwise kernel that would otherwise take the
@@ -225,7 +236,12 @@ pub(crate) fn elementwise(
     let plain = shape == KernelShape::GridStride && slots == 0 && !checks && info.dims.len() >= 2;
     // Some output is shaped like the domain (the rows are worth a group of lanes each).
     let rows_out = g.outputs.iter().any(|o| g.node(o.node).shape.dims() == &info.dims[..]);
-    (wide && plain && rows_out).then_some(RowWise { case: RowCase::Elements, phases: Vec::new(), cols })
+    (wide && plain && rows_out).then_some(RowWise {
+        case: RowCase::Elements,
+        phases: Vec::new(),
+        cols,
+        row_inputs: Vec::new(),
+    })
 }
 
 /// The row count and row length of the kernel's template, as C expressions, the Temp buffers
@@ -311,13 +327,8 @@ fn emit_passes(
     let ctx: Vec<Coord> = (0..k as u32).map(Coord::Dom).collect();
     if plan.case == RowCase::Results {
         em.push_stmt("const long long i = row; // the row's element of the domain".to_string());
-        // The inputs the once-per-row body reads at its row (a label), loaded by every lane
-        // before the passes: their latency hides behind the row's, not after the last fold.
-        let seen = evaluated(g, an, &an.kernels[kernel], &an.row_values);
-        for (i, node) in g.nodes.iter().enumerate() {
-            if matches!(node.op, Op::Input(_)) && seen[i] && node.shape.dims() == &an.kernels[kernel].dims[..] {
-                em.eval(NodeId(i as u32), &ctx)?;
-            }
+        for &n in &plan.row_inputs {
+            em.eval(n, &ctx)?;
         }
     }
     let registers = em.row_cache.is_some();
