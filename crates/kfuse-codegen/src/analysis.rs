@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
+use kfuse_ir::{BinaryOp, Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
 
 use crate::CodegenError;
 
@@ -25,12 +25,28 @@ use crate::CodegenError;
 /// element (and loaded/stored as one vector when its byte size allows).
 pub const MAX_COMPONENTS: u64 = 8;
 
-/// A full reduction `(op, x, mask)`, or `None` for any other node.
+/// A full reduction `(op, x, mask)`, or `None` for any other node. A count of every element
+/// (`size(D)`) is none: its value is the product of sizes, known to every kernel.
 pub(crate) fn full_reduce(g: &Graph, n: NodeId) -> Option<(ReduceOp, NodeId, Option<NodeId>)> {
     match g.node(n).op {
-        Op::Reduce { op, axis, x, mask } if reduces_everything(axis, g.node(x).shape.rank()) => Some((op, x, mask)),
+        Op::Reduce { op, axis, x, mask }
+            if reduces_everything(axis, g.node(x).shape.rank()) && !counts_every_element(g, n) =>
+        {
+            Some((op, x, mask))
+        }
         _ => None,
     }
+}
+
+/// Whether node `n` counts every element of its operand along its axes: a `count` without a
+/// mask of `iota >= 0` (what `size(D)` and a mean's gradient count), whose value is the product
+/// of the reduced axes' sizes.
+pub(crate) fn counts_every_element(g: &Graph, n: NodeId) -> bool {
+    let Op::Reduce { op: ReduceOp::Count, x, mask: None, .. } = g.node(n).op else { return false };
+    let Op::Binary(BinaryOp::Ge, a, b) = g.node(x).op else { return false };
+    matches!(g.node(a).op, Op::Iota { .. })
+        && matches!(g.node(b).op, Op::Const(kfuse_ir::Literal::Int(0)))
+        && g.node(x).shape == g.node(a).shape
 }
 
 /// Whether a reduction along `axis` of an operand of rank `rank` leaves a scalar.
@@ -119,7 +135,6 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
 
     // Sinks in a fixed order: reductions in node order, then tensor outputs in output order; each
     // keyed by its kernel's (level, domain), with its component count.
-    type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
     let mut keyed: Vec<KeyedSink> = Vec::new();
     for i in 0..g.nodes.len() {
         let id = NodeId(i as u32);
@@ -135,6 +150,7 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
             keyed.push(((level[o.node.index()], dims), SinkKind::Output { index }, comps));
         }
     }
+    defer_row_results(g, &level, &mut keyed);
     let mut keys: Vec<(u32, Vec<Dim>)> = Vec::new();
     for (k, _, _) in &keyed {
         if !keys.contains(k) {
@@ -203,6 +219,80 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
         kernels[h].temp_writes.push(n);
     }
     Ok(Analysis { kernels, home, temps, row_values: BTreeMap::new() })
+}
+
+/// A sink keyed by its kernel's (level, domain), with its component count.
+type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
+
+/// Row results deferred to the kernel of their rows' elements. A full reduction of per-row values
+/// (a per-row loss summed into a mean: domain `[rows..]`) that read a reduction along the last
+/// axis of `[rows.., cols]` takes a kernel that reads every row, and the kernel at each element of
+/// the same rows (the loss's gradient, at the same level or a later one when it needs another
+/// full reduction, a count) reads them all again. When no sink after the reduction's level up to
+/// that kernel's reads it, it
+/// moves into that kernel, which computes it once per row from the row reductions it computes
+/// anyway (see `shapes::row_wise`): the rows are read once instead of twice, and the first kernel
+/// keeps only what the later one needs (the count) or disappears.
+fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
+    // Whether `root`'s value depends on node `target` (through operands).
+    let depends = |root: NodeId, target: NodeId| {
+        let mut seen = vec![false; g.nodes.len()];
+        let mut stack = vec![root];
+        while let Some(n) = stack.pop() {
+            if n == target {
+                return true;
+            }
+            if !std::mem::replace(&mut seen[n.index()], true) {
+                g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+            }
+        }
+        false
+    };
+    // Whether `root` reads a reduction along the last axis of a node shaped `dims`.
+    let reads_rows = |root: NodeId, dims: &[Dim]| {
+        let mut seen = vec![false; g.nodes.len()];
+        let mut stack = vec![root];
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut seen[n.index()], true) {
+                continue;
+            }
+            if let Op::Reduce { axis: ReduceAxis::Last, x, .. } = g.node(n).op {
+                if g.node(x).shape.dims() == dims && !counts_every_element(g, n) {
+                    return true;
+                }
+            }
+            if full_reduce(g, n).is_none() {
+                g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+            }
+        }
+        false
+    };
+    let roots = |kind: &SinkKind| -> Vec<NodeId> {
+        match *kind {
+            SinkKind::Reduce { node, .. } => vec![node],
+            SinkKind::Output { index } => vec![g.outputs[index].node],
+        }
+    };
+    for s in 0..keyed.len() {
+        let ((l, ref dims), SinkKind::Reduce { node, .. }, None) = keyed[s] else { continue };
+        let Some((_, x, _)) = full_reduce(g, node) else { continue };
+        // The element kernel of the rows: an output at a later level, one wide axis longer.
+        let target = keyed.iter().find_map(|((lq, dq), kind, _)| {
+            let rows_of = *lq >= l && dq.len() == dims.len() + 1 && dq[..dims.len()] == dims[..];
+            match (kind, rows_of) {
+                (SinkKind::Output { index }, true) if reads_rows(g.outputs[*index].node, dq) => Some((*lq, dq.clone())),
+                _ => None,
+            }
+        });
+        let Some((lq, dq)) = target else { continue };
+        // The reduction's own row values read those rows, and nothing up to that kernel reads it.
+        let needed = keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
+            t != s && *lt > l && *lt <= lq && roots(kind).into_iter().any(|r| depends(r, node))
+        });
+        if reads_rows(x, &dq) && !needed && level[node.index()] == l + 1 {
+            keyed[s].0 = (lq, dq);
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]

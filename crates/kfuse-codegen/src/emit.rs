@@ -20,7 +20,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, ReduceOp, SymId, TernaryOp, UnaryOp};
 
-use crate::analysis::{full_reduce, Analysis};
+use crate::analysis::{counts_every_element, full_reduce, Analysis};
 use crate::cuda::{self, Helper};
 use crate::row_cache::RowCache;
 use crate::CodegenError;
@@ -519,7 +519,7 @@ impl<'a> Emitter<'a> {
                         true => Some(pop_values(&mut values, 1, r.n)?.remove(0)),
                         false => None,
                     };
-                    let line = self.update_line(r.op, &r.accs, v);
+                    let line = self.update_line(r.op, float_extremum(r.op, self.g.node(r.x).dtype), &r.accs, v);
                     self.push_stmt(line);
                     values.push(self.close_row_reduce(*r));
                 }
@@ -1046,11 +1046,14 @@ impl<'a> Emitter<'a> {
     pub fn declare_accumulators(&mut self, depth: usize, op: ReduceOp, xd: DType) -> Vec<String> {
         let n = crate::analysis::slots_of(op);
         let init = reduce_identity(op, xd);
+        // A float maximum or minimum is exact in f32: its accumulator needs no f64 conversion per
+        // element (its folds and partial slots still take it as a double).
+        let ty = if float_extremum(op, xd) { "float" } else { "double" };
         (0..n)
             .map(|k| {
                 let a = self.fresh("a");
                 let v = if k == 0 { init.clone() } else { "0.0".to_string() };
-                self.blocks[depth].lines.push(format!("double {a} = {v};"));
+                self.blocks[depth].lines.push(format!("{ty} {a} = {v};"));
                 a
             })
             .collect()
@@ -1139,17 +1142,22 @@ impl<'a> Emitter<'a> {
             true => Some(self.eval(x, xctx)?),
             false => None,
         };
-        let line = self.update_line(op, accs, v);
+        let line = self.update_line(op, float_extremum(op, self.g.node(x).dtype), accs, v);
         self.push_stmt(line);
         Ok(())
     }
 
     /// The statement that adds an element of value `v` (`None` for an unmasked count, which
     /// needs none) to the accumulators `accs` of reduction `op`.
-    fn update_line(&mut self, op: ReduceOp, accs: &[String], v: Option<String>) -> String {
+    fn update_line(&mut self, op: ReduceOp, float: bool, accs: &[String], v: Option<String>) -> String {
         let a = &accs[0];
         let Some(v) = v else { return format!("{a} += 1.0;") };
         match op {
+            ReduceOp::Max | ReduceOp::Min if float => {
+                self.uses.helpers.insert(Helper::MinMaxF32);
+                let f = if op == ReduceOp::Max { "kf_maxf" } else { "kf_minf" };
+                format!("{a} = {f}({a}, {v});")
+            }
             ReduceOp::Count => format!("{a} += {v} ? 1.0 : 0.0;"),
             ReduceOp::Sum => format!("{a} += (double){v};"),
             ReduceOp::Mean => format!("{a} += (double){v}; {} += 1.0;", accs[1]),
@@ -1200,17 +1208,6 @@ struct RowReduce {
     guarded: bool,
 }
 
-/// Whether node `n` counts every element of its operand along its axes: a `count` without a
-/// mask of `iota >= 0` (what `size(D)` and a mean's gradient count), whose value is the product
-/// of the reduced axes' sizes.
-pub(crate) fn counts_every_element(g: &Graph, n: NodeId) -> bool {
-    let Op::Reduce { op: ReduceOp::Count, x, mask: None, .. } = g.node(n).op else { return false };
-    let Op::Binary(BinaryOp::Ge, a, b) = g.node(x).op else { return false };
-    matches!(g.node(a).op, Op::Iota { .. })
-        && matches!(g.node(b).op, Op::Const(kfuse_ir::Literal::Int(0)))
-        && g.node(x).shape == g.node(a).shape
-}
-
 /// The context of the operand of an [`Op::Unsqueeze`] at `ctx`: the new axes' coordinates left
 /// out.
 fn squeeze_ctx(ctx: Vec<Coord>, axes: u32) -> Vec<Coord> {
@@ -1248,8 +1245,15 @@ pub(crate) fn temp_dtype(dtype: DType) -> DType {
 
 /// The f64 starting value of a reduction's first accumulator (the empty result; for `i32`
 /// max/min the extreme `i32`, as the interpreter gives).
+/// Whether reduction `op` of `xd` values accumulates in f32: a maximum or minimum of floats.
+fn float_extremum(op: ReduceOp, xd: DType) -> bool {
+    matches!(op, ReduceOp::Max | ReduceOp::Min) && xd.kind() == Kind::Float
+}
+
 pub(crate) fn reduce_identity(op: ReduceOp, xd: DType) -> String {
     match (op, xd.kind()) {
+        (ReduceOp::Max, Kind::Float) => "__int_as_float(0xff800000)".into(),
+        (ReduceOp::Min, Kind::Float) => "__int_as_float(0x7f800000)".into(),
         (ReduceOp::Max, Kind::Int) => "-2147483648.0".into(),
         (ReduceOp::Min, Kind::Int) => "2147483647.0".into(),
         (ReduceOp::Max, _) => "__longlong_as_double(0xfff0000000000000ll)".into(),

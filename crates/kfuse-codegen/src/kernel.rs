@@ -55,7 +55,7 @@ pub(crate) fn emit_kernel(
 
     // Sinks become actions, grouped by the predicate that guards them; full reductions take
     // partial slots in sink order. One pass: this kernel also computes the masked output.
-    let sinks::Sinks { slots, mut groups, slot_results, notes: sink_notes } =
+    let sinks::Sinks { slots, mut groups, row_groups, slot_results, notes: sink_notes } =
         sinks::collect(&mut em, g, info, &dom, mask_counts)?;
     if let Some(bufs) = onepass {
         sinks::add_one_pass(&mut em, g, &dom, &bufs.pass, &mut groups)?;
@@ -99,7 +99,8 @@ pub(crate) fn emit_kernel(
         }
         (KernelShape::RowWise, _, _) => {
             let plan = row_wise.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without rows" })?;
-            row_sizes = Some(row_wise::emit_body(&mut em, g, (an, k), plan, &info.dims, &groups, &mut unconditional)?);
+            let all = (groups.as_slice(), row_groups.as_slice());
+            row_sizes = Some(row_wise::emit_body(&mut em, g, (an, k), plan, &info.dims, all, &mut unconditional)?);
         }
         (KernelShape::Rows, _, _) => {
             let (src, nv) = rows::rows_loop(&mut em, g, an, k, &groups, mask_counts, next_var)?;
@@ -116,6 +117,11 @@ pub(crate) fn emit_kernel(
             queued = grid_stride::emit_groups(&mut em, g, &groups, &mut unconditional, true)?;
         }
         _ => return Err(CodegenError::Internal { node: 0, what: "row shape without a row bound" }),
+    }
+    if !row_groups.is_empty()
+        && (shape != KernelShape::RowWise || row_wise.is_none_or(|p| p.case != row_wise::RowCase::Elements))
+    {
+        return Err(CodegenError::Internal { node: 0, what: "a row result deferred into a kernel that has no rows" });
     }
     if shape != KernelShape::Rows {
         next_var = em.next_var();

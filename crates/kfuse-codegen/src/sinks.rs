@@ -21,6 +21,9 @@ pub(crate) struct Sinks {
     pub slots: Vec<(Combine, String, String)>,
     /// The actions, grouped by the predicate that guards them.
     pub groups: Vec<Group>,
+    /// The actions run once per row of a row-wise kernel (its deferred row results), grouped
+    /// the same way.
+    pub row_groups: Vec<Group>,
     /// Per full reduction, the names its epilogue reads (`r<slot>`, or `kf_cntd`).
     pub slot_results: HashMap<NodeId, Vec<String>>,
     /// The header's `// sink:` lines.
@@ -39,6 +42,7 @@ pub(crate) fn collect(
 ) -> Result<Sinks, CodegenError> {
     let mut slots: Vec<(Combine, String, String)> = Vec::new(); // (combine, init, what)
     let mut groups: Vec<Group> = Vec::new();
+    let mut row_groups: Vec<Group> = Vec::new();
     let mut slot_results = HashMap::new();
     let mut sink_notes = Vec::new(); // the header's `// sink:` lines
     for sink in &info.sinks {
@@ -72,11 +76,21 @@ pub(crate) fn collect(
                 if op == ReduceOp::Mean {
                     slots.push((Combine::Sum, "0.0".into(), format!("count of {what}")));
                 }
+                // A row result deferred here (see `analysis::defer_row_results`): its operand is
+                // the domain's rows, updated once per row.
+                let per_row = g.node(x).shape.rank() + 1 == dom.len() && sink.comps.is_none();
                 sink_notes.push(format!(
-                    "full reduction n{} into partial slot {slot}{}",
+                    "full reduction n{} into partial slot {slot}{}{}",
                     node.0,
-                    comps_note(sink.comps)
+                    comps_note(sink.comps),
+                    if per_row { ", once per row" } else { "" }
                 ));
+                if per_row {
+                    let xctx = dom[..dom.len() - 1].to_vec();
+                    let guard = em.reduce_guard(op, x, mask, &xctx);
+                    group_for(&mut row_groups, guard).then.push(Action::Update { op, x, mask, xctx, accs });
+                    continue;
+                }
                 for c in comps {
                     let xctx = ctx_of(c);
                     let guard = em.reduce_guard(op, x, mask, &xctx);
@@ -105,7 +119,7 @@ pub(crate) fn collect(
             }
         }
     }
-    Ok(Sinks { slots, groups, slot_results, notes: sink_notes })
+    Ok(Sinks { slots, groups, row_groups, slot_results, notes: sink_notes })
 }
 
 /// One pass: kernel 0 also computes the masked output of `pass`, unscaled, under its guard:

@@ -137,7 +137,7 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     assert_eq!(regs.aligned[0].1, 16);
     assert!(src.contains("2 row reduction phase(s) computed once per row"), "{src}");
     // The row max is computed before the exp-sum loop that uses it.
-    assert!(src.find("kf_max_f64(a").expect("max loop") < src.find("expf(").expect("exp"));
+    assert!(src.find("kf_maxf(a").expect("max loop") < src.find("expf(").expect("exp"));
     // The label is loaded once per row, outside the loops, by each entry point.
     assert_eq!(src.matches("in1[").count(), 2);
 }
@@ -557,22 +557,19 @@ fn row_graph() -> kfuse_ir::Graph {
 fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     let g = row_graph();
     let p = plan(&g, &opts()).expect("plan");
-    assert_eq!(p.kernels.len(), 2, "the loss over the rows [B], z over [B, C]");
-    // The loss: one row result per row (the max, then the sum that reads it), into the mean; the
-    // maximum is folded over the row's lanes once and stored for z's kernel, one value per row.
+    assert_eq!(p.kernels.len(), 1, "z over [B, C], the loss once per row in the same kernel");
+    // The maximum, then the sum that reads it, each folded over the row's lanes once per row; the
+    // loss's row result once per row by lane 0, into the mean; z at each element.
     let k = &p.kernels[0];
     let src = &k.source;
-    assert!(src.contains("2 row reduction phase(s) computed once per row, then the body once per row"), "{src}");
+    assert!(src.contains("2 row reduction phase(s) computed once per row, then the body at each element"), "{src}");
+    assert!(src.contains("into partial slot 0, once per row"), "{src}");
     assert!(src.contains("if (kf_live && lane == 0) {"), "{src}");
     assert_eq!(src.matches("kf_row_max(").count(), 3, "the helper and one call in each entry point:\n{src}");
     assert!(!src.contains("for (long long j0 = 0;"), "no serial loop over a row:\n{src}");
     assert!(src.contains("in0[rowbase + j"), "rows are read at rowbase + column:\n{src}");
     assert!(src.contains("*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"), "or kept in registers:\n{src}");
-    assert!(src.contains("if (kf_live && lane == 0) tmp0[row] = v"), "{src}");
-    // z reads the stored maximum at its row and reduces nothing.
-    let z = &p.kernels[1].source;
-    assert!(z.contains("const float* __restrict__ tmp0, // n2 f32 [B] per row from an earlier kernel"), "{z}");
-    assert!(!z.contains("for (long long j") && !z.contains("kf_row_"), "{z}");
+    assert!(!src.contains("tmp0[row]"), "no row value goes to a later kernel:\n{src}");
     // The grid follows the row length: 4 to 256 lanes a row.
     let GridSpec::Rows { rows, cols, block, max_blocks_per_sm } = &k.grid else { panic!("a rows grid: {:?}", k.grid) };
     assert_eq!(

@@ -467,11 +467,69 @@ impl GraphBuilder {
         let Some(shape) = axis.result_shape(&xs) else {
             return Err(IrError::RankTooLow { op: op.name(), min: 1, shape: self.graph.shape_str(&xs) });
         };
-        let mut y = self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape });
+        let mut y = match (axis, mask) {
+            (ReduceAxis::Last, None) => self.split_row_shift(op, x)?,
+            _ => None,
+        };
+        let mut y = match y.take() {
+            Some(y) => y,
+            None => self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape }),
+        };
         for _ in 0..keep {
             y = self.expand_last(y);
         }
         Ok(y)
+    }
+
+    /// A sum or mean along the last axis of `a ± c` (or `c ± a`) where `c` is the same at every
+    /// column of a row (a row statistic broadcast back, as in `x - max(x)[.., None]`): the
+    /// reduction of `a` alone, shifted by `c` (times the row length for a sum). The row's
+    /// reductions then all read the row as it is, so a row kernel computes them in one pass
+    /// (`mean(log_softmax(x))` takes the pass of the maximum instead of one of its own). `None`
+    /// where the pattern does not apply (another op, mixed dtypes, a shift that varies along the
+    /// row).
+    fn split_row_shift(&mut self, op: ReduceOp, x: NodeId) -> Result<Option<NodeId>, IrError> {
+        let xn = self.node(x);
+        let Op::Binary(bop @ (BinaryOp::Add | BinaryOp::Sub), l, r) = xn.op else { return Ok(None) };
+        if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) || xn.dtype.kind() != Kind::Float || xn.shape.rank() < 2 {
+            return Ok(None);
+        }
+        let (dtype, xs) = (xn.dtype, xn.shape.clone());
+        let row_constant = |b: &GraphBuilder, n: NodeId| {
+            let ns = &b.node(n).shape;
+            b.node(n).dtype == dtype
+                && (ns.is_scalar() || (ns.rank() == xs.rank() && ns.dims().last() == Some(&Dim::Const(1))))
+        };
+        let full = |b: &GraphBuilder, n: NodeId| b.node(n).dtype == dtype && b.node(n).shape == xs;
+        // (the varying side, the shift, whether the varying side is subtracted)
+        let (a, c, a_negated) = if full(self, l) && row_constant(self, r) {
+            (l, r, false)
+        } else if bop == BinaryOp::Add && row_constant(self, l) && full(self, r) {
+            (r, l, false)
+        } else if bop == BinaryOp::Sub && row_constant(self, l) && full(self, r) {
+            (r, l, true)
+        } else {
+            return Ok(None);
+        };
+        let reduced = self.reduce(op, ReduceAxis::Last, a, None)?;
+        let mut shift = match self.node(c).shape.is_scalar() {
+            true => c,
+            false => self.component(c, 0)?,
+        };
+        if op == ReduceOp::Sum {
+            // The row length as a count of every column (a kernel reads it from the sizes).
+            let iota = self.iota(xs.clone(), xs.rank() as u32 - 1)?;
+            let zero = self.lit_int(0);
+            let every = self.binary(BinaryOp::Ge, iota, zero)?;
+            let count = self.reduce(ReduceOp::Count, ReduceAxis::Last, every, None)?;
+            let count = self.cast(count, dtype);
+            shift = self.binary(BinaryOp::Mul, shift, count)?;
+        }
+        Ok(Some(match (bop, a_negated) {
+            (BinaryOp::Add, _) => self.binary(BinaryOp::Add, reduced, shift)?,
+            (_, false) => self.binary(BinaryOp::Sub, reduced, shift)?,
+            (_, true) => self.binary(BinaryOp::Sub, shift, reduced)?,
+        }))
     }
 
     /// Declares the ragged layout of an `i32` input (see [`Constraint`]); the values are checked

@@ -106,10 +106,14 @@ fn detach_of_an_integer_is_the_integer_and_softmax_names_a_bad_axis() {
 }
 
 #[test]
-fn cross_entropy_gradient_kernel_folds_one_sum_per_row() {
-    // The loss kernel computes the row maximum, the exp-sum and the mean of the log-probabilities
-    // once per row; the gradient kernel reads the first two back and folds only the sum of the
-    // log-probabilities' gradient (no tie count of the maximum, no count of the row's columns).
+fn cross_entropy_loss_and_gradient_read_the_rows_once() {
+    // The gradient needs the count of the kept rows, a full reduction over the labels alone: a
+    // first kernel counts them. The loss's per-row terms read the same row reductions as the
+    // gradient, so the second kernel computes both, the loss once per row (lane 0), the gradient
+    // at each element: the logits are read once. Its rows take two phases: the maximum, the sum
+    // of the logits (the mean of `x - max - log(sum)` is the mean of `x` shifted) and the sum of
+    // the log-probabilities' gradient in one pass, folded through one barrier pair; the exp-sum in
+    // the second. No tie count of the maximum, no count of the row's columns.
     let p = compile(
         "input logits: f32[B, C]\ninput labels: i64[B]\n\
          let log_probs = log_softmax(logits, axis: -1)\n\
@@ -120,8 +124,109 @@ fn cross_entropy_gradient_kernel_folds_one_sum_per_row() {
     );
     let kernels = &p.plan().kernels;
     assert_eq!(kernels.len(), 2);
-    assert!(kernels[0].source.contains("its 3 row reduction phase(s)"), "{}", kernels[0].source);
-    let grad = &kernels[1].source;
-    assert!(grad.contains("its 1 row reduction phase(s)"), "{grad}");
-    assert!(grad.contains("= (int)(sz1); // n"), "the mean's count is the row length: {grad}");
+    assert!(!kernels[0].source.contains("row reduction phase"), "{}", kernels[0].source);
+    assert!(!kernels[0].source.contains("in0["), "the count reads no logits: {}", kernels[0].source);
+    let fused = &kernels[1].source;
+    assert!(fused.contains("its 2 row reduction phase(s)"), "{fused}");
+    assert!(fused.contains("once per row"), "{fused}");
+    assert!(fused.contains("output loss") && fused.contains("output dlogits"), "{fused}");
+    assert!(fused.contains("The phase's 3 folds over the row's lanes"), "{fused}");
+    assert!(fused.contains("= (int)(sz1); // n"), "the mean's count is the row length: {fused}");
+    // Same values as the interpreter computes for the two-kernel form: checked on random rows
+    // against the math in f64 (printed seed), ignored rows included.
+    let seed = 0x5eed_c1a5;
+    println!("seed {seed:#x}");
+    let (b, c) = (6usize, 11usize);
+    let xs = random(seed, b * c);
+    let labels: Vec<i64> = vec![3, -100, 0, 10, 7, -100];
+    let x = HostTensor::new(vec![b, c], TensorData::F32(xs.clone()));
+    let l = HostTensor::new(vec![b], TensorData::I64(labels.clone()));
+    let outs = p.run_cpu(&[("logits", &x), ("labels", &l)]).unwrap();
+    let kept = labels.iter().filter(|&&v| v != -100).count() as f64;
+    let (mut loss, mut dx) = (0.0f64, vec![0.0f32; b * c]);
+    for r in 0..b {
+        let row: Vec<f64> = xs[r * c..(r + 1) * c].iter().map(|&v| v as f64).collect();
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
+        if labels[r] == -100 {
+            continue;
+        }
+        let lp: Vec<f64> = row.iter().map(|v| v - lse).collect();
+        loss += -0.9 * lp[labels[r] as usize] - 0.1 * lp.iter().sum::<f64>() / c as f64;
+        for (j, v) in lp.iter().enumerate() {
+            let target = 0.1 / c as f64 + if j == labels[r] as usize { 0.9 } else { 0.0 };
+            dx[r * c + j] = ((v.exp() - target) / kept) as f32;
+        }
+    }
+    let got = f32s(&outs, "loss")[0];
+    assert!(
+        (got as f64 - loss / kept).abs() <= 1e-5 * (1.0 + loss.abs()),
+        "loss {got} vs {} (seed {seed:#x})",
+        loss / kept
+    );
+    for (k, (g, w)) in f32s(&outs, "dlogits").iter().zip(&dx).enumerate() {
+        assert!((g - w).abs() <= 1e-6, "dlogits[{k}]: {g} vs {w} (seed {seed:#x})");
+    }
+}
+
+#[test]
+fn a_row_constant_shift_is_taken_out_of_sums_and_means() {
+    // sum/mean along the row of `a - c`, `a + c` and `c - a` with `c` the same at every column is
+    // the reduction of `a` shifted by `c` (times the row length for a sum); values and gradients
+    // match the math done here in f64 on random rows (printed seed).
+    let seed = 0x5eed_5b1f;
+    println!("seed {seed:#x}");
+    let (b, c) = (5usize, 13usize);
+    let p = compile(
+        "input x: f32[B, C]\ninput w: f32[B, C]\n\
+         let m = detach(max(x, axis: -1))[.., None]\n\
+         output s = sum(x - m, axis: -1)\n\
+         output t = mean(m + x * w, axis: -1)\n\
+         output u = sum(m - x, axis: -1)\n\
+         output dx = grad(sum(sum(x - m, axis: -1) * mean(m + x * w, axis: -1)), x)\n",
+    );
+    // Each reduction reads its operand as it is: no pass reads the difference.
+    let g = p.graph();
+    for o in ["s", "t", "u"] {
+        let node = g.node(g.output_by_name(o).expect("output").node);
+        assert!(!matches!(node.op, kfuse_ir::Op::Reduce { .. }), "{o} is a shifted reduction: {:?}", node.op);
+    }
+    let xs = random(seed, b * c);
+    let ws = random(seed + 1, b * c);
+    let x = HostTensor::new(vec![b, c], TensorData::F32(xs.clone()));
+    let w = HostTensor::new(vec![b, c], TensorData::F32(ws.clone()));
+    let outs = p.run_cpu(&[("x", &x), ("w", &w)]).unwrap();
+    let (mut s, mut t, mut u, mut dx) = (vec![], vec![], vec![], vec![]);
+    for r in 0..b {
+        let row = &xs[r * c..(r + 1) * c];
+        let wr = &ws[r * c..(r + 1) * c];
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let sr: f64 = row.iter().map(|&v| v as f64 - m).sum();
+        let tr: f64 = row.iter().zip(wr).map(|(&v, &q)| m + (v * q) as f64).sum::<f64>() / c as f64;
+        s.push(sr as f32);
+        t.push(tr as f32);
+        u.push(-sr as f32);
+        // d/dx of s * t: t * 1 + s * w / C (the detached maximum has no gradient).
+        dx.extend(wr.iter().map(|&q| (tr + sr * q as f64 / c as f64) as f32));
+    }
+    let near = |got: &[f32], want: &[f32], what: &str| {
+        for (k, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() <= 2e-5 * (1.0 + w.abs()), "{what}[{k}]: {g} vs {w} (seed {seed:#x})");
+        }
+    };
+    near(&f32s(&outs, "s"), &s, "s");
+    near(&f32s(&outs, "t"), &t, "t");
+    near(&f32s(&outs, "u"), &u, "u");
+    near(&f32s(&outs, "dx"), &dx, "dx");
+}
+
+#[test]
+fn the_size_of_a_dimension_costs_no_kernel() {
+    // `size(C)` counts every element: its value is a product of sizes, so a loss scaled by it is
+    // planned as if it were a constant (one loss kernel and one gradient kernel).
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/cross_entropy_train.kf"))
+        .expect("example");
+    assert!(src.contains("size(C)"));
+    let p = compile(&src);
+    assert_eq!(p.plan().kernels.len(), 2, "{}", p.cuda_source());
 }

@@ -1,10 +1,12 @@
 //~ The row-wise shape's sizes and loop (reviewed template; rendered by `shapes::row_wise`):
 //~ {{rows}} rows of {{cols}} columns; a row takes a group of kf_g lanes, the power of two from
 //~ {{min_lanes}} up to the block that gives about {{cols_per_lane}} columns a lane (the host's
-//~ `row_lanes` computes the same to size the grid); grid-stride over the rows, blockDim.x / kf_g
+//~ `row_lanes` computes the same to size the grid; the register entry's groups are smaller, from
+//~ one lane); grid-stride over the rows, blockDim.x / kf_g
 //~ rows at a time. {{accumulators}}: the full reductions' accumulators; {{prologue}}: what goes
 //~ before the loop (rows kept in registers: the loads of the first row); {{body}}: the row body;
-//~ {{n_type}}: the type of the lanes' and columns' counts (`int` for rows kept in registers).
+//~ {{n_type}}: the type of the lanes' and columns' counts (`int` for rows kept in registers);
+//~ {{fold_doubles}}: 32 doubles per reduction that a fold of one phase takes at once.
     const long long rows = {{rows}};
     const long long cols = {{cols}};
     // Lanes per row: the power of two from {{min_lanes}} up to the block with about {{cols_per_lane}} columns a lane.
@@ -12,7 +14,7 @@
     while (kf_g < ({{n_type}})blockDim.x && kf_g * {{cols_per_lane}} < cols) kf_g <<= 1;
     const {{n_type}} lane = ({{n_type}})(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
-    __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
+    __shared__ double kf_rs[{{fold_doubles}}]; // the folds of a row's reductions over its lanes
 {{accumulators}}
 {{prologue}}
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
