@@ -115,9 +115,22 @@ MOMENTS = {
 }
 
 
+# Core aten decompositions the backend leaves out, each kept as the one op PyTorch runs.
+EXCLUDED = (
+    # CPU attention (scaled_dot_product_attention, nn.MultiheadAttention): its rule computes the
+    # math variant, whose second output is the attention weights where the op's is the
+    # logsumexp; the backward AOTAutograd traces is the op's own, which reads that output as the
+    # logsumexp, so the gradients of q, k and v come out wrong. (Inductor leaves it out too.)
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+)
+
+
 def decompositions():
-    """The table the backend gives AOTAutograd: core aten's, layer norm's forward, the moments."""
+    """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
+    norm's forward, the moments."""
     table = core_aten_decompositions()
+    for op in EXCLUDED:
+        table.pop(op, None)
     table.update(get_decompositions([aten.native_layer_norm]))
     table.update(MOMENTS)
     return table
