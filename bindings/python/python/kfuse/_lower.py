@@ -439,6 +439,71 @@ def _slice(node, a, ctx):
     return f"{x.text}[.., {picked[0]}][.., None]", x.shape[:-1] + (1,)
 
 
+def _full(a, name, ctx, what):
+    """The value of argument `name` at its full torch shape (an axis-wise op reads it whole)."""
+    x = ctx.v(a[name])
+    full = ctx.shape_of(a[name])
+    if x.shape != full:
+        raise Refused(f"{what} of a broadcast (expanded) value")
+    return x, full
+
+
+def _softmax(fn):
+    """`_softmax` / `_log_softmax` along one axis: kfuse's `softmax` / `log_softmax` (shifted by
+    the axis's maximum, as PyTorch computes them)."""
+
+    def rule(node, a, ctx):
+        x, full = _full(a, "self", ctx, f"a {fn}")
+        n = len(full)
+        axis = a["dim"] % n if n else 0
+        if n == 0:
+            raise Refused(f"a {fn} of a scalar")
+        return f"{fn}({_cast_to(x, ctx.out_dtype)}, axis: {axis})", x.shape
+
+    return rule
+
+
+def _gather(node, a, ctx):
+    """`gather(self, dim, index)`: kfuse's `gather` (the index has the result's shape, equal to
+    the source's on every other axis)."""
+    x, full = _full(a, "self", ctx, "a gather")
+    i, ifull = _full(a, "index", ctx, "a gather")
+    n = len(full)
+    if n == 0 or len(ifull) != n:
+        raise Refused("a gather whose index has another rank than its source")
+    d = a["dim"] % n
+    if any(ifull[k] != full[k] for k in range(n) if k != d):
+        raise Refused("a gather whose index is smaller than its source on an axis it does not gather along")
+    return f"gather({_cast_to(x, ctx.out_dtype)}, {i.text}, axis: {d})", ifull
+
+
+def _scatter_value(node, a, ctx):
+    """`scatter(self, dim, index, value)` with one index along `dim` (what the backward of
+    `gather`, and so of `nll_loss` and `cross_entropy`, gives): `value` where the position along
+    `dim` equals the index, `self` elsewhere. The positions are kfuse's `iota` along that axis of
+    a tensor of the region with the result's shape."""
+    if node.target is not aten.scatter.value:
+        raise Refused(f"{node.target} (kfuse writes a single value, as scatter.value)")
+    full = ctx.shape_of(node)
+    n = len(full)
+    i, ifull = _full(a, "index", ctx, "a scatter")
+    if n == 0 or len(ifull) != n:
+        raise Refused("a scatter whose index has another rank than its destination")
+    d = a["dim"] % n
+    if ifull[d] != 1 or any(ifull[k] != full[k] for k in range(n) if k != d):
+        raise Refused("a scatter of more than one index along its axis (kfuse writes one, as gather's backward)")
+    shaped = next((v.text for v in ctx.values.values() if v.shape == full), None)
+    if shaped is None:
+        if ctx.partial:
+            shaped = "0"  # whether a tensor of the region has this shape is known with the region
+        else:
+            raise Refused(f"a scatter into {list(full)}, a shape no tensor of its region has (kfuse counts positions with iota)")
+    x, v = ctx.v(a["self"]), ctx.v(a["value"])
+    out = ctx.out_dtype
+    hit = f"i64(iota({shaped}, axis: {d})) == i64({i.text})"
+    return f"where({hit}, {_cast_to(v, out)}, {_cast_to(x, out)})", full
+
+
 RULES = {
     aten.slice: _slice,
     aten.add: _infix("+"),
@@ -497,6 +562,10 @@ RULES = {
     aten.expand: _expand,
     aten.select: _select,
     aten.cat: _cat,
+    aten._softmax: _softmax("softmax"),
+    aten._log_softmax: _softmax("log_softmax"),
+    aten.gather: _gather,
+    aten.scatter: _scatter_value,
 }
 _REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin)
 for _name in (
