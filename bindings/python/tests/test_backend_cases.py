@@ -1,0 +1,445 @@
+"""``torch.compile(fn, backend="kfuse")`` on the losses, activations and blocks models train with:
+torchvision's box losses and sigmoid focal loss, cross-entropy (labels, ignore_index, label
+smoothing, class weights, probabilities), smooth L1, Huber, BCE with logits, softmax and
+log-softmax, GELU / SiLU / SwiGLU MLP blocks of ``nn.Linear``, ``nn.TransformerEncoderLayer``,
+the padded-batch GIoU loss with a per-image box count and the toy detector's training step, each
+on odd sizes: the forward outputs and every gradient (of the inputs and of the parameters)
+against eager PyTorch in float32, and something of each fused. Dropout in training mode is
+random: it is checked statistically (the keep rate, the scale of the kept values, a gradient
+that follows the mask). CPU tier: the fused regions run in kfuse's interpreter."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kfuse
+from kfuse import _backend
+from test_backend import SEED, _check, _randn
+
+try:  # torchvision.ops is the reference of the box losses and the focal loss
+    import torchvision.ops as tv_ops
+except ImportError:  # the cases that call it skip, saying so
+    tv_ops = None
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _fused_since(before):
+    return _backend.stats["compiles"] + _backend.stats["reused"] > before
+
+
+def _fused_count():
+    return _backend.stats["compiles"] + _backend.stats["reused"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs.
+
+
+def _box_pair(gen, *lead):
+    """Target boxes (x1, y1, x2, y2) and predictions near them, both valid (x1 < x2, y1 < y2),
+    some overlapping their target and some not."""
+    xy = torch.rand(*lead, 2, generator=gen) * 4
+    target = torch.cat([xy, xy + 0.5 + torch.rand(*lead, 2, generator=gen) * 3], -1)
+    pred = target + 0.6 * torch.randn(*lead, 4, generator=gen)
+    pred[..., 2:] = torch.maximum(pred[..., 2:], pred[..., :2] + 0.1)
+    return [pred, target]
+
+
+def _labels(gen, n, classes, ignore=None, every=None):
+    """int64 class labels; every `every`-th one is `ignore` (the rows cross-entropy skips)."""
+    y = torch.randint(0, classes, (n,) if isinstance(n, int) else n, generator=gen)
+    if ignore is not None:
+        y.view(-1)[::every] = ignore
+    return y
+
+
+def _probs(gen, *shape):
+    return torch.softmax(2 * torch.randn(*shape, generator=gen), -1)
+
+
+def _padded_boxes(gen, batch, slots):
+    """A padded batch as the seed's dataset gives it: per image a count of boxes (0 to `slots`,
+    some images empty and one full), the boxes in the first slots, zeros after."""
+    lengths = torch.randint(0, slots + 1, (batch,), generator=gen)
+    lengths[0], lengths[-1] = 0, slots
+    pred, target = _box_pair(gen, batch, slots)
+    valid = torch.arange(slots)[None, :] < lengths[:, None]
+    target = torch.where(valid[..., None], target, torch.zeros(()))
+    return pred, target, lengths
+
+
+# ---------------------------------------------------------------------------------------------
+# The functions, as users write them.
+
+
+def tv_generalized_box_iou_loss(pred, target):
+    return tv_ops.generalized_box_iou_loss(pred, target, reduction="mean")
+
+
+def tv_distance_box_iou_loss(pred, target):
+    return tv_ops.distance_box_iou_loss(pred, target, reduction="sum")
+
+
+def tv_complete_box_iou_loss(pred, target):
+    # reduction "none": a loss per box (the "mean" one is in test_backend_norm).
+    return tv_ops.complete_box_iou_loss(pred, target, reduction="none")
+
+
+def tv_sigmoid_focal_loss(logits, targets):
+    return tv_ops.sigmoid_focal_loss(logits, targets, alpha=0.25, gamma=2.0, reduction="mean")
+
+
+def cross_entropy_labels(logits, labels):
+    return F.cross_entropy(logits, labels)
+
+
+def cross_entropy_ignore_smoothing(logits, labels):
+    return F.cross_entropy(logits, labels, ignore_index=5, label_smoothing=0.15)
+
+
+def cross_entropy_spatial_weighted(logits, labels, weight):
+    """Classes on axis 1 of [B, C, L] logits (a segmentation's), class weights, ignored labels."""
+    return F.cross_entropy(logits, labels, weight=weight, ignore_index=-100)
+
+
+def cross_entropy_probs(logits, probs):
+    return F.cross_entropy(logits, probs, label_smoothing=0.05)
+
+
+def bce_with_logits(logits, targets):
+    return F.binary_cross_entropy_with_logits(logits, targets)
+
+
+def bce_with_logits_weighted(logits, targets, weight, pos_weight):
+    return F.binary_cross_entropy_with_logits(logits, targets, weight=weight, pos_weight=pos_weight, reduction="sum")
+
+
+def smooth_l1_sum(pred, target):
+    return F.smooth_l1_loss(pred, target, reduction="sum")  # beta 1
+
+
+def huber_per_element(pred, target):
+    return F.huber_loss(pred, target, reduction="none", delta=1.5)
+
+
+def softmax_middle_axis(x):
+    return F.softmax(x, dim=1)
+
+
+def log_softmax_last_axis(x):
+    return F.log_softmax(x, dim=-1)
+
+
+def padded_giou_loss(pred, target, lengths, eps: float = 1e-7):
+    """The seed's loss: 1 - GIoU (torchvision's, intersection clamped at 0) of [B, N, 4] boxes,
+    the mean over each image's first `lengths[b]` boxes (the padding is left out)."""
+    x1, y1, x2, y2 = pred.unbind(-1)
+    a1, b1, a2, b2 = target.unbind(-1)
+    inter = (torch.min(x2, a2) - torch.max(x1, a1)).clamp(min=0) * (torch.min(y2, b2) - torch.max(y1, b1)).clamp(min=0)
+    union = (x2 - x1) * (y2 - y1) + (a2 - a1) * (b2 - b1) - inter
+    iou = inter / (union + eps)
+    hull = (torch.max(x2, a2) - torch.min(x1, a1)) * (torch.max(y2, b2) - torch.min(y1, b1))
+    loss = 1 - (iou - (hull - union) / (hull + eps))
+    valid = torch.arange(pred.shape[1], device=pred.device)[None, :] < lengths[:, None]
+    return torch.where(valid, loss, 0).sum() / valid.sum().clamp(min=1)
+
+
+# name -> (function, inputs(gen) as a list, which inputs get gradients)
+CASES = {
+    "tv_generalized_box_iou_loss": (tv_generalized_box_iou_loss, lambda g: _box_pair(g, 37), (0, 1)),
+    "tv_distance_box_iou_loss": (tv_distance_box_iou_loss, lambda g: _box_pair(g, 5, 13), (0, 1)),
+    "tv_complete_box_iou_loss": (tv_complete_box_iou_loss, lambda g: _box_pair(g, 29), (0, 1)),
+    "tv_sigmoid_focal_loss": (
+        tv_sigmoid_focal_loss,
+        lambda g: [_randn(g, 13, 29) * 2, torch.rand(13, 29, generator=g)],  # soft targets: both gradients
+        (0, 1),
+    ),
+    "cross_entropy_labels": (cross_entropy_labels, lambda g: [_randn(g, 37, 13) * 2, _labels(g, 37, 13)], (0,)),
+    "cross_entropy_ignore_smoothing": (
+        cross_entropy_ignore_smoothing,
+        lambda g: [_randn(g, 37, 29) * 2, _labels(g, 37, 29, ignore=5, every=4)],
+        (0,),
+    ),
+    "cross_entropy_spatial_weighted": (
+        cross_entropy_spatial_weighted,
+        lambda g: [_randn(g, 3, 7, 13) * 2, _labels(g, (3, 13), 7, ignore=-100, every=5), torch.rand(7, generator=g) + 0.5],
+        (0,),  # torch gives no gradient of the class weights
+    ),
+    "cross_entropy_probs": (cross_entropy_probs, lambda g: [_randn(g, 29, 13) * 2, _probs(g, 29, 13)], (0, 1)),
+    "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
+    "bce_with_logits_weighted": (
+        bce_with_logits_weighted,
+        lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g), torch.rand(37, generator=g), torch.rand(37, generator=g) * 3],
+        (0, 1),  # torch gives no gradient of `weight` or `pos_weight`
+    ),
+    "smooth_l1_sum": (smooth_l1_sum, lambda g: [_randn(g, 13, 29) * 2, _randn(g, 13, 29)], (0, 1)),
+    "huber_per_element": (huber_per_element, lambda g: [_randn(g, 3, 13, 29) * 2, _randn(g, 3, 13, 29)], (0, 1)),
+    "softmax_middle_axis": (softmax_middle_axis, lambda g: [_randn(g, 5, 13, 7) * 3], (0,)),
+    "log_softmax_last_axis": (log_softmax_last_axis, lambda g: [_randn(g, 29, 37) * 3], (0,)),
+    "padded_giou_loss": (padded_giou_loss, lambda g: list(_padded_boxes(g, 5, 13)), (0, 1)),
+}
+
+
+# torchvision writes the boxes' intersection through a boolean mask; PyTorch's own backward of
+# that write warns so under torch.compile with every backend.
+@pytest.mark.filterwarnings("ignore:Error detected in IndexPutBackward0")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_eager_with_gradients(name):
+    if name.startswith("tv_") and tv_ops is None:
+        pytest.skip("torchvision is not installed")
+    fn, make, wrt = CASES[name]
+    inputs = make(torch.Generator().manual_seed(SEED))
+    before = _fused_count()
+    _check(name, fn, inputs, wrt, torch.compile(fn, backend=_backend.backend))
+    # Something of every case is fused (the programs come from kfuse, compiled or reused).
+    assert _fused_since(before), f"{name}: no region was fused"
+
+
+WHOLE = ["cross_entropy_labels", "cross_entropy_ignore_smoothing", "cross_entropy_probs", "softmax_middle_axis", "log_softmax_last_axis"]
+
+
+@pytest.mark.parametrize("name", WHOLE)
+def test_softmax_and_cross_entropy_leave_nothing_to_pytorch(name):
+    # softmax and log_softmax lower along any axis; cross-entropy's pick of each row's label is a
+    # gather, and its backward puts the gradient back with a one-index scatter.
+    fn, make, wrt = CASES[name]
+    inputs = [t.requires_grad_(i in wrt) for i, t in enumerate(make(torch.Generator().manual_seed(SEED)))]
+    report = kfuse.explain(fn, *inputs)
+    assert not report.fallbacks, str(report)
+    assert {"forward", "backward"} <= {k.graph for k in report.kernels}, str(report)
+
+
+def test_scatter_of_several_indices_falls_back_with_reason():
+    def top2_mask(x, idx):
+        return torch.zeros_like(x).scatter(-1, idx, 1.0) * x.exp()
+
+    gen = torch.Generator().manual_seed(SEED)
+    x, idx = _randn(gen, 7, 13), torch.randint(0, 13, (7, 2), generator=gen)
+    report = kfuse.explain(top2_mask, x, idx)
+    reasons = [f.reason for f in report.fallbacks if "scatter" in f.op]
+    assert reasons and all("more than one index" in r for r in reasons), str(report)
+    assert report.kernels, str(report)  # the rest is fused
+    torch.testing.assert_close(torch.compile(top2_mask, backend="kfuse")(x, idx), top2_mask(x, idx), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules: the gradients of their parameters too.
+
+
+class GeluMLP(nn.Module):
+    """A transformer's MLP: Linear, GELU, Linear, and the residual."""
+
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class SiluMLP(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(F.silu(self.fc1(x)))
+
+
+class SwiGLU(nn.Module):
+    """LLaMA's MLP: w2(silu(w1 x) * w3 x), no biases."""
+
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def _encoder_layer():
+    # dropout 0: deterministic, so that it compares with eager elementwise.
+    return nn.TransformerEncoderLayer(d_model=15, nhead=3, dim_feedforward=29, dropout=0.0, batch_first=True)
+
+
+# name -> (module(), inputs(gen))
+MODULES = {
+    "gelu_mlp": (lambda: GeluMLP(29, 37), lambda g: [_randn(g, 3, 13, 29)]),
+    "silu_mlp": (lambda: SiluMLP(29, 37), lambda g: [_randn(g, 3, 13, 29)]),
+    "swiglu_mlp": (lambda: SwiGLU(29, 37), lambda g: [_randn(g, 3, 13, 29)]),
+    "transformer_encoder_layer": (_encoder_layer, lambda g: [_randn(g, 3, 13, 15)]),
+}
+
+
+def _module_grads(module, inputs, upstream):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = module(*inputs)
+    params = [p for p in module.parameters() if p.requires_grad]
+    grads = torch.autograd.grad((out * upstream).sum(), inputs + params)
+    return out.detach(), grads
+
+
+def _check_module(name, module, inputs, compiled, rtol=1e-5, atol=1e-6):
+    """`compiled` (the module compiled) against the module in eager: the output, the gradients
+    of the inputs, then of each parameter (in `named_parameters` order)."""
+    names = [f"input {i}" for i in range(len(inputs))] + [n for n, p in module.named_parameters() if p.requires_grad]
+    with torch.no_grad():
+        shape = module(*inputs).shape
+    upstream = torch.randn(shape, generator=torch.Generator().manual_seed(SEED + 1))
+    got, got_grads = _module_grads(compiled, inputs, upstream)
+    want, want_grads = _module_grads(module, inputs, upstream)
+    msg = f"{name} (seed {SEED})"
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=lambda m: f"{msg}, output: {m}")
+    assert len(got_grads) == len(want_grads) == len(names)
+    for what, g, w in zip(names, got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, msg=lambda m, what=what: f"{msg}, grad of {what}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_matches_eager_with_parameter_gradients(name):
+    make_module, make_inputs = MODULES[name]
+    torch.manual_seed(SEED)
+    module = make_module()
+    inputs = make_inputs(torch.Generator().manual_seed(SEED))
+    before = _fused_count()
+    _check_module(name, module, inputs, torch.compile(module, backend=_backend.backend))
+    assert _fused_since(before), f"{name}: no region was fused"
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed's toy detector and its training step, scaled down: four conv blocks and two linear
+# layers predicting `SLOTS` boxes per image, trained on the padded GIoU loss.
+
+SLOTS = 13
+
+
+class TinyDetector(nn.Module):
+    """examples/ddp_giou.py's `Net` on 17x17 images (1x1 after the four pools) with a hidden
+    width of 37: the same layers, small enough for the CPU tier."""
+
+    def __init__(self, side=17, hidden=37):
+        super().__init__()
+        layers = []
+        for i in range(4):
+            layers += [nn.Conv2d(4**i, 4 ** (i + 1), 3, padding="same"), nn.MaxPool2d(2, 2), nn.ReLU()]
+        self.conv_layers = nn.Sequential(*layers)
+        self.features = 256 * (side // 16) ** 2
+        self.lin1 = nn.Linear(self.features, hidden)
+        self.lin2 = nn.Linear(hidden, SLOTS * 4)
+
+    def forward(self, x):
+        x = self.conv_layers(x.float())
+        x = self.lin2(F.relu(self.lin1(x.view((-1, self.features)))))
+        return x.view((-1, SLOTS, 4))
+
+
+class DetectorLoss(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, images, target, lengths):
+        return padded_giou_loss(self.net(images), target, lengths)
+
+
+def _detector_batch(gen, batch, side=17):
+    """uint8 images and, as the seed draws them, clip(floor(|N(0, 3)|)) boxes per image (at most
+    SLOTS) of integer corners inside the image, padded with zeros."""
+    images = torch.randint(0, 256, (batch, 1, side, side), dtype=torch.uint8, generator=gen)
+    lengths = (torch.randn(batch, generator=gen) * 3).abs().floor().clamp(0, SLOTS).long()
+    lengths[0] = SLOTS
+    sizes = torch.randint(1, side, (batch, SLOTS, 2), generator=gen)
+    top_left = torch.randint(0, side - 1, (batch, SLOTS, 2), generator=gen)
+    boxes = torch.cat([top_left, (top_left + sizes).clamp(0, side - 1)], -1).float()
+    valid = torch.arange(SLOTS)[None, :] < lengths[:, None]
+    return images, torch.where(valid[..., None], boxes, torch.zeros(())), lengths
+
+
+def test_detector_training_step_matches_eager():
+    """Two SGD steps of the detector on the padded GIoU loss, compiled and eager side by side:
+    the loss and every parameter's gradient agree at each step (the second step starts from the
+    weights the first one updated)."""
+    torch.manual_seed(SEED)
+    eager = DetectorLoss(TinyDetector())
+    fused = copy.deepcopy(eager)
+    compiled = torch.compile(fused, backend=_backend.backend)
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in (eager, fused)]
+    gen = torch.Generator().manual_seed(SEED)
+    before = _fused_count()
+    for step in range(2):
+        images, target, lengths = _detector_batch(gen, 5)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        want = eager(images, target, lengths)
+        want.backward()
+        got = compiled(images, target, lengths)
+        got.backward()
+        msg = f"detector step {step} (seed {SEED})"
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}, loss: {m}")
+        for (n, p), q in zip(fused.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{msg}, grad of {n}: {m}")
+        for opt in opts:
+            opt.step()
+    assert _fused_since(before), "detector step: no region was fused"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout in training mode: random, so checked statistically.
+
+P = 0.3
+
+
+def gelu_dropout(x, b):
+    return F.dropout(F.gelu(x + b), p=P, training=True)
+
+
+def test_dropout_in_training_mode_statistically():
+    gen = torch.Generator().manual_seed(SEED)
+    x, b = _randn(gen, 101, 203) * 0.7, _randn(gen, 203) * 0.5  # |x + b| < 5: gelu is never 0
+    upstream = _randn(gen, 101, 203)
+    compiled = torch.compile(gelu_dropout, backend=_backend.backend)
+    before = _fused_count()
+
+    def run():
+        xs, bs = x.clone().requires_grad_(), b.clone().requires_grad_()
+        out = compiled(xs, bs)
+        return (out.detach(), *torch.autograd.grad((out * upstream).sum(), [xs, bs]))
+
+    torch.manual_seed(SEED)
+    out, gx, gb = run()
+    assert _fused_since(before), "dropout: no region was fused"
+    msg = f"dropout p={P} (seed {SEED})"
+    # The same seed draws the same mask; another draw, another mask.
+    torch.manual_seed(SEED)
+    again = run()
+    for a, w in zip(again, (out, gx, gb)):
+        assert torch.equal(a, w), f"{msg}: the same seed gave other results"
+    assert not torch.equal(run()[0] != 0, out != 0), f"{msg}: two draws gave the same mask"
+    # The keep rate is 1 - p within 5 standard deviations, in all and per column (a mask is not
+    # shared along an axis).
+    h = F.gelu(x + b)
+    assert (h != 0).all()
+    kept = out != 0
+    n = kept.numel()
+    rate = kept.double().mean().item()
+    assert abs(rate - (1 - P)) <= 5 * math.sqrt(P * (1 - P) / n), f"{msg}: keep rate {rate:.4f}"
+    col = kept.double().mean(0)
+    assert (col - (1 - P)).abs().max().item() <= 5 * math.sqrt(P * (1 - P) / kept.shape[0]), f"{msg}: a column's keep rate"
+    # The kept values are eager's scaled by 1 / (1 - p), the dropped ones exactly 0.
+    torch.testing.assert_close(out[kept], h[kept] / (1 - P), rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}, kept values: {m}")
+    # The gradients are eager's through the same mask and scale.
+    xs, bs = x.clone().requires_grad_(), b.clone().requires_grad_()
+    wx, wb = torch.autograd.grad((F.gelu(xs + bs) * (upstream * kept / (1 - P))).sum(), [xs, bs])
+    torch.testing.assert_close(gx, wx, rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}, grad of x: {m}")
+    torch.testing.assert_close(gb, wb, rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}, grad of b: {m}")
