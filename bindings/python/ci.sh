@@ -27,8 +27,10 @@ echo "python ci: pip install ./bindings/python in $(( $(date +%s) - start )) s"
 # tests, for a .venv that has them from an earlier run): the READMEs' examples and the whole API.
 pytest() { (cd bindings/python/tests && ../../../.venv/bin/python -m pytest -q -p no:cacheprovider "$@"); }
 pytest test_install.py
-# examples/ddp_giou.py (the multi-GPU test) uses NumPy.
-pip install --quiet numpy
+# examples/ddp_giou.py (the multi-GPU test) uses NumPy; the backend tests compare with
+# torchvision.ops' box losses and focal loss (the release paired with torch 2.11; it brings
+# NumPy and Pillow).
+pip install --quiet numpy torchvision==0.26.0
 pytest --ignore=test_install.py .
 
 (cd bindings/python && cargo fmt --check && cargo clippy --all-targets -- -D warnings)
