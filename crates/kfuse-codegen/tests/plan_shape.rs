@@ -113,18 +113,16 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let p = plan(&g, &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
-    // One pass over each row by its lanes: the max, the sum-exp (online: rescaled as the max
-    // grows) and the picked logit. The entry point for any row reads the logits in that pass; the
-    // one for rows that fit the lanes' registers loads them once, 4 columns at a time, and sums
-    // exp(x - the lane's max) in a second loop over its registers.
+    // Two passes over each row by its lanes: the max, then the sum-exp and the picked logit,
+    // which read only the max. The entry point for any row reads the logits in each pass; the
+    // one for rows that fit the lanes' registers loads them once, 4 columns at a time.
     let k = &p.kernels[0];
     let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 16, 4));
     let (any, kept) =
         src.split_at(src.find(&format!("void __launch_bounds__(256, 4) {}(", regs.entry)).expect("entry"));
-    assert_eq!(any.matches("for (long long j").count(), 1, "{src}");
-    assert_eq!(any.matches("in0[rowbase + j").count(), 1, "{src}");
-    assert!(any.contains("kf_online_add(") && any.contains("kf_row_online("), "{src}");
+    assert_eq!(any.matches("for (long long j").count(), 2, "{src}");
+    assert_eq!(any.matches("in0[rowbase + j").count(), 2, "{src}");
     assert_eq!(
         kept.matches("const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);").count(),
         1,
@@ -137,9 +135,9 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     assert_eq!(regs.aligned.len(), 1, "{regs:?}");
     assert_eq!(k.params[regs.aligned[0].0], kfuse_codegen::Param::Buffer(0), "{regs:?}");
     assert_eq!(regs.aligned[0].1, 16);
-    assert!(src.contains("1 row reduction phase(s) computed once per row"), "{src}");
-    // The rows in registers: the lane's max is computed before the exp-sum loop that uses it.
-    assert!(kept.find("kf_maxf(a").expect("max loop") < kept.find("expf(").expect("exp"));
+    assert!(src.contains("2 row reduction phase(s) computed once per row"), "{src}");
+    // The row max is computed before the exp-sum loop that uses it.
+    assert!(src.find("kf_maxf(a").expect("max loop") < src.find("expf(").expect("exp"));
     // The label is loaded once per row, outside the loops, by each entry point.
     assert_eq!(src.matches("in1[").count(), 2);
 }

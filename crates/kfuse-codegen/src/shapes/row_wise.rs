@@ -47,7 +47,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, ReduceOp, UnaryOp};
+use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
 
 use crate::actions::{Combine, Group};
 use crate::analysis::{counts_every_element, full_reduce, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
@@ -88,9 +88,6 @@ pub(crate) struct RowWise {
     /// which every lane loads at its row before the passes, so that their latency hides behind
     /// the row's instead of following the last fold.
     pub row_inputs: Vec<NodeId>,
-    /// Softmax's statistics computed online, in one phase: (the row maximum, the sum of
-    /// `exp(x - maximum)`), see [`online_max`].
-    pub online: Vec<(NodeId, NodeId)>,
 }
 
 impl RowWise {
@@ -214,22 +211,6 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
         }
         reach[i] = r;
     }
-    // Softmax's exp-sum joins the phase of the maximum it reads (online, see `online_max`).
-    let mut online = Vec::new();
-    for p in 1..phases.len() {
-        let mut q = 0;
-        while q < phases[p].len() {
-            match online_max(g, phases[p][q]) {
-                Some(m) if phases[p - 1].contains(&m) => {
-                    let r = phases[p].remove(q);
-                    phases[p - 1].push(r);
-                    online.push((m, r));
-                }
-                _ => q += 1,
-            }
-        }
-    }
-    phases.retain(|p| !p.is_empty());
     let row_inputs = match case {
         RowCase::Results => (0..g.nodes.len())
             .filter(|&i| seen[i] && matches!(g.nodes[i].op, Op::Input(_)) && g.nodes[i].shape.dims() == &dims[..])
@@ -237,29 +218,7 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
             .collect(),
         RowCase::Elements => Vec::new(),
     };
-    Some(RowWise { case, phases, cols, row_inputs, online })
-}
-
-/// The row maximum `m` that row reduction `r` is the softmax sum of: `r = sum(exp(x - m'), axis:
-/// -1)` with `m'` the maximum `m = max(x, axis: -1)` broadcast back over the row (or detached),
-/// unmasked. Their phase computes both in one pass over the row (online: each lane keeps its
-/// maximum so far and its sum of `exp(x - that maximum)`, rescaling the sum when the maximum
-/// grows; lanes merge the same way), so a softmax reads its row once for both.
-fn online_max(g: &Graph, r: NodeId) -> Option<NodeId> {
-    let Op::Reduce { op: ReduceOp::Sum, axis: ReduceAxis::Last, x: e, mask: None } = g.node(r).op else { return None };
-    let Op::Unary(UnaryOp::Exp, d) = g.node(e).op else { return None };
-    let Op::Binary(BinaryOp::Sub, a, mut m) = g.node(d).op else { return None };
-    while let Op::Unary(UnaryOp::Detach, y) | Op::ExpandLast(y) = g.node(m).op {
-        m = y;
-    }
-    match g.node(m).op {
-        Op::Reduce { op: ReduceOp::Max, axis: ReduceAxis::Last, x, mask: None }
-            if x == a && g.node(a).dtype.kind() == Kind::Float && g.node(r).dtype == DType::F32 =>
-        {
-            Some(m)
-        }
-        _ => None,
-    }
+    Some(RowWise { case, phases, cols, row_inputs })
 }
 
 /// The row-wise plan without reductions of an elementwise kernel that would otherwise take the
@@ -285,7 +244,6 @@ pub(crate) fn elementwise(
         phases: Vec::new(),
         cols,
         row_inputs: Vec::new(),
-        online: Vec::new(),
     })
 }
 
@@ -392,30 +350,10 @@ fn emit_passes(
             let accs = em.declare_accumulators(em.depth(), op, g.node(x).dtype);
             reductions.push((n, op, x, mask, accs));
         }
-        // Online pairs: (the maximum's accumulator, the sum's), see `online_max`.
-        let pairs: Vec<(NodeId, String, String)> = plan
-            .online
-            .iter()
-            .filter_map(|(m, r)| {
-                let acc = |n: &NodeId| reductions.iter().find(|t| t.0 == *n).map(|t| t.4[0].clone());
-                Some((*m, acc(m)?, acc(r)?))
-            })
-            .collect();
-        let online_sum = |n: NodeId| plan.online.iter().any(|(m, r)| *r == n && phase.contains(m));
         let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
-        for (n, op, x, mask, accs) in &reductions {
+        for (_, op, x, mask, accs) in &reductions {
             let mut xctx = ctx.clone();
             xctx.push(Coord::Loop(l));
-            if online_sum(*n) {
-                continue; // with its maximum
-            }
-            if let (Some((_, am, asum)), false) = (pairs.iter().find(|p| p.0 == *n), registers) {
-                // A row read from memory: the maximum so far and the sum rescaled to it.
-                let v = em.eval(*x, &xctx)?;
-                em.uses.helpers.insert(Helper::RowOnline);
-                em.push_stmt(format!("kf_online_add({am}, {asum}, {v});"));
-                continue;
-            }
             match (op, mask, registers) {
                 // An unmasked mean of a row in registers counts every column: only its sum is
                 // accumulated. (Rows re-read from memory keep the count's fold: measured faster,
@@ -425,34 +363,8 @@ fn emit_passes(
             }
         }
         em.close();
-        if registers && !pairs.is_empty() {
-            // A row in registers: the lane's maximum is known after the pass, so its sum of exp(x -
-            // that maximum) is a second pass over the registers, rescaled only when lanes merge.
-            let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
-            for (m, am, asum) in &pairs {
-                let Op::Reduce { x, .. } = g.node(*m).op else { continue };
-                let mut xctx = ctx.clone();
-                xctx.push(Coord::Loop(l));
-                let v = em.eval(x, &xctx)?;
-                em.push_stmt(format!("if ({am} != __int_as_float(0xff800000)) {asum} += (double)expf({v} - {am});"));
-            }
-            em.close();
-        }
-        for (_, am, asum) in &pairs {
-            em.uses.helpers.insert(Helper::RowOnline);
-            em.uses.helpers.insert(Helper::MinMaxF32);
-            em.push_stmt(format!("kf_row_online({am}, {asum}, kf_g, kf_rs); // over the row's lanes"));
-            // A non-empty row of -inf alone: exp(-inf - -inf) is NaN at each column, as the
-            // interpreter sums it.
-            em.push_stmt(format!(
-                "if ({am} == __int_as_float(0xff800000) && kf_n > 0) {asum} = __longlong_as_double(0x7ff8000000000000ll);"
-            ));
-        }
         let mut folds: Vec<(String, Combine)> = Vec::new();
-        for &(n, op, _, mask, ref accs) in &reductions {
-            if pairs.iter().any(|p| p.0 == n) || online_sum(n) {
-                continue;
-            }
+        for &(_, op, _, mask, ref accs) in &reductions {
             let combine = Combine::of(op);
             em.uses.helpers.insert(match combine {
                 Combine::Sum => Helper::RowSum,

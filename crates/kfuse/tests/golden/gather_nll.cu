@@ -112,6 +112,18 @@ __device__ __forceinline__ float kf_maxf(float a, float b) {
     return (a != a || b != b) ? a + b : m;
 }
 #endif
+#ifndef KF_HELPER_MINMAX_F64
+#define KF_HELPER_MINMAX_F64
+// NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
+__device__ __forceinline__ double kf_min_f64(double a, double b) {
+    const double m = (a == b) ? __longlong_as_double(__double_as_longlong(a) | __double_as_longlong(b)) : fmin(a, b);
+    return (a != a || b != b) ? a + b : m;
+}
+__device__ __forceinline__ double kf_max_f64(double a, double b) {
+    const double m = (a == b) ? __longlong_as_double(__double_as_longlong(a) & __double_as_longlong(b)) : fmax(a, b);
+    return (a != a || b != b) ? a + b : m;
+}
+#endif
 #ifndef KF_HELPER_BLOCK_SUM
 #define KF_HELPER_BLOCK_SUM
 // Block-wide sum of one double per thread, in a fixed order; the result is valid in thread 0.
@@ -148,45 +160,23 @@ __device__ double kf_row_sum(double v, long long g, double* smem) {
     return v;
 }
 #endif
-#ifndef KF_HELPER_ROW_ONLINE
-#define KF_HELPER_ROW_ONLINE
-// Adds one value x to a lane's (m, s).
-__device__ __forceinline__ void kf_online_add(float& m, double& s, float x) {
-    const float mm = kf_maxf(m, x);
-    if (mm == __int_as_float(0xff800000)) return; // every value so far is -inf: nothing to add yet
-    s = (s == 0.0 ? 0.0 : s * (double)expf(m - mm)) + (double)expf(x - mm);
-    m = mm;
-}
-// Merges the pair (om, os) into (m, s).
-__device__ __forceinline__ void kf_online_merge(float& m, double& s, float om, double os) {
-    const float mm = kf_maxf(m, om);
-    const double a = s == 0.0 ? 0.0 : s * (double)expf(m - mm);
-    const double b = os == 0.0 ? 0.0 : os * (double)expf(om - mm);
-    m = mm;
-    s = a + b;
-}
-// Merges the pairs of each aligned group of `g` lanes (a power of two up to blockDim.x), the same
-// bits in every lane of the group: xor shuffles within the warp, then each lane merges its group's
-// per-warp pairs in order. Every thread of the block calls it with the same `g`; `smem` holds 64
-// doubles.
-__device__ void kf_row_online(float& m, double& s, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) {
-        const float om = __shfl_xor_sync(0xffffffffu, m, off);
-        const double os = __shfl_xor_sync(0xffffffffu, s, off);
-        kf_online_merge(m, s, om, os);
-    }
+#ifndef KF_HELPER_ROW_MAX
+#define KF_HELPER_ROW_MAX
+// The max of one double over each aligned group of `g` lanes (a power of two up to blockDim.x),
+// the same bits in every lane of the group: xor shuffles within the warp, then each lane folds its
+// group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
+// holds 32 doubles.
+__device__ double kf_row_max(double v, long long g, double* smem) {
+    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = kf_max_f64(v, o); }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
-        __syncthreads(); // smem may still be read by the previous fold
-        if ((threadIdx.x & 31u) == 0u) {
-            smem[warp] = (double)m;
-            smem[32 + warp] = s;
-        }
+        __syncthreads(); // smem may still be read by the previous call
+        if ((threadIdx.x & 31u) == 0u) smem[warp] = v;
         __syncthreads();
-        m = (float)smem[first];
-        s = smem[32 + first];
-        for (unsigned w = 1; w < (unsigned)(g >> 5); ++w) kf_online_merge(m, s, (float)smem[first + w], smem[32 + first + w]);
+        v = smem[first];
+        for (unsigned w = 1; w < (unsigned)(g >> 5); ++w) { const double o = smem[first + w]; v = kf_max_f64(v, o); }
     }
+    return v;
 }
 #endif
 
@@ -210,7 +200,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
-    __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    __shared__ double kf_rs[64]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // sum n22 where n18 (n23)
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
@@ -220,8 +210,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float a293 = __int_as_float(0xff800000);
-        double a294 = 0.0;
+        float a294 = __int_as_float(0xff800000);
         double a295 = 0.0;
         const long long v298 = in1[row]; // labels i64
         const bool v299 = v298 >= 0ll; // n12
@@ -233,12 +222,12 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
         const float v308 = tmp1[0]; // n30 from an earlier kernel
         const float v309 = (v303 ? v308 : 0.0f); // n32
         #pragma unroll 4
-        for (long long j22 = lane; j22 < kf_n; j22 += kf_g) {
-            const float v296 = in0[rowbase + j22]; // logits f32
-            kf_online_add(a293, a295, v296);
+        for (long long j21 = lane; j21 < kf_n; j21 += kf_g) {
+            const float v296 = in0[rowbase + j21]; // logits f32
+            a294 = kf_maxf(a294, v296);
             double a297 = 0.0;
-            for (long long j23 = 0; j23 < 1; ++j23) {
-                const int v305 = (int)j22; // n34
+            for (long long j22 = 0; j22 < 1; ++j22) {
+                const int v305 = (int)j21; // n34
                 const long long v306 = (long long)v305; // n36
                 const bool v307 = v304 == v306; // n37
                 const float v310 = v309; // n33
@@ -247,87 +236,109 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
             }
             const float v312 = (float)a297; // n40 sum over axes [1]
             const float v313 = -v312; // n41
-            a294 += (double)v313;
+            a295 += (double)v313;
         }
-        kf_row_online(a293, a295, kf_g, kf_rs); // over the row's lanes
-        if (a293 == __int_as_float(0xff800000) && kf_n > 0) a295 = __longlong_as_double(0x7ff8000000000000ll);
-        a294 = kf_row_sum(a294, kf_g, kf_rs); // over the row's lanes
-        const float v314 = (float)a293; // n2 max along the row, once per row
-        const float v315 = (float)a294; // n42 sum along the row, once per row
-        const float v316 = (float)a295; // n6 sum along the row, once per row
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a294 = kf_row_max(a294, kf_g < 32 ? kf_g : 32, kf_rs);
+        a295 = kf_row_sum(a295, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a294; kf_rs[32 + kf_warp] = a295; }
+            __syncthreads();
+            a294 = kf_rs[kf_first]; a295 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a294 = kf_max_f64(a294, kf_rs[kf_first + w]); a295 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v314 = (float)a294; // n2 max along the row, once per row
+        const float v315 = (float)a295; // n42 sum along the row, once per row
+        double a316 = 0.0;
         double a317 = 0.0;
         #pragma unroll 4
-        for (long long j24 = lane; j24 < kf_n; j24 += kf_g) {
-            const float v318 = in0[rowbase + j24]; // logits f32
-            const bool v319 = v318 == v314; // n53
-            if (v319) {
+        for (long long j23 = lane; j23 < kf_n; j23 += kf_g) {
+            const float v318 = in0[rowbase + j23]; // logits f32
+            const float v319 = v318 - v314; // n4
+            const float v320 = expf(v319); // n5
+            a316 += (double)v320;
+            const bool v321 = v318 == v314; // n53
+            if (v321) {
                 a317 += 1.0;
             }
         }
-        a317 = kf_row_sum(a317, kf_g, kf_rs); // over the row's lanes
-        const int v320 = (int)(long long)a317; // n54 count along the row, once per row
-        double a321 = 0.0;
-        const float v329 = v315 / v316; // n45
-        #pragma unroll 4
-        for (long long j25 = lane; j25 < kf_n; j25 += kf_g) {
-            double a322 = 0.0;
-            for (long long j26 = 0; j26 < 1; ++j26) {
-                const int v323 = (int)j25; // n34
-                const long long v324 = (long long)v323; // n36
-                const bool v325 = v304 == v324; // n37
-                const float v326 = v309; // n33
-                const float v327 = (v325 ? v326 : 0.0f); // n39
-                a322 += (double)v327;
-            }
-            const float v328 = (float)a322; // n40 sum over axes [1]
-            const float v330 = in0[rowbase + j25]; // logits f32
-            const float v331 = v330 - v314; // n4
-            const float v332 = expf(v331); // n5
-            const float v333 = v329 * v332; // n47
-            const float v334 = v328 + v333; // n48
-            const float v335 = -v334; // n49
-            a321 += (double)v335;
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a316 = kf_row_sum(a316, kf_g < 32 ? kf_g : 32, kf_rs);
+        a317 = kf_row_sum(a317, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a316; kf_rs[32 + kf_warp] = a317; }
+            __syncthreads();
+            a316 = kf_rs[kf_first]; a317 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a316 += kf_rs[kf_first + w]; a317 += kf_rs[32 + kf_first + w]; }
         }
-        a321 = kf_row_sum(a321, kf_g, kf_rs); // over the row's lanes
-        const float v336 = (float)a321; // n50 sum along the row, once per row
+        const float v322 = (float)a316; // n6 sum along the row, once per row
+        const int v323 = (int)(long long)a317; // n54 count along the row, once per row
+        double a324 = 0.0;
+        const float v332 = v315 / v322; // n45
+        #pragma unroll 4
+        for (long long j24 = lane; j24 < kf_n; j24 += kf_g) {
+            double a325 = 0.0;
+            for (long long j25 = 0; j25 < 1; ++j25) {
+                const int v326 = (int)j24; // n34
+                const long long v327 = (long long)v326; // n36
+                const bool v328 = v304 == v327; // n37
+                const float v329 = v309; // n33
+                const float v330 = (v328 ? v329 : 0.0f); // n39
+                a325 += (double)v330;
+            }
+            const float v331 = (float)a325; // n40 sum over axes [1]
+            const float v333 = in0[rowbase + j24]; // logits f32
+            const float v334 = v333 - v314; // n4
+            const float v335 = expf(v334); // n5
+            const float v336 = v332 * v335; // n47
+            const float v337 = v331 + v336; // n48
+            const float v338 = -v337; // n49
+            a324 += (double)v338;
+        }
+        a324 = kf_row_sum(a324, kf_g, kf_rs); // over the row's lanes
+        const float v339 = (float)a324; // n50 sum along the row, once per row
         if (kf_live && lane == 0) {
             if (v303) {
-                const bool v337 = (unsigned long long)v304 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v338 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v337) {
-                    const float v339 = in0[row * sz1 + v304]; // logits f32
-                    const float v340 = v339 - v314; // n4
-                    const float v341 = logf(v316); // n7
-                    const float v342 = v340 - v341; // n9
-                    v338 = v342;
+                const bool v340 = (unsigned long long)v304 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v341 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v340) {
+                    const float v342 = in0[row * sz1 + v304]; // logits f32
+                    const float v343 = v342 - v314; // n4
+                    const float v344 = logf(v322); // n7
+                    const float v345 = v343 - v344; // n9
+                    v341 = v345;
                 }
-                acc0 += (double)v338;
+                acc0 += (double)v341;
             }
         }
-        const float v356 = (float)v320; // n55
-        const float v357 = v336 / v356; // n56
+        const float v359 = (float)v323; // n55
+        const float v360 = v339 / v359; // n56
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            double a343 = 0.0;
-            for (long long j27 = 0; j27 < 1; ++j27) {
-                const int v344 = (int)col; // n34
-                const long long v345 = (long long)v344; // n36
-                const bool v346 = v304 == v345; // n37
-                const float v347 = v309; // n33
-                const float v348 = (v346 ? v347 : 0.0f); // n39
-                a343 += (double)v348;
+            double a346 = 0.0;
+            for (long long j26 = 0; j26 < 1; ++j26) {
+                const int v347 = (int)col; // n34
+                const long long v348 = (long long)v347; // n36
+                const bool v349 = v304 == v348; // n37
+                const float v350 = v309; // n33
+                const float v351 = (v349 ? v350 : 0.0f); // n39
+                a346 += (double)v351;
             }
-            const float v349 = (float)a343; // n40 sum over axes [1]
-            const float v350 = in0[i]; // logits f32
-            const float v351 = v350 - v314; // n4
-            const float v352 = expf(v351); // n5
-            const float v353 = v329 * v352; // n47
-            const float v354 = v349 + v353; // n48
-            const bool v355 = v350 == v314; // n53
-            const float v358 = (v355 ? v357 : 0.0f); // n58
-            const float v359 = v354 + v358; // n59
-            out1[i] = v359; // dlogits
+            const float v352 = (float)a346; // n40 sum over axes [1]
+            const float v353 = in0[i]; // logits f32
+            const float v354 = v353 - v314; // n4
+            const float v355 = expf(v354); // n5
+            const float v356 = v332 * v355; // n47
+            const float v357 = v352 + v356; // n48
+            const bool v358 = v353 == v314; // n53
+            const float v361 = (v358 ? v360 : 0.0f); // n58
+            const float v362 = v357 + v361; // n59
+            out1[i] = v362; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -350,11 +361,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_f8790d4124797a8f_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v360 = (float)r0; // n23
-        const float v361 = -v360; // n24
-        const float v362 = tmp0[0]; // n26 from an earlier kernel
-        const float v363 = v361 / v362; // n27
-        out0[0] = v363; // output loss
+        const float v363 = (float)r0; // n23
+        const float v364 = -v363; // n24
+        const float v365 = tmp0[0]; // n26 from an earlier kernel
+        const float v366 = v364 / v365; // n27
+        out0[0] = v366; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -379,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols) kf_g <<= 1;
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
-    __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    __shared__ double kf_rs[64]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // sum n22 where n18 (n23)
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
@@ -405,197 +416,211 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
         }
         float a0 = __int_as_float(0xff800000);
         double a1 = 0.0;
-        double a2 = 0.0;
-        const long long v5 = in1[row]; // labels i64
-        const bool v6 = v5 >= 0ll; // n12
-        const int v7 = (int)(sz1); // n15 the count of every element
-        const long long v8 = (long long)v7; // n16
-        const bool v9 = v5 < v8; // n17
-        const bool v10 = v6 && v9; // n18
-        const long long v11 = (v10 ? v5 : 0ll); // n19
-        const float v15 = tmp1[0]; // n30 from an earlier kernel
-        const float v16 = (v10 ? v15 : 0.0f); // n32
+        const long long v4 = in1[row]; // labels i64
+        const bool v5 = v4 >= 0ll; // n12
+        const int v6 = (int)(sz1); // n15 the count of every element
+        const long long v7 = (long long)v6; // n16
+        const bool v8 = v4 < v7; // n17
+        const bool v9 = v5 && v8; // n18
+        const long long v10 = (v9 ? v4 : 0ll); // n19
+        const float v14 = tmp1[0]; // n30 from an earlier kernel
+        const float v15 = (v9 ? v14 : 0.0f); // n32
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v3 = kf_c0[t0]; // logits f32
-            a0 = kf_maxf(a0, v3);
-            double a4 = 0.0;
+            const float v2 = kf_c0[t0]; // logits f32
+            a0 = kf_maxf(a0, v2);
+            double a3 = 0.0;
             for (long long j1 = 0; j1 < 1; ++j1) {
-                const int v12 = (int)j0; // n34
-                const long long v13 = (long long)v12; // n36
-                const bool v14 = v11 == v13; // n37
-                const float v17 = v16; // n33
-                const float v18 = (v14 ? v17 : 0.0f); // n39
-                a4 += (double)v18;
+                const int v11 = (int)j0; // n34
+                const long long v12 = (long long)v11; // n36
+                const bool v13 = v10 == v12; // n37
+                const float v16 = v15; // n33
+                const float v17 = (v13 ? v16 : 0.0f); // n39
+                a3 += (double)v17;
             }
-            const float v19 = (float)a4; // n40 sum over axes [1]
-            const float v20 = -v19; // n41
-            a1 += (double)v20;
+            const float v18 = (float)a3; // n40 sum over axes [1]
+            const float v19 = -v18; // n41
+            a1 += (double)v19;
         }
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a0 = kf_row_max(a0, kf_g < 32 ? kf_g : 32, kf_rs);
+        a1 = kf_row_sum(a1, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a0; kf_rs[32 + kf_warp] = a1; }
+            __syncthreads();
+            a0 = kf_rs[kf_first]; a1 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a0 = kf_max_f64(a0, kf_rs[kf_first + w]); a1 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v20 = (float)a0; // n2 max along the row, once per row
+        const float v21 = (float)a1; // n42 sum along the row, once per row
+        double a22 = 0.0;
+        double a23 = 0.0;
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v21 = kf_c0[t2]; // logits f32
-            if (a0 != __int_as_float(0xff800000)) a2 += (double)expf(v21 - a0);
+            const float v24 = kf_c0[t2]; // logits f32
+            const float v25 = v24 - v20; // n4
+            const float v26 = expf(v25); // n5
+            a22 += (double)v26;
+            const bool v27 = v24 == v20; // n53
+            if (v27) {
+                a23 += 1.0;
+            }
         }
-        kf_row_online(a0, a2, kf_g, kf_rs); // over the row's lanes
-        if (a0 == __int_as_float(0xff800000) && kf_n > 0) a2 = __longlong_as_double(0x7ff8000000000000ll);
-        a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
-        const float v22 = (float)a0; // n2 max along the row, once per row
-        const float v23 = (float)a1; // n42 sum along the row, once per row
-        const float v24 = (float)a2; // n6 sum along the row, once per row
-        double a25 = 0.0;
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a22 = kf_row_sum(a22, kf_g < 32 ? kf_g : 32, kf_rs);
+        a23 = kf_row_sum(a23, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a22; kf_rs[32 + kf_warp] = a23; }
+            __syncthreads();
+            a22 = kf_rs[kf_first]; a23 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a22 += kf_rs[kf_first + w]; a23 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v28 = (float)a22; // n6 sum along the row, once per row
+        const int v29 = (int)(long long)a23; // n54 count along the row, once per row
+        double a30 = 0.0;
+        const float v38 = v21 / v28; // n45
         #pragma unroll
         for (int t3 = 0; t3 < 16; ++t3) {
             if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
             const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v26 = kf_c0[t3]; // logits f32
-            const bool v27 = v26 == v22; // n53
-            if (v27) {
-                a25 += 1.0;
+            double a31 = 0.0;
+            for (long long j4 = 0; j4 < 1; ++j4) {
+                const int v32 = (int)j3; // n34
+                const long long v33 = (long long)v32; // n36
+                const bool v34 = v10 == v33; // n37
+                const float v35 = v15; // n33
+                const float v36 = (v34 ? v35 : 0.0f); // n39
+                a31 += (double)v36;
             }
+            const float v37 = (float)a31; // n40 sum over axes [1]
+            const float v39 = kf_c0[t3]; // logits f32
+            const float v40 = v39 - v20; // n4
+            const float v41 = expf(v40); // n5
+            const float v42 = v38 * v41; // n47
+            const float v43 = v37 + v42; // n48
+            const float v44 = -v43; // n49
+            a30 += (double)v44;
         }
-        a25 = kf_row_sum(a25, kf_g, kf_rs); // over the row's lanes
-        const int v28 = (int)(long long)a25; // n54 count along the row, once per row
-        double a29 = 0.0;
-        const float v37 = v23 / v24; // n45
-        #pragma unroll
-        for (int t4 = 0; t4 < 16; ++t4) {
-            if (4 * (lane + (t4 / 4) * kf_g) >= kf_n) break;
-            const int j4 = 4 * (lane + (t4 / 4) * kf_g) + t4 % 4;
-            double a30 = 0.0;
-            for (long long j5 = 0; j5 < 1; ++j5) {
-                const int v31 = (int)j4; // n34
-                const long long v32 = (long long)v31; // n36
-                const bool v33 = v11 == v32; // n37
-                const float v34 = v16; // n33
-                const float v35 = (v33 ? v34 : 0.0f); // n39
-                a30 += (double)v35;
-            }
-            const float v36 = (float)a30; // n40 sum over axes [1]
-            const float v38 = kf_c0[t4]; // logits f32
-            const float v39 = v38 - v22; // n4
-            const float v40 = expf(v39); // n5
-            const float v41 = v37 * v40; // n47
-            const float v42 = v36 + v41; // n48
-            const float v43 = -v42; // n49
-            a29 += (double)v43;
-        }
-        a29 = kf_row_sum(a29, kf_g, kf_rs); // over the row's lanes
-        const float v44 = (float)a29; // n50 sum along the row, once per row
+        a30 = kf_row_sum(a30, kf_g, kf_rs); // over the row's lanes
+        const float v45 = (float)a30; // n50 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v10) {
-                const bool v45 = (unsigned long long)v11 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v46 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v45) {
-                    const float v47 = in0[row * sz1 + v11]; // logits f32
-                    const float v48 = v47 - v22; // n4
-                    const float v49 = logf(v24); // n7
-                    const float v50 = v48 - v49; // n9
-                    v46 = v50;
+            if (v9) {
+                const bool v46 = (unsigned long long)v10 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v47 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v46) {
+                    const float v48 = in0[row * sz1 + v10]; // logits f32
+                    const float v49 = v48 - v20; // n4
+                    const float v50 = logf(v28); // n7
+                    const float v51 = v49 - v50; // n9
+                    v47 = v51;
                 }
-                acc0 += (double)v46;
+                acc0 += (double)v47;
             }
         }
-        const float v64 = (float)v28; // n55
-        const float v65 = v44 / v64; // n56
+        const float v65 = (float)v29; // n55
+        const float v66 = v45 / v65; // n56
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                double a51 = 0.0;
-                for (long long j6 = 0; j6 < 1; ++j6) {
-                    const int v52 = (int)col; // n34
-                    const long long v53 = (long long)v52; // n36
-                    const bool v54 = v11 == v53; // n37
-                    const float v55 = v16; // n33
-                    const float v56 = (v54 ? v55 : 0.0f); // n39
-                    a51 += (double)v56;
+                double a52 = 0.0;
+                for (long long j5 = 0; j5 < 1; ++j5) {
+                    const int v53 = (int)col; // n34
+                    const long long v54 = (long long)v53; // n36
+                    const bool v55 = v10 == v54; // n37
+                    const float v56 = v15; // n33
+                    const float v57 = (v55 ? v56 : 0.0f); // n39
+                    a52 += (double)v57;
                 }
-                const float v57 = (float)a51; // n40 sum over axes [1]
-                const float v58 = kf_c0[0]; // logits f32
-                const float v59 = v58 - v22; // n4
-                const float v60 = expf(v59); // n5
-                const float v61 = v37 * v60; // n47
-                const float v62 = v57 + v61; // n48
-                const bool v63 = v58 == v22; // n53
-                const float v66 = (v63 ? v65 : 0.0f); // n58
-                const float v67 = v62 + v66; // n59
-                kf_o1[0] = v67; // dlogits
+                const float v58 = (float)a52; // n40 sum over axes [1]
+                const float v59 = kf_c0[0]; // logits f32
+                const float v60 = v59 - v20; // n4
+                const float v61 = expf(v60); // n5
+                const float v62 = v38 * v61; // n47
+                const float v63 = v58 + v62; // n48
+                const bool v64 = v59 == v20; // n53
+                const float v67 = (v64 ? v66 : 0.0f); // n58
+                const float v68 = v63 + v67; // n59
+                kf_o1[0] = v68; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                double a68 = 0.0;
-                for (long long j7 = 0; j7 < 1; ++j7) {
-                    const int v69 = (int)col; // n34
-                    const long long v70 = (long long)v69; // n36
-                    const bool v71 = v11 == v70; // n37
-                    const float v72 = v16; // n33
-                    const float v73 = (v71 ? v72 : 0.0f); // n39
-                    a68 += (double)v73;
+                double a69 = 0.0;
+                for (long long j6 = 0; j6 < 1; ++j6) {
+                    const int v70 = (int)col; // n34
+                    const long long v71 = (long long)v70; // n36
+                    const bool v72 = v10 == v71; // n37
+                    const float v73 = v15; // n33
+                    const float v74 = (v72 ? v73 : 0.0f); // n39
+                    a69 += (double)v74;
                 }
-                const float v74 = (float)a68; // n40 sum over axes [1]
-                const float v75 = kf_c0[1]; // logits f32
-                const float v76 = v75 - v22; // n4
-                const float v77 = expf(v76); // n5
-                const float v78 = v37 * v77; // n47
-                const float v79 = v74 + v78; // n48
-                const bool v80 = v75 == v22; // n53
-                const float v81 = (v80 ? v65 : 0.0f); // n58
-                const float v82 = v79 + v81; // n59
-                kf_o1[1] = v82; // dlogits
+                const float v75 = (float)a69; // n40 sum over axes [1]
+                const float v76 = kf_c0[1]; // logits f32
+                const float v77 = v76 - v20; // n4
+                const float v78 = expf(v77); // n5
+                const float v79 = v38 * v78; // n47
+                const float v80 = v75 + v79; // n48
+                const bool v81 = v76 == v20; // n53
+                const float v82 = (v81 ? v66 : 0.0f); // n58
+                const float v83 = v80 + v82; // n59
+                kf_o1[1] = v83; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                double a83 = 0.0;
-                for (long long j8 = 0; j8 < 1; ++j8) {
-                    const int v84 = (int)col; // n34
-                    const long long v85 = (long long)v84; // n36
-                    const bool v86 = v11 == v85; // n37
-                    const float v87 = v16; // n33
-                    const float v88 = (v86 ? v87 : 0.0f); // n39
-                    a83 += (double)v88;
+                double a84 = 0.0;
+                for (long long j7 = 0; j7 < 1; ++j7) {
+                    const int v85 = (int)col; // n34
+                    const long long v86 = (long long)v85; // n36
+                    const bool v87 = v10 == v86; // n37
+                    const float v88 = v15; // n33
+                    const float v89 = (v87 ? v88 : 0.0f); // n39
+                    a84 += (double)v89;
                 }
-                const float v89 = (float)a83; // n40 sum over axes [1]
-                const float v90 = kf_c0[2]; // logits f32
-                const float v91 = v90 - v22; // n4
-                const float v92 = expf(v91); // n5
-                const float v93 = v37 * v92; // n47
-                const float v94 = v89 + v93; // n48
-                const bool v95 = v90 == v22; // n53
-                const float v96 = (v95 ? v65 : 0.0f); // n58
-                const float v97 = v94 + v96; // n59
-                kf_o1[2] = v97; // dlogits
+                const float v90 = (float)a84; // n40 sum over axes [1]
+                const float v91 = kf_c0[2]; // logits f32
+                const float v92 = v91 - v20; // n4
+                const float v93 = expf(v92); // n5
+                const float v94 = v38 * v93; // n47
+                const float v95 = v90 + v94; // n48
+                const bool v96 = v91 == v20; // n53
+                const float v97 = (v96 ? v66 : 0.0f); // n58
+                const float v98 = v95 + v97; // n59
+                kf_o1[2] = v98; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                double a98 = 0.0;
-                for (long long j9 = 0; j9 < 1; ++j9) {
-                    const int v99 = (int)col; // n34
-                    const long long v100 = (long long)v99; // n36
-                    const bool v101 = v11 == v100; // n37
-                    const float v102 = v16; // n33
-                    const float v103 = (v101 ? v102 : 0.0f); // n39
-                    a98 += (double)v103;
+                double a99 = 0.0;
+                for (long long j8 = 0; j8 < 1; ++j8) {
+                    const int v100 = (int)col; // n34
+                    const long long v101 = (long long)v100; // n36
+                    const bool v102 = v10 == v101; // n37
+                    const float v103 = v15; // n33
+                    const float v104 = (v102 ? v103 : 0.0f); // n39
+                    a99 += (double)v104;
                 }
-                const float v104 = (float)a98; // n40 sum over axes [1]
-                const float v105 = kf_c0[3]; // logits f32
-                const float v106 = v105 - v22; // n4
-                const float v107 = expf(v106); // n5
-                const float v108 = v37 * v107; // n47
-                const float v109 = v104 + v108; // n48
-                const bool v110 = v105 == v22; // n53
-                const float v111 = (v110 ? v65 : 0.0f); // n58
-                const float v112 = v109 + v111; // n59
-                kf_o1[3] = v112; // dlogits
+                const float v105 = (float)a99; // n40 sum over axes [1]
+                const float v106 = kf_c0[3]; // logits f32
+                const float v107 = v106 - v20; // n4
+                const float v108 = expf(v107); // n5
+                const float v109 = v38 * v108; // n47
+                const float v110 = v105 + v109; // n48
+                const bool v111 = v106 == v20; // n53
+                const float v112 = (v111 ? v66 : 0.0f); // n58
+                const float v113 = v110 + v112; // n59
+                kf_o1[3] = v113; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -605,94 +630,94 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                double a113 = 0.0;
-                for (long long j10 = 0; j10 < 1; ++j10) {
-                    const int v114 = (int)col; // n34
-                    const long long v115 = (long long)v114; // n36
-                    const bool v116 = v11 == v115; // n37
-                    const float v117 = v16; // n33
-                    const float v118 = (v116 ? v117 : 0.0f); // n39
-                    a113 += (double)v118;
+                double a114 = 0.0;
+                for (long long j9 = 0; j9 < 1; ++j9) {
+                    const int v115 = (int)col; // n34
+                    const long long v116 = (long long)v115; // n36
+                    const bool v117 = v10 == v116; // n37
+                    const float v118 = v15; // n33
+                    const float v119 = (v117 ? v118 : 0.0f); // n39
+                    a114 += (double)v119;
                 }
-                const float v119 = (float)a113; // n40 sum over axes [1]
-                const float v120 = kf_c0[4]; // logits f32
-                const float v121 = v120 - v22; // n4
-                const float v122 = expf(v121); // n5
-                const float v123 = v37 * v122; // n47
-                const float v124 = v119 + v123; // n48
-                const bool v125 = v120 == v22; // n53
-                const float v126 = (v125 ? v65 : 0.0f); // n58
-                const float v127 = v124 + v126; // n59
-                kf_o1[0] = v127; // dlogits
+                const float v120 = (float)a114; // n40 sum over axes [1]
+                const float v121 = kf_c0[4]; // logits f32
+                const float v122 = v121 - v20; // n4
+                const float v123 = expf(v122); // n5
+                const float v124 = v38 * v123; // n47
+                const float v125 = v120 + v124; // n48
+                const bool v126 = v121 == v20; // n53
+                const float v127 = (v126 ? v66 : 0.0f); // n58
+                const float v128 = v125 + v127; // n59
+                kf_o1[0] = v128; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                double a128 = 0.0;
-                for (long long j11 = 0; j11 < 1; ++j11) {
-                    const int v129 = (int)col; // n34
-                    const long long v130 = (long long)v129; // n36
-                    const bool v131 = v11 == v130; // n37
-                    const float v132 = v16; // n33
-                    const float v133 = (v131 ? v132 : 0.0f); // n39
-                    a128 += (double)v133;
+                double a129 = 0.0;
+                for (long long j10 = 0; j10 < 1; ++j10) {
+                    const int v130 = (int)col; // n34
+                    const long long v131 = (long long)v130; // n36
+                    const bool v132 = v10 == v131; // n37
+                    const float v133 = v15; // n33
+                    const float v134 = (v132 ? v133 : 0.0f); // n39
+                    a129 += (double)v134;
                 }
-                const float v134 = (float)a128; // n40 sum over axes [1]
-                const float v135 = kf_c0[5]; // logits f32
-                const float v136 = v135 - v22; // n4
-                const float v137 = expf(v136); // n5
-                const float v138 = v37 * v137; // n47
-                const float v139 = v134 + v138; // n48
-                const bool v140 = v135 == v22; // n53
-                const float v141 = (v140 ? v65 : 0.0f); // n58
-                const float v142 = v139 + v141; // n59
-                kf_o1[1] = v142; // dlogits
+                const float v135 = (float)a129; // n40 sum over axes [1]
+                const float v136 = kf_c0[5]; // logits f32
+                const float v137 = v136 - v20; // n4
+                const float v138 = expf(v137); // n5
+                const float v139 = v38 * v138; // n47
+                const float v140 = v135 + v139; // n48
+                const bool v141 = v136 == v20; // n53
+                const float v142 = (v141 ? v66 : 0.0f); // n58
+                const float v143 = v140 + v142; // n59
+                kf_o1[1] = v143; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                double a143 = 0.0;
-                for (long long j12 = 0; j12 < 1; ++j12) {
-                    const int v144 = (int)col; // n34
-                    const long long v145 = (long long)v144; // n36
-                    const bool v146 = v11 == v145; // n37
-                    const float v147 = v16; // n33
-                    const float v148 = (v146 ? v147 : 0.0f); // n39
-                    a143 += (double)v148;
+                double a144 = 0.0;
+                for (long long j11 = 0; j11 < 1; ++j11) {
+                    const int v145 = (int)col; // n34
+                    const long long v146 = (long long)v145; // n36
+                    const bool v147 = v10 == v146; // n37
+                    const float v148 = v15; // n33
+                    const float v149 = (v147 ? v148 : 0.0f); // n39
+                    a144 += (double)v149;
                 }
-                const float v149 = (float)a143; // n40 sum over axes [1]
-                const float v150 = kf_c0[6]; // logits f32
-                const float v151 = v150 - v22; // n4
-                const float v152 = expf(v151); // n5
-                const float v153 = v37 * v152; // n47
-                const float v154 = v149 + v153; // n48
-                const bool v155 = v150 == v22; // n53
-                const float v156 = (v155 ? v65 : 0.0f); // n58
-                const float v157 = v154 + v156; // n59
-                kf_o1[2] = v157; // dlogits
+                const float v150 = (float)a144; // n40 sum over axes [1]
+                const float v151 = kf_c0[6]; // logits f32
+                const float v152 = v151 - v20; // n4
+                const float v153 = expf(v152); // n5
+                const float v154 = v38 * v153; // n47
+                const float v155 = v150 + v154; // n48
+                const bool v156 = v151 == v20; // n53
+                const float v157 = (v156 ? v66 : 0.0f); // n58
+                const float v158 = v155 + v157; // n59
+                kf_o1[2] = v158; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                double a158 = 0.0;
-                for (long long j13 = 0; j13 < 1; ++j13) {
-                    const int v159 = (int)col; // n34
-                    const long long v160 = (long long)v159; // n36
-                    const bool v161 = v11 == v160; // n37
-                    const float v162 = v16; // n33
-                    const float v163 = (v161 ? v162 : 0.0f); // n39
-                    a158 += (double)v163;
+                double a159 = 0.0;
+                for (long long j12 = 0; j12 < 1; ++j12) {
+                    const int v160 = (int)col; // n34
+                    const long long v161 = (long long)v160; // n36
+                    const bool v162 = v10 == v161; // n37
+                    const float v163 = v15; // n33
+                    const float v164 = (v162 ? v163 : 0.0f); // n39
+                    a159 += (double)v164;
                 }
-                const float v164 = (float)a158; // n40 sum over axes [1]
-                const float v165 = kf_c0[7]; // logits f32
-                const float v166 = v165 - v22; // n4
-                const float v167 = expf(v166); // n5
-                const float v168 = v37 * v167; // n47
-                const float v169 = v164 + v168; // n48
-                const bool v170 = v165 == v22; // n53
-                const float v171 = (v170 ? v65 : 0.0f); // n58
-                const float v172 = v169 + v171; // n59
-                kf_o1[3] = v172; // dlogits
+                const float v165 = (float)a159; // n40 sum over axes [1]
+                const float v166 = kf_c0[7]; // logits f32
+                const float v167 = v166 - v20; // n4
+                const float v168 = expf(v167); // n5
+                const float v169 = v38 * v168; // n47
+                const float v170 = v165 + v169; // n48
+                const bool v171 = v166 == v20; // n53
+                const float v172 = (v171 ? v66 : 0.0f); // n58
+                const float v173 = v170 + v172; // n59
+                kf_o1[3] = v173; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -702,94 +727,94 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                double a173 = 0.0;
-                for (long long j14 = 0; j14 < 1; ++j14) {
-                    const int v174 = (int)col; // n34
-                    const long long v175 = (long long)v174; // n36
-                    const bool v176 = v11 == v175; // n37
-                    const float v177 = v16; // n33
-                    const float v178 = (v176 ? v177 : 0.0f); // n39
-                    a173 += (double)v178;
+                double a174 = 0.0;
+                for (long long j13 = 0; j13 < 1; ++j13) {
+                    const int v175 = (int)col; // n34
+                    const long long v176 = (long long)v175; // n36
+                    const bool v177 = v10 == v176; // n37
+                    const float v178 = v15; // n33
+                    const float v179 = (v177 ? v178 : 0.0f); // n39
+                    a174 += (double)v179;
                 }
-                const float v179 = (float)a173; // n40 sum over axes [1]
-                const float v180 = kf_c0[8]; // logits f32
-                const float v181 = v180 - v22; // n4
-                const float v182 = expf(v181); // n5
-                const float v183 = v37 * v182; // n47
-                const float v184 = v179 + v183; // n48
-                const bool v185 = v180 == v22; // n53
-                const float v186 = (v185 ? v65 : 0.0f); // n58
-                const float v187 = v184 + v186; // n59
-                kf_o1[0] = v187; // dlogits
+                const float v180 = (float)a174; // n40 sum over axes [1]
+                const float v181 = kf_c0[8]; // logits f32
+                const float v182 = v181 - v20; // n4
+                const float v183 = expf(v182); // n5
+                const float v184 = v38 * v183; // n47
+                const float v185 = v180 + v184; // n48
+                const bool v186 = v181 == v20; // n53
+                const float v187 = (v186 ? v66 : 0.0f); // n58
+                const float v188 = v185 + v187; // n59
+                kf_o1[0] = v188; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                double a188 = 0.0;
-                for (long long j15 = 0; j15 < 1; ++j15) {
-                    const int v189 = (int)col; // n34
-                    const long long v190 = (long long)v189; // n36
-                    const bool v191 = v11 == v190; // n37
-                    const float v192 = v16; // n33
-                    const float v193 = (v191 ? v192 : 0.0f); // n39
-                    a188 += (double)v193;
+                double a189 = 0.0;
+                for (long long j14 = 0; j14 < 1; ++j14) {
+                    const int v190 = (int)col; // n34
+                    const long long v191 = (long long)v190; // n36
+                    const bool v192 = v10 == v191; // n37
+                    const float v193 = v15; // n33
+                    const float v194 = (v192 ? v193 : 0.0f); // n39
+                    a189 += (double)v194;
                 }
-                const float v194 = (float)a188; // n40 sum over axes [1]
-                const float v195 = kf_c0[9]; // logits f32
-                const float v196 = v195 - v22; // n4
-                const float v197 = expf(v196); // n5
-                const float v198 = v37 * v197; // n47
-                const float v199 = v194 + v198; // n48
-                const bool v200 = v195 == v22; // n53
-                const float v201 = (v200 ? v65 : 0.0f); // n58
-                const float v202 = v199 + v201; // n59
-                kf_o1[1] = v202; // dlogits
+                const float v195 = (float)a189; // n40 sum over axes [1]
+                const float v196 = kf_c0[9]; // logits f32
+                const float v197 = v196 - v20; // n4
+                const float v198 = expf(v197); // n5
+                const float v199 = v38 * v198; // n47
+                const float v200 = v195 + v199; // n48
+                const bool v201 = v196 == v20; // n53
+                const float v202 = (v201 ? v66 : 0.0f); // n58
+                const float v203 = v200 + v202; // n59
+                kf_o1[1] = v203; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                double a203 = 0.0;
-                for (long long j16 = 0; j16 < 1; ++j16) {
-                    const int v204 = (int)col; // n34
-                    const long long v205 = (long long)v204; // n36
-                    const bool v206 = v11 == v205; // n37
-                    const float v207 = v16; // n33
-                    const float v208 = (v206 ? v207 : 0.0f); // n39
-                    a203 += (double)v208;
+                double a204 = 0.0;
+                for (long long j15 = 0; j15 < 1; ++j15) {
+                    const int v205 = (int)col; // n34
+                    const long long v206 = (long long)v205; // n36
+                    const bool v207 = v10 == v206; // n37
+                    const float v208 = v15; // n33
+                    const float v209 = (v207 ? v208 : 0.0f); // n39
+                    a204 += (double)v209;
                 }
-                const float v209 = (float)a203; // n40 sum over axes [1]
-                const float v210 = kf_c0[10]; // logits f32
-                const float v211 = v210 - v22; // n4
-                const float v212 = expf(v211); // n5
-                const float v213 = v37 * v212; // n47
-                const float v214 = v209 + v213; // n48
-                const bool v215 = v210 == v22; // n53
-                const float v216 = (v215 ? v65 : 0.0f); // n58
-                const float v217 = v214 + v216; // n59
-                kf_o1[2] = v217; // dlogits
+                const float v210 = (float)a204; // n40 sum over axes [1]
+                const float v211 = kf_c0[10]; // logits f32
+                const float v212 = v211 - v20; // n4
+                const float v213 = expf(v212); // n5
+                const float v214 = v38 * v213; // n47
+                const float v215 = v210 + v214; // n48
+                const bool v216 = v211 == v20; // n53
+                const float v217 = (v216 ? v66 : 0.0f); // n58
+                const float v218 = v215 + v217; // n59
+                kf_o1[2] = v218; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                double a218 = 0.0;
-                for (long long j17 = 0; j17 < 1; ++j17) {
-                    const int v219 = (int)col; // n34
-                    const long long v220 = (long long)v219; // n36
-                    const bool v221 = v11 == v220; // n37
-                    const float v222 = v16; // n33
-                    const float v223 = (v221 ? v222 : 0.0f); // n39
-                    a218 += (double)v223;
+                double a219 = 0.0;
+                for (long long j16 = 0; j16 < 1; ++j16) {
+                    const int v220 = (int)col; // n34
+                    const long long v221 = (long long)v220; // n36
+                    const bool v222 = v10 == v221; // n37
+                    const float v223 = v15; // n33
+                    const float v224 = (v222 ? v223 : 0.0f); // n39
+                    a219 += (double)v224;
                 }
-                const float v224 = (float)a218; // n40 sum over axes [1]
-                const float v225 = kf_c0[11]; // logits f32
-                const float v226 = v225 - v22; // n4
-                const float v227 = expf(v226); // n5
-                const float v228 = v37 * v227; // n47
-                const float v229 = v224 + v228; // n48
-                const bool v230 = v225 == v22; // n53
-                const float v231 = (v230 ? v65 : 0.0f); // n58
-                const float v232 = v229 + v231; // n59
-                kf_o1[3] = v232; // dlogits
+                const float v225 = (float)a219; // n40 sum over axes [1]
+                const float v226 = kf_c0[11]; // logits f32
+                const float v227 = v226 - v20; // n4
+                const float v228 = expf(v227); // n5
+                const float v229 = v38 * v228; // n47
+                const float v230 = v225 + v229; // n48
+                const bool v231 = v226 == v20; // n53
+                const float v232 = (v231 ? v66 : 0.0f); // n58
+                const float v233 = v230 + v232; // n59
+                kf_o1[3] = v233; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -799,94 +824,94 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                double a233 = 0.0;
-                for (long long j18 = 0; j18 < 1; ++j18) {
-                    const int v234 = (int)col; // n34
-                    const long long v235 = (long long)v234; // n36
-                    const bool v236 = v11 == v235; // n37
-                    const float v237 = v16; // n33
-                    const float v238 = (v236 ? v237 : 0.0f); // n39
-                    a233 += (double)v238;
+                double a234 = 0.0;
+                for (long long j17 = 0; j17 < 1; ++j17) {
+                    const int v235 = (int)col; // n34
+                    const long long v236 = (long long)v235; // n36
+                    const bool v237 = v10 == v236; // n37
+                    const float v238 = v15; // n33
+                    const float v239 = (v237 ? v238 : 0.0f); // n39
+                    a234 += (double)v239;
                 }
-                const float v239 = (float)a233; // n40 sum over axes [1]
-                const float v240 = kf_c0[12]; // logits f32
-                const float v241 = v240 - v22; // n4
-                const float v242 = expf(v241); // n5
-                const float v243 = v37 * v242; // n47
-                const float v244 = v239 + v243; // n48
-                const bool v245 = v240 == v22; // n53
-                const float v246 = (v245 ? v65 : 0.0f); // n58
-                const float v247 = v244 + v246; // n59
-                kf_o1[0] = v247; // dlogits
+                const float v240 = (float)a234; // n40 sum over axes [1]
+                const float v241 = kf_c0[12]; // logits f32
+                const float v242 = v241 - v20; // n4
+                const float v243 = expf(v242); // n5
+                const float v244 = v38 * v243; // n47
+                const float v245 = v240 + v244; // n48
+                const bool v246 = v241 == v20; // n53
+                const float v247 = (v246 ? v66 : 0.0f); // n58
+                const float v248 = v245 + v247; // n59
+                kf_o1[0] = v248; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                double a248 = 0.0;
-                for (long long j19 = 0; j19 < 1; ++j19) {
-                    const int v249 = (int)col; // n34
-                    const long long v250 = (long long)v249; // n36
-                    const bool v251 = v11 == v250; // n37
-                    const float v252 = v16; // n33
-                    const float v253 = (v251 ? v252 : 0.0f); // n39
-                    a248 += (double)v253;
+                double a249 = 0.0;
+                for (long long j18 = 0; j18 < 1; ++j18) {
+                    const int v250 = (int)col; // n34
+                    const long long v251 = (long long)v250; // n36
+                    const bool v252 = v10 == v251; // n37
+                    const float v253 = v15; // n33
+                    const float v254 = (v252 ? v253 : 0.0f); // n39
+                    a249 += (double)v254;
                 }
-                const float v254 = (float)a248; // n40 sum over axes [1]
-                const float v255 = kf_c0[13]; // logits f32
-                const float v256 = v255 - v22; // n4
-                const float v257 = expf(v256); // n5
-                const float v258 = v37 * v257; // n47
-                const float v259 = v254 + v258; // n48
-                const bool v260 = v255 == v22; // n53
-                const float v261 = (v260 ? v65 : 0.0f); // n58
-                const float v262 = v259 + v261; // n59
-                kf_o1[1] = v262; // dlogits
+                const float v255 = (float)a249; // n40 sum over axes [1]
+                const float v256 = kf_c0[13]; // logits f32
+                const float v257 = v256 - v20; // n4
+                const float v258 = expf(v257); // n5
+                const float v259 = v38 * v258; // n47
+                const float v260 = v255 + v259; // n48
+                const bool v261 = v256 == v20; // n53
+                const float v262 = (v261 ? v66 : 0.0f); // n58
+                const float v263 = v260 + v262; // n59
+                kf_o1[1] = v263; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                double a263 = 0.0;
-                for (long long j20 = 0; j20 < 1; ++j20) {
-                    const int v264 = (int)col; // n34
-                    const long long v265 = (long long)v264; // n36
-                    const bool v266 = v11 == v265; // n37
-                    const float v267 = v16; // n33
-                    const float v268 = (v266 ? v267 : 0.0f); // n39
-                    a263 += (double)v268;
+                double a264 = 0.0;
+                for (long long j19 = 0; j19 < 1; ++j19) {
+                    const int v265 = (int)col; // n34
+                    const long long v266 = (long long)v265; // n36
+                    const bool v267 = v10 == v266; // n37
+                    const float v268 = v15; // n33
+                    const float v269 = (v267 ? v268 : 0.0f); // n39
+                    a264 += (double)v269;
                 }
-                const float v269 = (float)a263; // n40 sum over axes [1]
-                const float v270 = kf_c0[14]; // logits f32
-                const float v271 = v270 - v22; // n4
-                const float v272 = expf(v271); // n5
-                const float v273 = v37 * v272; // n47
-                const float v274 = v269 + v273; // n48
-                const bool v275 = v270 == v22; // n53
-                const float v276 = (v275 ? v65 : 0.0f); // n58
-                const float v277 = v274 + v276; // n59
-                kf_o1[2] = v277; // dlogits
+                const float v270 = (float)a264; // n40 sum over axes [1]
+                const float v271 = kf_c0[14]; // logits f32
+                const float v272 = v271 - v20; // n4
+                const float v273 = expf(v272); // n5
+                const float v274 = v38 * v273; // n47
+                const float v275 = v270 + v274; // n48
+                const bool v276 = v271 == v20; // n53
+                const float v277 = (v276 ? v66 : 0.0f); // n58
+                const float v278 = v275 + v277; // n59
+                kf_o1[2] = v278; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                double a278 = 0.0;
-                for (long long j21 = 0; j21 < 1; ++j21) {
-                    const int v279 = (int)col; // n34
-                    const long long v280 = (long long)v279; // n36
-                    const bool v281 = v11 == v280; // n37
-                    const float v282 = v16; // n33
-                    const float v283 = (v281 ? v282 : 0.0f); // n39
-                    a278 += (double)v283;
+                double a279 = 0.0;
+                for (long long j20 = 0; j20 < 1; ++j20) {
+                    const int v280 = (int)col; // n34
+                    const long long v281 = (long long)v280; // n36
+                    const bool v282 = v10 == v281; // n37
+                    const float v283 = v15; // n33
+                    const float v284 = (v282 ? v283 : 0.0f); // n39
+                    a279 += (double)v284;
                 }
-                const float v284 = (float)a278; // n40 sum over axes [1]
-                const float v285 = kf_c0[15]; // logits f32
-                const float v286 = v285 - v22; // n4
-                const float v287 = expf(v286); // n5
-                const float v288 = v37 * v287; // n47
-                const float v289 = v284 + v288; // n48
-                const bool v290 = v285 == v22; // n53
-                const float v291 = (v290 ? v65 : 0.0f); // n58
-                const float v292 = v289 + v291; // n59
-                kf_o1[3] = v292; // dlogits
+                const float v285 = (float)a279; // n40 sum over axes [1]
+                const float v286 = kf_c0[15]; // logits f32
+                const float v287 = v286 - v20; // n4
+                const float v288 = expf(v287); // n5
+                const float v289 = v38 * v288; // n47
+                const float v290 = v285 + v289; // n48
+                const bool v291 = v286 == v20; // n53
+                const float v292 = (v291 ? v66 : 0.0f); // n58
+                const float v293 = v290 + v292; // n59
+                kf_o1[3] = v293; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -911,11 +936,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_f8790d4124797a8f_1_regs(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v360 = (float)r0; // n23
-        const float v361 = -v360; // n24
-        const float v362 = tmp0[0]; // n26 from an earlier kernel
-        const float v363 = v361 / v362; // n27
-        out0[0] = v363; // output loss
+        const float v363 = (float)r0; // n23
+        const float v364 = -v363; // n24
+        const float v365 = tmp0[0]; // n26 from an earlier kernel
+        const float v366 = v364 / v365; // n27
+        out0[0] = v366; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

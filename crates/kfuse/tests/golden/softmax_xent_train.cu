@@ -17,6 +17,18 @@ __device__ __forceinline__ float kf_maxf(float a, float b) {
     return (a != a || b != b) ? a + b : m;
 }
 #endif
+#ifndef KF_HELPER_MINMAX_F64
+#define KF_HELPER_MINMAX_F64
+// NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
+__device__ __forceinline__ double kf_min_f64(double a, double b) {
+    const double m = (a == b) ? __longlong_as_double(__double_as_longlong(a) | __double_as_longlong(b)) : fmin(a, b);
+    return (a != a || b != b) ? a + b : m;
+}
+__device__ __forceinline__ double kf_max_f64(double a, double b) {
+    const double m = (a == b) ? __longlong_as_double(__double_as_longlong(a) & __double_as_longlong(b)) : fmax(a, b);
+    return (a != a || b != b) ? a + b : m;
+}
+#endif
 #ifndef KF_HELPER_BLOCK_SUM
 #define KF_HELPER_BLOCK_SUM
 // Block-wide sum of one double per thread, in a fixed order; the result is valid in thread 0.
@@ -53,45 +65,23 @@ __device__ double kf_row_sum(double v, long long g, double* smem) {
     return v;
 }
 #endif
-#ifndef KF_HELPER_ROW_ONLINE
-#define KF_HELPER_ROW_ONLINE
-// Adds one value x to a lane's (m, s).
-__device__ __forceinline__ void kf_online_add(float& m, double& s, float x) {
-    const float mm = kf_maxf(m, x);
-    if (mm == __int_as_float(0xff800000)) return; // every value so far is -inf: nothing to add yet
-    s = (s == 0.0 ? 0.0 : s * (double)expf(m - mm)) + (double)expf(x - mm);
-    m = mm;
-}
-// Merges the pair (om, os) into (m, s).
-__device__ __forceinline__ void kf_online_merge(float& m, double& s, float om, double os) {
-    const float mm = kf_maxf(m, om);
-    const double a = s == 0.0 ? 0.0 : s * (double)expf(m - mm);
-    const double b = os == 0.0 ? 0.0 : os * (double)expf(om - mm);
-    m = mm;
-    s = a + b;
-}
-// Merges the pairs of each aligned group of `g` lanes (a power of two up to blockDim.x), the same
-// bits in every lane of the group: xor shuffles within the warp, then each lane merges its group's
-// per-warp pairs in order. Every thread of the block calls it with the same `g`; `smem` holds 64
-// doubles.
-__device__ void kf_row_online(float& m, double& s, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) {
-        const float om = __shfl_xor_sync(0xffffffffu, m, off);
-        const double os = __shfl_xor_sync(0xffffffffu, s, off);
-        kf_online_merge(m, s, om, os);
-    }
+#ifndef KF_HELPER_ROW_MAX
+#define KF_HELPER_ROW_MAX
+// The max of one double over each aligned group of `g` lanes (a power of two up to blockDim.x),
+// the same bits in every lane of the group: xor shuffles within the warp, then each lane folds its
+// group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
+// holds 32 doubles.
+__device__ double kf_row_max(double v, long long g, double* smem) {
+    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = kf_max_f64(v, o); }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
-        __syncthreads(); // smem may still be read by the previous fold
-        if ((threadIdx.x & 31u) == 0u) {
-            smem[warp] = (double)m;
-            smem[32 + warp] = s;
-        }
+        __syncthreads(); // smem may still be read by the previous call
+        if ((threadIdx.x & 31u) == 0u) smem[warp] = v;
         __syncthreads();
-        m = (float)smem[first];
-        s = smem[32 + first];
-        for (unsigned w = 1; w < (unsigned)(g >> 5); ++w) kf_online_merge(m, s, (float)smem[first + w], smem[32 + first + w]);
+        v = smem[first];
+        for (unsigned w = 1; w < (unsigned)(g >> 5); ++w) { const double o = smem[first + w]; v = kf_max_f64(v, o); }
     }
+    return v;
 }
 #endif
 
@@ -113,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
-    __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    __shared__ double kf_rs[64]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // mean n12 (n13)
     double acc1 = 0.0; // count of mean n12 (n13)
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -124,91 +114,112 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float a198 = __int_as_float(0xff800000);
-        double a199 = 0.0;
+        float a199 = __int_as_float(0xff800000);
         double a200 = 0.0;
         const int v202 = (int)(sz0); // n18 the count of every element
         const float v203 = (float)v202; // n19
         const float v204 = 1.0f / v203; // n20
         const float v205 = -v204; // n21
         #pragma unroll 4
-        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v201 = in0[rowbase + j4]; // logits f32
-            kf_online_add(a198, a200, v201);
-            const float v206 = in1[rowbase + j4]; // targets f32
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v201 = in0[rowbase + j3]; // logits f32
+            a199 = kf_maxf(a199, v201);
+            const float v206 = in1[rowbase + j3]; // targets f32
             const float v207 = v205 * v206; // n22
             const float v208 = -v207; // n23
-            a199 += (double)v208;
-        }
-        kf_row_online(a198, a200, kf_g, kf_rs); // over the row's lanes
-        if (a198 == __int_as_float(0xff800000) && kf_n > 0) a200 = __longlong_as_double(0x7ff8000000000000ll);
-        a199 = kf_row_sum(a199, kf_g, kf_rs); // over the row's lanes
-        const float v209 = (float)a198; // n2 max along the row, once per row
-        const float v210 = (float)a199; // n24 sum along the row, once per row
-        const float v211 = (float)a200; // n6 sum along the row, once per row
-        double a212 = 0.0;
-        #pragma unroll 4
-        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v213 = in0[rowbase + j5]; // logits f32
-            const bool v214 = v213 == v209; // n35
-            if (v214) {
-                a212 += 1.0;
-            }
-        }
-        a212 = kf_row_sum(a212, kf_g, kf_rs); // over the row's lanes
-        const int v215 = (int)(long long)a212; // n36 count along the row, once per row
-        double a216 = 0.0;
-        double a217 = 0.0;
-        const float v221 = logf(v211); // n7
-        const float v225 = v210 / v211; // n27
-        #pragma unroll 4
-        for (long long j6 = lane; j6 < kf_n; j6 += kf_g) {
-            const float v218 = in1[rowbase + j6]; // targets f32
-            const float v219 = in0[rowbase + j6]; // logits f32
-            const float v220 = v219 - v209; // n4
-            const float v222 = v220 - v221; // n9
-            const float v223 = v218 * v222; // n10
-            a216 += (double)v223;
-            const float v224 = v205 * v218; // n22
-            const float v226 = expf(v220); // n5
-            const float v227 = v225 * v226; // n29
-            const float v228 = v224 + v227; // n30
-            const float v229 = -v228; // n31
-            a217 += (double)v229;
+            a200 += (double)v208;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a216 = kf_row_sum(a216, kf_g < 32 ? kf_g : 32, kf_rs);
-        a217 = kf_row_sum(a217, kf_g < 32 ? kf_g : 32, kf_rs);
+        a199 = kf_row_max(a199, kf_g < 32 ? kf_g : 32, kf_rs);
+        a200 = kf_row_sum(a200, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a216; kf_rs[32 + kf_warp] = a217; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a199; kf_rs[32 + kf_warp] = a200; }
             __syncthreads();
-            a216 = kf_rs[kf_first]; a217 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a216 += kf_rs[kf_first + w]; a217 += kf_rs[32 + kf_first + w]; }
+            a199 = kf_rs[kf_first]; a200 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a199 = kf_max_f64(a199, kf_rs[kf_first + w]); a200 += kf_rs[32 + kf_first + w]; }
         }
-        const float v230 = (float)a216; // n11 sum along the row, once per row
-        const float v231 = (float)a217; // n32 sum along the row, once per row
+        const float v209 = (float)a199; // n2 max along the row, once per row
+        const float v210 = (float)a200; // n24 sum along the row, once per row
+        double a211 = 0.0;
+        double a212 = 0.0;
+        #pragma unroll 4
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v213 = in0[rowbase + j4]; // logits f32
+            const float v214 = v213 - v209; // n4
+            const float v215 = expf(v214); // n5
+            a211 += (double)v215;
+            const bool v216 = v213 == v209; // n35
+            if (v216) {
+                a212 += 1.0;
+            }
+        }
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a211 = kf_row_sum(a211, kf_g < 32 ? kf_g : 32, kf_rs);
+        a212 = kf_row_sum(a212, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a211; kf_rs[32 + kf_warp] = a212; }
+            __syncthreads();
+            a211 = kf_rs[kf_first]; a212 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a211 += kf_rs[kf_first + w]; a212 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v217 = (float)a211; // n6 sum along the row, once per row
+        const int v218 = (int)(long long)a212; // n36 count along the row, once per row
+        double a219 = 0.0;
+        double a220 = 0.0;
+        const float v224 = logf(v217); // n7
+        const float v228 = v210 / v217; // n27
+        #pragma unroll 4
+        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
+            const float v221 = in1[rowbase + j5]; // targets f32
+            const float v222 = in0[rowbase + j5]; // logits f32
+            const float v223 = v222 - v209; // n4
+            const float v225 = v223 - v224; // n9
+            const float v226 = v221 * v225; // n10
+            a219 += (double)v226;
+            const float v227 = v205 * v221; // n22
+            const float v229 = expf(v223); // n5
+            const float v230 = v228 * v229; // n29
+            const float v231 = v227 + v230; // n30
+            const float v232 = -v231; // n31
+            a220 += (double)v232;
+        }
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a219 = kf_row_sum(a219, kf_g < 32 ? kf_g : 32, kf_rs);
+        a220 = kf_row_sum(a220, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a219; kf_rs[32 + kf_warp] = a220; }
+            __syncthreads();
+            a219 = kf_rs[kf_first]; a220 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a219 += kf_rs[kf_first + w]; a220 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v233 = (float)a219; // n11 sum along the row, once per row
+        const float v234 = (float)a220; // n32 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v232 = -v230; // n12
-            acc0 += (double)v232; acc1 += 1.0;
+            const float v235 = -v233; // n12
+            acc0 += (double)v235; acc1 += 1.0;
         }
-        const float v241 = (float)v215; // n37
-        const float v242 = v231 / v241; // n38
+        const float v244 = (float)v218; // n37
+        const float v245 = v234 / v244; // n38
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v233 = in1[i]; // targets f32
-            const float v234 = v205 * v233; // n22
-            const float v235 = in0[i]; // logits f32
-            const float v236 = v235 - v209; // n4
-            const float v237 = expf(v236); // n5
-            const float v238 = v225 * v237; // n29
-            const float v239 = v234 + v238; // n30
-            const bool v240 = v235 == v209; // n35
-            const float v243 = (v240 ? v242 : 0.0f); // n41
-            const float v244 = v239 + v243; // n42
-            out1[i] = v244; // dlogits
+            const float v236 = in1[i]; // targets f32
+            const float v237 = v205 * v236; // n22
+            const float v238 = in0[i]; // logits f32
+            const float v239 = v238 - v209; // n4
+            const float v240 = expf(v239); // n5
+            const float v241 = v228 * v240; // n29
+            const float v242 = v237 + v241; // n30
+            const bool v243 = v238 == v209; // n35
+            const float v246 = (v243 ? v245 : 0.0f); // n41
+            const float v247 = v242 + v246; // n42
+            out1[i] = v247; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -236,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v245 = (float)(r0 / r1); // n13
-        out0[0] = v245; // output loss
+        const float v248 = (float)(r0 / r1); // n13
+        out0[0] = v248; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -260,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols) kf_g <<= 1;
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
-    __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    __shared__ double kf_rs[64]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // mean n12 (n13)
     double acc1 = 0.0; // count of mean n12 (n13)
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -295,150 +306,164 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
         }
         float a0 = __int_as_float(0xff800000);
         double a1 = 0.0;
-        double a2 = 0.0;
-        const int v4 = (int)(sz0); // n18 the count of every element
-        const float v5 = (float)v4; // n19
-        const float v6 = 1.0f / v5; // n20
-        const float v7 = -v6; // n21
+        const int v3 = (int)(sz0); // n18 the count of every element
+        const float v4 = (float)v3; // n19
+        const float v5 = 1.0f / v4; // n20
+        const float v6 = -v5; // n21
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v3 = kf_c0[t0]; // logits f32
-            a0 = kf_maxf(a0, v3);
-            const float v8 = kf_c1[t0]; // targets f32
-            const float v9 = v7 * v8; // n22
-            const float v10 = -v9; // n23
-            a1 += (double)v10;
+            const float v2 = kf_c0[t0]; // logits f32
+            a0 = kf_maxf(a0, v2);
+            const float v7 = kf_c1[t0]; // targets f32
+            const float v8 = v6 * v7; // n22
+            const float v9 = -v8; // n23
+            a1 += (double)v9;
         }
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a0 = kf_row_max(a0, kf_g < 32 ? kf_g : 32, kf_rs);
+        a1 = kf_row_sum(a1, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a0; kf_rs[32 + kf_warp] = a1; }
+            __syncthreads();
+            a0 = kf_rs[kf_first]; a1 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a0 = kf_max_f64(a0, kf_rs[kf_first + w]); a1 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v10 = (float)a0; // n2 max along the row, once per row
+        const float v11 = (float)a1; // n24 sum along the row, once per row
+        double a12 = 0.0;
+        double a13 = 0.0;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v11 = kf_c0[t1]; // logits f32
-            if (a0 != __int_as_float(0xff800000)) a2 += (double)expf(v11 - a0);
+            const float v14 = kf_c0[t1]; // logits f32
+            const float v15 = v14 - v10; // n4
+            const float v16 = expf(v15); // n5
+            a12 += (double)v16;
+            const bool v17 = v14 == v10; // n35
+            if (v17) {
+                a13 += 1.0;
+            }
         }
-        kf_row_online(a0, a2, kf_g, kf_rs); // over the row's lanes
-        if (a0 == __int_as_float(0xff800000) && kf_n > 0) a2 = __longlong_as_double(0x7ff8000000000000ll);
-        a1 = kf_row_sum(a1, kf_g, kf_rs); // over the row's lanes
-        const float v12 = (float)a0; // n2 max along the row, once per row
-        const float v13 = (float)a1; // n24 sum along the row, once per row
-        const float v14 = (float)a2; // n6 sum along the row, once per row
-        double a15 = 0.0;
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a12 = kf_row_sum(a12, kf_g < 32 ? kf_g : 32, kf_rs);
+        a13 = kf_row_sum(a13, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a12; kf_rs[32 + kf_warp] = a13; }
+            __syncthreads();
+            a12 = kf_rs[kf_first]; a13 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a12 += kf_rs[kf_first + w]; a13 += kf_rs[32 + kf_first + w]; }
+        }
+        const float v18 = (float)a12; // n6 sum along the row, once per row
+        const int v19 = (int)(long long)a13; // n36 count along the row, once per row
+        double a20 = 0.0;
+        double a21 = 0.0;
+        const float v25 = logf(v18); // n7
+        const float v29 = v11 / v18; // n27
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v16 = kf_c0[t2]; // logits f32
-            const bool v17 = v16 == v12; // n35
-            if (v17) {
-                a15 += 1.0;
-            }
-        }
-        a15 = kf_row_sum(a15, kf_g, kf_rs); // over the row's lanes
-        const int v18 = (int)(long long)a15; // n36 count along the row, once per row
-        double a19 = 0.0;
-        double a20 = 0.0;
-        const float v24 = logf(v14); // n7
-        const float v28 = v13 / v14; // n27
-        #pragma unroll
-        for (int t3 = 0; t3 < 16; ++t3) {
-            if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
-            const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v21 = kf_c1[t3]; // targets f32
-            const float v22 = kf_c0[t3]; // logits f32
-            const float v23 = v22 - v12; // n4
-            const float v25 = v23 - v24; // n9
-            const float v26 = v21 * v25; // n10
-            a19 += (double)v26;
-            const float v27 = v7 * v21; // n22
-            const float v29 = expf(v23); // n5
-            const float v30 = v28 * v29; // n29
-            const float v31 = v27 + v30; // n30
-            const float v32 = -v31; // n31
-            a20 += (double)v32;
+            const float v22 = kf_c1[t2]; // targets f32
+            const float v23 = kf_c0[t2]; // logits f32
+            const float v24 = v23 - v10; // n4
+            const float v26 = v24 - v25; // n9
+            const float v27 = v22 * v26; // n10
+            a20 += (double)v27;
+            const float v28 = v6 * v22; // n22
+            const float v30 = expf(v24); // n5
+            const float v31 = v29 * v30; // n29
+            const float v32 = v28 + v31; // n30
+            const float v33 = -v32; // n31
+            a21 += (double)v33;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a19 = kf_row_sum(a19, kf_g < 32 ? kf_g : 32, kf_rs);
         a20 = kf_row_sum(a20, kf_g < 32 ? kf_g : 32, kf_rs);
+        a21 = kf_row_sum(a21, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a19; kf_rs[32 + kf_warp] = a20; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a20; kf_rs[32 + kf_warp] = a21; }
             __syncthreads();
-            a19 = kf_rs[kf_first]; a20 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a19 += kf_rs[kf_first + w]; a20 += kf_rs[32 + kf_first + w]; }
+            a20 = kf_rs[kf_first]; a21 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a20 += kf_rs[kf_first + w]; a21 += kf_rs[32 + kf_first + w]; }
         }
-        const float v33 = (float)a19; // n11 sum along the row, once per row
-        const float v34 = (float)a20; // n32 sum along the row, once per row
+        const float v34 = (float)a20; // n11 sum along the row, once per row
+        const float v35 = (float)a21; // n32 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v35 = -v33; // n12
-            acc0 += (double)v35; acc1 += 1.0;
+            const float v36 = -v34; // n12
+            acc0 += (double)v36; acc1 += 1.0;
         }
-        const float v44 = (float)v18; // n37
-        const float v45 = v34 / v44; // n38
+        const float v45 = (float)v19; // n37
+        const float v46 = v35 / v45; // n38
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v36 = kf_c1[0]; // targets f32
-                const float v37 = v7 * v36; // n22
-                const float v38 = kf_c0[0]; // logits f32
-                const float v39 = v38 - v12; // n4
-                const float v40 = expf(v39); // n5
-                const float v41 = v28 * v40; // n29
-                const float v42 = v37 + v41; // n30
-                const bool v43 = v38 == v12; // n35
-                const float v46 = (v43 ? v45 : 0.0f); // n41
-                const float v47 = v42 + v46; // n42
-                kf_o1[0] = v47; // dlogits
+                const float v37 = kf_c1[0]; // targets f32
+                const float v38 = v6 * v37; // n22
+                const float v39 = kf_c0[0]; // logits f32
+                const float v40 = v39 - v10; // n4
+                const float v41 = expf(v40); // n5
+                const float v42 = v29 * v41; // n29
+                const float v43 = v38 + v42; // n30
+                const bool v44 = v39 == v10; // n35
+                const float v47 = (v44 ? v46 : 0.0f); // n41
+                const float v48 = v43 + v47; // n42
+                kf_o1[0] = v48; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v48 = kf_c1[1]; // targets f32
-                const float v49 = v7 * v48; // n22
-                const float v50 = kf_c0[1]; // logits f32
-                const float v51 = v50 - v12; // n4
-                const float v52 = expf(v51); // n5
-                const float v53 = v28 * v52; // n29
-                const float v54 = v49 + v53; // n30
-                const bool v55 = v50 == v12; // n35
-                const float v56 = (v55 ? v45 : 0.0f); // n41
-                const float v57 = v54 + v56; // n42
-                kf_o1[1] = v57; // dlogits
+                const float v49 = kf_c1[1]; // targets f32
+                const float v50 = v6 * v49; // n22
+                const float v51 = kf_c0[1]; // logits f32
+                const float v52 = v51 - v10; // n4
+                const float v53 = expf(v52); // n5
+                const float v54 = v29 * v53; // n29
+                const float v55 = v50 + v54; // n30
+                const bool v56 = v51 == v10; // n35
+                const float v57 = (v56 ? v46 : 0.0f); // n41
+                const float v58 = v55 + v57; // n42
+                kf_o1[1] = v58; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v58 = kf_c1[2]; // targets f32
-                const float v59 = v7 * v58; // n22
-                const float v60 = kf_c0[2]; // logits f32
-                const float v61 = v60 - v12; // n4
-                const float v62 = expf(v61); // n5
-                const float v63 = v28 * v62; // n29
-                const float v64 = v59 + v63; // n30
-                const bool v65 = v60 == v12; // n35
-                const float v66 = (v65 ? v45 : 0.0f); // n41
-                const float v67 = v64 + v66; // n42
-                kf_o1[2] = v67; // dlogits
+                const float v59 = kf_c1[2]; // targets f32
+                const float v60 = v6 * v59; // n22
+                const float v61 = kf_c0[2]; // logits f32
+                const float v62 = v61 - v10; // n4
+                const float v63 = expf(v62); // n5
+                const float v64 = v29 * v63; // n29
+                const float v65 = v60 + v64; // n30
+                const bool v66 = v61 == v10; // n35
+                const float v67 = (v66 ? v46 : 0.0f); // n41
+                const float v68 = v65 + v67; // n42
+                kf_o1[2] = v68; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v68 = kf_c1[3]; // targets f32
-                const float v69 = v7 * v68; // n22
-                const float v70 = kf_c0[3]; // logits f32
-                const float v71 = v70 - v12; // n4
-                const float v72 = expf(v71); // n5
-                const float v73 = v28 * v72; // n29
-                const float v74 = v69 + v73; // n30
-                const bool v75 = v70 == v12; // n35
-                const float v76 = (v75 ? v45 : 0.0f); // n41
-                const float v77 = v74 + v76; // n42
-                kf_o1[3] = v77; // dlogits
+                const float v69 = kf_c1[3]; // targets f32
+                const float v70 = v6 * v69; // n22
+                const float v71 = kf_c0[3]; // logits f32
+                const float v72 = v71 - v10; // n4
+                const float v73 = expf(v72); // n5
+                const float v74 = v29 * v73; // n29
+                const float v75 = v70 + v74; // n30
+                const bool v76 = v71 == v10; // n35
+                const float v77 = (v76 ? v46 : 0.0f); // n41
+                const float v78 = v75 + v77; // n42
+                kf_o1[3] = v78; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -448,62 +473,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v78 = kf_c1[4]; // targets f32
-                const float v79 = v7 * v78; // n22
-                const float v80 = kf_c0[4]; // logits f32
-                const float v81 = v80 - v12; // n4
-                const float v82 = expf(v81); // n5
-                const float v83 = v28 * v82; // n29
-                const float v84 = v79 + v83; // n30
-                const bool v85 = v80 == v12; // n35
-                const float v86 = (v85 ? v45 : 0.0f); // n41
-                const float v87 = v84 + v86; // n42
-                kf_o1[0] = v87; // dlogits
+                const float v79 = kf_c1[4]; // targets f32
+                const float v80 = v6 * v79; // n22
+                const float v81 = kf_c0[4]; // logits f32
+                const float v82 = v81 - v10; // n4
+                const float v83 = expf(v82); // n5
+                const float v84 = v29 * v83; // n29
+                const float v85 = v80 + v84; // n30
+                const bool v86 = v81 == v10; // n35
+                const float v87 = (v86 ? v46 : 0.0f); // n41
+                const float v88 = v85 + v87; // n42
+                kf_o1[0] = v88; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v88 = kf_c1[5]; // targets f32
-                const float v89 = v7 * v88; // n22
-                const float v90 = kf_c0[5]; // logits f32
-                const float v91 = v90 - v12; // n4
-                const float v92 = expf(v91); // n5
-                const float v93 = v28 * v92; // n29
-                const float v94 = v89 + v93; // n30
-                const bool v95 = v90 == v12; // n35
-                const float v96 = (v95 ? v45 : 0.0f); // n41
-                const float v97 = v94 + v96; // n42
-                kf_o1[1] = v97; // dlogits
+                const float v89 = kf_c1[5]; // targets f32
+                const float v90 = v6 * v89; // n22
+                const float v91 = kf_c0[5]; // logits f32
+                const float v92 = v91 - v10; // n4
+                const float v93 = expf(v92); // n5
+                const float v94 = v29 * v93; // n29
+                const float v95 = v90 + v94; // n30
+                const bool v96 = v91 == v10; // n35
+                const float v97 = (v96 ? v46 : 0.0f); // n41
+                const float v98 = v95 + v97; // n42
+                kf_o1[1] = v98; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v98 = kf_c1[6]; // targets f32
-                const float v99 = v7 * v98; // n22
-                const float v100 = kf_c0[6]; // logits f32
-                const float v101 = v100 - v12; // n4
-                const float v102 = expf(v101); // n5
-                const float v103 = v28 * v102; // n29
-                const float v104 = v99 + v103; // n30
-                const bool v105 = v100 == v12; // n35
-                const float v106 = (v105 ? v45 : 0.0f); // n41
-                const float v107 = v104 + v106; // n42
-                kf_o1[2] = v107; // dlogits
+                const float v99 = kf_c1[6]; // targets f32
+                const float v100 = v6 * v99; // n22
+                const float v101 = kf_c0[6]; // logits f32
+                const float v102 = v101 - v10; // n4
+                const float v103 = expf(v102); // n5
+                const float v104 = v29 * v103; // n29
+                const float v105 = v100 + v104; // n30
+                const bool v106 = v101 == v10; // n35
+                const float v107 = (v106 ? v46 : 0.0f); // n41
+                const float v108 = v105 + v107; // n42
+                kf_o1[2] = v108; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v108 = kf_c1[7]; // targets f32
-                const float v109 = v7 * v108; // n22
-                const float v110 = kf_c0[7]; // logits f32
-                const float v111 = v110 - v12; // n4
-                const float v112 = expf(v111); // n5
-                const float v113 = v28 * v112; // n29
-                const float v114 = v109 + v113; // n30
-                const bool v115 = v110 == v12; // n35
-                const float v116 = (v115 ? v45 : 0.0f); // n41
-                const float v117 = v114 + v116; // n42
-                kf_o1[3] = v117; // dlogits
+                const float v109 = kf_c1[7]; // targets f32
+                const float v110 = v6 * v109; // n22
+                const float v111 = kf_c0[7]; // logits f32
+                const float v112 = v111 - v10; // n4
+                const float v113 = expf(v112); // n5
+                const float v114 = v29 * v113; // n29
+                const float v115 = v110 + v114; // n30
+                const bool v116 = v111 == v10; // n35
+                const float v117 = (v116 ? v46 : 0.0f); // n41
+                const float v118 = v115 + v117; // n42
+                kf_o1[3] = v118; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -513,62 +538,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v118 = kf_c1[8]; // targets f32
-                const float v119 = v7 * v118; // n22
-                const float v120 = kf_c0[8]; // logits f32
-                const float v121 = v120 - v12; // n4
-                const float v122 = expf(v121); // n5
-                const float v123 = v28 * v122; // n29
-                const float v124 = v119 + v123; // n30
-                const bool v125 = v120 == v12; // n35
-                const float v126 = (v125 ? v45 : 0.0f); // n41
-                const float v127 = v124 + v126; // n42
-                kf_o1[0] = v127; // dlogits
+                const float v119 = kf_c1[8]; // targets f32
+                const float v120 = v6 * v119; // n22
+                const float v121 = kf_c0[8]; // logits f32
+                const float v122 = v121 - v10; // n4
+                const float v123 = expf(v122); // n5
+                const float v124 = v29 * v123; // n29
+                const float v125 = v120 + v124; // n30
+                const bool v126 = v121 == v10; // n35
+                const float v127 = (v126 ? v46 : 0.0f); // n41
+                const float v128 = v125 + v127; // n42
+                kf_o1[0] = v128; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v128 = kf_c1[9]; // targets f32
-                const float v129 = v7 * v128; // n22
-                const float v130 = kf_c0[9]; // logits f32
-                const float v131 = v130 - v12; // n4
-                const float v132 = expf(v131); // n5
-                const float v133 = v28 * v132; // n29
-                const float v134 = v129 + v133; // n30
-                const bool v135 = v130 == v12; // n35
-                const float v136 = (v135 ? v45 : 0.0f); // n41
-                const float v137 = v134 + v136; // n42
-                kf_o1[1] = v137; // dlogits
+                const float v129 = kf_c1[9]; // targets f32
+                const float v130 = v6 * v129; // n22
+                const float v131 = kf_c0[9]; // logits f32
+                const float v132 = v131 - v10; // n4
+                const float v133 = expf(v132); // n5
+                const float v134 = v29 * v133; // n29
+                const float v135 = v130 + v134; // n30
+                const bool v136 = v131 == v10; // n35
+                const float v137 = (v136 ? v46 : 0.0f); // n41
+                const float v138 = v135 + v137; // n42
+                kf_o1[1] = v138; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v138 = kf_c1[10]; // targets f32
-                const float v139 = v7 * v138; // n22
-                const float v140 = kf_c0[10]; // logits f32
-                const float v141 = v140 - v12; // n4
-                const float v142 = expf(v141); // n5
-                const float v143 = v28 * v142; // n29
-                const float v144 = v139 + v143; // n30
-                const bool v145 = v140 == v12; // n35
-                const float v146 = (v145 ? v45 : 0.0f); // n41
-                const float v147 = v144 + v146; // n42
-                kf_o1[2] = v147; // dlogits
+                const float v139 = kf_c1[10]; // targets f32
+                const float v140 = v6 * v139; // n22
+                const float v141 = kf_c0[10]; // logits f32
+                const float v142 = v141 - v10; // n4
+                const float v143 = expf(v142); // n5
+                const float v144 = v29 * v143; // n29
+                const float v145 = v140 + v144; // n30
+                const bool v146 = v141 == v10; // n35
+                const float v147 = (v146 ? v46 : 0.0f); // n41
+                const float v148 = v145 + v147; // n42
+                kf_o1[2] = v148; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v148 = kf_c1[11]; // targets f32
-                const float v149 = v7 * v148; // n22
-                const float v150 = kf_c0[11]; // logits f32
-                const float v151 = v150 - v12; // n4
-                const float v152 = expf(v151); // n5
-                const float v153 = v28 * v152; // n29
-                const float v154 = v149 + v153; // n30
-                const bool v155 = v150 == v12; // n35
-                const float v156 = (v155 ? v45 : 0.0f); // n41
-                const float v157 = v154 + v156; // n42
-                kf_o1[3] = v157; // dlogits
+                const float v149 = kf_c1[11]; // targets f32
+                const float v150 = v6 * v149; // n22
+                const float v151 = kf_c0[11]; // logits f32
+                const float v152 = v151 - v10; // n4
+                const float v153 = expf(v152); // n5
+                const float v154 = v29 * v153; // n29
+                const float v155 = v150 + v154; // n30
+                const bool v156 = v151 == v10; // n35
+                const float v157 = (v156 ? v46 : 0.0f); // n41
+                const float v158 = v155 + v157; // n42
+                kf_o1[3] = v158; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -578,62 +603,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v158 = kf_c1[12]; // targets f32
-                const float v159 = v7 * v158; // n22
-                const float v160 = kf_c0[12]; // logits f32
-                const float v161 = v160 - v12; // n4
-                const float v162 = expf(v161); // n5
-                const float v163 = v28 * v162; // n29
-                const float v164 = v159 + v163; // n30
-                const bool v165 = v160 == v12; // n35
-                const float v166 = (v165 ? v45 : 0.0f); // n41
-                const float v167 = v164 + v166; // n42
-                kf_o1[0] = v167; // dlogits
+                const float v159 = kf_c1[12]; // targets f32
+                const float v160 = v6 * v159; // n22
+                const float v161 = kf_c0[12]; // logits f32
+                const float v162 = v161 - v10; // n4
+                const float v163 = expf(v162); // n5
+                const float v164 = v29 * v163; // n29
+                const float v165 = v160 + v164; // n30
+                const bool v166 = v161 == v10; // n35
+                const float v167 = (v166 ? v46 : 0.0f); // n41
+                const float v168 = v165 + v167; // n42
+                kf_o1[0] = v168; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v168 = kf_c1[13]; // targets f32
-                const float v169 = v7 * v168; // n22
-                const float v170 = kf_c0[13]; // logits f32
-                const float v171 = v170 - v12; // n4
-                const float v172 = expf(v171); // n5
-                const float v173 = v28 * v172; // n29
-                const float v174 = v169 + v173; // n30
-                const bool v175 = v170 == v12; // n35
-                const float v176 = (v175 ? v45 : 0.0f); // n41
-                const float v177 = v174 + v176; // n42
-                kf_o1[1] = v177; // dlogits
+                const float v169 = kf_c1[13]; // targets f32
+                const float v170 = v6 * v169; // n22
+                const float v171 = kf_c0[13]; // logits f32
+                const float v172 = v171 - v10; // n4
+                const float v173 = expf(v172); // n5
+                const float v174 = v29 * v173; // n29
+                const float v175 = v170 + v174; // n30
+                const bool v176 = v171 == v10; // n35
+                const float v177 = (v176 ? v46 : 0.0f); // n41
+                const float v178 = v175 + v177; // n42
+                kf_o1[1] = v178; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v178 = kf_c1[14]; // targets f32
-                const float v179 = v7 * v178; // n22
-                const float v180 = kf_c0[14]; // logits f32
-                const float v181 = v180 - v12; // n4
-                const float v182 = expf(v181); // n5
-                const float v183 = v28 * v182; // n29
-                const float v184 = v179 + v183; // n30
-                const bool v185 = v180 == v12; // n35
-                const float v186 = (v185 ? v45 : 0.0f); // n41
-                const float v187 = v184 + v186; // n42
-                kf_o1[2] = v187; // dlogits
+                const float v179 = kf_c1[14]; // targets f32
+                const float v180 = v6 * v179; // n22
+                const float v181 = kf_c0[14]; // logits f32
+                const float v182 = v181 - v10; // n4
+                const float v183 = expf(v182); // n5
+                const float v184 = v29 * v183; // n29
+                const float v185 = v180 + v184; // n30
+                const bool v186 = v181 == v10; // n35
+                const float v187 = (v186 ? v46 : 0.0f); // n41
+                const float v188 = v185 + v187; // n42
+                kf_o1[2] = v188; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v188 = kf_c1[15]; // targets f32
-                const float v189 = v7 * v188; // n22
-                const float v190 = kf_c0[15]; // logits f32
-                const float v191 = v190 - v12; // n4
-                const float v192 = expf(v191); // n5
-                const float v193 = v28 * v192; // n29
-                const float v194 = v189 + v193; // n30
-                const bool v195 = v190 == v12; // n35
-                const float v196 = (v195 ? v45 : 0.0f); // n41
-                const float v197 = v194 + v196; // n42
-                kf_o1[3] = v197; // dlogits
+                const float v189 = kf_c1[15]; // targets f32
+                const float v190 = v6 * v189; // n22
+                const float v191 = kf_c0[15]; // logits f32
+                const float v192 = v191 - v10; // n4
+                const float v193 = expf(v192); // n5
+                const float v194 = v29 * v193; // n29
+                const float v195 = v190 + v194; // n30
+                const bool v196 = v191 == v10; // n35
+                const float v197 = (v196 ? v46 : 0.0f); // n41
+                const float v198 = v195 + v197; // n42
+                kf_o1[3] = v198; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -663,8 +688,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v245 = (float)(r0 / r1); // n13
-        out0[0] = v245; // output loss
+        const float v248 = (float)(r0 / r1); // n13
+        out0[0] = v248; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
