@@ -173,7 +173,7 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
     let mut found: Vec<(NodeId, RowCase, Dim)> = Vec::new();
     for (i, node) in g.nodes.iter().enumerate() {
         let n = NodeId(i as u32);
-        // A count of every element is the row length: no pass (see `emit::counts_every_element`).
+        // A count of every element is the row length: no pass (see `analysis::counts_every_element`).
         if !evaluates(n) || counts_every_element(g, n) {
             continue;
         }
