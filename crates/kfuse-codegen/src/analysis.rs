@@ -273,10 +273,21 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
             SinkKind::Output { index } => vec![g.outputs[index].node],
         }
     };
+    // The values a sink's kernel evaluates start from: a reduction's operand and mask, an output.
+    let operands = |kind: &SinkKind| -> Vec<NodeId> {
+        match *kind {
+            SinkKind::Reduce { node, .. } => {
+                full_reduce(g, node).map(|(_, x, m)| [Some(x), m].into_iter().flatten().collect()).unwrap_or_default()
+            }
+            SinkKind::Output { index } => vec![g.outputs[index].node],
+        }
+    };
+    let mut moves: Vec<(usize, (u32, Vec<Dim>))> = Vec::new();
     for s in 0..keyed.len() {
         let ((l, ref dims), SinkKind::Reduce { node, .. }, None) = keyed[s] else { continue };
         let Some((_, x, _)) = full_reduce(g, node) else { continue };
-        // The element kernel of the rows: an output at a later level, one wide axis longer.
+        // The element kernel of the rows: an output at the same level or a later one, one wide
+        // axis longer.
         let target = keyed.iter().find_map(|((lq, dq), kind, _)| {
             let rows_of = *lq >= l && dq.len() == dims.len() + 1 && dq[..dims.len()] == dims[..];
             match (kind, rows_of) {
@@ -290,8 +301,30 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
             t != s && *lt > l && *lt <= lq && roots(kind).into_iter().any(|r| depends(r, node))
         });
         if reads_rows(x, &dq) && !needed && level[node.index()] == l + 1 {
-            keyed[s].0 = (lq, dq);
+            moves.push((s, (lq, dq)));
         }
+    }
+    // The element kernel must compute the rows' reductions itself: no sink that stays in an
+    // earlier kernel reads them (that kernel would store them for it, leaving it no rows). A move
+    // refused leaves its sink reading the rows where it is, which may refuse others: repeat.
+    loop {
+        let stays_reading = |key: &(u32, Vec<Dim>)| {
+            keyed.iter().enumerate().any(|(t, (kt, kind, _))| {
+                kt.0 <= key.0
+                    && kt != key
+                    && !moves.iter().any(|m| m.0 == t)
+                    && operands(kind).into_iter().any(|r| reads_rows(r, &key.1))
+            })
+        };
+        let kept: Vec<(usize, (u32, Vec<Dim>))> =
+            moves.iter().filter(|(_, key)| !stays_reading(key)).cloned().collect();
+        if kept.len() == moves.len() {
+            break;
+        }
+        moves = kept;
+    }
+    for (s, key) in moves {
+        keyed[s].0 = key;
     }
 }
 

@@ -262,3 +262,23 @@ fn a_gpu_softmax_matches_the_interpreter_with_infinities_and_nan() {
         }
     }
 }
+
+#[test]
+fn a_row_result_stays_where_a_kernel_before_the_gradient_reads_the_rows() {
+    // `b` sums the same row values as `a`, and the gradient needs `b` (a full reduction) before it
+    // runs: `b`'s kernel computes the rows' reductions and stores them for the gradient kernel, so
+    // `a` cannot move into the gradient kernel (it would have no rows of its own to compute them
+    // from): both stay in the first kernel, and the plan is made.
+    let p = compile(
+        "input x: f32[B, C]\ninput w: f32[B]\n\
+         let lse = log(sum(exp(x - detach(max(x, axis: -1))[.., None]), axis: -1))\n\
+         let a = sum(lse * w) / count(w > 0.0)\n\
+         let b = sum(lse)\n\
+         output la = a\n\
+         output dx = grad(a + b * b, x)\n",
+    );
+    let kernels = &p.plan().kernels;
+    assert_eq!(kernels.len(), 2, "{}", p.cuda_source());
+    assert!(!kernels[1].source.contains("once per row\n"), "{}", kernels[1].source);
+    assert!(kernels[0].source.contains("tmp"), "the row values go to the gradient kernel: {}", kernels[0].source);
+}
