@@ -59,6 +59,23 @@ impl Combine {
         }
     }
 
+    /// The C expression of the f64 values `a` and `b` combined (NaN-propagating for max and min).
+    pub(crate) fn expr(self, a: &str, b: &str) -> String {
+        match self {
+            Combine::Sum => format!("{a} + {b}"),
+            Combine::Max => format!("kf_max_f64({a}, {b})"),
+            Combine::Min => format!("kf_min_f64({a}, {b})"),
+        }
+    }
+
+    /// The statement that combines `b` into the accumulator `a`.
+    pub(crate) fn update(self, a: &str, b: &str) -> String {
+        match self {
+            Combine::Sum => format!("{a} += {b};"),
+            _ => format!("{a} = {};", self.expr(a, b)),
+        }
+    }
+
     /// The combine's name in helper functions (`kf_block_<name>`, `kf_row_<name>`).
     pub(crate) fn name(self) -> &'static str {
         match self {

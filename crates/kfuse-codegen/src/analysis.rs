@@ -267,12 +267,6 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
         }
         false
     };
-    let roots = |kind: &SinkKind| -> Vec<NodeId> {
-        match *kind {
-            SinkKind::Reduce { node, .. } => vec![node],
-            SinkKind::Output { index } => vec![g.outputs[index].node],
-        }
-    };
     // The values a sink's kernel evaluates start from: a reduction's operand and mask, an output.
     let operands = |kind: &SinkKind| -> Vec<NodeId> {
         match *kind {
@@ -298,7 +292,7 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
         let Some((lq, dq)) = target else { continue };
         // The reduction's own row values read those rows, and nothing up to that kernel reads it.
         let needed = keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
-            t != s && *lt > l && *lt <= lq && roots(kind).into_iter().any(|r| depends(r, node))
+            t != s && *lt > l && *lt <= lq && operands(kind).into_iter().any(|r| depends(r, node))
         });
         if reads_rows(x, &dq) && !needed && level[node.index()] == l + 1 {
             moves.push((s, (lq, dq)));

@@ -1243,13 +1243,14 @@ pub(crate) fn temp_dtype(dtype: DType) -> DType {
     }
 }
 
-/// The f64 starting value of a reduction's first accumulator (the empty result; for `i32`
-/// max/min the extreme `i32`, as the interpreter gives).
 /// Whether reduction `op` of `xd` values accumulates in f32: a maximum or minimum of floats.
 fn float_extremum(op: ReduceOp, xd: DType) -> bool {
     matches!(op, ReduceOp::Max | ReduceOp::Min) && xd.kind() == Kind::Float
 }
 
+/// The starting value of a reduction's first accumulator (the empty result: -inf or +inf for a
+/// float maximum or minimum, which accumulates in f32; for `i32` max/min the extreme `i32`, as
+/// the interpreter gives; f64 otherwise).
 pub(crate) fn reduce_identity(op: ReduceOp, xd: DType) -> String {
     match (op, xd.kind()) {
         (ReduceOp::Max, Kind::Float) => "__int_as_float(0xff800000)".into(),

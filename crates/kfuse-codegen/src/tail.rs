@@ -86,11 +86,7 @@ fn slot_blocks(slots: &[(Combine, String, String)]) -> (String, String, String) 
     fold.push_str("    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {\n");
     for (s, (c, _, _)) in slots.iter().enumerate() {
         let p = format!("((volatile double*)partials)[{s}u * gridDim.x + b]");
-        let line = match c {
-            Combine::Sum => format!("r{s} += {p};"),
-            Combine::Max => format!("r{s} = kf_max_f64(r{s}, {p});"),
-            Combine::Min => format!("r{s} = kf_min_f64(r{s}, {p});"),
-        };
+        let line = c.update(&format!("r{s}"), &p);
         let _ = writeln!(fold, "        {line}");
     }
     fold.push_str("    }\n");

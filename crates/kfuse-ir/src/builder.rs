@@ -316,6 +316,15 @@ impl GraphBuilder {
         self.push(Node { op: Op::ExpandLast(x), dtype, shape })
     }
 
+    /// A bool tensor of `shape` that is true everywhere: `iota(shape, axis) >= 0`. A count of it
+    /// along some axes is the product of their sizes, which the code generator reads from the
+    /// sizes with no pass (`size(D)`, a mean's count).
+    pub fn all_true(&mut self, shape: Shape, axis: u32) -> Result<NodeId, IrError> {
+        let iota = self.iota(shape, axis)?;
+        let zero = self.lit_int(0);
+        self.binary(BinaryOp::Ge, iota, zero)
+    }
+
     /// The index along `axis` of each element of a tensor of `shape`.
     pub fn iota(&mut self, shape: Shape, axis: u32) -> Result<NodeId, IrError> {
         if axis as usize >= shape.rank() {
@@ -467,11 +476,11 @@ impl GraphBuilder {
         let Some(shape) = axis.result_shape(&xs) else {
             return Err(IrError::RankTooLow { op: op.name(), min: 1, shape: self.graph.shape_str(&xs) });
         };
-        let mut y = match (axis, mask) {
+        let shifted = match (axis, mask) {
             (ReduceAxis::Last, None) => self.split_row_shift(op, x)?,
             _ => None,
         };
-        let mut y = match y.take() {
+        let mut y = match shifted {
             Some(y) => y,
             None => self.push(Node { op: Op::Reduce { op, axis, x, mask }, dtype, shape }),
         };
@@ -518,9 +527,7 @@ impl GraphBuilder {
         };
         if op == ReduceOp::Sum {
             // The row length as a count of every column (a kernel reads it from the sizes).
-            let iota = self.iota(xs.clone(), xs.rank() as u32 - 1)?;
-            let zero = self.lit_int(0);
-            let every = self.binary(BinaryOp::Ge, iota, zero)?;
+            let every = self.all_true(xs.clone(), xs.rank() as u32 - 1)?;
             let count = self.reduce(ReduceOp::Count, ReduceAxis::Last, every, None)?;
             let count = self.cast(count, dtype);
             shift = self.binary(BinaryOp::Mul, shift, count)?;

@@ -452,9 +452,7 @@ impl Lowerer<'_> {
             return Err(Report::new(DiagnosticKind::Type, d.span, format!("`size` takes a dimension, but {what}"))
                 .expected(known));
         };
-        let iota = self.b.iota(Shape(vec![Dim::Sym(sym)]), 0).map_err(|e| self.ir_report(e, span, &[]))?;
-        let zero = self.b.lit_int(0);
-        let all = self.b.binary(BinaryOp::Ge, iota, zero).map_err(|e| self.ir_report(e, span, &[]))?;
+        let all = self.b.all_true(Shape(vec![Dim::Sym(sym)]), 0).map_err(|e| self.ir_report(e, span, &[]))?;
         self.b.reduce(ReduceOp::Count, ReduceAxis::All, all, None).map_err(|e| self.ir_report(e, span, &[]))
     }
 

@@ -279,9 +279,7 @@ impl Emitter<'_> {
         if shape.is_scalar() {
             return Ok(self.b.lit_bool(true));
         }
-        let iota = self.b.iota(shape.clone(), 0)?;
-        let zero = self.b.lit_int(0);
-        self.b.binary(BinaryOp::Ge, iota, zero)
+        self.b.all_true(shape.clone(), 0)
     }
 
     /// `x` (whose shape broadcasts to `shape`) materialised at exactly `shape`.

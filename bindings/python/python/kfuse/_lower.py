@@ -454,10 +454,9 @@ def _softmax(fn):
 
     def rule(node, a, ctx):
         x, full = _full(a, "self", ctx, f"a {fn}")
-        n = len(full)
-        axis = a["dim"] % n if n else 0
-        if n == 0:
+        if not full:
             raise Refused(f"a {fn} of a scalar")
+        axis = a["dim"] % len(full)
         return f"{fn}({_cast_to(x, ctx.out_dtype)}, axis: {axis})", x.shape
 
     return rule

@@ -160,7 +160,7 @@ pub(crate) fn emit_body(
         em.push_stmt("if (kf_lane == 0) {".to_string());
         em.push_stmt(format!(
             "    for (long long kf_k = 1; kf_k < kf_lanes; ++kf_k) {a} = {};",
-            combine(*c, a, "kf_cs[kf_k][kf_c]")
+            c.expr(a, "kf_cs[kf_k][kf_c]")
         ));
         em.push_stmt(format!("    partials[(blockIdx.x * {}ll + {s}) * {TILE} + kf_c] = {a};", all.len()));
         em.push_stmt("}".to_string());
@@ -188,7 +188,7 @@ pub(crate) fn emit_body(
             "{a} = ((volatile double*)partials)[((long long)(kf_tile * kf_s) * {} + {s}) * {TILE} + kf_c];",
             all.len()
         ));
-        em.push_stmt(format!("for (long long kf_k = 1; kf_k < kf_s; ++kf_k) {a} = {};", combine(*c, a, &p)));
+        em.push_stmt(format!("for (long long kf_k = 1; kf_k < kf_s; ++kf_k) {a} = {};", c.expr(a, &p)));
     }
     for (n, op, x, _, accs) in &reductions {
         let e = finish_reduce(*op, g.node(*x).dtype, accs);
@@ -197,15 +197,6 @@ pub(crate) fn emit_body(
     grid_stride::emit_groups(em, g, groups, unconditional, false)?;
     em.close();
     Ok(sizes)
-}
-
-/// `a` combined with `b` as reduction slots combine.
-fn combine(c: Combine, a: &str, b: &str) -> String {
-    match c {
-        Combine::Sum => format!("{a} + {b}"),
-        Combine::Max => format!("kf_max_f64({a}, {b})"),
-        Combine::Min => format!("kf_min_f64({a}, {b})"),
-    }
 }
 
 /// The shape's template.

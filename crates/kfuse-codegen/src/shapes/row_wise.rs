@@ -443,14 +443,7 @@ fn fold_lines(folds: &[(String, Combine)]) -> Vec<String> {
     let rest: Vec<String> = folds
         .iter()
         .enumerate()
-        .map(|(k, (a, combine))| {
-            let o = format!("kf_rs[{}kf_first + w]", slice(k));
-            match combine {
-                Combine::Sum => format!("{a} += {o};"),
-                Combine::Max => format!("{a} = kf_max_f64({a}, {o});"),
-                Combine::Min => format!("{a} = kf_min_f64({a}, {o});"),
-            }
-        })
+        .map(|(k, (a, combine))| combine.update(a, &format!("kf_rs[{}kf_first + w]", slice(k))))
         .collect();
     lines.extend([
         "if (kf_g > 32) {".to_string(),

@@ -258,11 +258,6 @@ const TAIL: &str = include_str!("../templates/rows_tail.cuh");
 /// block's fold, epilogue (thread 0) and reset of the ticket and the arrival word. `slots` are the
 /// kernel's partial slots (none when its only reductions are counts of the mask).
 pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, String)], epilogue: &[String]) {
-    let comb = |c: Combine, a: &str, b: &str| match c {
-        Combine::Sum => format!("{a} + {b}"),
-        Combine::Max => format!("kf_max_f64({a}, {b})"),
-        Combine::Min => format!("kf_min_f64({a}, {b})"),
-    };
     let (mut warp_sums, mut block_sums, mut fold, mut ep) =
         (String::new(), String::new(), String::new(), String::new());
     if !slots.is_empty() {
@@ -271,7 +266,7 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
             let _ = writeln!(
                 warp_sums,
                 "    for (int o = 16; o > 0; o >>= 1) acc{s} = {};",
-                comb(*c, &format!("acc{s}"), &format!("__shfl_xor_sync(0xffffffffu, acc{s}, o)"))
+                c.expr(&format!("acc{s}"), &format!("__shfl_xor_sync(0xffffffffu, acc{s}, o)"))
             );
             let _ = writeln!(warp_sums, "    if (kf_l == 0) kf_wr[{s}][kf_w] = acc{s};");
         }
@@ -284,19 +279,19 @@ pub(crate) fn write_rows_tail(src: &mut String, slots: &[(Combine, String, Strin
         let _ = writeln!(
             block_sums,
             "        for (int w = 0; w < kf_cw; ++w) p{s} = {};",
-            comb(*c, &format!("p{s}"), &format!("kf_wr[{s}][w]"))
+            c.expr(&format!("p{s}"), &format!("kf_wr[{s}][w]"))
         );
         let _ = writeln!(block_sums, "        partials[{s}u * gridDim.x + blockIdx.x] = p{s};");
         let _ = writeln!(fold, "    double r{s} = {init};");
         let _ = writeln!(
             fold,
             "    for (unsigned int b = kf_l; b < gridDim.x; b += 32u) r{s} = {};",
-            comb(*c, &format!("r{s}"), &format!("((volatile double*)partials)[{s}u * gridDim.x + b]"))
+            c.expr(&format!("r{s}"), &format!("((volatile double*)partials)[{s}u * gridDim.x + b]"))
         );
         let _ = writeln!(
             fold,
             "    for (int o = 16; o > 0; o >>= 1) r{s} = {};",
-            comb(*c, &format!("r{s}"), &format!("__shfl_xor_sync(0xffffffffu, r{s}, o)"))
+            c.expr(&format!("r{s}"), &format!("__shfl_xor_sync(0xffffffffu, r{s}, o)"))
         );
     }
     for l in epilogue {
