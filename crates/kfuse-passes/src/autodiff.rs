@@ -376,7 +376,9 @@ impl Step<'_, '_> {
     /// `dx[.., c, ..] = sum over j of g[.., j, ..] where index[.., j, ..] == c`, written as a
     /// one-hot of each index along a new axis after `axis` (`iota` compared with the index),
     /// selecting `g`, summed over `axis`. Each element of `dx` reads the K indices of its row:
-    /// O(C K) per row, as a one-hot. An out-of-range index picks no column.
+    /// O(C K) per row, as a one-hot. An out-of-range index picks no column. With K = 1 (one label
+    /// per row) the one-hot is the index compared along the source's axis itself: the same values
+    /// with no sum.
     fn gather(&mut self, x: NodeId, index: NodeId, axis: u32) -> Result<(), IrError> {
         if !self.is_active(x) || self.em.is_zero(self.g) {
             return Ok(());
@@ -393,6 +395,17 @@ impl Step<'_, '_> {
             });
         }
         let g = self.em.broadcast_to(self.g, &out)?;
+        if out.dims()[a] == Dim::Const(1) {
+            // One index along the axis (a label per row): the one-hot needs no axis of its own
+            // and no sum over it; the index broadcasts along the source's axis.
+            let mut dims = out.dims().to_vec();
+            dims[a] = xs.dims()[a];
+            let column = self.em.b.iota(kfuse_ir::Shape(dims), axis)?;
+            let hit = self.em.compare(BinaryOp::Eq, index, column)?;
+            let zero = self.em.lit(0.0);
+            let picked = self.em.select(hit, g, zero)?;
+            return self.send_exact(x, picked);
+        }
         // [.., K, C, ..]: the index's shape with the source's axis inserted after `axis`.
         let mut dims = out.dims().to_vec();
         dims.insert(a + 1, xs.dims()[a]);
