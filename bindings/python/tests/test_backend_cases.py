@@ -133,11 +133,12 @@ def huber_per_element(pred, target):
 
 
 def softmax_middle_axis(x):
-    return F.softmax(x, dim=1)
+    # With a temperature: a lone softmax is a region of one op, which stays in PyTorch.
+    return F.softmax(x / 0.7, dim=1)
 
 
 def log_softmax_last_axis(x):
-    return F.log_softmax(x, dim=-1)
+    return F.log_softmax(x / 2.0, dim=-1)
 
 
 def padded_giou_loss(pred, target, lengths, eps: float = 1e-7):
@@ -443,3 +444,50 @@ def test_dropout_in_training_mode_statistically():
     wx, wb = torch.autograd.grad((F.gelu(xs + bs) * (upstream * kept / (1 - P))).sum(), [xs, bs])
     torch.testing.assert_close(gx, wx, rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}, grad of x: {m}")
     torch.testing.assert_close(gb, wb, rtol=1e-5, atol=1e-6, msg=lambda m: f"{msg}, grad of b: {m}")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the forward stores for the backward.
+
+
+def _saved(fn, inputs):
+    """The tensors the forward graph hands to the backward under the backend's partition (the
+    forward graph's outputs after the function's own), as (name, shape)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    saved = []
+
+    def forward(gm, _):
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        saved.extend((o.name, tuple(o.meta["val"].shape)) for o in outs[1:] if "val" in o.meta)
+        return make_boxed_func(gm)
+
+    backend = aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=lambda gm, _: make_boxed_func(gm),
+        decompositions=kfuse._decomp.decompositions(),
+        partition_fn=_backend._partition,
+    )
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*inputs).backward()
+    return saved
+
+
+def test_the_forward_stores_no_row_sized_value_the_backward_can_recompute():
+    # A cross-entropy's forward keeps its log-softmax for the backward under AOTAutograd's
+    # default partition (a [B, C] write and read); kfuse's recomputes it in the backward's region
+    # from the logits, which are saved anyway, so only labels, counts and per-row values remain.
+    gen = torch.Generator().manual_seed(SEED)
+    b, c = 37, 101
+    logits, labels = _randn(gen, b, c).requires_grad_(), torch.randint(0, c, (b,), generator=gen)
+    saved = _saved(cross_entropy_ignore_smoothing, [logits, labels])
+    big = [(name, shape) for name, shape in saved if math.prod(shape) >= b * c and not name.startswith("primals")]
+    assert saved and not big, saved
+    # The matmul of a Linear + GELU is stored (kfuse does not recompute it); GELU's input is the
+    # matmul's output, so nothing else of its size is.
+    lin = nn.Linear(64, 96)
+    x = _randn(gen, 33, 64).requires_grad_()
+    saved = _saved(lambda x: F.gelu(lin(x)).sum(), [x])
+    names = [name for name, shape in saved if shape == (33, 96)]
+    assert len(names) == 1 and "addmm" in names[0], saved

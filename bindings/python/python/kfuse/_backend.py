@@ -18,6 +18,7 @@ import threading
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import default_partition
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
@@ -257,6 +258,79 @@ def _fuse(gm, graph_name, report):
     return gm
 
 
+# ---------------------------------------------------------------------------------------------
+# What the forward saves for the backward.
+
+# A reduction whose result is at least this many times smaller than its operands is saved, not
+# recomputed (a row's statistics, a full sum: reading them back costs next to nothing).
+SAVE_IF_SMALLER = 4
+
+
+def _recomputable(node, backward):
+    """Whether the backward should recompute forward value `node` rather than have the forward
+    store it: kfuse lowers it, it is deterministic, and it is not a reduction that shrinks its
+    operands (see SAVE_IF_SMALLER). Recomputed values fuse into the backward's regions, which read
+    the forward's inputs instead of a stored intermediate (a cross-entropy's log-softmax, an
+    activation's pre-image): one pass over memory fewer per recomputed tensor."""
+    if node.op != "call_function" or node in backward or node.target is operator.getitem:
+        return False
+    if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return False
+    out = _lower.fake(node)
+    if out is None or _lower.supported(node) is not None:
+        return False
+    sizes = [_numel_hint(t) for t in map(_lower.fake, node.all_input_nodes) if t is not None]
+    size = _numel_hint(out)
+    if size is None or None in sizes:  # a size without an example value: save it
+        return False
+    return size * SAVE_IF_SMALLER >= max(sizes, default=0)
+
+
+def _numel_hint(t):
+    """The element count of fake tensor `t` at the example sizes it was traced with (no guard on a
+    symbolic size), or None when a size has no example value."""
+    n = 1
+    for d in t.shape:
+        d = d.node.hint if isinstance(d, torch.SymInt) else d
+        if d is None:
+            return None
+        n *= int(d)
+    return n
+
+
+def _partition(joint, joint_inputs, **kwargs):
+    """AOTAutograd's partition of the joint forward + backward graph, with every forward value
+    that kfuse can recompute (:func:`_recomputable`) recomputed in the backward instead of stored:
+    the default partitioner's activation-checkpointing tags, on the values that are not forward
+    outputs. A graph with mutations, or one the tagged partition fails on, is partitioned as
+    AOTAutograd does by default."""
+    from torch._functorch._aot_autograd.functional_utils import _is_functional_graph
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    before = {n: n.meta.get("recompute") for n in joint.graph.nodes}
+    try:
+        if _is_functional_graph(joint.graph)[0] is None:
+            tangents = [n for n in joint.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+            backward = set()
+            for n in joint.graph.nodes:  # nodes are in topological order
+                if n in tangents or any(x in backward for x in n.all_input_nodes):
+                    backward.add(n)
+            out = next(n for n in joint.graph.nodes if n.op == "output")
+            forward_outputs = set(out.args[0][: kwargs.get("num_fwd_outputs", 0)])
+            for n in joint.graph.nodes:
+                if n not in forward_outputs and n.meta.get("recompute") is None and _recomputable(n, backward):
+                    n.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+        return default_partition(joint, joint_inputs, **kwargs)
+    except Exception as e:  # never a failure: store what the default partition stores
+        log.warning("kfuse backend: recomputing in the backward failed (%s: %s); saving instead", type(e).__name__, e)
+        for n, r in before.items():
+            if r is None:
+                n.meta.pop("recompute", None)
+            else:
+                n.meta["recompute"] = r
+        return default_partition(joint, joint_inputs, **kwargs)
+
+
 def _aot(report):
     def compiler(graph_name):
         return lambda gm, example_inputs: make_boxed_func(_fuse(gm, graph_name, report))
@@ -266,6 +340,7 @@ def _aot(report):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decompositions(),
+        partition_fn=_partition,
     )
 
 
