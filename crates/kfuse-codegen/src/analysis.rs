@@ -225,14 +225,15 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
 type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
 
 /// Row results deferred to the kernel of their rows' elements. A full reduction of per-row values
-/// (a per-row loss summed into a mean: domain `[rows..]`) that read a reduction along the last
+/// (a per-row loss summed into a mean: domain `[rows..]`), or an output with one value per row (a
+/// layer norm's mean and variance, saved for its backward), that reads a reduction along the last
 /// axis of `[rows.., cols]` takes a kernel that reads every row, and the kernel at each element of
-/// the same rows (the loss's gradient, at the same level or a later one when it needs another
-/// full reduction, a count) reads them all again. When no sink after the reduction's level up to
-/// that kernel's reads it, it
-/// moves into that kernel, which computes it once per row from the row reductions it computes
-/// anyway (see `shapes::row_wise`): the rows are read once instead of twice, and the first kernel
-/// keeps only what the later one needs (the count) or disappears.
+/// the same rows (the loss's gradient, the normalised output; at the same level or a later one
+/// when it needs another full reduction, a count) reads them all again. When no sink after the
+/// result's level up to that kernel's reads it, it moves into that kernel, which computes it once
+/// per row from the row reductions it computes anyway (see `shapes::row_wise`): the rows are read
+/// once instead of twice, and the first kernel keeps only what the later one needs (the count) or
+/// disappears.
 fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
     // Whether `root`'s value depends on node `target` (through operands).
     let depends = |root: NodeId, target: NodeId| {
@@ -278,8 +279,18 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
     };
     let mut moves: Vec<(usize, (u32, Vec<Dim>))> = Vec::new();
     for s in 0..keyed.len() {
-        let ((l, ref dims), SinkKind::Reduce { node, .. }, None) = keyed[s] else { continue };
-        let Some((_, x, _)) = full_reduce(g, node) else { continue };
+        let ((l, ref dims), ref kind, comps) = keyed[s];
+        // The row result (`node`) and the per-row value it is computed from (`x`): a full
+        // reduction of per-row values, or an output with one value per row (`[rows..]`, or
+        // `[rows.., 1]` under keepdim: a layer norm's saved mean and variance).
+        let (node, x) = match (kind, comps) {
+            (&SinkKind::Reduce { node, .. }, None) => match full_reduce(g, node) {
+                Some((_, x, _)) if level[node.index()] == l + 1 => (node, x),
+                _ => continue,
+            },
+            (&SinkKind::Output { index }, None | Some(1)) => (g.outputs[index].node, g.outputs[index].node),
+            _ => continue,
+        };
         // The element kernel of the rows: an output at the same level or a later one, one wide
         // axis longer.
         let target = keyed.iter().find_map(|((lq, dq), kind, _)| {
@@ -294,7 +305,7 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
         let needed = keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
             t != s && *lt > l && *lt <= lq && operands(kind).into_iter().any(|r| depends(r, node))
         });
-        if reads_rows(x, &dq) && !needed && level[node.index()] == l + 1 {
+        if reads_rows(x, &dq) && !needed {
             moves.push((s, (lq, dq)));
         }
     }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use kfuse_ir::{Graph, NodeId, ReduceOp};
 
 use crate::actions::{group_for, resolve_select, Action, Combine, Group};
-use crate::analysis::{full_reduce, slots_of, KernelInfo, SinkKind};
+use crate::analysis::{full_reduce, slots_of, split_domain, KernelInfo, SinkKind};
 use crate::emit::{reduce_identity, Coord, Emitter};
 use crate::onepass::OnePass;
 use crate::CodegenError;
@@ -98,8 +98,24 @@ pub(crate) fn collect(
                 }
             }
             SinkKind::Output { index } => {
-                sink_notes.push(format!("output {}{}", g.outputs[index].name, comps_note(sink.comps)));
                 let node = g.outputs[index].node;
+                // A row result deferred here (see `analysis::defer_row_results`): one value per
+                // row of the domain, stored once per row.
+                let per_row = split_domain(g.node(node).shape.dims()).0.len() + 1 == dom.len();
+                sink_notes.push(format!(
+                    "output {}{}{}",
+                    g.outputs[index].name,
+                    comps_note(sink.comps),
+                    if per_row { ", once per row" } else { "" }
+                ));
+                if per_row {
+                    let mut ctx = dom[..dom.len() - 1].to_vec();
+                    ctx.extend(sink.comps.map(|_| Coord::Const(0)));
+                    group_for(&mut row_groups, None)
+                        .then
+                        .push(Action::Store { output: index, values: vec![(node, ctx)] });
+                    continue;
+                }
                 let selects: Vec<_> = comps
                     .iter()
                     .map(|&c| resolve_select(em, g, node, ctx_of(c)).map(|(gd, a, b)| (em.canonical(gd.0, gd.1), a, b)))

@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
 
-use crate::actions::{Combine, Group};
+use crate::actions::{Action, Combine, Group};
 use crate::analysis::{counts_every_element, full_reduce, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
 use crate::buffers::size_expr;
 use crate::cuda::{self, Helper};
@@ -402,6 +402,10 @@ fn emit_passes(
     // Row results deferred to this kernel: once per row, by the group's lane 0.
     if !row_groups.is_empty() {
         em.open_branch("kf_live && lane == 0");
+        let stores = row_groups.iter().flat_map(|g| g.then.iter().chain(&g.otherwise));
+        if stores.into_iter().any(|a| matches!(a, Action::Store { .. })) {
+            em.push_stmt("const long long i = row; // the row's element of the rows' outputs".to_string());
+        }
         grid_stride::emit_groups(em, g, row_groups, unconditional, false)?;
         em.close();
     }
