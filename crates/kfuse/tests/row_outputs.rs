@@ -41,7 +41,7 @@ fn inputs(seed: u64, b: usize, d: usize) -> [HostTensor; 3] {
     ]
 }
 
-fn named<'a>(t: &'a [HostTensor; 3]) -> [(&'static str, &'a HostTensor); 3] {
+fn named(t: &[HostTensor; 3]) -> [(&'static str, &HostTensor); 3] {
     [("x", &t[0]), ("w", &t[1]), ("b", &t[2])]
 }
 
