@@ -194,6 +194,8 @@ pub(crate) enum Helper {
     FloatDiv,
     /// `kf_report`: the record of a failed check of a lengths/offsets value.
     Report,
+    /// `kf_philox_uniform`: the value of `rand_like` at a flat index (see `kfuse_ir::philox`).
+    Philox,
 }
 
 const F16: &str = include_str!("templates/helper_f16.cuh");
@@ -207,6 +209,7 @@ const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
 const INT64_DIV_SHIFT: &str = include_str!("templates/helper_int64_div_shift.cuh");
 const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
 const REPORT: &str = include_str!("templates/helper_report.cuh");
+const PHILOX: &str = include_str!("templates/helper_philox.cuh");
 
 /// The definition of `h`, guarded so that it may appear more than once in a translation unit.
 pub(crate) fn helper_source(h: Helper) -> String {
@@ -236,6 +239,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::Int64DivShift => render(INT64_DIV_SHIFT, &[]),
         Helper::FloatDiv => render(FLOAT_DIV, &[]),
         Helper::Report => render(REPORT, &[]),
+        Helper::Philox => render(PHILOX, &[]),
     }
 }
 

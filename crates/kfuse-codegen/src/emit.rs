@@ -589,6 +589,17 @@ impl<'a> Emitter<'a> {
                 let depth = self.target_depth(&ctx);
                 values.push(self.bind(depth, key, cuda::value_type(node.dtype), expr, &format!("n{}", n.0)));
             }
+            Op::Rand { seed } => {
+                if self.mode == Mode::DeviceFn {
+                    return Err(CodegenError::Unsupported {
+                        node: n.0,
+                        what: "rand_like inside a device function (it has no element index)".into(),
+                    });
+                }
+                // The seed is a scalar, read once wherever the element is.
+                tasks.push(Task::Finish(n, ctx));
+                tasks.push(Task::Eval(seed, Vec::new()));
+            }
             Op::Cast(x) | Op::Unary(_, x) => {
                 let xc = self.operand_ctx(dims, &ctx, x);
                 tasks.push(Task::Finish(n, ctx));
@@ -648,6 +659,14 @@ impl<'a> Emitter<'a> {
             Op::Cast(x) => {
                 let [v] = pop_array(values, n)?;
                 cast(g.node(x).dtype, node.dtype, &v)
+            }
+            Op::Rand { .. } => {
+                // The same value at the same element whatever the kernel's shape: the seed and
+                // the element's flat row-major index in the node's own shape.
+                let [seed] = pop_array(values, n)?;
+                let off = self.offset(node.shape.dims(), ctx);
+                self.uses.helpers.insert(Helper::Philox);
+                format!("kf_philox_uniform({seed}, (long long)({off}))")
             }
             Op::Unary(op, _) => {
                 let [v] = pop_array(values, n)?;

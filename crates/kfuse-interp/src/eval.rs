@@ -201,6 +201,16 @@ fn eval_node(
             layout::iota(&mut o, &shape, axis);
             fresh(o)
         }
+        Op::Rand { seed } => {
+            let s = operand(seed)?;
+            let [bits] = s.values.as_slice() else {
+                return Err(InterpError::Broadcast { node: id, operand: s.shape.clone(), target: Vec::new() });
+            };
+            let seed = dec_i64(*bits);
+            let mut o = out(pool);
+            o.par_iter_mut().enumerate().for_each(|(k, v)| *v = f64::from(kfuse_ir::philox::uniform(seed, k as u64)));
+            fresh(o)
+        }
         Op::Cast(x) => {
             let from_dtype = graph.node(x).dtype;
             let from = from_dtype.kind();

@@ -337,6 +337,24 @@ impl GraphBuilder {
         Ok(self.push(Node { op: Op::Iota { axis }, dtype: DType::I32, shape }))
     }
 
+    /// A uniform `f32` in `[0, 1)` for each element of `shape` (see [`Op::Rand`]), keyed by
+    /// `seed`: an integer scalar (a literal, an `i32` or `i64` value), converted to `i64`.
+    pub fn rand(&mut self, shape: Shape, seed: NodeId) -> Result<NodeId, IrError> {
+        let s = self.node(seed);
+        if s.dtype.kind() != Kind::Int {
+            return Err(IrError::BadDType {
+                op: "rand_like",
+                dtype: s.dtype,
+                hint: " as a seed (it takes an i32 or i64 scalar)",
+            });
+        }
+        if !s.shape.is_scalar() {
+            return Err(IrError::RandSeedShape { shape: self.graph.shape_str(&s.shape) });
+        }
+        let seed = self.cast(seed, DType::I64);
+        Ok(self.push(Node { op: Op::Rand { seed }, dtype: DType::F32, shape }))
+    }
+
     /// `torch.gather(x, axis, index)` (see [`Op::Gather`]): `axis` negative counts from the end;
     /// `index` is `i32` or `i64` with `x`'s rank and `x`'s size on every axis but `axis`.
     pub fn gather(&mut self, x: NodeId, index: NodeId, axis: i64) -> Result<NodeId, IrError> {
@@ -646,6 +664,7 @@ fn prune_dead(g: Graph) -> Graph {
             Op::Ternary(t, a, b, c) => Op::Ternary(t, r(a), r(b), r(c)),
             Op::Component { x, index } => Op::Component { x: r(x), index },
             Op::ExpandLast(x) => Op::ExpandLast(r(x)),
+            Op::Rand { seed } => Op::Rand { seed: r(seed) },
             Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: r(x), axes },
             Op::Gather { x, index, axis } => Op::Gather { x: r(x), index: r(index), axis },
             Op::Reduce { op, axis, x, mask } => Op::Reduce { op, axis, x: r(x), mask: mask.map(r) },

@@ -24,6 +24,8 @@ pub enum IrError {
     MaskShape { op: &'static str, mask: String, operand: String },
     #[error("`gather` along axis {axis}: the index has shape {index}, but it needs the source's rank and its size on every other axis (the source has shape {operand})")]
     GatherShape { axis: usize, index: String, operand: String },
+    #[error("the seed of `rand_like` must be a scalar, but it has shape {shape}")]
+    RandSeedShape { shape: String },
     #[error("`stack` needs at least one part")]
     EmptyStack,
     #[error("duplicate name `{0}`")]

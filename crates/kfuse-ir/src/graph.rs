@@ -343,6 +343,13 @@ pub enum Op {
     Iota {
         axis: u32,
     },
+    /// A uniform `f32` in `[0, 1)` for each element of the node's own shape, from the
+    /// counter-based generator Philox-4x32-10 keyed by `seed` (an `i64` scalar) and counted by the
+    /// element's flat row-major index in that shape; the same bits in the interpreter and in
+    /// every generated kernel (see [`crate::philox`] for the recipe). It has no gradient.
+    Rand {
+        seed: NodeId,
+    },
     /// Conversion to the node's dtype (float to int truncates toward zero; to bool is `!= 0`).
     Cast(NodeId),
     Unary(UnaryOp, NodeId),
@@ -388,9 +395,12 @@ impl Op {
     pub fn for_each_operand(&self, lists: &[Vec<NodeId>], mut f: impl FnMut(NodeId)) {
         match *self {
             Op::Input(_) | Op::Const(_) | Op::Iota { .. } => {}
-            Op::Cast(x) | Op::Unary(_, x) | Op::Component { x, .. } | Op::ExpandLast(x) | Op::Unsqueeze { x, .. } => {
-                f(x)
-            }
+            Op::Cast(x)
+            | Op::Unary(_, x)
+            | Op::Component { x, .. }
+            | Op::ExpandLast(x)
+            | Op::Unsqueeze { x, .. }
+            | Op::Rand { seed: x } => f(x),
             Op::Binary(_, a, b) => {
                 f(a);
                 f(b)
@@ -585,6 +595,7 @@ impl std::fmt::Display for Graph {
                     Literal::Bool(v) => format!("const {v}"),
                 },
                 Op::Iota { axis } => format!("iota axis={axis}"),
+                Op::Rand { seed } => format!("rand(seed: v{})", seed.0),
                 Op::Cast(x) => format!("cast v{}", x.0),
                 Op::Unary(op, x) => format!("{} v{}", op.name(), x.0),
                 Op::Binary(op, a, b) => format!("v{} {} v{}", a.0, op.name(), b.0),

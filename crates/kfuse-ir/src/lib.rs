@@ -20,6 +20,7 @@ mod error;
 mod graph;
 mod hash;
 mod interface;
+pub mod philox;
 mod shape;
 mod tensor;
 mod verify;

@@ -58,6 +58,9 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
             }
             Op::Const(_) => n.shape.is_scalar(),
             Op::Iota { axis } => n.dtype == DType::I32 && (axis as usize) < n.shape.rank(),
+            Op::Rand { seed } => {
+                n.dtype == DType::F32 && node(seed).dtype == DType::I64 && node(seed).shape.is_scalar()
+            }
             Op::Cast(x) => node(x).shape == n.shape,
             Op::Unary(op, x) => {
                 let d = node(x).dtype;

@@ -165,6 +165,14 @@ impl Lowerer<'_> {
             "size" => self.size(func, args, span),
             "iota" => self.iota(func, args, span),
             "gather" => self.gather(func, args, span),
+            "rand_like" => {
+                // rand_like(x, seed): a uniform f32 in [0, 1) per element of x's shape (Philox).
+                let a = split(func, args, &[])?;
+                let [x, seed] = exact(func, &a, span, "rand_like(x, seed), for an integer scalar seed")?;
+                let (xn, sn) = (self.expr(x)?, self.expr(seed)?);
+                let shape = self.b.node(xn).shape.clone();
+                self.b.rand(shape, sn).map_err(|e| self.ir_report(e, seed.span, &[]))
+            }
             "softmax" | "log_softmax" => self.softmax(func, args, span),
             "stack" => {
                 // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.

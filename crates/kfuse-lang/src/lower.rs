@@ -317,6 +317,7 @@ impl<'s> Lowerer<'s> {
             | IrError::RankTooLow { .. }
             | IrError::MaskShape { .. }
             | IrError::GatherShape { .. }
+            | IrError::RandSeedShape { .. }
             | IrError::EmptyStack => DiagnosticKind::Shape,
             IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => {
                 DiagnosticKind::Type
@@ -348,6 +349,7 @@ impl<'s> Lowerer<'s> {
             IrError::GatherShape { axis, .. } => format!(
                 "an index with the source's rank whose size differs from the source's on axis {axis} only, as in gather(x, labels[.., None], axis: -1) for x: f32[B, C], labels: i64[B]"
             ),
+            IrError::RandSeedShape { .. } => "a scalar seed, as in rand_like(x, seed) for `input seed: i64`".into(),
             IrError::DuplicateName(_) => "a name that is not used yet".into(),
             IrError::BadAxis { rank: 0, .. } => "no axis: a scalar reduces over every element, as in sum(x)".into(),
             IrError::BadAxis { rank, .. } => format!(
@@ -374,6 +376,7 @@ fn expected_operands(op: &str) -> &'static str {
         "where:" => "a bool mask, such as where: x > 0",
         "count" => "a bool tensor, as in count(x > 0)",
         "gather" => "an i32 or i64 index (i64(x) converts a float)",
+        "rand_like" => "an integer seed: a literal or an i32 or i64 scalar, as in rand_like(x, seed)",
         "sum" | "mean" | "max" | "min" => "numbers to reduce (count(...) counts the true elements of a bool tensor)",
         "bitwise_and" | "bitwise_or" | "bitwise_xor" | "bitwise_not" => {
             "i32, i64 or bool operands (i32(x) converts a float)"

@@ -144,6 +144,7 @@ fn describe(b: &GraphBuilder, id: NodeId) -> String {
         Op::Input(i) => return format!("input `{}`", g.input(i).name),
         Op::Const(_) => "a constant",
         Op::Iota { .. } => "iota",
+        Op::Rand { .. } => "rand_like",
         Op::Cast(_) => "a cast",
         Op::Unary(op, _) => op.name(),
         Op::Binary(op, _, _) => op.name(),
@@ -284,7 +285,8 @@ impl Step<'_, '_> {
     fn propagate(&mut self) -> Result<(), IrError> {
         let g = self.g;
         match self.node.op {
-            Op::Input(_) | Op::Const(_) | Op::Iota { .. } => Ok(()),
+            // Random numbers are constants of the inputs: no gradient flows to the seed.
+            Op::Input(_) | Op::Const(_) | Op::Iota { .. } | Op::Rand { .. } => Ok(()),
             Op::Cast(x) => self.send(x, g),
             Op::Unary(op, x) => {
                 let c = self.unary(op, x)?;
