@@ -48,3 +48,22 @@ def softmax_xent(logits, targets):
 
 def lengths_mask(lengths, n):
     return torch.arange(n)[None, :] < lengths[:, None].long()
+
+
+def philox_uniform(seed, shape):
+    """kfuse's `rand_like` of a tensor of `shape` keyed by `seed`, written out: Philox-4x32-10
+    of the counter (the element's flat index, low and high words, 0, 0) under the key (the
+    seed's low and high words); output word 0's top 24 bits times 2^-24 (float64, exact)."""
+    m32 = 0xFFFFFFFF
+    s = int(seed) & 0xFFFFFFFFFFFFFFFF
+    out = []
+    for i in range(int(torch.Size(shape).numel())):
+        c = [i & m32, i >> 32, 0, 0]
+        k = [s & m32, s >> 32]
+        for r in range(10):
+            if r:
+                k = [(k[0] + 0x9E3779B9) & m32, (k[1] + 0xBB67AE85) & m32]
+            p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+            c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & m32, (p0 >> 32) ^ c[3] ^ k[1], p0 & m32]
+        out.append((c[0] >> 8) / 2**24)
+    return torch.tensor(out, dtype=torch.float64).reshape(shape)

@@ -66,6 +66,12 @@ def keypoint_batch(gen, b, n):
     }
 
 
+def dropout_batch(gen, b, n):
+    lengths = torch.randint(0, n + 1, (b,), generator=gen, dtype=torch.int32)
+    seed = torch.randint(-(2**62), 2**62, (), generator=gen, dtype=torch.int64)
+    return {"x": torch.randn(b, n, generator=gen, dtype=torch.float64), "lengths": lengths, "seed": seed}
+
+
 def giou_pred(x):
     return refs.masked_mean(refs.giou_terms(x["pred"], x["target"]), x["target"][..., 3] != 0)
 
@@ -119,6 +125,12 @@ def nll(x):
     return torch.nn.functional.nll_loss(log_probs, x["labels"], ignore_index=-100)
 
 
+def dropout_gelu(x):
+    keep = refs.philox_uniform(x["seed"], x["x"].shape) >= 0.1
+    y = torch.where(keep, torch.nn.functional.gelu(x["x"]) / 0.9, torch.zeros(()))
+    return refs.masked_mean(y, refs.lengths_mask(x["lengths"], x["x"].shape[1]))
+
+
 # example stem -> (batch maker, loss in torch, the input a training example differentiates)
 CASES = {
     "giou": (predicate_batch, giou_pred, None),
@@ -138,6 +150,7 @@ CASES = {
     "softmax_xent_train": (xent_batch, xent, "logits"),
     "cross_entropy_train": (labels_batch, cross_entropy, "logits"),
     "gather_nll": (labels_batch, nll, "logits"),
+    "dropout_train": (dropout_batch, dropout_gelu, "x"),
 }
 
 

@@ -200,6 +200,14 @@ def _propose(gm, fresh):
     return [], {n: "kfuse gave up partitioning this graph" for n in gm.graph.nodes}
 
 
+def _draw_seed(args):
+    """A new seed for a region's random draws, from torch's default generator of the device of
+    its tensors (so ``torch.manual_seed`` repeats a run), as an i64 tensor on that device: on a
+    GPU it is drawn there, with no host synchronisation."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=device)
+
+
 class _Region(torch.nn.Module):
     """A fused region: calls its kfuse program and expands outputs kfuse leaves broadcast."""
 
@@ -208,12 +216,16 @@ class _Region(torch.nn.Module):
         self.prog = prog
         self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
         self.inputs = lowered.inputs
+        self.seeded = lowered.seeded
         self.symbols = lowered.symbols
         self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
 
     def forward(self, *args):
+        named = {name: args[i] for i, name in self.inputs}
+        if self.seeded:
+            named[_lower.SEED] = _draw_seed(args)
         try:
-            outs = self.prog(validate=False, **{name: args[i] for i, name in self.inputs})
+            outs = self.prog(validate=False, **named)
         except Error as e:
             log.warning("kfuse backend: %s raised %s; the region runs in PyTorch", self.prog.name, e)
             return self.fallback(*args)

@@ -6,6 +6,9 @@ ops); the variance and the standard deviation (``var``, ``var_mean``, ``std``, `
 every overload) become two-pass means: the mean, then the sum of the squared deviations over
 ``max(N - correction, 0)`` (a mean when the correction is 0), as PyTorch computes them.
 Half-precision inputs are computed in float32 and rounded once, as PyTorch does.
+Dropout (``native_dropout``) is decomposed with PyTorch's own rule into ``rand_like``, a
+comparison and products, which :mod:`kfuse._lower` draws with kfuse's ``rand_like``; its mask is
+a forward output that the backward reads, so both use the same one.
 """
 
 import torch
@@ -127,10 +130,10 @@ EXCLUDED = (
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, the moments."""
+    norm's forward, dropout's, the moments."""
     table = core_aten_decompositions()
     for op in EXCLUDED:
         table.pop(op, None)
-    table.update(get_decompositions([aten.native_layer_norm]))
+    table.update(get_decompositions([aten.native_layer_norm, aten.native_dropout]))
     table.update(MOMENTS)
     return table

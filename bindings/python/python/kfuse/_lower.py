@@ -503,6 +503,26 @@ def _scatter_value(node, a, ctx):
     return f"where({hit}, {_cast_to(v, out)}, {_cast_to(x, out)})", full
 
 
+# The name of the region input that keys every random draw of a region (see `_rand_like`).
+SEED = "seed"
+
+
+def _rand_like(node, a, ctx):
+    """`rand_like(self)`: kfuse's `rand_like` of the region's seed (an i64 input the backend
+    draws from torch's default generator on each call) plus the draw's number in the region, so
+    that two draws of one region differ. The value at each element depends on its flat index in
+    the torch shape, so the operand must be held at that shape."""
+    x, _ = _full(a, "self", ctx, "a rand_like")
+    if a.get("layout") not in (None, torch.strided) or a.get("memory_format") not in (None, torch.preserve_format):
+        raise Refused("a rand_like with a layout or memory format kfuse does not express")
+    if ctx.out_dtype not in ("f32", "f16", "bf16"):
+        raise Refused(f"a rand_like of dtype {ctx.out_dtype}")
+    k = len(ctx.draws)
+    ctx.draws.append(node)
+    seed = SEED if k == 0 else f"{SEED} + {k}"
+    return f"rand_like({x.text}, {seed})", x.shape
+
+
 RULES = {
     aten.slice: _slice,
     aten.add: _infix("+"),
@@ -565,6 +585,7 @@ RULES = {
     aten._log_softmax: _softmax("log_softmax"),
     aten.gather: _gather,
     aten.scatter: _scatter_value,
+    aten.rand_like: _rand_like,
 }
 _REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin)
 for _name in (
@@ -593,9 +614,11 @@ def rule_of(node):
 class _Ctx:
     """What a rule sees: the lowered values of the region's nodes and the output dtype."""
 
-    def __init__(self, values, out_dtype, partial=False):
+    def __init__(self, values, out_dtype, partial=False, draws=None):
         # `partial`: `values` holds a node's own operands only, not its whole region.
         self.values, self.out_dtype, self.partial = values, out_dtype, partial
+        # The region's random draws so far (shared by its nodes' contexts, see `_rand_like`).
+        self.draws = [] if draws is None else draws
 
     def v(self, x):
         if isinstance(x, torch.fx.Node):
@@ -662,11 +685,12 @@ class Lowered:
     region output its torch shape tokens and whether the program's result needs expanding to it;
     `symbols` maps each symbol to (placeholder position, axis) to read its size at run time;
     `views` holds the outputs torch itself gives as broadcast views (a zero stride): the others are
-    written in full once expanded (a caller may write into them, as into `zeros_like`'s)."""
+    written in full once expanded (a caller may write into them, as into `zeros_like`'s);
+    `seeded` says whether the program takes the i64 input :data:`SEED`, drawn on each call."""
 
-    def __init__(self, text, inputs, outputs, symbols, ops, views=frozenset()):
+    def __init__(self, text, inputs, outputs, symbols, ops, views=frozenset(), seeded=False):
         self.text, self.inputs, self.outputs, self.symbols, self.ops = text, inputs, outputs, symbols, ops
-        self.views = views
+        self.views, self.seeded = views, seeded
 
 
 def lower_region(gm):
@@ -678,6 +702,7 @@ def lower_region(gm):
     sizes = []  # placeholders of sizes, not yet given a value
     outputs_node = None
     devices = set()
+    draws = []  # the region's rand_like nodes, numbered in order
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # Every input first: a submodule's placeholders come where a node first reads them, and a
     # rule may read an input's shape before that (arange's `iota`).
@@ -711,7 +736,7 @@ def lower_region(gm):
                 t = fake(node)
                 check_tensor(t, f"the result of `{node.name}`")
                 dtype = kf_dtype(t.dtype)
-                text, shape = rule(node, a, _Ctx(values, dtype))
+                text, shape = rule(node, a, _Ctx(values, dtype, draws=draws))
                 if broadcast(shape, shape_tokens(t)) != shape_tokens(t):
                     raise Refused(f"the value would have shape {list(shape)} where torch has {list(shape_tokens(t))}")
             except Refused as e:
@@ -744,4 +769,6 @@ def lower_region(gm):
         full = shape_tokens(fake(o))
         outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
     views = frozenset(i for i, o in enumerate(outs) if any(isinstance(st, int) and st == 0 for st in fake(o).stride()))
-    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops, views)
+    if draws:
+        decls.append(f"input {SEED}: i64")
+    return Lowered("\n".join(decls + lines) + "\n", inputs, outputs, symbols, ops, views, seeded=bool(draws))
