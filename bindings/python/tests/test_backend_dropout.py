@@ -81,6 +81,10 @@ def test_dropout_is_drawn_inside_the_fused_region():
     assert len(forward) == 1, str(report)
     assert "rand_like(" in forward[0].source and "input seed: i64" in forward[0].source, str(report)
     assert any("rand_like" in op for op in forward[0].ops), str(report)
+    # The backward reads the mask the forward stored (one byte an element), and draws nothing.
+    backward = [k for k in report.kernels if k.graph == "backward"]
+    assert len(backward) == 1 and "rand_like" not in backward[0].source, str(report)
+    assert "bool[N0, N1]" in backward[0].source, str(report)
 
 
 def test_two_dropouts_of_one_region_draw_different_masks():

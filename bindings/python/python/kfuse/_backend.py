@@ -286,7 +286,11 @@ def _recomputable(node, backward):
     activation's pre-image): one pass over memory fewer per recomputed tensor."""
     if node.op != "call_function" or node in backward or node.target is operator.getitem:
         return False
-    if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+    if _random(node):
+        return False
+    if any(_random(x) for x in node.all_input_nodes):
+        # Computed from a random draw, which is not recomputed: storing this value (dropout's
+        # bool mask) is smaller than storing the draw (a float per element) to recompute it.
         return False
     out = _lower.fake(node)
     if out is None or _lower.supported(node) is not None:
@@ -296,6 +300,11 @@ def _recomputable(node, backward):
     if size is None or None in sizes:  # a size without an example value: save it
         return False
     return size * SAVE_IF_SMALLER >= max(sizes, default=0)
+
+
+def _random(node):
+    """Whether fx node `node` draws random numbers (`rand_like`, `bernoulli`, ...)."""
+    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
 def _numel_hint(t):
