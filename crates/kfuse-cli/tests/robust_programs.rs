@@ -75,7 +75,7 @@ fn syntax_errors() {
     check_fails("input x: f32[N]\noutput y = x x\n", &["unexpected name `x`", "end of the line"]);
     check_fails("input x: f32[N]\noutput y = 0 < x < 1\n", &["comparisons do not chain"]);
     check_fails("input x: f32[N]\noutput y = x ** 2\n", &["unexpected character", "pow(a, b)"]);
-    check_fails("input x: f32[N]\noutput y = x[0]\n", &["x[.., 0]"]);
+    check_fails("input x: f32[N]\noutput y = x[a]\n", &["x[.., 0]"]);
     check_fails("input x f32[N]\noutput y = x\n", &["expected"]);
     check_fails("input x: f32[N]\noutput y = x +\n", &["unexpected end of line", "an expression"]);
 }

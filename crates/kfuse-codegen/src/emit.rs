@@ -35,7 +35,8 @@ pub(crate) enum Coord {
     /// The variable of row loop number `n` (`j<n>`).
     Loop(u32),
     Const(u64),
-    /// A value computed at run time: a gather's index (`name`, a `long long`), computed at a
+    /// A value computed at run time: a gather's index (`name`, a `long long`) or a slice's position
+    /// in its operand (`(2 + 3 * j0)`), computed at a
     /// context that uses the row loops `loops`.
     Value {
         name: String,
@@ -419,6 +420,29 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// The coordinate `start + step * c` of a slice's operand at the slice's coordinate `c`: a
+    /// constant stays one; any other is a run-time value ([`Coord::Value`], which no fast path
+    /// takes for a domain coordinate).
+    fn affine(&mut self, c: &Coord, start: u32, step: u32) -> Coord {
+        let (start, step) = (u64::from(start), u64::from(step));
+        if start == 0 && step == 1 {
+            return c.clone();
+        }
+        let loops = match c {
+            Coord::Const(k) => return Coord::Const(start + step * k),
+            Coord::Loop(l) => vec![*l],
+            Coord::Value { loops, .. } => loops.clone(),
+            Coord::Dom(_) => Vec::new(),
+        };
+        let e = self.coord(c);
+        let name = match (start, step) {
+            (s, 1) => format!("({e} + {s})"),
+            (0, k) => format!("({k} * {e})"),
+            (s, k) => format!("({s} + {k} * {e})"),
+        };
+        Coord::Value { name, loops }
+    }
+
     /// The row-major element offset of `ctx` in a tensor of shape `dims` (the flat index `i`
     /// directly when the tensor's leading axes are the domain).
     fn offset(&mut self, dims: &[Dim], ctx: &[Coord]) -> String {
@@ -582,6 +606,22 @@ impl<'a> Emitter<'a> {
                 tasks.push(Task::Eval(x, c));
             }
             Op::Unsqueeze { x, axes } => tasks.push(Task::Eval(x, squeeze_ctx(ctx, axes))),
+            Op::Select { x, axis, index } => {
+                let mut c = ctx;
+                c.insert(axis as usize, Coord::Const(u64::from(index)));
+                tasks.push(Task::Eval(x, c));
+            }
+            Op::Slice { x, axis, start, step } => {
+                let mut c = ctx;
+                let a = axis as usize;
+                c[a] = self.affine(&c[a], start, step);
+                tasks.push(Task::Eval(x, c));
+            }
+            Op::Transpose { x, a, b } => {
+                let mut c = ctx;
+                c.swap(a as usize, b as usize);
+                tasks.push(Task::Eval(x, c));
+            }
             Op::Stack(l) => self.start_stack(n, l, dims, ctx, tasks)?,
             Op::Input(id) => values.push(self.load_input(n, id.0, &ctx)?),
             Op::Iota { axis } => {
@@ -1094,6 +1134,14 @@ impl<'a> Emitter<'a> {
                 }
                 Op::Component { x, index } => {
                     ctx.push(Coord::Const(u64::from(index)));
+                    n = x;
+                }
+                Op::Select { x, axis, index } => {
+                    ctx.insert(axis as usize, Coord::Const(u64::from(index)));
+                    n = x;
+                }
+                Op::Transpose { x, a, b } => {
+                    ctx.swap(a as usize, b as usize);
                     n = x;
                 }
                 Op::Stack(l) => {

@@ -268,7 +268,12 @@ fn degree_of(g: &Graph, n: NodeId, crossing: &[NodeId], deg: impl Fn(NodeId) -> 
     match node.op {
         Op::Const(l) => Some(if node.dtype.kind() == Kind::Float && l.as_f64() == 0.0 { Zero } else { Free }),
         Op::Input(_) | Op::Iota { .. } | Op::Rand { .. } => Some(Free),
-        Op::Component { x, .. } | Op::ExpandLast(x) | Op::Unsqueeze { x, .. } => deg(x),
+        Op::Component { x, .. }
+        | Op::Select { x, .. }
+        | Op::Slice { x, .. }
+        | Op::Transpose { x, .. }
+        | Op::ExpandLast(x)
+        | Op::Unsqueeze { x, .. } => deg(x),
         Op::Unary(UnaryOp::Neg, x) => deg(x),
         // A selection of `x`'s elements: as linear as `x`, at an index that does not vary with the scale.
         Op::Gather { x, index, .. } => deg(index).filter(|d| free(*d)).and_then(|_| deg(x)),

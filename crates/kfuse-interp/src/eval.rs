@@ -280,6 +280,15 @@ fn eval_node(
             }
             fresh(o)
         }
+        Op::Select { x, .. } | Op::Slice { x, .. } | Op::Transpose { x, .. } => {
+            let v = operand(x)?;
+            let Some((offset, strides)) = view_strides(node.op, &v.shape, &shape) else {
+                return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
+            };
+            let mut o = out(pool);
+            layout::strided(&mut o, &v.values, &shape, offset, &strides);
+            fresh(o)
+        }
         Op::Stack(list) => {
             let parts = graph.lists.get(list.0 as usize).ok_or_else(|| missing(NodeId(id)))?;
             let inner = &shape[..shape.len().saturating_sub(1)];
@@ -379,4 +388,67 @@ fn unflatten(mut flat: usize, shape: &[usize]) -> Vec<usize> {
         flat /= d.max(1);
     }
     coords
+}
+
+/// The offset and strides (see `layout::strided`) of a selection, slice or transpose of an
+/// operand of shape `xs` with result shape `shape`; `None` when they do not fit (a hand-built
+/// graph: binding checked the sizes against the bounds).
+fn view_strides(op: Op, xs: &[usize], shape: &[usize]) -> Option<(usize, Vec<usize>)> {
+    let mut st = vec![1usize; xs.len()];
+    for k in (0..xs.len().saturating_sub(1)).rev() {
+        st[k] = st[k + 1] * xs[k + 1];
+    }
+    let (offset, strides) = match op {
+        Op::Select { axis, index, .. } => {
+            let (a, i) = (axis as usize, index as usize);
+            if a >= xs.len() || i >= xs[a] {
+                return None;
+            }
+            let mut s = st.clone();
+            s.remove(a);
+            (i * st[a], s)
+        }
+        Op::Slice { axis, start, step, .. } => {
+            let (a, start, step) = (axis as usize, start as usize, step as usize);
+            let len = *shape.get(a)?;
+            if a >= xs.len() || (len > 0 && start + step * (len - 1) >= xs[a]) {
+                return None;
+            }
+            let mut s = st.clone();
+            s[a] *= step;
+            (if len > 0 { start * st[a] } else { 0 }, s)
+        }
+        Op::Transpose { a, b, .. } => {
+            let (a, b) = (a as usize, b as usize);
+            if b >= xs.len() {
+                return None;
+            }
+            let mut s = st.clone();
+            s.swap(a, b);
+            (0, s)
+        }
+        _ => return None,
+    };
+    let fits = strides.len() == shape.len()
+        && match op {
+            Op::Transpose { a, b, .. } => {
+                let mut t = xs.to_vec();
+                t.swap(a as usize, b as usize);
+                t == shape
+            }
+            Op::Select { axis, .. } => {
+                let mut t = xs.to_vec();
+                t.remove(axis as usize);
+                t == shape
+            }
+            _ => (0..xs.len()).all(|d| Some(&xs[d]) == shape.get(d) || d == slice_axis(op)),
+        };
+    fits.then_some((offset, strides))
+}
+
+fn slice_axis(op: Op) -> usize {
+    match op {
+        Op::Slice { axis, .. } => axis as usize,
+        _ => usize::MAX,
+    }
 }

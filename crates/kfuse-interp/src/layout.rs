@@ -126,3 +126,22 @@ pub(crate) fn gather(
     });
     Ok(())
 }
+
+/// A view of `x` (row-major): element `c` of the result (of `shape`) is `x[offset + Σ c_k
+/// strides_k]`. Selections, slices and transposes are such views; the caller checks that every
+/// element read lies in `x`.
+pub(crate) fn strided(out: &mut [f64], x: &[f64], shape: &[usize], offset: usize, strides: &[usize]) {
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, dst)| {
+        let base = c * CHUNK;
+        for (j, d) in dst.iter_mut().enumerate() {
+            let (mut rest, mut at) = (base + j, offset);
+            for (&n, &s) in shape.iter().zip(strides).rev() {
+                if n > 0 {
+                    at += rest % n * s;
+                    rest /= n;
+                }
+            }
+            *d = x[at];
+        }
+    });
+}

@@ -287,6 +287,174 @@ impl GraphBuilder {
         Ok(self.push(Node { op: Op::Component { x, index: i as u32 }, dtype, shape }))
     }
 
+    /// `x[.., index, ..]` on `axis` (negative axes and, on an axis of constant size, negative
+    /// indices count from the end): drops the axis. On an axis of symbolic size the index must
+    /// be a constant `>= 0`; binding then checks that the size exceeds it.
+    pub fn select_index(&mut self, x: NodeId, axis: i64, index: i64) -> Result<NodeId, IrError> {
+        let n = self.node(x);
+        let (dtype, xs) = (n.dtype, n.shape.clone());
+        let a = self.view_axis("select", axis, &xs)?;
+        let bad = |b: &Self, why: String| IrError::BadView { op: "select", axis, shape: b.graph.shape_str(&xs), why };
+        let i = match xs.dims()[a] {
+            Dim::Const(_) if a + 1 == xs.rank() => return self.component(x, index),
+            Dim::Const(size) => {
+                let i = if index < 0 { index.saturating_add(size as i64) } else { index };
+                if i < 0 || i as u64 >= size {
+                    let range =
+                        if size == 0 { "the axis is empty".into() } else { format!("from -{size} to {}", size - 1) };
+                    return Err(bad(self, format!("index {index} is out of range ({range})")));
+                }
+                i
+            }
+            Dim::Sym(_) if index < 0 => {
+                let why = format!("index {index} counts from the end of an axis of symbolic size (use an index >= 0)");
+                return Err(bad(self, why));
+            }
+            Dim::Sym(_) => index,
+        };
+        let index = u32::try_from(i)
+            .map_err(|_| bad(self, format!("index {index} is past the largest index, {}", u32::MAX)))?;
+        let mut dims = xs.dims().to_vec();
+        dims.remove(a);
+        Ok(self.push(Node { op: Op::Select { x, axis: a as u32, index }, dtype, shape: Shape(dims) }))
+    }
+
+    /// `x[.., start:end:step, ..]` on `axis`, as NumPy and PyTorch: a missing `start` is 0, a
+    /// missing `end` the axis's size, a missing `step` 1; on an axis of constant size negative
+    /// bounds count from the end and bounds past it are clamped. On an axis of symbolic size the
+    /// bounds must be constants `>= 0` and `end` must be given (the result has a constant size);
+    /// binding checks that the size reaches the last element read. `step` must be positive.
+    pub fn slice(
+        &mut self,
+        x: NodeId,
+        axis: i64,
+        start: Option<i64>,
+        end: Option<i64>,
+        step: Option<i64>,
+    ) -> Result<NodeId, IrError> {
+        let n = self.node(x);
+        let (dtype, xs) = (n.dtype, n.shape.clone());
+        let a = self.view_axis("slice", axis, &xs)?;
+        let bad = |b: &Self, why: String| IrError::BadView { op: "slice", axis, shape: b.graph.shape_str(&xs), why };
+        let step = step.unwrap_or(1);
+        if step <= 0 {
+            return Err(bad(self, format!("step {step} is not positive (a slice step must be at least 1)")));
+        }
+        // `:` keeps the whole axis, of any size.
+        if start.unwrap_or(0) == 0 && end.is_none() && step == 1 {
+            return Ok(x);
+        }
+        let (lo, hi) = match xs.dims()[a] {
+            Dim::Const(size) => {
+                let size = i64::try_from(size).unwrap_or(i64::MAX);
+                let norm = |v: i64| if v < 0 { v.saturating_add(size).max(0) } else { v.min(size) };
+                (norm(start.unwrap_or(0)), norm(end.unwrap_or(size)))
+            }
+            Dim::Sym(s) => {
+                let sym = self.graph.symbols.get(s.0 as usize).cloned().unwrap_or_default();
+                let Some(end) = end else {
+                    let why = format!("a slice of an axis of symbolic size {sym} needs a constant end (as in 0:8)");
+                    return Err(bad(self, why));
+                };
+                let start = start.unwrap_or(0);
+                if start < 0 || end < 0 {
+                    let why = format!(
+                        "bounds {start}:{end} count from the end of an axis of symbolic size {sym} (use bounds >= 0)"
+                    );
+                    return Err(bad(self, why));
+                }
+                (start, end)
+            }
+        };
+        let len = if hi > lo { (hi - lo + step - 1) / step } else { 0 };
+        let lo = if len == 0 { 0 } else { lo };
+        let (start, step) = match (u32::try_from(lo), u32::try_from(step)) {
+            (Ok(a), Ok(b)) => (a, b),
+            _ => return Err(bad(self, format!("bounds past the largest index, {}", u32::MAX))),
+        };
+        let len = Dim::Const(len as u64);
+        if start == 0 && step == 1 && xs.dims()[a] == len {
+            return Ok(x);
+        }
+        let mut dims = xs.dims().to_vec();
+        dims[a] = len;
+        Ok(self.push(Node { op: Op::Slice { x, axis: a as u32, start, step }, dtype, shape: Shape(dims) }))
+    }
+
+    /// `transpose(x, a, b)`: axes `a` and `b` swapped (negative axes count from the end).
+    pub fn transpose(&mut self, x: NodeId, a: i64, b: i64) -> Result<NodeId, IrError> {
+        let xs = self.node(x).shape.clone();
+        let (a, b) = (self.view_axis("transpose", a, &xs)?, self.view_axis("transpose", b, &xs)?);
+        let (a, b) = (a.min(b) as u32, a.max(b) as u32);
+        if a == b {
+            return Ok(x);
+        }
+        // Swapping the same two axes again gives back the operand.
+        if let Op::Transpose { x: inner, a: ia, b: ib } = self.node(x).op {
+            if (ia, ib) == (a, b) {
+                return Ok(inner);
+            }
+        }
+        let mut dims = xs.dims().to_vec();
+        dims.swap(a as usize, b as usize);
+        let dtype = self.node(x).dtype;
+        Ok(self.push(Node { op: Op::Transpose { x, a, b }, dtype, shape: Shape(dims) }))
+    }
+
+    /// `permute(x, perm)`: axis `k` of the result is axis `perm[k]` of `x` (`torch.permute`;
+    /// negative axes count from the end), made of [`Op::Transpose`]s.
+    pub fn permute(&mut self, x: NodeId, perm: &[i64]) -> Result<NodeId, IrError> {
+        let xs = self.node(x).shape.clone();
+        let rank = xs.rank();
+        if perm.len() != rank {
+            return Err(IrError::BadAxis {
+                op: "permute",
+                axis: perm.len() as i64,
+                rank,
+                why: format!("axes are named, but a permutation names each of the {rank} axes once"),
+            });
+        }
+        let mut want = Vec::with_capacity(rank);
+        for &p in perm {
+            let a = self.view_axis("permute", p, &xs)?;
+            if want.contains(&a) {
+                return Err(IrError::BadAxis {
+                    op: "permute",
+                    axis: p,
+                    rank,
+                    why: format!("is named twice (as axis {a}); a permutation names each axis once"),
+                });
+            }
+            want.push(a);
+        }
+        // `cur[k]`: the axis of `x` now at position `k`.
+        let mut cur: Vec<usize> = (0..rank).collect();
+        let mut y = x;
+        for (k, &w) in want.iter().enumerate() {
+            let j = cur.iter().position(|&c| c == w).unwrap_or(k);
+            if j != k {
+                y = self.transpose(y, k as i64, j as i64)?;
+                cur.swap(k, j);
+            }
+        }
+        Ok(y)
+    }
+
+    /// Axis `axis` of a tensor of shape `xs` (negative counts from the end), or the error of `op`.
+    fn view_axis(&self, op: &'static str, axis: i64, xs: &Shape) -> Result<usize, IrError> {
+        let rank = xs.rank();
+        let r = i64::try_from(rank).unwrap_or(i64::MAX);
+        let a = if axis < 0 { axis.saturating_add(r) } else { axis };
+        if !(0..r).contains(&a) {
+            let why = match rank {
+                0 => "is out of range (a scalar has no axis)".to_string(),
+                _ => format!("is out of range (the axes are 0 to {} or -{r} to -1)", r - 1),
+            };
+            return Err(IrError::BadAxis { op, axis, rank, why });
+        }
+        Ok(a as usize)
+    }
+
     /// Stacks parts of one shape along a new last axis.
     pub fn stack(&mut self, parts: &[NodeId]) -> Result<NodeId, IrError> {
         let first = *parts.first().ok_or(IrError::EmptyStack)?;
@@ -663,6 +831,9 @@ fn prune_dead(g: Graph) -> Graph {
             Op::Binary(b, x, y) => Op::Binary(b, r(x), r(y)),
             Op::Ternary(t, a, b, c) => Op::Ternary(t, r(a), r(b), r(c)),
             Op::Component { x, index } => Op::Component { x: r(x), index },
+            Op::Select { x, axis, index } => Op::Select { x: r(x), axis, index },
+            Op::Slice { x, axis, start, step } => Op::Slice { x: r(x), axis, start, step },
+            Op::Transpose { x, a, b } => Op::Transpose { x: r(x), a, b },
             Op::ExpandLast(x) => Op::ExpandLast(r(x)),
             Op::Rand { seed } => Op::Rand { seed: r(seed) },
             Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: r(x), axes },

@@ -26,6 +26,8 @@ pub enum IrError {
     GatherShape { axis: usize, index: String, operand: String },
     #[error("the seed of `rand_like` must be a scalar, but it has shape {shape}")]
     RandSeedShape { shape: String },
+    #[error("`{op}` on axis {axis} of shape {shape}: {why}")]
+    BadView { op: &'static str, axis: i64, shape: String, why: String },
     #[error("`stack` needs at least one part")]
     EmptyStack,
     #[error("duplicate name `{0}`")]
@@ -76,6 +78,12 @@ pub enum BindError {
     /// An `offsets` input whose last boundary is not the packed row count.
     #[error("input `{name}`: the last offset {name}[{index}] = {value} must equal {dim} = {total}")]
     OffsetEnd { name: String, index: usize, value: i32, dim: String, total: u64 },
+    /// A symbol bound below the size a slice or an index of its axis needs (`x[.., 2:7]` of an
+    /// axis `N` needs `N >= 7`).
+    #[error(
+        "dimension {sym} = {size} is too small: {why} reads element {last} of it, so {sym} must be at least {min}"
+    )]
+    SizeTooSmall { sym: String, size: u64, min: u64, last: u64, why: String },
     /// A declaration whose shape names a symbol the interface does not have (a hand-built
     /// interface; graphs from the builder never do this).
     #[error("input `{name}` names dimension symbol ?{sym} on axis {axis}, which the interface does not declare")]

@@ -360,6 +360,30 @@ pub enum Op {
         x: NodeId,
         index: u32,
     },
+    /// `x[.., index, ..]`: element `index` of `axis` of `x`; drops that axis. (On a last axis of
+    /// constant size the builder makes an [`Op::Component`] instead.) On an axis of symbolic size
+    /// the size must exceed `index`, which binding checks ([`crate::Interface::min_sizes`]).
+    Select {
+        x: NodeId,
+        axis: u32,
+        index: u32,
+    },
+    /// `x[.., start : start + step * size : step, ..]` on `axis`, whose result size (a constant)
+    /// is the node's size on that axis: element `c` of it is element `start + step * c` of `x`.
+    /// On an axis of symbolic size the size must reach the last element read, which binding
+    /// checks ([`crate::Interface::min_sizes`]).
+    Slice {
+        x: NodeId,
+        axis: u32,
+        start: u32,
+        step: u32,
+    },
+    /// `transpose(x, a, b)`: `x` with axes `a < b` swapped (`permute` is a chain of them).
+    Transpose {
+        x: NodeId,
+        a: u32,
+        b: u32,
+    },
     /// The parts (of equal shape) stacked along a new last axis of constant size.
     Stack(ListId),
     /// `x[.., None]`: a new last axis of size 1.
@@ -398,6 +422,9 @@ impl Op {
             Op::Cast(x)
             | Op::Unary(_, x)
             | Op::Component { x, .. }
+            | Op::Select { x, .. }
+            | Op::Slice { x, .. }
+            | Op::Transpose { x, .. }
             | Op::ExpandLast(x)
             | Op::Unsqueeze { x, .. }
             | Op::Rand { seed: x } => f(x),
@@ -603,6 +630,17 @@ impl std::fmt::Display for Graph {
                 Op::Ternary(TernaryOp::Clamp, x, lo, hi) => format!("clamp(v{}, v{}, v{})", x.0, lo.0, hi.0),
                 Op::Ternary(TernaryOp::Fma, a, b, c) => format!("fma(v{}, v{}, v{})", a.0, b.0, c.0),
                 Op::Component { x, index } => format!("v{}[.., {index}]", x.0),
+                Op::Select { x, axis, index } => format!("select(v{}, axis: {axis}, index: {index})", x.0),
+                Op::Slice { x, axis, start, step } => {
+                    let end = u64::from(start)
+                        + u64::from(step)
+                            * n.shape.dims().get(axis as usize).map_or(0, |d| match d {
+                                Dim::Const(c) => *c,
+                                Dim::Sym(_) => 0,
+                            });
+                    format!("slice(v{}, axis: {axis}, {start}:{end}:{step})", x.0)
+                }
+                Op::Transpose { x, a, b } => format!("transpose(v{}, {a}, {b})", x.0),
                 Op::Stack(l) => {
                     let parts: Vec<String> = self.list(l).iter().map(|p| format!("v{}", p.0)).collect();
                     format!("stack({})", parts.join(", "))

@@ -27,6 +27,18 @@ pub struct Interface {
     pub symbols: Vec<String>,
     pub inputs: Vec<TensorDecl>,
     pub outputs: Vec<TensorDecl>,
+    /// The least size of symbols whose axes are sliced or indexed with constant bounds
+    /// (`x[.., 2:7]` of an axis `N` needs `N >= 7`), checked by [`Interface::bind_shapes`].
+    pub min_sizes: Vec<MinSize>,
+}
+
+/// A symbol's least size: a slice or an index of an axis of that size reads element `min - 1`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MinSize {
+    pub sym: crate::SymId,
+    pub min: u64,
+    /// What reads it, for the error (`a slice 2:7:1 of axis 1 of f32[B, N]`).
+    pub why: String,
 }
 
 impl Interface {
@@ -51,7 +63,7 @@ impl Interface {
                 TensorDecl { name: o.name.clone(), dtype: n.dtype, shape: n.shape.0.clone(), layout: None }
             })
             .collect();
-        Interface { symbols: graph.symbols.clone(), inputs, outputs }
+        Interface { symbols: graph.symbols.clone(), inputs, outputs, min_sizes: min_sizes(graph) }
     }
 
     /// The input named `name`.
@@ -131,7 +143,20 @@ impl Interface {
                 }
             }
         }
-        Ok(sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect())
+        let sizes: Vec<u64> = sizes.into_iter().map(|s| s.map_or(0, |(v, _)| v)).collect();
+        for m in &self.min_sizes {
+            let size = sizes.get(m.sym.0 as usize).copied().unwrap_or(0);
+            if size < m.min {
+                return Err(BindError::SizeTooSmall {
+                    sym: self.dim_str(Dim::Sym(m.sym)),
+                    size,
+                    min: m.min,
+                    last: m.min - 1,
+                    why: m.why.clone(),
+                });
+            }
+        }
+        Ok(sizes)
     }
 
     /// Checks the values of the lengths/offsets input `decl` (`values` flat, row-major over
@@ -198,6 +223,35 @@ impl Interface {
             })
             .collect()
     }
+}
+
+/// The least sizes that the slices and indices of `graph` on axes of symbolic size need, the
+/// largest per symbol (the first node that needs it names it).
+fn min_sizes(graph: &Graph) -> Vec<MinSize> {
+    let mut out: Vec<MinSize> = Vec::new();
+    for n in &graph.nodes {
+        let (x, axis, min, what) = match n.op {
+            crate::Op::Select { x, axis, index } => (x, axis, u64::from(index) + 1, format!("index {index}")),
+            crate::Op::Slice { x, axis, start, step } => {
+                let len = match n.shape.dims().get(axis as usize) {
+                    Some(Dim::Const(len)) if *len > 0 => *len,
+                    _ => continue,
+                };
+                let last = u64::from(start) + u64::from(step) * (len - 1);
+                (x, axis, last + 1, format!("slice {start}:{}:{step}", last + 1))
+            }
+            _ => continue,
+        };
+        let xs = &graph.node(x).shape;
+        let Some(Dim::Sym(sym)) = xs.dims().get(axis as usize).copied() else { continue };
+        let why = format!("the {what} of axis {axis} of a {}", graph.shape_str(xs));
+        match out.iter_mut().find(|m| m.sym == sym) {
+            Some(m) if m.min < min => *m = MinSize { sym, min, why },
+            Some(_) => {}
+            None => out.push(MinSize { sym, min, why }),
+        }
+    }
+    out
 }
 
 /// The position of flat element `flat` of a row-major tensor of `shape`, written `3` or `1, 2`.

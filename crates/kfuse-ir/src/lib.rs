@@ -33,7 +33,7 @@ pub use graph::{
     TernaryOp, UnaryOp,
 };
 pub use hash::GraphHash;
-pub use interface::{Interface, LayoutConstraint, TensorDecl};
+pub use interface::{Interface, LayoutConstraint, MinSize, TensorDecl};
 pub use shape::{broadcast_shapes, Dim, Shape, SymId};
 pub use tensor::{HostTensor, SymbolBindings, TensorData};
 pub use verify::verify;

@@ -107,6 +107,37 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                     && xs.without_last() == n.shape
                     && node(x).dtype == n.dtype
             }
+            Op::Select { x, axis, index } => {
+                let xs = node(x).shape.dims();
+                let a = axis as usize;
+                a < xs.len()
+                    && !matches!(xs[a], Dim::Const(c) if u64::from(index) >= c)
+                    && n.shape.dims().len() + 1 == xs.len()
+                    && (0..xs.len()).all(|d| d == a || xs[d] == n.shape.dims()[d - usize::from(d > a)])
+                    && node(x).dtype == n.dtype
+            }
+            Op::Slice { x, axis, start, step } => {
+                let (xs, ys) = (node(x).shape.dims(), n.shape.dims());
+                let a = axis as usize;
+                let fits = |len: u64| match xs[a] {
+                    Dim::Const(c) => len == 0 || u64::from(start) + u64::from(step) * (len - 1) < c,
+                    Dim::Sym(_) => true,
+                };
+                a < xs.len()
+                    && step >= 1
+                    && ys.len() == xs.len()
+                    && matches!(ys[a], Dim::Const(len) if fits(len))
+                    && (0..xs.len()).all(|d| d == a || xs[d] == ys[d])
+                    && node(x).dtype == n.dtype
+            }
+            Op::Transpose { x, a, b } => {
+                let mut xs = node(x).shape.dims().to_vec();
+                let ok = a < b && (b as usize) < xs.len();
+                if ok {
+                    xs.swap(a as usize, b as usize);
+                }
+                ok && xs == n.shape.dims() && node(x).dtype == n.dtype
+            }
             Op::Stack(l) => {
                 let parts = g.lists.get(l.0 as usize).map(|v| v.as_slice()).unwrap_or(&[]);
                 !parts.is_empty()

@@ -79,14 +79,11 @@ pub(crate) enum ExprKind {
     Neg(Box<Expr>),
     Not(Box<Expr>),
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
-    /// `x[.., index]`; `index_span` covers the index for out-of-range reports.
-    Component {
+    /// `x[items]`: NumPy indexing (`x[.., 0]`, `x[.., None]`, `x[1:5, ..]`, `x[:, 0:8:2]`).
+    Index {
         x: Box<Expr>,
-        index: i64,
-        index_span: Span,
+        items: Vec<IndexItem>,
     },
-    /// `x[.., None]`.
-    ExpandLast(Box<Expr>),
     Call {
         func: Ident,
         args: Vec<Arg>,
@@ -117,11 +114,31 @@ impl Expr {
     pub fn child_depth(kind: &ExprKind) -> u32 {
         match kind {
             ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Name(_) => 0,
-            ExprKind::Neg(x) | ExprKind::Not(x) | ExprKind::ExpandLast(x) => x.depth,
-            ExprKind::Component { x, .. } => x.depth,
+            ExprKind::Neg(x) | ExprKind::Not(x) => x.depth,
+            ExprKind::Index { x, .. } => x.depth,
             ExprKind::Binary(_, a, b) => a.depth.max(b.depth),
             ExprKind::Call { args, .. } => args.iter().map(|a| a.value.depth).max().unwrap_or(0),
             ExprKind::List(items) => items.iter().map(|x| x.depth).max().unwrap_or(0),
         }
     }
+}
+
+/// One item of an index `x[...]`, with its span for reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IndexItem {
+    pub kind: IndexKind,
+    pub span: Span,
+}
+
+/// What an index item does to the axes (NumPy's rules).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum IndexKind {
+    /// `..`: every axis the other items do not name.
+    Ellipsis,
+    /// `None`: a new axis of size 1.
+    NewAxis,
+    /// An integer: that element of the axis; the axis goes.
+    At(i64),
+    /// `start:end:step`, each part optional.
+    Slice(Option<i64>, Option<i64>, Option<i64>),
 }

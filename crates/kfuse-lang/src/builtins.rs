@@ -94,6 +94,15 @@ fn one_axis(a: &SplitArgs, span: Span, expected: &str) -> Result<(i64, Span), Re
     }
 }
 
+/// One axis written as an integer literal (maybe negative).
+fn single_axis(e: &Expr) -> Result<i64, Report> {
+    match axis_list(e)?[..] {
+        [(v, _)] => Ok(v),
+        _ => Err(Report::new(DiagnosticKind::Axis, e.span, "an axis must be one integer literal")
+            .expected("an axis such as 0 or -1")),
+    }
+}
+
 /// A call's arguments split into positional ones and `keyword: value` ones.
 struct SplitArgs<'a> {
     positional: Vec<&'a Expr>,
@@ -173,6 +182,7 @@ impl Lowerer<'_> {
                 let shape = self.b.node(xn).shape.clone();
                 self.b.rand(shape, sn).map_err(|e| self.ir_report(e, seed.span, &[]))
             }
+            "transpose" | "permute" => self.permute(func, args, span),
             "softmax" | "log_softmax" => self.softmax(func, args, span),
             "stack" => {
                 // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
@@ -414,6 +424,29 @@ impl Lowerer<'_> {
             .expected(format!("an axis from {} to {}", -rank, rank - 1)));
         }
         self.b.iota(shape, k as u32).map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `transpose(x, a, b)` (axes `a` and `b` swapped) and `permute(x, [a, b, ...])` (axis `k` of
+    /// the result is axis `perm[k]` of `x`), as PyTorch's; axes are integer literals, negative
+    /// ones counting from the end.
+    fn permute(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &[])?;
+        let transpose = func.name == "transpose";
+        let r = if transpose {
+            let [x, d0, d1] = exact(func, &a, span, "transpose(x, 0, 1), two axes of x to swap")?;
+            let (d0, d1) = (single_axis(d0)?, single_axis(d1)?);
+            let x = self.expr(x)?;
+            self.b.transpose(x, d0, d1)
+        } else {
+            let [x, perm] = exact(func, &a, span, "permute(x, [1, 0, 2]), every axis of x once, in the new order")?;
+            let perm: Vec<i64> = match &perm.kind {
+                ExprKind::List(items) => items.iter().map(single_axis).collect::<Result<_, _>>()?,
+                _ => vec![single_axis(perm)?],
+            };
+            let x = self.expr(x)?;
+            self.b.permute(x, &perm)
+        };
+        r.map_err(|e| self.ir_report(e, span, &[]))
     }
 
     /// `gather(x, index, axis: A)`: `torch.gather(x, A, index)`, the elements of `x` at `index`

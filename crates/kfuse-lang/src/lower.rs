@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use kfuse_ir::{Constraint, DType, Dim, Graph, GraphBuilder, IrError, NodeId, Op, Shape, SymId, UnaryOp};
 
-use crate::ast::{DimAst, Expr, ExprKind, Ident, Layout, LayoutKind, Stmt};
+use crate::ast::{DimAst, Expr, ExprKind, Ident, IndexItem, IndexKind, Layout, LayoutKind, Stmt};
 use crate::diagnostic::{DiagnosticKind, Report, Span};
 use crate::functions::FUNCTIONS;
 use crate::suggest::closest;
@@ -264,30 +264,78 @@ impl<'s> Lowerer<'s> {
                 let (a, c) = (self.expr(a)?, self.expr(c)?);
                 self.b.binary(*op, a, c).map_err(|err| self.ir_report(err, e.span, &[a, c]))
             }
-            ExprKind::Component { x, index, index_span } => {
+            ExprKind::Index { x, items } => {
                 let x = self.expr(x)?;
-                // The IR stores component indices as u32; refuse larger ones before they wrap.
-                if i32::try_from(*index).is_err() {
-                    return Err(Report::new(
-                        DiagnosticKind::Shape,
-                        *index_span,
-                        format!("component index {index} is too large"),
-                    )
-                    .expected(format!("an index of the last axis, of magnitude at most {}", i32::MAX)));
-                }
-                self.b.component(x, *index).map_err(|err| {
-                    let span = if matches!(err, IrError::ComponentOutOfRange { .. }) { *index_span } else { e.span };
-                    self.ir_report(err, span, &[])
-                })
-            }
-            ExprKind::ExpandLast(x) => {
-                let x = self.expr(x)?;
-                Ok(self.b.expand_last(x))
+                self.index(x, items, e.span)
             }
             ExprKind::Call { func, args } => self.call(func, args, e.span),
             ExprKind::List(_) => Err(Report::new(DiagnosticKind::Type, e.span, "a list `[...]` is not a value")
                 .expected("a list only as the axes of a reduction: sum(x, axis: [0, 1])")),
         }
+    }
+
+    /// `x[items]` with NumPy's rules: integers and slices name the axes from the left, `..`
+    /// stands for the axes they leave, `None` inserts an axis of size 1.
+    fn index(&mut self, x: NodeId, items: &[IndexItem], span: Span) -> Result<NodeId, Report> {
+        let rank = self.b.node(x).shape.rank();
+        let named = items.iter().filter(|i| matches!(i.kind, IndexKind::At(_) | IndexKind::Slice(..))).count();
+        let mut ellipses = items.iter().filter(|i| i.kind == IndexKind::Ellipsis);
+        if let (Some(_), Some(second)) = (ellipses.next(), ellipses.next()) {
+            return Err(Report::new(DiagnosticKind::Syntax, second.span, "an index has at most one `..`")
+                .expected("one `..` for the axes the other items leave, as in x[.., 0] or x[0, ..]"));
+        }
+        if named > rank {
+            let shape = self.shape_str(x);
+            return Err(Report::new(
+                DiagnosticKind::Shape,
+                span,
+                format!("{named} axes are indexed, but the tensor has shape {shape} ({rank} axes)"),
+            )
+            .expected(format!("at most {rank} integers and slices, with `..` for the axes left as they are")));
+        }
+        let mut pos = 0i64;
+        let mut cur = x;
+        for item in items {
+            let at = item.span;
+            let big = |v: Option<i64>| v.is_some_and(|v| i32::try_from(v).is_err());
+            let too_large = match item.kind {
+                IndexKind::At(i) => big(Some(i)),
+                IndexKind::Slice(a, b, c) => big(a) || big(b) || big(c),
+                _ => false,
+            };
+            if too_large {
+                return Err(Report::new(DiagnosticKind::Shape, at, "an index or slice bound is too large")
+                    .expected(format!("indices and bounds of magnitude at most {}", i32::MAX)));
+            }
+            let r = match item.kind {
+                IndexKind::Ellipsis => {
+                    pos += (rank - named) as i64;
+                    continue;
+                }
+                IndexKind::NewAxis => {
+                    let axes = u32::try_from(pos).ok().and_then(|p| 1u32.checked_shl(p)).unwrap_or(0);
+                    let r = if axes == 0 {
+                        Err(IrError::BadAxis {
+                            op: "None",
+                            axis: pos,
+                            rank,
+                            why: "is past the axes kfuse can name".into(),
+                        })
+                    } else {
+                        self.b.unsqueeze(cur, axes)
+                    };
+                    pos += 1;
+                    r
+                }
+                IndexKind::At(i) => self.b.select_index(cur, pos, i),
+                IndexKind::Slice(a, b, c) => {
+                    pos += 1;
+                    self.b.slice(cur, pos - 1, a, b, c)
+                }
+            };
+            cur = r.map_err(|err| self.ir_report(err, at, &[]))?;
+        }
+        Ok(cur)
     }
 
     /// Integer literals are `i32`: larger ones would silently wrap in an `i32` computation.
@@ -318,6 +366,7 @@ impl<'s> Lowerer<'s> {
             | IrError::MaskShape { .. }
             | IrError::GatherShape { .. }
             | IrError::RandSeedShape { .. }
+            | IrError::BadView { .. }
             | IrError::EmptyStack => DiagnosticKind::Shape,
             IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => {
                 DiagnosticKind::Type
@@ -350,6 +399,12 @@ impl<'s> Lowerer<'s> {
                 "an index with the source's rank whose size differs from the source's on axis {axis} only, as in gather(x, labels[.., None], axis: -1) for x: f32[B, C], labels: i64[B]"
             ),
             IrError::RandSeedShape { .. } => "a scalar seed, as in rand_like(x, seed) for `input seed: i64`".into(),
+            IrError::BadView { op: "select", .. } => {
+                "an index within the axis (negative ones count from the end of an axis of constant size)".into()
+            }
+            IrError::BadView { .. } => {
+                "a slice start:end:step with a positive step; on an axis of symbolic size, constant bounds >= 0 and an end, as in x[.., 0:8]".into()
+            }
             IrError::DuplicateName(_) => "a name that is not used yet".into(),
             IrError::BadAxis { rank: 0, .. } => "no axis: a scalar reduces over every element, as in sum(x)".into(),
             IrError::BadAxis { rank, .. } => format!(

@@ -8,7 +8,7 @@
 
 use kfuse_ir::{BinaryOp, DType};
 
-use crate::ast::{Arg, DimAst, Expr, ExprKind, Ident, Layout, LayoutKind, Stmt};
+use crate::ast::{Arg, DimAst, Expr, ExprKind, Ident, IndexItem, IndexKind, Layout, LayoutKind, Stmt};
 use crate::diagnostic::{DiagnosticKind, Report, Span};
 use crate::lexer::{Tok, Token};
 
@@ -361,32 +361,59 @@ impl<'t> Parser<'t> {
 
     fn postfix(&mut self) -> Result<Expr, Report> {
         let mut x = self.primary()?;
-        while let Some(open) = self.eat(&Tok::LBracket) {
-            const INDEX: &str = "`..` then a component: x[.., 0], x[.., -1] or x[.., None]";
-            self.expect(&Tok::DotDot, INDEX)?;
-            self.expect(&Tok::Comma, INDEX)?;
-            let neg = self.eat(&Tok::Minus);
-            let kind = match (self.peek().tok.clone(), neg) {
-                (Tok::None, None) => {
-                    self.bump();
-                    ExprKind::ExpandLast(Box::new(x))
+        while self.eat(&Tok::LBracket).is_some() {
+            let mut items = Vec::new();
+            loop {
+                items.push(self.index_item()?);
+                if self.eat(&Tok::Comma).is_none() {
+                    break;
                 }
-                (Tok::Int(v), _) => {
-                    let t = self.bump();
-                    let index_span = neg.map_or(t.span, |n| n.to(t.span));
-                    let index = if neg.is_some() { -v } else { v };
-                    ExprKind::Component { x: Box::new(x), index, index_span }
-                }
-                _ => return Err(self.unexpected("a component index (an integer, maybe negative) or `None`")),
-            };
-            let close = self.expect(&Tok::RBracket, "`]`")?;
-            let span = match &kind {
-                ExprKind::ExpandLast(x) | ExprKind::Component { x, .. } => x.span.to(close),
-                _ => open.to(close),
-            };
-            x = self.node(kind, span)?;
+            }
+            let close = self.expect(&Tok::RBracket, "`,` or `]`")?;
+            let span = x.span.to(close);
+            x = self.node(ExprKind::Index { x: Box::new(x), items }, span)?;
         }
         Ok(x)
+    }
+
+    /// One item of `x[...]`: `..`, `None`, an integer or a slice `start:end:step` (parts
+    /// optional, integers maybe negative).
+    fn index_item(&mut self) -> Result<IndexItem, Report> {
+        const ITEM: &str = "an index item: `..`, `None`, an integer or a slice such as 1:5 or 0:8:2, as in x[.., 0]";
+        let first = self.peek().span;
+        if let Some(span) = self.eat(&Tok::DotDot) {
+            return Ok(IndexItem { kind: IndexKind::Ellipsis, span });
+        }
+        if let Some(span) = self.eat(&Tok::None) {
+            return Ok(IndexItem { kind: IndexKind::NewAxis, span });
+        }
+        let mut parts: Vec<Option<i64>> = Vec::new();
+        let mut span = first;
+        loop {
+            let value = match self.peek().tok {
+                Tok::Int(_) | Tok::Minus => {
+                    let neg = self.eat(&Tok::Minus);
+                    let Tok::Int(v) = self.peek().tok else { return Err(self.unexpected(ITEM)) };
+                    let t = self.bump();
+                    span = span.to(t.span);
+                    Some(if neg.is_some() { -v } else { v })
+                }
+                _ => None,
+            };
+            parts.push(value);
+            match self.eat(&Tok::Colon) {
+                Some(c) if parts.len() < 3 => span = span.to(c),
+                _ => break,
+            }
+        }
+        let kind = match parts[..] {
+            [Some(i)] => IndexKind::At(i),
+            [None] => return Err(self.unexpected(ITEM)),
+            [a, b] => IndexKind::Slice(a, b, None),
+            [a, b, c] => IndexKind::Slice(a, b, c),
+            _ => return Err(self.unexpected(ITEM)),
+        };
+        Ok(IndexItem { kind, span })
     }
 
     fn primary(&mut self) -> Result<Expr, Report> {

@@ -152,6 +152,9 @@ fn describe(b: &GraphBuilder, id: NodeId) -> String {
         Op::Ternary(TernaryOp::Clamp, ..) => "clamp",
         Op::Ternary(TernaryOp::Fma, ..) => "fma",
         Op::Component { .. } => "a component",
+        Op::Select { .. } => "select",
+        Op::Slice { .. } => "slice",
+        Op::Transpose { .. } => "transpose",
         Op::Stack(_) => "stack",
         Op::ExpandLast(_) => "x[.., None]",
         Op::Unsqueeze { .. } => "unsqueeze",
@@ -370,6 +373,17 @@ impl Step<'_, '_> {
                 self.send_exact(x, c)
             }
             Op::Gather { x, index, axis } => self.gather(x, index, axis),
+            Op::Select { x, axis, index } => self.select_index(x, axis, index),
+            Op::Slice { x, axis, start, step } => self.slice(x, axis, start, step),
+            Op::Transpose { x, a, b } => {
+                if !self.is_active(x) || self.em.is_zero(self.g) {
+                    return Ok(());
+                }
+                let out = self.node.shape.clone();
+                let g = self.em.broadcast_to(self.g, &out)?;
+                let c = self.em.b.transpose(g, i64::from(a), i64::from(b))?;
+                self.send_exact(x, c)
+            }
             Op::Reduce { op, axis, x, mask } => self.reduce(op, axis, x, mask),
         }
     }
@@ -420,6 +434,77 @@ impl Step<'_, '_> {
         let picked = self.em.select(hit, gu, zero)?;
         let c = self.em.reduce(ReduceOp::Sum, ReduceAxis::Axes { mask: 1 << a, keepdim: false }, picked, None)?;
         self.send_exact(x, c)
+    }
+
+    /// The gradient of `x[.., index, ..]` (on `axis`): `g` placed at `index` of that axis, zeros
+    /// elsewhere (`where(iota == index, g[.., None, ..], 0)`).
+    fn select_index(&mut self, x: NodeId, axis: u32, index: u32) -> Result<(), IrError> {
+        if !self.is_active(x) || self.em.is_zero(self.g) {
+            return Ok(());
+        }
+        let (out, xs) = (self.node.shape.clone(), self.em.shape(x));
+        if axis as usize >= ReduceAxis::MAX_RANK {
+            return Err(self.too_many_axes("select", axis));
+        }
+        let g = self.em.broadcast_to(self.g, &out)?;
+        let gu = self.em.unsqueeze(g, 1 << axis)?;
+        let at = self.em.b.iota(xs, axis)?;
+        let i = self.em.b.lit_int(i64::from(index));
+        let hit = self.em.compare(BinaryOp::Eq, at, i)?;
+        let zero = self.em.lit(0.0);
+        let c = self.em.select(hit, gu, zero)?;
+        self.send_exact(x, c)
+    }
+
+    /// The gradient of a slice `start::step` (of `len` elements) on `axis`: element `c` of the
+    /// operand's axis takes `g` at `(c - start) / step` where that is a whole number in `0..len`,
+    /// and 0 elsewhere (a gather of `g` at the clamped position, under that condition).
+    fn slice(&mut self, x: NodeId, axis: u32, start: u32, step: u32) -> Result<(), IrError> {
+        if !self.is_active(x) || self.em.is_zero(self.g) {
+            return Ok(());
+        }
+        let (out, xs) = (self.node.shape.clone(), self.em.shape(x));
+        let len = match out.dims().get(axis as usize) {
+            Some(Dim::Const(len)) if *len > 0 => i64::try_from(*len).unwrap_or(i64::MAX),
+            _ => return Ok(()),
+        };
+        let g = self.em.broadcast_to(self.g, &out)?;
+        let b = &mut *self.em.b;
+        let at = b.iota(xs, axis)?;
+        let s = b.lit_int(i64::from(start));
+        let rel = b.binary(BinaryOp::Sub, at, s)?;
+        let step = i64::from(step);
+        let pos = match step {
+            1 => rel,
+            k => {
+                let k = b.lit_int(k);
+                b.binary(BinaryOp::FloorDiv, rel, k)?
+            }
+        };
+        let (zero, last) = (b.lit_int(0), b.lit_int(len - 1));
+        let index = b.clamp(pos, zero, last)?;
+        let picked = b.gather(g, index, i64::from(axis))?;
+        let lo = b.binary(BinaryOp::Ge, rel, zero)?;
+        let end = b.lit_int(step * (len - 1));
+        let hi = b.binary(BinaryOp::Le, rel, end)?;
+        let mut inside = b.binary(BinaryOp::And, lo, hi)?;
+        if step > 1 {
+            let k = b.lit_int(step);
+            let r = b.binary(BinaryOp::Remainder, rel, k)?;
+            let on = b.binary(BinaryOp::Eq, r, zero)?;
+            inside = b.binary(BinaryOp::And, inside, on)?;
+        }
+        let fzero = self.em.lit(0.0);
+        let c = self.em.select(inside, picked, fzero)?;
+        self.send_exact(x, c)
+    }
+
+    /// The error of an op whose gradient needs to name an axis past [`ReduceAxis::MAX_RANK`].
+    fn too_many_axes(&self, op: &str, axis: u32) -> IrError {
+        IrError::NotDifferentiable {
+            what: format!("v{} (`{op}`)", self.id.0),
+            why: format!("its gradient names axis {axis}, past the {} axes kfuse can name", ReduceAxis::MAX_RANK),
+        }
     }
 
     /// Like [`Step::send`] for ops whose operand has the result's shape minus or plus an axis
