@@ -22,7 +22,7 @@
 //! ```
 //!
 //! Precedence, loosest first (Python's): `or`, `and`, `not`, comparisons (non-chaining), `|`,
-//! `^`, `&`, `<< >>`, `+ -`, `* / // %`, unary `- ~`, postfix `[.., K]` / `[.., None]`. The
+//! `^`, `&`, `<< >>`, `+ -`, `* / // %`, unary `- ~`, postfix indexing `[...]` (see below). The
 //! operators `| ^ & << >> // % ~` are the functions `bitwise_or bitwise_xor bitwise_and
 //! bitwise_left_shift bitwise_right_shift floor_div remainder bitwise_not` (so `valid & (x > 0)`
 //! is a mask, and the comparison needs its brackets, as in PyTorch). Functions: `where(c, a, b)`, `min(a, b)`,
@@ -58,6 +58,16 @@
 //! of a rank-2 operand) and an empty list are [`DiagnosticKind::Axis`] errors at the axis.
 //! Gradients flow through every form, and through operands broadcast along any axes (a `[D]`
 //! bias added to `[B, D]` rows gets the column sum).
+//!
+//! Indexing follows NumPy and PyTorch: `x[i, ..]`, `x[.., 1:5]`, `x[:, 0:8:2, 3]`, `x[.., None]`.
+//! Integers select an element (the axis goes), slices `start:end:step` keep a range (each part
+//! optional, the step positive), `None` inserts an axis of size 1 and one `..` stands for the axes
+//! the other items leave (without it they trail). On an axis of constant size negative indices
+//! and bounds count from the end and slice bounds are clamped; on an axis of symbolic size they
+//! must be constants `>= 0` and a slice needs its end (`x[.., 0:8]`, `x[.., :]` is the whole
+//! axis), so that the result's size is constant: a size below the last element read is an error
+//! when inputs are bound (interpreter and GPU alike). `transpose(x, a, b)` swaps two axes and
+//! `permute(x, [2, 0, 1])` reorders them (PyTorch's). Gradients flow through every view.
 //!
 //! `gather(x, index, axis: A)` is `torch.gather(x, A, index)` (`axis:` one integer literal,
 //! negative from the end, the last when left out): `index` is `i32` or `i64`, has `x`'s rank and
