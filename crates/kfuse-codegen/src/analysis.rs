@@ -120,8 +120,21 @@ pub(crate) fn slots_of(op: ReduceOp) -> u32 {
     }
 }
 
-/// Plans the kernels of a verified graph.
-pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
+/// Whether kernel `info` holds a row result deferred into it (see [`defer_row_results`]): a sink
+/// with one value per row of its domain.
+pub(crate) fn has_row_results(g: &Graph, info: &KernelInfo) -> bool {
+    info.sinks.iter().any(|s| {
+        let dims = match s.kind {
+            SinkKind::Reduce { node, .. } => full_reduce(g, node).map(|(_, x, _)| g.node(x).shape.dims().to_vec()),
+            SinkKind::Output { index } => Some(g.node(g.outputs[index].node).shape.dims().to_vec()),
+        };
+        dims.is_some_and(|d| split_domain(&d).0.len() + 1 == info.dims.len())
+    })
+}
+
+/// Plans the kernels of a verified graph; `defer` moves row results into the kernels of their
+/// rows' elements (see [`defer_row_results`]).
+pub(crate) fn analyse(g: &Graph, defer: bool) -> Result<Analysis, CodegenError> {
     let live = g.live_nodes();
     let mut level = vec![0u32; g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -150,7 +163,9 @@ pub(crate) fn analyse(g: &Graph) -> Result<Analysis, CodegenError> {
             keyed.push(((level[o.node.index()], dims), SinkKind::Output { index }, comps));
         }
     }
-    defer_row_results(g, &level, &mut keyed);
+    if defer {
+        defer_row_results(g, &level, &mut keyed);
+    }
     let mut keys: Vec<(u32, Vec<Dim>)> = Vec::new();
     for (k, _, _) in &keyed {
         if !keys.contains(k) {

@@ -119,7 +119,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }
-    let mut an = analysis::analyse(graph)?;
+    let mut an = analysis::analyse(graph, true)?;
     let hash = graph.stable_hash();
 
     let mut buffers = Vec::new();
@@ -138,8 +138,19 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             buffers::size_expr(node.shape.dims()).map_err(|_| CodegenError::SizeOverflow { node: out.node.0 })?;
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
-    let pass = onepass::detect(graph, &an, opts.lengths_gradient);
-    let rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
+    let mut pass = onepass::detect(graph, &an, opts.lengths_gradient);
+    let mut rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
+    // A row result deferred into a kernel that does not compute its rows once per row (the
+    // one-pass plan took it, or an earlier kernel stores those rows' reductions) stays in a
+    // kernel of its own: plan again without deferring.
+    let computes_rows = |r: &shapes::row_wise::KernelRows| {
+        r.plan.as_ref().is_some_and(|p| p.case == shapes::row_wise::RowCase::Elements)
+    };
+    if an.kernels.iter().zip(&rows).any(|(info, r)| analysis::has_row_results(graph, info) && !computes_rows(r)) {
+        an = analysis::analyse(graph, false)?;
+        pass = onepass::detect(graph, &an, opts.lengths_gradient);
+        rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
+    }
     // Kernels without row reductions may reduce columns (not kernel 0 under a one-pass plan).
     let column_plans: Vec<Option<shapes::columns::Columns>> = an
         .kernels

@@ -314,6 +314,14 @@ const FOUND: &[&str] = &[
      let t1 = clamp(p, -1, 4)\nlet t3 = mean(t1, where: s)\nlet t4 = where(s, t3, 1e-7)\n\
      let t6 = offsets[.., None]\nlet t7 = tanh(t3)\noutput o0: bf16 = t7\noutput o1 = t6\noutput o2 = t6\n\
      output loss = t4\noutput dp = grad(loss, p)\noutput dq = grad(loss, q)\n",
+    // A full reduction of a row maximum deferred into kernel 0 of the offsets, which the one-pass
+    // plan takes: planned again without deferring.
+    "input q: f32[T]\ninput offsets: i32[S] as offsets(T)\nlet t1 = bitwise_not(offsets)\n\
+     let t2 = t1 + offsets\nlet t3 = max(offsets, axis: -1)\nlet t4 = max(t3)\nlet t5 = f32(t3)\n\
+     let t9 = remainder(t5, t2)\nlet t11 = fma(t9, t9, 0.0)\noutput o0 = t4\noutput o1 = t11\noutput loss = t5\n",
+    // The gradient of a column sum is read by the column kernel from the output an earlier kernel
+    // stored.
+    "input x: f32[B, N]\ninput r: bf16[N]\nlet t6 = r + x\noutput o0 = t6\noutput dx = grad(sum(t6 * t6), x)\n",
 ];
 
 #[test]

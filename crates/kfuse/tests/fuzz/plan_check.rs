@@ -146,9 +146,11 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
             BufferKind::Input(_) if !writers.is_empty() => {
                 return Err(format!("input buffer {i} is written by kernels {writers:?}"));
             }
-            BufferKind::Output(o) if writers.len() != 1 || !readers.is_empty() => {
+            // A later kernel may read an output an earlier one stored (a column reduction's
+            // operand), never one written after it or by it.
+            BufferKind::Output(o) if writers.len() != 1 || readers.iter().any(|&r| r <= writers[0]) => {
                 return Err(format!(
-                    "output `{}` is written by kernels {writers:?} and read by {readers:?}: one writer wanted",
+                    "output `{}` is written by kernels {writers:?} and read by {readers:?}: one writer, read only after it, wanted",
                     graph.outputs[o].name
                 ));
             }
