@@ -155,8 +155,31 @@ def padded_giou_loss(pred, target, lengths, eps: float = 1e-7):
     return torch.where(valid, loss, 0).sum() / valid.sum().clamp(min=1)
 
 
+def slices_and_selects(x):
+    # A slice of a middle axis, a select of the first, a transpose: their backwards are
+    # slice_scatter, select_scatter and the transpose back.
+    return (x[:, 1:5, :].exp() * x[0, 2:6, :]).transpose(-1, -2).sum(-1)
+
+
+def strided_last_axis(x):
+    return x[..., ::2].sigmoid() + x[..., 1:2] * x[..., -1:]
+
+
+def permuted_attention_scores(q, k):
+    # Scores scaled and softmaxed across a permuted layout, then weighted: no matmul, all views.
+    return torch.softmax(q.permute(0, 2, 1) * 0.5, dim=-1) * k
+
+
+def select_middle_axis(x, w):
+    return (x.select(1, 2) * w).tanh() + x[:, -1].square()
+
+
 # name -> (function, inputs(gen) as a list, which inputs get gradients)
 CASES = {
+    "slices_and_selects": (slices_and_selects, lambda g: [_randn(g, 3, 7, 5)], (0,)),
+    "strided_last_axis": (strided_last_axis, lambda g: [_randn(g, 4, 9)], (0,)),
+    "permuted_attention_scores": (permuted_attention_scores, lambda g: [_randn(g, 2, 5, 6), _randn(g, 2, 6, 5)], (0, 1)),
+    "select_middle_axis": (select_middle_axis, lambda g: [_randn(g, 5, 4, 11), _randn(g, 11)], (0, 1)),
     "tv_generalized_box_iou_loss": (tv_generalized_box_iou_loss, lambda g: _box_pair(g, 37), (0, 1)),
     "tv_distance_box_iou_loss": (tv_distance_box_iou_loss, lambda g: _box_pair(g, 5, 13), (0, 1)),
     "tv_complete_box_iou_loss": (tv_complete_box_iou_loss, lambda g: _box_pair(g, 29), (0, 1)),
@@ -206,7 +229,18 @@ def test_matches_eager_with_gradients(name):
     assert _fused_since(before), f"{name}: no region was fused"
 
 
-WHOLE = ["cross_entropy_labels", "cross_entropy_ignore_smoothing", "cross_entropy_probs", "softmax_middle_axis", "log_softmax_last_axis"]
+WHOLE = [
+    "cross_entropy_labels",
+    "cross_entropy_ignore_smoothing",
+    "cross_entropy_probs",
+    "softmax_middle_axis",
+    "log_softmax_last_axis",
+    # Slices, selects and permutes on any axis, and their scatters back in the backward.
+    "slices_and_selects",
+    "strided_last_axis",
+    "permuted_attention_scores",
+    "select_middle_axis",
+]
 
 
 @pytest.mark.parametrize("name", WHOLE)

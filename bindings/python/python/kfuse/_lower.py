@@ -385,6 +385,15 @@ def _reshape_by_shapes(node, a, ctx):
         if k <= len(after):
             return x.text, x.shape
         return _drop_leading_ones(src, x, k - len(after), ctx)
+    # Size-1 axes removed and inserted anywhere, the others in order: each size-1 axis selected
+    # away, then each new one inserted (the value at the full rank only).
+    if k == len(before) and [d for d in before if d != 1] == [d for d in after if d != 1]:
+        text = x.text
+        if 1 in before:
+            text = f"{text}[{', '.join('0' if d == 1 else ':' for d in before)}]"
+        if 1 in after:
+            text = f"{text}[{', '.join('None' if d == 1 else ':' for d in after)}]"
+        return text, after
     raise Refused(f"a view from {list(before)} to {list(after)} (kfuse adds or removes size-1 axes only)")
 
 
@@ -394,9 +403,10 @@ def _unsqueeze(node, a, ctx):
     d = a["dim"] % (n + 1)
     if d == n:
         return f"{x.text}[.., None]", x.shape + (1,)
-    if d <= n - len(x.shape):
+    k = d - (n - len(x.shape))
+    if k <= 0:  # before the value's own axes: it broadcasts there already
         return x.text, x.shape
-    raise Refused(f"an unsqueeze at axis {d} of a {n}-d tensor (kfuse adds a last axis)")
+    return f"{x.text}[{', '.join([':'] * k + ['None', '..'])}]", x.shape[:k] + (1,) + x.shape[k:]
 
 
 def _expand(node, a, ctx):
@@ -404,39 +414,111 @@ def _expand(node, a, ctx):
     return x.text, x.shape
 
 
+def _index_text(x, k, item):
+    """`x` indexed with `item` at its axis `k`, every other axis whole: ``x[.., item]`` on the
+    last axis, else ``x[:, .., item, ..]``."""
+    if k == len(x.shape) - 1:
+        return f"{x.text}[.., {item}]"
+    return f"{x.text}[{', '.join([':'] * k + [item, '..'])}]"
+
+
+def _view_axis(x, a, ctx, what):
+    """Value `x` of argument ``self``, its torch shape, and the axis `k` of `x` that torch's axis
+    ``dim`` is (negative where `x` broadcasts along the leading axis it lacks)."""
+    full = ctx.shape_of(a["self"])
+    if not full:
+        raise Refused(f"a {what} of a scalar")
+    d = a["dim"] % len(full)
+    return full, d, d - (len(full) - len(x.shape))
+
+
 def _select(node, a, ctx):
     x = ctx.v(a["self"])
-    full = ctx.shape_of(a["self"])
-    n = len(full)
-    if a["dim"] % n != n - 1:
-        raise Refused(f"a select along axis {a['dim']} of a {n}-d tensor (kfuse reads components of the last axis)")
-    if len(x.shape) < n:
+    full, d, k = _view_axis(x, a, ctx, "select")
+    if k < 0:  # an axis the value is broadcast along: the same value at every index
         return x.text, x.shape
-    last = x.shape[-1]
-    if last == 1:
-        return f"{x.text}[.., 0]", x.shape[:-1]
-    if not isinstance(last, int):
-        raise Refused(f"a select on a last axis of non-constant size {last}")
-    return f"{x.text}[.., {a['index'] % last}]", x.shape[:-1]
+    i = a["index"]
+    if x.shape[k] == 1:  # a size-1 axis of the value (torch's may be broadcast): its only element
+        i = 0
+    elif not isinstance(i, int):
+        raise Refused(f"a select at a symbolic index {i}")
+    elif i < 0:
+        if not isinstance(full[d], int):
+            raise Refused(f"a select at index {i} of an axis of symbolic size {full[d]}")
+        i += full[d]
+    return _index_text(x, k, str(i)), x.shape[:k] + x.shape[k + 1 :]
+
+
+# torch writes an open end (`x[2:]`) as this end or beyond.
+_OPEN_END = 1 << 62
+
+
+def _picked(a, size, what):
+    """The positions a slice (``start``, ``end``, ``step`` of `a`) reads of an axis of `size`, as
+    a range, or None for the whole of an axis of symbolic size (`x[:]`, `x[0:]`). Bounds must be
+    constants and the step positive; on a symbolic axis, an end must be given (the result's size
+    is a constant)."""
+    start, end, step = a.get("start"), a.get("end"), a.get("step")
+    step = 1 if step is None else step
+    if not all(v is None or isinstance(v, int) for v in (start, end, step)) or step < 1:
+        raise Refused(f"a {what} {start}:{end}:{step} (kfuse slices with constant bounds and a positive step)")
+    if isinstance(size, int):
+        picked = range(size)[slice(start, end, step)]
+    else:
+        start = start or 0
+        if end is None or end >= _OPEN_END:
+            if start == 0 and step == 1:
+                return None
+            raise Refused(f"a {what} {start}:{end}:{step} of an axis of symbolic size {size} (kfuse needs an end)")
+        if start < 0 or end < 0:
+            raise Refused(f"a {what} {start}:{end}:{step} of an axis of symbolic size {size} (kfuse needs bounds >= 0)")
+        picked = range(start, end, step)
+    if not picked:
+        raise Refused(f"an empty {what}")
+    return picked
 
 
 def _slice(node, a, ctx):
     x = ctx.v(a["self"])
-    full = ctx.shape_of(a["self"])
-    n = len(full)
-    if n == 0 or a["dim"] % n != n - 1:
-        raise Refused(f"a slice along axis {a['dim']} of a {n}-d tensor (kfuse slices the last axis only)")
-    size = full[-1]
-    if not isinstance(size, int) or not all(isinstance(a[k], (int, type(None))) for k in ("start", "end", "step")):
-        raise Refused("a slice of a last axis of non-constant size")
-    picked = range(size)[slice(a["start"], a["end"], a["step"])]
-    if len(picked) == size:
+    full, d, k = _view_axis(x, a, ctx, "slice")
+    picked = _picked(a, full[d], "slice")
+    if picked is None or len(picked) == full[d] or k < 0 or x.shape[k] == 1:
+        # All of it, or an axis the value is broadcast along.
         return x.text, x.shape
-    if len(picked) != 1:
-        raise Refused(f"a slice of {len(picked)} of {size} components (kfuse slices one component or all)")
-    if len(x.shape) < n or x.shape[-1] == 1:
+    item = f"{picked.start}:{picked.stop}:{picked.step}"
+    return _index_text(x, k, item), x.shape[:k] + (len(picked),) + x.shape[k + 1 :]
+
+
+def _permute_to(x, n, dims, what):
+    """`x` with its axes reordered as torch's `dims` reorders a tensor of rank `n`."""
+    dims = [d % n for d in dims]
+    if dims == list(range(n)):
         return x.text, x.shape
-    return f"{x.text}[.., {picked[0]}][.., None]", x.shape[:-1] + (1,)
+    if len(x.shape) < n:
+        raise Refused(f"a {what} of a value broadcast along leading axes")
+    return f"permute({x.text}, [{', '.join(map(str, dims))}])", tuple(x.shape[p] for p in dims)
+
+
+def _permute(node, a, ctx):
+    x = ctx.v(a["self"])
+    return _permute_to(x, len(ctx.shape_of(a["self"])), list(a["dims"]), "permute")
+
+
+def _transpose(node, a, ctx):
+    x = ctx.v(a["self"])
+    n = len(ctx.shape_of(a["self"]))
+    if n < 2:
+        return x.text, x.shape
+    dims = list(range(n))
+    d0, d1 = a["dim0"] % n, a["dim1"] % n
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return _permute_to(x, n, dims, "transpose")
+
+
+def _t(node, a, ctx):
+    x = ctx.v(a["self"])
+    n = len(ctx.shape_of(a["self"]))
+    return _permute_to(x, n, [1, 0], "transpose") if n == 2 else (x.text, x.shape)
 
 
 def _full(a, name, ctx, what):
@@ -503,6 +585,59 @@ def _scatter_value(node, a, ctx):
     return f"where({hit}, {_cast_to(v, out)}, {_cast_to(x, out)})", full
 
 
+def _positions(node, full, d, ctx, what):
+    """The text of each element's position along axis `d` of the result (kfuse's `iota` of a
+    tensor of the region with the result's shape `full`), as an i64."""
+    shaped = next((v.text for v in ctx.values.values() if v.shape == full), None)
+    if shaped is None:
+        if not ctx.partial:
+            raise Refused(f"{what} into {list(full)}, a shape no tensor of its region has (kfuse counts positions with iota)")
+        shaped = "0"  # whether a tensor of the region has this shape is known with the region
+    return f"i64(iota({shaped}, axis: {d}))"
+
+
+def _slice_scatter(node, a, ctx):
+    """`slice_scatter(self, src, dim, start, end, step)` (a slice's backward): `src` at the
+    positions the slice reads, `self` elsewhere; `src` is read at position `(c - start) / step`."""
+    full = ctx.shape_of(node)
+    if not full:
+        raise Refused("a slice_scatter into a scalar")
+    d = a["dim"] % len(full)
+    src, sfull = _full(a, "src", ctx, "a slice_scatter")
+    picked = _picked(a, full[d], "slice_scatter")
+    if picked is None or len(sfull) != len(full) or sfull[d] != len(picked):
+        raise Refused("a slice_scatter whose source is not the slice's shape")
+    c = _positions(node, full, d, ctx, "a slice_scatter")
+    b0, m, s = picked.start, len(picked), picked.step
+    inside = f"({c} >= {b0}) and ({c} <= {b0 + (m - 1) * s})"
+    if s != 1 and m > 1:
+        inside += f" and (({c} - {b0}) % {s} == 0)"
+    j = f"clamp({c} - {b0}, 0, {m - 1})" if s == 1 else f"clamp(({c} - {b0}) // {s}, 0, {m - 1})"
+    out = ctx.out_dtype
+    x = ctx.v(a["self"])
+    return f"where({inside}, gather({_cast_to(src, out)}, {j}, axis: {d}), {_cast_to(x, out)})", full
+
+
+def _select_scatter(node, a, ctx):
+    """`select_scatter(self, src, dim, index)` (a select's backward): `src` at `index` along
+    `dim`, `self` elsewhere."""
+    full = ctx.shape_of(node)
+    n = len(full)
+    if not n:
+        raise Refused("a select_scatter into a scalar")
+    d = a["dim"] % n
+    src, _ = _full(a, "src", ctx, "a select_scatter")
+    i = a["index"]
+    if not isinstance(i, int) or (i < 0 and not isinstance(full[d], int)):
+        raise Refused(f"a select_scatter at index {i}")
+    i = i % full[d] if i < 0 else i
+    c = _positions(node, full, d, ctx, "a select_scatter")
+    placed = f"{src.text}[.., None]" if d == n - 1 else f"{src.text}[{', '.join([':'] * d + ['None', '..'])}]"
+    out = ctx.out_dtype
+    x = ctx.v(a["self"])
+    return f"where({c} == {i}, {_cast_to(V(placed, full, src.dtype), out)}, {_cast_to(x, out)})", full
+
+
 # The name of the region input that keys every random draw of a region (see `_rand_like`).
 SEED = "seed"
 
@@ -525,6 +660,11 @@ def _rand_like(node, a, ctx):
 
 RULES = {
     aten.slice: _slice,
+    aten.permute: _permute,
+    aten.transpose: _transpose,
+    aten.t: _t,
+    aten.slice_scatter: _slice_scatter,
+    aten.select_scatter: _select_scatter,
     aten.add: _infix("+"),
     aten.sub: _infix("-"),
     aten.rsub: _rsub,
