@@ -174,8 +174,20 @@ def select_middle_axis(x, w):
     return (x.select(1, 2) * w).tanh() + x[:, -1].square()
 
 
+def boxes_cxcywh_l1(pred, target):
+    # Centre and size to corners along the last axis (a cat of two 2-wide parts), then an L1 loss.
+    xy, wh = pred[..., :2], pred[..., 2:]
+    return (torch.cat([xy - wh / 2, xy + wh / 2], dim=-1) - target).abs().mean()
+
+
+def cat_middle_axis(a, b):
+    return torch.softmax(torch.cat([a, b * 2], dim=1), dim=-1) * 3
+
+
 # name -> (function, inputs(gen) as a list, which inputs get gradients)
 CASES = {
+    "boxes_cxcywh_l1": (boxes_cxcywh_l1, lambda g: [_randn(g, 3, 17, 4), _randn(g, 3, 17, 4)], (0, 1)),
+    "cat_middle_axis": (cat_middle_axis, lambda g: [_randn(g, 5, 3, 7), _randn(g, 5, 4, 7)], (0, 1)),
     "slices_and_selects": (slices_and_selects, lambda g: [_randn(g, 3, 7, 5)], (0,)),
     "strided_last_axis": (strided_last_axis, lambda g: [_randn(g, 4, 9)], (0,)),
     "permuted_attention_scores": (permuted_attention_scores, lambda g: [_randn(g, 2, 5, 6), _randn(g, 2, 6, 5)], (0, 1)),
@@ -240,6 +252,9 @@ WHOLE = [
     "strided_last_axis",
     "permuted_attention_scores",
     "select_middle_axis",
+    # cat along any axis, and the slices of its backward.
+    "boxes_cxcywh_l1",
+    "cat_middle_axis",
 ]
 
 

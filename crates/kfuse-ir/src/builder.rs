@@ -493,6 +493,72 @@ impl GraphBuilder {
         self.binary(BinaryOp::Ge, iota, zero)
     }
 
+    /// `torch.cat(parts, dim=axis)`: the parts, of one rank, equal sizes on every other axis and
+    /// a constant size along `axis` (negative counts from the end), one after another along it,
+    /// in their common dtype. Built from existing ops: at position `c` along the axis, the part
+    /// whose range holds `c`, gathered at `c` less the sizes of the parts before it (an index
+    /// clamped into the part), so the interpreter, every kernel shape and the gradient (each
+    /// part's share of the upstream gradient, by the gathers' gradients) need nothing new.
+    pub fn cat(&mut self, parts: &[NodeId], axis: i64) -> Result<NodeId, IrError> {
+        let first = *parts.first().ok_or(IrError::EmptyStack)?;
+        let shape = self.node(first).shape.clone();
+        let rank = shape.rank();
+        if rank == 0 {
+            return Err(IrError::RankTooLow { op: "cat", min: 1, shape: self.graph.shape_str(&shape) });
+        }
+        let a = axis_mask("cat", &[axis], rank)?.trailing_zeros() as usize;
+        let dtype = self.meet_all("cat", parts)?;
+        let bad = |b: &Self, p: NodeId, why: String| IrError::BadView {
+            op: "cat",
+            axis,
+            shape: b.graph.shape_str(&b.node(p).shape),
+            why,
+        };
+        let mut sizes = Vec::with_capacity(parts.len());
+        for (k, &p) in parts.iter().enumerate() {
+            let dims = self.node(p).shape.dims();
+            if dims.len() != rank || (0..rank).any(|d| d != a && dims[d] != shape.dims()[d]) {
+                let want = self.graph.shape_str(&shape);
+                return Err(bad(
+                    self,
+                    p,
+                    format!("part {k} differs from part 0's shape {want} on an axis other than {a}"),
+                ));
+            }
+            match dims[a] {
+                Dim::Const(n) if n > 0 => sizes.push(n),
+                _ => return Err(bad(self, p, format!("part {k} needs a constant size of at least 1 along the axis"))),
+            }
+        }
+        let parts: Vec<NodeId> = parts.iter().map(|&p| self.cast(p, dtype)).collect();
+        if parts.len() == 1 {
+            return Ok(parts[0]);
+        }
+        let mut dims = shape.dims().to_vec();
+        dims[a] = Dim::Const(sizes.iter().sum());
+        let at = self.iota(Shape(dims), a as u32)?;
+        let mut result: Option<NodeId> = None;
+        let mut end: u64 = sizes.iter().sum();
+        for (&p, &n) in parts.iter().zip(&sizes).rev() {
+            let start = end - n;
+            let shift = self.lit_int(start as i64);
+            let local = self.binary(BinaryOp::Sub, at, shift)?;
+            let (lo, hi) = (self.lit_int(0), self.lit_int(n as i64 - 1));
+            let index = self.clamp(local, lo, hi)?;
+            let picked = self.gather(p, index, a as i64)?;
+            result = Some(match result {
+                None => picked,
+                Some(later) => {
+                    let bound = self.lit_int(end as i64);
+                    let here = self.binary(BinaryOp::Lt, at, bound)?;
+                    self.select(here, picked, later)?
+                }
+            });
+            end = start;
+        }
+        result.ok_or(IrError::EmptyStack)
+    }
+
     /// The index along `axis` of each element of a tensor of `shape`.
     pub fn iota(&mut self, shape: Shape, axis: u32) -> Result<NodeId, IrError> {
         if axis as usize >= shape.rank() {

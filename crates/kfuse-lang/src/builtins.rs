@@ -184,6 +184,7 @@ impl Lowerer<'_> {
             }
             "transpose" | "permute" => self.permute(func, args, span),
             "softmax" | "log_softmax" => self.softmax(func, args, span),
+            "cat" => self.cat(func, args, span),
             "stack" => {
                 // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
                 let a = split(func, args, &[])?;
@@ -447,6 +448,27 @@ impl Lowerer<'_> {
             self.b.permute(x, &perm)
         };
         r.map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `cat([a, b, ..], axis: A)`: `torch.cat` along axis `A` (the last when `axis:` is left
+    /// out) of parts with one rank, equal sizes on every other axis and constant sizes along it.
+    fn cat(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let a = split(func, args, &["axis"])?;
+        let expected = "cat([a, b], axis: 1), a list of parts of one rank joined along one axis";
+        let [list] = exact(func, &a, span, expected)?;
+        let ExprKind::List(items) = &list.kind else {
+            return Err(
+                Report::new(DiagnosticKind::Arguments, list.span, "`cat` takes its parts as a list").expected(expected)
+            );
+        };
+        let (axis, _) = one_axis(&a, span, expected)?;
+        let parts = items.iter().map(|e| self.expr(e)).collect::<Result<Vec<_>, _>>()?;
+        if parts.is_empty() {
+            return Err(
+                Report::new(DiagnosticKind::Arguments, list.span, "`cat` needs at least one part").expected(expected)
+            );
+        }
+        self.b.cat(&parts, axis).map_err(|e| self.ir_report(e, span, &parts))
     }
 
     /// `gather(x, index, axis: A)`: `torch.gather(x, A, index)`, the elements of `x` at `index`

@@ -399,6 +399,9 @@ impl<'s> Lowerer<'s> {
                 "an index with the source's rank whose size differs from the source's on axis {axis} only, as in gather(x, labels[.., None], axis: -1) for x: f32[B, C], labels: i64[B]"
             ),
             IrError::RandSeedShape { .. } => "a scalar seed, as in rand_like(x, seed) for `input seed: i64`".into(),
+            IrError::BadView { op: "cat", .. } => {
+                "parts of one rank, equal sizes on every other axis and constant sizes along the axis, as in cat([a, b], axis: 1)".into()
+            }
             IrError::BadView { op: "select", .. } => {
                 "an index within the axis (negative ones count from the end of an axis of constant size)".into()
             }

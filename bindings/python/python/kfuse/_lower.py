@@ -208,11 +208,20 @@ def _logical(op):
 
 def _cat(node, a, ctx):
     """`cat` along the last axis of parts whose last axis has size 1 (what stacking the gradients
-    of `unbind`'s parts gives): kfuse's `stack` of their components."""
+    of `unbind`'s parts gives): kfuse's `stack` of their components; along any other axis,
+    kfuse's `cat` of parts at their full shapes with constant sizes along it."""
     tensors = list(a["tensors"])
     n = fake(node).dim()
-    if n == 0 or a.get("dim", 0) % n != n - 1 or any(fake(t) is None or fake(t).shape[-1] != 1 for t in tensors):
-        raise Refused("a cat other than of size-1 last axes (kfuse stacks along a new last axis)")
+    if n == 0:
+        raise Refused("a cat of scalars")
+    d = a.get("dim", 0) % n
+    if d != n - 1 or any(fake(t) is None or fake(t).shape[-1] != 1 for t in tensors):
+        parts = [_full({"t": t}, "t", ctx, "a cat")[0] for t in tensors]
+        if any(not isinstance(p.shape[d], int) for p in parts):
+            raise Refused("a cat along an axis of symbolic size (kfuse joins parts of constant sizes)")
+        out = ctx.out_dtype
+        full = ctx.shape_of(node)
+        return f"cat([{', '.join(_cast_to(p, out) for p in parts)}], axis: {d})", full
     parts = [ctx.v(t) for t in tensors]
     if any(len(p.shape) != n for p in parts):
         raise Refused("a cat of broadcast parts")
