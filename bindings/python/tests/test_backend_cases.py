@@ -184,8 +184,16 @@ def cat_middle_axis(a, b):
     return torch.softmax(torch.cat([a, b * 2], dim=1), dim=-1) * 3
 
 
+def loss_and_accuracy(logits, labels):
+    # A metric beside the loss: the argmax per row is an i64 with no gradient.
+    hits = (logits.argmax(dim=-1) == labels).float().mean()
+    lows = logits.argmin(dim=0, keepdim=True).float().mean()
+    return F.cross_entropy(logits, labels) * (1 + hits) + lows
+
+
 # name -> (function, inputs(gen) as a list, which inputs get gradients)
 CASES = {
+    "loss_and_accuracy": (loss_and_accuracy, lambda g: [_randn(g, 37, 13) * 2, _labels(g, 37, 13)], (0,)),
     "boxes_cxcywh_l1": (boxes_cxcywh_l1, lambda g: [_randn(g, 3, 17, 4), _randn(g, 3, 17, 4)], (0, 1)),
     "cat_middle_axis": (cat_middle_axis, lambda g: [_randn(g, 5, 3, 7), _randn(g, 5, 4, 7)], (0, 1)),
     "slices_and_selects": (slices_and_selects, lambda g: [_randn(g, 3, 7, 5)], (0,)),
@@ -255,6 +263,8 @@ WHOLE = [
     # cat along any axis, and the slices of its backward.
     "boxes_cxcywh_l1",
     "cat_middle_axis",
+    # argmax and argmin along an axis beside a loss.
+    "loss_and_accuracy",
 ]
 
 

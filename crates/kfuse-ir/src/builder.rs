@@ -493,6 +493,35 @@ impl GraphBuilder {
         self.binary(BinaryOp::Ge, iota, zero)
     }
 
+    /// `torch.argmax` / `torch.argmin` along `axis` (negative counts from the end; `op` is `Max`
+    /// or `Min`): the first position along the axis that holds the extreme value of its line, or
+    /// the first NaN there (torch's answer), as an i64. Built from existing reductions: the
+    /// extreme (kept as a size-1 axis), then the least position whose element equals it or is NaN.
+    pub fn arg_extremum(&mut self, op: ReduceOp, x: NodeId, axis: i64, keepdim: bool) -> Result<NodeId, IrError> {
+        let name = match op {
+            ReduceOp::Max => "argmax",
+            ReduceOp::Min => "argmin",
+            _ => return Err(IrError::Malformed(format!("arg_extremum of {}", op.name()))),
+        };
+        let (xs, dtype) = (self.node(x).shape.clone(), self.node(x).dtype);
+        if xs.rank() == 0 {
+            return Err(IrError::RankTooLow { op: name, min: 1, shape: self.graph.shape_str(&xs) });
+        }
+        if dtype == DType::Bool {
+            return Err(IrError::BadDType { op: name, dtype, hint: " (compare a bool tensor, or cast it to i32)" });
+        }
+        let bits = axis_mask(name, &[axis], xs.rank())?;
+        let extreme = self.reduce(op, ReduceAxis::Axes { mask: bits, keepdim: true }, x, None)?;
+        let mut hit = self.binary(BinaryOp::Eq, x, extreme)?;
+        if dtype.kind() == Kind::Float {
+            let nan = self.unary(UnaryOp::IsNan, x)?;
+            hit = self.binary(BinaryOp::Or, hit, nan)?;
+        }
+        let at = self.iota(xs, bits.trailing_zeros())?;
+        let at = self.cast(at, DType::I64);
+        self.reduce(ReduceOp::Min, ReduceAxis::Axes { mask: bits, keepdim }, at, Some(hit))
+    }
+
     /// `torch.cat(parts, dim=axis)`: the parts, of one rank, equal sizes on every other axis and
     /// a constant size along `axis` (negative counts from the end), one after another along it,
     /// in their common dtype. Built from existing ops: at position `c` along the axis, the part

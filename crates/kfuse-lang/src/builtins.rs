@@ -185,6 +185,7 @@ impl Lowerer<'_> {
             "transpose" | "permute" => self.permute(func, args, span),
             "softmax" | "log_softmax" => self.softmax(func, args, span),
             "cat" => self.cat(func, args, span),
+            "argmax" | "argmin" => self.arg_extremum(func, args, span),
             "stack" => {
                 // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
                 let a = split(func, args, &[])?;
@@ -448,6 +449,35 @@ impl Lowerer<'_> {
             self.b.permute(x, &perm)
         };
         r.map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `argmax(x, axis: A)` / `argmin(x, axis: A, keepdim: true)`: `torch.argmax` / `argmin`
+    /// along one axis (named: kfuse has no flat index over every axis), an i64.
+    fn arg_extremum(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let n = func.name.as_str();
+        let expected = format!("{n}(x, axis: -1), or {n}(x, axis: 1, keepdim: true)");
+        let a = split(func, args, &["axis", "keepdim"])?;
+        let keepdim = match a.keyword("keepdim") {
+            None => false,
+            Some(Expr { kind: ExprKind::Bool(b), .. }) => *b,
+            Some(other) => {
+                return Err(Report::new(DiagnosticKind::Arguments, other.span, "`keepdim` must be `true` or `false`")
+                    .expected(expected))
+            }
+        };
+        if a.keyword("axis").is_none() {
+            return Err(
+                Report::new(DiagnosticKind::Arguments, span, format!("`{n}` needs an `axis:`")).expected(expected)
+            );
+        }
+        let [x] = exact(func, &a, span, &expected)?;
+        let (axis, at) = one_axis(&a, span, &expected)?;
+        let op = if n == "argmax" { ReduceOp::Max } else { ReduceOp::Min };
+        let xn = self.expr(x)?;
+        self.b.arg_extremum(op, xn, axis, keepdim).map_err(|e| {
+            let at = if matches!(e, kfuse_ir::IrError::BadAxis { .. }) { at } else { span };
+            self.ir_report(e, at, &[xn])
+        })
     }
 
     /// `cat([a, b, ..], axis: A)`: `torch.cat` along axis `A` (the last when `axis:` is left

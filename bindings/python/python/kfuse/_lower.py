@@ -553,6 +553,22 @@ def _softmax(fn):
     return rule
 
 
+def _arg_extremum(fn):
+    """`argmax` / `argmin` along one axis: kfuse's, an i64 (over every element, torch's flat
+    index, is refused)."""
+
+    def rule(node, a, ctx):
+        x, full = _full(a, "self", ctx, f"an {fn}")
+        if a.get("dim") is None or not full:
+            raise Refused(f"an {fn} over every element (kfuse's {fn} takes an axis)")
+        d = a["dim"] % len(full)
+        keep = bool(a.get("keepdim"))
+        shape = full[:d] + ((1,) if keep else ()) + full[d + 1 :]
+        return f"{fn}({x.text}, axis: {d}{', keepdim: true' if keep else ''})", shape
+
+    return rule
+
+
 def _gather(node, a, ctx):
     """`gather(self, dim, index)`: kfuse's `gather` (the index has the result's shape, equal to
     the source's on every other axis)."""
@@ -673,6 +689,8 @@ RULES = {
     aten.transpose: _transpose,
     aten.t: _t,
     aten.slice_scatter: _slice_scatter,
+    aten.argmax: _arg_extremum("argmax"),
+    aten.argmin: _arg_extremum("argmin"),
     aten.select_scatter: _select_scatter,
     aten.add: _infix("+"),
     aten.sub: _infix("-"),
