@@ -99,3 +99,14 @@ pub fn rel_l2_err(got: &HostTensor, want: &HostTensor) -> f64 {
         num.sqrt()
     }
 }
+
+/// Panics unless NVRTC compiles kernel `name`'s CUDA `source` for sm_80 and sm_90 (call it after
+/// [`nvrtc_or_skip`]); `what` names the program in the message.
+pub fn assert_compiles_for_sm80_and_sm90(what: &str, name: &str, source: &str) {
+    use kfuse_runtime::{compile, Arch, CompileOptions};
+    for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
+        if let Err(e) = compile(source, &CompileOptions::for_arch(arch)) {
+            panic!("{what}: {name} does not compile for {}: {e}\n{source}", arch.sm_name());
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
-use kfuse_runtime::{compile, testing::nvrtc_or_skip, Arch, CompileOptions};
+use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
 const ARGS: &str = "\
@@ -78,11 +78,7 @@ fn argmax_kernels_compile_for_sm80_and_sm90() {
         return;
     }
     for k in &program(ARGS).plan().kernels {
-        for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
-            if let Err(e) = compile(&k.source, &CompileOptions::for_arch(arch)) {
-                panic!("{} does not compile for {}: {e}\n{}", k.name, arch.sm_name(), k.source);
-            }
-        }
+        kfuse_testing::assert_compiles_for_sm80_and_sm90("argmax", &k.name, &k.source);
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
-use kfuse_runtime::{compile, testing::nvrtc_or_skip, Arch, CompileOptions};
+use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
 /// Parts joined along the first, a middle and the last axis, of mixed dtypes, with a gradient.
@@ -118,11 +118,7 @@ fn kernels_reading_cats_compile_for_sm80_and_sm90() {
     }
     let p = program(CATS);
     for k in &p.plan().kernels {
-        for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
-            if let Err(e) = compile(&k.source, &CompileOptions::for_arch(arch)) {
-                panic!("{} does not compile for {}: {e}\n{}", k.name, arch.sm_name(), k.source);
-            }
-        }
+        kfuse_testing::assert_compiles_for_sm80_and_sm90("cat", &k.name, &k.source);
     }
 }
 

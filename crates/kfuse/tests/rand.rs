@@ -11,7 +11,6 @@ use std::sync::Arc;
 use kfuse::{Engine, HostTensor, Program, TensorData};
 use kfuse_codegen::GridSpec;
 use kfuse_ir::philox;
-use kfuse_runtime::{compile, Arch, CompileOptions};
 use kfuse_testing::{gpu_or_skip, nvrtc_or_skip, random_tensor};
 
 fn program(src: &str) -> Program {
@@ -236,11 +235,7 @@ fn every_kernel_compiles_with_nvrtc() {
     }
     for (name, src, _) in shapes() {
         for k in &program(src).plan().kernels {
-            for arch in [Arch::new(8, 0), Arch::new(9, 0)] {
-                if let Err(e) = compile(&k.source, &CompileOptions::for_arch(arch)) {
-                    panic!("{name}: {} does not compile for {}: {e}\n{}", k.name, arch.sm_name(), k.source);
-                }
-            }
+            kfuse_testing::assert_compiles_for_sm80_and_sm90(name, &k.name, &k.source);
         }
     }
 }

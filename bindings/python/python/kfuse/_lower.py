@@ -598,15 +598,10 @@ def _scatter_value(node, a, ctx):
     d = a["dim"] % n
     if ifull[d] != 1 or any(ifull[k] != full[k] for k in range(n) if k != d):
         raise Refused("a scatter of more than one index along its axis (kfuse writes one, as gather's backward)")
-    shaped = next((v.text for v in ctx.values.values() if v.shape == full), None)
-    if shaped is None:
-        if ctx.partial:
-            shaped = "0"  # whether a tensor of the region has this shape is known with the region
-        else:
-            raise Refused(f"a scatter into {list(full)}, a shape no tensor of its region has (kfuse counts positions with iota)")
+    c = _positions(node, full, d, ctx, "a scatter")
     x, v = ctx.v(a["self"]), ctx.v(a["value"])
     out = ctx.out_dtype
-    hit = f"i64(iota({shaped}, axis: {d})) == i64({i.text})"
+    hit = f"{c} == i64({i.text})"
     return f"where({hit}, {_cast_to(v, out)}, {_cast_to(x, out)})", full
 
 
