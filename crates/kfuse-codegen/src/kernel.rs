@@ -28,7 +28,6 @@ use crate::cuda::{self, Helper};
 use crate::emit::{Coord, Emitter, Mode};
 use crate::epilogue::{emit_epilogue, EpilogueRun};
 use crate::plan::{GridSpec, Kernel, RegisterRows};
-use crate::row_cache::ROW_CACHE_SLOTS;
 use crate::shapes::{columns, compacted, grid_stride, row_groups, row_wise, rows, warp_per_row, KernelShape};
 use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
@@ -287,7 +286,7 @@ pub(crate) fn emit_kernel(
         KernelShape::RowWise => {
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, (&[], &body), false);
+            row_wise::write(&mut src, sizes, &accumulators, (&[], &body), None);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -307,7 +306,7 @@ pub(crate) fn emit_kernel(
             src.push_str(&entry_head(&entry, &register_bounds));
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "register rows without sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, (&cached.prologue, &cached.body), true);
+            row_wise::write(&mut src, sizes, &accumulators, (&cached.prologue, &cached.body), Some(cached.slots));
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
             src.push_str("}\n");
@@ -322,7 +321,7 @@ pub(crate) fn emit_kernel(
                 .collect::<Result<Vec<_>, _>>()?;
             Some(RegisterRows {
                 entry,
-                cols_per_lane: u64::from(ROW_CACHE_SLOTS),
+                cols_per_lane: u64::from(cached.slots),
                 vector: u64::from(cached.width),
                 aligned,
             })

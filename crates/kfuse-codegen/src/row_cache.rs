@@ -1,5 +1,6 @@
 //! Rows kept in registers: a row-wise kernel whose rows fit its lanes' registers (at most
-//! [`ROW_CACHE_SLOTS`] columns a lane), whose row length is a multiple of the vector's columns
+//! [`ROW_CACHE_SLOTS`] columns a lane, or [`ROW_CACHE_SLOTS_ONE_INPUT`] when one row-shaped
+//! input is kept), whose row length is a multiple of the vector's columns
 //! ([`RowCache::width`]: 4, or 8 of 2-byte dtypes) and whose buffers are aligned to vectors, loads each row-shaped input of a row once, a vector at
 //! a time, into an array per lane; every phase's pass and the body read the array instead of
 //! memory. The body runs the lane's columns in groups of a vector's consecutive ones: inputs
@@ -28,12 +29,28 @@ use crate::cuda;
 /// columns (4096 at 256 threads a block) can take the entry point for rows in registers.
 pub const ROW_CACHE_SLOTS: u32 = 16;
 
+/// The columns a lane keeps when a kernel with row reductions keeps one row-shaped input
+/// (softmax, cross-entropy, a norm's forward): rows of up to 1024 columns are one warp's, whose
+/// folds are shuffles with no barrier, and rows of up to 8192 fit a block of 256. Measured on an
+/// H200 (`kfuse bench`, against 16 columns a lane): cross-entropy forward + backward at [67108,
+/// 1000] 0.91x (f32) and 0.86x (bf16), at [16384, 4096] 0.84x; layer norm forward at [8192, 4096]
+/// bf16 0.88x, f32 1.06x, at [8192, 8192] f32 0.70x (before: the entry for any row); small
+/// launches lose a little (layer norm at [8192, 256] 1.08x, cross-entropy at [1024, 1000] 1.13x).
+/// Kernels keeping two inputs (a norm's gradient) were 20-30% slower at 32: they keep 16.
+pub const ROW_CACHE_SLOTS_ONE_INPUT: u32 = 32;
+
+/// The threads a launch of a row-wise kernel's register entry aims at: where `rows` times the
+/// fewest lanes that hold a row at [`ROW_CACHE_SLOTS_ONE_INPUT`] columns a lane is fewer, the
+/// rows take lanes for [`ROW_CACHE_SLOTS`] columns instead (more threads; an H100 or H200 holds
+/// about this many at once).
+pub const ROW_SPREAD_THREADS: u64 = 1 << 18;
+
 /// The bytes of one vector load or store: a group holds this many bytes of its widest buffer's
 /// columns (4 columns of 4 bytes, 8 of 2 bytes; see [`RowCache::for_graph`]).
 const VECTOR_BYTES: u32 = 16;
 
 /// The row-shaped inputs a kernel keeps in registers, at most (each takes
-/// [`ROW_CACHE_SLOTS`] registers a lane); later ones are read from memory.
+/// [`RowCache::slots`] registers a lane); later ones are read from memory.
 const MAX_CACHED_INPUTS: usize = 3;
 
 /// The cached branch's state while it is emitted.
@@ -41,6 +58,8 @@ const MAX_CACHED_INPUTS: usize = 3;
 pub(crate) struct RowCache {
     /// The columns of a group: one vector load or store of each buffer.
     pub width: u32,
+    /// The columns a lane keeps, at most: [`ROW_CACHE_SLOTS`] or [`ROW_CACHE_SLOTS_ONE_INPUT`].
+    pub slots: u32,
     /// The row loops (`l` of `j<l>`) whose column is the lane's slot `t<l>`.
     pub loops: Vec<u32>,
     /// In the body's column block: its slot (a literal).
@@ -68,9 +87,10 @@ pub(crate) struct Group {
 }
 
 impl RowCache {
-    /// The cache of a kernel of graph `g`: groups of 8 columns when every floating-point input
-    /// and output is 2 bytes wide (16-byte vectors of f16 or bf16), else of 4.
-    pub fn for_graph(g: &Graph) -> RowCache {
+    /// The cache of a kernel of graph `g` keeping `slots` columns a lane: groups of 8 columns when
+    /// every floating-point input and output is 2 bytes wide (16-byte vectors of f16 or bf16),
+    /// else of 4.
+    pub fn for_graph(g: &Graph, slots: u32) -> RowCache {
         let widest = g
             .inputs
             .iter()
@@ -82,6 +102,7 @@ impl RowCache {
             .unwrap_or(4);
         RowCache {
             width: (VECTOR_BYTES / widest.max(1)).clamp(4, 8),
+            slots,
             loops: Vec::new(),
             body: None,
             inputs: Vec::new(),
@@ -92,7 +113,7 @@ impl RowCache {
 
     /// The groups of [`RowCache::width`] columns a lane keeps.
     pub fn groups(&self) -> u32 {
-        ROW_CACHE_SLOTS / self.width
+        self.slots / self.width
     }
 
     /// The register that holds input `input` at slot `slot`, recording the input; `None` when
@@ -111,9 +132,9 @@ impl RowCache {
     /// each; the loop stops at the first group past the row.
     pub fn loop_header(&mut self, l: u32) -> String {
         self.loops.push(l);
-        let (t, w) = (format!("t{l}"), self.width);
+        let (t, w, slots) = (format!("t{l}"), self.width, self.slots);
         format!(
-            "#pragma unroll\nfor (int {t} = 0; {t} < {ROW_CACHE_SLOTS}; ++{t}) {{\n    if ({w} * (lane + ({t} / {w}) * kf_g) >= kf_n) break;\n    const int j{l} = {w} * (lane + ({t} / {w}) * kf_g) + {t} % {w};"
+            "#pragma unroll\nfor (int {t} = 0; {t} < {slots}; ++{t}) {{\n    if ({w} * (lane + ({t} / {w}) * kf_g) >= kf_n) break;\n    const int j{l} = {w} * (lane + ({t} / {w}) * kf_g) + {t} % {w};"
         )
     }
 
@@ -165,7 +186,7 @@ impl RowCache {
         if !ahead {
             return (Vec::new(), self.load_in_place(g));
         }
-        let (w, groups) = (self.width, self.groups());
+        let (w, groups, slots) = (self.width, self.groups(), self.slots);
         let mut prologue =
             vec!["// Rows kept in registers: each row-shaped input is loaded once, a row ahead.".to_string()];
         let (mut loads, mut body) =
@@ -173,7 +194,7 @@ impl RowCache {
         for k in self.inputs.clone() {
             let (dtype, name) = (g.inputs[k as usize].dtype, &g.inputs[k as usize].name);
             let ty = cuda::value_type(dtype);
-            body.push(format!("{ty} kf_c{k}[{ROW_CACHE_SLOTS}]; // {name}: the lane's columns of the row"));
+            body.push(format!("{ty} kf_c{k}[{slots}]; // {name}: the lane's columns of the row"));
             match self.vector(format!("in{k}"), dtype) {
                 Some(vty) => {
                     prologue.push(format!("{vty} kf_p{k}[{groups}]; // {name}: the lane's vectors of its next row"));
@@ -187,15 +208,13 @@ impl RowCache {
                     body.push("}".to_string());
                 }
                 None => {
-                    prologue.push(format!(
-                        "{ty} kf_p{k}[{ROW_CACHE_SLOTS}]; // {name}: the lane's columns of its next row"
-                    ));
+                    prologue.push(format!("{ty} kf_p{k}[{slots}]; // {name}: the lane's columns of its next row"));
                     for q in 0..w {
                         let e = cuda::load_conversion(dtype, &format!("in{k}[kf_base1 + kf_j + {q}]"));
                         loads.push(format!("kf_p{k}[{w} * kf_v + {q}] = {e};"));
                     }
                     body.push("#pragma unroll".to_string());
-                    body.push(format!("for (int t = 0; t < {ROW_CACHE_SLOTS}; ++t) kf_c{k}[t] = kf_p{k}[t];"));
+                    body.push(format!("for (int t = 0; t < {slots}; ++t) kf_c{k}[t] = kf_p{k}[t];"));
                 }
             }
         }
@@ -225,8 +244,8 @@ impl RowCache {
             let dtype: DType = g.inputs[k as usize].dtype;
             let ty = cuda::value_type(dtype);
             lines.push(format!(
-                "{ty} kf_c{k}[{ROW_CACHE_SLOTS}]; // {} in registers: the lane's columns of the row",
-                g.inputs[k as usize].name
+                "{ty} kf_c{k}[{}]; // {} in registers: the lane's columns of the row",
+                self.slots, g.inputs[k as usize].name
             ));
             loads.push("{".to_string());
             let w = self.width;

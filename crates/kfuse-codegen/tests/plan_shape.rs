@@ -115,10 +115,11 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let src = &p.kernels[0].source;
     // Two passes over each row by its lanes: the max, then the sum-exp and the picked logit,
     // which read only the max. The entry point for any row reads the logits in each pass; the
-    // one for rows that fit the lanes' registers loads them once, 4 columns at a time.
+    // one for rows that fit the lanes' registers loads them once, 4 columns at a time, 32 columns
+    // a lane at most (the logits are the one row-shaped input kept).
     let k = &p.kernels[0];
     let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
-    assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 16, 4));
+    assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 32, 4));
     let (any, kept) =
         src.split_at(src.find(&format!("void __launch_bounds__(256, 4) {}(", regs.entry)).expect("entry"));
     assert_eq!(any.matches("for (long long j").count(), 2, "{src}");
@@ -615,9 +616,11 @@ fn a_leading_axis_reduction_is_split_over_chunks_of_rows_per_tile_of_columns() {
     assert_eq!(partials.kind, BufferKind::Partials { kernel: 0, slots_per_block: 32 });
     let GridSpec::Columns { lanes, .. } = &k.grid else { panic!("a columns grid: {:?}", k.grid) };
     assert_eq!(*lanes, 8);
-    // 132 SMs: 16 blocks each over the tiles, no chunk under 64 rows, one chunk at least.
+    // 132 SMs: 16 blocks each over the tiles, no chunk under 256 rows, one chunk at least.
     assert_eq!(column_chunks(4096, 8192, 132), 17); // 128 tiles: 2112 / 128 -> 17 chunks of 482 rows
-    assert_eq!(column_chunks(64, 100, 132), 2); // 2 tiles, 100 rows: 2 chunks of 64 at most
+    assert_eq!(column_chunks(1024, 8192, 132), 32); // 32 tiles: 66 wanted, 32 chunks of 256 rows
+    assert_eq!(column_chunks(64, 600, 132), 3); // 2 tiles, 600 rows: 3 chunks of 256 at most
+    assert_eq!(column_chunks(64, 100, 132), 1);
     assert_eq!(column_chunks(1_000_000, 8192, 132), 1);
     assert_eq!(column_chunks(0, 0, 132), 1);
     assert_eq!(k.grid.blocks(&[8192, 4096], 132), Some(128 * 17));

@@ -24,7 +24,8 @@ fn a_row_wise_kernel_names_its_entry_point_for_rows_in_registers_and_the_buffers
         assert_eq!(r.entry, format!("{}_regs", k.name));
         // Four blocks of 256 resident: its registers are capped at 64 a thread.
         assert!(k.source.contains(&format!("void __launch_bounds__(256, 4) {}(", r.entry)), "{}", k.source);
-        assert_eq!((r.cols_per_lane, r.vector), (16, width), "{dtype}");
+        // One row-shaped input kept (x): 32 columns a lane at most.
+        assert_eq!((r.cols_per_lane, r.vector), (32, width), "{dtype}");
         // x, w, b and y: four buffers read or written a vector (16 bytes) at a time.
         assert_eq!(r.aligned.len(), 4, "{dtype}: {r:?}");
         assert!(r
@@ -40,14 +41,15 @@ fn the_executor_takes_the_entry_point_for_rows_in_registers_only_where_the_rows_
     let k = &p.plan().kernels[0];
     let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
     let aligned = |_: usize| Some(0x7f00_0000_0000u64);
-    // 256 lanes a row (the block), 16 columns a lane: rows of up to 4096 columns, a multiple of 8.
+    // 256 lanes a row (the block), 32 columns a lane: rows of up to 8192 columns, a multiple of 8.
     for (rows, cols, takes) in [
         (8192, 4096, true),
         (3, 8, true),
         (1, 1000, true),
         (5, 4100, false),
-        (2, 4104, false),
-        (7, 8192, false),
+        (2, 4104, true),
+        (7, 8192, true),
+        (3, 8200, false),
         (4, 12, false),
     ] {
         assert_eq!(r.applies(&k.grid, &[rows, cols], aligned), takes, "[{rows}, {cols}]");
@@ -57,4 +59,22 @@ fn the_executor_takes_the_entry_point_for_rows_in_registers_only_where_the_rows_
     let one_off = |p: usize| Some(if p == first { 0x7f00_0000_0008u64 } else { 0x7f00_0000_0000 });
     assert!(!r.applies(&k.grid, &[8192, 4096], one_off));
     assert!(!r.applies(&k.grid, &[8192, 4096], |_| None), "an unknown address never takes it");
+}
+
+#[test]
+fn a_kernel_keeping_two_row_shaped_inputs_keeps_16_columns_a_lane() {
+    // Layer norm's input gradient reads x and dy along the row: each lane keeps both.
+    let src = "input x: f32[B, D]\ninput w: f32[D]\ninput dy: f32[B, D]\n\
+        let mu = mean(x, axis: -1, keepdim: true)\nlet d = x - mu\n\
+        let y = d * rsqrt(mean(d * d, axis: -1, keepdim: true) + 0.00001) * w\n\
+        output dx = grad(sum(y * dy), x)\n";
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    let p = Program::compile(&engine, src, "layer norm gradient").expect("compiles");
+    let k = &p.plan().kernels[0];
+    let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
+    assert_eq!((r.cols_per_lane, r.vector), (16, 4));
+    assert!(k.source.contains("float kf_c0[16];") && k.source.contains("float kf_c2[16];"), "{}", k.source);
+    let aligned = |_: usize| Some(0x7f00_0000_0000u64);
+    assert!(r.applies(&k.grid, &[8192, 4096], aligned));
+    assert!(!r.applies(&k.grid, &[8192, 8192], aligned));
 }

@@ -55,7 +55,7 @@ use crate::buffers::size_expr;
 use crate::cuda::{self, Helper};
 use crate::emit::{finish_reduce, temp_dtype, Coord, Emitter};
 use crate::plan::GridSpec;
-use crate::row_cache::{Group as RowGroup, RowCache};
+use crate::row_cache::{Group as RowGroup, RowCache, ROW_CACHE_SLOTS, ROW_CACHE_SLOTS_ONE_INPUT, ROW_SPREAD_THREADS};
 use crate::shapes::{grid_stride, KernelShape};
 use crate::text::{render, write_lines};
 use crate::CodegenError;
@@ -268,6 +268,8 @@ pub(crate) struct RegisterBody {
     pub vectors: Vec<(String, u64)>,
     /// The columns of a vector (see `row_cache::RowCache::width`).
     pub width: u32,
+    /// The columns a lane keeps, at most (see `row_cache::RowCache::slots`).
+    pub slots: u32,
 }
 
 /// Emits the row body into `em`: each phase's pass and folds, then the sinks' `groups` (at each
@@ -294,12 +296,24 @@ pub(crate) fn emit_body(
     let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None, fold_doubles: fold_slots(plan, g) };
     let mark = em.mark();
     em.open_row_block();
-    em.row_cache = Some(RowCache::for_graph(g));
+    em.row_cache = Some(RowCache::for_graph(g, ROW_CACHE_SLOTS));
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
     let Some(mut cache) = em.row_cache.take() else {
         return Err(CodegenError::Internal { node: 0, what: "the row cache went missing while its body was emitted" });
     };
-    let lines = em.take_row_block();
+    let mut lines = em.take_row_block();
+    // One row-shaped input kept by a kernel with row reductions: again, with more columns a lane
+    // (see `ROW_CACHE_SLOTS_ONE_INPUT`; elementwise rows have no folds to save).
+    if cache.inputs.len() == 1 && !plan.phases.is_empty() {
+        em.open_row_block();
+        em.row_cache = Some(RowCache::for_graph(g, ROW_CACHE_SLOTS_ONE_INPUT));
+        emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
+        cache = em
+            .row_cache
+            .take()
+            .ok_or(CodegenError::Internal { node: 0, what: "the row cache went missing while its body was emitted" })?;
+        lines = em.take_row_block();
+    }
     if cache.inputs.is_empty() {
         em.renumber(mark);
         sizes.temps_written.clear();
@@ -307,7 +321,8 @@ pub(crate) fn emit_body(
         // Rows without passes load the next row ahead (see `RowCache::preload`).
         let (prologue, mut body) = cache.preload(g, plan.phases.is_empty());
         body.extend(lines);
-        sizes.cached = Some(RegisterBody { prologue, body, vectors: cache.vectors, width: cache.width });
+        sizes.cached =
+            Some(RegisterBody { prologue, body, vectors: cache.vectors, width: cache.width, slots: cache.slots });
     }
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
     sizes.temps_written.sort_unstable();
@@ -533,14 +548,14 @@ fn emit_groups_cached(
 const ROW_WISE: &str = include_str!("../templates/row_wise.cuh");
 
 /// The sizes, the lanes per row, the `accumulators` and the grid-stride loop over the rows,
-/// running `body`; `prologue` goes before the loop (with `registers`, the body and prologue of
-/// rows kept in registers).
+/// running `body`; `prologue` goes before the loop (with `registers`, the columns a lane keeps:
+/// the body and prologue of rows kept in registers).
 pub(crate) fn write(
     src: &mut String,
     sizes: &RowSizes,
     accumulators: &str,
     (prologue, body): (&[String], &[String]),
-    registers: bool,
+    registers: Option<u32>,
 ) {
     let mut body_lines = String::new();
     write_lines(&mut body_lines, body, "        ");
@@ -550,8 +565,14 @@ pub(crate) fn write(
     // so that short rows fold over few lanes or none. The grid, sized by `crate::row_lanes`'s
     // larger groups, has blocks enough; the grid-stride loop leaves the extra ones idle.
     let (min_lanes, cols_per_lane) = match registers {
-        true => (1, u64::from(crate::row_cache::ROW_CACHE_SLOTS)),
-        false => (crate::ROW_MIN_LANES, crate::ROW_COLS_PER_LANE),
+        Some(slots) => (1, u64::from(slots)),
+        None => (crate::ROW_MIN_LANES, crate::ROW_COLS_PER_LANE),
+    };
+    let spread = match registers {
+        Some(slots) if slots > ROW_CACHE_SLOTS => format!(
+            "\n    while (kf_g < (int)blockDim.x && kf_g * {ROW_CACHE_SLOTS} < cols && rows * kf_g < {ROW_SPREAD_THREADS}ll) kf_g <<= 1; // few rows: more lanes each"
+        ),
+        _ => String::new(),
     };
     src.push_str(&render(
         ROW_WISE,
@@ -563,7 +584,8 @@ pub(crate) fn write(
             ("fold_doubles", &sizes.fold_doubles.to_string()),
             ("accumulators", accumulators),
             ("prologue", &prologue_lines),
-            ("n_type", if registers { "int" } else { "long long" }),
+            ("n_type", if registers.is_some() { "int" } else { "long long" }),
+            ("spread", &spread),
             ("body", &body_lines),
         ],
     ));
@@ -583,11 +605,14 @@ pub(crate) fn domain_note(plan: &RowWise, dom: &str) -> String {
         RowCase::Elements => "the body at each element of the row",
         RowCase::Results => "the body once per row (lane 0)",
     };
+    let kept = match plan.phases.is_empty() {
+        true => format!("{ROW_CACHE_SLOTS}"),
+        false => format!("{ROW_CACHE_SLOTS}, {ROW_CACHE_SLOTS_ONE_INPUT} when one row-shaped input is kept"),
+    };
     let lanes = format!(
-        "a group of {} to blockDim.x lanes per row (about {} columns a lane; rows kept in registers: from 1 lane, at most {} columns a lane)",
+        "a group of {} to blockDim.x lanes per row (about {} columns a lane; rows kept in registers: from 1 lane, at most {kept} columns a lane)",
         crate::ROW_MIN_LANES,
         crate::ROW_COLS_PER_LANE,
-        crate::row_cache::ROW_CACHE_SLOTS
     );
     if plan.phases.is_empty() {
         return format!(

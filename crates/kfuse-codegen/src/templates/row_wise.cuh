@@ -6,12 +6,14 @@
 //~ rows at a time. {{accumulators}}: the full reductions' accumulators; {{prologue}}: what goes
 //~ before the loop (rows kept in registers: the loads of the first row); {{body}}: the row body;
 //~ {{n_type}}: the type of the lanes' and columns' counts (`int` for rows kept in registers);
-//~ {{fold_doubles}}: 32 doubles per reduction that a fold of one phase takes at once.
+//~ {{fold_doubles}}: 32 doubles per reduction that a fold of one phase takes at once; {{spread}}:
+//~ empty, or (a register entry of more than 16 columns a lane) a second line that gives the rows
+//~ more lanes, for 16 columns a lane, when they are too few to fill the device.
     const long long rows = {{rows}};
     const long long cols = {{cols}};
     // Lanes per row: the power of two from {{min_lanes}} up to the block with about {{cols_per_lane}} columns a lane.
     {{n_type}} kf_g = {{min_lanes}};
-    while (kf_g < ({{n_type}})blockDim.x && kf_g * {{cols_per_lane}} < cols) kf_g <<= 1;
+    while (kf_g < ({{n_type}})blockDim.x && kf_g * {{cols_per_lane}} < cols) kf_g <<= 1;{{spread}}
     const {{n_type}} lane = ({{n_type}})(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[{{fold_doubles}}]; // the folds of a row's reductions over its lanes
