@@ -2,6 +2,7 @@
 a kfuse program through the Python package.
 
     torchrun --nproc_per_node 2 examples/ddp_giou.py --layout lengths --dtype bf16 --batch 32
+    torchrun --nproc_per_node 2 examples/ddp_giou.py --compile kfuse --batch 32
 
 One process per GPU (NCCL). Each rank draws its own images and boxes from the seed's distribution
 (``clip(floor(|N(0, 3)|), 0, 255)`` boxes per image, up to N = 256) for global sample indices
@@ -13,6 +14,12 @@ The loss is the mean of 1 - GIoU over the valid boxes of the *global* batch: eac
 loss (the mean over its own valid boxes) is weighted by its share of the boxes, so that DDP's
 average of the ranks' gradients is the gradient of the global mean, and the loss and gradients of
 a 2-GPU step equal those of a 1-GPU step over the same global batch.
+
+``--compile kfuse`` (or ``inductor``, to compare) writes the loss in plain PyTorch instead
+(:func:`torch_loss`, over the padded boxes and the lengths) and compiles it and the DDP-wrapped
+detector with ``torch.compile(..., backend=...)``: Dynamo splits the detector's graph at DDP's
+bucket boundaries, and the kfuse backend fuses each piece's elementwise work and the loss and
+its gradient into kfuse kernels, leaving the convolutions and matmuls to PyTorch.
 
 Layouts: ``padded`` (examples/giou.kf, a zero y2 marks padding), ``lengths``
 (examples/giou_lengths.kf), ``packed`` (examples/giou_packed.kf). ``--dtype bf16`` runs the model
@@ -123,6 +130,22 @@ def reference_loss(pred, target, lengths):
     return (1 - giou).sum() / max(int(valid.sum()), 1)
 
 
+def torch_loss(pred, target, lengths):
+    """The loss of the kfuse programs in plain PyTorch, in `pred`'s dtype (for ``--compile``): the
+    mean of 1 - GIoU over the first `lengths[b]` boxes of each image."""
+    eps = 1e-7
+    valid = torch.arange(pred.shape[1], device=pred.device)[None, :] < lengths[:, None]
+    x1, y1, x2, y2 = pred.unbind(-1)
+    x1g, y1g, x2g, y2g = target.unbind(-1)
+    inter = (torch.min(x2, x2g) - torch.max(x1, x1g)).clamp(min=0) * (torch.min(y2, y2g) - torch.max(y1, y1g)).clamp(min=0)
+    union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter
+    iou = inter / (union + eps)
+    area_c = (torch.max(x2, x2g) - torch.min(x1, x1g)) * (torch.max(y2, y2g) - torch.min(y1, y1g))
+    per_box = 1 - (iou - (area_c - union) / (area_c + eps))
+    zero = torch.zeros((), dtype=per_box.dtype, device=per_box.device)
+    return torch.where(valid, per_box, zero).sum() / valid.sum().clamp(min=1)
+
+
 class _HostTimer:
     """The CUDA event interface, on the host clock (for --cpu)."""
 
@@ -160,6 +183,8 @@ def main():
     ap.add_argument("--json", help="rank 0 writes its figures here (JSON)")
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (gloo; kfuse's interpreter), for a quick check")
     ap.add_argument("--hidden", type=int, default=256 * 64, help="lin1's width (the seed's: 16384)")
+    ap.add_argument("--compile", choices=["kfuse", "inductor"],
+                    help="compile the DDP detector and the loss written in PyTorch with this torch.compile backend")
     args = ap.parse_args()
 
     dist.init_process_group("gloo" if args.cpu else "nccl")
@@ -175,13 +200,17 @@ def main():
     failures = []
 
     t0 = time.perf_counter()
-    program = kfuse.load(ROOT / "examples" / PROGRAMS[args.layout])
+    program = None if args.compile else kfuse.load(ROOT / "examples" / PROGRAMS[args.layout])
     load_s = time.perf_counter() - t0
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts them)
     with torch.device(device):  # initialised where it runs: the seed's detector has a billion parameters
         net = Net(args.hidden)
     model = nn.parallel.DistributedDataParallel(net, device_ids=None if args.cpu else [local])
+    compiled_loss = None
+    if args.compile:
+        model = torch.compile(model, backend=args.compile)
+        compiled_loss = torch.compile(torch_loss, backend=args.compile)
     images, target, lengths, offsets = batch(rank, args.batch, args.seed, device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
 
@@ -200,12 +229,14 @@ def main():
         count = lengths.sum().to(torch.float32)
         total = count.clone()
         dist.all_reduce(total)
-        inputs = loss_inputs(args.layout, pred, tgt, lengths, offsets)
         loss_start, loss_end = timer(), timer()
         loss_start.record()
-        # The first step checks the lengths / offsets values (a host synchronisation); later steps
-        # use the same, already checked, values.
-        local_loss = program(**inputs, validate=validate).loss
+        if compiled_loss is not None:
+            local_loss = compiled_loss(pred, tgt, lengths)
+        else:
+            # The first step checks the lengths / offsets values (a host synchronisation); later
+            # steps use the same, already checked, values.
+            local_loss = program(**loss_inputs(args.layout, pred, tgt, lengths, offsets), validate=validate).loss
         loss_end.record()
         # This rank's share of the global mean; DDP averages the ranks' gradients.
         loss = local_loss * (count * world / total.clamp(min=1)).to(local_loss.dtype)
@@ -221,7 +252,7 @@ def main():
         sync()
     first_step_s = time.perf_counter() - t0 + load_s
     where, stream = kernels_on(prof) if not args.cpu else (set(), None)
-    if not where and not args.cpu:
+    if not where and not args.cpu and args.compile != "inductor":
         failures.append("no kfuse kernel in the profile of the first step")
     for dev, kstream in where:
         if dev != local:
@@ -270,7 +301,8 @@ def main():
     figures = {
         "rank": rank,
         "world": world,
-        "layout": args.layout,
+        "layout": "torch" if args.compile else args.layout,
+        "compile": args.compile,
         "dtype": args.dtype,
         "batch_per_rank": args.batch,
         "device": "cpu" if args.cpu else torch.cuda.get_device_name(device),
@@ -284,6 +316,14 @@ def main():
         "loss_ms_median": float(np.median(loss_ms)) if loss_ms else None,
         "failures": failures,
     }
+    if args.compile:
+        from torch._dynamo.utils import counters
+
+        figures["dynamo_graphs"] = counters["stats"]["unique_graphs"]
+        if args.compile == "kfuse":
+            from kfuse import _backend
+
+            figures["kfuse_programs"] = _backend.stats["compiles"]
     print(json.dumps(figures), flush=True)
     gathered = [None] * world
     dist.all_gather_object(gathered, figures)
