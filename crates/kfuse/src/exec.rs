@@ -60,11 +60,15 @@ impl BoundRun {
 }
 
 /// The buffers of a plan other than its inputs and outputs (temporaries, partials, counters,
-/// scratch) for launches on device tensors; it grows to the largest sizes seen.
+/// scratch) for launches on device tensors; it grows to the largest sizes seen. Buffers that a
+/// growth replaces are kept until the workspace drops: a CUDA graph recorded at an earlier, smaller
+/// shape holds their addresses and replays into them, never into freed memory.
 #[derive(Default)]
 pub struct Workspace {
     /// Per plan buffer: the allocation, `None` for inputs and outputs.
     buffers: Vec<Option<DeviceBuffer>>,
+    /// The buffers earlier growths replaced (see above).
+    retired: Vec<DeviceBuffer>,
     /// The device, once a launch has used the buffers.
     used_on: Option<Arc<Gpu>>,
 }
@@ -404,8 +408,9 @@ impl CudaProgram {
     /// any stream may still use the old buffers), allocates with plain `cuMemAlloc`
     /// ([`Gpu::alloc_long_lived`]: a framework's process never sets up the driver's stream-ordered
     /// pool for kfuse), zeroes on the device's own stream (counters start at 0) and waits for that,
-    /// so the new buffers are ready for any stream. The old buffers are freed after the wait, and
-    /// the last ones when the workspace drops (which synchronises the device first).
+    /// so the new buffers are ready for any stream. The old buffers are kept (a CUDA graph recorded
+    /// with them may replay) and freed with the last ones when the workspace drops (which
+    /// synchronises the device first).
     pub(crate) fn reserve(&self, workspace: &mut Workspace, sizes: &[u64], grids: &[u32]) -> Result<()> {
         let mut needed = Vec::with_capacity(self.plan.buffers.len());
         let mut grow = workspace.buffers.len() != self.plan.buffers.len();
@@ -433,7 +438,8 @@ impl CudaProgram {
             });
         }
         self.gpu.synchronize()?;
-        workspace.buffers = buffers;
+        let replaced = std::mem::replace(&mut workspace.buffers, buffers);
+        workspace.retired.extend(replaced.into_iter().flatten());
         Ok(())
     }
 }
