@@ -352,9 +352,20 @@ def _partition(joint, joint_inputs, **kwargs):
         return default_partition(joint, joint_inputs, **kwargs)
 
 
-def _aot(report):
+def _aot(report, graphs=None):
+    """AOTAutograd with kfuse's fusion of each graph; with `graphs` (the Dynamo graph's input
+    count), each fused graph is also recorded in and replayed from CUDA graphs (see
+    :class:`_CudaGraphs`)."""
+    cudagraphs = None if graphs is None else _CudaGraphs(graphs)
+
     def compiler(graph_name):
-        return lambda gm, example_inputs: make_boxed_func(_fuse(gm, graph_name, report))
+        def compile_graph(gm, example_inputs):
+            fused = _fuse(gm, graph_name, report)
+            if cudagraphs is not None:
+                return cudagraphs.wrap(fused, example_inputs, graph_name)
+            return make_boxed_func(fused)
+
+        return compile_graph
 
     return aot_autograd(
         fw_compiler=compiler("forward"),
@@ -365,10 +376,102 @@ def _aot(report):
     )
 
 
-def backend(gm, example_inputs, **kwargs):
+class _CudaGraphs:
+    """``mode="reduce-overhead"``: the fused forward, backward and inference graphs recorded in
+    and replayed from CUDA graphs through PyTorch's CUDA graph trees, as Dynamo's ``cudagraphs``
+    backend and Inductor do (parameters and buffers are static inputs; other inputs are copied
+    into the graph's own; a new shape records a new graph). A graph that cannot be captured (CPU
+    tensors, several devices, an input mutation, an op unsafe to capture) runs as it is, and its
+    backward too. kfuse's kernels run on the current stream, and their workspace is never freed
+    while a recorded graph may use it."""
+
+    def __init__(self, graphs):
+        from torch._inductor.cudagraph_utils import BoxedDeviceIndex
+        from torch._inductor.utils import BoxedBool
+
+        self.graphs = graphs
+        self.enabled = BoxedBool(True)
+        self.device = BoxedDeviceIndex(None)
+
+    def wrap(self, fused, example_inputs, graph_name):
+        from torch._dynamo.backends.cudagraphs import (
+            check_for_skip,
+            find_input_mutations,
+            get_device_index,
+            get_stack_traces,
+        )
+        from torch._inductor.cudagraph_trees import cudagraphify_impl, get_manager
+        from torch._inductor.cudagraph_utils import get_placeholder_info, log_cudagraph_skip_and_bump_counter
+        from torch._inductor.utils import BoxedBool, count_tangents, num_fw_fixed_arguments
+
+        def run(args):
+            # The boxed convention CUDA graph trees hold a callee to: it takes the list's inputs and
+            # empties it, so that the inputs can be freed as soon as the graph is done with them.
+            inputs = list(args)
+            args.clear()
+            return fused(*inputs)
+
+        run._boxed_call = True
+        backward = graph_name == "backward"
+        if backward and not self.enabled:
+            return run
+        if backward:
+            fixed = count_tangents(fused)
+        else:
+            fixed = num_fw_fixed_arguments(self.graphs, len(example_inputs))
+        skip = check_for_skip(fused, fixed)
+        if skip:
+            log_cudagraph_skip_and_bump_counter(f"kfuse backend: skipping cudagraphs due to {skip}")
+            if not backward:
+                BoxedBool.disable(self.enabled)
+                return run
+            manager = get_manager(self.device.value if self.device.value is not None else 0, create_if_none_exists=False)
+
+            def in_tree(inputs):
+                if manager is not None:
+                    manager.set_to_running_backward()
+                return run(inputs)
+
+            in_tree._boxed_call = True
+            return in_tree
+        device = get_device_index(fused)
+        if not backward:
+            self.device.set(device)
+        details = dict(
+            device_index=device,
+            is_backward=backward,
+            is_inference=graph_name == "inference",
+            stack_traces=get_stack_traces(fused),
+            placeholders=get_placeholder_info(fused.graph),
+            mutated_input_idxs=find_input_mutations(fused.graph),
+        )
+        # One recording per input shape: CUDA graph trees tell shapes apart by a graph's int inputs
+        # (its symbolic sizes), and a kfuse graph whose sizes come from its tensors may have none.
+        by_shape = {}
+
+        def replay(args):
+            key = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args)
+            try:
+                graph = by_shape.get(key)
+            except TypeError:  # an input that is not a tensor or a number: no recording
+                return run(args)
+            if graph is None:
+                graph = by_shape[key] = cudagraphify_impl(run, args, range(fixed), **details)
+            return graph(args)
+
+        replay._boxed_call = True
+        return replay
+
+
+def backend(gm, example_inputs, mode=None, options=None, **kwargs):
     """The ``torch.compile`` backend (registered as ``"kfuse"``): AOTAutograd with kfuse
-    fusing the pointwise regions of the forward and backward aten graphs."""
-    return _aot(None)(gm, example_inputs, **kwargs)
+    fusing the pointwise regions of the forward and backward aten graphs. ``mode="reduce-overhead"``
+    (or ``options={"triton.cudagraphs": True}``, Inductor's spelling) also replays each graph from
+    CUDA graphs; other modes and options change nothing."""
+    graphs = None
+    if mode == "reduce-overhead" or (options or {}).get("triton.cudagraphs"):
+        graphs = len(example_inputs)
+    return _aot(None, graphs)(gm, example_inputs, **kwargs)
 
 
 def explain(fn, *example_inputs):
