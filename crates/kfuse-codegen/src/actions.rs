@@ -47,6 +47,7 @@ pub(crate) enum Combine {
     Sum,
     Max,
     Min,
+    Prod,
 }
 
 impl Combine {
@@ -55,7 +56,8 @@ impl Combine {
         match op {
             ReduceOp::Max => Combine::Max,
             ReduceOp::Min => Combine::Min,
-            _ => Combine::Sum,
+            ReduceOp::Prod => Combine::Prod,
+            ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Count => Combine::Sum,
         }
     }
 
@@ -65,6 +67,7 @@ impl Combine {
             Combine::Sum => format!("{a} + {b}"),
             Combine::Max => format!("kf_max_f64({a}, {b})"),
             Combine::Min => format!("kf_min_f64({a}, {b})"),
+            Combine::Prod => format!("{a} * {b}"),
         }
     }
 
@@ -72,6 +75,7 @@ impl Combine {
     pub(crate) fn update(self, a: &str, b: &str) -> String {
         match self {
             Combine::Sum => format!("{a} += {b};"),
+            Combine::Prod => format!("{a} *= {b};"),
             _ => format!("{a} = {};", self.expr(a, b)),
         }
     }
@@ -82,7 +86,13 @@ impl Combine {
             Combine::Sum => "sum",
             Combine::Max => "max",
             Combine::Min => "min",
+            Combine::Prod => "prod",
         }
+    }
+
+    /// Whether the combine calls the f64 minimum and maximum helpers.
+    pub(crate) fn uses_min_max(self) -> bool {
+        matches!(self, Combine::Max | Combine::Min)
     }
 }
 

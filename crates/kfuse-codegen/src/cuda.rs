@@ -180,10 +180,13 @@ pub(crate) enum Helper {
     BlockSum,
     BlockMax,
     BlockMin,
-    /// `kf_row_sum`, `kf_row_max`, `kf_row_min`: folds over a row group of the row-wise shape.
+    BlockProd,
+    /// `kf_row_sum`, `kf_row_max`, `kf_row_min`, `kf_row_prod`: folds over a row group of the
+    /// row-wise shape.
     RowSum,
     RowMax,
     RowMin,
+    RowProd,
     DivMod,
     StoreStreaming,
     /// `kf_rem_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
@@ -230,9 +233,11 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
         Helper::BlockMin => block_reduce("min", "kf_min_f64(v, o)", "__longlong_as_double(0x7ff0000000000000ll)"),
+        Helper::BlockProd => block_reduce("prod", "v * o", "1.0"),
         Helper::RowSum => row_reduce("sum", "v + o"),
         Helper::RowMax => row_reduce("max", "kf_max_f64(v, o)"),
         Helper::RowMin => row_reduce("min", "kf_min_f64(v, o)"),
+        Helper::RowProd => row_reduce("prod", "v * o"),
         Helper::DivMod => render(DIV_MOD, &[]),
         Helper::StoreStreaming => render(STORE_CS, &[]),
         Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),

@@ -1228,6 +1228,7 @@ impl<'a> Emitter<'a> {
             ReduceOp::Count => format!("{a} += {v} ? 1.0 : 0.0;"),
             ReduceOp::Sum => format!("{a} += (double){v};"),
             ReduceOp::Mean => format!("{a} += (double){v}; {} += 1.0;", accs[1]),
+            ReduceOp::Prod => format!("{a} *= (double){v};"),
             ReduceOp::Max | ReduceOp::Min => {
                 self.uses.helpers.insert(Helper::MinMaxF64);
                 let f = if op == ReduceOp::Max { "kf_max_f64" } else { "kf_min_f64" };
@@ -1326,6 +1327,7 @@ pub(crate) fn reduce_identity(op: ReduceOp, xd: DType) -> String {
         (ReduceOp::Min, Kind::Int) => "2147483647.0".into(),
         (ReduceOp::Max, _) => "__longlong_as_double(0xfff0000000000000ll)".into(),
         (ReduceOp::Min, _) => "__longlong_as_double(0x7ff0000000000000ll)".into(),
+        (ReduceOp::Prod, _) => "1.0".into(),
         _ => "0.0".into(),
     }
 }

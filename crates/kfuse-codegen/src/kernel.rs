@@ -171,9 +171,10 @@ pub(crate) fn emit_kernel(
                 Combine::Sum => Helper::BlockSum,
                 Combine::Max => Helper::BlockMax,
                 Combine::Min => Helper::BlockMin,
+                Combine::Prod => Helper::BlockProd,
             });
         }
-        if *c != Combine::Sum {
+        if c.uses_min_max() {
             uses.helpers.insert(Helper::MinMaxF64);
         }
     }

@@ -1,4 +1,4 @@
-//! Reductions (`sum`, `mean`, `max`, `min`, `count`) over every element, along the last axis or
+//! Reductions (`sum`, `mean`, `max`, `min`, `count`, `prod`) over every element, along the last axis or
 //! over any set of axes, optionally masked, computed in f64 with an order that does not depend on
 //! the thread count.
 //!
@@ -8,8 +8,9 @@
 //! over a set of axes moves them last (kept axes first, each group in its order) and reduces
 //! the rows so formed, in row-major order of the reduced axes.
 //!
+//! A product multiplies in index order (each chunk's, then the chunks' products in order).
 //! Masked-out elements are skipped before any arithmetic, so NaN there does not propagate.
-//! Empty reductions: `sum` and `count` give 0, `mean` NaN (0/0), float `max` -inf and `min` +inf.
+//! Empty reductions: `sum` and `count` give 0, `prod` 1, `mean` NaN (0/0), float `max` -inf and `min` +inf.
 //! `i32` `max`/`min` of nothing give `i32::MIN`/`i32::MAX` (the identities an `i32` can hold).
 //! `i32` sums and counts are exact (64-bit) here; one outside the `i32` range is refused by the
 //! evaluator ([`crate::InterpError::IntOverflow`]), never wrapped. Not handled here: broadcasting of `x` itself (a
@@ -39,11 +40,13 @@ struct Partial {
     /// NaN-propagating max / min of the included values.
     max: f64,
     min: f64,
+    /// Product of the included values, in index order.
+    prod: f64,
 }
 
 impl Partial {
     const EMPTY: Partial =
-        Partial { sum: 0.0, int_sum: 0, included: 0, trues: 0, max: f64::NEG_INFINITY, min: f64::INFINITY };
+        Partial { sum: 0.0, int_sum: 0, included: 0, trues: 0, max: f64::NEG_INFINITY, min: f64::INFINITY, prod: 1.0 };
 }
 
 /// Pairwise sum of `x[i]` where `mask[i]` is non-zero (or of all of `x`).
@@ -82,6 +85,7 @@ fn reduce_slice(op: ReduceOp, kind: Kind, x: &[f64], mask: Option<&[f64]>) -> Pa
         (ReduceOp::Max, _) => p.max = included_values().fold(f64::NEG_INFINITY, max_nan),
         (ReduceOp::Min, _) => p.min = included_values().fold(f64::INFINITY, min_nan),
         (ReduceOp::Count, _) => p.trues = included_values().filter(|&v| v != 0.0).count() as u64,
+        (ReduceOp::Prod, _) => p.prod = included_values().fold(1.0, |s, v| s * v),
     }
     p
 }
@@ -95,6 +99,7 @@ fn combine(parts: &[Partial]) -> Partial {
         trues: acc.trues + p.trues,
         max: max_nan(acc.max, p.max),
         min: min_nan(acc.min, p.min),
+        prod: acc.prod * p.prod,
     })
 }
 
@@ -121,6 +126,7 @@ fn finish(op: ReduceOp, kind: Kind, p: Partial) -> f64 {
         (ReduceOp::Max, _) => p.max,
         (ReduceOp::Min, _) => p.min,
         (ReduceOp::Count, _) => p.trues as f64,
+        (ReduceOp::Prod, _) => p.prod,
     }
 }
 

@@ -36,6 +36,7 @@ fn reference(op: ReduceOp, x: &[f64], shape: &[usize], axes: &[usize], mask: Opt
             ReduceOp::Max => vals.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             ReduceOp::Min => vals.iter().copied().fold(f64::INFINITY, f64::min),
             ReduceOp::Count => vals.iter().filter(|&&v| v != 0.0).count() as f64,
+            ReduceOp::Prod => vals.iter().product(),
         })
         .collect()
 }
@@ -104,6 +105,29 @@ fn every_axis_set_of_a_rank_3_tensor_matches_the_loop() {
                 let want = reference(op, &as_f32(&x), &shape, &ax, None);
                 let want: Vec<f64> = want.iter().map(|&v| v as f32 as f64).collect();
                 assert_close(&got, &want, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn prod_over_every_axis_set_of_a_rank_3_tensor_matches_the_loop_with_and_without_a_mask() {
+    let shape = [3, 4, 5];
+    // Factors near 1 (a product of 60 stays far from overflow), and a zero.
+    let mut x: Vec<f64> = values(60, 3).iter().map(|v| 1.0 + v / 64.0).collect();
+    x[17] = 0.0;
+    let mask: Vec<f64> = (0..60).map(|i| f64::from(i % 7 != 2)).collect();
+    let axis_sets: [&[i64]; 6] = [&[0], &[2], &[-2], &[0, 2], &[2, 0], &[0, 1, 2]];
+    for axes in axis_sets {
+        for keepdim in [false, true] {
+            for masked in [false, true] {
+                let m = masked.then_some((&[3usize, 4, 5][..], &mask[..]));
+                let (got_shape, got) = run(ReduceOp::Prod, &shape, axes, keepdim, m, &x);
+                let ax = normalise(axes, 3);
+                assert_eq!(got_shape, want_shape(&shape, &ax, keepdim), "prod axis {axes:?}");
+                let want = reference(ReduceOp::Prod, &as_f32(&x), &shape, &ax, masked.then_some(&mask[..]));
+                let want: Vec<f64> = want.iter().map(|&v| v as f32 as f64).collect();
+                assert_close(&got, &want, 1e-6);
             }
         }
     }

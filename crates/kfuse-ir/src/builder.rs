@@ -710,6 +710,13 @@ impl GraphBuilder {
                 })
             }
             (ReduceOp::Mean, DType::I32 | DType::I64) => (self.cast(x, DType::F32), DType::F32),
+            (ReduceOp::Prod, d @ (DType::I32 | DType::I64)) => {
+                return Err(IrError::BadDType {
+                    op: "prod",
+                    dtype: d,
+                    hint: " (a product of integers is not supported yet: cast the operand to f32 or f64 first)",
+                })
+            }
             (_, d) => (x, d),
         };
         let xs = self.node(x).shape.clone();

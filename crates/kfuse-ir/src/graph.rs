@@ -257,6 +257,8 @@ pub enum ReduceOp {
     Min,
     /// Counts the `true` elements of a `bool` operand; the result is `i32`.
     Count,
+    /// The product of a floating-point operand's elements (1 for none), accumulated in f64.
+    Prod,
 }
 
 impl ReduceOp {
@@ -267,6 +269,7 @@ impl ReduceOp {
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
             ReduceOp::Count => "count",
+            ReduceOp::Prod => "prod",
         }
     }
 }

@@ -165,7 +165,7 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                     && axis.result_shape(xs).as_ref() == Some(&n.shape);
                 let dtype_ok = match op {
                     ReduceOp::Count => node(x).dtype == DType::Bool && n.dtype == DType::I32,
-                    ReduceOp::Mean => node(x).dtype.is_float() && n.dtype == node(x).dtype,
+                    ReduceOp::Mean | ReduceOp::Prod => node(x).dtype.is_float() && n.dtype == node(x).dtype,
                     _ => node(x).dtype != DType::Bool && n.dtype == node(x).dtype,
                 };
                 let mask_ok = mask.is_none_or(|m| node(m).dtype == DType::Bool && node(m).shape.broadcasts_to(xs));

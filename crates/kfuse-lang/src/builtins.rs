@@ -70,6 +70,7 @@ fn reduction(name: &str) -> Option<ReduceOp> {
         "max" => ReduceOp::Max,
         "min" => ReduceOp::Min,
         "count" => ReduceOp::Count,
+        "prod" => ReduceOp::Prod,
         _ => return None,
     })
 }
@@ -168,7 +169,7 @@ impl Lowerer<'_> {
                 self.binary(BinaryOp::Pow, x, y, span)
             }
             "min" | "max" => self.min_or_max(func, args, span),
-            "sum" | "mean" | "count" => self.reduce(func, args, span),
+            "sum" | "mean" | "count" | "prod" => self.reduce(func, args, span),
             "grad" => self.grad(func, args, span),
             "mask" => self.mask(func, args, span),
             "size" => self.size(func, args, span),

@@ -435,7 +435,9 @@ fn expected_operands(op: &str) -> &'static str {
         "count" => "a bool tensor, as in count(x > 0)",
         "gather" => "an i32 or i64 index (i64(x) converts a float)",
         "rand_like" => "an integer seed: a literal or an i32 or i64 scalar, as in rand_like(x, seed)",
-        "sum" | "mean" | "max" | "min" => "numbers to reduce (count(...) counts the true elements of a bool tensor)",
+        "sum" | "mean" | "max" | "min" | "prod" => {
+            "numbers to reduce (count(...) counts the true elements of a bool tensor)"
+        }
         "bitwise_and" | "bitwise_or" | "bitwise_xor" | "bitwise_not" => {
             "i32, i64 or bool operands (i32(x) converts a float)"
         }

@@ -870,9 +870,44 @@ impl Step<'_, '_> {
                 let zero = self.em.lit(0.0);
                 self.em.select(hit, sb, zero)?
             }
+            ReduceOp::Prod => self.prod_gradient(axis, x, mask)?,
         };
         debug_assert!(self.em.shape(c).broadcasts_to(&xs));
         self.send_exact(x, c)
+    }
+
+    /// The gradient of `prod(x)` along `axis` (under `mask`) as PyTorch's `prod_backward`: where
+    /// no included element is 0, `g * y / x`; where exactly one is, that element gets `g` times the
+    /// product of the others and every other element 0; where two or more are, 0 everywhere.
+    /// Elements the mask leaves out get 0.
+    fn prod_gradient(&mut self, axis: ReduceAxis, x: NodeId, mask: Option<NodeId>) -> Result<NodeId, IrError> {
+        let (g, y) = (self.g, self.id);
+        let rank = self.em.shape(x).rank();
+        let (zero, one) = (self.em.lit(0.0), self.em.lit(1.0));
+        let is_zero = self.em.compare(BinaryOp::Eq, x, zero)?;
+        let counted = match mask {
+            Some(m) => self.em.compare(BinaryOp::And, is_zero, m)?,
+            None => is_zero,
+        };
+        let zeros = self.em.reduce(ReduceOp::Count, axis, counted, None)?;
+        let zeros = self.spread(zeros, axis, rank)?;
+        let (none, int_one) = (self.em.b.lit_int(0), self.em.b.lit_int(1));
+        let no_zero = self.em.compare(BinaryOp::Eq, zeros, none)?;
+        let one_zero = self.em.compare(BinaryOp::Eq, zeros, int_one)?;
+        // No zero: g * y / x.
+        let yb = self.spread(y, axis, rank)?;
+        let gb = self.spread(g, axis, rank)?;
+        let gy = self.em.mul(gb, yb)?;
+        let plain = self.em.div(gy, x)?;
+        // One zero: that element gets g times the product of the others (the non-zero ones).
+        let ones_for_zeros = self.em.select(is_zero, one, x)?;
+        let others = self.em.reduce(ReduceOp::Prod, axis, ones_for_zeros, mask)?;
+        let others = self.spread(others, axis, rank)?;
+        let at_zero = self.em.mul(gb, others)?;
+        let the_zero = self.em.compare(BinaryOp::And, counted, one_zero)?;
+        let single = self.em.select(the_zero, at_zero, zero)?;
+        let c = self.em.select(no_zero, plain, single)?;
+        self.masked(mask, c)
     }
 
     /// A value whose shape broadcasts to a reduction's result, made to broadcast against the

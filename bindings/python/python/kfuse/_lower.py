@@ -316,6 +316,15 @@ def _reduce(fn):
     return rule
 
 
+def _prod(node, a, ctx):
+    """`prod` over every element or along one axis, of floats (kfuse refuses a product of
+    integers, which torch computes in int64)."""
+    dtype = a.get("dtype") or fake(a["self"]).dtype
+    if not dtype.is_floating_point:
+        raise Refused("a product of integers (kfuse multiplies floats only)")
+    return _reduce("prod")(node, a, ctx)
+
+
 def _drop_leading_ones(src, x, count, ctx):
     """`x` (the value of node `src`) without its first `count` axes, all of size 1 in the text
     (the text has no view that removes leading axes). A reduction with `keepdim` (a weight's
@@ -735,6 +744,7 @@ RULES = {
     aten.mean: _reduce("mean"),
     aten.amax: _reduce("max"),
     aten.amin: _reduce("min"),
+    aten.prod: _prod,
     aten.view: _reshape_by_shapes,
     aten._unsafe_view: _reshape_by_shapes,
     aten.reshape: _reshape_by_shapes,
@@ -749,7 +759,7 @@ RULES = {
     aten.scatter: _scatter_value,
     aten.rand_like: _rand_like,
 }
-_REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin)
+_REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin, aten.prod)
 for _name in (
     "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
     "sinh cosh round"

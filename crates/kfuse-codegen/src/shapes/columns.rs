@@ -152,7 +152,7 @@ pub(crate) fn emit_body(
         })
         .collect();
     for (s, (c, a)) in all.iter().enumerate() {
-        if *c != Combine::Sum {
+        if c.uses_min_max() {
             em.uses.helpers.insert(Helper::MinMaxF64);
         }
         em.push_stmt(format!("kf_cs[kf_lane][kf_c] = {a}; // accumulator {s}"));

@@ -385,8 +385,9 @@ fn emit_passes(
                 Combine::Sum => Helper::RowSum,
                 Combine::Max => Helper::RowMax,
                 Combine::Min => Helper::RowMin,
+                Combine::Prod => Helper::RowProd,
             });
-            if combine != Combine::Sum {
+            if combine.uses_min_max() {
                 em.uses.helpers.insert(Helper::MinMaxF64);
             }
             for (s, a) in accs.iter().enumerate() {
@@ -606,11 +607,11 @@ pub(crate) fn domain_note(plan: &RowWise, dom: &str) -> String {
         RowCase::Results => "the body once per row (lane 0)",
     };
     let kept = match plan.phases.is_empty() {
-        true => format!("{ROW_CACHE_SLOTS}"),
-        false => format!("{ROW_CACHE_SLOTS}, {ROW_CACHE_SLOTS_ONE_INPUT} when one row-shaped input is kept"),
+        true => String::new(),
+        false => format!(", {ROW_CACHE_SLOTS_ONE_INPUT} when one row-shaped input is kept"),
     };
     let lanes = format!(
-        "a group of {} to blockDim.x lanes per row (about {} columns a lane; rows kept in registers: from 1 lane, at most {kept} columns a lane)",
+        "a group of {} to blockDim.x lanes per row (about {} columns a lane; rows kept in registers: from 1 lane, at most {ROW_CACHE_SLOTS} columns a lane{kept})",
         crate::ROW_MIN_LANES,
         crate::ROW_COLS_PER_LANE,
     );

@@ -1,5 +1,5 @@
 //~ A block-wide reduction of one double per thread in a fixed order (reviewed template; rendered
-//~ by `cuda::helper_source`). {{name}}: sum, max or min; {{upper}}: the same in capitals;
+//~ by `cuda::helper_source`). {{name}}: sum, max, min or prod; {{upper}}: the same in capitals;
 //~ {{combine}}: v combined with o; {{identity}}: the combine's identity.
 #ifndef KF_HELPER_BLOCK_{{upper}}
 #define KF_HELPER_BLOCK_{{upper}}

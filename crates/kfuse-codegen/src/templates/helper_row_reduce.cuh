@@ -1,5 +1,5 @@
 //~ A reduction of one double per lane over each row group of a row-wise kernel (reviewed
-//~ template; rendered by `cuda::helper_source`). {{name}}: sum, max or min; {{upper}}: the same
+//~ template; rendered by `cuda::helper_source`). {{name}}: sum, max, min or prod; {{upper}}: the same
 //~ in capitals; {{combine}}: v combined with o (commutative, so both lanes of a pair get the same
 //~ bits).
 #ifndef KF_HELPER_ROW_{{upper}}

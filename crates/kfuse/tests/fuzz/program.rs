@@ -49,7 +49,7 @@ const MATH: [&str; 26] = [
 const BITWISE: [&str; 5] = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"];
 const ARITH: [&str; 4] = ["+", "-", "*", "/"];
 const CMP: [&str; 6] = ["==", "!=", "<", "<=", ">", ">="];
-const REDUCE: [&str; 4] = ["sum", "mean", "max", "min"];
+const REDUCE: [&str; 5] = ["sum", "mean", "max", "min", "prod"];
 
 /// NumPy broadcasting of two shapes as written (`1` stretches), or `None` when they clash.
 fn broadcast(a: &[&'static str], b: &[&'static str]) -> Option<Vec<&'static str>> {
@@ -276,8 +276,11 @@ impl Gen {
             return Some((format!("count({}{mask}{axis})", a.name), shape, Kind::Int));
         }
         let op = *self.pick(&REDUCE);
-        let kind = if op == "mean" { Kind::Float } else { a.kind };
-        Some((format!("{op}({}{mask}{axis})", a.name), shape, kind))
+        let kind = if matches!(op, "mean" | "prod") { Kind::Float } else { a.kind };
+        // A product of integers is refused: its operand is made a float (the kinds this
+        // generator tracks are not always the language's, e.g. floor of an integer).
+        let x = if op == "prod" { format!("f32({})", a.name) } else { a.name.clone() };
+        Some((format!("{op}({x}{mask}{axis})"), shape, kind))
     }
 
     fn fresh(&mut self) -> String {
