@@ -498,6 +498,56 @@ impl GraphBuilder {
     /// the first NaN there (torch's answer), as an i64. Built from existing reductions: the
     /// extreme (kept as a size-1 axis), then the least position whose element equals it or is NaN.
     pub fn arg_extremum(&mut self, op: ReduceOp, x: NodeId, axis: i64, keepdim: bool) -> Result<NodeId, IrError> {
+        let (name, xs, dtype) = self.arg_operand(op, x)?;
+        let bits = axis_mask(name, &[axis], xs.rank())?;
+        let extreme = self.reduce(op, ReduceAxis::Axes { mask: bits, keepdim: true }, x, None)?;
+        let mut hit = self.binary(BinaryOp::Eq, x, extreme)?;
+        if dtype.kind() == Kind::Float {
+            let nan = self.unary(UnaryOp::IsNan, x)?;
+            hit = self.binary(BinaryOp::Or, hit, nan)?;
+        }
+        let at = self.iota(xs, bits.trailing_zeros())?;
+        let at = self.cast(at, DType::I64);
+        self.reduce(ReduceOp::Min, ReduceAxis::Axes { mask: bits, keepdim }, at, Some(hit))
+    }
+
+    /// `torch.argmax(x)` / `torch.argmin(x)` with no dimension: the flat (row-major) index of the
+    /// first element that holds the extreme value, or of the first NaN, as an i64 (`keepdim`:
+    /// every axis kept with size 1). The flat index is `iota` along each axis times the product
+    /// of the later axes' sizes (counted, so a symbolic size costs no pass). A tensor with no
+    /// element gives the largest i32 (torch raises there; a kernel cannot).
+    pub fn arg_extremum_flat(&mut self, op: ReduceOp, x: NodeId, keepdim: bool) -> Result<NodeId, IrError> {
+        let (_, xs, dtype) = self.arg_operand(op, x)?;
+        let extreme = self.reduce(op, ReduceAxis::All, x, None)?;
+        let mut hit = self.binary(BinaryOp::Eq, x, extreme)?;
+        if dtype.kind() == Kind::Float {
+            let nan = self.unary(UnaryOp::IsNan, x)?;
+            hit = self.binary(BinaryOp::Or, hit, nan)?;
+        }
+        let rank = xs.rank();
+        let mut at: Option<NodeId> = None;
+        for axis in 0..rank as u32 {
+            let i = self.iota(xs.clone(), axis)?;
+            let i = self.cast(i, DType::I64);
+            at = Some(match at {
+                None => i,
+                Some(prev) => {
+                    let every = self.all_true(Shape(vec![xs.dims()[axis as usize]]), 0)?;
+                    let size = self.reduce(ReduceOp::Count, ReduceAxis::All, every, None)?;
+                    let size = self.cast(size, DType::I64);
+                    let scaled = self.binary(BinaryOp::Mul, prev, size)?;
+                    self.binary(BinaryOp::Add, scaled, i)?
+                }
+            });
+        }
+        let at = at.ok_or_else(|| IrError::Malformed("a flat index of a scalar".into()))?;
+        let all = (1u32 << rank) - 1;
+        self.reduce(ReduceOp::Min, ReduceAxis::Axes { mask: all, keepdim }, at, Some(hit))
+    }
+
+    /// The name of an arg-extremum of `op`, and its operand's shape and dtype, checked: a tensor
+    /// (rank 1 or more) of numbers.
+    fn arg_operand(&self, op: ReduceOp, x: NodeId) -> Result<(&'static str, Shape, DType), IrError> {
         let name = match op {
             ReduceOp::Max => "argmax",
             ReduceOp::Min => "argmin",
@@ -510,16 +560,7 @@ impl GraphBuilder {
         if dtype == DType::Bool {
             return Err(IrError::BadDType { op: name, dtype, hint: " (compare a bool tensor, or cast it to i32)" });
         }
-        let bits = axis_mask(name, &[axis], xs.rank())?;
-        let extreme = self.reduce(op, ReduceAxis::Axes { mask: bits, keepdim: true }, x, None)?;
-        let mut hit = self.binary(BinaryOp::Eq, x, extreme)?;
-        if dtype.kind() == Kind::Float {
-            let nan = self.unary(UnaryOp::IsNan, x)?;
-            hit = self.binary(BinaryOp::Or, hit, nan)?;
-        }
-        let at = self.iota(xs, bits.trailing_zeros())?;
-        let at = self.cast(at, DType::I64);
-        self.reduce(ReduceOp::Min, ReduceAxis::Axes { mask: bits, keepdim }, at, Some(hit))
+        Ok((name, xs, dtype))
     }
 
     /// `torch.cat(parts, dim=axis)`: the parts, of one rank, equal sizes on every other axis and

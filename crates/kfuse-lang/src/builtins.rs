@@ -453,10 +453,10 @@ impl Lowerer<'_> {
     }
 
     /// `argmax(x, axis: A)` / `argmin(x, axis: A, keepdim: true)`: `torch.argmax` / `argmin`
-    /// along one axis (named: kfuse has no flat index over every axis), an i64.
+    /// along one axis, an i64; without `axis:`, the flat (row-major) index over every element.
     fn arg_extremum(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
         let n = func.name.as_str();
-        let expected = format!("{n}(x, axis: -1), or {n}(x, axis: 1, keepdim: true)");
+        let expected = format!("{n}(x, axis: -1), {n}(x, axis: 1, keepdim: true), or {n}(x) over every element");
         let a = split(func, args, &["axis", "keepdim"])?;
         let keepdim = match a.keyword("keepdim") {
             None => false,
@@ -466,14 +466,13 @@ impl Lowerer<'_> {
                     .expected(expected))
             }
         };
-        if a.keyword("axis").is_none() {
-            return Err(
-                Report::new(DiagnosticKind::Arguments, span, format!("`{n}` needs an `axis:`")).expected(expected)
-            );
-        }
         let [x] = exact(func, &a, span, &expected)?;
-        let (axis, at) = one_axis(&a, span, &expected)?;
         let op = if n == "argmax" { ReduceOp::Max } else { ReduceOp::Min };
+        if a.keyword("axis").is_none() {
+            let xn = self.expr(x)?;
+            return self.b.arg_extremum_flat(op, xn, keepdim).map_err(|e| self.ir_report(e, span, &[xn]));
+        }
+        let (axis, at) = one_axis(&a, span, &expected)?;
         let xn = self.expr(x)?;
         self.b.arg_extremum(op, xn, axis, keepdim).map_err(|e| {
             let at = if matches!(e, kfuse_ir::IrError::BadAxis { .. }) { at } else { span };

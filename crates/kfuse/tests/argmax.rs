@@ -1,5 +1,5 @@
-//! `argmax` / `argmin` along one axis: torch's answers on ties (the first), NaN (the first NaN),
-//! infinities and integers in the interpreter; clear errors; the kernels compiled by NVRTC (skips
+//! `argmax` / `argmin` along one axis and over every element (the flat index): torch's answers on
+//! ties (the first), NaN (the first NaN), infinities and integers in the interpreter; clear errors; the kernels compiled by NVRTC (skips
 //! without libnvrtc); the GPU against the interpreter at odd sizes (skips without a GPU).
 
 use std::sync::Arc;
@@ -14,6 +14,9 @@ input k: i32[R, C]
 output last = argmax(x, axis: -1)
 output first = argmin(x, axis: 0, keepdim: true)
 output ints = argmax(k, axis: 1)
+output flat = argmax(x)
+output flat_min = argmin(k)
+output kept = argmin(x, keepdim: true)
 ";
 
 fn program(src: &str) -> Program {
@@ -48,14 +51,24 @@ fn argmax_and_argmin_give_torchs_first_position_with_ties_nan_and_infinities() {
     assert_eq!(first, vec![1.0, 2.0, 1.0, 0.0]);
     let (_, ints) = get(&out, "ints");
     assert_eq!(ints, vec![1.0, 3.0, 0.0]);
+    // Over every element, row-major: the first NaN (position 4) is the maximum and the minimum;
+    // the integers' minimum -9 is at position 6.
+    assert_eq!(get(&out, "flat"), (vec![], vec![4.0]));
+    assert_eq!(get(&out, "flat_min"), (vec![], vec![6.0]));
+    assert_eq!(get(&out, "kept"), (vec![1, 1], vec![4.0]));
+    // Without NaN: the flat index of the first maximum (-inf and inf included).
+    let finite =
+        HostTensor::from_f64(DType::F32, vec![3, 4], &[1.0, 5.0, 9.0, -2.0, 9.0, 3.0, 0.0, 9.0, -inf, 7.0, 0.0, -inf]);
+    let out = program(ARGS).run_cpu(&[("x", &finite), ("k", &k)]).expect("runs");
+    assert_eq!(get(&out, "flat"), (vec![], vec![2.0]));
+    assert_eq!(get(&out, "kept"), (vec![1, 1], vec![8.0]));
     assert!(out.iter().all(|(_, t)| t.dtype() == DType::I64), "every result is i64");
 }
 
 #[test]
-fn argmax_needs_an_axis_of_a_tensor() {
+fn argmax_refuses_a_bad_axis_a_bool_and_a_keepdim_that_is_not_a_bool() {
     let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
     let cases: &[(&str, &[&str])] = &[
-        ("output o = argmax(x)", &["argmax", "needs an `axis:`"]),
         ("output o = argmin(x, axis: 2)", &["argmin", "axis 2"]),
         ("output o = argmax(x > 0.0, axis: 0)", &["argmax", "bool"]),
         ("output o = argmax(x, axis: 0, keepdim: 1)", &["keepdim"]),

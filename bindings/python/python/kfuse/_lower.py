@@ -563,15 +563,17 @@ def _softmax(fn):
 
 
 def _arg_extremum(fn):
-    """`argmax` / `argmin` along one axis: kfuse's, an i64 (over every element, torch's flat
-    index, is refused)."""
+    """`argmax` / `argmin` along one axis, or over every element (torch's flat index): kfuse's,
+    an i64."""
 
     def rule(node, a, ctx):
         x, full = _full(a, "self", ctx, f"an {fn}")
-        if a.get("dim") is None or not full:
-            raise Refused(f"an {fn} over every element (kfuse's {fn} takes an axis)")
-        d = a["dim"] % len(full)
+        if not full:
+            raise Refused(f"an {fn} of a scalar")
         keep = bool(a.get("keepdim"))
+        if a.get("dim") is None:
+            return f"{fn}({x.text}{', keepdim: true' if keep else ''})", (1,) * len(full) if keep else ()
+        d = a["dim"] % len(full)
         shape = full[:d] + ((1,) if keep else ()) + full[d + 1 :]
         return f"{fn}({x.text}, axis: {d}{', keepdim: true' if keep else ''})", shape
 
