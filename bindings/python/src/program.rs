@@ -161,6 +161,43 @@ impl Program {
         self.program.cuda_source()
     }
 
+    /// Makes the program's kernels ready in the kernel cache, for GPU `ordinal` or for `arch`
+    /// (such as `"sm_90"`; NVRTC only, no GPU), one after the other: `(kernel name, "compiled",
+    /// "disk", "memory" or "repaired", seconds)` each. Releases the GIL while NVRTC works.
+    #[pyo3(signature = (ordinal=None, arch=None))]
+    fn build_kernels(
+        &self,
+        py: Python<'_>,
+        ordinal: Option<usize>,
+        arch: Option<String>,
+    ) -> PyResult<Vec<(String, &'static str, f64)>> {
+        let target =
+            match (ordinal, arch) {
+                (Some(o), None) => kfuse::BuildTarget::Device(o),
+                (None, Some(a)) => kfuse::BuildTarget::Arch(a.parse().map_err(|e: kfuse::ParseArchError| {
+                    errors::raise(Kind::Input, format!("build_kernels: {e} (an architecture is written like sm_90)"))
+                })?),
+                _ => return Err(errors::raise(
+                    Kind::Input,
+                    "build_kernels takes a device ordinal or an architecture (such as arch=\"sm_90\"), one of the two",
+                )),
+            };
+        let program = &self.program;
+        let builds = py.detach(|| program.build_kernels(target)).map_err(errors::kfuse)?;
+        Ok(builds
+            .into_iter()
+            .map(|b| {
+                let how = match b.outcome {
+                    kfuse::CacheOutcome::Compiled => "compiled",
+                    kfuse::CacheOutcome::DiskHit => "disk",
+                    kfuse::CacheOutcome::MemoryHit => "memory",
+                    kfuse::CacheOutcome::Repaired => "repaired",
+                };
+                (b.name, how, b.seconds)
+            })
+            .collect())
+    }
+
     /// The same program with some inputs declared at other dtypes (`[("pred", "bf16")]`); the
     /// whole program is typed again, as if its source said so.
     fn with_input_dtypes(&self, dtypes: Vec<(String, String)>) -> PyResult<Program> {

@@ -34,7 +34,7 @@ pub use checks::{violation_error, Validation};
 pub use engine::Engine;
 pub use error::{Error, Result};
 pub use exec::DeviceTensor;
-pub use program::{read_source, DeviceBinding, Program};
+pub use program::{read_source, BuildTarget, DeviceBinding, KernelBuild, Program};
 pub use scale::scale_by_upstream;
 
 pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};
@@ -45,4 +45,6 @@ pub use kfuse_ir::{
 };
 pub use kfuse_lang::Diagnostic;
 pub use kfuse_passes::{vjp, with_gradients, DeriveError, Derived};
-pub use kfuse_runtime::{preserving_thread_context, DeviceBuffer, Gpu, KernelCache, RuntimeError, Stream};
+pub use kfuse_runtime::{
+    preserving_thread_context, Arch, CacheOutcome, DeviceBuffer, Gpu, KernelCache, ParseArchError, RuntimeError, Stream,
+};

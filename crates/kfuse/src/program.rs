@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use kfuse_codegen::{CodegenOptions, Plan};
 use kfuse_ir::{DType, Graph, HostTensor, Interface};
-use kfuse_runtime::Stream;
+use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Stream};
 
 use crate::exec::{byte_count, CudaProgram, DeviceTensor, Workspace};
 use crate::{Engine, Error, Result, Validation};
@@ -121,6 +121,28 @@ impl Program {
     pub fn device_kernels(&self) -> Vec<(&str, &str)> {
         let plan = self.plan.kernels.iter().map(|k| (k.source.as_str(), k.name.as_str()));
         plan.chain(self.scaling_kernels().map(|(s, n)| -> (&str, &str) { (s, n) })).collect()
+    }
+
+    /// Makes each kernel that loading this program compiles ([`Program::device_kernels`]) ready
+    /// in the kernel cache for `target`, one after the other: NVRTC compiles those the cache holds
+    /// neither in memory nor on disk. Says for each where it came from and how long that took
+    /// (what `kfuse.explain` reports). [`BuildTarget::Arch`] needs libnvrtc and no GPU.
+    pub fn build_kernels(&self, target: BuildTarget) -> Result<Vec<KernelBuild>> {
+        let (opts, cache) = match target {
+            BuildTarget::Device(ordinal) => {
+                let gpu = self.engine.device(ordinal)?;
+                (gpu.kernel_options(), gpu.cache().clone())
+            }
+            BuildTarget::Arch(arch) => (CompileOptions::for_arch(arch), self.engine.cache().clone()),
+        };
+        self.device_kernels()
+            .into_iter()
+            .map(|(source, name)| {
+                let started = std::time::Instant::now();
+                let (_, outcome) = cache.get_or_compile(source, &opts)?;
+                Ok(KernelBuild { name: name.to_string(), outcome, seconds: started.elapsed().as_secs_f64() })
+            })
+            .collect()
     }
 
     fn scaling_kernels(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
@@ -475,4 +497,24 @@ impl CudaProgram {
     pub fn prepare(gpu: &Arc<kfuse_runtime::Gpu>, program: &Program) -> Result<CudaProgram> {
         CudaProgram::with_companions(gpu, program.plan().clone(), &[], &program.origin)
     }
+}
+
+/// What [`Program::build_kernels`] builds for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildTarget {
+    /// GPU `ordinal`: its architecture and the options its launches compile with.
+    Device(usize),
+    /// An architecture, with no GPU (NVRTC only).
+    Arch(Arch),
+}
+
+/// How one kernel was made ready by [`Program::build_kernels`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelBuild {
+    /// The kernel's entry point.
+    pub name: String,
+    /// Compiled by NVRTC just now, or found in the cache (in memory or on disk).
+    pub outcome: CacheOutcome,
+    /// How long getting it took, in seconds.
+    pub seconds: f64,
 }

@@ -29,15 +29,17 @@ def cache_info():
     kernel is loaded once per device)."""
     return _kfuse.cache_info()
 
-def explain(fn, *example_inputs):
+def explain(fn, *example_inputs, arch=None):
     """Compiles `fn` with ``torch.compile(fn, backend="kfuse")``, runs it on `example_inputs`
     (and its backward when the outputs require grad, leaving every ``.grad`` as it was) and
     returns what the backend did: ``report.kernels`` (per fused region: its aten ``ops``, its
-    ``.kf`` ``source``, its CUDA ``kernels`` count), ``report.fallbacks`` (each op left to
-    PyTorch with its ``reason``); ``print(report)`` shows both per graph."""
+    ``.kf`` ``source``, its CUDA ``kernels`` count, and ``builds``: how kfuse's kernel cache made
+    each kernel ready and in how long), ``report.fallbacks`` (each op left to PyTorch with its
+    ``reason``); ``print(report)`` shows both per graph. The kernels are built for the GPU of CUDA
+    inputs, or for `arch` (such as ``"sm_90"``; NVRTC, no GPU) with CPU inputs."""
     from ._backend import explain as _explain  # imports torch._dynamo: only when asked
 
-    return _explain(fn, *example_inputs)
+    return _explain(fn, *example_inputs, arch=arch)
 
 
 __all__ = [

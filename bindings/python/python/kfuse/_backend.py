@@ -13,6 +13,7 @@ are kept for :func:`kfuse.explain`.
 
 import logging
 import operator
+import re
 import threading
 
 import torch
@@ -73,11 +74,15 @@ class Kernel:
     """One fused region: the `graph` it is in, the aten `ops` it holds, its ``.kf`` `source`,
     the `shapes` of the CUDA kernels it runs as (one line each: how the kernel's threads cover
     its work, e.g. a row reduction computed once per row; None when unknown), their number
-    `kernels`, and whether its program came from the backend's cache (`cached`)."""
+    `kernels`, whether its program came from the backend's cache (`cached`), and `builds`: for
+    each CUDA kernel, ``(name, how, seconds)``, how kfuse's kernel cache made it ready
+    (``"compiled"`` by NVRTC, or found on ``"disk"`` or in ``"memory"``) and how long that took;
+    None when nothing was built (CPU inputs and no `arch` given to :func:`explain`)."""
 
-    def __init__(self, graph, ops, source, shapes, cached):
+    def __init__(self, graph, ops, source, shapes, cached, builds=None):
         self.graph, self.ops, self.source, self.shapes, self.cached = graph, ops, source, shapes, cached
         self.kernels = None if shapes is None else len(shapes)
+        self.builds = builds
 
     def __repr__(self):
         return f"Kernel({self.graph}: {len(self.ops)} ops, {self.kernels} CUDA kernel(s))"
@@ -96,10 +101,11 @@ class Fallback:
 class Report:
     """What the kfuse backend did with the graphs of one compiled function."""
 
-    def __init__(self):
+    def __init__(self, arch=None):
         self.kernels = []
         self.fallbacks = []
         self.graphs = []  # graph names in compile order
+        self.arch = arch  # what CPU graphs' kernels are built for (None: not built)
 
     def __str__(self):
         out = []
@@ -112,13 +118,42 @@ class Report:
                 cached = ", program reused" if k.cached else ""
                 out.append(f"-- region {i}: {len(k.ops)} ops, {count} CUDA kernel(s){cached}")
                 out.append("   ops: " + ", ".join(k.ops))
-                out.extend(f"   kernel {j}: {shape}" for j, shape in enumerate(k.shapes or []))
+                builds = k.builds or []
+                for j, shape in enumerate(k.shapes or []):
+                    out.append(f"   kernel {j}: {shape}" + (_build_note(builds[j]) if j < len(builds) else ""))
                 out.extend("   | " + line for line in k.source.rstrip("\n").split("\n"))
             for f in fs:
                 out.append(f"-- left to PyTorch: {f.op}: {f.reason}")
         return "\n".join(out) if out else "(no graph was compiled)"
 
     __repr__ = __str__
+
+
+def _build_note(build):
+    """How a kernel was made ready, for a report line."""
+    _, how, seconds = build
+    ms = seconds * 1e3
+    if how == "compiled":
+        return f" [compiled by NVRTC in {ms:.1f} ms]"
+    if how == "repaired":
+        return f" [a bad cache entry, compiled again in {ms:.1f} ms]"
+    return f" [from the kernel cache ({how}), {ms:.2f} ms]"
+
+
+def _builds(prog, gm, report):
+    """The kernels of `prog` built for the device of `gm`'s inputs, or for the report's arch when
+    they are on the CPU (see :class:`Kernel`'s `builds`); None when there is nothing to build
+    for, or the build failed (the run then says why)."""
+    device = next((v.device for v in (n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder")
+                   if isinstance(v, torch.Tensor) and v.device.type == "cuda"), None)
+    try:
+        if device is not None:
+            return prog.build_kernels(ordinal=device.index if device.index is not None else torch.cuda.current_device())
+        if report.arch is not None:
+            return prog.build_kernels(arch=report.arch)
+    except Error as e:
+        log.warning("kfuse backend: building the kernels of a region for explain failed: %s", e)
+    return None
 
 # ---------------------------------------------------------------------------------------------
 # Partitioning and fusing one aten graph.
@@ -257,7 +292,8 @@ def _fuse(gm, graph_name, report):
                 fallbacks += [(n.target, f"region kept in PyTorch: {e}") for n in sub.graph.nodes if n.op == "call_function"]
                 continue
             setattr(gm, node.target, _Region(prog, lowered, sub))
-            kernels.append(Kernel(graph_name, lowered.ops, lowered.text, _kernel_shapes(prog) if report else None, cached))
+            shapes, builds = (_kernel_shapes(prog), _builds(prog, gm, report)) if report else (None, None)
+            kernels.append(Kernel(graph_name, lowered.ops, lowered.text, shapes, cached, builds))
         elif node.op == "call_function" and node.target is not operator.getitem:
             reason = by_name.get(node.name, "a region of a single op is left to PyTorch")
             fallbacks.append((node.target, reason))
@@ -474,10 +510,15 @@ def backend(gm, example_inputs, mode=None, options=None, **kwargs):
     return _aot(None, graphs)(gm, example_inputs, **kwargs)
 
 
-def explain(fn, *example_inputs):
+def explain(fn, *example_inputs, arch=None):
     """Compiles `fn` with the kfuse backend, runs it on `example_inputs` (and its backward, when
-    the outputs require grad, without touching any ``.grad``), and returns a :class:`Report`."""
-    report = Report()
+    the outputs require grad, without touching any ``.grad``), and returns a :class:`Report`.
+    Each fused region's kernels are built before the run, for the GPU of CUDA inputs, or for
+    `arch` (such as ``"sm_90"``; NVRTC only) with CPU inputs, and the report says how each was
+    made ready and how long it took (``Kernel.builds``)."""
+    if arch is not None and not (isinstance(arch, str) and re.fullmatch(r"sm_[0-9]+[a-z]?", arch)):
+        raise ValueError(f"explain: arch={arch!r} is not an architecture; write it like 'sm_90'")
+    report = Report(arch)
 
     aot = _aot(report)
 

@@ -83,6 +83,13 @@ class Program:
         """The generated CUDA of every kernel the program runs as."""
         return self._native.cuda_source()
 
+    def build_kernels(self, ordinal=None, arch=None):
+        """Makes the kernels ready in kfuse's kernel cache for GPU `ordinal`, or for `arch` (such
+        as ``"sm_90"``: NVRTC only, no GPU), one after the other: ``(kernel name, how, seconds)``
+        each, `how` being ``"compiled"`` (by NVRTC just now), ``"disk"``, ``"memory"`` or
+        ``"repaired"`` (a bad disk entry compiled again)."""
+        return self._native.build_kernels(ordinal=ordinal, arch=arch)
+
     def with_input_dtypes(self, **dtypes):
         """The program with inputs declared at other dtypes (``pred="bf16"`` or torch dtypes)."""
         pairs = []
