@@ -2,7 +2,9 @@
 //! optional `lengths` input) or packed (`T`, with an `offsets` input) symbols, then `let`s drawn
 //! from elementwise arithmetic, comparisons, logic, `where`, `clamp`, `pow`, math functions,
 //! `atan2`, `remainder`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all or last axis, with or without
-//! `where:`), `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
+//! `where:`, `prod` included), `argmax`/`argmin` (along the last axis or flat), `rand_like`,
+//! views (`transpose`, `permute`, slices of a constant last axis), `cat` along a constant last
+//! axis, `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
 //!
 //! The generator tracks each value's shape and kind so that what it writes type-checks; where its
 //! bookkeeping is conservative (a float it takes for an int) the program is still valid. Random
@@ -50,6 +52,9 @@ const BITWISE: [&str; 5] = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise
 const ARITH: [&str; 4] = ["+", "-", "*", "/"];
 const CMP: [&str; 6] = ["==", "!=", "<", "<=", ">", ">="];
 const REDUCE: [&str; 5] = ["sum", "mean", "max", "min", "prod"];
+/// Constant sizes as written, by value (slices and `cat` make new ones).
+const NUMBERS: [&str; 17] =
+    ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"];
 
 /// NumPy broadcasting of two shapes as written (`1` stretches), or `None` when they clash.
 fn broadcast(a: &[&'static str], b: &[&'static str]) -> Option<Vec<&'static str>> {
@@ -163,7 +168,7 @@ impl Gen {
     /// chosen form has no operands that fit.
     fn expression(&mut self) -> Option<(String, Vec<&'static str>, Kind)> {
         let a = self.val_where(|_| true)?;
-        match self.rng.random_range(0..15) {
+        match self.rng.random_range(0..18) {
             0..=2 if a.kind.numeric() => {
                 let op = *self.pick(&ARITH);
                 if self.rng.random_bool(0.3) {
@@ -239,6 +244,23 @@ impl Gen {
                 Some((format!("{}[.., None]", a.name), shape, a.kind))
             }
             10 | 11 => self.reduction(a),
+            15 => self.view(a),
+            16 => self.joined(a),
+            17 if a.kind.numeric() && !a.shape.is_empty() => {
+                if self.rng.random_bool(0.5) {
+                    // Every element's own draw; an integer seed of the program's or a literal.
+                    let seed = match self.val_where(|v| v.kind == Kind::Int && v.shape.is_empty()) {
+                        Some(v) if self.rng.random_bool(0.5) => v.name,
+                        _ => self.rng.random_range(0..1000).to_string(),
+                    };
+                    return Some((format!("rand_like({}, {seed})", a.name), a.shape, Kind::Float));
+                }
+                let f = *self.pick(&["argmax", "argmin"]);
+                if self.rng.random_bool(0.3) {
+                    return Some((format!("{f}({})", a.name), vec![], Kind::Int));
+                }
+                Some((format!("{f}({}, axis: -1)", a.name), a.shape[..a.shape.len() - 1].to_vec(), Kind::Int))
+            }
             12 => {
                 let to = *self.pick(&["f32", "f16", "bf16", "i32", "bool"]);
                 let kind = match to {
@@ -260,6 +282,50 @@ impl Gen {
                 Some((format!("size({dim})"), vec![], Kind::Int))
             }
         }
+    }
+
+    /// A view of `a`: its first two axes swapped, its axes rotated, or a slice of a constant last
+    /// axis (symbolic axes are never sliced: their sizes may be 0 at run time).
+    fn view(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
+        let rank = a.shape.len();
+        match self.rng.random_range(0..3) {
+            0 if rank >= 2 => {
+                let mut shape = a.shape.clone();
+                shape.swap(0, 1);
+                Some((format!("transpose({}, 0, 1)", a.name), shape, a.kind))
+            }
+            1 if rank == 3 => {
+                let shape = vec![a.shape[2], a.shape[0], a.shape[1]];
+                Some((format!("permute({}, [2, 0, 1])", a.name), shape, a.kind))
+            }
+            _ => {
+                let last = *a.shape.last()?;
+                let size: usize = last.parse().ok().filter(|&n| n >= 2)?;
+                let start = self.rng.random_range(0..size);
+                let step = self.rng.random_range(1..=2);
+                let len = (size - start).div_ceil(step);
+                let mut shape = a.shape.clone();
+                *shape.last_mut()? = NUMBERS[len];
+                Some((format!("{}[.., {start}:{size}:{step}]", a.name), shape, a.kind))
+            }
+        }
+    }
+
+    /// `a` joined with another value of its shape along a constant last axis (`cat`).
+    fn joined(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
+        let (&last, lead) = a.shape.split_last()?;
+        let n: usize = last.parse().ok()?;
+        let b = self.val_where(|b| {
+            b.kind.numeric() == a.kind.numeric()
+                && b.shape.len() == a.shape.len()
+                && b.shape[..lead.len()] == *lead
+                && b.shape.last().is_some_and(|d| d.parse::<usize>().is_ok_and(|m| n + m < NUMBERS.len()))
+        })?;
+        let m: usize = b.shape.last()?.parse().ok()?;
+        let mut shape = a.shape.clone();
+        *shape.last_mut()? = NUMBERS[n + m];
+        let kind = if a.kind == b.kind { a.kind } else { arith_kind("+", a.kind, b.kind) };
+        Some((format!("cat([{}, {}], axis: -1)", a.name, b.name), shape, kind))
     }
 
     fn reduction(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
