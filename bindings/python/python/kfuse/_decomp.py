@@ -11,6 +11,8 @@ comparison and products, which :mod:`kfuse._lower` draws with kfuse's ``rand_lik
 a forward output that the backward reads, so both use the same one.
 """
 
+import functools
+
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -128,12 +130,22 @@ EXCLUDED = (
 )
 
 
-def decompositions():
-    """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, dropout's, the moments."""
+@functools.lru_cache(maxsize=None)
+def _table():
     table = core_aten_decompositions()
     for op in EXCLUDED:
         table.pop(op, None)
     table.update(get_decompositions([aten.native_layer_norm, aten.native_dropout]))
     table.update(MOMENTS)
     return table
+
+
+def decompositions():
+    """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
+    norm's forward, dropout's, the moments. Built once, when the backend is imported (a few
+    hundred milliseconds, as Inductor builds its own table on import), and copied for each
+    compiled graph."""
+    return dict(_table())
+
+
+_table()
