@@ -501,11 +501,7 @@ impl GraphBuilder {
         let (name, xs, dtype) = self.arg_operand(op, x)?;
         let bits = axis_mask(name, &[axis], xs.rank())?;
         let extreme = self.reduce(op, ReduceAxis::Axes { mask: bits, keepdim: true }, x, None)?;
-        let mut hit = self.binary(BinaryOp::Eq, x, extreme)?;
-        if dtype.kind() == Kind::Float {
-            let nan = self.unary(UnaryOp::IsNan, x)?;
-            hit = self.binary(BinaryOp::Or, hit, nan)?;
-        }
+        let hit = self.holds_extreme(x, extreme, dtype)?;
         let at = self.iota(xs, bits.trailing_zeros())?;
         let at = self.cast(at, DType::I64);
         self.reduce(ReduceOp::Min, ReduceAxis::Axes { mask: bits, keepdim }, at, Some(hit))
@@ -519,11 +515,7 @@ impl GraphBuilder {
     pub fn arg_extremum_flat(&mut self, op: ReduceOp, x: NodeId, keepdim: bool) -> Result<NodeId, IrError> {
         let (_, xs, dtype) = self.arg_operand(op, x)?;
         let extreme = self.reduce(op, ReduceAxis::All, x, None)?;
-        let mut hit = self.binary(BinaryOp::Eq, x, extreme)?;
-        if dtype.kind() == Kind::Float {
-            let nan = self.unary(UnaryOp::IsNan, x)?;
-            hit = self.binary(BinaryOp::Or, hit, nan)?;
-        }
+        let hit = self.holds_extreme(x, extreme, dtype)?;
         let rank = xs.rank();
         let mut at: Option<NodeId> = None;
         for axis in 0..rank as u32 {
@@ -543,6 +535,17 @@ impl GraphBuilder {
         let at = at.ok_or_else(|| IrError::Malformed("a flat index of a scalar".into()))?;
         let all = (1u32 << rank) - 1;
         self.reduce(ReduceOp::Min, ReduceAxis::Axes { mask: all, keepdim }, at, Some(hit))
+    }
+
+    /// Where `x` (of `dtype`) equals its `extreme`, or is NaN (torch's arg-extremum takes the first
+    /// NaN).
+    fn holds_extreme(&mut self, x: NodeId, extreme: NodeId, dtype: DType) -> Result<NodeId, IrError> {
+        let hit = self.binary(BinaryOp::Eq, x, extreme)?;
+        if dtype.kind() != Kind::Float {
+            return Ok(hit);
+        }
+        let nan = self.unary(UnaryOp::IsNan, x)?;
+        self.binary(BinaryOp::Or, hit, nan)
     }
 
     /// The name of an arg-extremum of `op`, and its operand's shape and dtype, checked: a tensor

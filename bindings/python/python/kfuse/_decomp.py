@@ -11,8 +11,6 @@ comparison and products, which :mod:`kfuse._lower` draws with kfuse's ``rand_lik
 a forward output that the backward reads, so both use the same one.
 """
 
-import functools
-
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
@@ -130,8 +128,7 @@ EXCLUDED = (
 )
 
 
-@functools.lru_cache(maxsize=None)
-def _table():
+def _build_table():
     table = core_aten_decompositions()
     for op in EXCLUDED:
         table.pop(op, None)
@@ -145,7 +142,7 @@ def decompositions():
     norm's forward, dropout's, the moments. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
-    return _table()
+    return _TABLE
 
 
-_table()
+_TABLE = _build_table()

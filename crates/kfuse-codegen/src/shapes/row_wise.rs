@@ -295,24 +295,22 @@ pub(crate) fn emit_body(
     let cols = em.dim(plan.cols);
     let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None, fold_doubles: fold_slots(plan, g) };
     let mark = em.mark();
-    em.open_row_block();
-    em.row_cache = Some(RowCache::for_graph(g, ROW_CACHE_SLOTS));
-    emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
-    let Some(mut cache) = em.row_cache.take() else {
-        return Err(CodegenError::Internal { node: 0, what: "the row cache went missing while its body was emitted" });
-    };
-    let mut lines = em.take_row_block();
-    // One row-shaped input kept by a kernel with row reductions: again, with more columns a lane
-    // (see `ROW_CACHE_SLOTS_ONE_INPUT`; elementwise rows have no folds to save).
-    if cache.inputs.len() == 1 && !plan.phases.is_empty() {
+    // The body of rows in registers with `slots` columns a lane: the cache's state and the lines.
+    let mut cached = |em: &mut Emitter, slots: u32, sizes: &mut RowSizes| {
         em.open_row_block();
-        em.row_cache = Some(RowCache::for_graph(g, ROW_CACHE_SLOTS_ONE_INPUT));
-        emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
-        cache = em
+        em.row_cache = Some(RowCache::for_graph(g, slots));
+        emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, sizes)?;
+        let cache = em
             .row_cache
             .take()
             .ok_or(CodegenError::Internal { node: 0, what: "the row cache went missing while its body was emitted" })?;
-        lines = em.take_row_block();
+        Ok::<_, CodegenError>((cache, em.take_row_block()))
+    };
+    let (mut cache, mut lines) = cached(em, ROW_CACHE_SLOTS, &mut sizes)?;
+    // One row-shaped input kept by a kernel with row reductions: again, with more columns a lane
+    // (see `ROW_CACHE_SLOTS_ONE_INPUT`; elementwise rows have no folds to save).
+    if cache.inputs.len() == 1 && !plan.phases.is_empty() {
+        (cache, lines) = cached(em, ROW_CACHE_SLOTS_ONE_INPUT, &mut sizes)?;
     }
     if cache.inputs.is_empty() {
         em.renumber(mark);
