@@ -38,7 +38,9 @@ def test_explain_builds_each_kernel_for_an_arch_and_says_how():
     report = kfuse.explain(fn, *inputs(), arch="sm_90")
     assert report.kernels, str(report)
     for k in report.kernels:
-        assert k.builds is not None and len(k.builds) == k.kernels, str(report)
+        assert k.builds is not None, str(report)
+        # One build per entry point: a row kernel's entry for rows in registers is its own unit.
+        assert len({name.removesuffix("_regs") for name, _, _ in k.builds}) == k.kernels, str(report)
         assert all(name.startswith("kf_") and how == "compiled" and seconds > 0 for name, how, seconds in k.builds)
     assert "compiled by NVRTC in" in str(report)
     torch._dynamo.reset()

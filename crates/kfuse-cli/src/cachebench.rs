@@ -137,8 +137,8 @@ pub fn run_phase(gpu: &Arc<Gpu>, phase: &str) -> Result<PhaseReport, Error> {
         let p = Program::compile(&engine, &giou_variant(v), "giou variant")?;
         let plan = p.plan();
         let l0 = Instant::now();
-        for k in &plan.kernels {
-            gpu.load_kernel(&k.source, &k.name)?;
+        for (source, entry) in plan.kernels.iter().flat_map(|k| k.entries()) {
+            gpu.load_kernel(source, entry)?;
         }
         let l = l0.elapsed();
         if !seen.insert(v) || v == 0 {

@@ -315,8 +315,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Emit { file, tuning } => {
             let p = load(&file)?.with_codegen(tuning.options())?;
-            for k in &p.plan().kernels {
-                say!("{}", k.source);
+            for (source, _) in p.plan().kernels.iter().flat_map(|k| k.entries()) {
+                say!("{source}");
             }
             Ok(())
         }
@@ -376,12 +376,12 @@ fn run(cli: Cli) -> Result<()> {
             let arch = pick_arch(arch)?;
             let cache = KernelCache::try_global()?;
             cache.check_folder()?;
-            for k in &p.plan().kernels {
+            for (source, entry) in p.plan().kernels.iter().flat_map(|k| k.entries()) {
                 let t0 = Instant::now();
-                let (m, outcome) = cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?;
+                let (m, outcome) = cache.get_or_compile(source, &CompileOptions::for_arch(arch))?;
                 say!(
                     "{} {arch} key {} {} ({:.1} ms, cubin {} bytes)",
-                    k.name,
+                    entry,
                     m.key.to_hex(),
                     outcome_word(outcome),
                     t0.elapsed().as_secs_f64() * 1e3,
@@ -544,8 +544,8 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             for f in &files {
                 bar.set_message(f.display().to_string());
                 let result = load(f).and_then(|p| {
-                    for k in &p.plan().kernels {
-                        match cache.get_or_compile(&k.source, &CompileOptions::for_arch(arch))?.1 {
+                    for (source, _) in p.plan().kernels.iter().flat_map(|k| k.entries()) {
+                        match cache.get_or_compile(source, &CompileOptions::for_arch(arch))?.1 {
                             CacheOutcome::Compiled | CacheOutcome::Repaired => compiled += 1,
                             _ => hits += 1,
                         }

@@ -275,6 +275,19 @@ const ROW_PROGRAMS: &[(&str, &str)] = &[
          output y = d * rsqrt(var + 0.00001) * w + b\noutput loss = sum(y * dy)\noutput dx = grad(loss, x)\n",
     ),
     (
+        "layer norm and its weight gradients (summed per column by the row kernel)",
+        "input x: f32[B, C]\ninput w: f32[C]\ninput b: f32[C]\ninput dy: f32[B, C]\n\
+         let mu = mean(x, axis: -1, keepdim: true)\nlet d = x - mu\nlet var = mean(d * d, axis: -1, keepdim: true)\n\
+         output y = d * rsqrt(var + 0.00001) * w + b\nlet loss = sum(y * dy)\noutput dx = grad(loss, x)\n\
+         output dw = grad(loss, w)\noutput db = grad(loss, b)\n",
+    ),
+    (
+        "RMS norm and its weight gradient",
+        "input x: f32[B, C]\ninput w: f32[C]\ninput dy: f32[B, C]\n\
+         let y = x * rsqrt(mean(x * x, axis: -1, keepdim: true) + 0.00001) * w\n\
+         output loss = sum(y * dy)\noutput dx = grad(loss, x)\noutput dw = grad(loss, w)\n",
+    ),
+    (
         "masked row reductions, per row and used again",
         "input x: f32[B, C]\ninput k: f32[B, C]\nlet m = k > 0.0\n\
          output s = sum(x, where: m, axis: -1)\noutput hi = max(x, where: m, axis: -1)\n\
@@ -357,8 +370,10 @@ fn row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths() {
         check_programs(&gpu, ROW_PROGRAMS, rows_by_cols, |r, c| vec![r.div_ceil(3), 3.min(r), c], fresh_seed());
     // Other block sizes: row groups of more than a warp fold through shared memory.
     let engine = engine_of(&gpu);
-    for block_size in [64, 1024] {
-        let (what, src) = ROW_PROGRAMS[1];
+    // (At 1024 threads the weight gradients keep a column kernel of their own: the row kernel's
+    // shared array of sums would pass 32 KiB.)
+    for (block_size, program) in [(64, 1), (1024, 1), (64, 2), (1024, 2)] {
+        let (what, src) = ROW_PROGRAMS[program];
         let p = compile_at(&engine, src, what, DType::F32);
         let opts = kfuse_codegen::CodegenOptions { block_size, ..Default::default() };
         let p = p.with_codegen(opts).unwrap();

@@ -15,6 +15,9 @@ pub(crate) struct BufferIndex {
     pub reduction: Vec<Option<(Option<usize>, usize)>>,
     /// The one-pass masked gradient's buffers, when the plan uses one (kernel 0 fills the list).
     pub onepass: Option<OnePassBuffers>,
+    /// Per kernel: the column partial sums it writes (a row-wise kernel) or folds (its column
+    /// kernel), when a column kernel's sums are taken by a row-wise kernel.
+    pub column_partials: Vec<Option<usize>>,
 }
 
 /// The element count of `dims` as a [`crate::SizeExpr`].

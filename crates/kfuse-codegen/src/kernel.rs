@@ -193,6 +193,8 @@ pub(crate) fn emit_kernel(
             list: compacted_pass.and_then(|b| b.list.map(|l| (l, b.pass.comps))),
             n_slots: slots.len(),
             checked,
+            column_partials: buffers.column_partials[k]
+                .map(|b| (b, column_wise.and_then(|c| c.from).map(|f| f.kernel))),
         },
     )?;
 
@@ -210,6 +212,14 @@ pub(crate) fn emit_kernel(
     let _ = writeln!(src, "{domain_note}");
     for note in &sink_notes {
         let _ = writeln!(src, "// sink: {note}");
+    }
+    if let Some(plan) = row_wise.filter(|p| !p.column_sums.is_empty()) {
+        let operands: Vec<String> = plan.column_sums.iter().map(|n| format!("n{}", n.0)).collect();
+        let _ = writeln!(
+            src,
+            "// sink: column sums of {} over the rows, a row of partial sums per block, for a later kernel to fold",
+            operands.join(", ")
+        );
     }
     src.push('\n');
     for h in &uses.helpers {
@@ -238,6 +248,8 @@ pub(crate) fn emit_kernel(
         }
         head
     };
+    // The header and helpers open the second entry point's translation unit too.
+    let prelude_len = src.len();
     src.push_str(&entry_head(&name, &bounds));
     let poison = if checked { check::poison_accumulators(slots.len(), "    ") } else { String::new() };
     let mut accumulators = String::new();
@@ -287,7 +299,7 @@ pub(crate) fn emit_kernel(
         KernelShape::RowWise => {
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, (&[], &body), None);
+            row_wise::write(&mut src, sizes, &accumulators, (&sizes.column_init, &body, &[]), None);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -300,17 +312,22 @@ pub(crate) fn emit_kernel(
         }
     }
     src.push_str("}\n");
-    // Rows that fit the lanes' registers: a second entry point, allocated its own registers.
+    // Rows that fit the lanes' registers: a second entry point, allocated its own registers, in a
+    // translation unit of its own so that NVRTC compiles the two entries in parallel.
     let register_rows = match (shape, row_sizes.as_ref().and_then(|r| r.cached.as_ref())) {
         (KernelShape::RowWise, Some(cached)) => {
             let entry = format!("{name}_regs");
-            src.push_str(&entry_head(&entry, &register_bounds));
+            let mut regs = src[..prelude_len].to_string();
+            regs.push_str(&entry_head(&entry, &register_bounds));
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "register rows without sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, (&cached.prologue, &cached.body), Some(cached.slots));
-            src.push_str(&poison);
-            write_plain_tail(&mut src, &slots, &epilogue);
-            src.push_str("}\n");
+            let mut prologue = row_wise::column_sums_prologue(cached.sums, cached.slots, block);
+            prologue.extend(cached.prologue.iter().cloned());
+            let after = row_wise::column_fold(cached.sums);
+            row_wise::write(&mut regs, sizes, &accumulators, (&prologue, &cached.body, &after), Some(cached.slots));
+            regs.push_str(&poison);
+            write_plain_tail(&mut regs, &slots, &epilogue);
+            regs.push_str("}\n");
             let aligned = cached
                 .vectors
                 .iter()
@@ -321,6 +338,7 @@ pub(crate) fn emit_kernel(
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             Some(RegisterRows {
+                source: regs,
                 entry,
                 cols_per_lane: u64::from(cached.slots),
                 vector: u64::from(cached.width),

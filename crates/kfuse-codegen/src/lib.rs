@@ -152,7 +152,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
     }
     // Kernels without row reductions may reduce columns (not kernel 0 under a one-pass plan).
-    let column_plans: Vec<Option<shapes::columns::Columns>> = an
+    let mut column_plans: Vec<Option<shapes::columns::Columns>> = an
         .kernels
         .iter()
         .zip(&rows)
@@ -162,6 +162,41 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             _ => None,
         })
         .collect();
+    // A column kernel whose sums an earlier row kernel can take as it goes folds its partial sums
+    // instead of reading the rows again (not under a one-pass plan, whose kernel 0 runs alone).
+    let mut column_partials = vec![None; an.kernels.len()];
+    for c in 0..an.kernels.len() {
+        let Some(plan) = column_plans[c].as_ref().filter(|_| pass.is_none()) else { continue };
+        let Some(a) = shapes::columns::fuse(graph, &an, &rows, c, plan) else { continue };
+        let operands: Vec<kfuse_ir::NodeId> = plan
+            .reductions
+            .iter()
+            .filter_map(|&n| match graph.node(n).op {
+                kfuse_ir::Op::Reduce { x, .. } => Some(x),
+                _ => None,
+            })
+            .collect();
+        // The row kernel's shared array holds its row groups' sums: at most 32 KiB.
+        if operands.len() as u64 * u64::from(opts.block_size) > 512 {
+            continue;
+        }
+        let Some(row_plan) = rows[a].plan.as_mut().filter(|p| p.column_sums.is_empty()) else { continue };
+        let mut elems = buffers::size_expr(&an.kernels[c].dims)?;
+        elems.constant =
+            elems.constant.checked_mul(operands.len() as u64).ok_or(CodegenError::SizeOverflow { node: 0 })?;
+        buffers.push(BufferDecl {
+            kind: BufferKind::ColumnPartials { kernel: a },
+            elem: ElemType::Tensor(kfuse_ir::DType::F32),
+            elems,
+        });
+        let buffer = buffers.len() - 1;
+        row_plan.column_sums = operands;
+        column_partials[a] = Some(buffer);
+        column_partials[c] = Some(buffer);
+        if let Some(plan) = column_plans[c].as_mut() {
+            plan.from = Some(shapes::columns::FromRows { kernel: a });
+        }
+    }
     let temps_base = buffers.len();
     let mut temps: Vec<(usize, kfuse_ir::NodeId)> = an.temps.iter().map(|(&n, &t)| (t, n)).collect();
     temps.sort();
@@ -257,7 +292,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         }
         None => None,
     };
-    let index = buffers::BufferIndex { outputs_base, temps_base, reduction, onepass };
+    let index = buffers::BufferIndex { outputs_base, temps_base, reduction, onepass, column_partials };
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
     let kernels = (0..launched)

@@ -105,6 +105,11 @@ pub enum BufferKind {
     /// them; the kernel leaves them at 0 when it finishes, so repeated launches need no memset.
     /// Never launch two instances of the same kernel with the same counter concurrently.
     Counter { kernel: usize },
+    /// The column partial sums that row-wise kernel `kernel` writes as it goes, one row of them
+    /// per block: `elems` (the columns times the sums) per block, so `elems * grid` in all; the
+    /// fold kernel that reads them takes the row count as a [`Param::Grid`]. No initialisation
+    /// needed: every block writes its whole row.
+    ColumnPartials { kernel: usize },
     /// Working memory of kernel `kernel` (e.g. the compact list of a one-pass masked gradient,
     /// written before its grid barrier and read after it). No initialisation needed.
     Scratch { kernel: usize },
@@ -141,7 +146,7 @@ impl BufferDecl {
     pub fn elem_count(&self, sizes: &[u64], grid_blocks: u64) -> Option<u64> {
         let n = self.elems.eval(sizes)?;
         match self.kind {
-            BufferKind::Partials { .. } => n.checked_mul(grid_blocks),
+            BufferKind::Partials { .. } | BufferKind::ColumnPartials { .. } => n.checked_mul(grid_blocks),
             _ => Some(n),
         }
     }
@@ -197,6 +202,9 @@ pub struct Kernel {
 /// [`RegisterRows::applies`]; the other entry takes any row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RegisterRows {
+    /// Its CUDA translation unit: the kernel's header and helpers and this entry point alone
+    /// (compiled apart from [`Kernel::source`], so that the two compile in parallel).
+    pub source: String,
     /// The entry point's name.
     pub entry: String,
     /// The columns a lane holds, at most.
@@ -221,7 +229,29 @@ impl RegisterRows {
     }
 }
 
+impl Plan {
+    /// The grid of each kernel for run-time `sizes` on a device with `sm_count`
+    /// multiprocessors, in launch order (see [`GridSpec::blocks`]); `None` for a kernel whose
+    /// grid cannot be formed. `cap(k, blocks)` may lower kernel `k`'s grid (a cooperative launch
+    /// holds at most one resident wave); later kernels see the lowered value.
+    pub fn grids(&self, sizes: &[u64], sm_count: u32, cap: impl Fn(usize, u32) -> u32) -> Result<Vec<u32>, usize> {
+        let mut grids = Vec::with_capacity(self.kernels.len());
+        for (k, kernel) in self.kernels.iter().enumerate() {
+            let blocks = kernel.grid.blocks(sizes, sm_count, &grids).ok_or(k)?;
+            grids.push(cap(k, blocks));
+        }
+        Ok(grids)
+    }
+}
+
 impl Kernel {
+    /// Every entry point of the kernel as (CUDA translation unit, entry name): its own, then the
+    /// one for rows in registers if it has one. Loading the kernel compiles each unit.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::iter::once((self.source.as_str(), self.name.as_str()))
+            .chain(self.register_rows.iter().map(|r| (r.source.as_str(), r.entry.as_str())))
+    }
+
     /// What the kernel's header says of its plan: its domain line (how its threads cover the work:
     /// the kernel shape, and for a row-wise kernel its row phases) and one line per sink (what it
     /// writes), without the comment markers.
@@ -259,6 +289,9 @@ pub enum Param {
     /// The tag a violation is recorded with (`unsigned int`): the executor's number for the
     /// program, so that the host can name it.
     CheckTag,
+    /// The grid size (blocks) of kernel `index` of the same launch, as a signed 64-bit integer:
+    /// the rows of the [`BufferKind::ColumnPartials`] that kernel wrote.
+    Grid(usize),
 }
 
 /// The words (`u64`) of the error record a checking kernel writes ([`Param::ErrorRecord`]), in
@@ -315,6 +348,9 @@ pub enum GridSpec {
     /// [`column_chunks`] chunks, exactly one block per tile and chunk (the kernel derives the
     /// chunk count from the grid, so the grid is never capped).
     Columns { cols: SizeExpr, rows: SizeExpr, lanes: u32 },
+    /// A fold kernel's grid: the columns shape's, whose rows are the partial rows that an earlier
+    /// kernel of the launch, `rows_of`, wrote: one per block of its grid.
+    Fold { cols: SizeExpr, rows_of: usize, lanes: u32 },
 }
 
 /// The fewest rows a chunk of a column kernel takes: fewer leave its row lanes idle, and each
@@ -350,28 +386,35 @@ pub fn row_lanes(cols: u64, block: u32) -> u64 {
 }
 
 impl GridSpec {
-    /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors (the
-    /// formula above; `None` when a size is missing or overflows).
-    pub fn blocks(&self, sizes: &[u64], sm_count: u32) -> Option<u32> {
+    /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors, given the
+    /// grids of the `earlier` kernels of the launch (the formula above; `None` when a size is
+    /// missing or overflows, or a fold's kernel is not among `earlier`).
+    pub fn blocks(&self, sizes: &[u64], sm_count: u32, earlier: &[u32]) -> Option<u32> {
         match self {
+            GridSpec::Fold { cols, rows_of, .. } => {
+                let (cols, rows) = (cols.eval(sizes)?, u64::from(*earlier.get(*rows_of)?));
+                column_blocks(cols, rows, sm_count)
+            }
             GridSpec::Work { work, per_block, max_blocks_per_sm } => {
                 let wanted = work.eval(sizes)?.div_ceil((*per_block).max(1));
                 clamp_blocks(wanted, *max_blocks_per_sm, sm_count)
             }
-            GridSpec::Columns { cols, rows, .. } => {
-                let (cols, rows) = (cols.eval(sizes)?, rows.eval(sizes)?);
-                if cols == 0 {
-                    return Some(1); // it returns at once: no column to write
-                }
-                let blocks = cols.div_ceil(32).max(1).checked_mul(column_chunks(cols, rows, sm_count))?;
-                u32::try_from(blocks).ok().filter(|&b| b <= i32::MAX as u32)
-            }
+            GridSpec::Columns { cols, rows, .. } => column_blocks(cols.eval(sizes)?, rows.eval(sizes)?, sm_count),
             GridSpec::Rows { rows, cols, block, max_blocks_per_sm } => {
                 let per_block = (u64::from(*block) / row_lanes(cols.eval(sizes)?, *block)).max(1);
                 clamp_blocks(rows.eval(sizes)?.div_ceil(per_block), *max_blocks_per_sm, sm_count)
             }
         }
     }
+}
+
+/// A column kernel's blocks: a tile of 32 columns times its chunks of rows.
+fn column_blocks(cols: u64, rows: u64, sm_count: u32) -> Option<u32> {
+    if cols == 0 {
+        return Some(1); // it returns at once: no column to write
+    }
+    let blocks = cols.div_ceil(32).max(1).checked_mul(column_chunks(cols, rows, sm_count))?;
+    u32::try_from(blocks).ok().filter(|&b| b <= i32::MAX as u32)
 }
 
 /// `wanted` blocks, at least one, at most `max_blocks_per_sm` on each of `sm_count`

@@ -32,6 +32,9 @@ pub(crate) struct SignatureParts<'a> {
     pub n_slots: usize,
     /// Whether it checks lengths/offsets values (the error record and the tag follow the sizes).
     pub checked: bool,
+    /// The column partial sums it writes (`None`: a row-wise kernel) or folds (`Some(the
+    /// kernel that wrote them)`), as (buffer, writer).
+    pub column_partials: Option<(usize, Option<usize>)>,
 }
 
 /// The parameters: (parameter, declaration, comment).
@@ -41,7 +44,8 @@ pub(crate) fn params(
     buffers: &BufferIndex,
     parts: SignatureParts,
 ) -> Result<Vec<(Param, String, String)>, CodegenError> {
-    let SignatureParts { k, shape, uses, outputs_written, temps_written, list, n_slots, checked } = parts;
+    let SignatureParts { k, shape, uses, outputs_written, temps_written, list, n_slots, checked, column_partials } =
+        parts;
     let mut params: Vec<(Param, String, String)> = Vec::new(); // (param, declaration, comment)
     for &i in &uses.inputs {
         let inp = &g.inputs[i as usize];
@@ -93,6 +97,19 @@ pub(crate) fn params(
             format!("their {comps} unscaled f32 values"),
         ));
     }
+    match column_partials {
+        Some((b, None)) => params.push((
+            Param::Buffer(b),
+            "float* __restrict__ kf_colp".into(),
+            "column partial sums: a row per block, each sum's columns one after another".into(),
+        )),
+        Some((b, Some(_))) => params.push((
+            Param::Buffer(b),
+            "const float* __restrict__ kf_colp".into(),
+            "column partial sums of an earlier kernel: a row per block of its grid".into(),
+        )),
+        None => {}
+    }
     if n_slots > 0 || matches!(shape, KernelShape::Rows | KernelShape::Columns) {
         let (p, c) = buffers.reduction[k]
             .ok_or(CodegenError::Internal { node: 0, what: "reduction kernel without its counter" })?;
@@ -107,6 +124,13 @@ pub(crate) fn params(
     }
     for &s in &uses.syms {
         params.push((Param::Size(s), format!("long long sz{}", s.0), format!("size {}", g.symbols[s.0 as usize])));
+    }
+    if let Some((_, Some(writer))) = column_partials {
+        params.push((
+            Param::Grid(writer),
+            "long long kf_parts".into(),
+            format!("rows of kf_colp: the grid of kernel {}", writer + 1),
+        ));
     }
     if checked {
         params.push((

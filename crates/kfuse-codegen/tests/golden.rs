@@ -8,7 +8,12 @@ use kfuse_codegen::{plan, CodegenOptions};
 
 fn sources(g: &kfuse_ir::Graph) -> String {
     let p = plan(g, &CodegenOptions::default()).expect("plan");
-    p.kernels.iter().map(|k| k.source.clone()).collect::<Vec<_>>().join("\n// ---- next kernel ----\n\n")
+    p.kernels
+        .iter()
+        .flat_map(|k| k.entries())
+        .map(|(source, _)| source)
+        .collect::<Vec<_>>()
+        .join("\n// ---- next kernel ----\n\n")
 }
 
 fn check(name: &str, file: ExpectFile) {

@@ -19,13 +19,13 @@ impl Rng {
 
 /// Runs every kernel of `p` once or more; returns the outputs' bytes after each round.
 fn run(gpu: &Gpu, p: &Plan, sizes: &[u64], inputs: &[Vec<u8>], rounds: usize, time_iters: usize) -> Vec<Vec<Vec<u8>>> {
-    let grids: Vec<u32> = p.kernels.iter().map(|k| k.grid.blocks(sizes, gpu.sm_count()).expect("grid")).collect();
+    let grids: Vec<u32> = p.grids(sizes, gpu.sm_count(), |_, blocks| blocks).expect("grid");
     let bufs: Vec<DeviceBuffer> = p
         .buffers
         .iter()
         .map(|b| {
             let grid = match b.kind {
-                BufferKind::Partials { kernel, .. } => u64::from(grids[kernel]),
+                BufferKind::Partials { kernel, .. } | BufferKind::ColumnPartials { kernel } => u64::from(grids[kernel]),
                 _ => 1,
             };
             let bytes = (b.elem_count(sizes, grid).expect("size") * b.elem.size_bytes()).max(16) as usize;
@@ -50,6 +50,7 @@ fn run(gpu: &Gpu, p: &Plan, sizes: &[u64], inputs: &[Vec<u8>], rounds: usize, ti
                     Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
                     Param::ErrorRecord => KernelArg::ErrorRecord(true),
                     Param::CheckTag => KernelArg::U32(0),
+                    Param::Grid(j) => KernelArg::I64(i64::from(grids[*j])),
                 })
                 .collect();
             gpu.launch(&funcs[k], grids[k], kern.block, 0, &args).expect("launch");

@@ -26,8 +26,8 @@ fn every_golden_graph_compiles_for_sm80_and_sm90() {
     for (name, g) in common::all() {
         for block_size in [256, 128] {
             let p = plan(&g, &CodegenOptions { block_size, ..CodegenOptions::default() }).expect("plan");
-            for k in &p.kernels {
-                compile_all(&format!("{name} {} (block {block_size})", k.name), &k.source);
+            for (source, entry) in p.kernels.iter().flat_map(|k| k.entries()) {
+                compile_all(&format!("{name} {entry} (block {block_size})"), source);
             }
         }
     }

@@ -102,15 +102,19 @@ impl CudaProgram {
         companions: &[(&str, &str)],
         origin: &Arc<str>,
     ) -> Result<CudaProgram> {
-        let sources: Vec<&str> =
-            plan.kernels.iter().map(|k| k.source.as_str()).chain(companions.iter().map(|(s, _)| *s)).collect();
+        let sources: Vec<&str> = plan
+            .kernels
+            .iter()
+            .flat_map(|k| k.entries().map(|e| e.0))
+            .chain(companions.iter().map(|(s, _)| *s))
+            .collect();
         compile_missing(gpu, &sources)?;
         let functions =
             plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
         let register_rows = plan
             .kernels
             .iter()
-            .map(|k| k.register_rows.as_ref().map(|r| gpu.load_kernel(&k.source, &r.entry)).transpose())
+            .map(|k| k.register_rows.as_ref().map(|r| gpu.load_kernel(&r.source, &r.entry)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
         for (source, name) in companions {
             gpu.load_kernel(source, name)?;
@@ -142,25 +146,20 @@ impl CudaProgram {
     /// The grid of each kernel for run-time `sizes`.
     pub(crate) fn grids(&self, sizes: &[u64]) -> Result<Vec<u32>> {
         let sm = self.gpu.sm_count().max(1);
-        self.plan
-            .kernels
-            .iter()
-            .zip(&self.resident)
-            .map(|(k, resident)| {
-                let blocks = k
-                    .grid
-                    .blocks(sizes, sm)
-                    .ok_or_else(|| Error::GridTooLarge { kernel: k.name.clone(), sizes: sizes.to_vec() })?;
-                // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
-                Ok(resident.map_or(blocks, |r| blocks.min(r)))
-            })
-            .collect()
+        // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
+        let cap = |k: usize, blocks: u32| self.resident.get(k).copied().flatten().map_or(blocks, |r| blocks.min(r));
+        self.plan.grids(sizes, sm, cap).map_err(|k| Error::GridTooLarge {
+            kernel: self.plan.kernels.get(k).map_or_else(String::new, |kernel| kernel.name.clone()),
+            sizes: sizes.to_vec(),
+        })
     }
 
     /// The bytes buffer `decl` needs for `sizes` and `grids`.
     fn buffer_bytes(decl: &BufferDecl, sizes: &[u64], grids: &[u32]) -> Result<usize> {
         let grid = match decl.kind {
-            BufferKind::Partials { kernel, .. } => grids.get(kernel).map_or(0, |&g| u64::from(g)),
+            BufferKind::Partials { kernel, .. } | BufferKind::ColumnPartials { kernel } => {
+                grids.get(kernel).map_or(0, |&g| u64::from(g))
+            }
             _ => 0,
         };
         let too_big = || Error::TooLarge { what: format!("a buffer of {:?}", decl.kind), sizes: sizes.to_vec() };
@@ -236,6 +235,7 @@ impl CudaProgram {
                     Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
                     Param::ErrorRecord => KernelArg::ErrorRecord(checks),
                     Param::CheckTag => KernelArg::U32(self.tag),
+                    Param::Grid(k) => KernelArg::I64(i64::from(grids[k])),
                 })
                 .collect();
             let step = Instant::now();

@@ -119,7 +119,7 @@ impl Program {
     /// gradient-scaling kernel of each of its (gradient, loss) dtype pairs. None depends on sizes,
     /// so a new batch size compiles nothing.
     pub fn device_kernels(&self) -> Vec<(&str, &str)> {
-        let plan = self.plan.kernels.iter().map(|k| (k.source.as_str(), k.name.as_str()));
+        let plan = self.plan.kernels.iter().flat_map(|k| k.entries());
         plan.chain(self.scaling_kernels().map(|(s, n)| -> (&str, &str) { (s, n) })).collect()
     }
 
@@ -230,9 +230,10 @@ impl Program {
         &self.engine
     }
 
-    /// The CUDA source of every kernel of the plan, in launch order, each followed by a newline.
+    /// The CUDA source of every kernel of the plan, in launch order, each translation unit (a
+    /// kernel's second entry point for rows in registers has its own) followed by a newline.
     pub fn cuda_source(&self) -> String {
-        self.plan.kernels.iter().map(|k| format!("{}\n", k.source)).collect()
+        self.plan.kernels.iter().flat_map(|k| k.entries()).map(|(source, _)| format!("{source}\n")).collect()
     }
 
     /// Checks inputs described by name, dtype and shape against the declarations: every input

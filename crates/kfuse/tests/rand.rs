@@ -196,6 +196,7 @@ fn grid_kind(g: &GridSpec) -> &'static str {
         GridSpec::Work { .. } => "work",
         GridSpec::Rows { .. } => "rows",
         GridSpec::Columns { .. } => "columns",
+        GridSpec::Fold { .. } => "fold",
     }
 }
 

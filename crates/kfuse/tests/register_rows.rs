@@ -23,7 +23,7 @@ fn a_row_wise_kernel_names_its_entry_point_for_rows_in_registers_and_the_buffers
         let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
         assert_eq!(r.entry, format!("{}_regs", k.name));
         // Four blocks of 256 resident: its registers are capped at 64 a thread.
-        assert!(k.source.contains(&format!("void __launch_bounds__(256, 4) {}(", r.entry)), "{}", k.source);
+        assert!(r.source.contains(&format!("void __launch_bounds__(256, 4) {}(", r.entry)), "{}", r.source);
         // One row-shaped input kept (x): 32 columns a lane at most.
         assert_eq!((r.cols_per_lane, r.vector), (32, width), "{dtype}");
         // x, w, b and y: four buffers read or written a vector (16 bytes) at a time.
@@ -73,8 +73,50 @@ fn a_kernel_keeping_two_row_shaped_inputs_keeps_16_columns_a_lane() {
     let k = &p.plan().kernels[0];
     let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!((r.cols_per_lane, r.vector), (16, 4));
-    assert!(k.source.contains("float kf_c0[16];") && k.source.contains("float kf_c2[16];"), "{}", k.source);
+    assert!(r.source.contains("float kf_c0[16];") && r.source.contains("float kf_c2[16];"), "{}", r.source);
     let aligned = |_: usize| Some(0x7f00_0000_0000u64);
     assert!(r.applies(&k.grid, &[8192, 4096], aligned));
     assert!(!r.applies(&k.grid, &[8192, 8192], aligned));
+}
+
+#[test]
+fn layer_norm_weight_gradients_are_summed_by_the_row_kernel_and_folded_by_a_second() {
+    // dgamma and dbeta are sums over the rows of values the kernel of dx computes anyway: it
+    // sums them per column as it goes (a row of partial sums per block), and a second kernel
+    // folds those rows, reading neither x nor dy again.
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/layer_norm_train.kf"))
+        .expect("example");
+    let p = Program::compile(&engine, &src, "layer_norm_train.kf").expect("compiles");
+    let kernels = &p.plan().kernels;
+    assert_eq!(kernels.len(), 2, "{}", p.cuda_source());
+    let (rows, fold) = (&kernels[0], &kernels[1]);
+    assert!(rows.source.contains("// sink: column sums of"), "{}", rows.source);
+    let regs = rows.register_rows.as_ref().expect("an entry point for rows in registers");
+    for unit in [&rows.source, &regs.source] {
+        assert!(unit.contains("float* __restrict__ kf_colp"), "{unit}");
+    }
+    // The entry for any row adds to its block's row in place; the one for rows in registers
+    // through shared memory, a vector of 4 columns at a time.
+    assert!(rows.source.contains("* cols + col] += (float)"), "{}", rows.source);
+    assert!(regs.source.contains("float4 kf_t = *kf_q;"), "{}", regs.source);
+    assert!(fold.source.contains("folded from the column partial sums of kernel 1"), "{}", fold.source);
+    assert!(!fold.source.contains("const float* __restrict__ in"), "the fold reads no input:\n{}", fold.source);
+    assert_eq!(
+        fold.params.last(),
+        Some(&kfuse_codegen::Param::Grid(0)),
+        "its rows are the first kernel's blocks:\n{}",
+        fold.source
+    );
+    let partials = p
+        .plan()
+        .buffers
+        .iter()
+        .find(|d| d.kind == kfuse_codegen::BufferKind::ColumnPartials { kernel: 0 })
+        .expect("a buffer of column partial sums");
+    // Two sums of D columns per block: 528 blocks of [8192, 1024] need 528 * 2048 floats.
+    assert_eq!(partials.elem_count(&[8192, 1024], 528), Some(528 * 2048));
+    // The fold's grid follows the first kernel's: a block per tile of 32 columns and chunk of rows.
+    let grids = p.plan().grids(&[8192, 1024], 132, |_, b| b).expect("grids");
+    assert_eq!(grids[1], 32 * kfuse_codegen::column_chunks(1024, u64::from(grids[0]), 132) as u32);
 }

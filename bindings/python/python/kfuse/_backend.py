@@ -75,7 +75,9 @@ class Kernel:
     the `shapes` of the CUDA kernels it runs as (one line each: how the kernel's threads cover
     its work, e.g. a row reduction computed once per row; None when unknown), their number
     `kernels`, whether its program came from the backend's cache (`cached`), and `builds`: for
-    each CUDA kernel, ``(name, how, seconds)``, how kfuse's kernel cache made it ready
+    each entry point of those kernels (a row kernel has a second one, ``<name>_regs``, for rows
+    kept in registers, compiled as a unit of its own), ``(name, how, seconds)``, how kfuse's
+    kernel cache made it ready
     (``"compiled"`` by NVRTC, or found on ``"disk"`` or in ``"memory"``) and how long that took;
     None when nothing was built (CPU inputs and no `arch` given to :func:`explain`)."""
 
@@ -118,9 +120,10 @@ class Report:
                 cached = ", program reused" if k.cached else ""
                 out.append(f"-- region {i}: {len(k.ops)} ops, {count} CUDA kernel(s){cached}")
                 out.append("   ops: " + ", ".join(k.ops))
-                builds = k.builds or []
+                builds = _by_kernel(k.builds or [])
                 for j, shape in enumerate(k.shapes or []):
-                    out.append(f"   kernel {j}: {shape}" + (_build_note(builds[j]) if j < len(builds) else ""))
+                    notes = "".join(_build_note(b) for b in builds[j]) if j < len(builds) else ""
+                    out.append(f"   kernel {j}: {shape}{notes}")
                 out.extend("   | " + line for line in k.source.rstrip("\n").split("\n"))
             for f in fs:
                 out.append(f"-- left to PyTorch: {f.op}: {f.reason}")
@@ -129,15 +132,27 @@ class Report:
     __repr__ = __str__
 
 
+def _by_kernel(builds):
+    """The builds of each kernel in order: its own entry's, then its ``_regs`` entry's."""
+    grouped = []
+    for build in builds:
+        if build[0].endswith("_regs") and grouped:
+            grouped[-1].append(build)
+        else:
+            grouped.append([build])
+    return grouped
+
+
 def _build_note(build):
-    """How a kernel was made ready, for a report line."""
-    _, how, seconds = build
+    """How one entry point was made ready, for a report line."""
+    name, how, seconds = build
     ms = seconds * 1e3
+    which = " (rows in registers)" if name.endswith("_regs") else ""
     if how == "compiled":
-        return f" [compiled by NVRTC in {ms:.1f} ms]"
+        return f" [compiled by NVRTC in {ms:.1f} ms{which}]"
     if how == "repaired":
-        return f" [a bad cache entry, compiled again in {ms:.1f} ms]"
-    return f" [from the kernel cache ({how}), {ms:.2f} ms]"
+        return f" [a bad cache entry, compiled again in {ms:.1f} ms{which}]"
+    return f" [from the kernel cache ({how}), {ms:.2f} ms{which}]"
 
 
 def _builds(prog, gm, report):

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis};
+use kfuse_ir::{DType, Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
 
 use crate::actions::{Combine, Group};
 use crate::analysis::{slots_of, Analysis, KernelInfo, SinkKind};
@@ -48,6 +48,17 @@ pub(crate) struct Columns {
     pub rows: Dim,
     /// Accumulators per column over all the reductions (a mean keeps two).
     pub accs: u32,
+    /// Set by [`fuse`]: the reductions are folded from the column partial sums that an earlier
+    /// row-wise kernel wrote as it computed their operands (one row of them per block of its
+    /// grid), instead of from the rows.
+    pub from: Option<FromRows>,
+}
+
+/// Where a fold kernel's partial sums come from (see [`fuse`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FromRows {
+    /// The row-wise kernel that writes them (into its [`crate::BufferKind::ColumnPartials`]).
+    pub kernel: usize,
 }
 
 /// The column reductions of kernel `info`, among the nodes its element work evaluates (`seen`):
@@ -83,7 +94,81 @@ pub(crate) fn detect(g: &Graph, info: &KernelInfo, seen: &[bool]) -> Option<Colu
         return None;
     }
     let accs = reductions.iter().map(|&(_, op)| slots_of(op)).sum();
-    Some(Columns { reductions: reductions.into_iter().map(|r| r.0).collect(), rows, accs })
+    Some(Columns { reductions: reductions.into_iter().map(|r| r.0).collect(), rows, accs, from: None })
+}
+
+/// The row-wise kernel (an earlier one, of the same level) that can also sum the operands of
+/// column kernel `c`'s reductions as it goes (`plan`; layer norm's weight gradients beside its
+/// input gradient), so that `c` folds partial sums instead of reading the rows again: its
+/// domain is `[rows, cols]` with the reductions' operands shaped like it, and everything the
+/// operands read is in its reach (its own row reductions, row values and scalars of earlier
+/// kernels, inputs). Unmasked float sums only; `None` when no kernel qualifies.
+pub(crate) fn fuse(
+    g: &Graph,
+    an: &Analysis,
+    rows: &[crate::shapes::row_wise::KernelRows],
+    c: usize,
+    plan: &Columns,
+) -> Option<usize> {
+    let info = &an.kernels[c];
+    let mut operands = Vec::with_capacity(plan.reductions.len());
+    for &n in &plan.reductions {
+        let Op::Reduce { op: ReduceOp::Sum, x, mask: None, .. } = g.node(n).op else { return None };
+        if !matches!(g.node(x).dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return None;
+        }
+        operands.push(x);
+    }
+    // A stored output is summed as stored (see `stored_operands`): not from the row kernel.
+    if !stored_operands(g, an, c, plan).is_empty() {
+        return None;
+    }
+    let mut domain = vec![plan.rows];
+    domain.extend_from_slice(&info.dims);
+    (0..c).find(|&a| {
+        let Some(rp) = rows[a].plan.as_ref() else { return false };
+        let ai = &an.kernels[a];
+        let own: BTreeSet<NodeId> = rp.phases.iter().flatten().copied().collect();
+        rp.case == crate::shapes::row_wise::RowCase::Elements
+            && ai.level == info.level
+            && ai.dims.len() == 2
+            && ai.dims == domain
+            && ai.dims.last() == Some(&rp.cols)
+            && operands.iter().all(|&x| reachable(g, an, a, &own, x))
+    })
+}
+
+/// Whether kernel `a`, whose row reductions are `own`, can evaluate `x` at each element.
+fn reachable(g: &Graph, an: &Analysis, a: usize, own: &BTreeSet<NodeId>, x: NodeId) -> bool {
+    let mut stack = vec![x];
+    let mut seen = BTreeSet::new();
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) || own.contains(&n) {
+            continue;
+        }
+        if g.node(n).shape.is_scalar() {
+            if let Some(home) = an.home[n.index()] {
+                if home < a {
+                    continue;
+                }
+                return false;
+            }
+        }
+        if let Some(&w) = an.row_values.get(&n) {
+            if w < a {
+                continue;
+            }
+            return false;
+        }
+        if crate::analysis::counts_every_element(g, n) {
+            continue; // the product of sizes
+        }
+        if matches!(g.node(n).op, Op::Reduce { .. }) {
+            return false;
+        }
+        g.node(n).op.for_each_operand(&g.lists, |o| stack.push(o));
+    }
+    true
 }
 
 /// The column reductions' operands that an earlier kernel stores as outputs (node → output
@@ -123,9 +208,13 @@ pub(crate) fn emit_body(
     groups: &[Group],
     unconditional: &mut BTreeSet<u32>,
 ) -> Result<ColumnSizes, CodegenError> {
-    let sizes = ColumnSizes { cols: em.product(dims), rows: em.dim(plan.rows) };
+    let rows = match plan.from {
+        Some(_) => "kf_parts".to_string(),
+        None => em.dim(plan.rows),
+    };
+    let sizes = ColumnSizes { cols: em.product(dims), rows };
     let dom: Vec<Coord> = (0..dims.len() as u32).map(Coord::Dom).collect();
-    // 1. The pass over the chunk's rows.
+    // 1. The pass over the chunk's rows (of partial sums, for a fold).
     let mut reductions = Vec::with_capacity(plan.reductions.len());
     for &n in &plan.reductions {
         let Op::Reduce { op, x, mask, .. } = g.node(n).op else {
@@ -135,7 +224,12 @@ pub(crate) fn emit_body(
         reductions.push((n, op, x, mask, accs));
     }
     let l = em.open_row_loop("kf_r0 + kf_lane", "kf_r1", "kf_lanes", UNROLL);
-    for (_, op, x, mask, accs) in &reductions {
+    for (s, (_, op, x, mask, accs)) in reductions.iter().enumerate() {
+        if plan.from.is_some() {
+            let n = reductions.len();
+            em.push_stmt(format!("{} += (double)kf_colp[(j{l} * {n} + {s}) * cols + i];", accs[0]));
+            continue;
+        }
         let mut xctx = vec![Coord::Loop(l)];
         xctx.extend(dom.iter().cloned());
         em.reduce_update_guarded(*op, *x, *mask, &xctx, accs)?;
@@ -220,11 +314,22 @@ pub(crate) fn write(src: &mut String, sizes: &ColumnSizes, block: u32, body: &[S
 
 /// The launch's grid: a block per tile of [`TILE`] columns and chunk of rows.
 pub(crate) fn grid(plan: &Columns, dims: &[Dim], block: u32) -> Result<GridSpec, CodegenError> {
-    Ok(GridSpec::Columns { cols: size_expr(dims)?, rows: size_expr(&[plan.rows])?, lanes: block / TILE })
+    let (cols, lanes) = (size_expr(dims)?, block / TILE);
+    Ok(match plan.from {
+        Some(from) => GridSpec::Fold { cols, rows_of: from.kernel, lanes },
+        None => GridSpec::Columns { cols, rows: size_expr(&[plan.rows])?, lanes },
+    })
 }
 
 /// The header's domain line.
 pub(crate) fn domain_note(plan: &Columns, dom: &str) -> String {
+    if let Some(from) = plan.from {
+        return format!(
+            "// domain: {dom} elements as columns, in tiles of {TILE}; {} sum(s) over the leading axis folded from the column partial sums of kernel {} (a row of them per block of its grid), split in chunks of those rows, a block per tile and chunk, folded in chunk order by the tile's last block",
+            plan.reductions.len(),
+            from.kernel + 1
+        );
+    }
     format!(
         "// domain: {dom} elements as columns, in tiles of {TILE}; {} reduction(s) over the leading axis split in chunks of rows, a block per tile and chunk, folded in chunk order by the tile's last block",
         plan.reductions.len()

@@ -88,6 +88,10 @@ pub(crate) struct RowWise {
     /// which every lane loads at its row before the passes, so that their latency hides behind
     /// the row's instead of following the last fold.
     pub row_inputs: Vec<NodeId>,
+    /// [`RowCase::Elements`]: the operands of a later kernel's column sums (see
+    /// `columns::fuse`), which this kernel evaluates at each element and sums per column as it
+    /// goes, into one row of partial sums per block (`kf_colp`, the sums' rows one after another).
+    pub column_sums: Vec<NodeId>,
 }
 
 impl RowWise {
@@ -218,7 +222,7 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
             .collect(),
         RowCase::Elements => Vec::new(),
     };
-    Some(RowWise { case, phases, cols, row_inputs })
+    Some(RowWise { case, phases, cols, row_inputs, column_sums: Vec::new() })
 }
 
 /// The row-wise plan without reductions of an elementwise kernel that would otherwise take the
@@ -244,6 +248,7 @@ pub(crate) fn elementwise(
         phases: Vec::new(),
         cols,
         row_inputs: Vec::new(),
+        column_sums: Vec::new(),
     })
 }
 
@@ -257,6 +262,10 @@ pub(crate) struct RowSizes {
     pub cached: Option<RegisterBody>,
     /// The doubles of the folds' shared array `kf_rs` (see [`fold_lines`]).
     pub fold_doubles: usize,
+    /// With column sums, the entry point that re-reads rows: before its row loop, each thread
+    /// zeroes its columns of the block's partial sums, which it then adds to in place (its row
+    /// groups span the block, so that no two threads share a column).
+    pub column_init: Vec<String>,
 }
 
 /// The body of the entry point for rows kept in registers, and the buffers it reads or writes a
@@ -270,6 +279,8 @@ pub(crate) struct RegisterBody {
     pub width: u32,
     /// The columns a lane keeps, at most (see `row_cache::RowCache::slots`).
     pub slots: u32,
+    /// The column sums it adds to (see [`column_sums_prologue`]).
+    pub sums: usize,
 }
 
 /// Emits the row body into `em`: each phase's pass and folds, then the sinks' `groups` (at each
@@ -293,7 +304,14 @@ pub(crate) fn emit_body(
     em.row_base = Some((k, plan.cols));
     let rows = em.product(&dims[..k]);
     let cols = em.dim(plan.cols);
-    let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None, fold_doubles: fold_slots(plan, g) };
+    let mut sizes = RowSizes {
+        rows,
+        cols,
+        temps_written: Vec::new(),
+        cached: None,
+        fold_doubles: fold_slots(plan, g),
+        column_init: column_init(plan.column_sums.len()),
+    };
     let mark = em.mark();
     // The body of rows in registers with `slots` columns a lane: the cache's state and the lines.
     let mut cached = |em: &mut Emitter, slots: u32, sizes: &mut RowSizes| {
@@ -309,7 +327,8 @@ pub(crate) fn emit_body(
     let (mut cache, mut lines) = cached(em, ROW_CACHE_SLOTS, &mut sizes)?;
     // One row-shaped input kept by a kernel with row reductions: again, with more columns a lane
     // (see `ROW_CACHE_SLOTS_ONE_INPUT`; elementwise rows have no folds to save).
-    if cache.inputs.len() == 1 && !plan.phases.is_empty() {
+    // (Not with column sums: their shared array holds a row group's sums at every column.)
+    if cache.inputs.len() == 1 && !plan.phases.is_empty() && plan.column_sums.is_empty() {
         (cache, lines) = cached(em, ROW_CACHE_SLOTS_ONE_INPUT, &mut sizes)?;
     }
     if cache.inputs.is_empty() {
@@ -319,8 +338,9 @@ pub(crate) fn emit_body(
         // Rows without passes load the next row ahead (see `RowCache::preload`).
         let (prologue, mut body) = cache.preload(g, plan.phases.is_empty());
         body.extend(lines);
+        let sums = plan.column_sums.len();
         sizes.cached =
-            Some(RegisterBody { prologue, body, vectors: cache.vectors, width: cache.width, slots: cache.slots });
+            Some(RegisterBody { prologue, body, vectors: cache.vectors, width: cache.width, slots: cache.slots, sums });
     }
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
     sizes.temps_written.sort_unstable();
@@ -424,12 +444,21 @@ fn emit_passes(
         em.close();
     }
     // The body: the sinks at each column of the row, or once per row.
+    let element: Vec<Coord> = (0..=k as u32).map(Coord::Dom).collect();
     match (plan.case, em.row_cache.is_some()) {
-        (RowCase::Elements, true) => emit_groups_cached(em, g, groups, unconditional)?,
+        (RowCase::Elements, true) => emit_groups_cached(em, g, groups, unconditional, (&plan.column_sums, &element))?,
         (RowCase::Elements, false) => {
             em.open_columns(format!("#pragma unroll {UNROLL}\nfor (long long col = lane; col < kf_n; col += kf_g) {{"));
             em.push_stmt("const long long i = rowbase + col;".to_string());
             grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+            let n = plan.column_sums.len();
+            for (s, &x) in plan.column_sums.iter().enumerate() {
+                let v = em.eval(x, &element)?;
+                em.push_stmt(format!(
+                    "kf_colp[((long long)blockIdx.x * {n} + {s}) * cols + col] += (float){v}; // column sum {s}"
+                ));
+            }
+            unconditional.extend(em.uses.inputs.iter().copied());
             em.close();
         }
         (RowCase::Results, _) => {
@@ -506,6 +535,7 @@ fn emit_groups_cached(
     g: &Graph,
     groups: &[Group],
     unconditional: &mut BTreeSet<u32>,
+    (sums, element): (&[NodeId], &[Coord]),
 ) -> Result<(), CodegenError> {
     let Some((groups_n, width)) = em.row_cache.as_ref().map(|c| (c.groups(), c.width)) else { return Ok(()) };
     for v in 0..groups_n {
@@ -515,6 +545,9 @@ fn emit_groups_cached(
         };
         em.open_columns(header);
         em.push_stmt(first);
+        for s in 0..sums.len() {
+            em.push_stmt(format!("float kf_cg{s}[{width}]; // column sum {s} at the group's columns"));
+        }
         let depth = em.depth();
         for q in 0..width {
             em.open_columns("{".to_string());
@@ -528,6 +561,11 @@ fn emit_groups_cached(
                 cache.group = Some(RowGroup { q, depth, column_depth, outputs });
             }
             grid_stride::emit_groups(em, g, groups, unconditional, false)?;
+            for (s, &x) in sums.iter().enumerate() {
+                let value = em.eval(x, element)?;
+                em.push_stmt(format!("kf_cg{s}[{q}] = (float){value};"));
+            }
+            unconditional.extend(em.uses.inputs.iter().copied());
             em.close();
         }
         let kept = em.row_cache.as_mut().and_then(|c| c.group.take()).map(|gr| gr.outputs).unwrap_or_default();
@@ -538,9 +576,92 @@ fn emit_groups_cached(
                 em.push_stmt(l);
             }
         }
+        for l in group_sums(sums.len(), width) {
+            em.push_stmt(l);
+        }
         em.close();
     }
     Ok(())
+}
+
+/// The entry point that re-reads rows, with `sums` column sums: each thread zeroes its columns
+/// of the block's row of partial sums (see [`RowSizes::column_init`]).
+fn column_init(sums: usize) -> Vec<String> {
+    if sums == 0 {
+        return Vec::new();
+    }
+    let zero: Vec<String> =
+        (0..sums).map(|s| format!("kf_colp[((long long)blockIdx.x * {sums} + {s}) * cols + c] = 0.0f;")).collect();
+    vec![
+        "// The block's row of column sums, added to in place by the thread that owns each column.".to_string(),
+        format!("for (long long c = lane; c < cols; c += kf_g) {{ {} }}", zero.join(" ")),
+    ]
+}
+
+/// The entry point for rows in registers, with `sums` column sums: before the row loop, the
+/// shared array `kf_cps` of the block's row groups' sums (`[group][sum][column]`), zeroed; a
+/// block of `block` threads with `slots` columns a lane holds at most `block * slots` columns at
+/// a time (a row of at most `kf_g * slots` columns, times `kf_gpb` groups). Each lane adds its
+/// group of columns' values there a vector at a time (see [`emit_groups_cached`]), so that its
+/// registers hold no sums.
+pub(crate) fn column_sums_prologue(sums: usize, slots: u32, block: u32) -> Vec<String> {
+    if sums == 0 {
+        return Vec::new();
+    }
+    vec![
+        format!(
+            "__shared__ __align__(16) float kf_cps[{}]; // the row groups' column sums: [group][sum][column]",
+            block as usize * slots as usize * sums
+        ),
+        format!("const int kf_cb = (int)(((long long)threadIdx.x / kf_g) * {sums} * cols); // its row group's sums in kf_cps"),
+        format!("for (long long c = threadIdx.x; c < kf_gpb * {sums} * cols; c += blockDim.x) kf_cps[c] = 0.0f;"),
+        "__syncthreads();".to_string(),
+    ]
+}
+
+/// After the row loop of the entry point for rows in registers, with `sums` column sums: the
+/// block folds its row groups' sums in group order into its row of partial sums.
+pub(crate) fn column_fold(sums: usize) -> Vec<String> {
+    if sums == 0 {
+        return Vec::new();
+    }
+    vec![
+        "// The block's column sums: its row groups' folded in group order into its row of partial sums.".to_string(),
+        "__syncthreads();".to_string(),
+        format!("for (long long c = threadIdx.x; c < {sums} * cols; c += blockDim.x) {{"),
+        "    float v = kf_cps[c];".to_string(),
+        format!("    for (long long h = 1; h < kf_gpb; ++h) v += kf_cps[h * {sums} * cols + c];"),
+        format!("    kf_colp[(long long)blockIdx.x * {sums} * cols + c] = v;"),
+        "}".to_string(),
+    ]
+}
+
+/// The lines that add a group's `width` column values `kf_cg<s>` of each of `sums` sums to the
+/// row group's sums in `kf_cps`, four at a time where the width allows.
+fn group_sums(sums: usize, width: u32) -> Vec<String> {
+    let mut lines = Vec::new();
+    for s in 0..sums {
+        let at = match s {
+            0 => "kf_cb + kf_j".to_string(),
+            s => format!("kf_cb + {s} * (int)cols + kf_j"),
+        };
+        if width.is_multiple_of(4) {
+            for c in (0..width).step_by(4) {
+                let fields = ["x", "y", "z", "w"];
+                let adds: Vec<String> =
+                    (0..4).map(|q| format!("kf_t.{} += kf_cg{s}[{}];", fields[q as usize], c + q)).collect();
+                lines.push(format!(
+                    "{{ float4* kf_q = reinterpret_cast<float4*>(kf_cps + {at} + {c}); float4 kf_t = *kf_q; {} *kf_q = kf_t; }} // column sum {s}",
+                    adds.join(" ")
+                ));
+            }
+        } else {
+            for q in 0..width {
+                lines.push(format!("kf_cps[{at} + {q}] += kf_cg{s}[{q}]; // column sum {s}"));
+            }
+        }
+    }
+    lines
 }
 
 /// The shape's template.
@@ -553,19 +674,27 @@ pub(crate) fn write(
     src: &mut String,
     sizes: &RowSizes,
     accumulators: &str,
-    (prologue, body): (&[String], &[String]),
+    (prologue, body, after): (&[String], &[String], &[String]),
     registers: Option<u32>,
 ) {
     let mut body_lines = String::new();
     write_lines(&mut body_lines, body, "        ");
     let mut prologue_lines = String::new();
     write_lines(&mut prologue_lines, prologue, "    ");
+    let mut after_lines = String::new();
+    if !after.is_empty() {
+        after_lines.push('\n');
+        write_lines(&mut after_lines, after, "    ");
+        after_lines.truncate(after_lines.trim_end_matches('\n').len());
+    }
     // Rows kept in registers fill the lanes' slots: the fewest lanes (from one) that hold the row,
     // so that short rows fold over few lanes or none. The grid, sized by `crate::row_lanes`'s
     // larger groups, has blocks enough; the grid-stride loop leaves the extra ones idle.
+    // Column sums added to in place take the whole block for each row (see `column_init`).
     let (min_lanes, cols_per_lane) = match registers {
-        Some(slots) => (1, u64::from(slots)),
-        None => (crate::ROW_MIN_LANES, crate::ROW_COLS_PER_LANE),
+        Some(slots) => ("1".to_string(), u64::from(slots)),
+        None if !sizes.column_init.is_empty() => ("blockDim.x".to_string(), crate::ROW_COLS_PER_LANE),
+        None => (crate::ROW_MIN_LANES.to_string(), crate::ROW_COLS_PER_LANE),
     };
     let spread = match registers {
         Some(slots) if slots > ROW_CACHE_SLOTS => format!(
@@ -578,7 +707,7 @@ pub(crate) fn write(
         &[
             ("rows", &sizes.rows),
             ("cols", &sizes.cols),
-            ("min_lanes", &min_lanes.to_string()),
+            ("min_lanes", &min_lanes),
             ("cols_per_lane", &cols_per_lane.to_string()),
             ("fold_doubles", &sizes.fold_doubles.to_string()),
             ("accumulators", accumulators),
@@ -586,6 +715,7 @@ pub(crate) fn write(
             ("n_type", if registers.is_some() { "int" } else { "long long" }),
             ("spread", &spread),
             ("body", &body_lines),
+            ("after", &after_lines),
         ],
     ));
 }

@@ -8,7 +8,8 @@
 //~ {{n_type}}: the type of the lanes' and columns' counts (`int` for rows kept in registers);
 //~ {{fold_doubles}}: 32 doubles per reduction that a fold of one phase takes at once; {{spread}}:
 //~ empty, or (a register entry of more than 16 columns a lane) a second line that gives the rows
-//~ more lanes, for 16 columns a lane, when they are too few to fill the device.
+//~ more lanes, for 16 columns a lane, when they are too few to fill the device; {{after}}: empty, or
+//~ a newline and what follows the row loop (a kernel with column sums: the block's fold of them).
     const long long rows = {{rows}};
     const long long cols = {{cols}};
     // Lanes per row: the power of two from {{min_lanes}} up to the block with about {{cols_per_lane}} columns a lane.
@@ -28,4 +29,4 @@
         const {{n_type}} kf_n = kf_live ? ({{n_type}})cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
 {{body}}
-    }
+    }{{after}}

@@ -84,6 +84,7 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
             ));
         }
     }
+    let grids = plan.grids(sizes, 132, |_, b| b).unwrap_or_default();
     let mut names = std::collections::BTreeSet::new();
     // Buffer index -> (kernels writing it, kernels reading it).
     let mut uses: BTreeMap<usize, (Vec<usize>, Vec<usize>)> = BTreeMap::new();
@@ -95,7 +96,7 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
         if !kernel.block.is_multiple_of(32) || !(32..=1024).contains(&kernel.block) {
             return Err(format!("kernel {name}: block of {} threads", kernel.block));
         }
-        if kernel.grid.blocks(sizes, 132).is_none_or(|b| b < 1) {
+        if grids.get(k).is_none_or(|&b| b < 1) {
             return Err(format!("kernel {name}: no grid for sizes {sizes:?}"));
         }
         let lines = signature(&kernel.source, name)?;
@@ -121,6 +122,11 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
                 Param::CheckTag => {
                     if !line.starts_with("unsigned int kf_tag") {
                         return Err(format!("kernel {name}: check tag declared `{line}`"));
+                    }
+                }
+                Param::Grid(j) => {
+                    if j >= k || !line.starts_with("long long kf_parts") {
+                        return Err(format!("kernel {name}: the grid of kernel {j} declared `{line}`"));
                     }
                 }
                 Param::Buffer(i) => {
@@ -168,6 +174,14 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
                         "temp buffer {i} is written by kernel {w} and read by {readers:?}: out of order"
                     ));
                 }
+            }
+            // Column partial sums: written by their row kernel, folded by one later kernel.
+            BufferKind::ColumnPartials { kernel }
+                if writers != [kernel] || readers.len() != 1 || readers[0] <= kernel =>
+            {
+                return Err(format!(
+                    "column partials {i} of kernel {kernel} are written by {writers:?} and read by {readers:?}"
+                ));
             }
             BufferKind::Counter { .. } | BufferKind::Partials { .. } | BufferKind::Scratch { .. } => {
                 let mut all = writers.clone();

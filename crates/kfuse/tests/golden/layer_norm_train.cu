@@ -4,6 +4,7 @@
 // domain: [B, D] elements; rows of the last reduced axis, a group of 4 to blockDim.x lanes per row (about 8 columns a lane; rows kept in registers: from 1 lane, at most 16 columns a lane, 32 when one row-shaped input is kept), grid-stride over the rows; its 3 row reduction phase(s) computed once per row, then the body at each element of the row
 // sink: output y
 // sink: output dx
+// sink: column sums of n44, n3 over the rows, a row of partial sums per block, for a later kernel to fold
 
 #ifndef KF_HELPER_ROW_SUM
 #define KF_HELPER_ROW_SUM
@@ -34,18 +35,21 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
     float* __restrict__ out1, // output dx f32[B, D]
     float* __restrict__ tmp0, // n4 f32 [B] per row, written here for a later kernel
     float* __restrict__ tmp1, // n8 f32 [B] per row, written here for a later kernel
+    float* __restrict__ kf_colp, // column partial sums: a row per block, each sum's columns one after another
     long long sz0, // size B
     long long sz1 // size D
 )
 {
     const long long rows = sz0;
     const long long cols = sz1;
-    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
-    long long kf_g = 4;
+    // Lanes per row: the power of two from blockDim.x up to the block with about 8 columns a lane.
+    long long kf_g = blockDim.x;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    // The block's row of column sums, added to in place by the thread that owns each column.
+    for (long long c = lane; c < cols; c += kf_g) { kf_colp[((long long)blockIdx.x * 2 + 0) * cols + c] = 0.0f; kf_colp[((long long)blockIdx.x * 2 + 1) * cols + c] = 0.0f; }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -54,105 +58,136 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        double a270 = 0.0;
-        double a271 = 0.0;
+        double a286 = 0.0;
+        double a287 = 0.0;
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v272 = in0[rowbase + j3]; // x f32
-            a270 += (double)v272; a271 += 1.0;
+            const float v288 = in0[rowbase + j3]; // x f32
+            a286 += (double)v288; a287 += 1.0;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a270 = kf_row_sum(a270, kf_g < 32 ? kf_g : 32, kf_rs);
-        a271 = kf_row_sum(a271, kf_g < 32 ? kf_g : 32, kf_rs);
+        a286 = kf_row_sum(a286, kf_g < 32 ? kf_g : 32, kf_rs);
+        a287 = kf_row_sum(a287, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a270; kf_rs[32 + kf_warp] = a271; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a286; kf_rs[32 + kf_warp] = a287; }
             __syncthreads();
-            a270 = kf_rs[kf_first]; a271 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a270 += kf_rs[kf_first + w]; a271 += kf_rs[32 + kf_first + w]; }
+            a286 = kf_rs[kf_first]; a287 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a286 += kf_rs[kf_first + w]; a287 += kf_rs[32 + kf_first + w]; }
         }
-        const float v273 = (float)(a270 / a271); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v273; // for a later kernel
-        double a274 = 0.0;
-        double a275 = 0.0;
-        double a276 = 0.0;
+        const float v289 = (float)(a286 / a287); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v289; // for a later kernel
+        double a290 = 0.0;
+        double a291 = 0.0;
+        double a292 = 0.0;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v277 = in0[rowbase + j4]; // x f32
-            const float v278 = v277 - v273; // n6
-            const float v279 = v278 * v278; // n7
-            a274 += (double)v279; a275 += 1.0;
-            const float v280 = in3[rowbase + j4]; // dy f32
-            const float v281 = in1[j4]; // gamma f32
-            const float v282 = v280 * v281; // n16
-            const float v283 = v282 * v278; // n18
-            a276 += (double)v283;
+            const float v293 = in0[rowbase + j4]; // x f32
+            const float v294 = v293 - v289; // n6
+            const float v295 = v294 * v294; // n7
+            a290 += (double)v295; a291 += 1.0;
+            const float v296 = in3[rowbase + j4]; // dy f32
+            const float v297 = in1[j4]; // gamma f32
+            const float v298 = v296 * v297; // n16
+            const float v299 = v298 * v294; // n18
+            a292 += (double)v299;
         }
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a274 = kf_row_sum(a274, kf_g < 32 ? kf_g : 32, kf_rs);
-        a275 = kf_row_sum(a275, kf_g < 32 ? kf_g : 32, kf_rs);
-        a276 = kf_row_sum(a276, kf_g < 32 ? kf_g : 32, kf_rs);
+        a290 = kf_row_sum(a290, kf_g < 32 ? kf_g : 32, kf_rs);
+        a291 = kf_row_sum(a291, kf_g < 32 ? kf_g : 32, kf_rs);
+        a292 = kf_row_sum(a292, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a274; kf_rs[32 + kf_warp] = a275; kf_rs[64 + kf_warp] = a276; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a290; kf_rs[32 + kf_warp] = a291; kf_rs[64 + kf_warp] = a292; }
             __syncthreads();
-            a274 = kf_rs[kf_first]; a275 = kf_rs[32 + kf_first]; a276 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a274 += kf_rs[kf_first + w]; a275 += kf_rs[32 + kf_first + w]; a276 += kf_rs[64 + kf_first + w]; }
+            a290 = kf_rs[kf_first]; a291 = kf_rs[32 + kf_first]; a292 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a290 += kf_rs[kf_first + w]; a291 += kf_rs[32 + kf_first + w]; a292 += kf_rs[64 + kf_first + w]; }
         }
-        const float v284 = (float)(a274 / a275); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v284; // for a later kernel
-        const float v285 = (float)a276; // n19 sum along the row, once per row
-        double a286 = 0.0;
-        const float v290 = v284 + 1e-5f; // n11
-        const float v291 = rsqrtf(v290); // n12
-        const float v293 = v291 * v291; // n21
-        const float v294 = v293 * v291; // n22
-        const float v295 = v294 * (-0.5f); // n24
-        const float v296 = v285 * v295; // n25
-        const int v297 = (int)(sz1); // n30 the count of every element
-        const float v298 = (float)v297; // n31
-        const float v299 = v296 / v298; // n32
+        const float v300 = (float)(a290 / a291); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v300; // for a later kernel
+        const float v301 = (float)a292; // n19 sum along the row, once per row
+        double a302 = 0.0;
+        const float v306 = v300 + 1e-5f; // n11
+        const float v307 = rsqrtf(v306); // n12
+        const float v309 = v307 * v307; // n21
+        const float v310 = v309 * v307; // n22
+        const float v311 = v310 * (-0.5f); // n24
+        const float v312 = v301 * v311; // n25
+        const int v313 = (int)(sz1); // n30 the count of every element
+        const float v314 = (float)v313; // n31
+        const float v315 = v312 / v314; // n32
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v287 = in3[rowbase + j5]; // dy f32
-            const float v288 = in1[j5]; // gamma f32
-            const float v289 = v287 * v288; // n16
-            const float v292 = v289 * v291; // n17
-            const float v300 = in0[rowbase + j5]; // x f32
-            const float v301 = v300 - v273; // n6
-            const float v302 = v299 * v301; // n34
-            const float v303 = v292 + v302; // n35
-            const float v304 = v303 + v302; // n36
-            const float v305 = -v304; // n37
-            a286 += (double)v305;
+            const float v303 = in3[rowbase + j5]; // dy f32
+            const float v304 = in1[j5]; // gamma f32
+            const float v305 = v303 * v304; // n16
+            const float v308 = v305 * v307; // n17
+            const float v316 = in0[rowbase + j5]; // x f32
+            const float v317 = v316 - v289; // n6
+            const float v318 = v315 * v317; // n34
+            const float v319 = v308 + v318; // n35
+            const float v320 = v319 + v318; // n36
+            const float v321 = -v320; // n37
+            a302 += (double)v321;
         }
-        a286 = kf_row_sum(a286, kf_g, kf_rs); // over the row's lanes
-        const float v306 = (float)a286; // n38 sum along the row, once per row
-        const float v320 = v306 / v298; // n41
+        a302 = kf_row_sum(a302, kf_g, kf_rs); // over the row's lanes
+        const float v322 = (float)a302; // n38 sum along the row, once per row
+        const float v336 = v322 / v314; // n41
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v307 = in0[i]; // x f32
-            const float v308 = v307 - v273; // n6
-            const float v309 = v308 * v291; // n13
-            const float v310 = in1[col]; // gamma f32
-            const float v311 = v309 * v310; // n14
-            const float v312 = in2[col]; // beta f32
-            const float v313 = v311 + v312; // n15
-            out0[i] = v313; // y
-            const float v314 = in3[i]; // dy f32
-            const float v315 = v314 * v310; // n16
-            const float v316 = v315 * v291; // n17
-            const float v317 = v299 * v308; // n34
-            const float v318 = v316 + v317; // n35
-            const float v319 = v318 + v317; // n36
-            const float v321 = v319 + v320; // n43
-            out1[i] = v321; // dx
+            const float v323 = in0[i]; // x f32
+            const float v324 = v323 - v289; // n6
+            const float v325 = v324 * v307; // n13
+            const float v326 = in1[col]; // gamma f32
+            const float v327 = v325 * v326; // n14
+            const float v328 = in2[col]; // beta f32
+            const float v329 = v327 + v328; // n15
+            out0[i] = v329; // y
+            const float v330 = in3[i]; // dy f32
+            const float v331 = v330 * v326; // n16
+            const float v332 = v331 * v307; // n17
+            const float v333 = v315 * v324; // n34
+            const float v334 = v332 + v333; // n35
+            const float v335 = v334 + v333; // n36
+            const float v337 = v335 + v336; // n43
+            out1[i] = v337; // dx
+            const float v338 = v330 * v325; // n44
+            kf_colp[((long long)blockIdx.x * 2 + 0) * cols + col] += (float)v338; // column sum 0
+            kf_colp[((long long)blockIdx.x * 2 + 1) * cols + col] += (float)v330; // column sum 1
         }
     }
 }
+
+// Generated by kfuse-codegen; do not edit.
+// kernel kf_65ed4fe600cdc894_0 (1 of 2) of graph 65ed4fe600cdc89432f6baaa56cce2a8fbe2508b75966c8c4e8050875191628e
+// options: block_size=256; reduction level 0
+// domain: [B, D] elements; rows of the last reduced axis, a group of 4 to blockDim.x lanes per row (about 8 columns a lane; rows kept in registers: from 1 lane, at most 16 columns a lane, 32 when one row-shaped input is kept), grid-stride over the rows; its 3 row reduction phase(s) computed once per row, then the body at each element of the row
+// sink: output y
+// sink: output dx
+// sink: column sums of n44, n3 over the rows, a row of partial sums per block, for a later kernel to fold
+
+#ifndef KF_HELPER_ROW_SUM
+#define KF_HELPER_ROW_SUM
+// The sum of one double over each aligned group of `g` lanes (a power of two up to blockDim.x),
+// the same bits in every lane of the group: xor shuffles within the warp, then each lane folds its
+// group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
+// holds 32 doubles.
+__device__ double kf_row_sum(double v, long long g, double* smem) {
+    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    if (g > 32) {
+        const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
+        __syncthreads(); // smem may still be read by the previous call
+        if ((threadIdx.x & 31u) == 0u) smem[warp] = v;
+        __syncthreads();
+        v = smem[first];
+        for (unsigned w = 1; w < (unsigned)(g >> 5); ++w) { const double o = smem[first + w]; v = v + o; }
+    }
+    return v;
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
     const float* __restrict__ in0, // x f32[B, D]
@@ -163,6 +198,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
     float* __restrict__ out1, // output dx f32[B, D]
     float* __restrict__ tmp0, // n4 f32 [B] per row, written here for a later kernel
     float* __restrict__ tmp1, // n8 f32 [B] per row, written here for a later kernel
+    float* __restrict__ kf_colp, // column partial sums: a row per block, each sum's columns one after another
     long long sz0, // size B
     long long sz1 // size D
 )
@@ -175,6 +211,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    __shared__ __align__(16) float kf_cps[8192]; // the row groups' column sums: [group][sum][column]
+    const int kf_cb = (int)(((long long)threadIdx.x / kf_g) * 2 * cols); // its row group's sums in kf_cps
+    for (long long c = threadIdx.x; c < kf_gpb * 2 * cols; c += blockDim.x) kf_cps[c] = 0.0f;
+    __syncthreads();
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -281,6 +321,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
         const float v52 = v36 / v28; // n41
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_cg1[4]; // column sum 1 at the group's columns
             float kf_d40[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
@@ -318,416 +360,471 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
                 const float v51 = v50 + v49; // n36
                 const float v53 = v51 + v52; // n43
                 kf_o1[0] = v53; // dx
+                const float v54 = v46 * v39; // n44
+                kf_cg0[0] = (float)v54;
+                kf_cg1[0] = (float)v46;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v54 = kf_c0[1]; // x f32
-                const float v55 = v54 - v3; // n6
-                const float v56 = v55 * v21; // n13
-                const float v57 = kf_d40[1]; // gamma f32
-                const float v58 = v56 * v57; // n14
-                const float v59 = kf_d43[1]; // beta f32
-                const float v60 = v58 + v59; // n15
-                kf_o0[1] = v60; // y
-                const float v61 = kf_c3[1]; // dy f32
-                const float v62 = v61 * v57; // n16
-                const float v63 = v62 * v21; // n17
-                const float v64 = v29 * v55; // n34
-                const float v65 = v63 + v64; // n35
-                const float v66 = v65 + v64; // n36
-                const float v67 = v66 + v52; // n43
-                kf_o1[1] = v67; // dx
+                const float v55 = kf_c0[1]; // x f32
+                const float v56 = v55 - v3; // n6
+                const float v57 = v56 * v21; // n13
+                const float v58 = kf_d40[1]; // gamma f32
+                const float v59 = v57 * v58; // n14
+                const float v60 = kf_d43[1]; // beta f32
+                const float v61 = v59 + v60; // n15
+                kf_o0[1] = v61; // y
+                const float v62 = kf_c3[1]; // dy f32
+                const float v63 = v62 * v58; // n16
+                const float v64 = v63 * v21; // n17
+                const float v65 = v29 * v56; // n34
+                const float v66 = v64 + v65; // n35
+                const float v67 = v66 + v65; // n36
+                const float v68 = v67 + v52; // n43
+                kf_o1[1] = v68; // dx
+                const float v69 = v62 * v57; // n44
+                kf_cg0[1] = (float)v69;
+                kf_cg1[1] = (float)v62;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v68 = kf_c0[2]; // x f32
-                const float v69 = v68 - v3; // n6
-                const float v70 = v69 * v21; // n13
-                const float v71 = kf_d40[2]; // gamma f32
-                const float v72 = v70 * v71; // n14
-                const float v73 = kf_d43[2]; // beta f32
-                const float v74 = v72 + v73; // n15
-                kf_o0[2] = v74; // y
-                const float v75 = kf_c3[2]; // dy f32
-                const float v76 = v75 * v71; // n16
-                const float v77 = v76 * v21; // n17
-                const float v78 = v29 * v69; // n34
-                const float v79 = v77 + v78; // n35
-                const float v80 = v79 + v78; // n36
-                const float v81 = v80 + v52; // n43
-                kf_o1[2] = v81; // dx
+                const float v70 = kf_c0[2]; // x f32
+                const float v71 = v70 - v3; // n6
+                const float v72 = v71 * v21; // n13
+                const float v73 = kf_d40[2]; // gamma f32
+                const float v74 = v72 * v73; // n14
+                const float v75 = kf_d43[2]; // beta f32
+                const float v76 = v74 + v75; // n15
+                kf_o0[2] = v76; // y
+                const float v77 = kf_c3[2]; // dy f32
+                const float v78 = v77 * v73; // n16
+                const float v79 = v78 * v21; // n17
+                const float v80 = v29 * v71; // n34
+                const float v81 = v79 + v80; // n35
+                const float v82 = v81 + v80; // n36
+                const float v83 = v82 + v52; // n43
+                kf_o1[2] = v83; // dx
+                const float v84 = v77 * v72; // n44
+                kf_cg0[2] = (float)v84;
+                kf_cg1[2] = (float)v77;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v82 = kf_c0[3]; // x f32
-                const float v83 = v82 - v3; // n6
-                const float v84 = v83 * v21; // n13
-                const float v85 = kf_d40[3]; // gamma f32
-                const float v86 = v84 * v85; // n14
-                const float v87 = kf_d43[3]; // beta f32
-                const float v88 = v86 + v87; // n15
-                kf_o0[3] = v88; // y
-                const float v89 = kf_c3[3]; // dy f32
-                const float v90 = v89 * v85; // n16
-                const float v91 = v90 * v21; // n17
-                const float v92 = v29 * v83; // n34
-                const float v93 = v91 + v92; // n35
-                const float v94 = v93 + v92; // n36
-                const float v95 = v94 + v52; // n43
-                kf_o1[3] = v95; // dx
+                const float v85 = kf_c0[3]; // x f32
+                const float v86 = v85 - v3; // n6
+                const float v87 = v86 * v21; // n13
+                const float v88 = kf_d40[3]; // gamma f32
+                const float v89 = v87 * v88; // n14
+                const float v90 = kf_d43[3]; // beta f32
+                const float v91 = v89 + v90; // n15
+                kf_o0[3] = v91; // y
+                const float v92 = kf_c3[3]; // dy f32
+                const float v93 = v92 * v88; // n16
+                const float v94 = v93 * v21; // n17
+                const float v95 = v29 * v86; // n34
+                const float v96 = v94 + v95; // n35
+                const float v97 = v96 + v95; // n36
+                const float v98 = v97 + v52; // n43
+                kf_o1[3] = v98; // dx
+                const float v99 = v92 * v87; // n44
+                kf_cg0[3] = (float)v99;
+                kf_cg1[3] = (float)v92;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + 1 * (int)cols + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg1[0]; kf_t.y += kf_cg1[1]; kf_t.z += kf_cg1[2]; kf_t.w += kf_cg1[3]; *kf_q = kf_t; } // column sum 1
         }
         if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
             const int kf_j = 4 * (lane + 1 * kf_g);
-            float kf_d99[4]; // gamma at the group's columns
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_cg1[4]; // column sum 1 at the group's columns
+            float kf_d103[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d99[0] = kf_w.x;
-                kf_d99[1] = kf_w.y;
-                kf_d99[2] = kf_w.z;
-                kf_d99[3] = kf_w.w;
+                kf_d103[0] = kf_w.x;
+                kf_d103[1] = kf_w.y;
+                kf_d103[2] = kf_w.z;
+                kf_d103[3] = kf_w.w;
             }
-            float kf_d102[4]; // beta at the group's columns
+            float kf_d106[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d102[0] = kf_w.x;
-                kf_d102[1] = kf_w.y;
-                kf_d102[2] = kf_w.z;
-                kf_d102[3] = kf_w.w;
+                kf_d106[0] = kf_w.x;
+                kf_d106[1] = kf_w.y;
+                kf_d106[2] = kf_w.z;
+                kf_d106[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v96 = kf_c0[4]; // x f32
-                const float v97 = v96 - v3; // n6
-                const float v98 = v97 * v21; // n13
-                const float v100 = kf_d99[0]; // gamma f32
-                const float v101 = v98 * v100; // n14
-                const float v103 = kf_d102[0]; // beta f32
-                const float v104 = v101 + v103; // n15
-                kf_o0[0] = v104; // y
-                const float v105 = kf_c3[4]; // dy f32
-                const float v106 = v105 * v100; // n16
-                const float v107 = v106 * v21; // n17
-                const float v108 = v29 * v97; // n34
-                const float v109 = v107 + v108; // n35
-                const float v110 = v109 + v108; // n36
-                const float v111 = v110 + v52; // n43
-                kf_o1[0] = v111; // dx
+                const float v100 = kf_c0[4]; // x f32
+                const float v101 = v100 - v3; // n6
+                const float v102 = v101 * v21; // n13
+                const float v104 = kf_d103[0]; // gamma f32
+                const float v105 = v102 * v104; // n14
+                const float v107 = kf_d106[0]; // beta f32
+                const float v108 = v105 + v107; // n15
+                kf_o0[0] = v108; // y
+                const float v109 = kf_c3[4]; // dy f32
+                const float v110 = v109 * v104; // n16
+                const float v111 = v110 * v21; // n17
+                const float v112 = v29 * v101; // n34
+                const float v113 = v111 + v112; // n35
+                const float v114 = v113 + v112; // n36
+                const float v115 = v114 + v52; // n43
+                kf_o1[0] = v115; // dx
+                const float v116 = v109 * v102; // n44
+                kf_cg0[0] = (float)v116;
+                kf_cg1[0] = (float)v109;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v112 = kf_c0[5]; // x f32
-                const float v113 = v112 - v3; // n6
-                const float v114 = v113 * v21; // n13
-                const float v115 = kf_d99[1]; // gamma f32
-                const float v116 = v114 * v115; // n14
-                const float v117 = kf_d102[1]; // beta f32
-                const float v118 = v116 + v117; // n15
-                kf_o0[1] = v118; // y
-                const float v119 = kf_c3[5]; // dy f32
-                const float v120 = v119 * v115; // n16
-                const float v121 = v120 * v21; // n17
-                const float v122 = v29 * v113; // n34
-                const float v123 = v121 + v122; // n35
-                const float v124 = v123 + v122; // n36
-                const float v125 = v124 + v52; // n43
-                kf_o1[1] = v125; // dx
+                const float v117 = kf_c0[5]; // x f32
+                const float v118 = v117 - v3; // n6
+                const float v119 = v118 * v21; // n13
+                const float v120 = kf_d103[1]; // gamma f32
+                const float v121 = v119 * v120; // n14
+                const float v122 = kf_d106[1]; // beta f32
+                const float v123 = v121 + v122; // n15
+                kf_o0[1] = v123; // y
+                const float v124 = kf_c3[5]; // dy f32
+                const float v125 = v124 * v120; // n16
+                const float v126 = v125 * v21; // n17
+                const float v127 = v29 * v118; // n34
+                const float v128 = v126 + v127; // n35
+                const float v129 = v128 + v127; // n36
+                const float v130 = v129 + v52; // n43
+                kf_o1[1] = v130; // dx
+                const float v131 = v124 * v119; // n44
+                kf_cg0[1] = (float)v131;
+                kf_cg1[1] = (float)v124;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v126 = kf_c0[6]; // x f32
-                const float v127 = v126 - v3; // n6
-                const float v128 = v127 * v21; // n13
-                const float v129 = kf_d99[2]; // gamma f32
-                const float v130 = v128 * v129; // n14
-                const float v131 = kf_d102[2]; // beta f32
-                const float v132 = v130 + v131; // n15
-                kf_o0[2] = v132; // y
-                const float v133 = kf_c3[6]; // dy f32
-                const float v134 = v133 * v129; // n16
-                const float v135 = v134 * v21; // n17
-                const float v136 = v29 * v127; // n34
-                const float v137 = v135 + v136; // n35
-                const float v138 = v137 + v136; // n36
-                const float v139 = v138 + v52; // n43
-                kf_o1[2] = v139; // dx
+                const float v132 = kf_c0[6]; // x f32
+                const float v133 = v132 - v3; // n6
+                const float v134 = v133 * v21; // n13
+                const float v135 = kf_d103[2]; // gamma f32
+                const float v136 = v134 * v135; // n14
+                const float v137 = kf_d106[2]; // beta f32
+                const float v138 = v136 + v137; // n15
+                kf_o0[2] = v138; // y
+                const float v139 = kf_c3[6]; // dy f32
+                const float v140 = v139 * v135; // n16
+                const float v141 = v140 * v21; // n17
+                const float v142 = v29 * v133; // n34
+                const float v143 = v141 + v142; // n35
+                const float v144 = v143 + v142; // n36
+                const float v145 = v144 + v52; // n43
+                kf_o1[2] = v145; // dx
+                const float v146 = v139 * v134; // n44
+                kf_cg0[2] = (float)v146;
+                kf_cg1[2] = (float)v139;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v140 = kf_c0[7]; // x f32
-                const float v141 = v140 - v3; // n6
-                const float v142 = v141 * v21; // n13
-                const float v143 = kf_d99[3]; // gamma f32
-                const float v144 = v142 * v143; // n14
-                const float v145 = kf_d102[3]; // beta f32
-                const float v146 = v144 + v145; // n15
-                kf_o0[3] = v146; // y
-                const float v147 = kf_c3[7]; // dy f32
-                const float v148 = v147 * v143; // n16
-                const float v149 = v148 * v21; // n17
-                const float v150 = v29 * v141; // n34
-                const float v151 = v149 + v150; // n35
-                const float v152 = v151 + v150; // n36
-                const float v153 = v152 + v52; // n43
-                kf_o1[3] = v153; // dx
+                const float v147 = kf_c0[7]; // x f32
+                const float v148 = v147 - v3; // n6
+                const float v149 = v148 * v21; // n13
+                const float v150 = kf_d103[3]; // gamma f32
+                const float v151 = v149 * v150; // n14
+                const float v152 = kf_d106[3]; // beta f32
+                const float v153 = v151 + v152; // n15
+                kf_o0[3] = v153; // y
+                const float v154 = kf_c3[7]; // dy f32
+                const float v155 = v154 * v150; // n16
+                const float v156 = v155 * v21; // n17
+                const float v157 = v29 * v148; // n34
+                const float v158 = v156 + v157; // n35
+                const float v159 = v158 + v157; // n36
+                const float v160 = v159 + v52; // n43
+                kf_o1[3] = v160; // dx
+                const float v161 = v154 * v149; // n44
+                kf_cg0[3] = (float)v161;
+                kf_cg1[3] = (float)v154;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + 1 * (int)cols + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg1[0]; kf_t.y += kf_cg1[1]; kf_t.z += kf_cg1[2]; kf_t.w += kf_cg1[3]; *kf_q = kf_t; } // column sum 1
         }
         if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
             const int kf_j = 4 * (lane + 2 * kf_g);
-            float kf_d157[4]; // gamma at the group's columns
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_cg1[4]; // column sum 1 at the group's columns
+            float kf_d165[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d157[0] = kf_w.x;
-                kf_d157[1] = kf_w.y;
-                kf_d157[2] = kf_w.z;
-                kf_d157[3] = kf_w.w;
+                kf_d165[0] = kf_w.x;
+                kf_d165[1] = kf_w.y;
+                kf_d165[2] = kf_w.z;
+                kf_d165[3] = kf_w.w;
             }
-            float kf_d160[4]; // beta at the group's columns
+            float kf_d168[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d160[0] = kf_w.x;
-                kf_d160[1] = kf_w.y;
-                kf_d160[2] = kf_w.z;
-                kf_d160[3] = kf_w.w;
+                kf_d168[0] = kf_w.x;
+                kf_d168[1] = kf_w.y;
+                kf_d168[2] = kf_w.z;
+                kf_d168[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v154 = kf_c0[8]; // x f32
-                const float v155 = v154 - v3; // n6
-                const float v156 = v155 * v21; // n13
-                const float v158 = kf_d157[0]; // gamma f32
-                const float v159 = v156 * v158; // n14
-                const float v161 = kf_d160[0]; // beta f32
-                const float v162 = v159 + v161; // n15
-                kf_o0[0] = v162; // y
-                const float v163 = kf_c3[8]; // dy f32
-                const float v164 = v163 * v158; // n16
-                const float v165 = v164 * v21; // n17
-                const float v166 = v29 * v155; // n34
-                const float v167 = v165 + v166; // n35
-                const float v168 = v167 + v166; // n36
-                const float v169 = v168 + v52; // n43
-                kf_o1[0] = v169; // dx
+                const float v162 = kf_c0[8]; // x f32
+                const float v163 = v162 - v3; // n6
+                const float v164 = v163 * v21; // n13
+                const float v166 = kf_d165[0]; // gamma f32
+                const float v167 = v164 * v166; // n14
+                const float v169 = kf_d168[0]; // beta f32
+                const float v170 = v167 + v169; // n15
+                kf_o0[0] = v170; // y
+                const float v171 = kf_c3[8]; // dy f32
+                const float v172 = v171 * v166; // n16
+                const float v173 = v172 * v21; // n17
+                const float v174 = v29 * v163; // n34
+                const float v175 = v173 + v174; // n35
+                const float v176 = v175 + v174; // n36
+                const float v177 = v176 + v52; // n43
+                kf_o1[0] = v177; // dx
+                const float v178 = v171 * v164; // n44
+                kf_cg0[0] = (float)v178;
+                kf_cg1[0] = (float)v171;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v170 = kf_c0[9]; // x f32
-                const float v171 = v170 - v3; // n6
-                const float v172 = v171 * v21; // n13
-                const float v173 = kf_d157[1]; // gamma f32
-                const float v174 = v172 * v173; // n14
-                const float v175 = kf_d160[1]; // beta f32
-                const float v176 = v174 + v175; // n15
-                kf_o0[1] = v176; // y
-                const float v177 = kf_c3[9]; // dy f32
-                const float v178 = v177 * v173; // n16
-                const float v179 = v178 * v21; // n17
-                const float v180 = v29 * v171; // n34
-                const float v181 = v179 + v180; // n35
-                const float v182 = v181 + v180; // n36
-                const float v183 = v182 + v52; // n43
-                kf_o1[1] = v183; // dx
+                const float v179 = kf_c0[9]; // x f32
+                const float v180 = v179 - v3; // n6
+                const float v181 = v180 * v21; // n13
+                const float v182 = kf_d165[1]; // gamma f32
+                const float v183 = v181 * v182; // n14
+                const float v184 = kf_d168[1]; // beta f32
+                const float v185 = v183 + v184; // n15
+                kf_o0[1] = v185; // y
+                const float v186 = kf_c3[9]; // dy f32
+                const float v187 = v186 * v182; // n16
+                const float v188 = v187 * v21; // n17
+                const float v189 = v29 * v180; // n34
+                const float v190 = v188 + v189; // n35
+                const float v191 = v190 + v189; // n36
+                const float v192 = v191 + v52; // n43
+                kf_o1[1] = v192; // dx
+                const float v193 = v186 * v181; // n44
+                kf_cg0[1] = (float)v193;
+                kf_cg1[1] = (float)v186;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v184 = kf_c0[10]; // x f32
-                const float v185 = v184 - v3; // n6
-                const float v186 = v185 * v21; // n13
-                const float v187 = kf_d157[2]; // gamma f32
-                const float v188 = v186 * v187; // n14
-                const float v189 = kf_d160[2]; // beta f32
-                const float v190 = v188 + v189; // n15
-                kf_o0[2] = v190; // y
-                const float v191 = kf_c3[10]; // dy f32
-                const float v192 = v191 * v187; // n16
-                const float v193 = v192 * v21; // n17
-                const float v194 = v29 * v185; // n34
-                const float v195 = v193 + v194; // n35
-                const float v196 = v195 + v194; // n36
-                const float v197 = v196 + v52; // n43
-                kf_o1[2] = v197; // dx
+                const float v194 = kf_c0[10]; // x f32
+                const float v195 = v194 - v3; // n6
+                const float v196 = v195 * v21; // n13
+                const float v197 = kf_d165[2]; // gamma f32
+                const float v198 = v196 * v197; // n14
+                const float v199 = kf_d168[2]; // beta f32
+                const float v200 = v198 + v199; // n15
+                kf_o0[2] = v200; // y
+                const float v201 = kf_c3[10]; // dy f32
+                const float v202 = v201 * v197; // n16
+                const float v203 = v202 * v21; // n17
+                const float v204 = v29 * v195; // n34
+                const float v205 = v203 + v204; // n35
+                const float v206 = v205 + v204; // n36
+                const float v207 = v206 + v52; // n43
+                kf_o1[2] = v207; // dx
+                const float v208 = v201 * v196; // n44
+                kf_cg0[2] = (float)v208;
+                kf_cg1[2] = (float)v201;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v198 = kf_c0[11]; // x f32
-                const float v199 = v198 - v3; // n6
-                const float v200 = v199 * v21; // n13
-                const float v201 = kf_d157[3]; // gamma f32
-                const float v202 = v200 * v201; // n14
-                const float v203 = kf_d160[3]; // beta f32
-                const float v204 = v202 + v203; // n15
-                kf_o0[3] = v204; // y
-                const float v205 = kf_c3[11]; // dy f32
-                const float v206 = v205 * v201; // n16
-                const float v207 = v206 * v21; // n17
-                const float v208 = v29 * v199; // n34
-                const float v209 = v207 + v208; // n35
-                const float v210 = v209 + v208; // n36
-                const float v211 = v210 + v52; // n43
-                kf_o1[3] = v211; // dx
+                const float v209 = kf_c0[11]; // x f32
+                const float v210 = v209 - v3; // n6
+                const float v211 = v210 * v21; // n13
+                const float v212 = kf_d165[3]; // gamma f32
+                const float v213 = v211 * v212; // n14
+                const float v214 = kf_d168[3]; // beta f32
+                const float v215 = v213 + v214; // n15
+                kf_o0[3] = v215; // y
+                const float v216 = kf_c3[11]; // dy f32
+                const float v217 = v216 * v212; // n16
+                const float v218 = v217 * v21; // n17
+                const float v219 = v29 * v210; // n34
+                const float v220 = v218 + v219; // n35
+                const float v221 = v220 + v219; // n36
+                const float v222 = v221 + v52; // n43
+                kf_o1[3] = v222; // dx
+                const float v223 = v216 * v211; // n44
+                kf_cg0[3] = (float)v223;
+                kf_cg1[3] = (float)v216;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + 1 * (int)cols + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg1[0]; kf_t.y += kf_cg1[1]; kf_t.z += kf_cg1[2]; kf_t.w += kf_cg1[3]; *kf_q = kf_t; } // column sum 1
         }
         if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
             const int kf_j = 4 * (lane + 3 * kf_g);
-            float kf_d215[4]; // gamma at the group's columns
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_cg1[4]; // column sum 1 at the group's columns
+            float kf_d227[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d215[0] = kf_w.x;
-                kf_d215[1] = kf_w.y;
-                kf_d215[2] = kf_w.z;
-                kf_d215[3] = kf_w.w;
+                kf_d227[0] = kf_w.x;
+                kf_d227[1] = kf_w.y;
+                kf_d227[2] = kf_w.z;
+                kf_d227[3] = kf_w.w;
             }
-            float kf_d218[4]; // beta at the group's columns
+            float kf_d230[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d218[0] = kf_w.x;
-                kf_d218[1] = kf_w.y;
-                kf_d218[2] = kf_w.z;
-                kf_d218[3] = kf_w.w;
+                kf_d230[0] = kf_w.x;
+                kf_d230[1] = kf_w.y;
+                kf_d230[2] = kf_w.z;
+                kf_d230[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v212 = kf_c0[12]; // x f32
-                const float v213 = v212 - v3; // n6
-                const float v214 = v213 * v21; // n13
-                const float v216 = kf_d215[0]; // gamma f32
-                const float v217 = v214 * v216; // n14
-                const float v219 = kf_d218[0]; // beta f32
-                const float v220 = v217 + v219; // n15
-                kf_o0[0] = v220; // y
-                const float v221 = kf_c3[12]; // dy f32
-                const float v222 = v221 * v216; // n16
-                const float v223 = v222 * v21; // n17
-                const float v224 = v29 * v213; // n34
-                const float v225 = v223 + v224; // n35
-                const float v226 = v225 + v224; // n36
-                const float v227 = v226 + v52; // n43
-                kf_o1[0] = v227; // dx
+                const float v224 = kf_c0[12]; // x f32
+                const float v225 = v224 - v3; // n6
+                const float v226 = v225 * v21; // n13
+                const float v228 = kf_d227[0]; // gamma f32
+                const float v229 = v226 * v228; // n14
+                const float v231 = kf_d230[0]; // beta f32
+                const float v232 = v229 + v231; // n15
+                kf_o0[0] = v232; // y
+                const float v233 = kf_c3[12]; // dy f32
+                const float v234 = v233 * v228; // n16
+                const float v235 = v234 * v21; // n17
+                const float v236 = v29 * v225; // n34
+                const float v237 = v235 + v236; // n35
+                const float v238 = v237 + v236; // n36
+                const float v239 = v238 + v52; // n43
+                kf_o1[0] = v239; // dx
+                const float v240 = v233 * v226; // n44
+                kf_cg0[0] = (float)v240;
+                kf_cg1[0] = (float)v233;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v228 = kf_c0[13]; // x f32
-                const float v229 = v228 - v3; // n6
-                const float v230 = v229 * v21; // n13
-                const float v231 = kf_d215[1]; // gamma f32
-                const float v232 = v230 * v231; // n14
-                const float v233 = kf_d218[1]; // beta f32
-                const float v234 = v232 + v233; // n15
-                kf_o0[1] = v234; // y
-                const float v235 = kf_c3[13]; // dy f32
-                const float v236 = v235 * v231; // n16
-                const float v237 = v236 * v21; // n17
-                const float v238 = v29 * v229; // n34
-                const float v239 = v237 + v238; // n35
-                const float v240 = v239 + v238; // n36
-                const float v241 = v240 + v52; // n43
-                kf_o1[1] = v241; // dx
+                const float v241 = kf_c0[13]; // x f32
+                const float v242 = v241 - v3; // n6
+                const float v243 = v242 * v21; // n13
+                const float v244 = kf_d227[1]; // gamma f32
+                const float v245 = v243 * v244; // n14
+                const float v246 = kf_d230[1]; // beta f32
+                const float v247 = v245 + v246; // n15
+                kf_o0[1] = v247; // y
+                const float v248 = kf_c3[13]; // dy f32
+                const float v249 = v248 * v244; // n16
+                const float v250 = v249 * v21; // n17
+                const float v251 = v29 * v242; // n34
+                const float v252 = v250 + v251; // n35
+                const float v253 = v252 + v251; // n36
+                const float v254 = v253 + v52; // n43
+                kf_o1[1] = v254; // dx
+                const float v255 = v248 * v243; // n44
+                kf_cg0[1] = (float)v255;
+                kf_cg1[1] = (float)v248;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v242 = kf_c0[14]; // x f32
-                const float v243 = v242 - v3; // n6
-                const float v244 = v243 * v21; // n13
-                const float v245 = kf_d215[2]; // gamma f32
-                const float v246 = v244 * v245; // n14
-                const float v247 = kf_d218[2]; // beta f32
-                const float v248 = v246 + v247; // n15
-                kf_o0[2] = v248; // y
-                const float v249 = kf_c3[14]; // dy f32
-                const float v250 = v249 * v245; // n16
-                const float v251 = v250 * v21; // n17
-                const float v252 = v29 * v243; // n34
-                const float v253 = v251 + v252; // n35
-                const float v254 = v253 + v252; // n36
-                const float v255 = v254 + v52; // n43
-                kf_o1[2] = v255; // dx
-            }
-            {
-                const int col = kf_j + 3;
-                const long long i = rowbase + col;
-                const float v256 = kf_c0[15]; // x f32
+                const float v256 = kf_c0[14]; // x f32
                 const float v257 = v256 - v3; // n6
                 const float v258 = v257 * v21; // n13
-                const float v259 = kf_d215[3]; // gamma f32
+                const float v259 = kf_d227[2]; // gamma f32
                 const float v260 = v258 * v259; // n14
-                const float v261 = kf_d218[3]; // beta f32
+                const float v261 = kf_d230[2]; // beta f32
                 const float v262 = v260 + v261; // n15
-                kf_o0[3] = v262; // y
-                const float v263 = kf_c3[15]; // dy f32
+                kf_o0[2] = v262; // y
+                const float v263 = kf_c3[14]; // dy f32
                 const float v264 = v263 * v259; // n16
                 const float v265 = v264 * v21; // n17
                 const float v266 = v29 * v257; // n34
                 const float v267 = v265 + v266; // n35
                 const float v268 = v267 + v266; // n36
                 const float v269 = v268 + v52; // n43
-                kf_o1[3] = v269; // dx
+                kf_o1[2] = v269; // dx
+                const float v270 = v263 * v258; // n44
+                kf_cg0[2] = (float)v270;
+                kf_cg1[2] = (float)v263;
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v271 = kf_c0[15]; // x f32
+                const float v272 = v271 - v3; // n6
+                const float v273 = v272 * v21; // n13
+                const float v274 = kf_d227[3]; // gamma f32
+                const float v275 = v273 * v274; // n14
+                const float v276 = kf_d230[3]; // beta f32
+                const float v277 = v275 + v276; // n15
+                kf_o0[3] = v277; // y
+                const float v278 = kf_c3[15]; // dy f32
+                const float v279 = v278 * v274; // n16
+                const float v280 = v279 * v21; // n17
+                const float v281 = v29 * v272; // n34
+                const float v282 = v280 + v281; // n35
+                const float v283 = v282 + v281; // n36
+                const float v284 = v283 + v52; // n43
+                kf_o1[3] = v284; // dx
+                const float v285 = v278 * v273; // n44
+                kf_cg0[3] = (float)v285;
+                kf_cg1[3] = (float)v278;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + 1 * (int)cols + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg1[0]; kf_t.y += kf_cg1[1]; kf_t.z += kf_cg1[2]; kf_t.w += kf_cg1[3]; *kf_q = kf_t; } // column sum 1
         }
+    }
+    // The block's column sums: its row groups' folded in group order into its row of partial sums.
+    __syncthreads();
+    for (long long c = threadIdx.x; c < 2 * cols; c += blockDim.x) {
+        float v = kf_cps[c];
+        for (long long h = 1; h < kf_gpb; ++h) v += kf_cps[h * 2 * cols + c];
+        kf_colp[(long long)blockIdx.x * 2 * cols + c] = v;
     }
 }
 
 // Generated by kfuse-codegen; do not edit.
 // kernel kf_65ed4fe600cdc894_1 (2 of 2) of graph 65ed4fe600cdc89432f6baaa56cce2a8fbe2508b75966c8c4e8050875191628e
 // options: block_size=256; reduction level 0
-// domain: [D] elements as columns, in tiles of 32; 2 reduction(s) over the leading axis split in chunks of rows, a block per tile and chunk, folded in chunk order by the tile's last block
+// domain: [D] elements as columns, in tiles of 32; 2 sum(s) over the leading axis folded from the column partial sums of kernel 1 (a row of them per block of its grid), split in chunks of those rows, a block per tile and chunk, folded in chunk order by the tile's last block
 // sink: output dgamma
 // sink: output dbeta
 
-#ifndef KF_HELPER_DIVMOD
-#define KF_HELPER_DIVMOD
-// Index division for non-negative operands: 32-bit when both fit (a uniform branch in practice;
-// about a quarter of the instructions of the 64-bit sequence), 64-bit otherwise.
-__device__ __forceinline__ long long kf_div(long long a, long long b) {
-    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a / (unsigned int)b) : a / b;
-}
-__device__ __forceinline__ long long kf_mod(long long a, long long b) {
-    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a % (unsigned int)b) : a % b;
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_1(
-    const float* __restrict__ in0, // x f32[B, D]
-    const float* __restrict__ in3, // dy f32[B, D]
     float* __restrict__ out2, // output dgamma f32[D]
     float* __restrict__ out3, // output dbeta f32[D]
-    const float* __restrict__ tmp0, // n4 f32 [B] per row from an earlier kernel
-    const float* __restrict__ tmp1, // n8 f32 [B] per row from an earlier kernel
+    const float* __restrict__ kf_colp, // column partial sums of an earlier kernel: a row per block of its grid
     double* __restrict__ partials, // per block: each accumulator's f64 partials of its 32 columns
     unsigned int* __restrict__ counter, // a ticket per tile of 32 columns: 0 at launch, left at 0
-    long long sz0, // size B
-    long long sz1 // size D
+    long long sz1, // size D
+    long long kf_parts // rows of kf_colp: the grid of kernel 1
 )
 {
     const long long cols = sz1;
-    const long long rows = sz0;
+    const long long rows = kf_parts;
     if (cols == 0) return; // no column: nothing to write
     const long long kf_tiles = (cols + 32 - 1) / 32;
     const long long kf_s = (long long)gridDim.x / kf_tiles; // chunks of rows per tile
@@ -743,20 +840,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_1(
     __shared__ double kf_cs[8][32]; // the row lanes' accumulators, folded in lane order
     double a0 = 0.0;
     double a1 = 0.0;
-    const long long v2 = i; // coordinate 0 of the domain
     #pragma unroll 4
     for (long long j0 = kf_r0 + kf_lane; j0 < kf_r1; j0 += kf_lanes) {
-        const float v3 = in3[j0 * sz1 + v2]; // dy f32
-        const float v4 = in0[j0 * sz1 + v2]; // x f32
-        const float v5 = tmp0[j0]; // n4 per row, from an earlier kernel
-        const float v6 = v4 - v5; // n6
-        const float v7 = tmp1[j0]; // n8 per row, from an earlier kernel
-        const float v8 = v7 + 1e-5f; // n11
-        const float v9 = rsqrtf(v8); // n12
-        const float v10 = v6 * v9; // n13
-        const float v11 = v3 * v10; // n44
-        a0 += (double)v11;
-        a1 += (double)v3;
+        a0 += (double)kf_colp[(j0 * 2 + 0) * cols + i];
+        a1 += (double)kf_colp[(j0 * 2 + 1) * cols + i];
     }
     kf_cs[kf_lane][kf_c] = a0; // accumulator 0
     __syncthreads();
@@ -786,10 +873,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_1(
         for (long long kf_k = 1; kf_k < kf_s; ++kf_k) a0 = a0 + ((volatile double*)partials)[((long long)(kf_tile * kf_s + kf_k) * 2 + 0) * 32 + kf_c];
         a1 = ((volatile double*)partials)[((long long)(kf_tile * kf_s) * 2 + 1) * 32 + kf_c];
         for (long long kf_k = 1; kf_k < kf_s; ++kf_k) a1 = a1 + ((volatile double*)partials)[((long long)(kf_tile * kf_s + kf_k) * 2 + 1) * 32 + kf_c];
-        const float v12 = (float)a0; // n45 sum over the rows, folded over the chunks
-        const float v13 = (float)a1; // n46 sum over the rows, folded over the chunks
-        out2[i] = v12; // dgamma
-        out3[i] = v13; // dbeta
+        const float v2 = (float)a0; // n45 sum over the rows, folded over the chunks
+        const float v3 = (float)a1; // n46 sum over the rows, folded over the chunks
+        out2[i] = v2; // dgamma
+        out3[i] = v3; // dbeta
     }
 }
 

@@ -4,6 +4,7 @@
 // domain: [B, D] elements; rows of the last reduced axis, a group of 4 to blockDim.x lanes per row (about 8 columns a lane; rows kept in registers: from 1 lane, at most 16 columns a lane, 32 when one row-shaped input is kept), grid-stride over the rows; its 1 row reduction phase(s) computed once per row, then the body at each element of the row
 // sink: output y
 // sink: output dx
+// sink: column sums of n32 over the rows, a row of partial sums per block, for a later kernel to fold
 
 #ifndef KF_HELPER_ROW_SUM
 #define KF_HELPER_ROW_SUM
@@ -32,18 +33,21 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
     float* __restrict__ out0, // output y f32[B, D]
     float* __restrict__ out1, // output dx f32[B, D]
     float* __restrict__ tmp0, // n4 f32 [B] per row, written here for a later kernel
+    float* __restrict__ kf_colp, // column partial sums: a row per block, each sum's columns one after another
     long long sz0, // size B
     long long sz1 // size D
 )
 {
     const long long rows = sz0;
     const long long cols = sz1;
-    // Lanes per row: the power of two from 4 up to the block with about 8 columns a lane.
-    long long kf_g = 4;
+    // Lanes per row: the power of two from blockDim.x up to the block with about 8 columns a lane.
+    long long kf_g = blockDim.x;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    // The block's row of column sums, added to in place by the thread that owns each column.
+    for (long long c = lane; c < cols; c += kf_g) { kf_colp[((long long)blockIdx.x * 1 + 0) * cols + c] = 0.0f; }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -52,62 +56,92 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        double a184 = 0.0;
-        double a185 = 0.0;
-        double a186 = 0.0;
+        double a200 = 0.0;
+        double a201 = 0.0;
+        double a202 = 0.0;
         #pragma unroll 4
         for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v187 = in0[rowbase + j1]; // x f32
-            const float v188 = v187 * v187; // n3
-            a184 += (double)v188; a185 += 1.0;
-            const float v189 = in2[rowbase + j1]; // dy f32
-            const float v190 = in1[j1]; // weight f32
-            const float v191 = v189 * v190; // n11
-            const float v192 = v191 * v187; // n13
-            a186 += (double)v192;
+            const float v203 = in0[rowbase + j1]; // x f32
+            const float v204 = v203 * v203; // n3
+            a200 += (double)v204; a201 += 1.0;
+            const float v205 = in2[rowbase + j1]; // dy f32
+            const float v206 = in1[j1]; // weight f32
+            const float v207 = v205 * v206; // n11
+            const float v208 = v207 * v203; // n13
+            a202 += (double)v208;
         }
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a184 = kf_row_sum(a184, kf_g < 32 ? kf_g : 32, kf_rs);
-        a185 = kf_row_sum(a185, kf_g < 32 ? kf_g : 32, kf_rs);
-        a186 = kf_row_sum(a186, kf_g < 32 ? kf_g : 32, kf_rs);
+        a200 = kf_row_sum(a200, kf_g < 32 ? kf_g : 32, kf_rs);
+        a201 = kf_row_sum(a201, kf_g < 32 ? kf_g : 32, kf_rs);
+        a202 = kf_row_sum(a202, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a184; kf_rs[32 + kf_warp] = a185; kf_rs[64 + kf_warp] = a186; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a200; kf_rs[32 + kf_warp] = a201; kf_rs[64 + kf_warp] = a202; }
             __syncthreads();
-            a184 = kf_rs[kf_first]; a185 = kf_rs[32 + kf_first]; a186 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a184 += kf_rs[kf_first + w]; a185 += kf_rs[32 + kf_first + w]; a186 += kf_rs[64 + kf_first + w]; }
+            a200 = kf_rs[kf_first]; a201 = kf_rs[32 + kf_first]; a202 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a200 += kf_rs[kf_first + w]; a201 += kf_rs[32 + kf_first + w]; a202 += kf_rs[64 + kf_first + w]; }
         }
-        const float v193 = (float)(a184 / a185); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v193; // for a later kernel
-        const float v194 = (float)a186; // n14 sum along the row, once per row
-        const float v196 = v193 + 1e-5f; // n7
-        const float v197 = rsqrtf(v196); // n8
-        const float v204 = v197 * v197; // n16
-        const float v205 = v204 * v197; // n17
-        const float v206 = v205 * (-0.5f); // n19
-        const float v207 = v194 * v206; // n20
-        const int v208 = (int)(sz1); // n25 the count of every element
-        const float v209 = (float)v208; // n26
-        const float v210 = v207 / v209; // n27
+        const float v209 = (float)(a200 / a201); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v209; // for a later kernel
+        const float v210 = (float)a202; // n14 sum along the row, once per row
+        const float v212 = v209 + 1e-5f; // n7
+        const float v213 = rsqrtf(v212); // n8
+        const float v220 = v213 * v213; // n16
+        const float v221 = v220 * v213; // n17
+        const float v222 = v221 * (-0.5f); // n19
+        const float v223 = v210 * v222; // n20
+        const int v224 = (int)(sz1); // n25 the count of every element
+        const float v225 = (float)v224; // n26
+        const float v226 = v223 / v225; // n27
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v195 = in0[i]; // x f32
-            const float v198 = v195 * v197; // n9
-            const float v199 = in1[col]; // weight f32
-            const float v200 = v198 * v199; // n10
-            out0[i] = v200; // y
-            const float v201 = in2[i]; // dy f32
-            const float v202 = v201 * v199; // n11
-            const float v203 = v202 * v197; // n12
-            const float v211 = v210 * v195; // n29
-            const float v212 = v203 + v211; // n30
-            const float v213 = v212 + v211; // n31
-            out1[i] = v213; // dx
+            const float v211 = in0[i]; // x f32
+            const float v214 = v211 * v213; // n9
+            const float v215 = in1[col]; // weight f32
+            const float v216 = v214 * v215; // n10
+            out0[i] = v216; // y
+            const float v217 = in2[i]; // dy f32
+            const float v218 = v217 * v215; // n11
+            const float v219 = v218 * v213; // n12
+            const float v227 = v226 * v211; // n29
+            const float v228 = v219 + v227; // n30
+            const float v229 = v228 + v227; // n31
+            out1[i] = v229; // dx
+            const float v230 = v217 * v214; // n32
+            kf_colp[((long long)blockIdx.x * 1 + 0) * cols + col] += (float)v230; // column sum 0
         }
     }
 }
+
+// Generated by kfuse-codegen; do not edit.
+// kernel kf_805646925eaef20e_0 (1 of 2) of graph 805646925eaef20ed867e5942cc6859197dc188ba50809b0cc6ec6b70105529d
+// options: block_size=256; reduction level 0
+// domain: [B, D] elements; rows of the last reduced axis, a group of 4 to blockDim.x lanes per row (about 8 columns a lane; rows kept in registers: from 1 lane, at most 16 columns a lane, 32 when one row-shaped input is kept), grid-stride over the rows; its 1 row reduction phase(s) computed once per row, then the body at each element of the row
+// sink: output y
+// sink: output dx
+// sink: column sums of n32 over the rows, a row of partial sums per block, for a later kernel to fold
+
+#ifndef KF_HELPER_ROW_SUM
+#define KF_HELPER_ROW_SUM
+// The sum of one double over each aligned group of `g` lanes (a power of two up to blockDim.x),
+// the same bits in every lane of the group: xor shuffles within the warp, then each lane folds its
+// group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
+// holds 32 doubles.
+__device__ double kf_row_sum(double v, long long g, double* smem) {
+    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    if (g > 32) {
+        const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
+        __syncthreads(); // smem may still be read by the previous call
+        if ((threadIdx.x & 31u) == 0u) smem[warp] = v;
+        __syncthreads();
+        v = smem[first];
+        for (unsigned w = 1; w < (unsigned)(g >> 5); ++w) { const double o = smem[first + w]; v = v + o; }
+    }
+    return v;
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
     const float* __restrict__ in0, // x f32[B, D]
@@ -116,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
     float* __restrict__ out0, // output y f32[B, D]
     float* __restrict__ out1, // output dx f32[B, D]
     float* __restrict__ tmp0, // n4 f32 [B] per row, written here for a later kernel
+    float* __restrict__ kf_colp, // column partial sums: a row per block, each sum's columns one after another
     long long sz0, // size B
     long long sz1 // size D
 )
@@ -128,6 +163,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
     const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
     __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
+    __shared__ __align__(16) float kf_cps[4096]; // the row groups' column sums: [group][sum][column]
+    const int kf_cb = (int)(((long long)threadIdx.x / kf_g) * 1 * cols); // its row group's sums in kf_cps
+    for (long long c = threadIdx.x; c < kf_gpb * 1 * cols; c += blockDim.x) kf_cps[c] = 0.0f;
+    __syncthreads();
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -200,6 +239,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
         const float v27 = v24 / v26; // n27
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_d15[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
@@ -225,329 +265,362 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
                 const float v29 = v20 + v28; // n30
                 const float v30 = v29 + v28; // n31
                 kf_o1[0] = v30; // dx
+                const float v31 = v18 * v14; // n32
+                kf_cg0[0] = (float)v31;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v31 = kf_c0[1]; // x f32
-                const float v32 = v31 * v13; // n9
-                const float v33 = kf_d15[1]; // weight f32
-                const float v34 = v32 * v33; // n10
-                kf_o0[1] = v34; // y
-                const float v35 = kf_c2[1]; // dy f32
-                const float v36 = v35 * v33; // n11
-                const float v37 = v36 * v13; // n12
-                const float v38 = v27 * v31; // n29
-                const float v39 = v37 + v38; // n30
-                const float v40 = v39 + v38; // n31
-                kf_o1[1] = v40; // dx
+                const float v32 = kf_c0[1]; // x f32
+                const float v33 = v32 * v13; // n9
+                const float v34 = kf_d15[1]; // weight f32
+                const float v35 = v33 * v34; // n10
+                kf_o0[1] = v35; // y
+                const float v36 = kf_c2[1]; // dy f32
+                const float v37 = v36 * v34; // n11
+                const float v38 = v37 * v13; // n12
+                const float v39 = v27 * v32; // n29
+                const float v40 = v38 + v39; // n30
+                const float v41 = v40 + v39; // n31
+                kf_o1[1] = v41; // dx
+                const float v42 = v36 * v33; // n32
+                kf_cg0[1] = (float)v42;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v41 = kf_c0[2]; // x f32
-                const float v42 = v41 * v13; // n9
-                const float v43 = kf_d15[2]; // weight f32
-                const float v44 = v42 * v43; // n10
-                kf_o0[2] = v44; // y
-                const float v45 = kf_c2[2]; // dy f32
-                const float v46 = v45 * v43; // n11
-                const float v47 = v46 * v13; // n12
-                const float v48 = v27 * v41; // n29
-                const float v49 = v47 + v48; // n30
-                const float v50 = v49 + v48; // n31
-                kf_o1[2] = v50; // dx
+                const float v43 = kf_c0[2]; // x f32
+                const float v44 = v43 * v13; // n9
+                const float v45 = kf_d15[2]; // weight f32
+                const float v46 = v44 * v45; // n10
+                kf_o0[2] = v46; // y
+                const float v47 = kf_c2[2]; // dy f32
+                const float v48 = v47 * v45; // n11
+                const float v49 = v48 * v13; // n12
+                const float v50 = v27 * v43; // n29
+                const float v51 = v49 + v50; // n30
+                const float v52 = v51 + v50; // n31
+                kf_o1[2] = v52; // dx
+                const float v53 = v47 * v44; // n32
+                kf_cg0[2] = (float)v53;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v51 = kf_c0[3]; // x f32
-                const float v52 = v51 * v13; // n9
-                const float v53 = kf_d15[3]; // weight f32
-                const float v54 = v52 * v53; // n10
-                kf_o0[3] = v54; // y
-                const float v55 = kf_c2[3]; // dy f32
-                const float v56 = v55 * v53; // n11
-                const float v57 = v56 * v13; // n12
-                const float v58 = v27 * v51; // n29
-                const float v59 = v57 + v58; // n30
-                const float v60 = v59 + v58; // n31
-                kf_o1[3] = v60; // dx
+                const float v54 = kf_c0[3]; // x f32
+                const float v55 = v54 * v13; // n9
+                const float v56 = kf_d15[3]; // weight f32
+                const float v57 = v55 * v56; // n10
+                kf_o0[3] = v57; // y
+                const float v58 = kf_c2[3]; // dy f32
+                const float v59 = v58 * v56; // n11
+                const float v60 = v59 * v13; // n12
+                const float v61 = v27 * v54; // n29
+                const float v62 = v60 + v61; // n30
+                const float v63 = v62 + v61; // n31
+                kf_o1[3] = v63; // dx
+                const float v64 = v58 * v55; // n32
+                kf_cg0[3] = (float)v64;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
         if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
             const int kf_j = 4 * (lane + 1 * kf_g);
-            float kf_d63[4]; // weight at the group's columns
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_d67[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d63[0] = kf_w.x;
-                kf_d63[1] = kf_w.y;
-                kf_d63[2] = kf_w.z;
-                kf_d63[3] = kf_w.w;
+                kf_d67[0] = kf_w.x;
+                kf_d67[1] = kf_w.y;
+                kf_d67[2] = kf_w.z;
+                kf_d67[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v61 = kf_c0[4]; // x f32
-                const float v62 = v61 * v13; // n9
-                const float v64 = kf_d63[0]; // weight f32
-                const float v65 = v62 * v64; // n10
-                kf_o0[0] = v65; // y
-                const float v66 = kf_c2[4]; // dy f32
-                const float v67 = v66 * v64; // n11
-                const float v68 = v67 * v13; // n12
-                const float v69 = v27 * v61; // n29
-                const float v70 = v68 + v69; // n30
-                const float v71 = v70 + v69; // n31
-                kf_o1[0] = v71; // dx
+                const float v65 = kf_c0[4]; // x f32
+                const float v66 = v65 * v13; // n9
+                const float v68 = kf_d67[0]; // weight f32
+                const float v69 = v66 * v68; // n10
+                kf_o0[0] = v69; // y
+                const float v70 = kf_c2[4]; // dy f32
+                const float v71 = v70 * v68; // n11
+                const float v72 = v71 * v13; // n12
+                const float v73 = v27 * v65; // n29
+                const float v74 = v72 + v73; // n30
+                const float v75 = v74 + v73; // n31
+                kf_o1[0] = v75; // dx
+                const float v76 = v70 * v66; // n32
+                kf_cg0[0] = (float)v76;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v72 = kf_c0[5]; // x f32
-                const float v73 = v72 * v13; // n9
-                const float v74 = kf_d63[1]; // weight f32
-                const float v75 = v73 * v74; // n10
-                kf_o0[1] = v75; // y
-                const float v76 = kf_c2[5]; // dy f32
-                const float v77 = v76 * v74; // n11
-                const float v78 = v77 * v13; // n12
-                const float v79 = v27 * v72; // n29
-                const float v80 = v78 + v79; // n30
-                const float v81 = v80 + v79; // n31
-                kf_o1[1] = v81; // dx
+                const float v77 = kf_c0[5]; // x f32
+                const float v78 = v77 * v13; // n9
+                const float v79 = kf_d67[1]; // weight f32
+                const float v80 = v78 * v79; // n10
+                kf_o0[1] = v80; // y
+                const float v81 = kf_c2[5]; // dy f32
+                const float v82 = v81 * v79; // n11
+                const float v83 = v82 * v13; // n12
+                const float v84 = v27 * v77; // n29
+                const float v85 = v83 + v84; // n30
+                const float v86 = v85 + v84; // n31
+                kf_o1[1] = v86; // dx
+                const float v87 = v81 * v78; // n32
+                kf_cg0[1] = (float)v87;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v82 = kf_c0[6]; // x f32
-                const float v83 = v82 * v13; // n9
-                const float v84 = kf_d63[2]; // weight f32
-                const float v85 = v83 * v84; // n10
-                kf_o0[2] = v85; // y
-                const float v86 = kf_c2[6]; // dy f32
-                const float v87 = v86 * v84; // n11
-                const float v88 = v87 * v13; // n12
-                const float v89 = v27 * v82; // n29
-                const float v90 = v88 + v89; // n30
-                const float v91 = v90 + v89; // n31
-                kf_o1[2] = v91; // dx
+                const float v88 = kf_c0[6]; // x f32
+                const float v89 = v88 * v13; // n9
+                const float v90 = kf_d67[2]; // weight f32
+                const float v91 = v89 * v90; // n10
+                kf_o0[2] = v91; // y
+                const float v92 = kf_c2[6]; // dy f32
+                const float v93 = v92 * v90; // n11
+                const float v94 = v93 * v13; // n12
+                const float v95 = v27 * v88; // n29
+                const float v96 = v94 + v95; // n30
+                const float v97 = v96 + v95; // n31
+                kf_o1[2] = v97; // dx
+                const float v98 = v92 * v89; // n32
+                kf_cg0[2] = (float)v98;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v92 = kf_c0[7]; // x f32
-                const float v93 = v92 * v13; // n9
-                const float v94 = kf_d63[3]; // weight f32
-                const float v95 = v93 * v94; // n10
-                kf_o0[3] = v95; // y
-                const float v96 = kf_c2[7]; // dy f32
-                const float v97 = v96 * v94; // n11
-                const float v98 = v97 * v13; // n12
-                const float v99 = v27 * v92; // n29
-                const float v100 = v98 + v99; // n30
-                const float v101 = v100 + v99; // n31
-                kf_o1[3] = v101; // dx
+                const float v99 = kf_c0[7]; // x f32
+                const float v100 = v99 * v13; // n9
+                const float v101 = kf_d67[3]; // weight f32
+                const float v102 = v100 * v101; // n10
+                kf_o0[3] = v102; // y
+                const float v103 = kf_c2[7]; // dy f32
+                const float v104 = v103 * v101; // n11
+                const float v105 = v104 * v13; // n12
+                const float v106 = v27 * v99; // n29
+                const float v107 = v105 + v106; // n30
+                const float v108 = v107 + v106; // n31
+                kf_o1[3] = v108; // dx
+                const float v109 = v103 * v100; // n32
+                kf_cg0[3] = (float)v109;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
         if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
             const int kf_j = 4 * (lane + 2 * kf_g);
-            float kf_d104[4]; // weight at the group's columns
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_d112[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d104[0] = kf_w.x;
-                kf_d104[1] = kf_w.y;
-                kf_d104[2] = kf_w.z;
-                kf_d104[3] = kf_w.w;
+                kf_d112[0] = kf_w.x;
+                kf_d112[1] = kf_w.y;
+                kf_d112[2] = kf_w.z;
+                kf_d112[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v102 = kf_c0[8]; // x f32
-                const float v103 = v102 * v13; // n9
-                const float v105 = kf_d104[0]; // weight f32
-                const float v106 = v103 * v105; // n10
-                kf_o0[0] = v106; // y
-                const float v107 = kf_c2[8]; // dy f32
-                const float v108 = v107 * v105; // n11
-                const float v109 = v108 * v13; // n12
-                const float v110 = v27 * v102; // n29
-                const float v111 = v109 + v110; // n30
-                const float v112 = v111 + v110; // n31
-                kf_o1[0] = v112; // dx
+                const float v110 = kf_c0[8]; // x f32
+                const float v111 = v110 * v13; // n9
+                const float v113 = kf_d112[0]; // weight f32
+                const float v114 = v111 * v113; // n10
+                kf_o0[0] = v114; // y
+                const float v115 = kf_c2[8]; // dy f32
+                const float v116 = v115 * v113; // n11
+                const float v117 = v116 * v13; // n12
+                const float v118 = v27 * v110; // n29
+                const float v119 = v117 + v118; // n30
+                const float v120 = v119 + v118; // n31
+                kf_o1[0] = v120; // dx
+                const float v121 = v115 * v111; // n32
+                kf_cg0[0] = (float)v121;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v113 = kf_c0[9]; // x f32
-                const float v114 = v113 * v13; // n9
-                const float v115 = kf_d104[1]; // weight f32
-                const float v116 = v114 * v115; // n10
-                kf_o0[1] = v116; // y
-                const float v117 = kf_c2[9]; // dy f32
-                const float v118 = v117 * v115; // n11
-                const float v119 = v118 * v13; // n12
-                const float v120 = v27 * v113; // n29
-                const float v121 = v119 + v120; // n30
-                const float v122 = v121 + v120; // n31
-                kf_o1[1] = v122; // dx
+                const float v122 = kf_c0[9]; // x f32
+                const float v123 = v122 * v13; // n9
+                const float v124 = kf_d112[1]; // weight f32
+                const float v125 = v123 * v124; // n10
+                kf_o0[1] = v125; // y
+                const float v126 = kf_c2[9]; // dy f32
+                const float v127 = v126 * v124; // n11
+                const float v128 = v127 * v13; // n12
+                const float v129 = v27 * v122; // n29
+                const float v130 = v128 + v129; // n30
+                const float v131 = v130 + v129; // n31
+                kf_o1[1] = v131; // dx
+                const float v132 = v126 * v123; // n32
+                kf_cg0[1] = (float)v132;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v123 = kf_c0[10]; // x f32
-                const float v124 = v123 * v13; // n9
-                const float v125 = kf_d104[2]; // weight f32
-                const float v126 = v124 * v125; // n10
-                kf_o0[2] = v126; // y
-                const float v127 = kf_c2[10]; // dy f32
-                const float v128 = v127 * v125; // n11
-                const float v129 = v128 * v13; // n12
-                const float v130 = v27 * v123; // n29
-                const float v131 = v129 + v130; // n30
-                const float v132 = v131 + v130; // n31
-                kf_o1[2] = v132; // dx
-            }
-            {
-                const int col = kf_j + 3;
-                const long long i = rowbase + col;
-                const float v133 = kf_c0[11]; // x f32
+                const float v133 = kf_c0[10]; // x f32
                 const float v134 = v133 * v13; // n9
-                const float v135 = kf_d104[3]; // weight f32
+                const float v135 = kf_d112[2]; // weight f32
                 const float v136 = v134 * v135; // n10
-                kf_o0[3] = v136; // y
-                const float v137 = kf_c2[11]; // dy f32
+                kf_o0[2] = v136; // y
+                const float v137 = kf_c2[10]; // dy f32
                 const float v138 = v137 * v135; // n11
                 const float v139 = v138 * v13; // n12
                 const float v140 = v27 * v133; // n29
                 const float v141 = v139 + v140; // n30
                 const float v142 = v141 + v140; // n31
-                kf_o1[3] = v142; // dx
+                kf_o1[2] = v142; // dx
+                const float v143 = v137 * v134; // n32
+                kf_cg0[2] = (float)v143;
+            }
+            {
+                const int col = kf_j + 3;
+                const long long i = rowbase + col;
+                const float v144 = kf_c0[11]; // x f32
+                const float v145 = v144 * v13; // n9
+                const float v146 = kf_d112[3]; // weight f32
+                const float v147 = v145 * v146; // n10
+                kf_o0[3] = v147; // y
+                const float v148 = kf_c2[11]; // dy f32
+                const float v149 = v148 * v146; // n11
+                const float v150 = v149 * v13; // n12
+                const float v151 = v27 * v144; // n29
+                const float v152 = v150 + v151; // n30
+                const float v153 = v152 + v151; // n31
+                kf_o1[3] = v153; // dx
+                const float v154 = v148 * v145; // n32
+                kf_cg0[3] = (float)v154;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
         if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
             const int kf_j = 4 * (lane + 3 * kf_g);
-            float kf_d145[4]; // weight at the group's columns
+            float kf_cg0[4]; // column sum 0 at the group's columns
+            float kf_d157[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d145[0] = kf_w.x;
-                kf_d145[1] = kf_w.y;
-                kf_d145[2] = kf_w.z;
-                kf_d145[3] = kf_w.w;
+                kf_d157[0] = kf_w.x;
+                kf_d157[1] = kf_w.y;
+                kf_d157[2] = kf_w.z;
+                kf_d157[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v143 = kf_c0[12]; // x f32
-                const float v144 = v143 * v13; // n9
-                const float v146 = kf_d145[0]; // weight f32
-                const float v147 = v144 * v146; // n10
-                kf_o0[0] = v147; // y
-                const float v148 = kf_c2[12]; // dy f32
-                const float v149 = v148 * v146; // n11
-                const float v150 = v149 * v13; // n12
-                const float v151 = v27 * v143; // n29
-                const float v152 = v150 + v151; // n30
-                const float v153 = v152 + v151; // n31
-                kf_o1[0] = v153; // dx
+                const float v155 = kf_c0[12]; // x f32
+                const float v156 = v155 * v13; // n9
+                const float v158 = kf_d157[0]; // weight f32
+                const float v159 = v156 * v158; // n10
+                kf_o0[0] = v159; // y
+                const float v160 = kf_c2[12]; // dy f32
+                const float v161 = v160 * v158; // n11
+                const float v162 = v161 * v13; // n12
+                const float v163 = v27 * v155; // n29
+                const float v164 = v162 + v163; // n30
+                const float v165 = v164 + v163; // n31
+                kf_o1[0] = v165; // dx
+                const float v166 = v160 * v156; // n32
+                kf_cg0[0] = (float)v166;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v154 = kf_c0[13]; // x f32
-                const float v155 = v154 * v13; // n9
-                const float v156 = kf_d145[1]; // weight f32
-                const float v157 = v155 * v156; // n10
-                kf_o0[1] = v157; // y
-                const float v158 = kf_c2[13]; // dy f32
-                const float v159 = v158 * v156; // n11
-                const float v160 = v159 * v13; // n12
-                const float v161 = v27 * v154; // n29
-                const float v162 = v160 + v161; // n30
-                const float v163 = v162 + v161; // n31
-                kf_o1[1] = v163; // dx
+                const float v167 = kf_c0[13]; // x f32
+                const float v168 = v167 * v13; // n9
+                const float v169 = kf_d157[1]; // weight f32
+                const float v170 = v168 * v169; // n10
+                kf_o0[1] = v170; // y
+                const float v171 = kf_c2[13]; // dy f32
+                const float v172 = v171 * v169; // n11
+                const float v173 = v172 * v13; // n12
+                const float v174 = v27 * v167; // n29
+                const float v175 = v173 + v174; // n30
+                const float v176 = v175 + v174; // n31
+                kf_o1[1] = v176; // dx
+                const float v177 = v171 * v168; // n32
+                kf_cg0[1] = (float)v177;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v164 = kf_c0[14]; // x f32
-                const float v165 = v164 * v13; // n9
-                const float v166 = kf_d145[2]; // weight f32
-                const float v167 = v165 * v166; // n10
-                kf_o0[2] = v167; // y
-                const float v168 = kf_c2[14]; // dy f32
-                const float v169 = v168 * v166; // n11
-                const float v170 = v169 * v13; // n12
-                const float v171 = v27 * v164; // n29
-                const float v172 = v170 + v171; // n30
-                const float v173 = v172 + v171; // n31
-                kf_o1[2] = v173; // dx
+                const float v178 = kf_c0[14]; // x f32
+                const float v179 = v178 * v13; // n9
+                const float v180 = kf_d157[2]; // weight f32
+                const float v181 = v179 * v180; // n10
+                kf_o0[2] = v181; // y
+                const float v182 = kf_c2[14]; // dy f32
+                const float v183 = v182 * v180; // n11
+                const float v184 = v183 * v13; // n12
+                const float v185 = v27 * v178; // n29
+                const float v186 = v184 + v185; // n30
+                const float v187 = v186 + v185; // n31
+                kf_o1[2] = v187; // dx
+                const float v188 = v182 * v179; // n32
+                kf_cg0[2] = (float)v188;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v174 = kf_c0[15]; // x f32
-                const float v175 = v174 * v13; // n9
-                const float v176 = kf_d145[3]; // weight f32
-                const float v177 = v175 * v176; // n10
-                kf_o0[3] = v177; // y
-                const float v178 = kf_c2[15]; // dy f32
-                const float v179 = v178 * v176; // n11
-                const float v180 = v179 * v13; // n12
-                const float v181 = v27 * v174; // n29
-                const float v182 = v180 + v181; // n30
-                const float v183 = v182 + v181; // n31
-                kf_o1[3] = v183; // dx
+                const float v189 = kf_c0[15]; // x f32
+                const float v190 = v189 * v13; // n9
+                const float v191 = kf_d157[3]; // weight f32
+                const float v192 = v190 * v191; // n10
+                kf_o0[3] = v192; // y
+                const float v193 = kf_c2[15]; // dy f32
+                const float v194 = v193 * v191; // n11
+                const float v195 = v194 * v13; // n12
+                const float v196 = v27 * v189; // n29
+                const float v197 = v195 + v196; // n30
+                const float v198 = v197 + v196; // n31
+                kf_o1[3] = v198; // dx
+                const float v199 = v193 * v190; // n32
+                kf_cg0[3] = (float)v199;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
+    }
+    // The block's column sums: its row groups' folded in group order into its row of partial sums.
+    __syncthreads();
+    for (long long c = threadIdx.x; c < 1 * cols; c += blockDim.x) {
+        float v = kf_cps[c];
+        for (long long h = 1; h < kf_gpb; ++h) v += kf_cps[h * 1 * cols + c];
+        kf_colp[(long long)blockIdx.x * 1 * cols + c] = v;
     }
 }
 
 // Generated by kfuse-codegen; do not edit.
 // kernel kf_805646925eaef20e_1 (2 of 2) of graph 805646925eaef20ed867e5942cc6859197dc188ba50809b0cc6ec6b70105529d
 // options: block_size=256; reduction level 0
-// domain: [D] elements as columns, in tiles of 32; 1 reduction(s) over the leading axis split in chunks of rows, a block per tile and chunk, folded in chunk order by the tile's last block
+// domain: [D] elements as columns, in tiles of 32; 1 sum(s) over the leading axis folded from the column partial sums of kernel 1 (a row of them per block of its grid), split in chunks of those rows, a block per tile and chunk, folded in chunk order by the tile's last block
 // sink: output dweight
 
-#ifndef KF_HELPER_DIVMOD
-#define KF_HELPER_DIVMOD
-// Index division for non-negative operands: 32-bit when both fit (a uniform branch in practice;
-// about a quarter of the instructions of the 64-bit sequence), 64-bit otherwise.
-__device__ __forceinline__ long long kf_div(long long a, long long b) {
-    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a / (unsigned int)b) : a / b;
-}
-__device__ __forceinline__ long long kf_mod(long long a, long long b) {
-    return (((unsigned long long)a | (unsigned long long)b) >> 32) == 0ull ? (long long)((unsigned int)a % (unsigned int)b) : a % b;
-}
-#endif
 
 extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_1(
-    const float* __restrict__ in0, // x f32[B, D]
-    const float* __restrict__ in2, // dy f32[B, D]
     float* __restrict__ out2, // output dweight f32[D]
-    const float* __restrict__ tmp0, // n4 f32 [B] per row from an earlier kernel
+    const float* __restrict__ kf_colp, // column partial sums of an earlier kernel: a row per block of its grid
     double* __restrict__ partials, // per block: each accumulator's f64 partials of its 32 columns
     unsigned int* __restrict__ counter, // a ticket per tile of 32 columns: 0 at launch, left at 0
-    long long sz0, // size B
-    long long sz1 // size D
+    long long sz1, // size D
+    long long kf_parts // rows of kf_colp: the grid of kernel 1
 )
 {
     const long long cols = sz1;
-    const long long rows = sz0;
+    const long long rows = kf_parts;
     if (cols == 0) return; // no column: nothing to write
     const long long kf_tiles = (cols + 32 - 1) / 32;
     const long long kf_s = (long long)gridDim.x / kf_tiles; // chunks of rows per tile
@@ -562,17 +635,9 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_1(
     const long long i = kf_live ? kf_i : cols - 1; // a column past the end reads the last one and stores nothing
     __shared__ double kf_cs[8][32]; // the row lanes' accumulators, folded in lane order
     double a0 = 0.0;
-    const long long v1 = i; // coordinate 0 of the domain
     #pragma unroll 4
     for (long long j0 = kf_r0 + kf_lane; j0 < kf_r1; j0 += kf_lanes) {
-        const float v2 = in2[j0 * sz1 + v1]; // dy f32
-        const float v3 = in0[j0 * sz1 + v1]; // x f32
-        const float v4 = tmp0[j0]; // n4 per row, from an earlier kernel
-        const float v5 = v4 + 1e-5f; // n7
-        const float v6 = rsqrtf(v5); // n8
-        const float v7 = v3 * v6; // n9
-        const float v8 = v2 * v7; // n32
-        a0 += (double)v8;
+        a0 += (double)kf_colp[(j0 * 1 + 0) * cols + i];
     }
     kf_cs[kf_lane][kf_c] = a0; // accumulator 0
     __syncthreads();
@@ -593,8 +658,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_1(
     if (kf_lane == 0 && kf_live) {
         a0 = ((volatile double*)partials)[((long long)(kf_tile * kf_s) * 1 + 0) * 32 + kf_c];
         for (long long kf_k = 1; kf_k < kf_s; ++kf_k) a0 = a0 + ((volatile double*)partials)[((long long)(kf_tile * kf_s + kf_k) * 1 + 0) * 32 + kf_c];
-        const float v9 = (float)a0; // n33 sum over the rows, folded over the chunks
-        out2[i] = v9; // dweight
+        const float v1 = (float)a0; // n33 sum over the rows, folded over the chunks
+        out2[i] = v1; // dweight
     }
 }
 
