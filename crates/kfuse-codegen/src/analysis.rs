@@ -172,7 +172,10 @@ pub(crate) fn analyse(g: &Graph, defer: bool) -> Result<Analysis, CodegenError> 
             keys.push(k.clone());
         }
     }
-    keys.sort_by_key(|k| k.0); // stable: first appearance within a level
+    // By level; within a level, wider domains first (a row kernel before the column kernel of
+    // the same rows, which may read what it stores or fold the column sums it takes as it goes,
+    // see `shapes::columns::fuse`); stable: first appearance otherwise.
+    keys.sort_by_key(|k| (k.0, std::cmp::Reverse(k.1.len())));
     let mut kernels: Vec<KernelInfo> = keys
         .iter()
         .map(|(level, dims)| KernelInfo { level: *level, dims: dims.clone(), ..Default::default() })

@@ -43,7 +43,9 @@ pub(crate) fn emit_kernel(
     buffers: &BufferIndex,
 ) -> Result<Kernel, CodegenError> {
     let info = &an.kernels[k];
-    let name = format!("kf_{}_{k}", hash.short());
+    // A column kernel's fold entry (see `columns::fuse`) is named after the kernel.
+    let fold = if column_wise.is_some_and(|c| c.from.is_some()) { "_fold" } else { "" };
+    let name = format!("kf_{}_{k}{fold}", hash.short());
     let dom: Vec<Coord> = (0..info.dims.len() as u32).map(Coord::Dom).collect();
     let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
 
@@ -193,8 +195,12 @@ pub(crate) fn emit_kernel(
             list: compacted_pass.and_then(|b| b.list.map(|l| (l, b.pass.comps))),
             n_slots: slots.len(),
             checked,
-            column_partials: buffers.column_partials[k]
-                .map(|b| (b, column_wise.and_then(|c| c.from).map(|f| f.kernel))),
+            // The row kernel writes the column partial sums; the column kernel's fold entry reads them.
+            column_partials: match (column_wise, buffers.column_partials[k]) {
+                (Some(c), Some(b)) => c.from.map(|f| (b, Some(f.kernel))),
+                (None, Some(b)) => Some((b, None)),
+                _ => None,
+            },
         },
     )?;
 
@@ -213,11 +219,18 @@ pub(crate) fn emit_kernel(
     for note in &sink_notes {
         let _ = writeln!(src, "// sink: {note}");
     }
+    if let (Some(c), Some(_), None) = (column_wise, buffers.column_partials[k], column_wise.and_then(|c| c.from)) {
+        let _ = writeln!(
+            src,
+            "// entry {name}_fold instead, where the rows' kernel takes its entry for rows in registers: it folds the {} column sum(s) that entry took as it went, reading no row",
+            c.reductions.len()
+        );
+    }
     if let Some(plan) = row_wise.filter(|p| !p.column_sums.is_empty()) {
         let operands: Vec<String> = plan.column_sums.iter().map(|n| format!("n{}", n.0)).collect();
         let _ = writeln!(
             src,
-            "// sink: column sums of {} over the rows, a row of partial sums per block, for a later kernel to fold",
+            "// sink: column sums of {} over the rows by the entry for rows in registers, a row of partial sums per block, for a later kernel's fold entry",
             operands.join(", ")
         );
     }
@@ -299,7 +312,7 @@ pub(crate) fn emit_kernel(
         KernelShape::RowWise => {
             let sizes =
                 row_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "row-wise without row sizes" })?;
-            row_wise::write(&mut src, sizes, &accumulators, (&sizes.column_init, &body, &[]), None);
+            row_wise::write(&mut src, sizes, &accumulators, (&[], &body, &[]), None);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -365,6 +378,7 @@ pub(crate) fn emit_kernel(
         lazy_inputs,
         launch: shape.launch(),
         register_rows,
+        fold: None,
     })
 }
 

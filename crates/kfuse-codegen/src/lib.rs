@@ -88,7 +88,7 @@ use kfuse_ir::{verify, Graph, Kind};
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
 pub use plan::{
-    column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, GridSpec, Kernel, Launch,
+    column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, FoldEntry, GridSpec, Kernel, Launch,
     LengthsGradient, Param, Plan, RegisterRows, SizeExpr, ViolationKind, COLUMN_BLOCKS_PER_SM, COLUMN_MIN_CHUNK_ROWS,
     ERROR_RECORD_WORDS, ROW_COLS_PER_LANE, ROW_MIN_LANES,
 };
@@ -152,7 +152,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
     }
     // Kernels without row reductions may reduce columns (not kernel 0 under a one-pass plan).
-    let mut column_plans: Vec<Option<shapes::columns::Columns>> = an
+    let column_plans: Vec<Option<shapes::columns::Columns>> = an
         .kernels
         .iter()
         .zip(&rows)
@@ -165,6 +165,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     // A column kernel whose sums an earlier row kernel can take as it goes folds its partial sums
     // instead of reading the rows again (not under a one-pass plan, whose kernel 0 runs alone).
     let mut column_partials = vec![None; an.kernels.len()];
+    let mut folds: Vec<Option<shapes::columns::Columns>> = vec![None; an.kernels.len()];
     for c in 0..an.kernels.len() {
         let Some(plan) = column_plans[c].as_ref().filter(|_| pass.is_none()) else { continue };
         let Some(a) = shapes::columns::fuse(graph, &an, &rows, c, plan) else { continue };
@@ -193,9 +194,8 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         row_plan.column_sums = operands;
         column_partials[a] = Some(buffer);
         column_partials[c] = Some(buffer);
-        if let Some(plan) = column_plans[c].as_mut() {
-            plan.from = Some(shapes::columns::FromRows { kernel: a });
-        }
+        folds[c] =
+            Some(shapes::columns::Columns { from: Some(shapes::columns::FromRows { kernel: a }), ..plan.clone() });
     }
     let temps_base = buffers.len();
     let mut temps: Vec<(usize, kfuse_ir::NodeId)> = an.temps.iter().map(|(&n, &t)| (t, n)).collect();
@@ -295,7 +295,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let index = buffers::BufferIndex { outputs_base, temps_base, reduction, onepass, column_partials };
     // One pass: kernel 0 also does kernel 1's work, after its grid barrier.
     let launched = if index.onepass.is_some() { 1 } else { an.kernels.len() };
-    let kernels = (0..launched)
+    let mut kernels = (0..launched)
         .map(|k| {
             kernel::emit_kernel(
                 graph,
@@ -308,6 +308,14 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Column kernels whose sums a row kernel's entry for rows in registers takes: their entry
+    // that folds those sums.
+    for (k, fold) in folds.iter().enumerate().take(launched) {
+        let Some(fold) = fold else { continue };
+        let after = fold.from.map_or(0, |f| f.kernel);
+        let f = kernel::emit_kernel(graph, (&an, None, Some(fold)), k, launched, opts, &hash, &index)?;
+        kernels[k].fold = Some(FoldEntry { source: f.source, entry: f.name, params: f.params, after });
+    }
     Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
 }
 

@@ -105,10 +105,10 @@ pub enum BufferKind {
     /// them; the kernel leaves them at 0 when it finishes, so repeated launches need no memset.
     /// Never launch two instances of the same kernel with the same counter concurrently.
     Counter { kernel: usize },
-    /// The column partial sums that row-wise kernel `kernel` writes as it goes, one row of them
-    /// per block: `elems` (the columns times the sums) per block, so `elems * grid` in all; the
-    /// fold kernel that reads them takes the row count as a [`Param::Grid`]. No initialisation
-    /// needed: every block writes its whole row.
+    /// The column partial sums that row-wise kernel `kernel`'s entry for rows in registers
+    /// writes as it goes, one row of them per block: `elems` (the columns times the sums) per
+    /// block, so `elems * grid` in all; the [`FoldEntry`] that reads them takes the row count as
+    /// a [`Param::Grid`]. No initialisation needed: every block writes its whole row.
     ColumnPartials { kernel: usize },
     /// Working memory of kernel `kernel` (e.g. the compact list of a one-pass masked gradient,
     /// written before its grid barrier and read after it). No initialisation needed.
@@ -194,6 +194,25 @@ pub struct Kernel {
     pub launch: Launch,
     /// A row-wise kernel's second entry point, for rows that fit the lanes' registers.
     pub register_rows: Option<RegisterRows>,
+    /// A column kernel's second entry point, for launches where an earlier row kernel took its
+    /// entry for rows in registers and summed this kernel's columns as it went.
+    pub fold: Option<FoldEntry>,
+}
+
+/// A column kernel's entry point that folds the column partial sums an earlier row-wise kernel
+/// (`after`) wrote as it went ([`BufferKind::ColumnPartials`]) instead of reading the rows: the
+/// executor launches it in place of [`Kernel::name`] (same grid, same partials and counter) when
+/// kernel `after` took its [`RegisterRows`] entry, the only one that writes them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FoldEntry {
+    /// Its CUDA translation unit (the kernel's header and helpers and this entry point).
+    pub source: String,
+    /// The entry point's name: `<name>_fold`.
+    pub entry: String,
+    /// Its parameters, in order (the partial sums and the grid of `after` among them).
+    pub params: Vec<Param>,
+    /// The row-wise kernel whose entry for rows in registers writes the partial sums.
+    pub after: usize,
 }
 
 /// A row-wise kernel's entry point for rows kept in registers: each lane loads its columns of
@@ -237,7 +256,7 @@ impl Plan {
     pub fn grids(&self, sizes: &[u64], sm_count: u32, cap: impl Fn(usize, u32) -> u32) -> Result<Vec<u32>, usize> {
         let mut grids = Vec::with_capacity(self.kernels.len());
         for (k, kernel) in self.kernels.iter().enumerate() {
-            let blocks = kernel.grid.blocks(sizes, sm_count, &grids).ok_or(k)?;
+            let blocks = kernel.grid.blocks(sizes, sm_count).ok_or(k)?;
             grids.push(cap(k, blocks));
         }
         Ok(grids)
@@ -246,10 +265,11 @@ impl Plan {
 
 impl Kernel {
     /// Every entry point of the kernel as (CUDA translation unit, entry name): its own, then the
-    /// one for rows in registers if it has one. Loading the kernel compiles each unit.
+    /// one for rows in registers or the fold, if it has one. Loading the kernel compiles each unit.
     pub fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
         std::iter::once((self.source.as_str(), self.name.as_str()))
             .chain(self.register_rows.iter().map(|r| (r.source.as_str(), r.entry.as_str())))
+            .chain(self.fold.iter().map(|f| (f.source.as_str(), f.entry.as_str())))
     }
 
     /// What the kernel's header says of its plan: its domain line (how its threads cover the work:
@@ -290,7 +310,7 @@ pub enum Param {
     /// program, so that the host can name it.
     CheckTag,
     /// The grid size (blocks) of kernel `index` of the same launch, as a signed 64-bit integer:
-    /// the rows of the [`BufferKind::ColumnPartials`] that kernel wrote.
+    /// the rows of the [`BufferKind::ColumnPartials`] that kernel wrote (a [`FoldEntry`]'s).
     Grid(usize),
 }
 
@@ -348,9 +368,6 @@ pub enum GridSpec {
     /// [`column_chunks`] chunks, exactly one block per tile and chunk (the kernel derives the
     /// chunk count from the grid, so the grid is never capped).
     Columns { cols: SizeExpr, rows: SizeExpr, lanes: u32 },
-    /// A fold kernel's grid: the columns shape's, whose rows are the partial rows that an earlier
-    /// kernel of the launch, `rows_of`, wrote: one per block of its grid.
-    Fold { cols: SizeExpr, rows_of: usize, lanes: u32 },
 }
 
 /// The fewest rows a chunk of a column kernel takes: fewer leave its row lanes idle, and each
@@ -386,15 +403,10 @@ pub fn row_lanes(cols: u64, block: u32) -> u64 {
 }
 
 impl GridSpec {
-    /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors, given the
-    /// grids of the `earlier` kernels of the launch (the formula above; `None` when a size is
-    /// missing or overflows, or a fold's kernel is not among `earlier`).
-    pub fn blocks(&self, sizes: &[u64], sm_count: u32, earlier: &[u32]) -> Option<u32> {
+    /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors (the
+    /// formula above; `None` when a size is missing or overflows).
+    pub fn blocks(&self, sizes: &[u64], sm_count: u32) -> Option<u32> {
         match self {
-            GridSpec::Fold { cols, rows_of, .. } => {
-                let (cols, rows) = (cols.eval(sizes)?, u64::from(*earlier.get(*rows_of)?));
-                column_blocks(cols, rows, sm_count)
-            }
             GridSpec::Work { work, per_block, max_blocks_per_sm } => {
                 let wanted = work.eval(sizes)?.div_ceil((*per_block).max(1));
                 clamp_blocks(wanted, *max_blocks_per_sm, sm_count)

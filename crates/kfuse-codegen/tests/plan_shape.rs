@@ -82,9 +82,9 @@ fn giou_is_one_kernel_with_lazy_pred_and_vector_loads() {
     assert_eq!(work, &SizeExpr { constant: 1, symbols: vec![SymId(0), SymId(1)] });
     assert_eq!((*per_block, *max_blocks_per_sm), (256, 4));
     // The grid formula: B=16384, N=256 on 132 SMs caps at 4 blocks per SM (all resident); B=N=1 still runs one.
-    assert_eq!(k.grid.blocks(&[16384, 256], 132, &[]), Some(528));
-    assert_eq!(k.grid.blocks(&[1024, 256], 132, &[]), Some(528));
-    assert_eq!(k.grid.blocks(&[0, 256], 132, &[]), Some(1));
+    assert_eq!(k.grid.blocks(&[16384, 256], 132), Some(528));
+    assert_eq!(k.grid.blocks(&[1024, 256], 132), Some(528));
+    assert_eq!(k.grid.blocks(&[0, 256], 132), Some(1));
     assert_eq!(p.buffers[3].elem_count(&[1024, 256], 1024), Some(2048));
     // The ticket is reset by the last block.
     assert!(k.source.contains("*counter = 0u;"));
@@ -582,10 +582,10 @@ fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     );
     assert_eq!(*max_blocks_per_sm, 8);
     // 4 lanes a row for 16 columns (64 rows a block), a whole block for 4096.
-    assert_eq!(k.grid.blocks(&[6400, 16], 132, &[]), Some(100));
-    assert_eq!(k.grid.blocks(&[100, 4096], 132, &[]), Some(100));
-    assert_eq!(k.grid.blocks(&[1_000_000, 4096], 132, &[]), Some(8 * 132));
-    assert_eq!(k.grid.blocks(&[0, 7], 132, &[]), Some(1), "one block at least");
+    assert_eq!(k.grid.blocks(&[6400, 16], 132), Some(100));
+    assert_eq!(k.grid.blocks(&[100, 4096], 132), Some(100));
+    assert_eq!(k.grid.blocks(&[1_000_000, 4096], 132), Some(8 * 132));
+    assert_eq!(k.grid.blocks(&[0, 7], 132), Some(1), "one block at least");
 }
 
 #[test]
@@ -626,6 +626,6 @@ fn a_leading_axis_reduction_is_split_over_chunks_of_rows_per_tile_of_columns() {
     assert_eq!(column_chunks(64, 100, 132), 1);
     assert_eq!(column_chunks(1_000_000, 8192, 132), 1);
     assert_eq!(column_chunks(0, 0, 132), 1);
-    assert_eq!(k.grid.blocks(&[8192, 4096], 132, &[]), Some(128 * 17));
-    assert_eq!(k.grid.blocks(&[8192, 0], 132, &[]), Some(1));
+    assert_eq!(k.grid.blocks(&[8192, 4096], 132), Some(128 * 17));
+    assert_eq!(k.grid.blocks(&[8192, 0], 132), Some(1));
 }

@@ -35,6 +35,9 @@ pub struct CudaProgram {
     /// Per kernel: the entry point for rows kept in registers, where it has one (see
     /// [`kfuse_codegen::RegisterRows`]).
     register_rows: Vec<Option<GpuFunction>>,
+    /// Per kernel: the entry point that folds column sums an earlier kernel took, where it has
+    /// one (see [`kfuse_codegen::FoldEntry`]).
+    folds: Vec<Option<GpuFunction>>,
     /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
     resident: Vec<Option<u32>>,
     /// The tag a violation of an input's layout is recorded with (see `checks`).
@@ -116,6 +119,11 @@ impl CudaProgram {
             .iter()
             .map(|k| k.register_rows.as_ref().map(|r| gpu.load_kernel(&r.source, &r.entry)).transpose())
             .collect::<Result<Vec<_>, _>>()?;
+        let folds = plan
+            .kernels
+            .iter()
+            .map(|k| k.fold.as_ref().map(|f| gpu.load_kernel(&f.source, &f.entry)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
         for (source, name) in companions {
             gpu.load_kernel(source, name)?;
         }
@@ -132,7 +140,7 @@ impl CudaProgram {
             })
             .collect::<Result<Vec<_>>>()?;
         let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
-        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, resident, tag })
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, folds, resident, tag })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -217,18 +225,25 @@ impl CudaProgram {
         validation: Validation,
     ) -> Result<()> {
         let checks = validation == Validation::Deferred;
+        // Which kernels took their entry point for rows in registers (it sums a later kernel's
+        // columns as it goes, where the plan says so).
+        let mut in_registers = vec![false; self.plan.kernels.len()];
         for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
             // Rows that fit the lanes' registers take the kernel's entry point for them.
             let address = |p: usize| match k.params.get(p) {
                 Some(Param::Buffer(b)) => buffers.get(*b).map(|buf| buf.address()),
                 _ => None,
             };
-            let f = match (&k.register_rows, self.register_rows.get(i)) {
-                (Some(r), Some(Some(rf))) if r.applies(&k.grid, sizes, address) => rf,
-                _ => f,
+            let (f, params) = match (&k.register_rows, self.register_rows.get(i), &k.fold, self.folds.get(i)) {
+                (Some(r), Some(Some(rf)), _, _) if r.applies(&k.grid, sizes, address) => {
+                    in_registers[i] = true;
+                    (rf, &k.params)
+                }
+                // The column sums were taken by the rows' kernel: fold them.
+                (_, _, Some(fold), Some(Some(ff))) if in_registers.get(fold.after) == Some(&true) => (ff, &fold.params),
+                _ => (f, &k.params),
             };
-            let args: Vec<KernelArg<'_>> = k
-                .params
+            let args: Vec<KernelArg<'_>> = params
                 .iter()
                 .map(|p| match *p {
                     Param::Buffer(b) => KernelArg::Buffer(buffers[b]),

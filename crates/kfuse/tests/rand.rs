@@ -196,7 +196,6 @@ fn grid_kind(g: &GridSpec) -> &'static str {
         GridSpec::Work { .. } => "work",
         GridSpec::Rows { .. } => "rows",
         GridSpec::Columns { .. } => "columns",
-        GridSpec::Fold { .. } => "fold",
     }
 }
 

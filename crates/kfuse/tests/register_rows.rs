@@ -81,42 +81,41 @@ fn a_kernel_keeping_two_row_shaped_inputs_keeps_16_columns_a_lane() {
 
 #[test]
 fn layer_norm_weight_gradients_are_summed_by_the_row_kernel_and_folded_by_a_second() {
-    // dgamma and dbeta are sums over the rows of values the kernel of dx computes anyway: it
-    // sums them per column as it goes (a row of partial sums per block), and a second kernel
-    // folds those rows, reading neither x nor dy again.
+    // dgamma and dbeta are sums over the rows of values the kernel of dx computes anyway: its
+    // entry for rows in registers sums them per column as it goes (a row of partial sums per
+    // block), and the column kernel's fold entry folds those rows, reading neither x nor dy
+    // again. Where the rows take the other entry, the column kernel reads the rows itself.
     let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
     let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/layer_norm_train.kf"))
         .expect("example");
     let p = Program::compile(&engine, &src, "layer_norm_train.kf").expect("compiles");
     let kernels = &p.plan().kernels;
     assert_eq!(kernels.len(), 2, "{}", p.cuda_source());
-    let (rows, fold) = (&kernels[0], &kernels[1]);
-    assert!(rows.source.contains("// sink: column sums of"), "{}", rows.source);
+    let (rows, columns) = (&kernels[0], &kernels[1]);
     let regs = rows.register_rows.as_ref().expect("an entry point for rows in registers");
-    for unit in [&rows.source, &regs.source] {
-        assert!(unit.contains("float* __restrict__ kf_colp"), "{unit}");
-    }
-    // The entry for any row adds to its block's row in place; the one for rows in registers
-    // through shared memory, a vector of 4 columns at a time.
-    assert!(rows.source.contains("* cols + col] += (float)"), "{}", rows.source);
-    assert!(regs.source.contains("float4 kf_t = *kf_q;"), "{}", regs.source);
+    assert!(regs.source.contains("// sink: column sums of"), "{}", regs.source);
+    assert!(regs.source.contains("float4 kf_t = *kf_q;"), "a vector of 4 columns at a time:\n{}", regs.source);
+    assert!(regs.source.contains("kf_colp[(long long)blockIdx.x * 2 * cols + c] = v;"), "{}", regs.source);
+    assert!(!rows.source.contains("kf_colp["), "the entry for any row sums nothing:\n{}", rows.source);
+    assert!(columns.source.contains("const float* __restrict__ in0"), "{}", columns.source);
+    let fold = columns.fold.as_ref().expect("a fold entry");
+    assert_eq!((fold.entry.as_str(), fold.after), (format!("{}_fold", columns.name).as_str(), 0));
     assert!(fold.source.contains("folded from the column partial sums of kernel 1"), "{}", fold.source);
-    assert!(!fold.source.contains("const float* __restrict__ in"), "the fold reads no input:\n{}", fold.source);
-    assert_eq!(
-        fold.params.last(),
-        Some(&kfuse_codegen::Param::Grid(0)),
-        "its rows are the first kernel's blocks:\n{}",
-        fold.source
-    );
+    assert!(!fold.source.contains("__restrict__ in"), "the fold reads no input:\n{}", fold.source);
+    assert_eq!(fold.params.last(), Some(&kfuse_codegen::Param::Grid(0)), "its rows are the first kernel's blocks");
     let partials = p
         .plan()
         .buffers
         .iter()
-        .find(|d| d.kind == kfuse_codegen::BufferKind::ColumnPartials { kernel: 0 })
+        .position(|d| d.kind == kfuse_codegen::BufferKind::ColumnPartials { kernel: 0 })
         .expect("a buffer of column partial sums");
+    assert!(rows.params.contains(&kfuse_codegen::Param::Buffer(partials)));
+    assert!(fold.params.contains(&kfuse_codegen::Param::Buffer(partials)));
+    assert!(!columns.params.contains(&kfuse_codegen::Param::Buffer(partials)));
     // Two sums of D columns per block: 528 blocks of [8192, 1024] need 528 * 2048 floats.
-    assert_eq!(partials.elem_count(&[8192, 1024], 528), Some(528 * 2048));
-    // The fold's grid follows the first kernel's: a block per tile of 32 columns and chunk of rows.
-    let grids = p.plan().grids(&[8192, 1024], 132, |_, b| b).expect("grids");
-    assert_eq!(grids[1], 32 * kfuse_codegen::column_chunks(1024, u64::from(grids[0]), 132) as u32);
+    assert_eq!(p.plan().buffers[partials].elem_count(&[8192, 1024], 528), Some(528 * 2048));
+    // Every entry point is built: the rows', its entry for rows in registers, the columns' and
+    // their fold.
+    let names: Vec<&str> = kernels.iter().flat_map(|k| k.entries()).map(|e| e.1).collect();
+    assert_eq!(names.len(), 4, "{names:?}");
 }

@@ -63,7 +63,16 @@ def _kernel_shapes(prog):
         source = prog.cuda_source()
     except Exception:  # no code generator for this program: nothing to read
         return None
-    return [line[len("// domain: "):] for line in source.splitlines() if line.startswith("// domain: ")]
+    # A row kernel's entry for rows in registers is a unit of its own with the same header: one
+    # line per kernel name.
+    shapes, names, name = [], set(), None
+    for line in source.splitlines():
+        if line.startswith("// kernel "):
+            name = line.split()[2]
+        elif line.startswith("// domain: ") and name not in names:
+            names.add(name)
+            shapes.append(line[len("// domain: "):])
+    return shapes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,9 +48,10 @@ pub(crate) struct Columns {
     pub rows: Dim,
     /// Accumulators per column over all the reductions (a mean keeps two).
     pub accs: u32,
-    /// Set by [`fuse`]: the reductions are folded from the column partial sums that an earlier
-    /// row-wise kernel wrote as it computed their operands (one row of them per block of its
-    /// grid), instead of from the rows.
+    /// The fold entry's plan (see [`fuse`]): the reductions are folded from the column partial
+    /// sums that an earlier row-wise kernel wrote as it computed their operands (one row of them
+    /// per block of its grid), instead of from the rows. The grid is the same: the rows of
+    /// partial sums are split in the chunks the rows would be.
     pub from: Option<FromRows>,
 }
 
@@ -314,18 +315,14 @@ pub(crate) fn write(src: &mut String, sizes: &ColumnSizes, block: u32, body: &[S
 
 /// The launch's grid: a block per tile of [`TILE`] columns and chunk of rows.
 pub(crate) fn grid(plan: &Columns, dims: &[Dim], block: u32) -> Result<GridSpec, CodegenError> {
-    let (cols, lanes) = (size_expr(dims)?, block / TILE);
-    Ok(match plan.from {
-        Some(from) => GridSpec::Fold { cols, rows_of: from.kernel, lanes },
-        None => GridSpec::Columns { cols, rows: size_expr(&[plan.rows])?, lanes },
-    })
+    Ok(GridSpec::Columns { cols: size_expr(dims)?, rows: size_expr(&[plan.rows])?, lanes: block / TILE })
 }
 
 /// The header's domain line.
 pub(crate) fn domain_note(plan: &Columns, dom: &str) -> String {
     if let Some(from) = plan.from {
         return format!(
-            "// domain: {dom} elements as columns, in tiles of {TILE}; {} sum(s) over the leading axis folded from the column partial sums of kernel {} (a row of them per block of its grid), split in chunks of those rows, a block per tile and chunk, folded in chunk order by the tile's last block",
+            "// domain: {dom} elements as columns, in tiles of {TILE}; {} sum(s) over the leading axis folded from the column partial sums of kernel {}'s entry for rows in registers (a row of them per block of its grid), split in chunks of those rows, a block per tile and chunk, folded in chunk order by the tile's last block",
             plan.reductions.len(),
             from.kernel + 1
         );

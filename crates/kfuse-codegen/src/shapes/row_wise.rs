@@ -89,8 +89,10 @@ pub(crate) struct RowWise {
     /// the row's instead of following the last fold.
     pub row_inputs: Vec<NodeId>,
     /// [`RowCase::Elements`]: the operands of a later kernel's column sums (see
-    /// `columns::fuse`), which this kernel evaluates at each element and sums per column as it
-    /// goes, into one row of partial sums per block (`kf_colp`, the sums' rows one after another).
+    /// `columns::fuse`), which this kernel's entry for rows in registers evaluates at each
+    /// element and sums per column as it goes, into one row of partial sums per block (`kf_colp`,
+    /// the sums' rows one after another). Its entry for any row does not: the later kernel then
+    /// reads the rows itself.
     pub column_sums: Vec<NodeId>,
 }
 
@@ -262,10 +264,6 @@ pub(crate) struct RowSizes {
     pub cached: Option<RegisterBody>,
     /// The doubles of the folds' shared array `kf_rs` (see [`fold_lines`]).
     pub fold_doubles: usize,
-    /// With column sums, the entry point that re-reads rows: before its row loop, each thread
-    /// zeroes its columns of the block's partial sums, which it then adds to in place (its row
-    /// groups span the block, so that no two threads share a column).
-    pub column_init: Vec<String>,
 }
 
 /// The body of the entry point for rows kept in registers, and the buffers it reads or writes a
@@ -304,14 +302,7 @@ pub(crate) fn emit_body(
     em.row_base = Some((k, plan.cols));
     let rows = em.product(&dims[..k]);
     let cols = em.dim(plan.cols);
-    let mut sizes = RowSizes {
-        rows,
-        cols,
-        temps_written: Vec::new(),
-        cached: None,
-        fold_doubles: fold_slots(plan, g),
-        column_init: column_init(plan.column_sums.len()),
-    };
+    let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None, fold_doubles: fold_slots(plan, g) };
     let mark = em.mark();
     // The body of rows in registers with `slots` columns a lane: the cache's state and the lines.
     let mut cached = |em: &mut Emitter, slots: u32, sizes: &mut RowSizes| {
@@ -451,14 +442,6 @@ fn emit_passes(
             em.open_columns(format!("#pragma unroll {UNROLL}\nfor (long long col = lane; col < kf_n; col += kf_g) {{"));
             em.push_stmt("const long long i = rowbase + col;".to_string());
             grid_stride::emit_groups(em, g, groups, unconditional, false)?;
-            let n = plan.column_sums.len();
-            for (s, &x) in plan.column_sums.iter().enumerate() {
-                let v = em.eval(x, &element)?;
-                em.push_stmt(format!(
-                    "kf_colp[((long long)blockIdx.x * {n} + {s}) * cols + col] += (float){v}; // column sum {s}"
-                ));
-            }
-            unconditional.extend(em.uses.inputs.iter().copied());
             em.close();
         }
         (RowCase::Results, _) => {
@@ -584,20 +567,6 @@ fn emit_groups_cached(
     Ok(())
 }
 
-/// The entry point that re-reads rows, with `sums` column sums: each thread zeroes its columns
-/// of the block's row of partial sums (see [`RowSizes::column_init`]).
-fn column_init(sums: usize) -> Vec<String> {
-    if sums == 0 {
-        return Vec::new();
-    }
-    let zero: Vec<String> =
-        (0..sums).map(|s| format!("kf_colp[((long long)blockIdx.x * {sums} + {s}) * cols + c] = 0.0f;")).collect();
-    vec![
-        "// The block's row of column sums, added to in place by the thread that owns each column.".to_string(),
-        format!("for (long long c = lane; c < cols; c += kf_g) {{ {} }}", zero.join(" ")),
-    ]
-}
-
 /// The entry point for rows in registers, with `sums` column sums: before the row loop, the
 /// shared array `kf_cps` of the block's row groups' sums (`[group][sum][column]`), zeroed; a
 /// block of `block` threads with `slots` columns a lane holds at most `block * slots` columns at
@@ -690,11 +659,9 @@ pub(crate) fn write(
     // Rows kept in registers fill the lanes' slots: the fewest lanes (from one) that hold the row,
     // so that short rows fold over few lanes or none. The grid, sized by `crate::row_lanes`'s
     // larger groups, has blocks enough; the grid-stride loop leaves the extra ones idle.
-    // Column sums added to in place take the whole block for each row (see `column_init`).
     let (min_lanes, cols_per_lane) = match registers {
-        Some(slots) => ("1".to_string(), u64::from(slots)),
-        None if !sizes.column_init.is_empty() => ("blockDim.x".to_string(), crate::ROW_COLS_PER_LANE),
-        None => (crate::ROW_MIN_LANES.to_string(), crate::ROW_COLS_PER_LANE),
+        Some(slots) => (1, u64::from(slots)),
+        None => (crate::ROW_MIN_LANES, crate::ROW_COLS_PER_LANE),
     };
     let spread = match registers {
         Some(slots) if slots > ROW_CACHE_SLOTS => format!(
@@ -707,7 +674,7 @@ pub(crate) fn write(
         &[
             ("rows", &sizes.rows),
             ("cols", &sizes.cols),
-            ("min_lanes", &min_lanes),
+            ("min_lanes", &min_lanes.to_string()),
             ("cols_per_lane", &cols_per_lane.to_string()),
             ("fold_doubles", &sizes.fold_doubles.to_string()),
             ("accumulators", accumulators),

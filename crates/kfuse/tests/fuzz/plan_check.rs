@@ -99,48 +99,55 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
         if grids.get(k).is_none_or(|&b| b < 1) {
             return Err(format!("kernel {name}: no grid for sizes {sizes:?}"));
         }
-        let lines = signature(&kernel.source, name)?;
-        if lines.len() != kernel.params.len() {
-            return Err(format!(
-                "kernel {name}: {} parameters in its source, {} in the plan",
-                lines.len(),
-                kernel.params.len()
-            ));
-        }
-        for (param, line) in kernel.params.iter().zip(&lines) {
-            match *param {
-                Param::Size(s) => {
-                    if s.0 as usize >= graph.symbols.len() || !line.starts_with("long long ") {
-                        return Err(format!("kernel {name}: size parameter {s:?} declared `{line}`"));
+        // The kernel's own entry, and its fold entry (its own parameters).
+        let fold = kernel.fold.as_ref().map(|f| (f.source.as_str(), f.entry.as_str(), &f.params));
+        for (source, name, params) in
+            std::iter::once((kernel.source.as_str(), name.as_str(), &kernel.params)).chain(fold)
+        {
+            let lines = signature(source, name)?;
+            if lines.len() != params.len() {
+                return Err(format!(
+                    "kernel {name}: {} parameters in its source, {} in the plan",
+                    lines.len(),
+                    params.len()
+                ));
+            }
+            for (param, line) in params.iter().zip(&lines) {
+                match *param {
+                    Param::Size(s) => {
+                        if s.0 as usize >= graph.symbols.len() || !line.starts_with("long long ") {
+                            return Err(format!("kernel {name}: size parameter {s:?} declared `{line}`"));
+                        }
                     }
-                }
-                Param::ErrorRecord => {
-                    if !line.starts_with("unsigned long long* __restrict__ kf_err") || graph.constraints.is_empty() {
-                        return Err(format!("kernel {name}: error record declared `{line}`"));
+                    Param::ErrorRecord => {
+                        if !line.starts_with("unsigned long long* __restrict__ kf_err") || graph.constraints.is_empty()
+                        {
+                            return Err(format!("kernel {name}: error record declared `{line}`"));
+                        }
                     }
-                }
-                Param::CheckTag => {
-                    if !line.starts_with("unsigned int kf_tag") {
-                        return Err(format!("kernel {name}: check tag declared `{line}`"));
+                    Param::CheckTag => {
+                        if !line.starts_with("unsigned int kf_tag") {
+                            return Err(format!("kernel {name}: check tag declared `{line}`"));
+                        }
                     }
-                }
-                Param::Grid(j) => {
-                    if j >= k || !line.starts_with("long long kf_parts") {
-                        return Err(format!("kernel {name}: the grid of kernel {j} declared `{line}`"));
+                    Param::Grid(j) => {
+                        if j >= k || !line.starts_with("long long kf_parts") {
+                            return Err(format!("kernel {name}: the grid of kernel {j} declared `{line}`"));
+                        }
                     }
-                }
-                Param::Buffer(i) => {
-                    let b = plan.buffers.get(i).ok_or_else(|| format!("kernel {name}: buffer {i} does not exist"))?;
-                    let read_only = line.starts_with("const ");
-                    let decl = line.trim_start_matches("const ");
-                    if !decl.starts_with(&format!("{}* __restrict__ ", c_type(b.elem))) {
-                        return Err(format!("kernel {name}: buffer {i} ({:?}) declared `{line}`", b.elem));
-                    }
-                    let entry = uses.entry(i).or_default();
-                    if read_only {
-                        entry.1.push(k)
-                    } else {
-                        entry.0.push(k)
+                    Param::Buffer(i) => {
+                        let b =
+                            plan.buffers.get(i).ok_or_else(|| format!("kernel {name}: buffer {i} does not exist"))?;
+                        let read_only = line.starts_with("const ");
+                        let decl = line.trim_start_matches("const ");
+                        if !decl.starts_with(&format!("{}* __restrict__ ", c_type(b.elem))) {
+                            return Err(format!("kernel {name}: buffer {i} ({:?}) declared `{line}`", b.elem));
+                        }
+                        let entry = uses.entry(i).or_default();
+                        let list = if read_only { &mut entry.1 } else { &mut entry.0 };
+                        if !list.contains(&k) {
+                            list.push(k);
+                        }
                     }
                 }
             }
