@@ -201,8 +201,9 @@ pub struct Kernel {
 
 /// A column kernel's entry point that folds the column partial sums an earlier row-wise kernel
 /// (`after`) wrote as it went ([`BufferKind::ColumnPartials`]) instead of reading the rows: the
-/// executor launches it in place of [`Kernel::name`] (same grid, same partials and counter) when
-/// kernel `after` took its [`RegisterRows`] entry, the only one that writes them.
+/// executor launches it in place of [`Kernel::name`] (the same partials and counter, its own
+/// grid: [`FoldEntry::blocks`]) when kernel `after` took its [`RegisterRows`] entry, the only one
+/// that writes them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FoldEntry {
     /// Its CUDA translation unit (the kernel's header and helpers and this entry point).
@@ -213,6 +214,17 @@ pub struct FoldEntry {
     pub params: Vec<Param>,
     /// The row-wise kernel whose entry for rows in registers writes the partial sums.
     pub after: usize,
+}
+
+impl FoldEntry {
+    /// Its grid: the column kernel's (`grid`, a [`GridSpec::Columns`]) over the `parts` rows of
+    /// partial sums instead of the rows, so at most the column kernel's own grid (`parts` is a
+    /// grid of kernel `after` over those rows), whose partials and counter it uses.
+    pub fn blocks(grid: &GridSpec, sizes: &[u64], sm_count: u32, parts: u32) -> Option<u32> {
+        let GridSpec::Columns { cols, lanes, .. } = grid else { return None };
+        let rows = SizeExpr::constant(u64::from(parts));
+        GridSpec::Columns { cols: cols.clone(), rows, lanes: *lanes }.blocks(sizes, sm_count)
+    }
 }
 
 /// A row-wise kernel's entry point for rows kept in registers: each lane loads its columns of
