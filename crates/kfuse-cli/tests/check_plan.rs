@@ -14,6 +14,10 @@ fn check_plan_names_each_kernels_shape_and_sinks() {
     assert!(text.contains("kernel 1 of 2 (kf_"), "{text}");
     assert!(text.contains("row reduction phase(s) computed once per row, then the body at each element"), "{text}");
     assert!(text.contains("    output dx\n") && text.contains("    output dgamma\n"), "{text}");
+    // The row kernel's entry for rows in registers sums the weight gradients' columns, and the
+    // column kernel has an entry that folds them.
+    assert!(text.contains("    column sums of n"), "{text}");
+    assert!(text.contains("_1_fold instead, where the rows' kernel takes its entry for rows in registers"), "{text}");
     // Without the flag, no plan.
     let plain = stdout(&kfuse(&["check", &file.to_string_lossy()]));
     assert!(!plain.contains("kernel 1 of"), "{plain}");

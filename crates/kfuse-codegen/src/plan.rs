@@ -285,13 +285,17 @@ impl Kernel {
     }
 
     /// What the kernel's header says of its plan: its domain line (how its threads cover the work:
-    /// the kernel shape, and for a row-wise kernel its row phases) and one line per sink (what it
-    /// writes), without the comment markers.
+    /// the kernel shape, and for a row-wise kernel its row phases), one line per sink (what it
+    /// writes) and a column kernel's line on its fold entry, without the comment markers.
     pub fn plan_notes(&self) -> Vec<&str> {
         self.source
             .lines()
             .take_while(|l| l.starts_with("//"))
-            .filter_map(|l| l.strip_prefix("// domain: ").or_else(|| l.strip_prefix("// sink: ").map(|s| s.trim())))
+            .filter_map(|l| {
+                l.strip_prefix("// domain: ")
+                    .or_else(|| l.strip_prefix("// sink: ").map(|s| s.trim()))
+                    .or_else(|| l.strip_prefix("// ").filter(|r| r.starts_with("entry ") && self.fold.is_some()))
+            })
             .collect()
     }
 }
