@@ -17,7 +17,14 @@
 //!    resets the ticket for the next launch.
 //!
 //! No float atomics: the fold order is fixed by the grid, so results are the same bits from run
-//! to run on a device. Not handled here: reductions over several leading axes or nested column
+//! to run on a device.
+//!
+//! A column kernel whose unmasked float sums read values that the row kernel of the same rows
+//! evaluates anyway ([`fuse`]) also has a fold entry (`<name>_fold`): the row kernel's entry for
+//! rows in registers sums those values per column as it goes, one row of partial sums per block,
+//! and the fold entry runs step 1 over those rows instead of the rows of the operand (its own
+//! grid, the same partials and tickets). The executor launches it where the row kernel took that
+//! entry. Not handled here: reductions over several leading axes or nested column
 //! reductions (they stay serial loops, see `emit`), kernels with full reductions.
 
 use std::collections::{BTreeSet, HashMap};
