@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kfuse
+from kfuse._backend import _kernel_of
 
 
 def nvrtc_or_skip():
@@ -40,7 +41,7 @@ def test_explain_builds_each_kernel_for_an_arch_and_says_how():
     for k in report.kernels:
         assert k.builds is not None, str(report)
         # One build per entry point: a row kernel's entry for rows in registers is its own unit.
-        assert len({name.removesuffix("_regs") for name, _, _ in k.builds}) == k.kernels, str(report)
+        assert len({_kernel_of(name) for name, _, _ in k.builds}) == k.kernels, str(report)
         assert all(name.startswith("kf_") and how == "compiled" and seconds > 0 for name, how, seconds in k.builds)
     assert "compiled by NVRTC in" in str(report)
     torch._dynamo.reset()
@@ -60,3 +61,20 @@ def test_explain_builds_nothing_for_cpu_inputs_without_an_arch():
 def test_a_bad_arch_is_a_clear_error():
     with pytest.raises(ValueError, match="sm_90"):
         kfuse.explain(make(2.0), *inputs(), arch="hopper")
+
+
+def test_explain_counts_a_kernel_once_whatever_its_entry_points():
+    # Layer norm's backward: the row kernel (two entry points) and the column kernel of the weight
+    # gradients (its own entry and the fold of the sums the row kernel takes): two kernels.
+    torch._dynamo.reset()
+
+    def layer_norm(x, w, b):
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+
+    gen = torch.Generator().manual_seed(5)
+    args = [torch.randn(*s, generator=gen, requires_grad=True) for s in ((7, 33), (33,), (33,))]
+    report = kfuse.explain(layer_norm, *args)
+    backward = [k for k in report.kernels if k.graph == "backward"]
+    assert [k.kernels for k in backward] == [2], str(report)
+    assert "rows of the last reduced axis" in backward[0].shapes[0], str(report)
+    assert "as columns" in backward[0].shapes[1], str(report)

@@ -63,12 +63,12 @@ def _kernel_shapes(prog):
         source = prog.cuda_source()
     except Exception:  # no code generator for this program: nothing to read
         return None
-    # A row kernel's entry for rows in registers is a unit of its own with the same header: one
-    # line per kernel name.
+    # A kernel's other entry points (rows in registers, a column kernel's fold) are units of
+    # their own with a header each: one line per kernel.
     shapes, names, name = [], set(), None
     for line in source.splitlines():
         if line.startswith("// kernel "):
-            name = line.split()[2]
+            name = _kernel_of(line.split()[2])
         elif line.startswith("// domain: ") and name not in names:
             names.add(name)
             shapes.append(line[len("// domain: "):])
@@ -85,7 +85,8 @@ class Kernel:
     its work, e.g. a row reduction computed once per row; None when unknown), their number
     `kernels`, whether its program came from the backend's cache (`cached`), and `builds`: for
     each entry point of those kernels (a row kernel has a second one, ``<name>_regs``, for rows
-    kept in registers, compiled as a unit of its own), ``(name, how, seconds)``, how kfuse's
+    kept in registers, and a column kernel may have ``<name>_fold``, each compiled as a unit of
+    its own), ``(name, how, seconds)``, how kfuse's
     kernel cache made it ready
     (``"compiled"`` by NVRTC, or found on ``"disk"`` or in ``"memory"``) and how long that took;
     None when nothing was built (CPU inputs and no `arch` given to :func:`explain`)."""
@@ -141,11 +142,20 @@ class Report:
     __repr__ = __str__
 
 
+# The suffixes of a kernel's other entry points, and what a report calls each.
+_ENTRIES = {"_regs": " (rows in registers)", "_fold": " (fold of the column sums)"}
+
+
+def _kernel_of(entry):
+    """The kernel an entry point belongs to: its name without an entry suffix."""
+    return next((entry[: -len(x)] for x in _ENTRIES if entry.endswith(x)), entry)
+
+
 def _by_kernel(builds):
-    """The builds of each kernel in order: its own entry's, then its ``_regs`` entry's."""
+    """The builds of each kernel in order: its own entry's, then its other entries'."""
     grouped = []
     for build in builds:
-        if build[0].endswith("_regs") and grouped:
+        if grouped and _kernel_of(build[0]) == _kernel_of(grouped[-1][0][0]):
             grouped[-1].append(build)
         else:
             grouped.append([build])
@@ -156,7 +166,7 @@ def _build_note(build):
     """How one entry point was made ready, for a report line."""
     name, how, seconds = build
     ms = seconds * 1e3
-    which = " (rows in registers)" if name.endswith("_regs") else ""
+    which = next((w for x, w in _ENTRIES.items() if name.endswith(x)), "")
     if how == "compiled":
         return f" [compiled by NVRTC in {ms:.1f} ms{which}]"
     if how == "repaired":
