@@ -219,7 +219,8 @@ pub(crate) fn emit_kernel(
     for note in &sink_notes {
         let _ = writeln!(src, "// sink: {note}");
     }
-    if let (Some(c), Some(_), None) = (column_wise, buffers.column_partials[k], column_wise.and_then(|c| c.from)) {
+    // A column kernel's own entry, when its sums may be folded instead.
+    if let Some(c) = column_wise.filter(|c| c.from.is_none() && buffers.column_partials[k].is_some()) {
         let _ = writeln!(
             src,
             "// entry {name}_fold instead, where the rows' kernel takes its entry for rows in registers: it folds the {} column sum(s) that entry took as it went, reading no row",

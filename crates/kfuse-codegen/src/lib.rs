@@ -168,15 +168,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let mut folds: Vec<Option<shapes::columns::Columns>> = vec![None; an.kernels.len()];
     for c in 0..an.kernels.len() {
         let Some(plan) = column_plans[c].as_ref().filter(|_| pass.is_none()) else { continue };
-        let Some(a) = shapes::columns::fuse(graph, &an, &rows, c, plan) else { continue };
-        let operands: Vec<kfuse_ir::NodeId> = plan
-            .reductions
-            .iter()
-            .filter_map(|&n| match graph.node(n).op {
-                kfuse_ir::Op::Reduce { x, .. } => Some(x),
-                _ => None,
-            })
-            .collect();
+        let Some((a, operands)) = shapes::columns::fuse(graph, &an, &rows, c, plan) else { continue };
         // The row kernel's shared array holds its row groups' sums: at most 32 KiB.
         if operands.len() as u64 * u64::from(opts.block_size) > 512 {
             continue;

@@ -264,7 +264,7 @@ impl Plan {
     /// The grid of each kernel for run-time `sizes` on a device with `sm_count`
     /// multiprocessors, in launch order (see [`GridSpec::blocks`]); `None` for a kernel whose
     /// grid cannot be formed. `cap(k, blocks)` may lower kernel `k`'s grid (a cooperative launch
-    /// holds at most one resident wave); later kernels see the lowered value.
+    /// holds at most one resident wave).
     pub fn grids(&self, sizes: &[u64], sm_count: u32, cap: impl Fn(usize, u32) -> u32) -> Result<Vec<u32>, usize> {
         let mut grids = Vec::with_capacity(self.kernels.len());
         for (k, kernel) in self.kernels.iter().enumerate() {

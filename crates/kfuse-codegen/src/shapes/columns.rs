@@ -57,8 +57,8 @@ pub(crate) struct Columns {
     pub accs: u32,
     /// The fold entry's plan (see [`fuse`]): the reductions are folded from the column partial
     /// sums that an earlier row-wise kernel wrote as it computed their operands (one row of them
-    /// per block of its grid), instead of from the rows. The grid is the same: the rows of
-    /// partial sums are split in the chunks the rows would be.
+    /// per block of its grid), instead of from the rows; its grid splits those rows in chunks
+    /// (`FoldEntry::blocks`).
     pub from: Option<FromRows>,
 }
 
@@ -110,14 +110,15 @@ pub(crate) fn detect(g: &Graph, info: &KernelInfo, seen: &[bool]) -> Option<Colu
 /// input gradient), so that `c` folds partial sums instead of reading the rows again: its
 /// domain is `[rows, cols]` with the reductions' operands shaped like it, and everything the
 /// operands read is in its reach (its own row reductions, row values and scalars of earlier
-/// kernels, inputs). Unmasked float sums only; `None` when no kernel qualifies.
+/// kernels, inputs). Unmasked float sums only. Returns that kernel and the sums' operands in
+/// reduction order; `None` when no kernel qualifies.
 pub(crate) fn fuse(
     g: &Graph,
     an: &Analysis,
     rows: &[crate::shapes::row_wise::KernelRows],
     c: usize,
     plan: &Columns,
-) -> Option<usize> {
+) -> Option<(usize, Vec<NodeId>)> {
     let info = &an.kernels[c];
     let mut operands = Vec::with_capacity(plan.reductions.len());
     for &n in &plan.reductions {
@@ -133,17 +134,18 @@ pub(crate) fn fuse(
     }
     let mut domain = vec![plan.rows];
     domain.extend_from_slice(&info.dims);
-    (0..c).find(|&a| {
-        let Some(rp) = rows[a].plan.as_ref() else { return false };
-        let ai = &an.kernels[a];
-        let own: BTreeSet<NodeId> = rp.phases.iter().flatten().copied().collect();
-        rp.case == crate::shapes::row_wise::RowCase::Elements
-            && ai.level == info.level
-            && ai.dims.len() == 2
-            && ai.dims == domain
-            && ai.dims.last() == Some(&rp.cols)
-            && operands.iter().all(|&x| reachable(g, an, a, &own, x))
-    })
+    (0..c)
+        .find(|&a| {
+            let Some(rp) = rows[a].plan.as_ref() else { return false };
+            let ai = &an.kernels[a];
+            let own: BTreeSet<NodeId> = rp.phases.iter().flatten().copied().collect();
+            rp.case == crate::shapes::row_wise::RowCase::Elements
+                && ai.level == info.level
+                && ai.dims.len() == 2
+                && ai.dims == domain
+                && operands.iter().all(|&x| reachable(g, an, a, &own, x))
+        })
+        .map(|a| (a, operands))
 }
 
 /// Whether kernel `a`, whose row reductions are `own`, can evaluate `x` at each element.
