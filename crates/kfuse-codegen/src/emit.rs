@@ -16,7 +16,7 @@
 //! Not handled here: kernel structure, accumulators' reduction across threads, parameters (see
 //! `kernel`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, ReduceOp, SymId, TernaryOp, UnaryOp};
 
@@ -154,6 +154,9 @@ pub(crate) struct Emitter<'a> {
     /// Row mode: the block the row's values live in (the root, or the block of a row loop's body
     /// of its own, see [`Emitter::open_row_block`]).
     row_depth: usize,
+    /// Accumulators of float sums declared `float` (see [`Emitter::declare_lane_partial`]): an
+    /// element is added to them in f32.
+    f32_sums: HashSet<String>,
 }
 
 /// One load hoisted out of the loop body into the batched prefetch (see [`Emitter::prefetch`]).
@@ -194,6 +197,7 @@ impl<'a> Emitter<'a> {
             max_values: crate::MAX_KERNEL_VALUES,
             row_base: None,
             row_cache: None,
+            f32_sums: HashSet::new(),
             row_depth: 0,
         }
     }
@@ -1118,6 +1122,15 @@ impl<'a> Emitter<'a> {
             .collect()
     }
 
+    /// Declares a float sum's f32 accumulator in block `depth`: the elements that
+    /// [`Emitter::reduce_update`] adds to it are added in f32, with no conversion to f64 each.
+    pub fn declare_lane_partial(&mut self, depth: usize) -> String {
+        let p = self.fresh("p");
+        self.blocks[depth].lines.push(format!("float {p} = 0.0f;"));
+        self.f32_sums.insert(p.clone());
+        p
+    }
+
     /// Looks through `x[.., None]`, component access and stacking at a constant index, so that
     /// the same value reached two ways has one (node, context) key.
     pub fn canonical(&self, mut n: NodeId, mut ctx: Vec<Coord>) -> (NodeId, Vec<Coord>) {
@@ -1226,6 +1239,10 @@ impl<'a> Emitter<'a> {
                 format!("{a} = {f}({a}, {v});")
             }
             ReduceOp::Count => format!("{a} += {v} ? 1.0 : 0.0;"),
+            ReduceOp::Sum | ReduceOp::Mean if self.f32_sums.contains(a) => match accs.get(1) {
+                Some(c) => format!("{a} += {v}; {c} += 1.0;"),
+                None => format!("{a} += {v};"),
+            },
             ReduceOp::Sum => format!("{a} += (double){v};"),
             ReduceOp::Mean => format!("{a} += (double){v}; {} += 1.0;", accs[1]),
             ReduceOp::Prod => format!("{a} *= (double){v};"),

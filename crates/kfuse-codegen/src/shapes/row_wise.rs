@@ -10,7 +10,8 @@
 //! 1. The row reductions, in *phases*: a phase holds the reductions that read only earlier
 //!    phases' results (softmax: the maximum, then the sum of `exp(x - max)`), and is one pass of
 //!    the group's lanes over the row (`j<l> = lane, lane + kf_g, …`) updating each reduction's
-//!    f64 accumulators, then one fold of each accumulator over the group (`kf_row_<op>`: xor
+//!    f64 accumulators (a row kept in registers: a lane adds its columns of a float sum in f32,
+//!    then converts its partial sum once), then one fold of each accumulator over the group (`kf_row_<op>`: xor
 //!    shuffles within a warp, then per-warp values folded in order through shared memory), which
 //!    leaves the same bits in every lane. The result is bound once per row and read from there by
 //!    every later use. The row is read once per phase; later passes are served by the caches.
@@ -379,21 +380,39 @@ fn emit_passes(
                 });
             };
             let accs = em.declare_accumulators(em.depth(), op, g.node(x).dtype);
-            reductions.push((n, op, x, mask, accs));
+            // A row in registers: a lane adds its columns of a float sum in f32 (at most 32, in
+            // slot order), and only its partial sum is converted for the f64 fold (a conversion
+            // to f64 per element issues at a quarter of the rate of an f32 add).
+            let partial = (registers && matches!(op, ReduceOp::Sum | ReduceOp::Mean) && g.node(x).dtype.is_float())
+                .then(|| em.declare_lane_partial(em.depth()));
+            reductions.push((n, op, x, mask, accs, partial));
         }
         let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
-        for (_, op, x, mask, accs) in &reductions {
+        for (_, op, x, mask, accs, partial) in &reductions {
             let mut xctx = ctx.clone();
             xctx.push(Coord::Loop(l));
+            let mut added = accs.clone();
+            if let Some(p) = partial {
+                added[0] = p.clone();
+            }
             match (op, mask, registers) {
                 // An unmasked mean of a row in registers counts every column: only its sum is
                 // accumulated. (Rows re-read from memory keep the count's fold: measured faster,
                 // its barrier keeps the block's warps together over the row's re-reads.)
-                (ReduceOp::Mean, None, true) => em.reduce_update_guarded(ReduceOp::Sum, *x, None, &xctx, &accs[..1])?,
-                _ => em.reduce_update_guarded(*op, *x, *mask, &xctx, accs)?,
+                (ReduceOp::Mean, None, true) => {
+                    em.reduce_update_guarded(ReduceOp::Sum, *x, None, &xctx, &added[..1])?
+                }
+                _ => em.reduce_update_guarded(*op, *x, *mask, &xctx, &added)?,
             }
         }
         em.close();
+        for (_, _, _, _, accs, partial) in &reductions {
+            if let Some(p) = partial {
+                em.push_stmt(format!("{} = (double){p}; // the lane's columns, added in f32", accs[0]));
+            }
+        }
+        let reductions: Vec<_> =
+            reductions.into_iter().map(|(n, op, x, mask, accs, _)| (n, op, x, mask, accs)).collect();
         let mut folds: Vec<(String, Combine)> = Vec::new();
         for &(_, op, _, mask, ref accs) in &reductions {
             let combine = Combine::of(op);

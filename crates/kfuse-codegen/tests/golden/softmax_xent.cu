@@ -113,46 +113,46 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        const int v34 = in1[i]; // labels i32
-        float a35 = __int_as_float(0xff800000);
-        double a36 = 0.0;
+        const int v38 = in1[i]; // labels i32
+        float a39 = __int_as_float(0xff800000);
+        double a40 = 0.0;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v37 = in0[rowbase + j4]; // logits f32
-            a35 = kf_maxf(a35, v37);
-            const int v38 = (int)j4; // n9
-            const bool v39 = v38 == v34; // n11
-            const float v40 = (v39 ? v37 : 0.0f); // n13
-            a36 += (double)v40;
+            const float v41 = in0[rowbase + j4]; // logits f32
+            a39 = kf_maxf(a39, v41);
+            const int v42 = (int)j4; // n9
+            const bool v43 = v42 == v38; // n11
+            const float v44 = (v43 ? v41 : 0.0f); // n13
+            a40 += (double)v44;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a35 = kf_row_max(a35, kf_g < 32 ? kf_g : 32, kf_rs);
-        a36 = kf_row_sum(a36, kf_g < 32 ? kf_g : 32, kf_rs);
+        a39 = kf_row_max(a39, kf_g < 32 ? kf_g : 32, kf_rs);
+        a40 = kf_row_sum(a40, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a35; kf_rs[32 + kf_warp] = a36; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a39; kf_rs[32 + kf_warp] = a40; }
             __syncthreads();
-            a35 = kf_rs[kf_first]; a36 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a35 = kf_max_f64(a35, kf_rs[kf_first + w]); a36 += kf_rs[32 + kf_first + w]; }
+            a39 = kf_rs[kf_first]; a40 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a39 = kf_max_f64(a39, kf_rs[kf_first + w]); a40 += kf_rs[32 + kf_first + w]; }
         }
-        const float v41 = (float)a35; // n2 max along the row, once per row
-        const float v42 = (float)a36; // n14 sum along the row, once per row
-        double a43 = 0.0;
+        const float v45 = (float)a39; // n2 max along the row, once per row
+        const float v46 = (float)a40; // n14 sum along the row, once per row
+        double a47 = 0.0;
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v44 = in0[rowbase + j5]; // logits f32
-            const float v45 = v44 - v41; // n4
-            const float v46 = expf(v45); // n5
-            a43 += (double)v46;
+            const float v48 = in0[rowbase + j5]; // logits f32
+            const float v49 = v48 - v45; // n4
+            const float v50 = expf(v49); // n5
+            a47 += (double)v50;
         }
-        a43 = kf_row_sum(a43, kf_g, kf_rs); // over the row's lanes
-        const float v47 = (float)a43; // n6 sum along the row, once per row
+        a47 = kf_row_sum(a47, kf_g, kf_rs); // over the row's lanes
+        const float v51 = (float)a47; // n6 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v48 = logf(v47); // n7
-            const float v49 = v48 + v41; // n8
-            const float v50 = v49 - v42; // n15
-            acc0 += (double)v50; acc1 += 1.0;
+            const float v52 = logf(v51); // n7
+            const float v53 = v52 + v45; // n8
+            const float v54 = v53 - v46; // n15
+            acc0 += (double)v54; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -180,8 +180,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v51 = (float)(r0 / r1); // n16
-        out0[0] = v51; // output loss
+        const float v55 = (float)(r0 / r1); // n16
+        out0[0] = v55; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -318,50 +318,54 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_fb25441b8ec4e128_0_regs(
             }
         }
         const long long i = row; // the row's element of the domain
-        const int v17 = in1[i]; // labels i32
-        float a18 = __int_as_float(0xff800000);
-        double a19 = 0.0;
+        const int v19 = in1[i]; // labels i32
+        float a20 = __int_as_float(0xff800000);
+        double a21 = 0.0;
+        float p22 = 0.0f;
         #pragma unroll
         for (int t2 = 0; t2 < 32; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v20 = kf_c0[t2]; // logits f32
-            a18 = kf_maxf(a18, v20);
-            const int v21 = (int)j2; // n9
-            const bool v22 = v21 == v17; // n11
-            const float v23 = (v22 ? v20 : 0.0f); // n13
-            a19 += (double)v23;
+            const float v23 = kf_c0[t2]; // logits f32
+            a20 = kf_maxf(a20, v23);
+            const int v24 = (int)j2; // n9
+            const bool v25 = v24 == v19; // n11
+            const float v26 = (v25 ? v23 : 0.0f); // n13
+            p22 += v26;
         }
+        a21 = (double)p22; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a18 = kf_row_max(a18, kf_g < 32 ? kf_g : 32, kf_rs);
-        a19 = kf_row_sum(a19, kf_g < 32 ? kf_g : 32, kf_rs);
+        a20 = kf_row_max(a20, kf_g < 32 ? kf_g : 32, kf_rs);
+        a21 = kf_row_sum(a21, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a18; kf_rs[32 + kf_warp] = a19; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a20; kf_rs[32 + kf_warp] = a21; }
             __syncthreads();
-            a18 = kf_rs[kf_first]; a19 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a18 = kf_max_f64(a18, kf_rs[kf_first + w]); a19 += kf_rs[32 + kf_first + w]; }
+            a20 = kf_rs[kf_first]; a21 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a20 = kf_max_f64(a20, kf_rs[kf_first + w]); a21 += kf_rs[32 + kf_first + w]; }
         }
-        const float v24 = (float)a18; // n2 max along the row, once per row
-        const float v25 = (float)a19; // n14 sum along the row, once per row
-        double a26 = 0.0;
+        const float v27 = (float)a20; // n2 max along the row, once per row
+        const float v28 = (float)a21; // n14 sum along the row, once per row
+        double a29 = 0.0;
+        float p30 = 0.0f;
         #pragma unroll
         for (int t3 = 0; t3 < 32; ++t3) {
             if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
             const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v27 = kf_c0[t3]; // logits f32
-            const float v28 = v27 - v24; // n4
-            const float v29 = expf(v28); // n5
-            a26 += (double)v29;
+            const float v31 = kf_c0[t3]; // logits f32
+            const float v32 = v31 - v27; // n4
+            const float v33 = expf(v32); // n5
+            p30 += v33;
         }
-        a26 = kf_row_sum(a26, kf_g, kf_rs); // over the row's lanes
-        const float v30 = (float)a26; // n6 sum along the row, once per row
+        a29 = (double)p30; // the lane's columns, added in f32
+        a29 = kf_row_sum(a29, kf_g, kf_rs); // over the row's lanes
+        const float v34 = (float)a29; // n6 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v31 = logf(v30); // n7
-            const float v32 = v31 + v24; // n8
-            const float v33 = v32 - v25; // n15
-            acc0 += (double)v33; acc1 += 1.0;
+            const float v35 = logf(v34); // n7
+            const float v36 = v35 + v27; // n8
+            const float v37 = v36 - v28; // n15
+            acc0 += (double)v37; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -389,8 +393,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_fb25441b8ec4e128_0_regs(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v51 = (float)(r0 / r1); // n16
-        out0[0] = v51; // output loss
+        const float v55 = (float)(r0 / r1); // n16
+        out0[0] = v55; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

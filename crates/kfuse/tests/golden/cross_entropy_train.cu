@@ -218,108 +218,108 @@ extern "C" __global__ void __launch_bounds__(256) kf_75d158c14900ce64_1(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float a590 = __int_as_float(0xff800000);
-        double a591 = 0.0;
-        double a592 = 0.0;
-        const long long v596 = in1[row]; // labels i64
-        const bool v598 = v596 != (-100ll); // n42
-        const float v599 = tmp3[0]; // n56 from an earlier kernel
-        const float v600 = (v598 ? v599 : 0.0f); // n57
-        const float v601 = -v600; // n60
+        float a598 = __int_as_float(0xff800000);
+        double a599 = 0.0;
+        double a600 = 0.0;
+        const long long v604 = in1[row]; // labels i64
+        const bool v606 = v604 != (-100ll); // n42
+        const float v607 = tmp3[0]; // n56 from an earlier kernel
+        const float v608 = (v606 ? v607 : 0.0f); // n57
+        const float v609 = -v608; // n60
         #pragma unroll 4
         for (long long j6 = lane; j6 < kf_n; j6 += kf_g) {
-            const float v593 = in0[rowbase + j6]; // logits f32
-            a590 = kf_maxf(a590, v593);
-            a591 += (double)v593;
-            const int v594 = (int)j6; // n11
-            const long long v595 = (long long)v594; // n13
-            const bool v597 = v595 == v596; // n14
-            const float v602 = (v597 ? v601 : 0.0f); // n61
-            a592 += (double)v602;
+            const float v601 = in0[rowbase + j6]; // logits f32
+            a598 = kf_maxf(a598, v601);
+            a599 += (double)v601;
+            const int v602 = (int)j6; // n11
+            const long long v603 = (long long)v602; // n13
+            const bool v605 = v603 == v604; // n14
+            const float v610 = (v605 ? v609 : 0.0f); // n61
+            a600 += (double)v610;
         }
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a590 = kf_row_max(a590, kf_g < 32 ? kf_g : 32, kf_rs);
-        a591 = kf_row_sum(a591, kf_g < 32 ? kf_g : 32, kf_rs);
-        a592 = kf_row_sum(a592, kf_g < 32 ? kf_g : 32, kf_rs);
+        a598 = kf_row_max(a598, kf_g < 32 ? kf_g : 32, kf_rs);
+        a599 = kf_row_sum(a599, kf_g < 32 ? kf_g : 32, kf_rs);
+        a600 = kf_row_sum(a600, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a590; kf_rs[32 + kf_warp] = a591; kf_rs[64 + kf_warp] = a592; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a598; kf_rs[32 + kf_warp] = a599; kf_rs[64 + kf_warp] = a600; }
             __syncthreads();
-            a590 = kf_rs[kf_first]; a591 = kf_rs[32 + kf_first]; a592 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a590 = kf_max_f64(a590, kf_rs[kf_first + w]); a591 += kf_rs[32 + kf_first + w]; a592 += kf_rs[64 + kf_first + w]; }
+            a598 = kf_rs[kf_first]; a599 = kf_rs[32 + kf_first]; a600 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a598 = kf_max_f64(a598, kf_rs[kf_first + w]); a599 += kf_rs[32 + kf_first + w]; a600 += kf_rs[64 + kf_first + w]; }
         }
-        const float v603 = (float)a590; // n2 max along the row, once per row
-        const float v604 = (float)a591; // n19 sum along the row, once per row
-        const float v605 = (float)a592; // n62 sum along the row, once per row
-        double a606 = 0.0;
-        const float v608 = v603; // n4
+        const float v611 = (float)a598; // n2 max along the row, once per row
+        const float v612 = (float)a599; // n19 sum along the row, once per row
+        const float v613 = (float)a600; // n62 sum along the row, once per row
+        double a614 = 0.0;
+        const float v616 = v611; // n4
         #pragma unroll 4
         for (long long j7 = lane; j7 < kf_n; j7 += kf_g) {
-            const float v607 = in0[rowbase + j7]; // logits f32
-            const float v609 = v607 - v608; // n5
-            const float v610 = expf(v609); // n6
-            a606 += (double)v610;
+            const float v615 = in0[rowbase + j7]; // logits f32
+            const float v617 = v615 - v616; // n5
+            const float v618 = expf(v617); // n6
+            a614 += (double)v618;
         }
-        a606 = kf_row_sum(a606, kf_g, kf_rs); // over the row's lanes
-        const float v611 = (float)a606; // n7 sum along the row, once per row
-        double a612 = 0.0;
-        const float v618 = logf(v611); // n9
+        a614 = kf_row_sum(a614, kf_g, kf_rs); // over the row's lanes
+        const float v619 = (float)a614; // n7 sum along the row, once per row
+        double a620 = 0.0;
+        const float v626 = logf(v619); // n9
         #pragma unroll 4
         for (long long j8 = lane; j8 < kf_n; j8 += kf_g) {
-            const int v613 = (int)j8; // n11
-            const long long v614 = (long long)v613; // n13
-            const bool v615 = v614 == v596; // n14
-            const float v616 = in0[rowbase + j8]; // logits f32
-            const float v617 = v616 - v608; // n5
-            const float v619 = v617 - v618; // n10
-            const float v620 = (v615 ? v619 : 0.0f); // n16
-            a612 += (double)v620;
+            const int v621 = (int)j8; // n11
+            const long long v622 = (long long)v621; // n13
+            const bool v623 = v622 == v604; // n14
+            const float v624 = in0[rowbase + j8]; // logits f32
+            const float v625 = v624 - v616; // n5
+            const float v627 = v625 - v626; // n10
+            const float v628 = (v623 ? v627 : 0.0f); // n16
+            a620 += (double)v628;
         }
-        a612 = kf_row_sum(a612, kf_g, kf_rs); // over the row's lanes
-        const float v621 = (float)a612; // n17 sum along the row, once per row
+        a620 = kf_row_sum(a620, kf_g, kf_rs); // over the row's lanes
+        const float v629 = (float)a620; // n17 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v598) {
-                const float v622 = -v621; // n18
-                const float v623 = 0.9f * v622; // n32
-                const int v624 = (int)(sz1); // n36 the count of every element
-                const float v625 = (float)v624; // n37
-                const float v626 = 0.1f / v625; // n38
-                const int v627 = (int)(sz1); // n23 the count of every element
-                const float v628 = (float)v627; // n24
-                const float v629 = v608 * v628; // n25
-                const float v630 = v604 - v629; // n26
-                const float v631 = v618 * v628; // n28
-                const float v632 = v630 - v631; // n29
-                const float v633 = -v632; // n30
-                const float v634 = v626 * v633; // n39
-                const float v635 = v623 + v634; // n40
-                acc0 += (double)v635;
+            if (v606) {
+                const float v630 = -v629; // n18
+                const float v631 = 0.9f * v630; // n32
+                const int v632 = (int)(sz1); // n36 the count of every element
+                const float v633 = (float)v632; // n37
+                const float v634 = 0.1f / v633; // n38
+                const int v635 = (int)(sz1); // n23 the count of every element
+                const float v636 = (float)v635; // n24
+                const float v637 = v616 * v636; // n25
+                const float v638 = v612 - v637; // n26
+                const float v639 = v626 * v636; // n28
+                const float v640 = v638 - v639; // n29
+                const float v641 = -v640; // n30
+                const float v642 = v634 * v641; // n39
+                const float v643 = v631 + v642; // n40
+                acc0 += (double)v643;
             }
         }
-        const float v636 = tmp2[0]; // n51 from an earlier kernel
-        const float v637 = (v598 ? v636 : 0.0f); // n52
-        const float v642 = tmp1[0]; // n49 from an earlier kernel
-        const int v643 = (int)(sz1); // n23 the count of every element
-        const float v644 = (float)v643; // n24
-        const float v645 = v642 * v644; // n53
-        const float v646 = (v598 ? v645 : 0.0f); // n54
-        const float v647 = v605 + v646; // n65
-        const float v648 = v647 / v611; // n66
+        const float v644 = tmp2[0]; // n51 from an earlier kernel
+        const float v645 = (v606 ? v644 : 0.0f); // n52
+        const float v650 = tmp1[0]; // n49 from an earlier kernel
+        const int v651 = (int)(sz1); // n23 the count of every element
+        const float v652 = (float)v651; // n24
+        const float v653 = v650 * v652; // n53
+        const float v654 = (v606 ? v653 : 0.0f); // n54
+        const float v655 = v613 + v654; // n65
+        const float v656 = v655 / v619; // n66
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const int v638 = (int)col; // n11
-            const long long v639 = (long long)v638; // n13
-            const bool v640 = v639 == v596; // n14
-            const float v641 = (v640 ? v600 : 0.0f); // n59
-            const float v649 = in0[i]; // logits f32
-            const float v650 = v649 - v608; // n5
-            const float v651 = expf(v650); // n6
-            const float v652 = v648 * v651; // n69
-            const float v653 = v641 + v652; // n70
-            const float v654 = v637 + v653; // n71
-            out1[i] = v654; // dlogits
+            const int v646 = (int)col; // n11
+            const long long v647 = (long long)v646; // n13
+            const bool v648 = v647 == v604; // n14
+            const float v649 = (v648 ? v608 : 0.0f); // n59
+            const float v657 = in0[i]; // logits f32
+            const float v658 = v657 - v616; // n5
+            const float v659 = expf(v658); // n6
+            const float v660 = v656 * v659; // n69
+            const float v661 = v649 + v660; // n70
+            const float v662 = v645 + v661; // n71
+            out1[i] = v662; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -342,10 +342,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_75d158c14900ce64_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v655 = (float)r0; // n43
-        const float v656 = tmp0[0]; // n45 from an earlier kernel
-        const float v657 = v655 / v656; // n46
-        out0[0] = v657; // output loss
+        const float v663 = (float)r0; // n43
+        const float v664 = tmp0[0]; // n45 from an earlier kernel
+        const float v665 = v663 / v664; // n46
+        out0[0] = v665; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -484,162 +484,170 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
                 kf_c0[4 * kf_v + 3] = kf_w.w;
             }
         }
-        float a215 = __int_as_float(0xff800000);
-        double a216 = 0.0;
-        double a217 = 0.0;
-        const long long v221 = in1[row]; // labels i64
-        const bool v223 = v221 != (-100ll); // n42
-        const float v224 = tmp3[0]; // n56 from an earlier kernel
-        const float v225 = (v223 ? v224 : 0.0f); // n57
-        const float v226 = -v225; // n60
+        float a219 = __int_as_float(0xff800000);
+        double a220 = 0.0;
+        float p221 = 0.0f;
+        double a222 = 0.0;
+        float p223 = 0.0f;
+        const long long v227 = in1[row]; // labels i64
+        const bool v229 = v227 != (-100ll); // n42
+        const float v230 = tmp3[0]; // n56 from an earlier kernel
+        const float v231 = (v229 ? v230 : 0.0f); // n57
+        const float v232 = -v231; // n60
         #pragma unroll
         for (int t3 = 0; t3 < 32; ++t3) {
             if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
             const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v218 = kf_c0[t3]; // logits f32
-            a215 = kf_maxf(a215, v218);
-            a216 += (double)v218;
-            const int v219 = (int)j3; // n11
-            const long long v220 = (long long)v219; // n13
-            const bool v222 = v220 == v221; // n14
-            const float v227 = (v222 ? v226 : 0.0f); // n61
-            a217 += (double)v227;
+            const float v224 = kf_c0[t3]; // logits f32
+            a219 = kf_maxf(a219, v224);
+            p221 += v224;
+            const int v225 = (int)j3; // n11
+            const long long v226 = (long long)v225; // n13
+            const bool v228 = v226 == v227; // n14
+            const float v233 = (v228 ? v232 : 0.0f); // n61
+            p223 += v233;
         }
+        a220 = (double)p221; // the lane's columns, added in f32
+        a222 = (double)p223; // the lane's columns, added in f32
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a215 = kf_row_max(a215, kf_g < 32 ? kf_g : 32, kf_rs);
-        a216 = kf_row_sum(a216, kf_g < 32 ? kf_g : 32, kf_rs);
-        a217 = kf_row_sum(a217, kf_g < 32 ? kf_g : 32, kf_rs);
+        a219 = kf_row_max(a219, kf_g < 32 ? kf_g : 32, kf_rs);
+        a220 = kf_row_sum(a220, kf_g < 32 ? kf_g : 32, kf_rs);
+        a222 = kf_row_sum(a222, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a215; kf_rs[32 + kf_warp] = a216; kf_rs[64 + kf_warp] = a217; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a219; kf_rs[32 + kf_warp] = a220; kf_rs[64 + kf_warp] = a222; }
             __syncthreads();
-            a215 = kf_rs[kf_first]; a216 = kf_rs[32 + kf_first]; a217 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a215 = kf_max_f64(a215, kf_rs[kf_first + w]); a216 += kf_rs[32 + kf_first + w]; a217 += kf_rs[64 + kf_first + w]; }
+            a219 = kf_rs[kf_first]; a220 = kf_rs[32 + kf_first]; a222 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a219 = kf_max_f64(a219, kf_rs[kf_first + w]); a220 += kf_rs[32 + kf_first + w]; a222 += kf_rs[64 + kf_first + w]; }
         }
-        const float v228 = (float)a215; // n2 max along the row, once per row
-        const float v229 = (float)a216; // n19 sum along the row, once per row
-        const float v230 = (float)a217; // n62 sum along the row, once per row
-        double a231 = 0.0;
-        const float v233 = v228; // n4
+        const float v234 = (float)a219; // n2 max along the row, once per row
+        const float v235 = (float)a220; // n19 sum along the row, once per row
+        const float v236 = (float)a222; // n62 sum along the row, once per row
+        double a237 = 0.0;
+        float p238 = 0.0f;
+        const float v240 = v234; // n4
         #pragma unroll
         for (int t4 = 0; t4 < 32; ++t4) {
             if (4 * (lane + (t4 / 4) * kf_g) >= kf_n) break;
             const int j4 = 4 * (lane + (t4 / 4) * kf_g) + t4 % 4;
-            const float v232 = kf_c0[t4]; // logits f32
-            const float v234 = v232 - v233; // n5
-            const float v235 = expf(v234); // n6
-            a231 += (double)v235;
+            const float v239 = kf_c0[t4]; // logits f32
+            const float v241 = v239 - v240; // n5
+            const float v242 = expf(v241); // n6
+            p238 += v242;
         }
-        a231 = kf_row_sum(a231, kf_g, kf_rs); // over the row's lanes
-        const float v236 = (float)a231; // n7 sum along the row, once per row
-        double a237 = 0.0;
-        const float v243 = logf(v236); // n9
+        a237 = (double)p238; // the lane's columns, added in f32
+        a237 = kf_row_sum(a237, kf_g, kf_rs); // over the row's lanes
+        const float v243 = (float)a237; // n7 sum along the row, once per row
+        double a244 = 0.0;
+        float p245 = 0.0f;
+        const float v251 = logf(v243); // n9
         #pragma unroll
         for (int t5 = 0; t5 < 32; ++t5) {
             if (4 * (lane + (t5 / 4) * kf_g) >= kf_n) break;
             const int j5 = 4 * (lane + (t5 / 4) * kf_g) + t5 % 4;
-            const int v238 = (int)j5; // n11
-            const long long v239 = (long long)v238; // n13
-            const bool v240 = v239 == v221; // n14
-            const float v241 = kf_c0[t5]; // logits f32
-            const float v242 = v241 - v233; // n5
-            const float v244 = v242 - v243; // n10
-            const float v245 = (v240 ? v244 : 0.0f); // n16
-            a237 += (double)v245;
+            const int v246 = (int)j5; // n11
+            const long long v247 = (long long)v246; // n13
+            const bool v248 = v247 == v227; // n14
+            const float v249 = kf_c0[t5]; // logits f32
+            const float v250 = v249 - v240; // n5
+            const float v252 = v250 - v251; // n10
+            const float v253 = (v248 ? v252 : 0.0f); // n16
+            p245 += v253;
         }
-        a237 = kf_row_sum(a237, kf_g, kf_rs); // over the row's lanes
-        const float v246 = (float)a237; // n17 sum along the row, once per row
+        a244 = (double)p245; // the lane's columns, added in f32
+        a244 = kf_row_sum(a244, kf_g, kf_rs); // over the row's lanes
+        const float v254 = (float)a244; // n17 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v223) {
-                const float v247 = -v246; // n18
-                const float v248 = 0.9f * v247; // n32
-                const int v249 = (int)(sz1); // n36 the count of every element
-                const float v250 = (float)v249; // n37
-                const float v251 = 0.1f / v250; // n38
-                const int v252 = (int)(sz1); // n23 the count of every element
-                const float v253 = (float)v252; // n24
-                const float v254 = v233 * v253; // n25
-                const float v255 = v229 - v254; // n26
-                const float v256 = v243 * v253; // n28
-                const float v257 = v255 - v256; // n29
-                const float v258 = -v257; // n30
-                const float v259 = v251 * v258; // n39
-                const float v260 = v248 + v259; // n40
-                acc0 += (double)v260;
+            if (v229) {
+                const float v255 = -v254; // n18
+                const float v256 = 0.9f * v255; // n32
+                const int v257 = (int)(sz1); // n36 the count of every element
+                const float v258 = (float)v257; // n37
+                const float v259 = 0.1f / v258; // n38
+                const int v260 = (int)(sz1); // n23 the count of every element
+                const float v261 = (float)v260; // n24
+                const float v262 = v240 * v261; // n25
+                const float v263 = v235 - v262; // n26
+                const float v264 = v251 * v261; // n28
+                const float v265 = v263 - v264; // n29
+                const float v266 = -v265; // n30
+                const float v267 = v259 * v266; // n39
+                const float v268 = v256 + v267; // n40
+                acc0 += (double)v268;
             }
         }
-        const float v261 = tmp2[0]; // n51 from an earlier kernel
-        const float v262 = (v223 ? v261 : 0.0f); // n52
-        const float v267 = tmp1[0]; // n49 from an earlier kernel
-        const int v268 = (int)(sz1); // n23 the count of every element
-        const float v269 = (float)v268; // n24
-        const float v270 = v267 * v269; // n53
-        const float v271 = (v223 ? v270 : 0.0f); // n54
-        const float v272 = v230 + v271; // n65
-        const float v273 = v272 / v236; // n66
+        const float v269 = tmp2[0]; // n51 from an earlier kernel
+        const float v270 = (v229 ? v269 : 0.0f); // n52
+        const float v275 = tmp1[0]; // n49 from an earlier kernel
+        const int v276 = (int)(sz1); // n23 the count of every element
+        const float v277 = (float)v276; // n24
+        const float v278 = v275 * v277; // n53
+        const float v279 = (v229 ? v278 : 0.0f); // n54
+        const float v280 = v236 + v279; // n65
+        const float v281 = v280 / v243; // n66
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v263 = (int)col; // n11
-                const long long v264 = (long long)v263; // n13
-                const bool v265 = v264 == v221; // n14
-                const float v266 = (v265 ? v225 : 0.0f); // n59
-                const float v274 = kf_c0[0]; // logits f32
-                const float v275 = v274 - v233; // n5
-                const float v276 = expf(v275); // n6
-                const float v277 = v273 * v276; // n69
-                const float v278 = v266 + v277; // n70
-                const float v279 = v262 + v278; // n71
-                kf_o1[0] = v279; // dlogits
+                const int v271 = (int)col; // n11
+                const long long v272 = (long long)v271; // n13
+                const bool v273 = v272 == v227; // n14
+                const float v274 = (v273 ? v231 : 0.0f); // n59
+                const float v282 = kf_c0[0]; // logits f32
+                const float v283 = v282 - v240; // n5
+                const float v284 = expf(v283); // n6
+                const float v285 = v281 * v284; // n69
+                const float v286 = v274 + v285; // n70
+                const float v287 = v270 + v286; // n71
+                kf_o1[0] = v287; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v280 = (int)col; // n11
-                const long long v281 = (long long)v280; // n13
-                const bool v282 = v281 == v221; // n14
-                const float v283 = (v282 ? v225 : 0.0f); // n59
-                const float v284 = kf_c0[1]; // logits f32
-                const float v285 = v284 - v233; // n5
-                const float v286 = expf(v285); // n6
-                const float v287 = v273 * v286; // n69
-                const float v288 = v283 + v287; // n70
-                const float v289 = v262 + v288; // n71
-                kf_o1[1] = v289; // dlogits
+                const int v288 = (int)col; // n11
+                const long long v289 = (long long)v288; // n13
+                const bool v290 = v289 == v227; // n14
+                const float v291 = (v290 ? v231 : 0.0f); // n59
+                const float v292 = kf_c0[1]; // logits f32
+                const float v293 = v292 - v240; // n5
+                const float v294 = expf(v293); // n6
+                const float v295 = v281 * v294; // n69
+                const float v296 = v291 + v295; // n70
+                const float v297 = v270 + v296; // n71
+                kf_o1[1] = v297; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v290 = (int)col; // n11
-                const long long v291 = (long long)v290; // n13
-                const bool v292 = v291 == v221; // n14
-                const float v293 = (v292 ? v225 : 0.0f); // n59
-                const float v294 = kf_c0[2]; // logits f32
-                const float v295 = v294 - v233; // n5
-                const float v296 = expf(v295); // n6
-                const float v297 = v273 * v296; // n69
-                const float v298 = v293 + v297; // n70
-                const float v299 = v262 + v298; // n71
-                kf_o1[2] = v299; // dlogits
+                const int v298 = (int)col; // n11
+                const long long v299 = (long long)v298; // n13
+                const bool v300 = v299 == v227; // n14
+                const float v301 = (v300 ? v231 : 0.0f); // n59
+                const float v302 = kf_c0[2]; // logits f32
+                const float v303 = v302 - v240; // n5
+                const float v304 = expf(v303); // n6
+                const float v305 = v281 * v304; // n69
+                const float v306 = v301 + v305; // n70
+                const float v307 = v270 + v306; // n71
+                kf_o1[2] = v307; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v300 = (int)col; // n11
-                const long long v301 = (long long)v300; // n13
-                const bool v302 = v301 == v221; // n14
-                const float v303 = (v302 ? v225 : 0.0f); // n59
-                const float v304 = kf_c0[3]; // logits f32
-                const float v305 = v304 - v233; // n5
-                const float v306 = expf(v305); // n6
-                const float v307 = v273 * v306; // n69
-                const float v308 = v303 + v307; // n70
-                const float v309 = v262 + v308; // n71
-                kf_o1[3] = v309; // dlogits
+                const int v308 = (int)col; // n11
+                const long long v309 = (long long)v308; // n13
+                const bool v310 = v309 == v227; // n14
+                const float v311 = (v310 ? v231 : 0.0f); // n59
+                const float v312 = kf_c0[3]; // logits f32
+                const float v313 = v312 - v240; // n5
+                const float v314 = expf(v313); // n6
+                const float v315 = v281 * v314; // n69
+                const float v316 = v311 + v315; // n70
+                const float v317 = v270 + v316; // n71
+                kf_o1[3] = v317; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -649,62 +657,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v310 = (int)col; // n11
-                const long long v311 = (long long)v310; // n13
-                const bool v312 = v311 == v221; // n14
-                const float v313 = (v312 ? v225 : 0.0f); // n59
-                const float v314 = kf_c0[4]; // logits f32
-                const float v315 = v314 - v233; // n5
-                const float v316 = expf(v315); // n6
-                const float v317 = v273 * v316; // n69
-                const float v318 = v313 + v317; // n70
-                const float v319 = v262 + v318; // n71
-                kf_o1[0] = v319; // dlogits
+                const int v318 = (int)col; // n11
+                const long long v319 = (long long)v318; // n13
+                const bool v320 = v319 == v227; // n14
+                const float v321 = (v320 ? v231 : 0.0f); // n59
+                const float v322 = kf_c0[4]; // logits f32
+                const float v323 = v322 - v240; // n5
+                const float v324 = expf(v323); // n6
+                const float v325 = v281 * v324; // n69
+                const float v326 = v321 + v325; // n70
+                const float v327 = v270 + v326; // n71
+                kf_o1[0] = v327; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v320 = (int)col; // n11
-                const long long v321 = (long long)v320; // n13
-                const bool v322 = v321 == v221; // n14
-                const float v323 = (v322 ? v225 : 0.0f); // n59
-                const float v324 = kf_c0[5]; // logits f32
-                const float v325 = v324 - v233; // n5
-                const float v326 = expf(v325); // n6
-                const float v327 = v273 * v326; // n69
-                const float v328 = v323 + v327; // n70
-                const float v329 = v262 + v328; // n71
-                kf_o1[1] = v329; // dlogits
+                const int v328 = (int)col; // n11
+                const long long v329 = (long long)v328; // n13
+                const bool v330 = v329 == v227; // n14
+                const float v331 = (v330 ? v231 : 0.0f); // n59
+                const float v332 = kf_c0[5]; // logits f32
+                const float v333 = v332 - v240; // n5
+                const float v334 = expf(v333); // n6
+                const float v335 = v281 * v334; // n69
+                const float v336 = v331 + v335; // n70
+                const float v337 = v270 + v336; // n71
+                kf_o1[1] = v337; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v330 = (int)col; // n11
-                const long long v331 = (long long)v330; // n13
-                const bool v332 = v331 == v221; // n14
-                const float v333 = (v332 ? v225 : 0.0f); // n59
-                const float v334 = kf_c0[6]; // logits f32
-                const float v335 = v334 - v233; // n5
-                const float v336 = expf(v335); // n6
-                const float v337 = v273 * v336; // n69
-                const float v338 = v333 + v337; // n70
-                const float v339 = v262 + v338; // n71
-                kf_o1[2] = v339; // dlogits
+                const int v338 = (int)col; // n11
+                const long long v339 = (long long)v338; // n13
+                const bool v340 = v339 == v227; // n14
+                const float v341 = (v340 ? v231 : 0.0f); // n59
+                const float v342 = kf_c0[6]; // logits f32
+                const float v343 = v342 - v240; // n5
+                const float v344 = expf(v343); // n6
+                const float v345 = v281 * v344; // n69
+                const float v346 = v341 + v345; // n70
+                const float v347 = v270 + v346; // n71
+                kf_o1[2] = v347; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v340 = (int)col; // n11
-                const long long v341 = (long long)v340; // n13
-                const bool v342 = v341 == v221; // n14
-                const float v343 = (v342 ? v225 : 0.0f); // n59
-                const float v344 = kf_c0[7]; // logits f32
-                const float v345 = v344 - v233; // n5
-                const float v346 = expf(v345); // n6
-                const float v347 = v273 * v346; // n69
-                const float v348 = v343 + v347; // n70
-                const float v349 = v262 + v348; // n71
-                kf_o1[3] = v349; // dlogits
+                const int v348 = (int)col; // n11
+                const long long v349 = (long long)v348; // n13
+                const bool v350 = v349 == v227; // n14
+                const float v351 = (v350 ? v231 : 0.0f); // n59
+                const float v352 = kf_c0[7]; // logits f32
+                const float v353 = v352 - v240; // n5
+                const float v354 = expf(v353); // n6
+                const float v355 = v281 * v354; // n69
+                const float v356 = v351 + v355; // n70
+                const float v357 = v270 + v356; // n71
+                kf_o1[3] = v357; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -714,62 +722,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v350 = (int)col; // n11
-                const long long v351 = (long long)v350; // n13
-                const bool v352 = v351 == v221; // n14
-                const float v353 = (v352 ? v225 : 0.0f); // n59
-                const float v354 = kf_c0[8]; // logits f32
-                const float v355 = v354 - v233; // n5
-                const float v356 = expf(v355); // n6
-                const float v357 = v273 * v356; // n69
-                const float v358 = v353 + v357; // n70
-                const float v359 = v262 + v358; // n71
-                kf_o1[0] = v359; // dlogits
+                const int v358 = (int)col; // n11
+                const long long v359 = (long long)v358; // n13
+                const bool v360 = v359 == v227; // n14
+                const float v361 = (v360 ? v231 : 0.0f); // n59
+                const float v362 = kf_c0[8]; // logits f32
+                const float v363 = v362 - v240; // n5
+                const float v364 = expf(v363); // n6
+                const float v365 = v281 * v364; // n69
+                const float v366 = v361 + v365; // n70
+                const float v367 = v270 + v366; // n71
+                kf_o1[0] = v367; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v360 = (int)col; // n11
-                const long long v361 = (long long)v360; // n13
-                const bool v362 = v361 == v221; // n14
-                const float v363 = (v362 ? v225 : 0.0f); // n59
-                const float v364 = kf_c0[9]; // logits f32
-                const float v365 = v364 - v233; // n5
-                const float v366 = expf(v365); // n6
-                const float v367 = v273 * v366; // n69
-                const float v368 = v363 + v367; // n70
-                const float v369 = v262 + v368; // n71
-                kf_o1[1] = v369; // dlogits
+                const int v368 = (int)col; // n11
+                const long long v369 = (long long)v368; // n13
+                const bool v370 = v369 == v227; // n14
+                const float v371 = (v370 ? v231 : 0.0f); // n59
+                const float v372 = kf_c0[9]; // logits f32
+                const float v373 = v372 - v240; // n5
+                const float v374 = expf(v373); // n6
+                const float v375 = v281 * v374; // n69
+                const float v376 = v371 + v375; // n70
+                const float v377 = v270 + v376; // n71
+                kf_o1[1] = v377; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v370 = (int)col; // n11
-                const long long v371 = (long long)v370; // n13
-                const bool v372 = v371 == v221; // n14
-                const float v373 = (v372 ? v225 : 0.0f); // n59
-                const float v374 = kf_c0[10]; // logits f32
-                const float v375 = v374 - v233; // n5
-                const float v376 = expf(v375); // n6
-                const float v377 = v273 * v376; // n69
-                const float v378 = v373 + v377; // n70
-                const float v379 = v262 + v378; // n71
-                kf_o1[2] = v379; // dlogits
+                const int v378 = (int)col; // n11
+                const long long v379 = (long long)v378; // n13
+                const bool v380 = v379 == v227; // n14
+                const float v381 = (v380 ? v231 : 0.0f); // n59
+                const float v382 = kf_c0[10]; // logits f32
+                const float v383 = v382 - v240; // n5
+                const float v384 = expf(v383); // n6
+                const float v385 = v281 * v384; // n69
+                const float v386 = v381 + v385; // n70
+                const float v387 = v270 + v386; // n71
+                kf_o1[2] = v387; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v380 = (int)col; // n11
-                const long long v381 = (long long)v380; // n13
-                const bool v382 = v381 == v221; // n14
-                const float v383 = (v382 ? v225 : 0.0f); // n59
-                const float v384 = kf_c0[11]; // logits f32
-                const float v385 = v384 - v233; // n5
-                const float v386 = expf(v385); // n6
-                const float v387 = v273 * v386; // n69
-                const float v388 = v383 + v387; // n70
-                const float v389 = v262 + v388; // n71
-                kf_o1[3] = v389; // dlogits
+                const int v388 = (int)col; // n11
+                const long long v389 = (long long)v388; // n13
+                const bool v390 = v389 == v227; // n14
+                const float v391 = (v390 ? v231 : 0.0f); // n59
+                const float v392 = kf_c0[11]; // logits f32
+                const float v393 = v392 - v240; // n5
+                const float v394 = expf(v393); // n6
+                const float v395 = v281 * v394; // n69
+                const float v396 = v391 + v395; // n70
+                const float v397 = v270 + v396; // n71
+                kf_o1[3] = v397; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -779,62 +787,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v390 = (int)col; // n11
-                const long long v391 = (long long)v390; // n13
-                const bool v392 = v391 == v221; // n14
-                const float v393 = (v392 ? v225 : 0.0f); // n59
-                const float v394 = kf_c0[12]; // logits f32
-                const float v395 = v394 - v233; // n5
-                const float v396 = expf(v395); // n6
-                const float v397 = v273 * v396; // n69
-                const float v398 = v393 + v397; // n70
-                const float v399 = v262 + v398; // n71
-                kf_o1[0] = v399; // dlogits
+                const int v398 = (int)col; // n11
+                const long long v399 = (long long)v398; // n13
+                const bool v400 = v399 == v227; // n14
+                const float v401 = (v400 ? v231 : 0.0f); // n59
+                const float v402 = kf_c0[12]; // logits f32
+                const float v403 = v402 - v240; // n5
+                const float v404 = expf(v403); // n6
+                const float v405 = v281 * v404; // n69
+                const float v406 = v401 + v405; // n70
+                const float v407 = v270 + v406; // n71
+                kf_o1[0] = v407; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v400 = (int)col; // n11
-                const long long v401 = (long long)v400; // n13
-                const bool v402 = v401 == v221; // n14
-                const float v403 = (v402 ? v225 : 0.0f); // n59
-                const float v404 = kf_c0[13]; // logits f32
-                const float v405 = v404 - v233; // n5
-                const float v406 = expf(v405); // n6
-                const float v407 = v273 * v406; // n69
-                const float v408 = v403 + v407; // n70
-                const float v409 = v262 + v408; // n71
-                kf_o1[1] = v409; // dlogits
+                const int v408 = (int)col; // n11
+                const long long v409 = (long long)v408; // n13
+                const bool v410 = v409 == v227; // n14
+                const float v411 = (v410 ? v231 : 0.0f); // n59
+                const float v412 = kf_c0[13]; // logits f32
+                const float v413 = v412 - v240; // n5
+                const float v414 = expf(v413); // n6
+                const float v415 = v281 * v414; // n69
+                const float v416 = v411 + v415; // n70
+                const float v417 = v270 + v416; // n71
+                kf_o1[1] = v417; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v410 = (int)col; // n11
-                const long long v411 = (long long)v410; // n13
-                const bool v412 = v411 == v221; // n14
-                const float v413 = (v412 ? v225 : 0.0f); // n59
-                const float v414 = kf_c0[14]; // logits f32
-                const float v415 = v414 - v233; // n5
-                const float v416 = expf(v415); // n6
-                const float v417 = v273 * v416; // n69
-                const float v418 = v413 + v417; // n70
-                const float v419 = v262 + v418; // n71
-                kf_o1[2] = v419; // dlogits
+                const int v418 = (int)col; // n11
+                const long long v419 = (long long)v418; // n13
+                const bool v420 = v419 == v227; // n14
+                const float v421 = (v420 ? v231 : 0.0f); // n59
+                const float v422 = kf_c0[14]; // logits f32
+                const float v423 = v422 - v240; // n5
+                const float v424 = expf(v423); // n6
+                const float v425 = v281 * v424; // n69
+                const float v426 = v421 + v425; // n70
+                const float v427 = v270 + v426; // n71
+                kf_o1[2] = v427; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v420 = (int)col; // n11
-                const long long v421 = (long long)v420; // n13
-                const bool v422 = v421 == v221; // n14
-                const float v423 = (v422 ? v225 : 0.0f); // n59
-                const float v424 = kf_c0[15]; // logits f32
-                const float v425 = v424 - v233; // n5
-                const float v426 = expf(v425); // n6
-                const float v427 = v273 * v426; // n69
-                const float v428 = v423 + v427; // n70
-                const float v429 = v262 + v428; // n71
-                kf_o1[3] = v429; // dlogits
+                const int v428 = (int)col; // n11
+                const long long v429 = (long long)v428; // n13
+                const bool v430 = v429 == v227; // n14
+                const float v431 = (v430 ? v231 : 0.0f); // n59
+                const float v432 = kf_c0[15]; // logits f32
+                const float v433 = v432 - v240; // n5
+                const float v434 = expf(v433); // n6
+                const float v435 = v281 * v434; // n69
+                const float v436 = v431 + v435; // n70
+                const float v437 = v270 + v436; // n71
+                kf_o1[3] = v437; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -844,62 +852,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v430 = (int)col; // n11
-                const long long v431 = (long long)v430; // n13
-                const bool v432 = v431 == v221; // n14
-                const float v433 = (v432 ? v225 : 0.0f); // n59
-                const float v434 = kf_c0[16]; // logits f32
-                const float v435 = v434 - v233; // n5
-                const float v436 = expf(v435); // n6
-                const float v437 = v273 * v436; // n69
-                const float v438 = v433 + v437; // n70
-                const float v439 = v262 + v438; // n71
-                kf_o1[0] = v439; // dlogits
+                const int v438 = (int)col; // n11
+                const long long v439 = (long long)v438; // n13
+                const bool v440 = v439 == v227; // n14
+                const float v441 = (v440 ? v231 : 0.0f); // n59
+                const float v442 = kf_c0[16]; // logits f32
+                const float v443 = v442 - v240; // n5
+                const float v444 = expf(v443); // n6
+                const float v445 = v281 * v444; // n69
+                const float v446 = v441 + v445; // n70
+                const float v447 = v270 + v446; // n71
+                kf_o1[0] = v447; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v440 = (int)col; // n11
-                const long long v441 = (long long)v440; // n13
-                const bool v442 = v441 == v221; // n14
-                const float v443 = (v442 ? v225 : 0.0f); // n59
-                const float v444 = kf_c0[17]; // logits f32
-                const float v445 = v444 - v233; // n5
-                const float v446 = expf(v445); // n6
-                const float v447 = v273 * v446; // n69
-                const float v448 = v443 + v447; // n70
-                const float v449 = v262 + v448; // n71
-                kf_o1[1] = v449; // dlogits
+                const int v448 = (int)col; // n11
+                const long long v449 = (long long)v448; // n13
+                const bool v450 = v449 == v227; // n14
+                const float v451 = (v450 ? v231 : 0.0f); // n59
+                const float v452 = kf_c0[17]; // logits f32
+                const float v453 = v452 - v240; // n5
+                const float v454 = expf(v453); // n6
+                const float v455 = v281 * v454; // n69
+                const float v456 = v451 + v455; // n70
+                const float v457 = v270 + v456; // n71
+                kf_o1[1] = v457; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v450 = (int)col; // n11
-                const long long v451 = (long long)v450; // n13
-                const bool v452 = v451 == v221; // n14
-                const float v453 = (v452 ? v225 : 0.0f); // n59
-                const float v454 = kf_c0[18]; // logits f32
-                const float v455 = v454 - v233; // n5
-                const float v456 = expf(v455); // n6
-                const float v457 = v273 * v456; // n69
-                const float v458 = v453 + v457; // n70
-                const float v459 = v262 + v458; // n71
-                kf_o1[2] = v459; // dlogits
+                const int v458 = (int)col; // n11
+                const long long v459 = (long long)v458; // n13
+                const bool v460 = v459 == v227; // n14
+                const float v461 = (v460 ? v231 : 0.0f); // n59
+                const float v462 = kf_c0[18]; // logits f32
+                const float v463 = v462 - v240; // n5
+                const float v464 = expf(v463); // n6
+                const float v465 = v281 * v464; // n69
+                const float v466 = v461 + v465; // n70
+                const float v467 = v270 + v466; // n71
+                kf_o1[2] = v467; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v460 = (int)col; // n11
-                const long long v461 = (long long)v460; // n13
-                const bool v462 = v461 == v221; // n14
-                const float v463 = (v462 ? v225 : 0.0f); // n59
-                const float v464 = kf_c0[19]; // logits f32
-                const float v465 = v464 - v233; // n5
-                const float v466 = expf(v465); // n6
-                const float v467 = v273 * v466; // n69
-                const float v468 = v463 + v467; // n70
-                const float v469 = v262 + v468; // n71
-                kf_o1[3] = v469; // dlogits
+                const int v468 = (int)col; // n11
+                const long long v469 = (long long)v468; // n13
+                const bool v470 = v469 == v227; // n14
+                const float v471 = (v470 ? v231 : 0.0f); // n59
+                const float v472 = kf_c0[19]; // logits f32
+                const float v473 = v472 - v240; // n5
+                const float v474 = expf(v473); // n6
+                const float v475 = v281 * v474; // n69
+                const float v476 = v471 + v475; // n70
+                const float v477 = v270 + v476; // n71
+                kf_o1[3] = v477; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -909,62 +917,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v470 = (int)col; // n11
-                const long long v471 = (long long)v470; // n13
-                const bool v472 = v471 == v221; // n14
-                const float v473 = (v472 ? v225 : 0.0f); // n59
-                const float v474 = kf_c0[20]; // logits f32
-                const float v475 = v474 - v233; // n5
-                const float v476 = expf(v475); // n6
-                const float v477 = v273 * v476; // n69
-                const float v478 = v473 + v477; // n70
-                const float v479 = v262 + v478; // n71
-                kf_o1[0] = v479; // dlogits
+                const int v478 = (int)col; // n11
+                const long long v479 = (long long)v478; // n13
+                const bool v480 = v479 == v227; // n14
+                const float v481 = (v480 ? v231 : 0.0f); // n59
+                const float v482 = kf_c0[20]; // logits f32
+                const float v483 = v482 - v240; // n5
+                const float v484 = expf(v483); // n6
+                const float v485 = v281 * v484; // n69
+                const float v486 = v481 + v485; // n70
+                const float v487 = v270 + v486; // n71
+                kf_o1[0] = v487; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v480 = (int)col; // n11
-                const long long v481 = (long long)v480; // n13
-                const bool v482 = v481 == v221; // n14
-                const float v483 = (v482 ? v225 : 0.0f); // n59
-                const float v484 = kf_c0[21]; // logits f32
-                const float v485 = v484 - v233; // n5
-                const float v486 = expf(v485); // n6
-                const float v487 = v273 * v486; // n69
-                const float v488 = v483 + v487; // n70
-                const float v489 = v262 + v488; // n71
-                kf_o1[1] = v489; // dlogits
+                const int v488 = (int)col; // n11
+                const long long v489 = (long long)v488; // n13
+                const bool v490 = v489 == v227; // n14
+                const float v491 = (v490 ? v231 : 0.0f); // n59
+                const float v492 = kf_c0[21]; // logits f32
+                const float v493 = v492 - v240; // n5
+                const float v494 = expf(v493); // n6
+                const float v495 = v281 * v494; // n69
+                const float v496 = v491 + v495; // n70
+                const float v497 = v270 + v496; // n71
+                kf_o1[1] = v497; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v490 = (int)col; // n11
-                const long long v491 = (long long)v490; // n13
-                const bool v492 = v491 == v221; // n14
-                const float v493 = (v492 ? v225 : 0.0f); // n59
-                const float v494 = kf_c0[22]; // logits f32
-                const float v495 = v494 - v233; // n5
-                const float v496 = expf(v495); // n6
-                const float v497 = v273 * v496; // n69
-                const float v498 = v493 + v497; // n70
-                const float v499 = v262 + v498; // n71
-                kf_o1[2] = v499; // dlogits
+                const int v498 = (int)col; // n11
+                const long long v499 = (long long)v498; // n13
+                const bool v500 = v499 == v227; // n14
+                const float v501 = (v500 ? v231 : 0.0f); // n59
+                const float v502 = kf_c0[22]; // logits f32
+                const float v503 = v502 - v240; // n5
+                const float v504 = expf(v503); // n6
+                const float v505 = v281 * v504; // n69
+                const float v506 = v501 + v505; // n70
+                const float v507 = v270 + v506; // n71
+                kf_o1[2] = v507; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v500 = (int)col; // n11
-                const long long v501 = (long long)v500; // n13
-                const bool v502 = v501 == v221; // n14
-                const float v503 = (v502 ? v225 : 0.0f); // n59
-                const float v504 = kf_c0[23]; // logits f32
-                const float v505 = v504 - v233; // n5
-                const float v506 = expf(v505); // n6
-                const float v507 = v273 * v506; // n69
-                const float v508 = v503 + v507; // n70
-                const float v509 = v262 + v508; // n71
-                kf_o1[3] = v509; // dlogits
+                const int v508 = (int)col; // n11
+                const long long v509 = (long long)v508; // n13
+                const bool v510 = v509 == v227; // n14
+                const float v511 = (v510 ? v231 : 0.0f); // n59
+                const float v512 = kf_c0[23]; // logits f32
+                const float v513 = v512 - v240; // n5
+                const float v514 = expf(v513); // n6
+                const float v515 = v281 * v514; // n69
+                const float v516 = v511 + v515; // n70
+                const float v517 = v270 + v516; // n71
+                kf_o1[3] = v517; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -974,62 +982,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v510 = (int)col; // n11
-                const long long v511 = (long long)v510; // n13
-                const bool v512 = v511 == v221; // n14
-                const float v513 = (v512 ? v225 : 0.0f); // n59
-                const float v514 = kf_c0[24]; // logits f32
-                const float v515 = v514 - v233; // n5
-                const float v516 = expf(v515); // n6
-                const float v517 = v273 * v516; // n69
-                const float v518 = v513 + v517; // n70
-                const float v519 = v262 + v518; // n71
-                kf_o1[0] = v519; // dlogits
+                const int v518 = (int)col; // n11
+                const long long v519 = (long long)v518; // n13
+                const bool v520 = v519 == v227; // n14
+                const float v521 = (v520 ? v231 : 0.0f); // n59
+                const float v522 = kf_c0[24]; // logits f32
+                const float v523 = v522 - v240; // n5
+                const float v524 = expf(v523); // n6
+                const float v525 = v281 * v524; // n69
+                const float v526 = v521 + v525; // n70
+                const float v527 = v270 + v526; // n71
+                kf_o1[0] = v527; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v520 = (int)col; // n11
-                const long long v521 = (long long)v520; // n13
-                const bool v522 = v521 == v221; // n14
-                const float v523 = (v522 ? v225 : 0.0f); // n59
-                const float v524 = kf_c0[25]; // logits f32
-                const float v525 = v524 - v233; // n5
-                const float v526 = expf(v525); // n6
-                const float v527 = v273 * v526; // n69
-                const float v528 = v523 + v527; // n70
-                const float v529 = v262 + v528; // n71
-                kf_o1[1] = v529; // dlogits
+                const int v528 = (int)col; // n11
+                const long long v529 = (long long)v528; // n13
+                const bool v530 = v529 == v227; // n14
+                const float v531 = (v530 ? v231 : 0.0f); // n59
+                const float v532 = kf_c0[25]; // logits f32
+                const float v533 = v532 - v240; // n5
+                const float v534 = expf(v533); // n6
+                const float v535 = v281 * v534; // n69
+                const float v536 = v531 + v535; // n70
+                const float v537 = v270 + v536; // n71
+                kf_o1[1] = v537; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v530 = (int)col; // n11
-                const long long v531 = (long long)v530; // n13
-                const bool v532 = v531 == v221; // n14
-                const float v533 = (v532 ? v225 : 0.0f); // n59
-                const float v534 = kf_c0[26]; // logits f32
-                const float v535 = v534 - v233; // n5
-                const float v536 = expf(v535); // n6
-                const float v537 = v273 * v536; // n69
-                const float v538 = v533 + v537; // n70
-                const float v539 = v262 + v538; // n71
-                kf_o1[2] = v539; // dlogits
+                const int v538 = (int)col; // n11
+                const long long v539 = (long long)v538; // n13
+                const bool v540 = v539 == v227; // n14
+                const float v541 = (v540 ? v231 : 0.0f); // n59
+                const float v542 = kf_c0[26]; // logits f32
+                const float v543 = v542 - v240; // n5
+                const float v544 = expf(v543); // n6
+                const float v545 = v281 * v544; // n69
+                const float v546 = v541 + v545; // n70
+                const float v547 = v270 + v546; // n71
+                kf_o1[2] = v547; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v540 = (int)col; // n11
-                const long long v541 = (long long)v540; // n13
-                const bool v542 = v541 == v221; // n14
-                const float v543 = (v542 ? v225 : 0.0f); // n59
-                const float v544 = kf_c0[27]; // logits f32
-                const float v545 = v544 - v233; // n5
-                const float v546 = expf(v545); // n6
-                const float v547 = v273 * v546; // n69
-                const float v548 = v543 + v547; // n70
-                const float v549 = v262 + v548; // n71
-                kf_o1[3] = v549; // dlogits
+                const int v548 = (int)col; // n11
+                const long long v549 = (long long)v548; // n13
+                const bool v550 = v549 == v227; // n14
+                const float v551 = (v550 ? v231 : 0.0f); // n59
+                const float v552 = kf_c0[27]; // logits f32
+                const float v553 = v552 - v240; // n5
+                const float v554 = expf(v553); // n6
+                const float v555 = v281 * v554; // n69
+                const float v556 = v551 + v555; // n70
+                const float v557 = v270 + v556; // n71
+                kf_o1[3] = v557; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1039,62 +1047,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v550 = (int)col; // n11
-                const long long v551 = (long long)v550; // n13
-                const bool v552 = v551 == v221; // n14
-                const float v553 = (v552 ? v225 : 0.0f); // n59
-                const float v554 = kf_c0[28]; // logits f32
-                const float v555 = v554 - v233; // n5
-                const float v556 = expf(v555); // n6
-                const float v557 = v273 * v556; // n69
-                const float v558 = v553 + v557; // n70
-                const float v559 = v262 + v558; // n71
-                kf_o1[0] = v559; // dlogits
+                const int v558 = (int)col; // n11
+                const long long v559 = (long long)v558; // n13
+                const bool v560 = v559 == v227; // n14
+                const float v561 = (v560 ? v231 : 0.0f); // n59
+                const float v562 = kf_c0[28]; // logits f32
+                const float v563 = v562 - v240; // n5
+                const float v564 = expf(v563); // n6
+                const float v565 = v281 * v564; // n69
+                const float v566 = v561 + v565; // n70
+                const float v567 = v270 + v566; // n71
+                kf_o1[0] = v567; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v560 = (int)col; // n11
-                const long long v561 = (long long)v560; // n13
-                const bool v562 = v561 == v221; // n14
-                const float v563 = (v562 ? v225 : 0.0f); // n59
-                const float v564 = kf_c0[29]; // logits f32
-                const float v565 = v564 - v233; // n5
-                const float v566 = expf(v565); // n6
-                const float v567 = v273 * v566; // n69
-                const float v568 = v563 + v567; // n70
-                const float v569 = v262 + v568; // n71
-                kf_o1[1] = v569; // dlogits
+                const int v568 = (int)col; // n11
+                const long long v569 = (long long)v568; // n13
+                const bool v570 = v569 == v227; // n14
+                const float v571 = (v570 ? v231 : 0.0f); // n59
+                const float v572 = kf_c0[29]; // logits f32
+                const float v573 = v572 - v240; // n5
+                const float v574 = expf(v573); // n6
+                const float v575 = v281 * v574; // n69
+                const float v576 = v571 + v575; // n70
+                const float v577 = v270 + v576; // n71
+                kf_o1[1] = v577; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v570 = (int)col; // n11
-                const long long v571 = (long long)v570; // n13
-                const bool v572 = v571 == v221; // n14
-                const float v573 = (v572 ? v225 : 0.0f); // n59
-                const float v574 = kf_c0[30]; // logits f32
-                const float v575 = v574 - v233; // n5
-                const float v576 = expf(v575); // n6
-                const float v577 = v273 * v576; // n69
-                const float v578 = v573 + v577; // n70
-                const float v579 = v262 + v578; // n71
-                kf_o1[2] = v579; // dlogits
+                const int v578 = (int)col; // n11
+                const long long v579 = (long long)v578; // n13
+                const bool v580 = v579 == v227; // n14
+                const float v581 = (v580 ? v231 : 0.0f); // n59
+                const float v582 = kf_c0[30]; // logits f32
+                const float v583 = v582 - v240; // n5
+                const float v584 = expf(v583); // n6
+                const float v585 = v281 * v584; // n69
+                const float v586 = v581 + v585; // n70
+                const float v587 = v270 + v586; // n71
+                kf_o1[2] = v587; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v580 = (int)col; // n11
-                const long long v581 = (long long)v580; // n13
-                const bool v582 = v581 == v221; // n14
-                const float v583 = (v582 ? v225 : 0.0f); // n59
-                const float v584 = kf_c0[31]; // logits f32
-                const float v585 = v584 - v233; // n5
-                const float v586 = expf(v585); // n6
-                const float v587 = v273 * v586; // n69
-                const float v588 = v583 + v587; // n70
-                const float v589 = v262 + v588; // n71
-                kf_o1[3] = v589; // dlogits
+                const int v588 = (int)col; // n11
+                const long long v589 = (long long)v588; // n13
+                const bool v590 = v589 == v227; // n14
+                const float v591 = (v590 ? v231 : 0.0f); // n59
+                const float v592 = kf_c0[31]; // logits f32
+                const float v593 = v592 - v240; // n5
+                const float v594 = expf(v593); // n6
+                const float v595 = v281 * v594; // n69
+                const float v596 = v591 + v595; // n70
+                const float v597 = v270 + v596; // n71
+                kf_o1[3] = v597; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1119,10 +1127,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v655 = (float)r0; // n43
-        const float v656 = tmp0[0]; // n45 from an earlier kernel
-        const float v657 = v655 / v656; // n46
-        out0[0] = v657; // output loss
+        const float v663 = (float)r0; // n43
+        const float v664 = tmp0[0]; // n45 from an earlier kernel
+        const float v665 = v663 / v664; // n46
+        out0[0] = v665; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -210,117 +210,117 @@ extern "C" __global__ void __launch_bounds__(256) kf_ab48a2385a6e6fdd_1(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float a672 = __int_as_float(0xff800000);
-        double a673 = 0.0;
-        const long long v675 = in1[row]; // labels i64
-        const bool v676 = v675 >= 0ll; // n12
-        const int v677 = (int)(sz1); // n15 the count of every element
-        const long long v678 = (long long)v677; // n16
-        const bool v679 = v675 < v678; // n17
-        const bool v680 = v676 && v679; // n18
-        const long long v681 = (v680 ? v675 : 0ll); // n19
-        const float v685 = tmp1[0]; // n30 from an earlier kernel
-        const float v686 = (v680 ? v685 : 0.0f); // n32
-        const float v687 = -v686; // n38
+        float a678 = __int_as_float(0xff800000);
+        double a679 = 0.0;
+        const long long v681 = in1[row]; // labels i64
+        const bool v682 = v681 >= 0ll; // n12
+        const int v683 = (int)(sz1); // n15 the count of every element
+        const long long v684 = (long long)v683; // n16
+        const bool v685 = v681 < v684; // n17
+        const bool v686 = v682 && v685; // n18
+        const long long v687 = (v686 ? v681 : 0ll); // n19
+        const float v691 = tmp1[0]; // n30 from an earlier kernel
+        const float v692 = (v686 ? v691 : 0.0f); // n32
+        const float v693 = -v692; // n38
         #pragma unroll 4
         for (long long j6 = lane; j6 < kf_n; j6 += kf_g) {
-            const float v674 = in0[rowbase + j6]; // logits f32
-            a672 = kf_maxf(a672, v674);
-            const int v682 = (int)j6; // n34
-            const long long v683 = (long long)v682; // n35
-            const bool v684 = v681 == v683; // n36
-            const float v688 = (v684 ? v687 : 0.0f); // n39
-            a673 += (double)v688;
+            const float v680 = in0[rowbase + j6]; // logits f32
+            a678 = kf_maxf(a678, v680);
+            const int v688 = (int)j6; // n34
+            const long long v689 = (long long)v688; // n35
+            const bool v690 = v687 == v689; // n36
+            const float v694 = (v690 ? v693 : 0.0f); // n39
+            a679 += (double)v694;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a672 = kf_row_max(a672, kf_g < 32 ? kf_g : 32, kf_rs);
-        a673 = kf_row_sum(a673, kf_g < 32 ? kf_g : 32, kf_rs);
+        a678 = kf_row_max(a678, kf_g < 32 ? kf_g : 32, kf_rs);
+        a679 = kf_row_sum(a679, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a672; kf_rs[32 + kf_warp] = a673; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a678; kf_rs[32 + kf_warp] = a679; }
             __syncthreads();
-            a672 = kf_rs[kf_first]; a673 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a672 = kf_max_f64(a672, kf_rs[kf_first + w]); a673 += kf_rs[32 + kf_first + w]; }
+            a678 = kf_rs[kf_first]; a679 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a678 = kf_max_f64(a678, kf_rs[kf_first + w]); a679 += kf_rs[32 + kf_first + w]; }
         }
-        const float v689 = (float)a672; // n2 max along the row, once per row
-        const float v690 = (float)a673; // n40 sum along the row, once per row
-        double a691 = 0.0;
-        double a692 = 0.0;
+        const float v695 = (float)a678; // n2 max along the row, once per row
+        const float v696 = (float)a679; // n40 sum along the row, once per row
+        double a697 = 0.0;
+        double a698 = 0.0;
         #pragma unroll 4
         for (long long j7 = lane; j7 < kf_n; j7 += kf_g) {
-            const float v693 = in0[rowbase + j7]; // logits f32
-            const float v694 = v693 - v689; // n4
-            const float v695 = expf(v694); // n5
-            a691 += (double)v695;
-            const bool v696 = v693 == v689; // n51
-            if (v696) {
-                a692 += 1.0;
+            const float v699 = in0[rowbase + j7]; // logits f32
+            const float v700 = v699 - v695; // n4
+            const float v701 = expf(v700); // n5
+            a697 += (double)v701;
+            const bool v702 = v699 == v695; // n51
+            if (v702) {
+                a698 += 1.0;
             }
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a691 = kf_row_sum(a691, kf_g < 32 ? kf_g : 32, kf_rs);
-        a692 = kf_row_sum(a692, kf_g < 32 ? kf_g : 32, kf_rs);
+        a697 = kf_row_sum(a697, kf_g < 32 ? kf_g : 32, kf_rs);
+        a698 = kf_row_sum(a698, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a691; kf_rs[32 + kf_warp] = a692; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a697; kf_rs[32 + kf_warp] = a698; }
             __syncthreads();
-            a691 = kf_rs[kf_first]; a692 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a691 += kf_rs[kf_first + w]; a692 += kf_rs[32 + kf_first + w]; }
+            a697 = kf_rs[kf_first]; a698 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a697 += kf_rs[kf_first + w]; a698 += kf_rs[32 + kf_first + w]; }
         }
-        const float v697 = (float)a691; // n6 sum along the row, once per row
-        const int v698 = (int)(long long)a692; // n52 count along the row, once per row
-        double a699 = 0.0;
-        const float v704 = v690 / v697; // n43
+        const float v703 = (float)a697; // n6 sum along the row, once per row
+        const int v704 = (int)(long long)a698; // n52 count along the row, once per row
+        double a705 = 0.0;
+        const float v710 = v696 / v703; // n43
         #pragma unroll 4
         for (long long j8 = lane; j8 < kf_n; j8 += kf_g) {
-            const int v700 = (int)j8; // n34
-            const long long v701 = (long long)v700; // n35
-            const bool v702 = v681 == v701; // n36
-            const float v703 = (v702 ? v686 : 0.0f); // n37
-            const float v705 = in0[rowbase + j8]; // logits f32
-            const float v706 = v705 - v689; // n4
-            const float v707 = expf(v706); // n5
-            const float v708 = v704 * v707; // n45
-            const float v709 = v703 + v708; // n46
-            const float v710 = -v709; // n47
-            a699 += (double)v710;
+            const int v706 = (int)j8; // n34
+            const long long v707 = (long long)v706; // n35
+            const bool v708 = v687 == v707; // n36
+            const float v709 = (v708 ? v692 : 0.0f); // n37
+            const float v711 = in0[rowbase + j8]; // logits f32
+            const float v712 = v711 - v695; // n4
+            const float v713 = expf(v712); // n5
+            const float v714 = v710 * v713; // n45
+            const float v715 = v709 + v714; // n46
+            const float v716 = -v715; // n47
+            a705 += (double)v716;
         }
-        a699 = kf_row_sum(a699, kf_g, kf_rs); // over the row's lanes
-        const float v711 = (float)a699; // n48 sum along the row, once per row
+        a705 = kf_row_sum(a705, kf_g, kf_rs); // over the row's lanes
+        const float v717 = (float)a705; // n48 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v680) {
-                const bool v712 = (unsigned long long)v681 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v713 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v712) {
-                    const float v714 = in0[row * sz1 + v681]; // logits f32
-                    const float v715 = v714 - v689; // n4
-                    const float v716 = logf(v697); // n7
-                    const float v717 = v715 - v716; // n9
-                    v713 = v717;
+            if (v686) {
+                const bool v718 = (unsigned long long)v687 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v719 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v718) {
+                    const float v720 = in0[row * sz1 + v687]; // logits f32
+                    const float v721 = v720 - v695; // n4
+                    const float v722 = logf(v703); // n7
+                    const float v723 = v721 - v722; // n9
+                    v719 = v723;
                 }
-                acc0 += (double)v713;
+                acc0 += (double)v719;
             }
         }
-        const float v728 = (float)v698; // n53
-        const float v729 = v711 / v728; // n54
+        const float v734 = (float)v704; // n53
+        const float v735 = v717 / v734; // n54
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const int v718 = (int)col; // n34
-            const long long v719 = (long long)v718; // n35
-            const bool v720 = v681 == v719; // n36
-            const float v721 = (v720 ? v686 : 0.0f); // n37
-            const float v722 = in0[i]; // logits f32
-            const float v723 = v722 - v689; // n4
-            const float v724 = expf(v723); // n5
-            const float v725 = v704 * v724; // n45
-            const float v726 = v721 + v725; // n46
-            const bool v727 = v722 == v689; // n51
-            const float v730 = (v727 ? v729 : 0.0f); // n56
-            const float v731 = v726 + v730; // n57
-            out1[i] = v731; // dlogits
+            const int v724 = (int)col; // n34
+            const long long v725 = (long long)v724; // n35
+            const bool v726 = v687 == v725; // n36
+            const float v727 = (v726 ? v692 : 0.0f); // n37
+            const float v728 = in0[i]; // logits f32
+            const float v729 = v728 - v695; // n4
+            const float v730 = expf(v729); // n5
+            const float v731 = v710 * v730; // n45
+            const float v732 = v727 + v731; // n46
+            const bool v733 = v728 == v695; // n51
+            const float v736 = (v733 ? v735 : 0.0f); // n56
+            const float v737 = v732 + v736; // n57
+            out1[i] = v737; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -343,11 +343,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_ab48a2385a6e6fdd_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v732 = (float)r0; // n23
-        const float v733 = -v732; // n24
-        const float v734 = tmp0[0]; // n26 from an earlier kernel
-        const float v735 = v733 / v734; // n27
-        out0[0] = v735; // output loss
+        const float v738 = (float)r0; // n23
+        const float v739 = -v738; // n24
+        const float v740 = tmp0[0]; // n26 from an earlier kernel
+        const float v741 = v739 / v740; // n27
+        out0[0] = v741; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -484,177 +484,183 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
                 kf_c0[4 * kf_v + 3] = kf_w.w;
             }
         }
-        float a240 = __int_as_float(0xff800000);
-        double a241 = 0.0;
-        const long long v243 = in1[row]; // labels i64
-        const bool v244 = v243 >= 0ll; // n12
-        const int v245 = (int)(sz1); // n15 the count of every element
-        const long long v246 = (long long)v245; // n16
-        const bool v247 = v243 < v246; // n17
-        const bool v248 = v244 && v247; // n18
-        const long long v249 = (v248 ? v243 : 0ll); // n19
-        const float v253 = tmp1[0]; // n30 from an earlier kernel
-        const float v254 = (v248 ? v253 : 0.0f); // n32
-        const float v255 = -v254; // n38
+        float a243 = __int_as_float(0xff800000);
+        double a244 = 0.0;
+        float p245 = 0.0f;
+        const long long v247 = in1[row]; // labels i64
+        const bool v248 = v247 >= 0ll; // n12
+        const int v249 = (int)(sz1); // n15 the count of every element
+        const long long v250 = (long long)v249; // n16
+        const bool v251 = v247 < v250; // n17
+        const bool v252 = v248 && v251; // n18
+        const long long v253 = (v252 ? v247 : 0ll); // n19
+        const float v257 = tmp1[0]; // n30 from an earlier kernel
+        const float v258 = (v252 ? v257 : 0.0f); // n32
+        const float v259 = -v258; // n38
         #pragma unroll
         for (int t3 = 0; t3 < 32; ++t3) {
             if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
             const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v242 = kf_c0[t3]; // logits f32
-            a240 = kf_maxf(a240, v242);
-            const int v250 = (int)j3; // n34
-            const long long v251 = (long long)v250; // n35
-            const bool v252 = v249 == v251; // n36
-            const float v256 = (v252 ? v255 : 0.0f); // n39
-            a241 += (double)v256;
+            const float v246 = kf_c0[t3]; // logits f32
+            a243 = kf_maxf(a243, v246);
+            const int v254 = (int)j3; // n34
+            const long long v255 = (long long)v254; // n35
+            const bool v256 = v253 == v255; // n36
+            const float v260 = (v256 ? v259 : 0.0f); // n39
+            p245 += v260;
         }
+        a244 = (double)p245; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a240 = kf_row_max(a240, kf_g < 32 ? kf_g : 32, kf_rs);
-        a241 = kf_row_sum(a241, kf_g < 32 ? kf_g : 32, kf_rs);
+        a243 = kf_row_max(a243, kf_g < 32 ? kf_g : 32, kf_rs);
+        a244 = kf_row_sum(a244, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a240; kf_rs[32 + kf_warp] = a241; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a243; kf_rs[32 + kf_warp] = a244; }
             __syncthreads();
-            a240 = kf_rs[kf_first]; a241 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a240 = kf_max_f64(a240, kf_rs[kf_first + w]); a241 += kf_rs[32 + kf_first + w]; }
+            a243 = kf_rs[kf_first]; a244 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a243 = kf_max_f64(a243, kf_rs[kf_first + w]); a244 += kf_rs[32 + kf_first + w]; }
         }
-        const float v257 = (float)a240; // n2 max along the row, once per row
-        const float v258 = (float)a241; // n40 sum along the row, once per row
-        double a259 = 0.0;
-        double a260 = 0.0;
+        const float v261 = (float)a243; // n2 max along the row, once per row
+        const float v262 = (float)a244; // n40 sum along the row, once per row
+        double a263 = 0.0;
+        float p264 = 0.0f;
+        double a265 = 0.0;
         #pragma unroll
         for (int t4 = 0; t4 < 32; ++t4) {
             if (4 * (lane + (t4 / 4) * kf_g) >= kf_n) break;
             const int j4 = 4 * (lane + (t4 / 4) * kf_g) + t4 % 4;
-            const float v261 = kf_c0[t4]; // logits f32
-            const float v262 = v261 - v257; // n4
-            const float v263 = expf(v262); // n5
-            a259 += (double)v263;
-            const bool v264 = v261 == v257; // n51
-            if (v264) {
-                a260 += 1.0;
+            const float v266 = kf_c0[t4]; // logits f32
+            const float v267 = v266 - v261; // n4
+            const float v268 = expf(v267); // n5
+            p264 += v268;
+            const bool v269 = v266 == v261; // n51
+            if (v269) {
+                a265 += 1.0;
             }
         }
+        a263 = (double)p264; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a259 = kf_row_sum(a259, kf_g < 32 ? kf_g : 32, kf_rs);
-        a260 = kf_row_sum(a260, kf_g < 32 ? kf_g : 32, kf_rs);
+        a263 = kf_row_sum(a263, kf_g < 32 ? kf_g : 32, kf_rs);
+        a265 = kf_row_sum(a265, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a259; kf_rs[32 + kf_warp] = a260; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a263; kf_rs[32 + kf_warp] = a265; }
             __syncthreads();
-            a259 = kf_rs[kf_first]; a260 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a259 += kf_rs[kf_first + w]; a260 += kf_rs[32 + kf_first + w]; }
+            a263 = kf_rs[kf_first]; a265 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a263 += kf_rs[kf_first + w]; a265 += kf_rs[32 + kf_first + w]; }
         }
-        const float v265 = (float)a259; // n6 sum along the row, once per row
-        const int v266 = (int)(long long)a260; // n52 count along the row, once per row
-        double a267 = 0.0;
-        const float v272 = v258 / v265; // n43
+        const float v270 = (float)a263; // n6 sum along the row, once per row
+        const int v271 = (int)(long long)a265; // n52 count along the row, once per row
+        double a272 = 0.0;
+        float p273 = 0.0f;
+        const float v278 = v262 / v270; // n43
         #pragma unroll
         for (int t5 = 0; t5 < 32; ++t5) {
             if (4 * (lane + (t5 / 4) * kf_g) >= kf_n) break;
             const int j5 = 4 * (lane + (t5 / 4) * kf_g) + t5 % 4;
-            const int v268 = (int)j5; // n34
-            const long long v269 = (long long)v268; // n35
-            const bool v270 = v249 == v269; // n36
-            const float v271 = (v270 ? v254 : 0.0f); // n37
-            const float v273 = kf_c0[t5]; // logits f32
-            const float v274 = v273 - v257; // n4
-            const float v275 = expf(v274); // n5
-            const float v276 = v272 * v275; // n45
-            const float v277 = v271 + v276; // n46
-            const float v278 = -v277; // n47
-            a267 += (double)v278;
+            const int v274 = (int)j5; // n34
+            const long long v275 = (long long)v274; // n35
+            const bool v276 = v253 == v275; // n36
+            const float v277 = (v276 ? v258 : 0.0f); // n37
+            const float v279 = kf_c0[t5]; // logits f32
+            const float v280 = v279 - v261; // n4
+            const float v281 = expf(v280); // n5
+            const float v282 = v278 * v281; // n45
+            const float v283 = v277 + v282; // n46
+            const float v284 = -v283; // n47
+            p273 += v284;
         }
-        a267 = kf_row_sum(a267, kf_g, kf_rs); // over the row's lanes
-        const float v279 = (float)a267; // n48 sum along the row, once per row
+        a272 = (double)p273; // the lane's columns, added in f32
+        a272 = kf_row_sum(a272, kf_g, kf_rs); // over the row's lanes
+        const float v285 = (float)a272; // n48 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v248) {
-                const bool v280 = (unsigned long long)v249 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v281 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v280) {
-                    const float v282 = in0[row * sz1 + v249]; // logits f32
-                    const float v283 = v282 - v257; // n4
-                    const float v284 = logf(v265); // n7
-                    const float v285 = v283 - v284; // n9
-                    v281 = v285;
+            if (v252) {
+                const bool v286 = (unsigned long long)v253 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v287 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v286) {
+                    const float v288 = in0[row * sz1 + v253]; // logits f32
+                    const float v289 = v288 - v261; // n4
+                    const float v290 = logf(v270); // n7
+                    const float v291 = v289 - v290; // n9
+                    v287 = v291;
                 }
-                acc0 += (double)v281;
+                acc0 += (double)v287;
             }
         }
-        const float v296 = (float)v266; // n53
-        const float v297 = v279 / v296; // n54
+        const float v302 = (float)v271; // n53
+        const float v303 = v285 / v302; // n54
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v286 = (int)col; // n34
-                const long long v287 = (long long)v286; // n35
-                const bool v288 = v249 == v287; // n36
-                const float v289 = (v288 ? v254 : 0.0f); // n37
-                const float v290 = kf_c0[0]; // logits f32
-                const float v291 = v290 - v257; // n4
-                const float v292 = expf(v291); // n5
-                const float v293 = v272 * v292; // n45
-                const float v294 = v289 + v293; // n46
-                const bool v295 = v290 == v257; // n51
-                const float v298 = (v295 ? v297 : 0.0f); // n56
-                const float v299 = v294 + v298; // n57
-                kf_o1[0] = v299; // dlogits
+                const int v292 = (int)col; // n34
+                const long long v293 = (long long)v292; // n35
+                const bool v294 = v253 == v293; // n36
+                const float v295 = (v294 ? v258 : 0.0f); // n37
+                const float v296 = kf_c0[0]; // logits f32
+                const float v297 = v296 - v261; // n4
+                const float v298 = expf(v297); // n5
+                const float v299 = v278 * v298; // n45
+                const float v300 = v295 + v299; // n46
+                const bool v301 = v296 == v261; // n51
+                const float v304 = (v301 ? v303 : 0.0f); // n56
+                const float v305 = v300 + v304; // n57
+                kf_o1[0] = v305; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v300 = (int)col; // n34
-                const long long v301 = (long long)v300; // n35
-                const bool v302 = v249 == v301; // n36
-                const float v303 = (v302 ? v254 : 0.0f); // n37
-                const float v304 = kf_c0[1]; // logits f32
-                const float v305 = v304 - v257; // n4
-                const float v306 = expf(v305); // n5
-                const float v307 = v272 * v306; // n45
-                const float v308 = v303 + v307; // n46
-                const bool v309 = v304 == v257; // n51
-                const float v310 = (v309 ? v297 : 0.0f); // n56
-                const float v311 = v308 + v310; // n57
-                kf_o1[1] = v311; // dlogits
+                const int v306 = (int)col; // n34
+                const long long v307 = (long long)v306; // n35
+                const bool v308 = v253 == v307; // n36
+                const float v309 = (v308 ? v258 : 0.0f); // n37
+                const float v310 = kf_c0[1]; // logits f32
+                const float v311 = v310 - v261; // n4
+                const float v312 = expf(v311); // n5
+                const float v313 = v278 * v312; // n45
+                const float v314 = v309 + v313; // n46
+                const bool v315 = v310 == v261; // n51
+                const float v316 = (v315 ? v303 : 0.0f); // n56
+                const float v317 = v314 + v316; // n57
+                kf_o1[1] = v317; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v312 = (int)col; // n34
-                const long long v313 = (long long)v312; // n35
-                const bool v314 = v249 == v313; // n36
-                const float v315 = (v314 ? v254 : 0.0f); // n37
-                const float v316 = kf_c0[2]; // logits f32
-                const float v317 = v316 - v257; // n4
-                const float v318 = expf(v317); // n5
-                const float v319 = v272 * v318; // n45
-                const float v320 = v315 + v319; // n46
-                const bool v321 = v316 == v257; // n51
-                const float v322 = (v321 ? v297 : 0.0f); // n56
-                const float v323 = v320 + v322; // n57
-                kf_o1[2] = v323; // dlogits
+                const int v318 = (int)col; // n34
+                const long long v319 = (long long)v318; // n35
+                const bool v320 = v253 == v319; // n36
+                const float v321 = (v320 ? v258 : 0.0f); // n37
+                const float v322 = kf_c0[2]; // logits f32
+                const float v323 = v322 - v261; // n4
+                const float v324 = expf(v323); // n5
+                const float v325 = v278 * v324; // n45
+                const float v326 = v321 + v325; // n46
+                const bool v327 = v322 == v261; // n51
+                const float v328 = (v327 ? v303 : 0.0f); // n56
+                const float v329 = v326 + v328; // n57
+                kf_o1[2] = v329; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v324 = (int)col; // n34
-                const long long v325 = (long long)v324; // n35
-                const bool v326 = v249 == v325; // n36
-                const float v327 = (v326 ? v254 : 0.0f); // n37
-                const float v328 = kf_c0[3]; // logits f32
-                const float v329 = v328 - v257; // n4
-                const float v330 = expf(v329); // n5
-                const float v331 = v272 * v330; // n45
-                const float v332 = v327 + v331; // n46
-                const bool v333 = v328 == v257; // n51
-                const float v334 = (v333 ? v297 : 0.0f); // n56
-                const float v335 = v332 + v334; // n57
-                kf_o1[3] = v335; // dlogits
+                const int v330 = (int)col; // n34
+                const long long v331 = (long long)v330; // n35
+                const bool v332 = v253 == v331; // n36
+                const float v333 = (v332 ? v258 : 0.0f); // n37
+                const float v334 = kf_c0[3]; // logits f32
+                const float v335 = v334 - v261; // n4
+                const float v336 = expf(v335); // n5
+                const float v337 = v278 * v336; // n45
+                const float v338 = v333 + v337; // n46
+                const bool v339 = v334 == v261; // n51
+                const float v340 = (v339 ? v303 : 0.0f); // n56
+                const float v341 = v338 + v340; // n57
+                kf_o1[3] = v341; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -664,70 +670,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v336 = (int)col; // n34
-                const long long v337 = (long long)v336; // n35
-                const bool v338 = v249 == v337; // n36
-                const float v339 = (v338 ? v254 : 0.0f); // n37
-                const float v340 = kf_c0[4]; // logits f32
-                const float v341 = v340 - v257; // n4
-                const float v342 = expf(v341); // n5
-                const float v343 = v272 * v342; // n45
-                const float v344 = v339 + v343; // n46
-                const bool v345 = v340 == v257; // n51
-                const float v346 = (v345 ? v297 : 0.0f); // n56
-                const float v347 = v344 + v346; // n57
-                kf_o1[0] = v347; // dlogits
+                const int v342 = (int)col; // n34
+                const long long v343 = (long long)v342; // n35
+                const bool v344 = v253 == v343; // n36
+                const float v345 = (v344 ? v258 : 0.0f); // n37
+                const float v346 = kf_c0[4]; // logits f32
+                const float v347 = v346 - v261; // n4
+                const float v348 = expf(v347); // n5
+                const float v349 = v278 * v348; // n45
+                const float v350 = v345 + v349; // n46
+                const bool v351 = v346 == v261; // n51
+                const float v352 = (v351 ? v303 : 0.0f); // n56
+                const float v353 = v350 + v352; // n57
+                kf_o1[0] = v353; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v348 = (int)col; // n34
-                const long long v349 = (long long)v348; // n35
-                const bool v350 = v249 == v349; // n36
-                const float v351 = (v350 ? v254 : 0.0f); // n37
-                const float v352 = kf_c0[5]; // logits f32
-                const float v353 = v352 - v257; // n4
-                const float v354 = expf(v353); // n5
-                const float v355 = v272 * v354; // n45
-                const float v356 = v351 + v355; // n46
-                const bool v357 = v352 == v257; // n51
-                const float v358 = (v357 ? v297 : 0.0f); // n56
-                const float v359 = v356 + v358; // n57
-                kf_o1[1] = v359; // dlogits
+                const int v354 = (int)col; // n34
+                const long long v355 = (long long)v354; // n35
+                const bool v356 = v253 == v355; // n36
+                const float v357 = (v356 ? v258 : 0.0f); // n37
+                const float v358 = kf_c0[5]; // logits f32
+                const float v359 = v358 - v261; // n4
+                const float v360 = expf(v359); // n5
+                const float v361 = v278 * v360; // n45
+                const float v362 = v357 + v361; // n46
+                const bool v363 = v358 == v261; // n51
+                const float v364 = (v363 ? v303 : 0.0f); // n56
+                const float v365 = v362 + v364; // n57
+                kf_o1[1] = v365; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v360 = (int)col; // n34
-                const long long v361 = (long long)v360; // n35
-                const bool v362 = v249 == v361; // n36
-                const float v363 = (v362 ? v254 : 0.0f); // n37
-                const float v364 = kf_c0[6]; // logits f32
-                const float v365 = v364 - v257; // n4
-                const float v366 = expf(v365); // n5
-                const float v367 = v272 * v366; // n45
-                const float v368 = v363 + v367; // n46
-                const bool v369 = v364 == v257; // n51
-                const float v370 = (v369 ? v297 : 0.0f); // n56
-                const float v371 = v368 + v370; // n57
-                kf_o1[2] = v371; // dlogits
+                const int v366 = (int)col; // n34
+                const long long v367 = (long long)v366; // n35
+                const bool v368 = v253 == v367; // n36
+                const float v369 = (v368 ? v258 : 0.0f); // n37
+                const float v370 = kf_c0[6]; // logits f32
+                const float v371 = v370 - v261; // n4
+                const float v372 = expf(v371); // n5
+                const float v373 = v278 * v372; // n45
+                const float v374 = v369 + v373; // n46
+                const bool v375 = v370 == v261; // n51
+                const float v376 = (v375 ? v303 : 0.0f); // n56
+                const float v377 = v374 + v376; // n57
+                kf_o1[2] = v377; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v372 = (int)col; // n34
-                const long long v373 = (long long)v372; // n35
-                const bool v374 = v249 == v373; // n36
-                const float v375 = (v374 ? v254 : 0.0f); // n37
-                const float v376 = kf_c0[7]; // logits f32
-                const float v377 = v376 - v257; // n4
-                const float v378 = expf(v377); // n5
-                const float v379 = v272 * v378; // n45
-                const float v380 = v375 + v379; // n46
-                const bool v381 = v376 == v257; // n51
-                const float v382 = (v381 ? v297 : 0.0f); // n56
-                const float v383 = v380 + v382; // n57
-                kf_o1[3] = v383; // dlogits
+                const int v378 = (int)col; // n34
+                const long long v379 = (long long)v378; // n35
+                const bool v380 = v253 == v379; // n36
+                const float v381 = (v380 ? v258 : 0.0f); // n37
+                const float v382 = kf_c0[7]; // logits f32
+                const float v383 = v382 - v261; // n4
+                const float v384 = expf(v383); // n5
+                const float v385 = v278 * v384; // n45
+                const float v386 = v381 + v385; // n46
+                const bool v387 = v382 == v261; // n51
+                const float v388 = (v387 ? v303 : 0.0f); // n56
+                const float v389 = v386 + v388; // n57
+                kf_o1[3] = v389; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -737,70 +743,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v384 = (int)col; // n34
-                const long long v385 = (long long)v384; // n35
-                const bool v386 = v249 == v385; // n36
-                const float v387 = (v386 ? v254 : 0.0f); // n37
-                const float v388 = kf_c0[8]; // logits f32
-                const float v389 = v388 - v257; // n4
-                const float v390 = expf(v389); // n5
-                const float v391 = v272 * v390; // n45
-                const float v392 = v387 + v391; // n46
-                const bool v393 = v388 == v257; // n51
-                const float v394 = (v393 ? v297 : 0.0f); // n56
-                const float v395 = v392 + v394; // n57
-                kf_o1[0] = v395; // dlogits
+                const int v390 = (int)col; // n34
+                const long long v391 = (long long)v390; // n35
+                const bool v392 = v253 == v391; // n36
+                const float v393 = (v392 ? v258 : 0.0f); // n37
+                const float v394 = kf_c0[8]; // logits f32
+                const float v395 = v394 - v261; // n4
+                const float v396 = expf(v395); // n5
+                const float v397 = v278 * v396; // n45
+                const float v398 = v393 + v397; // n46
+                const bool v399 = v394 == v261; // n51
+                const float v400 = (v399 ? v303 : 0.0f); // n56
+                const float v401 = v398 + v400; // n57
+                kf_o1[0] = v401; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v396 = (int)col; // n34
-                const long long v397 = (long long)v396; // n35
-                const bool v398 = v249 == v397; // n36
-                const float v399 = (v398 ? v254 : 0.0f); // n37
-                const float v400 = kf_c0[9]; // logits f32
-                const float v401 = v400 - v257; // n4
-                const float v402 = expf(v401); // n5
-                const float v403 = v272 * v402; // n45
-                const float v404 = v399 + v403; // n46
-                const bool v405 = v400 == v257; // n51
-                const float v406 = (v405 ? v297 : 0.0f); // n56
-                const float v407 = v404 + v406; // n57
-                kf_o1[1] = v407; // dlogits
+                const int v402 = (int)col; // n34
+                const long long v403 = (long long)v402; // n35
+                const bool v404 = v253 == v403; // n36
+                const float v405 = (v404 ? v258 : 0.0f); // n37
+                const float v406 = kf_c0[9]; // logits f32
+                const float v407 = v406 - v261; // n4
+                const float v408 = expf(v407); // n5
+                const float v409 = v278 * v408; // n45
+                const float v410 = v405 + v409; // n46
+                const bool v411 = v406 == v261; // n51
+                const float v412 = (v411 ? v303 : 0.0f); // n56
+                const float v413 = v410 + v412; // n57
+                kf_o1[1] = v413; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v408 = (int)col; // n34
-                const long long v409 = (long long)v408; // n35
-                const bool v410 = v249 == v409; // n36
-                const float v411 = (v410 ? v254 : 0.0f); // n37
-                const float v412 = kf_c0[10]; // logits f32
-                const float v413 = v412 - v257; // n4
-                const float v414 = expf(v413); // n5
-                const float v415 = v272 * v414; // n45
-                const float v416 = v411 + v415; // n46
-                const bool v417 = v412 == v257; // n51
-                const float v418 = (v417 ? v297 : 0.0f); // n56
-                const float v419 = v416 + v418; // n57
-                kf_o1[2] = v419; // dlogits
+                const int v414 = (int)col; // n34
+                const long long v415 = (long long)v414; // n35
+                const bool v416 = v253 == v415; // n36
+                const float v417 = (v416 ? v258 : 0.0f); // n37
+                const float v418 = kf_c0[10]; // logits f32
+                const float v419 = v418 - v261; // n4
+                const float v420 = expf(v419); // n5
+                const float v421 = v278 * v420; // n45
+                const float v422 = v417 + v421; // n46
+                const bool v423 = v418 == v261; // n51
+                const float v424 = (v423 ? v303 : 0.0f); // n56
+                const float v425 = v422 + v424; // n57
+                kf_o1[2] = v425; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v420 = (int)col; // n34
-                const long long v421 = (long long)v420; // n35
-                const bool v422 = v249 == v421; // n36
-                const float v423 = (v422 ? v254 : 0.0f); // n37
-                const float v424 = kf_c0[11]; // logits f32
-                const float v425 = v424 - v257; // n4
-                const float v426 = expf(v425); // n5
-                const float v427 = v272 * v426; // n45
-                const float v428 = v423 + v427; // n46
-                const bool v429 = v424 == v257; // n51
-                const float v430 = (v429 ? v297 : 0.0f); // n56
-                const float v431 = v428 + v430; // n57
-                kf_o1[3] = v431; // dlogits
+                const int v426 = (int)col; // n34
+                const long long v427 = (long long)v426; // n35
+                const bool v428 = v253 == v427; // n36
+                const float v429 = (v428 ? v258 : 0.0f); // n37
+                const float v430 = kf_c0[11]; // logits f32
+                const float v431 = v430 - v261; // n4
+                const float v432 = expf(v431); // n5
+                const float v433 = v278 * v432; // n45
+                const float v434 = v429 + v433; // n46
+                const bool v435 = v430 == v261; // n51
+                const float v436 = (v435 ? v303 : 0.0f); // n56
+                const float v437 = v434 + v436; // n57
+                kf_o1[3] = v437; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -810,70 +816,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v432 = (int)col; // n34
-                const long long v433 = (long long)v432; // n35
-                const bool v434 = v249 == v433; // n36
-                const float v435 = (v434 ? v254 : 0.0f); // n37
-                const float v436 = kf_c0[12]; // logits f32
-                const float v437 = v436 - v257; // n4
-                const float v438 = expf(v437); // n5
-                const float v439 = v272 * v438; // n45
-                const float v440 = v435 + v439; // n46
-                const bool v441 = v436 == v257; // n51
-                const float v442 = (v441 ? v297 : 0.0f); // n56
-                const float v443 = v440 + v442; // n57
-                kf_o1[0] = v443; // dlogits
+                const int v438 = (int)col; // n34
+                const long long v439 = (long long)v438; // n35
+                const bool v440 = v253 == v439; // n36
+                const float v441 = (v440 ? v258 : 0.0f); // n37
+                const float v442 = kf_c0[12]; // logits f32
+                const float v443 = v442 - v261; // n4
+                const float v444 = expf(v443); // n5
+                const float v445 = v278 * v444; // n45
+                const float v446 = v441 + v445; // n46
+                const bool v447 = v442 == v261; // n51
+                const float v448 = (v447 ? v303 : 0.0f); // n56
+                const float v449 = v446 + v448; // n57
+                kf_o1[0] = v449; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v444 = (int)col; // n34
-                const long long v445 = (long long)v444; // n35
-                const bool v446 = v249 == v445; // n36
-                const float v447 = (v446 ? v254 : 0.0f); // n37
-                const float v448 = kf_c0[13]; // logits f32
-                const float v449 = v448 - v257; // n4
-                const float v450 = expf(v449); // n5
-                const float v451 = v272 * v450; // n45
-                const float v452 = v447 + v451; // n46
-                const bool v453 = v448 == v257; // n51
-                const float v454 = (v453 ? v297 : 0.0f); // n56
-                const float v455 = v452 + v454; // n57
-                kf_o1[1] = v455; // dlogits
+                const int v450 = (int)col; // n34
+                const long long v451 = (long long)v450; // n35
+                const bool v452 = v253 == v451; // n36
+                const float v453 = (v452 ? v258 : 0.0f); // n37
+                const float v454 = kf_c0[13]; // logits f32
+                const float v455 = v454 - v261; // n4
+                const float v456 = expf(v455); // n5
+                const float v457 = v278 * v456; // n45
+                const float v458 = v453 + v457; // n46
+                const bool v459 = v454 == v261; // n51
+                const float v460 = (v459 ? v303 : 0.0f); // n56
+                const float v461 = v458 + v460; // n57
+                kf_o1[1] = v461; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v456 = (int)col; // n34
-                const long long v457 = (long long)v456; // n35
-                const bool v458 = v249 == v457; // n36
-                const float v459 = (v458 ? v254 : 0.0f); // n37
-                const float v460 = kf_c0[14]; // logits f32
-                const float v461 = v460 - v257; // n4
-                const float v462 = expf(v461); // n5
-                const float v463 = v272 * v462; // n45
-                const float v464 = v459 + v463; // n46
-                const bool v465 = v460 == v257; // n51
-                const float v466 = (v465 ? v297 : 0.0f); // n56
-                const float v467 = v464 + v466; // n57
-                kf_o1[2] = v467; // dlogits
+                const int v462 = (int)col; // n34
+                const long long v463 = (long long)v462; // n35
+                const bool v464 = v253 == v463; // n36
+                const float v465 = (v464 ? v258 : 0.0f); // n37
+                const float v466 = kf_c0[14]; // logits f32
+                const float v467 = v466 - v261; // n4
+                const float v468 = expf(v467); // n5
+                const float v469 = v278 * v468; // n45
+                const float v470 = v465 + v469; // n46
+                const bool v471 = v466 == v261; // n51
+                const float v472 = (v471 ? v303 : 0.0f); // n56
+                const float v473 = v470 + v472; // n57
+                kf_o1[2] = v473; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v468 = (int)col; // n34
-                const long long v469 = (long long)v468; // n35
-                const bool v470 = v249 == v469; // n36
-                const float v471 = (v470 ? v254 : 0.0f); // n37
-                const float v472 = kf_c0[15]; // logits f32
-                const float v473 = v472 - v257; // n4
-                const float v474 = expf(v473); // n5
-                const float v475 = v272 * v474; // n45
-                const float v476 = v471 + v475; // n46
-                const bool v477 = v472 == v257; // n51
-                const float v478 = (v477 ? v297 : 0.0f); // n56
-                const float v479 = v476 + v478; // n57
-                kf_o1[3] = v479; // dlogits
+                const int v474 = (int)col; // n34
+                const long long v475 = (long long)v474; // n35
+                const bool v476 = v253 == v475; // n36
+                const float v477 = (v476 ? v258 : 0.0f); // n37
+                const float v478 = kf_c0[15]; // logits f32
+                const float v479 = v478 - v261; // n4
+                const float v480 = expf(v479); // n5
+                const float v481 = v278 * v480; // n45
+                const float v482 = v477 + v481; // n46
+                const bool v483 = v478 == v261; // n51
+                const float v484 = (v483 ? v303 : 0.0f); // n56
+                const float v485 = v482 + v484; // n57
+                kf_o1[3] = v485; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -883,70 +889,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v480 = (int)col; // n34
-                const long long v481 = (long long)v480; // n35
-                const bool v482 = v249 == v481; // n36
-                const float v483 = (v482 ? v254 : 0.0f); // n37
-                const float v484 = kf_c0[16]; // logits f32
-                const float v485 = v484 - v257; // n4
-                const float v486 = expf(v485); // n5
-                const float v487 = v272 * v486; // n45
-                const float v488 = v483 + v487; // n46
-                const bool v489 = v484 == v257; // n51
-                const float v490 = (v489 ? v297 : 0.0f); // n56
-                const float v491 = v488 + v490; // n57
-                kf_o1[0] = v491; // dlogits
+                const int v486 = (int)col; // n34
+                const long long v487 = (long long)v486; // n35
+                const bool v488 = v253 == v487; // n36
+                const float v489 = (v488 ? v258 : 0.0f); // n37
+                const float v490 = kf_c0[16]; // logits f32
+                const float v491 = v490 - v261; // n4
+                const float v492 = expf(v491); // n5
+                const float v493 = v278 * v492; // n45
+                const float v494 = v489 + v493; // n46
+                const bool v495 = v490 == v261; // n51
+                const float v496 = (v495 ? v303 : 0.0f); // n56
+                const float v497 = v494 + v496; // n57
+                kf_o1[0] = v497; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v492 = (int)col; // n34
-                const long long v493 = (long long)v492; // n35
-                const bool v494 = v249 == v493; // n36
-                const float v495 = (v494 ? v254 : 0.0f); // n37
-                const float v496 = kf_c0[17]; // logits f32
-                const float v497 = v496 - v257; // n4
-                const float v498 = expf(v497); // n5
-                const float v499 = v272 * v498; // n45
-                const float v500 = v495 + v499; // n46
-                const bool v501 = v496 == v257; // n51
-                const float v502 = (v501 ? v297 : 0.0f); // n56
-                const float v503 = v500 + v502; // n57
-                kf_o1[1] = v503; // dlogits
+                const int v498 = (int)col; // n34
+                const long long v499 = (long long)v498; // n35
+                const bool v500 = v253 == v499; // n36
+                const float v501 = (v500 ? v258 : 0.0f); // n37
+                const float v502 = kf_c0[17]; // logits f32
+                const float v503 = v502 - v261; // n4
+                const float v504 = expf(v503); // n5
+                const float v505 = v278 * v504; // n45
+                const float v506 = v501 + v505; // n46
+                const bool v507 = v502 == v261; // n51
+                const float v508 = (v507 ? v303 : 0.0f); // n56
+                const float v509 = v506 + v508; // n57
+                kf_o1[1] = v509; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v504 = (int)col; // n34
-                const long long v505 = (long long)v504; // n35
-                const bool v506 = v249 == v505; // n36
-                const float v507 = (v506 ? v254 : 0.0f); // n37
-                const float v508 = kf_c0[18]; // logits f32
-                const float v509 = v508 - v257; // n4
-                const float v510 = expf(v509); // n5
-                const float v511 = v272 * v510; // n45
-                const float v512 = v507 + v511; // n46
-                const bool v513 = v508 == v257; // n51
-                const float v514 = (v513 ? v297 : 0.0f); // n56
-                const float v515 = v512 + v514; // n57
-                kf_o1[2] = v515; // dlogits
+                const int v510 = (int)col; // n34
+                const long long v511 = (long long)v510; // n35
+                const bool v512 = v253 == v511; // n36
+                const float v513 = (v512 ? v258 : 0.0f); // n37
+                const float v514 = kf_c0[18]; // logits f32
+                const float v515 = v514 - v261; // n4
+                const float v516 = expf(v515); // n5
+                const float v517 = v278 * v516; // n45
+                const float v518 = v513 + v517; // n46
+                const bool v519 = v514 == v261; // n51
+                const float v520 = (v519 ? v303 : 0.0f); // n56
+                const float v521 = v518 + v520; // n57
+                kf_o1[2] = v521; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v516 = (int)col; // n34
-                const long long v517 = (long long)v516; // n35
-                const bool v518 = v249 == v517; // n36
-                const float v519 = (v518 ? v254 : 0.0f); // n37
-                const float v520 = kf_c0[19]; // logits f32
-                const float v521 = v520 - v257; // n4
-                const float v522 = expf(v521); // n5
-                const float v523 = v272 * v522; // n45
-                const float v524 = v519 + v523; // n46
-                const bool v525 = v520 == v257; // n51
-                const float v526 = (v525 ? v297 : 0.0f); // n56
-                const float v527 = v524 + v526; // n57
-                kf_o1[3] = v527; // dlogits
+                const int v522 = (int)col; // n34
+                const long long v523 = (long long)v522; // n35
+                const bool v524 = v253 == v523; // n36
+                const float v525 = (v524 ? v258 : 0.0f); // n37
+                const float v526 = kf_c0[19]; // logits f32
+                const float v527 = v526 - v261; // n4
+                const float v528 = expf(v527); // n5
+                const float v529 = v278 * v528; // n45
+                const float v530 = v525 + v529; // n46
+                const bool v531 = v526 == v261; // n51
+                const float v532 = (v531 ? v303 : 0.0f); // n56
+                const float v533 = v530 + v532; // n57
+                kf_o1[3] = v533; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -956,70 +962,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v528 = (int)col; // n34
-                const long long v529 = (long long)v528; // n35
-                const bool v530 = v249 == v529; // n36
-                const float v531 = (v530 ? v254 : 0.0f); // n37
-                const float v532 = kf_c0[20]; // logits f32
-                const float v533 = v532 - v257; // n4
-                const float v534 = expf(v533); // n5
-                const float v535 = v272 * v534; // n45
-                const float v536 = v531 + v535; // n46
-                const bool v537 = v532 == v257; // n51
-                const float v538 = (v537 ? v297 : 0.0f); // n56
-                const float v539 = v536 + v538; // n57
-                kf_o1[0] = v539; // dlogits
+                const int v534 = (int)col; // n34
+                const long long v535 = (long long)v534; // n35
+                const bool v536 = v253 == v535; // n36
+                const float v537 = (v536 ? v258 : 0.0f); // n37
+                const float v538 = kf_c0[20]; // logits f32
+                const float v539 = v538 - v261; // n4
+                const float v540 = expf(v539); // n5
+                const float v541 = v278 * v540; // n45
+                const float v542 = v537 + v541; // n46
+                const bool v543 = v538 == v261; // n51
+                const float v544 = (v543 ? v303 : 0.0f); // n56
+                const float v545 = v542 + v544; // n57
+                kf_o1[0] = v545; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v540 = (int)col; // n34
-                const long long v541 = (long long)v540; // n35
-                const bool v542 = v249 == v541; // n36
-                const float v543 = (v542 ? v254 : 0.0f); // n37
-                const float v544 = kf_c0[21]; // logits f32
-                const float v545 = v544 - v257; // n4
-                const float v546 = expf(v545); // n5
-                const float v547 = v272 * v546; // n45
-                const float v548 = v543 + v547; // n46
-                const bool v549 = v544 == v257; // n51
-                const float v550 = (v549 ? v297 : 0.0f); // n56
-                const float v551 = v548 + v550; // n57
-                kf_o1[1] = v551; // dlogits
+                const int v546 = (int)col; // n34
+                const long long v547 = (long long)v546; // n35
+                const bool v548 = v253 == v547; // n36
+                const float v549 = (v548 ? v258 : 0.0f); // n37
+                const float v550 = kf_c0[21]; // logits f32
+                const float v551 = v550 - v261; // n4
+                const float v552 = expf(v551); // n5
+                const float v553 = v278 * v552; // n45
+                const float v554 = v549 + v553; // n46
+                const bool v555 = v550 == v261; // n51
+                const float v556 = (v555 ? v303 : 0.0f); // n56
+                const float v557 = v554 + v556; // n57
+                kf_o1[1] = v557; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v552 = (int)col; // n34
-                const long long v553 = (long long)v552; // n35
-                const bool v554 = v249 == v553; // n36
-                const float v555 = (v554 ? v254 : 0.0f); // n37
-                const float v556 = kf_c0[22]; // logits f32
-                const float v557 = v556 - v257; // n4
-                const float v558 = expf(v557); // n5
-                const float v559 = v272 * v558; // n45
-                const float v560 = v555 + v559; // n46
-                const bool v561 = v556 == v257; // n51
-                const float v562 = (v561 ? v297 : 0.0f); // n56
-                const float v563 = v560 + v562; // n57
-                kf_o1[2] = v563; // dlogits
+                const int v558 = (int)col; // n34
+                const long long v559 = (long long)v558; // n35
+                const bool v560 = v253 == v559; // n36
+                const float v561 = (v560 ? v258 : 0.0f); // n37
+                const float v562 = kf_c0[22]; // logits f32
+                const float v563 = v562 - v261; // n4
+                const float v564 = expf(v563); // n5
+                const float v565 = v278 * v564; // n45
+                const float v566 = v561 + v565; // n46
+                const bool v567 = v562 == v261; // n51
+                const float v568 = (v567 ? v303 : 0.0f); // n56
+                const float v569 = v566 + v568; // n57
+                kf_o1[2] = v569; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v564 = (int)col; // n34
-                const long long v565 = (long long)v564; // n35
-                const bool v566 = v249 == v565; // n36
-                const float v567 = (v566 ? v254 : 0.0f); // n37
-                const float v568 = kf_c0[23]; // logits f32
-                const float v569 = v568 - v257; // n4
-                const float v570 = expf(v569); // n5
-                const float v571 = v272 * v570; // n45
-                const float v572 = v567 + v571; // n46
-                const bool v573 = v568 == v257; // n51
-                const float v574 = (v573 ? v297 : 0.0f); // n56
-                const float v575 = v572 + v574; // n57
-                kf_o1[3] = v575; // dlogits
+                const int v570 = (int)col; // n34
+                const long long v571 = (long long)v570; // n35
+                const bool v572 = v253 == v571; // n36
+                const float v573 = (v572 ? v258 : 0.0f); // n37
+                const float v574 = kf_c0[23]; // logits f32
+                const float v575 = v574 - v261; // n4
+                const float v576 = expf(v575); // n5
+                const float v577 = v278 * v576; // n45
+                const float v578 = v573 + v577; // n46
+                const bool v579 = v574 == v261; // n51
+                const float v580 = (v579 ? v303 : 0.0f); // n56
+                const float v581 = v578 + v580; // n57
+                kf_o1[3] = v581; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1029,70 +1035,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v576 = (int)col; // n34
-                const long long v577 = (long long)v576; // n35
-                const bool v578 = v249 == v577; // n36
-                const float v579 = (v578 ? v254 : 0.0f); // n37
-                const float v580 = kf_c0[24]; // logits f32
-                const float v581 = v580 - v257; // n4
-                const float v582 = expf(v581); // n5
-                const float v583 = v272 * v582; // n45
-                const float v584 = v579 + v583; // n46
-                const bool v585 = v580 == v257; // n51
-                const float v586 = (v585 ? v297 : 0.0f); // n56
-                const float v587 = v584 + v586; // n57
-                kf_o1[0] = v587; // dlogits
+                const int v582 = (int)col; // n34
+                const long long v583 = (long long)v582; // n35
+                const bool v584 = v253 == v583; // n36
+                const float v585 = (v584 ? v258 : 0.0f); // n37
+                const float v586 = kf_c0[24]; // logits f32
+                const float v587 = v586 - v261; // n4
+                const float v588 = expf(v587); // n5
+                const float v589 = v278 * v588; // n45
+                const float v590 = v585 + v589; // n46
+                const bool v591 = v586 == v261; // n51
+                const float v592 = (v591 ? v303 : 0.0f); // n56
+                const float v593 = v590 + v592; // n57
+                kf_o1[0] = v593; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v588 = (int)col; // n34
-                const long long v589 = (long long)v588; // n35
-                const bool v590 = v249 == v589; // n36
-                const float v591 = (v590 ? v254 : 0.0f); // n37
-                const float v592 = kf_c0[25]; // logits f32
-                const float v593 = v592 - v257; // n4
-                const float v594 = expf(v593); // n5
-                const float v595 = v272 * v594; // n45
-                const float v596 = v591 + v595; // n46
-                const bool v597 = v592 == v257; // n51
-                const float v598 = (v597 ? v297 : 0.0f); // n56
-                const float v599 = v596 + v598; // n57
-                kf_o1[1] = v599; // dlogits
+                const int v594 = (int)col; // n34
+                const long long v595 = (long long)v594; // n35
+                const bool v596 = v253 == v595; // n36
+                const float v597 = (v596 ? v258 : 0.0f); // n37
+                const float v598 = kf_c0[25]; // logits f32
+                const float v599 = v598 - v261; // n4
+                const float v600 = expf(v599); // n5
+                const float v601 = v278 * v600; // n45
+                const float v602 = v597 + v601; // n46
+                const bool v603 = v598 == v261; // n51
+                const float v604 = (v603 ? v303 : 0.0f); // n56
+                const float v605 = v602 + v604; // n57
+                kf_o1[1] = v605; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v600 = (int)col; // n34
-                const long long v601 = (long long)v600; // n35
-                const bool v602 = v249 == v601; // n36
-                const float v603 = (v602 ? v254 : 0.0f); // n37
-                const float v604 = kf_c0[26]; // logits f32
-                const float v605 = v604 - v257; // n4
-                const float v606 = expf(v605); // n5
-                const float v607 = v272 * v606; // n45
-                const float v608 = v603 + v607; // n46
-                const bool v609 = v604 == v257; // n51
-                const float v610 = (v609 ? v297 : 0.0f); // n56
-                const float v611 = v608 + v610; // n57
-                kf_o1[2] = v611; // dlogits
+                const int v606 = (int)col; // n34
+                const long long v607 = (long long)v606; // n35
+                const bool v608 = v253 == v607; // n36
+                const float v609 = (v608 ? v258 : 0.0f); // n37
+                const float v610 = kf_c0[26]; // logits f32
+                const float v611 = v610 - v261; // n4
+                const float v612 = expf(v611); // n5
+                const float v613 = v278 * v612; // n45
+                const float v614 = v609 + v613; // n46
+                const bool v615 = v610 == v261; // n51
+                const float v616 = (v615 ? v303 : 0.0f); // n56
+                const float v617 = v614 + v616; // n57
+                kf_o1[2] = v617; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v612 = (int)col; // n34
-                const long long v613 = (long long)v612; // n35
-                const bool v614 = v249 == v613; // n36
-                const float v615 = (v614 ? v254 : 0.0f); // n37
-                const float v616 = kf_c0[27]; // logits f32
-                const float v617 = v616 - v257; // n4
-                const float v618 = expf(v617); // n5
-                const float v619 = v272 * v618; // n45
-                const float v620 = v615 + v619; // n46
-                const bool v621 = v616 == v257; // n51
-                const float v622 = (v621 ? v297 : 0.0f); // n56
-                const float v623 = v620 + v622; // n57
-                kf_o1[3] = v623; // dlogits
+                const int v618 = (int)col; // n34
+                const long long v619 = (long long)v618; // n35
+                const bool v620 = v253 == v619; // n36
+                const float v621 = (v620 ? v258 : 0.0f); // n37
+                const float v622 = kf_c0[27]; // logits f32
+                const float v623 = v622 - v261; // n4
+                const float v624 = expf(v623); // n5
+                const float v625 = v278 * v624; // n45
+                const float v626 = v621 + v625; // n46
+                const bool v627 = v622 == v261; // n51
+                const float v628 = (v627 ? v303 : 0.0f); // n56
+                const float v629 = v626 + v628; // n57
+                kf_o1[3] = v629; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1102,70 +1108,70 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v624 = (int)col; // n34
-                const long long v625 = (long long)v624; // n35
-                const bool v626 = v249 == v625; // n36
-                const float v627 = (v626 ? v254 : 0.0f); // n37
-                const float v628 = kf_c0[28]; // logits f32
-                const float v629 = v628 - v257; // n4
-                const float v630 = expf(v629); // n5
-                const float v631 = v272 * v630; // n45
-                const float v632 = v627 + v631; // n46
-                const bool v633 = v628 == v257; // n51
-                const float v634 = (v633 ? v297 : 0.0f); // n56
-                const float v635 = v632 + v634; // n57
-                kf_o1[0] = v635; // dlogits
+                const int v630 = (int)col; // n34
+                const long long v631 = (long long)v630; // n35
+                const bool v632 = v253 == v631; // n36
+                const float v633 = (v632 ? v258 : 0.0f); // n37
+                const float v634 = kf_c0[28]; // logits f32
+                const float v635 = v634 - v261; // n4
+                const float v636 = expf(v635); // n5
+                const float v637 = v278 * v636; // n45
+                const float v638 = v633 + v637; // n46
+                const bool v639 = v634 == v261; // n51
+                const float v640 = (v639 ? v303 : 0.0f); // n56
+                const float v641 = v638 + v640; // n57
+                kf_o1[0] = v641; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v636 = (int)col; // n34
-                const long long v637 = (long long)v636; // n35
-                const bool v638 = v249 == v637; // n36
-                const float v639 = (v638 ? v254 : 0.0f); // n37
-                const float v640 = kf_c0[29]; // logits f32
-                const float v641 = v640 - v257; // n4
-                const float v642 = expf(v641); // n5
-                const float v643 = v272 * v642; // n45
-                const float v644 = v639 + v643; // n46
-                const bool v645 = v640 == v257; // n51
-                const float v646 = (v645 ? v297 : 0.0f); // n56
-                const float v647 = v644 + v646; // n57
-                kf_o1[1] = v647; // dlogits
+                const int v642 = (int)col; // n34
+                const long long v643 = (long long)v642; // n35
+                const bool v644 = v253 == v643; // n36
+                const float v645 = (v644 ? v258 : 0.0f); // n37
+                const float v646 = kf_c0[29]; // logits f32
+                const float v647 = v646 - v261; // n4
+                const float v648 = expf(v647); // n5
+                const float v649 = v278 * v648; // n45
+                const float v650 = v645 + v649; // n46
+                const bool v651 = v646 == v261; // n51
+                const float v652 = (v651 ? v303 : 0.0f); // n56
+                const float v653 = v650 + v652; // n57
+                kf_o1[1] = v653; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v648 = (int)col; // n34
-                const long long v649 = (long long)v648; // n35
-                const bool v650 = v249 == v649; // n36
-                const float v651 = (v650 ? v254 : 0.0f); // n37
-                const float v652 = kf_c0[30]; // logits f32
-                const float v653 = v652 - v257; // n4
-                const float v654 = expf(v653); // n5
-                const float v655 = v272 * v654; // n45
-                const float v656 = v651 + v655; // n46
-                const bool v657 = v652 == v257; // n51
-                const float v658 = (v657 ? v297 : 0.0f); // n56
-                const float v659 = v656 + v658; // n57
-                kf_o1[2] = v659; // dlogits
+                const int v654 = (int)col; // n34
+                const long long v655 = (long long)v654; // n35
+                const bool v656 = v253 == v655; // n36
+                const float v657 = (v656 ? v258 : 0.0f); // n37
+                const float v658 = kf_c0[30]; // logits f32
+                const float v659 = v658 - v261; // n4
+                const float v660 = expf(v659); // n5
+                const float v661 = v278 * v660; // n45
+                const float v662 = v657 + v661; // n46
+                const bool v663 = v658 == v261; // n51
+                const float v664 = (v663 ? v303 : 0.0f); // n56
+                const float v665 = v662 + v664; // n57
+                kf_o1[2] = v665; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v660 = (int)col; // n34
-                const long long v661 = (long long)v660; // n35
-                const bool v662 = v249 == v661; // n36
-                const float v663 = (v662 ? v254 : 0.0f); // n37
-                const float v664 = kf_c0[31]; // logits f32
-                const float v665 = v664 - v257; // n4
-                const float v666 = expf(v665); // n5
-                const float v667 = v272 * v666; // n45
-                const float v668 = v663 + v667; // n46
-                const bool v669 = v664 == v257; // n51
-                const float v670 = (v669 ? v297 : 0.0f); // n56
-                const float v671 = v668 + v670; // n57
-                kf_o1[3] = v671; // dlogits
+                const int v666 = (int)col; // n34
+                const long long v667 = (long long)v666; // n35
+                const bool v668 = v253 == v667; // n36
+                const float v669 = (v668 ? v258 : 0.0f); // n37
+                const float v670 = kf_c0[31]; // logits f32
+                const float v671 = v670 - v261; // n4
+                const float v672 = expf(v671); // n5
+                const float v673 = v278 * v672; // n45
+                const float v674 = v669 + v673; // n46
+                const bool v675 = v670 == v261; // n51
+                const float v676 = (v675 ? v303 : 0.0f); // n56
+                const float v677 = v674 + v676; // n57
+                kf_o1[3] = v677; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1190,11 +1196,11 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_ab48a2385a6e6fdd_1_regs(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v732 = (float)r0; // n23
-        const float v733 = -v732; // n24
-        const float v734 = tmp0[0]; // n26 from an earlier kernel
-        const float v735 = v733 / v734; // n27
-        out0[0] = v735; // output loss
+        const float v738 = (float)r0; // n23
+        const float v739 = -v738; // n24
+        const float v740 = tmp0[0]; // n26 from an earlier kernel
+        const float v741 = v739 / v740; // n27
+        out0[0] = v741; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

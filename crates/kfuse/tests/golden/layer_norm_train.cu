@@ -56,102 +56,102 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        double a286 = 0.0;
-        double a287 = 0.0;
-        #pragma unroll 4
-        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v288 = in0[rowbase + j3]; // x f32
-            a286 += (double)v288; a287 += 1.0;
-        }
-        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a286 = kf_row_sum(a286, kf_g < 32 ? kf_g : 32, kf_rs);
-        a287 = kf_row_sum(a287, kf_g < 32 ? kf_g : 32, kf_rs);
-        if (kf_g > 32) {
-            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
-            __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a286; kf_rs[32 + kf_warp] = a287; }
-            __syncthreads();
-            a286 = kf_rs[kf_first]; a287 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a286 += kf_rs[kf_first + w]; a287 += kf_rs[32 + kf_first + w]; }
-        }
-        const float v289 = (float)(a286 / a287); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v289; // for a later kernel
         double a290 = 0.0;
         double a291 = 0.0;
-        double a292 = 0.0;
         #pragma unroll 4
-        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v293 = in0[rowbase + j4]; // x f32
-            const float v294 = v293 - v289; // n6
-            const float v295 = v294 * v294; // n7
-            a290 += (double)v295; a291 += 1.0;
-            const float v296 = in3[rowbase + j4]; // dy f32
-            const float v297 = in1[j4]; // gamma f32
-            const float v298 = v296 * v297; // n16
-            const float v299 = v298 * v294; // n18
-            a292 += (double)v299;
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v292 = in0[rowbase + j3]; // x f32
+            a290 += (double)v292; a291 += 1.0;
         }
-        // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a290 = kf_row_sum(a290, kf_g < 32 ? kf_g : 32, kf_rs);
         a291 = kf_row_sum(a291, kf_g < 32 ? kf_g : 32, kf_rs);
-        a292 = kf_row_sum(a292, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a290; kf_rs[32 + kf_warp] = a291; kf_rs[64 + kf_warp] = a292; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a290; kf_rs[32 + kf_warp] = a291; }
             __syncthreads();
-            a290 = kf_rs[kf_first]; a291 = kf_rs[32 + kf_first]; a292 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a290 += kf_rs[kf_first + w]; a291 += kf_rs[32 + kf_first + w]; a292 += kf_rs[64 + kf_first + w]; }
+            a290 = kf_rs[kf_first]; a291 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a290 += kf_rs[kf_first + w]; a291 += kf_rs[32 + kf_first + w]; }
         }
-        const float v300 = (float)(a290 / a291); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v300; // for a later kernel
-        const float v301 = (float)a292; // n19 sum along the row, once per row
-        double a302 = 0.0;
-        const float v306 = v300 + 1e-5f; // n11
-        const float v307 = rsqrtf(v306); // n12
-        const float v309 = v307 * v307; // n21
-        const float v310 = v309 * v307; // n22
-        const float v311 = v310 * (-0.5f); // n24
-        const float v312 = v301 * v311; // n25
-        const int v313 = (int)(sz1); // n30 the count of every element
-        const float v314 = (float)v313; // n31
-        const float v315 = v312 / v314; // n32
+        const float v293 = (float)(a290 / a291); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v293; // for a later kernel
+        double a294 = 0.0;
+        double a295 = 0.0;
+        double a296 = 0.0;
+        #pragma unroll 4
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v297 = in0[rowbase + j4]; // x f32
+            const float v298 = v297 - v293; // n6
+            const float v299 = v298 * v298; // n7
+            a294 += (double)v299; a295 += 1.0;
+            const float v300 = in3[rowbase + j4]; // dy f32
+            const float v301 = in1[j4]; // gamma f32
+            const float v302 = v300 * v301; // n16
+            const float v303 = v302 * v298; // n18
+            a296 += (double)v303;
+        }
+        // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a294 = kf_row_sum(a294, kf_g < 32 ? kf_g : 32, kf_rs);
+        a295 = kf_row_sum(a295, kf_g < 32 ? kf_g : 32, kf_rs);
+        a296 = kf_row_sum(a296, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a294; kf_rs[32 + kf_warp] = a295; kf_rs[64 + kf_warp] = a296; }
+            __syncthreads();
+            a294 = kf_rs[kf_first]; a295 = kf_rs[32 + kf_first]; a296 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a294 += kf_rs[kf_first + w]; a295 += kf_rs[32 + kf_first + w]; a296 += kf_rs[64 + kf_first + w]; }
+        }
+        const float v304 = (float)(a294 / a295); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v304; // for a later kernel
+        const float v305 = (float)a296; // n19 sum along the row, once per row
+        double a306 = 0.0;
+        const float v310 = v304 + 1e-5f; // n11
+        const float v311 = rsqrtf(v310); // n12
+        const float v313 = v311 * v311; // n21
+        const float v314 = v313 * v311; // n22
+        const float v315 = v314 * (-0.5f); // n24
+        const float v316 = v305 * v315; // n25
+        const int v317 = (int)(sz1); // n30 the count of every element
+        const float v318 = (float)v317; // n31
+        const float v319 = v316 / v318; // n32
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v303 = in3[rowbase + j5]; // dy f32
-            const float v304 = in1[j5]; // gamma f32
-            const float v305 = v303 * v304; // n16
-            const float v308 = v305 * v307; // n17
-            const float v316 = in0[rowbase + j5]; // x f32
-            const float v317 = v316 - v289; // n6
-            const float v318 = v315 * v317; // n34
-            const float v319 = v308 + v318; // n35
-            const float v320 = v319 + v318; // n36
-            const float v321 = -v320; // n37
-            a302 += (double)v321;
+            const float v307 = in3[rowbase + j5]; // dy f32
+            const float v308 = in1[j5]; // gamma f32
+            const float v309 = v307 * v308; // n16
+            const float v312 = v309 * v311; // n17
+            const float v320 = in0[rowbase + j5]; // x f32
+            const float v321 = v320 - v293; // n6
+            const float v322 = v319 * v321; // n34
+            const float v323 = v312 + v322; // n35
+            const float v324 = v323 + v322; // n36
+            const float v325 = -v324; // n37
+            a306 += (double)v325;
         }
-        a302 = kf_row_sum(a302, kf_g, kf_rs); // over the row's lanes
-        const float v322 = (float)a302; // n38 sum along the row, once per row
-        const float v336 = v322 / v314; // n41
+        a306 = kf_row_sum(a306, kf_g, kf_rs); // over the row's lanes
+        const float v326 = (float)a306; // n38 sum along the row, once per row
+        const float v340 = v326 / v318; // n41
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v323 = in0[i]; // x f32
-            const float v324 = v323 - v289; // n6
-            const float v325 = v324 * v307; // n13
-            const float v326 = in1[col]; // gamma f32
-            const float v327 = v325 * v326; // n14
-            const float v328 = in2[col]; // beta f32
-            const float v329 = v327 + v328; // n15
-            out0[i] = v329; // y
-            const float v330 = in3[i]; // dy f32
-            const float v331 = v330 * v326; // n16
-            const float v332 = v331 * v307; // n17
-            const float v333 = v315 * v324; // n34
-            const float v334 = v332 + v333; // n35
-            const float v335 = v334 + v333; // n36
-            const float v337 = v335 + v336; // n43
-            out1[i] = v337; // dx
+            const float v327 = in0[i]; // x f32
+            const float v328 = v327 - v293; // n6
+            const float v329 = v328 * v311; // n13
+            const float v330 = in1[col]; // gamma f32
+            const float v331 = v329 * v330; // n14
+            const float v332 = in2[col]; // beta f32
+            const float v333 = v331 + v332; // n15
+            out0[i] = v333; // y
+            const float v334 = in3[i]; // dy f32
+            const float v335 = v334 * v330; // n16
+            const float v336 = v335 * v311; // n17
+            const float v337 = v319 * v328; // n34
+            const float v338 = v336 + v337; // n35
+            const float v339 = v338 + v337; // n36
+            const float v341 = v339 + v340; // n43
+            out1[i] = v341; // dx
         }
     }
 }
@@ -242,191 +242,199 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
         }
         double a0 = 0.0;
         double a1 = 0.0;
+        float p2 = 0.0f;
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v2 = kf_c0[t0]; // x f32
-            a0 += (double)v2;
+            const float v3 = kf_c0[t0]; // x f32
+            p2 += v3;
         }
+        a0 = (double)p2; // the lane's columns, added in f32
         a1 = (double)kf_n; // the row's columns
         a0 = kf_row_sum(a0, kf_g, kf_rs); // over the row's lanes
-        const float v3 = (float)(a0 / a1); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v3; // for a later kernel
-        double a4 = 0.0;
+        const float v4 = (float)(a0 / a1); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v4; // for a later kernel
         double a5 = 0.0;
         double a6 = 0.0;
+        float p7 = 0.0f;
+        double a8 = 0.0;
+        float p9 = 0.0f;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v7 = kf_c0[t1]; // x f32
-            const float v8 = v7 - v3; // n6
-            const float v9 = v8 * v8; // n7
-            a4 += (double)v9;
-            const float v10 = kf_c3[t1]; // dy f32
-            const float v11 = in1[j1]; // gamma f32
-            const float v12 = v10 * v11; // n16
-            const float v13 = v12 * v8; // n18
-            a6 += (double)v13;
+            const float v10 = kf_c0[t1]; // x f32
+            const float v11 = v10 - v4; // n6
+            const float v12 = v11 * v11; // n7
+            p7 += v12;
+            const float v13 = kf_c3[t1]; // dy f32
+            const float v14 = in1[j1]; // gamma f32
+            const float v15 = v13 * v14; // n16
+            const float v16 = v15 * v11; // n18
+            p9 += v16;
         }
-        a5 = (double)kf_n; // the row's columns
+        a5 = (double)p7; // the lane's columns, added in f32
+        a8 = (double)p9; // the lane's columns, added in f32
+        a6 = (double)kf_n; // the row's columns
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a4 = kf_row_sum(a4, kf_g < 32 ? kf_g : 32, kf_rs);
-        a6 = kf_row_sum(a6, kf_g < 32 ? kf_g : 32, kf_rs);
+        a5 = kf_row_sum(a5, kf_g < 32 ? kf_g : 32, kf_rs);
+        a8 = kf_row_sum(a8, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a4; kf_rs[32 + kf_warp] = a6; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a5; kf_rs[32 + kf_warp] = a8; }
             __syncthreads();
-            a4 = kf_rs[kf_first]; a6 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a4 += kf_rs[kf_first + w]; a6 += kf_rs[32 + kf_first + w]; }
+            a5 = kf_rs[kf_first]; a8 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a5 += kf_rs[kf_first + w]; a8 += kf_rs[32 + kf_first + w]; }
         }
-        const float v14 = (float)(a4 / a5); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v14; // for a later kernel
-        const float v15 = (float)a6; // n19 sum along the row, once per row
-        double a16 = 0.0;
-        const float v20 = v14 + 1e-5f; // n11
-        const float v21 = rsqrtf(v20); // n12
-        const float v23 = v21 * v21; // n21
-        const float v24 = v23 * v21; // n22
-        const float v25 = v24 * (-0.5f); // n24
-        const float v26 = v15 * v25; // n25
-        const int v27 = (int)(sz1); // n30 the count of every element
-        const float v28 = (float)v27; // n31
-        const float v29 = v26 / v28; // n32
+        const float v17 = (float)(a5 / a6); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v17; // for a later kernel
+        const float v18 = (float)a8; // n19 sum along the row, once per row
+        double a19 = 0.0;
+        float p20 = 0.0f;
+        const float v24 = v17 + 1e-5f; // n11
+        const float v25 = rsqrtf(v24); // n12
+        const float v27 = v25 * v25; // n21
+        const float v28 = v27 * v25; // n22
+        const float v29 = v28 * (-0.5f); // n24
+        const float v30 = v18 * v29; // n25
+        const int v31 = (int)(sz1); // n30 the count of every element
+        const float v32 = (float)v31; // n31
+        const float v33 = v30 / v32; // n32
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v17 = kf_c3[t2]; // dy f32
-            const float v18 = in1[j2]; // gamma f32
-            const float v19 = v17 * v18; // n16
-            const float v22 = v19 * v21; // n17
-            const float v30 = kf_c0[t2]; // x f32
-            const float v31 = v30 - v3; // n6
-            const float v32 = v29 * v31; // n34
-            const float v33 = v22 + v32; // n35
-            const float v34 = v33 + v32; // n36
-            const float v35 = -v34; // n37
-            a16 += (double)v35;
+            const float v21 = kf_c3[t2]; // dy f32
+            const float v22 = in1[j2]; // gamma f32
+            const float v23 = v21 * v22; // n16
+            const float v26 = v23 * v25; // n17
+            const float v34 = kf_c0[t2]; // x f32
+            const float v35 = v34 - v4; // n6
+            const float v36 = v33 * v35; // n34
+            const float v37 = v26 + v36; // n35
+            const float v38 = v37 + v36; // n36
+            const float v39 = -v38; // n37
+            p20 += v39;
         }
-        a16 = kf_row_sum(a16, kf_g, kf_rs); // over the row's lanes
-        const float v36 = (float)a16; // n38 sum along the row, once per row
-        const float v52 = v36 / v28; // n41
+        a19 = (double)p20; // the lane's columns, added in f32
+        a19 = kf_row_sum(a19, kf_g, kf_rs); // over the row's lanes
+        const float v40 = (float)a19; // n38 sum along the row, once per row
+        const float v56 = v40 / v32; // n41
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_cg1[4]; // column sum 1 at the group's columns
-            float kf_d40[4]; // gamma at the group's columns
+            float kf_d44[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d40[0] = kf_w.x;
-                kf_d40[1] = kf_w.y;
-                kf_d40[2] = kf_w.z;
-                kf_d40[3] = kf_w.w;
+                kf_d44[0] = kf_w.x;
+                kf_d44[1] = kf_w.y;
+                kf_d44[2] = kf_w.z;
+                kf_d44[3] = kf_w.w;
             }
-            float kf_d43[4]; // beta at the group's columns
+            float kf_d47[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d43[0] = kf_w.x;
-                kf_d43[1] = kf_w.y;
-                kf_d43[2] = kf_w.z;
-                kf_d43[3] = kf_w.w;
+                kf_d47[0] = kf_w.x;
+                kf_d47[1] = kf_w.y;
+                kf_d47[2] = kf_w.z;
+                kf_d47[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v37 = kf_c0[0]; // x f32
-                const float v38 = v37 - v3; // n6
-                const float v39 = v38 * v21; // n13
-                const float v41 = kf_d40[0]; // gamma f32
-                const float v42 = v39 * v41; // n14
-                const float v44 = kf_d43[0]; // beta f32
-                const float v45 = v42 + v44; // n15
-                kf_o0[0] = v45; // y
-                const float v46 = kf_c3[0]; // dy f32
-                const float v47 = v46 * v41; // n16
-                const float v48 = v47 * v21; // n17
-                const float v49 = v29 * v38; // n34
-                const float v50 = v48 + v49; // n35
-                const float v51 = v50 + v49; // n36
-                const float v53 = v51 + v52; // n43
-                kf_o1[0] = v53; // dx
-                const float v54 = v46 * v39; // n44
-                kf_cg0[0] = (float)v54;
-                kf_cg1[0] = (float)v46;
+                const float v41 = kf_c0[0]; // x f32
+                const float v42 = v41 - v4; // n6
+                const float v43 = v42 * v25; // n13
+                const float v45 = kf_d44[0]; // gamma f32
+                const float v46 = v43 * v45; // n14
+                const float v48 = kf_d47[0]; // beta f32
+                const float v49 = v46 + v48; // n15
+                kf_o0[0] = v49; // y
+                const float v50 = kf_c3[0]; // dy f32
+                const float v51 = v50 * v45; // n16
+                const float v52 = v51 * v25; // n17
+                const float v53 = v33 * v42; // n34
+                const float v54 = v52 + v53; // n35
+                const float v55 = v54 + v53; // n36
+                const float v57 = v55 + v56; // n43
+                kf_o1[0] = v57; // dx
+                const float v58 = v50 * v43; // n44
+                kf_cg0[0] = (float)v58;
+                kf_cg1[0] = (float)v50;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v55 = kf_c0[1]; // x f32
-                const float v56 = v55 - v3; // n6
-                const float v57 = v56 * v21; // n13
-                const float v58 = kf_d40[1]; // gamma f32
-                const float v59 = v57 * v58; // n14
-                const float v60 = kf_d43[1]; // beta f32
-                const float v61 = v59 + v60; // n15
-                kf_o0[1] = v61; // y
-                const float v62 = kf_c3[1]; // dy f32
-                const float v63 = v62 * v58; // n16
-                const float v64 = v63 * v21; // n17
-                const float v65 = v29 * v56; // n34
-                const float v66 = v64 + v65; // n35
-                const float v67 = v66 + v65; // n36
-                const float v68 = v67 + v52; // n43
-                kf_o1[1] = v68; // dx
-                const float v69 = v62 * v57; // n44
-                kf_cg0[1] = (float)v69;
-                kf_cg1[1] = (float)v62;
+                const float v59 = kf_c0[1]; // x f32
+                const float v60 = v59 - v4; // n6
+                const float v61 = v60 * v25; // n13
+                const float v62 = kf_d44[1]; // gamma f32
+                const float v63 = v61 * v62; // n14
+                const float v64 = kf_d47[1]; // beta f32
+                const float v65 = v63 + v64; // n15
+                kf_o0[1] = v65; // y
+                const float v66 = kf_c3[1]; // dy f32
+                const float v67 = v66 * v62; // n16
+                const float v68 = v67 * v25; // n17
+                const float v69 = v33 * v60; // n34
+                const float v70 = v68 + v69; // n35
+                const float v71 = v70 + v69; // n36
+                const float v72 = v71 + v56; // n43
+                kf_o1[1] = v72; // dx
+                const float v73 = v66 * v61; // n44
+                kf_cg0[1] = (float)v73;
+                kf_cg1[1] = (float)v66;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v70 = kf_c0[2]; // x f32
-                const float v71 = v70 - v3; // n6
-                const float v72 = v71 * v21; // n13
-                const float v73 = kf_d40[2]; // gamma f32
-                const float v74 = v72 * v73; // n14
-                const float v75 = kf_d43[2]; // beta f32
-                const float v76 = v74 + v75; // n15
-                kf_o0[2] = v76; // y
-                const float v77 = kf_c3[2]; // dy f32
-                const float v78 = v77 * v73; // n16
-                const float v79 = v78 * v21; // n17
-                const float v80 = v29 * v71; // n34
-                const float v81 = v79 + v80; // n35
-                const float v82 = v81 + v80; // n36
-                const float v83 = v82 + v52; // n43
-                kf_o1[2] = v83; // dx
-                const float v84 = v77 * v72; // n44
-                kf_cg0[2] = (float)v84;
-                kf_cg1[2] = (float)v77;
+                const float v74 = kf_c0[2]; // x f32
+                const float v75 = v74 - v4; // n6
+                const float v76 = v75 * v25; // n13
+                const float v77 = kf_d44[2]; // gamma f32
+                const float v78 = v76 * v77; // n14
+                const float v79 = kf_d47[2]; // beta f32
+                const float v80 = v78 + v79; // n15
+                kf_o0[2] = v80; // y
+                const float v81 = kf_c3[2]; // dy f32
+                const float v82 = v81 * v77; // n16
+                const float v83 = v82 * v25; // n17
+                const float v84 = v33 * v75; // n34
+                const float v85 = v83 + v84; // n35
+                const float v86 = v85 + v84; // n36
+                const float v87 = v86 + v56; // n43
+                kf_o1[2] = v87; // dx
+                const float v88 = v81 * v76; // n44
+                kf_cg0[2] = (float)v88;
+                kf_cg1[2] = (float)v81;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v85 = kf_c0[3]; // x f32
-                const float v86 = v85 - v3; // n6
-                const float v87 = v86 * v21; // n13
-                const float v88 = kf_d40[3]; // gamma f32
-                const float v89 = v87 * v88; // n14
-                const float v90 = kf_d43[3]; // beta f32
-                const float v91 = v89 + v90; // n15
-                kf_o0[3] = v91; // y
-                const float v92 = kf_c3[3]; // dy f32
-                const float v93 = v92 * v88; // n16
-                const float v94 = v93 * v21; // n17
-                const float v95 = v29 * v86; // n34
-                const float v96 = v94 + v95; // n35
-                const float v97 = v96 + v95; // n36
-                const float v98 = v97 + v52; // n43
-                kf_o1[3] = v98; // dx
-                const float v99 = v92 * v87; // n44
-                kf_cg0[3] = (float)v99;
-                kf_cg1[3] = (float)v92;
+                const float v89 = kf_c0[3]; // x f32
+                const float v90 = v89 - v4; // n6
+                const float v91 = v90 * v25; // n13
+                const float v92 = kf_d44[3]; // gamma f32
+                const float v93 = v91 * v92; // n14
+                const float v94 = kf_d47[3]; // beta f32
+                const float v95 = v93 + v94; // n15
+                kf_o0[3] = v95; // y
+                const float v96 = kf_c3[3]; // dy f32
+                const float v97 = v96 * v92; // n16
+                const float v98 = v97 * v25; // n17
+                const float v99 = v33 * v90; // n34
+                const float v100 = v98 + v99; // n35
+                const float v101 = v100 + v99; // n36
+                const float v102 = v101 + v56; // n43
+                kf_o1[3] = v102; // dx
+                const float v103 = v96 * v91; // n44
+                kf_cg0[3] = (float)v103;
+                kf_cg1[3] = (float)v96;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
@@ -437,115 +445,115 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
             const int kf_j = 4 * (lane + 1 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_cg1[4]; // column sum 1 at the group's columns
-            float kf_d103[4]; // gamma at the group's columns
+            float kf_d107[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d103[0] = kf_w.x;
-                kf_d103[1] = kf_w.y;
-                kf_d103[2] = kf_w.z;
-                kf_d103[3] = kf_w.w;
+                kf_d107[0] = kf_w.x;
+                kf_d107[1] = kf_w.y;
+                kf_d107[2] = kf_w.z;
+                kf_d107[3] = kf_w.w;
             }
-            float kf_d106[4]; // beta at the group's columns
+            float kf_d110[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d106[0] = kf_w.x;
-                kf_d106[1] = kf_w.y;
-                kf_d106[2] = kf_w.z;
-                kf_d106[3] = kf_w.w;
+                kf_d110[0] = kf_w.x;
+                kf_d110[1] = kf_w.y;
+                kf_d110[2] = kf_w.z;
+                kf_d110[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v100 = kf_c0[4]; // x f32
-                const float v101 = v100 - v3; // n6
-                const float v102 = v101 * v21; // n13
-                const float v104 = kf_d103[0]; // gamma f32
-                const float v105 = v102 * v104; // n14
-                const float v107 = kf_d106[0]; // beta f32
-                const float v108 = v105 + v107; // n15
-                kf_o0[0] = v108; // y
-                const float v109 = kf_c3[4]; // dy f32
-                const float v110 = v109 * v104; // n16
-                const float v111 = v110 * v21; // n17
-                const float v112 = v29 * v101; // n34
-                const float v113 = v111 + v112; // n35
-                const float v114 = v113 + v112; // n36
-                const float v115 = v114 + v52; // n43
-                kf_o1[0] = v115; // dx
-                const float v116 = v109 * v102; // n44
-                kf_cg0[0] = (float)v116;
-                kf_cg1[0] = (float)v109;
+                const float v104 = kf_c0[4]; // x f32
+                const float v105 = v104 - v4; // n6
+                const float v106 = v105 * v25; // n13
+                const float v108 = kf_d107[0]; // gamma f32
+                const float v109 = v106 * v108; // n14
+                const float v111 = kf_d110[0]; // beta f32
+                const float v112 = v109 + v111; // n15
+                kf_o0[0] = v112; // y
+                const float v113 = kf_c3[4]; // dy f32
+                const float v114 = v113 * v108; // n16
+                const float v115 = v114 * v25; // n17
+                const float v116 = v33 * v105; // n34
+                const float v117 = v115 + v116; // n35
+                const float v118 = v117 + v116; // n36
+                const float v119 = v118 + v56; // n43
+                kf_o1[0] = v119; // dx
+                const float v120 = v113 * v106; // n44
+                kf_cg0[0] = (float)v120;
+                kf_cg1[0] = (float)v113;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v117 = kf_c0[5]; // x f32
-                const float v118 = v117 - v3; // n6
-                const float v119 = v118 * v21; // n13
-                const float v120 = kf_d103[1]; // gamma f32
-                const float v121 = v119 * v120; // n14
-                const float v122 = kf_d106[1]; // beta f32
-                const float v123 = v121 + v122; // n15
-                kf_o0[1] = v123; // y
-                const float v124 = kf_c3[5]; // dy f32
-                const float v125 = v124 * v120; // n16
-                const float v126 = v125 * v21; // n17
-                const float v127 = v29 * v118; // n34
-                const float v128 = v126 + v127; // n35
-                const float v129 = v128 + v127; // n36
-                const float v130 = v129 + v52; // n43
-                kf_o1[1] = v130; // dx
-                const float v131 = v124 * v119; // n44
-                kf_cg0[1] = (float)v131;
-                kf_cg1[1] = (float)v124;
+                const float v121 = kf_c0[5]; // x f32
+                const float v122 = v121 - v4; // n6
+                const float v123 = v122 * v25; // n13
+                const float v124 = kf_d107[1]; // gamma f32
+                const float v125 = v123 * v124; // n14
+                const float v126 = kf_d110[1]; // beta f32
+                const float v127 = v125 + v126; // n15
+                kf_o0[1] = v127; // y
+                const float v128 = kf_c3[5]; // dy f32
+                const float v129 = v128 * v124; // n16
+                const float v130 = v129 * v25; // n17
+                const float v131 = v33 * v122; // n34
+                const float v132 = v130 + v131; // n35
+                const float v133 = v132 + v131; // n36
+                const float v134 = v133 + v56; // n43
+                kf_o1[1] = v134; // dx
+                const float v135 = v128 * v123; // n44
+                kf_cg0[1] = (float)v135;
+                kf_cg1[1] = (float)v128;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v132 = kf_c0[6]; // x f32
-                const float v133 = v132 - v3; // n6
-                const float v134 = v133 * v21; // n13
-                const float v135 = kf_d103[2]; // gamma f32
-                const float v136 = v134 * v135; // n14
-                const float v137 = kf_d106[2]; // beta f32
-                const float v138 = v136 + v137; // n15
-                kf_o0[2] = v138; // y
-                const float v139 = kf_c3[6]; // dy f32
-                const float v140 = v139 * v135; // n16
-                const float v141 = v140 * v21; // n17
-                const float v142 = v29 * v133; // n34
-                const float v143 = v141 + v142; // n35
-                const float v144 = v143 + v142; // n36
-                const float v145 = v144 + v52; // n43
-                kf_o1[2] = v145; // dx
-                const float v146 = v139 * v134; // n44
-                kf_cg0[2] = (float)v146;
-                kf_cg1[2] = (float)v139;
+                const float v136 = kf_c0[6]; // x f32
+                const float v137 = v136 - v4; // n6
+                const float v138 = v137 * v25; // n13
+                const float v139 = kf_d107[2]; // gamma f32
+                const float v140 = v138 * v139; // n14
+                const float v141 = kf_d110[2]; // beta f32
+                const float v142 = v140 + v141; // n15
+                kf_o0[2] = v142; // y
+                const float v143 = kf_c3[6]; // dy f32
+                const float v144 = v143 * v139; // n16
+                const float v145 = v144 * v25; // n17
+                const float v146 = v33 * v137; // n34
+                const float v147 = v145 + v146; // n35
+                const float v148 = v147 + v146; // n36
+                const float v149 = v148 + v56; // n43
+                kf_o1[2] = v149; // dx
+                const float v150 = v143 * v138; // n44
+                kf_cg0[2] = (float)v150;
+                kf_cg1[2] = (float)v143;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v147 = kf_c0[7]; // x f32
-                const float v148 = v147 - v3; // n6
-                const float v149 = v148 * v21; // n13
-                const float v150 = kf_d103[3]; // gamma f32
-                const float v151 = v149 * v150; // n14
-                const float v152 = kf_d106[3]; // beta f32
-                const float v153 = v151 + v152; // n15
-                kf_o0[3] = v153; // y
-                const float v154 = kf_c3[7]; // dy f32
-                const float v155 = v154 * v150; // n16
-                const float v156 = v155 * v21; // n17
-                const float v157 = v29 * v148; // n34
-                const float v158 = v156 + v157; // n35
-                const float v159 = v158 + v157; // n36
-                const float v160 = v159 + v52; // n43
-                kf_o1[3] = v160; // dx
-                const float v161 = v154 * v149; // n44
-                kf_cg0[3] = (float)v161;
-                kf_cg1[3] = (float)v154;
+                const float v151 = kf_c0[7]; // x f32
+                const float v152 = v151 - v4; // n6
+                const float v153 = v152 * v25; // n13
+                const float v154 = kf_d107[3]; // gamma f32
+                const float v155 = v153 * v154; // n14
+                const float v156 = kf_d110[3]; // beta f32
+                const float v157 = v155 + v156; // n15
+                kf_o0[3] = v157; // y
+                const float v158 = kf_c3[7]; // dy f32
+                const float v159 = v158 * v154; // n16
+                const float v160 = v159 * v25; // n17
+                const float v161 = v33 * v152; // n34
+                const float v162 = v160 + v161; // n35
+                const float v163 = v162 + v161; // n36
+                const float v164 = v163 + v56; // n43
+                kf_o1[3] = v164; // dx
+                const float v165 = v158 * v153; // n44
+                kf_cg0[3] = (float)v165;
+                kf_cg1[3] = (float)v158;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
@@ -556,115 +564,115 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
             const int kf_j = 4 * (lane + 2 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_cg1[4]; // column sum 1 at the group's columns
-            float kf_d165[4]; // gamma at the group's columns
+            float kf_d169[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d165[0] = kf_w.x;
-                kf_d165[1] = kf_w.y;
-                kf_d165[2] = kf_w.z;
-                kf_d165[3] = kf_w.w;
+                kf_d169[0] = kf_w.x;
+                kf_d169[1] = kf_w.y;
+                kf_d169[2] = kf_w.z;
+                kf_d169[3] = kf_w.w;
             }
-            float kf_d168[4]; // beta at the group's columns
+            float kf_d172[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d168[0] = kf_w.x;
-                kf_d168[1] = kf_w.y;
-                kf_d168[2] = kf_w.z;
-                kf_d168[3] = kf_w.w;
+                kf_d172[0] = kf_w.x;
+                kf_d172[1] = kf_w.y;
+                kf_d172[2] = kf_w.z;
+                kf_d172[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v162 = kf_c0[8]; // x f32
-                const float v163 = v162 - v3; // n6
-                const float v164 = v163 * v21; // n13
-                const float v166 = kf_d165[0]; // gamma f32
-                const float v167 = v164 * v166; // n14
-                const float v169 = kf_d168[0]; // beta f32
-                const float v170 = v167 + v169; // n15
-                kf_o0[0] = v170; // y
-                const float v171 = kf_c3[8]; // dy f32
-                const float v172 = v171 * v166; // n16
-                const float v173 = v172 * v21; // n17
-                const float v174 = v29 * v163; // n34
-                const float v175 = v173 + v174; // n35
-                const float v176 = v175 + v174; // n36
-                const float v177 = v176 + v52; // n43
-                kf_o1[0] = v177; // dx
-                const float v178 = v171 * v164; // n44
-                kf_cg0[0] = (float)v178;
-                kf_cg1[0] = (float)v171;
+                const float v166 = kf_c0[8]; // x f32
+                const float v167 = v166 - v4; // n6
+                const float v168 = v167 * v25; // n13
+                const float v170 = kf_d169[0]; // gamma f32
+                const float v171 = v168 * v170; // n14
+                const float v173 = kf_d172[0]; // beta f32
+                const float v174 = v171 + v173; // n15
+                kf_o0[0] = v174; // y
+                const float v175 = kf_c3[8]; // dy f32
+                const float v176 = v175 * v170; // n16
+                const float v177 = v176 * v25; // n17
+                const float v178 = v33 * v167; // n34
+                const float v179 = v177 + v178; // n35
+                const float v180 = v179 + v178; // n36
+                const float v181 = v180 + v56; // n43
+                kf_o1[0] = v181; // dx
+                const float v182 = v175 * v168; // n44
+                kf_cg0[0] = (float)v182;
+                kf_cg1[0] = (float)v175;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v179 = kf_c0[9]; // x f32
-                const float v180 = v179 - v3; // n6
-                const float v181 = v180 * v21; // n13
-                const float v182 = kf_d165[1]; // gamma f32
-                const float v183 = v181 * v182; // n14
-                const float v184 = kf_d168[1]; // beta f32
-                const float v185 = v183 + v184; // n15
-                kf_o0[1] = v185; // y
-                const float v186 = kf_c3[9]; // dy f32
-                const float v187 = v186 * v182; // n16
-                const float v188 = v187 * v21; // n17
-                const float v189 = v29 * v180; // n34
-                const float v190 = v188 + v189; // n35
-                const float v191 = v190 + v189; // n36
-                const float v192 = v191 + v52; // n43
-                kf_o1[1] = v192; // dx
-                const float v193 = v186 * v181; // n44
-                kf_cg0[1] = (float)v193;
-                kf_cg1[1] = (float)v186;
+                const float v183 = kf_c0[9]; // x f32
+                const float v184 = v183 - v4; // n6
+                const float v185 = v184 * v25; // n13
+                const float v186 = kf_d169[1]; // gamma f32
+                const float v187 = v185 * v186; // n14
+                const float v188 = kf_d172[1]; // beta f32
+                const float v189 = v187 + v188; // n15
+                kf_o0[1] = v189; // y
+                const float v190 = kf_c3[9]; // dy f32
+                const float v191 = v190 * v186; // n16
+                const float v192 = v191 * v25; // n17
+                const float v193 = v33 * v184; // n34
+                const float v194 = v192 + v193; // n35
+                const float v195 = v194 + v193; // n36
+                const float v196 = v195 + v56; // n43
+                kf_o1[1] = v196; // dx
+                const float v197 = v190 * v185; // n44
+                kf_cg0[1] = (float)v197;
+                kf_cg1[1] = (float)v190;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v194 = kf_c0[10]; // x f32
-                const float v195 = v194 - v3; // n6
-                const float v196 = v195 * v21; // n13
-                const float v197 = kf_d165[2]; // gamma f32
-                const float v198 = v196 * v197; // n14
-                const float v199 = kf_d168[2]; // beta f32
-                const float v200 = v198 + v199; // n15
-                kf_o0[2] = v200; // y
-                const float v201 = kf_c3[10]; // dy f32
-                const float v202 = v201 * v197; // n16
-                const float v203 = v202 * v21; // n17
-                const float v204 = v29 * v195; // n34
-                const float v205 = v203 + v204; // n35
-                const float v206 = v205 + v204; // n36
-                const float v207 = v206 + v52; // n43
-                kf_o1[2] = v207; // dx
-                const float v208 = v201 * v196; // n44
-                kf_cg0[2] = (float)v208;
-                kf_cg1[2] = (float)v201;
+                const float v198 = kf_c0[10]; // x f32
+                const float v199 = v198 - v4; // n6
+                const float v200 = v199 * v25; // n13
+                const float v201 = kf_d169[2]; // gamma f32
+                const float v202 = v200 * v201; // n14
+                const float v203 = kf_d172[2]; // beta f32
+                const float v204 = v202 + v203; // n15
+                kf_o0[2] = v204; // y
+                const float v205 = kf_c3[10]; // dy f32
+                const float v206 = v205 * v201; // n16
+                const float v207 = v206 * v25; // n17
+                const float v208 = v33 * v199; // n34
+                const float v209 = v207 + v208; // n35
+                const float v210 = v209 + v208; // n36
+                const float v211 = v210 + v56; // n43
+                kf_o1[2] = v211; // dx
+                const float v212 = v205 * v200; // n44
+                kf_cg0[2] = (float)v212;
+                kf_cg1[2] = (float)v205;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v209 = kf_c0[11]; // x f32
-                const float v210 = v209 - v3; // n6
-                const float v211 = v210 * v21; // n13
-                const float v212 = kf_d165[3]; // gamma f32
-                const float v213 = v211 * v212; // n14
-                const float v214 = kf_d168[3]; // beta f32
-                const float v215 = v213 + v214; // n15
-                kf_o0[3] = v215; // y
-                const float v216 = kf_c3[11]; // dy f32
-                const float v217 = v216 * v212; // n16
-                const float v218 = v217 * v21; // n17
-                const float v219 = v29 * v210; // n34
-                const float v220 = v218 + v219; // n35
-                const float v221 = v220 + v219; // n36
-                const float v222 = v221 + v52; // n43
-                kf_o1[3] = v222; // dx
-                const float v223 = v216 * v211; // n44
-                kf_cg0[3] = (float)v223;
-                kf_cg1[3] = (float)v216;
+                const float v213 = kf_c0[11]; // x f32
+                const float v214 = v213 - v4; // n6
+                const float v215 = v214 * v25; // n13
+                const float v216 = kf_d169[3]; // gamma f32
+                const float v217 = v215 * v216; // n14
+                const float v218 = kf_d172[3]; // beta f32
+                const float v219 = v217 + v218; // n15
+                kf_o0[3] = v219; // y
+                const float v220 = kf_c3[11]; // dy f32
+                const float v221 = v220 * v216; // n16
+                const float v222 = v221 * v25; // n17
+                const float v223 = v33 * v214; // n34
+                const float v224 = v222 + v223; // n35
+                const float v225 = v224 + v223; // n36
+                const float v226 = v225 + v56; // n43
+                kf_o1[3] = v226; // dx
+                const float v227 = v220 * v215; // n44
+                kf_cg0[3] = (float)v227;
+                kf_cg1[3] = (float)v220;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
@@ -675,115 +683,115 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
             const int kf_j = 4 * (lane + 3 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_cg1[4]; // column sum 1 at the group's columns
-            float kf_d227[4]; // gamma at the group's columns
+            float kf_d231[4]; // gamma at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d227[0] = kf_w.x;
-                kf_d227[1] = kf_w.y;
-                kf_d227[2] = kf_w.z;
-                kf_d227[3] = kf_w.w;
+                kf_d231[0] = kf_w.x;
+                kf_d231[1] = kf_w.y;
+                kf_d231[2] = kf_w.z;
+                kf_d231[3] = kf_w.w;
             }
-            float kf_d230[4]; // beta at the group's columns
+            float kf_d234[4]; // beta at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in2 + kf_j);
-                kf_d230[0] = kf_w.x;
-                kf_d230[1] = kf_w.y;
-                kf_d230[2] = kf_w.z;
-                kf_d230[3] = kf_w.w;
+                kf_d234[0] = kf_w.x;
+                kf_d234[1] = kf_w.y;
+                kf_d234[2] = kf_w.z;
+                kf_d234[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v224 = kf_c0[12]; // x f32
-                const float v225 = v224 - v3; // n6
-                const float v226 = v225 * v21; // n13
-                const float v228 = kf_d227[0]; // gamma f32
-                const float v229 = v226 * v228; // n14
-                const float v231 = kf_d230[0]; // beta f32
-                const float v232 = v229 + v231; // n15
-                kf_o0[0] = v232; // y
-                const float v233 = kf_c3[12]; // dy f32
-                const float v234 = v233 * v228; // n16
-                const float v235 = v234 * v21; // n17
-                const float v236 = v29 * v225; // n34
-                const float v237 = v235 + v236; // n35
-                const float v238 = v237 + v236; // n36
-                const float v239 = v238 + v52; // n43
-                kf_o1[0] = v239; // dx
-                const float v240 = v233 * v226; // n44
-                kf_cg0[0] = (float)v240;
-                kf_cg1[0] = (float)v233;
+                const float v228 = kf_c0[12]; // x f32
+                const float v229 = v228 - v4; // n6
+                const float v230 = v229 * v25; // n13
+                const float v232 = kf_d231[0]; // gamma f32
+                const float v233 = v230 * v232; // n14
+                const float v235 = kf_d234[0]; // beta f32
+                const float v236 = v233 + v235; // n15
+                kf_o0[0] = v236; // y
+                const float v237 = kf_c3[12]; // dy f32
+                const float v238 = v237 * v232; // n16
+                const float v239 = v238 * v25; // n17
+                const float v240 = v33 * v229; // n34
+                const float v241 = v239 + v240; // n35
+                const float v242 = v241 + v240; // n36
+                const float v243 = v242 + v56; // n43
+                kf_o1[0] = v243; // dx
+                const float v244 = v237 * v230; // n44
+                kf_cg0[0] = (float)v244;
+                kf_cg1[0] = (float)v237;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v241 = kf_c0[13]; // x f32
-                const float v242 = v241 - v3; // n6
-                const float v243 = v242 * v21; // n13
-                const float v244 = kf_d227[1]; // gamma f32
-                const float v245 = v243 * v244; // n14
-                const float v246 = kf_d230[1]; // beta f32
-                const float v247 = v245 + v246; // n15
-                kf_o0[1] = v247; // y
-                const float v248 = kf_c3[13]; // dy f32
-                const float v249 = v248 * v244; // n16
-                const float v250 = v249 * v21; // n17
-                const float v251 = v29 * v242; // n34
-                const float v252 = v250 + v251; // n35
-                const float v253 = v252 + v251; // n36
-                const float v254 = v253 + v52; // n43
-                kf_o1[1] = v254; // dx
-                const float v255 = v248 * v243; // n44
-                kf_cg0[1] = (float)v255;
-                kf_cg1[1] = (float)v248;
+                const float v245 = kf_c0[13]; // x f32
+                const float v246 = v245 - v4; // n6
+                const float v247 = v246 * v25; // n13
+                const float v248 = kf_d231[1]; // gamma f32
+                const float v249 = v247 * v248; // n14
+                const float v250 = kf_d234[1]; // beta f32
+                const float v251 = v249 + v250; // n15
+                kf_o0[1] = v251; // y
+                const float v252 = kf_c3[13]; // dy f32
+                const float v253 = v252 * v248; // n16
+                const float v254 = v253 * v25; // n17
+                const float v255 = v33 * v246; // n34
+                const float v256 = v254 + v255; // n35
+                const float v257 = v256 + v255; // n36
+                const float v258 = v257 + v56; // n43
+                kf_o1[1] = v258; // dx
+                const float v259 = v252 * v247; // n44
+                kf_cg0[1] = (float)v259;
+                kf_cg1[1] = (float)v252;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v256 = kf_c0[14]; // x f32
-                const float v257 = v256 - v3; // n6
-                const float v258 = v257 * v21; // n13
-                const float v259 = kf_d227[2]; // gamma f32
-                const float v260 = v258 * v259; // n14
-                const float v261 = kf_d230[2]; // beta f32
-                const float v262 = v260 + v261; // n15
-                kf_o0[2] = v262; // y
-                const float v263 = kf_c3[14]; // dy f32
-                const float v264 = v263 * v259; // n16
-                const float v265 = v264 * v21; // n17
-                const float v266 = v29 * v257; // n34
-                const float v267 = v265 + v266; // n35
-                const float v268 = v267 + v266; // n36
-                const float v269 = v268 + v52; // n43
-                kf_o1[2] = v269; // dx
-                const float v270 = v263 * v258; // n44
-                kf_cg0[2] = (float)v270;
-                kf_cg1[2] = (float)v263;
+                const float v260 = kf_c0[14]; // x f32
+                const float v261 = v260 - v4; // n6
+                const float v262 = v261 * v25; // n13
+                const float v263 = kf_d231[2]; // gamma f32
+                const float v264 = v262 * v263; // n14
+                const float v265 = kf_d234[2]; // beta f32
+                const float v266 = v264 + v265; // n15
+                kf_o0[2] = v266; // y
+                const float v267 = kf_c3[14]; // dy f32
+                const float v268 = v267 * v263; // n16
+                const float v269 = v268 * v25; // n17
+                const float v270 = v33 * v261; // n34
+                const float v271 = v269 + v270; // n35
+                const float v272 = v271 + v270; // n36
+                const float v273 = v272 + v56; // n43
+                kf_o1[2] = v273; // dx
+                const float v274 = v267 * v262; // n44
+                kf_cg0[2] = (float)v274;
+                kf_cg1[2] = (float)v267;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v271 = kf_c0[15]; // x f32
-                const float v272 = v271 - v3; // n6
-                const float v273 = v272 * v21; // n13
-                const float v274 = kf_d227[3]; // gamma f32
-                const float v275 = v273 * v274; // n14
-                const float v276 = kf_d230[3]; // beta f32
-                const float v277 = v275 + v276; // n15
-                kf_o0[3] = v277; // y
-                const float v278 = kf_c3[15]; // dy f32
-                const float v279 = v278 * v274; // n16
-                const float v280 = v279 * v21; // n17
-                const float v281 = v29 * v272; // n34
-                const float v282 = v280 + v281; // n35
-                const float v283 = v282 + v281; // n36
-                const float v284 = v283 + v52; // n43
-                kf_o1[3] = v284; // dx
-                const float v285 = v278 * v273; // n44
-                kf_cg0[3] = (float)v285;
-                kf_cg1[3] = (float)v278;
+                const float v275 = kf_c0[15]; // x f32
+                const float v276 = v275 - v4; // n6
+                const float v277 = v276 * v25; // n13
+                const float v278 = kf_d231[3]; // gamma f32
+                const float v279 = v277 * v278; // n14
+                const float v280 = kf_d234[3]; // beta f32
+                const float v281 = v279 + v280; // n15
+                kf_o0[3] = v281; // y
+                const float v282 = kf_c3[15]; // dy f32
+                const float v283 = v282 * v278; // n16
+                const float v284 = v283 * v25; // n17
+                const float v285 = v33 * v276; // n34
+                const float v286 = v284 + v285; // n35
+                const float v287 = v286 + v285; // n36
+                const float v288 = v287 + v56; // n43
+                kf_o1[3] = v288; // dx
+                const float v289 = v282 * v277; // n44
+                kf_cg0[3] = (float)v289;
+                kf_cg1[3] = (float)v282;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx

@@ -54,59 +54,59 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        double a200 = 0.0;
-        double a201 = 0.0;
         double a202 = 0.0;
+        double a203 = 0.0;
+        double a204 = 0.0;
         #pragma unroll 4
         for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v203 = in0[rowbase + j1]; // x f32
-            const float v204 = v203 * v203; // n3
-            a200 += (double)v204; a201 += 1.0;
-            const float v205 = in2[rowbase + j1]; // dy f32
-            const float v206 = in1[j1]; // weight f32
-            const float v207 = v205 * v206; // n11
-            const float v208 = v207 * v203; // n13
-            a202 += (double)v208;
+            const float v205 = in0[rowbase + j1]; // x f32
+            const float v206 = v205 * v205; // n3
+            a202 += (double)v206; a203 += 1.0;
+            const float v207 = in2[rowbase + j1]; // dy f32
+            const float v208 = in1[j1]; // weight f32
+            const float v209 = v207 * v208; // n11
+            const float v210 = v209 * v205; // n13
+            a204 += (double)v210;
         }
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a200 = kf_row_sum(a200, kf_g < 32 ? kf_g : 32, kf_rs);
-        a201 = kf_row_sum(a201, kf_g < 32 ? kf_g : 32, kf_rs);
         a202 = kf_row_sum(a202, kf_g < 32 ? kf_g : 32, kf_rs);
+        a203 = kf_row_sum(a203, kf_g < 32 ? kf_g : 32, kf_rs);
+        a204 = kf_row_sum(a204, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a200; kf_rs[32 + kf_warp] = a201; kf_rs[64 + kf_warp] = a202; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a202; kf_rs[32 + kf_warp] = a203; kf_rs[64 + kf_warp] = a204; }
             __syncthreads();
-            a200 = kf_rs[kf_first]; a201 = kf_rs[32 + kf_first]; a202 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a200 += kf_rs[kf_first + w]; a201 += kf_rs[32 + kf_first + w]; a202 += kf_rs[64 + kf_first + w]; }
+            a202 = kf_rs[kf_first]; a203 = kf_rs[32 + kf_first]; a204 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a202 += kf_rs[kf_first + w]; a203 += kf_rs[32 + kf_first + w]; a204 += kf_rs[64 + kf_first + w]; }
         }
-        const float v209 = (float)(a200 / a201); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v209; // for a later kernel
-        const float v210 = (float)a202; // n14 sum along the row, once per row
-        const float v212 = v209 + 1e-5f; // n7
-        const float v213 = rsqrtf(v212); // n8
-        const float v220 = v213 * v213; // n16
-        const float v221 = v220 * v213; // n17
-        const float v222 = v221 * (-0.5f); // n19
-        const float v223 = v210 * v222; // n20
-        const int v224 = (int)(sz1); // n25 the count of every element
-        const float v225 = (float)v224; // n26
-        const float v226 = v223 / v225; // n27
+        const float v211 = (float)(a202 / a203); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v211; // for a later kernel
+        const float v212 = (float)a204; // n14 sum along the row, once per row
+        const float v214 = v211 + 1e-5f; // n7
+        const float v215 = rsqrtf(v214); // n8
+        const float v222 = v215 * v215; // n16
+        const float v223 = v222 * v215; // n17
+        const float v224 = v223 * (-0.5f); // n19
+        const float v225 = v212 * v224; // n20
+        const int v226 = (int)(sz1); // n25 the count of every element
+        const float v227 = (float)v226; // n26
+        const float v228 = v225 / v227; // n27
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v211 = in0[i]; // x f32
-            const float v214 = v211 * v213; // n9
-            const float v215 = in1[col]; // weight f32
-            const float v216 = v214 * v215; // n10
-            out0[i] = v216; // y
-            const float v217 = in2[i]; // dy f32
-            const float v218 = v217 * v215; // n11
-            const float v219 = v218 * v213; // n12
-            const float v227 = v226 * v211; // n29
-            const float v228 = v219 + v227; // n30
-            const float v229 = v228 + v227; // n31
-            out1[i] = v229; // dx
+            const float v213 = in0[i]; // x f32
+            const float v216 = v213 * v215; // n9
+            const float v217 = in1[col]; // weight f32
+            const float v218 = v216 * v217; // n10
+            out0[i] = v218; // y
+            const float v219 = in2[i]; // dy f32
+            const float v220 = v219 * v217; // n11
+            const float v221 = v220 * v215; // n12
+            const float v229 = v228 * v213; // n29
+            const float v230 = v221 + v229; // n30
+            const float v231 = v230 + v229; // n31
+            out1[i] = v231; // dx
         }
     }
 }
@@ -195,128 +195,132 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
         }
         double a0 = 0.0;
         double a1 = 0.0;
-        double a2 = 0.0;
+        float p2 = 0.0f;
+        double a3 = 0.0;
+        float p4 = 0.0f;
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v3 = kf_c0[t0]; // x f32
-            const float v4 = v3 * v3; // n3
-            a0 += (double)v4;
-            const float v5 = kf_c2[t0]; // dy f32
-            const float v6 = in1[j0]; // weight f32
-            const float v7 = v5 * v6; // n11
-            const float v8 = v7 * v3; // n13
-            a2 += (double)v8;
+            const float v5 = kf_c0[t0]; // x f32
+            const float v6 = v5 * v5; // n3
+            p2 += v6;
+            const float v7 = kf_c2[t0]; // dy f32
+            const float v8 = in1[j0]; // weight f32
+            const float v9 = v7 * v8; // n11
+            const float v10 = v9 * v5; // n13
+            p4 += v10;
         }
+        a0 = (double)p2; // the lane's columns, added in f32
+        a3 = (double)p4; // the lane's columns, added in f32
         a1 = (double)kf_n; // the row's columns
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a0 = kf_row_sum(a0, kf_g < 32 ? kf_g : 32, kf_rs);
-        a2 = kf_row_sum(a2, kf_g < 32 ? kf_g : 32, kf_rs);
+        a3 = kf_row_sum(a3, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a0; kf_rs[32 + kf_warp] = a2; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a0; kf_rs[32 + kf_warp] = a3; }
             __syncthreads();
-            a0 = kf_rs[kf_first]; a2 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a0 += kf_rs[kf_first + w]; a2 += kf_rs[32 + kf_first + w]; }
+            a0 = kf_rs[kf_first]; a3 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a0 += kf_rs[kf_first + w]; a3 += kf_rs[32 + kf_first + w]; }
         }
-        const float v9 = (float)(a0 / a1); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v9; // for a later kernel
-        const float v10 = (float)a2; // n14 sum along the row, once per row
-        const float v12 = v9 + 1e-5f; // n7
-        const float v13 = rsqrtf(v12); // n8
-        const float v21 = v13 * v13; // n16
-        const float v22 = v21 * v13; // n17
-        const float v23 = v22 * (-0.5f); // n19
-        const float v24 = v10 * v23; // n20
-        const int v25 = (int)(sz1); // n25 the count of every element
-        const float v26 = (float)v25; // n26
-        const float v27 = v24 / v26; // n27
+        const float v11 = (float)(a0 / a1); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v11; // for a later kernel
+        const float v12 = (float)a3; // n14 sum along the row, once per row
+        const float v14 = v11 + 1e-5f; // n7
+        const float v15 = rsqrtf(v14); // n8
+        const float v23 = v15 * v15; // n16
+        const float v24 = v23 * v15; // n17
+        const float v25 = v24 * (-0.5f); // n19
+        const float v26 = v12 * v25; // n20
+        const int v27 = (int)(sz1); // n25 the count of every element
+        const float v28 = (float)v27; // n26
+        const float v29 = v26 / v28; // n27
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
-            float kf_d15[4]; // weight at the group's columns
+            float kf_d17[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d15[0] = kf_w.x;
-                kf_d15[1] = kf_w.y;
-                kf_d15[2] = kf_w.z;
-                kf_d15[3] = kf_w.w;
+                kf_d17[0] = kf_w.x;
+                kf_d17[1] = kf_w.y;
+                kf_d17[2] = kf_w.z;
+                kf_d17[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v11 = kf_c0[0]; // x f32
-                const float v14 = v11 * v13; // n9
-                const float v16 = kf_d15[0]; // weight f32
-                const float v17 = v14 * v16; // n10
-                kf_o0[0] = v17; // y
-                const float v18 = kf_c2[0]; // dy f32
-                const float v19 = v18 * v16; // n11
-                const float v20 = v19 * v13; // n12
-                const float v28 = v27 * v11; // n29
-                const float v29 = v20 + v28; // n30
-                const float v30 = v29 + v28; // n31
-                kf_o1[0] = v30; // dx
-                const float v31 = v18 * v14; // n32
-                kf_cg0[0] = (float)v31;
+                const float v13 = kf_c0[0]; // x f32
+                const float v16 = v13 * v15; // n9
+                const float v18 = kf_d17[0]; // weight f32
+                const float v19 = v16 * v18; // n10
+                kf_o0[0] = v19; // y
+                const float v20 = kf_c2[0]; // dy f32
+                const float v21 = v20 * v18; // n11
+                const float v22 = v21 * v15; // n12
+                const float v30 = v29 * v13; // n29
+                const float v31 = v22 + v30; // n30
+                const float v32 = v31 + v30; // n31
+                kf_o1[0] = v32; // dx
+                const float v33 = v20 * v16; // n32
+                kf_cg0[0] = (float)v33;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v32 = kf_c0[1]; // x f32
-                const float v33 = v32 * v13; // n9
-                const float v34 = kf_d15[1]; // weight f32
-                const float v35 = v33 * v34; // n10
-                kf_o0[1] = v35; // y
-                const float v36 = kf_c2[1]; // dy f32
-                const float v37 = v36 * v34; // n11
-                const float v38 = v37 * v13; // n12
-                const float v39 = v27 * v32; // n29
-                const float v40 = v38 + v39; // n30
-                const float v41 = v40 + v39; // n31
-                kf_o1[1] = v41; // dx
-                const float v42 = v36 * v33; // n32
-                kf_cg0[1] = (float)v42;
+                const float v34 = kf_c0[1]; // x f32
+                const float v35 = v34 * v15; // n9
+                const float v36 = kf_d17[1]; // weight f32
+                const float v37 = v35 * v36; // n10
+                kf_o0[1] = v37; // y
+                const float v38 = kf_c2[1]; // dy f32
+                const float v39 = v38 * v36; // n11
+                const float v40 = v39 * v15; // n12
+                const float v41 = v29 * v34; // n29
+                const float v42 = v40 + v41; // n30
+                const float v43 = v42 + v41; // n31
+                kf_o1[1] = v43; // dx
+                const float v44 = v38 * v35; // n32
+                kf_cg0[1] = (float)v44;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v43 = kf_c0[2]; // x f32
-                const float v44 = v43 * v13; // n9
-                const float v45 = kf_d15[2]; // weight f32
-                const float v46 = v44 * v45; // n10
-                kf_o0[2] = v46; // y
-                const float v47 = kf_c2[2]; // dy f32
-                const float v48 = v47 * v45; // n11
-                const float v49 = v48 * v13; // n12
-                const float v50 = v27 * v43; // n29
-                const float v51 = v49 + v50; // n30
-                const float v52 = v51 + v50; // n31
-                kf_o1[2] = v52; // dx
-                const float v53 = v47 * v44; // n32
-                kf_cg0[2] = (float)v53;
+                const float v45 = kf_c0[2]; // x f32
+                const float v46 = v45 * v15; // n9
+                const float v47 = kf_d17[2]; // weight f32
+                const float v48 = v46 * v47; // n10
+                kf_o0[2] = v48; // y
+                const float v49 = kf_c2[2]; // dy f32
+                const float v50 = v49 * v47; // n11
+                const float v51 = v50 * v15; // n12
+                const float v52 = v29 * v45; // n29
+                const float v53 = v51 + v52; // n30
+                const float v54 = v53 + v52; // n31
+                kf_o1[2] = v54; // dx
+                const float v55 = v49 * v46; // n32
+                kf_cg0[2] = (float)v55;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v54 = kf_c0[3]; // x f32
-                const float v55 = v54 * v13; // n9
-                const float v56 = kf_d15[3]; // weight f32
-                const float v57 = v55 * v56; // n10
-                kf_o0[3] = v57; // y
-                const float v58 = kf_c2[3]; // dy f32
-                const float v59 = v58 * v56; // n11
-                const float v60 = v59 * v13; // n12
-                const float v61 = v27 * v54; // n29
-                const float v62 = v60 + v61; // n30
-                const float v63 = v62 + v61; // n31
-                kf_o1[3] = v63; // dx
-                const float v64 = v58 * v55; // n32
-                kf_cg0[3] = (float)v64;
+                const float v56 = kf_c0[3]; // x f32
+                const float v57 = v56 * v15; // n9
+                const float v58 = kf_d17[3]; // weight f32
+                const float v59 = v57 * v58; // n10
+                kf_o0[3] = v59; // y
+                const float v60 = kf_c2[3]; // dy f32
+                const float v61 = v60 * v58; // n11
+                const float v62 = v61 * v15; // n12
+                const float v63 = v29 * v56; // n29
+                const float v64 = v62 + v63; // n30
+                const float v65 = v64 + v63; // n31
+                kf_o1[3] = v65; // dx
+                const float v66 = v60 * v57; // n32
+                kf_cg0[3] = (float)v66;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
@@ -325,87 +329,87 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
         if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
             const int kf_j = 4 * (lane + 1 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
-            float kf_d67[4]; // weight at the group's columns
+            float kf_d69[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d67[0] = kf_w.x;
-                kf_d67[1] = kf_w.y;
-                kf_d67[2] = kf_w.z;
-                kf_d67[3] = kf_w.w;
+                kf_d69[0] = kf_w.x;
+                kf_d69[1] = kf_w.y;
+                kf_d69[2] = kf_w.z;
+                kf_d69[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v65 = kf_c0[4]; // x f32
-                const float v66 = v65 * v13; // n9
-                const float v68 = kf_d67[0]; // weight f32
-                const float v69 = v66 * v68; // n10
-                kf_o0[0] = v69; // y
-                const float v70 = kf_c2[4]; // dy f32
-                const float v71 = v70 * v68; // n11
-                const float v72 = v71 * v13; // n12
-                const float v73 = v27 * v65; // n29
-                const float v74 = v72 + v73; // n30
-                const float v75 = v74 + v73; // n31
-                kf_o1[0] = v75; // dx
-                const float v76 = v70 * v66; // n32
-                kf_cg0[0] = (float)v76;
+                const float v67 = kf_c0[4]; // x f32
+                const float v68 = v67 * v15; // n9
+                const float v70 = kf_d69[0]; // weight f32
+                const float v71 = v68 * v70; // n10
+                kf_o0[0] = v71; // y
+                const float v72 = kf_c2[4]; // dy f32
+                const float v73 = v72 * v70; // n11
+                const float v74 = v73 * v15; // n12
+                const float v75 = v29 * v67; // n29
+                const float v76 = v74 + v75; // n30
+                const float v77 = v76 + v75; // n31
+                kf_o1[0] = v77; // dx
+                const float v78 = v72 * v68; // n32
+                kf_cg0[0] = (float)v78;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v77 = kf_c0[5]; // x f32
-                const float v78 = v77 * v13; // n9
-                const float v79 = kf_d67[1]; // weight f32
-                const float v80 = v78 * v79; // n10
-                kf_o0[1] = v80; // y
-                const float v81 = kf_c2[5]; // dy f32
-                const float v82 = v81 * v79; // n11
-                const float v83 = v82 * v13; // n12
-                const float v84 = v27 * v77; // n29
-                const float v85 = v83 + v84; // n30
-                const float v86 = v85 + v84; // n31
-                kf_o1[1] = v86; // dx
-                const float v87 = v81 * v78; // n32
-                kf_cg0[1] = (float)v87;
+                const float v79 = kf_c0[5]; // x f32
+                const float v80 = v79 * v15; // n9
+                const float v81 = kf_d69[1]; // weight f32
+                const float v82 = v80 * v81; // n10
+                kf_o0[1] = v82; // y
+                const float v83 = kf_c2[5]; // dy f32
+                const float v84 = v83 * v81; // n11
+                const float v85 = v84 * v15; // n12
+                const float v86 = v29 * v79; // n29
+                const float v87 = v85 + v86; // n30
+                const float v88 = v87 + v86; // n31
+                kf_o1[1] = v88; // dx
+                const float v89 = v83 * v80; // n32
+                kf_cg0[1] = (float)v89;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v88 = kf_c0[6]; // x f32
-                const float v89 = v88 * v13; // n9
-                const float v90 = kf_d67[2]; // weight f32
-                const float v91 = v89 * v90; // n10
-                kf_o0[2] = v91; // y
-                const float v92 = kf_c2[6]; // dy f32
-                const float v93 = v92 * v90; // n11
-                const float v94 = v93 * v13; // n12
-                const float v95 = v27 * v88; // n29
-                const float v96 = v94 + v95; // n30
-                const float v97 = v96 + v95; // n31
-                kf_o1[2] = v97; // dx
-                const float v98 = v92 * v89; // n32
-                kf_cg0[2] = (float)v98;
+                const float v90 = kf_c0[6]; // x f32
+                const float v91 = v90 * v15; // n9
+                const float v92 = kf_d69[2]; // weight f32
+                const float v93 = v91 * v92; // n10
+                kf_o0[2] = v93; // y
+                const float v94 = kf_c2[6]; // dy f32
+                const float v95 = v94 * v92; // n11
+                const float v96 = v95 * v15; // n12
+                const float v97 = v29 * v90; // n29
+                const float v98 = v96 + v97; // n30
+                const float v99 = v98 + v97; // n31
+                kf_o1[2] = v99; // dx
+                const float v100 = v94 * v91; // n32
+                kf_cg0[2] = (float)v100;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v99 = kf_c0[7]; // x f32
-                const float v100 = v99 * v13; // n9
-                const float v101 = kf_d67[3]; // weight f32
-                const float v102 = v100 * v101; // n10
-                kf_o0[3] = v102; // y
-                const float v103 = kf_c2[7]; // dy f32
-                const float v104 = v103 * v101; // n11
-                const float v105 = v104 * v13; // n12
-                const float v106 = v27 * v99; // n29
-                const float v107 = v105 + v106; // n30
-                const float v108 = v107 + v106; // n31
-                kf_o1[3] = v108; // dx
-                const float v109 = v103 * v100; // n32
-                kf_cg0[3] = (float)v109;
+                const float v101 = kf_c0[7]; // x f32
+                const float v102 = v101 * v15; // n9
+                const float v103 = kf_d69[3]; // weight f32
+                const float v104 = v102 * v103; // n10
+                kf_o0[3] = v104; // y
+                const float v105 = kf_c2[7]; // dy f32
+                const float v106 = v105 * v103; // n11
+                const float v107 = v106 * v15; // n12
+                const float v108 = v29 * v101; // n29
+                const float v109 = v107 + v108; // n30
+                const float v110 = v109 + v108; // n31
+                kf_o1[3] = v110; // dx
+                const float v111 = v105 * v102; // n32
+                kf_cg0[3] = (float)v111;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
@@ -414,87 +418,87 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
         if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
             const int kf_j = 4 * (lane + 2 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
-            float kf_d112[4]; // weight at the group's columns
+            float kf_d114[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d112[0] = kf_w.x;
-                kf_d112[1] = kf_w.y;
-                kf_d112[2] = kf_w.z;
-                kf_d112[3] = kf_w.w;
+                kf_d114[0] = kf_w.x;
+                kf_d114[1] = kf_w.y;
+                kf_d114[2] = kf_w.z;
+                kf_d114[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v110 = kf_c0[8]; // x f32
-                const float v111 = v110 * v13; // n9
-                const float v113 = kf_d112[0]; // weight f32
-                const float v114 = v111 * v113; // n10
-                kf_o0[0] = v114; // y
-                const float v115 = kf_c2[8]; // dy f32
-                const float v116 = v115 * v113; // n11
-                const float v117 = v116 * v13; // n12
-                const float v118 = v27 * v110; // n29
-                const float v119 = v117 + v118; // n30
-                const float v120 = v119 + v118; // n31
-                kf_o1[0] = v120; // dx
-                const float v121 = v115 * v111; // n32
-                kf_cg0[0] = (float)v121;
+                const float v112 = kf_c0[8]; // x f32
+                const float v113 = v112 * v15; // n9
+                const float v115 = kf_d114[0]; // weight f32
+                const float v116 = v113 * v115; // n10
+                kf_o0[0] = v116; // y
+                const float v117 = kf_c2[8]; // dy f32
+                const float v118 = v117 * v115; // n11
+                const float v119 = v118 * v15; // n12
+                const float v120 = v29 * v112; // n29
+                const float v121 = v119 + v120; // n30
+                const float v122 = v121 + v120; // n31
+                kf_o1[0] = v122; // dx
+                const float v123 = v117 * v113; // n32
+                kf_cg0[0] = (float)v123;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v122 = kf_c0[9]; // x f32
-                const float v123 = v122 * v13; // n9
-                const float v124 = kf_d112[1]; // weight f32
-                const float v125 = v123 * v124; // n10
-                kf_o0[1] = v125; // y
-                const float v126 = kf_c2[9]; // dy f32
-                const float v127 = v126 * v124; // n11
-                const float v128 = v127 * v13; // n12
-                const float v129 = v27 * v122; // n29
-                const float v130 = v128 + v129; // n30
-                const float v131 = v130 + v129; // n31
-                kf_o1[1] = v131; // dx
-                const float v132 = v126 * v123; // n32
-                kf_cg0[1] = (float)v132;
+                const float v124 = kf_c0[9]; // x f32
+                const float v125 = v124 * v15; // n9
+                const float v126 = kf_d114[1]; // weight f32
+                const float v127 = v125 * v126; // n10
+                kf_o0[1] = v127; // y
+                const float v128 = kf_c2[9]; // dy f32
+                const float v129 = v128 * v126; // n11
+                const float v130 = v129 * v15; // n12
+                const float v131 = v29 * v124; // n29
+                const float v132 = v130 + v131; // n30
+                const float v133 = v132 + v131; // n31
+                kf_o1[1] = v133; // dx
+                const float v134 = v128 * v125; // n32
+                kf_cg0[1] = (float)v134;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v133 = kf_c0[10]; // x f32
-                const float v134 = v133 * v13; // n9
-                const float v135 = kf_d112[2]; // weight f32
-                const float v136 = v134 * v135; // n10
-                kf_o0[2] = v136; // y
-                const float v137 = kf_c2[10]; // dy f32
-                const float v138 = v137 * v135; // n11
-                const float v139 = v138 * v13; // n12
-                const float v140 = v27 * v133; // n29
-                const float v141 = v139 + v140; // n30
-                const float v142 = v141 + v140; // n31
-                kf_o1[2] = v142; // dx
-                const float v143 = v137 * v134; // n32
-                kf_cg0[2] = (float)v143;
+                const float v135 = kf_c0[10]; // x f32
+                const float v136 = v135 * v15; // n9
+                const float v137 = kf_d114[2]; // weight f32
+                const float v138 = v136 * v137; // n10
+                kf_o0[2] = v138; // y
+                const float v139 = kf_c2[10]; // dy f32
+                const float v140 = v139 * v137; // n11
+                const float v141 = v140 * v15; // n12
+                const float v142 = v29 * v135; // n29
+                const float v143 = v141 + v142; // n30
+                const float v144 = v143 + v142; // n31
+                kf_o1[2] = v144; // dx
+                const float v145 = v139 * v136; // n32
+                kf_cg0[2] = (float)v145;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v144 = kf_c0[11]; // x f32
-                const float v145 = v144 * v13; // n9
-                const float v146 = kf_d112[3]; // weight f32
-                const float v147 = v145 * v146; // n10
-                kf_o0[3] = v147; // y
-                const float v148 = kf_c2[11]; // dy f32
-                const float v149 = v148 * v146; // n11
-                const float v150 = v149 * v13; // n12
-                const float v151 = v27 * v144; // n29
-                const float v152 = v150 + v151; // n30
-                const float v153 = v152 + v151; // n31
-                kf_o1[3] = v153; // dx
-                const float v154 = v148 * v145; // n32
-                kf_cg0[3] = (float)v154;
+                const float v146 = kf_c0[11]; // x f32
+                const float v147 = v146 * v15; // n9
+                const float v148 = kf_d114[3]; // weight f32
+                const float v149 = v147 * v148; // n10
+                kf_o0[3] = v149; // y
+                const float v150 = kf_c2[11]; // dy f32
+                const float v151 = v150 * v148; // n11
+                const float v152 = v151 * v15; // n12
+                const float v153 = v29 * v146; // n29
+                const float v154 = v152 + v153; // n30
+                const float v155 = v154 + v153; // n31
+                kf_o1[3] = v155; // dx
+                const float v156 = v150 * v147; // n32
+                kf_cg0[3] = (float)v156;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
@@ -503,87 +507,87 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_805646925eaef20e_0_regs(
         if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
             const int kf_j = 4 * (lane + 3 * kf_g);
             float kf_cg0[4]; // column sum 0 at the group's columns
-            float kf_d157[4]; // weight at the group's columns
+            float kf_d159[4]; // weight at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
-                kf_d157[0] = kf_w.x;
-                kf_d157[1] = kf_w.y;
-                kf_d157[2] = kf_w.z;
-                kf_d157[3] = kf_w.w;
+                kf_d159[0] = kf_w.x;
+                kf_d159[1] = kf_w.y;
+                kf_d159[2] = kf_w.z;
+                kf_d159[3] = kf_w.w;
             }
             float kf_o0[4]; // the group's values of output 0
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v155 = kf_c0[12]; // x f32
-                const float v156 = v155 * v13; // n9
-                const float v158 = kf_d157[0]; // weight f32
-                const float v159 = v156 * v158; // n10
-                kf_o0[0] = v159; // y
-                const float v160 = kf_c2[12]; // dy f32
-                const float v161 = v160 * v158; // n11
-                const float v162 = v161 * v13; // n12
-                const float v163 = v27 * v155; // n29
-                const float v164 = v162 + v163; // n30
-                const float v165 = v164 + v163; // n31
-                kf_o1[0] = v165; // dx
-                const float v166 = v160 * v156; // n32
-                kf_cg0[0] = (float)v166;
+                const float v157 = kf_c0[12]; // x f32
+                const float v158 = v157 * v15; // n9
+                const float v160 = kf_d159[0]; // weight f32
+                const float v161 = v158 * v160; // n10
+                kf_o0[0] = v161; // y
+                const float v162 = kf_c2[12]; // dy f32
+                const float v163 = v162 * v160; // n11
+                const float v164 = v163 * v15; // n12
+                const float v165 = v29 * v157; // n29
+                const float v166 = v164 + v165; // n30
+                const float v167 = v166 + v165; // n31
+                kf_o1[0] = v167; // dx
+                const float v168 = v162 * v158; // n32
+                kf_cg0[0] = (float)v168;
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v167 = kf_c0[13]; // x f32
-                const float v168 = v167 * v13; // n9
-                const float v169 = kf_d157[1]; // weight f32
-                const float v170 = v168 * v169; // n10
-                kf_o0[1] = v170; // y
-                const float v171 = kf_c2[13]; // dy f32
-                const float v172 = v171 * v169; // n11
-                const float v173 = v172 * v13; // n12
-                const float v174 = v27 * v167; // n29
-                const float v175 = v173 + v174; // n30
-                const float v176 = v175 + v174; // n31
-                kf_o1[1] = v176; // dx
-                const float v177 = v171 * v168; // n32
-                kf_cg0[1] = (float)v177;
+                const float v169 = kf_c0[13]; // x f32
+                const float v170 = v169 * v15; // n9
+                const float v171 = kf_d159[1]; // weight f32
+                const float v172 = v170 * v171; // n10
+                kf_o0[1] = v172; // y
+                const float v173 = kf_c2[13]; // dy f32
+                const float v174 = v173 * v171; // n11
+                const float v175 = v174 * v15; // n12
+                const float v176 = v29 * v169; // n29
+                const float v177 = v175 + v176; // n30
+                const float v178 = v177 + v176; // n31
+                kf_o1[1] = v178; // dx
+                const float v179 = v173 * v170; // n32
+                kf_cg0[1] = (float)v179;
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v178 = kf_c0[14]; // x f32
-                const float v179 = v178 * v13; // n9
-                const float v180 = kf_d157[2]; // weight f32
-                const float v181 = v179 * v180; // n10
-                kf_o0[2] = v181; // y
-                const float v182 = kf_c2[14]; // dy f32
-                const float v183 = v182 * v180; // n11
-                const float v184 = v183 * v13; // n12
-                const float v185 = v27 * v178; // n29
-                const float v186 = v184 + v185; // n30
-                const float v187 = v186 + v185; // n31
-                kf_o1[2] = v187; // dx
-                const float v188 = v182 * v179; // n32
-                kf_cg0[2] = (float)v188;
+                const float v180 = kf_c0[14]; // x f32
+                const float v181 = v180 * v15; // n9
+                const float v182 = kf_d159[2]; // weight f32
+                const float v183 = v181 * v182; // n10
+                kf_o0[2] = v183; // y
+                const float v184 = kf_c2[14]; // dy f32
+                const float v185 = v184 * v182; // n11
+                const float v186 = v185 * v15; // n12
+                const float v187 = v29 * v180; // n29
+                const float v188 = v186 + v187; // n30
+                const float v189 = v188 + v187; // n31
+                kf_o1[2] = v189; // dx
+                const float v190 = v184 * v181; // n32
+                kf_cg0[2] = (float)v190;
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v189 = kf_c0[15]; // x f32
-                const float v190 = v189 * v13; // n9
-                const float v191 = kf_d157[3]; // weight f32
-                const float v192 = v190 * v191; // n10
-                kf_o0[3] = v192; // y
-                const float v193 = kf_c2[15]; // dy f32
-                const float v194 = v193 * v191; // n11
-                const float v195 = v194 * v13; // n12
-                const float v196 = v27 * v189; // n29
-                const float v197 = v195 + v196; // n30
-                const float v198 = v197 + v196; // n31
-                kf_o1[3] = v198; // dx
-                const float v199 = v193 * v190; // n32
-                kf_cg0[3] = (float)v199;
+                const float v191 = kf_c0[15]; // x f32
+                const float v192 = v191 * v15; // n9
+                const float v193 = kf_d159[3]; // weight f32
+                const float v194 = v192 * v193; // n10
+                kf_o0[3] = v194; // y
+                const float v195 = kf_c2[15]; // dy f32
+                const float v196 = v195 * v193; // n11
+                const float v197 = v196 * v15; // n12
+                const float v198 = v29 * v191; // n29
+                const float v199 = v197 + v198; // n30
+                const float v200 = v199 + v198; // n31
+                kf_o1[3] = v200; // dx
+                const float v201 = v195 * v192; // n32
+                kf_cg0[3] = (float)v201;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx

@@ -113,40 +113,40 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        float a17 = __int_as_float(0xff800000);
+        float a19 = __int_as_float(0xff800000);
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v18 = in0[rowbase + j3]; // logits f32
-            a17 = kf_maxf(a17, v18);
+            const float v20 = in0[rowbase + j3]; // logits f32
+            a19 = kf_maxf(a19, v20);
         }
-        a17 = kf_row_max(a17, kf_g, kf_rs); // over the row's lanes
-        const float v19 = (float)a17; // n2 max along the row, once per row
-        double a20 = 0.0;
+        a19 = kf_row_max(a19, kf_g, kf_rs); // over the row's lanes
+        const float v21 = (float)a19; // n2 max along the row, once per row
+        double a22 = 0.0;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v21 = in0[rowbase + j4]; // logits f32
-            const float v22 = v21 - v19; // n4
-            const float v23 = expf(v22); // n5
-            a20 += (double)v23;
+            const float v23 = in0[rowbase + j4]; // logits f32
+            const float v24 = v23 - v21; // n4
+            const float v25 = expf(v24); // n5
+            a22 += (double)v25;
         }
-        a20 = kf_row_sum(a20, kf_g, kf_rs); // over the row's lanes
-        const float v24 = (float)a20; // n6 sum along the row, once per row
-        double a25 = 0.0;
-        const float v29 = logf(v24); // n7
+        a22 = kf_row_sum(a22, kf_g, kf_rs); // over the row's lanes
+        const float v26 = (float)a22; // n6 sum along the row, once per row
+        double a27 = 0.0;
+        const float v31 = logf(v26); // n7
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v26 = in1[rowbase + j5]; // targets f32
-            const float v27 = in0[rowbase + j5]; // logits f32
-            const float v28 = v27 - v19; // n4
-            const float v30 = v28 - v29; // n9
-            const float v31 = v26 * v30; // n10
-            a25 += (double)v31;
+            const float v28 = in1[rowbase + j5]; // targets f32
+            const float v29 = in0[rowbase + j5]; // logits f32
+            const float v30 = v29 - v21; // n4
+            const float v32 = v30 - v31; // n9
+            const float v33 = v28 * v32; // n10
+            a27 += (double)v33;
         }
-        a25 = kf_row_sum(a25, kf_g, kf_rs); // over the row's lanes
-        const float v32 = (float)a25; // n11 sum along the row, once per row
+        a27 = kf_row_sum(a27, kf_g, kf_rs); // over the row's lanes
+        const float v34 = (float)a27; // n11 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v33 = -v32; // n12
-            acc0 += (double)v33; acc1 += 1.0;
+            const float v35 = -v34; // n12
+            acc0 += (double)v35; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -174,8 +174,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v34 = (float)(r0 / r1); // n13
-        out0[0] = v34; // output loss
+        const float v36 = (float)(r0 / r1); // n13
+        out0[0] = v36; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -328,35 +328,39 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_4bc96ebcc014a89f_0_regs(
         a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
         const float v2 = (float)a0; // n2 max along the row, once per row
         double a3 = 0.0;
+        float p4 = 0.0f;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v4 = kf_c0[t1]; // logits f32
-            const float v5 = v4 - v2; // n4
-            const float v6 = expf(v5); // n5
-            a3 += (double)v6;
+            const float v5 = kf_c0[t1]; // logits f32
+            const float v6 = v5 - v2; // n4
+            const float v7 = expf(v6); // n5
+            p4 += v7;
         }
+        a3 = (double)p4; // the lane's columns, added in f32
         a3 = kf_row_sum(a3, kf_g, kf_rs); // over the row's lanes
-        const float v7 = (float)a3; // n6 sum along the row, once per row
-        double a8 = 0.0;
-        const float v12 = logf(v7); // n7
+        const float v8 = (float)a3; // n6 sum along the row, once per row
+        double a9 = 0.0;
+        float p10 = 0.0f;
+        const float v14 = logf(v8); // n7
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v9 = kf_c1[t2]; // targets f32
-            const float v10 = kf_c0[t2]; // logits f32
-            const float v11 = v10 - v2; // n4
-            const float v13 = v11 - v12; // n9
-            const float v14 = v9 * v13; // n10
-            a8 += (double)v14;
+            const float v11 = kf_c1[t2]; // targets f32
+            const float v12 = kf_c0[t2]; // logits f32
+            const float v13 = v12 - v2; // n4
+            const float v15 = v13 - v14; // n9
+            const float v16 = v11 * v15; // n10
+            p10 += v16;
         }
-        a8 = kf_row_sum(a8, kf_g, kf_rs); // over the row's lanes
-        const float v15 = (float)a8; // n11 sum along the row, once per row
+        a9 = (double)p10; // the lane's columns, added in f32
+        a9 = kf_row_sum(a9, kf_g, kf_rs); // over the row's lanes
+        const float v17 = (float)a9; // n11 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v16 = -v15; // n12
-            acc0 += (double)v16; acc1 += 1.0;
+            const float v18 = -v17; // n12
+            acc0 += (double)v18; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -384,8 +388,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_4bc96ebcc014a89f_0_regs(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v34 = (float)(r0 / r1); // n13
-        out0[0] = v34; // output loss
+        const float v36 = (float)(r0 / r1); // n13
+        out0[0] = v36; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -114,112 +114,112 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float a199 = __int_as_float(0xff800000);
-        double a200 = 0.0;
-        const int v202 = (int)(sz0); // n18 the count of every element
-        const float v203 = (float)v202; // n19
-        const float v204 = 1.0f / v203; // n20
-        const float v205 = -v204; // n21
+        float a203 = __int_as_float(0xff800000);
+        double a204 = 0.0;
+        const int v206 = (int)(sz0); // n18 the count of every element
+        const float v207 = (float)v206; // n19
+        const float v208 = 1.0f / v207; // n20
+        const float v209 = -v208; // n21
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v201 = in0[rowbase + j3]; // logits f32
-            a199 = kf_maxf(a199, v201);
-            const float v206 = in1[rowbase + j3]; // targets f32
-            const float v207 = v205 * v206; // n22
-            const float v208 = -v207; // n23
-            a200 += (double)v208;
+            const float v205 = in0[rowbase + j3]; // logits f32
+            a203 = kf_maxf(a203, v205);
+            const float v210 = in1[rowbase + j3]; // targets f32
+            const float v211 = v209 * v210; // n22
+            const float v212 = -v211; // n23
+            a204 += (double)v212;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a199 = kf_row_max(a199, kf_g < 32 ? kf_g : 32, kf_rs);
-        a200 = kf_row_sum(a200, kf_g < 32 ? kf_g : 32, kf_rs);
+        a203 = kf_row_max(a203, kf_g < 32 ? kf_g : 32, kf_rs);
+        a204 = kf_row_sum(a204, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a199; kf_rs[32 + kf_warp] = a200; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a203; kf_rs[32 + kf_warp] = a204; }
             __syncthreads();
-            a199 = kf_rs[kf_first]; a200 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a199 = kf_max_f64(a199, kf_rs[kf_first + w]); a200 += kf_rs[32 + kf_first + w]; }
+            a203 = kf_rs[kf_first]; a204 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a203 = kf_max_f64(a203, kf_rs[kf_first + w]); a204 += kf_rs[32 + kf_first + w]; }
         }
-        const float v209 = (float)a199; // n2 max along the row, once per row
-        const float v210 = (float)a200; // n24 sum along the row, once per row
-        double a211 = 0.0;
-        double a212 = 0.0;
+        const float v213 = (float)a203; // n2 max along the row, once per row
+        const float v214 = (float)a204; // n24 sum along the row, once per row
+        double a215 = 0.0;
+        double a216 = 0.0;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v213 = in0[rowbase + j4]; // logits f32
-            const float v214 = v213 - v209; // n4
-            const float v215 = expf(v214); // n5
-            a211 += (double)v215;
-            const bool v216 = v213 == v209; // n35
-            if (v216) {
-                a212 += 1.0;
+            const float v217 = in0[rowbase + j4]; // logits f32
+            const float v218 = v217 - v213; // n4
+            const float v219 = expf(v218); // n5
+            a215 += (double)v219;
+            const bool v220 = v217 == v213; // n35
+            if (v220) {
+                a216 += 1.0;
             }
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a211 = kf_row_sum(a211, kf_g < 32 ? kf_g : 32, kf_rs);
-        a212 = kf_row_sum(a212, kf_g < 32 ? kf_g : 32, kf_rs);
+        a215 = kf_row_sum(a215, kf_g < 32 ? kf_g : 32, kf_rs);
+        a216 = kf_row_sum(a216, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a211; kf_rs[32 + kf_warp] = a212; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a215; kf_rs[32 + kf_warp] = a216; }
             __syncthreads();
-            a211 = kf_rs[kf_first]; a212 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a211 += kf_rs[kf_first + w]; a212 += kf_rs[32 + kf_first + w]; }
+            a215 = kf_rs[kf_first]; a216 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a215 += kf_rs[kf_first + w]; a216 += kf_rs[32 + kf_first + w]; }
         }
-        const float v217 = (float)a211; // n6 sum along the row, once per row
-        const int v218 = (int)(long long)a212; // n36 count along the row, once per row
-        double a219 = 0.0;
-        double a220 = 0.0;
-        const float v224 = logf(v217); // n7
-        const float v228 = v210 / v217; // n27
+        const float v221 = (float)a215; // n6 sum along the row, once per row
+        const int v222 = (int)(long long)a216; // n36 count along the row, once per row
+        double a223 = 0.0;
+        double a224 = 0.0;
+        const float v228 = logf(v221); // n7
+        const float v232 = v214 / v221; // n27
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v221 = in1[rowbase + j5]; // targets f32
-            const float v222 = in0[rowbase + j5]; // logits f32
-            const float v223 = v222 - v209; // n4
-            const float v225 = v223 - v224; // n9
-            const float v226 = v221 * v225; // n10
-            a219 += (double)v226;
-            const float v227 = v205 * v221; // n22
-            const float v229 = expf(v223); // n5
-            const float v230 = v228 * v229; // n29
-            const float v231 = v227 + v230; // n30
-            const float v232 = -v231; // n31
-            a220 += (double)v232;
+            const float v225 = in1[rowbase + j5]; // targets f32
+            const float v226 = in0[rowbase + j5]; // logits f32
+            const float v227 = v226 - v213; // n4
+            const float v229 = v227 - v228; // n9
+            const float v230 = v225 * v229; // n10
+            a223 += (double)v230;
+            const float v231 = v209 * v225; // n22
+            const float v233 = expf(v227); // n5
+            const float v234 = v232 * v233; // n29
+            const float v235 = v231 + v234; // n30
+            const float v236 = -v235; // n31
+            a224 += (double)v236;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a219 = kf_row_sum(a219, kf_g < 32 ? kf_g : 32, kf_rs);
-        a220 = kf_row_sum(a220, kf_g < 32 ? kf_g : 32, kf_rs);
+        a223 = kf_row_sum(a223, kf_g < 32 ? kf_g : 32, kf_rs);
+        a224 = kf_row_sum(a224, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a219; kf_rs[32 + kf_warp] = a220; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a223; kf_rs[32 + kf_warp] = a224; }
             __syncthreads();
-            a219 = kf_rs[kf_first]; a220 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a219 += kf_rs[kf_first + w]; a220 += kf_rs[32 + kf_first + w]; }
+            a223 = kf_rs[kf_first]; a224 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a223 += kf_rs[kf_first + w]; a224 += kf_rs[32 + kf_first + w]; }
         }
-        const float v233 = (float)a219; // n11 sum along the row, once per row
-        const float v234 = (float)a220; // n32 sum along the row, once per row
+        const float v237 = (float)a223; // n11 sum along the row, once per row
+        const float v238 = (float)a224; // n32 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v235 = -v233; // n12
-            acc0 += (double)v235; acc1 += 1.0;
+            const float v239 = -v237; // n12
+            acc0 += (double)v239; acc1 += 1.0;
         }
-        const float v244 = (float)v218; // n37
-        const float v245 = v234 / v244; // n38
+        const float v248 = (float)v222; // n37
+        const float v249 = v238 / v248; // n38
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v236 = in1[i]; // targets f32
-            const float v237 = v205 * v236; // n22
-            const float v238 = in0[i]; // logits f32
-            const float v239 = v238 - v209; // n4
-            const float v240 = expf(v239); // n5
-            const float v241 = v228 * v240; // n29
-            const float v242 = v237 + v241; // n30
-            const bool v243 = v238 == v209; // n35
-            const float v246 = (v243 ? v245 : 0.0f); // n41
-            const float v247 = v242 + v246; // n42
-            out1[i] = v247; // dlogits
+            const float v240 = in1[i]; // targets f32
+            const float v241 = v209 * v240; // n22
+            const float v242 = in0[i]; // logits f32
+            const float v243 = v242 - v213; // n4
+            const float v244 = expf(v243); // n5
+            const float v245 = v232 * v244; // n29
+            const float v246 = v241 + v245; // n30
+            const bool v247 = v242 == v213; // n35
+            const float v250 = (v247 ? v249 : 0.0f); // n41
+            const float v251 = v246 + v250; // n42
+            out1[i] = v251; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -247,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v248 = (float)(r0 / r1); // n13
-        out0[0] = v248; // output loss
+        const float v252 = (float)(r0 / r1); // n13
+        out0[0] = v252; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -393,21 +393,23 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
         }
         float a0 = __int_as_float(0xff800000);
         double a1 = 0.0;
-        const int v3 = (int)(sz0); // n18 the count of every element
-        const float v4 = (float)v3; // n19
-        const float v5 = 1.0f / v4; // n20
-        const float v6 = -v5; // n21
+        float p2 = 0.0f;
+        const int v4 = (int)(sz0); // n18 the count of every element
+        const float v5 = (float)v4; // n19
+        const float v6 = 1.0f / v5; // n20
+        const float v7 = -v6; // n21
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
-            const float v2 = kf_c0[t0]; // logits f32
-            a0 = kf_maxf(a0, v2);
-            const float v7 = kf_c1[t0]; // targets f32
-            const float v8 = v6 * v7; // n22
-            const float v9 = -v8; // n23
-            a1 += (double)v9;
+            const float v3 = kf_c0[t0]; // logits f32
+            a0 = kf_maxf(a0, v3);
+            const float v8 = kf_c1[t0]; // targets f32
+            const float v9 = v7 * v8; // n22
+            const float v10 = -v9; // n23
+            p2 += v10;
         }
+        a1 = (double)p2; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a0 = kf_row_max(a0, kf_g < 32 ? kf_g : 32, kf_rs);
         a1 = kf_row_sum(a1, kf_g < 32 ? kf_g : 32, kf_rs);
@@ -419,138 +421,144 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             a0 = kf_rs[kf_first]; a1 = kf_rs[32 + kf_first];
             for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a0 = kf_max_f64(a0, kf_rs[kf_first + w]); a1 += kf_rs[32 + kf_first + w]; }
         }
-        const float v10 = (float)a0; // n2 max along the row, once per row
-        const float v11 = (float)a1; // n24 sum along the row, once per row
-        double a12 = 0.0;
+        const float v11 = (float)a0; // n2 max along the row, once per row
+        const float v12 = (float)a1; // n24 sum along the row, once per row
         double a13 = 0.0;
+        float p14 = 0.0f;
+        double a15 = 0.0;
         #pragma unroll
         for (int t1 = 0; t1 < 16; ++t1) {
             if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
             const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v14 = kf_c0[t1]; // logits f32
-            const float v15 = v14 - v10; // n4
-            const float v16 = expf(v15); // n5
-            a12 += (double)v16;
-            const bool v17 = v14 == v10; // n35
-            if (v17) {
-                a13 += 1.0;
+            const float v16 = kf_c0[t1]; // logits f32
+            const float v17 = v16 - v11; // n4
+            const float v18 = expf(v17); // n5
+            p14 += v18;
+            const bool v19 = v16 == v11; // n35
+            if (v19) {
+                a15 += 1.0;
             }
         }
+        a13 = (double)p14; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a12 = kf_row_sum(a12, kf_g < 32 ? kf_g : 32, kf_rs);
         a13 = kf_row_sum(a13, kf_g < 32 ? kf_g : 32, kf_rs);
+        a15 = kf_row_sum(a15, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a12; kf_rs[32 + kf_warp] = a13; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a13; kf_rs[32 + kf_warp] = a15; }
             __syncthreads();
-            a12 = kf_rs[kf_first]; a13 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a12 += kf_rs[kf_first + w]; a13 += kf_rs[32 + kf_first + w]; }
+            a13 = kf_rs[kf_first]; a15 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a13 += kf_rs[kf_first + w]; a15 += kf_rs[32 + kf_first + w]; }
         }
-        const float v18 = (float)a12; // n6 sum along the row, once per row
-        const int v19 = (int)(long long)a13; // n36 count along the row, once per row
-        double a20 = 0.0;
-        double a21 = 0.0;
-        const float v25 = logf(v18); // n7
-        const float v29 = v11 / v18; // n27
+        const float v20 = (float)a13; // n6 sum along the row, once per row
+        const int v21 = (int)(long long)a15; // n36 count along the row, once per row
+        double a22 = 0.0;
+        float p23 = 0.0f;
+        double a24 = 0.0;
+        float p25 = 0.0f;
+        const float v29 = logf(v20); // n7
+        const float v33 = v12 / v20; // n27
         #pragma unroll
         for (int t2 = 0; t2 < 16; ++t2) {
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v22 = kf_c1[t2]; // targets f32
-            const float v23 = kf_c0[t2]; // logits f32
-            const float v24 = v23 - v10; // n4
-            const float v26 = v24 - v25; // n9
-            const float v27 = v22 * v26; // n10
-            a20 += (double)v27;
-            const float v28 = v6 * v22; // n22
-            const float v30 = expf(v24); // n5
-            const float v31 = v29 * v30; // n29
-            const float v32 = v28 + v31; // n30
-            const float v33 = -v32; // n31
-            a21 += (double)v33;
+            const float v26 = kf_c1[t2]; // targets f32
+            const float v27 = kf_c0[t2]; // logits f32
+            const float v28 = v27 - v11; // n4
+            const float v30 = v28 - v29; // n9
+            const float v31 = v26 * v30; // n10
+            p23 += v31;
+            const float v32 = v7 * v26; // n22
+            const float v34 = expf(v28); // n5
+            const float v35 = v33 * v34; // n29
+            const float v36 = v32 + v35; // n30
+            const float v37 = -v36; // n31
+            p25 += v37;
         }
+        a22 = (double)p23; // the lane's columns, added in f32
+        a24 = (double)p25; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a20 = kf_row_sum(a20, kf_g < 32 ? kf_g : 32, kf_rs);
-        a21 = kf_row_sum(a21, kf_g < 32 ? kf_g : 32, kf_rs);
+        a22 = kf_row_sum(a22, kf_g < 32 ? kf_g : 32, kf_rs);
+        a24 = kf_row_sum(a24, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a20; kf_rs[32 + kf_warp] = a21; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a22; kf_rs[32 + kf_warp] = a24; }
             __syncthreads();
-            a20 = kf_rs[kf_first]; a21 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a20 += kf_rs[kf_first + w]; a21 += kf_rs[32 + kf_first + w]; }
+            a22 = kf_rs[kf_first]; a24 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a22 += kf_rs[kf_first + w]; a24 += kf_rs[32 + kf_first + w]; }
         }
-        const float v34 = (float)a20; // n11 sum along the row, once per row
-        const float v35 = (float)a21; // n32 sum along the row, once per row
+        const float v38 = (float)a22; // n11 sum along the row, once per row
+        const float v39 = (float)a24; // n32 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v36 = -v34; // n12
-            acc0 += (double)v36; acc1 += 1.0;
+            const float v40 = -v38; // n12
+            acc0 += (double)v40; acc1 += 1.0;
         }
-        const float v45 = (float)v19; // n37
-        const float v46 = v35 / v45; // n38
+        const float v49 = (float)v21; // n37
+        const float v50 = v39 / v49; // n38
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v37 = kf_c1[0]; // targets f32
-                const float v38 = v6 * v37; // n22
-                const float v39 = kf_c0[0]; // logits f32
-                const float v40 = v39 - v10; // n4
-                const float v41 = expf(v40); // n5
-                const float v42 = v29 * v41; // n29
-                const float v43 = v38 + v42; // n30
-                const bool v44 = v39 == v10; // n35
-                const float v47 = (v44 ? v46 : 0.0f); // n41
-                const float v48 = v43 + v47; // n42
-                kf_o1[0] = v48; // dlogits
+                const float v41 = kf_c1[0]; // targets f32
+                const float v42 = v7 * v41; // n22
+                const float v43 = kf_c0[0]; // logits f32
+                const float v44 = v43 - v11; // n4
+                const float v45 = expf(v44); // n5
+                const float v46 = v33 * v45; // n29
+                const float v47 = v42 + v46; // n30
+                const bool v48 = v43 == v11; // n35
+                const float v51 = (v48 ? v50 : 0.0f); // n41
+                const float v52 = v47 + v51; // n42
+                kf_o1[0] = v52; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v49 = kf_c1[1]; // targets f32
-                const float v50 = v6 * v49; // n22
-                const float v51 = kf_c0[1]; // logits f32
-                const float v52 = v51 - v10; // n4
-                const float v53 = expf(v52); // n5
-                const float v54 = v29 * v53; // n29
-                const float v55 = v50 + v54; // n30
-                const bool v56 = v51 == v10; // n35
-                const float v57 = (v56 ? v46 : 0.0f); // n41
-                const float v58 = v55 + v57; // n42
-                kf_o1[1] = v58; // dlogits
+                const float v53 = kf_c1[1]; // targets f32
+                const float v54 = v7 * v53; // n22
+                const float v55 = kf_c0[1]; // logits f32
+                const float v56 = v55 - v11; // n4
+                const float v57 = expf(v56); // n5
+                const float v58 = v33 * v57; // n29
+                const float v59 = v54 + v58; // n30
+                const bool v60 = v55 == v11; // n35
+                const float v61 = (v60 ? v50 : 0.0f); // n41
+                const float v62 = v59 + v61; // n42
+                kf_o1[1] = v62; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v59 = kf_c1[2]; // targets f32
-                const float v60 = v6 * v59; // n22
-                const float v61 = kf_c0[2]; // logits f32
-                const float v62 = v61 - v10; // n4
-                const float v63 = expf(v62); // n5
-                const float v64 = v29 * v63; // n29
-                const float v65 = v60 + v64; // n30
-                const bool v66 = v61 == v10; // n35
-                const float v67 = (v66 ? v46 : 0.0f); // n41
-                const float v68 = v65 + v67; // n42
-                kf_o1[2] = v68; // dlogits
+                const float v63 = kf_c1[2]; // targets f32
+                const float v64 = v7 * v63; // n22
+                const float v65 = kf_c0[2]; // logits f32
+                const float v66 = v65 - v11; // n4
+                const float v67 = expf(v66); // n5
+                const float v68 = v33 * v67; // n29
+                const float v69 = v64 + v68; // n30
+                const bool v70 = v65 == v11; // n35
+                const float v71 = (v70 ? v50 : 0.0f); // n41
+                const float v72 = v69 + v71; // n42
+                kf_o1[2] = v72; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v69 = kf_c1[3]; // targets f32
-                const float v70 = v6 * v69; // n22
-                const float v71 = kf_c0[3]; // logits f32
-                const float v72 = v71 - v10; // n4
-                const float v73 = expf(v72); // n5
-                const float v74 = v29 * v73; // n29
-                const float v75 = v70 + v74; // n30
-                const bool v76 = v71 == v10; // n35
-                const float v77 = (v76 ? v46 : 0.0f); // n41
-                const float v78 = v75 + v77; // n42
-                kf_o1[3] = v78; // dlogits
+                const float v73 = kf_c1[3]; // targets f32
+                const float v74 = v7 * v73; // n22
+                const float v75 = kf_c0[3]; // logits f32
+                const float v76 = v75 - v11; // n4
+                const float v77 = expf(v76); // n5
+                const float v78 = v33 * v77; // n29
+                const float v79 = v74 + v78; // n30
+                const bool v80 = v75 == v11; // n35
+                const float v81 = (v80 ? v50 : 0.0f); // n41
+                const float v82 = v79 + v81; // n42
+                kf_o1[3] = v82; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -560,62 +568,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v79 = kf_c1[4]; // targets f32
-                const float v80 = v6 * v79; // n22
-                const float v81 = kf_c0[4]; // logits f32
-                const float v82 = v81 - v10; // n4
-                const float v83 = expf(v82); // n5
-                const float v84 = v29 * v83; // n29
-                const float v85 = v80 + v84; // n30
-                const bool v86 = v81 == v10; // n35
-                const float v87 = (v86 ? v46 : 0.0f); // n41
-                const float v88 = v85 + v87; // n42
-                kf_o1[0] = v88; // dlogits
+                const float v83 = kf_c1[4]; // targets f32
+                const float v84 = v7 * v83; // n22
+                const float v85 = kf_c0[4]; // logits f32
+                const float v86 = v85 - v11; // n4
+                const float v87 = expf(v86); // n5
+                const float v88 = v33 * v87; // n29
+                const float v89 = v84 + v88; // n30
+                const bool v90 = v85 == v11; // n35
+                const float v91 = (v90 ? v50 : 0.0f); // n41
+                const float v92 = v89 + v91; // n42
+                kf_o1[0] = v92; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v89 = kf_c1[5]; // targets f32
-                const float v90 = v6 * v89; // n22
-                const float v91 = kf_c0[5]; // logits f32
-                const float v92 = v91 - v10; // n4
-                const float v93 = expf(v92); // n5
-                const float v94 = v29 * v93; // n29
-                const float v95 = v90 + v94; // n30
-                const bool v96 = v91 == v10; // n35
-                const float v97 = (v96 ? v46 : 0.0f); // n41
-                const float v98 = v95 + v97; // n42
-                kf_o1[1] = v98; // dlogits
+                const float v93 = kf_c1[5]; // targets f32
+                const float v94 = v7 * v93; // n22
+                const float v95 = kf_c0[5]; // logits f32
+                const float v96 = v95 - v11; // n4
+                const float v97 = expf(v96); // n5
+                const float v98 = v33 * v97; // n29
+                const float v99 = v94 + v98; // n30
+                const bool v100 = v95 == v11; // n35
+                const float v101 = (v100 ? v50 : 0.0f); // n41
+                const float v102 = v99 + v101; // n42
+                kf_o1[1] = v102; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v99 = kf_c1[6]; // targets f32
-                const float v100 = v6 * v99; // n22
-                const float v101 = kf_c0[6]; // logits f32
-                const float v102 = v101 - v10; // n4
-                const float v103 = expf(v102); // n5
-                const float v104 = v29 * v103; // n29
-                const float v105 = v100 + v104; // n30
-                const bool v106 = v101 == v10; // n35
-                const float v107 = (v106 ? v46 : 0.0f); // n41
-                const float v108 = v105 + v107; // n42
-                kf_o1[2] = v108; // dlogits
+                const float v103 = kf_c1[6]; // targets f32
+                const float v104 = v7 * v103; // n22
+                const float v105 = kf_c0[6]; // logits f32
+                const float v106 = v105 - v11; // n4
+                const float v107 = expf(v106); // n5
+                const float v108 = v33 * v107; // n29
+                const float v109 = v104 + v108; // n30
+                const bool v110 = v105 == v11; // n35
+                const float v111 = (v110 ? v50 : 0.0f); // n41
+                const float v112 = v109 + v111; // n42
+                kf_o1[2] = v112; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v109 = kf_c1[7]; // targets f32
-                const float v110 = v6 * v109; // n22
-                const float v111 = kf_c0[7]; // logits f32
-                const float v112 = v111 - v10; // n4
-                const float v113 = expf(v112); // n5
-                const float v114 = v29 * v113; // n29
-                const float v115 = v110 + v114; // n30
-                const bool v116 = v111 == v10; // n35
-                const float v117 = (v116 ? v46 : 0.0f); // n41
-                const float v118 = v115 + v117; // n42
-                kf_o1[3] = v118; // dlogits
+                const float v113 = kf_c1[7]; // targets f32
+                const float v114 = v7 * v113; // n22
+                const float v115 = kf_c0[7]; // logits f32
+                const float v116 = v115 - v11; // n4
+                const float v117 = expf(v116); // n5
+                const float v118 = v33 * v117; // n29
+                const float v119 = v114 + v118; // n30
+                const bool v120 = v115 == v11; // n35
+                const float v121 = (v120 ? v50 : 0.0f); // n41
+                const float v122 = v119 + v121; // n42
+                kf_o1[3] = v122; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -625,62 +633,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v119 = kf_c1[8]; // targets f32
-                const float v120 = v6 * v119; // n22
-                const float v121 = kf_c0[8]; // logits f32
-                const float v122 = v121 - v10; // n4
-                const float v123 = expf(v122); // n5
-                const float v124 = v29 * v123; // n29
-                const float v125 = v120 + v124; // n30
-                const bool v126 = v121 == v10; // n35
-                const float v127 = (v126 ? v46 : 0.0f); // n41
-                const float v128 = v125 + v127; // n42
-                kf_o1[0] = v128; // dlogits
+                const float v123 = kf_c1[8]; // targets f32
+                const float v124 = v7 * v123; // n22
+                const float v125 = kf_c0[8]; // logits f32
+                const float v126 = v125 - v11; // n4
+                const float v127 = expf(v126); // n5
+                const float v128 = v33 * v127; // n29
+                const float v129 = v124 + v128; // n30
+                const bool v130 = v125 == v11; // n35
+                const float v131 = (v130 ? v50 : 0.0f); // n41
+                const float v132 = v129 + v131; // n42
+                kf_o1[0] = v132; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v129 = kf_c1[9]; // targets f32
-                const float v130 = v6 * v129; // n22
-                const float v131 = kf_c0[9]; // logits f32
-                const float v132 = v131 - v10; // n4
-                const float v133 = expf(v132); // n5
-                const float v134 = v29 * v133; // n29
-                const float v135 = v130 + v134; // n30
-                const bool v136 = v131 == v10; // n35
-                const float v137 = (v136 ? v46 : 0.0f); // n41
-                const float v138 = v135 + v137; // n42
-                kf_o1[1] = v138; // dlogits
+                const float v133 = kf_c1[9]; // targets f32
+                const float v134 = v7 * v133; // n22
+                const float v135 = kf_c0[9]; // logits f32
+                const float v136 = v135 - v11; // n4
+                const float v137 = expf(v136); // n5
+                const float v138 = v33 * v137; // n29
+                const float v139 = v134 + v138; // n30
+                const bool v140 = v135 == v11; // n35
+                const float v141 = (v140 ? v50 : 0.0f); // n41
+                const float v142 = v139 + v141; // n42
+                kf_o1[1] = v142; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v139 = kf_c1[10]; // targets f32
-                const float v140 = v6 * v139; // n22
-                const float v141 = kf_c0[10]; // logits f32
-                const float v142 = v141 - v10; // n4
-                const float v143 = expf(v142); // n5
-                const float v144 = v29 * v143; // n29
-                const float v145 = v140 + v144; // n30
-                const bool v146 = v141 == v10; // n35
-                const float v147 = (v146 ? v46 : 0.0f); // n41
-                const float v148 = v145 + v147; // n42
-                kf_o1[2] = v148; // dlogits
+                const float v143 = kf_c1[10]; // targets f32
+                const float v144 = v7 * v143; // n22
+                const float v145 = kf_c0[10]; // logits f32
+                const float v146 = v145 - v11; // n4
+                const float v147 = expf(v146); // n5
+                const float v148 = v33 * v147; // n29
+                const float v149 = v144 + v148; // n30
+                const bool v150 = v145 == v11; // n35
+                const float v151 = (v150 ? v50 : 0.0f); // n41
+                const float v152 = v149 + v151; // n42
+                kf_o1[2] = v152; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v149 = kf_c1[11]; // targets f32
-                const float v150 = v6 * v149; // n22
-                const float v151 = kf_c0[11]; // logits f32
-                const float v152 = v151 - v10; // n4
-                const float v153 = expf(v152); // n5
-                const float v154 = v29 * v153; // n29
-                const float v155 = v150 + v154; // n30
-                const bool v156 = v151 == v10; // n35
-                const float v157 = (v156 ? v46 : 0.0f); // n41
-                const float v158 = v155 + v157; // n42
-                kf_o1[3] = v158; // dlogits
+                const float v153 = kf_c1[11]; // targets f32
+                const float v154 = v7 * v153; // n22
+                const float v155 = kf_c0[11]; // logits f32
+                const float v156 = v155 - v11; // n4
+                const float v157 = expf(v156); // n5
+                const float v158 = v33 * v157; // n29
+                const float v159 = v154 + v158; // n30
+                const bool v160 = v155 == v11; // n35
+                const float v161 = (v160 ? v50 : 0.0f); // n41
+                const float v162 = v159 + v161; // n42
+                kf_o1[3] = v162; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -690,62 +698,62 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v159 = kf_c1[12]; // targets f32
-                const float v160 = v6 * v159; // n22
-                const float v161 = kf_c0[12]; // logits f32
-                const float v162 = v161 - v10; // n4
-                const float v163 = expf(v162); // n5
-                const float v164 = v29 * v163; // n29
-                const float v165 = v160 + v164; // n30
-                const bool v166 = v161 == v10; // n35
-                const float v167 = (v166 ? v46 : 0.0f); // n41
-                const float v168 = v165 + v167; // n42
-                kf_o1[0] = v168; // dlogits
+                const float v163 = kf_c1[12]; // targets f32
+                const float v164 = v7 * v163; // n22
+                const float v165 = kf_c0[12]; // logits f32
+                const float v166 = v165 - v11; // n4
+                const float v167 = expf(v166); // n5
+                const float v168 = v33 * v167; // n29
+                const float v169 = v164 + v168; // n30
+                const bool v170 = v165 == v11; // n35
+                const float v171 = (v170 ? v50 : 0.0f); // n41
+                const float v172 = v169 + v171; // n42
+                kf_o1[0] = v172; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v169 = kf_c1[13]; // targets f32
-                const float v170 = v6 * v169; // n22
-                const float v171 = kf_c0[13]; // logits f32
-                const float v172 = v171 - v10; // n4
-                const float v173 = expf(v172); // n5
-                const float v174 = v29 * v173; // n29
-                const float v175 = v170 + v174; // n30
-                const bool v176 = v171 == v10; // n35
-                const float v177 = (v176 ? v46 : 0.0f); // n41
-                const float v178 = v175 + v177; // n42
-                kf_o1[1] = v178; // dlogits
+                const float v173 = kf_c1[13]; // targets f32
+                const float v174 = v7 * v173; // n22
+                const float v175 = kf_c0[13]; // logits f32
+                const float v176 = v175 - v11; // n4
+                const float v177 = expf(v176); // n5
+                const float v178 = v33 * v177; // n29
+                const float v179 = v174 + v178; // n30
+                const bool v180 = v175 == v11; // n35
+                const float v181 = (v180 ? v50 : 0.0f); // n41
+                const float v182 = v179 + v181; // n42
+                kf_o1[1] = v182; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v179 = kf_c1[14]; // targets f32
-                const float v180 = v6 * v179; // n22
-                const float v181 = kf_c0[14]; // logits f32
-                const float v182 = v181 - v10; // n4
-                const float v183 = expf(v182); // n5
-                const float v184 = v29 * v183; // n29
-                const float v185 = v180 + v184; // n30
-                const bool v186 = v181 == v10; // n35
-                const float v187 = (v186 ? v46 : 0.0f); // n41
-                const float v188 = v185 + v187; // n42
-                kf_o1[2] = v188; // dlogits
+                const float v183 = kf_c1[14]; // targets f32
+                const float v184 = v7 * v183; // n22
+                const float v185 = kf_c0[14]; // logits f32
+                const float v186 = v185 - v11; // n4
+                const float v187 = expf(v186); // n5
+                const float v188 = v33 * v187; // n29
+                const float v189 = v184 + v188; // n30
+                const bool v190 = v185 == v11; // n35
+                const float v191 = (v190 ? v50 : 0.0f); // n41
+                const float v192 = v189 + v191; // n42
+                kf_o1[2] = v192; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v189 = kf_c1[15]; // targets f32
-                const float v190 = v6 * v189; // n22
-                const float v191 = kf_c0[15]; // logits f32
-                const float v192 = v191 - v10; // n4
-                const float v193 = expf(v192); // n5
-                const float v194 = v29 * v193; // n29
-                const float v195 = v190 + v194; // n30
-                const bool v196 = v191 == v10; // n35
-                const float v197 = (v196 ? v46 : 0.0f); // n41
-                const float v198 = v195 + v197; // n42
-                kf_o1[3] = v198; // dlogits
+                const float v193 = kf_c1[15]; // targets f32
+                const float v194 = v7 * v193; // n22
+                const float v195 = kf_c0[15]; // logits f32
+                const float v196 = v195 - v11; // n4
+                const float v197 = expf(v196); // n5
+                const float v198 = v33 * v197; // n29
+                const float v199 = v194 + v198; // n30
+                const bool v200 = v195 == v11; // n35
+                const float v201 = (v200 ? v50 : 0.0f); // n41
+                const float v202 = v199 + v201; // n42
+                kf_o1[3] = v202; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -775,8 +783,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v248 = (float)(r0 / r1); // n13
-        out0[0] = v248; // output loss
+        const float v252 = (float)(r0 / r1); // n13
+        out0[0] = v252; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
