@@ -222,7 +222,7 @@ impl RowCache {
             let mut lines = vec![
                 "{".to_string(),
                 format!("    const long long kf_r1 = {first};"),
-                "    const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;".to_string(),
+                "    const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);".to_string(),
                 "    const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;".to_string(),
                 "    const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;".to_string(),
             ];

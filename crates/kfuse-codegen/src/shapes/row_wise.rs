@@ -608,7 +608,7 @@ pub(crate) fn column_sums_prologue(sums: usize, slots: u32, block: u32) -> Vec<S
             "__shared__ __align__(16) float kf_cps[{}]; // the row groups' column sums: [group][sum][column]",
             block as usize * slots as usize * sums
         ),
-        format!("const int kf_cb = (int)(((long long)threadIdx.x / kf_g) * {sums} * cols); // its row group's sums in kf_cps"),
+        format!("const int kf_cb = (int)((long long)(threadIdx.x >> kf_lg) * {sums} * cols); // its row group's sums in kf_cps"),
         format!("for (long long c = threadIdx.x; c < kf_gpb * {sums} * cols; c += blockDim.x) kf_cps[c] = 0.0f;"),
         "__syncthreads();".to_string(),
     ]

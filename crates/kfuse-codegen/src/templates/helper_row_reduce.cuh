@@ -9,7 +9,10 @@
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_{{name}}(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = {{combine}}; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = {{combine}}; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call

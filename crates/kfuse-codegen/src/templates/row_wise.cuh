@@ -16,14 +16,15 @@
     {{n_type}} kf_g = {{min_lanes}};
     while (kf_g < ({{n_type}})blockDim.x && kf_g * {{cols_per_lane}} < cols) kf_g <<= 1;{{spread}}
     const {{n_type}} lane = ({{n_type}})(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[{{fold_doubles}}]; // the folds of a row's reductions over its lanes
 {{accumulators}}
 {{prologue}}
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const {{n_type}} kf_n = kf_live ? ({{n_type}})cols : 0; // the columns this group visits

@@ -26,12 +26,13 @@ extern "C" __global__ void __launch_bounds__(256) kf_24d058b5ffa963ea_0(
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
@@ -83,13 +84,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_24d058b5ffa963ea_0_regs(
     int kf_g = 1;
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols) kf_g <<= 1;
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Rows kept in registers: each row-shaped input is loaded once, a row ahead.
     uint4 kf_p3[4]; // rows: the lane's vectors of its next row
     {
         const long long kf_r1 = (long long)blockIdx.x * kf_gpb;
-        const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);
         const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
         const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
         #pragma unroll
@@ -102,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_24d058b5ffa963ea_0_regs(
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
@@ -119,7 +121,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_24d058b5ffa963ea_0_regs(
         // The next row's loads, in flight while this row is computed.
         {
             const long long kf_r1 = kf_r0 + (long long)gridDim.x * kf_gpb;
-            const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+            const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);
             const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
             const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
             #pragma unroll

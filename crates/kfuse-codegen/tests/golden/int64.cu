@@ -151,7 +151,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_0(
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_sum(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -204,12 +207,13 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1(
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
@@ -252,7 +256,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_1(
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_sum(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -306,12 +313,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_1_regs(
     while (kf_g < (int)blockDim.x && kf_g * 32 < cols) kf_g <<= 1;
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols && rows * kf_g < 262144ll) kf_g <<= 1; // few rows: more lanes each
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
@@ -376,12 +384,13 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_2(
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
@@ -421,13 +430,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_2_regs(
     int kf_g = 1;
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols) kf_g <<= 1;
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
     // Rows kept in registers: each row-shaped input is loaded once, a row ahead.
     long long kf_p0[16]; // x: the lane's columns of its next row
     {
         const long long kf_r1 = (long long)blockIdx.x * kf_gpb;
-        const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);
         const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
         const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
         #pragma unroll
@@ -443,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_2_regs(
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
@@ -455,7 +465,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_2_regs(
         // The next row's loads, in flight while this row is computed.
         {
             const long long kf_r1 = kf_r0 + (long long)gridDim.x * kf_gpb;
-            const long long kf_rw1 = kf_r1 + (long long)threadIdx.x / kf_g;
+            const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);
             const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
             const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
             #pragma unroll

@@ -13,7 +13,10 @@
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_sum(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -46,12 +49,13 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
@@ -171,7 +175,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_sum(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -204,16 +211,17 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_65ed4fe600cdc894_0_regs(
     int kf_g = 1;
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols) kf_g <<= 1;
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[96]; // the folds of a row's reductions over its lanes
     __shared__ __align__(16) float kf_cps[8192]; // the row groups' column sums: [group][sum][column]
-    const int kf_cb = (int)(((long long)threadIdx.x / kf_g) * 2 * cols); // its row group's sums in kf_cps
+    const int kf_cb = (int)((long long)(threadIdx.x >> kf_lg) * 2 * cols); // its row group's sums in kf_cps
     for (long long c = threadIdx.x; c < kf_gpb * 2 * cols; c += blockDim.x) kf_cps[c] = 0.0f;
     __syncthreads();
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits

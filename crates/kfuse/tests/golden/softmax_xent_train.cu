@@ -53,7 +53,10 @@ __device__ double kf_block_sum(double v, double* smem) {
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_sum(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -72,7 +75,10 @@ __device__ double kf_row_sum(double v, long long g, double* smem) {
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_max(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = kf_max_f64(v, o); }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = kf_max_f64(v, o); } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -102,14 +108,15 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     long long kf_g = 4;
     while (kf_g < (long long)blockDim.x && kf_g * 8 < cols) kf_g <<= 1;
     const long long lane = (long long)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[64]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // mean n12 (n13)
     double acc1 = 0.0; // count of mean n12 (n13)
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
@@ -308,7 +315,10 @@ __device__ double kf_block_sum(double v, double* smem) {
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_sum(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = v + o; } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -327,7 +337,10 @@ __device__ double kf_row_sum(double v, long long g, double* smem) {
 // group's per-warp values in order. Every thread of the block calls it with the same `g`; `smem`
 // holds 32 doubles.
 __device__ double kf_row_max(double v, long long g, double* smem) {
-    for (int off = (int)(g < 32 ? g : 32) >> 1; off > 0; off >>= 1) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = kf_max_f64(v, o); }
+    #pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        if (off < g) { const double o = __shfl_xor_sync(0xffffffffu, v, off); v = kf_max_f64(v, o); } // g: the same in the whole block
+    }
     if (g > 32) {
         const unsigned warp = threadIdx.x >> 5, first = (threadIdx.x & ~(unsigned)(g - 1)) >> 5;
         __syncthreads(); // smem may still be read by the previous call
@@ -357,14 +370,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
     int kf_g = 1;
     while (kf_g < (int)blockDim.x && kf_g * 16 < cols) kf_g <<= 1;
     const int lane = (int)(threadIdx.x & (kf_g - 1)); // lane within the row's group
-    const long long kf_gpb = (long long)blockDim.x / kf_g; // rows a block takes at a time
+    const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
+    const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[64]; // the folds of a row's reductions over its lanes
     double acc0 = 0.0; // mean n12 (n13)
     double acc1 = 0.0; // count of mean n12 (n13)
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
-        const long long kf_rw = kf_r0 + (long long)threadIdx.x / kf_g;
+        const long long kf_rw = kf_r0 + (long long)(threadIdx.x >> kf_lg);
         const bool kf_live = kf_rw < rows;
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
