@@ -574,6 +574,15 @@ fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     assert!(src.contains("in0[rowbase + j"), "rows are read at rowbase + column:\n{src}");
     assert!(regs.contains("*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"), "or kept in registers:\n{regs}");
     assert!(!src.contains("tmp0[row]"), "no row value goes to a later kernel:\n{src}");
+    // A row in registers: the sum of exp(x - max) adds a lane's columns in f32 and converts its
+    // partial once for the f64 fold; the entry for any row adds each element in f64.
+    assert_eq!(regs.matches("float p").count(), 1, "one f32 partial:\n{regs}");
+    assert!(regs.contains("(double)p") && regs.contains("// the lane's columns, added in f32"), "{regs}");
+    assert!(!src.contains("float p") && src.contains("+= (double)"), "any row: f64 per element:\n{src}");
+    // Row groups are powers of two: a thread's row in its block is a shift, not a division.
+    for unit in [src, regs] {
+        assert!(unit.contains("(threadIdx.x >> kf_lg)") && !unit.contains("/ kf_g"), "{unit}");
+    }
     // The grid follows the row length: 4 to 256 lanes a row.
     let GridSpec::Rows { rows, cols, block, max_blocks_per_sm } = &k.grid else { panic!("a rows grid: {:?}", k.grid) };
     assert_eq!(
