@@ -193,8 +193,44 @@ def loss_and_accuracy(logits, labels):
     return F.cross_entropy(logits, labels) * (1 + hits) + lows + top
 
 
+def cosine_embedding(a, b):
+    # torch.linalg.vector_norm (ord 2) through cosine_similarity, rows of zeros included (the norm
+    # clamped at eps), and F.normalize's.
+    return (1 - F.cosine_similarity(a, b, dim=-1)).mean() + (F.normalize(a, dim=-1) * b).sum(-1).square().mean()
+
+
+def norms_of_every_order(x):
+    # The vector norm's other orders: 1, infinity (the largest magnitude), -infinity, 3.
+    v = torch.linalg.vector_norm
+    return v(x, 1, -1) + v(x, math.inf, -1) * v(x, -math.inf, 0).sum() + v(x, 3.0, -1)
+
+
+def kl_div_distill(student, teacher):
+    # KL divergence against a teacher's probabilities with exact zeros: xlogy's decomposition (a
+    # NaN constant, the text's 0/0) and its zero branch. The teacher gets no gradient: at its
+    # zeros PyTorch's own is NaN.
+    p = torch.softmax(teacher, -1) * (teacher > -1)
+    p = p / p.sum(-1, keepdim=True)
+    return F.kl_div(F.log_softmax(student, -1), p, reduction="batchmean")
+
+
+def logsumexp_with_infinities(x):
+    # torch.logsumexp's decomposition tests the row maximum against infinity.
+    return torch.logsumexp(x.masked_fill(x > 1.5, -math.inf), dim=-1) * 2
+
+
+def _zero_rows(t, *rows):
+    t = t.clone()
+    t[list(rows)] = 0
+    return t
+
+
 # name -> (function, inputs(gen) as a list, which inputs get gradients)
 CASES = {
+    "cosine_embedding": (cosine_embedding, lambda g: [_zero_rows(_randn(g, 13, 37), 3), _randn(g, 13, 37)], (0, 1)),
+    "norms_of_every_order": (norms_of_every_order, lambda g: [_randn(g, 11, 29)], (0,)),
+    "kl_div_distill": (kl_div_distill, lambda g: [_randn(g, 17, 23) * 2, _randn(g, 17, 23) * 2], (0,)),
+    "logsumexp_with_infinities": (logsumexp_with_infinities, lambda g: [_randn(g, 19, 31)], (0,)),
     "loss_and_accuracy": (loss_and_accuracy, lambda g: [_randn(g, 37, 13) * 2, _labels(g, 37, 13)], (0,)),
     "boxes_cxcywh_l1": (boxes_cxcywh_l1, lambda g: [_randn(g, 3, 17, 4), _randn(g, 3, 17, 4)], (0, 1)),
     "cat_middle_axis": (cat_middle_axis, lambda g: [_randn(g, 5, 3, 7), _randn(g, 5, 4, 7)], (0, 1)),
@@ -267,6 +303,11 @@ WHOLE = [
     "cat_middle_axis",
     # argmax and argmin along an axis and over every element, beside a loss.
     "loss_and_accuracy",
+    # Vector norms of every order (torch's decomposition), NaN and infinities as constants.
+    "cosine_embedding",
+    "norms_of_every_order",
+    "kl_div_distill",
+    "logsumexp_with_infinities",
 ]
 
 
@@ -553,3 +594,30 @@ def test_the_forward_stores_no_row_sized_value_the_backward_can_recompute():
     saved = _saved(lambda x: F.gelu(lin(x)).sum(), [x])
     names = [name for name, shape in saved if shape == (33, 96)]
     assert len(names) == 1 and "addmm" in names[0], saved
+
+
+def test_a_linear_block_on_3d_inputs_fuses_its_bias_gradients_and_copies_no_view():
+    # nn.Linear on [B, T, D] views its input as [B*T, D]: under dynamic shapes that size is
+    # `s0*s1`, a symbol of its own in the text, so the bias gradients (sums over those rows) are
+    # fused; and no region writes a view (the transposes the backward's matmuls read) as a copy.
+    torch.manual_seed(SEED)
+    block = nn.Sequential(nn.Linear(24, 40), nn.GELU(), nn.Linear(40, 24))
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(x, 1)
+    report = kfuse.explain(block, x)
+    assert not [f for f in report.fallbacks if "computed from other sizes" in f.reason], str(report)
+    views = {"aten.permute.default", "aten.t.default", "aten.transpose.int", "aten.view.default"}
+    assert any("aten.sum.dim_IntList" in k.ops for k in report.kernels if k.graph == "backward"), str(report)
+    for k in report.kernels:
+        assert not set(k.ops) <= views, f"a region of views only: {k.ops}\n{report}"
+    compiled = torch.compile(block, backend="kfuse", dynamic=True)
+    for shape in [(3, 5, 24), (2, 9, 24), (4, 7, 24)]:
+        x = torch.randn(*shape, requires_grad=True)
+        got = compiled(x)
+        got_grads = torch.autograd.grad(got.square().sum(), [x, *block.parameters()])
+        want = block(x)
+        want_grads = torch.autograd.grad(want.square().sum(), [x, *block.parameters()])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6, msg=lambda m, s=shape: f"{s}: {m}")

@@ -210,12 +210,34 @@ class _Support(OperatorSupportBase):
         return True
 
 
-_TRIVIAL = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "alias"}
+# Views and copies: a region of nothing else computes nothing, and PyTorch runs its views for free
+# where a kernel would copy (a matmul's operand transposed in the backward).
+_TRIVIAL = {
+    "view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "alias",
+    "permute", "transpose", "t", "slice", "select",
+}
 
 
 def _is_compute(node):
     packet = getattr(node.target, "overloadpacket", None)
     return getattr(packet, "__name__", "") not in _TRIVIAL
+
+
+def _strip_output_views(partition):
+    """Takes out of `partition` the views that only the rest of the graph reads (the transpose
+    of an activation that the backward's matmul takes): PyTorch applies them to the region's
+    output for free, where the region would write each as one more tensor. A copy (`clone`)
+    stays: kfuse writes its value once either way."""
+    changed = True
+    while changed:
+        changed = False
+        for node in list(partition.nodes):
+            packet = getattr(node.target, "overloadpacket", None)
+            name = getattr(packet, "__name__", "")
+            if name in _TRIVIAL and name != "clone" and not any(u in partition.nodes for u in node.users):
+                partition.remove_node(node)
+                changed = True
+    return partition
 
 
 def _checked(prog, lowered):
@@ -248,7 +270,8 @@ def _propose(gm, fresh):
     for _ in range(MAX_ROUNDS):
         support = _Support(excluded)
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=False)
-        partitions = [p for p in partitioner.propose_partitions() if any(_is_compute(n) for n in p.nodes)]
+        proposed = [_strip_output_views(p) for p in partitioner.propose_partitions()]
+        partitions = [p for p in proposed if any(_is_compute(n) for n in p.nodes)]
         retry = False
         for p in partitions:
             try:
@@ -329,8 +352,9 @@ def _fuse(gm, graph_name, report):
             shapes, builds = (_kernel_shapes(prog), _builds(prog, gm, report)) if report else (None, None)
             kernels.append(Kernel(graph_name, lowered.ops, lowered.text, shapes, cached, builds))
         elif node.op == "call_function" and node.target is not operator.getitem:
-            reason = by_name.get(node.name, "a region of a single op is left to PyTorch")
-            fallbacks.append((node.target, reason))
+            if node.name not in by_name and not _is_compute(node):
+                continue  # a view or copy outside every region, refused by nothing: no work kfuse left
+            fallbacks.append((node.target, by_name.get(node.name, "a region of a single op is left to PyTorch")))
     gm.recompile()
     log.debug("kfuse backend, %s graph: %d region(s), %d op(s) left to PyTorch", graph_name, len(kernels), len(fallbacks))
     if report is not None:

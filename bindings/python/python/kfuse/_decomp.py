@@ -2,7 +2,8 @@
 write reaches the aten graphs as operations :mod:`kfuse._lower` expresses.
 
 Layer norm is decomposed with PyTorch's own rule (into ``var_mean``, ``rsqrt`` and pointwise
-ops); the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``,
+ops), and so is ``linalg_vector_norm`` (``F.normalize``, ``cosine_similarity``: powers, a sum
+and a root, or the largest or smallest magnitude); the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``,
 every overload) become two-pass means: the mean, then the sum of the squared deviations over
 ``max(N - correction, 0)`` (a mean when the correction is 0), as PyTorch computes them.
 Half-precision inputs are computed in float32 and rounded once, as PyTorch does.
@@ -132,14 +133,14 @@ def _build_table():
     table = core_aten_decompositions()
     for op in EXCLUDED:
         table.pop(op, None)
-    table.update(get_decompositions([aten.native_layer_norm, aten.native_dropout]))
+    table.update(get_decompositions([aten.native_layer_norm, aten.native_dropout, aten.linalg_vector_norm]))
     table.update(MOMENTS)
     return table
 
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, dropout's, the moments. Built once, when the backend is imported (a few
+    norm's forward, dropout's, the vector norm's, the moments. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
     return _TABLE

@@ -4,8 +4,9 @@ region of them (a small ``torch.fx`` graph) into one ``.kf`` program.
 Every value of a region is a ``let`` cast to the dtype PyTorch gives it, so kfuse's typing
 never decides a dtype on its own. Shapes are written with one token per dimension: a constant
 for a static size of at most :data:`MAX_CONST_DIM` (so that ``x[.., K]`` can read a component),
-a symbol ``D<size>`` for a larger static size and ``S_<name>`` for a symbolic size of
-``torch.compile``'s dynamic shapes (sizes torch knows equal share one token).
+a symbol ``D<size>`` for a larger static size, ``S_<name>`` for a symbolic size of
+``torch.compile``'s dynamic shapes (sizes torch knows equal share one token) and ``E_<expression>``
+for a size torch computes from symbolic ones (``s0*s1``).
 
 A value may be held *unexpanded*: PyTorch's ``expand``, ``full`` and leading size-1 axes are
 broadcasts that the ``.kf`` text leaves to NumPy broadcasting, so the text's shape of a value
@@ -15,6 +16,7 @@ after the call. Anything that does not fit raises :class:`Refused`, and its regi
 stays in PyTorch.
 """
 
+import hashlib
 import math
 
 import torch
@@ -57,7 +59,15 @@ def dim_token(d):
         elif expr.is_Symbol:
             return "S_" + "".join(c if c.isalnum() else "_" for c in str(expr))
         else:
-            raise Refused(f"the size `{expr}` is computed from other sizes")
+            # A size computed from others (`s0*s1`, where a view merged two axes: the rows of a
+            # linear layer's 3-D input) is a symbol of its own, read from the axis of an input
+            # that has it, as any other. kfuse relates it to no other size: what would need that
+            # (a view splitting it again, a broadcast against its factors) is refused.
+            text = str(expr)
+            for op, word in (("**", "e"), ("*", "x"), ("+", "p"), ("-", "m"), ("/", "d")):
+                text = text.replace(op, f"_{word}_")
+            tag = hashlib.sha1(str(expr).encode()).hexdigest()[:6]  # distinct expressions, distinct tokens
+            return "E_" + "".join(c if c.isalnum() else "_" for c in text) + "_" + tag
     if not isinstance(d, int) or d < 0:
         raise Refused(f"the size {d!r} is not a size kfuse declares")
     return d if d <= MAX_CONST_DIM else f"D{d}"
@@ -83,8 +93,13 @@ def literal(x):
             raise Refused(f"the integer {x} is outside the i32 range")
         return f"({x})" if x < 0 else str(x)
     if isinstance(x, float):
-        if not math.isfinite(x):
-            raise Refused(f"the constant {x} is not finite")
+        # The text has no literal for NaN or an infinity (decompositions write them: xlogy's NaN
+        # test, logsumexp's infinite maximum): an IEEE division of constants gives them, on the
+        # GPU and in the interpreter alike.
+        if math.isnan(x):
+            return "(0.0 / 0.0)"
+        if math.isinf(x):
+            return "(1.0 / 0.0)" if x > 0 else "(-1.0 / 0.0)"
         s = repr(x)
         if "." not in s and "e" not in s:
             s += ".0"
