@@ -219,6 +219,18 @@ def logsumexp_with_infinities(x):
     return torch.logsumexp(x.masked_fill(x > 1.5, -math.inf), dim=-1) * 2
 
 
+def gated_halves(h):
+    # A gated MLP's `chunk` of a 48-wide axis: halves of 24 (static sizes above 16, which the text
+    # writes as constants where slices and cats give them), and the cat of the backward.
+    a, b = h.chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+def split_sizes(x):
+    a, b, c = x.split([20, 20, 9], dim=-1)
+    return (a.exp() * b).sum(-1) + c.square().mean(-1)
+
+
 def _zero_rows(t, *rows):
     t = t.clone()
     t[list(rows)] = 0
@@ -227,6 +239,8 @@ def _zero_rows(t, *rows):
 
 # name -> (function, inputs(gen) as a list, which inputs get gradients)
 CASES = {
+    "gated_halves": (gated_halves, lambda g: [_randn(g, 7, 48)], (0,)),
+    "split_sizes": (split_sizes, lambda g: [_randn(g, 9, 49)], (0,)),
     "cosine_embedding": (cosine_embedding, lambda g: [_zero_rows(_randn(g, 13, 37), 3), _randn(g, 13, 37)], (0, 1)),
     "norms_of_every_order": (norms_of_every_order, lambda g: [_randn(g, 11, 29)], (0,)),
     "kl_div_distill": (kl_div_distill, lambda g: [_randn(g, 17, 23) * 2, _randn(g, 17, 23) * 2], (0,)),
@@ -303,6 +317,8 @@ WHOLE = [
     "cat_middle_axis",
     # argmax and argmin along an axis and over every element, beside a loss.
     "loss_and_accuracy",
+    # chunk of a wide axis: slices and a cat of sizes above 16.
+    "gated_halves",
     # Vector norms of every order (torch's decomposition), NaN and infinities as constants.
     "cosine_embedding",
     "norms_of_every_order",

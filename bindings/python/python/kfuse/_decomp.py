@@ -3,7 +3,8 @@ write reaches the aten graphs as operations :mod:`kfuse._lower` expresses.
 
 Layer norm is decomposed with PyTorch's own rule (into ``var_mean``, ``rsqrt`` and pointwise
 ops), and so is ``linalg_vector_norm`` (``F.normalize``, ``cosine_similarity``: powers, a sum
-and a root, or the largest or smallest magnitude); the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``,
+and a root, or the largest or smallest magnitude); ``split``, ``split_with_sizes`` and ``chunk``
+of constant sizes become one slice a part; the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``,
 every overload) become two-pass means: the mean, then the sum of the squared deviations over
 ``max(N - correction, 0)`` (a mean when the correction is 0), as PyTorch computes them.
 Half-precision inputs are computed in float32 and rounded once, as PyTorch does.
@@ -129,18 +130,42 @@ EXCLUDED = (
 )
 
 
+def _split_with_sizes(x, split_sizes, dim=0):
+    """`split_with_sizes` (and `split`, `chunk`) as one slice a part, which kfuse lowers (a gated
+    MLP's `a, b = h.chunk(2, -1)`); sizes that are not constants keep the op."""
+    if not all(isinstance(s, int) for s in split_sizes):
+        return NotImplemented
+    dim = dim % max(x.dim(), 1)
+    parts, start = [], 0
+    for size in split_sizes:
+        parts.append(aten.slice.Tensor(x, dim, start, start + size))
+        start += size
+    return parts
+
+
+def _split(x, split_size, dim=0):
+    n = x.shape[dim % x.dim()] if x.dim() else 1
+    if not isinstance(n, int) or not isinstance(split_size, int) or split_size < 1 or n == 0:
+        return NotImplemented
+    return _split_with_sizes(x, [min(split_size, n - start) for start in range(0, n, split_size)], dim)
+
+
+SPLITS = {aten.split_with_sizes.default: _split_with_sizes, aten.split.Tensor: _split}
+
+
 def _build_table():
     table = core_aten_decompositions()
     for op in EXCLUDED:
         table.pop(op, None)
     table.update(get_decompositions([aten.native_layer_norm, aten.native_dropout, aten.linalg_vector_norm]))
     table.update(MOMENTS)
+    table.update(SPLITS)
     return table
 
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, dropout's, the vector norm's, the moments. Built once, when the backend is imported (a few
+    norm's forward, dropout's, the vector norm's, the splits, the moments. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
     return _TABLE

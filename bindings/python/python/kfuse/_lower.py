@@ -4,7 +4,9 @@ region of them (a small ``torch.fx`` graph) into one ``.kf`` program.
 Every value of a region is a ``let`` cast to the dtype PyTorch gives it, so kfuse's typing
 never decides a dtype on its own. Shapes are written with one token per dimension: a constant
 for a static size of at most :data:`MAX_CONST_DIM` (so that ``x[.., K]`` can read a component),
-a symbol ``D<size>`` for a larger static size, ``S_<name>`` for a symbolic size of
+a symbol ``D<size>`` for a larger static size (a constant again where the region's slices and
+cats give that size along their axes, which kfuse types as constants: a program that slices is
+made for that size), ``S_<name>`` for a symbolic size of
 ``torch.compile``'s dynamic shapes (sizes torch knows equal share one token) and ``E_<expression>``
 for a size torch computes from symbolic ones (``s0*s1``).
 
@@ -16,6 +18,8 @@ after the call. Anything that does not fit raises :class:`Refused`, and its regi
 stays in PyTorch.
 """
 
+import contextlib
+import contextvars
 import hashlib
 import math
 
@@ -28,6 +32,39 @@ prims = torch.ops.prims
 
 # Static sizes up to this are written as constants, larger ones as symbols.
 MAX_CONST_DIM = 16
+
+# Static sizes written as constants whatever their size while a region (or one op) is lowered:
+# the sizes its slices and cats give along their axes, which kfuse types as constants (see
+# `constant_sizes`).
+_CONSTANT_SIZES = contextvars.ContextVar("kfuse_constant_sizes", default=frozenset())
+
+_SIZED_ALONG_AXIS = ("slice", "slice_scatter", "cat")
+
+
+@contextlib.contextmanager
+def constant_sizes(nodes):
+    """The static sizes that `nodes`' slices, slice scatters and cats have along their axis (a
+    slice of an axis, or the parts of a cat, are constant sizes in kfuse's typing), as a context
+    in which :func:`dim_token` writes them as constants, so that the values of those sizes agree
+    with the rest of the region (a gated MLP's `h.chunk(2, -1)` halves of 48 columns: 24)."""
+    sizes = set()
+    for node in nodes:
+        name = getattr(getattr(node, "target", None), "overloadpacket", None)
+        if node.op != "call_function" or getattr(name, "__name__", "") not in _SIZED_ALONG_AXIS:
+            continue
+        a = bind(node)
+        tensors = list(a["tensors"]) + [node] if "tensors" in a else [node, a.get("src")]
+        for t in tensors:
+            t = fake(t)
+            if t is not None and t.dim():
+                d = t.shape[a.get("dim", 0) % t.dim()]
+                if isinstance(d, int) and d > MAX_CONST_DIM:
+                    sizes.add(d)
+    token = _CONSTANT_SIZES.set(_CONSTANT_SIZES.get() | sizes)
+    try:
+        yield
+    finally:
+        _CONSTANT_SIZES.reset(token)
 
 
 class Refused(Exception):
@@ -70,7 +107,7 @@ def dim_token(d):
             return "E_" + "".join(c if c.isalnum() else "_" for c in text) + "_" + tag
     if not isinstance(d, int) or d < 0:
         raise Refused(f"the size {d!r} is not a size kfuse declares")
-    return d if d <= MAX_CONST_DIM else f"D{d}"
+    return d if d <= MAX_CONST_DIM or d in _CONSTANT_SIZES.get() else f"D{d}"
 
 
 def shape_tokens(t):
@@ -519,7 +556,7 @@ def _slice(node, a, ctx):
         # All of it, or an axis the value is broadcast along.
         return x.text, x.shape
     item = f"{picked.start}:{picked.stop}:{picked.step}"
-    return _index_text(x, k, item), x.shape[:k] + (len(picked),) + x.shape[k + 1 :]
+    return _index_text(x, k, item), x.shape[:k] + (dim_token(len(picked)),) + x.shape[k + 1 :]
 
 
 def _permute_to(x, n, dims, what):
@@ -851,17 +888,18 @@ def supported(node):
     """None if kfuse can express `node` alone (its operands at their full shapes), else the
     reason it cannot."""
     try:
-        rule, a = rule_of(node)
-        check_tensor(fake(node), "its result")
-        values = {}
-        for x in node.all_input_nodes:
-            t = fake(x)
-            if t is not None:
-                check_tensor(t, f"`{x.name}`")
-                values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
-            elif isinstance(x.meta.get("val"), torch.SymInt):
-                values[x] = size_value(x.meta["val"], None)
-        rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype), partial=True))
+        with constant_sizes([node]):
+            rule, a = rule_of(node)
+            check_tensor(fake(node), "its result")
+            values = {}
+            for x in node.all_input_nodes:
+                t = fake(x)
+                if t is not None:
+                    check_tensor(t, f"`{x.name}`")
+                    values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
+                elif isinstance(x.meta.get("val"), torch.SymInt):
+                    values[x] = size_value(x.meta["val"], None)
+            rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype), partial=True))
     except Refused as e:
         return str(e)
     except Exception as e:  # anything unexpected: the op stays in PyTorch
@@ -886,6 +924,11 @@ def lower_region(gm):
     """The ``.kf`` program of an fx graph module whose nodes are all supported ops. Symbols are
     named ``N0, N1, ...`` in order of appearance, so that the same region at other static sizes
     has the same text (and program)."""
+    with constant_sizes(gm.graph.nodes):
+        return _lower_region(gm)
+
+
+def _lower_region(gm):
     decls, lines, values, inputs, symbols, ops = [], [], {}, [], {}, []
     names = {}  # token -> the symbol's name in the text
     sizes = []  # placeholders of sizes, not yet given a value
