@@ -436,6 +436,33 @@ def test_module_matches_eager_with_parameter_gradients(name):
     assert _fused_since(before), f"{name}: no region was fused"
 
 
+@pytest.mark.parametrize("dims", [(13, 6), (5, 3, 7, 9)], ids=["1d", "2d"])
+def test_batch_norm_in_training_mode_matches_eager_with_its_running_statistics(dims):
+    # Training-mode batch norm is decomposed with PyTorch's own rule (statistics over every axis
+    # but the channels, the running statistics updated functionally): fused, forward and
+    # backward, and the module's running mean and variance end where eager's do.
+    torch.manual_seed(SEED)
+    module = (nn.BatchNorm1d if len(dims) == 2 else nn.BatchNorm2d)(dims[1])
+    module.weight.data.uniform_(0.5, 1.5)
+    module.bias.data.uniform_(-0.5, 0.5)
+    eager, compiled_module, reference = copy.deepcopy(module), copy.deepcopy(module), copy.deepcopy(module)
+    gen = torch.Generator().manual_seed(SEED)
+    inputs = [_randn(gen, *dims) * 2 + 1]
+    report = kfuse.explain(copy.deepcopy(module), *[t.clone().requires_grad_() for t in inputs])
+    assert not [f for f in report.fallbacks if "batch_norm" in str(f.op)], str(report)
+    assert {"forward", "backward"} <= {k.graph for k in report.kernels}, str(report)
+    compiled = torch.compile(compiled_module, backend=_backend.backend)
+    for step in range(2):
+        inputs = [_randn(gen, *dims) * 2 + 1]
+        _check_module(f"batch_norm {dims} step {step}", eager, inputs, compiled)
+        # The compiled module ran one forward a step, as `reference` does here (the check runs
+        # the eager module twice): the same running statistics.
+        reference(*inputs)
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            got, want = getattr(compiled_module, name), getattr(reference, name)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed's toy detector and its training step, scaled down: four conv blocks and two linear
 # layers predicting `SLOTS` boxes per image, trained on the padded GIoU loss.

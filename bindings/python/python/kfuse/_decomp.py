@@ -1,16 +1,22 @@
 """The decompositions the kfuse backend adds to PyTorch's core aten ones, so that what users
 write reaches the aten graphs as operations :mod:`kfuse._lower` expresses.
 
-Layer norm is decomposed with PyTorch's own rule (into ``var_mean``, ``rsqrt`` and pointwise
-ops), and so is ``linalg_vector_norm`` (``F.normalize``, ``cosine_similarity``: powers, a sum
-and a root, or the largest or smallest magnitude); ``split``, ``split_with_sizes`` and ``chunk``
-of constant sizes become one slice a part; the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``,
-every overload) become two-pass means: the mean, then the sum of the squared deviations over
+With PyTorch's own rules:
+- layer norm (into ``var_mean``, ``rsqrt`` and pointwise ops);
+- ``linalg_vector_norm`` (``F.normalize``, ``cosine_similarity``: powers, a sum and a root, or
+  the largest or smallest magnitude);
+- batch norm in training mode (``_native_batch_norm_legit_functional``: the statistics over
+  every axis but the channels and the running statistics' update; the evaluation-mode op stays
+  one op, as its rule is not functional);
+- dropout (``native_dropout``) into ``rand_like``, a comparison and products, which
+  :mod:`kfuse._lower` draws with kfuse's ``rand_like``; its mask is a forward output that the
+  backward reads, so both use the same one.
+
+With kfuse's: ``split``, ``split_with_sizes`` and ``chunk`` of constant sizes become one slice a
+part; the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``, every
+overload) become two-pass means: the mean, then the sum of the squared deviations over
 ``max(N - correction, 0)`` (a mean when the correction is 0), as PyTorch computes them.
 Half-precision inputs are computed in float32 and rounded once, as PyTorch does.
-Dropout (``native_dropout``) is decomposed with PyTorch's own rule into ``rand_like``, a
-comparison and products, which :mod:`kfuse._lower` draws with kfuse's ``rand_like``; its mask is
-a forward output that the backward reads, so both use the same one.
 """
 
 import torch
@@ -157,7 +163,16 @@ def _build_table():
     table = core_aten_decompositions()
     for op in EXCLUDED:
         table.pop(op, None)
-    table.update(get_decompositions([aten.native_layer_norm, aten.native_dropout, aten.linalg_vector_norm]))
+    table.update(
+        get_decompositions(
+            [
+                aten.native_layer_norm,
+                aten.native_dropout,
+                aten.linalg_vector_norm,
+                aten._native_batch_norm_legit_functional,
+            ]
+        )
+    )
     table.update(MOMENTS)
     table.update(SPLITS)
     return table
@@ -165,7 +180,8 @@ def _build_table():
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, dropout's, the vector norm's, the splits, the moments. Built once, when the backend is imported (a few
+    norm's forward, dropout's, the vector norm's, training-mode batch norm's, the splits, the
+    moments. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
     return _TABLE
