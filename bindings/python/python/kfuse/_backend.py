@@ -218,9 +218,13 @@ _TRIVIAL = {
 }
 
 
+def _op_name(node):
+    """The aten operation's name of an fx node (`permute`), or ""."""
+    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+
+
 def _is_compute(node):
-    packet = getattr(node.target, "overloadpacket", None)
-    return getattr(packet, "__name__", "") not in _TRIVIAL
+    return _op_name(node) not in _TRIVIAL
 
 
 def _strip_output_views(partition):
@@ -232,8 +236,7 @@ def _strip_output_views(partition):
     while changed:
         changed = False
         for node in list(partition.nodes):
-            packet = getattr(node.target, "overloadpacket", None)
-            name = getattr(packet, "__name__", "")
+            name = _op_name(node)
             if name in _TRIVIAL and name != "clone" and not any(u in partition.nodes for u in node.users):
                 partition.remove_node(node)
                 changed = True

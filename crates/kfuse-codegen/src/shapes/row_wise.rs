@@ -411,10 +411,8 @@ fn emit_passes(
                 em.push_stmt(format!("{} = (double){p}; // the lane's columns, added in f32", accs[0]));
             }
         }
-        let reductions: Vec<_> =
-            reductions.into_iter().map(|(n, op, x, mask, accs, _)| (n, op, x, mask, accs)).collect();
         let mut folds: Vec<(String, Combine)> = Vec::new();
-        for &(_, op, _, mask, ref accs) in &reductions {
+        for &(_, op, _, mask, ref accs, _) in &reductions {
             let combine = Combine::of(op);
             em.uses.helpers.insert(match combine {
                 Combine::Sum => Helper::RowSum,
@@ -436,7 +434,7 @@ fn emit_passes(
         for line in fold_lines(&folds) {
             em.push_stmt(line);
         }
-        for (n, op, x, _, accs) in reductions {
+        for (n, op, x, _, accs, _) in reductions {
             let e = finish_reduce(op, g.node(x).dtype, &accs);
             let v = em.bind_here(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
             // A later kernel reads it: one store per row.
