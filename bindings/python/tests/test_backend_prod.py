@@ -54,6 +54,9 @@ def test_prod_and_its_gradient_match_eager_on_the_cpu(fn):
     # The forward's product fuses; the backward is PyTorch's formula (cumprod, flip), not fused.
     assert not [f for f in report.fallbacks if f.graph == "forward" and "prod" in f.op], str(report)
     assert any("aten.prod" in op for k in report.kernels if k.graph == "forward" for op in k.ops), str(report)
+    # The backward's `ones` for cumprod's shift reads no tensor: a region of it would not know
+    # the graph's device (on a GPU its output came back on the CPU).
+    assert all("input " in k.source for k in report.kernels), str(report)
 
 
 def test_a_product_of_integers_stays_in_pytorch_with_its_reason():

@@ -243,6 +243,16 @@ def _strip_output_views(partition):
     return partition
 
 
+def _reads_a_tensor(partition):
+    """Whether a node of `partition` takes a tensor from outside it: a region of constants alone
+    has no input to say which device its outputs belong on."""
+    for node in partition.nodes:
+        for arg in node.all_input_nodes:
+            if arg not in partition.nodes and isinstance(arg.meta.get("val"), torch.Tensor):
+                return True
+    return False
+
+
 def _checked(prog, lowered):
     """Raises Refused when the program's outputs are not what the lowering expects."""
     for decl, (_, _, dtype, shape) in zip(prog.outputs, lowered.outputs):
@@ -274,7 +284,15 @@ def _propose(gm, fresh):
         support = _Support(excluded)
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=False)
         proposed = [_strip_output_views(p) for p in partitioner.propose_partitions()]
-        partitions = [p for p in proposed if any(_is_compute(n) for n in p.nodes)]
+        partitions = []
+        for p in proposed:
+            if len(p.nodes) < 2 or not any(_is_compute(n) for n in p.nodes):
+                continue  # views alone, or one op once its output views went: PyTorch's
+            if _reads_a_tensor(p):
+                partitions.append(p)
+            else:
+                for n in p.nodes:
+                    excluded[n] = "a region of constants alone is left to PyTorch, which makes them on the graph's device"
         retry = False
         for p in partitions:
             try:
