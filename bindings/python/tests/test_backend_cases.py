@@ -664,3 +664,43 @@ def test_a_linear_block_on_3d_inputs_fuses_its_bias_gradients_and_copies_no_view
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         for g, w in zip(got_grads, want_grads):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6, msg=lambda m, s=shape: f"{s}: {m}")
+
+
+def target_masked_giou_loss(pred, target):
+    """The padded layout's loss: a box whose target y2 is 0 is padding."""
+    valid = target[..., 3] != 0
+    x1, y1, x2, y2 = pred.unbind(-1)
+    a1, b1, a2, b2 = target.unbind(-1)
+    inter = (torch.min(x2, a2) - torch.max(x1, a1)).clamp(min=0) * (torch.min(y2, b2) - torch.max(y1, b1)).clamp(min=0)
+    union = (x2 - x1) * (y2 - y1) + (a2 - a1) * (b2 - b1) - inter
+    loss = 1 - inter / (union + 1e-7)
+    return torch.where(valid, loss, torch.zeros(())).sum() / valid.sum().clamp(min=1)
+
+
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("fn", [padded_giou_loss, target_masked_giou_loss])
+def test_a_sum_of_a_masked_value_skips_the_padding_and_keeps_eagers_values(fn, on_gpu, request):
+    # `where(valid, loss, 0).sum()` is lowered as kfuse's masked sum of `loss` (the same value),
+    # so the forward's kernel reads the boxes of valid positions only. The padding's predictions
+    # here are NaN: the loss ignores them as eager's does, and the gradient there is eager's
+    # (NaN, from 0 times the NaN terms of the padding).
+    pred, target, lengths = _padded_boxes(torch.Generator().manual_seed(SEED), 6, 11)
+    valid = torch.arange(11)[None, :] < lengths[:, None]
+    pred = torch.where(valid[..., None], pred, torch.full((), float("nan")))
+    args = (pred, target, lengths) if fn is padded_giou_loss else (pred, target)
+    report = kfuse.explain(fn, pred.clone().requires_grad_(), *args[1:])
+    forward = [k.source for k in report.kernels if k.graph == "forward"]
+    assert any(", where: bool(" in s for s in forward), str(report)
+    if on_gpu:
+        device = request.getfixturevalue("gpu")
+        pred, valid, args = pred.to(device), valid.to(device), tuple(a.to(device) for a in args)
+    torch._dynamo.reset()
+    got_pred, want_pred = pred.clone().requires_grad_(), pred.clone().requires_grad_()
+    got = torch.compile(fn, backend="kfuse")(got_pred, *args[1:])
+    want = fn(want_pred, *args[1:])
+    assert torch.isfinite(want), "the data must give eager a finite loss"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(got_pred.grad, want_pred.grad, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch.isnan(want_pred.grad).any() and torch.isfinite(want_pred.grad[valid]).all()

@@ -337,6 +337,33 @@ def _constant(node, a, ctx):
     return literal(value), ()
 
 
+def _is_zero(x):
+    """Whether `x` (an argument) is the number 0 or a node that fills with 0."""
+    if isinstance(x, torch.fx.Node):
+        if x.op != "call_function" or getattr(x.target, "overloadpacket", None) not in (aten.full, aten.scalar_tensor, aten.zeros_like):
+            return False
+        x = 0 if x.target is aten.zeros_like.default else bind(x).get("fill_value", bind(x).get("s"))
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
+
+
+def _masked_operand(src, full, ctx):
+    """A sum of `where(m, v, 0)` as kfuse's masked sum of `v` (the same value): `(text of v, text
+    of m)` when `src` is such a `where` whose `v` has the full shape, else None. Where `m` fails,
+    the kernel then loads none of the inputs that only `v` reads (the padding of a batch)."""
+    if not (isinstance(src, torch.fx.Node) and src.op == "call_function" and src.target is aten.where.self):
+        return None
+    w = bind(src)
+    if not _is_zero(w["other"]):
+        return None
+    try:
+        c, v = ctx.v(w["condition"]), ctx.v(w["self"])
+    except Refused:  # the where's operands are not in the region (`supported` sees one node)
+        return None
+    if v.shape != full or v.scalar:
+        return None
+    return _cast_to(v, kf_dtype(fake(src).dtype)), f"bool({c.text})"
+
+
 def _reduce(fn):
     def rule(node, a, ctx):
         src = fake(a["self"])
@@ -344,7 +371,10 @@ def _reduce(fn):
         full = ctx.shape_of(a["self"])
         if x.shape != full:
             raise Refused("a reduction of a broadcast (expanded) value")
-        text = x.text
+        text, where = x.text, ""
+        masked = _masked_operand(a["self"], full, ctx) if fn == "sum" else None
+        if masked is not None:
+            text, where = masked[0], f", where: {masked[1]}"
         if a.get("dtype") is not None:
             text = f"{kf_dtype(a['dtype'])}({text})"
         n = src.dim()
@@ -357,13 +387,13 @@ def _reduce(fn):
         keep = bool(a.get("keepdim"))
         if not dims or dims == list(range(n)):
             if not keep:
-                return f"{name}({text})", ()
+                return f"{name}({text}{where})", ()
             dims = list(range(n))
         axis = str(dims[0]) if len(dims) == 1 else "[" + ", ".join(str(d) for d in dims) + "]"
         if keep:
             shape = tuple(1 if i in dims else d for i, d in enumerate(full))
-            return f"{name}({text}, axis: {axis}, keepdim: true)", shape
-        return f"{name}({text}, axis: {axis})", tuple(d for i, d in enumerate(full) if i not in dims)
+            return f"{name}({text}, axis: {axis}, keepdim: true{where})", shape
+        return f"{name}({text}, axis: {axis}{where})", tuple(d for i, d in enumerate(full) if i not in dims)
 
     return rule
 
