@@ -22,3 +22,33 @@ fn check_plan_names_each_kernels_shape_and_sinks() {
     let plain = stdout(&kfuse(&["check", &file.to_string_lossy()]));
     assert!(!plain.contains("kernel 1 of"), "{plain}");
 }
+
+#[test]
+fn a_bias_gradient_is_summed_by_the_kernel_that_stores_the_gradient_it_sums() {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/gelu_bias_train.kf");
+    let out = kfuse(&["check", "--plan", &file.to_string_lossy()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = stdout(&out);
+    // dbias = sum(dx, axis: 0): the elementwise rows' kernel stores dx and sums its columns as it
+    // goes; the column kernel folds those sums instead of reading dx again.
+    let first = text.find("kernel 1 of 2").expect("two kernels");
+    let second = text.find("kernel 2 of 2").expect("two kernels");
+    assert!(text[first..second].contains("elementwise by rows of the last axis"), "{text}");
+    assert!(text[first..second].contains("    output dx\n"), "{text}");
+    assert!(text[first..second].contains("    column sums of n"), "{text}");
+    assert!(
+        text[second..].contains("_1_fold instead, where the rows' kernel takes its entry for rows in registers"),
+        "{text}"
+    );
+
+    // At bf16 the sum adds dx as stored (rounded to bf16), as summing the stored tensor would.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bf16 = dir.path().join("gelu_bias_bf16.kf");
+    let source = std::fs::read_to_string(&file).expect("example").replace("f32[", "bf16[");
+    std::fs::write(&bf16, source).expect("write");
+    let out = kfuse(&["emit", &bf16.to_string_lossy()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cuda = stdout(&out);
+    let sum_line = cuda.lines().find(|l| l.contains("kf_cg0[0] = ")).expect("a column sum in the rows' kernel");
+    assert!(sum_line.contains("kf_bf16_to_f32(kf_f32_to_bf16("), "{sum_line}");
+}

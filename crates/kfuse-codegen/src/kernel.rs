@@ -33,6 +33,21 @@ use crate::signature::{params, SignatureParts};
 use crate::tail::{write_barrier_tail, write_plain_tail};
 use crate::{check, sinks, CodegenError, CodegenOptions};
 
+/// The row-wise plan without reductions that kernel `k` takes when the planner gave it no other
+/// (see `row_wise::elementwise`): elementwise work over rows of a wide last axis, so that no
+/// element derives its coordinates by division and the rows that fit the lanes' registers move
+/// as vectors. Decided before any kernel is emitted (not under a one-pass plan), so that a column
+/// kernel can fold sums this kernel takes as it goes (see `columns::fuse`).
+pub(crate) fn elementwise_rows(g: &Graph, an: &Analysis, k: usize) -> Result<Option<row_wise::RowWise>, CodegenError> {
+    let info = &an.kernels[k];
+    let dom: Vec<Coord> = (0..info.dims.len() as u32).map(Coord::Dom).collect();
+    let mut em = Emitter::new(g, Some(an), Mode::Element { kernel: k }, info.dims.clone(), 0);
+    let sinks = sinks::collect(&mut em, g, info, &dom, &[])?;
+    let row_bound = row_mode_bound(&em, g, &info.dims, &dom, &sinks.groups);
+    let shape = KernelShape::choose(None, row_bound.is_some(), false, false, info.dims.last().copied(), &sinks.groups);
+    Ok(row_wise::elementwise(g, info, shape, sinks.slots.len(), em.checks))
+}
+
 pub(crate) fn emit_kernel(
     g: &Graph,
     (an, row_wise, column_wise): (&Analysis, Option<&row_wise::RowWise>, Option<&columns::Columns>),
@@ -71,17 +86,6 @@ pub(crate) fn emit_kernel(
         last_dim,
         &groups,
     );
-    // Elementwise work over rows of a wide last axis: the row-wise shape without reductions (see
-    // `row_wise::elementwise`), so that no element derives its coordinates by division and the
-    // rows that fit the lanes' registers move as vectors.
-    let elementwise_rows;
-    let (shape, row_wise) = match row_wise::elementwise(g, info, shape, slots.len(), em.checks) {
-        Some(plan) => {
-            elementwise_rows = plan;
-            (KernelShape::RowWise, Some(&elementwise_rows))
-        }
-        None => (shape, row_wise),
-    };
     let block = shape.block(opts);
 
     // The loop body. Inputs loaded outside any predicate branch (or by a predicate itself) are

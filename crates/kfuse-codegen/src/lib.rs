@@ -162,6 +162,15 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             _ => None,
         })
         .collect();
+    // Elementwise kernels over rows of a wide last axis take the row-wise shape without
+    // reductions (see `row_wise::elementwise`), decided here so that their sums can be fused below.
+    if pass.is_none() {
+        for (k, r) in rows.iter_mut().enumerate() {
+            if r.plan.is_none() && column_plans[k].is_none() {
+                r.plan = kernel::elementwise_rows(graph, &an, k)?;
+            }
+        }
+    }
     // A column kernel whose sums an earlier row kernel can take as it goes folds its partial sums
     // instead of reading the rows again (not under a one-pass plan, whose kernel 0 runs alone).
     let mut column_partials = vec![None; an.kernels.len()];

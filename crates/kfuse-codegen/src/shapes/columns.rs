@@ -110,8 +110,9 @@ pub(crate) fn detect(g: &Graph, info: &KernelInfo, seen: &[bool]) -> Option<Colu
 /// input gradient), so that `c` folds partial sums instead of reading the rows again: its
 /// domain is `[rows, cols]` with the reductions' operands shaped like it, and everything the
 /// operands read is in its reach (its own row reductions, row values and scalars of earlier
-/// kernels, inputs). Unmasked float sums only. Returns that kernel and the sums' operands in
-/// reduction order; `None` when no kernel qualifies.
+/// kernels, inputs). Unmasked float sums only; an operand that is a stored output only when the
+/// row kernel stores it (a bias gradient beside the gradient it sums). Returns that kernel and
+/// the sums' operands in reduction order; `None` when no kernel qualifies.
 pub(crate) fn fuse(
     g: &Graph,
     an: &Analysis,
@@ -128,10 +129,12 @@ pub(crate) fn fuse(
         }
         operands.push(x);
     }
-    // A stored output is summed as stored (see `stored_operands`): not from the row kernel.
-    if !stored_operands(g, an, c, plan).is_empty() {
-        return None;
-    }
+    // A stored output is summed as stored (see `stored_operands`): by the row kernel only when
+    // that kernel stores it, then adding the value it stores (see `row_wise`'s column sums).
+    let stored = stored_operands(g, an, c, plan);
+    let stores = |a: usize, o: usize| {
+        an.kernels[a].sinks.iter().any(|s| matches!(s.kind, SinkKind::Output { index } if index == o))
+    };
     let mut domain = vec![plan.rows];
     domain.extend_from_slice(&info.dims);
     (0..c)
@@ -144,6 +147,7 @@ pub(crate) fn fuse(
                 && ai.dims.len() == 2
                 && ai.dims == domain
                 && operands.iter().all(|&x| reachable(g, an, a, &own, x))
+                && stored.values().all(|&o| stores(a, o))
         })
         .map(|a| (a, operands))
 }

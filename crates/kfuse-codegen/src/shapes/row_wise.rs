@@ -334,8 +334,9 @@ pub(crate) fn emit_body(
         em.renumber(mark);
         sizes.temps_written.clear();
     } else {
-        // Rows without passes load the next row ahead (see `RowCache::preload`).
-        let (prologue, mut body) = cache.preload(g, plan.phases.is_empty());
+        // Rows without passes load the next row ahead (see `RowCache::preload`); with column
+        // sums they load in place, as the kernels with passes that take sums do.
+        let (prologue, mut body) = cache.preload(g, plan.phases.is_empty() && plan.column_sums.is_empty());
         body.extend(lines);
         let sums = plan.column_sums.len();
         sizes.cached =
@@ -569,7 +570,14 @@ fn emit_groups_cached(
             }
             grid_stride::emit_groups(em, g, groups, unconditional, false)?;
             for (s, &x) in sums.iter().enumerate() {
-                let value = em.eval(x, element)?;
+                let mut value = em.eval(x, element)?;
+                // An output's sum adds the values as stored (rounded to its dtype), as the sum of
+                // the tensor PyTorch holds would (see `columns::stored_operands`).
+                if g.outputs.iter().any(|o| o.node == x) {
+                    let dtype = g.node(x).dtype;
+                    em.note_conversion(dtype);
+                    value = cuda::load_conversion(dtype, &cuda::store_conversion(dtype, &value));
+                }
                 em.push_stmt(format!("kf_cg{s}[{q}] = (float){value};"));
             }
             unconditional.extend(em.uses.inputs.iter().copied());

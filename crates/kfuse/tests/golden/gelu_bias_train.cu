@@ -4,6 +4,7 @@
 // domain: [B, D] elements; elementwise by rows of the last axis, a group of 4 to blockDim.x lanes per row (about 8 columns a lane; rows kept in registers: from 1 lane, at most 16 columns a lane), grid-stride over the rows; no row reductions, the body at each element of the row
 // sink: output y
 // sink: output dx
+// sink: column sums of n22 over the rows by the entry for rows in registers, a row of partial sums per block, for a later kernel's fold entry
 
 
 extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_0(
@@ -12,6 +13,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_0(
     const float* __restrict__ in2, // dy f32[B, D]
     float* __restrict__ out0, // output y f32[B, D]
     float* __restrict__ out1, // output dx f32[B, D]
+    float* __restrict__ kf_colp, // column partial sums: a row per block, each sum's columns one after another
     long long sz0, // size B
     long long sz1 // size D
 )
@@ -67,6 +69,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_0(
 // domain: [B, D] elements; elementwise by rows of the last axis, a group of 4 to blockDim.x lanes per row (about 8 columns a lane; rows kept in registers: from 1 lane, at most 16 columns a lane), grid-stride over the rows; no row reductions, the body at each element of the row
 // sink: output y
 // sink: output dx
+// sink: column sums of n22 over the rows by the entry for rows in registers, a row of partial sums per block, for a later kernel's fold entry
 
 
 extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
@@ -75,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
     const float* __restrict__ in2, // dy f32[B, D]
     float* __restrict__ out0, // output y f32[B, D]
     float* __restrict__ out1, // output dx f32[B, D]
+    float* __restrict__ kf_colp, // column partial sums: a row per block, each sum's columns one after another
     long long sz0, // size B
     long long sz1 // size D
 )
@@ -88,22 +92,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
     const unsigned kf_lg = (unsigned)__ffs((int)kf_g) - 1u; // log2(kf_g): lanes divide by shifts
     const long long kf_gpb = (long long)(blockDim.x >> kf_lg); // rows a block takes at a time
     __shared__ double kf_rs[32]; // the folds of a row's reductions over its lanes
-    // Rows kept in registers: each row-shaped input is loaded once, a row ahead.
-    float4 kf_p0[4]; // x: the lane's vectors of its next row
-    float4 kf_p2[4]; // dy: the lane's vectors of its next row
-    {
-        const long long kf_r1 = (long long)blockIdx.x * kf_gpb;
-        const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);
-        const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
-        const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
-        #pragma unroll
-        for (int kf_v = 0; kf_v < 4; ++kf_v) {
-            const int kf_j = 4 * (lane + kf_v * kf_g);
-            if (kf_j >= kf_n1) break;
-            kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j);
-            kf_p2[kf_v] = *reinterpret_cast<const float4*>(in2 + kf_base1 + kf_j);
-        }
-    }
+    __shared__ __align__(16) float kf_cps[4096]; // the row groups' column sums: [group][sum][column]
+    const int kf_cb = (int)((long long)(threadIdx.x >> kf_lg) * 1 * cols); // its row group's sums in kf_cps
+    for (long long c = threadIdx.x; c < kf_gpb * 1 * cols; c += blockDim.x) kf_cps[c] = 0.0f;
+    __syncthreads();
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
     // the last row reads that row and stores nothing.
     for (long long kf_r0 = (long long)blockIdx.x * kf_gpb; kf_r0 < rows; kf_r0 += (long long)gridDim.x * kf_gpb) {
@@ -112,39 +104,31 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
         const long long row = kf_live ? kf_rw : rows - 1;
         const int kf_n = kf_live ? (int)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        // This row's columns, from the loads issued a row ahead.
-        float kf_c0[16]; // x: the lane's columns of the row
+        // The row fits the lanes' registers: each row-shaped input is loaded once.
+        float kf_c0[16]; // x in registers: the lane's columns of the row
+        float kf_c2[16]; // dy in registers: the lane's columns of the row
         #pragma unroll
         for (int kf_v = 0; kf_v < 4; ++kf_v) {
-            kf_c0[4 * kf_v + 0] = kf_p0[kf_v].x;
-            kf_c0[4 * kf_v + 1] = kf_p0[kf_v].y;
-            kf_c0[4 * kf_v + 2] = kf_p0[kf_v].z;
-            kf_c0[4 * kf_v + 3] = kf_p0[kf_v].w;
-        }
-        float kf_c2[16]; // dy: the lane's columns of the row
-        #pragma unroll
-        for (int kf_v = 0; kf_v < 4; ++kf_v) {
-            kf_c2[4 * kf_v + 0] = kf_p2[kf_v].x;
-            kf_c2[4 * kf_v + 1] = kf_p2[kf_v].y;
-            kf_c2[4 * kf_v + 2] = kf_p2[kf_v].z;
-            kf_c2[4 * kf_v + 3] = kf_p2[kf_v].w;
-        }
-        // The next row's loads, in flight while this row is computed.
-        {
-            const long long kf_r1 = kf_r0 + (long long)gridDim.x * kf_gpb;
-            const long long kf_rw1 = kf_r1 + (long long)(threadIdx.x >> kf_lg);
-            const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;
-            const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;
-            #pragma unroll
-            for (int kf_v = 0; kf_v < 4; ++kf_v) {
-                const int kf_j = 4 * (lane + kf_v * kf_g);
-                if (kf_j >= kf_n1) break;
-                kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j);
-                kf_p2[kf_v] = *reinterpret_cast<const float4*>(in2 + kf_base1 + kf_j);
+            const int kf_j = 4 * (lane + kf_v * kf_g);
+            if (kf_j >= kf_n) break;
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
+                kf_c0[4 * kf_v + 0] = kf_w.x;
+                kf_c0[4 * kf_v + 1] = kf_w.y;
+                kf_c0[4 * kf_v + 2] = kf_w.z;
+                kf_c0[4 * kf_v + 3] = kf_w.w;
+            }
+            {
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + rowbase + kf_j);
+                kf_c2[4 * kf_v + 0] = kf_w.x;
+                kf_c2[4 * kf_v + 1] = kf_w.y;
+                kf_c2[4 * kf_v + 2] = kf_w.z;
+                kf_c2[4 * kf_v + 3] = kf_w.w;
             }
         }
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
+            float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_d1[4]; // bias at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
@@ -179,6 +163,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v18 = v17 * 0.5f; // n21
                 const float v19 = v16 + v18; // n22
                 kf_o1[0] = v19; // dx
+                kf_cg0[0] = (float)v19;
             }
             {
                 const int col = kf_j + 1;
@@ -204,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v37 = v36 * 0.5f; // n21
                 const float v38 = v35 + v37; // n22
                 kf_o1[1] = v38; // dx
+                kf_cg0[1] = (float)v38;
             }
             {
                 const int col = kf_j + 2;
@@ -229,6 +215,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v56 = v55 * 0.5f; // n21
                 const float v57 = v54 + v56; // n22
                 kf_o1[2] = v57; // dx
+                kf_cg0[2] = (float)v57;
             }
             {
                 const int col = kf_j + 3;
@@ -254,12 +241,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v75 = v74 * 0.5f; // n21
                 const float v76 = v73 + v75; // n22
                 kf_o1[3] = v76; // dx
+                kf_cg0[3] = (float)v76;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
         if (4 * (lane + 1 * kf_g) < kf_n) { // the lane's group 1 of 4 columns
             const int kf_j = 4 * (lane + 1 * kf_g);
+            float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_d78[4]; // bias at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
@@ -294,6 +284,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v95 = v94 * 0.5f; // n21
                 const float v96 = v93 + v95; // n22
                 kf_o1[0] = v96; // dx
+                kf_cg0[0] = (float)v96;
             }
             {
                 const int col = kf_j + 1;
@@ -319,6 +310,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v114 = v113 * 0.5f; // n21
                 const float v115 = v112 + v114; // n22
                 kf_o1[1] = v115; // dx
+                kf_cg0[1] = (float)v115;
             }
             {
                 const int col = kf_j + 2;
@@ -344,6 +336,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v133 = v132 * 0.5f; // n21
                 const float v134 = v131 + v133; // n22
                 kf_o1[2] = v134; // dx
+                kf_cg0[2] = (float)v134;
             }
             {
                 const int col = kf_j + 3;
@@ -369,12 +362,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v152 = v151 * 0.5f; // n21
                 const float v153 = v150 + v152; // n22
                 kf_o1[3] = v153; // dx
+                kf_cg0[3] = (float)v153;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
         if (4 * (lane + 2 * kf_g) < kf_n) { // the lane's group 2 of 4 columns
             const int kf_j = 4 * (lane + 2 * kf_g);
+            float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_d155[4]; // bias at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
@@ -409,6 +405,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v172 = v171 * 0.5f; // n21
                 const float v173 = v170 + v172; // n22
                 kf_o1[0] = v173; // dx
+                kf_cg0[0] = (float)v173;
             }
             {
                 const int col = kf_j + 1;
@@ -434,6 +431,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v191 = v190 * 0.5f; // n21
                 const float v192 = v189 + v191; // n22
                 kf_o1[1] = v192; // dx
+                kf_cg0[1] = (float)v192;
             }
             {
                 const int col = kf_j + 2;
@@ -459,6 +457,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v210 = v209 * 0.5f; // n21
                 const float v211 = v208 + v210; // n22
                 kf_o1[2] = v211; // dx
+                kf_cg0[2] = (float)v211;
             }
             {
                 const int col = kf_j + 3;
@@ -484,12 +483,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v229 = v228 * 0.5f; // n21
                 const float v230 = v227 + v229; // n22
                 kf_o1[3] = v230; // dx
+                kf_cg0[3] = (float)v230;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
         if (4 * (lane + 3 * kf_g) < kf_n) { // the lane's group 3 of 4 columns
             const int kf_j = 4 * (lane + 3 * kf_g);
+            float kf_cg0[4]; // column sum 0 at the group's columns
             float kf_d232[4]; // bias at the group's columns
             {
                 const float4 kf_w = *reinterpret_cast<const float4*>(in1 + kf_j);
@@ -524,6 +526,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v249 = v248 * 0.5f; // n21
                 const float v250 = v247 + v249; // n22
                 kf_o1[0] = v250; // dx
+                kf_cg0[0] = (float)v250;
             }
             {
                 const int col = kf_j + 1;
@@ -549,6 +552,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v268 = v267 * 0.5f; // n21
                 const float v269 = v266 + v268; // n22
                 kf_o1[1] = v269; // dx
+                kf_cg0[1] = (float)v269;
             }
             {
                 const int col = kf_j + 2;
@@ -574,6 +578,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v287 = v286 * 0.5f; // n21
                 const float v288 = v285 + v287; // n22
                 kf_o1[2] = v288; // dx
+                kf_cg0[2] = (float)v288;
             }
             {
                 const int col = kf_j + 3;
@@ -599,10 +604,19 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
                 const float v306 = v305 * 0.5f; // n21
                 const float v307 = v304 + v306; // n22
                 kf_o1[3] = v307; // dx
+                kf_cg0[3] = (float)v307;
             }
             *reinterpret_cast<float4*>(out0 + rowbase + kf_j) = make_float4(kf_o0[0], kf_o0[1], kf_o0[2], kf_o0[3]); // y
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dx
+            { float4* kf_q = reinterpret_cast<float4*>(kf_cps + kf_cb + kf_j + 0); float4 kf_t = *kf_q; kf_t.x += kf_cg0[0]; kf_t.y += kf_cg0[1]; kf_t.z += kf_cg0[2]; kf_t.w += kf_cg0[3]; *kf_q = kf_t; } // column sum 0
         }
+    }
+    // The block's column sums: its row groups' folded in group order into its row of partial sums.
+    __syncthreads();
+    for (long long c = threadIdx.x; c < 1 * cols; c += blockDim.x) {
+        float v = kf_cps[c];
+        for (long long h = 1; h < kf_gpb; ++h) v += kf_cps[h * 1 * cols + c];
+        kf_colp[(long long)blockIdx.x * 1 * cols + c] = v;
     }
 }
 
@@ -611,6 +625,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
 // options: block_size=256; reduction level 0
 // domain: [D] elements as columns, in tiles of 32; 1 reduction(s) over the leading axis split in chunks of rows, a block per tile and chunk, folded in chunk order by the tile's last block
 // sink: output dbias
+// entry kf_47baba55a037a4ea_1_fold instead, where the rows' kernel takes its entry for rows in registers: it folds the 1 column sum(s) that entry took as it went, reading no row
 
 #ifndef KF_HELPER_DIVMOD
 #define KF_HELPER_DIVMOD
@@ -676,6 +691,66 @@ extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_1(
         for (long long kf_k = 1; kf_k < kf_s; ++kf_k) a0 = a0 + ((volatile double*)partials)[((long long)(kf_tile * kf_s + kf_k) * 1 + 0) * 32 + kf_c];
         const float v3 = (float)a0; // n23 sum over the rows, folded over the chunks
         out2[i] = v3; // dbias
+    }
+}
+
+// Generated by kfuse-codegen; do not edit.
+// kernel kf_47baba55a037a4ea_1_fold (2 of 2) of graph 47baba55a037a4ea932134d22614fdba08a61332a81361bc4c7ca56ffaab41c4
+// options: block_size=256; reduction level 0
+// domain: [D] elements as columns, in tiles of 32; 1 sum(s) over the leading axis folded from the column partial sums of kernel 1's entry for rows in registers (a row of them per block of its grid), split in chunks of those rows, a block per tile and chunk, folded in chunk order by the tile's last block
+// sink: output dbias
+
+
+extern "C" __global__ void __launch_bounds__(256) kf_47baba55a037a4ea_1_fold(
+    float* __restrict__ out2, // output dbias f32[D]
+    const float* __restrict__ kf_colp, // column partial sums of an earlier kernel: a row per block of its grid
+    double* __restrict__ partials, // per block: each accumulator's f64 partials of its 32 columns
+    unsigned int* __restrict__ counter, // a ticket per tile of 32 columns: 0 at launch, left at 0
+    long long sz1, // size D
+    long long kf_parts // rows of kf_colp: the grid of kernel 1
+)
+{
+    const long long cols = sz1;
+    const long long rows = kf_parts;
+    if (cols == 0) return; // no column: nothing to write
+    const long long kf_tiles = (cols + 32 - 1) / 32;
+    const long long kf_s = (long long)gridDim.x / kf_tiles; // chunks of rows per tile
+    const long long kf_tile = (long long)blockIdx.x / kf_s, kf_chunk = (long long)blockIdx.x % kf_s;
+    const long long kf_c = threadIdx.x % 32, kf_lane = threadIdx.x / 32;
+    const long long kf_lanes = 8;
+    const long long kf_per = (rows + kf_s - 1) / kf_s; // rows per chunk
+    const long long kf_r0 = kf_chunk * kf_per < rows ? kf_chunk * kf_per : rows;
+    const long long kf_r1 = kf_r0 + kf_per < rows ? kf_r0 + kf_per : rows;
+    const long long kf_i = kf_tile * 32 + kf_c;
+    const bool kf_live = kf_i < cols;
+    const long long i = kf_live ? kf_i : cols - 1; // a column past the end reads the last one and stores nothing
+    __shared__ double kf_cs[8][32]; // the row lanes' accumulators, folded in lane order
+    double a0 = 0.0;
+    #pragma unroll 4
+    for (long long j0 = kf_r0 + kf_lane; j0 < kf_r1; j0 += kf_lanes) {
+        a0 += (double)kf_colp[(j0 * 1 + 0) * cols + i];
+    }
+    kf_cs[kf_lane][kf_c] = a0; // accumulator 0
+    __syncthreads();
+    if (kf_lane == 0) {
+        for (long long kf_k = 1; kf_k < kf_lanes; ++kf_k) a0 = a0 + kf_cs[kf_k][kf_c];
+        partials[(blockIdx.x * 1ll + 0) * 32 + kf_c] = a0;
+    }
+    __syncthreads(); // kf_cs is reused
+    __shared__ bool kf_last_block;
+    if (threadIdx.x == 0) {
+        __threadfence(); // publish the partials before taking a ticket
+        kf_last_block = atomicAdd(&counter[kf_tile], 1u) == (unsigned int)(kf_s - 1);
+    }
+    __syncthreads();
+    if (!kf_last_block) return;
+    __threadfence();
+    if (threadIdx.x == 0) counter[kf_tile] = 0u; // self-resetting: the next launch needs no memset
+    if (kf_lane == 0 && kf_live) {
+        a0 = ((volatile double*)partials)[((long long)(kf_tile * kf_s) * 1 + 0) * 32 + kf_c];
+        for (long long kf_k = 1; kf_k < kf_s; ++kf_k) a0 = a0 + ((volatile double*)partials)[((long long)(kf_tile * kf_s + kf_k) * 1 + 0) * 32 + kf_c];
+        const float v1 = (float)a0; // n23 sum over the rows, folded over the chunks
+        out2[i] = v1; // dbias
     }
 }
 
