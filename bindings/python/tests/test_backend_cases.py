@@ -704,3 +704,36 @@ def test_a_sum_of_a_masked_value_skips_the_padding_and_keeps_eagers_values(fn, o
     want.backward()
     torch.testing.assert_close(got_pred.grad, want_pred.grad, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert torch.isnan(want_pred.grad).any() and torch.isfinite(want_pred.grad[valid]).all()
+
+
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_bias_gradients_are_column_sums_in_the_region_of_the_gradient_they_sum(on_gpu, request):
+    # AOTAutograd writes a Linear's bias gradient as sum(grad, [0], keepdim=True) viewed as the
+    # bias: kfuse sums over the leading axis as a split column reduction (the keepdim axis comes
+    # back as a view), not as one thread per column looping over every row. The GELU's input
+    # gradient and its bias gradient are one region: the views of the matmuls' results that no
+    # fused op reads do not pull the sum into another region.
+    torch.manual_seed(SEED)
+    block = nn.Sequential(nn.Linear(24, 40), nn.GELU(), nn.Linear(40, 24))
+    x = torch.randn(37, 24, requires_grad=True)
+    report = kfuse.explain(block, x)
+    backward = [k for k in report.kernels if k.graph == "backward"]
+    shapes = [s for k in backward for s in k.shapes]
+    assert sum("as columns" in s for s in shapes) == 2, str(report)
+    assert not [s for s in shapes if s.startswith("[1, ")], str(report)
+    assert any("aten.gelu.default" in k.ops and "aten.sum.dim_IntList" in k.ops for k in backward), str(report)
+    if on_gpu:
+        # On the GPU: the rows' kernel sums the bias gradient's columns as it stores the
+        # gradient, and the column kernel folds those sums (at 4099 rows, odd).
+        device = request.getfixturevalue("gpu")
+        block = block.to(device)
+        x = torch.randn(4099, 24, device=device, requires_grad=True)
+    compiled = torch.compile(block, backend="kfuse")
+    got = compiled(x)
+    got_grads = torch.autograd.grad(got.square().sum(), [x, *block.parameters()])
+    want = block(x)
+    want_grads = torch.autograd.grad(want.square().sum(), [x, *block.parameters()])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads):
+        assert g.shape == w.shape and g.is_contiguous()
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6)

@@ -207,7 +207,25 @@ class _Support(OperatorSupportBase):
         if reason is not None:
             self.reasons[node] = reason
             return False
+        if _op_name(node) in _TRIVIAL and _op_name(node) != "clone" and not self._feeds_compute(node):
+            # A view that no fused op reads (a matmul's result transposed for the output) would
+            # join regions that a matmul separates and then be taken out again (see
+            # `_strip_output_views`): PyTorch applies it for free.
+            return False
         return True
+
+    def _feeds_compute(self, node, seen=None):
+        """Whether a supported op other than a view reads `node`, directly or through views."""
+        seen = set() if seen is None else seen
+        for user in node.users:
+            if user in seen or user.op != "call_function" or user in self.excluded:
+                continue
+            seen.add(user)
+            if _lower.supported(user) is not None:
+                continue
+            if _is_compute(user) or self._feeds_compute(user, seen):
+                return True
+        return False
 
 
 # Views and copies: a region of nothing else computes nothing, and PyTorch runs its views for free
@@ -331,7 +349,14 @@ class _Region(torch.nn.Module):
         self.inputs = lowered.inputs
         self.seeded = lowered.seeded
         self.symbols = lowered.symbols
-        self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
+        # Outputs kfuse leaves with fewer elements than torch's (broadcast): expanded, as a view
+        # where torch's output is one (stride 0), else copied; outputs that lack only size-1 axes
+        # (a leading-axis sum with keepdim) are viewed in torch's shape.
+        self.expand = [
+            (i, full, "view" if _drops_ones(full, shape) else "expand" if i in lowered.views else "copy")
+            for i, (full, needs, _, shape) in enumerate(lowered.outputs)
+            if needs
+        ]
 
     def forward(self, *args):
         named = {name: args[i] for i, name in self.inputs}
@@ -345,10 +370,17 @@ class _Region(torch.nn.Module):
         if not self.expand:
             return tuple(outs)
         outs = list(outs)
-        for i, full, view in self.expand:
+        for i, full, how in self.expand:
             size = [d if isinstance(d, int) else args[self.symbols[d][0]].shape[self.symbols[d][1]] for d in full]
-            outs[i] = outs[i].expand(size) if view else outs[i].expand(size).contiguous()
+            outs[i] = outs[i].view(size) if how == "view" else outs[i].expand(size)
+            if how == "copy":
+                outs[i] = outs[i].contiguous()
         return tuple(outs)
+
+
+def _drops_ones(full, shape):
+    """Whether `shape` is `full` without some of its size-1 axes (the same elements)."""
+    return [d for d in full if d != 1] == [d for d in shape if d != 1]
 
 
 def _fuse(gm, graph_name, report):

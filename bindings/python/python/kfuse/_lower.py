@@ -385,11 +385,16 @@ def _reduce(fn):
         if fn == "sum" and src.dtype == torch.bool and a.get("dtype") is None:
             name = "count"  # torch sums bools as integers; kfuse counts them
         keep = bool(a.get("keepdim"))
-        if not dims or dims == list(range(n)):
-            if not keep:
-                return f"{name}({text}{where})", ()
+        if not dims:
             dims = list(range(n))
         axis = str(dims[0]) if len(dims) == 1 else "[" + ", ".join(str(d) for d in dims) + "]"
+        if dims == list(range(len(dims))):
+            # Leading axes (a bias gradient's sum over the batch): the result without them, which
+            # broadcasts as torch's size-1 axes do and plans as a split column reduction; the
+            # region's output takes those axes back as a view.
+            if len(dims) == n:
+                return f"{name}({text}{where})", ()
+            return f"{name}({text}, axis: {axis}{where})", tuple(full[len(dims):])
         if keep:
             shape = tuple(1 if i in dims else d for i, d in enumerate(full))
             return f"{name}({text}, axis: {axis}, keepdim: true{where})", shape
