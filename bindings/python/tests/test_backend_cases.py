@@ -463,6 +463,35 @@ def test_batch_norm_in_training_mode_matches_eager_with_its_running_statistics(d
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_batch_norm_under_dynamic_shapes_computes_its_correction_in_the_kernel():
+    # With a symbolic batch, the running variance's correction n / (n - 1) is Python arithmetic
+    # on sizes (sym_numel, truediv, sub) in the graph: lowered as kfuse arithmetic on `size`, so
+    # the statistics and their update stay one region, and each new batch size reuses it.
+    torch.manual_seed(SEED)
+    module = nn.BatchNorm2d(6)
+    module.weight.data.uniform_(0.5, 1.5)
+    compiled_module, reference = copy.deepcopy(module), copy.deepcopy(module)
+    gen = torch.Generator().manual_seed(SEED)
+    x = (_randn(gen, 3, 6, 5, 7) * 2 + 1).requires_grad_()
+    torch._dynamo.mark_dynamic(x, 0)
+    report = kfuse.explain(copy.deepcopy(module), x)
+    assert not report.fallbacks, str(report)
+    assert any("<built-in function truediv>" in k.ops for k in report.kernels if k.graph == "forward"), str(report)
+    compiled = torch.compile(compiled_module, backend=_backend.backend, dynamic=True)
+    for batch in (3, 5, 2):
+        x = (_randn(gen, batch, 6, 5, 7) * 2 + 1).requires_grad_()
+        got = compiled(x)
+        (gx,) = torch.autograd.grad(got.square().sum(), [x])
+        xr = x.detach().clone().requires_grad_()
+        want = reference(xr)
+        (wx,) = torch.autograd.grad(want.square().sum(), [xr])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=lambda m, b=batch: f"batch {b}: {m}")
+        torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-5, msg=lambda m, b=batch: f"batch {b}: {m}")
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(compiled_module, name), getattr(reference, name), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, n=name, b=batch: f"batch {b}, {n}: {m}")
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed's toy detector and its training step, scaled down: four conv blocks and two linear
 # layers predicting `SLOTS` boxes per image, trained on the padded GIoU loss.

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import hashlib
 import math
+import operator
 
 import torch
 
@@ -401,6 +402,40 @@ def _reduce(fn):
         return f"{name}({text}, axis: {axis}{where})", tuple(d for i, d in enumerate(full) if i not in dims)
 
     return rule
+
+
+# Python arithmetic on sizes that Dynamo records for dynamic shapes (batch norm's `n / (n - 1)`).
+_SIZE_ARITHMETIC = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/"}
+
+
+def scalar_dtype(node):
+    """The kfuse dtype of a node whose value is a Python number or a symbolic one (f32 for a
+    float, i64 for an integer), or None for a node of another value."""
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if isinstance(v, (torch.SymFloat, float)) and not isinstance(v, bool):
+        return "f32"
+    if isinstance(v, (torch.SymInt, int)) and not isinstance(v, bool):
+        return "i64"
+    return None
+
+
+def _size_arithmetic(node, a, ctx):
+    """`a <op> b` of sizes and numbers, computed in the kernel: in f32 where torch's value is a
+    float (torch computes it in float64 on the host, then rounds it to f32 where it scales an f32
+    tensor: this may differ from that by one rounding), in i64 for integers."""
+    x, y = ctx.v(a["a"]), ctx.v(a["b"])
+    op = _SIZE_ARITHMETIC[node.target]
+    out = "f32" if op == "/" else ctx.out_dtype
+    return f"{_cast_to(x, out)} {op} {_cast_to(y, out)}", ()
+
+
+def _sym_size(node, a, ctx):
+    """`numel(x)` or `x.size(dim)` of a tensor of the region, as the product of kfuse's sizes."""
+    tokens = ctx.shape_of(a["self"])
+    if node.target is aten.sym_size.int:
+        tokens = (tokens[a["dim"] % len(tokens)],) if tokens else ()
+    factors = [literal(t) if isinstance(t, int) else f"i64({ctx.size(t)})" for t in tokens]
+    return " * ".join(factors) if factors else "1", ()
 
 
 def _prod(node, a, ctx):
@@ -847,6 +882,8 @@ RULES = {
     aten.gather: _gather,
     aten.scatter: _scatter_value,
     aten.rand_like: _rand_like,
+    aten.sym_numel: _sym_size,
+    aten.sym_size: _sym_size,
 }
 _REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin, aten.prod)
 for _name in (
@@ -862,6 +899,10 @@ def rule_of(node):
     """The rule for an fx node, or raises :class:`Refused` with the reason."""
     if node.op != "call_function":
         raise Refused(f"{node.op} nodes stay in PyTorch")
+    if node.target in _SIZE_ARITHMETIC and len(node.args) == 2 and not node.kwargs:
+        if scalar_dtype(node) is None:
+            raise Refused("arithmetic on values that are not numbers")
+        return _size_arithmetic, {"a": node.args[0], "b": node.args[1]}
     packet = getattr(node.target, "overloadpacket", None)
     rule = RULES.get(packet)
     if rule is None:
@@ -875,11 +916,20 @@ def rule_of(node):
 class _Ctx:
     """What a rule sees: the lowered values of the region's nodes and the output dtype."""
 
-    def __init__(self, values, out_dtype, partial=False, draws=None):
+    def __init__(self, values, out_dtype, partial=False, draws=None, names=None):
         # `partial`: `values` holds a node's own operands only, not its whole region.
         self.values, self.out_dtype, self.partial = values, out_dtype, partial
         # The region's random draws so far (shared by its nodes' contexts, see `_rand_like`).
         self.draws = [] if draws is None else draws
+        self.names = names  # size token -> the symbol's name in the text (None: `partial`)
+
+    def size(self, token):
+        """The text of the size `token` (of a tensor of the region) as a value."""
+        if self.names is None:
+            return f"size({token})"
+        if token not in self.names:
+            raise Refused(f"the size `{token}` is no axis of the region's inputs")
+        return f"size({self.names[token]})"
 
     def v(self, x):
         if isinstance(x, torch.fx.Node):
@@ -925,16 +975,21 @@ def supported(node):
     try:
         with constant_sizes([node]):
             rule, a = rule_of(node)
-            check_tensor(fake(node), "its result")
+            out = scalar_dtype(node)
+            if out is None:
+                check_tensor(fake(node), "its result")
+                out = kf_dtype(fake(node).dtype)
             values = {}
             for x in node.all_input_nodes:
                 t = fake(x)
                 if t is not None:
                     check_tensor(t, f"`{x.name}`")
                     values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
-                elif isinstance(x.meta.get("val"), torch.SymInt):
+                elif x.op == "placeholder" and isinstance(x.meta.get("val"), torch.SymInt):
                     values[x] = size_value(x.meta["val"], None)
-            rule(node, a, _Ctx(values, kf_dtype(fake(node).dtype), partial=True))
+                elif x.op == "call_function" and scalar_dtype(x) is not None:
+                    values[x] = V(x.name, (), scalar_dtype(x))  # arithmetic on sizes, in the region
+            rule(node, a, _Ctx(values, out, partial=True))
     except Refused as e:
         return str(e)
     except Exception as e:  # anything unexpected: the op stays in PyTorch
@@ -1001,10 +1056,12 @@ def _lower_region(gm):
             try:
                 rule, a = rule_of(node)
                 t = fake(node)
-                check_tensor(t, f"the result of `{node.name}`")
-                dtype = kf_dtype(t.dtype)
-                text, shape = rule(node, a, _Ctx(values, dtype, draws=draws))
-                if broadcast(shape, shape_tokens(t)) != shape_tokens(t):
+                dtype = scalar_dtype(node)
+                if dtype is None:
+                    check_tensor(t, f"the result of `{node.name}`")
+                    dtype = kf_dtype(t.dtype)
+                text, shape = rule(node, a, _Ctx(values, dtype, draws=draws, names=names))
+                if t is not None and broadcast(shape, shape_tokens(t)) != shape_tokens(t):
                     raise Refused(f"the value would have shape {list(shape)} where torch has {list(shape_tokens(t))}")
             except Refused as e:
                 e.node = node.name  # the op to partition again without
@@ -1031,7 +1088,9 @@ def _lower_region(gm):
     for i, o in enumerate(outs):
         v = values.get(o)
         if v is None or fake(o) is None:
-            raise Refused("a region output that is not a tensor computed in the region")
+            e = Refused("a region output that is not a tensor computed in the region")
+            e.node = getattr(o, "name", None)  # partition again without it
+            raise e
         lines.append(f"output o{i} = {v.text}")
         full = shape_tokens(fake(o))
         outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
