@@ -189,11 +189,6 @@ CASES = [
      kfuse.InputError, r"`lengths`: lengths\[0\] = -1 is negative"),
     ("lengths_over_n", lambda tmp: giou()(**batch(lengths=torch.tensor([3, 4], dtype=torch.int32))),
      kfuse.InputError, r"`lengths`: lengths\[1\] = 4 is greater than N = 3"),
-    # i32 sums are exact or refused, never wrapped.
-    ("sum_i32_above_the_range", lambda tmp: int_sum()(x=torch.tensor([2**31 - 1, 1], dtype=torch.int32)),
-     kfuse.InputError, r"the i32 `sum` is 2147483648, outside the i32 range -2147483648\.\.=2147483647; sum floats"),
-    ("sum_i32_below_the_range", lambda tmp: int_sum()(x=torch.tensor([-(2**31), -1], dtype=torch.int32)),
-     kfuse.InputError, r"the i32 `sum` is -2147483649, outside the i32 range"),
     ("lengths_checked_on_cpu_without_validate",
      lambda tmp: giou()(**batch(lengths=torch.tensor([3, 9], dtype=torch.int32)), validate=False),
      kfuse.InputError, r"lengths\[1\] = 9 is greater than N = 3"),
@@ -319,6 +314,17 @@ def test_bad_input_raises_a_clear_error(call, cls, pattern, tmp_path):
     with pytest.raises(cls) as info:
         call(tmp_path)
     assert re.search(pattern, str(info.value)), f"message does not match {pattern!r}:\n{info.value}"
+
+
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_an_i32_sum_is_an_exact_int64_as_torch_gives(on_gpu, request):
+    # torch sums integers into an int64; so does kfuse: totals beyond the i32 range are exact.
+    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
+    for values in ([2**31 - 1, 1], [-(2**31), -1], [2**30] * 7 + [5]):
+        x = torch.tensor(values, dtype=torch.int32, device=device)
+        got = int_sum()(x=x).y
+        assert got.dtype == torch.int64 and got.device == x.device
+        assert int(got) == int(x.sum()) == sum(values)
 
 
 def test_catalogue_ids_are_unique_and_many():

@@ -104,7 +104,7 @@ fn type_errors() {
     check_fails(&format!("{xm}output y = x + m\n"), &["same kind, got f32 and bool", "where(c, 1.0, 0.0)"]);
     check_fails(&format!("{xm}output y = where(i, x, 0)\n"), &["`where` does not accept i32", "bool condition"]);
     check_fails(&format!("{xm}output y = where(x, x, 0)\n"), &["`where` does not accept f32"]);
-    check_fails(&format!("{xm}output y = sum(m)\n"), &["`sum` does not accept bool", "count"]);
+    check_fails(&format!("{xm}output y = mean(m)\n"), &["`mean` does not accept bool", "count"]);
     check_fails(&format!("{xm}output y = not x\n"), &["`not` does not accept f32"]);
     check_fails(&format!("{xm}output y = x > m\n"), &["same kind, got f32 and bool"]);
     check_fails(&format!("{xm}output y = sum(x, where: i)\n"), &["where", "bool"]);
@@ -140,7 +140,7 @@ fn grad_misuse() {
         "input x: f32[N]\nlet z = x * 2\noutput y = sum(z * z)\noutput d = grad(y, z)\n",
         &["with respect to an input, but `z` is not one"],
     );
-    check_fails("input x: i32[N]\noutput y = sum(x)\noutput d = grad(y, x)\n", &["differentiates a float", "i32"]);
+    check_fails("input x: i32[N]\noutput y = sum(x)\noutput d = grad(y, x)\n", &["differentiates a float", "i64"]);
     check_fails("input x: f32[N]\noutput y = sum(x)\noutput d = grad(y)\n", &["grad"]);
 }
 

@@ -746,6 +746,8 @@ impl GraphBuilder {
                     hint: " (it counts the true elements of a bool tensor)",
                 })
             }
+            // As torch does: a sum of integers or bools is an i64 (the bools count as 0 and 1).
+            (ReduceOp::Sum, DType::I32 | DType::Bool) => (self.cast(x, DType::I64), DType::I64),
             (op, DType::Bool) => {
                 return Err(IrError::BadDType {
                     op: op.name(),

@@ -88,10 +88,11 @@
 //! `i64` `+ - *` wrap at 64 bits; `i64` reductions are computed in f64, as on the GPU: `sum`,
 //! `max` and `min` of `i64` are exact while the values and every partial sum stay within ±2^53
 //! (about 9.007e15), and a `max`/`min` of no element gives the `i32` limits, as for `i32`.
-//! `i32` `+ - *` wrap as in C. An `i32` `sum` (and a `count`) is computed exactly, in
-//! 64 bits; a total outside the `i32` range is never wrapped: the CPU interpreter refuses it with
-//! an error naming the reduction, and a GPU kernel, which cannot stop with an error, clamps it to
-//! the nearest `i32` limit. Sum `f32(x)` when such totals are expected.
+//! `i32` `+ - *` wrap as in C. A `sum` of `i32` or `bool` is an `i64`, as in PyTorch (the bools
+//! count as 0 and 1). A `count` is an `i32`, computed exactly in 64 bits; a count outside the
+//! `i32` range is never wrapped: the CPU interpreter refuses it with an error naming the
+//! reduction, and a GPU kernel, which cannot stop with an error, clamps it to the nearest `i32`
+//! limit.
 //!
 //! Text: a source is UTF-8 (a leading byte-order mark is skipped; a byte that is not UTF-8 is an
 //! [`DiagnosticKind::Encoding`] error with its line, column and byte offset). Control characters
