@@ -766,3 +766,22 @@ def test_bias_gradients_are_column_sums_in_the_region_of_the_gradient_they_sum(o
     for g, w in zip(got_grads, want_grads):
         assert g.shape == w.shape and g.is_contiguous()
         torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6)
+
+
+def test_a_column_sum_of_a_masked_value_stays_a_sum_of_the_where():
+    # Over the leading axis alone, `where(m, v, 0).sum(0)` stays a sum of the `where` (no `where:`
+    # reduction), which a row kernel can add as it goes beside its other work; over the last
+    # axis it becomes the masked sum.
+    def columns_and_rows(x, y):
+        v = torch.where(y > 0, x * y, 0)
+        return v.sum(0), v.sum(-1)
+
+    gen = torch.Generator().manual_seed(SEED)
+    x, y = _randn(gen, 33, 40), _randn(gen, 33, 40)
+    report = kfuse.explain(columns_and_rows, x, y)
+    lines = [line for k in report.kernels for line in k.source.splitlines() if "sum(" in line]
+    assert any("axis: 0" in line and "where:" not in line for line in lines), lines
+    assert any("axis: 1" in line and "where: bool(" in line for line in lines), lines
+    got = torch.compile(columns_and_rows, backend="kfuse")(x, y)
+    for g, w in zip(got, columns_and_rows(x, y)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -372,16 +372,20 @@ def _reduce(fn):
         full = ctx.shape_of(a["self"])
         if x.shape != full:
             raise Refused("a reduction of a broadcast (expanded) value")
-        text, where = x.text, ""
-        masked = _masked_operand(a["self"], full, ctx) if fn == "sum" else None
-        if masked is not None:
-            text, where = masked[0], f", where: {masked[1]}"
-        if a.get("dtype") is not None:
-            text = f"{kf_dtype(a['dtype'])}({text})"
         n = src.dim()
         dims = a.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         dims = sorted({d % n for d in dims}) if n else []
+        text, where = x.text, ""
+        # Not for sums over leading axes alone (column sums): a row kernel sums unmasked operands
+        # as it goes (see `columns::fuse`), which it would not do for a masked one.
+        masked = None
+        if fn == "sum" and (not dims or n - 1 in dims):
+            masked = _masked_operand(a["self"], full, ctx)
+        if masked is not None:
+            text, where = masked[0], f", where: {masked[1]}"
+        if a.get("dtype") is not None:
+            text = f"{kf_dtype(a['dtype'])}({text})"
         name = fn
         if fn == "sum" and src.dtype == torch.bool and a.get("dtype") is None:
             name = "count"  # torch sums bools as integers; kfuse counts them
