@@ -13,9 +13,9 @@
 //! Empty reductions: `sum` and `count` give 0, `prod` 1, `mean` NaN (0/0), float `max` -inf and `min` +inf.
 //! `i32` `max`/`min` of nothing give `i32::MIN`/`i32::MAX` (the identities an `i32` can hold).
 //! `i32` counts are exact (64-bit) here (a `sum` of `i32` is an `i64`: its operand is cast); one
-//! outside the `i32` range is refused by the
-//! evaluator ([`crate::InterpError::IntOverflow`]), never wrapped. Not handled here: broadcasting of `x` itself (a
-//! reduction's operand is always a whole tensor).
+//! outside the `i32` range is refused by the evaluator ([`crate::InterpError::IntOverflow`]),
+//! never wrapped. Not handled here: broadcasting of `x` itself (a reduction's operand is always a
+//! whole tensor).
 
 use rayon::prelude::*;
 

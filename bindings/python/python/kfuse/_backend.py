@@ -197,22 +197,28 @@ class _Support(OperatorSupportBase):
     def __init__(self, excluded):
         self.excluded = excluded
         self.reasons = {}
+        self._why = {}  # node -> `_lower.supported(node)`, asked once a round
 
     def is_node_supported(self, submodules, node):
         if node.op != "call_function":
             return False
         if node in self.excluded:
             return False
-        reason = _lower.supported(node)
+        reason = self._refusal(node)
         if reason is not None:
             self.reasons[node] = reason
             return False
-        if _op_name(node) in _TRIVIAL and _op_name(node) != "clone" and not self._feeds_compute(node):
+        if _is_view(node) and not self._feeds_compute(node):
             # A view that no fused op reads (a matmul's result transposed for the output) would
             # join regions that a matmul separates and then be taken out again (see
             # `_strip_output_views`): PyTorch applies it for free.
             return False
         return True
+
+    def _refusal(self, node):
+        if node not in self._why:
+            self._why[node] = _lower.supported(node)
+        return self._why[node]
 
     def _feeds_compute(self, node, seen=None):
         """Whether a supported op other than a view reads `node`, directly or through views."""
@@ -221,7 +227,7 @@ class _Support(OperatorSupportBase):
             if user in seen or user.op != "call_function" or user in self.excluded:
                 continue
             seen.add(user)
-            if _lower.supported(user) is not None:
+            if self._refusal(user) is not None:
                 continue
             if _is_compute(user) or self._feeds_compute(user, seen):
                 return True
@@ -245,6 +251,11 @@ def _is_compute(node):
     return _op_name(node) not in _TRIVIAL
 
 
+def _is_view(node):
+    """A view of `_TRIVIAL` (not a copy): PyTorch applies it for free."""
+    return _op_name(node) in _TRIVIAL and _op_name(node) != "clone"
+
+
 def _strip_output_views(partition):
     """Takes out of `partition` the views that only the rest of the graph reads (the transpose
     of an activation that the backward's matmul takes): PyTorch applies them to the region's
@@ -254,8 +265,7 @@ def _strip_output_views(partition):
     while changed:
         changed = False
         for node in list(partition.nodes):
-            name = _op_name(node)
-            if name in _TRIVIAL and name != "clone" and not any(u in partition.nodes for u in node.users):
+            if _is_view(node) and not any(u in partition.nodes for u in node.users):
                 partition.remove_node(node)
                 changed = True
     return partition
@@ -349,14 +359,10 @@ class _Region(torch.nn.Module):
         self.inputs = lowered.inputs
         self.seeded = lowered.seeded
         self.symbols = lowered.symbols
-        # Outputs kfuse leaves with fewer elements than torch's (broadcast): expanded, as a view
-        # where torch's output is one (stride 0), else copied; outputs that lack only size-1 axes
-        # (a leading-axis sum with keepdim) are viewed in torch's shape.
-        self.expand = [
-            (i, full, "view" if _drops_ones(full, shape) else "expand" if i in lowered.views else "copy")
-            for i, (full, needs, _, shape) in enumerate(lowered.outputs)
-            if needs
-        ]
+        # Outputs kfuse leaves broadcast: expanded, as a view where torch's output is one (stride
+        # 0), else made contiguous (no copy where only size-1 axes were left out: a leading-axis
+        # sum with keepdim).
+        self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
 
     def forward(self, *args):
         named = {name: args[i] for i, name in self.inputs}
@@ -370,17 +376,10 @@ class _Region(torch.nn.Module):
         if not self.expand:
             return tuple(outs)
         outs = list(outs)
-        for i, full, how in self.expand:
+        for i, full, view in self.expand:
             size = [d if isinstance(d, int) else args[self.symbols[d][0]].shape[self.symbols[d][1]] for d in full]
-            outs[i] = outs[i].view(size) if how == "view" else outs[i].expand(size)
-            if how == "copy":
-                outs[i] = outs[i].contiguous()
+            outs[i] = outs[i].expand(size) if view else outs[i].expand(size).contiguous()
         return tuple(outs)
-
-
-def _drops_ones(full, shape):
-    """Whether `shape` is `full` without some of its size-1 axes (the same elements)."""
-    return [d for d in full if d != 1] == [d for d in shape if d != 1]
 
 
 def _fuse(gm, graph_name, report):

@@ -343,7 +343,8 @@ def _is_zero(x):
     if isinstance(x, torch.fx.Node):
         if x.op != "call_function" or getattr(x.target, "overloadpacket", None) not in (aten.full, aten.scalar_tensor, aten.zeros_like):
             return False
-        x = 0 if x.target is aten.zeros_like.default else bind(x).get("fill_value", bind(x).get("s"))
+        a = bind(x)
+        x = 0 if x.target is aten.zeros_like.default else a.get("fill_value", a.get("s"))
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
 
 
