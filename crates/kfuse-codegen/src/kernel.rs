@@ -312,6 +312,13 @@ pub(crate) fn emit_kernel(
         KernelShape::Columns => {
             let sizes =
                 column_sizes.as_ref().ok_or(CodegenError::Internal { node: 0, what: "columns without sizes" })?;
+            // Its scalar outputs and Temp values read no reduction of its own (a column kernel
+            // takes no partial slot): one thread writes them first, before any block returns
+            // (a constant `ones` beside a product's gradient, or no column at all).
+            if !slots.is_empty() {
+                return Err(CodegenError::Internal { node: 0, what: "a column kernel with full reductions" });
+            }
+            write_plain_tail(&mut src, &slots, &epilogue);
             columns::write(&mut src, sizes, block, &body);
         }
         KernelShape::RowWise => {
