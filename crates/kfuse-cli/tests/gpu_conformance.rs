@@ -106,7 +106,8 @@ fn check(gpu: &Arc<kfuse_runtime::Gpu>, p: &Program, sizes: &[u64], seed: u64, d
 const SPREADS: f64 = 8.0;
 
 /// For each output of `p`, how far (max abs) the interpreter's result moves when every float
-/// value inside the program is rounded to f32, as the kernels compute (`Program::run_cpu_f32`):
+/// value inside the program is rounded to f32, and an output that others use to its dtype, as the
+/// kernels compute and store (`Program::run_cpu_f32`):
 /// about one ulp of the value where nothing cancels, under the tolerance; far more where large
 /// terms cancel (RMSNorm's input gradient over a row of one element), where the GPU's own f32
 /// rounding moves it as much. A spread that is not finite gives no allowance.
@@ -408,6 +409,11 @@ const COLUMN_PROGRAMS: &[(&str, &str)] = &[
         "a leading axis of a rank-3 tensor",
         "input x: f32[B, T, D]\noutput s = sum(x * x, axis: 0)\noutput lo = min(x, axis: 0)\n",
     ),
+    (
+        "a constant and a scalar output beside a column sum",
+        "input a: f32\ninput x: f32[B, D]\ninput w: f32[D]\noutput one = f32(1)\noutput half = a * 0.5\n\
+         output g = (sum(x, axis: 0) - w) * a\n",
+    ),
 ];
 
 #[test]
@@ -427,6 +433,25 @@ fn column_reductions_match_the_interpreter_at_odd_row_and_column_counts() {
 #[test]
 fn column_programs_plan_split_column_reductions() {
     plans_with_shape(COLUMN_PROGRAMS, "folded in chunk order");
+}
+
+#[test]
+fn a_column_kernel_writes_its_scalar_outputs_before_any_block_returns() {
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    let (what, src) = COLUMN_PROGRAMS.iter().find(|(w, _)| w.starts_with("a constant")).expect("the program");
+    let p = Program::compile(&engine, src, what).unwrap();
+    let plan = p.plan();
+    assert_eq!(plan.kernels.len(), 1, "{}", p.cuda_source());
+    let source = &plan.kernels[0].source;
+    assert!(source.contains("folded in chunk order"), "{source}");
+    // Outputs `one` and `half` (0 and 1), by one thread ahead of the columns' pass, whose blocks
+    // return early (no column at all, or not the tile's last block).
+    let entry = source.find("extern \"C\"").expect("an entry point");
+    let first_return = entry + source[entry..].find("return").expect("a return");
+    for o in ["out0[0] = ", "out1[0] = "] {
+        let at = source.find(o).unwrap_or_else(|| panic!("no `{o}` in\n{source}"));
+        assert!(at < first_return, "`{o}` after a return in\n{source}");
+    }
 }
 
 /// Programs with gathers (the random indices are in 0..8, so every gathered axis is 8 or more

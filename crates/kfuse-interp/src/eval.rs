@@ -103,10 +103,16 @@ pub(crate) fn evaluate_bound(
             eval_node(graph, bindings, inputs, &env, &mut pool, i)?
         };
         let mut value = value;
-        if precision == Precision::F32 && graph.nodes[i].dtype.kind() == Kind::Float && !value.values.is_empty() {
+        let dtype = graph.nodes[i].dtype;
+        if precision == Precision::F32 && dtype.kind() == Kind::Float && !value.values.is_empty() {
             // As the GPU computes: every float value rounded to f32 (reductions accumulate in f64
-            // and round their result, as the GPU's accumulators do).
-            Arc::make_mut(&mut value.values).iter_mut().for_each(|v| *v = *v as f32 as f64);
+            // and round their result, as the GPU's accumulators do), and an output's rounded to
+            // its dtype as stored, since a later kernel that uses it reads the stored tensor.
+            let values = Arc::make_mut(&mut value.values);
+            values.iter_mut().for_each(|v| *v = *v as f32 as f64);
+            if dtype != DType::F32 && graph.outputs.iter().any(|o| o.node.index() == i) {
+                *values = HostTensor::from_f64(dtype, vec![values.len()], values).to_f64();
+            }
         }
         env[i] = Some(value);
         graph.nodes[i].op.for_each_operand(&graph.lists, |x| {
@@ -137,9 +143,11 @@ pub(crate) fn evaluate_bound(
 pub enum Precision {
     /// Computed in f64, never rounded inside the graph (the reference).
     F64,
-    /// Every float node's values rounded to f32, as the generated kernels compute them: the
-    /// difference from [`Precision::F64`] shows how much f32 rounding alone moves a result
-    /// (much more than its magnitude suggests where large terms cancel).
+    /// Every float node's values rounded to f32, as the generated kernels compute them, and an
+    /// output's values rounded to its dtype, as stored (a later kernel that uses an output, a bias
+    /// gradient's column sum of the input gradient, reads the stored tensor): the difference from
+    /// [`Precision::F64`] shows how much the kernels' rounding alone moves a result (much more
+    /// than its magnitude suggests where large terms cancel).
     F32,
 }
 

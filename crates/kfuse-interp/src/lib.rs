@@ -7,8 +7,9 @@
 //! Semantics, in addition to those documented on [`kfuse_ir::Op`]:
 //! - Every float, whatever its storage dtype, is computed in f64 and never rounded inside the
 //!   graph; [`run`] rounds outputs to their dtype (to nearest, ties to even, for f16/bf16).
-//!   [`run_in`] with [`Precision::F32`] rounds every float value to f32 instead, as the kernels
-//!   compute: tests compare the two to see how far f32 rounding alone moves an output.
+//!   [`run_in`] with [`Precision::F32`] rounds every float value to f32 instead, and an output
+//!   that other values use to its dtype, as the kernels compute and store: tests compare the two
+//!   to see how far the kernels' rounding alone moves an output.
 //! - `i32` arithmetic is two's-complement: results wrap to `i32` after every op.
 //! - `min`/`max`/`clamp` propagate NaN (PyTorch's `torch.minimum`/`maximum`), as do the
 //!   `max`/`min` reductions.

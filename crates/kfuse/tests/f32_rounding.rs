@@ -59,3 +59,20 @@ fn rms_norm_over_rows_of_one_element_has_a_gradient_that_f32_resolves_only_rough
     let moved = rel_diff(&output(&rounded, "dx"), &output(&exact, "dx"));
     assert!(moved > 10.0 * f64::from(f32::EPSILON), "dx moved by only {moved:.2e}");
 }
+
+#[test]
+fn an_output_that_a_later_sum_reads_is_rounded_to_its_dtype_as_the_kernels_store_it() {
+    // dbias sums the stored bf16 dx (a later kernel reads the stored tensor): the f32 run rounds dx
+    // to bf16 before the sum, where the f64 reference sums it unrounded.
+    let p = compile("input x: bf16[B, D]\noutput dx = x * 3.0\noutput dbias = sum(dx, axis: 0)\n");
+    let x = HostTensor::from_f64(kfuse::DType::BF16, vec![3, 1], &[1.0078125; 3]);
+    let exact = p.run_cpu(&[("x", &x)]).unwrap();
+    let rounded = p.run_cpu_f32(&[("x", &x)]).unwrap();
+    let dx = rounded[0].1.to_f64();
+    assert_eq!(dx, exact[0].1.to_f64(), "an output alone is rounded once either way");
+    let stored_sum = HostTensor::from_f64(kfuse::DType::BF16, vec![1], &[dx.iter().sum()]).to_f64();
+    assert_eq!(rounded[1].1.to_f64(), stored_sum, "the sum of dx as stored");
+    // 3 * 1.0078125 = 3.0234375 is stored as 3.03125: 9.125 summed as stored, 9.0625 unrounded.
+    assert_eq!(exact[1].1.to_f64(), vec![9.0625]);
+    assert_eq!(stored_sum, vec![9.125]);
+}
