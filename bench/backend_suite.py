@@ -27,7 +27,9 @@ regions and fallbacks (a case with no fused region falls back entirely). For the
 each function also a first call at half the batch (the compile a new batch size costs: kfuse's
 NVRTC compiles and programs built, Inductor's kernels generated, Dynamo's graphs), and a second
 process on the same folders times the first call again ("warm"). A step slower than a second is
-timed a few times and not captured. Exit status 1 when a result is wrong or a process failed.
+timed a few times and not captured. With `--kernels`, each CUDA-graph step is also replayed
+under `torch.profiler` and its kernels' GPU time per step is listed (where the time goes, kernel by
+kernel, beside Inductor's). Exit status 1 when a result is wrong or a process failed.
 """
 import argparse
 import json
@@ -284,7 +286,7 @@ def child(args):
     elif one > SLOW_S:
         figures["cuda_graph"] = {"too_slow": f"one step took {one:.3g} s (the limit is {SLOW_S:g} s)"}
     else:
-        figures["cuda_graph"] = graph_times(torch, step, warmup, iters)
+        figures["cuda_graph"] = graph_times(torch, step, warmup, iters, args.kernels)
     slow = cpu or one > SLOW_S
     figures["host_us_per_call"] = host_us(torch, step, 5 if slow else 50, cpu=cpu, warmup=2 if slow else 20)
 
@@ -327,16 +329,36 @@ def counters(torch, backend):
     return out
 
 
-def graph_times(torch, step, warmup, iters):
-    """The step captured into a CUDA graph (after warm-up on a side stream), its replays timed."""
+def graph_times(torch, step, warmup, iters, kernels=False):
+    """The step captured into a CUDA graph (after warm-up on a side stream), its replays timed;
+    with `kernels`, also each kernel's GPU time per replay (`kernel_times`)."""
     try:
         side_stream_warmup(torch, step)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        return cuda_times_us(torch, graph.replay, warmup, iters)
+        times = cuda_times_us(torch, graph.replay, warmup, iters)
+        if kernels:
+            times["kernels"] = kernel_times(torch, graph.replay)
+        return times
     except Exception as e:  # noqa: BLE001 -- recorded in the figures
         return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def kernel_times(torch, run, reps=20):
+    """`[name, µs per call, launches per call]` of every kernel (and copy or fill) that `reps` calls
+    of `run` put on the GPU, by torch.profiler (CUPTI), slowest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    rows = [[e.key[:90], e.self_device_time_total / reps, e.count / reps]
+            for e in prof.key_averages() if e.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +374,7 @@ def run_child(args, case, backend, phase, caches, log):
     if phase == "cold":
         env["CUDA_CACHE_DISABLE"] = "1"
     argv = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(case), "--backend", backend,
-            "--phase", phase, "--json", fig] + (["--smoke"] if args.smoke else [])
+            "--phase", phase, "--json", fig] + (["--smoke"] if args.smoke else []) + (["--kernels"] if args.kernels else [])
     t0 = time.perf_counter()
     proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log(f"   {backend} {phase}: exit {proc.returncode}, {time.perf_counter() - t0:.1f} s")
@@ -430,6 +452,22 @@ def table(rows, meta):
               f"{num(nb_i.get('inductor_kernels'), 'd')} | {num(err, '.1e')} | {fb} |")
 
 
+def kernel_table(rows):
+    """Each case's CUDA-graph step kernel by kernel, kfuse's then Inductor's (`--kernels`)."""
+    for name, f in rows:
+        print(f"\n### {name}: GPU time per step, kernel by kernel (torch.profiler over graph replays)\n")
+        for backend in BACKENDS:
+            graph = f[backend].get("cuda_graph", {})
+            listed = graph.get("kernels") if isinstance(graph, dict) else None
+            if not listed:
+                print(f"- {backend}: no kernel list ({graph.get('error') or graph.get('too_slow') or graph.get('skipped') or 'not captured'})")
+                continue
+            total = sum(us for _, us, _ in listed)
+            print(f"- {backend}: {total:.1f} µs in {sum(n for _, _, n in listed):g} launches")
+            for kname, us, n in listed:
+                print(f"  - {us:8.1f} µs  x{n:g}  {kname}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", "--out", dest="results", help="folder for the JSON files")
@@ -440,6 +478,7 @@ def main():
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "kfuse-bench-backend"),
                     help="scratch folder: cache folders, child figures")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--kernels", action="store_true", help="also list each CUDA-graph step's kernels (torch.profiler)")
     # A child process: one case, one backend.
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--backend", choices=BACKENDS, help=argparse.SUPPRESS)
@@ -472,6 +511,8 @@ def main():
         log(f"-- {case['name']}")
         run_case(args, case, meta, failures, rows, log)
     table(rows, meta)
+    if args.kernels:
+        kernel_table(rows)
     return exit_status(failures)
 
 
