@@ -106,6 +106,13 @@ def huber(p, t):
     return F.huber_loss(p, t, delta=0.7)
 
 
+def activations(x):
+    """The activations of torch.nn.functional, among them those core aten keeps whole (elu, selu,
+    celu, leaky_relu, hardtanh, relu6), with their non-default parameters."""
+    return (F.elu(x) + F.leaky_relu(x, 0.03) + F.hardtanh(x, -0.7, 1.3) + F.relu6(x * 4) + F.selu(x)
+            + F.celu(x, 0.6) + F.hardswish(x) + F.hardsigmoid(x) + F.mish(x) + F.softplus(x, beta=2.0, threshold=3.0))
+
+
 class Block(torch.nn.Module):
     """Linear + GELU + residual."""
 
@@ -141,6 +148,7 @@ CASES = {
     "normalize_rows": (normalize_rows, lambda g: [_randn(g, 7, 45) * 3 + 1], (0,)),
     "softmax_rows": (softmax_rows, lambda g: [_randn(g, 11, 27) * 2], (0,)),
     "huber": (huber, lambda g: [_randn(g, 31), _randn(g, 31)], (0, 1)),
+    "activations": (activations, lambda g: [_randn(g, 7, 33) * 3], (0,)),
 }
 
 
@@ -339,7 +347,8 @@ def test_gpu_matches_float64(gpu, name):
 
 # Half-precision inputs: kfuse computes in f32 and rounds once at each region's outputs, so the
 # results are compared with float64 eager on the same (rounded) inputs, at bf16/f16 tolerances.
-HALF_CASES = ["gelu_erf", "gelu_tanh", "smooth_l1", "relu_affine", "log_sigmoid", "softmax_rows", "weighted_rows", "huber"]
+HALF_CASES = ["gelu_erf", "gelu_tanh", "smooth_l1", "relu_affine", "log_sigmoid", "softmax_rows", "weighted_rows", "huber",
+              "activations"]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
@@ -352,6 +361,13 @@ def test_half_inputs_match_float64(name, dtype):
     _check(f"{name} {dtype}", fn, inputs, wrt, torch.compile(fn, backend=_backend.backend), rtol=tol, atol=tol,
            reference_dtype=torch.float64)
     assert _backend.stats["compiles"] + _backend.stats["reused"] > before, f"{name} {dtype}: no region was fused"
+
+
+def test_every_activation_fuses_forward_and_backward_with_nothing_left_to_pytorch():
+    x = _randn(torch.Generator().manual_seed(SEED), 7, 33).requires_grad_()
+    report = kfuse.explain(activations, x)
+    assert not report.fallbacks, str(report)
+    assert [k.graph for k in report.kernels] == ["forward", "backward"], str(report)
 
 
 def test_explain_names_each_kernels_shape():

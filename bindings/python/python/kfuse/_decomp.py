@@ -10,7 +10,10 @@ With PyTorch's own rules:
   one op, as its rule is not functional);
 - dropout (``native_dropout``) into ``rand_like``, a comparison and products, which
   :mod:`kfuse._lower` draws with kfuse's ``rand_like``; its mask is a forward output that the
-  backward reads, so both use the same one.
+  backward reads, so both use the same one;
+- the activations that core aten keeps whole: ``elu`` (``selu`` and ``celu`` become it),
+  ``leaky_relu`` and ``hardtanh`` (``relu6``), into ``where``, ``expm1`` and products (their
+  backwards are core aten's rules already).
 
 With kfuse's: ``split``, ``split_with_sizes`` and ``chunk`` of constant sizes become one slice a
 part; the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``, every
@@ -170,6 +173,9 @@ def _build_table():
                 aten.native_dropout,
                 aten.linalg_vector_norm,
                 aten._native_batch_norm_legit_functional,
+                aten.elu,
+                aten.leaky_relu,
+                aten.hardtanh,
             ]
         )
     )
@@ -180,8 +186,8 @@ def _build_table():
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, dropout's, the vector norm's, training-mode batch norm's, the splits, the
-    moments. Built once, when the backend is imported (a few
+    norm's forward, dropout's, the vector norm's, training-mode batch norm's, the activations
+    core aten keeps whole, the splits, the moments. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
     return _TABLE
