@@ -112,6 +112,11 @@ def cross_entropy_spatial_weighted(logits, labels, weight):
     return F.cross_entropy(logits, labels, weight=weight, ignore_index=-100)
 
 
+def cross_entropy_weighted_smoothing(logits, labels, weight):
+    """Class weights (gathered per label from the expanded weights), an ignored label, smoothing."""
+    return F.cross_entropy(logits, labels, weight=weight, ignore_index=3, label_smoothing=0.1)
+
+
 def cross_entropy_probs(logits, probs):
     return F.cross_entropy(logits, probs, label_smoothing=0.05)
 
@@ -271,6 +276,11 @@ CASES = {
         lambda g: [_randn(g, 3, 7, 13) * 2, _labels(g, (3, 13), 7, ignore=-100, every=5), torch.rand(7, generator=g) + 0.5],
         (0,),  # torch gives no gradient of the class weights
     ),
+    "cross_entropy_weighted_smoothing": (
+        cross_entropy_weighted_smoothing,
+        lambda g: [_randn(g, 37, 11) * 2, _labels(g, 37, 11, ignore=3, every=6), torch.rand(11, generator=g) + 0.5],
+        (0,),
+    ),
     "cross_entropy_probs": (cross_entropy_probs, lambda g: [_randn(g, 29, 13) * 2, _probs(g, 29, 13)], (0, 1)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
     "bce_with_logits_weighted": (
@@ -301,10 +311,25 @@ def test_matches_eager_with_gradients(name):
     assert _fused_since(before), f"{name}: no region was fused"
 
 
+@pytest.mark.filterwarnings("ignore:Error detected in IndexPutBackward0")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gpu_matches_float64(gpu, name):
+    # GPU tier: the CUDA kernels of every case against eager in float64 on the same inputs.
+    if name.startswith("tv_") and tv_ops is None:
+        pytest.skip("torchvision is not installed")
+    fn, make, wrt = CASES[name]
+    inputs = [t.to(gpu) for t in make(torch.Generator().manual_seed(SEED))]
+    _check(name, fn, inputs, wrt, torch.compile(fn, backend=_backend.backend), rtol=1e-4, atol=1e-5,
+           reference_dtype=torch.float64)
+
+
 WHOLE = [
     "cross_entropy_labels",
     "cross_entropy_ignore_smoothing",
     "cross_entropy_probs",
+    # Class weights: each label's weight gathered from the weights PyTorch expands over the rows.
+    "cross_entropy_spatial_weighted",
+    "cross_entropy_weighted_smoothing",
     "softmax_middle_axis",
     "log_softmax_last_axis",
     # Slices, selects and permutes on any axis, and their scatters back in the backward.

@@ -709,8 +709,16 @@ def _arg_extremum(fn):
 
 def _gather(node, a, ctx):
     """`gather(self, dim, index)`: kfuse's `gather` (the index has the result's shape, equal to
-    the source's on every other axis)."""
-    x, full = _full(a, "self", ctx, "a gather")
+    the source's on every other axis). A source PyTorch expanded (a class weight per label:
+    `weight[None].expand(B, C)`) takes its full shape from a `where` over positions of the
+    region, which reads the weight where the gather picks it and copies nothing."""
+    x, full = ctx.v(a["self"]), ctx.shape_of(a["self"])
+    if x.shape != full:
+        lead = len(full) - len(x.shape)  # kfuse broadcasts as torch does: trailing axes aligned
+        if lead < 0 or any(s != f and s != 1 for s, f in zip(x.shape, full[lead:])):
+            raise Refused("a gather of a value that does not broadcast to its expanded shape")
+        shaped = _positions(node, full, 0, ctx, "a gather of a broadcast (expanded) value")
+        x = V(f"where({shaped} >= 0, {x.text}, {x.text})", full, x.dtype, x.scalar)
     i, ifull = _full(a, "index", ctx, "a gather")
     n = len(full)
     if n == 0 or len(ifull) != n:
