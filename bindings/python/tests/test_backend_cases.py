@@ -117,6 +117,18 @@ def cross_entropy_weighted_smoothing(logits, labels, weight):
     return F.cross_entropy(logits, labels, weight=weight, ignore_index=3, label_smoothing=0.1)
 
 
+def layer_norm_summed(x, w, b):
+    """A layer norm summed into the loss: the backward's upstream gradient is the scalar's
+    expand, whose sums over the rows are the weight and bias gradients."""
+    return F.layer_norm(x, (x.shape[-1],), w, b).sum()
+
+
+def nan_to_num_of_log(x):
+    """NaN (the log of a negative) replaced (`nan_to_num`); its backward masks with a product of
+    bools."""
+    return torch.nan_to_num(x.log(), nan=0.5, posinf=7.0, neginf=-7.0).mean()
+
+
 def cross_entropy_probs(logits, probs):
     return F.cross_entropy(logits, probs, label_smoothing=0.05)
 
@@ -282,6 +294,8 @@ CASES = {
         (0,),
     ),
     "cross_entropy_probs": (cross_entropy_probs, lambda g: [_randn(g, 29, 13) * 2, _probs(g, 29, 13)], (0, 1)),
+    "layer_norm_summed": (layer_norm_summed, lambda g: [_randn(g, 13, 37) * 2 + 1, _randn(g, 37), _randn(g, 37)], (0, 1, 2)),
+    "nan_to_num_of_log": (nan_to_num_of_log, lambda g: [_randn(g, 11, 29)], (0,)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
     "bce_with_logits_weighted": (
         bce_with_logits_weighted,
@@ -330,6 +344,9 @@ WHOLE = [
     # Class weights: each label's weight gathered from the weights PyTorch expands over the rows.
     "cross_entropy_spatial_weighted",
     "cross_entropy_weighted_smoothing",
+    # Sums of PyTorch's expands (a scalar loss's upstream gradient); products of bools.
+    "layer_norm_summed",
+    "nan_to_num_of_log",
     "softmax_middle_axis",
     "log_softmax_last_axis",
     # Slices, selects and permutes on any axis, and their scatters back in the backward.

@@ -179,10 +179,15 @@ def _cast_to(v, dtype):
 
 
 def _infix(op, cast=True):
+    # Of two bools, torch's `*` is their `and` and `+` their `or` (a bool result).
+    on_bools = {"*": "and", "+": "or"}.get(op)
+
     def rule(node, a, ctx):
         x, y = ctx.v(a["self"]), ctx.v(a["other"])
         alpha = a.get("alpha")
         out = ctx.out_dtype
+        if out == "bool" and on_bools and alpha in (None, 1):
+            return f"bool({x.text}) {on_bools} bool({y.text})", broadcast(x.shape, y.shape)
         xt, yt = (_cast_to(x, out), _cast_to(y, out)) if cast else (x.text, y.text)
         if alpha is not None and alpha != 1:
             yt = f"{yt} * {literal(alpha)}"
@@ -369,10 +374,8 @@ def _masked_operand(src, full, ctx):
 def _reduce(fn):
     def rule(node, a, ctx):
         src = fake(a["self"])
-        x = ctx.v(a["self"])
         full = ctx.shape_of(a["self"])
-        if x.shape != full:
-            raise Refused("a reduction of a broadcast (expanded) value")
+        x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a reduction")
         n = src.dim()
         dims = a.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
@@ -666,6 +669,19 @@ def _t(node, a, ctx):
     return _permute_to(x, n, [1, 0], "transpose") if n == 2 else (x.text, x.shape)
 
 
+def _at_full_shape(node, x, full, ctx, what):
+    """`x` at its full torch shape `full` where kfuse keeps it broadcast (PyTorch's expand of a
+    smaller value): a `where` over the positions of a tensor of the region with that shape, which
+    reads `x` at each element and copies nothing."""
+    if x.shape == full:
+        return x
+    lead = len(full) - len(x.shape)  # kfuse broadcasts as torch does: trailing axes aligned
+    if lead < 0 or any(s != f and s != 1 for s, f in zip(x.shape, full[lead:])):
+        raise Refused(f"{what} of a value that does not broadcast to its expanded shape")
+    shaped = _positions(node, full, 0, ctx, f"{what} of a broadcast (expanded) value")
+    return V(f"where({shaped} >= 0, {x.text}, {x.text})", full, x.dtype, x.scalar)
+
+
 def _full(a, name, ctx, what):
     """The value of argument `name` at its full torch shape (an axis-wise op reads it whole)."""
     x = ctx.v(a[name])
@@ -710,15 +726,9 @@ def _arg_extremum(fn):
 def _gather(node, a, ctx):
     """`gather(self, dim, index)`: kfuse's `gather` (the index has the result's shape, equal to
     the source's on every other axis). A source PyTorch expanded (a class weight per label:
-    `weight[None].expand(B, C)`) takes its full shape from a `where` over positions of the
-    region, which reads the weight where the gather picks it and copies nothing."""
-    x, full = ctx.v(a["self"]), ctx.shape_of(a["self"])
-    if x.shape != full:
-        lead = len(full) - len(x.shape)  # kfuse broadcasts as torch does: trailing axes aligned
-        if lead < 0 or any(s != f and s != 1 for s, f in zip(x.shape, full[lead:])):
-            raise Refused("a gather of a value that does not broadcast to its expanded shape")
-        shaped = _positions(node, full, 0, ctx, "a gather of a broadcast (expanded) value")
-        x = V(f"where({shaped} >= 0, {x.text}, {x.text})", full, x.dtype, x.scalar)
+    `weight[None].expand(B, C)`) is read at its full shape (see `_at_full_shape`)."""
+    full = ctx.shape_of(a["self"])
+    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a gather")
     i, ifull = _full(a, "index", ctx, "a gather")
     n = len(full)
     if n == 0 or len(ifull) != n:
