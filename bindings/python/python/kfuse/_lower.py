@@ -331,10 +331,15 @@ def _identity(node, a, ctx):
     return x.text, x.shape
 
 
+# Tensors whose values are unspecified (`empty`): kfuse's are zeros. PyTorch's decompositions make
+# one for its shape alone (hinge_embedding_loss's `full_like(empty_permuted(...), 1.0)`).
+_EMPTY = (aten.empty_permuted, aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty)
+
+
 def _constant(node, a, ctx):
-    # full / full_like / zeros_like / scalar_tensor: a broadcast constant.
+    # full / full_like / zeros_like / scalar_tensor / empty: a broadcast constant.
     value = a.get("fill_value", a.get("s"))
-    if node.target in (aten.zeros_like.default,):
+    if node.target in (aten.zeros_like.default,) or node.target.overloadpacket in _EMPTY:
         value = 0
     elif node.target in (aten.ones_like.default,):
         value = 1
@@ -887,6 +892,7 @@ RULES = {
     aten.zeros_like: _constant,
     aten.ones_like: _constant,
     aten.scalar_tensor: _constant,
+    **dict.fromkeys(_EMPTY, _constant),
     aten.sum: _reduce("sum"),
     aten.mean: _reduce("mean"),
     aten.amax: _reduce("max"),
