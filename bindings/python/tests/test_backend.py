@@ -106,6 +106,10 @@ def huber(p, t):
     return F.huber_loss(p, t, delta=0.7)
 
 
+def inverse_hyperbolic(x):
+    return torch.asinh(x * 3) * torch.acosh(x.abs() + 1.5) + torch.atanh(torch.tanh(x) * 0.9)
+
+
 def activations(x):
     """The activations of torch.nn.functional, among them those core aten keeps whole (elu, selu,
     celu, leaky_relu, hardtanh, relu6), with their non-default parameters."""
@@ -149,6 +153,7 @@ CASES = {
     "softmax_rows": (softmax_rows, lambda g: [_randn(g, 11, 27) * 2], (0,)),
     "huber": (huber, lambda g: [_randn(g, 31), _randn(g, 31)], (0, 1)),
     "activations": (activations, lambda g: [_randn(g, 7, 33) * 3], (0,)),
+    "inverse_hyperbolic": (inverse_hyperbolic, lambda g: [_randn(g, 5, 31)], (0,)),
 }
 
 

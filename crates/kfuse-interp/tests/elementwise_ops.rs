@@ -60,7 +60,7 @@ fn transcendental_functions_match_std_on_edge_values() {
     // Values that f32 inputs hold exactly, so that std sees the same operands.
     let xs = [0.0, -0.0, 1e-10f32 as f64, -1.0, 0.5, -0.75, 2.0, INF, -INF, NAN];
     type Reference = fn(f64) -> f64;
-    let cases: [(UnaryOp, Reference); 8] = [
+    let cases: [(UnaryOp, Reference); 11] = [
         (UnaryOp::Log1p, f64::ln_1p),
         (UnaryOp::Expm1, f64::exp_m1),
         (UnaryOp::Atan, f64::atan),
@@ -68,6 +68,9 @@ fn transcendental_functions_match_std_on_edge_values() {
         (UnaryOp::Asin, f64::asin),
         (UnaryOp::Acos, f64::acos),
         (UnaryOp::Sinh, f64::sinh),
+        (UnaryOp::Asinh, f64::asinh),
+        (UnaryOp::Acosh, f64::acosh),
+        (UnaryOp::Atanh, f64::atanh),
         (UnaryOp::Cosh, f64::cosh),
     ];
     for (op, f) in cases {
@@ -84,6 +87,10 @@ fn transcendental_functions_match_std_on_edge_values() {
     assert_bits(&unary_f(UnaryOp::Asin, &[2.0, -1.0]), &[NAN, -half_pi]);
     assert_bits(&unary_f(UnaryOp::Acos, &[1.0, 1.5]), &[0.0, NAN]);
     assert_bits(&unary_f(UnaryOp::Cosh, &[-INF]), &[INF]);
+    // acosh below 1 and atanh outside [-1, 1] are NaN; atanh(±1) = ±inf.
+    assert_bits(&unary_f(UnaryOp::Acosh, &[1.0, 0.5]), &[0.0, NAN]);
+    assert_bits(&unary_f(UnaryOp::Atanh, &[1.0, -1.0, 2.0]), &[INF, -INF, NAN]);
+    assert_bits(&unary_f(UnaryOp::Asinh, &[-INF, -0.0]), &[-INF, -0.0]);
 }
 
 #[test]

@@ -75,6 +75,9 @@ pub enum UnaryOp {
     Acos,
     Sinh,
     Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
     /// `~x` of an `i32` (the builder turns `bitwise_not` of a bool into `not`).
     BitNot,
     /// `x` itself, through which no gradient flows (`torch.Tensor.detach`): the builder keeps
@@ -83,7 +86,7 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 30] = [
+    pub const ALL: [UnaryOp; 33] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -112,6 +115,9 @@ impl UnaryOp {
         UnaryOp::Acos,
         UnaryOp::Sinh,
         UnaryOp::Cosh,
+        UnaryOp::Asinh,
+        UnaryOp::Acosh,
+        UnaryOp::Atanh,
         UnaryOp::BitNot,
         UnaryOp::Detach,
     ];
@@ -145,6 +151,9 @@ impl UnaryOp {
             UnaryOp::Acos => "acos",
             UnaryOp::Sinh => "sinh",
             UnaryOp::Cosh => "cosh",
+            UnaryOp::Asinh => "asinh",
+            UnaryOp::Acosh => "acosh",
+            UnaryOp::Atanh => "atanh",
             UnaryOp::BitNot => "bitwise_not",
             UnaryOp::Detach => "detach",
         }

@@ -9,7 +9,7 @@ pub(crate) const FUNCTIONS: &[&str] = &[
     "where", "min", "max", "clamp", "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos",
     "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "i64", "bool", "grad", "mask", "size",
     "log1p", "expm1", "sign", "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos",
-    "sinh", "cosh", "atan2", "remainder", "floor_div", "fma", "bitwise_and", "bitwise_or", "bitwise_xor",
+    "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "remainder", "floor_div", "fma", "bitwise_and", "bitwise_or", "bitwise_xor",
     "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "iota", "stack", "gather",
     "detach", "softmax", "log_softmax", "rand_like", "transpose", "permute", "cat", "argmax", "argmin", "prod",
 ];

@@ -27,8 +27,8 @@
 //! bitwise_left_shift bitwise_right_shift floor_div remainder bitwise_not` (so `valid & (x > 0)`
 //! is a mask, and the comparison needs its brackets, as in PyTorch). Functions: `where(c, a, b)`, `min(a, b)`,
 //! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `fma(a, b, c)` (`a * b + c` rounded once),
-//! `abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor log1p expm1 atan tan asin acos sinh cosh
-//! sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
+//! `abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor log1p expm1 atan tan asin acos sinh cosh asinh
+//! acosh atanh sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
 //! `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
 //! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 i64 bool`,

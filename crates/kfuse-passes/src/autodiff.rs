@@ -600,6 +600,20 @@ impl Step<'_, '_> {
                 let s = em.unary(UnaryOp::Sinh, x)?;
                 em.mul(g, s)?
             }
+            UnaryOp::Asinh | UnaryOp::Acosh => {
+                // g / sqrt(x^2 ± 1), written as PyTorch does with rsqrt.
+                let one = em.lit(1.0);
+                let x2 = em.mul(x, x)?;
+                let d = if op == UnaryOp::Asinh { em.add(x2, one)? } else { em.sub(x2, one)? };
+                let r = em.unary(UnaryOp::Rsqrt, d)?;
+                em.mul(g, r)?
+            }
+            UnaryOp::Atanh => {
+                let one = em.lit(1.0);
+                let x2 = em.mul(x, x)?;
+                let d = em.sub(one, x2)?;
+                em.div(g, d)?
+            }
             UnaryOp::Neg => em.neg(g)?,
             UnaryOp::Abs => {
                 // sign(x) * g with sign(0) = 0, as PyTorch.

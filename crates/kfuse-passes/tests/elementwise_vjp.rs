@@ -49,7 +49,7 @@ proptest! {
 
     #[test]
     fn smooth_unary_ops((b, n, v) in matrices(2, -2.0..2.0)) {
-        for op in [UnaryOp::Expm1, UnaryOp::Atan, UnaryOp::Sinh, UnaryOp::Cosh] {
+        for op in [UnaryOp::Expm1, UnaryOp::Atan, UnaryOp::Sinh, UnaryOp::Cosh, UnaryOp::Asinh] {
             check_unary(op, b, n, &v[0], &v[1])?;
         }
     }
@@ -65,8 +65,13 @@ proptest! {
     }
 
     #[test]
-    fn asin_and_acos_inside_the_unit_interval((b, n, v) in matrices(2, -0.9..0.9)) {
-        for op in [UnaryOp::Asin, UnaryOp::Acos] {
+    fn acosh_above_one((b, n, v) in matrices(2, 1.1..4.0)) {
+        check_unary(UnaryOp::Acosh, b, n, &v[0], &v[1])?;
+    }
+
+    #[test]
+    fn asin_acos_and_atanh_inside_the_unit_interval((b, n, v) in matrices(2, -0.9..0.9)) {
+        for op in [UnaryOp::Asin, UnaryOp::Acos, UnaryOp::Atanh] {
             check_unary(op, b, n, &v[0], &v[1])?;
         }
     }

@@ -917,7 +917,7 @@ RULES = {
 _REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin, aten.prod)
 for _name in (
     "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
-    "sinh cosh round"
+    "sinh cosh asinh acosh atanh round"
 ).split():
     RULES[getattr(aten, _name)] = _unary(_name + "({x})")
 for _name in ("isnan", "isinf", "isfinite"):

@@ -43,9 +43,10 @@ pub struct Generated {
 }
 
 const FLOATS: [&str; 3] = ["f32", "f16", "bf16"];
-const MATH: [&str; 26] = [
+const MATH: [&str; 29] = [
     "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos", "floor", "log1p", "expm1", "sign",
-    "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos", "sinh", "cosh",
+    "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos", "sinh", "cosh", "asinh",
+    "acosh", "atanh",
 ];
 /// Functions of two operands of one kind: `i32` (both) or `bool` (both, except the shifts).
 const BITWISE: [&str; 5] = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"];
