@@ -129,6 +129,14 @@ def nan_to_num_of_log(x):
     return torch.nan_to_num(x.log(), nan=0.5, posinf=7.0, neginf=-7.0).mean()
 
 
+def max_min_along_axes(x):
+    """`max(dim)` and `min(dim)` (values and indices) of a computed value: `amax` and `argmax`,
+    and in the backward a scatter of each value's gradient to its index."""
+    h = torch.tanh(x) * 2
+    v, i = h.max(-1)
+    return v.mean() + h.min(0).values.sum() + i.float().mean() + h.max(1, keepdim=True)[0].sum()
+
+
 def hinge_embedding(x, y):
     """PyTorch's rule makes an `empty` tensor for its shape alone (`full_like(empty, 1.0)`)."""
     return F.hinge_embedding_loss(x, y, margin=0.7)
@@ -301,6 +309,7 @@ CASES = {
     "cross_entropy_probs": (cross_entropy_probs, lambda g: [_randn(g, 29, 13) * 2, _probs(g, 29, 13)], (0, 1)),
     "layer_norm_summed": (layer_norm_summed, lambda g: [_randn(g, 13, 37) * 2 + 1, _randn(g, 37), _randn(g, 37)], (0, 1, 2)),
     "nan_to_num_of_log": (nan_to_num_of_log, lambda g: [_randn(g, 11, 29)], (0,)),
+    "max_min_along_axes": (max_min_along_axes, lambda g: [_randn(g, 9, 13)], (0,)),
     "hinge_embedding": (hinge_embedding, lambda g: [_randn(g, 13, 7), torch.randint(0, 2, (13, 7), generator=g) * 2.0 - 1], (0,)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
     "bce_with_logits_weighted": (
@@ -354,6 +363,8 @@ WHOLE = [
     "layer_norm_summed",
     "nan_to_num_of_log",
     "hinge_embedding",
+    # max and min along an axis (values and indices), their gradients scattered to the indices.
+    "max_min_along_axes",
     "softmax_middle_axis",
     "log_softmax_last_axis",
     # Slices, selects and permutes on any axis, and their scatters back in the backward.

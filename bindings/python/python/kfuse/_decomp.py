@@ -16,7 +16,7 @@ With PyTorch's own rules:
   backwards are core aten's rules already).
 
 With kfuse's: ``split``, ``split_with_sizes`` and ``chunk`` of constant sizes become one slice a
-part; the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``, every
+part; ``max.dim`` and ``min.dim`` become ``amax`` and ``argmax`` (``amin``, ``argmin``); the variance and the standard deviation (``var``, ``var_mean``, ``std``, ``std_mean``, every
 overload) become two-pass means: the mean, then the sum of the squared deviations over
 ``max(N - correction, 0)`` (a mean when the correction is 0), as PyTorch computes them.
 Half-precision inputs are computed in float32 and rounded once, as PyTorch does.
@@ -162,6 +162,25 @@ def _split(x, split_size, dim=0):
 SPLITS = {aten.split_with_sizes.default: _split_with_sizes, aten.split.Tensor: _split}
 
 
+def _extremum_dim(amax, argmax):
+    """`max.dim` / `min.dim` (values and indices along one axis) as `amax` and `argmax` (`amin`,
+    `argmin`): the same values, and the index of the first extreme (NaN counting as it), as
+    PyTorch's `max.dim` gives."""
+
+    def rule(x, dim, keepdim=False):
+        if x.dim() == 0:
+            return NotImplemented
+        return amax(x, [dim], keepdim), argmax(x, dim, keepdim)
+
+    return rule
+
+
+EXTREMA = {
+    aten.max.dim: _extremum_dim(aten.amax.default, aten.argmax.default),
+    aten.min.dim: _extremum_dim(aten.amin.default, aten.argmin.default),
+}
+
+
 def _build_table():
     table = core_aten_decompositions()
     for op in EXCLUDED:
@@ -181,13 +200,14 @@ def _build_table():
     )
     table.update(MOMENTS)
     table.update(SPLITS)
+    table.update(EXTREMA)
     return table
 
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
     norm's forward, dropout's, the vector norm's, training-mode batch norm's, the activations
-    core aten keeps whole, the splits, the moments. Built once, when the backend is imported (a few
+    core aten keeps whole, the splits, the moments, the extrema along an axis. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
     return _TABLE

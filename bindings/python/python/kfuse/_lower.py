@@ -674,14 +674,20 @@ def _t(node, a, ctx):
     return _permute_to(x, n, [1, 0], "transpose") if n == 2 else (x.text, x.shape)
 
 
+def _broadcasts(shape, full):
+    """Whether a value of kfuse shape `shape` broadcasts to `full` (trailing axes aligned, as torch
+    and kfuse broadcast)."""
+    lead = len(full) - len(shape)
+    return lead >= 0 and all(s == f or s == 1 for s, f in zip(shape, full[lead:]))
+
+
 def _at_full_shape(node, x, full, ctx, what):
     """`x` at its full torch shape `full` where kfuse keeps it broadcast (PyTorch's expand of a
     smaller value): a `where` over the positions of a tensor of the region with that shape, which
     reads `x` at each element and copies nothing."""
     if x.shape == full:
         return x
-    lead = len(full) - len(x.shape)  # kfuse broadcasts as torch does: trailing axes aligned
-    if lead < 0 or any(s != f and s != 1 for s, f in zip(x.shape, full[lead:])):
+    if not _broadcasts(x.shape, full):
         raise Refused(f"{what} of a value that does not broadcast to its expanded shape")
     shaped = _positions(node, full, 0, ctx, f"{what} of a broadcast (expanded) value")
     return V(f"where({shaped} >= 0, {x.text}, {x.text})", full, x.dtype, x.scalar)
@@ -748,19 +754,26 @@ def _scatter_value(node, a, ctx):
     """`scatter(self, dim, index, value)` with one index along `dim` (what the backward of
     `gather`, and so of `nll_loss` and `cross_entropy`, gives): `value` where the position along
     `dim` equals the index, `self` elsewhere. The positions are kfuse's `iota` along that axis of
-    a tensor of the region with the result's shape."""
-    if node.target is not aten.scatter.value:
+    a tensor of the region with the result's shape. `scatter(self, dim, index, src)` with `src` of
+    the index's shape (the backward of `max.dim`) is the same with `src` as the value, broadcast
+    along `dim`."""
+    if node.target not in (aten.scatter.value, aten.scatter.src):
         raise Refused(f"{node.target} (kfuse writes a single value, as scatter.value)")
     full = ctx.shape_of(node)
     n = len(full)
-    i, ifull = _full(a, "index", ctx, "a scatter")
+    # The index (and a source) need only broadcast over the positions: an unsqueezed index is one.
+    i, ifull = ctx.v(a["index"]), ctx.shape_of(a["index"])
+    if not _broadcasts(i.shape, ifull):
+        raise Refused("a scatter of an index that does not broadcast to its shape")
     if n == 0 or len(ifull) != n:
         raise Refused("a scatter whose index has another rank than its destination")
     d = a["dim"] % n
     if ifull[d] != 1 or any(ifull[k] != full[k] for k in range(n) if k != d):
         raise Refused("a scatter of more than one index along its axis (kfuse writes one, as gather's backward)")
+    if node.target is aten.scatter.src and ctx.shape_of(a["src"]) != ifull:
+        raise Refused("a scatter whose source is not the index's shape")
     c = _positions(node, full, d, ctx, "a scatter")
-    x, v = ctx.v(a["self"]), ctx.v(a["value"])
+    x, v = ctx.v(a["self"]), ctx.v(a["value" if node.target is aten.scatter.value else "src"])
     out = ctx.out_dtype
     hit = f"{c} == i64({i.text})"
     return f"where({hit}, {_cast_to(v, out)}, {_cast_to(x, out)})", full
