@@ -110,6 +110,10 @@ def inverse_hyperbolic(x):
     return torch.asinh(x * 3) * torch.acosh(x.abs() + 1.5) + torch.atanh(torch.tanh(x) * 0.9)
 
 
+def powers_and_logs(x):
+    return torch.exp2(x) * torch.log2(x.abs() + 0.5) + torch.log10(x * x + 0.25)
+
+
 def activations(x):
     """The activations of torch.nn.functional, among them those core aten keeps whole (elu, selu,
     celu, leaky_relu, hardtanh, relu6), with their non-default parameters."""
@@ -154,6 +158,7 @@ CASES = {
     "huber": (huber, lambda g: [_randn(g, 31), _randn(g, 31)], (0, 1)),
     "activations": (activations, lambda g: [_randn(g, 7, 33) * 3], (0,)),
     "inverse_hyperbolic": (inverse_hyperbolic, lambda g: [_randn(g, 5, 31)], (0,)),
+    "powers_and_logs": (powers_and_logs, lambda g: [_randn(g, 5, 31) * 3], (0,)),
 }
 
 

@@ -933,6 +933,10 @@ for _name in (
     "sinh cosh asinh acosh atanh round"
 ).split():
     RULES[getattr(aten, _name)] = _unary(_name + "({x})")
+# Powers of 2 and logarithms of bases 2 and 10, through e (within an ulp or two of torch's).
+RULES[aten.exp2] = _unary("exp({x} * 0.6931471805599453)")
+RULES[aten.log2] = _unary("log({x}) * 1.4426950408889634")
+RULES[aten.log10] = _unary("log({x}) * 0.4342944819032518")
 for _name in ("isnan", "isinf", "isfinite"):
     RULES[getattr(aten, _name)] = _unary(_name + "({x})", cast=False)
 
