@@ -137,6 +137,12 @@ def max_min_along_axes(x):
     return v.mean() + h.min(0).values.sum() + i.float().mean() + h.max(1, keepdim=True)[0].sum()
 
 
+def roll_and_flip(x):
+    """Cyclic shifts along one and two axes (a shifted window's roll) and flips: gathers at
+    positions computed from iota; their backwards are the opposite roll and the same flip."""
+    return (x.roll(3, -1) * x.flip(0) + x.roll((1, -2), (0, 1)) * 2 + x.flip((0, 1)).sin()).pow(2).mean()
+
+
 def hinge_embedding(x, y):
     """PyTorch's rule makes an `empty` tensor for its shape alone (`full_like(empty, 1.0)`)."""
     return F.hinge_embedding_loss(x, y, margin=0.7)
@@ -310,6 +316,7 @@ CASES = {
     "layer_norm_summed": (layer_norm_summed, lambda g: [_randn(g, 13, 37) * 2 + 1, _randn(g, 37), _randn(g, 37)], (0, 1, 2)),
     "nan_to_num_of_log": (nan_to_num_of_log, lambda g: [_randn(g, 11, 29)], (0,)),
     "max_min_along_axes": (max_min_along_axes, lambda g: [_randn(g, 9, 13)], (0,)),
+    "roll_and_flip": (roll_and_flip, lambda g: [_randn(g, 5, 7)], (0,)),
     "hinge_embedding": (hinge_embedding, lambda g: [_randn(g, 13, 7), torch.randint(0, 2, (13, 7), generator=g) * 2.0 - 1], (0,)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
     "bce_with_logits_weighted": (
@@ -365,6 +372,8 @@ WHOLE = [
     "hinge_embedding",
     # max and min along an axis (values and indices), their gradients scattered to the indices.
     "max_min_along_axes",
+    # roll and flip: gathers at positions computed with iota.
+    "roll_and_flip",
     "softmax_middle_axis",
     "log_softmax_last_axis",
     # Slices, selects and permutes on any axis, and their scatters back in the backward.

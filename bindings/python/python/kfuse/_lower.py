@@ -642,6 +642,40 @@ def _slice(node, a, ctx):
     return _index_text(x, k, item), x.shape[:k] + (dim_token(len(picked)),) + x.shape[k + 1 :]
 
 
+def _size_i64(ctx, size):
+    """An axis's size as an i64 value's text: a constant, or kfuse's `size` of its symbol."""
+    return literal(size) if isinstance(size, int) else f"i64({ctx.size(size)})"
+
+
+def _roll(node, a, ctx):
+    """`roll(x, shifts, dims)`: along each axis, the element `shift` places back, cyclically: a
+    gather at `(position - shift) mod size`, positions counted with `iota` of `x` itself."""
+    full = ctx.shape_of(a["self"])
+    shifts, dims = list(a["shifts"]), list(a.get("dims") or [])
+    if not dims or len(dims) != len(shifts):
+        raise Refused("a roll of the flattened tensor (kfuse rolls along given axes)")
+    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a roll")
+    text = x.text
+    for shift, d in zip(shifts, dims):
+        if not isinstance(shift, int):
+            raise Refused("a roll by a shift that is not a constant")
+        d %= len(full)
+        at = f"remainder(i64(iota({text}, axis: {d})) - {shift}, {_size_i64(ctx, full[d])})"
+        text = f"gather({text}, {at}, axis: {d})"
+    return text, full
+
+
+def _flip(node, a, ctx):
+    """`flip(x, dims)`: along each axis, the element at `size - 1 - position` (a gather)."""
+    full = ctx.shape_of(a["self"])
+    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a flip")
+    text = x.text
+    for d in sorted({d % len(full) for d in a["dims"]}) if full else []:
+        at = f"{_size_i64(ctx, full[d])} - 1 - i64(iota({text}, axis: {d}))"
+        text = f"gather({text}, {at}, axis: {d})"
+    return text, full
+
+
 def _permute_to(x, n, dims, what):
     """`x` with its axes reordered as torch's `dims` reorders a tensor of rank `n`."""
     dims = [d % n for d in dims]
@@ -858,6 +892,8 @@ RULES = {
     aten.transpose: _transpose,
     aten.t: _t,
     aten.slice_scatter: _slice_scatter,
+    aten.roll: _roll,
+    aten.flip: _flip,
     aten.argmax: _arg_extremum("argmax"),
     aten.argmin: _arg_extremum("argmin"),
     aten.select_scatter: _select_scatter,
