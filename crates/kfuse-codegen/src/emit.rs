@@ -129,6 +129,10 @@ pub(crate) struct Emitter<'a> {
     /// Values fixed by the caller instead of computed (node → C expression), e.g. a scale
     /// factor replaced by `1.0f` when a kernel computes an unscaled gradient.
     pub substitutions: HashMap<NodeId, String>,
+    /// The coordinates a reshape took a row-major position apart into (their names, in axis
+    /// order), with the axes' sizes and the position: a later reshape that merges exactly those
+    /// coordinates over the same sizes reads the position back instead of recomputing it.
+    split_positions: HashMap<Vec<String>, (Vec<u64>, String)>,
     /// Nodes read from the output buffer an earlier kernel stored them in instead of computed
     /// (node → output index): a column reduction of an output (a bias gradient summed from the
     /// input gradient) reads that one tensor, not the ones it is computed from.
@@ -191,6 +195,7 @@ impl<'a> Emitter<'a> {
             plain_stores: false,
             checks: matches!(mode, Mode::Element { .. }) && !g.constraints.is_empty(),
             substitutions: HashMap::new(),
+            split_positions: HashMap::new(),
             stored_outputs: HashMap::new(),
             prefetch: None,
             prefetch_guard: None,
@@ -447,6 +452,101 @@ impl<'a> Emitter<'a> {
         Coord::Value { name, loops }
     }
 
+    /// The context of a reshape's operand `x` for the reshape `n` at `ctx`: each group of constant
+    /// axes ([`kfuse_ir::reshape_groups`]) takes the row-major position of its result coordinates
+    /// apart into the operand's axes (divisions by constants); a whole axis keeps its coordinate.
+    fn reshape_ctx(&mut self, n: NodeId, x: NodeId, ctx: &[Coord]) -> R<Vec<Coord>> {
+        let internal = |what| CodegenError::Internal { node: n.0, what };
+        let (from, to) = (self.g.node(x).shape.dims().to_vec(), self.g.node(n).shape.dims().to_vec());
+        let groups = kfuse_ir::reshape_groups(&from, &to).ok_or(internal("a reshape whose axes do not regroup"))?;
+        let konst = |d: &Dim| match d {
+            Dim::Const(c) => Ok(*c),
+            Dim::Sym(_) => Err(internal("a reshape splits or merges a symbolic axis")),
+        };
+        let mut out = Vec::with_capacity(from.len());
+        for grp in groups {
+            if grp.is_whole() {
+                out.push(ctx.get(grp.to.start).cloned().ok_or(internal("a reshape's context is short"))?);
+                continue;
+            }
+            let sizes = from[grp.from.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
+            // The group's row-major position among the result's axes: a constant, or an expression
+            // of the coordinates (and the loops they use).
+            let (mut flat, mut text, mut loops) = (0u64, String::new(), Vec::new());
+            let mut stride = 1u64;
+            let names: Vec<String> = grp
+                .to
+                .clone()
+                .filter_map(|t| match ctx.get(t) {
+                    Some(Coord::Value { name, loops: ls }) => {
+                        loops.extend(ls);
+                        Some(name.clone())
+                    }
+                    _ => None,
+                })
+                .collect();
+            let to_sizes = to[grp.to.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
+            let merged = match self.split_positions.get(&names) {
+                Some((sizes, p)) if names.len() == grp.to.len() && *sizes == to_sizes => Some(p.clone()),
+                _ => None,
+            };
+            for t in grp.to.clone().rev().filter(|_| merged.is_none()) {
+                let size = konst(&to[t])?;
+                let c = ctx.get(t).ok_or(internal("a reshape's context is short"))?;
+                match c {
+                    Coord::Const(k) => flat += k * stride,
+                    _ if size == 1 => {}
+                    c => {
+                        if let Coord::Loop(l) = c {
+                            loops.push(*l);
+                        }
+                        let e = self.coord(c);
+                        let term = if stride == 1 { e } else { format!("{stride} * {e}") };
+                        text = if text.is_empty() { term } else { format!("{term} + {text}") };
+                    }
+                }
+                stride *= size;
+            }
+            loops.sort_unstable();
+            loops.dedup();
+            let position = match (merged, text.is_empty(), flat) {
+                (Some(p), _, _) => Some(p),
+                (None, true, _) => None,
+                (None, false, 0) => Some(format!("({text})")),
+                (None, false, k) => Some(format!("({text} + {k})")),
+            };
+            let total: u64 = sizes.iter().product();
+            let mut inner = total;
+            for (m, &size) in sizes.iter().enumerate() {
+                inner /= size.max(1);
+                let coord = match &position {
+                    _ if size == 1 => Coord::Const(0),
+                    None => Coord::Const(flat / inner.max(1) % size),
+                    Some(p) => {
+                        let mut e = p.clone();
+                        if inner > 1 {
+                            e = format!("({e} / {inner})");
+                        }
+                        if m > 0 {
+                            e = format!("({e} % {size})");
+                        }
+                        Coord::Value { name: e, loops: loops.clone() }
+                    }
+                };
+                out.push(coord);
+            }
+            let parts = &out[out.len() - sizes.len()..];
+            if let (Some(p), true) = (position, parts.iter().all(|c| matches!(c, Coord::Value { .. }))) {
+                let names =
+                    parts
+                        .iter()
+                        .filter_map(|c| if let Coord::Value { name, .. } = c { Some(name.clone()) } else { None });
+                self.split_positions.insert(names.collect(), (sizes.clone(), p));
+            }
+        }
+        Ok(out)
+    }
+
     /// The row-major element offset of `ctx` in a tensor of shape `dims` (the flat index `i`
     /// directly when the tensor's leading axes are the domain).
     fn offset(&mut self, dims: &[Dim], ctx: &[Coord]) -> String {
@@ -624,6 +724,10 @@ impl<'a> Emitter<'a> {
             Op::Transpose { x, a, b } => {
                 let mut c = ctx;
                 c.swap(a as usize, b as usize);
+                tasks.push(Task::Eval(x, c));
+            }
+            Op::Reshape(x) => {
+                let c = self.reshape_ctx(n, x, &ctx)?;
                 tasks.push(Task::Eval(x, c));
             }
             Op::Stack(l) => self.start_stack(n, l, dims, ctx, tasks)?,

@@ -272,6 +272,7 @@ fn degree_of(g: &Graph, n: NodeId, crossing: &[NodeId], deg: impl Fn(NodeId) -> 
         | Op::Select { x, .. }
         | Op::Slice { x, .. }
         | Op::Transpose { x, .. }
+        | Op::Reshape(x)
         | Op::ExpandLast(x)
         | Op::Unsqueeze { x, .. } => deg(x),
         Op::Unary(UnaryOp::Neg, x) => deg(x),

@@ -297,6 +297,14 @@ fn eval_node(
             layout::strided(&mut o, &v.values, &shape, offset, &strides);
             fresh(o)
         }
+        Op::Reshape(x) => {
+            // Row-major values in another shape: the same values, shared.
+            let v = operand(x)?;
+            if v.values.len() != len || v.shape.iter().product::<usize>() != len {
+                return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
+            }
+            Value { shape: shape.clone(), values: Arc::clone(&v.values) }
+        }
         Op::Stack(list) => {
             let parts = graph.lists.get(list.0 as usize).ok_or_else(|| missing(NodeId(id)))?;
             let inner = &shape[..shape.len().saturating_sub(1)];

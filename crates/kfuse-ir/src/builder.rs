@@ -440,6 +440,85 @@ impl GraphBuilder {
         Ok(y)
     }
 
+    /// `reshape(x, dims)` (`torch.reshape`): `x`'s elements in row-major order in the shape
+    /// `dims`, where one `None` is the constant size that makes the element counts agree (torch's
+    /// `-1`). Constant axes split and merge freely; a symbolic axis stays whole, in the same order
+    /// among the symbolic axes (see [`crate::reshape_groups`]). A reshape of a reshape is one.
+    pub fn reshape(&mut self, x: NodeId, dims: &[Option<Dim>]) -> Result<NodeId, IrError> {
+        let (mut x, xs) = (x, self.node(x).shape.clone());
+        let shown = |b: &Self, d: &[Option<Dim>]| {
+            let parts: Vec<String> = d
+                .iter()
+                .map(|d| match d {
+                    None => "-1".to_string(),
+                    Some(d) => b.graph.shape_str(&Shape(vec![*d])).trim_matches(['[', ']']).to_string(),
+                })
+                .collect();
+            format!("[{}]", parts.join(", "))
+        };
+        let bad = |b: &Self, why: String| IrError::BadReshape { from: b.graph.shape_str(&xs), to: shown(b, dims), why };
+        let symbols = |d: &mut dyn Iterator<Item = Dim>| -> (Vec<Dim>, Option<u64>) {
+            let (mut syms, mut prod) = (Vec::new(), Some(1u64));
+            for d in d {
+                match d {
+                    Dim::Sym(_) => syms.push(d),
+                    Dim::Const(c) => prod = prod.and_then(|p| p.checked_mul(c)),
+                }
+            }
+            (syms, prod)
+        };
+        let (xsyms, xprod) = symbols(&mut xs.dims().iter().copied());
+        let (tsyms, tprod) = symbols(&mut dims.iter().flatten().copied());
+        if xsyms != tsyms {
+            return Err(bad(
+                self,
+                "its symbolic axes must stay whole and in order: only axes of constant size split or merge".into(),
+            ));
+        }
+        let (Some(xprod), Some(tprod)) = (xprod, tprod) else {
+            return Err(bad(self, "the element count overflows".into()));
+        };
+        let inferred = match dims.iter().filter(|d| d.is_none()).count() {
+            0 => None,
+            1 if tprod > 0 && xprod % tprod == 0 => Some(xprod / tprod),
+            1 => {
+                return Err(bad(
+                    self,
+                    format!("no size for -1 makes {tprod} x -1 elements of the constant axes equal {xprod}"),
+                ))
+            }
+            _ => return Err(bad(self, "at most one size may be -1".into())),
+        };
+        let to: Vec<Dim> = dims.iter().map(|d| d.unwrap_or(Dim::Const(inferred.unwrap_or(1)))).collect();
+        let Some(groups) = crate::reshape_groups(xs.dims(), &to) else {
+            let why = match inferred.map_or(tprod, |i| tprod * i) == xprod {
+                true => {
+                    "a symbolic axis would split or merge: only runs of constant axes between the symbolic ones regroup"
+                        .to_string()
+                }
+                false => format!(
+                    "the constant axes hold {xprod} elements here and {} there",
+                    inferred.map_or(tprod, |i| tprod * i)
+                ),
+            };
+            return Err(bad(self, why));
+        };
+        if xs.dims() == &to[..] || groups.is_empty() {
+            return Ok(x);
+        }
+        // A reshape of a reshape reads the first one's operand (the regrouping of the two).
+        if let Op::Reshape(inner) = self.node(x).op {
+            if crate::reshape_groups(self.node(inner).shape.dims(), &to).is_some() {
+                x = inner;
+                if self.node(inner).shape.dims() == &to[..] {
+                    return Ok(inner);
+                }
+            }
+        }
+        let dtype = self.node(x).dtype;
+        Ok(self.push(Node { op: Op::Reshape(x), dtype, shape: Shape(to) }))
+    }
+
     /// Axis `axis` of a tensor of shape `xs` (negative counts from the end), or the error of `op`.
     fn view_axis(&self, op: &'static str, axis: i64, xs: &Shape) -> Result<usize, IrError> {
         let rank = xs.rank();
@@ -983,6 +1062,7 @@ fn prune_dead(g: Graph) -> Graph {
             Op::Slice { x, axis, start, step } => Op::Slice { x: r(x), axis, start, step },
             Op::Transpose { x, a, b } => Op::Transpose { x: r(x), a, b },
             Op::ExpandLast(x) => Op::ExpandLast(r(x)),
+            Op::Reshape(x) => Op::Reshape(r(x)),
             Op::Rand { seed } => Op::Rand { seed: r(seed) },
             Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: r(x), axes },
             Op::Gather { x, index, axis } => Op::Gather { x: r(x), index: r(index), axis },

@@ -28,6 +28,8 @@ pub enum IrError {
     RandSeedShape { shape: String },
     #[error("`{op}` on axis {axis} of shape {shape}: {why}")]
     BadView { op: &'static str, axis: i64, shape: String, why: String },
+    #[error("`reshape` from {from} to {to}: {why}")]
+    BadReshape { from: String, to: String, why: String },
     #[error("`stack` needs at least one part")]
     EmptyStack,
     #[error("duplicate name `{0}`")]

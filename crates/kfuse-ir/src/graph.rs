@@ -400,6 +400,10 @@ pub enum Op {
     Stack(ListId),
     /// `x[.., None]`: a new last axis of size 1.
     ExpandLast(NodeId),
+    /// `torch.reshape`: the operand's elements in row-major order, in the node's shape. Its
+    /// axes split and merge in groups of constant axes ([`crate::reshape_groups`]); a symbolic
+    /// axis stays whole.
+    Reshape(NodeId),
     /// New axes of size 1 at the result's axes whose bit is set in `axes` (bit `a` = axis `a` of
     /// the result), the operand's axes filling the others in order (`torch.unsqueeze`, several
     /// at once). The gradient of a reduction over inner axes puts them back with it.
@@ -438,6 +442,7 @@ impl Op {
             | Op::Slice { x, .. }
             | Op::Transpose { x, .. }
             | Op::ExpandLast(x)
+            | Op::Reshape(x)
             | Op::Unsqueeze { x, .. }
             | Op::Rand { seed: x } => f(x),
             Op::Binary(_, a, b) => {
@@ -658,6 +663,7 @@ impl std::fmt::Display for Graph {
                     format!("stack({})", parts.join(", "))
                 }
                 Op::ExpandLast(x) => format!("v{}[.., None]", x.0),
+                Op::Reshape(x) => format!("reshape(v{}, {})", x.0, n.shape.display(&self.symbols)),
                 Op::Unsqueeze { x, axes } => format!("unsqueeze(v{}, axis: {})", x.0, axis_list(axes, n.shape.rank())),
                 Op::Gather { x, index, axis } => format!("gather(v{}, v{}, axis: {axis})", x.0, index.0),
                 Op::Reduce { op, axis, x, mask } => {

@@ -34,6 +34,6 @@ pub use graph::{
 };
 pub use hash::GraphHash;
 pub use interface::{Interface, LayoutConstraint, MinSize, TensorDecl};
-pub use shape::{broadcast_shapes, Dim, Shape, SymId};
+pub use shape::{broadcast_shapes, reshape_groups, Dim, ReshapeGroup, Shape, SymId};
 pub use tensor::{HostTensor, SymbolBindings, TensorData};
 pub use verify::verify;

@@ -146,6 +146,9 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                     && parts.iter().all(|&p| node(p).shape.broadcasts_to(&n.shape.without_last()))
             }
             Op::ExpandLast(x) => node(x).shape.with_last(Dim::Const(1)) == n.shape && node(x).dtype == n.dtype,
+            Op::Reshape(x) => {
+                crate::reshape_groups(node(x).shape.dims(), n.shape.dims()).is_some() && node(x).dtype == n.dtype
+            }
             Op::Unsqueeze { x, axes } => {
                 axes != 0 && node(x).shape.unsqueezed(axes).as_ref() == Some(&n.shape) && node(x).dtype == n.dtype
             }

@@ -184,6 +184,7 @@ impl Lowerer<'_> {
                 self.b.rand(shape, sn).map_err(|e| self.ir_report(e, seed.span, &[]))
             }
             "transpose" | "permute" => self.permute(func, args, span),
+            "reshape" => self.reshape(func, args, span),
             "softmax" | "log_softmax" => self.softmax(func, args, span),
             "cat" => self.cat(func, args, span),
             "argmax" | "argmin" => self.arg_extremum(func, args, span),
@@ -450,6 +451,47 @@ impl Lowerer<'_> {
             self.b.permute(x, &perm)
         };
         r.map_err(|e| self.ir_report(e, span, &[]))
+    }
+
+    /// `reshape(x, [B, N, 4, 16])` (`torch.reshape`): the shape as a list of dimension symbols and
+    /// integer sizes, one of which may be `-1` (the constant size that keeps the element count).
+    fn reshape(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let expected = "reshape(x, [B, N, 4, 16]): dimension symbols and sizes (one may be -1), the symbolic axes whole and in order";
+        let a = split(func, args, &[])?;
+        let [x, shape] = exact(func, &a, span, expected)?;
+        let items: Vec<&Expr> = match &shape.kind {
+            ExprKind::List(items) => items.iter().collect(),
+            _ => vec![shape],
+        };
+        let mut dims = Vec::with_capacity(items.len());
+        for e in items {
+            let d = match &e.kind {
+                ExprKind::Int(v) if *v >= 0 => Some(Dim::Const(*v as u64)),
+                ExprKind::Neg(inner) if matches!(inner.kind, ExprKind::Int(1)) => None,
+                ExprKind::Name(n) => match self.b.graph().symbol(n) {
+                    Some(sym) => Some(Dim::Sym(sym)),
+                    None => {
+                        return Err(Report::new(
+                            DiagnosticKind::Shape,
+                            e.span,
+                            format!("`{n}` is not a dimension symbol of any input"),
+                        )
+                        .expected(expected))
+                    }
+                },
+                _ => {
+                    return Err(Report::new(
+                        DiagnosticKind::Shape,
+                        e.span,
+                        "a size of `reshape` must be a dimension symbol, a size >= 0 or -1",
+                    )
+                    .expected(expected))
+                }
+            };
+            dims.push(d);
+        }
+        let xn = self.expr(x)?;
+        self.b.reshape(xn, &dims).map_err(|e| self.ir_report(e, span, &[xn]))
     }
 
     /// `argmax(x, axis: A)` / `argmin(x, axis: A, keepdim: true)`: `torch.argmax` / `argmin`

@@ -11,5 +11,5 @@ pub(crate) const FUNCTIONS: &[&str] = &[
     "log1p", "expm1", "sign", "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos",
     "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "remainder", "floor_div", "fma", "bitwise_and", "bitwise_or", "bitwise_xor",
     "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "iota", "stack", "gather",
-    "detach", "softmax", "log_softmax", "rand_like", "transpose", "permute", "cat", "argmax", "argmin", "prod",
+    "detach", "softmax", "log_softmax", "rand_like", "transpose", "permute", "reshape", "cat", "argmax", "argmin", "prod",
 ];

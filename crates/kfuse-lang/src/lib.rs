@@ -67,7 +67,9 @@
 //! must be constants `>= 0` and a slice needs its end (`x[.., 0:8]`, `x[.., :]` is the whole
 //! axis), so that the result's size is constant: a size below the last element read is an error
 //! when inputs are bound (interpreter and GPU alike). `transpose(x, a, b)` swaps two axes and
-//! `permute(x, [2, 0, 1])` reorders them (PyTorch's). Gradients flow through every view.
+//! `permute(x, [2, 0, 1])` reorders them (PyTorch's); `reshape(x, [B, N, 4, 16])` splits and merges
+//! axes of constant size in row-major order, symbolic axes whole and in order (one size may be
+//! `-1`). Gradients flow through every view.
 //!
 //! `gather(x, index, axis: A)` is `torch.gather(x, A, index)` (`axis:` one integer literal,
 //! negative from the end, the last when left out): `index` is `i32` or `i64`, has `x`'s rank and

@@ -367,6 +367,7 @@ impl<'s> Lowerer<'s> {
             | IrError::GatherShape { .. }
             | IrError::RandSeedShape { .. }
             | IrError::BadView { .. }
+            | IrError::BadReshape { .. }
             | IrError::EmptyStack => DiagnosticKind::Shape,
             IrError::BadDType { .. } | IrError::KindMismatch { .. } | IrError::BadConstraint { .. } => {
                 DiagnosticKind::Type
@@ -408,6 +409,7 @@ impl<'s> Lowerer<'s> {
             IrError::BadView { .. } => {
                 "a slice start:end:step with a positive step; on an axis of symbolic size, constant bounds >= 0 and an end, as in x[.., 0:8]".into()
             }
+            IrError::BadReshape { .. } => "a shape with the same elements whose symbolic axes stay whole and in order, constant axes splitting or merging between them, as in reshape(x, [B, N, 4, 16]) for x: f32[B, N, 64]".into(),
             IrError::DuplicateName(_) => "a name that is not used yet".into(),
             IrError::BadAxis { rank: 0, .. } => "no axis: a scalar reduces over every element, as in sum(x)".into(),
             IrError::BadAxis { rank, .. } => format!(

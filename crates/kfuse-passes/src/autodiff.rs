@@ -157,6 +157,7 @@ fn describe(b: &GraphBuilder, id: NodeId) -> String {
         Op::Transpose { .. } => "transpose",
         Op::Stack(_) => "stack",
         Op::ExpandLast(_) => "x[.., None]",
+        Op::Reshape(_) => "reshape",
         Op::Unsqueeze { .. } => "unsqueeze",
         Op::Gather { .. } => "gather",
         Op::Reduce { op, .. } => op.name(),
@@ -382,6 +383,17 @@ impl Step<'_, '_> {
                 let out = self.node.shape.clone();
                 let g = self.em.broadcast_to(self.g, &out)?;
                 let c = self.em.b.transpose(g, i64::from(a), i64::from(b))?;
+                self.send_exact(x, c)
+            }
+            Op::Reshape(x) => {
+                // The gradient in the result's shape, read back in the operand's.
+                if !self.is_active(x) || self.em.is_zero(self.g) {
+                    return Ok(());
+                }
+                let (out, xs) = (self.node.shape.clone(), self.em.shape(x));
+                let g = self.em.broadcast_to(self.g, &out)?;
+                let dims: Vec<Option<Dim>> = xs.dims().iter().map(|&d| Some(d)).collect();
+                let c = self.em.b.reshape(g, &dims)?;
                 self.send_exact(x, c)
             }
             Op::Reduce { op, axis, x, mask } => self.reduce(op, axis, x, mask),

@@ -340,8 +340,19 @@ fn programs_found_by_fuzzing_pass() {
 fn the_generator_writes_every_form_of_the_language_it_covers() {
     // Over a fixed set of seeds, each form appears at least once (the generator's coverage).
     let sources: Vec<String> = (0..3000u64).map(|s| program::generate(s).source).collect();
-    for form in ["transpose(", "permute(", "cat([", "argmax(", "argmin(", "rand_like(", "prod(", ":1]", ":2]", "grad("]
-    {
+    for form in [
+        "transpose(",
+        "permute(",
+        "reshape(",
+        "cat([",
+        "argmax(",
+        "argmin(",
+        "rand_like(",
+        "prod(",
+        ":1]",
+        ":2]",
+        "grad(",
+    ] {
         assert!(sources.iter().any(|s| s.contains(form)), "no generated program writes {form:?}");
     }
     // A flat argmax (no axis) and one along an axis.

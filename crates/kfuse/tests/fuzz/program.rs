@@ -3,7 +3,7 @@
 //! from elementwise arithmetic, comparisons, logic, `where`, `clamp`, `pow`, math functions,
 //! `atan2`, `remainder`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all or last axis, with or without
 //! `where:`, `prod` included), `argmax`/`argmin` (along the last axis or flat), `rand_like`,
-//! views (`transpose`, `permute`, slices of a constant last axis), `cat` along a constant last
+//! views (`transpose`, `permute`, slices of a constant last axis, `reshape` splitting and merging one), `cat` along a constant last
 //! axis, `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
 //!
 //! The generator tracks each value's shape and kind so that what it writes type-checks; where its
@@ -289,7 +289,21 @@ impl Gen {
     /// axis (symbolic axes are never sliced: their sizes may be 0 at run time).
     fn view(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
         let rank = a.shape.len();
-        match self.rng.random_range(0..3) {
+        match self.rng.random_range(0..4) {
+            3 => {
+                // A constant last axis split in two, the halves' axes swapped and merged again: a
+                // permutation of its columns through `reshape`.
+                let (&last, lead) = a.shape.split_last()?;
+                let size: usize = last.parse().ok().filter(|&n| n >= 4 && n % 2 == 0)?;
+                let lead = lead.join(", ");
+                let sep = if lead.is_empty() { "" } else { ", " };
+                let text = format!(
+                    "reshape(transpose(reshape({}, [{lead}{sep}2, {}]), -1, -2), [{lead}{sep}{size}])",
+                    a.name,
+                    size / 2
+                );
+                Some((text, a.shape.clone(), a.kind))
+            }
             0 if rank >= 2 => {
                 let mut shape = a.shape.clone();
                 shape.swap(0, 1);
