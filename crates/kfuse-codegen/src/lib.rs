@@ -83,7 +83,7 @@ mod sinks;
 mod tail;
 mod text;
 
-use kfuse_ir::{verify, Graph, Kind};
+use kfuse_ir::{verify, Graph, Kind, NodeId, Op};
 
 pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
@@ -100,6 +100,28 @@ use emit::{temp_dtype, Emitter, Mode};
 /// code may have: about 100 MB of CUDA source. Past it, planning stops with
 /// [`CodegenError::TooLarge`] instead of using ever more time and memory.
 pub const MAX_KERNEL_VALUES: u32 = 2_000_000;
+
+/// The graph whose kernels compute `graph`'s outputs, where it differs: an output that is a
+/// reshape of a tensor computed in the graph stores that tensor instead (the same elements in the
+/// same row-major order, so the same bytes in the output's buffer), so that its kernel's domain is
+/// the tensor's shape (a softmax over attention heads keeps its rows, written as one row of the
+/// merged heads). `None` when no output is such a reshape.
+fn stores_through_reshapes(graph: &Graph) -> Option<Graph> {
+    let through = |node: NodeId| match graph.node(node).op {
+        Op::Reshape(x) if !graph.node(x).shape.is_scalar() && !graph.node(node).shape.is_scalar() => Some(x),
+        _ => None,
+    };
+    if graph.outputs.iter().all(|o| through(o.node).is_none()) {
+        return None;
+    }
+    let mut g = graph.clone();
+    for o in &mut g.outputs {
+        if let Some(x) = through(o.node) {
+            o.node = x;
+        }
+    }
+    Some(g)
+}
 
 /// Plans and generates the kernels that compute every output of `graph`.
 ///
@@ -119,8 +141,10 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }
+    let (interface, hash) = (kfuse_ir::Interface::of(graph), graph.stable_hash());
+    let stored = stores_through_reshapes(graph);
+    let graph = stored.as_ref().unwrap_or(graph);
     let mut an = analysis::analyse(graph, true)?;
-    let hash = graph.stable_hash();
 
     let mut buffers = Vec::new();
     for (i, inp) in graph.inputs.iter().enumerate() {
@@ -317,7 +341,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         let f = kernel::emit_kernel(graph, (&an, None, Some(fold)), k, launched, opts, &hash, &index)?;
         kernels[k].fold = Some(FoldEntry { source: f.source, entry: f.name, params: f.params, after });
     }
-    Ok(Plan { graph_hash: hash, interface: kfuse_ir::Interface::of(graph), buffers, kernels })
+    Ok(Plan { graph_hash: hash, interface, buffers, kernels })
 }
 
 /// Emits `__device__ __forceinline__ float fn_name(float in0, ...)` computing the single scalar

@@ -5,9 +5,12 @@
 
 use std::sync::Arc;
 
-use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
+use kfuse::{DType, Engine, KernelCache, Program};
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
+
+mod common;
+use common::{compare, get, iota, program, t};
 
 /// Splits and merges of constant axes, beside symbolic ones.
 const VALUES: &str = "\
@@ -34,26 +37,9 @@ output dx = grad(loss, x)
 output dw = grad(loss, w)
 ";
 
-fn program(src: &str) -> Program {
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    Program::compile(&engine, src, "reshape.kf").unwrap_or_else(|e| panic!("compiles: {e}"))
-}
-
-fn t(shape: &[usize], v: &[f64]) -> HostTensor {
-    HostTensor::from_f64(DType::F32, shape.to_vec(), v)
-}
-
-fn iota(n: usize) -> Vec<f64> {
-    (0..n).map(|i| i as f64).collect()
-}
-
-fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
-    out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
-}
-
 #[test]
 fn reshapes_keep_the_row_major_order() {
-    let p = program(VALUES);
+    let p = program(VALUES, "reshape.kf");
     let out = p.run_cpu(&[("x", &t(&[2, 12], &iota(24))), ("y", &t(&[2, 3, 4], &iota(24)))]).expect("runs");
     assert_eq!(get(&out, "heads"), (vec![2, 3, 4], iota(24)));
     assert_eq!(get(&out, "pairs"), (vec![2, 6, 2], iota(24)));
@@ -67,6 +53,7 @@ fn reshapes_keep_the_row_major_order() {
 fn a_reshape_of_a_reshape_is_one_and_the_identity_is_none() {
     let p = program(
         "input x: f32[B, 12]\noutput y = reshape(reshape(x, [B, 2, 6]), [B, 3, 4])\noutput z = reshape(x, [B, 12])\n",
+        "reshape.kf",
     );
     let g = p.graph();
     let reshapes = g.nodes.iter().filter(|n| matches!(n.op, kfuse_ir::Op::Reshape(_))).count();
@@ -77,7 +64,7 @@ fn a_reshape_of_a_reshape_is_one_and_the_identity_is_none() {
 
 #[test]
 fn heads_softmax_gradients_match_finite_differences() {
-    let p = program(HEADS);
+    let p = program(HEADS, "reshape.kf");
     let (b, n) = (2usize, 1usize);
     let x: Vec<f64> = (0..b * n * 64).map(|i| ((i * 37 % 23) as f64 - 11.0) * 0.1).collect();
     let w: Vec<f64> = (0..16).map(|i| 0.5 + 0.1 * i as f64).collect();
@@ -135,11 +122,40 @@ fn reshapes_that_split_a_symbolic_axis_or_change_the_count_are_clear_errors() {
     }
 }
 
+/// A softmax over each head's columns, written as one row of the merged heads.
+const MERGED_HEADS: &str = "\
+input x: f32[B, N, 64]
+output probs = reshape(softmax(reshape(x, [B, N, 4, 16]), axis: -1), [B, N, 64])
+";
+
+#[test]
+fn an_output_that_merges_heads_is_stored_by_the_kernel_of_the_heads_rows() {
+    // The output's bytes are the heads' values in order: the kernel's domain is the heads' rows
+    // (each row's maximum and sum once), not the merged axis (each element re-reducing its head).
+    let p = program(MERGED_HEADS, "reshape.kf");
+    let notes: Vec<&str> = p.plan().kernels.iter().flat_map(|k| k.plan_notes()).collect();
+    assert!(notes.iter().any(|n| n.starts_with("[B, N, 4, 16] elements; rows of the last reduced axis")), "{notes:#?}");
+    let (b, n) = (2usize, 3usize);
+    let x: Vec<f64> = (0..b * n * 64).map(|i| ((i * 13 % 17) as f64 - 8.0) * 0.25).collect();
+    let out = p.run_cpu(&[("x", &t(&[b, n, 64], &x))]).expect("runs");
+    let (shape, probs) = get(&out, "probs");
+    assert_eq!(shape, vec![b, n, 64], "the declared shape of the output");
+    for (head, (got, xs)) in probs.chunks(16).zip(x.chunks(16)).enumerate() {
+        let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+        for (k, (g, v)) in got.iter().zip(xs).enumerate() {
+            let want = (v - m).exp() / sum;
+            assert!((g - want).abs() <= 1e-6, "head {head} column {k}: {g}, want {want}");
+        }
+    }
+}
+
 /// Programs whose kernels read reshaped values in each planner shape: elementwise, row reductions
 /// of a reshaped tensor (row-wise kernels), a column reduction, and gradients.
 const KERNELS: &[&str] = &[
     VALUES,
     HEADS,
+    MERGED_HEADS,
     "input x: f32[R, 48]\nlet h = reshape(x, [R, 3, 16])\noutput cs = sum(h, axis: 0)\n\
      output m = max(reshape(x, [R, 6, 8]), axis: -1)\noutput total = sum(reshape(x, [R, 2, 24]) * 0.5)\n",
 ];
@@ -150,7 +166,7 @@ fn kernels_reading_reshapes_compile_for_sm80_and_sm90() {
         return;
     }
     for src in KERNELS {
-        let p = program(src);
+        let p = program(src, "reshape.kf");
         for k in &p.plan().kernels {
             kfuse_testing::assert_compiles_for_sm80_and_sm90("reshape", &k.name, &k.source);
         }
@@ -162,31 +178,26 @@ fn a_gpu_reads_reshapes_like_the_interpreter_at_odd_sizes() {
     let Some(gpu) = gpu_or_skip("a_gpu_reads_reshapes_like_the_interpreter_at_odd_sizes") else { return };
     let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
     println!("seed {seed} (KFUSE_TEST_SEED replays it)");
-    let values = program(VALUES);
+    let values = program(VALUES, "reshape.kf");
     for (k, b) in [1, 3, 33, 1025].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[b, 12], seed + k as u64);
         let y = random_tensor(DType::F32, &[2, 3, 4], seed + 50 + k as u64);
-        compare(&values, gpu.ordinal(), &[("x", &x), ("y", &y)], &format!("values [{b}, 12]"));
+        compare(&values, gpu.ordinal(), &[("x", &x), ("y", &y)], &format!("values [{b}, 12]"), 1e-4);
     }
-    let heads = program(HEADS);
+    let heads = program(HEADS, "reshape.kf");
     for (k, (b, n)) in [(1, 1), (3, 5), (33, 31), (2, 1023)].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[b, n, 64], seed + 100 + k as u64);
         let w = random_tensor(DType::F32, &[16], seed + 150 + k as u64);
-        compare(&heads, gpu.ordinal(), &[("x", &x), ("w", &w)], &format!("heads [{b}, {n}, 64]"));
+        compare(&heads, gpu.ordinal(), &[("x", &x), ("w", &w)], &format!("heads [{b}, {n}, 64]"), 1e-4);
     }
-    let rows = program(KERNELS[2]);
+    let merged = program(MERGED_HEADS, "reshape.kf");
+    for (k, (b, n)) in [(1, 1), (3, 31), (1025, 3)].into_iter().enumerate() {
+        let x = random_tensor(DType::F32, &[b, n, 64], seed + 170 + k as u64);
+        compare(&merged, gpu.ordinal(), &[("x", &x)], &format!("merged heads [{b}, {n}, 64]"), 1e-4);
+    }
+    let rows = program(KERNELS[3], "reshape.kf");
     for (k, r) in [1, 3, 255, 4097].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[r, 48], seed + 200 + k as u64);
-        compare(&rows, gpu.ordinal(), &[("x", &x)], &format!("rows [{r}, 48]"));
-    }
-}
-
-fn compare(p: &Program, ordinal: usize, inputs: &[(&str, &HostTensor)], what: &str) {
-    let want = p.run_cpu(inputs).expect("the interpreter runs");
-    let got = p.run_gpu(ordinal, inputs).expect("the GPU runs");
-    for ((name, w), (_, g)) in want.iter().zip(&got) {
-        assert_eq!(g.shape, w.shape, "{what} {name}");
-        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
-        assert!(err <= 1e-4, "{what} {name}: error {err}");
+        compare(&rows, gpu.ordinal(), &[("x", &x)], &format!("rows [{r}, 48]"), 1e-4);
     }
 }
