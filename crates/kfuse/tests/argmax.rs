@@ -8,6 +8,9 @@ use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
+mod common;
+use common::{get, program};
+
 const ARGS: &str = "\
 input x: f32[R, C]
 input k: i32[R, C]
@@ -18,15 +21,6 @@ output flat = argmax(x)
 output flat_min = argmin(k)
 output kept = argmin(x, keepdim: true)
 ";
-
-fn program(src: &str) -> Program {
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    Program::compile(&engine, src, "argmax.kf").unwrap_or_else(|e| panic!("compiles: {e}"))
-}
-
-fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
-    out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
-}
 
 #[test]
 fn argmax_and_argmin_give_torchs_first_position_with_ties_nan_and_infinities() {
@@ -40,7 +34,7 @@ fn argmax_and_argmin_give_torchs_first_position_with_ties_nan_and_infinities() {
     let ks = [3.0, 7.0, 7.0, 1.0, -4.0, -4.0, -9.0, 0.0, 2.0, 2.0, 2.0, 2.0];
     let x = HostTensor::from_f64(DType::F32, vec![3, 4], &xs);
     let k = HostTensor::from_f64(DType::I32, vec![3, 4], &ks);
-    let out = program(ARGS).run_cpu(&[("x", &x), ("k", &k)]).expect("runs");
+    let out = program(ARGS, "argmax.kf").run_cpu(&[("x", &x), ("k", &k)]).expect("runs");
     let (shape, last) = get(&out, "last");
     assert_eq!(shape, vec![3]);
     assert_eq!(last, vec![1.0, 0.0, 3.0]);
@@ -59,7 +53,7 @@ fn argmax_and_argmin_give_torchs_first_position_with_ties_nan_and_infinities() {
     // Without NaN: the flat index of the first maximum (-inf and inf included).
     let finite =
         HostTensor::from_f64(DType::F32, vec![3, 4], &[1.0, 5.0, 9.0, -2.0, 9.0, 3.0, 0.0, 9.0, -inf, 7.0, 0.0, -inf]);
-    let out = program(ARGS).run_cpu(&[("x", &finite), ("k", &k)]).expect("runs");
+    let out = program(ARGS, "argmax.kf").run_cpu(&[("x", &finite), ("k", &k)]).expect("runs");
     assert_eq!(get(&out, "flat"), (vec![], vec![2.0]));
     assert_eq!(get(&out, "kept"), (vec![1, 1], vec![8.0]));
     assert!(out.iter().all(|(_, t)| t.dtype() == DType::I64), "every result is i64");
@@ -90,7 +84,7 @@ fn argmax_kernels_compile_for_sm80_and_sm90() {
     if nvrtc_or_skip("argmax_kernels_compile_for_sm80_and_sm90").is_none() {
         return;
     }
-    for k in &program(ARGS).plan().kernels {
+    for k in &program(ARGS, "argmax.kf").plan().kernels {
         kfuse_testing::assert_compiles_for_sm80_and_sm90("argmax", &k.name, &k.source);
     }
 }
@@ -100,7 +94,7 @@ fn a_gpu_argmax_matches_the_interpreter_at_odd_sizes() {
     let Some(gpu) = gpu_or_skip("a_gpu_argmax_matches_the_interpreter_at_odd_sizes") else { return };
     let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xa4a);
     println!("seed {seed} (KFUSE_TEST_SEED replays it)");
-    let p = program(ARGS);
+    let p = program(ARGS, "argmax.kf");
     // Rows in registers (64), read from memory (37, 5003); one row; ties from a small range of ints.
     for (i, (r, c)) in [(1usize, 64usize), (3, 37), (255, 64), (9, 5003)].into_iter().enumerate() {
         let s = seed + 10 * i as u64;

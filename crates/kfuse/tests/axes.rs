@@ -2,11 +2,12 @@
 //! gradient) end to end: hand values on the CPU, the kernels compiled by NVRTC (skips without
 //! libnvrtc), and the GPU against the interpreter at odd sizes (skips without a GPU).
 
-use std::sync::Arc;
-
-use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
+use kfuse::{DType, HostTensor};
 use kfuse_runtime::{compile, testing::nvrtc_or_skip, Arch, CompileOptions};
 use kfuse_testing::{gpu_or_skip, random_tensor};
+
+mod common;
+use common::{compare, program, t};
 
 const RANK3: &str = "\
 input x: f32[B, N, D]
@@ -29,18 +30,9 @@ output loss = sum(y * y)
 output dbias = grad(loss, bias)
 ";
 
-fn program(src: &str) -> Program {
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    Program::compile(&engine, src, "axes.kf").expect("compiles")
-}
-
-fn t(shape: &[usize], v: &[f64]) -> HostTensor {
-    HostTensor::from_f64(DType::F32, shape.to_vec(), v)
-}
-
 #[test]
 fn column_middle_and_list_reductions_give_the_hand_values() {
-    let p = program(RANK3);
+    let p = program(RANK3, "axes.kf");
     // x[b, n, d] = 4b + 2n + d over [2, 2, 2]; m masks n = 1, d = 0 out.
     let x: Vec<f64> = (0..8).map(f64::from).collect();
     let m = HostTensor::from_f64(DType::Bool, vec![2, 2], &[1.0, 1.0, 0.0, 1.0]);
@@ -53,7 +45,7 @@ fn column_middle_and_list_reductions_give_the_hand_values() {
     assert_eq!(get("cnt"), (vec![2], vec![1.0, 2.0]));
     // mean over [0, 1] keeps [1, 1, 2]: 3 for d = 0 and 4 for d = 1.
     assert_eq!(get("centered"), (vec![2, 2, 2], vec![-3.0, -3.0, -1.0, -1.0, 1.0, 1.0, 3.0, 3.0]));
-    let p = program(COLUMNS);
+    let p = program(COLUMNS, "axes.kf");
     let out =
         p.run_cpu(&[("x", &t(&[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])), ("bias", &t(&[2], &[0.5, -1.0]))]).unwrap();
     let get = |name: &str| out.iter().find(|(n, _)| n == name).map(|(_, v)| v.to_f64()).unwrap();
@@ -69,7 +61,7 @@ fn column_reduction_kernels_compile_for_sm80_and_sm90() {
         return;
     }
     for src in [RANK3, COLUMNS] {
-        let p = program(src);
+        let p = program(src, "axes.kf");
         let source = p.cuda_source();
         assert!(source.contains("over axes [0"), "a column loop is emitted:\n{source}");
         for k in &p.plan().kernels {
@@ -85,28 +77,17 @@ fn column_reduction_kernels_compile_for_sm80_and_sm90() {
 #[test]
 fn a_gpu_reduces_any_axes_like_the_interpreter_at_odd_sizes() {
     let Some(gpu) = gpu_or_skip("a_gpu_reduces_any_axes_like_the_interpreter_at_odd_sizes") else { return };
-    let rank3 = program(RANK3);
+    let rank3 = program(RANK3, "axes.kf");
     for (seed, (b, n, d)) in [(1, 1, 1), (3, 1, 33), (1, 33, 3), (33, 3, 1), (3, 33, 33)].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[b, n, d], seed as u64);
         let m = random_tensor(DType::Bool, &[n, d], seed as u64 + 100);
-        compare(&rank3, gpu.ordinal(), &[("x", &x), ("m", &m)], &format!("[{b}, {n}, {d}]"));
+        compare(&rank3, gpu.ordinal(), &[("x", &x), ("m", &m)], &format!("[{b}, {n}, {d}]"), 1e-5);
     }
-    let columns = program(COLUMNS);
+    let columns = program(COLUMNS, "axes.kf");
     for (seed, (r, c)) in [(1, 1), (1, 3), (3, 1), (33, 3), (1023, 33), (3, 1023), (1023, 1023)].into_iter().enumerate()
     {
         let x = random_tensor(DType::F32, &[r, c], seed as u64 + 7);
         let bias = random_tensor(DType::F32, &[c], seed as u64 + 9);
-        compare(&columns, gpu.ordinal(), &[("x", &x), ("bias", &bias)], &format!("[{r}, {c}]"));
-    }
-}
-
-fn compare(p: &Program, ordinal: usize, inputs: &[(&str, &HostTensor)], what: &str) {
-    let want = p.run_cpu(inputs).expect("the interpreter runs");
-    let got = p.run_gpu(ordinal, inputs).expect("the GPU runs");
-    for ((name, w), (_, g)) in want.iter().zip(&got) {
-        assert_eq!(g.shape, w.shape, "{what} {name}");
-        // Both accumulate in f64; the results differ by the f32 rounding of the stored values.
-        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
-        assert!(err <= 1e-5, "{what} {name}: error {err}\n gpu {:?}\n cpu {:?}", g.to_f64(), w.to_f64());
+        compare(&columns, gpu.ordinal(), &[("x", &x), ("bias", &bias)], &format!("[{r}, {c}]"), 1e-5);
     }
 }

@@ -8,6 +8,9 @@ use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
+mod common;
+use common::{get, program};
+
 /// Parts joined along the first, a middle and the last axis, of mixed dtypes, with a gradient.
 const CATS: &str = "\
 input a: f32[B, 2, 3]
@@ -19,15 +22,6 @@ output last = cat([b, c, b * 2.0], axis: -1)
 output first = cat([d, d * 3.0], axis: 0)
 output da = grad(sum(cat([a, b], axis: 1) * cat([b, a], axis: 1)), a)
 ";
-
-fn program(src: &str) -> Program {
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    Program::compile(&engine, src, "cat.kf").unwrap_or_else(|e| panic!("compiles: {e}"))
-}
-
-fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
-    out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
-}
 
 /// Element `(i, j, k)` of a row-major `[_, n1, n2]` tensor.
 fn at(v: &[f64], n1: usize, n2: usize, i: usize, j: usize, k: usize) -> f64 {
@@ -47,7 +41,7 @@ fn cat_joins_the_parts_along_any_axis_and_its_gradient_splits_the_upstream_one()
         ("d", HostTensor::from_f64(DType::F32, vec![2, 3], &av[..6])),
     ];
     let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (*n, t)).collect();
-    let out = program(CATS).run_cpu(&named).expect("runs");
+    let out = program(CATS, "cat.kf").run_cpu(&named).expect("runs");
     let (shape, rows) = get(&out, "rows");
     assert_eq!(shape, vec![bsz, 6, 3]);
     let (shape, last) = get(&out, "last");
@@ -116,7 +110,7 @@ fn kernels_reading_cats_compile_for_sm80_and_sm90() {
     if nvrtc_or_skip("kernels_reading_cats_compile_for_sm80_and_sm90").is_none() {
         return;
     }
-    let p = program(CATS);
+    let p = program(CATS, "cat.kf");
     for k in &p.plan().kernels {
         kfuse_testing::assert_compiles_for_sm80_and_sm90("cat", &k.name, &k.source);
     }
@@ -127,7 +121,7 @@ fn a_gpu_cat_matches_the_interpreter_at_odd_sizes() {
     let Some(gpu) = gpu_or_skip("a_gpu_cat_matches_the_interpreter_at_odd_sizes") else { return };
     let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xca7);
     println!("seed {seed} (KFUSE_TEST_SEED replays it)");
-    let p = program(CATS);
+    let p = program(CATS, "cat.kf");
     for (k, b) in [1usize, 3, 255, 1023].into_iter().enumerate() {
         let s = seed + 10 * k as u64;
         let (a, bb, c) = (

@@ -9,6 +9,9 @@ use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::gpu_or_skip;
 
+mod common;
+use common::{get, program};
+
 const PRODUCTS: &str = "\
 input x: f32[R, C]
 output rows = prod(x, axis: -1)
@@ -24,15 +27,6 @@ output dx = grad(sum(prod(x, axis: -1) * w), x)
 output dcols = grad(sum(prod(x, axis: 0)), x)
 ";
 
-fn program(src: &str) -> Program {
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    Program::compile(&engine, src, "prod.kf").unwrap_or_else(|e| panic!("compiles: {e}"))
-}
-
-fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
-    out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
-}
-
 #[rustfmt::skip]
 const X: [f64; 12] = [
     1.0, 2.0, 3.0, 4.0,   // no zero
@@ -43,7 +37,7 @@ const X: [f64; 12] = [
 #[test]
 fn prod_multiplies_along_any_axis_over_everything_and_under_a_mask() {
     let x = HostTensor::from_f64(DType::F32, vec![3, 4], &X);
-    let out = program(PRODUCTS).run_cpu(&[("x", &x)]).expect("runs");
+    let out = program(PRODUCTS, "prod.kf").run_cpu(&[("x", &x)]).expect("runs");
     assert_eq!(get(&out, "rows"), (vec![3], vec![24.0, 0.0, 0.0]));
     assert_eq!(get(&out, "cols"), (vec![1, 4], vec![0.0, 0.0, 7.5, -12.0]));
     assert_eq!(get(&out, "all"), (vec![], vec![0.0]));
@@ -51,7 +45,7 @@ fn prod_multiplies_along_any_axis_over_everything_and_under_a_mask() {
     assert_eq!(get(&out, "positive"), (vec![3], vec![24.0, 1.0, 5.0]));
     // The product of nothing is 1.
     let empty = HostTensor::from_f64(DType::F32, vec![2, 0], &[]);
-    let out = program(PRODUCTS).run_cpu(&[("x", &empty)]).expect("runs");
+    let out = program(PRODUCTS, "prod.kf").run_cpu(&[("x", &empty)]).expect("runs");
     assert_eq!(get(&out, "rows"), (vec![2], vec![1.0, 1.0]));
     assert_eq!(get(&out, "all"), (vec![], vec![1.0]));
 }
@@ -60,7 +54,7 @@ fn prod_multiplies_along_any_axis_over_everything_and_under_a_mask() {
 fn the_gradient_of_prod_is_pytorchs_with_zeros() {
     let x = HostTensor::from_f64(DType::F32, vec![3, 4], &X);
     let w = HostTensor::from_f64(DType::F32, vec![3], &[2.0, 3.0, 5.0]);
-    let out = program(GRADIENT).run_cpu(&[("x", &x), ("w", &w)]).expect("runs");
+    let out = program(GRADIENT, "prod.kf").run_cpu(&[("x", &x), ("w", &w)]).expect("runs");
     #[rustfmt::skip]
     let want = [
         48.0, 24.0, 16.0, 12.0,  // w * 24 / x
@@ -104,7 +98,7 @@ fn prod_kernels_compile_for_sm80_and_sm90() {
         return;
     }
     for src in [PRODUCTS, GRADIENT] {
-        for k in &program(src).plan().kernels {
+        for k in &program(src, "prod.kf").plan().kernels {
             kfuse_testing::assert_compiles_for_sm80_and_sm90("prod", &k.name, &k.source);
         }
     }
@@ -129,7 +123,7 @@ fn a_gpu_prod_and_its_gradient_match_the_interpreter_at_odd_sizes() {
     let Some(gpu) = gpu_or_skip("a_gpu_prod_and_its_gradient_match_the_interpreter_at_odd_sizes") else { return };
     let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x9d0);
     println!("seed {seed} (KFUSE_TEST_SEED replays it)");
-    let (products, gradient) = (program(PRODUCTS), program(GRADIENT));
+    let (products, gradient) = (program(PRODUCTS, "prod.kf"), program(GRADIENT, "prod.kf"));
     // Rows in registers (64), read from memory (37, 5003), one row, many rows.
     for (i, (r, c)) in [(1usize, 64usize), (3, 37), (255, 64), (9, 5003), (1023, 33)].into_iter().enumerate() {
         let s = seed + 10 * i as u64;

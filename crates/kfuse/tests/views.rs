@@ -5,9 +5,12 @@
 
 use std::sync::Arc;
 
-use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
+use kfuse::{DType, Engine, KernelCache, Program};
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
+
+mod common;
+use common::{compare, get, iota, program, t};
 
 /// Views of a constant-size tensor and of one with symbolic sizes, with row reductions over them.
 const VIEWS: &str = "\
@@ -38,26 +41,9 @@ output loss = sum(a * a) + sum(b[1:4, ..] * 3.0) + sum(c * c * c) + sum(d[.., 0:
 output dx = grad(loss, x)
 ";
 
-fn program(src: &str) -> Program {
-    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
-    Program::compile(&engine, src, "views.kf").unwrap_or_else(|e| panic!("compiles: {e}"))
-}
-
-fn t(shape: &[usize], v: &[f64]) -> HostTensor {
-    HostTensor::from_f64(DType::F32, shape.to_vec(), v)
-}
-
-fn iota(n: usize) -> Vec<f64> {
-    (0..n).map(|i| i as f64).collect()
-}
-
-fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
-    out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
-}
-
 #[test]
 fn views_give_the_hand_values() {
-    let p = program(VIEWS);
+    let p = program(VIEWS, "views.kf");
     // x[i, j] = 4i + j; s[i, j] = 10i + j over [2, 6].
     let s: Vec<f64> = (0..2).flat_map(|i| (0..6).map(move |j| (10 * i + j) as f64)).collect();
     let out = p.run_cpu(&[("x", &t(&[3, 4], &iota(12))), ("s", &t(&[2, 6], &s))]).expect("runs");
@@ -79,7 +65,7 @@ fn views_give_the_hand_values() {
 
 #[test]
 fn gradients_place_the_upstream_gradient_back_where_each_view_read() {
-    let p = program(GRADS);
+    let p = program(GRADS, "views.kf");
     let (b, n, d) = (2usize, 3usize, 6usize);
     let x: Vec<f64> = (0..b * n * d).map(|i| (i as f64 * 0.37).sin()).collect();
     let out = p.run_cpu(&[("x", &t(&[b, n, d], &x))]).expect("runs");
@@ -127,7 +113,7 @@ fn a_slice_gradient_matches_finite_differences() {
     let src = "input x: f32[2, 7]\n\
                output loss = sum(exp(x[.., 1:7:3]) * x[1, 0:2]) + sum(transpose(x, 0, 1)[2:5, ..] * x[0, 3])\n\
                output dx = grad(loss, x)\n";
-    let p = program(src);
+    let p = program(src, "views.kf");
     let x: Vec<f64> = (0..14).map(|i| ((i * 7 % 5) as f64 - 2.0) * 0.3).collect();
     let loss = |x: &[f64]| -> f64 {
         let out = p.run_cpu(&[("x", &t(&[2, 7], x))]).expect("runs");
@@ -182,7 +168,7 @@ fn bad_indices_slices_and_axes_are_clear_errors() {
 
 #[test]
 fn a_symbolic_axis_shorter_than_a_slice_or_index_needs_is_refused_at_binding() {
-    let p = program("input s: f32[N, M]\noutput y = s[.., 2:7:2] * 2.0\noutput r = s[3, ..]\n");
+    let p = program("input s: f32[N, M]\noutput y = s[.., 2:7:2] * 2.0\noutput r = s[3, ..]\n", "views.kf");
     let ok = p.run_cpu(&[("s", &t(&[4, 7], &iota(28)))]).expect("M = 7 and N = 4 are large enough");
     assert_eq!(get(&ok, "y").1, vec![4.0, 8.0, 12.0, 18.0, 22.0, 26.0, 32.0, 36.0, 40.0, 46.0, 50.0, 54.0]);
     let e = p.run_cpu(&[("s", &t(&[4, 6], &iota(24)))]).expect_err("M = 6 is too small").to_string();
@@ -215,7 +201,7 @@ fn kernels_reading_views_compile_for_sm80_and_sm90() {
         return;
     }
     for src in KERNELS {
-        let p = program(src);
+        let p = program(src, "views.kf");
         for k in &p.plan().kernels {
             kfuse_testing::assert_compiles_for_sm80_and_sm90("views", &k.name, &k.source);
         }
@@ -227,38 +213,28 @@ fn a_gpu_reads_views_like_the_interpreter_at_odd_sizes() {
     let Some(gpu) = gpu_or_skip("a_gpu_reads_views_like_the_interpreter_at_odd_sizes") else { return };
     let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
     println!("seed {seed} (KFUSE_TEST_SEED replays it)");
-    let views = program(VIEWS);
+    let views = program(VIEWS, "views.kf");
     // `s[1, ..]` reads row 1 and `s[.., 2:5]` column 4: at least 2 rows and 5 columns.
     for (k, (n, m)) in [(2, 5), (4, 33), (33, 1025), (2, 7)].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[3, 4], seed + k as u64);
         let s = random_tensor(DType::F32, &[n, m], seed + 50 + k as u64);
-        compare(&views, gpu.ordinal(), &[("x", &x), ("s", &s)], &format!("views [{n}, {m}]"));
+        compare(&views, gpu.ordinal(), &[("x", &x), ("s", &s)], &format!("views [{n}, {m}]"), 1e-4);
     }
-    let grads = program(GRADS);
+    let grads = program(GRADS, "views.kf");
     for (k, b) in [1, 3, 33, 1025].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[b, 3, 6], seed + 100 + k as u64);
-        compare(&grads, gpu.ordinal(), &[("x", &x)], &format!("grads [{b}, 3, 6]"));
+        compare(&grads, gpu.ordinal(), &[("x", &x)], &format!("grads [{b}, 3, 6]"), 1e-4);
     }
-    let rows = program(KERNELS[2]);
+    let rows = program(KERNELS[2], "views.kf");
     // `x[.., 1:9:2]` reads column 7: at least 8 columns.
     for (k, (r, c)) in [(9, 8), (33, 9), (1025, 17), (3, 4099)].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[r, c], seed + 200 + k as u64);
-        compare(&rows, gpu.ordinal(), &[("x", &x)], &format!("rows [{r}, {c}]"));
+        compare(&rows, gpu.ordinal(), &[("x", &x)], &format!("rows [{r}, {c}]"), 1e-4);
     }
-    let bias = program(KERNELS[3]);
+    let bias = program(KERNELS[3], "views.kf");
     for (k, (b, n, d)) in [(1, 5, 1), (3, 7, 33), (33, 5, 1025)].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[b, n, d], seed + 300 + k as u64);
         let w = random_tensor(DType::F32, &[d], seed + 400 + k as u64);
-        compare(&bias, gpu.ordinal(), &[("x", &x), ("w", &w)], &format!("bias [{b}, {n}, {d}]"));
-    }
-}
-
-fn compare(p: &Program, ordinal: usize, inputs: &[(&str, &HostTensor)], what: &str) {
-    let want = p.run_cpu(inputs).expect("the interpreter runs");
-    let got = p.run_gpu(ordinal, inputs).expect("the GPU runs");
-    for ((name, w), (_, g)) in want.iter().zip(&got) {
-        assert_eq!(g.shape, w.shape, "{what} {name}");
-        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
-        assert!(err <= 1e-4, "{what} {name}: error {err}");
+        compare(&bias, gpu.ordinal(), &[("x", &x), ("w", &w)], &format!("bias [{b}, {n}, {d}]"), 1e-4);
     }
 }

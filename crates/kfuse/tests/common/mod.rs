@@ -1,4 +1,5 @@
-//! What the facade's GPU tests share: the device under test (a memory-only kernel cache) and
+//! What the facade's tests share: programs compiled with a memory-only kernel cache, f32 inputs
+//! and outputs by name, the GPU's results against the interpreter's, the device under test and
 //! runtime allocations handed to launches as borrowed memory, as a framework's tensors are.
 //!
 //! Each test file uses a part of it, so unused items are expected.
@@ -6,8 +7,41 @@
 
 use std::sync::Arc;
 
-use kfuse::{DType, DeviceBuffer, DeviceTensor, Engine, Gpu, HostTensor, KernelCache};
+use kfuse::{DType, DeviceBuffer, DeviceTensor, Engine, Gpu, HostTensor, KernelCache, Program};
 use kfuse_testing::gpu_or_skip;
+
+/// `src` compiled (kernels cached in memory only); `name` is the file name errors show.
+pub fn program(src: &str, name: &str) -> Program {
+    let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
+    Program::compile(&engine, src, name).unwrap_or_else(|e| panic!("{name} compiles: {e}"))
+}
+
+/// An f32 tensor of `shape` holding `v`.
+pub fn t(shape: &[usize], v: &[f64]) -> HostTensor {
+    HostTensor::from_f64(DType::F32, shape.to_vec(), v)
+}
+
+/// `0, 1, .., n - 1`.
+pub fn iota(n: usize) -> Vec<f64> {
+    (0..n).map(|i| i as f64).collect()
+}
+
+/// The shape and values of output `name`.
+pub fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
+    out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
+}
+
+/// Every output of `p` on the GPU `ordinal` against the interpreter's on the same `inputs`: the
+/// same shapes, and values within `tol` relative to the larger of the value and 1.
+pub fn compare(p: &Program, ordinal: usize, inputs: &[(&str, &HostTensor)], what: &str, tol: f64) {
+    let want = p.run_cpu(inputs).expect("the interpreter runs");
+    let got = p.run_gpu(ordinal, inputs).expect("the GPU runs");
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        assert_eq!(g.shape, w.shape, "{what} {name}");
+        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
+        assert!(err <= tol, "{what} {name}: error {err} > {tol}\n gpu {:?}\n cpu {:?}", g.to_f64(), w.to_f64());
+    }
+}
 
 /// The engine (kernels cached in memory only) and the default GPU, or `None` (skipped, saying
 /// why) without one.
