@@ -206,6 +206,31 @@ def permuted_attention_scores(q, k):
     return torch.softmax(q.permute(0, 2, 1) * 0.5, dim=-1) * k
 
 
+def heads_softmax(x):
+    # Attention's head views: the embedding split into heads, a softmax over each head's columns
+    # in the heads-first layout, then the heads merged again.
+    b, s, e = x.shape
+    q = x.view(b, s, 4, e // 4).transpose(1, 2)
+    return (q.softmax(-1) * 2).transpose(1, 2).reshape(b, s, e)
+
+
+def pixel_shuffle_sigmoid(x):
+    return F.pixel_shuffle(x, 2).sigmoid()
+
+
+def flatten_normalize(x):
+    return F.normalize(x.flatten(1), dim=-1) * 3
+
+
+def grouped_rows_norm(x):
+    # A group norm written with views: the channels' groups as rows, normalised, viewed back.
+    n, c = x.shape[:2]
+    g = x.view(n, 4, -1)
+    mu = g.mean(-1, keepdim=True)
+    var = g.var(-1, unbiased=False, keepdim=True)
+    return ((g - mu) * torch.rsqrt(var + 1e-5)).view_as(x)
+
+
 def select_middle_axis(x, w):
     return (x.select(1, 2) * w).tanh() + x[:, -1].square()
 
@@ -287,6 +312,10 @@ CASES = {
     "slices_and_selects": (slices_and_selects, lambda g: [_randn(g, 3, 7, 5)], (0,)),
     "strided_last_axis": (strided_last_axis, lambda g: [_randn(g, 4, 9)], (0,)),
     "permuted_attention_scores": (permuted_attention_scores, lambda g: [_randn(g, 2, 5, 6), _randn(g, 2, 6, 5)], (0, 1)),
+    "heads_softmax": (heads_softmax, lambda g: [_randn(g, 3, 7, 64)], (0,)),
+    "pixel_shuffle_sigmoid": (pixel_shuffle_sigmoid, lambda g: [_randn(g, 2, 8, 3, 5)], (0,)),
+    "flatten_normalize": (flatten_normalize, lambda g: [_randn(g, 5, 3, 7)], (0,)),
+    "grouped_rows_norm": (grouped_rows_norm, lambda g: [_randn(g, 2, 8, 5, 3) * 2 + 1], (0,)),
     "select_middle_axis": (select_middle_axis, lambda g: [_randn(g, 5, 4, 11), _randn(g, 11)], (0, 1)),
     "tv_generalized_box_iou_loss": (tv_generalized_box_iou_loss, lambda g: _box_pair(g, 37), (0, 1)),
     "tv_distance_box_iou_loss": (tv_distance_box_iou_loss, lambda g: _box_pair(g, 5, 13), (0, 1)),
@@ -381,6 +410,11 @@ WHOLE = [
     "strided_last_axis",
     "permuted_attention_scores",
     "select_middle_axis",
+    # Views that split and merge axes of static size: attention's heads, flatten, groups of
+    # channels as rows. (pixel_shuffle's first view regroups leading axes only: PyTorch's view.)
+    "heads_softmax",
+    "flatten_normalize",
+    "grouped_rows_norm",
     # cat along any axis, and the slices of its backward.
     "boxes_cxcywh_l1",
     "cat_middle_axis",
@@ -405,6 +439,19 @@ def test_softmax_and_cross_entropy_leave_nothing_to_pytorch(name):
     report = kfuse.explain(fn, *inputs)
     assert not report.fallbacks, str(report)
     assert {"forward", "backward"} <= {k.graph for k in report.kernels}, str(report)
+
+
+def test_a_view_that_regroups_leading_axes_only_is_left_to_pytorch_with_its_reason():
+    # pixel_shuffle's first view splits the channels and keeps each row of width as it is:
+    # PyTorch gives it without a copy, and the region reads the rows it gives. Its second view
+    # merges the last axes: kfuse's reshape, inside the region.
+    fn, make, wrt = CASES["pixel_shuffle_sigmoid"]
+    inputs = [t.requires_grad_(i in wrt) for i, t in enumerate(make(torch.Generator().manual_seed(SEED)))]
+    report = kfuse.explain(fn, *inputs)
+    reasons = [f.reason for f in report.fallbacks]
+    assert reasons and all("regroups leading axes only" in r for r in reasons), str(report)
+    texts = [k.source for k in report.kernels]
+    assert any("reshape(" in t for t in texts), str(report)
 
 
 def test_scatter_of_several_indices_falls_back_with_reason():
@@ -461,12 +508,22 @@ def _encoder_layer():
     return nn.TransformerEncoderLayer(d_model=15, nhead=3, dim_feedforward=29, dropout=0.0, batch_first=True)
 
 
+def _affine(module):
+    """`module` with its affine parameters drawn away from their ones and zeros (so that a
+    gradient that mixes them up shows)."""
+    with torch.no_grad():
+        module.weight.uniform_(0.5, 1.5)
+        module.bias.uniform_(-0.5, 0.5)
+    return module
+
+
 # name -> (module(), inputs(gen))
 MODULES = {
     "gelu_mlp": (lambda: GeluMLP(29, 37), lambda g: [_randn(g, 3, 13, 29)]),
     "silu_mlp": (lambda: SiluMLP(29, 37), lambda g: [_randn(g, 3, 13, 29)]),
     "swiglu_mlp": (lambda: SwiGLU(29, 37), lambda g: [_randn(g, 3, 13, 29)]),
     "transformer_encoder_layer": (_encoder_layer, lambda g: [_randn(g, 3, 13, 15)]),
+    "group_norm": (lambda: _affine(nn.GroupNorm(4, 12)), lambda g: [_randn(g, 3, 12, 5, 7) * 2 + 1]),
 }
 
 

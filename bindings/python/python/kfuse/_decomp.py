@@ -2,7 +2,8 @@
 write reaches the aten graphs as operations :mod:`kfuse._lower` expresses.
 
 With PyTorch's own rules:
-- layer norm (into ``var_mean``, ``rsqrt`` and pointwise ops);
+- layer norm (into ``var_mean``, ``rsqrt`` and pointwise ops), and group norm the same way over
+  views that take each group's channels and positions as one row (kfuse's ``reshape``);
 - ``linalg_vector_norm`` (``F.normalize``, ``cosine_similarity``: powers, a sum and a root, or
   the largest or smallest magnitude);
 - batch norm in training mode (``_native_batch_norm_legit_functional``: the statistics over
@@ -192,6 +193,7 @@ def _build_table():
         get_decompositions(
             [
                 aten.native_layer_norm,
+                aten.native_group_norm,
                 aten.native_dropout,
                 aten.linalg_vector_norm,
                 aten._native_batch_norm_legit_functional,
@@ -209,7 +211,7 @@ def _build_table():
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    norm's forward, dropout's, the vector norm's, training-mode batch norm's, the activations
+    and group norm's forwards, dropout's, the vector norm's, training-mode batch norm's, the activations
     core aten keeps whole, the splits, the moments, the extrema along an axis. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""

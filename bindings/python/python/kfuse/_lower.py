@@ -41,6 +41,65 @@ _CONSTANT_SIZES = contextvars.ContextVar("kfuse_constant_sizes", default=frozens
 
 _SIZED_ALONG_AXIS = ("slice", "slice_scatter", "cat")
 
+_RESHAPES = ("view", "_unsafe_view", "reshape")
+
+
+def regroup(before, after):
+    """The groups of a row-major reshape from shape `before` to `after` (sizes or tokens), as
+    kfuse's `reshape` forms them: pairs of index ranges ``(from, to)`` holding the same elements,
+    a size that is not an int (a symbol) a group of its own on both sides, ints grouped until
+    their products agree, a 1 on one side a group with nothing on the other. None when there is
+    no such grouping (a symbol would split or merge)."""
+    i = j = 0
+    groups = []
+    while i < len(before) or j < len(after):
+        f = before[i] if i < len(before) else None
+        t = after[j] if j < len(after) else None
+        if f is not None and f == t:
+            groups.append((range(i, i + 1), range(j, j + 1)))
+            i, j = i + 1, j + 1
+        elif f == 1:
+            groups.append((range(i, i + 1), range(j, j)))
+            i += 1
+        elif t == 1:
+            groups.append((range(i, i), range(j, j + 1)))
+            j += 1
+        elif isinstance(f, int) and isinstance(t, int) and f > 0 and t > 0:
+            i0, j0, pa, pb = i, j, f, t
+            i, j = i + 1, j + 1
+            while pa != pb:
+                if pa < pb:
+                    if i >= len(before) or not isinstance(before[i], int) or before[i] < 1:
+                        return None
+                    pa, i = pa * before[i], i + 1
+                else:
+                    if j >= len(after) or not isinstance(after[j], int) or after[j] < 1:
+                        return None
+                    pb, j = pb * after[j], j + 1
+            groups.append((range(i0, i), range(j0, j)))
+        else:
+            return None
+    return groups
+
+
+def _regrouped_sizes(node):
+    """The static sizes of the axes a reshape node splits or merges (kfuse reshapes constant
+    axes only, so the region writes them as constants)."""
+    t, src = fake(node), fake(bind(node).get("self"))
+    if t is None or src is None:
+        return set()
+    before, after = tuple(src.shape), tuple(t.shape)
+    if not all(isinstance(d, int) for d in before + after):
+        return set()
+    groups = regroup(before, after) or []
+    sizes = set()
+    for f, to in groups:
+        if len(f) == 1 and len(to) == 1:
+            continue
+        sizes.update(before[k] for k in f)
+        sizes.update(after[k] for k in to)
+    return {d for d in sizes if d > MAX_CONST_DIM}
+
 
 @contextlib.contextmanager
 def constant_sizes(nodes):
@@ -51,6 +110,9 @@ def constant_sizes(nodes):
     sizes = set()
     for node in nodes:
         name = getattr(getattr(node, "target", None), "overloadpacket", None)
+        if node.op == "call_function" and getattr(name, "__name__", "") in _RESHAPES:
+            sizes |= _regrouped_sizes(node)
+            continue
         if node.op != "call_function" or getattr(name, "__name__", "") not in _SIZED_ALONG_AXIS:
             continue
         a = bind(node)
@@ -520,7 +582,8 @@ def _arange(node, a, ctx):
 
 
 def _reshape_by_shapes(node, a, ctx):
-    """A view that adds or removes size-1 axes only where the text can follow it."""
+    """A view: size-1 axes added or removed where the text can follow it, else kfuse's `reshape`
+    of axes of static size (split or merged) between axes that stay whole."""
     src = a["self"]
     x = ctx.v(src)
     before, after = ctx.shape_of(src), ctx.shape_of(node)
@@ -547,7 +610,25 @@ def _reshape_by_shapes(node, a, ctx):
         if 1 in after:
             text = f"{text}[{', '.join('None' if d == 1 else ':' for d in after)}]"
         return text, after
-    raise Refused(f"a view from {list(before)} to {list(after)} (kfuse adds or removes size-1 axes only)")
+    # Constant axes split and merged between whole axes: kfuse's reshape, of the value at its
+    # full shape (the tokens of the region, where `constant_sizes` made the regrouped sizes
+    # constants).
+    tokens = tuple(after)
+    groups = regroup(x.shape, tokens) if k == len(before) else None
+    if groups and len(groups[-1][0]) == 1 and len(groups[-1][1]) == 1:
+        # The rows stay as they are: PyTorch gives this view of a region's input or output without
+        # a copy, and a kernel reading its rows unchanged keeps them in registers.
+        raise Refused(f"a view from {list(before)} to {list(after)} regroups leading axes only (PyTorch's, as a view)")
+    if groups is not None:
+        names = ctx.names or {}
+        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in tokens)
+        return f"reshape({x.text}, [{written}])", tokens
+    if k != len(before):
+        raise Refused(f"a view from {list(before)} to {list(after)} of a value broadcast along its leading axes")
+    raise Refused(
+        f"a view from {list(before)} to {list(after)} (kfuse reshapes axes of static size between whole axes; "
+        "a symbolic size neither splits nor merges)"
+    )
 
 
 def _unsqueeze(node, a, ctx):
