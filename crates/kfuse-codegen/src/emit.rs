@@ -470,29 +470,24 @@ impl<'a> Emitter<'a> {
                 continue;
             }
             let sizes = from[grp.from.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
+            let to_sizes = to[grp.to.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
+            let coords = ctx.get(grp.to.clone()).ok_or(internal("a reshape's context is short"))?;
             // The group's row-major position among the result's axes: a constant, or an expression
             // of the coordinates (and the loops they use).
             let (mut flat, mut text, mut loops) = (0u64, String::new(), Vec::new());
             let mut stride = 1u64;
-            let names: Vec<String> = grp
-                .to
-                .clone()
-                .filter_map(|t| match ctx.get(t) {
-                    Some(Coord::Value { name, loops: ls }) => {
-                        loops.extend(ls);
-                        Some(name.clone())
-                    }
-                    _ => None,
-                })
-                .collect();
-            let to_sizes = to[grp.to.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
+            let mut names = Vec::with_capacity(coords.len());
+            for c in coords {
+                if let Coord::Value { name, loops: ls } = c {
+                    loops.extend(ls);
+                    names.push(name.clone());
+                }
+            }
             let merged = match self.split_positions.get(&names) {
-                Some((sizes, p)) if names.len() == grp.to.len() && *sizes == to_sizes => Some(p.clone()),
+                Some((sizes, p)) if names.len() == coords.len() && *sizes == to_sizes => Some(p.clone()),
                 _ => None,
             };
-            for t in grp.to.clone().rev().filter(|_| merged.is_none()) {
-                let size = konst(&to[t])?;
-                let c = ctx.get(t).ok_or(internal("a reshape's context is short"))?;
+            for (c, &size) in coords.iter().zip(&to_sizes).rev().filter(|_| merged.is_none()) {
                 match c {
                     Coord::Const(k) => flat += k * stride,
                     _ if size == 1 => {}
@@ -515,13 +510,14 @@ impl<'a> Emitter<'a> {
                 (None, false, 0) => Some(format!("({text})")),
                 (None, false, k) => Some(format!("({text} + {k})")),
             };
-            let total: u64 = sizes.iter().product();
-            let mut inner = total;
+            // A group that splits or merges has sizes of at least 1 (see `reshape_groups`).
+            let mut inner: u64 = sizes.iter().product();
+            let mut parts = Vec::with_capacity(sizes.len());
             for (m, &size) in sizes.iter().enumerate() {
-                inner /= size.max(1);
+                inner /= size;
                 let coord = match &position {
                     _ if size == 1 => Coord::Const(0),
-                    None => Coord::Const(flat / inner.max(1) % size),
+                    None => Coord::Const(flat / inner % size),
                     Some(p) => {
                         let mut e = p.clone();
                         if inner > 1 {
@@ -530,18 +526,14 @@ impl<'a> Emitter<'a> {
                         if m > 0 {
                             e = format!("({e} % {size})");
                         }
+                        parts.push(e.clone());
                         Coord::Value { name: e, loops: loops.clone() }
                     }
                 };
                 out.push(coord);
             }
-            let parts = &out[out.len() - sizes.len()..];
-            if let (Some(p), true) = (position, parts.iter().all(|c| matches!(c, Coord::Value { .. }))) {
-                let names =
-                    parts
-                        .iter()
-                        .filter_map(|c| if let Coord::Value { name, .. } = c { Some(name.clone()) } else { None });
-                self.split_positions.insert(names.collect(), (sizes.clone(), p));
+            if let (Some(p), true) = (position, parts.len() == sizes.len()) {
+                self.split_positions.insert(parts, (sizes, p));
             }
         }
         Ok(out)

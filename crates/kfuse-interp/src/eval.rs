@@ -300,7 +300,7 @@ fn eval_node(
         Op::Reshape(x) => {
             // Row-major values in another shape: the same values, shared.
             let v = operand(x)?;
-            if v.values.len() != len || v.shape.iter().product::<usize>() != len {
+            if v.values.len() != len {
                 return Err(InterpError::Broadcast { node: id, operand: v.shape.clone(), target: shape });
             }
             Value { shape: shape.clone(), values: Arc::clone(&v.values) }

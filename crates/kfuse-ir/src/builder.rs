@@ -447,13 +447,7 @@ impl GraphBuilder {
     pub fn reshape(&mut self, x: NodeId, dims: &[Option<Dim>]) -> Result<NodeId, IrError> {
         let (mut x, xs) = (x, self.node(x).shape.clone());
         let shown = |b: &Self, d: &[Option<Dim>]| {
-            let parts: Vec<String> = d
-                .iter()
-                .map(|d| match d {
-                    None => "-1".to_string(),
-                    Some(d) => b.graph.shape_str(&Shape(vec![*d])).trim_matches(['[', ']']).to_string(),
-                })
-                .collect();
+            let parts: Vec<String> = d.iter().map(|d| d.map_or("-1".to_string(), |d| b.graph.dim_str(d))).collect();
             format!("[{}]", parts.join(", "))
         };
         let bad = |b: &Self, why: String| IrError::BadReshape { from: b.graph.shape_str(&xs), to: shown(b, dims), why };
@@ -490,20 +484,18 @@ impl GraphBuilder {
             _ => return Err(bad(self, "at most one size may be -1".into())),
         };
         let to: Vec<Dim> = dims.iter().map(|d| d.unwrap_or(Dim::Const(inferred.unwrap_or(1)))).collect();
-        let Some(groups) = crate::reshape_groups(xs.dims(), &to) else {
-            let why = match inferred.map_or(tprod, |i| tprod * i) == xprod {
+        if crate::reshape_groups(xs.dims(), &to).is_none() {
+            let held = inferred.map_or(tprod, |i| tprod * i);
+            let why = match held == xprod {
                 true => {
                     "a symbolic axis would split or merge: only runs of constant axes between the symbolic ones regroup"
                         .to_string()
                 }
-                false => format!(
-                    "the constant axes hold {xprod} elements here and {} there",
-                    inferred.map_or(tprod, |i| tprod * i)
-                ),
+                false => format!("the constant axes hold {xprod} elements here and {held} there"),
             };
             return Err(bad(self, why));
-        };
-        if xs.dims() == &to[..] || groups.is_empty() {
+        }
+        if xs.dims() == &to[..] {
             return Ok(x);
         }
         // A reshape of a reshape reads the first one's operand (the regrouping of the two).

@@ -613,16 +613,15 @@ def _reshape_by_shapes(node, a, ctx):
     # Constant axes split and merged between whole axes: kfuse's reshape, of the value at its
     # full shape (the tokens of the region, where `constant_sizes` made the regrouped sizes
     # constants).
-    tokens = tuple(after)
-    groups = regroup(x.shape, tokens) if k == len(before) else None
+    groups = regroup(x.shape, after) if k == len(before) else None
     if groups and len(groups[-1][0]) == 1 and len(groups[-1][1]) == 1:
         # The rows stay as they are: PyTorch gives this view of a region's input or output without
         # a copy, and a kernel reading its rows unchanged keeps them in registers.
         raise Refused(f"a view from {list(before)} to {list(after)} regroups leading axes only (PyTorch's, as a view)")
     if groups is not None:
         names = ctx.names or {}
-        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in tokens)
-        return f"reshape({x.text}, [{written}])", tokens
+        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in after)
+        return f"reshape({x.text}, [{written}])", tuple(after)
     if k != len(before):
         raise Refused(f"a view from {list(before)} to {list(after)} of a value broadcast along its leading axes")
     raise Refused(
