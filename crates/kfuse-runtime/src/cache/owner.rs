@@ -83,7 +83,7 @@ pub(crate) fn inspect(root: &Path) -> io::Result<RootState> {
     let mut empty = true;
     for item in fs::read_dir(root)? {
         empty = false;
-        if let Some(why) = foreign_in_root(&item?)? {
+        if let Some(why) = unless_vanished(foreign_in_root(&item?))? {
             return Ok(RootState::Foreign(why));
         }
     }
@@ -107,20 +107,8 @@ fn foreign_in_root(item: &DirEntry) -> io::Result<Option<String>> {
             return not_ours("a folder kfuse did not make");
         }
         for inner in fs::read_dir(&path)? {
-            let inner = inner?;
-            let inner_path = inner.path();
-            let inner_kind = inner.file_type()?;
-            if inner_kind.is_dir() && inner.file_name() == LOCKS_DIR {
-                for lock in fs::read_dir(&inner_path)? {
-                    let lock = lock?;
-                    if !lock.file_type()?.is_file() || !is_lock_file(&lock.path(), &lock.metadata()?) {
-                        return Ok(Some(format!("it holds {}, which kfuse did not write", lock.path().display())));
-                    }
-                }
-                continue;
-            }
-            if !inner_kind.is_file() || classify_in_arch(&inner_path)?.is_none() {
-                return Ok(Some(format!("it holds {}, which kfuse did not write", inner_path.display())));
+            if let Some(why) = unless_vanished(foreign_in_arch(&inner?))? {
+                return Ok(Some(why));
             }
         }
         return Ok(None);
@@ -131,6 +119,42 @@ fn foreign_in_root(item: &DirEntry) -> io::Result<Option<String>> {
     match classify_in_root(&path, &item.metadata()?)? {
         Some(_) => Ok(None),
         None => not_ours("which kfuse did not write"),
+    }
+}
+
+/// `None` when the arch folder's item is kfuse's (its `locks` folder's files included), else why not.
+fn foreign_in_arch(inner: &DirEntry) -> io::Result<Option<String>> {
+    let path = inner.path();
+    let not_written = |path: &Path| Ok(Some(format!("it holds {}, which kfuse did not write", path.display())));
+    let kind = inner.file_type()?;
+    if kind.is_dir() && inner.file_name() == LOCKS_DIR {
+        for lock in fs::read_dir(&path)? {
+            let lock = lock?;
+            // (The metadata of a link is the link's: not a file.)
+            let ours = match lock.metadata() {
+                Ok(meta) => is_lock_file(&lock.path(), &meta),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => true, // removed meanwhile
+                Err(e) => return Err(e),
+            };
+            if !ours {
+                return not_written(&lock.path());
+            }
+        }
+        return Ok(None);
+    }
+    if !kind.is_file() || classify_in_arch(&path)?.is_none() {
+        return not_written(&path);
+    }
+    Ok(None)
+}
+
+/// What the check of one folder item found, where an item that vanished while it was looked at
+/// counts as kfuse's: another kfuse process renamed its temporary file into place or removed an
+/// entry meanwhile (sixteen processes starting on one empty folder each write its tag).
+fn unless_vanished(found: io::Result<Option<String>>) -> io::Result<Option<String>> {
+    match found {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        found => found,
     }
 }
 
@@ -237,6 +261,44 @@ mod tests {
         assert!(!is_kfuse_tag(b"Signature: 8a477f597d28d172789f06886806bc55\n# created by cargo\n"));
         assert!(!is_kfuse_tag(format!("{TAG_KFUSE_LINE}\n{TAG_SIGNATURE}\n").as_bytes()));
         assert!(!is_kfuse_tag(b""));
+    }
+
+    #[test]
+    fn a_folder_another_process_writes_into_meanwhile_is_still_kfuses() {
+        // Another process writes its tag and a lock and removes an entry while this one looks:
+        // items vanish between the listing and the look at each, never an error or foreign.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let locks = root.join("sm_90").join(LOCKS_DIR);
+        fs::create_dir_all(&locks).expect("locks folder");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (root, stop) = (root.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let key = "ab".repeat(32);
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let temp = root.join(format!(".tmp-1-2-{n}"));
+                    fs::write(&temp, tag_text()).expect("temp");
+                    fs::rename(&temp, root.join(TAG_NAME)).expect("rename");
+                    let lock = root.join("sm_90").join(LOCKS_DIR).join(format!("{key}.{LOCK_EXT}"));
+                    fs::write(&lock, b"").expect("lock");
+                    fs::remove_file(&lock).expect("unlock");
+                    fs::remove_file(root.join(TAG_NAME)).expect("untag");
+                    n += 1;
+                }
+            })
+        };
+        let started = std::time::Instant::now();
+        let mut looks = 0;
+        while started.elapsed() < std::time::Duration::from_millis(300) {
+            let state = inspect(&root).expect("no error while another process writes");
+            assert!(matches!(state, RootState::Marked | RootState::Legacy), "{state:?}");
+            looks += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().expect("writer");
+        assert!(looks > 0);
     }
 
     #[test]
