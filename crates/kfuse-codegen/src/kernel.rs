@@ -250,8 +250,13 @@ pub(crate) fn emit_kernel(
     // The entry point's signature and its checks (a row-wise kernel may have two entries).
     // The entry point for rows in registers promises `batched_threads_per_sm` threads resident
     // too: without a bound its unrolled slots took up to 80 registers (3 blocks of 256 a
-    // multiprocessor), too few warps to hide the latency of each row's loads and folds.
-    let register_bounds = format!("{block}, {}", (opts.batched_threads_per_sm / block).max(1));
+    // multiprocessor), too few warps to hide the latency of each row's loads and folds. Its
+    // blocks may grow, for rows longer than `block` lanes hold, up to that many threads (at most
+    // 1024), with the same registers a thread; not with column sums, whose shared array is
+    // sized by the block.
+    let sums = row_sizes.as_ref().and_then(|r| r.cached.as_ref()).map_or(0, |c| c.sums);
+    let register_block = register_max_block(block, opts.batched_threads_per_sm, sums);
+    let register_bounds = format!("{register_block}, {}", (opts.batched_threads_per_sm / register_block).max(1));
     let entry_head = |entry: &str, bounds: &str| {
         let mut head = String::new();
         let _ = writeln!(head, "\nextern \"C\" __global__ void __launch_bounds__({bounds}) {entry}(");
@@ -368,6 +373,7 @@ pub(crate) fn emit_kernel(
                 cols_per_lane: u64::from(cached.slots),
                 vector: u64::from(cached.width),
                 aligned,
+                max_block: register_block,
             })
         }
         _ => None,
@@ -392,6 +398,19 @@ pub(crate) fn emit_kernel(
         register_rows,
         fold: None,
     })
+}
+
+/// The most threads a block of a row-wise kernel's entry for rows in registers takes: `block`
+/// doubled while it stays within `threads_per_sm` and 1024 (the same registers a thread as
+/// `block` threads, `threads_per_sm` of them resident a multiprocessor); `block` itself with
+/// column sums (their shared array holds a block's row groups) or a block that is not a power of
+/// two (the row groups are powers of two).
+fn register_max_block(block: u32, threads_per_sm: u32, sums: usize) -> u32 {
+    let mut b = block;
+    while sums == 0 && block.is_power_of_two() && b * 2 <= threads_per_sm.min(1024) {
+        b *= 2;
+    }
+    b
 }
 
 /// The header's note of non-default tuning (so default kernels keep their bytes).

@@ -230,7 +230,8 @@ impl FoldEntry {
 /// A row-wise kernel's entry point for rows kept in registers: each lane loads its columns of
 /// each row-shaped input once, a vector at a time, and every pass reads them from there. The
 /// executor launches it instead of [`Kernel::name`] (same parameters, same grid) when
-/// [`RegisterRows::applies`]; the other entry takes any row.
+/// [`RegisterRows::applies`], with [`Kernel::launch_block`] threads a block; the other entry
+/// takes any row.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RegisterRows {
     /// Its CUDA translation unit: the kernel's header and helpers and this entry point alone
@@ -245,18 +246,34 @@ pub struct RegisterRows {
     /// The parameters (indices into [`Kernel::params`]) read or written a vector at a time,
     /// with the alignment in bytes their addresses need.
     pub aligned: Vec<(usize, u64)>,
+    /// The most threads a block of it may have (its launch bound; a power of two times the
+    /// kernel's block): a row longer than the kernel's block holds at `cols_per_lane` columns a
+    /// lane is launched with the smallest block up to this one that holds it (see
+    /// [`RegisterRows::block`]), with the same registers a thread.
+    pub max_block: u32,
 }
 
 impl RegisterRows {
     /// Whether a launch of a kernel with `grid`, run-time `sizes` and parameter addresses
     /// `address(param index)` takes this entry point.
     pub fn applies(&self, grid: &GridSpec, sizes: &[u64], address: impl Fn(usize) -> Option<u64>) -> bool {
-        let GridSpec::Rows { cols, block, .. } = grid else { return false };
-        let Some(cols) = cols.eval(sizes) else { return false };
-        let lanes = row_lanes(cols, *block);
-        cols <= lanes.saturating_mul(self.cols_per_lane)
-            && cols % self.vector.max(1) == 0
+        self.block(grid, sizes).is_some()
             && self.aligned.iter().all(|&(p, bytes)| address(p).is_some_and(|a| a % bytes.max(1) == 0))
+    }
+
+    /// The threads a block of a launch of a kernel with `grid` at run-time `sizes` takes where
+    /// its rows fit this entry: the kernel's block, doubled while it holds fewer columns than a
+    /// row (at most [`RegisterRows::max_block`]). `None` when the rows do not fit (too long, or
+    /// not a multiple of the vector).
+    pub fn block(&self, grid: &GridSpec, sizes: &[u64]) -> Option<u32> {
+        let GridSpec::Rows { cols, block, .. } = grid else { return None };
+        let cols = cols.eval(sizes)?;
+        let mut b = *block;
+        while b < self.max_block && u64::from(b).saturating_mul(self.cols_per_lane) < cols {
+            b <<= 1;
+        }
+        let fits = cols <= row_lanes(cols, b).saturating_mul(self.cols_per_lane) && cols % self.vector.max(1) == 0;
+        fits.then_some(b)
     }
 }
 
@@ -268,7 +285,7 @@ impl Plan {
     pub fn grids(&self, sizes: &[u64], sm_count: u32, cap: impl Fn(usize, u32) -> u32) -> Result<Vec<u32>, usize> {
         let mut grids = Vec::with_capacity(self.kernels.len());
         for (k, kernel) in self.kernels.iter().enumerate() {
-            let blocks = kernel.grid.blocks(sizes, sm_count).ok_or(k)?;
+            let blocks = kernel.grid.blocks_of(sizes, sm_count, kernel.launch_block(sizes)).ok_or(k)?;
             grids.push(cap(k, blocks));
         }
         Ok(grids)
@@ -276,6 +293,14 @@ impl Plan {
 }
 
 impl Kernel {
+    /// The threads a block of its launch at run-time `sizes` takes: [`Kernel::block`], or a
+    /// larger block for rows its entry for rows in registers holds only so (see
+    /// [`RegisterRows::block`]). Its grid is formed for that block ([`Plan::grids`]), whichever
+    /// entry the launch takes (the other, launched with `block` threads, strides over the rows).
+    pub fn launch_block(&self, sizes: &[u64]) -> u32 {
+        self.register_rows.as_ref().and_then(|r| r.block(&self.grid, sizes)).unwrap_or(self.block)
+    }
+
     /// Every entry point of the kernel as (CUDA translation unit, entry name): its own, then the
     /// one for rows in registers or the fold, if it has one. Loading the kernel compiles each unit.
     pub fn entries(&self) -> impl Iterator<Item = (&str, &str)> {
@@ -422,6 +447,17 @@ impl GridSpec {
     /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors (the
     /// formula above; `None` when a size is missing or overflows).
     pub fn blocks(&self, sizes: &[u64], sm_count: u32) -> Option<u32> {
+        let own = match self {
+            GridSpec::Rows { block, .. } => *block,
+            _ => 0,
+        };
+        self.blocks_of(sizes, sm_count, own)
+    }
+
+    /// [`GridSpec::blocks`] for blocks of `threads` threads: a [`GridSpec::Rows`] grid forms its
+    /// row groups in such blocks, at most as many threads a multiprocessor as its own blocks
+    /// take (the other grids ignore `threads`).
+    pub fn blocks_of(&self, sizes: &[u64], sm_count: u32, threads: u32) -> Option<u32> {
         match self {
             GridSpec::Work { work, per_block, max_blocks_per_sm } => {
                 let wanted = work.eval(sizes)?.div_ceil((*per_block).max(1));
@@ -429,8 +465,10 @@ impl GridSpec {
             }
             GridSpec::Columns { cols, rows, .. } => column_blocks(cols.eval(sizes)?, rows.eval(sizes)?, sm_count),
             GridSpec::Rows { rows, cols, block, max_blocks_per_sm } => {
-                let per_block = (u64::from(*block) / row_lanes(cols.eval(sizes)?, *block)).max(1);
-                clamp_blocks(rows.eval(sizes)?.div_ceil(per_block), *max_blocks_per_sm, sm_count)
+                let threads = threads.max(*block);
+                let per_block = (u64::from(threads) / row_lanes(cols.eval(sizes)?, threads)).max(1);
+                let per_sm = (*max_blocks_per_sm * *block / threads).max(1);
+                clamp_blocks(rows.eval(sizes)?.div_ceil(per_block), per_sm, sm_count)
             }
         }
     }

@@ -121,7 +121,10 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 32, 4));
     let (any, kept) = (src.as_str(), regs.source.as_str());
-    assert!(kept.contains(&format!("void __launch_bounds__(256, 4) {}(", regs.entry)), "{kept}");
+    // Its blocks grow for long rows up to 1024 threads, with the 64 registers a thread that 256
+    // threads and 4 blocks a multiprocessor would have.
+    assert!(kept.contains(&format!("void __launch_bounds__(1024, 1) {}(", regs.entry)), "{kept}");
+    assert_eq!(regs.max_block, 1024);
     assert_eq!(any.matches("for (long long j").count(), 2, "{src}");
     assert_eq!(any.matches("in0[rowbase + j").count(), 2, "{src}");
     assert_eq!(
@@ -637,4 +640,35 @@ fn a_leading_axis_reduction_is_split_over_chunks_of_rows_per_tile_of_columns() {
     assert_eq!(column_chunks(0, 0, 132), 1);
     assert_eq!(k.grid.blocks(&[8192, 4096], 132), Some(128 * 17));
     assert_eq!(k.grid.blocks(&[8192, 0], 132), Some(1));
+}
+
+#[test]
+fn rows_longer_than_a_block_holds_in_registers_take_a_larger_block_and_a_grid_for_it() {
+    let g = common::softmax_xent().expect("graph");
+    let p = plan(&g, &opts()).expect("plan");
+    let k = &p.kernels[0];
+    assert_eq!(k.block, 256);
+    let sym = |name: &str| g.symbols.iter().position(|s| s == name).expect("symbol");
+    let (b, c) = (sym("B"), sym("C"));
+    let at = |rows: u64, cols: u64| {
+        let mut sizes = vec![0u64; g.symbols.len()];
+        (sizes[b], sizes[c]) = (rows, cols);
+        sizes
+    };
+    // (cols, the launch's block): 32 columns a lane, 4 a vector; a row that does not fit any
+    // block of the entry, or is not a whole number of vectors, keeps the kernel's block.
+    for (cols, block) in
+        [(1000, 256), (8192, 256), (8196, 512), (16384, 512), (32000, 1024), (32768, 1024), (32772, 256), (32001, 256)]
+    {
+        assert_eq!(k.launch_block(&at(2097, cols)), block, "{cols} columns");
+    }
+    // One row a block of 1024 at 32,000 columns, two blocks a multiprocessor (the threads a
+    // multiprocessor of the kernel's 256-thread blocks): 264 blocks on 132; the other entry
+    // strides over the rows with the same grid.
+    let grids = p.grids(&at(2097, 32000), 132, |_, b| b).expect("grids");
+    assert_eq!(grids, vec![264]);
+    assert_eq!(
+        p.grids(&at(2097, 1000), 132, |_, b| b).expect("grids"),
+        vec![k.grid.blocks(&at(2097, 1000), 132).unwrap()]
+    );
 }

@@ -234,20 +234,21 @@ impl CudaProgram {
                 Some(Param::Buffer(b)) => buffers.get(*b).map(|buf| buf.address()),
                 _ => None,
             };
-            let (f, params, grid) = match (&k.register_rows, self.register_rows.get(i), &k.fold, self.folds.get(i)) {
-                (Some(r), Some(Some(rf)), _, _) if r.applies(&k.grid, sizes, address) => {
-                    in_registers[i] = true;
-                    (rf, &k.params, grids[i])
-                }
-                // The column sums were taken by the rows' kernel: fold them, over its grid's rows.
-                (_, _, Some(fold), Some(Some(ff))) if in_registers.get(fold.after) == Some(&true) => {
-                    let parts = grids[fold.after];
-                    let blocks = FoldEntry::blocks(&k.grid, sizes, self.gpu.sm_count().max(1), parts)
-                        .ok_or_else(|| Error::GridTooLarge { kernel: fold.entry.clone(), sizes: sizes.to_vec() })?;
-                    (ff, &fold.params, blocks.min(grids[i]))
-                }
-                _ => (f, &k.params, grids[i]),
-            };
+            let (f, params, grid, block) =
+                match (&k.register_rows, self.register_rows.get(i), &k.fold, self.folds.get(i)) {
+                    (Some(r), Some(Some(rf)), _, _) if r.applies(&k.grid, sizes, address) => {
+                        in_registers[i] = true;
+                        (rf, &k.params, grids[i], k.launch_block(sizes))
+                    }
+                    // The column sums were taken by the rows' kernel: fold them, over its grid's rows.
+                    (_, _, Some(fold), Some(Some(ff))) if in_registers.get(fold.after) == Some(&true) => {
+                        let parts = grids[fold.after];
+                        let blocks = FoldEntry::blocks(&k.grid, sizes, self.gpu.sm_count().max(1), parts)
+                            .ok_or_else(|| Error::GridTooLarge { kernel: fold.entry.clone(), sizes: sizes.to_vec() })?;
+                        (ff, &fold.params, blocks.min(grids[i]), k.block)
+                    }
+                    _ => (f, &k.params, grids[i], k.block),
+                };
             let args: Vec<KernelArg<'_>> = params
                 .iter()
                 .map(|p| match *p {
@@ -260,11 +261,11 @@ impl CudaProgram {
                 .collect();
             let step = Instant::now();
             match k.launch {
-                Launch::Plain => self.gpu.launch_on(stream, f, grid, k.block, 0, &args)?,
-                Launch::Cooperative => self.gpu.launch_cooperative_on(stream, f, grid, k.block, 0, &args)?,
+                Launch::Plain => self.gpu.launch_on(stream, f, grid, block, 0, &args)?,
+                Launch::Cooperative => self.gpu.launch_cooperative_on(stream, f, grid, block, 0, &args)?,
             }
             if timing::enabled() {
-                timing::log(&format!("launch {} (grid {grid}, block {})", k.name, k.block), step);
+                timing::log(&format!("launch {} (grid {grid}, block {block})", k.name), step);
             }
         }
         Ok(())

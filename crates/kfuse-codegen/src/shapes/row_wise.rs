@@ -31,8 +31,11 @@
 //! once, a vector (4 columns, or 8 of 2-byte dtypes) at a time, the passes read them from
 //! registers, and the body runs the columns in groups of a vector with one vector load per weight
 //! and one vector store per output. The executor launches it where the row length is a multiple
-//! of the vector's columns, at most 16 columns a lane, and
-//! the buffers it accesses by vectors are aligned ([`crate::RegisterRows`]); two entry points
+//! of the vector's columns, at most 16 columns a lane (32 with one row-shaped input), and
+//! the buffers it accesses by vectors are aligned ([`crate::RegisterRows`]). A row longer than
+//! the kernel's block holds so takes a larger block, up to 1024 threads with the same registers a
+//! thread (`RegisterRows::max_block`): a cross-entropy's row of 32,000 f32 logits is read once
+//! by 1024 lanes instead of once per phase by the other entry; two entry points
 //! keep each one's registers its own (one kernel with both loops took the larger count for
 //! both, measured slower for long rows). Its row groups are the fewest lanes, from one, that hold
 //! the row at 16 columns a lane: a row of 16 columns is one lane's and folds nothing, and fewer

@@ -95,7 +95,7 @@ __device__ __forceinline__ void kf_st_cs(uint2* p, uint2 v) { asm volatile("st.g
 __device__ __forceinline__ void kf_st_cs(unsigned int* p, unsigned int v) { asm volatile("st.global.cs.u32 [%0], %1;" :: "l"(p), "r"(v)); }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_fe17890dc8e1a591_0_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_fe17890dc8e1a591_0_regs(
     const float* __restrict__ in0, // x f32[B, N]
     const float* __restrict__ in1, // bias f32[N]
     const float* __restrict__ in2, // boxes f32[B, N, 4]

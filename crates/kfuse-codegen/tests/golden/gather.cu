@@ -69,7 +69,7 @@ __device__ __forceinline__ float kf_bf16_to_f32(unsigned short h) { return __uin
 __device__ __forceinline__ unsigned short kf_f32_to_bf16(float f) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_24d058b5ffa963ea_0_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_24d058b5ffa963ea_0_regs(
     const unsigned short* __restrict__ in1, // h bf16[B, C]
     const int* __restrict__ in3, // rows i32[K, C]
     unsigned short* __restrict__ out1, // output by_rows bf16[K, C]

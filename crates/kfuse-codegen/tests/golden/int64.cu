@@ -297,7 +297,7 @@ __device__ __forceinline__ long long kf_shr_i64(long long a, long long n) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_1_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_d1a9cb2098299c98_1_regs(
     const long long* __restrict__ in0, // x i64[B, N]
     const long long* __restrict__ in2, // pairs i64[B, 2]
     long long* __restrict__ out2, // output pair i64[B]
@@ -416,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256) kf_d1a9cb2098299c98_2(
 // sink: output centred
 
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_d1a9cb2098299c98_2_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_d1a9cb2098299c98_2_regs(
     const long long* __restrict__ in0, // x i64[B, N]
     int* __restrict__ out4, // output centred i32[B, N]
     const long long* __restrict__ tmp0, // n25 i64 scalar from an earlier kernel

@@ -287,7 +287,7 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_fb25441b8ec4e128_0_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_fb25441b8ec4e128_0_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const int* __restrict__ in1, // labels i32[B]
     float* __restrict__ out0, // output loss f32[]
