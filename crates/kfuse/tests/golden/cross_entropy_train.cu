@@ -450,7 +450,7 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_75d158c14900ce64_1_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const long long* __restrict__ in1, // labels i64[B]
     float* __restrict__ out0, // output loss f32[]

@@ -353,7 +353,7 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(256, 4) kf_962a89f82b737758_0_regs(
+extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs(
     const float* __restrict__ in0, // logits f32[B, C]
     const float* __restrict__ in1, // targets f32[B, C]
     float* __restrict__ out0, // output loss f32[]
