@@ -22,8 +22,10 @@ fn a_row_wise_kernel_names_its_entry_point_for_rows_in_registers_and_the_buffers
         let k = &p.plan().kernels[0];
         let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
         assert_eq!(r.entry, format!("{}_regs", k.name));
-        // Four blocks of 256 resident: its registers are capped at 64 a thread.
-        assert!(r.source.contains(&format!("void __launch_bounds__(256, 4) {}(", r.entry)), "{}", r.source);
+        // Blocks of up to 1024 threads, one resident: its registers are capped at 64 a thread,
+        // as for four blocks of 256.
+        assert!(r.source.contains(&format!("void __launch_bounds__(1024, 1) {}(", r.entry)), "{}", r.source);
+        assert_eq!(r.max_block, 1024);
         // One row-shaped input kept (x): 32 columns a lane at most.
         assert_eq!((r.cols_per_lane, r.vector), (32, width), "{dtype}");
         // x, w, b and y: four buffers read or written a vector (16 bytes) at a time.
@@ -41,18 +43,24 @@ fn the_executor_takes_the_entry_point_for_rows_in_registers_only_where_the_rows_
     let k = &p.plan().kernels[0];
     let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
     let aligned = |_: usize| Some(0x7f00_0000_0000u64);
-    // 256 lanes a row (the block), 32 columns a lane: rows of up to 8192 columns, a multiple of 8.
-    for (rows, cols, takes) in [
-        (8192, 4096, true),
-        (3, 8, true),
-        (1, 1000, true),
-        (5, 4100, false),
-        (2, 4104, true),
-        (7, 8192, true),
-        (3, 8200, false),
-        (4, 12, false),
+    // Up to 1024 lanes a row (the largest block), 32 columns a lane: rows of up to 32,768
+    // columns, a multiple of 8; a block of 256 threads (the kernel's) up to 8192 columns, then
+    // the smallest larger one that holds the row.
+    for (rows, cols, takes, block) in [
+        (8192, 4096, true, 256),
+        (3, 8, true, 256),
+        (1, 1000, true, 256),
+        (5, 4100, false, 256),
+        (2, 4104, true, 256),
+        (7, 8192, true, 256),
+        (3, 8200, true, 512),
+        (3, 16392, true, 1024),
+        (3, 32768, true, 1024),
+        (3, 32776, false, 256),
+        (4, 12, false, 256),
     ] {
         assert_eq!(r.applies(&k.grid, &[rows, cols], aligned), takes, "[{rows}, {cols}]");
+        assert_eq!(k.launch_block(&[rows, cols]), block, "[{rows}, {cols}]");
     }
     // A buffer off its 16 bytes (a view at an odd offset) takes the entry point for any row.
     let first = r.aligned[0].0;
@@ -75,8 +83,13 @@ fn a_kernel_keeping_two_row_shaped_inputs_keeps_16_columns_a_lane() {
     assert_eq!((r.cols_per_lane, r.vector), (16, 4));
     assert!(r.source.contains("float kf_c0[16];") && r.source.contains("float kf_c2[16];"), "{}", r.source);
     let aligned = |_: usize| Some(0x7f00_0000_0000u64);
+    // 16 columns a lane: rows of up to 4096 columns in the kernel's block of 256, up to 16,384
+    // in blocks of 1024.
     assert!(r.applies(&k.grid, &[8192, 4096], aligned));
-    assert!(!r.applies(&k.grid, &[8192, 8192], aligned));
+    assert_eq!(k.launch_block(&[8192, 4096]), 256);
+    assert!(r.applies(&k.grid, &[8192, 8192], aligned));
+    assert_eq!(k.launch_block(&[8192, 8192]), 512);
+    assert!(!r.applies(&k.grid, &[8192, 16388], aligned));
 }
 
 #[test]
