@@ -187,6 +187,9 @@ pub(crate) enum Helper {
     RowMax,
     RowMin,
     RowProd,
+    /// `kf_online_add`, `kf_online_merge`, `kf_row_online`: a softmax's maximum and sum of exp in
+    /// one pass (see `shapes::row_wise`); needs `MinMaxF32`.
+    RowOnline,
     DivMod,
     StoreStreaming,
     /// `kf_rem_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
@@ -208,6 +211,7 @@ const STORE_CS: &str = include_str!("templates/helper_store_cs.cuh");
 const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
 const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
 const ROW_REDUCE: &str = include_str!("templates/helper_row_reduce.cuh");
+const ROW_ONLINE: &str = include_str!("templates/helper_row_online.cuh");
 const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
 const INT64_DIV_SHIFT: &str = include_str!("templates/helper_int64_div_shift.cuh");
 const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
@@ -238,6 +242,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::RowMax => row_reduce("max", "kf_max_f64(v, o)"),
         Helper::RowMin => row_reduce("min", "kf_min_f64(v, o)"),
         Helper::RowProd => row_reduce("prod", "v * o"),
+        Helper::RowOnline => render(ROW_ONLINE, &[]),
         Helper::DivMod => render(DIV_MOD, &[]),
         Helper::StoreStreaming => render(STORE_CS, &[]),
         Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),

@@ -113,10 +113,10 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let p = plan(&g, &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
-    // Two passes over each row by its lanes: the max, then the sum-exp and the picked logit,
-    // which read only the max. The entry point for any row reads the logits in each pass; the
-    // one for rows that fit the lanes' registers loads them once, 4 columns at a time, 32 columns
-    // a lane at most (the logits are the one row-shaped input kept).
+    // One pass over each row by its lanes: the max with the sum-exp (a running maximum that
+    // rescales the sum) and the picked logit. The entry point for any row reads the logits in
+    // it; the one for rows that fit the lanes' registers loads them once, 4 columns at a time,
+    // 32 columns a lane at most (the logits are the one row-shaped input kept).
     let k = &p.kernels[0];
     let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 32, 4));
@@ -125,23 +125,26 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     // threads and 4 blocks a multiprocessor would have.
     assert!(kept.contains(&format!("void __launch_bounds__(1024, 1) {}(", regs.entry)), "{kept}");
     assert_eq!(regs.max_block, 1024);
-    assert_eq!(any.matches("for (long long j").count(), 2, "{src}");
-    assert_eq!(any.matches("in0[rowbase + j").count(), 2, "{src}");
+    assert_eq!(any.matches("for (long long j").count(), 1, "{src}");
+    assert_eq!(any.matches("in0[rowbase + j").count(), 1, "{src}");
     assert_eq!(
         kept.matches("const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);").count(),
         1,
         "{src}"
     );
-    assert_eq!(kept.matches("for (int t").count(), 2, "{src}");
-    assert_eq!(kept.matches("= kf_c0[t").count(), 2, "{src}");
+    assert_eq!(kept.matches("for (int t").count(), 1, "{src}");
+    assert_eq!(kept.matches("= kf_c0[t").count(), 1, "{src}");
     assert!(!kept.contains("in0[rowbase + j"), "{src}");
     // The logits are read a vector at a time: the entry point needs them aligned to 16 bytes.
     assert_eq!(regs.aligned.len(), 1, "{regs:?}");
     assert_eq!(k.params[regs.aligned[0].0], kfuse_codegen::Param::Buffer(0), "{regs:?}");
     assert_eq!(regs.aligned[0].1, 16);
-    assert!(src.contains("2 row reduction phase(s) computed once per row"), "{src}");
-    // The row max is computed before the exp-sum loop that uses it.
-    assert!(src.find("kf_maxf(a").expect("max loop") < src.find("expf(").expect("exp"));
+    assert!(src.contains("1 row reduction phase(s) computed once per row"), "{src}");
+    // The max and the exp-sum in the one loop, folded as pairs over the row's lanes.
+    for entry in [any, kept] {
+        assert_eq!(entry.matches("kf_online_add(om").count(), 1, "{entry}");
+        assert_eq!(entry.matches("kf_row_online(om").count(), 1, "{entry}");
+    }
     // The label is loaded once per row, outside the loops, by each entry point.
     assert_eq!((src.matches("in1[").count(), kept.matches("in1[").count()), (1, 1));
 }

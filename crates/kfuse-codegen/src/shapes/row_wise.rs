@@ -15,6 +15,10 @@
 //!    shuffles within a warp, then per-warp values folded in order through shared memory), which
 //!    leaves the same bits in every lane. The result is bound once per row and read from there by
 //!    every later use. The row is read once per phase; later passes are served by the caches.
+//!    A softmax's sum of `exp(x - max)` joins the phase of its maximum ([`RowWise::online`]):
+//!    each lane keeps a running maximum and rescales its sum when the maximum grows (one exp an
+//!    element), and the lanes' (maximum, sum) pairs fold as one (`kf_row_online`), so a
+//!    log-softmax reads its row once where it read it twice.
 //! 2. The body: the kernel's sinks (stores, full reductions) at each element of the row
 //!    ([`RowCase::Elements`]: the domain is the rows times the reduced axis), or once per row by
 //!    the group's lane 0 ([`RowCase::Results`]: the domain is the rows, e.g. a per-row loss summed
@@ -58,7 +62,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kfuse_ir::{Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
+use kfuse_ir::{BinaryOp, Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp, UnaryOp};
 
 use crate::actions::{Action, Combine, Group};
 use crate::analysis::{counts_every_element, full_reduce, Analysis, KernelInfo, SinkKind, MAX_COMPONENTS};
@@ -105,6 +109,10 @@ pub(crate) struct RowWise {
     /// the sums' rows one after another). Its entry for any row does not: the later kernel then
     /// reads the rows itself.
     pub column_sums: Vec<NodeId>,
+    /// (maximum, sum) pairs of a softmax's statistics that one pass computes together: a row's
+    /// maximum of `x` and its sum of `exp(x - maximum)` (see [`softmax_sum_of`]), in the same
+    /// phase, with a running maximum that rescales the sum when it grows (`kf_online_add`).
+    pub online: Vec<(NodeId, NodeId)>,
 }
 
 impl RowWise {
@@ -208,8 +216,16 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
     let (case, cols) =
         found.iter().find(|f| f.1 == RowCase::Elements).or(found.first()).map(|&(_, case, cols)| (case, cols))?;
     let chosen: BTreeSet<NodeId> = found.iter().filter(|f| f.1 == case && f.2 == cols).map(|f| f.0).collect();
+    // A softmax's sum of exp(x - max) joins the pass of its maximum (one of each per maximum).
+    let mut online: Vec<(NodeId, NodeId)> = Vec::new();
+    for &s in &chosen {
+        if let Some(m) = softmax_sum_of(g, s).filter(|m| chosen.contains(m) && !online.iter().any(|p| p.0 == *m)) {
+            online.push((m, s));
+        }
+    }
     // Phases: one more than the latest phase of a chosen reduction its operands read (operands
-    // have lower node ids, so one pass in node order settles every node).
+    // have lower node ids, so one pass in node order settles every node); an online sum, its
+    // maximum's.
     let mut reach = vec![0u32; g.nodes.len()];
     let mut phases: Vec<Vec<NodeId>> = Vec::new();
     for i in 0..g.nodes.len() {
@@ -219,7 +235,10 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
         }
         let mut r = 0;
         g.node(n).op.for_each_operand(&g.lists, |x| r = r.max(reach[x.index()]));
-        if chosen.contains(&n) {
+        if let Some(&(m, _)) = online.iter().find(|p| p.1 == n) {
+            r = reach[m.index()];
+            phases[r as usize - 1].push(n);
+        } else if chosen.contains(&n) {
             r += 1;
             if phases.len() < r as usize {
                 phases.resize(r as usize, Vec::new());
@@ -235,7 +254,28 @@ fn detect(g: &Graph, an: &Analysis, info: &KernelInfo, seen: &[bool]) -> Option<
             .collect(),
         RowCase::Elements => Vec::new(),
     };
-    Some(RowWise { case, phases, cols, row_inputs, column_sums: Vec::new() })
+    Some(RowWise { case, phases, cols, row_inputs, column_sums: Vec::new(), online })
+}
+
+/// The row maximum `m` when `s` is a softmax's sum along the row of `exp(x - m)`, `m` the
+/// maximum of the same `x` along the row (as `softmax` and `log_softmax` build them: the maximum
+/// detached and kept as an axis of size 1), both unmasked.
+fn softmax_sum_of(g: &Graph, s: NodeId) -> Option<NodeId> {
+    let Op::Reduce { op: ReduceOp::Sum, axis: ReduceAxis::Last, x: e, mask: None } = g.node(s).op else { return None };
+    let Op::Unary(UnaryOp::Exp, z) = g.node(e).op else { return None };
+    let Op::Binary(BinaryOp::Sub, x, mut shift) = g.node(z).op else { return None };
+    // Through the detach and the kept axis: the maximum broadcast along the row.
+    loop {
+        shift = match g.node(shift).op {
+            Op::Unary(UnaryOp::Detach, y) | Op::ExpandLast(y) => y,
+            Op::Unsqueeze { x: y, axes } if axes == 1 << g.node(y).shape.rank() => y,
+            _ => break,
+        };
+    }
+    let Op::Reduce { op: ReduceOp::Max, axis: ReduceAxis::Last, x: mx, mask: None } = g.node(shift).op else {
+        return None;
+    };
+    (mx == x && g.node(x).dtype.is_float() && g.node(z).shape == g.node(x).shape).then_some(shift)
 }
 
 /// The row-wise plan without reductions of an elementwise kernel that would otherwise take the
@@ -262,6 +302,7 @@ pub(crate) fn elementwise(
         cols,
         row_inputs: Vec::new(),
         column_sums: Vec::new(),
+        online: Vec::new(),
     })
 }
 
@@ -375,8 +416,24 @@ fn emit_passes(
     let registers = em.row_cache.is_some();
     for phase in &plan.phases {
         // The phase's accumulators, one pass over the row, then each accumulator's fold.
+        let online: Vec<(NodeId, NodeId)> = plan.online.iter().filter(|p| phase.contains(&p.0)).copied().collect();
+        let paired = |n: NodeId| online.iter().any(|&(m, s)| n == m || n == s);
+        let mut pairs = Vec::with_capacity(online.len());
+        for &(m, s) in &online {
+            let Op::Reduce { x, .. } = g.node(m).op else {
+                return Err(CodegenError::Internal { node: m.0, what: "an online maximum that does not reduce" });
+            };
+            let (am, asum) = (em.fresh("om"), em.fresh("os"));
+            em.push_stmt(format!(
+                "float {am} = __int_as_float(0xff800000), {asum} = 0.0f; // n{} and n{} in one pass",
+                m.0, s.0
+            ));
+            em.uses.helpers.insert(Helper::MinMaxF32);
+            em.uses.helpers.insert(Helper::RowOnline);
+            pairs.push((m, s, x, am, asum));
+        }
         let mut reductions = Vec::with_capacity(phase.len());
-        for &n in phase {
+        for &n in phase.iter().filter(|&&n| !paired(n)) {
             let Op::Reduce { op, x, mask, .. } = g.node(n).op else {
                 return Err(CodegenError::Internal {
                     node: n.0,
@@ -392,6 +449,12 @@ fn emit_passes(
             reductions.push((n, op, x, mask, accs, partial));
         }
         let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
+        for (_, _, x, am, asum) in &pairs {
+            let mut xctx = ctx.clone();
+            xctx.push(Coord::Loop(l));
+            let v = em.eval(*x, &xctx)?;
+            em.push_stmt(format!("kf_online_add({am}, {asum}, {v});"));
+        }
         for (_, op, x, mask, accs, partial) in &reductions {
             let mut xctx = ctx.clone();
             xctx.push(Coord::Loop(l));
@@ -438,9 +501,20 @@ fn emit_passes(
         for line in fold_lines(&folds) {
             em.push_stmt(line);
         }
+        for (_, _, _, am, asum) in &pairs {
+            em.push_stmt(format!("kf_row_online({am}, {asum}, kf_g, kf_rs); // over the row's lanes"));
+        }
+        let mut bound: Vec<(NodeId, String, String)> = pairs
+            .into_iter()
+            .flat_map(|(m, s, _, am, asum)| {
+                [(m, am, "maximum".to_string()), (s, asum, format!("sum of exp(x - n{})", m.0))]
+            })
+            .collect();
         for (n, op, x, _, accs, _) in reductions {
-            let e = finish_reduce(op, g.node(x).dtype, &accs);
-            let v = em.bind_here(n, ctx.clone(), e, &format!("n{} {} along the row, once per row", n.0, op.name()));
+            bound.push((n, finish_reduce(op, g.node(x).dtype, &accs), op.name().to_string()));
+        }
+        for (n, e, what) in bound {
+            let v = em.bind_here(n, ctx.clone(), e, &format!("n{} {what} along the row, once per row", n.0));
             // A later kernel reads it: one store per row.
             if let (Some(&w), Some(&t)) = (an.row_values.get(&n), an.temps.get(&n)) {
                 if w == kernel {
