@@ -17,8 +17,7 @@
 //!    every later use. The row is read once per phase; later passes are served by the caches.
 //!    A softmax's sum of `exp(x - max)` joins the phase of its maximum ([`RowWise::online`]):
 //!    each lane keeps a running maximum and rescales its sum when the maximum grows (one exp an
-//!    element; a row in registers takes the lane's maximum first, so that its exps do not wait on
-//!    each other), and the lanes' (maximum, sum) pairs fold as one (`kf_row_online`), so a
+//!    element), and the lanes' (maximum, sum) pairs fold as one (`kf_row_online`), so a
 //!    log-softmax reads its row once where it read it twice.
 //! 2. The body: the kernel's sinks (stores, full reductions) at each element of the row
 //!    ([`RowCase::Elements`]: the domain is the rows times the reduced axis), or once per row by
@@ -449,28 +448,12 @@ fn emit_passes(
                 .then(|| em.declare_lane_partial(em.depth()));
             reductions.push((n, op, x, mask, accs, partial));
         }
-        // A row in registers: the lane's maximum first (a loop over its registers), then the
-        // exps against it are independent of each other; a row read from memory keeps the
-        // running maximum (one read of the row).
-        if registers && !pairs.is_empty() {
-            let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
-            for (_, _, x, am, _) in &pairs {
-                let mut xctx = ctx.clone();
-                xctx.push(Coord::Loop(l));
-                let v = em.eval(*x, &xctx)?;
-                em.push_stmt(format!("{am} = kf_maxf({am}, {v}); // the lane's maximum"));
-            }
-            em.close();
-        }
         let l = em.open_row_loop("lane", "kf_n", "kf_g", UNROLL);
         for (_, _, x, am, asum) in &pairs {
             let mut xctx = ctx.clone();
             xctx.push(Coord::Loop(l));
             let v = em.eval(*x, &xctx)?;
-            em.push_stmt(match registers {
-                true => format!("{asum} += kf_online_term({am}, {v});"),
-                false => format!("kf_online_add({am}, {asum}, {v});"),
-            });
+            em.push_stmt(format!("kf_online_add({am}, {asum}, {v});"));
         }
         for (_, op, x, mask, accs, partial) in &reductions {
             let mut xctx = ctx.clone();

@@ -14,11 +14,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
 }
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
-}
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
     const float n = kf_maxf(m, om);

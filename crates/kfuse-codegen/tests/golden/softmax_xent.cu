@@ -67,11 +67,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
 }
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
-}
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
     const float n = kf_maxf(m, om);
@@ -133,28 +128,28 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        const int v32 = in1[i]; // labels i32
-        float om33 = __int_as_float(0xff800000), os34 = 0.0f; // n2 and n6 in one pass
-        double a35 = 0.0;
+        const int v30 = in1[i]; // labels i32
+        float om31 = __int_as_float(0xff800000), os32 = 0.0f; // n2 and n6 in one pass
+        double a33 = 0.0;
         #pragma unroll 4
-        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v36 = in0[rowbase + j4]; // logits f32
-            kf_online_add(om33, os34, v36);
-            const int v37 = (int)j4; // n9
-            const bool v38 = v37 == v32; // n11
-            const float v39 = (v38 ? v36 : 0.0f); // n13
-            a35 += (double)v39;
+        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+            const float v34 = in0[rowbase + j2]; // logits f32
+            kf_online_add(om31, os32, v34);
+            const int v35 = (int)j2; // n9
+            const bool v36 = v35 == v30; // n11
+            const float v37 = (v36 ? v34 : 0.0f); // n13
+            a33 += (double)v37;
         }
-        a35 = kf_row_sum(a35, kf_g, kf_rs); // over the row's lanes
-        kf_row_online(om33, os34, kf_g, kf_rs); // over the row's lanes
-        const float v40 = om33; // n2 maximum along the row, once per row
-        const float v41 = os34; // n6 sum of exp(x - n2) along the row, once per row
-        const float v42 = (float)a35; // n14 sum along the row, once per row
+        a33 = kf_row_sum(a33, kf_g, kf_rs); // over the row's lanes
+        kf_row_online(om31, os32, kf_g, kf_rs); // over the row's lanes
+        const float v38 = om31; // n2 maximum along the row, once per row
+        const float v39 = os32; // n6 sum of exp(x - n2) along the row, once per row
+        const float v40 = (float)a33; // n14 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v43 = logf(v41); // n7
-            const float v44 = v43 + v40; // n8
-            const float v45 = v44 - v42; // n15
-            acc0 += (double)v45; acc1 += 1.0;
+            const float v41 = logf(v39); // n7
+            const float v42 = v41 + v38; // n8
+            const float v43 = v42 - v40; // n15
+            acc0 += (double)v43; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -182,8 +177,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_fb25441b8ec4e128_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v46 = (float)(r0 / r1); // n16
-        out0[0] = v46; // output loss
+        const float v44 = (float)(r0 / r1); // n16
+        out0[0] = v44; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -258,11 +253,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
-}
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
@@ -340,39 +330,32 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_fb25441b8ec4e128_0_regs
             }
         }
         const long long i = row; // the row's element of the domain
-        const int v16 = in1[i]; // labels i32
-        float om17 = __int_as_float(0xff800000), os18 = 0.0f; // n2 and n6 in one pass
-        double a19 = 0.0;
-        float p20 = 0.0f;
+        const int v15 = in1[i]; // labels i32
+        float om16 = __int_as_float(0xff800000), os17 = 0.0f; // n2 and n6 in one pass
+        double a18 = 0.0;
+        float p19 = 0.0f;
         #pragma unroll
-        for (int t2 = 0; t2 < 32; ++t2) {
-            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
-            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v21 = kf_c0[t2]; // logits f32
-            om17 = kf_maxf(om17, v21); // the lane's maximum
+        for (int t1 = 0; t1 < 32; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v20 = kf_c0[t1]; // logits f32
+            kf_online_add(om16, os17, v20);
+            const int v21 = (int)j1; // n9
+            const bool v22 = v21 == v15; // n11
+            const float v23 = (v22 ? v20 : 0.0f); // n13
+            p19 += v23;
         }
-        #pragma unroll
-        for (int t3 = 0; t3 < 32; ++t3) {
-            if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
-            const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v22 = kf_c0[t3]; // logits f32
-            os18 += kf_online_term(om17, v22);
-            const int v23 = (int)j3; // n9
-            const bool v24 = v23 == v16; // n11
-            const float v25 = (v24 ? v22 : 0.0f); // n13
-            p20 += v25;
-        }
-        a19 = (double)p20; // the lane's columns, added in f32
-        a19 = kf_row_sum(a19, kf_g, kf_rs); // over the row's lanes
-        kf_row_online(om17, os18, kf_g, kf_rs); // over the row's lanes
-        const float v26 = om17; // n2 maximum along the row, once per row
-        const float v27 = os18; // n6 sum of exp(x - n2) along the row, once per row
-        const float v28 = (float)a19; // n14 sum along the row, once per row
+        a18 = (double)p19; // the lane's columns, added in f32
+        a18 = kf_row_sum(a18, kf_g, kf_rs); // over the row's lanes
+        kf_row_online(om16, os17, kf_g, kf_rs); // over the row's lanes
+        const float v24 = om16; // n2 maximum along the row, once per row
+        const float v25 = os17; // n6 sum of exp(x - n2) along the row, once per row
+        const float v26 = (float)a18; // n14 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v29 = logf(v27); // n7
-            const float v30 = v29 + v26; // n8
-            const float v31 = v30 - v28; // n15
-            acc0 += (double)v31; acc1 += 1.0;
+            const float v27 = logf(v25); // n7
+            const float v28 = v27 + v24; // n8
+            const float v29 = v28 - v26; // n15
+            acc0 += (double)v29; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -400,8 +383,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_fb25441b8ec4e128_0_regs
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v46 = (float)(r0 / r1); // n16
-        out0[0] = v46; // output loss
+        const float v44 = (float)(r0 / r1); // n16
+        out0[0] = v44; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -169,11 +169,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
 }
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
-}
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
     const float n = kf_maxf(m, om);
@@ -238,99 +233,99 @@ extern "C" __global__ void __launch_bounds__(256) kf_75d158c14900ce64_1(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float om592 = __int_as_float(0xff800000), os593 = 0.0f; // n2 and n7 in one pass
-        double a594 = 0.0;
-        double a595 = 0.0;
-        const long long v599 = in1[row]; // labels i64
-        const bool v601 = v599 != (-100ll); // n42
-        const float v602 = tmp3[0]; // n56 from an earlier kernel
-        const float v603 = (v601 ? v602 : 0.0f); // n57
-        const float v604 = -v603; // n60
+        float om590 = __int_as_float(0xff800000), os591 = 0.0f; // n2 and n7 in one pass
+        double a592 = 0.0;
+        double a593 = 0.0;
+        const long long v597 = in1[row]; // labels i64
+        const bool v599 = v597 != (-100ll); // n42
+        const float v600 = tmp3[0]; // n56 from an earlier kernel
+        const float v601 = (v599 ? v600 : 0.0f); // n57
+        const float v602 = -v601; // n60
         #pragma unroll 4
-        for (long long j6 = lane; j6 < kf_n; j6 += kf_g) {
-            const float v596 = in0[rowbase + j6]; // logits f32
-            kf_online_add(om592, os593, v596);
-            a594 += (double)v596;
-            const int v597 = (int)j6; // n11
-            const long long v598 = (long long)v597; // n13
-            const bool v600 = v598 == v599; // n14
-            const float v605 = (v600 ? v604 : 0.0f); // n61
-            a595 += (double)v605;
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v594 = in0[rowbase + j4]; // logits f32
+            kf_online_add(om590, os591, v594);
+            a592 += (double)v594;
+            const int v595 = (int)j4; // n11
+            const long long v596 = (long long)v595; // n13
+            const bool v598 = v596 == v597; // n14
+            const float v603 = (v598 ? v602 : 0.0f); // n61
+            a593 += (double)v603;
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a594 = kf_row_sum(a594, kf_g < 32 ? kf_g : 32, kf_rs);
-        a595 = kf_row_sum(a595, kf_g < 32 ? kf_g : 32, kf_rs);
+        a592 = kf_row_sum(a592, kf_g < 32 ? kf_g : 32, kf_rs);
+        a593 = kf_row_sum(a593, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a594; kf_rs[32 + kf_warp] = a595; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a592; kf_rs[32 + kf_warp] = a593; }
             __syncthreads();
-            a594 = kf_rs[kf_first]; a595 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a594 += kf_rs[kf_first + w]; a595 += kf_rs[32 + kf_first + w]; }
+            a592 = kf_rs[kf_first]; a593 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a592 += kf_rs[kf_first + w]; a593 += kf_rs[32 + kf_first + w]; }
         }
-        kf_row_online(om592, os593, kf_g, kf_rs); // over the row's lanes
-        const float v606 = om592; // n2 maximum along the row, once per row
-        const float v607 = os593; // n7 sum of exp(x - n2) along the row, once per row
-        const float v608 = (float)a594; // n19 sum along the row, once per row
-        const float v609 = (float)a595; // n62 sum along the row, once per row
-        double a610 = 0.0;
-        const float v615 = v606; // n4
-        const float v617 = logf(v607); // n9
+        kf_row_online(om590, os591, kf_g, kf_rs); // over the row's lanes
+        const float v604 = om590; // n2 maximum along the row, once per row
+        const float v605 = os591; // n7 sum of exp(x - n2) along the row, once per row
+        const float v606 = (float)a592; // n19 sum along the row, once per row
+        const float v607 = (float)a593; // n62 sum along the row, once per row
+        double a608 = 0.0;
+        const float v613 = v604; // n4
+        const float v615 = logf(v605); // n9
         #pragma unroll 4
-        for (long long j7 = lane; j7 < kf_n; j7 += kf_g) {
-            const int v611 = (int)j7; // n11
-            const long long v612 = (long long)v611; // n13
-            const bool v613 = v612 == v599; // n14
-            const float v614 = in0[rowbase + j7]; // logits f32
-            const float v616 = v614 - v615; // n5
-            const float v618 = v616 - v617; // n10
-            const float v619 = (v613 ? v618 : 0.0f); // n16
-            a610 += (double)v619;
+        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
+            const int v609 = (int)j5; // n11
+            const long long v610 = (long long)v609; // n13
+            const bool v611 = v610 == v597; // n14
+            const float v612 = in0[rowbase + j5]; // logits f32
+            const float v614 = v612 - v613; // n5
+            const float v616 = v614 - v615; // n10
+            const float v617 = (v611 ? v616 : 0.0f); // n16
+            a608 += (double)v617;
         }
-        a610 = kf_row_sum(a610, kf_g, kf_rs); // over the row's lanes
-        const float v620 = (float)a610; // n17 sum along the row, once per row
+        a608 = kf_row_sum(a608, kf_g, kf_rs); // over the row's lanes
+        const float v618 = (float)a608; // n17 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v601) {
-                const float v621 = -v620; // n18
-                const float v622 = 0.9f * v621; // n32
-                const int v623 = (int)(sz1); // n36 the count of every element
-                const float v624 = (float)v623; // n37
-                const float v625 = 0.1f / v624; // n38
-                const int v626 = (int)(sz1); // n23 the count of every element
-                const float v627 = (float)v626; // n24
-                const float v628 = v615 * v627; // n25
-                const float v629 = v608 - v628; // n26
-                const float v630 = v617 * v627; // n28
-                const float v631 = v629 - v630; // n29
-                const float v632 = -v631; // n30
-                const float v633 = v625 * v632; // n39
-                const float v634 = v622 + v633; // n40
-                acc0 += (double)v634;
+            if (v599) {
+                const float v619 = -v618; // n18
+                const float v620 = 0.9f * v619; // n32
+                const int v621 = (int)(sz1); // n36 the count of every element
+                const float v622 = (float)v621; // n37
+                const float v623 = 0.1f / v622; // n38
+                const int v624 = (int)(sz1); // n23 the count of every element
+                const float v625 = (float)v624; // n24
+                const float v626 = v613 * v625; // n25
+                const float v627 = v606 - v626; // n26
+                const float v628 = v615 * v625; // n28
+                const float v629 = v627 - v628; // n29
+                const float v630 = -v629; // n30
+                const float v631 = v623 * v630; // n39
+                const float v632 = v620 + v631; // n40
+                acc0 += (double)v632;
             }
         }
-        const float v635 = tmp2[0]; // n51 from an earlier kernel
-        const float v636 = (v601 ? v635 : 0.0f); // n52
-        const float v641 = tmp1[0]; // n49 from an earlier kernel
-        const int v642 = (int)(sz1); // n23 the count of every element
-        const float v643 = (float)v642; // n24
-        const float v644 = v641 * v643; // n53
-        const float v645 = (v601 ? v644 : 0.0f); // n54
-        const float v646 = v609 + v645; // n65
-        const float v647 = v646 / v607; // n66
+        const float v633 = tmp2[0]; // n51 from an earlier kernel
+        const float v634 = (v599 ? v633 : 0.0f); // n52
+        const float v639 = tmp1[0]; // n49 from an earlier kernel
+        const int v640 = (int)(sz1); // n23 the count of every element
+        const float v641 = (float)v640; // n24
+        const float v642 = v639 * v641; // n53
+        const float v643 = (v599 ? v642 : 0.0f); // n54
+        const float v644 = v607 + v643; // n65
+        const float v645 = v644 / v605; // n66
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const int v637 = (int)col; // n11
-            const long long v638 = (long long)v637; // n13
-            const bool v639 = v638 == v599; // n14
-            const float v640 = (v639 ? v603 : 0.0f); // n59
-            const float v648 = in0[i]; // logits f32
-            const float v649 = v648 - v615; // n5
-            const float v650 = expf(v649); // n6
-            const float v651 = v647 * v650; // n69
-            const float v652 = v640 + v651; // n70
-            const float v653 = v636 + v652; // n71
-            out1[i] = v653; // dlogits
+            const int v635 = (int)col; // n11
+            const long long v636 = (long long)v635; // n13
+            const bool v637 = v636 == v597; // n14
+            const float v638 = (v637 ? v601 : 0.0f); // n59
+            const float v646 = in0[i]; // logits f32
+            const float v647 = v646 - v613; // n5
+            const float v648 = expf(v647); // n6
+            const float v649 = v645 * v648; // n69
+            const float v650 = v638 + v649; // n70
+            const float v651 = v634 + v650; // n71
+            out1[i] = v651; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -353,10 +348,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_75d158c14900ce64_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v654 = (float)r0; // n43
-        const float v655 = tmp0[0]; // n45 from an earlier kernel
-        const float v656 = v654 / v655; // n46
-        out0[0] = v656; // output loss
+        const float v652 = (float)r0; // n43
+        const float v653 = tmp0[0]; // n45 from an earlier kernel
+        const float v654 = v652 / v653; // n46
+        out0[0] = v654; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -430,11 +425,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
-}
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
@@ -515,164 +505,157 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
                 kf_c0[4 * kf_v + 3] = kf_w.w;
             }
         }
-        float om216 = __int_as_float(0xff800000), os217 = 0.0f; // n2 and n7 in one pass
-        double a218 = 0.0;
-        float p219 = 0.0f;
-        double a220 = 0.0;
-        float p221 = 0.0f;
+        float om215 = __int_as_float(0xff800000), os216 = 0.0f; // n2 and n7 in one pass
+        double a217 = 0.0;
+        float p218 = 0.0f;
+        double a219 = 0.0;
+        float p220 = 0.0f;
+        const long long v224 = in1[row]; // labels i64
+        const bool v226 = v224 != (-100ll); // n42
+        const float v227 = tmp3[0]; // n56 from an earlier kernel
+        const float v228 = (v226 ? v227 : 0.0f); // n57
+        const float v229 = -v228; // n60
+        #pragma unroll
+        for (int t2 = 0; t2 < 32; ++t2) {
+            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
+            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
+            const float v221 = kf_c0[t2]; // logits f32
+            kf_online_add(om215, os216, v221);
+            p218 += v221;
+            const int v222 = (int)j2; // n11
+            const long long v223 = (long long)v222; // n13
+            const bool v225 = v223 == v224; // n14
+            const float v230 = (v225 ? v229 : 0.0f); // n61
+            p220 += v230;
+        }
+        a217 = (double)p218; // the lane's columns, added in f32
+        a219 = (double)p220; // the lane's columns, added in f32
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a217 = kf_row_sum(a217, kf_g < 32 ? kf_g : 32, kf_rs);
+        a219 = kf_row_sum(a219, kf_g < 32 ? kf_g : 32, kf_rs);
+        if (kf_g > 32) {
+            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
+            __syncthreads(); // kf_rs may still be read by the previous fold
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a217; kf_rs[32 + kf_warp] = a219; }
+            __syncthreads();
+            a217 = kf_rs[kf_first]; a219 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a217 += kf_rs[kf_first + w]; a219 += kf_rs[32 + kf_first + w]; }
+        }
+        kf_row_online(om215, os216, kf_g, kf_rs); // over the row's lanes
+        const float v231 = om215; // n2 maximum along the row, once per row
+        const float v232 = os216; // n7 sum of exp(x - n2) along the row, once per row
+        const float v233 = (float)a217; // n19 sum along the row, once per row
+        const float v234 = (float)a219; // n62 sum along the row, once per row
+        double a235 = 0.0;
+        float p236 = 0.0f;
+        const float v241 = v231; // n4
+        const float v243 = logf(v232); // n9
         #pragma unroll
         for (int t3 = 0; t3 < 32; ++t3) {
             if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
             const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v222 = kf_c0[t3]; // logits f32
-            om216 = kf_maxf(om216, v222); // the lane's maximum
+            const int v237 = (int)j3; // n11
+            const long long v238 = (long long)v237; // n13
+            const bool v239 = v238 == v224; // n14
+            const float v240 = kf_c0[t3]; // logits f32
+            const float v242 = v240 - v241; // n5
+            const float v244 = v242 - v243; // n10
+            const float v245 = (v239 ? v244 : 0.0f); // n16
+            p236 += v245;
         }
-        const long long v226 = in1[row]; // labels i64
-        const bool v228 = v226 != (-100ll); // n42
-        const float v229 = tmp3[0]; // n56 from an earlier kernel
-        const float v230 = (v228 ? v229 : 0.0f); // n57
-        const float v231 = -v230; // n60
-        #pragma unroll
-        for (int t4 = 0; t4 < 32; ++t4) {
-            if (4 * (lane + (t4 / 4) * kf_g) >= kf_n) break;
-            const int j4 = 4 * (lane + (t4 / 4) * kf_g) + t4 % 4;
-            const float v223 = kf_c0[t4]; // logits f32
-            os217 += kf_online_term(om216, v223);
-            p219 += v223;
-            const int v224 = (int)j4; // n11
-            const long long v225 = (long long)v224; // n13
-            const bool v227 = v225 == v226; // n14
-            const float v232 = (v227 ? v231 : 0.0f); // n61
-            p221 += v232;
-        }
-        a218 = (double)p219; // the lane's columns, added in f32
-        a220 = (double)p221; // the lane's columns, added in f32
-        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a218 = kf_row_sum(a218, kf_g < 32 ? kf_g : 32, kf_rs);
-        a220 = kf_row_sum(a220, kf_g < 32 ? kf_g : 32, kf_rs);
-        if (kf_g > 32) {
-            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
-            __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a218; kf_rs[32 + kf_warp] = a220; }
-            __syncthreads();
-            a218 = kf_rs[kf_first]; a220 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a218 += kf_rs[kf_first + w]; a220 += kf_rs[32 + kf_first + w]; }
-        }
-        kf_row_online(om216, os217, kf_g, kf_rs); // over the row's lanes
-        const float v233 = om216; // n2 maximum along the row, once per row
-        const float v234 = os217; // n7 sum of exp(x - n2) along the row, once per row
-        const float v235 = (float)a218; // n19 sum along the row, once per row
-        const float v236 = (float)a220; // n62 sum along the row, once per row
-        double a237 = 0.0;
-        float p238 = 0.0f;
-        const float v243 = v233; // n4
-        const float v245 = logf(v234); // n9
-        #pragma unroll
-        for (int t5 = 0; t5 < 32; ++t5) {
-            if (4 * (lane + (t5 / 4) * kf_g) >= kf_n) break;
-            const int j5 = 4 * (lane + (t5 / 4) * kf_g) + t5 % 4;
-            const int v239 = (int)j5; // n11
-            const long long v240 = (long long)v239; // n13
-            const bool v241 = v240 == v226; // n14
-            const float v242 = kf_c0[t5]; // logits f32
-            const float v244 = v242 - v243; // n5
-            const float v246 = v244 - v245; // n10
-            const float v247 = (v241 ? v246 : 0.0f); // n16
-            p238 += v247;
-        }
-        a237 = (double)p238; // the lane's columns, added in f32
-        a237 = kf_row_sum(a237, kf_g, kf_rs); // over the row's lanes
-        const float v248 = (float)a237; // n17 sum along the row, once per row
+        a235 = (double)p236; // the lane's columns, added in f32
+        a235 = kf_row_sum(a235, kf_g, kf_rs); // over the row's lanes
+        const float v246 = (float)a235; // n17 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v228) {
-                const float v249 = -v248; // n18
-                const float v250 = 0.9f * v249; // n32
-                const int v251 = (int)(sz1); // n36 the count of every element
-                const float v252 = (float)v251; // n37
-                const float v253 = 0.1f / v252; // n38
-                const int v254 = (int)(sz1); // n23 the count of every element
-                const float v255 = (float)v254; // n24
-                const float v256 = v243 * v255; // n25
-                const float v257 = v235 - v256; // n26
-                const float v258 = v245 * v255; // n28
-                const float v259 = v257 - v258; // n29
-                const float v260 = -v259; // n30
-                const float v261 = v253 * v260; // n39
-                const float v262 = v250 + v261; // n40
-                acc0 += (double)v262;
+            if (v226) {
+                const float v247 = -v246; // n18
+                const float v248 = 0.9f * v247; // n32
+                const int v249 = (int)(sz1); // n36 the count of every element
+                const float v250 = (float)v249; // n37
+                const float v251 = 0.1f / v250; // n38
+                const int v252 = (int)(sz1); // n23 the count of every element
+                const float v253 = (float)v252; // n24
+                const float v254 = v241 * v253; // n25
+                const float v255 = v233 - v254; // n26
+                const float v256 = v243 * v253; // n28
+                const float v257 = v255 - v256; // n29
+                const float v258 = -v257; // n30
+                const float v259 = v251 * v258; // n39
+                const float v260 = v248 + v259; // n40
+                acc0 += (double)v260;
             }
         }
-        const float v263 = tmp2[0]; // n51 from an earlier kernel
-        const float v264 = (v228 ? v263 : 0.0f); // n52
-        const float v269 = tmp1[0]; // n49 from an earlier kernel
-        const int v270 = (int)(sz1); // n23 the count of every element
-        const float v271 = (float)v270; // n24
-        const float v272 = v269 * v271; // n53
-        const float v273 = (v228 ? v272 : 0.0f); // n54
-        const float v274 = v236 + v273; // n65
-        const float v275 = v274 / v234; // n66
+        const float v261 = tmp2[0]; // n51 from an earlier kernel
+        const float v262 = (v226 ? v261 : 0.0f); // n52
+        const float v267 = tmp1[0]; // n49 from an earlier kernel
+        const int v268 = (int)(sz1); // n23 the count of every element
+        const float v269 = (float)v268; // n24
+        const float v270 = v267 * v269; // n53
+        const float v271 = (v226 ? v270 : 0.0f); // n54
+        const float v272 = v234 + v271; // n65
+        const float v273 = v272 / v232; // n66
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v265 = (int)col; // n11
-                const long long v266 = (long long)v265; // n13
-                const bool v267 = v266 == v226; // n14
-                const float v268 = (v267 ? v230 : 0.0f); // n59
-                const float v276 = kf_c0[0]; // logits f32
-                const float v277 = v276 - v243; // n5
-                const float v278 = expf(v277); // n6
-                const float v279 = v275 * v278; // n69
-                const float v280 = v268 + v279; // n70
-                const float v281 = v264 + v280; // n71
-                kf_o1[0] = v281; // dlogits
+                const int v263 = (int)col; // n11
+                const long long v264 = (long long)v263; // n13
+                const bool v265 = v264 == v224; // n14
+                const float v266 = (v265 ? v228 : 0.0f); // n59
+                const float v274 = kf_c0[0]; // logits f32
+                const float v275 = v274 - v241; // n5
+                const float v276 = expf(v275); // n6
+                const float v277 = v273 * v276; // n69
+                const float v278 = v266 + v277; // n70
+                const float v279 = v262 + v278; // n71
+                kf_o1[0] = v279; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v282 = (int)col; // n11
-                const long long v283 = (long long)v282; // n13
-                const bool v284 = v283 == v226; // n14
-                const float v285 = (v284 ? v230 : 0.0f); // n59
-                const float v286 = kf_c0[1]; // logits f32
-                const float v287 = v286 - v243; // n5
-                const float v288 = expf(v287); // n6
-                const float v289 = v275 * v288; // n69
-                const float v290 = v285 + v289; // n70
-                const float v291 = v264 + v290; // n71
-                kf_o1[1] = v291; // dlogits
+                const int v280 = (int)col; // n11
+                const long long v281 = (long long)v280; // n13
+                const bool v282 = v281 == v224; // n14
+                const float v283 = (v282 ? v228 : 0.0f); // n59
+                const float v284 = kf_c0[1]; // logits f32
+                const float v285 = v284 - v241; // n5
+                const float v286 = expf(v285); // n6
+                const float v287 = v273 * v286; // n69
+                const float v288 = v283 + v287; // n70
+                const float v289 = v262 + v288; // n71
+                kf_o1[1] = v289; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v292 = (int)col; // n11
-                const long long v293 = (long long)v292; // n13
-                const bool v294 = v293 == v226; // n14
-                const float v295 = (v294 ? v230 : 0.0f); // n59
-                const float v296 = kf_c0[2]; // logits f32
-                const float v297 = v296 - v243; // n5
-                const float v298 = expf(v297); // n6
-                const float v299 = v275 * v298; // n69
-                const float v300 = v295 + v299; // n70
-                const float v301 = v264 + v300; // n71
-                kf_o1[2] = v301; // dlogits
+                const int v290 = (int)col; // n11
+                const long long v291 = (long long)v290; // n13
+                const bool v292 = v291 == v224; // n14
+                const float v293 = (v292 ? v228 : 0.0f); // n59
+                const float v294 = kf_c0[2]; // logits f32
+                const float v295 = v294 - v241; // n5
+                const float v296 = expf(v295); // n6
+                const float v297 = v273 * v296; // n69
+                const float v298 = v293 + v297; // n70
+                const float v299 = v262 + v298; // n71
+                kf_o1[2] = v299; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v302 = (int)col; // n11
-                const long long v303 = (long long)v302; // n13
-                const bool v304 = v303 == v226; // n14
-                const float v305 = (v304 ? v230 : 0.0f); // n59
-                const float v306 = kf_c0[3]; // logits f32
-                const float v307 = v306 - v243; // n5
-                const float v308 = expf(v307); // n6
-                const float v309 = v275 * v308; // n69
-                const float v310 = v305 + v309; // n70
-                const float v311 = v264 + v310; // n71
-                kf_o1[3] = v311; // dlogits
+                const int v300 = (int)col; // n11
+                const long long v301 = (long long)v300; // n13
+                const bool v302 = v301 == v224; // n14
+                const float v303 = (v302 ? v228 : 0.0f); // n59
+                const float v304 = kf_c0[3]; // logits f32
+                const float v305 = v304 - v241; // n5
+                const float v306 = expf(v305); // n6
+                const float v307 = v273 * v306; // n69
+                const float v308 = v303 + v307; // n70
+                const float v309 = v262 + v308; // n71
+                kf_o1[3] = v309; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -682,62 +665,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v312 = (int)col; // n11
-                const long long v313 = (long long)v312; // n13
-                const bool v314 = v313 == v226; // n14
-                const float v315 = (v314 ? v230 : 0.0f); // n59
-                const float v316 = kf_c0[4]; // logits f32
-                const float v317 = v316 - v243; // n5
-                const float v318 = expf(v317); // n6
-                const float v319 = v275 * v318; // n69
-                const float v320 = v315 + v319; // n70
-                const float v321 = v264 + v320; // n71
-                kf_o1[0] = v321; // dlogits
+                const int v310 = (int)col; // n11
+                const long long v311 = (long long)v310; // n13
+                const bool v312 = v311 == v224; // n14
+                const float v313 = (v312 ? v228 : 0.0f); // n59
+                const float v314 = kf_c0[4]; // logits f32
+                const float v315 = v314 - v241; // n5
+                const float v316 = expf(v315); // n6
+                const float v317 = v273 * v316; // n69
+                const float v318 = v313 + v317; // n70
+                const float v319 = v262 + v318; // n71
+                kf_o1[0] = v319; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v322 = (int)col; // n11
-                const long long v323 = (long long)v322; // n13
-                const bool v324 = v323 == v226; // n14
-                const float v325 = (v324 ? v230 : 0.0f); // n59
-                const float v326 = kf_c0[5]; // logits f32
-                const float v327 = v326 - v243; // n5
-                const float v328 = expf(v327); // n6
-                const float v329 = v275 * v328; // n69
-                const float v330 = v325 + v329; // n70
-                const float v331 = v264 + v330; // n71
-                kf_o1[1] = v331; // dlogits
+                const int v320 = (int)col; // n11
+                const long long v321 = (long long)v320; // n13
+                const bool v322 = v321 == v224; // n14
+                const float v323 = (v322 ? v228 : 0.0f); // n59
+                const float v324 = kf_c0[5]; // logits f32
+                const float v325 = v324 - v241; // n5
+                const float v326 = expf(v325); // n6
+                const float v327 = v273 * v326; // n69
+                const float v328 = v323 + v327; // n70
+                const float v329 = v262 + v328; // n71
+                kf_o1[1] = v329; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v332 = (int)col; // n11
-                const long long v333 = (long long)v332; // n13
-                const bool v334 = v333 == v226; // n14
-                const float v335 = (v334 ? v230 : 0.0f); // n59
-                const float v336 = kf_c0[6]; // logits f32
-                const float v337 = v336 - v243; // n5
-                const float v338 = expf(v337); // n6
-                const float v339 = v275 * v338; // n69
-                const float v340 = v335 + v339; // n70
-                const float v341 = v264 + v340; // n71
-                kf_o1[2] = v341; // dlogits
+                const int v330 = (int)col; // n11
+                const long long v331 = (long long)v330; // n13
+                const bool v332 = v331 == v224; // n14
+                const float v333 = (v332 ? v228 : 0.0f); // n59
+                const float v334 = kf_c0[6]; // logits f32
+                const float v335 = v334 - v241; // n5
+                const float v336 = expf(v335); // n6
+                const float v337 = v273 * v336; // n69
+                const float v338 = v333 + v337; // n70
+                const float v339 = v262 + v338; // n71
+                kf_o1[2] = v339; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v342 = (int)col; // n11
-                const long long v343 = (long long)v342; // n13
-                const bool v344 = v343 == v226; // n14
-                const float v345 = (v344 ? v230 : 0.0f); // n59
-                const float v346 = kf_c0[7]; // logits f32
-                const float v347 = v346 - v243; // n5
-                const float v348 = expf(v347); // n6
-                const float v349 = v275 * v348; // n69
-                const float v350 = v345 + v349; // n70
-                const float v351 = v264 + v350; // n71
-                kf_o1[3] = v351; // dlogits
+                const int v340 = (int)col; // n11
+                const long long v341 = (long long)v340; // n13
+                const bool v342 = v341 == v224; // n14
+                const float v343 = (v342 ? v228 : 0.0f); // n59
+                const float v344 = kf_c0[7]; // logits f32
+                const float v345 = v344 - v241; // n5
+                const float v346 = expf(v345); // n6
+                const float v347 = v273 * v346; // n69
+                const float v348 = v343 + v347; // n70
+                const float v349 = v262 + v348; // n71
+                kf_o1[3] = v349; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -747,62 +730,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v352 = (int)col; // n11
-                const long long v353 = (long long)v352; // n13
-                const bool v354 = v353 == v226; // n14
-                const float v355 = (v354 ? v230 : 0.0f); // n59
-                const float v356 = kf_c0[8]; // logits f32
-                const float v357 = v356 - v243; // n5
-                const float v358 = expf(v357); // n6
-                const float v359 = v275 * v358; // n69
-                const float v360 = v355 + v359; // n70
-                const float v361 = v264 + v360; // n71
-                kf_o1[0] = v361; // dlogits
+                const int v350 = (int)col; // n11
+                const long long v351 = (long long)v350; // n13
+                const bool v352 = v351 == v224; // n14
+                const float v353 = (v352 ? v228 : 0.0f); // n59
+                const float v354 = kf_c0[8]; // logits f32
+                const float v355 = v354 - v241; // n5
+                const float v356 = expf(v355); // n6
+                const float v357 = v273 * v356; // n69
+                const float v358 = v353 + v357; // n70
+                const float v359 = v262 + v358; // n71
+                kf_o1[0] = v359; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v362 = (int)col; // n11
-                const long long v363 = (long long)v362; // n13
-                const bool v364 = v363 == v226; // n14
-                const float v365 = (v364 ? v230 : 0.0f); // n59
-                const float v366 = kf_c0[9]; // logits f32
-                const float v367 = v366 - v243; // n5
-                const float v368 = expf(v367); // n6
-                const float v369 = v275 * v368; // n69
-                const float v370 = v365 + v369; // n70
-                const float v371 = v264 + v370; // n71
-                kf_o1[1] = v371; // dlogits
+                const int v360 = (int)col; // n11
+                const long long v361 = (long long)v360; // n13
+                const bool v362 = v361 == v224; // n14
+                const float v363 = (v362 ? v228 : 0.0f); // n59
+                const float v364 = kf_c0[9]; // logits f32
+                const float v365 = v364 - v241; // n5
+                const float v366 = expf(v365); // n6
+                const float v367 = v273 * v366; // n69
+                const float v368 = v363 + v367; // n70
+                const float v369 = v262 + v368; // n71
+                kf_o1[1] = v369; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v372 = (int)col; // n11
-                const long long v373 = (long long)v372; // n13
-                const bool v374 = v373 == v226; // n14
-                const float v375 = (v374 ? v230 : 0.0f); // n59
-                const float v376 = kf_c0[10]; // logits f32
-                const float v377 = v376 - v243; // n5
-                const float v378 = expf(v377); // n6
-                const float v379 = v275 * v378; // n69
-                const float v380 = v375 + v379; // n70
-                const float v381 = v264 + v380; // n71
-                kf_o1[2] = v381; // dlogits
+                const int v370 = (int)col; // n11
+                const long long v371 = (long long)v370; // n13
+                const bool v372 = v371 == v224; // n14
+                const float v373 = (v372 ? v228 : 0.0f); // n59
+                const float v374 = kf_c0[10]; // logits f32
+                const float v375 = v374 - v241; // n5
+                const float v376 = expf(v375); // n6
+                const float v377 = v273 * v376; // n69
+                const float v378 = v373 + v377; // n70
+                const float v379 = v262 + v378; // n71
+                kf_o1[2] = v379; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v382 = (int)col; // n11
-                const long long v383 = (long long)v382; // n13
-                const bool v384 = v383 == v226; // n14
-                const float v385 = (v384 ? v230 : 0.0f); // n59
-                const float v386 = kf_c0[11]; // logits f32
-                const float v387 = v386 - v243; // n5
-                const float v388 = expf(v387); // n6
-                const float v389 = v275 * v388; // n69
-                const float v390 = v385 + v389; // n70
-                const float v391 = v264 + v390; // n71
-                kf_o1[3] = v391; // dlogits
+                const int v380 = (int)col; // n11
+                const long long v381 = (long long)v380; // n13
+                const bool v382 = v381 == v224; // n14
+                const float v383 = (v382 ? v228 : 0.0f); // n59
+                const float v384 = kf_c0[11]; // logits f32
+                const float v385 = v384 - v241; // n5
+                const float v386 = expf(v385); // n6
+                const float v387 = v273 * v386; // n69
+                const float v388 = v383 + v387; // n70
+                const float v389 = v262 + v388; // n71
+                kf_o1[3] = v389; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -812,62 +795,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v392 = (int)col; // n11
-                const long long v393 = (long long)v392; // n13
-                const bool v394 = v393 == v226; // n14
-                const float v395 = (v394 ? v230 : 0.0f); // n59
-                const float v396 = kf_c0[12]; // logits f32
-                const float v397 = v396 - v243; // n5
-                const float v398 = expf(v397); // n6
-                const float v399 = v275 * v398; // n69
-                const float v400 = v395 + v399; // n70
-                const float v401 = v264 + v400; // n71
-                kf_o1[0] = v401; // dlogits
+                const int v390 = (int)col; // n11
+                const long long v391 = (long long)v390; // n13
+                const bool v392 = v391 == v224; // n14
+                const float v393 = (v392 ? v228 : 0.0f); // n59
+                const float v394 = kf_c0[12]; // logits f32
+                const float v395 = v394 - v241; // n5
+                const float v396 = expf(v395); // n6
+                const float v397 = v273 * v396; // n69
+                const float v398 = v393 + v397; // n70
+                const float v399 = v262 + v398; // n71
+                kf_o1[0] = v399; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v402 = (int)col; // n11
-                const long long v403 = (long long)v402; // n13
-                const bool v404 = v403 == v226; // n14
-                const float v405 = (v404 ? v230 : 0.0f); // n59
-                const float v406 = kf_c0[13]; // logits f32
-                const float v407 = v406 - v243; // n5
-                const float v408 = expf(v407); // n6
-                const float v409 = v275 * v408; // n69
-                const float v410 = v405 + v409; // n70
-                const float v411 = v264 + v410; // n71
-                kf_o1[1] = v411; // dlogits
+                const int v400 = (int)col; // n11
+                const long long v401 = (long long)v400; // n13
+                const bool v402 = v401 == v224; // n14
+                const float v403 = (v402 ? v228 : 0.0f); // n59
+                const float v404 = kf_c0[13]; // logits f32
+                const float v405 = v404 - v241; // n5
+                const float v406 = expf(v405); // n6
+                const float v407 = v273 * v406; // n69
+                const float v408 = v403 + v407; // n70
+                const float v409 = v262 + v408; // n71
+                kf_o1[1] = v409; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v412 = (int)col; // n11
-                const long long v413 = (long long)v412; // n13
-                const bool v414 = v413 == v226; // n14
-                const float v415 = (v414 ? v230 : 0.0f); // n59
-                const float v416 = kf_c0[14]; // logits f32
-                const float v417 = v416 - v243; // n5
-                const float v418 = expf(v417); // n6
-                const float v419 = v275 * v418; // n69
-                const float v420 = v415 + v419; // n70
-                const float v421 = v264 + v420; // n71
-                kf_o1[2] = v421; // dlogits
+                const int v410 = (int)col; // n11
+                const long long v411 = (long long)v410; // n13
+                const bool v412 = v411 == v224; // n14
+                const float v413 = (v412 ? v228 : 0.0f); // n59
+                const float v414 = kf_c0[14]; // logits f32
+                const float v415 = v414 - v241; // n5
+                const float v416 = expf(v415); // n6
+                const float v417 = v273 * v416; // n69
+                const float v418 = v413 + v417; // n70
+                const float v419 = v262 + v418; // n71
+                kf_o1[2] = v419; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v422 = (int)col; // n11
-                const long long v423 = (long long)v422; // n13
-                const bool v424 = v423 == v226; // n14
-                const float v425 = (v424 ? v230 : 0.0f); // n59
-                const float v426 = kf_c0[15]; // logits f32
-                const float v427 = v426 - v243; // n5
-                const float v428 = expf(v427); // n6
-                const float v429 = v275 * v428; // n69
-                const float v430 = v425 + v429; // n70
-                const float v431 = v264 + v430; // n71
-                kf_o1[3] = v431; // dlogits
+                const int v420 = (int)col; // n11
+                const long long v421 = (long long)v420; // n13
+                const bool v422 = v421 == v224; // n14
+                const float v423 = (v422 ? v228 : 0.0f); // n59
+                const float v424 = kf_c0[15]; // logits f32
+                const float v425 = v424 - v241; // n5
+                const float v426 = expf(v425); // n6
+                const float v427 = v273 * v426; // n69
+                const float v428 = v423 + v427; // n70
+                const float v429 = v262 + v428; // n71
+                kf_o1[3] = v429; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -877,62 +860,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v432 = (int)col; // n11
-                const long long v433 = (long long)v432; // n13
-                const bool v434 = v433 == v226; // n14
-                const float v435 = (v434 ? v230 : 0.0f); // n59
-                const float v436 = kf_c0[16]; // logits f32
-                const float v437 = v436 - v243; // n5
-                const float v438 = expf(v437); // n6
-                const float v439 = v275 * v438; // n69
-                const float v440 = v435 + v439; // n70
-                const float v441 = v264 + v440; // n71
-                kf_o1[0] = v441; // dlogits
+                const int v430 = (int)col; // n11
+                const long long v431 = (long long)v430; // n13
+                const bool v432 = v431 == v224; // n14
+                const float v433 = (v432 ? v228 : 0.0f); // n59
+                const float v434 = kf_c0[16]; // logits f32
+                const float v435 = v434 - v241; // n5
+                const float v436 = expf(v435); // n6
+                const float v437 = v273 * v436; // n69
+                const float v438 = v433 + v437; // n70
+                const float v439 = v262 + v438; // n71
+                kf_o1[0] = v439; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v442 = (int)col; // n11
-                const long long v443 = (long long)v442; // n13
-                const bool v444 = v443 == v226; // n14
-                const float v445 = (v444 ? v230 : 0.0f); // n59
-                const float v446 = kf_c0[17]; // logits f32
-                const float v447 = v446 - v243; // n5
-                const float v448 = expf(v447); // n6
-                const float v449 = v275 * v448; // n69
-                const float v450 = v445 + v449; // n70
-                const float v451 = v264 + v450; // n71
-                kf_o1[1] = v451; // dlogits
+                const int v440 = (int)col; // n11
+                const long long v441 = (long long)v440; // n13
+                const bool v442 = v441 == v224; // n14
+                const float v443 = (v442 ? v228 : 0.0f); // n59
+                const float v444 = kf_c0[17]; // logits f32
+                const float v445 = v444 - v241; // n5
+                const float v446 = expf(v445); // n6
+                const float v447 = v273 * v446; // n69
+                const float v448 = v443 + v447; // n70
+                const float v449 = v262 + v448; // n71
+                kf_o1[1] = v449; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v452 = (int)col; // n11
-                const long long v453 = (long long)v452; // n13
-                const bool v454 = v453 == v226; // n14
-                const float v455 = (v454 ? v230 : 0.0f); // n59
-                const float v456 = kf_c0[18]; // logits f32
-                const float v457 = v456 - v243; // n5
-                const float v458 = expf(v457); // n6
-                const float v459 = v275 * v458; // n69
-                const float v460 = v455 + v459; // n70
-                const float v461 = v264 + v460; // n71
-                kf_o1[2] = v461; // dlogits
+                const int v450 = (int)col; // n11
+                const long long v451 = (long long)v450; // n13
+                const bool v452 = v451 == v224; // n14
+                const float v453 = (v452 ? v228 : 0.0f); // n59
+                const float v454 = kf_c0[18]; // logits f32
+                const float v455 = v454 - v241; // n5
+                const float v456 = expf(v455); // n6
+                const float v457 = v273 * v456; // n69
+                const float v458 = v453 + v457; // n70
+                const float v459 = v262 + v458; // n71
+                kf_o1[2] = v459; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v462 = (int)col; // n11
-                const long long v463 = (long long)v462; // n13
-                const bool v464 = v463 == v226; // n14
-                const float v465 = (v464 ? v230 : 0.0f); // n59
-                const float v466 = kf_c0[19]; // logits f32
-                const float v467 = v466 - v243; // n5
-                const float v468 = expf(v467); // n6
-                const float v469 = v275 * v468; // n69
-                const float v470 = v465 + v469; // n70
-                const float v471 = v264 + v470; // n71
-                kf_o1[3] = v471; // dlogits
+                const int v460 = (int)col; // n11
+                const long long v461 = (long long)v460; // n13
+                const bool v462 = v461 == v224; // n14
+                const float v463 = (v462 ? v228 : 0.0f); // n59
+                const float v464 = kf_c0[19]; // logits f32
+                const float v465 = v464 - v241; // n5
+                const float v466 = expf(v465); // n6
+                const float v467 = v273 * v466; // n69
+                const float v468 = v463 + v467; // n70
+                const float v469 = v262 + v468; // n71
+                kf_o1[3] = v469; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -942,62 +925,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v472 = (int)col; // n11
-                const long long v473 = (long long)v472; // n13
-                const bool v474 = v473 == v226; // n14
-                const float v475 = (v474 ? v230 : 0.0f); // n59
-                const float v476 = kf_c0[20]; // logits f32
-                const float v477 = v476 - v243; // n5
-                const float v478 = expf(v477); // n6
-                const float v479 = v275 * v478; // n69
-                const float v480 = v475 + v479; // n70
-                const float v481 = v264 + v480; // n71
-                kf_o1[0] = v481; // dlogits
+                const int v470 = (int)col; // n11
+                const long long v471 = (long long)v470; // n13
+                const bool v472 = v471 == v224; // n14
+                const float v473 = (v472 ? v228 : 0.0f); // n59
+                const float v474 = kf_c0[20]; // logits f32
+                const float v475 = v474 - v241; // n5
+                const float v476 = expf(v475); // n6
+                const float v477 = v273 * v476; // n69
+                const float v478 = v473 + v477; // n70
+                const float v479 = v262 + v478; // n71
+                kf_o1[0] = v479; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v482 = (int)col; // n11
-                const long long v483 = (long long)v482; // n13
-                const bool v484 = v483 == v226; // n14
-                const float v485 = (v484 ? v230 : 0.0f); // n59
-                const float v486 = kf_c0[21]; // logits f32
-                const float v487 = v486 - v243; // n5
-                const float v488 = expf(v487); // n6
-                const float v489 = v275 * v488; // n69
-                const float v490 = v485 + v489; // n70
-                const float v491 = v264 + v490; // n71
-                kf_o1[1] = v491; // dlogits
+                const int v480 = (int)col; // n11
+                const long long v481 = (long long)v480; // n13
+                const bool v482 = v481 == v224; // n14
+                const float v483 = (v482 ? v228 : 0.0f); // n59
+                const float v484 = kf_c0[21]; // logits f32
+                const float v485 = v484 - v241; // n5
+                const float v486 = expf(v485); // n6
+                const float v487 = v273 * v486; // n69
+                const float v488 = v483 + v487; // n70
+                const float v489 = v262 + v488; // n71
+                kf_o1[1] = v489; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v492 = (int)col; // n11
-                const long long v493 = (long long)v492; // n13
-                const bool v494 = v493 == v226; // n14
-                const float v495 = (v494 ? v230 : 0.0f); // n59
-                const float v496 = kf_c0[22]; // logits f32
-                const float v497 = v496 - v243; // n5
-                const float v498 = expf(v497); // n6
-                const float v499 = v275 * v498; // n69
-                const float v500 = v495 + v499; // n70
-                const float v501 = v264 + v500; // n71
-                kf_o1[2] = v501; // dlogits
+                const int v490 = (int)col; // n11
+                const long long v491 = (long long)v490; // n13
+                const bool v492 = v491 == v224; // n14
+                const float v493 = (v492 ? v228 : 0.0f); // n59
+                const float v494 = kf_c0[22]; // logits f32
+                const float v495 = v494 - v241; // n5
+                const float v496 = expf(v495); // n6
+                const float v497 = v273 * v496; // n69
+                const float v498 = v493 + v497; // n70
+                const float v499 = v262 + v498; // n71
+                kf_o1[2] = v499; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v502 = (int)col; // n11
-                const long long v503 = (long long)v502; // n13
-                const bool v504 = v503 == v226; // n14
-                const float v505 = (v504 ? v230 : 0.0f); // n59
-                const float v506 = kf_c0[23]; // logits f32
-                const float v507 = v506 - v243; // n5
-                const float v508 = expf(v507); // n6
-                const float v509 = v275 * v508; // n69
-                const float v510 = v505 + v509; // n70
-                const float v511 = v264 + v510; // n71
-                kf_o1[3] = v511; // dlogits
+                const int v500 = (int)col; // n11
+                const long long v501 = (long long)v500; // n13
+                const bool v502 = v501 == v224; // n14
+                const float v503 = (v502 ? v228 : 0.0f); // n59
+                const float v504 = kf_c0[23]; // logits f32
+                const float v505 = v504 - v241; // n5
+                const float v506 = expf(v505); // n6
+                const float v507 = v273 * v506; // n69
+                const float v508 = v503 + v507; // n70
+                const float v509 = v262 + v508; // n71
+                kf_o1[3] = v509; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1007,62 +990,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v512 = (int)col; // n11
-                const long long v513 = (long long)v512; // n13
-                const bool v514 = v513 == v226; // n14
-                const float v515 = (v514 ? v230 : 0.0f); // n59
-                const float v516 = kf_c0[24]; // logits f32
-                const float v517 = v516 - v243; // n5
-                const float v518 = expf(v517); // n6
-                const float v519 = v275 * v518; // n69
-                const float v520 = v515 + v519; // n70
-                const float v521 = v264 + v520; // n71
-                kf_o1[0] = v521; // dlogits
+                const int v510 = (int)col; // n11
+                const long long v511 = (long long)v510; // n13
+                const bool v512 = v511 == v224; // n14
+                const float v513 = (v512 ? v228 : 0.0f); // n59
+                const float v514 = kf_c0[24]; // logits f32
+                const float v515 = v514 - v241; // n5
+                const float v516 = expf(v515); // n6
+                const float v517 = v273 * v516; // n69
+                const float v518 = v513 + v517; // n70
+                const float v519 = v262 + v518; // n71
+                kf_o1[0] = v519; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v522 = (int)col; // n11
-                const long long v523 = (long long)v522; // n13
-                const bool v524 = v523 == v226; // n14
-                const float v525 = (v524 ? v230 : 0.0f); // n59
-                const float v526 = kf_c0[25]; // logits f32
-                const float v527 = v526 - v243; // n5
-                const float v528 = expf(v527); // n6
-                const float v529 = v275 * v528; // n69
-                const float v530 = v525 + v529; // n70
-                const float v531 = v264 + v530; // n71
-                kf_o1[1] = v531; // dlogits
+                const int v520 = (int)col; // n11
+                const long long v521 = (long long)v520; // n13
+                const bool v522 = v521 == v224; // n14
+                const float v523 = (v522 ? v228 : 0.0f); // n59
+                const float v524 = kf_c0[25]; // logits f32
+                const float v525 = v524 - v241; // n5
+                const float v526 = expf(v525); // n6
+                const float v527 = v273 * v526; // n69
+                const float v528 = v523 + v527; // n70
+                const float v529 = v262 + v528; // n71
+                kf_o1[1] = v529; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v532 = (int)col; // n11
-                const long long v533 = (long long)v532; // n13
-                const bool v534 = v533 == v226; // n14
-                const float v535 = (v534 ? v230 : 0.0f); // n59
-                const float v536 = kf_c0[26]; // logits f32
-                const float v537 = v536 - v243; // n5
-                const float v538 = expf(v537); // n6
-                const float v539 = v275 * v538; // n69
-                const float v540 = v535 + v539; // n70
-                const float v541 = v264 + v540; // n71
-                kf_o1[2] = v541; // dlogits
+                const int v530 = (int)col; // n11
+                const long long v531 = (long long)v530; // n13
+                const bool v532 = v531 == v224; // n14
+                const float v533 = (v532 ? v228 : 0.0f); // n59
+                const float v534 = kf_c0[26]; // logits f32
+                const float v535 = v534 - v241; // n5
+                const float v536 = expf(v535); // n6
+                const float v537 = v273 * v536; // n69
+                const float v538 = v533 + v537; // n70
+                const float v539 = v262 + v538; // n71
+                kf_o1[2] = v539; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v542 = (int)col; // n11
-                const long long v543 = (long long)v542; // n13
-                const bool v544 = v543 == v226; // n14
-                const float v545 = (v544 ? v230 : 0.0f); // n59
-                const float v546 = kf_c0[27]; // logits f32
-                const float v547 = v546 - v243; // n5
-                const float v548 = expf(v547); // n6
-                const float v549 = v275 * v548; // n69
-                const float v550 = v545 + v549; // n70
-                const float v551 = v264 + v550; // n71
-                kf_o1[3] = v551; // dlogits
+                const int v540 = (int)col; // n11
+                const long long v541 = (long long)v540; // n13
+                const bool v542 = v541 == v224; // n14
+                const float v543 = (v542 ? v228 : 0.0f); // n59
+                const float v544 = kf_c0[27]; // logits f32
+                const float v545 = v544 - v241; // n5
+                const float v546 = expf(v545); // n6
+                const float v547 = v273 * v546; // n69
+                const float v548 = v543 + v547; // n70
+                const float v549 = v262 + v548; // n71
+                kf_o1[3] = v549; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1072,62 +1055,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v552 = (int)col; // n11
-                const long long v553 = (long long)v552; // n13
-                const bool v554 = v553 == v226; // n14
-                const float v555 = (v554 ? v230 : 0.0f); // n59
-                const float v556 = kf_c0[28]; // logits f32
-                const float v557 = v556 - v243; // n5
-                const float v558 = expf(v557); // n6
-                const float v559 = v275 * v558; // n69
-                const float v560 = v555 + v559; // n70
-                const float v561 = v264 + v560; // n71
-                kf_o1[0] = v561; // dlogits
+                const int v550 = (int)col; // n11
+                const long long v551 = (long long)v550; // n13
+                const bool v552 = v551 == v224; // n14
+                const float v553 = (v552 ? v228 : 0.0f); // n59
+                const float v554 = kf_c0[28]; // logits f32
+                const float v555 = v554 - v241; // n5
+                const float v556 = expf(v555); // n6
+                const float v557 = v273 * v556; // n69
+                const float v558 = v553 + v557; // n70
+                const float v559 = v262 + v558; // n71
+                kf_o1[0] = v559; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v562 = (int)col; // n11
-                const long long v563 = (long long)v562; // n13
-                const bool v564 = v563 == v226; // n14
-                const float v565 = (v564 ? v230 : 0.0f); // n59
-                const float v566 = kf_c0[29]; // logits f32
-                const float v567 = v566 - v243; // n5
-                const float v568 = expf(v567); // n6
-                const float v569 = v275 * v568; // n69
-                const float v570 = v565 + v569; // n70
-                const float v571 = v264 + v570; // n71
-                kf_o1[1] = v571; // dlogits
+                const int v560 = (int)col; // n11
+                const long long v561 = (long long)v560; // n13
+                const bool v562 = v561 == v224; // n14
+                const float v563 = (v562 ? v228 : 0.0f); // n59
+                const float v564 = kf_c0[29]; // logits f32
+                const float v565 = v564 - v241; // n5
+                const float v566 = expf(v565); // n6
+                const float v567 = v273 * v566; // n69
+                const float v568 = v563 + v567; // n70
+                const float v569 = v262 + v568; // n71
+                kf_o1[1] = v569; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v572 = (int)col; // n11
-                const long long v573 = (long long)v572; // n13
-                const bool v574 = v573 == v226; // n14
-                const float v575 = (v574 ? v230 : 0.0f); // n59
-                const float v576 = kf_c0[30]; // logits f32
-                const float v577 = v576 - v243; // n5
-                const float v578 = expf(v577); // n6
-                const float v579 = v275 * v578; // n69
-                const float v580 = v575 + v579; // n70
-                const float v581 = v264 + v580; // n71
-                kf_o1[2] = v581; // dlogits
+                const int v570 = (int)col; // n11
+                const long long v571 = (long long)v570; // n13
+                const bool v572 = v571 == v224; // n14
+                const float v573 = (v572 ? v228 : 0.0f); // n59
+                const float v574 = kf_c0[30]; // logits f32
+                const float v575 = v574 - v241; // n5
+                const float v576 = expf(v575); // n6
+                const float v577 = v273 * v576; // n69
+                const float v578 = v573 + v577; // n70
+                const float v579 = v262 + v578; // n71
+                kf_o1[2] = v579; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v582 = (int)col; // n11
-                const long long v583 = (long long)v582; // n13
-                const bool v584 = v583 == v226; // n14
-                const float v585 = (v584 ? v230 : 0.0f); // n59
-                const float v586 = kf_c0[31]; // logits f32
-                const float v587 = v586 - v243; // n5
-                const float v588 = expf(v587); // n6
-                const float v589 = v275 * v588; // n69
-                const float v590 = v585 + v589; // n70
-                const float v591 = v264 + v590; // n71
-                kf_o1[3] = v591; // dlogits
+                const int v580 = (int)col; // n11
+                const long long v581 = (long long)v580; // n13
+                const bool v582 = v581 == v224; // n14
+                const float v583 = (v582 ? v228 : 0.0f); // n59
+                const float v584 = kf_c0[31]; // logits f32
+                const float v585 = v584 - v241; // n5
+                const float v586 = expf(v585); // n6
+                const float v587 = v273 * v586; // n69
+                const float v588 = v583 + v587; // n70
+                const float v589 = v262 + v588; // n71
+                kf_o1[3] = v589; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1152,10 +1135,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v654 = (float)r0; // n43
-        const float v655 = tmp0[0]; // n45 from an earlier kernel
-        const float v656 = v654 / v655; // n46
-        out0[0] = v656; // output loss
+        const float v652 = (float)r0; // n43
+        const float v653 = tmp0[0]; // n45 from an earlier kernel
+        const float v654 = v652 / v653; // n46
+        out0[0] = v654; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -163,11 +163,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
 }
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
-}
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
     const float n = kf_maxf(m, om);
@@ -230,99 +225,99 @@ extern "C" __global__ void __launch_bounds__(256) kf_ab48a2385a6e6fdd_1(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float om672 = __int_as_float(0xff800000), os673 = 0.0f; // n2 and n6 in one pass
-        double a674 = 0.0;
-        const long long v676 = in1[row]; // labels i64
-        const bool v677 = v676 >= 0ll; // n12
-        const int v678 = (int)(sz1); // n15 the count of every element
-        const long long v679 = (long long)v678; // n16
-        const bool v680 = v676 < v679; // n17
-        const bool v681 = v677 && v680; // n18
-        const long long v682 = (v681 ? v676 : 0ll); // n19
-        const float v686 = tmp1[0]; // n30 from an earlier kernel
-        const float v687 = (v681 ? v686 : 0.0f); // n32
-        const float v688 = -v687; // n38
+        float om670 = __int_as_float(0xff800000), os671 = 0.0f; // n2 and n6 in one pass
+        double a672 = 0.0;
+        const long long v674 = in1[row]; // labels i64
+        const bool v675 = v674 >= 0ll; // n12
+        const int v676 = (int)(sz1); // n15 the count of every element
+        const long long v677 = (long long)v676; // n16
+        const bool v678 = v674 < v677; // n17
+        const bool v679 = v675 && v678; // n18
+        const long long v680 = (v679 ? v674 : 0ll); // n19
+        const float v684 = tmp1[0]; // n30 from an earlier kernel
+        const float v685 = (v679 ? v684 : 0.0f); // n32
+        const float v686 = -v685; // n38
         #pragma unroll 4
-        for (long long j6 = lane; j6 < kf_n; j6 += kf_g) {
-            const float v675 = in0[rowbase + j6]; // logits f32
-            kf_online_add(om672, os673, v675);
-            const int v683 = (int)j6; // n34
-            const long long v684 = (long long)v683; // n35
-            const bool v685 = v682 == v684; // n36
-            const float v689 = (v685 ? v688 : 0.0f); // n39
-            a674 += (double)v689;
+        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
+            const float v673 = in0[rowbase + j4]; // logits f32
+            kf_online_add(om670, os671, v673);
+            const int v681 = (int)j4; // n34
+            const long long v682 = (long long)v681; // n35
+            const bool v683 = v680 == v682; // n36
+            const float v687 = (v683 ? v686 : 0.0f); // n39
+            a672 += (double)v687;
         }
-        a674 = kf_row_sum(a674, kf_g, kf_rs); // over the row's lanes
-        kf_row_online(om672, os673, kf_g, kf_rs); // over the row's lanes
-        const float v690 = om672; // n2 maximum along the row, once per row
-        const float v691 = os673; // n6 sum of exp(x - n2) along the row, once per row
-        const float v692 = (float)a674; // n40 sum along the row, once per row
-        double a693 = 0.0;
-        double a694 = 0.0;
-        const float v699 = v692 / v691; // n43
+        a672 = kf_row_sum(a672, kf_g, kf_rs); // over the row's lanes
+        kf_row_online(om670, os671, kf_g, kf_rs); // over the row's lanes
+        const float v688 = om670; // n2 maximum along the row, once per row
+        const float v689 = os671; // n6 sum of exp(x - n2) along the row, once per row
+        const float v690 = (float)a672; // n40 sum along the row, once per row
+        double a691 = 0.0;
+        double a692 = 0.0;
+        const float v697 = v690 / v689; // n43
         #pragma unroll 4
-        for (long long j7 = lane; j7 < kf_n; j7 += kf_g) {
-            const int v695 = (int)j7; // n34
-            const long long v696 = (long long)v695; // n35
-            const bool v697 = v682 == v696; // n36
-            const float v698 = (v697 ? v687 : 0.0f); // n37
-            const float v700 = in0[rowbase + j7]; // logits f32
-            const float v701 = v700 - v690; // n4
-            const float v702 = expf(v701); // n5
-            const float v703 = v699 * v702; // n45
-            const float v704 = v698 + v703; // n46
-            const float v705 = -v704; // n47
-            a693 += (double)v705;
-            const bool v706 = v700 == v690; // n51
-            if (v706) {
-                a694 += 1.0;
+        for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
+            const int v693 = (int)j5; // n34
+            const long long v694 = (long long)v693; // n35
+            const bool v695 = v680 == v694; // n36
+            const float v696 = (v695 ? v685 : 0.0f); // n37
+            const float v698 = in0[rowbase + j5]; // logits f32
+            const float v699 = v698 - v688; // n4
+            const float v700 = expf(v699); // n5
+            const float v701 = v697 * v700; // n45
+            const float v702 = v696 + v701; // n46
+            const float v703 = -v702; // n47
+            a691 += (double)v703;
+            const bool v704 = v698 == v688; // n51
+            if (v704) {
+                a692 += 1.0;
             }
         }
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a693 = kf_row_sum(a693, kf_g < 32 ? kf_g : 32, kf_rs);
-        a694 = kf_row_sum(a694, kf_g < 32 ? kf_g : 32, kf_rs);
+        a691 = kf_row_sum(a691, kf_g < 32 ? kf_g : 32, kf_rs);
+        a692 = kf_row_sum(a692, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a693; kf_rs[32 + kf_warp] = a694; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a691; kf_rs[32 + kf_warp] = a692; }
             __syncthreads();
-            a693 = kf_rs[kf_first]; a694 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a693 += kf_rs[kf_first + w]; a694 += kf_rs[32 + kf_first + w]; }
+            a691 = kf_rs[kf_first]; a692 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a691 += kf_rs[kf_first + w]; a692 += kf_rs[32 + kf_first + w]; }
         }
-        const float v707 = (float)a693; // n48 sum along the row, once per row
-        const int v708 = (int)(long long)a694; // n52 count along the row, once per row
+        const float v705 = (float)a691; // n48 sum along the row, once per row
+        const int v706 = (int)(long long)a692; // n52 count along the row, once per row
         if (kf_live && lane == 0) {
-            if (v681) {
-                const bool v709 = (unsigned long long)v682 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v710 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v709) {
-                    const float v711 = in0[row * sz1 + v682]; // logits f32
-                    const float v712 = v711 - v690; // n4
-                    const float v713 = logf(v691); // n7
-                    const float v714 = v712 - v713; // n9
-                    v710 = v714;
+            if (v679) {
+                const bool v707 = (unsigned long long)v680 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v708 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v707) {
+                    const float v709 = in0[row * sz1 + v680]; // logits f32
+                    const float v710 = v709 - v688; // n4
+                    const float v711 = logf(v689); // n7
+                    const float v712 = v710 - v711; // n9
+                    v708 = v712;
                 }
-                acc0 += (double)v710;
+                acc0 += (double)v708;
             }
         }
-        const float v725 = (float)v708; // n53
-        const float v726 = v707 / v725; // n54
+        const float v723 = (float)v706; // n53
+        const float v724 = v705 / v723; // n54
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const int v715 = (int)col; // n34
-            const long long v716 = (long long)v715; // n35
-            const bool v717 = v682 == v716; // n36
-            const float v718 = (v717 ? v687 : 0.0f); // n37
-            const float v719 = in0[i]; // logits f32
-            const float v720 = v719 - v690; // n4
-            const float v721 = expf(v720); // n5
-            const float v722 = v699 * v721; // n45
-            const float v723 = v718 + v722; // n46
-            const bool v724 = v719 == v690; // n51
-            const float v727 = (v724 ? v726 : 0.0f); // n56
-            const float v728 = v723 + v727; // n57
-            out1[i] = v728; // dlogits
+            const int v713 = (int)col; // n34
+            const long long v714 = (long long)v713; // n35
+            const bool v715 = v680 == v714; // n36
+            const float v716 = (v715 ? v685 : 0.0f); // n37
+            const float v717 = in0[i]; // logits f32
+            const float v718 = v717 - v688; // n4
+            const float v719 = expf(v718); // n5
+            const float v720 = v697 * v719; // n45
+            const float v721 = v716 + v720; // n46
+            const bool v722 = v717 == v688; // n51
+            const float v725 = (v722 ? v724 : 0.0f); // n56
+            const float v726 = v721 + v725; // n57
+            out1[i] = v726; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -345,11 +340,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_ab48a2385a6e6fdd_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v729 = (float)r0; // n23
-        const float v730 = -v729; // n24
-        const float v731 = tmp0[0]; // n26 from an earlier kernel
-        const float v732 = v730 / v731; // n27
-        out0[0] = v732; // output loss
+        const float v727 = (float)r0; // n23
+        const float v728 = -v727; // n24
+        const float v729 = tmp0[0]; // n26 from an earlier kernel
+        const float v730 = v728 / v729; // n27
+        out0[0] = v730; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -423,11 +418,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
-}
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
@@ -506,168 +496,161 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
                 kf_c0[4 * kf_v + 3] = kf_w.w;
             }
         }
-        float om240 = __int_as_float(0xff800000), os241 = 0.0f; // n2 and n6 in one pass
-        double a242 = 0.0;
-        float p243 = 0.0f;
+        float om239 = __int_as_float(0xff800000), os240 = 0.0f; // n2 and n6 in one pass
+        double a241 = 0.0;
+        float p242 = 0.0f;
+        const long long v244 = in1[row]; // labels i64
+        const bool v245 = v244 >= 0ll; // n12
+        const int v246 = (int)(sz1); // n15 the count of every element
+        const long long v247 = (long long)v246; // n16
+        const bool v248 = v244 < v247; // n17
+        const bool v249 = v245 && v248; // n18
+        const long long v250 = (v249 ? v244 : 0ll); // n19
+        const float v254 = tmp1[0]; // n30 from an earlier kernel
+        const float v255 = (v249 ? v254 : 0.0f); // n32
+        const float v256 = -v255; // n38
+        #pragma unroll
+        for (int t2 = 0; t2 < 32; ++t2) {
+            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
+            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
+            const float v243 = kf_c0[t2]; // logits f32
+            kf_online_add(om239, os240, v243);
+            const int v251 = (int)j2; // n34
+            const long long v252 = (long long)v251; // n35
+            const bool v253 = v250 == v252; // n36
+            const float v257 = (v253 ? v256 : 0.0f); // n39
+            p242 += v257;
+        }
+        a241 = (double)p242; // the lane's columns, added in f32
+        a241 = kf_row_sum(a241, kf_g, kf_rs); // over the row's lanes
+        kf_row_online(om239, os240, kf_g, kf_rs); // over the row's lanes
+        const float v258 = om239; // n2 maximum along the row, once per row
+        const float v259 = os240; // n6 sum of exp(x - n2) along the row, once per row
+        const float v260 = (float)a241; // n40 sum along the row, once per row
+        double a261 = 0.0;
+        float p262 = 0.0f;
+        double a263 = 0.0;
+        const float v268 = v260 / v259; // n43
         #pragma unroll
         for (int t3 = 0; t3 < 32; ++t3) {
             if (4 * (lane + (t3 / 4) * kf_g) >= kf_n) break;
             const int j3 = 4 * (lane + (t3 / 4) * kf_g) + t3 % 4;
-            const float v244 = kf_c0[t3]; // logits f32
-            om240 = kf_maxf(om240, v244); // the lane's maximum
-        }
-        const long long v246 = in1[row]; // labels i64
-        const bool v247 = v246 >= 0ll; // n12
-        const int v248 = (int)(sz1); // n15 the count of every element
-        const long long v249 = (long long)v248; // n16
-        const bool v250 = v246 < v249; // n17
-        const bool v251 = v247 && v250; // n18
-        const long long v252 = (v251 ? v246 : 0ll); // n19
-        const float v256 = tmp1[0]; // n30 from an earlier kernel
-        const float v257 = (v251 ? v256 : 0.0f); // n32
-        const float v258 = -v257; // n38
-        #pragma unroll
-        for (int t4 = 0; t4 < 32; ++t4) {
-            if (4 * (lane + (t4 / 4) * kf_g) >= kf_n) break;
-            const int j4 = 4 * (lane + (t4 / 4) * kf_g) + t4 % 4;
-            const float v245 = kf_c0[t4]; // logits f32
-            os241 += kf_online_term(om240, v245);
-            const int v253 = (int)j4; // n34
-            const long long v254 = (long long)v253; // n35
-            const bool v255 = v252 == v254; // n36
-            const float v259 = (v255 ? v258 : 0.0f); // n39
-            p243 += v259;
-        }
-        a242 = (double)p243; // the lane's columns, added in f32
-        a242 = kf_row_sum(a242, kf_g, kf_rs); // over the row's lanes
-        kf_row_online(om240, os241, kf_g, kf_rs); // over the row's lanes
-        const float v260 = om240; // n2 maximum along the row, once per row
-        const float v261 = os241; // n6 sum of exp(x - n2) along the row, once per row
-        const float v262 = (float)a242; // n40 sum along the row, once per row
-        double a263 = 0.0;
-        float p264 = 0.0f;
-        double a265 = 0.0;
-        const float v270 = v262 / v261; // n43
-        #pragma unroll
-        for (int t5 = 0; t5 < 32; ++t5) {
-            if (4 * (lane + (t5 / 4) * kf_g) >= kf_n) break;
-            const int j5 = 4 * (lane + (t5 / 4) * kf_g) + t5 % 4;
-            const int v266 = (int)j5; // n34
-            const long long v267 = (long long)v266; // n35
-            const bool v268 = v252 == v267; // n36
-            const float v269 = (v268 ? v257 : 0.0f); // n37
-            const float v271 = kf_c0[t5]; // logits f32
-            const float v272 = v271 - v260; // n4
-            const float v273 = expf(v272); // n5
-            const float v274 = v270 * v273; // n45
-            const float v275 = v269 + v274; // n46
-            const float v276 = -v275; // n47
-            p264 += v276;
-            const bool v277 = v271 == v260; // n51
-            if (v277) {
-                a265 += 1.0;
+            const int v264 = (int)j3; // n34
+            const long long v265 = (long long)v264; // n35
+            const bool v266 = v250 == v265; // n36
+            const float v267 = (v266 ? v255 : 0.0f); // n37
+            const float v269 = kf_c0[t3]; // logits f32
+            const float v270 = v269 - v258; // n4
+            const float v271 = expf(v270); // n5
+            const float v272 = v268 * v271; // n45
+            const float v273 = v267 + v272; // n46
+            const float v274 = -v273; // n47
+            p262 += v274;
+            const bool v275 = v269 == v258; // n51
+            if (v275) {
+                a263 += 1.0;
             }
         }
-        a263 = (double)p264; // the lane's columns, added in f32
+        a261 = (double)p262; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a261 = kf_row_sum(a261, kf_g < 32 ? kf_g : 32, kf_rs);
         a263 = kf_row_sum(a263, kf_g < 32 ? kf_g : 32, kf_rs);
-        a265 = kf_row_sum(a265, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a263; kf_rs[32 + kf_warp] = a265; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a261; kf_rs[32 + kf_warp] = a263; }
             __syncthreads();
-            a263 = kf_rs[kf_first]; a265 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a263 += kf_rs[kf_first + w]; a265 += kf_rs[32 + kf_first + w]; }
+            a261 = kf_rs[kf_first]; a263 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a261 += kf_rs[kf_first + w]; a263 += kf_rs[32 + kf_first + w]; }
         }
-        const float v278 = (float)a263; // n48 sum along the row, once per row
-        const int v279 = (int)(long long)a265; // n52 count along the row, once per row
+        const float v276 = (float)a261; // n48 sum along the row, once per row
+        const int v277 = (int)(long long)a263; // n52 count along the row, once per row
         if (kf_live && lane == 0) {
-            if (v251) {
-                const bool v280 = (unsigned long long)v252 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v281 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v280) {
-                    const float v282 = in0[row * sz1 + v252]; // logits f32
-                    const float v283 = v282 - v260; // n4
-                    const float v284 = logf(v261); // n7
-                    const float v285 = v283 - v284; // n9
-                    v281 = v285;
+            if (v249) {
+                const bool v278 = (unsigned long long)v250 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v279 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v278) {
+                    const float v280 = in0[row * sz1 + v250]; // logits f32
+                    const float v281 = v280 - v258; // n4
+                    const float v282 = logf(v259); // n7
+                    const float v283 = v281 - v282; // n9
+                    v279 = v283;
                 }
-                acc0 += (double)v281;
+                acc0 += (double)v279;
             }
         }
-        const float v296 = (float)v279; // n53
-        const float v297 = v278 / v296; // n54
+        const float v294 = (float)v277; // n53
+        const float v295 = v276 / v294; // n54
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v286 = (int)col; // n34
-                const long long v287 = (long long)v286; // n35
-                const bool v288 = v252 == v287; // n36
-                const float v289 = (v288 ? v257 : 0.0f); // n37
-                const float v290 = kf_c0[0]; // logits f32
-                const float v291 = v290 - v260; // n4
-                const float v292 = expf(v291); // n5
-                const float v293 = v270 * v292; // n45
-                const float v294 = v289 + v293; // n46
-                const bool v295 = v290 == v260; // n51
-                const float v298 = (v295 ? v297 : 0.0f); // n56
-                const float v299 = v294 + v298; // n57
-                kf_o1[0] = v299; // dlogits
+                const int v284 = (int)col; // n34
+                const long long v285 = (long long)v284; // n35
+                const bool v286 = v250 == v285; // n36
+                const float v287 = (v286 ? v255 : 0.0f); // n37
+                const float v288 = kf_c0[0]; // logits f32
+                const float v289 = v288 - v258; // n4
+                const float v290 = expf(v289); // n5
+                const float v291 = v268 * v290; // n45
+                const float v292 = v287 + v291; // n46
+                const bool v293 = v288 == v258; // n51
+                const float v296 = (v293 ? v295 : 0.0f); // n56
+                const float v297 = v292 + v296; // n57
+                kf_o1[0] = v297; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v300 = (int)col; // n34
-                const long long v301 = (long long)v300; // n35
-                const bool v302 = v252 == v301; // n36
-                const float v303 = (v302 ? v257 : 0.0f); // n37
-                const float v304 = kf_c0[1]; // logits f32
-                const float v305 = v304 - v260; // n4
-                const float v306 = expf(v305); // n5
-                const float v307 = v270 * v306; // n45
-                const float v308 = v303 + v307; // n46
-                const bool v309 = v304 == v260; // n51
-                const float v310 = (v309 ? v297 : 0.0f); // n56
-                const float v311 = v308 + v310; // n57
-                kf_o1[1] = v311; // dlogits
+                const int v298 = (int)col; // n34
+                const long long v299 = (long long)v298; // n35
+                const bool v300 = v250 == v299; // n36
+                const float v301 = (v300 ? v255 : 0.0f); // n37
+                const float v302 = kf_c0[1]; // logits f32
+                const float v303 = v302 - v258; // n4
+                const float v304 = expf(v303); // n5
+                const float v305 = v268 * v304; // n45
+                const float v306 = v301 + v305; // n46
+                const bool v307 = v302 == v258; // n51
+                const float v308 = (v307 ? v295 : 0.0f); // n56
+                const float v309 = v306 + v308; // n57
+                kf_o1[1] = v309; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v312 = (int)col; // n34
-                const long long v313 = (long long)v312; // n35
-                const bool v314 = v252 == v313; // n36
-                const float v315 = (v314 ? v257 : 0.0f); // n37
-                const float v316 = kf_c0[2]; // logits f32
-                const float v317 = v316 - v260; // n4
-                const float v318 = expf(v317); // n5
-                const float v319 = v270 * v318; // n45
-                const float v320 = v315 + v319; // n46
-                const bool v321 = v316 == v260; // n51
-                const float v322 = (v321 ? v297 : 0.0f); // n56
-                const float v323 = v320 + v322; // n57
-                kf_o1[2] = v323; // dlogits
+                const int v310 = (int)col; // n34
+                const long long v311 = (long long)v310; // n35
+                const bool v312 = v250 == v311; // n36
+                const float v313 = (v312 ? v255 : 0.0f); // n37
+                const float v314 = kf_c0[2]; // logits f32
+                const float v315 = v314 - v258; // n4
+                const float v316 = expf(v315); // n5
+                const float v317 = v268 * v316; // n45
+                const float v318 = v313 + v317; // n46
+                const bool v319 = v314 == v258; // n51
+                const float v320 = (v319 ? v295 : 0.0f); // n56
+                const float v321 = v318 + v320; // n57
+                kf_o1[2] = v321; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v324 = (int)col; // n34
-                const long long v325 = (long long)v324; // n35
-                const bool v326 = v252 == v325; // n36
-                const float v327 = (v326 ? v257 : 0.0f); // n37
-                const float v328 = kf_c0[3]; // logits f32
-                const float v329 = v328 - v260; // n4
-                const float v330 = expf(v329); // n5
-                const float v331 = v270 * v330; // n45
-                const float v332 = v327 + v331; // n46
-                const bool v333 = v328 == v260; // n51
-                const float v334 = (v333 ? v297 : 0.0f); // n56
-                const float v335 = v332 + v334; // n57
-                kf_o1[3] = v335; // dlogits
+                const int v322 = (int)col; // n34
+                const long long v323 = (long long)v322; // n35
+                const bool v324 = v250 == v323; // n36
+                const float v325 = (v324 ? v255 : 0.0f); // n37
+                const float v326 = kf_c0[3]; // logits f32
+                const float v327 = v326 - v258; // n4
+                const float v328 = expf(v327); // n5
+                const float v329 = v268 * v328; // n45
+                const float v330 = v325 + v329; // n46
+                const bool v331 = v326 == v258; // n51
+                const float v332 = (v331 ? v295 : 0.0f); // n56
+                const float v333 = v330 + v332; // n57
+                kf_o1[3] = v333; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -677,70 +660,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v336 = (int)col; // n34
-                const long long v337 = (long long)v336; // n35
-                const bool v338 = v252 == v337; // n36
-                const float v339 = (v338 ? v257 : 0.0f); // n37
-                const float v340 = kf_c0[4]; // logits f32
-                const float v341 = v340 - v260; // n4
-                const float v342 = expf(v341); // n5
-                const float v343 = v270 * v342; // n45
-                const float v344 = v339 + v343; // n46
-                const bool v345 = v340 == v260; // n51
-                const float v346 = (v345 ? v297 : 0.0f); // n56
-                const float v347 = v344 + v346; // n57
-                kf_o1[0] = v347; // dlogits
+                const int v334 = (int)col; // n34
+                const long long v335 = (long long)v334; // n35
+                const bool v336 = v250 == v335; // n36
+                const float v337 = (v336 ? v255 : 0.0f); // n37
+                const float v338 = kf_c0[4]; // logits f32
+                const float v339 = v338 - v258; // n4
+                const float v340 = expf(v339); // n5
+                const float v341 = v268 * v340; // n45
+                const float v342 = v337 + v341; // n46
+                const bool v343 = v338 == v258; // n51
+                const float v344 = (v343 ? v295 : 0.0f); // n56
+                const float v345 = v342 + v344; // n57
+                kf_o1[0] = v345; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v348 = (int)col; // n34
-                const long long v349 = (long long)v348; // n35
-                const bool v350 = v252 == v349; // n36
-                const float v351 = (v350 ? v257 : 0.0f); // n37
-                const float v352 = kf_c0[5]; // logits f32
-                const float v353 = v352 - v260; // n4
-                const float v354 = expf(v353); // n5
-                const float v355 = v270 * v354; // n45
-                const float v356 = v351 + v355; // n46
-                const bool v357 = v352 == v260; // n51
-                const float v358 = (v357 ? v297 : 0.0f); // n56
-                const float v359 = v356 + v358; // n57
-                kf_o1[1] = v359; // dlogits
+                const int v346 = (int)col; // n34
+                const long long v347 = (long long)v346; // n35
+                const bool v348 = v250 == v347; // n36
+                const float v349 = (v348 ? v255 : 0.0f); // n37
+                const float v350 = kf_c0[5]; // logits f32
+                const float v351 = v350 - v258; // n4
+                const float v352 = expf(v351); // n5
+                const float v353 = v268 * v352; // n45
+                const float v354 = v349 + v353; // n46
+                const bool v355 = v350 == v258; // n51
+                const float v356 = (v355 ? v295 : 0.0f); // n56
+                const float v357 = v354 + v356; // n57
+                kf_o1[1] = v357; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v360 = (int)col; // n34
-                const long long v361 = (long long)v360; // n35
-                const bool v362 = v252 == v361; // n36
-                const float v363 = (v362 ? v257 : 0.0f); // n37
-                const float v364 = kf_c0[6]; // logits f32
-                const float v365 = v364 - v260; // n4
-                const float v366 = expf(v365); // n5
-                const float v367 = v270 * v366; // n45
-                const float v368 = v363 + v367; // n46
-                const bool v369 = v364 == v260; // n51
-                const float v370 = (v369 ? v297 : 0.0f); // n56
-                const float v371 = v368 + v370; // n57
-                kf_o1[2] = v371; // dlogits
+                const int v358 = (int)col; // n34
+                const long long v359 = (long long)v358; // n35
+                const bool v360 = v250 == v359; // n36
+                const float v361 = (v360 ? v255 : 0.0f); // n37
+                const float v362 = kf_c0[6]; // logits f32
+                const float v363 = v362 - v258; // n4
+                const float v364 = expf(v363); // n5
+                const float v365 = v268 * v364; // n45
+                const float v366 = v361 + v365; // n46
+                const bool v367 = v362 == v258; // n51
+                const float v368 = (v367 ? v295 : 0.0f); // n56
+                const float v369 = v366 + v368; // n57
+                kf_o1[2] = v369; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v372 = (int)col; // n34
-                const long long v373 = (long long)v372; // n35
-                const bool v374 = v252 == v373; // n36
-                const float v375 = (v374 ? v257 : 0.0f); // n37
-                const float v376 = kf_c0[7]; // logits f32
-                const float v377 = v376 - v260; // n4
-                const float v378 = expf(v377); // n5
-                const float v379 = v270 * v378; // n45
-                const float v380 = v375 + v379; // n46
-                const bool v381 = v376 == v260; // n51
-                const float v382 = (v381 ? v297 : 0.0f); // n56
-                const float v383 = v380 + v382; // n57
-                kf_o1[3] = v383; // dlogits
+                const int v370 = (int)col; // n34
+                const long long v371 = (long long)v370; // n35
+                const bool v372 = v250 == v371; // n36
+                const float v373 = (v372 ? v255 : 0.0f); // n37
+                const float v374 = kf_c0[7]; // logits f32
+                const float v375 = v374 - v258; // n4
+                const float v376 = expf(v375); // n5
+                const float v377 = v268 * v376; // n45
+                const float v378 = v373 + v377; // n46
+                const bool v379 = v374 == v258; // n51
+                const float v380 = (v379 ? v295 : 0.0f); // n56
+                const float v381 = v378 + v380; // n57
+                kf_o1[3] = v381; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -750,70 +733,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v384 = (int)col; // n34
-                const long long v385 = (long long)v384; // n35
-                const bool v386 = v252 == v385; // n36
-                const float v387 = (v386 ? v257 : 0.0f); // n37
-                const float v388 = kf_c0[8]; // logits f32
-                const float v389 = v388 - v260; // n4
-                const float v390 = expf(v389); // n5
-                const float v391 = v270 * v390; // n45
-                const float v392 = v387 + v391; // n46
-                const bool v393 = v388 == v260; // n51
-                const float v394 = (v393 ? v297 : 0.0f); // n56
-                const float v395 = v392 + v394; // n57
-                kf_o1[0] = v395; // dlogits
+                const int v382 = (int)col; // n34
+                const long long v383 = (long long)v382; // n35
+                const bool v384 = v250 == v383; // n36
+                const float v385 = (v384 ? v255 : 0.0f); // n37
+                const float v386 = kf_c0[8]; // logits f32
+                const float v387 = v386 - v258; // n4
+                const float v388 = expf(v387); // n5
+                const float v389 = v268 * v388; // n45
+                const float v390 = v385 + v389; // n46
+                const bool v391 = v386 == v258; // n51
+                const float v392 = (v391 ? v295 : 0.0f); // n56
+                const float v393 = v390 + v392; // n57
+                kf_o1[0] = v393; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v396 = (int)col; // n34
-                const long long v397 = (long long)v396; // n35
-                const bool v398 = v252 == v397; // n36
-                const float v399 = (v398 ? v257 : 0.0f); // n37
-                const float v400 = kf_c0[9]; // logits f32
-                const float v401 = v400 - v260; // n4
-                const float v402 = expf(v401); // n5
-                const float v403 = v270 * v402; // n45
-                const float v404 = v399 + v403; // n46
-                const bool v405 = v400 == v260; // n51
-                const float v406 = (v405 ? v297 : 0.0f); // n56
-                const float v407 = v404 + v406; // n57
-                kf_o1[1] = v407; // dlogits
+                const int v394 = (int)col; // n34
+                const long long v395 = (long long)v394; // n35
+                const bool v396 = v250 == v395; // n36
+                const float v397 = (v396 ? v255 : 0.0f); // n37
+                const float v398 = kf_c0[9]; // logits f32
+                const float v399 = v398 - v258; // n4
+                const float v400 = expf(v399); // n5
+                const float v401 = v268 * v400; // n45
+                const float v402 = v397 + v401; // n46
+                const bool v403 = v398 == v258; // n51
+                const float v404 = (v403 ? v295 : 0.0f); // n56
+                const float v405 = v402 + v404; // n57
+                kf_o1[1] = v405; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v408 = (int)col; // n34
-                const long long v409 = (long long)v408; // n35
-                const bool v410 = v252 == v409; // n36
-                const float v411 = (v410 ? v257 : 0.0f); // n37
-                const float v412 = kf_c0[10]; // logits f32
-                const float v413 = v412 - v260; // n4
-                const float v414 = expf(v413); // n5
-                const float v415 = v270 * v414; // n45
-                const float v416 = v411 + v415; // n46
-                const bool v417 = v412 == v260; // n51
-                const float v418 = (v417 ? v297 : 0.0f); // n56
-                const float v419 = v416 + v418; // n57
-                kf_o1[2] = v419; // dlogits
+                const int v406 = (int)col; // n34
+                const long long v407 = (long long)v406; // n35
+                const bool v408 = v250 == v407; // n36
+                const float v409 = (v408 ? v255 : 0.0f); // n37
+                const float v410 = kf_c0[10]; // logits f32
+                const float v411 = v410 - v258; // n4
+                const float v412 = expf(v411); // n5
+                const float v413 = v268 * v412; // n45
+                const float v414 = v409 + v413; // n46
+                const bool v415 = v410 == v258; // n51
+                const float v416 = (v415 ? v295 : 0.0f); // n56
+                const float v417 = v414 + v416; // n57
+                kf_o1[2] = v417; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v420 = (int)col; // n34
-                const long long v421 = (long long)v420; // n35
-                const bool v422 = v252 == v421; // n36
-                const float v423 = (v422 ? v257 : 0.0f); // n37
-                const float v424 = kf_c0[11]; // logits f32
-                const float v425 = v424 - v260; // n4
-                const float v426 = expf(v425); // n5
-                const float v427 = v270 * v426; // n45
-                const float v428 = v423 + v427; // n46
-                const bool v429 = v424 == v260; // n51
-                const float v430 = (v429 ? v297 : 0.0f); // n56
-                const float v431 = v428 + v430; // n57
-                kf_o1[3] = v431; // dlogits
+                const int v418 = (int)col; // n34
+                const long long v419 = (long long)v418; // n35
+                const bool v420 = v250 == v419; // n36
+                const float v421 = (v420 ? v255 : 0.0f); // n37
+                const float v422 = kf_c0[11]; // logits f32
+                const float v423 = v422 - v258; // n4
+                const float v424 = expf(v423); // n5
+                const float v425 = v268 * v424; // n45
+                const float v426 = v421 + v425; // n46
+                const bool v427 = v422 == v258; // n51
+                const float v428 = (v427 ? v295 : 0.0f); // n56
+                const float v429 = v426 + v428; // n57
+                kf_o1[3] = v429; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -823,70 +806,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v432 = (int)col; // n34
-                const long long v433 = (long long)v432; // n35
-                const bool v434 = v252 == v433; // n36
-                const float v435 = (v434 ? v257 : 0.0f); // n37
-                const float v436 = kf_c0[12]; // logits f32
-                const float v437 = v436 - v260; // n4
-                const float v438 = expf(v437); // n5
-                const float v439 = v270 * v438; // n45
-                const float v440 = v435 + v439; // n46
-                const bool v441 = v436 == v260; // n51
-                const float v442 = (v441 ? v297 : 0.0f); // n56
-                const float v443 = v440 + v442; // n57
-                kf_o1[0] = v443; // dlogits
+                const int v430 = (int)col; // n34
+                const long long v431 = (long long)v430; // n35
+                const bool v432 = v250 == v431; // n36
+                const float v433 = (v432 ? v255 : 0.0f); // n37
+                const float v434 = kf_c0[12]; // logits f32
+                const float v435 = v434 - v258; // n4
+                const float v436 = expf(v435); // n5
+                const float v437 = v268 * v436; // n45
+                const float v438 = v433 + v437; // n46
+                const bool v439 = v434 == v258; // n51
+                const float v440 = (v439 ? v295 : 0.0f); // n56
+                const float v441 = v438 + v440; // n57
+                kf_o1[0] = v441; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v444 = (int)col; // n34
-                const long long v445 = (long long)v444; // n35
-                const bool v446 = v252 == v445; // n36
-                const float v447 = (v446 ? v257 : 0.0f); // n37
-                const float v448 = kf_c0[13]; // logits f32
-                const float v449 = v448 - v260; // n4
-                const float v450 = expf(v449); // n5
-                const float v451 = v270 * v450; // n45
-                const float v452 = v447 + v451; // n46
-                const bool v453 = v448 == v260; // n51
-                const float v454 = (v453 ? v297 : 0.0f); // n56
-                const float v455 = v452 + v454; // n57
-                kf_o1[1] = v455; // dlogits
+                const int v442 = (int)col; // n34
+                const long long v443 = (long long)v442; // n35
+                const bool v444 = v250 == v443; // n36
+                const float v445 = (v444 ? v255 : 0.0f); // n37
+                const float v446 = kf_c0[13]; // logits f32
+                const float v447 = v446 - v258; // n4
+                const float v448 = expf(v447); // n5
+                const float v449 = v268 * v448; // n45
+                const float v450 = v445 + v449; // n46
+                const bool v451 = v446 == v258; // n51
+                const float v452 = (v451 ? v295 : 0.0f); // n56
+                const float v453 = v450 + v452; // n57
+                kf_o1[1] = v453; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v456 = (int)col; // n34
-                const long long v457 = (long long)v456; // n35
-                const bool v458 = v252 == v457; // n36
-                const float v459 = (v458 ? v257 : 0.0f); // n37
-                const float v460 = kf_c0[14]; // logits f32
-                const float v461 = v460 - v260; // n4
-                const float v462 = expf(v461); // n5
-                const float v463 = v270 * v462; // n45
-                const float v464 = v459 + v463; // n46
-                const bool v465 = v460 == v260; // n51
-                const float v466 = (v465 ? v297 : 0.0f); // n56
-                const float v467 = v464 + v466; // n57
-                kf_o1[2] = v467; // dlogits
+                const int v454 = (int)col; // n34
+                const long long v455 = (long long)v454; // n35
+                const bool v456 = v250 == v455; // n36
+                const float v457 = (v456 ? v255 : 0.0f); // n37
+                const float v458 = kf_c0[14]; // logits f32
+                const float v459 = v458 - v258; // n4
+                const float v460 = expf(v459); // n5
+                const float v461 = v268 * v460; // n45
+                const float v462 = v457 + v461; // n46
+                const bool v463 = v458 == v258; // n51
+                const float v464 = (v463 ? v295 : 0.0f); // n56
+                const float v465 = v462 + v464; // n57
+                kf_o1[2] = v465; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v468 = (int)col; // n34
-                const long long v469 = (long long)v468; // n35
-                const bool v470 = v252 == v469; // n36
-                const float v471 = (v470 ? v257 : 0.0f); // n37
-                const float v472 = kf_c0[15]; // logits f32
-                const float v473 = v472 - v260; // n4
-                const float v474 = expf(v473); // n5
-                const float v475 = v270 * v474; // n45
-                const float v476 = v471 + v475; // n46
-                const bool v477 = v472 == v260; // n51
-                const float v478 = (v477 ? v297 : 0.0f); // n56
-                const float v479 = v476 + v478; // n57
-                kf_o1[3] = v479; // dlogits
+                const int v466 = (int)col; // n34
+                const long long v467 = (long long)v466; // n35
+                const bool v468 = v250 == v467; // n36
+                const float v469 = (v468 ? v255 : 0.0f); // n37
+                const float v470 = kf_c0[15]; // logits f32
+                const float v471 = v470 - v258; // n4
+                const float v472 = expf(v471); // n5
+                const float v473 = v268 * v472; // n45
+                const float v474 = v469 + v473; // n46
+                const bool v475 = v470 == v258; // n51
+                const float v476 = (v475 ? v295 : 0.0f); // n56
+                const float v477 = v474 + v476; // n57
+                kf_o1[3] = v477; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -896,70 +879,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v480 = (int)col; // n34
-                const long long v481 = (long long)v480; // n35
-                const bool v482 = v252 == v481; // n36
-                const float v483 = (v482 ? v257 : 0.0f); // n37
-                const float v484 = kf_c0[16]; // logits f32
-                const float v485 = v484 - v260; // n4
-                const float v486 = expf(v485); // n5
-                const float v487 = v270 * v486; // n45
-                const float v488 = v483 + v487; // n46
-                const bool v489 = v484 == v260; // n51
-                const float v490 = (v489 ? v297 : 0.0f); // n56
-                const float v491 = v488 + v490; // n57
-                kf_o1[0] = v491; // dlogits
+                const int v478 = (int)col; // n34
+                const long long v479 = (long long)v478; // n35
+                const bool v480 = v250 == v479; // n36
+                const float v481 = (v480 ? v255 : 0.0f); // n37
+                const float v482 = kf_c0[16]; // logits f32
+                const float v483 = v482 - v258; // n4
+                const float v484 = expf(v483); // n5
+                const float v485 = v268 * v484; // n45
+                const float v486 = v481 + v485; // n46
+                const bool v487 = v482 == v258; // n51
+                const float v488 = (v487 ? v295 : 0.0f); // n56
+                const float v489 = v486 + v488; // n57
+                kf_o1[0] = v489; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v492 = (int)col; // n34
-                const long long v493 = (long long)v492; // n35
-                const bool v494 = v252 == v493; // n36
-                const float v495 = (v494 ? v257 : 0.0f); // n37
-                const float v496 = kf_c0[17]; // logits f32
-                const float v497 = v496 - v260; // n4
-                const float v498 = expf(v497); // n5
-                const float v499 = v270 * v498; // n45
-                const float v500 = v495 + v499; // n46
-                const bool v501 = v496 == v260; // n51
-                const float v502 = (v501 ? v297 : 0.0f); // n56
-                const float v503 = v500 + v502; // n57
-                kf_o1[1] = v503; // dlogits
+                const int v490 = (int)col; // n34
+                const long long v491 = (long long)v490; // n35
+                const bool v492 = v250 == v491; // n36
+                const float v493 = (v492 ? v255 : 0.0f); // n37
+                const float v494 = kf_c0[17]; // logits f32
+                const float v495 = v494 - v258; // n4
+                const float v496 = expf(v495); // n5
+                const float v497 = v268 * v496; // n45
+                const float v498 = v493 + v497; // n46
+                const bool v499 = v494 == v258; // n51
+                const float v500 = (v499 ? v295 : 0.0f); // n56
+                const float v501 = v498 + v500; // n57
+                kf_o1[1] = v501; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v504 = (int)col; // n34
-                const long long v505 = (long long)v504; // n35
-                const bool v506 = v252 == v505; // n36
-                const float v507 = (v506 ? v257 : 0.0f); // n37
-                const float v508 = kf_c0[18]; // logits f32
-                const float v509 = v508 - v260; // n4
-                const float v510 = expf(v509); // n5
-                const float v511 = v270 * v510; // n45
-                const float v512 = v507 + v511; // n46
-                const bool v513 = v508 == v260; // n51
-                const float v514 = (v513 ? v297 : 0.0f); // n56
-                const float v515 = v512 + v514; // n57
-                kf_o1[2] = v515; // dlogits
+                const int v502 = (int)col; // n34
+                const long long v503 = (long long)v502; // n35
+                const bool v504 = v250 == v503; // n36
+                const float v505 = (v504 ? v255 : 0.0f); // n37
+                const float v506 = kf_c0[18]; // logits f32
+                const float v507 = v506 - v258; // n4
+                const float v508 = expf(v507); // n5
+                const float v509 = v268 * v508; // n45
+                const float v510 = v505 + v509; // n46
+                const bool v511 = v506 == v258; // n51
+                const float v512 = (v511 ? v295 : 0.0f); // n56
+                const float v513 = v510 + v512; // n57
+                kf_o1[2] = v513; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v516 = (int)col; // n34
-                const long long v517 = (long long)v516; // n35
-                const bool v518 = v252 == v517; // n36
-                const float v519 = (v518 ? v257 : 0.0f); // n37
-                const float v520 = kf_c0[19]; // logits f32
-                const float v521 = v520 - v260; // n4
-                const float v522 = expf(v521); // n5
-                const float v523 = v270 * v522; // n45
-                const float v524 = v519 + v523; // n46
-                const bool v525 = v520 == v260; // n51
-                const float v526 = (v525 ? v297 : 0.0f); // n56
-                const float v527 = v524 + v526; // n57
-                kf_o1[3] = v527; // dlogits
+                const int v514 = (int)col; // n34
+                const long long v515 = (long long)v514; // n35
+                const bool v516 = v250 == v515; // n36
+                const float v517 = (v516 ? v255 : 0.0f); // n37
+                const float v518 = kf_c0[19]; // logits f32
+                const float v519 = v518 - v258; // n4
+                const float v520 = expf(v519); // n5
+                const float v521 = v268 * v520; // n45
+                const float v522 = v517 + v521; // n46
+                const bool v523 = v518 == v258; // n51
+                const float v524 = (v523 ? v295 : 0.0f); // n56
+                const float v525 = v522 + v524; // n57
+                kf_o1[3] = v525; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -969,70 +952,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v528 = (int)col; // n34
-                const long long v529 = (long long)v528; // n35
-                const bool v530 = v252 == v529; // n36
-                const float v531 = (v530 ? v257 : 0.0f); // n37
-                const float v532 = kf_c0[20]; // logits f32
-                const float v533 = v532 - v260; // n4
-                const float v534 = expf(v533); // n5
-                const float v535 = v270 * v534; // n45
-                const float v536 = v531 + v535; // n46
-                const bool v537 = v532 == v260; // n51
-                const float v538 = (v537 ? v297 : 0.0f); // n56
-                const float v539 = v536 + v538; // n57
-                kf_o1[0] = v539; // dlogits
+                const int v526 = (int)col; // n34
+                const long long v527 = (long long)v526; // n35
+                const bool v528 = v250 == v527; // n36
+                const float v529 = (v528 ? v255 : 0.0f); // n37
+                const float v530 = kf_c0[20]; // logits f32
+                const float v531 = v530 - v258; // n4
+                const float v532 = expf(v531); // n5
+                const float v533 = v268 * v532; // n45
+                const float v534 = v529 + v533; // n46
+                const bool v535 = v530 == v258; // n51
+                const float v536 = (v535 ? v295 : 0.0f); // n56
+                const float v537 = v534 + v536; // n57
+                kf_o1[0] = v537; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v540 = (int)col; // n34
-                const long long v541 = (long long)v540; // n35
-                const bool v542 = v252 == v541; // n36
-                const float v543 = (v542 ? v257 : 0.0f); // n37
-                const float v544 = kf_c0[21]; // logits f32
-                const float v545 = v544 - v260; // n4
-                const float v546 = expf(v545); // n5
-                const float v547 = v270 * v546; // n45
-                const float v548 = v543 + v547; // n46
-                const bool v549 = v544 == v260; // n51
-                const float v550 = (v549 ? v297 : 0.0f); // n56
-                const float v551 = v548 + v550; // n57
-                kf_o1[1] = v551; // dlogits
+                const int v538 = (int)col; // n34
+                const long long v539 = (long long)v538; // n35
+                const bool v540 = v250 == v539; // n36
+                const float v541 = (v540 ? v255 : 0.0f); // n37
+                const float v542 = kf_c0[21]; // logits f32
+                const float v543 = v542 - v258; // n4
+                const float v544 = expf(v543); // n5
+                const float v545 = v268 * v544; // n45
+                const float v546 = v541 + v545; // n46
+                const bool v547 = v542 == v258; // n51
+                const float v548 = (v547 ? v295 : 0.0f); // n56
+                const float v549 = v546 + v548; // n57
+                kf_o1[1] = v549; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v552 = (int)col; // n34
-                const long long v553 = (long long)v552; // n35
-                const bool v554 = v252 == v553; // n36
-                const float v555 = (v554 ? v257 : 0.0f); // n37
-                const float v556 = kf_c0[22]; // logits f32
-                const float v557 = v556 - v260; // n4
-                const float v558 = expf(v557); // n5
-                const float v559 = v270 * v558; // n45
-                const float v560 = v555 + v559; // n46
-                const bool v561 = v556 == v260; // n51
-                const float v562 = (v561 ? v297 : 0.0f); // n56
-                const float v563 = v560 + v562; // n57
-                kf_o1[2] = v563; // dlogits
+                const int v550 = (int)col; // n34
+                const long long v551 = (long long)v550; // n35
+                const bool v552 = v250 == v551; // n36
+                const float v553 = (v552 ? v255 : 0.0f); // n37
+                const float v554 = kf_c0[22]; // logits f32
+                const float v555 = v554 - v258; // n4
+                const float v556 = expf(v555); // n5
+                const float v557 = v268 * v556; // n45
+                const float v558 = v553 + v557; // n46
+                const bool v559 = v554 == v258; // n51
+                const float v560 = (v559 ? v295 : 0.0f); // n56
+                const float v561 = v558 + v560; // n57
+                kf_o1[2] = v561; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v564 = (int)col; // n34
-                const long long v565 = (long long)v564; // n35
-                const bool v566 = v252 == v565; // n36
-                const float v567 = (v566 ? v257 : 0.0f); // n37
-                const float v568 = kf_c0[23]; // logits f32
-                const float v569 = v568 - v260; // n4
-                const float v570 = expf(v569); // n5
-                const float v571 = v270 * v570; // n45
-                const float v572 = v567 + v571; // n46
-                const bool v573 = v568 == v260; // n51
-                const float v574 = (v573 ? v297 : 0.0f); // n56
-                const float v575 = v572 + v574; // n57
-                kf_o1[3] = v575; // dlogits
+                const int v562 = (int)col; // n34
+                const long long v563 = (long long)v562; // n35
+                const bool v564 = v250 == v563; // n36
+                const float v565 = (v564 ? v255 : 0.0f); // n37
+                const float v566 = kf_c0[23]; // logits f32
+                const float v567 = v566 - v258; // n4
+                const float v568 = expf(v567); // n5
+                const float v569 = v268 * v568; // n45
+                const float v570 = v565 + v569; // n46
+                const bool v571 = v566 == v258; // n51
+                const float v572 = (v571 ? v295 : 0.0f); // n56
+                const float v573 = v570 + v572; // n57
+                kf_o1[3] = v573; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1042,70 +1025,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v576 = (int)col; // n34
-                const long long v577 = (long long)v576; // n35
-                const bool v578 = v252 == v577; // n36
-                const float v579 = (v578 ? v257 : 0.0f); // n37
-                const float v580 = kf_c0[24]; // logits f32
-                const float v581 = v580 - v260; // n4
-                const float v582 = expf(v581); // n5
-                const float v583 = v270 * v582; // n45
-                const float v584 = v579 + v583; // n46
-                const bool v585 = v580 == v260; // n51
-                const float v586 = (v585 ? v297 : 0.0f); // n56
-                const float v587 = v584 + v586; // n57
-                kf_o1[0] = v587; // dlogits
+                const int v574 = (int)col; // n34
+                const long long v575 = (long long)v574; // n35
+                const bool v576 = v250 == v575; // n36
+                const float v577 = (v576 ? v255 : 0.0f); // n37
+                const float v578 = kf_c0[24]; // logits f32
+                const float v579 = v578 - v258; // n4
+                const float v580 = expf(v579); // n5
+                const float v581 = v268 * v580; // n45
+                const float v582 = v577 + v581; // n46
+                const bool v583 = v578 == v258; // n51
+                const float v584 = (v583 ? v295 : 0.0f); // n56
+                const float v585 = v582 + v584; // n57
+                kf_o1[0] = v585; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v588 = (int)col; // n34
-                const long long v589 = (long long)v588; // n35
-                const bool v590 = v252 == v589; // n36
-                const float v591 = (v590 ? v257 : 0.0f); // n37
-                const float v592 = kf_c0[25]; // logits f32
-                const float v593 = v592 - v260; // n4
-                const float v594 = expf(v593); // n5
-                const float v595 = v270 * v594; // n45
-                const float v596 = v591 + v595; // n46
-                const bool v597 = v592 == v260; // n51
-                const float v598 = (v597 ? v297 : 0.0f); // n56
-                const float v599 = v596 + v598; // n57
-                kf_o1[1] = v599; // dlogits
+                const int v586 = (int)col; // n34
+                const long long v587 = (long long)v586; // n35
+                const bool v588 = v250 == v587; // n36
+                const float v589 = (v588 ? v255 : 0.0f); // n37
+                const float v590 = kf_c0[25]; // logits f32
+                const float v591 = v590 - v258; // n4
+                const float v592 = expf(v591); // n5
+                const float v593 = v268 * v592; // n45
+                const float v594 = v589 + v593; // n46
+                const bool v595 = v590 == v258; // n51
+                const float v596 = (v595 ? v295 : 0.0f); // n56
+                const float v597 = v594 + v596; // n57
+                kf_o1[1] = v597; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v600 = (int)col; // n34
-                const long long v601 = (long long)v600; // n35
-                const bool v602 = v252 == v601; // n36
-                const float v603 = (v602 ? v257 : 0.0f); // n37
-                const float v604 = kf_c0[26]; // logits f32
-                const float v605 = v604 - v260; // n4
-                const float v606 = expf(v605); // n5
-                const float v607 = v270 * v606; // n45
-                const float v608 = v603 + v607; // n46
-                const bool v609 = v604 == v260; // n51
-                const float v610 = (v609 ? v297 : 0.0f); // n56
-                const float v611 = v608 + v610; // n57
-                kf_o1[2] = v611; // dlogits
+                const int v598 = (int)col; // n34
+                const long long v599 = (long long)v598; // n35
+                const bool v600 = v250 == v599; // n36
+                const float v601 = (v600 ? v255 : 0.0f); // n37
+                const float v602 = kf_c0[26]; // logits f32
+                const float v603 = v602 - v258; // n4
+                const float v604 = expf(v603); // n5
+                const float v605 = v268 * v604; // n45
+                const float v606 = v601 + v605; // n46
+                const bool v607 = v602 == v258; // n51
+                const float v608 = (v607 ? v295 : 0.0f); // n56
+                const float v609 = v606 + v608; // n57
+                kf_o1[2] = v609; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v612 = (int)col; // n34
-                const long long v613 = (long long)v612; // n35
-                const bool v614 = v252 == v613; // n36
-                const float v615 = (v614 ? v257 : 0.0f); // n37
-                const float v616 = kf_c0[27]; // logits f32
-                const float v617 = v616 - v260; // n4
-                const float v618 = expf(v617); // n5
-                const float v619 = v270 * v618; // n45
-                const float v620 = v615 + v619; // n46
-                const bool v621 = v616 == v260; // n51
-                const float v622 = (v621 ? v297 : 0.0f); // n56
-                const float v623 = v620 + v622; // n57
-                kf_o1[3] = v623; // dlogits
+                const int v610 = (int)col; // n34
+                const long long v611 = (long long)v610; // n35
+                const bool v612 = v250 == v611; // n36
+                const float v613 = (v612 ? v255 : 0.0f); // n37
+                const float v614 = kf_c0[27]; // logits f32
+                const float v615 = v614 - v258; // n4
+                const float v616 = expf(v615); // n5
+                const float v617 = v268 * v616; // n45
+                const float v618 = v613 + v617; // n46
+                const bool v619 = v614 == v258; // n51
+                const float v620 = (v619 ? v295 : 0.0f); // n56
+                const float v621 = v618 + v620; // n57
+                kf_o1[3] = v621; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1115,70 +1098,70 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const int v624 = (int)col; // n34
-                const long long v625 = (long long)v624; // n35
-                const bool v626 = v252 == v625; // n36
-                const float v627 = (v626 ? v257 : 0.0f); // n37
-                const float v628 = kf_c0[28]; // logits f32
-                const float v629 = v628 - v260; // n4
-                const float v630 = expf(v629); // n5
-                const float v631 = v270 * v630; // n45
-                const float v632 = v627 + v631; // n46
-                const bool v633 = v628 == v260; // n51
-                const float v634 = (v633 ? v297 : 0.0f); // n56
-                const float v635 = v632 + v634; // n57
-                kf_o1[0] = v635; // dlogits
+                const int v622 = (int)col; // n34
+                const long long v623 = (long long)v622; // n35
+                const bool v624 = v250 == v623; // n36
+                const float v625 = (v624 ? v255 : 0.0f); // n37
+                const float v626 = kf_c0[28]; // logits f32
+                const float v627 = v626 - v258; // n4
+                const float v628 = expf(v627); // n5
+                const float v629 = v268 * v628; // n45
+                const float v630 = v625 + v629; // n46
+                const bool v631 = v626 == v258; // n51
+                const float v632 = (v631 ? v295 : 0.0f); // n56
+                const float v633 = v630 + v632; // n57
+                kf_o1[0] = v633; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const int v636 = (int)col; // n34
-                const long long v637 = (long long)v636; // n35
-                const bool v638 = v252 == v637; // n36
-                const float v639 = (v638 ? v257 : 0.0f); // n37
-                const float v640 = kf_c0[29]; // logits f32
-                const float v641 = v640 - v260; // n4
-                const float v642 = expf(v641); // n5
-                const float v643 = v270 * v642; // n45
-                const float v644 = v639 + v643; // n46
-                const bool v645 = v640 == v260; // n51
-                const float v646 = (v645 ? v297 : 0.0f); // n56
-                const float v647 = v644 + v646; // n57
-                kf_o1[1] = v647; // dlogits
+                const int v634 = (int)col; // n34
+                const long long v635 = (long long)v634; // n35
+                const bool v636 = v250 == v635; // n36
+                const float v637 = (v636 ? v255 : 0.0f); // n37
+                const float v638 = kf_c0[29]; // logits f32
+                const float v639 = v638 - v258; // n4
+                const float v640 = expf(v639); // n5
+                const float v641 = v268 * v640; // n45
+                const float v642 = v637 + v641; // n46
+                const bool v643 = v638 == v258; // n51
+                const float v644 = (v643 ? v295 : 0.0f); // n56
+                const float v645 = v642 + v644; // n57
+                kf_o1[1] = v645; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const int v648 = (int)col; // n34
-                const long long v649 = (long long)v648; // n35
-                const bool v650 = v252 == v649; // n36
-                const float v651 = (v650 ? v257 : 0.0f); // n37
-                const float v652 = kf_c0[30]; // logits f32
-                const float v653 = v652 - v260; // n4
-                const float v654 = expf(v653); // n5
-                const float v655 = v270 * v654; // n45
-                const float v656 = v651 + v655; // n46
-                const bool v657 = v652 == v260; // n51
-                const float v658 = (v657 ? v297 : 0.0f); // n56
-                const float v659 = v656 + v658; // n57
-                kf_o1[2] = v659; // dlogits
+                const int v646 = (int)col; // n34
+                const long long v647 = (long long)v646; // n35
+                const bool v648 = v250 == v647; // n36
+                const float v649 = (v648 ? v255 : 0.0f); // n37
+                const float v650 = kf_c0[30]; // logits f32
+                const float v651 = v650 - v258; // n4
+                const float v652 = expf(v651); // n5
+                const float v653 = v268 * v652; // n45
+                const float v654 = v649 + v653; // n46
+                const bool v655 = v650 == v258; // n51
+                const float v656 = (v655 ? v295 : 0.0f); // n56
+                const float v657 = v654 + v656; // n57
+                kf_o1[2] = v657; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const int v660 = (int)col; // n34
-                const long long v661 = (long long)v660; // n35
-                const bool v662 = v252 == v661; // n36
-                const float v663 = (v662 ? v257 : 0.0f); // n37
-                const float v664 = kf_c0[31]; // logits f32
-                const float v665 = v664 - v260; // n4
-                const float v666 = expf(v665); // n5
-                const float v667 = v270 * v666; // n45
-                const float v668 = v663 + v667; // n46
-                const bool v669 = v664 == v260; // n51
-                const float v670 = (v669 ? v297 : 0.0f); // n56
-                const float v671 = v668 + v670; // n57
-                kf_o1[3] = v671; // dlogits
+                const int v658 = (int)col; // n34
+                const long long v659 = (long long)v658; // n35
+                const bool v660 = v250 == v659; // n36
+                const float v661 = (v660 ? v255 : 0.0f); // n37
+                const float v662 = kf_c0[31]; // logits f32
+                const float v663 = v662 - v258; // n4
+                const float v664 = expf(v663); // n5
+                const float v665 = v268 * v664; // n45
+                const float v666 = v661 + v665; // n46
+                const bool v667 = v662 == v258; // n51
+                const float v668 = (v667 ? v295 : 0.0f); // n56
+                const float v669 = v666 + v668; // n57
+                kf_o1[3] = v669; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -1203,11 +1186,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v729 = (float)r0; // n23
-        const float v730 = -v729; // n24
-        const float v731 = tmp0[0]; // n26 from an earlier kernel
-        const float v732 = v730 / v731; // n27
-        out0[0] = v732; // output loss
+        const float v727 = (float)r0; // n23
+        const float v728 = -v727; // n24
+        const float v729 = tmp0[0]; // n26 from an earlier kernel
+        const float v730 = v728 / v729; // n27
+        out0[0] = v730; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -67,11 +67,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
 }
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
-}
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
     const float n = kf_maxf(m, om);
@@ -133,11 +128,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
         const long long i = row; // the row's element of the domain
-        float om16 = __int_as_float(0xff800000), os17 = 0.0f; // n2 and n6 in one pass
+        float om15 = __int_as_float(0xff800000), os16 = 0.0f; // n2 and n6 in one pass
         #pragma unroll 4
-        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v18 = in0[rowbase + j3]; // logits f32
-            kf_online_add(om16, os17, v18);
+        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+            const float v17 = in0[rowbase + j2]; // logits f32
+            kf_online_add(om15, os16, v17);
         }
         // The phase's 0 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         if (kf_g > 32) {
@@ -148,25 +143,25 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
             
             for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) {  }
         }
-        kf_row_online(om16, os17, kf_g, kf_rs); // over the row's lanes
-        const float v19 = om16; // n2 maximum along the row, once per row
-        const float v20 = os17; // n6 sum of exp(x - n2) along the row, once per row
-        double a21 = 0.0;
-        const float v25 = logf(v20); // n7
+        kf_row_online(om15, os16, kf_g, kf_rs); // over the row's lanes
+        const float v18 = om15; // n2 maximum along the row, once per row
+        const float v19 = os16; // n6 sum of exp(x - n2) along the row, once per row
+        double a20 = 0.0;
+        const float v24 = logf(v19); // n7
         #pragma unroll 4
-        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v22 = in1[rowbase + j4]; // targets f32
-            const float v23 = in0[rowbase + j4]; // logits f32
-            const float v24 = v23 - v19; // n4
-            const float v26 = v24 - v25; // n9
-            const float v27 = v22 * v26; // n10
-            a21 += (double)v27;
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v21 = in1[rowbase + j3]; // targets f32
+            const float v22 = in0[rowbase + j3]; // logits f32
+            const float v23 = v22 - v18; // n4
+            const float v25 = v23 - v24; // n9
+            const float v26 = v21 * v25; // n10
+            a20 += (double)v26;
         }
-        a21 = kf_row_sum(a21, kf_g, kf_rs); // over the row's lanes
-        const float v28 = (float)a21; // n11 sum along the row, once per row
+        a20 = kf_row_sum(a20, kf_g, kf_rs); // over the row's lanes
+        const float v27 = (float)a20; // n11 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v29 = -v28; // n12
-            acc0 += (double)v29; acc1 += 1.0;
+            const float v28 = -v27; // n12
+            acc0 += (double)v28; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -194,8 +189,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v30 = (float)(r0 / r1); // n13
-        out0[0] = v30; // output loss
+        const float v29 = (float)(r0 / r1); // n13
+        out0[0] = v29; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -268,11 +263,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
-}
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
@@ -363,14 +353,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_4bc96ebcc014a89f_0_regs
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
             const float v2 = kf_c0[t0]; // logits f32
-            om0 = kf_maxf(om0, v2); // the lane's maximum
-        }
-        #pragma unroll
-        for (int t1 = 0; t1 < 16; ++t1) {
-            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
-            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v3 = kf_c0[t1]; // logits f32
-            os1 += kf_online_term(om0, v3);
+            kf_online_add(om0, os1, v2);
         }
         // The phase's 0 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         if (kf_g > 32) {
@@ -382,28 +365,28 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_4bc96ebcc014a89f_0_regs
             for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) {  }
         }
         kf_row_online(om0, os1, kf_g, kf_rs); // over the row's lanes
-        const float v4 = om0; // n2 maximum along the row, once per row
-        const float v5 = os1; // n6 sum of exp(x - n2) along the row, once per row
-        double a6 = 0.0;
-        float p7 = 0.0f;
-        const float v11 = logf(v5); // n7
+        const float v3 = om0; // n2 maximum along the row, once per row
+        const float v4 = os1; // n6 sum of exp(x - n2) along the row, once per row
+        double a5 = 0.0;
+        float p6 = 0.0f;
+        const float v10 = logf(v4); // n7
         #pragma unroll
-        for (int t2 = 0; t2 < 16; ++t2) {
-            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
-            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v8 = kf_c1[t2]; // targets f32
-            const float v9 = kf_c0[t2]; // logits f32
-            const float v10 = v9 - v4; // n4
-            const float v12 = v10 - v11; // n9
-            const float v13 = v8 * v12; // n10
-            p7 += v13;
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v7 = kf_c1[t1]; // targets f32
+            const float v8 = kf_c0[t1]; // logits f32
+            const float v9 = v8 - v3; // n4
+            const float v11 = v9 - v10; // n9
+            const float v12 = v7 * v11; // n10
+            p6 += v12;
         }
-        a6 = (double)p7; // the lane's columns, added in f32
-        a6 = kf_row_sum(a6, kf_g, kf_rs); // over the row's lanes
-        const float v14 = (float)a6; // n11 sum along the row, once per row
+        a5 = (double)p6; // the lane's columns, added in f32
+        a5 = kf_row_sum(a5, kf_g, kf_rs); // over the row's lanes
+        const float v13 = (float)a5; // n11 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v15 = -v14; // n12
-            acc0 += (double)v15; acc1 += 1.0;
+            const float v14 = -v13; // n12
+            acc0 += (double)v14; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -431,8 +414,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_4bc96ebcc014a89f_0_regs
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v30 = (float)(r0 / r1); // n13
-        out0[0] = v30; // output loss
+        const float v29 = (float)(r0 / r1); // n13
+        out0[0] = v29; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

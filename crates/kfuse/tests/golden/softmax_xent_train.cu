@@ -68,11 +68,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
 }
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
-}
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
     const float n = kf_maxf(m, om);
@@ -134,85 +129,85 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
         const long long row = kf_live ? kf_rw : rows - 1;
         const long long kf_n = kf_live ? (long long)cols : 0; // the columns this group visits
         const long long rowbase = row * cols;
-        float om200 = __int_as_float(0xff800000), os201 = 0.0f; // n2 and n6 in one pass
-        double a202 = 0.0;
-        const int v204 = (int)(sz0); // n18 the count of every element
-        const float v205 = (float)v204; // n19
-        const float v206 = 1.0f / v205; // n20
-        const float v207 = -v206; // n21
+        float om199 = __int_as_float(0xff800000), os200 = 0.0f; // n2 and n6 in one pass
+        double a201 = 0.0;
+        const int v203 = (int)(sz0); // n18 the count of every element
+        const float v204 = (float)v203; // n19
+        const float v205 = 1.0f / v204; // n20
+        const float v206 = -v205; // n21
         #pragma unroll 4
-        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v203 = in0[rowbase + j3]; // logits f32
-            kf_online_add(om200, os201, v203);
-            const float v208 = in1[rowbase + j3]; // targets f32
-            const float v209 = v207 * v208; // n22
-            const float v210 = -v209; // n23
-            a202 += (double)v210;
+        for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
+            const float v202 = in0[rowbase + j2]; // logits f32
+            kf_online_add(om199, os200, v202);
+            const float v207 = in1[rowbase + j2]; // targets f32
+            const float v208 = v206 * v207; // n22
+            const float v209 = -v208; // n23
+            a201 += (double)v209;
         }
-        a202 = kf_row_sum(a202, kf_g, kf_rs); // over the row's lanes
-        kf_row_online(om200, os201, kf_g, kf_rs); // over the row's lanes
-        const float v211 = om200; // n2 maximum along the row, once per row
-        const float v212 = os201; // n6 sum of exp(x - n2) along the row, once per row
-        const float v213 = (float)a202; // n24 sum along the row, once per row
+        a201 = kf_row_sum(a201, kf_g, kf_rs); // over the row's lanes
+        kf_row_online(om199, os200, kf_g, kf_rs); // over the row's lanes
+        const float v210 = om199; // n2 maximum along the row, once per row
+        const float v211 = os200; // n6 sum of exp(x - n2) along the row, once per row
+        const float v212 = (float)a201; // n24 sum along the row, once per row
+        double a213 = 0.0;
         double a214 = 0.0;
         double a215 = 0.0;
-        double a216 = 0.0;
-        const float v220 = logf(v212); // n7
-        const float v224 = v213 / v212; // n27
+        const float v219 = logf(v211); // n7
+        const float v223 = v212 / v211; // n27
         #pragma unroll 4
-        for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v217 = in1[rowbase + j4]; // targets f32
-            const float v218 = in0[rowbase + j4]; // logits f32
-            const float v219 = v218 - v211; // n4
-            const float v221 = v219 - v220; // n9
-            const float v222 = v217 * v221; // n10
-            a214 += (double)v222;
-            const float v223 = v207 * v217; // n22
-            const float v225 = expf(v219); // n5
-            const float v226 = v224 * v225; // n29
-            const float v227 = v223 + v226; // n30
-            const float v228 = -v227; // n31
-            a215 += (double)v228;
-            const bool v229 = v218 == v211; // n35
-            if (v229) {
-                a216 += 1.0;
+        for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
+            const float v216 = in1[rowbase + j3]; // targets f32
+            const float v217 = in0[rowbase + j3]; // logits f32
+            const float v218 = v217 - v210; // n4
+            const float v220 = v218 - v219; // n9
+            const float v221 = v216 * v220; // n10
+            a213 += (double)v221;
+            const float v222 = v206 * v216; // n22
+            const float v224 = expf(v218); // n5
+            const float v225 = v223 * v224; // n29
+            const float v226 = v222 + v225; // n30
+            const float v227 = -v226; // n31
+            a214 += (double)v227;
+            const bool v228 = v217 == v210; // n35
+            if (v228) {
+                a215 += 1.0;
             }
         }
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a213 = kf_row_sum(a213, kf_g < 32 ? kf_g : 32, kf_rs);
         a214 = kf_row_sum(a214, kf_g < 32 ? kf_g : 32, kf_rs);
         a215 = kf_row_sum(a215, kf_g < 32 ? kf_g : 32, kf_rs);
-        a216 = kf_row_sum(a216, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a214; kf_rs[32 + kf_warp] = a215; kf_rs[64 + kf_warp] = a216; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a213; kf_rs[32 + kf_warp] = a214; kf_rs[64 + kf_warp] = a215; }
             __syncthreads();
-            a214 = kf_rs[kf_first]; a215 = kf_rs[32 + kf_first]; a216 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a214 += kf_rs[kf_first + w]; a215 += kf_rs[32 + kf_first + w]; a216 += kf_rs[64 + kf_first + w]; }
+            a213 = kf_rs[kf_first]; a214 = kf_rs[32 + kf_first]; a215 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a213 += kf_rs[kf_first + w]; a214 += kf_rs[32 + kf_first + w]; a215 += kf_rs[64 + kf_first + w]; }
         }
-        const float v230 = (float)a214; // n11 sum along the row, once per row
-        const float v231 = (float)a215; // n32 sum along the row, once per row
-        const int v232 = (int)(long long)a216; // n36 count along the row, once per row
+        const float v229 = (float)a213; // n11 sum along the row, once per row
+        const float v230 = (float)a214; // n32 sum along the row, once per row
+        const int v231 = (int)(long long)a215; // n36 count along the row, once per row
         if (kf_live && lane == 0) {
-            const float v233 = -v230; // n12
-            acc0 += (double)v233; acc1 += 1.0;
+            const float v232 = -v229; // n12
+            acc0 += (double)v232; acc1 += 1.0;
         }
-        const float v242 = (float)v232; // n37
-        const float v243 = v231 / v242; // n38
+        const float v241 = (float)v231; // n37
+        const float v242 = v230 / v241; // n38
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v234 = in1[i]; // targets f32
-            const float v235 = v207 * v234; // n22
-            const float v236 = in0[i]; // logits f32
-            const float v237 = v236 - v211; // n4
-            const float v238 = expf(v237); // n5
-            const float v239 = v224 * v238; // n29
-            const float v240 = v235 + v239; // n30
-            const bool v241 = v236 == v211; // n35
-            const float v244 = (v241 ? v243 : 0.0f); // n41
-            const float v245 = v240 + v244; // n42
-            out1[i] = v245; // dlogits
+            const float v233 = in1[i]; // targets f32
+            const float v234 = v206 * v233; // n22
+            const float v235 = in0[i]; // logits f32
+            const float v236 = v235 - v210; // n4
+            const float v237 = expf(v236); // n5
+            const float v238 = v223 * v237; // n29
+            const float v239 = v234 + v238; // n30
+            const bool v240 = v235 == v210; // n35
+            const float v243 = (v240 ? v242 : 0.0f); // n41
+            const float v244 = v239 + v243; // n42
+            out1[i] = v244; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -240,8 +235,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v246 = (float)(r0 / r1); // n13
-        out0[0] = v246; // output loss
+        const float v245 = (float)(r0 / r1); // n13
+        out0[0] = v245; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -315,11 +310,6 @@ __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
     m = kf_maxf(m, v);
-}
-// The term of v in a sum against the maximum m already known (a lane's, over its registers):
-// exp(v - m), and 1 for v = m = -inf, as kf_online_add counts it.
-__device__ __forceinline__ float kf_online_term(float m, float v) {
-    return (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(v - m);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
@@ -407,147 +397,140 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
         float om0 = __int_as_float(0xff800000), os1 = 0.0f; // n2 and n6 in one pass
         double a2 = 0.0;
         float p3 = 0.0f;
+        const int v5 = (int)(sz0); // n18 the count of every element
+        const float v6 = (float)v5; // n19
+        const float v7 = 1.0f / v6; // n20
+        const float v8 = -v7; // n21
         #pragma unroll
         for (int t0 = 0; t0 < 16; ++t0) {
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
             const float v4 = kf_c0[t0]; // logits f32
-            om0 = kf_maxf(om0, v4); // the lane's maximum
-        }
-        const int v6 = (int)(sz0); // n18 the count of every element
-        const float v7 = (float)v6; // n19
-        const float v8 = 1.0f / v7; // n20
-        const float v9 = -v8; // n21
-        #pragma unroll
-        for (int t1 = 0; t1 < 16; ++t1) {
-            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
-            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
-            const float v5 = kf_c0[t1]; // logits f32
-            os1 += kf_online_term(om0, v5);
-            const float v10 = kf_c1[t1]; // targets f32
-            const float v11 = v9 * v10; // n22
-            const float v12 = -v11; // n23
-            p3 += v12;
+            kf_online_add(om0, os1, v4);
+            const float v9 = kf_c1[t0]; // targets f32
+            const float v10 = v8 * v9; // n22
+            const float v11 = -v10; // n23
+            p3 += v11;
         }
         a2 = (double)p3; // the lane's columns, added in f32
         a2 = kf_row_sum(a2, kf_g, kf_rs); // over the row's lanes
         kf_row_online(om0, os1, kf_g, kf_rs); // over the row's lanes
-        const float v13 = om0; // n2 maximum along the row, once per row
-        const float v14 = os1; // n6 sum of exp(x - n2) along the row, once per row
-        const float v15 = (float)a2; // n24 sum along the row, once per row
-        double a16 = 0.0;
-        float p17 = 0.0f;
-        double a18 = 0.0;
-        float p19 = 0.0f;
-        double a20 = 0.0;
-        const float v24 = logf(v14); // n7
-        const float v28 = v15 / v14; // n27
+        const float v12 = om0; // n2 maximum along the row, once per row
+        const float v13 = os1; // n6 sum of exp(x - n2) along the row, once per row
+        const float v14 = (float)a2; // n24 sum along the row, once per row
+        double a15 = 0.0;
+        float p16 = 0.0f;
+        double a17 = 0.0;
+        float p18 = 0.0f;
+        double a19 = 0.0;
+        const float v23 = logf(v13); // n7
+        const float v27 = v14 / v13; // n27
         #pragma unroll
-        for (int t2 = 0; t2 < 16; ++t2) {
-            if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
-            const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
-            const float v21 = kf_c1[t2]; // targets f32
-            const float v22 = kf_c0[t2]; // logits f32
-            const float v23 = v22 - v13; // n4
-            const float v25 = v23 - v24; // n9
-            const float v26 = v21 * v25; // n10
-            p17 += v26;
-            const float v27 = v9 * v21; // n22
-            const float v29 = expf(v23); // n5
-            const float v30 = v28 * v29; // n29
-            const float v31 = v27 + v30; // n30
-            const float v32 = -v31; // n31
-            p19 += v32;
-            const bool v33 = v22 == v13; // n35
-            if (v33) {
-                a20 += 1.0;
+        for (int t1 = 0; t1 < 16; ++t1) {
+            if (4 * (lane + (t1 / 4) * kf_g) >= kf_n) break;
+            const int j1 = 4 * (lane + (t1 / 4) * kf_g) + t1 % 4;
+            const float v20 = kf_c1[t1]; // targets f32
+            const float v21 = kf_c0[t1]; // logits f32
+            const float v22 = v21 - v12; // n4
+            const float v24 = v22 - v23; // n9
+            const float v25 = v20 * v24; // n10
+            p16 += v25;
+            const float v26 = v8 * v20; // n22
+            const float v28 = expf(v22); // n5
+            const float v29 = v27 * v28; // n29
+            const float v30 = v26 + v29; // n30
+            const float v31 = -v30; // n31
+            p18 += v31;
+            const bool v32 = v21 == v12; // n35
+            if (v32) {
+                a19 += 1.0;
             }
         }
-        a16 = (double)p17; // the lane's columns, added in f32
-        a18 = (double)p19; // the lane's columns, added in f32
+        a15 = (double)p16; // the lane's columns, added in f32
+        a17 = (double)p18; // the lane's columns, added in f32
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a16 = kf_row_sum(a16, kf_g < 32 ? kf_g : 32, kf_rs);
-        a18 = kf_row_sum(a18, kf_g < 32 ? kf_g : 32, kf_rs);
-        a20 = kf_row_sum(a20, kf_g < 32 ? kf_g : 32, kf_rs);
+        a15 = kf_row_sum(a15, kf_g < 32 ? kf_g : 32, kf_rs);
+        a17 = kf_row_sum(a17, kf_g < 32 ? kf_g : 32, kf_rs);
+        a19 = kf_row_sum(a19, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a16; kf_rs[32 + kf_warp] = a18; kf_rs[64 + kf_warp] = a20; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a15; kf_rs[32 + kf_warp] = a17; kf_rs[64 + kf_warp] = a19; }
             __syncthreads();
-            a16 = kf_rs[kf_first]; a18 = kf_rs[32 + kf_first]; a20 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a16 += kf_rs[kf_first + w]; a18 += kf_rs[32 + kf_first + w]; a20 += kf_rs[64 + kf_first + w]; }
+            a15 = kf_rs[kf_first]; a17 = kf_rs[32 + kf_first]; a19 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a15 += kf_rs[kf_first + w]; a17 += kf_rs[32 + kf_first + w]; a19 += kf_rs[64 + kf_first + w]; }
         }
-        const float v34 = (float)a16; // n11 sum along the row, once per row
-        const float v35 = (float)a18; // n32 sum along the row, once per row
-        const int v36 = (int)(long long)a20; // n36 count along the row, once per row
+        const float v33 = (float)a15; // n11 sum along the row, once per row
+        const float v34 = (float)a17; // n32 sum along the row, once per row
+        const int v35 = (int)(long long)a19; // n36 count along the row, once per row
         if (kf_live && lane == 0) {
-            const float v37 = -v34; // n12
-            acc0 += (double)v37; acc1 += 1.0;
+            const float v36 = -v33; // n12
+            acc0 += (double)v36; acc1 += 1.0;
         }
-        const float v46 = (float)v36; // n37
-        const float v47 = v35 / v46; // n38
+        const float v45 = (float)v35; // n37
+        const float v46 = v34 / v45; // n38
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns
             const int kf_j = 4 * (lane + 0 * kf_g);
             float kf_o1[4]; // the group's values of output 1
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v38 = kf_c1[0]; // targets f32
-                const float v39 = v9 * v38; // n22
-                const float v40 = kf_c0[0]; // logits f32
-                const float v41 = v40 - v13; // n4
-                const float v42 = expf(v41); // n5
-                const float v43 = v28 * v42; // n29
-                const float v44 = v39 + v43; // n30
-                const bool v45 = v40 == v13; // n35
-                const float v48 = (v45 ? v47 : 0.0f); // n41
-                const float v49 = v44 + v48; // n42
-                kf_o1[0] = v49; // dlogits
+                const float v37 = kf_c1[0]; // targets f32
+                const float v38 = v8 * v37; // n22
+                const float v39 = kf_c0[0]; // logits f32
+                const float v40 = v39 - v12; // n4
+                const float v41 = expf(v40); // n5
+                const float v42 = v27 * v41; // n29
+                const float v43 = v38 + v42; // n30
+                const bool v44 = v39 == v12; // n35
+                const float v47 = (v44 ? v46 : 0.0f); // n41
+                const float v48 = v43 + v47; // n42
+                kf_o1[0] = v48; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v50 = kf_c1[1]; // targets f32
-                const float v51 = v9 * v50; // n22
-                const float v52 = kf_c0[1]; // logits f32
-                const float v53 = v52 - v13; // n4
-                const float v54 = expf(v53); // n5
-                const float v55 = v28 * v54; // n29
-                const float v56 = v51 + v55; // n30
-                const bool v57 = v52 == v13; // n35
-                const float v58 = (v57 ? v47 : 0.0f); // n41
-                const float v59 = v56 + v58; // n42
-                kf_o1[1] = v59; // dlogits
+                const float v49 = kf_c1[1]; // targets f32
+                const float v50 = v8 * v49; // n22
+                const float v51 = kf_c0[1]; // logits f32
+                const float v52 = v51 - v12; // n4
+                const float v53 = expf(v52); // n5
+                const float v54 = v27 * v53; // n29
+                const float v55 = v50 + v54; // n30
+                const bool v56 = v51 == v12; // n35
+                const float v57 = (v56 ? v46 : 0.0f); // n41
+                const float v58 = v55 + v57; // n42
+                kf_o1[1] = v58; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v60 = kf_c1[2]; // targets f32
-                const float v61 = v9 * v60; // n22
-                const float v62 = kf_c0[2]; // logits f32
-                const float v63 = v62 - v13; // n4
-                const float v64 = expf(v63); // n5
-                const float v65 = v28 * v64; // n29
-                const float v66 = v61 + v65; // n30
-                const bool v67 = v62 == v13; // n35
-                const float v68 = (v67 ? v47 : 0.0f); // n41
-                const float v69 = v66 + v68; // n42
-                kf_o1[2] = v69; // dlogits
+                const float v59 = kf_c1[2]; // targets f32
+                const float v60 = v8 * v59; // n22
+                const float v61 = kf_c0[2]; // logits f32
+                const float v62 = v61 - v12; // n4
+                const float v63 = expf(v62); // n5
+                const float v64 = v27 * v63; // n29
+                const float v65 = v60 + v64; // n30
+                const bool v66 = v61 == v12; // n35
+                const float v67 = (v66 ? v46 : 0.0f); // n41
+                const float v68 = v65 + v67; // n42
+                kf_o1[2] = v68; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v70 = kf_c1[3]; // targets f32
-                const float v71 = v9 * v70; // n22
-                const float v72 = kf_c0[3]; // logits f32
-                const float v73 = v72 - v13; // n4
-                const float v74 = expf(v73); // n5
-                const float v75 = v28 * v74; // n29
-                const float v76 = v71 + v75; // n30
-                const bool v77 = v72 == v13; // n35
-                const float v78 = (v77 ? v47 : 0.0f); // n41
-                const float v79 = v76 + v78; // n42
-                kf_o1[3] = v79; // dlogits
+                const float v69 = kf_c1[3]; // targets f32
+                const float v70 = v8 * v69; // n22
+                const float v71 = kf_c0[3]; // logits f32
+                const float v72 = v71 - v12; // n4
+                const float v73 = expf(v72); // n5
+                const float v74 = v27 * v73; // n29
+                const float v75 = v70 + v74; // n30
+                const bool v76 = v71 == v12; // n35
+                const float v77 = (v76 ? v46 : 0.0f); // n41
+                const float v78 = v75 + v77; // n42
+                kf_o1[3] = v78; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -557,62 +540,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v80 = kf_c1[4]; // targets f32
-                const float v81 = v9 * v80; // n22
-                const float v82 = kf_c0[4]; // logits f32
-                const float v83 = v82 - v13; // n4
-                const float v84 = expf(v83); // n5
-                const float v85 = v28 * v84; // n29
-                const float v86 = v81 + v85; // n30
-                const bool v87 = v82 == v13; // n35
-                const float v88 = (v87 ? v47 : 0.0f); // n41
-                const float v89 = v86 + v88; // n42
-                kf_o1[0] = v89; // dlogits
+                const float v79 = kf_c1[4]; // targets f32
+                const float v80 = v8 * v79; // n22
+                const float v81 = kf_c0[4]; // logits f32
+                const float v82 = v81 - v12; // n4
+                const float v83 = expf(v82); // n5
+                const float v84 = v27 * v83; // n29
+                const float v85 = v80 + v84; // n30
+                const bool v86 = v81 == v12; // n35
+                const float v87 = (v86 ? v46 : 0.0f); // n41
+                const float v88 = v85 + v87; // n42
+                kf_o1[0] = v88; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v90 = kf_c1[5]; // targets f32
-                const float v91 = v9 * v90; // n22
-                const float v92 = kf_c0[5]; // logits f32
-                const float v93 = v92 - v13; // n4
-                const float v94 = expf(v93); // n5
-                const float v95 = v28 * v94; // n29
-                const float v96 = v91 + v95; // n30
-                const bool v97 = v92 == v13; // n35
-                const float v98 = (v97 ? v47 : 0.0f); // n41
-                const float v99 = v96 + v98; // n42
-                kf_o1[1] = v99; // dlogits
+                const float v89 = kf_c1[5]; // targets f32
+                const float v90 = v8 * v89; // n22
+                const float v91 = kf_c0[5]; // logits f32
+                const float v92 = v91 - v12; // n4
+                const float v93 = expf(v92); // n5
+                const float v94 = v27 * v93; // n29
+                const float v95 = v90 + v94; // n30
+                const bool v96 = v91 == v12; // n35
+                const float v97 = (v96 ? v46 : 0.0f); // n41
+                const float v98 = v95 + v97; // n42
+                kf_o1[1] = v98; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v100 = kf_c1[6]; // targets f32
-                const float v101 = v9 * v100; // n22
-                const float v102 = kf_c0[6]; // logits f32
-                const float v103 = v102 - v13; // n4
-                const float v104 = expf(v103); // n5
-                const float v105 = v28 * v104; // n29
-                const float v106 = v101 + v105; // n30
-                const bool v107 = v102 == v13; // n35
-                const float v108 = (v107 ? v47 : 0.0f); // n41
-                const float v109 = v106 + v108; // n42
-                kf_o1[2] = v109; // dlogits
+                const float v99 = kf_c1[6]; // targets f32
+                const float v100 = v8 * v99; // n22
+                const float v101 = kf_c0[6]; // logits f32
+                const float v102 = v101 - v12; // n4
+                const float v103 = expf(v102); // n5
+                const float v104 = v27 * v103; // n29
+                const float v105 = v100 + v104; // n30
+                const bool v106 = v101 == v12; // n35
+                const float v107 = (v106 ? v46 : 0.0f); // n41
+                const float v108 = v105 + v107; // n42
+                kf_o1[2] = v108; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v110 = kf_c1[7]; // targets f32
-                const float v111 = v9 * v110; // n22
-                const float v112 = kf_c0[7]; // logits f32
-                const float v113 = v112 - v13; // n4
-                const float v114 = expf(v113); // n5
-                const float v115 = v28 * v114; // n29
-                const float v116 = v111 + v115; // n30
-                const bool v117 = v112 == v13; // n35
-                const float v118 = (v117 ? v47 : 0.0f); // n41
-                const float v119 = v116 + v118; // n42
-                kf_o1[3] = v119; // dlogits
+                const float v109 = kf_c1[7]; // targets f32
+                const float v110 = v8 * v109; // n22
+                const float v111 = kf_c0[7]; // logits f32
+                const float v112 = v111 - v12; // n4
+                const float v113 = expf(v112); // n5
+                const float v114 = v27 * v113; // n29
+                const float v115 = v110 + v114; // n30
+                const bool v116 = v111 == v12; // n35
+                const float v117 = (v116 ? v46 : 0.0f); // n41
+                const float v118 = v115 + v117; // n42
+                kf_o1[3] = v118; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -622,62 +605,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v120 = kf_c1[8]; // targets f32
-                const float v121 = v9 * v120; // n22
-                const float v122 = kf_c0[8]; // logits f32
-                const float v123 = v122 - v13; // n4
-                const float v124 = expf(v123); // n5
-                const float v125 = v28 * v124; // n29
-                const float v126 = v121 + v125; // n30
-                const bool v127 = v122 == v13; // n35
-                const float v128 = (v127 ? v47 : 0.0f); // n41
-                const float v129 = v126 + v128; // n42
-                kf_o1[0] = v129; // dlogits
+                const float v119 = kf_c1[8]; // targets f32
+                const float v120 = v8 * v119; // n22
+                const float v121 = kf_c0[8]; // logits f32
+                const float v122 = v121 - v12; // n4
+                const float v123 = expf(v122); // n5
+                const float v124 = v27 * v123; // n29
+                const float v125 = v120 + v124; // n30
+                const bool v126 = v121 == v12; // n35
+                const float v127 = (v126 ? v46 : 0.0f); // n41
+                const float v128 = v125 + v127; // n42
+                kf_o1[0] = v128; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v130 = kf_c1[9]; // targets f32
-                const float v131 = v9 * v130; // n22
-                const float v132 = kf_c0[9]; // logits f32
-                const float v133 = v132 - v13; // n4
-                const float v134 = expf(v133); // n5
-                const float v135 = v28 * v134; // n29
-                const float v136 = v131 + v135; // n30
-                const bool v137 = v132 == v13; // n35
-                const float v138 = (v137 ? v47 : 0.0f); // n41
-                const float v139 = v136 + v138; // n42
-                kf_o1[1] = v139; // dlogits
+                const float v129 = kf_c1[9]; // targets f32
+                const float v130 = v8 * v129; // n22
+                const float v131 = kf_c0[9]; // logits f32
+                const float v132 = v131 - v12; // n4
+                const float v133 = expf(v132); // n5
+                const float v134 = v27 * v133; // n29
+                const float v135 = v130 + v134; // n30
+                const bool v136 = v131 == v12; // n35
+                const float v137 = (v136 ? v46 : 0.0f); // n41
+                const float v138 = v135 + v137; // n42
+                kf_o1[1] = v138; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v140 = kf_c1[10]; // targets f32
-                const float v141 = v9 * v140; // n22
-                const float v142 = kf_c0[10]; // logits f32
-                const float v143 = v142 - v13; // n4
-                const float v144 = expf(v143); // n5
-                const float v145 = v28 * v144; // n29
-                const float v146 = v141 + v145; // n30
-                const bool v147 = v142 == v13; // n35
-                const float v148 = (v147 ? v47 : 0.0f); // n41
-                const float v149 = v146 + v148; // n42
-                kf_o1[2] = v149; // dlogits
+                const float v139 = kf_c1[10]; // targets f32
+                const float v140 = v8 * v139; // n22
+                const float v141 = kf_c0[10]; // logits f32
+                const float v142 = v141 - v12; // n4
+                const float v143 = expf(v142); // n5
+                const float v144 = v27 * v143; // n29
+                const float v145 = v140 + v144; // n30
+                const bool v146 = v141 == v12; // n35
+                const float v147 = (v146 ? v46 : 0.0f); // n41
+                const float v148 = v145 + v147; // n42
+                kf_o1[2] = v148; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v150 = kf_c1[11]; // targets f32
-                const float v151 = v9 * v150; // n22
-                const float v152 = kf_c0[11]; // logits f32
-                const float v153 = v152 - v13; // n4
-                const float v154 = expf(v153); // n5
-                const float v155 = v28 * v154; // n29
-                const float v156 = v151 + v155; // n30
-                const bool v157 = v152 == v13; // n35
-                const float v158 = (v157 ? v47 : 0.0f); // n41
-                const float v159 = v156 + v158; // n42
-                kf_o1[3] = v159; // dlogits
+                const float v149 = kf_c1[11]; // targets f32
+                const float v150 = v8 * v149; // n22
+                const float v151 = kf_c0[11]; // logits f32
+                const float v152 = v151 - v12; // n4
+                const float v153 = expf(v152); // n5
+                const float v154 = v27 * v153; // n29
+                const float v155 = v150 + v154; // n30
+                const bool v156 = v151 == v12; // n35
+                const float v157 = (v156 ? v46 : 0.0f); // n41
+                const float v158 = v155 + v157; // n42
+                kf_o1[3] = v158; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -687,62 +670,62 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
             {
                 const int col = kf_j + 0;
                 const long long i = rowbase + col;
-                const float v160 = kf_c1[12]; // targets f32
-                const float v161 = v9 * v160; // n22
-                const float v162 = kf_c0[12]; // logits f32
-                const float v163 = v162 - v13; // n4
-                const float v164 = expf(v163); // n5
-                const float v165 = v28 * v164; // n29
-                const float v166 = v161 + v165; // n30
-                const bool v167 = v162 == v13; // n35
-                const float v168 = (v167 ? v47 : 0.0f); // n41
-                const float v169 = v166 + v168; // n42
-                kf_o1[0] = v169; // dlogits
+                const float v159 = kf_c1[12]; // targets f32
+                const float v160 = v8 * v159; // n22
+                const float v161 = kf_c0[12]; // logits f32
+                const float v162 = v161 - v12; // n4
+                const float v163 = expf(v162); // n5
+                const float v164 = v27 * v163; // n29
+                const float v165 = v160 + v164; // n30
+                const bool v166 = v161 == v12; // n35
+                const float v167 = (v166 ? v46 : 0.0f); // n41
+                const float v168 = v165 + v167; // n42
+                kf_o1[0] = v168; // dlogits
             }
             {
                 const int col = kf_j + 1;
                 const long long i = rowbase + col;
-                const float v170 = kf_c1[13]; // targets f32
-                const float v171 = v9 * v170; // n22
-                const float v172 = kf_c0[13]; // logits f32
-                const float v173 = v172 - v13; // n4
-                const float v174 = expf(v173); // n5
-                const float v175 = v28 * v174; // n29
-                const float v176 = v171 + v175; // n30
-                const bool v177 = v172 == v13; // n35
-                const float v178 = (v177 ? v47 : 0.0f); // n41
-                const float v179 = v176 + v178; // n42
-                kf_o1[1] = v179; // dlogits
+                const float v169 = kf_c1[13]; // targets f32
+                const float v170 = v8 * v169; // n22
+                const float v171 = kf_c0[13]; // logits f32
+                const float v172 = v171 - v12; // n4
+                const float v173 = expf(v172); // n5
+                const float v174 = v27 * v173; // n29
+                const float v175 = v170 + v174; // n30
+                const bool v176 = v171 == v12; // n35
+                const float v177 = (v176 ? v46 : 0.0f); // n41
+                const float v178 = v175 + v177; // n42
+                kf_o1[1] = v178; // dlogits
             }
             {
                 const int col = kf_j + 2;
                 const long long i = rowbase + col;
-                const float v180 = kf_c1[14]; // targets f32
-                const float v181 = v9 * v180; // n22
-                const float v182 = kf_c0[14]; // logits f32
-                const float v183 = v182 - v13; // n4
-                const float v184 = expf(v183); // n5
-                const float v185 = v28 * v184; // n29
-                const float v186 = v181 + v185; // n30
-                const bool v187 = v182 == v13; // n35
-                const float v188 = (v187 ? v47 : 0.0f); // n41
-                const float v189 = v186 + v188; // n42
-                kf_o1[2] = v189; // dlogits
+                const float v179 = kf_c1[14]; // targets f32
+                const float v180 = v8 * v179; // n22
+                const float v181 = kf_c0[14]; // logits f32
+                const float v182 = v181 - v12; // n4
+                const float v183 = expf(v182); // n5
+                const float v184 = v27 * v183; // n29
+                const float v185 = v180 + v184; // n30
+                const bool v186 = v181 == v12; // n35
+                const float v187 = (v186 ? v46 : 0.0f); // n41
+                const float v188 = v185 + v187; // n42
+                kf_o1[2] = v188; // dlogits
             }
             {
                 const int col = kf_j + 3;
                 const long long i = rowbase + col;
-                const float v190 = kf_c1[15]; // targets f32
-                const float v191 = v9 * v190; // n22
-                const float v192 = kf_c0[15]; // logits f32
-                const float v193 = v192 - v13; // n4
-                const float v194 = expf(v193); // n5
-                const float v195 = v28 * v194; // n29
-                const float v196 = v191 + v195; // n30
-                const bool v197 = v192 == v13; // n35
-                const float v198 = (v197 ? v47 : 0.0f); // n41
-                const float v199 = v196 + v198; // n42
-                kf_o1[3] = v199; // dlogits
+                const float v189 = kf_c1[15]; // targets f32
+                const float v190 = v8 * v189; // n22
+                const float v191 = kf_c0[15]; // logits f32
+                const float v192 = v191 - v12; // n4
+                const float v193 = expf(v192); // n5
+                const float v194 = v27 * v193; // n29
+                const float v195 = v190 + v194; // n30
+                const bool v196 = v191 == v12; // n35
+                const float v197 = (v196 ? v46 : 0.0f); // n41
+                const float v198 = v195 + v197; // n42
+                kf_o1[3] = v198; // dlogits
             }
             *reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]); // dlogits
         }
@@ -772,8 +755,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v246 = (float)(r0 / r1); // n13
-        out0[0] = v246; // output loss
+        const float v245 = (float)(r0 / r1); // n13
+        out0[0] = v245; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
