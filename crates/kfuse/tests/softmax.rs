@@ -268,6 +268,38 @@ fn a_gpu_softmax_matches_the_interpreter_with_infinities_and_nan() {
 }
 
 #[test]
+fn a_gpu_softmax_gradient_matches_the_interpreter_at_rows_longer_than_its_block_holds() {
+    // GPU tier: the gradient's kernel keeps two row-shaped inputs (x and dy), 16 columns a lane in
+    // registers: rows of 8200 and 16,384 columns take blocks of 1024 threads, a row of 16,392
+    // columns the entry for any row with the kernel's block of 256 (its grid formed the same way).
+    let p = compile(&BUILT_IN.replace("AXIS", "-1"));
+    let two = p.plan().kernels.iter().find(|k| k.register_rows.as_ref().is_some_and(|r| r.cols_per_lane == 16));
+    let two = two.expect("a kernel keeping x and dy in registers");
+    let blocks: Vec<u32> = [8200, 16384, 16392].iter().map(|&c| two.launch_block(&[5, c])).collect();
+    assert_eq!(blocks, [1024, 1024, 256]);
+    let Some(gpu) = kfuse_testing::gpu_or_skip(
+        "a_gpu_softmax_gradient_matches_the_interpreter_at_rows_longer_than_its_block_holds",
+    ) else {
+        return;
+    };
+    let seed = 0x5eed_1024;
+    println!("seed {seed:#x}");
+    for c in [8200usize, 16384, 16392] {
+        let b = 5;
+        let x = HostTensor::new(vec![b, c], TensorData::F32(random(seed + c as u64, b * c)));
+        let dy = HostTensor::new(vec![b, c], TensorData::F32(random(seed + 7 * c as u64, b * c)));
+        let inputs = [("x", &x), ("dy", &dy)];
+        let want = p.run_cpu(&inputs).expect("the interpreter runs");
+        let got = p.run_gpu(gpu.ordinal(), &inputs).expect("the GPU runs");
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            let err =
+                g.to_f64().iter().zip(w.to_f64()).map(|(a, e)| (a - e).abs() / e.abs().max(1.0)).fold(0.0, f64::max);
+            assert!(err <= 1e-5, "{name} at row length {c}: error {err}");
+        }
+    }
+}
+
+#[test]
 fn a_row_result_stays_where_a_kernel_before_the_gradient_reads_the_rows() {
     // `b` sums the same row values as `a`, and the gradient needs `b` (a full reduction) before it
     // runs: `b`'s kernel computes the rows' reductions and stores them for the gradient kernel, so
