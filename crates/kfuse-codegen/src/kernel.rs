@@ -214,8 +214,18 @@ pub(crate) fn emit_kernel(
     let _ = writeln!(src, "// kernel {name} ({} of {launched}) of graph {hash}", k + 1);
     let _ = writeln!(src, "// options: block_size={block}{}; reduction level {}", tuning_note(opts), info.level);
     let dom_str = g.shape_str(&kfuse_ir::Shape(info.dims.clone()));
+    // The entry point for rows in registers promises `batched_threads_per_sm` threads resident
+    // too: without a bound its unrolled slots took up to 80 registers (3 blocks of 256 a
+    // multiprocessor), too few warps to hide the latency of each row's loads and folds. Its
+    // blocks may grow, for rows longer than `block` lanes hold, up to that many threads (at most
+    // 1024), with the same registers a thread; not with column sums, whose shared array is
+    // sized by the block.
+    let cached = row_sizes.as_ref().and_then(|r| r.cached.as_ref());
+    let register_block = register_max_block(block, opts.batched_threads_per_sm, cached.map_or(0, |c| c.sums));
     let domain_note = match (shape, &row_wise, column_wise) {
-        (KernelShape::RowWise, Some(plan), _) => row_wise::domain_note(plan, &dom_str),
+        (KernelShape::RowWise, Some(plan), _) => {
+            row_wise::domain_note(plan, &dom_str, cached.map(|_| (block, register_block)))
+        }
         (KernelShape::Columns, _, Some(plan)) => columns::domain_note(plan, &dom_str),
         _ => shape.domain_note(&dom_str),
     };
@@ -248,14 +258,6 @@ pub(crate) fn emit_kernel(
     let (resident_blocks, bounded) = shape.resident_blocks(opts, block, !prefetch.is_empty());
     let bounds = if bounded { format!("{block}, {resident_blocks}") } else { block.to_string() };
     // The entry point's signature and its checks (a row-wise kernel may have two entries).
-    // The entry point for rows in registers promises `batched_threads_per_sm` threads resident
-    // too: without a bound its unrolled slots took up to 80 registers (3 blocks of 256 a
-    // multiprocessor), too few warps to hide the latency of each row's loads and folds. Its
-    // blocks may grow, for rows longer than `block` lanes hold, up to that many threads (at most
-    // 1024), with the same registers a thread; not with column sums, whose shared array is
-    // sized by the block.
-    let sums = row_sizes.as_ref().and_then(|r| r.cached.as_ref()).map_or(0, |c| c.sums);
-    let register_block = register_max_block(block, opts.batched_threads_per_sm, sums);
     let register_bounds = format!("{register_block}, {}", (opts.batched_threads_per_sm / register_block).max(1));
     let entry_head = |entry: &str, bounds: &str| {
         let mut head = String::new();

@@ -804,8 +804,9 @@ pub(crate) fn grid(plan: &RowWise, dims: &[Dim], block: u32, resident: u32) -> R
     Ok(GridSpec::Rows { rows, cols, block, max_blocks_per_sm: resident })
 }
 
-/// The header's domain line.
-pub(crate) fn domain_note(plan: &RowWise, dom: &str) -> String {
+/// The header's domain line; `registers`: the kernel's block and the largest block of its entry
+/// for rows in registers, when it has one.
+pub(crate) fn domain_note(plan: &RowWise, dom: &str, registers: Option<(u32, u32)>) -> String {
     let per = match plan.case {
         RowCase::Elements => "the body at each element of the row",
         RowCase::Results => "the body once per row (lane 0)",
@@ -814,18 +815,26 @@ pub(crate) fn domain_note(plan: &RowWise, dom: &str) -> String {
         true => String::new(),
         false => format!(", {ROW_CACHE_SLOTS_ONE_INPUT} when one row-shaped input is kept"),
     };
+    let blocks = match registers {
+        Some((block, max)) if max > block => format!(", in blocks of {block} up to {max} threads as the row needs"),
+        _ => String::new(),
+    };
     let lanes = format!(
-        "a group of {} to blockDim.x lanes per row (about {} columns a lane; rows kept in registers: from 1 lane, at most {ROW_CACHE_SLOTS} columns a lane{kept})",
+        "a group of {} to blockDim.x lanes per row (about {} columns a lane; rows kept in registers: from 1 lane, at most {ROW_CACHE_SLOTS} columns a lane{kept}{blocks})",
         crate::ROW_MIN_LANES,
         crate::ROW_COLS_PER_LANE,
     );
+    let online = match plan.online.len() {
+        0 => String::new(),
+        _ => "; a softmax's maximum and exp-sum in one pass (a running maximum)".to_string(),
+    };
     if plan.phases.is_empty() {
         return format!(
             "// domain: {dom} elements; elementwise by rows of the last axis, {lanes}, grid-stride over the rows; no row reductions, the body at each element of the row"
         );
     }
     format!(
-        "// domain: {dom} elements; rows of the last reduced axis, {lanes}, grid-stride over the rows; its {} row reduction phase(s) computed once per row, then {per}",
+        "// domain: {dom} elements; rows of the last reduced axis, {lanes}, grid-stride over the rows; its {} row reduction phase(s) computed once per row, then {per}{online}",
         plan.phases.len()
     )
 }
