@@ -447,16 +447,12 @@ impl GridSpec {
     /// The grid size for run-time `sizes` on a device with `sm_count` multiprocessors (the
     /// formula above; `None` when a size is missing or overflows).
     pub fn blocks(&self, sizes: &[u64], sm_count: u32) -> Option<u32> {
-        let own = match self {
-            GridSpec::Rows { block, .. } => *block,
-            _ => 0,
-        };
-        self.blocks_of(sizes, sm_count, own)
+        self.blocks_of(sizes, sm_count, 0)
     }
 
     /// [`GridSpec::blocks`] for blocks of `threads` threads: a [`GridSpec::Rows`] grid forms its
-    /// row groups in such blocks, at most as many threads a multiprocessor as its own blocks
-    /// take (the other grids ignore `threads`).
+    /// row groups in such blocks (its own, where `threads` is fewer), at most as many threads a
+    /// multiprocessor as its own blocks take (the other grids ignore `threads`).
     pub fn blocks_of(&self, sizes: &[u64], sm_count: u32, threads: u32) -> Option<u32> {
         match self {
             GridSpec::Work { work, per_block, max_blocks_per_sm } => {
