@@ -1005,13 +1005,14 @@ impl<'a> Emitter<'a> {
             return None;
         }
         let row_mode = self.row_mode;
+        let dtype = self.g.inputs[input as usize].dtype;
         let cache = self.row_cache.as_mut()?;
         let slot = match ctx[k] {
             Coord::Loop(l) if rows(&ctx[..k]) => cache.loop_slot(l)?,
             Coord::Dom(a) if a as usize == k && row_mode && rows(ctx) => cache.body.clone()?,
             _ => return None,
         };
-        cache.slot(input, &slot)
+        cache.slot(input, dtype, &slot)
     }
 
     /// In a cached row's group of columns: input `input` (node `n`) read at the column alone

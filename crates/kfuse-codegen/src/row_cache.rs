@@ -116,16 +116,63 @@ impl RowCache {
         self.slots / self.width
     }
 
-    /// The register that holds input `input` at slot `slot`, recording the input; `None` when
-    /// the cache is full.
-    pub fn slot(&mut self, input: u32, slot: &str) -> Option<String> {
+    /// The value of input `input` (of `dtype`) at slot `slot` (a literal or a loop's slot
+    /// variable), from its registers, recording the input; `None` when the cache is full.
+    pub fn slot(&mut self, input: u32, dtype: DType, slot: &str) -> Option<String> {
         if !self.inputs.contains(&input) {
             if self.inputs.len() == MAX_CACHED_INPUTS {
                 return None;
             }
             self.inputs.push(input);
         }
-        Some(format!("kf_c{input}[{slot}]"))
+        if !self.packs(dtype) {
+            return Some(format!("kf_c{input}[{slot}]"));
+        }
+        // Two columns a word: slot t is the low (even t) or high half of word t / 2.
+        let half = |word: String, high: String| match dtype {
+            DType::BF16 => format!("kf_bf16_to_f32((unsigned short)({word} >> {high}))"),
+            _ => format!("kf_f16_to_f32((unsigned short)({word} >> {high}))"),
+        };
+        Some(match slot.parse::<u32>() {
+            Ok(t) => half(format!("kf_c{input}[{}]", t / 2), (16 * (t % 2)).to_string()),
+            Err(_) => half(format!("kf_c{input}[({slot}) >> 1]"), format!("((({slot}) & 1) * 16)")),
+        })
+    }
+
+    /// Whether a cached input of `dtype` is kept as the raw words it was loaded as, two columns a
+    /// word (f16 and bf16, loaded as vectors), rather than a float a column: half the registers,
+    /// and each read unpacks its half with one instruction. Measured on an H200 (a hand-edited
+    /// kernel, the same bits out): GELU(x + bias) forward + backward with the bias gradient at
+    /// [16384, 4096] bf16 167 µs against 187 µs, its spills gone.
+    fn packs(&self, dtype: DType) -> bool {
+        matches!(dtype, DType::F16 | DType::BF16) && cuda::vector_type(dtype, u64::from(self.width)).is_some()
+    }
+
+    /// The declaration of input `k`'s registers (of `dtype`, named `name`) for the lane's columns.
+    fn declaration(&self, k: u32, dtype: DType, note: &str) -> String {
+        if self.packs(dtype) {
+            format!("unsigned int kf_c{k}[{}]; // {note}, two columns a word", self.slots / 2)
+        } else {
+            format!("{} kf_c{k}[{}]; // {note}", cuda::value_type(dtype), self.slots)
+        }
+    }
+
+    /// The statements that put group `kf_v`'s vector `v` of input `k` (of `dtype`) into its
+    /// registers: its words as they are where the input [`packs`](Self::packs), else each
+    /// column unpacked.
+    fn unpack_group(&self, k: u32, dtype: DType, v: &str) -> Vec<String> {
+        let w = self.width;
+        if self.packs(dtype) {
+            let words = w / 2;
+            return (0..words)
+                .map(|j| format!("kf_c{k}[{words} * kf_v + {j}] = {v}.{};", ["x", "y", "z", "w"][j as usize]))
+                .collect();
+        }
+        (0..w)
+            .map(|q| {
+                format!("kf_c{k}[{w} * kf_v + {q}] = {};", cuda::vector_extract(v, dtype, u64::from(w), u64::from(q)))
+            })
+            .collect()
     }
 
     /// The header of a cached loop `l` over the lane's slots `t<l>`, with the column `j<l>` of
@@ -194,17 +241,16 @@ impl RowCache {
         for k in self.inputs.clone() {
             let (dtype, name) = (g.inputs[k as usize].dtype, &g.inputs[k as usize].name);
             let ty = cuda::value_type(dtype);
-            body.push(format!("{ty} kf_c{k}[{slots}]; // {name}: the lane's columns of the row"));
+            body.push(self.declaration(k, dtype, &format!("{name}: the lane's columns of the row")));
             match self.vector(format!("in{k}"), dtype) {
                 Some(vty) => {
                     prologue.push(format!("{vty} kf_p{k}[{groups}]; // {name}: the lane's vectors of its next row"));
                     loads.push(format!("kf_p{k}[kf_v] = *reinterpret_cast<const {vty}*>(in{k} + kf_base1 + kf_j);"));
                     body.push("#pragma unroll".to_string());
                     body.push(format!("for (int kf_v = 0; kf_v < {groups}; ++kf_v) {{"));
-                    for q in 0..w {
-                        let e = cuda::vector_extract(&format!("kf_p{k}[kf_v]"), dtype, u64::from(w), u64::from(q));
-                        body.push(format!("    kf_c{k}[{w} * kf_v + {q}] = {e};"));
-                    }
+                    body.extend(
+                        self.unpack_group(k, dtype, &format!("kf_p{k}[kf_v]")).into_iter().map(|l| format!("    {l}")),
+                    );
                     body.push("}".to_string());
                 }
                 None => {
@@ -242,15 +288,20 @@ impl RowCache {
         let mut loads = Vec::new();
         for k in self.inputs.clone() {
             let dtype: DType = g.inputs[k as usize].dtype;
-            let ty = cuda::value_type(dtype);
-            lines.push(format!(
-                "{ty} kf_c{k}[{}]; // {} in registers: the lane's columns of the row",
-                self.slots, g.inputs[k as usize].name
-            ));
+            let note = format!("{} in registers: the lane's columns of the row", g.inputs[k as usize].name);
+            lines.push(self.declaration(k, dtype, &note));
             loads.push("{".to_string());
             let w = self.width;
-            let body =
-                self.group_loads(dtype, &format!("in{k}"), "rowbase + kf_j", |q| format!("kf_c{k}[{w} * kf_v + {q}]"));
+            let body = match self.packs(dtype).then(|| self.vector(format!("in{k}"), dtype)).flatten() {
+                Some(vty) => {
+                    let mut body =
+                        vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>(in{k} + rowbase + kf_j);")];
+                    body.extend(self.unpack_group(k, dtype, "kf_w"));
+                    body
+                }
+                None => self
+                    .group_loads(dtype, &format!("in{k}"), "rowbase + kf_j", |q| format!("kf_c{k}[{w} * kf_v + {q}]")),
+            };
             loads.extend(body.into_iter().map(|l| format!("    {l}")));
             loads.push("}".to_string());
         }

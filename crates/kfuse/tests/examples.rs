@@ -28,6 +28,22 @@ fn generated_source_of_every_example_is_pinned() {
     }
 }
 
+/// Rows of 2-byte floats kept in registers are kept as the words they were loaded as (two
+/// columns a word): pinned by golden files of the bf16 forms of two row programs.
+#[test]
+fn generated_source_of_the_bf16_row_programs_is_pinned() {
+    for stem in ["gelu_bias_train", "layer_norm_train"] {
+        let src = common::examples().into_iter().find(|(s, _)| s == stem).map(|(_, src)| src).unwrap();
+        let p = Program::compile(&engine(), &src, &format!("examples/{stem}.kf")).unwrap();
+        let dtypes = common::float_inputs_as(p.interface(), DType::BF16);
+        let dtypes: Vec<(&str, DType)> = dtypes.iter().map(|(n, d)| (n.as_str(), *d)).collect();
+        let text = p.with_input_dtypes(&dtypes).unwrap().cuda_source();
+        assert!(text.contains("two columns a word"), "{stem}: a bf16 row kept in registers is kept packed");
+        golden_env();
+        expect_test::expect_file![format!("golden/{stem}.bf16.cu")].assert_eq(&text);
+    }
+}
+
 #[test]
 fn every_example_compiles_for_sm80_and_sm90_in_every_float_dtype() {
     if nvrtc_or_skip("every_example_compiles_for_sm80_and_sm90_in_every_float_dtype").is_none() {
