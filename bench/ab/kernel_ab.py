@@ -6,7 +6,7 @@ would buy, measured before it is written.
     python3 bench/ab/kernel_ab.py SPEC.json
 
 SPEC.json is a list of cases: {"file", "entry", "grid", "block", "args", "bytes"?, "check"?,
-"reps"?, "opts"?}; each arg is {"type": "ptr", "name", "dtype", "shape", "kind"?: "zeros" |
+"reps"?, "warmup"?, "opts"?}; each arg is {"type": "ptr", "name", "dtype", "shape", "kind"?: "zeros" |
 "labels" (with "high")} (one tensor per name, shared by the cases; random normal otherwise),
 {"type": "i64" | "u32", "value"} or {"type": "null"}. Prints one JSON line a case: the median
 and fastest µs, GB/s over `bytes`, the sums of the `check` tensors (equal sums: the same
@@ -79,7 +79,7 @@ for case in spec:
     def launch():
         r = cu.cuLaunchKernel(f, g, 1, 1, b, 1, 1, case.get("shared", 0), ctypes.c_void_p(stream), argv, None)
         assert r == 0, r
-    for _ in range(5): launch()
+    for _ in range(int(case.get("warmup", 5))): launch()
     torch.cuda.synchronize()
     times = []
     for _ in range(int(case.get("reps", 40))):

@@ -107,6 +107,23 @@ fn half_precision_inputs_use_8_byte_vectors_and_ptx_conversions() {
     }
 }
 
+/// `softmax(x, axis: -1)` over `[B, C]`: the maximum with the sum of exp in one pass, then `y` at
+/// each element, each reading the row.
+fn softmax_graph() -> kfuse_ir::Graph {
+    let mut b = GraphBuilder::new();
+    let (bs, cs) = (b.symbol("B"), b.symbol("C"));
+    let x = b.input("x", DType::F32, Shape(vec![Dim::Sym(bs), Dim::Sym(cs)])).unwrap();
+    let m = b.reduce(ReduceOp::Max, ReduceAxis::Last, x, None).unwrap();
+    let m = b.expand_last(m);
+    let z = b.binary(BinaryOp::Sub, x, m).unwrap();
+    let e = b.unary(UnaryOp::Exp, z).unwrap();
+    let s = b.reduce(ReduceOp::Sum, ReduceAxis::Last, e, None).unwrap();
+    let s = b.expand_last(s);
+    let y = b.binary(BinaryOp::Div, e, s).unwrap();
+    b.output("y", y).unwrap();
+    b.finish().unwrap()
+}
+
 #[test]
 fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     let g = common::softmax_xent().expect("graph");
@@ -114,10 +131,34 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
     // One pass over each row by its lanes: the max with the sum-exp (a running maximum that
-    // rescales the sum) and the picked logit. The entry point for any row reads the logits in
-    // it; the one for rows that fit the lanes' registers loads them once, 4 columns at a time,
-    // 32 columns a lane at most (the logits are the one row-shaped input kept).
+    // rescales the sum) and the picked logit. The loss alone reads each row once, so it has no
+    // entry point for rows in registers: its rows stream from memory.
     let k = &p.kernels[0];
+    assert!(k.register_rows.is_none(), "a row read once is not kept: {:?}", k.register_rows.as_ref().map(|r| &r.entry));
+    assert_eq!(src.matches("for (long long j").count(), 1, "{src}");
+    assert_eq!(src.matches("in0[rowbase + j").count(), 1, "{src}");
+    assert!(src.contains("1 row reduction phase(s) computed once per row"), "{src}");
+    assert!(!src.contains("rows kept in registers"), "{src}");
+    // The max and the exp-sum in the one loop, folded as pairs over the row's lanes.
+    assert_eq!(src.matches("kf_online_add(om").count(), 1, "{src}");
+    assert_eq!(src.matches("kf_row_online(om").count(), 1, "{src}");
+    // The picked logit's sum adds the lane's columns in f32, converted once for the fold.
+    assert_eq!(src.matches("float p").count(), 1, "{src}");
+    assert!(src.contains("// the lane's columns, added in f32"), "{src}");
+    // The label is loaded once per row, outside the loops.
+    assert_eq!(src.matches("in1[").count(), 1, "{src}");
+}
+
+#[test]
+fn a_softmax_keeps_its_rows_in_registers_read_once_for_both_of_its_uses() {
+    let g = softmax_graph();
+    let p = plan(&g, &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    // The entry point for any row reads the row in the statistics' pass and again for y; the
+    // one for rows that fit the lanes' registers loads them once, 4 columns at a time, 32
+    // columns a lane at most (x is the one row-shaped input kept).
+    let k = &p.kernels[0];
+    let src = &k.source;
     let regs = k.register_rows.as_ref().expect("an entry point for rows in registers");
     assert_eq!((regs.entry.as_str(), regs.cols_per_lane, regs.vector), (format!("{}_regs", k.name).as_str(), 32, 4));
     let (any, kept) = (src.as_str(), regs.source.as_str());
@@ -125,28 +166,22 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     // threads and 4 blocks a multiprocessor would have.
     assert!(kept.contains(&format!("void __launch_bounds__(1024, 1) {}(", regs.entry)), "{kept}");
     assert_eq!(regs.max_block, 1024);
-    assert_eq!(any.matches("for (long long j").count(), 1, "{src}");
-    assert_eq!(any.matches("in0[rowbase + j").count(), 1, "{src}");
+    assert_eq!(any.matches("for (long long j").count(), 1, "the pass; y is the body at each element: {any}");
     assert_eq!(
         kept.matches("const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);").count(),
         1,
-        "{src}"
+        "{kept}"
     );
-    assert_eq!(kept.matches("for (int t").count(), 1, "{src}");
-    assert_eq!(kept.matches("= kf_c0[t").count(), 1, "{src}");
-    assert!(!kept.contains("in0[rowbase + j"), "{src}");
-    // The logits are read a vector at a time: the entry point needs them aligned to 16 bytes.
-    assert_eq!(regs.aligned.len(), 1, "{regs:?}");
-    assert_eq!(k.params[regs.aligned[0].0], kfuse_codegen::Param::Buffer(0), "{regs:?}");
-    assert_eq!(regs.aligned[0].1, 16);
-    assert!(src.contains("1 row reduction phase(s) computed once per row"), "{src}");
-    // The max and the exp-sum in the one loop, folded as pairs over the row's lanes.
+    assert!(!kept.contains("in0[rowbase + j"), "{kept}");
+    // x is read and y stored a vector at a time: the entry point needs both aligned to 16 bytes.
+    assert_eq!(regs.aligned.len(), 2, "{regs:?}");
+    let mut aligned: Vec<_> = regs.aligned.iter().map(|a| (k.params[a.0].clone(), a.1)).collect();
+    aligned.sort_by_key(|a| format!("{:?}", a.0));
+    assert_eq!(aligned, [(kfuse_codegen::Param::Buffer(0), 16), (kfuse_codegen::Param::Buffer(1), 16)], "{regs:?}");
     for entry in [any, kept] {
         assert_eq!(entry.matches("kf_online_add(om").count(), 1, "{entry}");
         assert_eq!(entry.matches("kf_row_online(om").count(), 1, "{entry}");
     }
-    // The label is loaded once per row, outside the loops, by each entry point.
-    assert_eq!((src.matches("in1[").count(), kept.matches("in1[").count()), (1, 1));
 }
 
 #[test]
@@ -580,11 +615,12 @@ fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     assert!(src.contains("in0[rowbase + j"), "rows are read at rowbase + column:\n{src}");
     assert!(regs.contains("*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"), "or kept in registers:\n{regs}");
     assert!(!src.contains("tmp0[row]"), "no row value goes to a later kernel:\n{src}");
-    // A row in registers: the sum of exp(x - max) adds a lane's columns in f32 and converts its
-    // partial once for the f64 fold; the entry for any row adds each element in f64.
-    assert_eq!(regs.matches("float p").count(), 1, "one f32 partial:\n{regs}");
-    assert!(regs.contains("(double)p") && regs.contains("// the lane's columns, added in f32"), "{regs}");
-    assert!(!src.contains("float p") && src.contains("+= (double)"), "any row: f64 per element:\n{src}");
+    // Either entry: the sum of t * z adds a lane's columns in f32 and converts its partial once
+    // for the f64 fold.
+    for unit in [src, regs] {
+        assert_eq!(unit.matches("float p").count(), 1, "one f32 partial:\n{unit}");
+        assert!(unit.contains("(double)p") && unit.contains("// the lane's columns, added in f32"), "{unit}");
+    }
     // Row groups are powers of two: a thread's row in its block is a shift, not a division.
     for unit in [src, regs] {
         assert!(unit.contains("(threadIdx.x >> kf_lg)") && !unit.contains("/ kf_g"), "{unit}");
@@ -647,7 +683,7 @@ fn a_leading_axis_reduction_is_split_over_chunks_of_rows_per_tile_of_columns() {
 
 #[test]
 fn rows_longer_than_a_block_holds_in_registers_take_a_larger_block_and_a_grid_for_it() {
-    let g = common::softmax_xent().expect("graph");
+    let g = softmax_graph();
     let p = plan(&g, &opts()).expect("plan");
     let k = &p.kernels[0];
     assert_eq!(k.block, 256);

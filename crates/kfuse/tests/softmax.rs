@@ -133,7 +133,10 @@ fn cross_entropy_loss_and_gradient_read_the_rows_once() {
     assert!(fused.contains("in one pass") && fused.contains("kf_row_online("), "{fused}");
     assert!(fused.contains("once per row"), "{fused}");
     assert!(fused.contains("output loss") && fused.contains("output dlogits"), "{fused}");
-    assert!(fused.contains("The phase's 3 folds over the row's lanes"), "{fused}");
+    // Two folds in either entry: the mean's count is the row's columns, not folded.
+    assert!(fused.contains("The phase's 2 folds over the row's lanes"), "{fused}");
+    assert!(!fused.contains("The phase's 3 folds"), "{fused}");
+    assert!(fused.contains("= (double)kf_n; // the row's columns"), "{fused}");
     assert!(fused.contains("= (int)(sz1); // n"), "the mean's count is the row length: {fused}");
     // Same values as the interpreter computes for the two-kernel form: checked on random rows
     // against the math in f64 (printed seed), ignored rows included.

@@ -235,97 +235,103 @@ extern "C" __global__ void __launch_bounds__(256) kf_75d158c14900ce64_1(
         const long long rowbase = row * cols;
         float om590 = __int_as_float(0xff800000), os591 = 0.0f; // n2 and n7 in one pass
         double a592 = 0.0;
-        double a593 = 0.0;
-        const long long v597 = in1[row]; // labels i64
-        const bool v599 = v597 != (-100ll); // n42
-        const float v600 = tmp3[0]; // n56 from an earlier kernel
-        const float v601 = (v599 ? v600 : 0.0f); // n57
-        const float v602 = -v601; // n60
+        float p593 = 0.0f;
+        double a594 = 0.0;
+        float p595 = 0.0f;
+        const long long v599 = in1[row]; // labels i64
+        const bool v601 = v599 != (-100ll); // n42
+        const float v602 = tmp3[0]; // n56 from an earlier kernel
+        const float v603 = (v601 ? v602 : 0.0f); // n57
+        const float v604 = -v603; // n60
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v594 = in0[rowbase + j4]; // logits f32
-            kf_online_add(om590, os591, v594);
-            a592 += (double)v594;
-            const int v595 = (int)j4; // n11
-            const long long v596 = (long long)v595; // n13
-            const bool v598 = v596 == v597; // n14
-            const float v603 = (v598 ? v602 : 0.0f); // n61
-            a593 += (double)v603;
+            const float v596 = in0[rowbase + j4]; // logits f32
+            kf_online_add(om590, os591, v596);
+            p593 += v596;
+            const int v597 = (int)j4; // n11
+            const long long v598 = (long long)v597; // n13
+            const bool v600 = v598 == v599; // n14
+            const float v605 = (v600 ? v604 : 0.0f); // n61
+            p595 += v605;
         }
+        a592 = (double)p593; // the lane's columns, added in f32
+        a594 = (double)p595; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a592 = kf_row_sum(a592, kf_g < 32 ? kf_g : 32, kf_rs);
-        a593 = kf_row_sum(a593, kf_g < 32 ? kf_g : 32, kf_rs);
+        a594 = kf_row_sum(a594, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a592; kf_rs[32 + kf_warp] = a593; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a592; kf_rs[32 + kf_warp] = a594; }
             __syncthreads();
-            a592 = kf_rs[kf_first]; a593 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a592 += kf_rs[kf_first + w]; a593 += kf_rs[32 + kf_first + w]; }
+            a592 = kf_rs[kf_first]; a594 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a592 += kf_rs[kf_first + w]; a594 += kf_rs[32 + kf_first + w]; }
         }
         kf_row_online(om590, os591, kf_g, kf_rs); // over the row's lanes
-        const float v604 = om590; // n2 maximum along the row, once per row
-        const float v605 = os591; // n7 sum of exp(x - n2) along the row, once per row
-        const float v606 = (float)a592; // n19 sum along the row, once per row
-        const float v607 = (float)a593; // n62 sum along the row, once per row
-        double a608 = 0.0;
-        const float v613 = v604; // n4
-        const float v615 = logf(v605); // n9
+        const float v606 = om590; // n2 maximum along the row, once per row
+        const float v607 = os591; // n7 sum of exp(x - n2) along the row, once per row
+        const float v608 = (float)a592; // n19 sum along the row, once per row
+        const float v609 = (float)a594; // n62 sum along the row, once per row
+        double a610 = 0.0;
+        float p611 = 0.0f;
+        const float v616 = v606; // n4
+        const float v618 = logf(v607); // n9
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const int v609 = (int)j5; // n11
-            const long long v610 = (long long)v609; // n13
-            const bool v611 = v610 == v597; // n14
-            const float v612 = in0[rowbase + j5]; // logits f32
-            const float v614 = v612 - v613; // n5
-            const float v616 = v614 - v615; // n10
-            const float v617 = (v611 ? v616 : 0.0f); // n16
-            a608 += (double)v617;
+            const int v612 = (int)j5; // n11
+            const long long v613 = (long long)v612; // n13
+            const bool v614 = v613 == v599; // n14
+            const float v615 = in0[rowbase + j5]; // logits f32
+            const float v617 = v615 - v616; // n5
+            const float v619 = v617 - v618; // n10
+            const float v620 = (v614 ? v619 : 0.0f); // n16
+            p611 += v620;
         }
-        a608 = kf_row_sum(a608, kf_g, kf_rs); // over the row's lanes
-        const float v618 = (float)a608; // n17 sum along the row, once per row
+        a610 = (double)p611; // the lane's columns, added in f32
+        a610 = kf_row_sum(a610, kf_g, kf_rs); // over the row's lanes
+        const float v621 = (float)a610; // n17 sum along the row, once per row
         if (kf_live && lane == 0) {
-            if (v599) {
-                const float v619 = -v618; // n18
-                const float v620 = 0.9f * v619; // n32
-                const int v621 = (int)(sz1); // n36 the count of every element
-                const float v622 = (float)v621; // n37
-                const float v623 = 0.1f / v622; // n38
-                const int v624 = (int)(sz1); // n23 the count of every element
-                const float v625 = (float)v624; // n24
-                const float v626 = v613 * v625; // n25
-                const float v627 = v606 - v626; // n26
-                const float v628 = v615 * v625; // n28
-                const float v629 = v627 - v628; // n29
-                const float v630 = -v629; // n30
-                const float v631 = v623 * v630; // n39
-                const float v632 = v620 + v631; // n40
-                acc0 += (double)v632;
+            if (v601) {
+                const float v622 = -v621; // n18
+                const float v623 = 0.9f * v622; // n32
+                const int v624 = (int)(sz1); // n36 the count of every element
+                const float v625 = (float)v624; // n37
+                const float v626 = 0.1f / v625; // n38
+                const int v627 = (int)(sz1); // n23 the count of every element
+                const float v628 = (float)v627; // n24
+                const float v629 = v616 * v628; // n25
+                const float v630 = v608 - v629; // n26
+                const float v631 = v618 * v628; // n28
+                const float v632 = v630 - v631; // n29
+                const float v633 = -v632; // n30
+                const float v634 = v626 * v633; // n39
+                const float v635 = v623 + v634; // n40
+                acc0 += (double)v635;
             }
         }
-        const float v633 = tmp2[0]; // n51 from an earlier kernel
-        const float v634 = (v599 ? v633 : 0.0f); // n52
-        const float v639 = tmp1[0]; // n49 from an earlier kernel
-        const int v640 = (int)(sz1); // n23 the count of every element
-        const float v641 = (float)v640; // n24
-        const float v642 = v639 * v641; // n53
-        const float v643 = (v599 ? v642 : 0.0f); // n54
-        const float v644 = v607 + v643; // n65
-        const float v645 = v644 / v605; // n66
+        const float v636 = tmp2[0]; // n51 from an earlier kernel
+        const float v637 = (v601 ? v636 : 0.0f); // n52
+        const float v642 = tmp1[0]; // n49 from an earlier kernel
+        const int v643 = (int)(sz1); // n23 the count of every element
+        const float v644 = (float)v643; // n24
+        const float v645 = v642 * v644; // n53
+        const float v646 = (v601 ? v645 : 0.0f); // n54
+        const float v647 = v609 + v646; // n65
+        const float v648 = v647 / v607; // n66
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const int v635 = (int)col; // n11
-            const long long v636 = (long long)v635; // n13
-            const bool v637 = v636 == v597; // n14
-            const float v638 = (v637 ? v601 : 0.0f); // n59
-            const float v646 = in0[i]; // logits f32
-            const float v647 = v646 - v613; // n5
-            const float v648 = expf(v647); // n6
-            const float v649 = v645 * v648; // n69
-            const float v650 = v638 + v649; // n70
-            const float v651 = v634 + v650; // n71
-            out1[i] = v651; // dlogits
+            const int v638 = (int)col; // n11
+            const long long v639 = (long long)v638; // n13
+            const bool v640 = v639 == v599; // n14
+            const float v641 = (v640 ? v603 : 0.0f); // n59
+            const float v649 = in0[i]; // logits f32
+            const float v650 = v649 - v616; // n5
+            const float v651 = expf(v650); // n6
+            const float v652 = v648 * v651; // n69
+            const float v653 = v641 + v652; // n70
+            const float v654 = v637 + v653; // n71
+            out1[i] = v654; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -348,10 +354,10 @@ extern "C" __global__ void __launch_bounds__(256) kf_75d158c14900ce64_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v652 = (float)r0; // n43
-        const float v653 = tmp0[0]; // n45 from an earlier kernel
-        const float v654 = v652 / v653; // n46
-        out0[0] = v654; // output loss
+        const float v655 = (float)r0; // n43
+        const float v656 = tmp0[0]; // n45 from an earlier kernel
+        const float v657 = v655 / v656; // n46
+        out0[0] = v657; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -1135,10 +1141,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_75d158c14900ce64_1_regs
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v652 = (float)r0; // n43
-        const float v653 = tmp0[0]; // n45 from an earlier kernel
-        const float v654 = v652 / v653; // n46
-        out0[0] = v654; // output loss
+        const float v655 = (float)r0; // n43
+        const float v656 = tmp0[0]; // n45 from an earlier kernel
+        const float v657 = v655 / v656; // n46
+        out0[0] = v657; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -227,97 +227,101 @@ extern "C" __global__ void __launch_bounds__(256) kf_ab48a2385a6e6fdd_1(
         const long long rowbase = row * cols;
         float om670 = __int_as_float(0xff800000), os671 = 0.0f; // n2 and n6 in one pass
         double a672 = 0.0;
-        const long long v674 = in1[row]; // labels i64
-        const bool v675 = v674 >= 0ll; // n12
-        const int v676 = (int)(sz1); // n15 the count of every element
-        const long long v677 = (long long)v676; // n16
-        const bool v678 = v674 < v677; // n17
-        const bool v679 = v675 && v678; // n18
-        const long long v680 = (v679 ? v674 : 0ll); // n19
-        const float v684 = tmp1[0]; // n30 from an earlier kernel
-        const float v685 = (v679 ? v684 : 0.0f); // n32
-        const float v686 = -v685; // n38
+        float p673 = 0.0f;
+        const long long v675 = in1[row]; // labels i64
+        const bool v676 = v675 >= 0ll; // n12
+        const int v677 = (int)(sz1); // n15 the count of every element
+        const long long v678 = (long long)v677; // n16
+        const bool v679 = v675 < v678; // n17
+        const bool v680 = v676 && v679; // n18
+        const long long v681 = (v680 ? v675 : 0ll); // n19
+        const float v685 = tmp1[0]; // n30 from an earlier kernel
+        const float v686 = (v680 ? v685 : 0.0f); // n32
+        const float v687 = -v686; // n38
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v673 = in0[rowbase + j4]; // logits f32
-            kf_online_add(om670, os671, v673);
-            const int v681 = (int)j4; // n34
-            const long long v682 = (long long)v681; // n35
-            const bool v683 = v680 == v682; // n36
-            const float v687 = (v683 ? v686 : 0.0f); // n39
-            a672 += (double)v687;
+            const float v674 = in0[rowbase + j4]; // logits f32
+            kf_online_add(om670, os671, v674);
+            const int v682 = (int)j4; // n34
+            const long long v683 = (long long)v682; // n35
+            const bool v684 = v681 == v683; // n36
+            const float v688 = (v684 ? v687 : 0.0f); // n39
+            p673 += v688;
         }
+        a672 = (double)p673; // the lane's columns, added in f32
         a672 = kf_row_sum(a672, kf_g, kf_rs); // over the row's lanes
         kf_row_online(om670, os671, kf_g, kf_rs); // over the row's lanes
-        const float v688 = om670; // n2 maximum along the row, once per row
-        const float v689 = os671; // n6 sum of exp(x - n2) along the row, once per row
-        const float v690 = (float)a672; // n40 sum along the row, once per row
-        double a691 = 0.0;
+        const float v689 = om670; // n2 maximum along the row, once per row
+        const float v690 = os671; // n6 sum of exp(x - n2) along the row, once per row
+        const float v691 = (float)a672; // n40 sum along the row, once per row
         double a692 = 0.0;
-        const float v697 = v690 / v689; // n43
+        float p693 = 0.0f;
+        double a694 = 0.0;
+        const float v699 = v691 / v690; // n43
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const int v693 = (int)j5; // n34
-            const long long v694 = (long long)v693; // n35
-            const bool v695 = v680 == v694; // n36
-            const float v696 = (v695 ? v685 : 0.0f); // n37
-            const float v698 = in0[rowbase + j5]; // logits f32
-            const float v699 = v698 - v688; // n4
-            const float v700 = expf(v699); // n5
-            const float v701 = v697 * v700; // n45
-            const float v702 = v696 + v701; // n46
-            const float v703 = -v702; // n47
-            a691 += (double)v703;
-            const bool v704 = v698 == v688; // n51
-            if (v704) {
-                a692 += 1.0;
+            const int v695 = (int)j5; // n34
+            const long long v696 = (long long)v695; // n35
+            const bool v697 = v681 == v696; // n36
+            const float v698 = (v697 ? v686 : 0.0f); // n37
+            const float v700 = in0[rowbase + j5]; // logits f32
+            const float v701 = v700 - v689; // n4
+            const float v702 = expf(v701); // n5
+            const float v703 = v699 * v702; // n45
+            const float v704 = v698 + v703; // n46
+            const float v705 = -v704; // n47
+            p693 += v705;
+            const bool v706 = v700 == v689; // n51
+            if (v706) {
+                a694 += 1.0;
             }
         }
+        a692 = (double)p693; // the lane's columns, added in f32
         // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a691 = kf_row_sum(a691, kf_g < 32 ? kf_g : 32, kf_rs);
         a692 = kf_row_sum(a692, kf_g < 32 ? kf_g : 32, kf_rs);
+        a694 = kf_row_sum(a694, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a691; kf_rs[32 + kf_warp] = a692; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a692; kf_rs[32 + kf_warp] = a694; }
             __syncthreads();
-            a691 = kf_rs[kf_first]; a692 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a691 += kf_rs[kf_first + w]; a692 += kf_rs[32 + kf_first + w]; }
+            a692 = kf_rs[kf_first]; a694 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a692 += kf_rs[kf_first + w]; a694 += kf_rs[32 + kf_first + w]; }
         }
-        const float v705 = (float)a691; // n48 sum along the row, once per row
-        const int v706 = (int)(long long)a692; // n52 count along the row, once per row
+        const float v707 = (float)a692; // n48 sum along the row, once per row
+        const int v708 = (int)(long long)a694; // n52 count along the row, once per row
         if (kf_live && lane == 0) {
-            if (v679) {
-                const bool v707 = (unsigned long long)v680 < (unsigned long long)(sz1); // the index is in 0..sz1
-                float v708 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
-                if (v707) {
-                    const float v709 = in0[row * sz1 + v680]; // logits f32
-                    const float v710 = v709 - v688; // n4
-                    const float v711 = logf(v689); // n7
-                    const float v712 = v710 - v711; // n9
-                    v708 = v712;
+            if (v680) {
+                const bool v709 = (unsigned long long)v681 < (unsigned long long)(sz1); // the index is in 0..sz1
+                float v710 = __int_as_float(0x7fc00000); // n21 gathered along axis 1: NaN where the index is out of range
+                if (v709) {
+                    const float v711 = in0[row * sz1 + v681]; // logits f32
+                    const float v712 = v711 - v689; // n4
+                    const float v713 = logf(v690); // n7
+                    const float v714 = v712 - v713; // n9
+                    v710 = v714;
                 }
-                acc0 += (double)v708;
+                acc0 += (double)v710;
             }
         }
-        const float v723 = (float)v706; // n53
-        const float v724 = v705 / v723; // n54
+        const float v725 = (float)v708; // n53
+        const float v726 = v707 / v725; // n54
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const int v713 = (int)col; // n34
-            const long long v714 = (long long)v713; // n35
-            const bool v715 = v680 == v714; // n36
-            const float v716 = (v715 ? v685 : 0.0f); // n37
-            const float v717 = in0[i]; // logits f32
-            const float v718 = v717 - v688; // n4
-            const float v719 = expf(v718); // n5
-            const float v720 = v697 * v719; // n45
-            const float v721 = v716 + v720; // n46
-            const bool v722 = v717 == v688; // n51
-            const float v725 = (v722 ? v724 : 0.0f); // n56
-            const float v726 = v721 + v725; // n57
-            out1[i] = v726; // dlogits
+            const int v715 = (int)col; // n34
+            const long long v716 = (long long)v715; // n35
+            const bool v717 = v681 == v716; // n36
+            const float v718 = (v717 ? v686 : 0.0f); // n37
+            const float v719 = in0[i]; // logits f32
+            const float v720 = v719 - v689; // n4
+            const float v721 = expf(v720); // n5
+            const float v722 = v699 * v721; // n45
+            const float v723 = v718 + v722; // n46
+            const bool v724 = v719 == v689; // n51
+            const float v727 = (v724 ? v726 : 0.0f); // n56
+            const float v728 = v723 + v727; // n57
+            out1[i] = v728; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -340,11 +344,11 @@ extern "C" __global__ void __launch_bounds__(256) kf_ab48a2385a6e6fdd_1(
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v727 = (float)r0; // n23
-        const float v728 = -v727; // n24
-        const float v729 = tmp0[0]; // n26 from an earlier kernel
-        const float v730 = v728 / v729; // n27
-        out0[0] = v730; // output loss
+        const float v729 = (float)r0; // n23
+        const float v730 = -v729; // n24
+        const float v731 = tmp0[0]; // n26 from an earlier kernel
+        const float v732 = v730 / v731; // n27
+        out0[0] = v732; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -1186,11 +1190,11 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_ab48a2385a6e6fdd_1_regs
     }
     r0 = kf_block_sum(r0, kf_smem);
     if (threadIdx.x == 0) {
-        const float v727 = (float)r0; // n23
-        const float v728 = -v727; // n24
-        const float v729 = tmp0[0]; // n26 from an earlier kernel
-        const float v730 = v728 / v729; // n27
-        out0[0] = v730; // output loss
+        const float v729 = (float)r0; // n23
+        const float v730 = -v729; // n24
+        const float v731 = tmp0[0]; // n26 from an earlier kernel
+        const float v732 = v730 / v731; // n27
+        out0[0] = v732; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -68,100 +68,99 @@ extern "C" __global__ void __launch_bounds__(256) kf_374ebaa8db10121b_0(
         const long long rowbase = row * cols;
         double a286 = 0.0;
         double a287 = 0.0;
+        float p288 = 0.0f;
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v288 = kf_bf16_to_f32(in0[rowbase + j3]); // x bf16
-            a286 += (double)v288; a287 += 1.0;
+            const float v289 = kf_bf16_to_f32(in0[rowbase + j3]); // x bf16
+            p288 += v289;
         }
-        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a286 = kf_row_sum(a286, kf_g < 32 ? kf_g : 32, kf_rs);
-        a287 = kf_row_sum(a287, kf_g < 32 ? kf_g : 32, kf_rs);
-        if (kf_g > 32) {
-            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
-            __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a286; kf_rs[32 + kf_warp] = a287; }
-            __syncthreads();
-            a286 = kf_rs[kf_first]; a287 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a286 += kf_rs[kf_first + w]; a287 += kf_rs[32 + kf_first + w]; }
-        }
-        const float v289 = (float)(a286 / a287); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v289; // for a later kernel
-        double a290 = 0.0;
+        a286 = (double)p288; // the lane's columns, added in f32
+        a287 = (double)kf_n; // the row's columns
+        a286 = kf_row_sum(a286, kf_g, kf_rs); // over the row's lanes
+        const float v290 = (float)(a286 / a287); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v290; // for a later kernel
         double a291 = 0.0;
         double a292 = 0.0;
+        float p293 = 0.0f;
+        double a294 = 0.0;
+        float p295 = 0.0f;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v293 = kf_bf16_to_f32(in0[rowbase + j4]); // x bf16
-            const float v294 = v293 - v289; // n6
-            const float v295 = v294 * v294; // n7
-            a290 += (double)v295; a291 += 1.0;
-            const float v296 = kf_bf16_to_f32(in3[rowbase + j4]); // dy bf16
-            const float v297 = kf_bf16_to_f32(in1[j4]); // gamma bf16
-            const float v298 = v296 * v297; // n16
-            const float v299 = v298 * v294; // n18
-            a292 += (double)v299;
+            const float v296 = kf_bf16_to_f32(in0[rowbase + j4]); // x bf16
+            const float v297 = v296 - v290; // n6
+            const float v298 = v297 * v297; // n7
+            p293 += v298;
+            const float v299 = kf_bf16_to_f32(in3[rowbase + j4]); // dy bf16
+            const float v300 = kf_bf16_to_f32(in1[j4]); // gamma bf16
+            const float v301 = v299 * v300; // n16
+            const float v302 = v301 * v297; // n18
+            p295 += v302;
         }
-        // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a290 = kf_row_sum(a290, kf_g < 32 ? kf_g : 32, kf_rs);
+        a291 = (double)p293; // the lane's columns, added in f32
+        a294 = (double)p295; // the lane's columns, added in f32
+        a292 = (double)kf_n; // the row's columns
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a291 = kf_row_sum(a291, kf_g < 32 ? kf_g : 32, kf_rs);
-        a292 = kf_row_sum(a292, kf_g < 32 ? kf_g : 32, kf_rs);
+        a294 = kf_row_sum(a294, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a290; kf_rs[32 + kf_warp] = a291; kf_rs[64 + kf_warp] = a292; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a291; kf_rs[32 + kf_warp] = a294; }
             __syncthreads();
-            a290 = kf_rs[kf_first]; a291 = kf_rs[32 + kf_first]; a292 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a290 += kf_rs[kf_first + w]; a291 += kf_rs[32 + kf_first + w]; a292 += kf_rs[64 + kf_first + w]; }
+            a291 = kf_rs[kf_first]; a294 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a291 += kf_rs[kf_first + w]; a294 += kf_rs[32 + kf_first + w]; }
         }
-        const float v300 = (float)(a290 / a291); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v300; // for a later kernel
-        const float v301 = (float)a292; // n19 sum along the row, once per row
-        double a302 = 0.0;
-        const float v306 = v300 + 1e-5f; // n11
-        const float v307 = rsqrtf(v306); // n12
-        const float v309 = v307 * v307; // n21
-        const float v310 = v309 * v307; // n22
-        const float v311 = v310 * (-0.5f); // n24
-        const float v312 = v301 * v311; // n25
-        const int v313 = (int)(sz1); // n30 the count of every element
-        const float v314 = (float)v313; // n31
-        const float v315 = v312 / v314; // n32
+        const float v303 = (float)(a291 / a292); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v303; // for a later kernel
+        const float v304 = (float)a294; // n19 sum along the row, once per row
+        double a305 = 0.0;
+        float p306 = 0.0f;
+        const float v310 = v303 + 1e-5f; // n11
+        const float v311 = rsqrtf(v310); // n12
+        const float v313 = v311 * v311; // n21
+        const float v314 = v313 * v311; // n22
+        const float v315 = v314 * (-0.5f); // n24
+        const float v316 = v304 * v315; // n25
+        const int v317 = (int)(sz1); // n30 the count of every element
+        const float v318 = (float)v317; // n31
+        const float v319 = v316 / v318; // n32
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v303 = kf_bf16_to_f32(in3[rowbase + j5]); // dy bf16
-            const float v304 = kf_bf16_to_f32(in1[j5]); // gamma bf16
-            const float v305 = v303 * v304; // n16
-            const float v308 = v305 * v307; // n17
-            const float v316 = kf_bf16_to_f32(in0[rowbase + j5]); // x bf16
-            const float v317 = v316 - v289; // n6
-            const float v318 = v315 * v317; // n34
-            const float v319 = v308 + v318; // n35
-            const float v320 = v319 + v318; // n36
-            const float v321 = -v320; // n37
-            a302 += (double)v321;
+            const float v307 = kf_bf16_to_f32(in3[rowbase + j5]); // dy bf16
+            const float v308 = kf_bf16_to_f32(in1[j5]); // gamma bf16
+            const float v309 = v307 * v308; // n16
+            const float v312 = v309 * v311; // n17
+            const float v320 = kf_bf16_to_f32(in0[rowbase + j5]); // x bf16
+            const float v321 = v320 - v290; // n6
+            const float v322 = v319 * v321; // n34
+            const float v323 = v312 + v322; // n35
+            const float v324 = v323 + v322; // n36
+            const float v325 = -v324; // n37
+            p306 += v325;
         }
-        a302 = kf_row_sum(a302, kf_g, kf_rs); // over the row's lanes
-        const float v322 = (float)a302; // n38 sum along the row, once per row
-        const float v336 = v322 / v314; // n41
+        a305 = (double)p306; // the lane's columns, added in f32
+        a305 = kf_row_sum(a305, kf_g, kf_rs); // over the row's lanes
+        const float v326 = (float)a305; // n38 sum along the row, once per row
+        const float v340 = v326 / v318; // n41
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v323 = kf_bf16_to_f32(in0[i]); // x bf16
-            const float v324 = v323 - v289; // n6
-            const float v325 = v324 * v307; // n13
-            const float v326 = kf_bf16_to_f32(in1[col]); // gamma bf16
-            const float v327 = v325 * v326; // n14
-            const float v328 = kf_bf16_to_f32(in2[col]); // beta bf16
-            const float v329 = v327 + v328; // n15
-            out0[i] = kf_f32_to_bf16(v329); // y
-            const float v330 = kf_bf16_to_f32(in3[i]); // dy bf16
-            const float v331 = v330 * v326; // n16
-            const float v332 = v331 * v307; // n17
-            const float v333 = v315 * v324; // n34
-            const float v334 = v332 + v333; // n35
-            const float v335 = v334 + v333; // n36
-            const float v337 = v335 + v336; // n43
-            out1[i] = kf_f32_to_bf16(v337); // dx
+            const float v327 = kf_bf16_to_f32(in0[i]); // x bf16
+            const float v328 = v327 - v290; // n6
+            const float v329 = v328 * v311; // n13
+            const float v330 = kf_bf16_to_f32(in1[col]); // gamma bf16
+            const float v331 = v329 * v330; // n14
+            const float v332 = kf_bf16_to_f32(in2[col]); // beta bf16
+            const float v333 = v331 + v332; // n15
+            out0[i] = kf_f32_to_bf16(v333); // y
+            const float v334 = kf_bf16_to_f32(in3[i]); // dy bf16
+            const float v335 = v334 * v330; // n16
+            const float v336 = v335 * v311; // n17
+            const float v337 = v319 * v328; // n34
+            const float v338 = v336 + v337; // n35
+            const float v339 = v338 + v337; // n36
+            const float v341 = v339 + v340; // n43
+            out1[i] = kf_f32_to_bf16(v341); // dx
         }
     }
 }

@@ -62,100 +62,99 @@ extern "C" __global__ void __launch_bounds__(256) kf_65ed4fe600cdc894_0(
         const long long rowbase = row * cols;
         double a290 = 0.0;
         double a291 = 0.0;
+        float p292 = 0.0f;
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v292 = in0[rowbase + j3]; // x f32
-            a290 += (double)v292; a291 += 1.0;
+            const float v293 = in0[rowbase + j3]; // x f32
+            p292 += v293;
         }
-        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a290 = kf_row_sum(a290, kf_g < 32 ? kf_g : 32, kf_rs);
-        a291 = kf_row_sum(a291, kf_g < 32 ? kf_g : 32, kf_rs);
-        if (kf_g > 32) {
-            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
-            __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a290; kf_rs[32 + kf_warp] = a291; }
-            __syncthreads();
-            a290 = kf_rs[kf_first]; a291 = kf_rs[32 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a290 += kf_rs[kf_first + w]; a291 += kf_rs[32 + kf_first + w]; }
-        }
-        const float v293 = (float)(a290 / a291); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v293; // for a later kernel
-        double a294 = 0.0;
+        a290 = (double)p292; // the lane's columns, added in f32
+        a291 = (double)kf_n; // the row's columns
+        a290 = kf_row_sum(a290, kf_g, kf_rs); // over the row's lanes
+        const float v294 = (float)(a290 / a291); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v294; // for a later kernel
         double a295 = 0.0;
         double a296 = 0.0;
+        float p297 = 0.0f;
+        double a298 = 0.0;
+        float p299 = 0.0f;
         #pragma unroll 4
         for (long long j4 = lane; j4 < kf_n; j4 += kf_g) {
-            const float v297 = in0[rowbase + j4]; // x f32
-            const float v298 = v297 - v293; // n6
-            const float v299 = v298 * v298; // n7
-            a294 += (double)v299; a295 += 1.0;
-            const float v300 = in3[rowbase + j4]; // dy f32
-            const float v301 = in1[j4]; // gamma f32
-            const float v302 = v300 * v301; // n16
-            const float v303 = v302 * v298; // n18
-            a296 += (double)v303;
+            const float v300 = in0[rowbase + j4]; // x f32
+            const float v301 = v300 - v294; // n6
+            const float v302 = v301 * v301; // n7
+            p297 += v302;
+            const float v303 = in3[rowbase + j4]; // dy f32
+            const float v304 = in1[j4]; // gamma f32
+            const float v305 = v303 * v304; // n16
+            const float v306 = v305 * v301; // n18
+            p299 += v306;
         }
-        // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a294 = kf_row_sum(a294, kf_g < 32 ? kf_g : 32, kf_rs);
+        a295 = (double)p297; // the lane's columns, added in f32
+        a298 = (double)p299; // the lane's columns, added in f32
+        a296 = (double)kf_n; // the row's columns
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a295 = kf_row_sum(a295, kf_g < 32 ? kf_g : 32, kf_rs);
-        a296 = kf_row_sum(a296, kf_g < 32 ? kf_g : 32, kf_rs);
+        a298 = kf_row_sum(a298, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a294; kf_rs[32 + kf_warp] = a295; kf_rs[64 + kf_warp] = a296; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a295; kf_rs[32 + kf_warp] = a298; }
             __syncthreads();
-            a294 = kf_rs[kf_first]; a295 = kf_rs[32 + kf_first]; a296 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a294 += kf_rs[kf_first + w]; a295 += kf_rs[32 + kf_first + w]; a296 += kf_rs[64 + kf_first + w]; }
+            a295 = kf_rs[kf_first]; a298 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a295 += kf_rs[kf_first + w]; a298 += kf_rs[32 + kf_first + w]; }
         }
-        const float v304 = (float)(a294 / a295); // n8 mean along the row, once per row
-        if (kf_live && lane == 0) tmp1[row] = v304; // for a later kernel
-        const float v305 = (float)a296; // n19 sum along the row, once per row
-        double a306 = 0.0;
-        const float v310 = v304 + 1e-5f; // n11
-        const float v311 = rsqrtf(v310); // n12
-        const float v313 = v311 * v311; // n21
-        const float v314 = v313 * v311; // n22
-        const float v315 = v314 * (-0.5f); // n24
-        const float v316 = v305 * v315; // n25
-        const int v317 = (int)(sz1); // n30 the count of every element
-        const float v318 = (float)v317; // n31
-        const float v319 = v316 / v318; // n32
+        const float v307 = (float)(a295 / a296); // n8 mean along the row, once per row
+        if (kf_live && lane == 0) tmp1[row] = v307; // for a later kernel
+        const float v308 = (float)a298; // n19 sum along the row, once per row
+        double a309 = 0.0;
+        float p310 = 0.0f;
+        const float v314 = v307 + 1e-5f; // n11
+        const float v315 = rsqrtf(v314); // n12
+        const float v317 = v315 * v315; // n21
+        const float v318 = v317 * v315; // n22
+        const float v319 = v318 * (-0.5f); // n24
+        const float v320 = v308 * v319; // n25
+        const int v321 = (int)(sz1); // n30 the count of every element
+        const float v322 = (float)v321; // n31
+        const float v323 = v320 / v322; // n32
         #pragma unroll 4
         for (long long j5 = lane; j5 < kf_n; j5 += kf_g) {
-            const float v307 = in3[rowbase + j5]; // dy f32
-            const float v308 = in1[j5]; // gamma f32
-            const float v309 = v307 * v308; // n16
-            const float v312 = v309 * v311; // n17
-            const float v320 = in0[rowbase + j5]; // x f32
-            const float v321 = v320 - v293; // n6
-            const float v322 = v319 * v321; // n34
-            const float v323 = v312 + v322; // n35
-            const float v324 = v323 + v322; // n36
-            const float v325 = -v324; // n37
-            a306 += (double)v325;
+            const float v311 = in3[rowbase + j5]; // dy f32
+            const float v312 = in1[j5]; // gamma f32
+            const float v313 = v311 * v312; // n16
+            const float v316 = v313 * v315; // n17
+            const float v324 = in0[rowbase + j5]; // x f32
+            const float v325 = v324 - v294; // n6
+            const float v326 = v323 * v325; // n34
+            const float v327 = v316 + v326; // n35
+            const float v328 = v327 + v326; // n36
+            const float v329 = -v328; // n37
+            p310 += v329;
         }
-        a306 = kf_row_sum(a306, kf_g, kf_rs); // over the row's lanes
-        const float v326 = (float)a306; // n38 sum along the row, once per row
-        const float v340 = v326 / v318; // n41
+        a309 = (double)p310; // the lane's columns, added in f32
+        a309 = kf_row_sum(a309, kf_g, kf_rs); // over the row's lanes
+        const float v330 = (float)a309; // n38 sum along the row, once per row
+        const float v344 = v330 / v322; // n41
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v327 = in0[i]; // x f32
-            const float v328 = v327 - v293; // n6
-            const float v329 = v328 * v311; // n13
-            const float v330 = in1[col]; // gamma f32
-            const float v331 = v329 * v330; // n14
-            const float v332 = in2[col]; // beta f32
-            const float v333 = v331 + v332; // n15
-            out0[i] = v333; // y
-            const float v334 = in3[i]; // dy f32
-            const float v335 = v334 * v330; // n16
-            const float v336 = v335 * v311; // n17
-            const float v337 = v319 * v328; // n34
-            const float v338 = v336 + v337; // n35
-            const float v339 = v338 + v337; // n36
-            const float v341 = v339 + v340; // n43
-            out1[i] = v341; // dx
+            const float v331 = in0[i]; // x f32
+            const float v332 = v331 - v294; // n6
+            const float v333 = v332 * v315; // n13
+            const float v334 = in1[col]; // gamma f32
+            const float v335 = v333 * v334; // n14
+            const float v336 = in2[col]; // beta f32
+            const float v337 = v335 + v336; // n15
+            out0[i] = v337; // y
+            const float v338 = in3[i]; // dy f32
+            const float v339 = v338 * v334; // n16
+            const float v340 = v339 * v315; // n17
+            const float v341 = v323 * v332; // n34
+            const float v342 = v340 + v341; // n35
+            const float v343 = v342 + v341; // n36
+            const float v345 = v343 + v344; // n43
+            out1[i] = v345; // dx
         }
     }
 }

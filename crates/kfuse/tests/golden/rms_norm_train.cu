@@ -60,57 +60,61 @@ extern "C" __global__ void __launch_bounds__(256) kf_805646925eaef20e_0(
         const long long rowbase = row * cols;
         double a202 = 0.0;
         double a203 = 0.0;
-        double a204 = 0.0;
+        float p204 = 0.0f;
+        double a205 = 0.0;
+        float p206 = 0.0f;
         #pragma unroll 4
         for (long long j1 = lane; j1 < kf_n; j1 += kf_g) {
-            const float v205 = in0[rowbase + j1]; // x f32
-            const float v206 = v205 * v205; // n3
-            a202 += (double)v206; a203 += 1.0;
-            const float v207 = in2[rowbase + j1]; // dy f32
-            const float v208 = in1[j1]; // weight f32
-            const float v209 = v207 * v208; // n11
-            const float v210 = v209 * v205; // n13
-            a204 += (double)v210;
+            const float v207 = in0[rowbase + j1]; // x f32
+            const float v208 = v207 * v207; // n3
+            p204 += v208;
+            const float v209 = in2[rowbase + j1]; // dy f32
+            const float v210 = in1[j1]; // weight f32
+            const float v211 = v209 * v210; // n11
+            const float v212 = v211 * v207; // n13
+            p206 += v212;
         }
-        // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
+        a202 = (double)p204; // the lane's columns, added in f32
+        a205 = (double)p206; // the lane's columns, added in f32
+        a203 = (double)kf_n; // the row's columns
+        // The phase's 2 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
         a202 = kf_row_sum(a202, kf_g < 32 ? kf_g : 32, kf_rs);
-        a203 = kf_row_sum(a203, kf_g < 32 ? kf_g : 32, kf_rs);
-        a204 = kf_row_sum(a204, kf_g < 32 ? kf_g : 32, kf_rs);
+        a205 = kf_row_sum(a205, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a202; kf_rs[32 + kf_warp] = a203; kf_rs[64 + kf_warp] = a204; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a202; kf_rs[32 + kf_warp] = a205; }
             __syncthreads();
-            a202 = kf_rs[kf_first]; a203 = kf_rs[32 + kf_first]; a204 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a202 += kf_rs[kf_first + w]; a203 += kf_rs[32 + kf_first + w]; a204 += kf_rs[64 + kf_first + w]; }
+            a202 = kf_rs[kf_first]; a205 = kf_rs[32 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a202 += kf_rs[kf_first + w]; a205 += kf_rs[32 + kf_first + w]; }
         }
-        const float v211 = (float)(a202 / a203); // n4 mean along the row, once per row
-        if (kf_live && lane == 0) tmp0[row] = v211; // for a later kernel
-        const float v212 = (float)a204; // n14 sum along the row, once per row
-        const float v214 = v211 + 1e-5f; // n7
-        const float v215 = rsqrtf(v214); // n8
-        const float v222 = v215 * v215; // n16
-        const float v223 = v222 * v215; // n17
-        const float v224 = v223 * (-0.5f); // n19
-        const float v225 = v212 * v224; // n20
-        const int v226 = (int)(sz1); // n25 the count of every element
-        const float v227 = (float)v226; // n26
-        const float v228 = v225 / v227; // n27
+        const float v213 = (float)(a202 / a203); // n4 mean along the row, once per row
+        if (kf_live && lane == 0) tmp0[row] = v213; // for a later kernel
+        const float v214 = (float)a205; // n14 sum along the row, once per row
+        const float v216 = v213 + 1e-5f; // n7
+        const float v217 = rsqrtf(v216); // n8
+        const float v224 = v217 * v217; // n16
+        const float v225 = v224 * v217; // n17
+        const float v226 = v225 * (-0.5f); // n19
+        const float v227 = v214 * v226; // n20
+        const int v228 = (int)(sz1); // n25 the count of every element
+        const float v229 = (float)v228; // n26
+        const float v230 = v227 / v229; // n27
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v213 = in0[i]; // x f32
-            const float v216 = v213 * v215; // n9
-            const float v217 = in1[col]; // weight f32
-            const float v218 = v216 * v217; // n10
-            out0[i] = v218; // y
-            const float v219 = in2[i]; // dy f32
-            const float v220 = v219 * v217; // n11
-            const float v221 = v220 * v215; // n12
-            const float v229 = v228 * v213; // n29
-            const float v230 = v221 + v229; // n30
-            const float v231 = v230 + v229; // n31
-            out1[i] = v231; // dx
+            const float v215 = in0[i]; // x f32
+            const float v218 = v215 * v217; // n9
+            const float v219 = in1[col]; // weight f32
+            const float v220 = v218 * v219; // n10
+            out0[i] = v220; // y
+            const float v221 = in2[i]; // dy f32
+            const float v222 = v221 * v219; // n11
+            const float v223 = v222 * v217; // n12
+            const float v231 = v230 * v215; // n29
+            const float v232 = v223 + v231; // n30
+            const float v233 = v232 + v231; // n31
+            out1[i] = v233; // dx
         }
     }
 }

@@ -147,21 +147,23 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
         const float v18 = om15; // n2 maximum along the row, once per row
         const float v19 = os16; // n6 sum of exp(x - n2) along the row, once per row
         double a20 = 0.0;
-        const float v24 = logf(v19); // n7
+        float p21 = 0.0f;
+        const float v25 = logf(v19); // n7
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v21 = in1[rowbase + j3]; // targets f32
-            const float v22 = in0[rowbase + j3]; // logits f32
-            const float v23 = v22 - v18; // n4
-            const float v25 = v23 - v24; // n9
-            const float v26 = v21 * v25; // n10
-            a20 += (double)v26;
+            const float v22 = in1[rowbase + j3]; // targets f32
+            const float v23 = in0[rowbase + j3]; // logits f32
+            const float v24 = v23 - v18; // n4
+            const float v26 = v24 - v25; // n9
+            const float v27 = v22 * v26; // n10
+            p21 += v27;
         }
+        a20 = (double)p21; // the lane's columns, added in f32
         a20 = kf_row_sum(a20, kf_g, kf_rs); // over the row's lanes
-        const float v27 = (float)a20; // n11 sum along the row, once per row
+        const float v28 = (float)a20; // n11 sum along the row, once per row
         if (kf_live && lane == 0) {
-            const float v28 = -v27; // n12
-            acc0 += (double)v28; acc1 += 1.0;
+            const float v29 = -v28; // n12
+            acc0 += (double)v29; acc1 += 1.0;
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -189,8 +191,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v29 = (float)(r0 / r1); // n13
-        out0[0] = v29; // output loss
+        const float v30 = (float)(r0 / r1); // n13
+        out0[0] = v30; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -414,8 +416,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_4bc96ebcc014a89f_0_regs
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v29 = (float)(r0 / r1); // n13
-        out0[0] = v29; // output loss
+        const float v30 = (float)(r0 / r1); // n13
+        out0[0] = v30; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }

@@ -131,83 +131,89 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
         const long long rowbase = row * cols;
         float om199 = __int_as_float(0xff800000), os200 = 0.0f; // n2 and n6 in one pass
         double a201 = 0.0;
-        const int v203 = (int)(sz0); // n18 the count of every element
-        const float v204 = (float)v203; // n19
-        const float v205 = 1.0f / v204; // n20
-        const float v206 = -v205; // n21
+        float p202 = 0.0f;
+        const int v204 = (int)(sz0); // n18 the count of every element
+        const float v205 = (float)v204; // n19
+        const float v206 = 1.0f / v205; // n20
+        const float v207 = -v206; // n21
         #pragma unroll 4
         for (long long j2 = lane; j2 < kf_n; j2 += kf_g) {
-            const float v202 = in0[rowbase + j2]; // logits f32
-            kf_online_add(om199, os200, v202);
-            const float v207 = in1[rowbase + j2]; // targets f32
-            const float v208 = v206 * v207; // n22
-            const float v209 = -v208; // n23
-            a201 += (double)v209;
+            const float v203 = in0[rowbase + j2]; // logits f32
+            kf_online_add(om199, os200, v203);
+            const float v208 = in1[rowbase + j2]; // targets f32
+            const float v209 = v207 * v208; // n22
+            const float v210 = -v209; // n23
+            p202 += v210;
         }
+        a201 = (double)p202; // the lane's columns, added in f32
         a201 = kf_row_sum(a201, kf_g, kf_rs); // over the row's lanes
         kf_row_online(om199, os200, kf_g, kf_rs); // over the row's lanes
-        const float v210 = om199; // n2 maximum along the row, once per row
-        const float v211 = os200; // n6 sum of exp(x - n2) along the row, once per row
-        const float v212 = (float)a201; // n24 sum along the row, once per row
-        double a213 = 0.0;
+        const float v211 = om199; // n2 maximum along the row, once per row
+        const float v212 = os200; // n6 sum of exp(x - n2) along the row, once per row
+        const float v213 = (float)a201; // n24 sum along the row, once per row
         double a214 = 0.0;
-        double a215 = 0.0;
-        const float v219 = logf(v211); // n7
-        const float v223 = v212 / v211; // n27
+        float p215 = 0.0f;
+        double a216 = 0.0;
+        float p217 = 0.0f;
+        double a218 = 0.0;
+        const float v222 = logf(v212); // n7
+        const float v226 = v213 / v212; // n27
         #pragma unroll 4
         for (long long j3 = lane; j3 < kf_n; j3 += kf_g) {
-            const float v216 = in1[rowbase + j3]; // targets f32
-            const float v217 = in0[rowbase + j3]; // logits f32
-            const float v218 = v217 - v210; // n4
-            const float v220 = v218 - v219; // n9
-            const float v221 = v216 * v220; // n10
-            a213 += (double)v221;
-            const float v222 = v206 * v216; // n22
-            const float v224 = expf(v218); // n5
-            const float v225 = v223 * v224; // n29
-            const float v226 = v222 + v225; // n30
-            const float v227 = -v226; // n31
-            a214 += (double)v227;
-            const bool v228 = v217 == v210; // n35
-            if (v228) {
-                a215 += 1.0;
+            const float v219 = in1[rowbase + j3]; // targets f32
+            const float v220 = in0[rowbase + j3]; // logits f32
+            const float v221 = v220 - v211; // n4
+            const float v223 = v221 - v222; // n9
+            const float v224 = v219 * v223; // n10
+            p215 += v224;
+            const float v225 = v207 * v219; // n22
+            const float v227 = expf(v221); // n5
+            const float v228 = v226 * v227; // n29
+            const float v229 = v225 + v228; // n30
+            const float v230 = -v229; // n31
+            p217 += v230;
+            const bool v231 = v220 == v211; // n35
+            if (v231) {
+                a218 += 1.0;
             }
         }
+        a214 = (double)p215; // the lane's columns, added in f32
+        a216 = (double)p217; // the lane's columns, added in f32
         // The phase's 3 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        a213 = kf_row_sum(a213, kf_g < 32 ? kf_g : 32, kf_rs);
         a214 = kf_row_sum(a214, kf_g < 32 ? kf_g : 32, kf_rs);
-        a215 = kf_row_sum(a215, kf_g < 32 ? kf_g : 32, kf_rs);
+        a216 = kf_row_sum(a216, kf_g < 32 ? kf_g : 32, kf_rs);
+        a218 = kf_row_sum(a218, kf_g < 32 ? kf_g : 32, kf_rs);
         if (kf_g > 32) {
             const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
             __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a213; kf_rs[32 + kf_warp] = a214; kf_rs[64 + kf_warp] = a215; }
+            if ((threadIdx.x & 31u) == 0u) { kf_rs[kf_warp] = a214; kf_rs[32 + kf_warp] = a216; kf_rs[64 + kf_warp] = a218; }
             __syncthreads();
-            a213 = kf_rs[kf_first]; a214 = kf_rs[32 + kf_first]; a215 = kf_rs[64 + kf_first];
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a213 += kf_rs[kf_first + w]; a214 += kf_rs[32 + kf_first + w]; a215 += kf_rs[64 + kf_first + w]; }
+            a214 = kf_rs[kf_first]; a216 = kf_rs[32 + kf_first]; a218 = kf_rs[64 + kf_first];
+            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) { a214 += kf_rs[kf_first + w]; a216 += kf_rs[32 + kf_first + w]; a218 += kf_rs[64 + kf_first + w]; }
         }
-        const float v229 = (float)a213; // n11 sum along the row, once per row
-        const float v230 = (float)a214; // n32 sum along the row, once per row
-        const int v231 = (int)(long long)a215; // n36 count along the row, once per row
+        const float v232 = (float)a214; // n11 sum along the row, once per row
+        const float v233 = (float)a216; // n32 sum along the row, once per row
+        const int v234 = (int)(long long)a218; // n36 count along the row, once per row
         if (kf_live && lane == 0) {
-            const float v232 = -v229; // n12
-            acc0 += (double)v232; acc1 += 1.0;
+            const float v235 = -v232; // n12
+            acc0 += (double)v235; acc1 += 1.0;
         }
-        const float v241 = (float)v231; // n37
-        const float v242 = v230 / v241; // n38
+        const float v244 = (float)v234; // n37
+        const float v245 = v233 / v244; // n38
         #pragma unroll 4
         for (long long col = lane; col < kf_n; col += kf_g) {
             const long long i = rowbase + col;
-            const float v233 = in1[i]; // targets f32
-            const float v234 = v206 * v233; // n22
-            const float v235 = in0[i]; // logits f32
-            const float v236 = v235 - v210; // n4
-            const float v237 = expf(v236); // n5
-            const float v238 = v223 * v237; // n29
-            const float v239 = v234 + v238; // n30
-            const bool v240 = v235 == v210; // n35
-            const float v243 = (v240 ? v242 : 0.0f); // n41
-            const float v244 = v239 + v243; // n42
-            out1[i] = v244; // dlogits
+            const float v236 = in1[i]; // targets f32
+            const float v237 = v207 * v236; // n22
+            const float v238 = in0[i]; // logits f32
+            const float v239 = v238 - v211; // n4
+            const float v240 = expf(v239); // n5
+            const float v241 = v226 * v240; // n29
+            const float v242 = v237 + v241; // n30
+            const bool v243 = v238 == v211; // n35
+            const float v246 = (v243 ? v245 : 0.0f); // n41
+            const float v247 = v242 + v246; // n42
+            out1[i] = v247; // dlogits
         }
     }
     // Each block reduces its threads' accumulators in a fixed order and writes one partial per slot.
@@ -235,8 +241,8 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v245 = (float)(r0 / r1); // n13
-        out0[0] = v245; // output loss
+        const float v248 = (float)(r0 / r1); // n13
+        out0[0] = v248; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
@@ -755,8 +761,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
     r0 = kf_block_sum(r0, kf_smem);
     r1 = kf_block_sum(r1, kf_smem);
     if (threadIdx.x == 0) {
-        const float v245 = (float)(r0 / r1); // n13
-        out0[0] = v245; // output loss
+        const float v248 = (float)(r0 / r1); // n13
+        out0[0] = v248; // output loss
         *counter = 0u; // self-resetting ticket: the next launch needs no memset
     }
 }
