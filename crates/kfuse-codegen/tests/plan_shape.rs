@@ -175,7 +175,7 @@ fn a_softmax_keeps_its_rows_in_registers_read_once_for_both_of_its_uses() {
     assert!(!kept.contains("in0[rowbase + j"), "{kept}");
     // x is read and y stored a vector at a time: the entry point needs both aligned to 16 bytes.
     assert_eq!(regs.aligned.len(), 2, "{regs:?}");
-    let mut aligned: Vec<_> = regs.aligned.iter().map(|a| (k.params[a.0].clone(), a.1)).collect();
+    let mut aligned: Vec<_> = regs.aligned.iter().map(|a| (k.params[a.0], a.1)).collect();
     aligned.sort_by_key(|a| format!("{:?}", a.0));
     assert_eq!(aligned, [(kfuse_codegen::Param::Buffer(0), 16), (kfuse_codegen::Param::Buffer(1), 16)], "{regs:?}");
     for entry in [any, kept] {
