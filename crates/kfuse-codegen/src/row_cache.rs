@@ -71,8 +71,6 @@ pub(crate) struct RowCache {
     /// The buffers accessed a vector at a time (`in<k>`, `out<o>`) with the vector's bytes:
     /// the entry point is launched only where they are aligned to it.
     pub vectors: Vec<(String, u64)>,
-    /// Where each cached input is read: (input, the pass's slot variable, or `None` for the body).
-    sites: Vec<(u32, Option<String>)>,
 }
 
 /// The group of columns of the body being emitted (see the module docs).
@@ -110,17 +108,7 @@ impl RowCache {
             inputs: Vec::new(),
             group: None,
             vectors: Vec::new(),
-            sites: Vec::new(),
         }
-    }
-
-    /// Whether some cached input is read in two places (two passes, or a pass and the body):
-    /// what keeping the row in registers saves. A row read once gains nothing from it, and
-    /// streaming it with more blocks resident is faster (measured on an H200: a cross-entropy
-    /// forward over rows of 32,000 f32, 264 blocks of 1024 threads keeping the row, 217 µs; the
-    /// entry for any row at 256 threads a block, 118-130 µs).
-    pub fn reused(&self) -> bool {
-        self.inputs.iter().any(|&k| self.sites.iter().filter(|(i, _)| *i == k).count() > 1)
     }
 
     /// The groups of [`RowCache::width`] columns a lane keeps.
@@ -136,10 +124,6 @@ impl RowCache {
                 return None;
             }
             self.inputs.push(input);
-        }
-        let site = self.loops.iter().any(|l| slot == format!("t{l}")).then(|| slot.to_string());
-        if !self.sites.contains(&(input, site.clone())) {
-            self.sites.push((input, site));
         }
         if !self.packs(dtype) {
             return Some(format!("kf_c{input}[{slot}]"));

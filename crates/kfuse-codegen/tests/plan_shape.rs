@@ -131,14 +131,13 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     assert_eq!(p.kernels.len(), 1);
     let src = &p.kernels[0].source;
     // One pass over each row by its lanes: the max with the sum-exp (a running maximum that
-    // rescales the sum) and the picked logit. The loss alone reads each row once, so it has no
-    // entry point for rows in registers: its rows stream from memory.
+    // rescales the sum) and the picked logit. (It also has an entry for rows in registers: a
+    // row read once streams faster from memory at 32,000 columns and slower at 1000, measured.)
     let k = &p.kernels[0];
-    assert!(k.register_rows.is_none(), "a row read once is not kept: {:?}", k.register_rows.as_ref().map(|r| &r.entry));
+    assert!(k.register_rows.is_some(), "an entry point for rows in registers");
     assert_eq!(src.matches("for (long long j").count(), 1, "{src}");
     assert_eq!(src.matches("in0[rowbase + j").count(), 1, "{src}");
     assert!(src.contains("1 row reduction phase(s) computed once per row"), "{src}");
-    assert!(!src.contains("rows kept in registers"), "{src}");
     // The max and the exp-sum in the one loop, folded as pairs over the row's lanes.
     assert_eq!(src.matches("kf_online_add(om").count(), 1, "{src}");
     assert_eq!(src.matches("kf_row_online(om").count(), 1, "{src}");
