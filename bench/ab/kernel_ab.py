@@ -57,7 +57,6 @@ def tensor(a):
         bufs[key] = t
     return bufs[key]
 
-results = []
 for case in spec:
     src = open(case["file"]).read()
     cubin, log = nvrtc(src, ["--gpu-architecture=sm_90", "--std=c++17", "-default-device", "-Xptxas=-v"] + case.get("opts", []))
@@ -90,4 +89,3 @@ for case in spec:
     row = {"file": case["file"], "median_us": statistics.median(times), "min_us": min(times), "bytes": case.get("bytes"), "check": outs, "ptxas": regs[-2:]}
     if case.get("bytes"): row["gbps"] = case["bytes"] / row["median_us"] / 1e3
     print(json.dumps(row)); sys.stdout.flush()
-    results.append(row)

@@ -129,10 +129,8 @@ impl RowCache {
             return Some(format!("kf_c{input}[{slot}]"));
         }
         // Two columns a word: slot t is the low (even t) or high half of word t / 2.
-        let half = |word: String, high: String| match dtype {
-            DType::BF16 => format!("kf_bf16_to_f32((unsigned short)({word} >> {high}))"),
-            _ => format!("kf_f16_to_f32((unsigned short)({word} >> {high}))"),
-        };
+        let half =
+            |word: String, high: String| cuda::load_conversion(dtype, &format!("(unsigned short)({word} >> {high})"));
         Some(match slot.parse::<u32>() {
             Ok(t) => half(format!("kf_c{input}[{}]", t / 2), (16 * (t % 2)).to_string()),
             Err(_) => half(format!("kf_c{input}[({slot}) >> 1]"), format!("((({slot}) & 1) * 16)")),

@@ -817,7 +817,7 @@ pub(crate) fn domain_note(plan: &RowWise, dom: &str, registers: Option<(u32, u32
         Some((block, max)) if max > block => format!(", in blocks of {block} up to {max} threads as the row needs"),
         _ => String::new(),
     };
-    // The entry for rows in registers, where the kernel has one (a row read twice).
+    // The entry for rows in registers, where the kernel has one (row-shaped inputs to keep).
     let registers = match registers {
         Some(_) => {
             format!("; rows kept in registers: from 1 lane, at most {ROW_CACHE_SLOTS} columns a lane{kept}{blocks}")
