@@ -23,7 +23,7 @@ use std::fmt;
 use std::time::Instant;
 
 use kfuse_ir::{DType, Graph, HostTensor};
-use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg, RuntimeError};
+use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, RuntimeError};
 use serde::Serialize;
 
 use kfuse::exec::CudaProgram;
@@ -463,7 +463,12 @@ pub fn copy_bandwidth(gpu: &Gpu) -> Result<f64, Error> {
     let mut ms = Vec::new();
     for i in 0..13 {
         let a = gpu.record_event()?;
-        gpu.launch(&f, grid, 256, 0, &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n)])?;
+        gpu.launch(
+            &gpu.default_stream(),
+            &f,
+            KernelLaunch::new(grid, 256),
+            &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n)],
+        )?;
         let b = gpu.record_event()?;
         gpu.synchronize()?;
         if i >= 3 {
@@ -539,7 +544,7 @@ fn giou_baseline(
             KernelArg::Buffer(&s.ticket),
             KernelArg::Buffer(&s.loss),
         ];
-        Ok(gpu.launch(&f, grid, 256, 0, &args)?)
+        Ok(gpu.launch(&gpu.default_stream(), &f, KernelLaunch::new(grid, 256), &args)?)
     };
     let first = GiouSet::upload(gpu, pred, target)?;
     launch(&first)?;

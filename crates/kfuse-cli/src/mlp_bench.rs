@@ -14,7 +14,7 @@
 use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{random_input, Rng};
 use kfuse_mlp::{compare_rows, evaluate_cpu, ErrorReport, KernelTier, MlpError, MlpKernelOptions, MlpModel, Tiering};
-use kfuse_runtime::{Gpu, KernelArg};
+use kfuse_runtime::{Gpu, KernelArg, KernelLaunch};
 
 use kfuse::mlp::prepare_tiered;
 use kfuse::Error;
@@ -164,15 +164,26 @@ pub fn measure_ceilings(gpu: &Gpu) -> Result<(f64, f64)> {
     })?;
     let blocks = gpu.sm_count().max(1) * 8;
     let t = time_launches(gpu, 3, 20, || {
-        gpu.launch(&copy, blocks, 256, 0, &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n16)])
-            .map_err(Error::from)
+        gpu.launch(
+            &gpu.default_stream(),
+            &copy,
+            KernelLaunch::new(blocks, 256),
+            &[KernelArg::Buffer(&src), KernelArg::Buffer(&dst), KernelArg::I64(n16)],
+        )
+        .map_err(Error::from)
     })?;
     let copy_gbps = 2.0 * bytes as f64 / (median(t) * 1e-3) / 1e9;
     let mma_blocks = gpu.sm_count().max(1) * 4;
     let sink = gpu.alloc_zeroed(mma_blocks as usize * 256 * 4)?;
     let iters: i32 = 4096;
     let t = time_launches(gpu, 2, 10, || {
-        gpu.launch(&mma, mma_blocks, 256, 0, &[KernelArg::Buffer(&sink), KernelArg::I32(iters)]).map_err(Error::from)
+        gpu.launch(
+            &gpu.default_stream(),
+            &mma,
+            KernelLaunch::new(mma_blocks, 256),
+            &[KernelArg::Buffer(&sink), KernelArg::I32(iters)],
+        )
+        .map_err(Error::from)
     })?;
     let flops = mma_blocks as f64 * 8.0 * iters as f64 * 8.0 * 4096.0;
     Ok((copy_gbps, flops / (median(t) * 1e-3) / 1e12))

@@ -7,7 +7,7 @@ mod common;
 
 use kfuse_codegen::{plan, BufferKind, CodegenOptions, Param, Plan};
 use kfuse_ir::{Graph, HostTensor, TensorData};
-use kfuse_runtime::{testing::gpu_or_skip, DeviceBuffer, Gpu, KernelArg};
+use kfuse_runtime::{testing::gpu_or_skip, DeviceBuffer, Gpu, KernelArg, KernelLaunch};
 
 struct Rng(u64);
 impl Rng {
@@ -53,7 +53,8 @@ fn run(gpu: &Gpu, p: &Plan, sizes: &[u64], inputs: &[Vec<u8>], rounds: usize, ti
                     Param::Grid(j) => KernelArg::I64(i64::from(grids[*j])),
                 })
                 .collect();
-            gpu.launch(&funcs[k], grids[k], kern.block, 0, &args).expect("launch");
+            gpu.launch(&gpu.default_stream(), &funcs[k], KernelLaunch::new(grids[k], kern.block), &args)
+                .expect("launch");
         }
     };
     let mut results = Vec::new();

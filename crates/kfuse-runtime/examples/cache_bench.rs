@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kfuse_runtime::{testing, Arch, CompileOptions, Gpu, KernelArg, KernelCache};
+use kfuse_runtime::{testing, Arch, CompileOptions, Gpu, KernelArg, KernelCache, KernelLaunch};
 
 const SAME_REPEATS: usize = 1000;
 const DISTINCT_SOURCES: u32 = 10;
@@ -143,10 +143,9 @@ fn run_gpu(gpu: &Gpu, phase: &str) -> Result<PhaseResult, String> {
     let n = i64::try_from(N).map_err(|e| e.to_string())?;
     let grid = u32::try_from(N.div_ceil(256)).map_err(|e| e.to_string())?;
     gpu.launch(
+        &gpu.default_stream(),
         &f,
-        grid,
-        256,
-        0,
+        KernelLaunch::new(grid, 256),
         &[KernelArg::Buffer(&out), KernelArg::Buffer(&p), KernelArg::Buffer(&t), KernelArg::I64(n)],
     )
     .map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@
 //!
 //! The door for a framework's memory and streams: [`Gpu::borrow_memory`] wraps a device pointer
 //! the `Gpu` did not allocate (never freed by kfuse), [`Gpu::borrow_stream`] a stream handle it did
-//! not create (never destroyed), and [`Gpu::launch_on`] queues a kernel on any [`Stream`] of the
+//! not create (never destroyed), and [`Gpu::launch`] queues a kernel on any [`Stream`] of the
 //! device with no host synchronisation. Ordering work across streams is then the caller's task.
 //! Does not handle: graphs, peer copies.
 
@@ -235,13 +235,37 @@ pub struct GpuEvent {
     ordinal: usize,
 }
 
-/// How a kernel is launched.
+/// How one kernel is launched: a 1-D grid of `grid` blocks of `block` threads each, with
+/// `shared_bytes` of dynamic shared memory, through `cuLaunchKernel` or, when `cooperative`,
+/// `cuLaunchCooperativeKernel` (every block resident at once, so the kernel may wait on a
+/// grid-wide barrier). [`Gpu::launch`] takes one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum LaunchMode {
-    /// `cuLaunchKernel`.
-    Plain,
-    /// `cuLaunchCooperativeKernel`: every block resident at once.
-    Cooperative,
+pub struct KernelLaunch {
+    /// Blocks in the grid.
+    pub grid: u32,
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory per block, in bytes.
+    pub shared_bytes: u32,
+    /// Whether every block must be resident at once.
+    pub cooperative: bool,
+}
+
+impl KernelLaunch {
+    /// A plain launch of `grid` blocks of `block` threads without dynamic shared memory.
+    pub fn new(grid: u32, block: u32) -> KernelLaunch {
+        KernelLaunch { grid, block, shared_bytes: 0, cooperative: false }
+    }
+
+    /// The same launch with `bytes` of dynamic shared memory per block.
+    pub fn with_shared_bytes(self, bytes: u32) -> KernelLaunch {
+        KernelLaunch { shared_bytes: bytes, ..self }
+    }
+
+    /// The same launch, cooperative.
+    pub fn cooperative(self) -> KernelLaunch {
+        KernelLaunch { cooperative: true, ..self }
+    }
 }
 
 /// Argument values owned for the duration of one launch (the driver reads them by address).
@@ -295,8 +319,8 @@ impl Gpu {
         // SAFETY: this context object is private to this Gpu, and every buffer it allocates is
         // allocated, copied and freed on this Gpu's own stream (buffers carry the Gpu id and other
         // Gpus refuse them), so stream order orders allocation, use and free; a launch on another
-        // stream (`launch_on`) is documented to need its buffers ready and kept alive by the
-        // caller. cudarc's per-buffer events would only add overhead.
+        // stream is documented to need its buffers ready and kept alive by the caller. cudarc's
+        // per-buffer events would only add overhead.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
         let (major, minor) = ctx.compute_capability().map_err(driver("cuDeviceGetAttribute(compute capability)"))?;
@@ -672,49 +696,25 @@ impl Gpu {
             .map_err(self.driver_error("cuMemsetD8Async"))
     }
 
-    /// Launches `f` with a 1-D grid. `shared_bytes` above 48 KiB opts the function in to that
-    /// much dynamic shared memory (up to the device's limit).
+    /// Queues `f` on `stream` (one this Gpu created or borrowed; [`Gpu::default_stream`] is its
+    /// own) as `launch` says, with `args` in the kernel's parameter order, and returns: no host
+    /// synchronisation. This is the one way kfuse launches a kernel. The buffers must be ready
+    /// for `stream` (allocated or written on another stream, they need that stream synchronised
+    /// or ordered first). Dynamic shared memory above 48 KiB opts the function in to that much
+    /// (up to the device's limit); a cooperative grid larger than [`Gpu::max_resident_blocks`]
+    /// is refused with an error, never run.
     pub fn launch(
         &self,
-        f: &GpuFunction,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
-        args: &[KernelArg<'_>],
-    ) -> Result<(), RuntimeError> {
-        self.launch_as(&self.stream, LaunchMode::Plain, f, grid, block, shared_bytes, args)
-    }
-
-    /// [`Gpu::launch`] on `stream` (one this Gpu created or borrowed) instead of the Gpu's own.
-    /// Queues the kernel and returns: no host synchronisation. The buffers must be ready for
-    /// `stream` (allocated or written on another stream, they need that stream synchronised or
-    /// ordered first).
-    pub fn launch_on(
-        &self,
         stream: &Stream,
         f: &GpuFunction,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
+        launch: KernelLaunch,
         args: &[KernelArg<'_>],
     ) -> Result<(), RuntimeError> {
         self.check_owner("stream", stream.gpu_id, stream.ordinal)?;
-        self.launch_as(&stream.stream, LaunchMode::Plain, f, grid, block, shared_bytes, args)
-    }
-
-    /// [`Gpu::launch_cooperative`] on `stream` (see [`Gpu::launch_on`]).
-    pub fn launch_cooperative_on(
-        &self,
-        stream: &Stream,
-        f: &GpuFunction,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
-        args: &[KernelArg<'_>],
-    ) -> Result<(), RuntimeError> {
-        self.check_owner("stream", stream.gpu_id, stream.ordinal)?;
-        self.check_cooperative(f)?;
-        self.launch_as(&stream.stream, LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
+        if launch.cooperative {
+            self.check_cooperative(f)?;
+        }
+        self.launch_as(&stream.stream, f, launch, args)
     }
 
     /// The Gpu's own stream (where `launch`, uploads and downloads go), as a [`Stream`].
@@ -730,7 +730,7 @@ impl Gpu {
 
     /// Wraps a stream that someone else created (for example PyTorch's
     /// `torch.cuda.current_stream().cuda_stream`), so that kernels can be queued on it with
-    /// [`Gpu::launch_on`]. kfuse never destroys it.
+    /// [`Gpu::launch`]. kfuse never destroys it.
     ///
     /// # Safety
     ///
@@ -762,21 +762,6 @@ impl Gpu {
         }
     }
 
-    /// Launches `f` cooperatively (`cuLaunchCooperativeKernel`): the driver guarantees that all
-    /// `grid` blocks are resident at once, so the kernel may wait on a grid-wide barrier; a grid
-    /// larger than [`Gpu::max_resident_blocks`] is refused with an error, never run.
-    pub fn launch_cooperative(
-        &self,
-        f: &GpuFunction,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
-        args: &[KernelArg<'_>],
-    ) -> Result<(), RuntimeError> {
-        self.check_cooperative(f)?;
-        self.launch_as(&self.stream, LaunchMode::Cooperative, f, grid, block, shared_bytes, args)
-    }
-
     fn check_cooperative(&self, f: &GpuFunction) -> Result<(), RuntimeError> {
         if self.cooperative {
             return Ok(());
@@ -805,17 +790,14 @@ impl Gpu {
         Ok(per_sm.saturating_mul(self.sm_count))
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn launch_as(
         &self,
         stream: &Arc<CudaStream>,
-        mode: LaunchMode,
         f: &GpuFunction,
-        grid: u32,
-        block: u32,
-        shared_bytes: u32,
+        launch: KernelLaunch,
         args: &[KernelArg<'_>],
     ) -> Result<(), RuntimeError> {
+        let KernelLaunch { grid, block, shared_bytes, cooperative } = launch;
         self.check_owner("kernel function", f.gpu_id, f.ordinal)?;
         let invalid =
             |reason: String| RuntimeError::InvalidLaunch { fn_name: f.name.to_string(), ordinal: self.ordinal, reason };
@@ -869,11 +851,12 @@ impl Gpu {
         // kernel; a borrowed one is kept alive by the contract of `borrow_memory`), scalars are
         // plain values in `values`, which outlives the launch call. That the argument list
         // matches the kernel's signature is the caller's contract, as in any CUDA launch.
-        let launched = match mode {
-            // SAFETY: as above.
-            LaunchMode::Plain => unsafe { builder.launch(config) },
+        let launched = if cooperative {
             // SAFETY: as above; the driver checks that the grid can be resident at once.
-            LaunchMode::Cooperative => unsafe { builder.launch_cooperative(config) },
+            unsafe { builder.launch_cooperative(config) }
+        } else {
+            // SAFETY: as above.
+            unsafe { builder.launch(config) }
         };
         launched.map(|_| ()).map_err(|error| RuntimeError::Launch {
             fn_name: f.name.to_string(),

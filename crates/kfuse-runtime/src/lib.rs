@@ -36,7 +36,7 @@ pub use device_errors::DeviceViolation;
 pub use error::RuntimeError;
 pub use gpu::{
     driver_available, open_default, preserving_thread_context, DeviceBuffer, Gpu, GpuEvent, GpuFunction, HostElement,
-    KernelArg,
+    KernelArg, KernelLaunch,
 };
 pub use key::{CacheKey, KeyParts, CACHE_FORMAT_VERSION, KFUSE_VERSION};
 pub use kfuse_arch::{Arch, ParseArchError};

@@ -7,7 +7,7 @@ use cudarc::driver::CudaStream;
 
 use crate::RuntimeError;
 
-/// A CUDA stream of one device, on which [`crate::Gpu::launch_on`] queues work. Cheap to clone
+/// A CUDA stream of one device, on which [`crate::Gpu::launch`] queues work. Cheap to clone
 /// (the handle is shared). A stream the `Gpu` created is destroyed when its last clone drops; a
 /// borrowed stream ([`crate::Gpu::borrow_stream`]) never is.
 #[derive(Clone)]

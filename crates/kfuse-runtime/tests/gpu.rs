@@ -2,7 +2,7 @@
 //! `SKIPPED:`) without a device unless `KFUSE_REQUIRE_GPU=1`.
 
 use kfuse_runtime::testing::gpu_or_skip;
-use kfuse_runtime::{Gpu, KernelArg, RuntimeError};
+use kfuse_runtime::{Gpu, KernelArg, KernelLaunch, RuntimeError};
 
 const SCALE_ADD: &str = r#"
 extern "C" __global__ void __launch_bounds__(256) scale_add(
@@ -73,7 +73,7 @@ fn launch_matches_cpu_on_odd_sizes() {
             KernelArg::F32(b),
             KernelArg::I64(i64::try_from(n).expect("n fits")),
         ];
-        gpu.launch(&f, grid, 256, 0, &args).expect("launch");
+        gpu.launch(&gpu.default_stream(), &f, KernelLaunch::new(grid, 256), &args).expect("launch");
         let got = bytes_f32(&gpu.download(&out).expect("download"));
         assert_eq!(got.len(), n);
         for (i, (g, xi)) in got.iter().zip(&x).enumerate() {
@@ -110,12 +110,15 @@ fn large_dynamic_shared_memory_opts_in() {
     let out = gpu.alloc_zeroed(n * 4).expect("alloc");
     gpu.fill(&out, 0xFF).expect("poison");
     let args = [KernelArg::Buffer(&out), KernelArg::Buffer(&xb), KernelArg::I32(i32::try_from(n).expect("fits"))];
-    gpu.launch(&f, 1, 256, shared, &args).expect("launch with 80 KB shared");
+    gpu.launch(&gpu.default_stream(), &f, KernelLaunch::new(1, 256).with_shared_bytes(shared), &args)
+        .expect("launch with 80 KB shared");
     let got = bytes_f32(&gpu.download(&out).expect("download"));
     let want: Vec<f32> = x.iter().rev().copied().collect();
     assert_eq!(got, want);
     let too_much = gpu.max_shared_bytes() + 1024;
-    let err = gpu.launch(&f, 1, 256, too_much, &args).expect_err("over the device limit");
+    let err = gpu
+        .launch(&gpu.default_stream(), &f, KernelLaunch::new(1, 256).with_shared_bytes(too_much), &args)
+        .expect_err("over the device limit");
     assert!(matches!(err, RuntimeError::InvalidLaunch { .. }), "{err}");
 }
 
@@ -134,7 +137,8 @@ fn second_handle_loads_without_recompiling_and_refuses_foreign_buffers() {
     let buf = gpu.alloc_zeroed(16).expect("alloc");
     let err = other.download(&buf).expect_err("foreign buffer");
     assert!(matches!(err, RuntimeError::ForeignHandle { .. }), "{err}");
-    let err = other.launch(&first, 1, 1, 0, &[]).expect_err("foreign function");
+    let err =
+        other.launch(&other.default_stream(), &first, KernelLaunch::new(1, 1), &[]).expect_err("foreign function");
     assert!(matches!(err, RuntimeError::ForeignHandle { .. }), "{err}");
 }
 
@@ -144,7 +148,7 @@ fn missing_function_and_bad_launch_are_errors() {
     let err = gpu.load_kernel(SCALE_ADD, "no_such_kernel").expect_err("missing");
     assert!(matches!(err, RuntimeError::FunctionNotFound { .. }), "{err}");
     let f = gpu.load_kernel(SCALE_ADD, "scale_add").expect("loads");
-    let err = gpu.launch(&f, 0, 256, 0, &[]).expect_err("empty grid");
+    let err = gpu.launch(&gpu.default_stream(), &f, KernelLaunch::new(0, 256), &[]).expect_err("empty grid");
     assert!(matches!(err, RuntimeError::InvalidLaunch { .. }), "{err}");
 }
 
@@ -163,7 +167,7 @@ fn events_time_a_launch() {
         KernelArg::F32(2.0),
         KernelArg::I64(n as i64),
     ];
-    gpu.launch(&f, (n / 256) as u32, 256, 0, &args).expect("launch");
+    gpu.launch(&gpu.default_stream(), &f, KernelLaunch::new((n / 256) as u32, 256), &args).expect("launch");
     let end = gpu.record_event().expect("event");
     let ms = gpu.elapsed_ms(&start, &end).expect("elapsed");
     assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
@@ -201,7 +205,7 @@ fn extra_options_reach_nvrtc_and_key_the_loaded_kernel() {
                 KernelArg::F32(-1.0),
                 KernelArg::I64(i64::try_from(n).expect("n fits")),
             ];
-            gpu.launch(f, grid, 256, 0, &args).expect("launch");
+            gpu.launch(&gpu.default_stream(), f, KernelLaunch::new(grid, 256), &args).expect("launch");
             let got = bytes_f32(&gpu.download(&out).expect("download"));
             assert_eq!(got.len(), n);
             for (i, (g, xi)) in got.iter().zip(&x).enumerate() {

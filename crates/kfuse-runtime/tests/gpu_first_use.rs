@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use kfuse_runtime::testing::gpu_or_skip;
-use kfuse_runtime::{nvrtc_calls_on_this_thread, Gpu, KernelArg, KernelCache};
+use kfuse_runtime::{nvrtc_calls_on_this_thread, Gpu, KernelArg, KernelCache, KernelLaunch};
 
 const FILL: &str = r#"
 extern "C" __global__ void fill_index(int* out, long long n) {
@@ -31,7 +31,8 @@ fn open_and_a_warm_load_ask_nvrtc_nothing() {
     // The device's arch keys the lookup; what NVRTC builds for is asked only on demand.
     assert!(gpu.compile_arch() <= gpu.arch());
     let out = gpu.alloc_long_lived(4 * 1000).expect("allocates");
-    gpu.launch(&f, 4, 256, 0, &[KernelArg::Buffer(&out), KernelArg::I64(1000)]).expect("launches");
+    gpu.launch(&gpu.default_stream(), &f, KernelLaunch::new(4, 256), &[KernelArg::Buffer(&out), KernelArg::I64(1000)])
+        .expect("launches");
     let got: Vec<i32> =
         gpu.download(&out).unwrap().chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     assert_eq!(got, (0..1000).collect::<Vec<i32>>());

@@ -14,7 +14,7 @@ use std::time::Instant;
 use half::slice::HalfFloatSliceExt;
 use kfuse_codegen::{BufferDecl, BufferKind, FoldEntry, Launch, Param, Plan};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
-use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
+use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, Stream};
 
 use crate::{Error, Result, Validation};
 
@@ -259,14 +259,11 @@ impl CudaProgram {
                     Param::Grid(k) => KernelArg::I64(i64::from(grids[k])),
                 })
                 .collect();
-            let step = Instant::now();
-            match k.launch {
-                Launch::Plain => self.gpu.launch_on(stream, f, grid, block, 0, &args)?,
-                Launch::Cooperative => self.gpu.launch_cooperative_on(stream, f, grid, block, 0, &args)?,
-            }
-            if timing::enabled() {
-                timing::log(&format!("launch {} (grid {grid}, block {block})", k.name), step);
-            }
+            let launch = match k.launch {
+                Launch::Plain => KernelLaunch::new(grid, block),
+                Launch::Cooperative => KernelLaunch::new(grid, block).cooperative(),
+            };
+            enqueue(&self.gpu, stream, f, launch, &args)?;
         }
         Ok(())
     }
@@ -463,6 +460,25 @@ impl CudaProgram {
         workspace.retired.extend(replaced.into_iter().flatten());
         Ok(())
     }
+}
+
+/// Queues kernel `f` on `stream` as `launch` says: the one launch path of every kernel the facade
+/// runs (a program's fused kernels, the MLP's fused, generic and tiled forms, the gradient
+/// scaling), through the runtime's one launch call, with a `KFUSE_TIMING` line for each.
+pub(crate) fn enqueue(
+    gpu: &Gpu,
+    stream: &Stream,
+    f: &GpuFunction,
+    launch: KernelLaunch,
+    args: &[KernelArg<'_>],
+) -> Result<()> {
+    let step = Instant::now();
+    gpu.launch(stream, f, launch, args)?;
+    if timing::enabled() {
+        let KernelLaunch { grid, block, shared_bytes, .. } = launch;
+        timing::log(&format!("launch {} (grid {grid}, block {block}, {shared_bytes} B shared)", f.name()), step);
+    }
+    Ok(())
 }
 
 /// Compiles, through `gpu`'s cache and for its arch, those of `sources` that the cache holds

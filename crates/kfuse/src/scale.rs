@@ -8,9 +8,9 @@ use std::sync::OnceLock;
 
 use kfuse_codegen::{scale_by_upstream_source, SCALE_BLOCK};
 use kfuse_ir::DType;
-use kfuse_runtime::{KernelArg, Stream};
+use kfuse_runtime::{KernelArg, KernelLaunch, Stream};
 
-use crate::exec::{check_tensor, DeviceTensor};
+use crate::exec::{check_tensor, enqueue, DeviceTensor};
 use crate::{Engine, Error, Result};
 
 const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -70,6 +70,6 @@ pub fn scale_by_upstream(
         // (every block returns at once) costs little more than the launch.
         let blocks = n.div_ceil(SCALE_BLOCK as usize).min(4 * gpu.sm_count().max(1) as usize) as u32;
         let args = [KernelArg::Buffer(&grad.buffer), KernelArg::Buffer(&upstream.buffer), KernelArg::I64(n as i64)];
-        Ok(gpu.launch_on(stream, &f, blocks, SCALE_BLOCK, 0, &args)?)
+        enqueue(&gpu, stream, &f, KernelLaunch::new(blocks, SCALE_BLOCK), &args)
     })
 }

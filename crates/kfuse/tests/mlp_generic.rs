@@ -9,7 +9,7 @@ use kfuse_ir::{DType, HostTensor};
 use kfuse_mlp::testing::{both, check_16bit, random_input, Case, Numerics, Rng};
 use kfuse_mlp::{compare_rows, evaluate_cpu, ActivationMath};
 use kfuse_runtime::testing::{gpu_or_skip, nvrtc_or_skip};
-use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg};
+use kfuse_runtime::{compile, Arch, CompileOptions, KernelArg, KernelLaunch};
 
 fn cases() -> Vec<Case> {
     use DType::*;
@@ -118,7 +118,13 @@ fn generic_kernel_matches_cpu_interpreter() {
                     KernelArg::Buffer(&params),
                     KernelArg::I64(rows as i64),
                 ];
-                gpu.launch(&f, blocks, generic.block, generic.shared_bytes, &args).expect("launch");
+                gpu.launch(
+                    &gpu.default_stream(),
+                    &f,
+                    KernelLaunch::new(blocks, generic.block).with_shared_bytes(generic.shared_bytes),
+                    &args,
+                )
+                .expect("launch");
                 results.push(gpu.download(&y).expect("download"));
             }
             assert_eq!(results[0], results[1], "{}: a relaunch differs", m.summary());

@@ -26,8 +26,11 @@ use kfuse_mlp::{
     check_input, emit_fast_form, emit_kernel, emit_tiled, CompileEffort, KernelTier, MlpError, MlpKernel,
     MlpKernelOptions, MlpModel, Tiering, TiledPlan,
 };
-use kfuse_runtime::{BackgroundCompile, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, Stream};
+use kfuse_runtime::{
+    BackgroundCompile, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, Stream,
+};
 
+use crate::exec::enqueue;
 use crate::Error;
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -415,10 +418,8 @@ impl PreparedMlp {
                     KernelArg::Buffer(params),
                     KernelArg::I64(rows_i64),
                 ];
-                match stream {
-                    Some(s) => gpu.launch_on(s, function, blocks, geometry.block, geometry.shared_bytes, &args)?,
-                    None => gpu.launch(function, blocks, geometry.block, geometry.shared_bytes, &args)?,
-                }
+                let launch = KernelLaunch::new(blocks, geometry.block).with_shared_bytes(geometry.shared_bytes);
+                enqueue(gpu, stream.unwrap_or(&gpu.default_stream()), function, launch, &args)?;
             }
             Body::Tiled { plan, layers, widths } => {
                 if tier == Some(KernelTier::Fast) {
@@ -454,10 +455,7 @@ impl PreparedMlp {
                         KernelArg::Buffer(b),
                         KernelArg::I64(rows_i64),
                     ];
-                    match stream {
-                        Some(s) => gpu.launch_on(s, f, grid, 256, 0, &args)?,
-                        None => gpu.launch(f, grid, 256, 0, &args)?,
-                    }
+                    enqueue(gpu, stream.unwrap_or(&gpu.default_stream()), f, KernelLaunch::new(grid, 256), &args)?;
                 }
                 // Keep the intermediates alive until the launches that use them have finished.
                 match stream {
