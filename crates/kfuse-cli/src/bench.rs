@@ -22,8 +22,8 @@
 use std::fmt;
 use std::time::Instant;
 
-use kfuse_ir::{DType, Graph, HostTensor};
-use kfuse_runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, RuntimeError};
+use kfuse::runtime::{DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, RuntimeError};
+use kfuse::{DType, Graph, HostTensor};
 use serde::Serialize;
 
 use kfuse::exec::CudaProgram;
@@ -352,12 +352,12 @@ fn bind_sets<S>(
 /// GIoU loss, read for valid boxes only) are left out, so the figure is a lower bound and the
 /// GB/s derived from it never flatter the kernel.
 fn must_touch_bytes(
-    plan: &kfuse_codegen::Plan,
+    plan: &kfuse::Plan,
     outputs: &[(String, HostTensor)],
     inputs: &[(String, HostTensor)],
     graph: &Graph,
 ) -> (u64, Vec<String>) {
-    use kfuse_codegen::{BufferKind, Param};
+    use kfuse::{BufferKind, Param};
     let sz = |t: &HostTensor| (t.len() * t.dtype().size_bytes()) as u64;
     let mut full = std::collections::BTreeSet::new();
     let mut lazy_only = std::collections::BTreeSet::new();

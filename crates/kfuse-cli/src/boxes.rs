@@ -13,7 +13,7 @@
 //! The same batch comes in three layouts: padded (`[B, N, 4]`), lengths (`i32[B]`: valid boxes are
 //! the first `lengths[b]` slots of row b), and packed (`[T, 4]` with `i32[B + 1]` offsets).
 
-use kfuse_ir::{DType, HostTensor, TensorData};
+use kfuse::{DType, HostTensor, TensorData};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use rand_distr::{Distribution, Normal};
 

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use kfuse_runtime::{timing, Gpu, KernelCache};
+use kfuse::runtime::{timing, Gpu, KernelCache};
 use serde::{Deserialize, Serialize};
 
 use kfuse::exec::CudaProgram;
@@ -102,7 +102,7 @@ pub fn run_phase(gpu: &Arc<Gpu>, phase: &str) -> Result<PhaseReport, Error> {
     let inputs = [("pred", &data.pred), ("target", &data.target)];
     let probe = match std::env::var_os("KFUSE_BENCH_DRIVER_PROBE") {
         Some(v) if !v.is_empty() => {
-            kfuse_runtime::env::flag("KFUSE_BENCH_DRIVER_PROBE").map_err(kfuse_runtime::RuntimeError::from)?
+            kfuse::runtime::env::flag("KFUSE_BENCH_DRIVER_PROBE").map_err(kfuse::runtime::RuntimeError::from)?
         }
         _ => true,
     };
@@ -173,7 +173,7 @@ pub fn run_phase(gpu: &Arc<Gpu>, phase: &str) -> Result<PhaseReport, Error> {
 
 /// Opens the default GPU with a cache in `dir` (created empty for the cold phase by the caller).
 pub fn open_with_cache_dir(dir: &Path) -> Result<Arc<Gpu>, Error> {
-    let cache = Arc::new(KernelCache::with_dir(dir, kfuse_runtime::cache::DEFAULT_MAX_BYTES));
+    let cache = Arc::new(KernelCache::with_dir(dir, kfuse::runtime::cache::DEFAULT_MAX_BYTES));
     let ordinal = std::env::var("KFUSE_DEVICE").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0);
     let started = Instant::now();
     let gpu = Gpu::open_with_cache(ordinal, cache)?;

@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use kfuse_ir::{DType, HostTensor};
+use kfuse::{DType, HostTensor};
 
-use kfuse_runtime::Gpu;
+use kfuse::runtime::Gpu;
 
 use kfuse::exec::CudaProgram;
 use kfuse::{Engine, Program};
@@ -78,19 +78,19 @@ pub fn run(batch: usize, max_boxes: usize, gpu: Option<&Arc<Gpu>>) -> anyhow::Re
 /// The MLP part: a model like a user's (widths 32→64→128→96→64→32→16, SiLU, biases, f16
 /// weights) written as model.json + safetensors, run as one fused tensor-core kernel.
 fn mlp_section(gpu: Option<&Gpu>) -> anyhow::Result<()> {
-    use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+    use kfuse::mlp::testing::{random_input, write_model, ModelSpec, Rng};
     println!("kfuse demo: a fully fused MLP (model.json + safetensors, as tools/export_mlp.py writes from PyTorch)");
     let dir = std::env::temp_dir().join(format!("kfuse-demo-mlp-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let mut spec = ModelSpec::new(&[32, 64, 128, 96, 64, 32, 16], "silu");
     spec.with_bias = true;
     let path = write_model(&dir, "demo", &spec)?;
-    let model = kfuse_mlp::MlpModel::load(&path)?;
+    let model = kfuse::mlp::MlpModel::load(&path)?;
     let rows = 16_385; // not a multiple of any tile: the tail is masked, not padded by the caller
     let x = random_input(DType::F16, rows, model.input_width(), &mut Rng::new(1));
     println!("model: {}; {rows} rows in f16", model.summary());
     let t0 = Instant::now();
-    let cpu = kfuse_mlp::evaluate_cpu(&model, &x)?;
+    let cpu = kfuse::mlp::evaluate_cpu(&model, &x)?;
     let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
     match gpu {
         None => println!(
@@ -100,7 +100,7 @@ fn mlp_section(gpu: Option<&Gpu>) -> anyhow::Result<()> {
             let t0 = Instant::now();
             let y = kfuse::mlp::run_gpu(gpu, &model, &x, DType::F16)?;
             let first_ms = t0.elapsed().as_secs_f64() * 1e3;
-            let e = kfuse_mlp::compare_rows(&y.to_f64(), &cpu, model.output_width());
+            let e = kfuse::mlp::compare_rows(&y.to_f64(), &cpu, model.output_width());
             println!(
                 "GPU: first call {first_ms:.1} ms incl. compile or cache load; vs CPU interpreter: rel err {:.2e}, max abs err {:.2e}, worst row {:.2e}",
                 e.rel_err, e.max_abs_err, e.worst_row_rel_err

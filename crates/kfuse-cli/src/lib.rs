@@ -55,14 +55,14 @@ pub enum Error {
     NoScalar { name: String },
 }
 
-impl From<kfuse_runtime::RuntimeError> for Error {
-    fn from(e: kfuse_runtime::RuntimeError) -> Error {
+impl From<kfuse::runtime::RuntimeError> for Error {
+    fn from(e: kfuse::runtime::RuntimeError) -> Error {
         Error::Kfuse(e.into())
     }
 }
 
-impl From<kfuse_interp::InterpError> for Error {
-    fn from(e: kfuse_interp::InterpError) -> Error {
+impl From<kfuse::InterpError> for Error {
+    fn from(e: kfuse::InterpError) -> Error {
         Error::Kfuse(e.into())
     }
 }

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use kfuse::mlp::MlpModel;
 use kfuse::mlp::{self, MlpOptions, MlpProgram};
+use kfuse::runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache, VerifyAction};
 use kfuse::{exec, Engine, HostTensor, Program};
 use kfuse_cli::{bench, boxes, mlp_bench, npy};
-use kfuse_mlp::MlpModel;
-use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Gpu, KernelCache, VerifyAction};
 
 /// Prints a line to stdout; a closed pipe (`kfuse cache list | head`) ends the program quietly
 /// instead of panicking as `println!` would.
@@ -73,12 +73,12 @@ enum LengthsGradientArg {
 }
 
 impl Tuning {
-    fn options(self) -> kfuse_codegen::CodegenOptions {
+    fn options(self) -> kfuse::CodegenOptions {
         let lengths_gradient = match self.lengths_gradient {
-            LengthsGradientArg::TwoKernels => kfuse_codegen::LengthsGradient::TwoKernels,
-            LengthsGradientArg::OnePass => kfuse_codegen::LengthsGradient::OnePass,
+            LengthsGradientArg::TwoKernels => kfuse::LengthsGradient::TwoKernels,
+            LengthsGradientArg::OnePass => kfuse::LengthsGradient::OnePass,
         };
-        kfuse_codegen::CodegenOptions {
+        kfuse::CodegenOptions {
             block_size: self.block_size,
             elems_per_thread: self.elems_per_thread,
             batched_threads_per_sm: self.threads_per_sm,
@@ -329,7 +329,7 @@ fn run(cli: Cli) -> Result<()> {
             let named: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
             let outputs = match open_device(device)? {
                 // The interpreter needs no kernel plan.
-                None => kfuse_interp::run(&graph, &named)?,
+                None => kfuse::interpret(&graph, &named)?,
                 Some(gpu) => exec::CudaProgram::prepare(&gpu, &load(&file)?)?.run(&named)?,
             };
             write_outputs(&outputs, &output)
@@ -347,7 +347,7 @@ fn run(cli: Cli) -> Result<()> {
                 let sizes = parse_dims(&dims)?;
                 bench::random_inputs(p.graph(), &sizes, 0)?
             };
-            let gpu = std::sync::Arc::new(kfuse_runtime::open_default().context("`kfuse bench` times the GPU")?);
+            let gpu = std::sync::Arc::new(kfuse::runtime::open_default().context("`kfuse bench` times the GPU")?);
             let report = bench::run(&gpu, &p, &tensors, &opts)?;
             say!("{report}");
             if let Some(path) = json {
@@ -411,7 +411,7 @@ fn outcome_word(o: CacheOutcome) -> &'static str {
 fn pick_arch(arch: Option<String>) -> Result<Arch> {
     match arch {
         Some(a) => Ok(a.parse()?),
-        None => match kfuse_runtime::open_default() {
+        None => match kfuse::runtime::open_default() {
             Ok(gpu) => Ok(gpu.arch()),
             Err(e) => bail!("no GPU to take the architecture from ({e}); pass --arch, e.g. --arch sm_90"),
         },
@@ -505,7 +505,7 @@ fn cache_command(what: CacheCommand) -> Result<()> {
             let dir =
                 dir.unwrap_or_else(|| std::env::temp_dir().join(format!("kfuse-cache-bench-{}", std::process::id())));
             // A cold start: kfuse's files go; a folder that is not kfuse's is refused.
-            KernelCache::with_dir(&dir, kfuse_runtime::cache::DEFAULT_MAX_BYTES).clear()?;
+            KernelCache::with_dir(&dir, kfuse::runtime::cache::DEFAULT_MAX_BYTES).clear()?;
             let gpu = kfuse_cli::cachebench::open_with_cache_dir(&dir).context("`kfuse cache bench` needs a GPU")?;
             let cold = kfuse_cli::cachebench::run_phase(&gpu, "cold")?;
             drop(gpu);
@@ -585,7 +585,7 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
             };
             let y = match &program {
                 Some(program) => program.forward(&x)?,
-                None => kfuse_mlp::run_cpu_as(&m, &x, out_dtype)?,
+                None => kfuse::mlp::run_cpu_as(&m, &x, out_dtype)?,
             };
             npy::write_npy(&output, &y)?;
             say!("{summary}: {:?} {} -> {}", y.shape, y.dtype(), output.display());
@@ -598,7 +598,7 @@ fn mlp_command(what: MlpCommand) -> Result<()> {
             let loading = std::time::Instant::now();
             let m = MlpModel::load(&model)?;
             let model_load_ms = loading.elapsed().as_secs_f64() * 1e3;
-            let gpu = kfuse_runtime::open_default().context("`kfuse mlp bench` times the GPU")?;
+            let gpu = kfuse::runtime::open_default().context("`kfuse mlp bench` times the GPU")?;
             let d: kfuse::DType = io_dtype.into();
             let tiering = if full_only { mlp::Tiering::FullOnly } else { mlp::Tiering::Background };
             let opts = mlp_bench::BenchOptions { batch, in_dtype: d, out_dtype: d, tiering, ..Default::default() };
@@ -648,15 +648,15 @@ fn load(file: &Path) -> Result<Program> {
 /// Parses and type-checks a `.kf` file, without planning kernels.
 fn parse(file: &Path) -> Result<kfuse::Graph> {
     let source = kfuse::read_source(file)?;
-    Ok(kfuse_lang::parse_program(&source, &file.display().to_string()).map_err(kfuse::Error::from)?)
+    Ok(kfuse::lang::parse_program(&source, &file.display().to_string()).map_err(kfuse::Error::from)?)
 }
 
 /// The GPU to run on (opened once: opening costs a context), or `None` for the CPU interpreter.
 fn open_device(d: DeviceArg) -> Result<Option<std::sync::Arc<Gpu>>> {
     Ok(match d {
         DeviceArg::Cpu => None,
-        DeviceArg::Cuda => Some(std::sync::Arc::new(kfuse_runtime::open_default()?)),
-        DeviceArg::Auto => match kfuse_runtime::open_default() {
+        DeviceArg::Cuda => Some(std::sync::Arc::new(kfuse::runtime::open_default()?)),
+        DeviceArg::Auto => match kfuse::runtime::open_default() {
             Ok(gpu) => Some(std::sync::Arc::new(gpu)),
             Err(e) => {
                 eprintln!("kfuse: no GPU ({e}); running on the CPU interpreter");

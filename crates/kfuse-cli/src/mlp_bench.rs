@@ -11,10 +11,10 @@
 //! one in the driver's compute cache: set `CUDA_CACHE_DISABLE=1`); the report records whether
 //! `CUDA_CACHE_DISABLE=1` was set.
 
-use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::testing::{random_input, Rng};
-use kfuse_mlp::{compare_rows, evaluate_cpu, ErrorReport, KernelTier, MlpError, MlpKernelOptions, MlpModel, Tiering};
-use kfuse_runtime::{Gpu, KernelArg, KernelLaunch};
+use kfuse::mlp::testing::{random_input, Rng};
+use kfuse::mlp::{compare_rows, evaluate_cpu, ErrorReport, KernelTier, MlpError, MlpKernelOptions, MlpModel, Tiering};
+use kfuse::runtime::{Gpu, KernelArg, KernelLaunch};
+use kfuse::{DType, HostTensor};
 
 use kfuse::mlp::prepare_tiered;
 use kfuse::Error;
@@ -211,7 +211,7 @@ fn check_subsample(
 
 fn download_output(
     gpu: &Gpu,
-    y: &kfuse_runtime::DeviceBuffer,
+    y: &kfuse::runtime::DeviceBuffer,
     dtype: DType,
     rows: usize,
     width: usize,

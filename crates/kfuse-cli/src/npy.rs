@@ -11,8 +11,8 @@ use std::io::{BufWriter, Read as _};
 use std::path::{Path, PathBuf};
 
 use half::{bf16, f16};
-use kfuse_ir::{DType, HostTensor, TensorData};
-use kfuse_lang::files::{self, FileError};
+use kfuse::lang::files::{self, FileError};
+use kfuse::{DType, HostTensor, TensorData};
 use npyz::WriterBuilder;
 
 /// The first six bytes of every `.npy` file.

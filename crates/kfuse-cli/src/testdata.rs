@@ -6,7 +6,7 @@
 //! about a third of the target slots zeroed as padding. Lengths inputs get values in `0..=N`
 //! (empty and full rows included), offsets a random non-decreasing partition of `T`.
 
-use kfuse_ir::{Constraint, DType, Dim, Graph, HostTensor, InputId, Kind};
+use kfuse::{Constraint, DType, Dim, Graph, HostTensor, InputId, Kind};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use crate::Error;

@@ -38,7 +38,7 @@ fn bad_rotate_sets_fail_before_the_gpu_is_opened() {
 
 #[test]
 fn bench_without_a_gpu_is_a_clear_error() {
-    if kfuse_runtime::driver_available() {
+    if kfuse::runtime::driver_available() {
         println!("SKIPPED: bench_without_a_gpu_is_a_clear_error: a CUDA driver is present, so the no-GPU error cannot be seen");
         return;
     }
@@ -84,7 +84,7 @@ fn check_timed(t: &serde_json::Value, sets: Option<u64>, what: &str) {
 
 #[test]
 fn bench_times_three_modes_and_checks_the_rotated_sets() {
-    let Some(gpu) = kfuse_runtime::testing::gpu_or_skip("bench_times_three_modes_and_checks_the_rotated_sets") else {
+    let Some(gpu) = kfuse::runtime::testing::gpu_or_skip("bench_times_three_modes_and_checks_the_rotated_sets") else {
         return;
     };
     drop(gpu);

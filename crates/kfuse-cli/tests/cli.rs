@@ -154,7 +154,7 @@ fn tensor_outputs_land_in_the_output_folder() {
 
 #[test]
 fn no_gpu_and_no_nvrtc_are_clear_errors() {
-    if kfuse_runtime::driver_available() {
+    if kfuse::runtime::driver_available() {
         println!("SKIPPED: no_gpu_and_no_nvrtc_are_clear_errors: a CUDA driver is present, so the no-GPU error cannot be seen");
         return;
     }
@@ -179,7 +179,7 @@ fn no_gpu_and_no_nvrtc_are_clear_errors() {
         .env("KFUSE_CACHE_DIR", d.path().join("cache"))
         .output()
         .unwrap();
-    if kfuse_runtime::nvrtc_available() && out.status.success() {
+    if kfuse::runtime::nvrtc_available() && out.status.success() {
         println!("SKIPPED: the no-NVRTC half: libnvrtc is found without LD_LIBRARY_PATH on this machine");
         return;
     }
@@ -195,21 +195,21 @@ fn no_gpu_and_no_nvrtc_are_clear_errors() {
 /// (no such line). Both results match the CPU interpreter.
 #[test]
 fn mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached() {
-    let Some(gpu) = kfuse_runtime::testing::gpu_or_skip(
+    let Some(gpu) = kfuse::runtime::testing::gpu_or_skip(
         "mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cached",
     ) else {
         return;
     };
     drop(gpu);
-    use kfuse_mlp::testing::{random_input, write_model, ModelSpec, Rng};
+    use kfuse::mlp::testing::{random_input, write_model, ModelSpec, Rng};
     let d = tempfile::tempdir().unwrap();
     let model_path = write_model(d.path(), "m", &ModelSpec::new(&[24, 48, 48, 8], "silu")).unwrap();
-    let model = kfuse_mlp::MlpModel::load(&model_path).unwrap();
+    let model = kfuse::mlp::MlpModel::load(&model_path).unwrap();
     let (mut rng, seed) = Rng::from_time();
     println!("seed {seed}");
     let x = random_input(DType::F16, 255, 24, &mut rng);
     let xp = write(d.path(), "x.npy", &x);
-    let want = kfuse_mlp::evaluate_cpu(&model, &x).unwrap();
+    let want = kfuse::mlp::evaluate_cpu(&model, &x).unwrap();
     let mut lines = Vec::new();
     for phase in ["cold", "warm"] {
         let out_path = d.path().join(format!("y_{phase}.npy"));
@@ -237,7 +237,7 @@ fn mlp_run_answers_cold_from_the_fast_form_and_leaves_the_optimised_kernel_cache
             assert!(err.contains("for the next run"), "{err}");
         }
         let got = npy::read_npy(&out_path).unwrap();
-        let e = kfuse_mlp::compare_rows(&got.to_f64(), &want, 8);
+        let e = kfuse::mlp::compare_rows(&got.to_f64(), &want, 8);
         println!("{phase}: {e:?}");
         assert!(e.non_finite == 0 && e.rel_err <= 1e-2, "{phase}: {e:?}");
         lines.push(String::from_utf8_lossy(&out.stdout).split("->").next().unwrap_or_default().to_string());

@@ -17,7 +17,7 @@ fn compile_at(engine: &Engine, src: &str, origin: &str, dtype: DType) -> Program
     p.with_input_dtypes(&dtypes).unwrap_or_else(|e| panic!("{origin}: {e}"))
 }
 
-fn engine_of(gpu: &kfuse_runtime::Gpu) -> Engine {
+fn engine_of(gpu: &kfuse::runtime::Gpu) -> Engine {
     Engine::with_cache(gpu.cache().clone())
 }
 
@@ -68,7 +68,7 @@ fn fresh_seed() -> u64 {
     })
 }
 
-fn check(gpu: &Arc<kfuse_runtime::Gpu>, p: &Program, sizes: &[u64], seed: u64, dtype: DType) {
+fn check(gpu: &Arc<kfuse::runtime::Gpu>, p: &Program, sizes: &[u64], seed: u64, dtype: DType) {
     let inputs = testdata::random_inputs_for(p.graph(), sizes, seed).unwrap();
     let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let want = p.run_cpu(&named).unwrap_or_else(|e| panic!("{} {sizes:?}: interpreter: {e}", p.origin()));
@@ -135,10 +135,8 @@ fn every_example_matches_the_interpreter_on_the_gpu() {
                 // An offsets input holds S = B + 1 >= 1 boundaries, and with no segment (S = 1)
                 // there is no packed row either (T = 0).
                 for c in &p.graph().constraints {
-                    if let (
-                        kfuse_ir::Constraint::Offsets { total: kfuse_ir::Dim::Sym(t), .. },
-                        Some(kfuse_ir::Dim::Sym(s)),
-                    ) = (c, p.graph().input(c.input()).shape.0.first())
+                    if let (kfuse::Constraint::Offsets { total: kfuse::Dim::Sym(t), .. }, Some(kfuse::Dim::Sym(s))) =
+                        (c, p.graph().input(c.input()).shape.0.first())
                     {
                         sizes[s.0 as usize] = sizes[s.0 as usize].max(1);
                         if sizes[s.0 as usize] == 1 {
@@ -179,8 +177,8 @@ fn giou_on_a_seed_like_batch_agrees_to_1e5() {
 fn a_new_batch_size_never_recompiles() {
     let Some(shared) = gpu_or_skip("a_new_batch_size_never_recompiles") else { return };
     // A private cache, so that kernels compiled by tests running beside this one don't count.
-    let cache = std::sync::Arc::new(kfuse_runtime::KernelCache::memory_only());
-    let gpu = Arc::new(kfuse_runtime::Gpu::open_with_cache(shared.ordinal(), cache).unwrap());
+    let cache = std::sync::Arc::new(kfuse::runtime::KernelCache::memory_only());
+    let gpu = Arc::new(kfuse::runtime::Gpu::open_with_cache(shared.ordinal(), cache).unwrap());
     let src = std::fs::read_to_string(common::examples_dir().join("giou_train.kf")).unwrap();
     let p = Program::compile(&engine_of(&gpu), &src, "examples/giou_train.kf").unwrap();
     let prog = CudaProgram::prepare(&gpu, &p).unwrap();
@@ -217,7 +215,7 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
     let Some(gpu) = gpu_or_skip("tuned_plans_match_the_interpreter_on_the_gpu") else { return };
     let gpu = Arc::new(gpu);
     let engine = engine_of(&gpu);
-    use kfuse_codegen::{CodegenOptions, LengthsGradient};
+    use kfuse::{CodegenOptions, LengthsGradient};
     let tunings = [
         CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..CodegenOptions::default() },
         CodegenOptions::default(),
@@ -309,7 +307,7 @@ const ROW_PROGRAMS: &[(&str, &str)] = &[
 /// Each program of `programs` in f32 and bf16 at each `(rows, cols)` of `rows_by_cols` (a rank-3
 /// program gets its sizes from `rank3`), against the interpreter: the number of cases.
 fn check_programs(
-    gpu: &Arc<kfuse_runtime::Gpu>,
+    gpu: &Arc<kfuse::runtime::Gpu>,
     programs: &[(&str, &str)],
     rows_by_cols: &[(u64, u64)],
     rank3: impl Fn(u64, u64) -> Vec<u64>,
@@ -376,7 +374,7 @@ fn row_reductions_match_the_interpreter_at_odd_row_counts_and_lengths() {
     for (block_size, program) in [(64, 1), (1024, 1), (64, 2), (1024, 2)] {
         let (what, src) = ROW_PROGRAMS[program];
         let p = compile_at(&engine, src, what, DType::F32);
-        let opts = kfuse_codegen::CodegenOptions { block_size, ..Default::default() };
+        let opts = kfuse::CodegenOptions { block_size, ..Default::default() };
         let p = p.with_codegen(opts).unwrap();
         for (k, sizes) in [[33u64, 4097], [1023, 1000], [7, 1024], [3, 100_003]].into_iter().enumerate() {
             check(&gpu, &p, &sizes, fresh_seed() + 100 + k as u64, DType::F32);

@@ -3,11 +3,11 @@
 //! through `run_gpu`, subsampled. Skips without a GPU unless KFUSE_REQUIRE_GPU=1.
 
 use kfuse::mlp::run_gpu;
+use kfuse::mlp::testing::{check_16bit, random_input, write_model, ModelSpec, Numerics, Rng};
+use kfuse::mlp::{compare_rows, evaluate_cpu, MlpModel};
+use kfuse::runtime::testing::gpu_or_skip;
+use kfuse::{DType, HostTensor};
 use kfuse_cli::mlp_bench::{bench_gpu, BenchOptions};
-use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::testing::{check_16bit, random_input, write_model, ModelSpec, Numerics, Rng};
-use kfuse_mlp::{compare_rows, evaluate_cpu, MlpModel};
-use kfuse_runtime::testing::gpu_or_skip;
 
 /// Named tolerance: per-row worst relative error for f16/bf16 storage between layers.
 const TOL_16BIT: f64 = 1e-2;

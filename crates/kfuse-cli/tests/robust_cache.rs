@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kfuse_runtime::testing::nvrtc_or_skip;
+use kfuse::runtime::testing::nvrtc_or_skip;
 
 mod common;
 use common::{kfuse_exe, stdout};

@@ -482,7 +482,7 @@ fn the_nvrtc_library_named_by_path_compiles_without_the_library_search_path() {
     // What the Python package does for its NVRTC wheel: name the library file and leave
     // LD_LIBRARY_PATH alone; kfuse loads it (and its builtins, from the same folder) to compile.
     let test = "the_nvrtc_library_named_by_path_compiles_without_the_library_search_path";
-    if kfuse_runtime::testing::nvrtc_or_skip(test).is_none() {
+    if kfuse::runtime::testing::nvrtc_or_skip(test).is_none() {
         return;
     }
     // The file this process loaded NVRTC from (the tier gate above loaded it).

@@ -37,14 +37,30 @@ pub use exec::DeviceTensor;
 pub use program::{read_source, BuildTarget, DeviceBinding, KernelBuild, Program};
 pub use scale::scale_by_upstream;
 
-pub use kfuse_codegen::{CodegenOptions, LengthsGradient, Plan};
-pub use kfuse_interp::InterpError;
+pub use kfuse_codegen::{BufferKind, CodegenOptions, LengthsGradient, Param, Plan};
+pub use kfuse_interp::{run as interpret, InterpError};
 pub use kfuse_ir::{
-    BindError, Constraint, DType, Dim, Graph, HostTensor, InputId, Interface, LayoutConstraint, Shape, TensorData,
-    TensorDecl,
+    BindError, Constraint, DType, Dim, Graph, HostTensor, InputId, Interface, Kind, LayoutConstraint, Shape,
+    TensorData, TensorDecl,
 };
 pub use kfuse_lang::Diagnostic;
 pub use kfuse_passes::{vjp, with_gradients, DeriveError, Derived};
 pub use kfuse_runtime::{
     preserving_thread_context, Arch, CacheOutcome, DeviceBuffer, Gpu, KernelCache, ParseArchError, RuntimeError, Stream,
 };
+
+/// The language's parser and file readers, for tools that work on `.kf` text below a [`Program`].
+pub mod lang {
+    pub use kfuse_lang::{files, parse_program};
+}
+
+/// The runtime below the executor, for tools that launch their own kernels (the CLI's bandwidth
+/// and tensor-core probes) or manage the cache: devices, the one launch call, NVRTC, the
+/// environment settings and the test tiers' helpers.
+pub mod runtime {
+    pub use kfuse_runtime::{
+        cache, compile, driver_available, env, nvrtc_available, open_default, preserving_thread_context, testing,
+        timing, Arch, CacheOutcome, CompileOptions, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelCache,
+        KernelLaunch, RuntimeError, Stream, VerifyAction,
+    };
+}

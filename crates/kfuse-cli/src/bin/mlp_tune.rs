@@ -24,12 +24,12 @@
 
 use std::io::Write;
 
-use kfuse_cli::mlp_bench::{bench_gpu, BenchOptions};
-use kfuse_mlp::testing::{write_model, ModelSpec};
-use kfuse_mlp::{
+use kfuse::mlp::testing::{write_model, ModelSpec};
+use kfuse::mlp::{
     emit_kernel, ActivationMath, ChunkOrder, CompileEffort, HiddenAccumulator, MlpKernelOptions, MlpModel,
     RepeatedLayers, TensorInstructions, Tiering,
 };
+use kfuse_cli::mlp_bench::{bench_gpu, BenchOptions};
 
 /// One kernel variant; `None` = the generator's default.
 #[derive(Clone, Copy, Debug)]
@@ -154,10 +154,10 @@ fn dump(
     std::fs::create_dir_all(dir)?;
     for (n, v) in variants.iter().enumerate() {
         let kernel = emit_kernel(model, &v.options())?;
-        let mut opts = kfuse_runtime::CompileOptions::for_arch(kernel.target(kfuse_runtime::Arch::new(9, 0)));
+        let mut opts = kfuse::runtime::CompileOptions::for_arch(kernel.target(kfuse::runtime::Arch::new(9, 0)));
         opts.extra = kernel.nvrtc_options.clone();
         opts.extra.push("--ptxas-options=-v".to_string());
-        let m = kfuse_runtime::compile(&kernel.source, &opts)?;
+        let m = kfuse::runtime::compile(&kernel.source, &opts)?;
         let stem = format!(
             "{name}_{n}_w{}_r{}_{}",
             kernel.warps,
@@ -232,7 +232,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             dump(std::path::Path::new(&d), name, &MlpModel::load(write_model(tmp.path(), name, &spec)?)?, variants)?;
         }
     }
-    let gpu = match kfuse_runtime::open_default() {
+    let gpu = match kfuse::runtime::open_default() {
         Ok(g) => g,
         Err(e) => {
             println!("SKIPPED: no GPU ({e})");

@@ -19,10 +19,13 @@ pub mod launcher;
 use std::sync::Arc;
 
 use kfuse_ir::{DType, HostTensor};
-use kfuse_mlp::MlpKernelOptions;
 use kfuse_runtime::{DeviceBuffer, Gpu, Stream};
 
-pub use kfuse_mlp::{run_cpu, KernelTier, MlpError, MlpModel, Tiering};
+pub use kfuse_mlp::{
+    compare_rows, emit_kernel, evaluate_cpu, run_cpu, run_cpu_as, testing, ActivationMath, ChunkOrder, CompileEffort,
+    ErrorReport, HiddenAccumulator, KernelTier, MlpError, MlpKernelOptions, MlpModel, RepeatedLayers,
+    TensorInstructions, Tiering,
+};
 pub use launcher::{prepare, prepare_tiered, prepare_with, run_gpu, run_prepared, PreparedMlp, TierReady};
 
 use crate::Error;
