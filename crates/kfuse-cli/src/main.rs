@@ -83,6 +83,7 @@ impl Tuning {
             elems_per_thread: self.elems_per_thread,
             batched_threads_per_sm: self.threads_per_sm,
             lengths_gradient,
+            strided_inputs: Vec::new(),
         }
     }
 }
@@ -101,6 +102,10 @@ enum Command {
         file: PathBuf,
         #[command(flatten)]
         tuning: Tuning,
+        /// Read input NAME through strides given at launch, as for a view that is not contiguous
+        /// (repeat for each input).
+        #[arg(long = "strided", value_name = "NAME")]
+        strided: Vec<String>,
     },
     /// Run a .kf file: tensor outputs go to DIR/NAME.npy, scalars are printed as `NAME = VALUE`.
     Run {
@@ -313,8 +318,20 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Emit { file, tuning } => {
-            let p = load(&file)?.with_codegen(tuning.options())?;
+        Command::Emit { file, tuning, strided } => {
+            let mut p = load(&file)?.with_codegen(tuning.options())?;
+            if !strided.is_empty() {
+                let inputs = &p.interface().inputs;
+                let known = || inputs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ");
+                let indices = strided
+                    .iter()
+                    .map(|name| match inputs.iter().position(|d| d.name == *name) {
+                        Some(i) => Ok(i as u32),
+                        None => Err(anyhow!("--strided {name}: no such input (inputs: {})", known())),
+                    })
+                    .collect::<Result<Vec<u32>>>()?;
+                p = p.reading_strided(&indices)?;
+            }
             for (source, _) in p.plan().kernels.iter().flat_map(|k| k.entries()) {
                 say!("{source}");
             }

@@ -226,6 +226,7 @@ fn tuned_plans_match_the_interpreter_on_the_gpu() {
             batched_threads_per_sm: 512,
             elems_per_thread: 8,
             lengths_gradient: LengthsGradient::TwoKernels,
+            ..CodegenOptions::default()
         },
     ];
     let mut cases = 0;

@@ -15,7 +15,7 @@
 //! result is used (see `emit`).
 //! Not handled here: anything about CUDA text (see `emit` and `kernel`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kfuse_ir::{BinaryOp, Dim, Graph, NodeId, Op, ReduceAxis, ReduceOp};
 
@@ -110,6 +110,8 @@ pub(crate) struct Analysis {
     /// for later kernels to read instead of reducing the rows again: node -> the kernel that
     /// stores it (set by `shapes::row_wise::plan_rows`; their buffers are in `temps`).
     pub row_values: BTreeMap<NodeId, usize>,
+    /// The inputs read through strides given at launch (`CodegenOptions::strided_inputs`).
+    pub strided: BTreeSet<u32>,
 }
 
 /// How many partial slots a full reduction needs (`mean` keeps a sum and a count).
@@ -134,7 +136,7 @@ pub(crate) fn has_row_results(g: &Graph, info: &KernelInfo) -> bool {
 
 /// Plans the kernels of a verified graph; `defer` moves row results into the kernels of their
 /// rows' elements (see [`defer_row_results`]).
-pub(crate) fn analyse(g: &Graph, defer: bool) -> Result<Analysis, CodegenError> {
+pub(crate) fn analyse(g: &Graph, defer: bool, strided: &[u32]) -> Result<Analysis, CodegenError> {
     let live = g.live_nodes();
     let mut level = vec![0u32; g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -236,7 +238,7 @@ pub(crate) fn analyse(g: &Graph, defer: bool) -> Result<Analysis, CodegenError> 
         temps.insert(n, t);
         kernels[h].temp_writes.push(n);
     }
-    Ok(Analysis { kernels, home, temps, row_values: BTreeMap::new() })
+    Ok(Analysis { kernels, home, temps, row_values: BTreeMap::new(), strided: strided.iter().copied().collect() })
 }
 
 /// A sink keyed by its kernel's (level, domain), with its component count.

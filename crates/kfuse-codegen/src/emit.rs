@@ -945,6 +945,15 @@ impl<'a> Emitter<'a> {
         let node = self.g.node(n);
         let (dtype, dims) = (node.dtype, node.shape.dims().to_vec());
         let name = format!("in{input}");
+        if self.an.is_some_and(|an| an.strided.contains(&input)) {
+            // Read through the launch's strides: no vectors, no row cache, no batched loads.
+            let off = self.strided_offset(input, ctx);
+            self.note_conversion(dtype);
+            let depth = self.target_depth(ctx);
+            let note = format!("{} {dtype}, strided", self.g.inputs[input as usize].name);
+            let e = cuda::load_conversion(dtype, &format!("{name}[{off}]"));
+            return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
+        }
         let lengths_bound = self.lengths_bound(input);
         if let (None, Some(Dim::Const(c)), Some(Coord::Const(k))) = (lengths_bound, dims.last(), ctx.last()) {
             if let Some(vty) = cuda::vector_type(dtype, *c) {
@@ -990,6 +999,25 @@ impl<'a> Emitter<'a> {
             self.blocks[depth].lines.push(crate::check::lengths_check(input, &off, &v, &bound));
         }
         Ok(v)
+    }
+
+    /// The element offset of `ctx` in strided input `input`: each coordinate times its axis's
+    /// stride argument (`st<input>_<axis>`, see `Param::Stride`).
+    fn strided_offset(&mut self, input: u32, ctx: &[Coord]) -> String {
+        let mut terms = Vec::with_capacity(ctx.len());
+        for (a, c) in ctx.iter().enumerate() {
+            if *c == Coord::Const(0) {
+                continue;
+            }
+            let c = self.coord(c);
+            let c = if c.contains(' ') { format!("({c})") } else { c };
+            terms.push(format!("{c} * st{input}_{a}"));
+        }
+        if terms.is_empty() {
+            "0".to_string()
+        } else {
+            terms.join(" + ")
+        }
     }
 
     /// The register of the row cache that holds input `input` (of shape `dims`) at `ctx`, when

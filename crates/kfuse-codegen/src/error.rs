@@ -26,6 +26,10 @@ pub enum CodegenError {
     /// refused rather than replaced.
     #[error("block size {block_size} cannot be honoured by the one-launch lengths-gradient plan (the rows plan), whose blocks have {rows_block} threads: use the default block size or {rows_block}, or plan the gradient as two kernels (`--lengths-gradient two-kernels`)")]
     RowsPlanBlockSize { block_size: u32, rows_block: u32 },
+    /// `CodegenOptions::strided_inputs` names an input the graph does not have, or a lengths or
+    /// offsets input (whose values the kernels read as one contiguous array).
+    #[error("input #{input} cannot be read through strides: {why}")]
+    StridedInput { input: u32, why: &'static str },
     /// A constant size product overflows `u64`.
     #[error("the constant part of a size at node v{node} overflows 64 bits")]
     SizeOverflow { node: u32 },

@@ -425,6 +425,10 @@ pub(crate) fn tuning_note(opts: &CodegenOptions) -> String {
     if opts.batched_threads_per_sm != default.batched_threads_per_sm {
         let _ = write!(note, ", batched_threads_per_sm={}", opts.batched_threads_per_sm);
     }
+    if !opts.strided_inputs.is_empty() {
+        let inputs: Vec<String> = opts.strided_inputs.iter().map(|i| format!("in{i}")).collect();
+        let _ = write!(note, ", strided inputs {}", inputs.join(" "));
+    }
     note
 }
 

@@ -144,7 +144,18 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     let (interface, hash) = (kfuse_ir::Interface::of(graph), graph.stable_hash());
     let stored = stores_through_reshapes(graph);
     let graph = stored.as_ref().unwrap_or(graph);
-    let mut an = analysis::analyse(graph, true)?;
+    for (k, &input) in opts.strided_inputs.iter().enumerate() {
+        let why = match graph.inputs.get(input as usize) {
+            _ if k > 0 && opts.strided_inputs[k - 1] >= input => "the list is not in ascending order",
+            None => "the graph has no such input",
+            Some(_) if graph.constraints.iter().any(|c| c.input().0 == input) => {
+                "it holds lengths or offsets, which the kernels read as one contiguous array"
+            }
+            Some(_) => continue,
+        };
+        return Err(CodegenError::StridedInput { input, why });
+    }
+    let mut an = analysis::analyse(graph, true, &opts.strided_inputs)?;
 
     let mut buffers = Vec::new();
     for (i, inp) in graph.inputs.iter().enumerate() {
@@ -171,7 +182,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         r.plan.as_ref().is_some_and(|p| p.case == shapes::row_wise::RowCase::Elements)
     };
     if an.kernels.iter().zip(&rows).any(|(info, r)| analysis::has_row_results(graph, info) && !computes_rows(r)) {
-        an = analysis::analyse(graph, false)?;
+        an = analysis::analyse(graph, false, &opts.strided_inputs)?;
         pass = onepass::detect(graph, &an, opts.lengths_gradient);
         rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
     }
@@ -341,7 +352,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         let f = kernel::emit_kernel(graph, (&an, None, Some(fold)), k, launched, opts, &hash, &index)?;
         kernels[k].fold = Some(FoldEntry { source: f.source, entry: f.name, params: f.params, after });
     }
-    Ok(Plan { graph_hash: hash, interface, buffers, kernels })
+    Ok(Plan { graph_hash: hash, interface, buffers, kernels, strided_inputs: opts.strided_inputs.clone() })
 }
 
 /// Emits `__device__ __forceinline__ float fn_name(float in0, ...)` computing the single scalar

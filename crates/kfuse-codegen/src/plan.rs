@@ -25,6 +25,12 @@ pub struct CodegenOptions {
     pub batched_threads_per_sm: u32,
     /// How a gradient masked by `mask(lengths)` and scaled by a full reduction is planned.
     pub lengths_gradient: LengthsGradient,
+    /// The inputs (graph input indices, ascending) that the kernels read through strides given at
+    /// launch ([`Param::Stride`]), so that a framework's views (transposed, sliced, expanded with
+    /// stride 0) are read in place: any strides, with no recompile for a new pattern. The others
+    /// are contiguous and row-major, read as flat arrays (vector loads, rows kept in registers).
+    /// Lengths and offsets inputs are always contiguous (`CodegenError::StridedInput`).
+    pub strided_inputs: Vec<u32>,
 }
 
 impl Default for CodegenOptions {
@@ -34,6 +40,7 @@ impl Default for CodegenOptions {
             elems_per_thread: 4,
             batched_threads_per_sm: 1024,
             lengths_gradient: LengthsGradient::OnePass,
+            strided_inputs: Vec::new(),
         }
     }
 }
@@ -67,6 +74,9 @@ pub struct Plan {
     /// The kernels, to be launched in this order on one stream (each may read what an earlier
     /// one wrote into a [`BufferKind::Temp`]).
     pub kernels: Vec<Kernel>,
+    /// The inputs its kernels read through strides ([`CodegenOptions::strided_inputs`]); the
+    /// others must be contiguous and row-major, and 16-byte aligned (see [`BufferDecl`]).
+    pub strided_inputs: Vec<u32>,
 }
 
 /// One device buffer.
@@ -353,6 +363,9 @@ pub enum Param {
     /// The grid size (blocks) of kernel `index` of the same launch, as a signed 64-bit integer:
     /// the rows of the [`BufferKind::ColumnPartials`] that kernel wrote (a [`FoldEntry`]'s).
     Grid(usize),
+    /// The stride, in elements, of axis `axis` of input `input` (one of
+    /// [`CodegenOptions::strided_inputs`]), as a signed 64-bit integer.
+    Stride { input: InputId, axis: u32 },
 }
 
 /// The words (`u64`) of the error record a checking kernel writes ([`Param::ErrorRecord`]), in

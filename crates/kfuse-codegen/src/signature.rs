@@ -1,12 +1,13 @@
 //! A kernel's parameter list: the buffers it reads and writes, in buffer order (inputs,
-//! outputs, Temp values, the one-pass list, partials and counter), then the sizes, each with
-//! the declaration and the comment of its line in the signature.
+//! outputs, Temp values, the one-pass list, partials and counter), then the sizes and the
+//! strides of inputs read through them, each with the declaration and the comment of its line in
+//! the signature.
 //!
 //! Not handled here: the signature's text (see `kernel`).
 
 use std::collections::BTreeSet;
 
-use kfuse_ir::{Graph, NodeId};
+use kfuse_ir::{Graph, InputId, NodeId};
 
 use crate::analysis::Analysis;
 use crate::buffers::BufferIndex;
@@ -124,6 +125,16 @@ pub(crate) fn params(
     }
     for &s in &uses.syms {
         params.push((Param::Size(s), format!("long long sz{}", s.0), format!("size {}", g.symbols[s.0 as usize])));
+    }
+    for &i in uses.inputs.iter().filter(|i| an.strided.contains(i)) {
+        let inp = &g.inputs[i as usize];
+        for axis in 0..inp.shape.dims().len() as u32 {
+            params.push((
+                Param::Stride { input: InputId(i), axis },
+                format!("long long st{i}_{axis}"),
+                format!("stride of axis {axis} of {} (elements)", inp.name),
+            ));
+        }
     }
     if let Some((_, Some(writer))) = column_partials {
         params.push((

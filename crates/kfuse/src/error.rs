@@ -36,6 +36,10 @@ pub enum Error {
     /// A device tensor handed to `launch` whose buffer is smaller than its shape and dtype need.
     #[error("{role} `{name}` is {dtype}{shape:?} ({want} bytes), but its buffer holds only {bytes} bytes")]
     BufferTooSmall { role: &'static str, name: String, dtype: DType, shape: Vec<usize>, want: u64, bytes: usize },
+    /// A device tensor's strides that do not fit its shape, or a view that is not contiguous
+    /// handed to kernels that read that input as a contiguous array.
+    #[error("{role} `{name}`: {why}")]
+    Strides { role: &'static str, name: String, why: String },
     /// `launch` given another number of output tensors than the program has outputs.
     #[error("{origin}: {got} output tensors given, but the program has {want} outputs ({names})")]
     OutputCount { origin: String, got: usize, want: usize, names: String },

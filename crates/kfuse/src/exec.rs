@@ -19,12 +19,76 @@ use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLau
 use crate::{Error, Result, Validation};
 
 /// A tensor in device memory: a buffer (usually borrowed from a framework with
-/// [`Gpu::borrow_memory`]), its dtype and its row-major, contiguous shape.
+/// [`Gpu::borrow_memory`]), its dtype, its shape and, for a view that is not contiguous and
+/// row-major (transposed, sliced, expanded with stride 0), its strides. Outputs are contiguous.
 #[derive(Debug)]
 pub struct DeviceTensor {
     pub buffer: DeviceBuffer,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// The stride of each axis, in elements, from the buffer's start; `None`: contiguous and
+    /// row-major.
+    pub strides: Option<Vec<usize>>,
+}
+
+impl DeviceTensor {
+    /// A contiguous, row-major tensor.
+    pub fn contiguous(buffer: DeviceBuffer, dtype: DType, shape: Vec<usize>) -> DeviceTensor {
+        DeviceTensor { buffer, dtype, shape, strides: None }
+    }
+
+    /// Whether its elements are contiguous and row-major (see [`is_contiguous`]).
+    pub fn is_contiguous(&self) -> bool {
+        self.strides.as_ref().is_none_or(|s| is_contiguous(&self.shape, s))
+    }
+
+    /// Its strides, row-major ones when it has none.
+    fn stride_values(&self) -> Vec<i64> {
+        match &self.strides {
+            Some(s) => s.iter().map(|&s| s as i64).collect(),
+            None => contiguous_strides(&self.shape),
+        }
+    }
+}
+
+/// The row-major strides of a contiguous tensor of `shape`, in elements.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<i64> {
+    let mut strides = vec![0i64; shape.len()];
+    let mut next = 1i64;
+    for (s, &d) in strides.iter_mut().zip(shape).rev() {
+        *s = next;
+        next = next.saturating_mul(d as i64);
+    }
+    strides
+}
+
+/// Whether `strides` (elements) lay a tensor of `shape` out contiguously and row-major. As in
+/// PyTorch, an axis of size 1 takes any stride, and so does every axis of an empty tensor.
+pub fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut next = 1usize;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != next {
+            return false;
+        }
+        next = next.saturating_mul(d);
+    }
+    true
+}
+
+/// The bytes from the start of a tensor of `dtype` and `shape` laid out by `strides` to the end
+/// of its last element (0 when it is empty); `None` when that overflows.
+pub fn span_bytes(dtype: DType, shape: &[usize], strides: &[usize]) -> Option<u64> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let last = shape
+        .iter()
+        .zip(strides)
+        .try_fold(0u64, |acc, (&d, &s)| (d as u64 - 1).checked_mul(s as u64).and_then(|x| acc.checked_add(x)))?;
+    last.checked_add(1)?.checked_mul(dtype.size_bytes() as u64)
 }
 
 /// A plan with its kernels loaded on one GPU, ready to run on any sizes.
@@ -49,6 +113,8 @@ pub struct BoundRun {
     sizes: Vec<u64>,
     grids: Vec<u32>,
     buffers: Vec<DeviceBuffer>,
+    /// Per declared input, its (row-major) strides.
+    strides: Vec<Vec<i64>>,
 }
 
 impl BoundRun {
@@ -202,7 +268,16 @@ impl CudaProgram {
             }
             buffers.push(buf);
         }
-        Ok(BoundRun { sizes, grids, buffers })
+        let strides = self
+            .plan
+            .interface
+            .inputs
+            .iter()
+            .map(|d| {
+                inputs.iter().find(|(n, _)| *n == d.name).map_or_else(Vec::new, |(_, t)| contiguous_strides(&t.shape))
+            })
+            .collect();
+        Ok(BoundRun { sizes, grids, buffers, strides })
     }
 
     /// Enqueues every kernel of the plan on the device's own stream (asynchronous). The inputs
@@ -212,16 +287,25 @@ impl CudaProgram {
     pub fn launch(&self, run: &BoundRun) -> Result<()> {
         crate::checks::take_pending(&self.gpu)?;
         let buffers: Vec<&DeviceBuffer> = run.buffers.iter().collect();
-        self.launch_buffers(&self.gpu.default_stream(), &run.sizes, &run.grids, &buffers, Validation::Deferred)
+        self.launch_buffers(
+            &self.gpu.default_stream(),
+            &run.sizes,
+            &run.grids,
+            &buffers,
+            &run.strides,
+            Validation::Deferred,
+        )
     }
 
-    /// Enqueues every kernel on `stream` with the plan's buffers in `buffers` (plan order).
+    /// Enqueues every kernel on `stream` with the plan's buffers in `buffers` (plan order) and
+    /// the strides of each declared input in `strides`.
     fn launch_buffers(
         &self,
         stream: &Stream,
         sizes: &[u64],
         grids: &[u32],
         buffers: &[&DeviceBuffer],
+        strides: &[Vec<i64>],
         validation: Validation,
     ) -> Result<()> {
         let checks = validation == Validation::Deferred;
@@ -249,16 +333,21 @@ impl CudaProgram {
                     }
                     _ => (f, &k.params, grids[i], k.block),
                 };
-            let args: Vec<KernelArg<'_>> = params
+            let args = params
                 .iter()
                 .map(|p| match *p {
-                    Param::Buffer(b) => KernelArg::Buffer(buffers[b]),
-                    Param::Size(s) => KernelArg::I64(sizes[s.0 as usize] as i64),
-                    Param::ErrorRecord => KernelArg::ErrorRecord(checks),
-                    Param::CheckTag => KernelArg::U32(self.tag),
-                    Param::Grid(k) => KernelArg::I64(i64::from(grids[k])),
+                    Param::Buffer(b) => Ok(KernelArg::Buffer(buffers[b])),
+                    Param::Size(s) => Ok(KernelArg::I64(sizes[s.0 as usize] as i64)),
+                    Param::ErrorRecord => Ok(KernelArg::ErrorRecord(checks)),
+                    Param::CheckTag => Ok(KernelArg::U32(self.tag)),
+                    Param::Grid(k) => Ok(KernelArg::I64(i64::from(grids[k]))),
+                    Param::Stride { input, axis } => strides
+                        .get(input.0 as usize)
+                        .and_then(|s| s.get(axis as usize))
+                        .map(|&s| KernelArg::I64(s))
+                        .ok_or(Error::PlanMissingInput { index: input.0 as usize }),
                 })
-                .collect();
+                .collect::<Result<Vec<KernelArg<'_>>>>()?;
             let launch = match k.launch {
                 Launch::Plain => KernelLaunch::new(grid, block),
                 Launch::Cooperative => KernelLaunch::new(grid, block).cooperative(),
@@ -347,6 +436,10 @@ impl CudaProgram {
         let sizes = interface.bind_shapes(&shapes)?;
         for (name, t) in inputs {
             check_tensor("input", name, t, ordinal)?;
+            let declared = interface.inputs.iter().position(|d| d.name == *name);
+            if !t.is_contiguous() && !declared.is_some_and(|i| self.plan.strided_inputs.contains(&(i as u32))) {
+                return Err(not_contiguous("input", name));
+            }
         }
         if outputs.len() != interface.outputs.len() {
             let names = interface.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ");
@@ -368,6 +461,13 @@ impl CudaProgram {
                 return Err(Error::OutputShape { name: decl.name.clone(), position, got: t.shape.clone(), want });
             }
             check_tensor("output", &decl.name, t, ordinal)?;
+            if !t.is_contiguous() {
+                return Err(Error::Strides {
+                    role: "output",
+                    name: decl.name.clone(),
+                    why: "outputs are written contiguous and row-major; this one has other strides".to_string(),
+                });
+            }
         }
         let grids = self.grids(&sizes)?;
         self.reserve(workspace, &sizes, &grids)?;
@@ -379,27 +479,35 @@ impl CudaProgram {
                 .and_then(|d| inputs.iter().position(|(n, _)| *n == d.name))
                 .ok_or(Error::PlanMissingInput { index: id.0 as usize })
         };
+        let strides = interface
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, _)| Ok(inputs[position(kfuse_ir::InputId(i as u32))?].1.stride_values()))
+            .collect::<Result<Vec<_>>>()?;
         let ins: Vec<&DeviceBuffer> = inputs.iter().map(|(_, t)| &t.buffer).collect();
         let outs: Vec<&DeviceBuffer> = outputs.iter().map(|t| &t.buffer).collect();
-        self.launch_reserved(stream, &sizes, &grids, workspace, position, &ins, &outs, validation)
+        let io = Io { position, inputs: &ins, outputs: &outs, strides: &strides };
+        self.launch_reserved(stream, &sizes, &grids, workspace, io, validation)
     }
 
-    /// Launches every kernel on `stream` with the caller's `inputs` (found for each declared
-    /// input by `position`) and `outputs` (declaration order), the plan's other buffers from
-    /// `workspace`, which [`CudaProgram::reserve`] made large enough for `sizes` and `grids`; the
-    /// kernels check lengths/offsets values as `validation` says.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_reserved(
+    /// Launches every kernel on `stream` with the caller's buffers (`io`), the plan's other
+    /// buffers from `workspace`, which [`CudaProgram::reserve`] made large enough for `sizes` and
+    /// `grids`; the kernels check lengths/offsets values as `validation` says.
+    pub(crate) fn launch_reserved<P, B>(
         &self,
         stream: &Stream,
         sizes: &[u64],
         grids: &[u32],
         workspace: &mut Workspace,
-        position: impl Fn(kfuse_ir::InputId) -> Result<usize>,
-        inputs: &[impl Borrow<DeviceBuffer>],
-        outputs: &[impl Borrow<DeviceBuffer>],
+        io: Io<'_, P, B>,
         validation: Validation,
-    ) -> Result<()> {
+    ) -> Result<()>
+    where
+        P: Fn(kfuse_ir::InputId) -> Result<usize>,
+        B: Borrow<DeviceBuffer>,
+    {
+        let Io { position, inputs, outputs, strides } = io;
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
             let buf = match (decl.kind, slot) {
@@ -415,7 +523,7 @@ impl CudaProgram {
             };
             buffers.push(buf);
         }
-        self.launch_buffers(stream, sizes, grids, &buffers, validation)?;
+        self.launch_buffers(stream, sizes, grids, &buffers, strides, validation)?;
         if workspace.used_on.is_none() {
             workspace.used_on = Some(self.gpu.clone());
         }
@@ -459,6 +567,28 @@ impl CudaProgram {
         let replaced = std::mem::replace(&mut workspace.buffers, buffers);
         workspace.retired.extend(replaced.into_iter().flatten());
         Ok(())
+    }
+}
+
+/// The caller's side of an in-place launch ([`CudaProgram::launch_reserved`]): its input buffers
+/// (found for each declared input by `position`), its output buffers (declaration order), and the
+/// strides of each declared input (row-major ones for contiguous inputs).
+pub(crate) struct Io<'a, P, B> {
+    pub position: P,
+    pub inputs: &'a [B],
+    pub outputs: &'a [B],
+    pub strides: &'a [Vec<i64>],
+}
+
+/// The error of a view that is not contiguous given for input `name` of kernels that read it as
+/// a contiguous array.
+pub(crate) fn not_contiguous(role: &'static str, name: &str) -> Error {
+    Error::Strides {
+        role,
+        name: name.to_string(),
+        why: "this view is not contiguous, and these kernels read it as a contiguous array (launch through \
+              `Program`, which picks kernels that read it through its strides)"
+            .to_string(),
     }
 }
 
@@ -520,12 +650,21 @@ pub fn byte_count(dtype: DType, shape: &[usize]) -> Option<u64> {
     shape.iter().try_fold(dtype.size_bytes() as u64, |acc, &d| acc.checked_mul(d as u64))
 }
 
-/// Checks that a device tensor's buffer is on device `ordinal` and holds its shape and dtype.
+/// Checks that a device tensor's buffer is on device `ordinal` and holds its shape and dtype
+/// (laid out by its strides, which must have one per axis).
 pub(crate) fn check_tensor(role: &'static str, name: &str, t: &DeviceTensor, ordinal: usize) -> Result<()> {
     if t.buffer.ordinal() != ordinal {
         return Err(Error::WrongDevice { role, name: name.to_string(), got: t.buffer.ordinal(), want: ordinal });
     }
-    let want = byte_count(t.dtype, &t.shape).unwrap_or(u64::MAX);
+    let want = match &t.strides {
+        None => byte_count(t.dtype, &t.shape),
+        Some(s) if s.len() == t.shape.len() => span_bytes(t.dtype, &t.shape, s),
+        Some(s) => {
+            let why = format!("{} strides given for a tensor of {} axes {:?}", s.len(), t.shape.len(), t.shape);
+            return Err(Error::Strides { role, name: name.to_string(), why });
+        }
+    }
+    .unwrap_or(u64::MAX);
     if (t.buffer.bytes() as u64) < want {
         return Err(Error::BufferTooSmall {
             role,

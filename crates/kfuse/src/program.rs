@@ -10,7 +10,9 @@ use kfuse_codegen::{CodegenOptions, Plan};
 use kfuse_ir::{DType, Graph, HostTensor, Interface};
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Stream};
 
-use crate::exec::{byte_count, CudaProgram, DeviceTensor, Workspace};
+use crate::exec::{
+    byte_count, contiguous_strides, is_contiguous, span_bytes, CudaProgram, DeviceTensor, Io, Workspace,
+};
 use crate::{Engine, Error, Result, Validation};
 
 /// A type-checked computation and its fused kernel plan, ready to run on the CPU or any GPU of its
@@ -33,6 +35,9 @@ pub struct Program {
     /// program, whose device load then loads those scaling kernels too.
     scaled: Vec<(DType, DType)>,
     devices: Arc<Mutex<HashMap<usize, Arc<OnDevice>>>>,
+    /// The same program planned to read some inputs through their strides (see
+    /// [`Program::reading_strided`]), by those inputs' indices.
+    strided: Arc<Mutex<HashMap<Vec<u32>, Program>>>,
 }
 
 /// A program's kernels loaded on one device, with its workspace for in-place launches.
@@ -87,6 +92,7 @@ impl Program {
             codegen,
             scaled: Vec::new(),
             devices: Arc::new(Mutex::new(HashMap::new())),
+            strided: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -162,6 +168,40 @@ impl Program {
         )?;
         program.scaled = self.scaled.clone();
         Ok(program)
+    }
+
+    /// This program, or the same one planned to read `inputs` (declared input indices,
+    /// ascending) through strides given at launch as well as those it reads so already, so that
+    /// views of those inputs that are not contiguous are read in place. Built once per set of
+    /// inputs and kept (clones share it); any strides of those inputs then run the same kernels.
+    pub fn reading_strided(&self, inputs: &[u32]) -> Result<Program> {
+        let have = &self.codegen.strided_inputs;
+        if inputs.iter().all(|i| have.contains(i)) {
+            return Ok(self.clone());
+        }
+        let mut strided: Vec<u32> = have.iter().chain(inputs).copied().collect();
+        strided.sort_unstable();
+        strided.dedup();
+        let mut variants = self.strided.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = variants.get(&strided) {
+            return Ok(p.clone());
+        }
+        let opts = CodegenOptions { strided_inputs: strided.clone(), ..self.codegen.clone() };
+        let program = self.with_codegen(opts)?;
+        variants.insert(strided, program.clone());
+        Ok(program)
+    }
+
+    /// The declared indices of the inputs among `given` (name, whether contiguous) that are not
+    /// contiguous.
+    fn strided_inputs<'n>(&self, given: impl Iterator<Item = (&'n str, bool)>) -> Vec<u32> {
+        let inputs = &self.interface().inputs;
+        let mut strided: Vec<u32> = given
+            .filter(|(_, contiguous)| !contiguous)
+            .filter_map(|(name, _)| inputs.iter().position(|d| d.name == name).map(|i| i as u32))
+            .collect();
+        strided.sort_unstable();
+        strided
     }
 
     /// The same source with some inputs declared at other dtypes (for example an f32 description
@@ -298,6 +338,10 @@ impl Program {
     /// call at the largest sizes first. Launches of one program on one device share that
     /// workspace, so they must be ordered on the GPU (one stream, or streams the caller orders).
     ///
+    /// Inputs may be views that are not contiguous ([`DeviceTensor::strides`]): they are read in
+    /// place, by kernels planned to read them through strides ([`Program::reading_strided`],
+    /// compiled on the first such call); outputs are contiguous.
+    ///
     /// The values of `lengths` / `offsets` inputs are on the device: with
     /// [`Validation::Deferred`] the kernels check each value they read, clamp it as always,
     /// record the first violation on the device and write NaN into the outputs it affects (the
@@ -314,6 +358,13 @@ impl Program {
         outputs: &[DeviceTensor],
         validation: Validation,
     ) -> Result<()> {
+        let strided = self.strided_inputs(inputs.iter().map(|(n, t)| (*n, t.is_contiguous())));
+        if !strided.is_empty() {
+            let program = self.reading_strided(&strided)?;
+            if program.codegen.strided_inputs != self.codegen.strided_inputs {
+                return program.launch(ordinal, stream, inputs, outputs, validation);
+            }
+        }
         // The caller's current device (its thread's CUDA context) is left as it was.
         kfuse_runtime::preserving_thread_context(|| {
             let on = self.on_device(ordinal)?;
@@ -329,22 +380,60 @@ impl Program {
     /// with no further checks of shapes and no allocation: what a framework keeps per shape
     /// signature, so that a call on shapes seen before passes addresses only.
     pub fn bind_device(&self, ordinal: usize, inputs: &[(&str, DType, &[usize])]) -> Result<DeviceBinding> {
+        self.bind_device_strided(ordinal, inputs, &[])
+    }
+
+    /// [`Program::bind_device`] where some inputs are views that are not contiguous: `strides`
+    /// holds `(name, strides in elements)` of each such input (others may be listed too). The
+    /// binding then launches kernels that read them in place ([`Program::reading_strided`]), on
+    /// buffers that hold each such view's span.
+    pub fn bind_device_strided(
+        &self,
+        ordinal: usize,
+        inputs: &[(&str, DType, &[usize])],
+        strides: &[(&str, &[usize])],
+    ) -> Result<DeviceBinding> {
         let interface = self.interface();
         let sizes = interface.bind_shapes(inputs)?;
+        let strides_of = |name: &str| strides.iter().find(|(n, _)| *n == name).map(|(_, s)| *s);
+        for (name, _, shape) in inputs {
+            if let Some(s) = strides_of(name).filter(|s| s.len() != shape.len()) {
+                let why = format!("{} strides given for a tensor of {} axes {shape:?}", s.len(), shape.len());
+                return Err(Error::Strides { role: "input", name: name.to_string(), why });
+            }
+        }
+        let strided = self.strided_inputs(
+            inputs.iter().map(|(n, _, shape)| (*n, strides_of(n).is_none_or(|s| is_contiguous(shape, s)))),
+        );
+        if !strided.is_empty() {
+            let program = self.reading_strided(&strided)?;
+            if program.codegen.strided_inputs != self.codegen.strided_inputs {
+                return program.bind_device_strided(ordinal, inputs, strides);
+            }
+        }
         let mut bytes = Vec::with_capacity(inputs.len() + interface.outputs.len());
         let too_big = |what: String| Error::TooLarge { what, sizes: sizes.clone() };
         for (name, dtype, shape) in inputs {
-            bytes.push(byte_count(*dtype, shape).ok_or_else(|| too_big(format!("input `{name}`")))?);
+            let b = match strides_of(name) {
+                Some(s) => span_bytes(*dtype, shape, s),
+                None => byte_count(*dtype, shape),
+            };
+            bytes.push(b.ok_or_else(|| too_big(format!("input `{name}`")))?);
         }
         for o in &interface.outputs {
             let shape = interface.resolve(o, &sizes).ok_or_else(|| too_big(format!("output `{}`", o.name)))?;
             bytes.push(byte_count(o.dtype, &shape).ok_or_else(|| too_big(format!("output `{}`", o.name)))?);
         }
-        // Plan inputs by declaration index -> position among the given inputs.
+        // Plan inputs by declaration index -> position among the given inputs, and their strides.
         let mut positions = Vec::with_capacity(interface.inputs.len());
+        let mut input_strides = Vec::with_capacity(interface.inputs.len());
         for (index, decl) in interface.inputs.iter().enumerate() {
             let at = inputs.iter().position(|(n, _, _)| *n == decl.name).ok_or(Error::PlanMissingInput { index })?;
             positions.push(at);
+            input_strides.push(match strides_of(&decl.name) {
+                Some(s) => s.iter().map(|&s| s as i64).collect(),
+                None => contiguous_strides(inputs[at].2),
+            });
         }
         kfuse_runtime::preserving_thread_context(|| {
             let on = self.on_device(ordinal)?;
@@ -358,6 +447,7 @@ impl Program {
                 grids,
                 bytes,
                 positions,
+                strides: input_strides,
                 inputs: inputs.len(),
             })
         })
@@ -394,8 +484,9 @@ pub struct DeviceBinding {
     grids: Vec<u32>,
     /// The bytes of each input (in the order given to `bind_device`), then of each output.
     bytes: Vec<u64>,
-    /// For each declared input, its position among the given inputs.
+    /// For each declared input, its position among the given inputs, and its strides.
     positions: Vec<usize>,
+    strides: Vec<Vec<i64>>,
     inputs: usize,
 }
 
@@ -457,16 +548,8 @@ impl DeviceBinding {
         };
         kfuse_runtime::preserving_thread_context(|| {
             let mut workspace = self.on.workspace.lock().unwrap_or_else(|e| e.into_inner());
-            self.on.exec.launch_reserved(
-                stream,
-                &self.sizes,
-                &self.grids,
-                &mut workspace,
-                position,
-                ins,
-                outs,
-                validation,
-            )
+            let io = Io { position, inputs: ins, outputs: outs, strides: &self.strides };
+            self.on.exec.launch_reserved(stream, &self.sizes, &self.grids, &mut workspace, io, validation)
         })
     }
 }

@@ -93,7 +93,7 @@ fn launch(p: &Program, gpu: &kfuse::Gpu, b: usize, n: usize) -> Vec<DeviceTensor
     let dtype = p.interface().input("pred").expect("pred").dtype;
     let tensor = |dtype: DType, shape: Vec<usize>| {
         let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
-        DeviceTensor { buffer: gpu.alloc_zeroed(bytes.max(16)).expect("allocates"), dtype, shape }
+        DeviceTensor::contiguous(gpu.alloc_zeroed(bytes.max(16)).expect("allocates"), dtype, shape)
     };
     let inputs = vec![
         ("pred", tensor(dtype, vec![b, n, 4])),
@@ -130,7 +130,7 @@ fn a_warm_first_call_asks_nvrtc_nothing_and_new_sizes_compile_nothing() {
     let gpu = warm.device(ordinal).expect("opens");
     let outputs = launch(&g, &gpu, 3, 8);
     let grad = outputs.iter().find(|t| t.shape.len() == 3).expect("the gradient output");
-    let upstream = DeviceTensor { buffer: gpu.alloc_zeroed(16).expect("allocates"), dtype: DType::F32, shape: vec![] };
+    let upstream = DeviceTensor::contiguous(gpu.alloc_zeroed(16).expect("allocates"), DType::F32, vec![]);
     kfuse::scale_by_upstream(&warm, ordinal, &gpu.default_stream(), grad, &upstream).expect("scales");
     gpu.synchronize().expect("runs");
     assert_eq!(nvrtc_calls_on_this_thread(), before, "a warm first call asked NVRTC something");

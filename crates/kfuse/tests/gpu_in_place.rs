@@ -170,10 +170,7 @@ fn launch_refuses_wrong_shapes_and_short_buffers() {
 
     // SAFETY: a prefix of a live allocation of this device.
     let short = unsafe { gpu.borrow_memory(pred.owned.address(), 16) };
-    let bad = [
-        ("pred", DeviceTensor { buffer: short, dtype: DType::F32, shape: vec![2, 3, 4] }),
-        ("target", target.borrowed(&gpu)),
-    ];
+    let bad = [("pred", DeviceTensor::contiguous(short, DType::F32, vec![2, 3, 4])), ("target", target.borrowed(&gpu))];
     let err = p
         .launch(gpu.ordinal(), &stream, &bad, &[loss.borrowed(&gpu), dpred.borrowed(&gpu)], Validation::Deferred)
         .unwrap_err();

@@ -86,7 +86,7 @@ impl Held {
         // SAFETY: `self.owned` is a live allocation of this device of at least that size, and it
         // outlives every launch of the test (each test synchronises before dropping it).
         let buffer = unsafe { gpu.borrow_memory(self.owned.address(), self.owned.bytes()) };
-        DeviceTensor { buffer, dtype: self.dtype, shape: self.shape.clone() }
+        DeviceTensor::contiguous(buffer, self.dtype, self.shape.clone())
     }
 
     /// The tensor's values (the first bytes of the allocation).

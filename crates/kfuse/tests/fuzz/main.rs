@@ -1,7 +1,7 @@
 //! Fuzzing the pipeline: random well-typed `.kf` programs (see `program`), random edits of them
 //! and random byte strings go through the language (lexing, parsing, lowering, `grad`), autodiff
 //! (`vjp` with respect to every float input), the planner and emitter (`kfuse_codegen::plan`,
-//! with default and other options) and the interpreter, on random inputs with valid ragged
+//! with default and other options, inputs read through strides among them) and the interpreter, on random inputs with valid ragged
 //! metadata. Nothing may panic: a panic is caught only to report it with the offending source.
 //! Errors returned as values are fine, except that a generated (well-typed) program must parse,
 //! and the interpreter must run it.
@@ -178,6 +178,14 @@ fn check_graph(g: &Graph, seed: u64, strict: bool, compile: bool, stats: &mut St
             elems_per_thread: 1 + (seed % 16) as u32,
             batched_threads_per_sm: 1024,
             lengths_gradient: LengthsGradient::TwoKernels,
+            ..CodegenOptions::default()
+        },
+        // Every input but lengths and offsets read through strides given at launch.
+        CodegenOptions {
+            strided_inputs: (0..g.inputs.len() as u32)
+                .filter(|&i| g.constraints.iter().all(|c| c.input().0 != i))
+                .collect(),
+            ..CodegenOptions::default()
         },
     ];
     for opts in &options {

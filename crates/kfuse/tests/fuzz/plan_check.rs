@@ -130,6 +130,15 @@ pub fn check(plan: &Plan, graph: &Graph, sizes: &[u64], output_lens: &[usize]) -
                             return Err(format!("kernel {name}: check tag declared `{line}`"));
                         }
                     }
+                    Param::Stride { input, axis } => {
+                        let rank = graph.inputs.get(input.0 as usize).map(|i| i.shape.dims().len());
+                        if rank.is_none_or(|r| axis as usize >= r)
+                            || !plan.strided_inputs.contains(&input.0)
+                            || line.trim_end_matches(',') != format!("long long st{}_{axis}", input.0)
+                        {
+                            return Err(format!("kernel {name}: stride {axis} of input {} declared `{line}`", input.0));
+                        }
+                    }
                     Param::Grid(j) => {
                         if j >= k || !line.starts_with("long long kf_parts") {
                             return Err(format!("kernel {name}: the grid of kernel {j} declared `{line}`"));
