@@ -12,19 +12,33 @@ use crate::dtypes::{dtype_name, parse_dtype, ShapeArg};
 use crate::errors::{self, Kind};
 use crate::shapes;
 
-/// One tensor of a binding: its name, dtype, shape and byte count.
+/// One tensor of a binding: its name, dtype, shape, strides (a view that is not contiguous)
+/// and the bytes it spans.
 struct Slot {
     name: String,
     dtype: DType,
     shape: Vec<usize>,
+    strides: Option<Vec<usize>>,
     bytes: u64,
 }
 
 impl Slot {
     fn new(name: String, dtype: DType, shape: Vec<usize>) -> PyResult<Slot> {
-        let bytes = kfuse::exec::byte_count(dtype, &shape)
+        Slot::strided(name, dtype, shape, None)
+    }
+
+    fn strided(name: String, dtype: DType, shape: Vec<usize>, strides: Option<Vec<usize>>) -> PyResult<Slot> {
+        let bytes = match &strides {
+            Some(s) if s.len() == shape.len() => kfuse::exec::span_bytes(dtype, &shape, s),
+            Some(s) => {
+                let why = format!("`{name}`: {} strides given for a tensor of shape {shape:?}", s.len());
+                return Err(errors::raise(Kind::Input, why));
+            }
+            None => kfuse::exec::byte_count(dtype, &shape),
+        };
+        let bytes = bytes
             .ok_or_else(|| errors::raise(Kind::Input, format!("`{name}`: a {dtype}{shape:?} tensor is too large")))?;
-        Ok(Slot { name, dtype, shape, bytes })
+        Ok(Slot { name, dtype, shape, strides, bytes })
     }
 }
 
@@ -54,9 +68,12 @@ impl Binding {
     fn bind_device(&self, ordinal: usize) -> PyResult<Arc<kfuse::DeviceBinding>> {
         // Opening the device through the module's engine makes it count in `cache_info()`.
         device::device(ordinal)?;
+        let inputs = &self.slots[..self.inputs];
         let shapes: Vec<(&str, kfuse::DType, &[usize])> =
-            self.slots[..self.inputs].iter().map(|s| (s.name.as_str(), s.dtype, s.shape.as_slice())).collect();
-        let bound = Arc::new(self.program.bind_device(ordinal, &shapes).map_err(errors::kfuse)?);
+            inputs.iter().map(|s| (s.name.as_str(), s.dtype, s.shape.as_slice())).collect();
+        let strides: Vec<(&str, &[usize])> =
+            inputs.iter().filter_map(|s| Some((s.name.as_str(), s.strides.as_deref()?))).collect();
+        let bound = Arc::new(self.program.bind_device_strided(ordinal, &shapes, &strides).map_err(errors::kfuse)?);
         let mut devices = self.devices.write().unwrap_or_else(|e| e.into_inner());
         if let Some((_, existing)) = devices.iter().find(|(o, _)| *o == ordinal) {
             return Ok(existing.clone());
@@ -66,11 +83,18 @@ impl Binding {
     }
 
     /// Binds `program` to `inputs` (`(name, dtype, shape)`, in declaration order), whose symbol
-    /// sizes `sizes` were checked and bound already.
-    pub fn new(program: kfuse::Program, inputs: &[ShapeArg], sizes: Vec<u64>) -> PyResult<Binding> {
+    /// sizes `sizes` were checked and bound already; `strides` gives the strides (elements) of
+    /// the inputs that are views which are not contiguous, by name: they are read in place.
+    pub fn new(
+        program: kfuse::Program,
+        inputs: &[ShapeArg],
+        strides: &[(String, Vec<usize>)],
+        sizes: Vec<u64>,
+    ) -> PyResult<Binding> {
         let mut slots = Vec::with_capacity(inputs.len() + program.interface().outputs.len());
         for (name, dtype, shape) in inputs {
-            slots.push(Slot::new(name.clone(), parse_dtype(dtype)?, shape.clone())?);
+            let st = strides.iter().find(|(n, _)| n == name).map(|(_, s)| s.clone());
+            slots.push(Slot::strided(name.clone(), parse_dtype(dtype)?, shape.clone(), st)?);
         }
         for (name, dtype, shape) in shapes::output_shapes(program.interface(), &sizes) {
             slots.push(Slot::new(name, dtype, shape)?);
@@ -101,7 +125,8 @@ impl Binding {
     /// Launches the program on CUDA device `ordinal` and stream `stream` (a `cudaStream_t` of
     /// that device, 0 for the legacy default stream) over memory that the caller owns and keeps
     /// alive for the call: `addresses` holds one 16-byte aligned address per input, then per
-    /// output, of tensors of the bound shapes. Queues the kernels and returns: no host
+    /// output, of tensors of the bound shapes (an input bound with strides: element-aligned, the
+    /// start of its view). Queues the kernels and returns: no host
     /// synchronisation. The first launch on a device loads the kernels (compiling them with NVRTC
     /// when the cache has none) with the GIL released; later launches only queue them. `validate`
     /// 0 gives the kernels no error record (no checks); otherwise they check the lengths/offsets
@@ -117,7 +142,15 @@ impl Binding {
         }
         let roles =
             self.slots.iter().enumerate().map(|(i, s)| if i < self.inputs { ("input", s) } else { ("output", s) });
-        device::check_aligned(roles.zip(&addresses).map(|((role, s), &a)| (role, s.name.as_str(), a)))?;
+        let (dense, strided): (Vec<_>, Vec<_>) = roles.zip(&addresses).partition(|((_, s), _)| s.strides.is_none());
+        device::check_aligned(dense.into_iter().map(|((role, s), &a)| (role, s.name.as_str(), a)))?;
+        for ((role, s), &a) in strided {
+            if a % s.dtype.size_bytes() as u64 != 0 {
+                let why =
+                    format!("{role} `{}` starts at {a:#x}, which is not aligned to its {} elements", s.name, s.dtype);
+                return Err(errors::raise(Kind::Input, why));
+            }
+        }
         let bound = match self.on_device(ordinal) {
             Some(bound) => bound,
             // The first launch on a device loads the kernels, compiling them when the cache has
@@ -161,7 +194,7 @@ pub fn scale_by_upstream(
     let (Some(gb), Some(ub)) = (buffers.next(), buffers.next()) else {
         return Err(errors::raise(Kind::Error, "two buffers borrowed, fewer came back".to_string()));
     };
-    let grad = DeviceTensor { buffer: gb, dtype: g.dtype, shape: g.shape };
-    let up = DeviceTensor { buffer: ub, dtype: u.dtype, shape: u.shape };
+    let grad = DeviceTensor::contiguous(gb, g.dtype, g.shape);
+    let up = DeviceTensor::contiguous(ub, u.dtype, u.shape);
     kfuse::scale_by_upstream(device::engine()?, ordinal, &stream, &grad, &up).map_err(errors::kfuse)
 }

@@ -238,10 +238,13 @@ impl Program {
 
     /// Checks the inputs' names, dtypes and shapes (`(name, dtype, shape)` each) and returns the
     /// program bound to those shapes: its outputs' shapes, the check of lengths/offsets values and
-    /// the CUDA launch.
-    fn bind(&self, inputs: Vec<ShapeArg>) -> PyResult<Binding> {
+    /// the CUDA launch. `strides` holds `(name, strides)` of the inputs that are views which are
+    /// not contiguous (strides in elements, as `Tensor.stride()` gives them): they are read in
+    /// place by kernels planned for it (compiled on the first launch).
+    #[pyo3(signature = (inputs, strides=Vec::new()))]
+    fn bind(&self, inputs: Vec<ShapeArg>, strides: Vec<(String, Vec<usize>)>) -> PyResult<Binding> {
         let sizes = self.sizes(&inputs)?;
-        Binding::new(self.program.clone(), &inputs, sizes)
+        Binding::new(self.program.clone(), &inputs, &strides, sizes)
     }
 
     /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same

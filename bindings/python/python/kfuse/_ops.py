@@ -75,7 +75,7 @@ def _register(variant):
 
         def fwd_impl(*a):
             tensors, mode = list(a[:n_in]), (a[n_in] if len(a) > n_in else 1)
-            return single(variant.kernels.run([t.contiguous() for t in tensors], mode), len(outs))
+            return single(variant.kernels.run(tensors, mode), len(outs))
 
         def fwd_fake(*a):
             return single(_fake_outputs(outs, ins, sources, a[:n_in]), len(outs))
@@ -89,7 +89,7 @@ def _register(variant):
 
             def bwd_impl(*a):
                 n_up = len(fl_out)
-                tensors, ups = [t.contiguous() for t in a[:n_in]], a[n_in : n_in + n_up]
+                tensors, ups = list(a[:n_in]), a[n_in : n_in + n_up]
                 mode = a[n_in + n_up] if len(a) > n_in + n_up else 1
                 return single(variant.backward(tensors, fl_out, list(ups), wrt, mode), len(wrt))
 
@@ -144,7 +144,7 @@ def _register_fused(variant, wrt):
         lib.define(f"{name}({args}, int validate=1) -> {ret}")
 
         def impl(*a):
-            tensors, mode = [t.contiguous() for t in a[:n_in]], (a[n_in] if len(a) > n_in else 1)
+            tensors, mode = list(a[:n_in]), (a[n_in] if len(a) > n_in else 1)
             got = fusion.kernels.run(tensors, mode)
             return tuple(got[:n_out] + [got[i] for i in fusion.grad_index])
 

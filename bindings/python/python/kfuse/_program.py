@@ -156,8 +156,6 @@ class Program:
                 raise InputError(
                     f"inputs are on different devices: `{first}` is on {ordered[0].device}, `{name}` on {t.device}"
                 )
-            if not t.is_contiguous():
-                t = t.contiguous()
             grad = grad or t.requires_grad
             ordered.append(t)
             dtypes.append(kd)

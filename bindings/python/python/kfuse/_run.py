@@ -14,7 +14,9 @@ from ._types import _KD, KFUSE_DTYPES, TORCH_DTYPES
 
 
 def _host_arg(name, t):
-    """``(name, bytes, dtype, shape)`` of a contiguous CPU tensor (one copy, no NumPy)."""
+    """``(name, bytes, dtype, shape)`` of a CPU tensor, its elements in row-major order (one
+    copy, no NumPy; a view that is not contiguous is made so first)."""
+    t = t.contiguous()
     n = t.numel() * t.element_size()
     data = ctypes.string_at(t.data_ptr(), n) if n else b""
     return (name, data, KFUSE_DTYPES[t.dtype], list(t.shape))
@@ -60,7 +62,10 @@ class _Kernels:
 
     On CUDA, the program bound to each input shape signature (a native ``Binding``: the checked
     shapes, the outputs' shapes) is kept, so that a call on shapes seen before allocates the
-    outputs and passes addresses only. Outputs come from PyTorch's allocator on the inputs' device;
+    outputs and passes addresses only. An input that is a view which is not contiguous
+    (transposed, sliced, expanded) is read in place: its strides join the signature, and the
+    kernels that read it through strides compile once, for any strides. Lengths and offsets
+    inputs are made contiguous. Outputs come from PyTorch's allocator on the inputs' device;
     the kernels queue on that device's current stream with no host synchronisation. `mode` is how
     lengths/offsets values are checked (see `_mode`): 1 by the kernels on the device, 2 also on
     the host first (a copy back, which synchronises), 0 not at all."""
@@ -82,14 +87,18 @@ class _Kernels:
         return _run_cpu(self.native, self.names, tensors)
 
     def _bind(self, tensors, shapes):
-        binding = self.native.bind([(n, _KD[t.dtype], t.shape) for n, t in zip(self.names, tensors)])
-        # How each output is allocated: like the input of the same shape and dtype where there is
-        # one (`torch.empty_like` parses no shape: the cheapest allocation PyTorch has), else from
-        # the first input's device with its shape and dtype.
+        strided = [(n, list(t.stride())) for n, t in zip(self.names, tensors) if not t.is_contiguous()]
+        binding = self.native.bind([(n, _KD[t.dtype], t.shape) for n, t in zip(self.names, tensors)], strided)
+        # How each output is allocated: like the contiguous input of the same shape and dtype
+        # where there is one (`torch.empty_like` parses no shape: the cheapest allocation PyTorch
+        # has), else from the first input's device with its shape and dtype.
         specs = []
         for dtype, shape in binding.outputs:
             dt, shape = TORCH_DTYPES[dtype], tuple(shape)
-            like = next((i for i, t in enumerate(tensors) if t.dtype is dt and tuple(t.shape) == shape), None)
+            like = next(
+                (i for i, t in enumerate(tensors) if t.dtype is dt and tuple(t.shape) == shape and t.is_contiguous()),
+                None,
+            )
             specs.append((like, shape, dt))
         hit = (binding, specs)
         if len(self._bound) >= self.MAX_BOUND:
@@ -99,7 +108,9 @@ class _Kernels:
 
     def run_cuda(self, tensors, mode):
         # The hot path of every eager CUDA call: list comprehensions, no helper calls.
-        shapes = tuple([t.shape for t in tensors])
+        if self.layouts:
+            tensors = self._contiguous_layouts(tensors)
+        shapes = tuple([t.shape if t.is_contiguous() else (t.shape, t.stride()) for t in tensors])
         binding, specs = self._bound.get(shapes) or self._bind(tensors, shapes)
         if mode == 2 and self.layouts:
             binding.check_layouts([(self.names[i], _host_arg(self.names[i], tensors[i].cpu())[1]) for i in self.layouts])
@@ -118,12 +129,21 @@ class _Kernels:
         except InputError:
             if not any(a & 15 for a in addresses):
                 raise
-            # kfuse's kernels load small trailing axes as vectors: a view that does not start
-            # 16-byte aligned is copied (the copies live until the launch is queued).
-            copies = [t.clone() if t.data_ptr() & 15 else t for t in tensors]
+            # kfuse's kernels load small trailing axes of contiguous inputs as vectors: one that
+            # does not start 16-byte aligned is copied (the copies live until the launch is
+            # queued). Views read through their strides need only element alignment.
+            copies = [t.clone() if t.data_ptr() & 15 and t.is_contiguous() else t for t in tensors]
             addresses = [t.data_ptr() for t in copies] + [t.data_ptr() for t in outs]
             _on_device(index, binding.launch, index, _raw_stream(index), addresses, mode)
         return outs
+
+
+    def _contiguous_layouts(self, tensors):
+        """`tensors` with each lengths/offsets input contiguous (the kernels read their values as
+        one array)."""
+        if all(tensors[i].is_contiguous() for i in self.layouts):
+            return tensors
+        return [t.contiguous() if i in self.layouts else t for i, t in enumerate(tensors)]
 
 
 def _mode(validate):

@@ -89,7 +89,7 @@ class _Variant:
         program reads lengths/offsets too, and checks them on the device as the forward did
         (`mode` 2, the host check, is not repeated: the forward passed it)."""
         kernels = self.vjp(outputs, wrt)
-        ups = [u.to(TORCH_DTYPES[self.outputs[i].kfuse_dtype]).contiguous() for i, u in zip(outputs, upstream)]
+        ups = [u.to(TORCH_DTYPES[self.outputs[i].kfuse_dtype]) for i, u in zip(outputs, upstream)]
         return kernels.run(list(tensors) + ups, 1 if mode else 0)
 
     def ops(self, fused=()):

@@ -1,0 +1,155 @@
+"""Inputs that are views which are not contiguous (transposed, sliced, expanded with stride 0,
+starting off a 16-byte boundary) are read in place: on the CPU through the interpreter, on CUDA by
+kernels that take the strides as arguments, with no copy. Results against the same inputs made
+contiguous (the CPU interpreter) and against torch in float64; gradients through autograd."""
+
+import zlib
+
+import pytest
+import torch
+
+import kfuse
+from conftest import boxes, example
+
+
+def close(got, want, what, rtol=2e-4, atol=2e-5):
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def views(gen, b, d, device, dtype=torch.float32):
+    """A [b, d] tensor laid out four ways: transposed, a column slice starting one element in,
+    every other column, and a row expanded over the rows (stride 0)."""
+    t = torch.randn(d, b, generator=gen, dtype=dtype).to(device).t()
+    s = torch.randn(b, d + 3, generator=gen, dtype=dtype).to(device)[:, 1 : d + 1]
+    e = torch.randn(b, 2 * d, generator=gen, dtype=dtype).to(device)[:, ::2]
+    x = torch.randn(1, d, generator=gen, dtype=dtype).to(device).expand(b, d)
+    return {"transposed": t, "sliced": s, "strided": e, "expanded": x}
+
+
+def layer_norm_inputs(gen, b, d, device, layout):
+    x = views(gen, b, d, device)[layout]
+    gamma = torch.randn(2 * d, generator=gen).to(device)[1::2]  # stride 2, off a 16-byte boundary
+    beta = torch.randn(1, generator=gen).to(device).expand(d)  # stride 0
+    dy = views(gen, b, d, device)["transposed"]
+    return {"x": x, "gamma": gamma, "beta": beta, "dy": dy}
+
+
+def check_against_contiguous(prog, inputs, what):
+    """`prog` on `inputs` (views) against the CPU interpreter on contiguous copies."""
+    assert any(not t.is_contiguous() for t in inputs.values()), f"{what}: the inputs must include views"
+    got = prog(**inputs)
+    want = prog(**{k: v.detach().cpu().contiguous() for k, v in inputs.items()})
+    for name in want.keys():
+        close(got[name].cpu(), want[name], f"{what} {name}")
+    return got
+
+
+# -- CPU tier -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "strided", "expanded"])
+def test_views_on_the_cpu_match_torch_in_float64(layout):
+    b, d = 5, 7
+    gen = torch.Generator().manual_seed(zlib.crc32(f"cpu {layout}".encode()))
+    inputs = layer_norm_inputs(gen, b, d, "cpu", layout)
+    out = kfuse.load(example("layer_norm_train.kf"))(**inputs)
+    ref = {n: v.double().requires_grad_(n != "dy") for n, v in inputs.items()}
+    y = torch.nn.functional.layer_norm(ref["x"], (d,), ref["gamma"], ref["beta"], eps=1e-5)
+    dx, dgamma, dbeta = torch.autograd.grad((y * ref["dy"]).sum(), [ref["x"], ref["gamma"], ref["beta"]])
+    for name, want in {"y": y, "dx": dx, "dgamma": dgamma, "dbeta": dbeta}.items():
+        close(out[name], want.detach(), f"{layout} {name}")
+
+
+def test_strides_that_do_not_fit_the_shape_are_an_input_error():
+    prog = kfuse._kfuse.Program.load(example("layer_norm_train.kf"))
+    shapes = [("x", "f32", [3, 4]), ("gamma", "f32", [4]), ("beta", "f32", [4]), ("dy", "f32", [3, 4])]
+    with pytest.raises(kfuse.InputError, match=r"`x`: 1 strides given for a tensor of shape \[3, 4\]"):
+        prog.bind(shapes, [("x", [1])])
+
+
+# -- GPU tier -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "strided", "expanded"])
+@pytest.mark.parametrize("b,d", [(1, 1), (3, 31), (33, 257), (1023, 33)])
+def test_layer_norm_of_views_on_cuda_matches_the_interpreter(gpu, layout, b, d):
+    gen = torch.Generator().manual_seed(zlib.crc32(f"ln {layout} {b} {d}".encode()))
+    inputs = layer_norm_inputs(gen, b, d, gpu, layout)
+    check_against_contiguous(kfuse.load(example("layer_norm_train.kf")), inputs, f"layer norm {layout} [{b}, {d}]")
+
+
+@pytest.mark.parametrize("stem", ["rms_norm_train", "gelu_bias_train", "softmax_xent_train"])
+@pytest.mark.parametrize("b,d", [(3, 5), (31, 1000), (257, 64)])
+def test_row_programs_of_views_on_cuda_match_the_interpreter(gpu, stem, b, d):
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{stem} {b} {d}".encode()))
+    prog = kfuse.load(example(f"{stem}.kf"))
+    inputs = {}
+    for decl in prog.inputs:
+        if len(decl.shape) == 2:
+            inputs[decl.name] = views(gen, b, d, gpu)["transposed" if len(inputs) % 2 == 0 else "sliced"]
+        else:
+            inputs[decl.name] = torch.randn(2 * d, generator=gen).to(gpu)[::2]
+    if stem == "softmax_xent_train":
+        inputs["targets"] = torch.softmax(inputs["targets"], -1).t().contiguous().t()  # a distribution, transposed
+    check_against_contiguous(prog, inputs, f"{stem} [{b}, {d}]")
+
+
+@pytest.mark.parametrize("b,c", [(3, 16), (1023, 1000)])
+def test_cross_entropy_of_transposed_logits_and_strided_labels_on_cuda(gpu, b, c):
+    gen = torch.Generator().manual_seed(zlib.crc32(f"xent {b} {c}".encode()))
+    logits = torch.randn(c, b, generator=gen).to(gpu).t()
+    labels = torch.randint(0, c, (b, 2), generator=gen).to(gpu)[:, 1]  # i64, stride 2
+    labels[0] = -100
+    got = check_against_contiguous(
+        kfuse.load(example("cross_entropy_train.kf")), {"logits": logits, "labels": labels}, f"xent [{b}, {c}]"
+    )
+    ref = logits.double().requires_grad_()
+    loss = torch.nn.functional.cross_entropy(ref, labels, ignore_index=-100, label_smoothing=0.1)
+    close(got.loss, loss.detach(), "loss")
+    close(got.dlogits, torch.autograd.grad(loss, ref)[0], "dlogits", rtol=1e-4, atol=1e-6)
+
+
+def test_views_are_read_in_place_with_no_copy(gpu):
+    """After a warm-up call, a call on views allocates only its outputs: no contiguous copy."""
+    gen = torch.Generator().manual_seed(7)
+    inputs = layer_norm_inputs(gen, 1023, 257, gpu, "transposed")
+    prog = kfuse.load(example("layer_norm_train.kf"))
+    prog(**inputs)
+    torch.cuda.synchronize(gpu)
+    before = torch.cuda.memory_stats(gpu)["allocation.all.allocated"]
+    out = prog(**inputs)
+    allocated = torch.cuda.memory_stats(gpu)["allocation.all.allocated"] - before
+    assert allocated == len(out), f"{allocated} allocations for {len(out)} outputs"
+
+
+def test_a_new_stride_pattern_compiles_nothing(gpu):
+    """The kernels that read an input through strides take any strides: another view of the same
+    input, or other sizes, loads no new kernel."""
+    prog = kfuse.load(example("layer_norm_train.kf"))
+    gen = torch.Generator().manual_seed(11)
+    prog(**layer_norm_inputs(gen, 33, 64, gpu, "transposed"))
+    before = kfuse.cache_info()
+    for layout, (b, d) in [("sliced", (33, 64)), ("strided", (7, 100)), ("transposed", (1023, 5))]:
+        inputs = layer_norm_inputs(gen, b, d, gpu, layout)
+        check_against_contiguous(prog, inputs, f"{layout} [{b}, {d}]")
+    after = kfuse.cache_info()
+    loads = sum(after[k] - before[k] for k in ("compiles", "disk_hits", "memory_hits"))
+    assert loads == 0, f"{loads} kernels loaded for new strides ({before} -> {after})"
+
+
+def test_gradients_flow_to_the_base_of_a_transposed_view(gpu):
+    gen = torch.Generator().manual_seed(3)
+    b, n = 257, 7
+    base = boxes(gen, n, b).to(torch.float32).to(gpu)  # [N, B, 4]: pred is its transpose
+    base.requires_grad_()
+    target = boxes(gen, b, n).to(torch.float32).to(gpu)
+    lengths = torch.randint(0, n + 1, (b,), generator=gen, dtype=torch.int32).to(gpu)
+    prog = kfuse.load(example("giou_lengths.kf"))
+    out = prog(pred=base.transpose(0, 1), target=target, lengths=lengths)
+    out.loss.backward()
+    ref = base.detach().clone().requires_grad_()
+    want = prog(pred=ref.transpose(0, 1).contiguous(), target=target, lengths=lengths)
+    want.loss.backward()
+    close(out.loss, want.loss.detach(), "loss")
+    close(base.grad, ref.grad, "grad of the base", atol=1e-6)
