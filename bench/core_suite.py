@@ -15,6 +15,10 @@ Rows (GROUP: rows):
   int64 labels with 1/16 of them ignored) forward + backward w.r.t. the logits, at B x C = 2^26
   for C = 16, 1000, 32000, 128256, f32 and bf16 logits.
 * gelu_bias: GELU(x + bias) (erf form) forward + backward with the bias gradient, [16384, 4096] bf16.
+* views: inputs that are views which are not contiguous, read in place by kfuse: layer norm
+  forward + backward of a transposed x ([8192, 1024] f32), GELU + bias forward + backward of x
+  sliced from wider rows ([16384, 4096] bf16). These rows also time `kfuse_copy`, kfuse on
+  `x.contiguous()` (`ratio_kfuse_kfuse_copy`).
 
 The kfuse side of each row is `.kf` source in this file, called through the `kfuse` package as a
 user calls a program (autograd derives the backward). A row may list several forms, the first
@@ -45,7 +49,7 @@ from benchlib import copy_bandwidth, exit_status, interleaved_us, l2_flusher, ma
 SUITE = "core"
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 TOL = {"f32": 1e-3, "bf16": 3e-2}  # max relative error against eager in the same dtype
-GROUPS = ("layer_norm", "rms_norm", "cross_entropy", "gelu_bias")
+GROUPS = ("layer_norm", "rms_norm", "cross_entropy", "gelu_bias", "views")
 PROBE_FRACTION = 64  # kfuse runs first at 1/64 of the rows,
 SLOW_S = 1.0  # and not in full when one call would take longer than this (seconds)
 BUDGET_S = 3.0  # timed calls per implementation and row: at most about this long (seconds)
@@ -245,6 +249,41 @@ def gelu_rows(shape):
     yield Row("gelu_bias", f"gelu_bias_fwd_bwd_bf16_{shape[0]}x{shape[1]}", params, make)
 
 
+def view_rows(smoke):
+    """Inputs that are views which are not contiguous: layer norm of a transposed x, GELU + bias of
+    x sliced from wider rows. kfuse reads them in place; `kfuse_copy` is kfuse on `x.contiguous()`
+    (what a call did before views were read in place)."""
+    n, d = (16, 32) if smoke else (8192, 1024)
+    params = {"workload": "layer_norm", "mode": "fwd_bwd", "dtype": "f32", "shape": [n, d],
+              "view": "x transposed (x = base.t(), base [D, N])", "torch": "F.layer_norm(x, (D,), w, b, eps=1e-5)"}
+
+    def make_ln(dev, rows=None):
+        g = torch.Generator(device=dev).manual_seed(d)
+        x = torch.randn(d, rows or n, device=dev, generator=g).t()
+        w = 1 + 0.1 * torch.randn(d, device=dev, generator=g)
+        b = 0.1 * torch.randn(d, device=dev, generator=g)
+
+        def fn(x, w, b):
+            return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+        return workload([x, w, b], fn, "fwd_bwd", [("rows", LAYER_NORM, lambda ts: dict(zip("xwb", ts)))], g)
+
+    yield Row("views", f"layer_norm_fwd_bwd_f32_D{d}_transposed", params, make_ln)
+    n, d = (32, 64) if smoke else (16384, 4096)
+    params = {"workload": "gelu_bias", "mode": "fwd_bwd", "dtype": "bf16", "shape": [n, d],
+              "view": "x sliced (x = base[:, 64:], base [N, D + 64])", "torch": "F.gelu(x + bias)"}
+
+    def make_gelu(dev, rows=None):
+        g = torch.Generator(device=dev).manual_seed(7)
+        x = torch.randn(rows or n, d + 64, device=dev, dtype=torch.bfloat16, generator=g)[:, 64:]
+        bias = 0.1 * torch.randn(d, device=dev, dtype=torch.bfloat16, generator=g)
+
+        def fn(x, bias):
+            return F.gelu(x + bias)
+        return workload([x, bias], fn, "fwd_bwd", [("rows", GELU_BIAS, lambda ts: dict(x=ts[0], bias=ts[1]))], g)
+
+    yield Row("views", f"gelu_bias_fwd_bwd_bf16_{n}x{d}_sliced", params, make_gelu)
+
+
 def all_rows(smoke, groups, dtypes):
     if smoke:
         norm, dims, xent_total, classes, gelu = 16, (32,), 1 << 10, (16,), (32, 64)
@@ -259,6 +298,8 @@ def all_rows(smoke, groups, dtypes):
         rows += xent_rows(xent_total, classes, dtypes)
     if "gelu_bias" in groups and "bf16" in dtypes:
         rows += gelu_rows(gelu)
+    if "views" in groups:
+        rows += view_rows(smoke)
     return rows
 
 
@@ -315,6 +356,11 @@ def kfuse_call(w, log):
             # What this form moves, when its inputs are not the row's (one-hot targets for labels).
             ids = {id(t) for t in w.inputs}
             extra = nbytes_of(*[t for t in kin.values() if id(t) not in ids])
+
+            def copied(prog=prog, kin=kin):  # the same call on contiguous copies of the inputs
+                return prog(**{k: v.contiguous() for k, v in kin.items()})[0]
+
+            call.copied = copied
             return form, call, first_s, got, tried, extra
         except Exception as e:  # noqa: BLE001 -- an unsupported form: recorded, the next is tried
             msg = f"{type(e).__name__}: {e}".strip()
@@ -387,6 +433,11 @@ def measure_row(suite, row, copy):
         if not suite.check(f"{row.name} kfuse", figures["max_rel_err"]["kfuse"], TOL[dt]):
             figures["kfuse_wrong"] = True
         calls["kfuse"] = kcall
+        if row.params.get("view"):
+            got = results_of(kcall.copied, w)
+            figures["max_rel_err"]["kfuse_copy"] = errors(got, want, w)
+            suite.check(f"{row.name} kfuse_copy", figures["max_rel_err"]["kfuse_copy"], TOL[dt])
+            calls["kfuse_copy"] = kcall.copied
     got = want = None  # their memory back before timing
 
     steps = {name: step_of(c, w) for name, c in calls.items()}
@@ -401,7 +452,7 @@ def measure_row(suite, row, copy):
         figures[name] = {"b2b": b2b[name], "flushed": flushed[name],
                          "pct_copy_b2b": pct_copy(w.nbytes, b2b[name]["median_us"], copy),
                          "pct_copy_flushed": pct_copy(w.nbytes, flushed[name]["median_us"], copy)}
-    for other in ("eager", "inductor"):
+    for other in ("eager", "inductor", "kfuse_copy"):
         if "kfuse" in steps and other in steps:
             figures[f"ratio_kfuse_{other}"] = b2b["kfuse"]["median_us"] / b2b[other]["median_us"]
             figures[f"ratio_kfuse_{other}_flushed"] = flushed["kfuse"]["median_us"] / flushed[other]["median_us"]
