@@ -42,6 +42,12 @@ impl DeviceTensor {
         self.strides.as_ref().is_none_or(|s| is_contiguous(&self.shape, s))
     }
 
+    /// Whether kernels can read it as a contiguous array: contiguous, and starting at a 16-byte
+    /// aligned address (they load small trailing axes as vectors; see `BufferDecl`).
+    pub fn is_dense(&self) -> bool {
+        self.is_contiguous() && is_aligned(self.buffer.address())
+    }
+
     /// Its strides, row-major ones when it has none.
     fn stride_values(&self) -> Vec<i64> {
         match &self.strides {
@@ -49,6 +55,21 @@ impl DeviceTensor {
             None => contiguous_strides(&self.shape),
         }
     }
+}
+
+/// Whether a buffer at `address` is aligned as kernels that read or write it as a contiguous
+/// array need (16 bytes; a null address, an empty tensor's, too).
+pub fn is_aligned(address: u64) -> bool {
+    address.is_multiple_of(16)
+}
+
+/// The error of a contiguous buffer that does not start 16-byte aligned.
+pub(crate) fn misaligned(role: &'static str, name: &str, address: u64) -> Error {
+    let why = format!(
+        "it starts at {address:#x}, which is not 16-byte aligned, and these kernels read and write it as a contiguous \
+         array (vectors of its trailing axes); give its strides to have it read through them"
+    );
+    Error::Strides { role, name: name.to_string(), why }
 }
 
 /// The row-major strides of a contiguous tensor of `shape`, in elements.
@@ -437,8 +458,13 @@ impl CudaProgram {
         for (name, t) in inputs {
             check_tensor("input", name, t, ordinal)?;
             let declared = interface.inputs.iter().position(|d| d.name == *name);
-            if !t.is_contiguous() && !declared.is_some_and(|i| self.plan.strided_inputs.contains(&(i as u32))) {
-                return Err(not_contiguous("input", name));
+            if !declared.is_some_and(|i| self.plan.strided_inputs.contains(&(i as u32))) {
+                if !t.is_contiguous() {
+                    return Err(not_contiguous("input", name));
+                }
+                if !is_aligned(t.buffer.address()) {
+                    return Err(misaligned("input", name, t.buffer.address()));
+                }
             }
         }
         if outputs.len() != interface.outputs.len() {
@@ -461,6 +487,9 @@ impl CudaProgram {
                 return Err(Error::OutputShape { name: decl.name.clone(), position, got: t.shape.clone(), want });
             }
             check_tensor("output", &decl.name, t, ordinal)?;
+            if !is_aligned(t.buffer.address()) {
+                return Err(misaligned("output", &decl.name, t.buffer.address()));
+            }
             if !t.is_contiguous() {
                 return Err(Error::Strides {
                     role: "output",

@@ -11,7 +11,7 @@ use kfuse_ir::{DType, Graph, HostTensor, Interface};
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Stream};
 
 use crate::exec::{
-    byte_count, contiguous_strides, is_contiguous, span_bytes, CudaProgram, DeviceTensor, Io, Workspace,
+    byte_count, contiguous_strides, is_aligned, misaligned, span_bytes, CudaProgram, DeviceTensor, Io, Workspace,
 };
 use crate::{Engine, Error, Result, Validation};
 
@@ -338,9 +338,12 @@ impl Program {
     /// call at the largest sizes first. Launches of one program on one device share that
     /// workspace, so they must be ordered on the GPU (one stream, or streams the caller orders).
     ///
-    /// Inputs may be views that are not contiguous ([`DeviceTensor::strides`]): they are read in
-    /// place, by kernels planned to read them through strides ([`Program::reading_strided`],
-    /// compiled on the first such call); outputs are contiguous.
+    /// Inputs may be views that are not contiguous ([`DeviceTensor::strides`]), or contiguous ones
+    /// that do not start 16-byte aligned: they are read in place, by kernels planned to read them
+    /// through strides ([`Program::reading_strided`], compiled on the first such call). Outputs
+    /// are contiguous and 16-byte aligned. A view whose last axis is not dense (a transpose) is
+    /// read an element at a time, one memory sector each: copying it contiguous first is faster
+    /// for large inputs (the Python package does; see bench/RESULTS.md).
     ///
     /// The values of `lengths` / `offsets` inputs are on the device: with
     /// [`Validation::Deferred`] the kernels check each value they read, clamp it as always,
@@ -358,7 +361,7 @@ impl Program {
         outputs: &[DeviceTensor],
         validation: Validation,
     ) -> Result<()> {
-        let strided = self.strided_inputs(inputs.iter().map(|(n, t)| (*n, t.is_contiguous())));
+        let strided = self.strided_inputs(inputs.iter().map(|(n, t)| (*n, t.is_dense())));
         if !strided.is_empty() {
             let program = self.reading_strided(&strided)?;
             if program.codegen.strided_inputs != self.codegen.strided_inputs {
@@ -383,10 +386,12 @@ impl Program {
         self.bind_device_strided(ordinal, inputs, &[])
     }
 
-    /// [`Program::bind_device`] where some inputs are views that are not contiguous: `strides`
-    /// holds `(name, strides in elements)` of each such input (others may be listed too). The
-    /// binding then launches kernels that read them in place ([`Program::reading_strided`]), on
-    /// buffers that hold each such view's span.
+    /// [`Program::bind_device`] where some inputs are views: `strides` holds `(name, strides in
+    /// elements)` of each input to read through strides (a view that is not contiguous, or one
+    /// whose start may not be 16-byte aligned). The binding then launches kernels that read them
+    /// in place ([`Program::reading_strided`]), on buffers that hold each view's span, needing
+    /// only element alignment of them; the other inputs and the outputs are contiguous and
+    /// 16-byte aligned.
     pub fn bind_device_strided(
         &self,
         ordinal: usize,
@@ -402,9 +407,7 @@ impl Program {
                 return Err(Error::Strides { role: "input", name: name.to_string(), why });
             }
         }
-        let strided = self.strided_inputs(
-            inputs.iter().map(|(n, _, shape)| (*n, strides_of(n).is_none_or(|s| is_contiguous(shape, s)))),
-        );
+        let strided = self.strided_inputs(inputs.iter().map(|(n, _, _)| (*n, strides_of(n).is_none())));
         if !strided.is_empty() {
             let program = self.reading_strided(&strided)?;
             if program.codegen.strided_inputs != self.codegen.strided_inputs {
@@ -448,6 +451,7 @@ impl Program {
                 bytes,
                 positions,
                 strides: input_strides,
+                strided: inputs.iter().map(|(n, _, _)| strides_of(n).is_some()).collect(),
                 inputs: inputs.len(),
             })
         })
@@ -487,6 +491,8 @@ pub struct DeviceBinding {
     /// For each declared input, its position among the given inputs, and its strides.
     positions: Vec<usize>,
     strides: Vec<Vec<i64>>,
+    /// For each input (in the order given), whether it is read through its strides.
+    strided: Vec<bool>,
     inputs: usize,
 }
 
@@ -539,6 +545,9 @@ impl DeviceBinding {
             }
             if (buf.bytes() as u64) < want {
                 return Err(bad(format!("{role} #{index} holds {} bytes; its bound shape needs {want}", buf.bytes())));
+            }
+            if !self.strided.get(i).copied().unwrap_or(false) && !is_aligned(buf.address()) {
+                return Err(misaligned(role, &format!("#{index}"), buf.address()));
             }
         }
         let (ins, outs) = buffers.split_at(self.inputs);

@@ -162,10 +162,17 @@ fn check_views(gpu: &Gpu, p: &Program, inputs: &[(&str, HostTensor)], round: usi
     let device_inputs: Vec<(&str, DeviceTensor)> = views.iter().map(|v| (v.name.as_str(), v.tensor(gpu))).collect();
     let device_outputs: Vec<DeviceTensor> = outs.iter().map(|h| h.borrowed(gpu)).collect();
     let typed: Vec<(&str, DType, &[usize])> = inputs.iter().map(|(n, t)| (*n, t.dtype(), t.shape.as_slice())).collect();
-    let strides: Vec<(&str, &[usize])> = views.iter().map(|v| (v.name.as_str(), v.strides.as_slice())).collect();
+    // Every view but lengths and offsets is read through its strides (a padded one that is
+    // contiguous still starts off a 16-byte boundary).
+    let strides: Vec<(&str, &[usize])> = views
+        .iter()
+        .filter(|v| p.interface().input(&v.name).is_some_and(|d| d.layout.is_none()))
+        .map(|v| (v.name.as_str(), v.strides.as_slice()))
+        .collect();
     let bound = p
         .bind_device_strided(gpu.ordinal(), &typed, &strides)
         .unwrap_or_else(|e| panic!("{what}: bind_device_strided: {e}"));
+    println!("{what}, round {round}: {:?}", views.iter().map(|v| (&v.name, &v.strides, v.offset)).collect::<Vec<_>>());
     for launch in ["in place", "bound"] {
         for h in &outs {
             gpu.fill(&h.owned, 0x7f).unwrap();
@@ -281,4 +288,21 @@ fn a_view_given_to_kernels_that_read_it_contiguous_is_refused() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("input `x`: this view is not contiguous"), "{err}");
+    // A contiguous input that starts off a 16-byte boundary: refused by kernels that read it as
+    // a contiguous array, read through its strides by `Program::launch`.
+    let wide = Held::zeros(&gpu, DType::F32, &[13]);
+    let shifted_again = || {
+        // SAFETY: 4 bytes into a live allocation of 52 bytes, which outlives the launches.
+        let shifted = unsafe { gpu.borrow_memory(wide.owned.address() + 4, 48) };
+        DeviceTensor::contiguous(shifted, DType::F32, vec![3, 4])
+    };
+    let inputs = |x: DeviceTensor| [("x", x), ("bias", bias.borrowed(&gpu)), ("dy", dy.borrowed(&gpu))];
+    let outputs: Vec<DeviceTensor> = outs.iter().map(|h| h.borrowed(&gpu)).collect();
+    let err = exec
+        .launch_device(&gpu.default_stream(), &inputs(shifted_again()), &outputs, &mut workspace, Validation::Deferred)
+        .unwrap_err();
+    assert!(err.to_string().contains("not 16-byte aligned"), "{err}");
+    p.launch(gpu.ordinal(), &gpu.default_stream(), &inputs(shifted_again()), &outputs, Validation::Deferred)
+        .unwrap_or_else(|e| panic!("a shifted contiguous input is read through its strides: {e}"));
+    gpu.synchronize().unwrap();
 }
