@@ -15,10 +15,11 @@ Rows (GROUP: rows):
   int64 labels with 1/16 of them ignored) forward + backward w.r.t. the logits, at B x C = 2^26
   for C = 16, 1000, 32000, 128256, f32 and bf16 logits.
 * gelu_bias: GELU(x + bias) (erf form) forward + backward with the bias gradient, [16384, 4096] bf16.
-* views: inputs that are views which are not contiguous, read in place by kfuse: layer norm
-  forward + backward of a transposed x ([8192, 1024] f32), GELU + bias forward + backward of x
-  sliced from wider rows ([16384, 4096] bf16). These rows also time `kfuse_copy`, kfuse on
-  `x.contiguous()` (`ratio_kfuse_kfuse_copy`).
+* views: inputs that are views which are not contiguous: layer norm forward + backward of a
+  transposed x (copied by the package, its last axis not dense) and of x sliced from wider rows
+  ([8192, 1024] f32), GELU + bias forward + backward of sliced x ([16384, 4096] bf16), the
+  slices read in place. These rows also time `kfuse_copy`, kfuse on `x.contiguous()`
+  (`ratio_kfuse_kfuse_copy`).
 
 The kfuse side of each row is `.kf` source in this file, called through the `kfuse` package as a
 user calls a program (autograd derives the backward). A row may list several forms, the first
@@ -250,9 +251,10 @@ def gelu_rows(shape):
 
 
 def view_rows(smoke):
-    """Inputs that are views which are not contiguous: layer norm of a transposed x, GELU + bias of
-    x sliced from wider rows. kfuse reads them in place; `kfuse_copy` is kfuse on `x.contiguous()`
-    (what a call did before views were read in place)."""
+    """Inputs that are views which are not contiguous: layer norm of a transposed x (which the
+    package copies: its last axis is not dense) and of x sliced from wider rows, GELU + bias of
+    sliced x (both read in place). `kfuse_copy` is kfuse on `x.contiguous()` (what a call did
+    before views were read in place)."""
     n, d = (16, 32) if smoke else (8192, 1024)
     params = {"workload": "layer_norm", "mode": "fwd_bwd", "dtype": "f32", "shape": [n, d],
               "view": "x transposed (x = base.t(), base [D, N])", "torch": "F.layer_norm(x, (D,), w, b, eps=1e-5)"}
@@ -268,6 +270,19 @@ def view_rows(smoke):
         return workload([x, w, b], fn, "fwd_bwd", [("rows", LAYER_NORM, lambda ts: dict(zip("xwb", ts)))], g)
 
     yield Row("views", f"layer_norm_fwd_bwd_f32_D{d}_transposed", params, make_ln)
+    params = {**params, "view": "x sliced (x = base[:, 64:], base [N, D + 64])"}
+
+    def make_ln_sliced(dev, rows=None):
+        g = torch.Generator(device=dev).manual_seed(d)
+        x = torch.randn(rows or n, d + 64, device=dev, generator=g)[:, 64:]
+        w = 1 + 0.1 * torch.randn(d, device=dev, generator=g)
+        b = 0.1 * torch.randn(d, device=dev, generator=g)
+
+        def fn(x, w, b):
+            return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+        return workload([x, w, b], fn, "fwd_bwd", [("rows", LAYER_NORM, lambda ts: dict(zip("xwb", ts)))], g)
+
+    yield Row("views", f"layer_norm_fwd_bwd_f32_D{d}_sliced", params, make_ln_sliced)
     n, d = (32, 64) if smoke else (16384, 4096)
     params = {"workload": "gelu_bias", "mode": "fwd_bwd", "dtype": "bf16", "shape": [n, d],
               "view": "x sliced (x = base[:, 64:], base [N, D + 64])", "torch": "F.gelu(x + bias)"}

@@ -1,7 +1,8 @@
 """Inputs that are views which are not contiguous (transposed, sliced, expanded with stride 0,
-starting off a 16-byte boundary) are read in place: on the CPU through the interpreter, on CUDA by
-kernels that take the strides as arguments, with no copy. Results against the same inputs made
-contiguous (the CPU interpreter) and against torch in float64; gradients through autograd."""
+starting off a 16-byte boundary): on the CPU through the interpreter; on CUDA those whose last
+axis is dense are read in place by kernels that take the strides as arguments, with no copy, and
+the others (a transpose, a step along the last axis) are copied. Results against the same inputs
+made contiguous (the CPU interpreter) and against torch in float64; gradients through autograd."""
 
 import zlib
 
@@ -72,7 +73,7 @@ def test_strides_that_do_not_fit_the_shape_are_an_input_error():
 
 
 @pytest.mark.parametrize("layout", ["transposed", "sliced", "strided", "expanded"])
-@pytest.mark.parametrize("b,d", [(1, 1), (3, 31), (33, 257), (1023, 33)])
+@pytest.mark.parametrize("b,d", [(2, 3), (3, 31), (33, 257), (1023, 33)])
 def test_layer_norm_of_views_on_cuda_matches_the_interpreter(gpu, layout, b, d):
     gen = torch.Generator().manual_seed(zlib.crc32(f"ln {layout} {b} {d}".encode()))
     inputs = layer_norm_inputs(gen, b, d, gpu, layout)
@@ -110,29 +111,54 @@ def test_cross_entropy_of_transposed_logits_and_strided_labels_on_cuda(gpu, b, c
     close(got.dlogits, torch.autograd.grad(loss, ref)[0], "dlogits", rtol=1e-4, atol=1e-6)
 
 
-def test_views_are_read_in_place_with_no_copy(gpu):
-    """After a warm-up call, a call on views allocates only its outputs: no contiguous copy."""
-    gen = torch.Generator().manual_seed(7)
-    inputs = layer_norm_inputs(gen, 1023, 257, gpu, "transposed")
-    prog = kfuse.load(example("layer_norm_train.kf"))
-    prog(**inputs)
+def in_place_inputs(gen, b, d, device, pad):
+    """Layer-norm inputs that are all read in place: x and dy slices of rows padded by `pad`
+    (starting one element in), gamma and beta broadcast from one element (stride 0)."""
+    x = torch.randn(b, d + pad, generator=gen).to(device)[:, 1 : d + 1]
+    dy = torch.randn(b, d + pad, generator=gen).to(device)[:, pad - 1 : pad - 1 + d]
+    gamma = torch.randn(1, generator=gen).to(device).expand(d)
+    beta = torch.randn(1, generator=gen).to(device).expand(d)
+    return {"x": x, "gamma": gamma, "beta": beta, "dy": dy}
+
+
+def allocations(gpu, call):
     torch.cuda.synchronize(gpu)
     before = torch.cuda.memory_stats(gpu)["allocation.all.allocated"]
-    out = prog(**inputs)
-    allocated = torch.cuda.memory_stats(gpu)["allocation.all.allocated"] - before
+    out = call()
+    return torch.cuda.memory_stats(gpu)["allocation.all.allocated"] - before, out
+
+
+def test_views_with_a_dense_last_axis_are_read_in_place_with_no_copy(gpu):
+    """After a warm-up call, a call on sliced and broadcast views allocates only its outputs."""
+    inputs = in_place_inputs(torch.Generator().manual_seed(7), 1023, 257, gpu, 5)
+    prog = kfuse.load(example("layer_norm_train.kf"))
+    prog(**inputs)
+    allocated, out = allocations(gpu, lambda: prog(**inputs))
     assert allocated == len(out), f"{allocated} allocations for {len(out)} outputs"
 
 
+def test_views_whose_last_axis_is_not_dense_are_copied(gpu):
+    """A transposed x and a gamma of stride 2 are made contiguous (two copies); the broadcast beta
+    and the sliced dy are read in place."""
+    gen = torch.Generator().manual_seed(8)
+    inputs = in_place_inputs(gen, 513, 65, gpu, 3)
+    inputs["x"] = torch.randn(65, 513, generator=gen).to(gpu).t()
+    inputs["gamma"] = torch.randn(130, generator=gen).to(gpu)[::2]
+    prog = kfuse.load(example("layer_norm_train.kf"))
+    check_against_contiguous(prog, inputs, "transposed x, gamma of stride 2")
+    allocated, out = allocations(gpu, lambda: prog(**inputs))
+    assert allocated == len(out) + 2, f"{allocated} allocations for {len(out)} outputs and 2 copies"
+
+
 def test_a_new_stride_pattern_compiles_nothing(gpu):
-    """The kernels that read an input through strides take any strides: another view of the same
-    input, or other sizes, loads no new kernel."""
+    """The kernels that read inputs through strides take any strides: other paddings, offsets
+    and sizes of the same views load no new kernel."""
     prog = kfuse.load(example("layer_norm_train.kf"))
     gen = torch.Generator().manual_seed(11)
-    prog(**layer_norm_inputs(gen, 33, 64, gpu, "transposed"))
+    prog(**in_place_inputs(gen, 33, 64, gpu, 3))
     before = kfuse.cache_info()
-    for layout, (b, d) in [("sliced", (33, 64)), ("strided", (7, 100)), ("transposed", (1023, 5))]:
-        inputs = layer_norm_inputs(gen, b, d, gpu, layout)
-        check_against_contiguous(prog, inputs, f"{layout} [{b}, {d}]")
+    for b, d, pad in [(33, 64, 9), (7, 100, 2), (1023, 5, 40)]:
+        check_against_contiguous(prog, in_place_inputs(gen, b, d, gpu, pad), f"[{b}, {d}] padded by {pad}")
     after = kfuse.cache_info()
     loads = sum(after[k] - before[k] for k in ("compiles", "disk_hits", "memory_hits"))
     assert loads == 0, f"{loads} kernels loaded for new strides ({before} -> {after})"

@@ -62,10 +62,10 @@ class _Kernels:
 
     On CUDA, the program bound to each input shape signature (a native ``Binding``: the checked
     shapes, the outputs' shapes) is kept, so that a call on shapes seen before allocates the
-    outputs and passes addresses only. An input that is a view which is not contiguous
-    (transposed, sliced, expanded) is read in place: its strides join the signature, and the
-    kernels that read it through strides compile once, for any strides. Lengths and offsets
-    inputs are made contiguous. Outputs come from PyTorch's allocator on the inputs' device;
+    outputs and passes addresses only. An input that is a view which is not contiguous (sliced,
+    expanded) is read in place: its strides join the signature, and the kernels that read it
+    through strides compile once, for any strides. A view whose last axis is not dense (a
+    transpose, a step along it) and lengths and offsets inputs are made contiguous. Outputs come from PyTorch's allocator on the inputs' device;
     the kernels queue on that device's current stream with no host synchronisation. `mode` is how
     lengths/offsets values are checked (see `_mode`): 1 by the kernels on the device, 2 also on
     the host first (a copy back, which synchronises), 0 not at all."""
@@ -87,8 +87,17 @@ class _Kernels:
         return _run_cpu(self.native, self.names, tensors)
 
     def _bind(self, tensors, shapes):
-        strided = [(n, list(t.stride())) for n, t in zip(self.names, tensors) if not t.is_contiguous()]
-        binding = self.native.bind([(n, _KD[t.dtype], t.shape) for n, t in zip(self.names, tensors)], strided)
+        # Views are read in place through their strides, except those whose last axis is not dense
+        # (a transpose, a step): a warp would read its row one sector per element. Those are copied
+        # each call (on an H200 a layer norm of a transposed x read in place took 3.8x the time of
+        # the copy and the contiguous kernels; bench/RESULTS.md).
+        copies = tuple(i for i, t in enumerate(tensors) if not t.is_contiguous() and not _last_axis_dense(t))
+        views = [
+            (n, list(t.stride()))
+            for i, (n, t) in enumerate(zip(self.names, tensors))
+            if not t.is_contiguous() and i not in copies
+        ]
+        binding = self.native.bind([(n, _KD[t.dtype], t.shape) for n, t in zip(self.names, tensors)], views)
         # How each output is allocated: like the contiguous input of the same shape and dtype
         # where there is one (`torch.empty_like` parses no shape: the cheapest allocation PyTorch
         # has), else from the first input's device with its shape and dtype.
@@ -100,7 +109,7 @@ class _Kernels:
                 None,
             )
             specs.append((like, shape, dt))
-        hit = (binding, specs)
+        hit = (binding, specs, copies)
         if len(self._bound) >= self.MAX_BOUND:
             self._bound.clear()
         self._bound[shapes] = hit
@@ -111,7 +120,9 @@ class _Kernels:
         if self.layouts:
             tensors = self._contiguous_layouts(tensors)
         shapes = tuple([t.shape if t.is_contiguous() else (t.shape, t.stride()) for t in tensors])
-        binding, specs = self._bound.get(shapes) or self._bind(tensors, shapes)
+        binding, specs, copies = self._bound.get(shapes) or self._bind(tensors, shapes)
+        if copies:
+            tensors = [t.contiguous() if i in copies else t for i, t in enumerate(tensors)]
         if mode == 2 and self.layouts:
             binding.check_layouts([(self.names[i], _host_arg(self.names[i], tensors[i].cpu())[1]) for i in self.layouts])
         first = tensors[0]
@@ -144,6 +155,11 @@ class _Kernels:
         if all(tensors[i].is_contiguous() for i in self.layouts):
             return tensors
         return [t.contiguous() if i in self.layouts else t for i, t in enumerate(tensors)]
+
+
+def _last_axis_dense(t):
+    """Whether `t`'s last axis is read in order: of stride 1 or 0 (broadcast), or of size 1."""
+    return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) in (0, 1)
 
 
 def _mode(validate):
