@@ -946,11 +946,16 @@ impl<'a> Emitter<'a> {
         let (dtype, dims) = (node.dtype, node.shape.dims().to_vec());
         let name = format!("in{input}");
         if self.an.is_some_and(|an| an.strided.contains(&input)) {
-            // Read through the launch's strides: no vectors, no row cache, no batched loads.
-            let off = self.strided_offset(input, ctx);
+            // Read through the launch's strides: from the row kept in registers (loaded from the
+            // row's start through the strides, see `row_cache`), else one element at a time (no
+            // vectors, no batched loads).
             self.note_conversion(dtype);
             let depth = self.target_depth(ctx);
             let note = format!("{} {dtype}, strided", self.g.inputs[input as usize].name);
+            if let Some(e) = self.cached_load(input, &dims, ctx) {
+                return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
+            }
+            let off = self.strided_offset(input, ctx);
             let e = cuda::load_conversion(dtype, &format!("{name}[{off}]"));
             return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
         }

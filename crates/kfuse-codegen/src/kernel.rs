@@ -224,7 +224,7 @@ pub(crate) fn emit_kernel(
     let register_block = register_max_block(block, opts.batched_threads_per_sm, cached.map_or(0, |c| c.sums));
     let domain_note = match (shape, &row_wise, column_wise) {
         (KernelShape::RowWise, Some(plan), _) => {
-            row_wise::domain_note(plan, &dom_str, cached.map(|_| (block, register_block)))
+            row_wise::domain_note(plan, &dom_str, cached.map(|c| (block, register_block, c.strided_rows.as_slice())))
         }
         (KernelShape::Columns, _, Some(plan)) => columns::domain_note(plan, &dom_str),
         _ => shape.domain_note(&dom_str),
@@ -376,6 +376,7 @@ pub(crate) fn emit_kernel(
                 vector: u64::from(cached.width),
                 aligned,
                 max_block: register_block,
+                strided_rows: cached.strided_rows.iter().map(|&k| kfuse_ir::InputId(k)).collect(),
             })
         }
         _ => None,

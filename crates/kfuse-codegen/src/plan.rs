@@ -261,14 +261,40 @@ pub struct RegisterRows {
     /// lane is launched with the smallest block up to this one that holds it (see
     /// [`RegisterRows::block`]), with the same registers a thread.
     pub max_block: u32,
+    /// The inputs read through their launch strides ([`Param::Stride`]) that it loads a row at a
+    /// time, as a contiguous run from the row's first element: it is taken only where each of
+    /// them has a last-axis stride of 1 and every other stride a multiple of
+    /// [`RegisterRows::vector`] (every row starts on a vector; see [`RegisterRows::strides_fit`]).
+    pub strided_rows: Vec<InputId>,
 }
 
 impl RegisterRows {
-    /// Whether a launch of a kernel with `grid`, run-time `sizes` and parameter addresses
-    /// `address(param index)` takes this entry point.
-    pub fn applies(&self, grid: &GridSpec, sizes: &[u64], address: impl Fn(usize) -> Option<u64>) -> bool {
+    /// Whether a launch of a kernel with `grid`, run-time `sizes`, parameter addresses
+    /// `address(param index)` and the strides (elements) of each declared input, `strides[input]`,
+    /// takes this entry point.
+    pub fn applies(
+        &self,
+        grid: &GridSpec,
+        sizes: &[u64],
+        address: impl Fn(usize) -> Option<u64>,
+        strides: &[Vec<i64>],
+    ) -> bool {
         self.block(grid, sizes).is_some()
             && self.aligned.iter().all(|&(p, bytes)| address(p).is_some_and(|a| a % bytes.max(1) == 0))
+            && self.strides_fit(strides)
+    }
+
+    /// Whether every input in [`RegisterRows::strided_rows`] has rows it can load a vector at a
+    /// time: a last-axis stride of 1 and the other strides multiples of the vector's columns (a
+    /// broadcast axis, stride 0, included). An input whose strides are not given does not fit.
+    pub fn strides_fit(&self, strides: &[Vec<i64>]) -> bool {
+        let vector = i64::try_from(self.vector.max(1)).unwrap_or(i64::MAX);
+        self.strided_rows.iter().all(|input| {
+            strides.get(input.0 as usize).is_some_and(|s| match s.split_last() {
+                Some((&last, leading)) => last == 1 && leading.iter().all(|&st| st.rem_euclid(vector) == 0),
+                None => false,
+            })
+        })
     }
 
     /// The threads a block of a launch of a kernel with `grid` at run-time `sizes` takes where

@@ -21,6 +21,8 @@
 //!
 //! Not handled here: the passes (see `shapes::row_wise`), the entry points (see `kernel`).
 
+use std::collections::BTreeSet;
+
 use kfuse_ir::{DType, Graph, Kind};
 
 use crate::cuda;
@@ -71,6 +73,11 @@ pub(crate) struct RowCache {
     /// The buffers accessed a vector at a time (`in<k>`, `out<o>`) with the vector's bytes:
     /// the entry point is launched only where they are aligned to it.
     pub vectors: Vec<(String, u64)>,
+    /// The inputs read through their launch strides (see [`RowCache::with_strides`]).
+    pub strided: BTreeSet<u32>,
+    /// Each row axis's (product of the row axes after it, size), as C expressions: a strided
+    /// input's row starts at the sum of the row's coordinates times the input's strides.
+    leading: Vec<(String, String)>,
 }
 
 /// The group of columns of the body being emitted (see the module docs).
@@ -108,6 +115,53 @@ impl RowCache {
             inputs: Vec::new(),
             group: None,
             vectors: Vec::new(),
+            strided: BTreeSet::new(),
+            leading: Vec::new(),
+        }
+    }
+
+    /// The cache with `strided`, the inputs read through their launch strides (`st<k>_<axis>`),
+    /// kept too: each row of one is loaded from its first element on, as a contiguous run (the
+    /// entry point is taken only where their last-axis stride is 1 and every row starts on a
+    /// vector, see `plan::RegisterRows::strided_rows`). `leading` gives each row axis's (product
+    /// of the row axes after it, size), as C expressions.
+    pub fn with_strides(mut self, strided: BTreeSet<u32>, leading: Vec<(String, String)>) -> RowCache {
+        self.strided = strided;
+        self.leading = leading;
+        self
+    }
+
+    /// The cached inputs read through their launch strides.
+    pub fn strided_rows(&self) -> Vec<u32> {
+        self.inputs.iter().copied().filter(|k| self.strided.contains(k)).collect()
+    }
+
+    /// The element offset in input `k` of the first element of row `row` (a C expression): `rowbase`
+    /// (the row times the row length) where it is contiguous, else each row coordinate times
+    /// its stride.
+    fn row_start(&self, k: u32, row: &str, rowbase: &str) -> String {
+        if !self.strided.contains(&k) {
+            return rowbase.to_string();
+        }
+        let terms: Vec<String> = self
+            .leading
+            .iter()
+            .enumerate()
+            .map(|(a, (inner, size))| {
+                let mut e = row.to_string();
+                if inner != "1" {
+                    e = format!("({e} / ({inner}))");
+                }
+                if a > 0 {
+                    e = format!("({e} % ({size}))");
+                }
+                format!("{e} * st{k}_{a}")
+            })
+            .collect();
+        if terms.is_empty() {
+            "0".to_string()
+        } else {
+            terms.join(" + ")
         }
     }
 
@@ -240,10 +294,11 @@ impl RowCache {
             let (dtype, name) = (g.inputs[k as usize].dtype, &g.inputs[k as usize].name);
             let ty = cuda::value_type(dtype);
             body.push(self.declaration(k, dtype, &format!("{name}: the lane's columns of the row")));
+            let base = if self.strided.contains(&k) { format!("kf_sb{k}") } else { "kf_base1".to_string() };
             match self.vector(format!("in{k}"), dtype) {
                 Some(vty) => {
                     prologue.push(format!("{vty} kf_p{k}[{groups}]; // {name}: the lane's vectors of its next row"));
-                    loads.push(format!("kf_p{k}[kf_v] = *reinterpret_cast<const {vty}*>(in{k} + kf_base1 + kf_j);"));
+                    loads.push(format!("kf_p{k}[kf_v] = *reinterpret_cast<const {vty}*>(in{k} + {base} + kf_j);"));
                     body.push("#pragma unroll".to_string());
                     body.push(format!("for (int kf_v = 0; kf_v < {groups}; ++kf_v) {{"));
                     body.extend(
@@ -254,7 +309,7 @@ impl RowCache {
                 None => {
                     prologue.push(format!("{ty} kf_p{k}[{slots}]; // {name}: the lane's columns of its next row"));
                     for q in 0..w {
-                        let e = cuda::load_conversion(dtype, &format!("in{k}[kf_base1 + kf_j + {q}]"));
+                        let e = cuda::load_conversion(dtype, &format!("in{k}[{base} + kf_j + {q}]"));
                         loads.push(format!("kf_p{k}[{w} * kf_v + {q}] = {e};"));
                     }
                     body.push("#pragma unroll".to_string());
@@ -270,6 +325,10 @@ impl RowCache {
                 "    const int kf_n1 = kf_rw1 < rows ? (int)cols : 0;".to_string(),
                 "    const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;".to_string(),
             ];
+            for k in self.strided_rows() {
+                let start = self.row_start(k, "(kf_rw1 < rows ? kf_rw1 : 0)", "kf_base1");
+                lines.push(format!("    const long long kf_sb{k} = {start}; // in{k}'s row, through its strides"));
+            }
             lines.extend(self.group_loop("kf_n1", &loads).into_iter().map(|l| format!("    {l}")));
             lines.push("}".to_string());
             lines
@@ -288,17 +347,25 @@ impl RowCache {
             let dtype: DType = g.inputs[k as usize].dtype;
             let note = format!("{} in registers: the lane's columns of the row", g.inputs[k as usize].name);
             lines.push(self.declaration(k, dtype, &note));
+            let base = if self.strided.contains(&k) {
+                let start = self.row_start(k, "row", "rowbase");
+                lines.push(format!("const long long kf_sb{k} = {start}; // in{k}'s row, through its strides"));
+                format!("kf_sb{k}")
+            } else {
+                "rowbase".to_string()
+            };
             loads.push("{".to_string());
             let w = self.width;
             let body = match self.packs(dtype).then(|| self.vector(format!("in{k}"), dtype)).flatten() {
                 Some(vty) => {
                     let mut body =
-                        vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>(in{k} + rowbase + kf_j);")];
+                        vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>(in{k} + {base} + kf_j);")];
                     body.extend(self.unpack_group(k, dtype, "kf_w"));
                     body
                 }
-                None => self
-                    .group_loads(dtype, &format!("in{k}"), "rowbase + kf_j", |q| format!("kf_c{k}[{w} * kf_v + {q}]")),
+                None => self.group_loads(dtype, &format!("in{k}"), &format!("{base} + kf_j"), |q| {
+                    format!("kf_c{k}[{w} * kf_v + {q}]")
+                }),
             };
             loads.extend(body.into_iter().map(|l| format!("    {l}")));
             loads.push("}".to_string());

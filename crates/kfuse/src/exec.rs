@@ -341,7 +341,7 @@ impl CudaProgram {
             };
             let (f, params, grid, block) =
                 match (&k.register_rows, self.register_rows.get(i), &k.fold, self.folds.get(i)) {
-                    (Some(r), Some(Some(rf)), _, _) if r.applies(&k.grid, sizes, address) => {
+                    (Some(r), Some(Some(rf)), _, _) if r.applies(&k.grid, sizes, address, strides) => {
                         in_registers[i] = true;
                         (rf, &k.params, grids[i], k.launch_block(sizes))
                     }

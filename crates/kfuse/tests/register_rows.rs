@@ -59,14 +59,14 @@ fn the_executor_takes_the_entry_point_for_rows_in_registers_only_where_the_rows_
         (3, 32776, false, 256),
         (4, 12, false, 256),
     ] {
-        assert_eq!(r.applies(&k.grid, &[rows, cols], aligned), takes, "[{rows}, {cols}]");
+        assert_eq!(r.applies(&k.grid, &[rows, cols], aligned, &[]), takes, "[{rows}, {cols}]");
         assert_eq!(k.launch_block(&[rows, cols]), block, "[{rows}, {cols}]");
     }
     // A buffer off its 16 bytes (a view at an odd offset) takes the entry point for any row.
     let first = r.aligned[0].0;
     let one_off = |p: usize| Some(if p == first { 0x7f00_0000_0008u64 } else { 0x7f00_0000_0000 });
-    assert!(!r.applies(&k.grid, &[8192, 4096], one_off));
-    assert!(!r.applies(&k.grid, &[8192, 4096], |_| None), "an unknown address never takes it");
+    assert!(!r.applies(&k.grid, &[8192, 4096], one_off, &[]));
+    assert!(!r.applies(&k.grid, &[8192, 4096], |_| None, &[]), "an unknown address never takes it");
 }
 
 #[test]
@@ -85,11 +85,11 @@ fn a_kernel_keeping_two_row_shaped_inputs_keeps_16_columns_a_lane() {
     let aligned = |_: usize| Some(0x7f00_0000_0000u64);
     // 16 columns a lane: rows of up to 4096 columns in the kernel's block of 256, up to 16,384
     // in blocks of 1024.
-    assert!(r.applies(&k.grid, &[8192, 4096], aligned));
+    assert!(r.applies(&k.grid, &[8192, 4096], aligned, &[]));
     assert_eq!(k.launch_block(&[8192, 4096]), 256);
-    assert!(r.applies(&k.grid, &[8192, 8192], aligned));
+    assert!(r.applies(&k.grid, &[8192, 8192], aligned, &[]));
     assert_eq!(k.launch_block(&[8192, 8192]), 512);
-    assert!(!r.applies(&k.grid, &[8192, 16388], aligned));
+    assert!(!r.applies(&k.grid, &[8192, 16388], aligned, &[]));
 }
 
 #[test]
@@ -137,4 +137,33 @@ fn layer_norm_weight_gradients_are_summed_by_the_row_kernel_and_folded_by_a_seco
     // their fold.
     let names: Vec<&str> = kernels.iter().flat_map(|k| k.entries()).map(|e| e.1).collect();
     assert_eq!(names.len(), 4, "{names:?}");
+}
+
+#[test]
+fn rows_read_through_strides_take_the_entry_for_rows_in_registers_where_each_row_starts_on_a_vector() {
+    for (dtype, width) in [(DType::F32, 4i64), (DType::BF16, 8)] {
+        let p = layer_norm(dtype).reading_strided(&[0, 1]).expect("x and w read through strides");
+        let k = &p.plan().kernels[0];
+        let r = k.register_rows.as_ref().expect("an entry point for rows in registers");
+        // x is kept, its rows loaded from each row's start through its strides; w is not
+        // row-shaped (read at its stride, one element at a time).
+        assert_eq!(r.strided_rows, vec![kfuse::InputId(0)], "{dtype}");
+        assert!(r.source.contains("const long long kf_sb0 = row * st0_0;"), "{}", r.source);
+        assert!(r.source.contains("in0 + kf_sb0 + kf_j"), "{}", r.source);
+        assert!(k.source.contains("strided in0 kept where the last axis has stride 1"), "{}", k.source);
+        let aligned = |_: usize| Some(0x7f00_0000_0000u64);
+        let d = 4096i64;
+        let with = |x: Vec<i64>| vec![x, vec![1], vec![1]];
+        // Rows of a wider tensor sliced at a multiple of the vector, broadcast rows, contiguous
+        // rows: the entry for rows in registers.
+        for x in [vec![d + 2 * width, 1], vec![0, 1], vec![d, 1]] {
+            assert!(r.applies(&k.grid, &[8192, d as u64], aligned, &with(x.clone())), "{dtype} {x:?}");
+        }
+        // A row that does not start on a vector, a last axis that is not dense, strides not
+        // given: the entry for any row.
+        for x in [vec![d + width / 2, 1], vec![1, 8192], vec![2 * d, 2]] {
+            assert!(!r.applies(&k.grid, &[8192, d as u64], aligned, &with(x.clone())), "{dtype} {x:?}");
+        }
+        assert!(!r.applies(&k.grid, &[8192, d as u64], aligned, &[]), "strides not given");
+    }
 }

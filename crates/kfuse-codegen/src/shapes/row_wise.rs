@@ -339,6 +339,9 @@ pub(crate) struct RegisterBody {
     pub prologue: Vec<String>,
     pub body: Vec<String>,
     pub vectors: Vec<(String, u64)>,
+    /// The inputs read through their launch strides that it keeps (see
+    /// `row_cache::RowCache::with_strides`).
+    pub strided_rows: Vec<u32>,
     /// The columns of a vector (see `row_cache::RowCache::width`).
     pub width: u32,
     /// The columns a lane keeps, at most (see `row_cache::RowCache::slots`).
@@ -370,10 +373,12 @@ pub(crate) fn emit_body(
     let cols = em.dim(plan.cols);
     let mut sizes = RowSizes { rows, cols, temps_written: Vec::new(), cached: None, fold_doubles: fold_slots(plan, g) };
     let mark = em.mark();
+    // Each row axis's (product of the row axes after it, size): where a strided input's row starts.
+    let leading: Vec<(String, String)> = (0..k).map(|a| (em.product(&dims[a + 1..k]), em.dim(dims[a]))).collect();
     // The body of rows in registers with `slots` columns a lane: the cache's state and the lines.
     let mut cached = |em: &mut Emitter, slots: u32, sizes: &mut RowSizes| {
         em.open_row_block();
-        em.row_cache = Some(RowCache::for_graph(g, slots));
+        em.row_cache = Some(RowCache::for_graph(g, slots).with_strides(an.strided.clone(), leading.clone()));
         emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, sizes)?;
         let cache = em
             .row_cache
@@ -397,8 +402,15 @@ pub(crate) fn emit_body(
         let (prologue, mut body) = cache.preload(g, plan.phases.is_empty() && plan.column_sums.is_empty());
         body.extend(lines);
         let sums = plan.column_sums.len();
-        sizes.cached =
-            Some(RegisterBody { prologue, body, vectors: cache.vectors, width: cache.width, slots: cache.slots, sums });
+        sizes.cached = Some(RegisterBody {
+            prologue,
+            body,
+            strided_rows: cache.strided_rows(),
+            vectors: cache.vectors,
+            width: cache.width,
+            slots: cache.slots,
+            sums,
+        });
     }
     emit_passes(em, g, (an, kernel), plan, k, groups, unconditional, &mut sizes)?;
     sizes.temps_written.sort_unstable();
@@ -821,9 +833,9 @@ pub(crate) fn grid(plan: &RowWise, dims: &[Dim], block: u32, resident: u32) -> R
     Ok(GridSpec::Rows { rows, cols, block, max_blocks_per_sm: resident })
 }
 
-/// The header's domain line; `registers`: the kernel's block and the largest block of its entry
-/// for rows in registers, when it has one.
-pub(crate) fn domain_note(plan: &RowWise, dom: &str, registers: Option<(u32, u32)>) -> String {
+/// The header's domain line; `registers`: the kernel's block, the largest block of its entry
+/// for rows in registers and the strided inputs that entry keeps, when it has one.
+pub(crate) fn domain_note(plan: &RowWise, dom: &str, registers: Option<(u32, u32, &[u32])>) -> String {
     let per = match plan.case {
         RowCase::Elements => "the body at each element of the row",
         RowCase::Results => "the body once per row (lane 0)",
@@ -833,13 +845,25 @@ pub(crate) fn domain_note(plan: &RowWise, dom: &str, registers: Option<(u32, u32
         false => format!(", {ROW_CACHE_SLOTS_ONE_INPUT} when one row-shaped input is kept"),
     };
     let blocks = match registers {
-        Some((block, max)) if max > block => format!(", in blocks of {block} up to {max} threads as the row needs"),
+        Some((block, max, _)) if max > block => format!(", in blocks of {block} up to {max} threads as the row needs"),
+        _ => String::new(),
+    };
+    let strided = match registers {
+        Some((_, _, inputs)) if !inputs.is_empty() => {
+            let names: Vec<String> = inputs.iter().map(|k| format!("in{k}")).collect();
+            format!(
+                ", strided {} kept where the last axis has stride 1 and each row starts on a vector",
+                names.join(" ")
+            )
+        }
         _ => String::new(),
     };
     // The entry for rows in registers, where the kernel has one (row-shaped inputs to keep).
     let registers = match registers {
         Some(_) => {
-            format!("; rows kept in registers: from 1 lane, at most {ROW_CACHE_SLOTS} columns a lane{kept}{blocks}")
+            format!(
+                "; rows kept in registers: from 1 lane, at most {ROW_CACHE_SLOTS} columns a lane{kept}{blocks}{strided}"
+            )
         }
         None => String::new(),
     };
