@@ -179,3 +179,49 @@ def test_gradients_flow_to_the_base_of_a_transposed_view(gpu):
     want.loss.backward()
     close(out.loss, want.loss.detach(), "loss")
     close(base.grad, ref.grad, "grad of the base", atol=1e-6)
+
+
+LAYER_NORM_FORWARD = """
+input x: f32[N, D]
+input w: f32[D]
+input b: f32[D]
+let mu = mean(x, axis: -1)
+let xc = x - mu[.., None]
+output y = xc * rsqrt(mean(xc * xc, axis: -1) + 1e-5)[.., None] * w + b
+"""
+
+
+def test_a_transposed_input_is_copied_once_for_the_forward_and_its_backward(gpu):
+    """Autograd's forward copies a view kfuse would copy and saves the copy: the backward (the
+    derived VJP program) reads it in place, so a forward + backward of a transposed x allocates
+    one tensor more than of a contiguous x. Values against torch in float64."""
+    gen = torch.Generator().manual_seed(12)
+    n, d = 257, 96
+    base = torch.randn(d, n, generator=gen).to(gpu).requires_grad_()
+    dense = base.detach().t().contiguous().requires_grad_()
+    w = (1 + 0.1 * torch.randn(d, generator=gen)).to(gpu).requires_grad_()
+    b = torch.randn(d, generator=gen).to(gpu).requires_grad_()
+    dy = torch.randn(n, d, generator=gen).to(gpu)
+    prog = kfuse.compile(LAYER_NORM_FORWARD, name="layer norm")
+
+    def step(leaf, x):
+        (y,) = prog(x=x, w=w, b=b)
+        return torch.autograd.grad(y, (leaf, w, b), dy)
+
+    def allocated(leaf, view):
+        step(leaf, view(leaf))  # compiles and binds this layout
+        torch.cuda.synchronize(gpu)
+        before = torch.cuda.memory_stats(gpu)["allocation.all.allocated"]
+        got = step(leaf, view(leaf))
+        return torch.cuda.memory_stats(gpu)["allocation.all.allocated"] - before, got
+
+    transposed, got = allocated(base, lambda t: t.t())
+    contiguous, _ = allocated(dense, lambda t: t)
+    assert transposed == contiguous + 1, f"{transposed} allocations with a transposed x, {contiguous} without"
+    x64 = base.detach().double().t().requires_grad_()
+    w64, b64 = w.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    y64 = torch.nn.functional.layer_norm(x64, (d,), w64, b64, 1e-5)
+    want = torch.autograd.grad(y64, (x64, w64, b64), dy.double())
+    close(got[0].t(), want[0].float(), "dx", atol=1e-5)
+    close(got[1], want[1].float(), "dw", rtol=1e-4, atol=1e-5)
+    close(got[2], want[2].float(), "db", rtol=1e-4, atol=1e-5)

@@ -4,7 +4,7 @@ derived VJP program as its backward (`_Derived`)."""
 import torch
 
 from . import _kfuse
-from ._run import _current_device, _on_device, _raw_stream
+from ._run import _current_device, _dense_views, _on_device, _raw_stream
 from ._types import _KD
 
 def _scale_in_place(g, up):
@@ -39,6 +39,7 @@ class _Fused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fusion, mode, *tensors):
+        tensors = _dense_views(tensors)
         outs = fusion.kernels.run(tensors, mode)
         ctx.fusion = fusion
         ctx.mode = mode
@@ -73,6 +74,8 @@ class _Derived(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, variant, mode, wrt, *tensors):
+        # Views kfuse would copy are copied here, once: the backward reads the saved copies.
+        tensors = _dense_views(tensors)
         outs = variant.kernels.run(tensors, mode)
         ctx.variant = variant
         ctx.mode = mode

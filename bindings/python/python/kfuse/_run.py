@@ -157,6 +157,16 @@ class _Kernels:
         return [t.contiguous() if i in self.layouts else t for i, t in enumerate(tensors)]
 
 
+def _dense_views(tensors):
+    """`tensors` with each view whose last axis is not dense made contiguous: the copies a call
+    makes (see `_Kernels._bind`), made once by an autograd forward so that its backward reads the
+    copies it saved instead of copying again."""
+    for t in tensors:
+        if not t.is_contiguous() and not _last_axis_dense(t):
+            return [t if t.is_contiguous() or _last_axis_dense(t) else t.contiguous() for t in tensors]
+    return tensors
+
+
 def _last_axis_dense(t):
     """Whether `t`'s last axis is read in order: of stride 1 or 0 (broadcast), or of size 1."""
     return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) in (0, 1)
