@@ -136,13 +136,9 @@ impl RowCache {
         self.inputs.iter().copied().filter(|k| self.strided.contains(k)).collect()
     }
 
-    /// The element offset in input `k` of the first element of row `row` (a C expression): `rowbase`
-    /// (the row times the row length) where it is contiguous, else each row coordinate times
-    /// its stride.
-    fn row_start(&self, k: u32, row: &str, rowbase: &str) -> String {
-        if !self.strided.contains(&k) {
-            return rowbase.to_string();
-        }
+    /// The element offset in strided input `k` of the first element of row `row` (a C
+    /// expression): each row coordinate times its stride.
+    fn row_start(&self, k: u32, row: &str) -> String {
         let terms: Vec<String> = self
             .leading
             .iter()
@@ -326,7 +322,7 @@ impl RowCache {
                 "    const long long kf_base1 = (kf_rw1 < rows ? kf_rw1 : 0) * cols;".to_string(),
             ];
             for k in self.strided_rows() {
-                let start = self.row_start(k, "(kf_rw1 < rows ? kf_rw1 : 0)", "kf_base1");
+                let start = self.row_start(k, "(kf_rw1 < rows ? kf_rw1 : 0)");
                 lines.push(format!("    const long long kf_sb{k} = {start}; // in{k}'s row, through its strides"));
             }
             lines.extend(self.group_loop("kf_n1", &loads).into_iter().map(|l| format!("    {l}")));
@@ -348,7 +344,7 @@ impl RowCache {
             let note = format!("{} in registers: the lane's columns of the row", g.inputs[k as usize].name);
             lines.push(self.declaration(k, dtype, &note));
             let base = if self.strided.contains(&k) {
-                let start = self.row_start(k, "row", "rowbase");
+                let start = self.row_start(k, "row");
                 lines.push(format!("const long long kf_sb{k} = {start}; // in{k}'s row, through its strides"));
                 format!("kf_sb{k}")
             } else {

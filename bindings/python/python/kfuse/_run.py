@@ -91,7 +91,7 @@ class _Kernels:
         # (a transpose, a step): a warp would read its row one sector per element. Those are copied
         # each call (on an H200 a layer norm of a transposed x read in place took 3.8x the time of
         # the copy and the contiguous kernels; bench/RESULTS.md).
-        copies = tuple(i for i, t in enumerate(tensors) if not t.is_contiguous() and not _last_axis_dense(t))
+        copies = tuple(i for i, t in enumerate(tensors) if _copied(t))
         views = [
             (n, list(t.stride()))
             for i, (n, t) in enumerate(zip(self.names, tensors))
@@ -161,10 +161,14 @@ def _dense_views(tensors):
     """`tensors` with each view whose last axis is not dense made contiguous: the copies a call
     makes (see `_Kernels._bind`), made once by an autograd forward so that its backward reads the
     copies it saved instead of copying again."""
-    for t in tensors:
-        if not t.is_contiguous() and not _last_axis_dense(t):
-            return [t if t.is_contiguous() or _last_axis_dense(t) else t.contiguous() for t in tensors]
+    if any(_copied(t) for t in tensors):
+        return [t.contiguous() if _copied(t) else t for t in tensors]
     return tensors
+
+
+def _copied(t):
+    """Whether a call copies `t`: a view that is not contiguous and whose last axis is not dense."""
+    return not t.is_contiguous() and not _last_axis_dense(t)
 
 
 def _last_axis_dense(t):
