@@ -747,6 +747,12 @@ impl<'a> Emitter<'a> {
             }
             Op::Binary(_, a, b) => {
                 let (ac, bc) = (self.operand_ctx(dims, &ctx, a), self.operand_ctx(dims, &ctx, b));
+                // A widened i32 compared on 32 bits: its operand is the i32 value (see `finish`).
+                let (a, b) = match widened_i32(g, n) {
+                    Some((0, x)) => (x, b),
+                    Some((_, x)) => (a, x),
+                    None => (a, b),
+                };
                 tasks.push(Task::Finish(n, ctx));
                 tasks.push(Task::Eval(b, bc));
                 tasks.push(Task::Eval(a, ac));
@@ -814,6 +820,19 @@ impl<'a> Emitter<'a> {
             }
             Op::Binary(op, a, _) => {
                 let [va, vb] = pop_array(values, n)?;
+                if let Some((k, _)) = widened_i32(g, n) {
+                    // `(long long)i == w` as `w` fits in 32 bits and equals `i` there: the test of
+                    // fitting reads `w` alone, so NVVM computes it once where `w` is the same for
+                    // many elements (a row's label against each column's index).
+                    let (w, i) = if k == 0 { (&vb, &va) } else { (&va, &vb) };
+                    let fits = format!("(long long)(int)({w}) == ({w})");
+                    let expr = match op {
+                        BinaryOp::Eq => format!("({fits} && (int)({w}) == {i})"),
+                        _ => format!("!({fits} && (int)({w}) == {i})"),
+                    };
+                    let depth = self.target_depth(ctx);
+                    return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), "bool", expr, &format!("n{}", n.0)));
+                }
                 let dtype = g.node(a).dtype;
                 let kind = dtype.kind();
                 if kind == Kind::Float && matches!(op, BinaryOp::Min | BinaryOp::Max) {
@@ -1618,6 +1637,20 @@ fn binary(op: BinaryOp, dtype: DType, a: &str, b: &str) -> String {
         return format!("(int)((unsigned int){a} {sym} (unsigned int){b})");
     }
     format!("{a} {sym} {b}")
+}
+
+/// For `==` or `!=` of two i64 values one of which widens an i32 (a column's index compared with
+/// an i64 label): which operand (0 or 1) it is and the i32 node it widens. Emitted as a 32-bit
+/// comparison (see `Emitter::finish`).
+fn widened_i32(g: &Graph, n: NodeId) -> Option<(usize, NodeId)> {
+    let Op::Binary(BinaryOp::Eq | BinaryOp::Ne, a, b) = g.node(n).op else { return None };
+    if g.node(a).dtype != DType::I64 {
+        return None;
+    }
+    [a, b].into_iter().enumerate().find_map(|(k, o)| match g.node(o).op {
+        Op::Cast(x) if g.node(x).dtype == DType::I32 => Some((k, x)),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

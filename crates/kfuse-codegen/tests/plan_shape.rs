@@ -141,9 +141,11 @@ fn softmax_cross_entropy_loops_over_rows_in_one_kernel() {
     // The max and the exp-sum in the one loop, folded as pairs over the row's lanes.
     assert_eq!(src.matches("kf_online_add(om").count(), 1, "{src}");
     assert_eq!(src.matches("kf_row_online(om").count(), 1, "{src}");
-    // The picked logit's sum adds the lane's columns in f32, converted once for the fold.
-    assert_eq!(src.matches("float p").count(), 1, "{src}");
-    assert!(src.contains("// the lane's columns, added in f32"), "{src}");
+    // The label's logit (a sum over the row of where(iota == label, x, 0)) is read once per row
+    // at the label, not compared and added at every column; no other sum is folded.
+    assert_eq!(src.matches("float p").count(), 0, "{src}");
+    assert!(src.contains("gathered along axis 1"), "{src}");
+    assert!(!src.contains("folds over the row's lanes"), "{src}");
     // The label is loaded once per row, outside the loops.
     assert_eq!(src.matches("in1[").count(), 1, "{src}");
 }

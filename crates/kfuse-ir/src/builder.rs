@@ -881,8 +881,12 @@ impl GraphBuilder {
         let Some(shape) = axis.result_shape(&xs) else {
             return Err(IrError::RankTooLow { op: op.name(), min: 1, shape: self.graph.shape_str(&xs) });
         };
-        let shifted = match (axis, mask) {
-            (ReduceAxis::Last, None) => self.split_row_shift(op, x)?,
+        let shifted = match (axis, mask, op) {
+            (ReduceAxis::Last, None, ReduceOp::Sum) => match self.pick_one_hot(x)? {
+                Some(y) => Some(y),
+                None => self.split_row_shift(op, x)?,
+            },
+            (ReduceAxis::Last, None, _) => self.split_row_shift(op, x)?,
             _ => None,
         };
         let mut y = match shifted {
@@ -893,6 +897,84 @@ impl GraphBuilder {
             y = self.expand_last(y);
         }
         Ok(y)
+    }
+
+    /// A sum along the last axis of `where(iota == k, f, 0)` (the comparison either way round, the
+    /// index cast to `k`'s integer dtype or not), where `k` is the same at every column of a row (a
+    /// class label, a gather's index): `f` at column `k` of its row where `0 <= k <` the row
+    /// length, else 0. A cross-entropy's pick of the label's log-probability and the row sums of a
+    /// gather's gradient (its scatter) then read one element per row instead of comparing and
+    /// adding at every element. `f` is gathered at `k` clamped into the row (an index out of range
+    /// is not an error here, as it is not in the sum), or taken as it is where it is the same
+    /// along the row; `+ 0` turns a picked `-0` into the `+0` that a sum of zeros and `-0` gives.
+    /// `None` where the pattern does not apply.
+    fn pick_one_hot(&mut self, x: NodeId) -> Result<Option<NodeId>, IrError> {
+        let xn = self.node(x);
+        let Op::Ternary(TernaryOp::Select, cond, f, zero) = xn.op else { return Ok(None) };
+        if xn.dtype.kind() != Kind::Float || xn.shape.rank() < 2 {
+            return Ok(None);
+        }
+        if !matches!(self.node(zero).op, Op::Const(Literal::Float(0))) {
+            return Ok(None);
+        }
+        let xs = xn.shape.clone();
+        let last = xs.rank() as u32 - 1;
+        // The same at every column: `xs`'s shape with a last axis of 1.
+        let row_constant = |b: &GraphBuilder, n: NodeId| {
+            let ns = b.node(n).shape.dims();
+            ns.len() == xs.rank()
+                && ns[..ns.len() - 1] == xs.dims()[..ns.len() - 1]
+                && ns.last() == Some(&Dim::Const(1))
+        };
+        if row_constant(self, cond) {
+            // `where(c, f, 0)` with `c` the same along the row (a gather's gradient under a mask of
+            // rows): the pick of `f`, kept where `c` holds (a sum of zeros is +0 elsewhere).
+            let Some(inner) = self.pick_one_hot(f)? else { return Ok(None) };
+            let kept = self.component(cond, 0)?;
+            return Ok(Some(self.select(kept, inner, zero)?));
+        }
+        let Op::Binary(BinaryOp::Eq, l, r) = self.node(cond).op else { return Ok(None) };
+        let is_index = |b: &GraphBuilder, n: NodeId| {
+            let (op, dtype) = (&b.node(n).op, b.node(n).dtype);
+            let iota = match *op {
+                Op::Cast(i) if matches!(dtype, DType::I32 | DType::I64) => i,
+                _ => n,
+            };
+            matches!(b.node(iota).op, Op::Iota { axis } if axis == last) && b.node(iota).shape == xs
+        };
+        let k = match (is_index(self, l), is_index(self, r)) {
+            (true, false) => r,
+            (false, true) => l,
+            _ => return Ok(None),
+        };
+        let kd = self.node(k).dtype;
+        if !matches!(kd, DType::I32 | DType::I64) || !row_constant(self, k) {
+            return Ok(None);
+        }
+        let along_row = self.node(f).shape == xs;
+        if !along_row && !row_constant(self, f) && !self.node(f).shape.is_scalar() {
+            return Ok(None);
+        }
+        let every = self.all_true(xs.clone(), last)?;
+        let count = self.reduce(ReduceOp::Count, ReduceAxis::Last, every, None)?;
+        let count = self.expand_last(count);
+        let length = self.cast(count, kd);
+        let zero_index = self.constant(Literal::Int(0), kd);
+        let one = self.constant(Literal::Int(1), kd);
+        let (at_least_0, below_length) =
+            (self.binary(BinaryOp::Ge, k, zero_index)?, self.binary(BinaryOp::Lt, k, length)?);
+        let inside = self.binary(BinaryOp::And, at_least_0, below_length)?;
+        let picked = if along_row {
+            let highest = self.binary(BinaryOp::Sub, length, one)?;
+            let clamped = self.clamp(k, zero_index, highest)?;
+            self.gather(f, clamped, -1)?
+        } else {
+            f
+        };
+        let plus_zero = self.binary(BinaryOp::Add, picked, zero)?;
+        let y = self.select(inside, plus_zero, zero)?;
+        let y = if self.node(y).shape.is_scalar() { y } else { self.component(y, 0)? };
+        Ok(Some(y))
     }
 
     /// A sum or mean along the last axis of `a ± c` (or `c ± a`) where `c` is the same at every

@@ -143,15 +143,18 @@ fn cross_entropy_loss_and_gradient_read_the_rows_once() {
         assert!(fused.contains("= (double)kf_n; // the row's columns"), "{fused}");
         assert!(fused.contains("= (int)(sz1); // n"), "the mean's count is the row length: {fused}");
     }
-    // From memory: one pass, two folds beside the online pair (the mean's count is the row's
-    // columns, not folded).
+    // From memory: one pass, the mean's sum folded beside the online pair (its count is the
+    // row's columns, not folded). The gradient's sum over the row of the label's one-hot is the
+    // label's value, read once per row: no fold of its own, and no comparison in the pass.
     assert!(memory.contains("kf_online_add(") && memory.contains("kf_row_online(o"), "{memory}");
-    assert!(memory.contains("The phase's 2 folds over the row's lanes"), "{memory}");
-    assert!(!memory.contains("The phase's 3 folds"), "{memory}");
-    // In registers: the maximum and the two sums folded together, then the exp-sum.
+    assert!(!memory.contains("folds over the row's lanes"), "one fold and the online pair: {memory}");
+    assert_eq!(memory.matches("= kf_row_sum(").count(), 1, "{memory}");
+    // In registers: the maximum and the mean's sum folded together, then the exp-sum.
     assert!(!registers.contains("kf_online_add(o") && !registers.contains("kf_row_online(o"), "{registers}");
-    assert!(registers.contains("The phase's 3 folds over the row's lanes"), "{registers}");
+    assert!(registers.contains("The phase's 2 folds over the row's lanes"), "{registers}");
     assert!(registers.contains("kf_row_max("), "{registers}");
+    // The gradient's one-hot compares a column's index with the label on 32 bits.
+    assert!(registers.contains("(long long)(int)("), "{registers}");
     // Same values as the interpreter computes for the two-kernel form: checked on random rows
     // against the math in f64 (printed seed), ignored rows included.
     let seed = 0x5eed_c1a5;
@@ -334,4 +337,63 @@ fn a_row_result_stays_where_a_kernel_before_the_gradient_reads_the_rows() {
     assert_eq!(kernels.len(), 2, "{}", p.cuda_source());
     assert!(!kernels[1].source.contains("once per row\n"), "{}", kernels[1].source);
     assert!(kernels[0].source.contains("tmp"), "the row values go to the gradient kernel: {}", kernels[0].source);
+}
+
+#[test]
+fn a_row_sum_of_a_one_hot_pick_reads_the_index_alone_with_the_sums_values() {
+    // sum(where(iota == k, f, 0), axis: -1) is f at column k (0 elsewhere, and for k out of the
+    // row), built as a gather at k: values NaN or infinite in other columns do not leak in, a
+    // picked -0 sums to +0, labels of -100 or past the row pick nothing, i32 and i64 indices
+    // alike, under a mask of rows, and for an f the same along the row; the gradient is the
+    // one-hot scatter. Checked against the sums done here (printed seed).
+    let seed = 0x5eed_0401;
+    println!("seed {seed:#x}");
+    let (b, c) = (7usize, 5usize);
+    let p = compile(
+        "input x: f32[B, C]\ninput k: i64[B]\ninput k32: i32[B]\ninput w: f32[B]\n\
+         let hot = iota(x, axis: -1) == k[.., None]\n\
+         output picked = sum(where(hot, 2.0 * x, 0.0), axis: -1)\n\
+         output picked32 = sum(where(k32[.., None] == iota(x, axis: -1), x, 0.0), axis: -1)\n\
+         output masked = sum(where(k[.., None] != 3, where(hot, x, 0.0), 0.0), axis: -1)\n\
+         output rows = sum(where(hot, w[.., None], 0.0), axis: -1)\n\
+         output dx = grad(sum(sum(where(hot, x * x, 0.0), axis: -1)), x)\n",
+    );
+    let g = p.graph();
+    for o in ["picked", "picked32", "masked", "rows"] {
+        let node = g.node(g.output_by_name(o).expect("output").node);
+        assert!(!matches!(node.op, kfuse_ir::Op::Reduce { .. }), "{o} is a pick, not a reduction: {:?}", node.op);
+    }
+    let mut xs = random(seed, b * c);
+    xs[1] = f32::NAN; // row 0, not its label's column
+    xs[c + 4] = f32::INFINITY; // row 1, not its label's column
+    xs[c + 3] = -0.0; // row 1's label's column
+    let labels: Vec<i64> = vec![2, 3, -100, 5, -1, 0, 4];
+    let w: Vec<f32> = random(seed + 1, b);
+    let x = HostTensor::new(vec![b, c], TensorData::F32(xs.clone()));
+    let k = HostTensor::new(vec![b], TensorData::I64(labels.clone()));
+    let k32 = HostTensor::new(vec![b], TensorData::I32(labels.iter().map(|&v| v as i32).collect()));
+    let wt = HostTensor::new(vec![b], TensorData::F32(w.clone()));
+    let outs = p.run_cpu(&[("x", &x), ("k", &k), ("k32", &k32), ("w", &wt)]).unwrap();
+    let at = |r: usize| usize::try_from(labels[r]).ok().filter(|&j| j < c);
+    // A sum of +0s and the picked value, in f32 as the kernels add.
+    let sum_with = |v: Option<f32>| v.map_or(0.0, |v| v + 0.0);
+    for r in 0..b {
+        let pick = at(r).map(|j| xs[r * c + j]);
+        let cases = [
+            ("picked", sum_with(pick.map(|v| 2.0 * v))),
+            ("picked32", sum_with(pick)),
+            ("masked", if labels[r] == 3 { 0.0 } else { sum_with(pick) }),
+            ("rows", sum_with(at(r).map(|_| w[r]))),
+        ];
+        for (o, want) in cases {
+            let got = f32s(&outs, o)[r];
+            assert_eq!(got.to_bits(), want.to_bits(), "{o}[{r}]: {got} vs {want} (seed {seed:#x})");
+        }
+        for j in 0..c {
+            let want = if at(r) == Some(j) { 2.0 * xs[r * c + j] } else { 0.0 };
+            let got = f32s(&outs, "dx")[r * c + j];
+            assert_eq!(got, want, "dx[{r}, {j}] (seed {seed:#x})");
+        }
+    }
+    assert_eq!(f32s(&outs, "picked32")[1].to_bits(), 0.0f32.to_bits(), "a picked -0 sums to +0");
 }

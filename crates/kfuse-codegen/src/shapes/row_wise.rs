@@ -590,8 +590,12 @@ fn emit_passes(
 /// (a slice of 32 doubles each, [`fold_slots`]) and each lane folds its group's in order, as the
 /// helper does, so the bits are the helper's.
 fn fold_lines(folds: &[(String, Combine)]) -> Vec<String> {
-    if let [(a, combine)] = folds {
-        return vec![format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name())];
+    match folds {
+        [] => return Vec::new(), // the phase's one pass folds its online pair alone
+        [(a, combine)] => {
+            return vec![format!("{a} = kf_row_{}({a}, kf_g, kf_rs); // over the row's lanes", combine.name())]
+        }
+        _ => {}
     }
     let mut lines = vec![format!("// The phase's {} folds over the row's lanes: within each warp, then the group's warps through one barrier pair.", folds.len())];
     for (a, combine) in folds {

@@ -168,15 +168,6 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
             const float v21 = in0[rowbase + j3]; // logits f32
             kf_online_add(om19, os20, v21);
         }
-        // The phase's 0 folds over the row's lanes: within each warp, then the group's warps through one barrier pair.
-        if (kf_g > 32) {
-            const unsigned kf_warp = threadIdx.x >> 5, kf_first = (threadIdx.x & ~(unsigned)(kf_g - 1)) >> 5;
-            __syncthreads(); // kf_rs may still be read by the previous fold
-            if ((threadIdx.x & 31u) == 0u) {  }
-            __syncthreads();
-            
-            for (unsigned w = 1; w < (unsigned)(kf_g >> 5); ++w) {  }
-        }
         kf_row_online(om19, os20, kf_g, kf_rs); // over the row's lanes
         const float v22 = om19; // n2 maximum along the row, once per row
         const float v23 = os20; // n6 sum of exp(x - n2) along the row, once per row
