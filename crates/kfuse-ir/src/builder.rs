@@ -973,8 +973,7 @@ impl GraphBuilder {
         };
         let plus_zero = self.binary(BinaryOp::Add, picked, zero)?;
         let y = self.select(inside, plus_zero, zero)?;
-        let y = if self.node(y).shape.is_scalar() { y } else { self.component(y, 0)? };
-        Ok(Some(y))
+        Ok(Some(self.component(y, 0)?))
     }
 
     /// A sum or mean along the last axis of `a ± c` (or `c ± a`) where `c` is the same at every
