@@ -104,12 +104,15 @@ pub(crate) fn evaluate_bound(
         };
         let mut value = value;
         let dtype = graph.nodes[i].dtype;
-        if precision == Precision::F32 && dtype.kind() == Kind::Float && !value.values.is_empty() {
+        if precision != Precision::F64 && dtype.kind() == Kind::Float && !value.values.is_empty() {
             // As the GPU computes: every float value rounded to f32 (reductions accumulate in f64
             // and round their result, as the GPU's accumulators do), and an output's rounded to
             // its dtype as stored, since a later kernel that uses it reads the stored tensor.
             let values = Arc::make_mut(&mut value.values);
-            values.iter_mut().for_each(|v| *v = *v as f32 as f64);
+            match precision {
+                Precision::F32Upward => values.iter_mut().for_each(|v| *v = f64::from(f32_upward(*v))),
+                _ => values.iter_mut().for_each(|v| *v = *v as f32 as f64),
+            }
             if dtype != DType::F32 && graph.outputs.iter().any(|o| o.node.index() == i) {
                 *values = HostTensor::from_f64(dtype, vec![values.len()], values).to_f64();
             }
@@ -149,6 +152,23 @@ pub enum Precision {
     /// [`Precision::F64`] shows how much the kernels' rounding alone moves a result (much more
     /// than its magnitude suggests where large terms cancel).
     F32,
+    /// [`Precision::F32`] with every float node's values rounded upward (toward +∞) instead of to
+    /// nearest: every rounding error has the same sign, so where a sum of computed terms cancels
+    /// its result moves by about the sum of the errors' magnitudes. Nearest rounding's errors are
+    /// random and may cancel by luck in any one evaluation (an output of one element is one
+    /// sample of them); the kernels' own nearest-rounded errors, their f32 accumulators' included,
+    /// add up far more slowly (as the square root of their count) than these do.
+    F32Upward,
+}
+
+/// `v` rounded to the nearest f32 at or above it (NaN and infinities as they are).
+fn f32_upward(v: f64) -> f32 {
+    let r = v as f32;
+    if f64::from(r) < v {
+        r.next_up()
+    } else {
+        r
+    }
 }
 
 fn missing(node: NodeId) -> InterpError {

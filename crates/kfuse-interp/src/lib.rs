@@ -9,7 +9,8 @@
 //!   graph; [`run`] rounds outputs to their dtype (to nearest, ties to even, for f16/bf16).
 //!   [`run_in`] with [`Precision::F32`] rounds every float value to f32 instead, and an output
 //!   that other values use to its dtype, as the kernels compute and store: tests compare the two
-//!   to see how far the kernels' rounding alone moves an output.
+//!   to see how far the kernels' rounding alone moves an output ([`Precision::F32Upward`] rounds
+//!   upward, so that the errors of a cancelling sum add up instead of cancelling by luck).
 //! - `i32` arithmetic is two's-complement: results wrap to `i32` after every op.
 //! - `min`/`max`/`clamp` propagate NaN (PyTorch's `torch.minimum`/`maximum`), as do the
 //!   `max`/`min` reductions.

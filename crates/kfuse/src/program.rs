@@ -320,6 +320,14 @@ impl Program {
         Ok(kfuse_interp::run_in(&self.graph, inputs, kfuse_interp::Precision::F32)?)
     }
 
+    /// [`Program::run_cpu_f32`] rounding upward (toward +∞) instead of to nearest: its difference
+    /// from `run_cpu` bounds how far f32 rounding in any order moves an output whose terms
+    /// cancel, where one nearest-rounded evaluation may by luck move it little (see
+    /// [`kfuse_interp::Precision::F32Upward`]).
+    pub fn run_cpu_f32_upward(&self, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>> {
+        Ok(kfuse_interp::run_in(&self.graph, inputs, kfuse_interp::Precision::F32Upward)?)
+    }
+
     /// Runs on GPU `ordinal`: uploads the inputs, launches on the device's own stream, waits and
     /// downloads the outputs (declaration order).
     pub fn run_gpu(&self, ordinal: usize, inputs: &[(&str, &HostTensor)]) -> Result<Vec<(String, HostTensor)>> {

@@ -76,3 +76,38 @@ fn an_output_that_a_later_sum_reads_is_rounded_to_its_dtype_as_the_kernels_store
     assert_eq!(exact[1].1.to_f64(), vec![9.0625]);
     assert_eq!(stored_sum, vec![9.125]);
 }
+
+#[test]
+fn rounding_upward_moves_a_cancelling_sum_by_about_the_sum_of_its_terms_errors() {
+    // loss = sum(y * dy) over products of both signs: the terms' rounding errors to nearest may
+    // cancel; upward they share a sign, so the sum moves by a fair share of u * sum(|y * dy|).
+    let p = compile(
+        "input x: f32[B, C]\ninput w: f32[C]\ninput dy: f32[B, C]\n\
+         let y = x * rsqrt(mean(x * x, axis: -1, keepdim: true) + 0.00001) * w\n\
+         output loss = sum(y * dy)\n",
+    );
+    let (b, c) = (33usize, 4096usize);
+    // A fixed pattern of mixed signs and magnitudes (no randomness needed to cancel).
+    let wave = |k: usize, f: f64| ((k as f64 * f).sin() * 1.7) as f32;
+    let x = HostTensor::new(vec![b, c], TensorData::F32((0..b * c).map(|k| wave(k, 0.37)).collect()));
+    let w = HostTensor::new(vec![c], TensorData::F32((0..c).map(|k| 1.0 + 0.5 * wave(k, 0.11)).collect()));
+    let dy = HostTensor::new(vec![b, c], TensorData::F32((0..b * c).map(|k| wave(k, 0.73)).collect()));
+    let inputs = [("x", &x), ("w", &w), ("dy", &dy)];
+    let loss = |outs: Vec<(String, HostTensor)>| outs[0].1.to_f64()[0];
+    let exact = loss(p.run_cpu(&inputs).unwrap());
+    let upward = loss(p.run_cpu_f32_upward(&inputs).unwrap());
+    // The terms' magnitudes, from the f64 run's own pieces.
+    let p_abs = compile(
+        "input x: f32[B, C]\ninput w: f32[C]\ninput dy: f32[B, C]\n\
+         let y = x * rsqrt(mean(x * x, axis: -1, keepdim: true) + 0.00001) * w\n\
+         output s = sum(abs(y * dy))\n",
+    );
+    let magnitude = loss(p_abs.run_cpu(&inputs).unwrap());
+    let u = f64::from(f32::EPSILON) / 2.0;
+    let moved = upward - exact;
+    assert!(exact.abs() < magnitude / 10.0, "the terms cancel: sum {exact:.3e} of magnitudes {magnitude:.3e}");
+    // Every term's own rounding moves it up; an error in y reaches the term with dy's sign, so not
+    // every error adds, but most of the terms' errors do. Here: 0.72 u * sum(|terms|).
+    assert!(moved > 0.1 * u * magnitude, "moved {moved:.3e}, u * sum|terms| = {:.3e}", u * magnitude);
+    assert!(moved < 8.0 * u * magnitude, "moved {moved:.3e}, u * sum|terms| = {:.3e}", u * magnitude);
+}
