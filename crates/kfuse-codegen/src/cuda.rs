@@ -224,7 +224,17 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::F16 => render(F16, &[]),
         Helper::BF16 => render(BF16, &[]),
         Helper::MinMaxF32 => {
-            min_max("F32", "float", "kf_minf", "kf_maxf", ("__float_as_int", "__int_as_float"), ("fminf", "fmaxf"))
+            let (native_min, native_max) = (native_min_max_f32("min"), native_min_max_f32("max"));
+            let native = (native_min.as_str(), native_max.as_str(), "#endif\n");
+            min_max(
+                "F32",
+                "float",
+                "kf_minf",
+                "kf_maxf",
+                ("__float_as_int", "__int_as_float"),
+                ("fminf", "fmaxf"),
+                native,
+            )
         }
         Helper::MinMaxF64 => min_max(
             "F64",
@@ -233,6 +243,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
             "kf_max_f64",
             ("__double_as_longlong", "__longlong_as_double"),
             ("fmin", "fmax"),
+            ("", "", ""),
         ),
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
@@ -262,8 +273,29 @@ fn row_reduce(name: &str, combine: &str) -> String {
 /// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),
 /// with `-0 < +0` as the interpreter orders them. Branch-free: the hardware min/max, then the
 /// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
-fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str)) -> String {
-    let ((as_bits, from_bits), (hw_min, hw_max)) = (bits, hw);
+/// The lines of `kf_minf`/`kf_maxf` that use `min.NaN.f32`/`max.NaN.f32` (sm_80 and later): NaN
+/// if either input is NaN, and +0 above -0, the helper's own semantics in one instruction. A NaN
+/// result is the canonical NaN, as `a + b` of a NaN gives on the GPU.
+fn native_min_max_f32(op: &str) -> String {
+    format!(
+        "#if __CUDA_ARCH__ >= 800\n    \
+         float d;\n    \
+         asm(\"{op}.NaN.f32 %0, %1, %2;\" : \"=f\"(d) : \"f\"(a), \"f\"(b));\n    \
+         return d;\n\
+         #else\n"
+    )
+}
+
+fn min_max(
+    tag: &str,
+    ty: &str,
+    min: &str,
+    max: &str,
+    bits: (&str, &str),
+    hw: (&str, &str),
+    native: (&str, &str, &str),
+) -> String {
+    let ((as_bits, from_bits), (hw_min, hw_max), (native_min, native_max, native_end)) = (bits, hw, native);
     render(
         MIN_MAX,
         &[
@@ -275,6 +307,9 @@ fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&
             ("from_bits", from_bits),
             ("hw_min", hw_min),
             ("hw_max", hw_max),
+            ("native_min", native_min),
+            ("native_max", native_max),
+            ("native_end", native_end),
         ],
     )
 }
