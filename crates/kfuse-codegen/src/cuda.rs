@@ -223,19 +223,15 @@ pub(crate) fn helper_source(h: Helper) -> String {
     match h {
         Helper::F16 => render(F16, &[]),
         Helper::BF16 => render(BF16, &[]),
-        Helper::MinMaxF32 => {
-            let (native_min, native_max) = (native_min_max_f32("min"), native_min_max_f32("max"));
-            let native = (native_min.as_str(), native_max.as_str(), "#endif\n");
-            min_max(
-                "F32",
-                "float",
-                "kf_minf",
-                "kf_maxf",
-                ("__float_as_int", "__int_as_float"),
-                ("fminf", "fmaxf"),
-                native,
-            )
-        }
+        Helper::MinMaxF32 => min_max(
+            "F32",
+            "float",
+            "kf_minf",
+            "kf_maxf",
+            ("__float_as_int", "__int_as_float"),
+            ("fminf", "fmaxf"),
+            &format!("{}{}", fold_min_max_f32("min"), fold_min_max_f32("max")),
+        ),
         Helper::MinMaxF64 => min_max(
             "F64",
             "double",
@@ -243,7 +239,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
             "kf_max_f64",
             ("__double_as_longlong", "__longlong_as_double"),
             ("fmin", "fmax"),
-            ("", "", ""),
+            "",
         ),
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
@@ -273,29 +269,27 @@ fn row_reduce(name: &str, combine: &str) -> String {
 /// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),
 /// with `-0 < +0` as the interpreter orders them. Branch-free: the hardware min/max, then the
 /// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
-/// The lines of `kf_minf`/`kf_maxf` that use `min.NaN.f32`/`max.NaN.f32` (sm_80 and later): NaN
-/// if either input is NaN, and +0 above -0, the helper's own semantics in one instruction. A NaN
-/// result is the canonical NaN, as `a + b` of a NaN gives on the GPU.
-fn native_min_max_f32(op: &str) -> String {
+/// `kf_fold_minf`/`kf_fold_maxf`: `kf_minf`/`kf_maxf` of a reduction's running value and the next
+/// value, as one `min.NaN.f32`/`max.NaN.f32` on sm_80 and later (NaN if either is NaN, +0 above
+/// -0: the same semantics; a NaN result is the canonical NaN, as `a + b` of a NaN gives on the
+/// GPU). Only folds use them: in elementwise code the inline assembly hides the operation from
+/// NVVM's optimizer, and a GIoU training step ran 3% slower with it.
+fn fold_min_max_f32(op: &str) -> String {
     format!(
-        "#if __CUDA_ARCH__ >= 800\n    \
+        "__device__ __forceinline__ float kf_fold_{op}f(float a, float b) {{\n\
+         #if __CUDA_ARCH__ >= 800\n    \
          float d;\n    \
          asm(\"{op}.NaN.f32 %0, %1, %2;\" : \"=f\"(d) : \"f\"(a), \"f\"(b));\n    \
          return d;\n\
-         #else\n"
+         #else\n    \
+         return kf_{op}f(a, b);\n\
+         #endif\n\
+         }}\n"
     )
 }
 
-fn min_max(
-    tag: &str,
-    ty: &str,
-    min: &str,
-    max: &str,
-    bits: (&str, &str),
-    hw: (&str, &str),
-    native: (&str, &str, &str),
-) -> String {
-    let ((as_bits, from_bits), (hw_min, hw_max), (native_min, native_max, native_end)) = (bits, hw, native);
+fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str), folds: &str) -> String {
+    let ((as_bits, from_bits), (hw_min, hw_max)) = (bits, hw);
     render(
         MIN_MAX,
         &[
@@ -307,9 +301,7 @@ fn min_max(
             ("from_bits", from_bits),
             ("hw_min", hw_min),
             ("hw_max", hw_max),
-            ("native_min", native_min),
-            ("native_max", native_max),
-            ("native_end", native_end),
+            ("folds", folds),
         ],
     )
 }
