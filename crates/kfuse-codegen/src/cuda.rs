@@ -266,9 +266,6 @@ fn row_reduce(name: &str, combine: &str) -> String {
     render(ROW_REDUCE, &[("name", name), ("upper", &upper), ("combine", combine)])
 }
 
-/// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),
-/// with `-0 < +0` as the interpreter orders them. Branch-free: the hardware min/max, then the
-/// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
 /// `kf_fold_minf`/`kf_fold_maxf`: `kf_minf`/`kf_maxf` of a reduction's running value and the next
 /// value, as one `min.NaN.f32`/`max.NaN.f32` on sm_80 and later (NaN if either is NaN, +0 above
 /// -0: the same semantics; a NaN result is the canonical NaN, as `a + b` of a NaN gives on the
@@ -288,6 +285,10 @@ fn fold_min_max_f32(op: &str) -> String {
     )
 }
 
+/// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),
+/// with `-0 < +0` as the interpreter orders them. Branch-free: the hardware min/max, then the
+/// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
+/// `folds`: more helpers in the same guard (see [`fold_min_max_f32`]).
 fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str), folds: &str) -> String {
     let ((as_bits, from_bits), (hw_min, hw_max)) = (bits, hw);
     render(

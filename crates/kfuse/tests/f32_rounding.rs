@@ -81,11 +81,9 @@ fn an_output_that_a_later_sum_reads_is_rounded_to_its_dtype_as_the_kernels_store
 fn rounding_upward_moves_a_cancelling_sum_by_about_the_sum_of_its_terms_errors() {
     // loss = sum(y * dy) over products of both signs: the terms' rounding errors to nearest may
     // cancel; upward they share a sign, so the sum moves by a fair share of u * sum(|y * dy|).
-    let p = compile(
-        "input x: f32[B, C]\ninput w: f32[C]\ninput dy: f32[B, C]\n\
-         let y = x * rsqrt(mean(x * x, axis: -1, keepdim: true) + 0.00001) * w\n\
-         output loss = sum(y * dy)\n",
-    );
+    const RMS_NORM: &str = "input x: f32[B, C]\ninput w: f32[C]\ninput dy: f32[B, C]\n\
+         let y = x * rsqrt(mean(x * x, axis: -1, keepdim: true) + 0.00001) * w\n";
+    let p = compile(&format!("{RMS_NORM}output loss = sum(y * dy)\n"));
     let (b, c) = (33usize, 4096usize);
     // A fixed pattern of mixed signs and magnitudes (no randomness needed to cancel).
     let wave = |k: usize, f: f64| ((k as f64 * f).sin() * 1.7) as f32;
@@ -97,11 +95,7 @@ fn rounding_upward_moves_a_cancelling_sum_by_about_the_sum_of_its_terms_errors()
     let exact = loss(p.run_cpu(&inputs).unwrap());
     let upward = loss(p.run_cpu_f32_upward(&inputs).unwrap());
     // The terms' magnitudes, from the f64 run's own pieces.
-    let p_abs = compile(
-        "input x: f32[B, C]\ninput w: f32[C]\ninput dy: f32[B, C]\n\
-         let y = x * rsqrt(mean(x * x, axis: -1, keepdim: true) + 0.00001) * w\n\
-         output s = sum(abs(y * dy))\n",
-    );
+    let p_abs = compile(&format!("{RMS_NORM}output s = sum(abs(y * dy))\n"));
     let magnitude = loss(p_abs.run_cpu(&inputs).unwrap());
     let u = f64::from(f32::EPSILON) / 2.0;
     let moved = upward - exact;
