@@ -86,6 +86,6 @@ for case in spec:
         e0.record(); launch(); e1.record(); e1.synchronize(); times.append(e0.elapsed_time(e1) * 1000)
     outs = {o: bufs[o].float().sum().item() for o in case.get("check", [])}
     regs = [l for l in log.splitlines() if "registers" in l or "spill" in l]
-    row = {"file": case["file"], "median_us": statistics.median(times), "min_us": min(times), "bytes": case.get("bytes"), "check": outs, "ptxas": regs[-2:]}
+    row = {"file": case["file"], "grid": g, "block": b, "median_us": statistics.median(times), "min_us": min(times), "bytes": case.get("bytes"), "check": outs, "ptxas": regs[-2:]}
     if case.get("bytes"): row["gbps"] = case["bytes"] / row["median_us"] / 1e3
     print(json.dumps(row)); sys.stdout.flush()
