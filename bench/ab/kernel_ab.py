@@ -6,7 +6,8 @@ would buy, measured before it is written.
     python3 bench/ab/kernel_ab.py SPEC.json
 
 SPEC.json is a list of cases: {"file", "entry", "grid", "block", "args", "bytes"?, "check"?,
-"reps"?, "warmup"?, "opts"?}; each arg is {"type": "ptr", "name", "dtype", "shape", "kind"?: "zeros" |
+"reps"?, "warmup"?, "opts"?, "batch"?} ("batch": launches back to back between
+two events, the time divided by them; 1, each launch alone, by default); each arg is {"type": "ptr", "name", "dtype", "shape", "kind"?: "zeros" |
 "labels" (with "high")} (one tensor per name, shared by the cases; random normal otherwise),
 {"type": "i64" | "u32", "value"} or {"type": "null"}. Prints one JSON line a case: the median
 and fastest µs, GB/s over `bytes`, the sums of the `check` tensors (equal sums: the same
@@ -81,9 +82,12 @@ for case in spec:
     for _ in range(int(case.get("warmup", 5))): launch()
     torch.cuda.synchronize()
     times = []
+    batch = int(case.get("batch", 1))
     for _ in range(int(case.get("reps", 40))):
         e0 = torch.cuda.Event(enable_timing=True); e1 = torch.cuda.Event(enable_timing=True)
-        e0.record(); launch(); e1.record(); e1.synchronize(); times.append(e0.elapsed_time(e1) * 1000)
+        e0.record()
+        for _ in range(batch): launch()
+        e1.record(); e1.synchronize(); times.append(e0.elapsed_time(e1) * 1000 / batch)
     outs = {o: bufs[o].float().sum().item() for o in case.get("check", [])}
     regs = [l for l in log.splitlines() if "registers" in l or "spill" in l]
     row = {"file": case["file"], "grid": g, "block": b, "median_us": statistics.median(times), "min_us": min(times), "bytes": case.get("bytes"), "check": outs, "ptxas": regs[-2:]}
