@@ -6,13 +6,13 @@ would buy, measured before it is written.
     python3 bench/ab/kernel_ab.py SPEC.json
 
 SPEC.json is a list of cases: {"file", "entry", "grid", "block", "args", "bytes"?, "check"?,
-"reps"?, "warmup"?, "opts"?, "batch"?} ("batch": launches back to back between
-two events, the time divided by them; 1, each launch alone, by default); each arg is {"type": "ptr", "name", "dtype", "shape", "kind"?: "zeros" |
-"labels" (with "high")} (one tensor per name, shared by the cases; random normal otherwise),
-{"type": "i64" | "u32", "value"} or {"type": "null"}. Prints one JSON line a case: the median
-and fastest µs, GB/s over `bytes`, the sums of the `check` tensors (equal sums: the same
-results) and ptxas's register and spill line. Needs torch with CUDA and libnvrtc (the
-nvidia-cuda-nvrtc wheel or a CUDA toolkit)."""
+"reps"?, "warmup"?, "opts"?, "batch"?} ("batch": launches back to back between two events, the
+time divided by them; 1, each launch alone, by default); each arg is {"type": "ptr", "name",
+"dtype", "shape", "kind"?: "zeros" | "labels" (with "high")} (one tensor per name, shared by
+the cases; random normal otherwise), {"type": "i64" | "u32", "value"} or {"type": "null"}.
+Prints one JSON line a case: the median and fastest µs, GB/s over `bytes`, the sums of the
+`check` tensors (equal sums: the same results) and ptxas's register and spill line. Needs
+torch with CUDA and libnvrtc (the nvidia-cuda-nvrtc wheel or a CUDA toolkit)."""
 import ctypes, glob, json, os, sys, statistics
 import torch
 
