@@ -176,6 +176,11 @@ pub(crate) enum Helper {
     F16,
     BF16,
     MinMaxF32,
+    /// `kf_minf`/`kf_maxf` in the branch-free form of `MinMaxF64` (the same values), for the rows
+    /// plan's kernels in place of `MinMaxF32`: with the one-instruction form the GIoU training
+    /// step over a lengths layout ran 1.5-2.5% slower on an H200 (bench/RESULTS.md), the other
+    /// shapes' kernels 2-9% faster.
+    MinMaxF32Bits,
     MinMaxF64,
     BlockSum,
     BlockMax,
@@ -209,6 +214,7 @@ const BF16: &str = include_str!("templates/helper_bf16.cuh");
 const DIV_MOD: &str = include_str!("templates/helper_divmod.cuh");
 const STORE_CS: &str = include_str!("templates/helper_store_cs.cuh");
 const MIN_MAX: &str = include_str!("templates/helper_min_max.cuh");
+const MIN_MAX_F32: &str = include_str!("templates/helper_min_max_f32.cuh");
 const BLOCK_REDUCE: &str = include_str!("templates/helper_block_reduce.cuh");
 const ROW_REDUCE: &str = include_str!("templates/helper_row_reduce.cuh");
 const ROW_ONLINE: &str = include_str!("templates/helper_row_online.cuh");
@@ -223,15 +229,10 @@ pub(crate) fn helper_source(h: Helper) -> String {
     match h {
         Helper::F16 => render(F16, &[]),
         Helper::BF16 => render(BF16, &[]),
-        Helper::MinMaxF32 => min_max(
-            "F32",
-            "float",
-            "kf_minf",
-            "kf_maxf",
-            ("__float_as_int", "__int_as_float"),
-            ("fminf", "fmaxf"),
-            &format!("{}{}", fold_min_max_f32("min"), fold_min_max_f32("max")),
-        ),
+        Helper::MinMaxF32 => render(MIN_MAX_F32, &[]),
+        Helper::MinMaxF32Bits => {
+            min_max("F32", "float", "kf_minf", "kf_maxf", ("__float_as_int", "__int_as_float"), ("fminf", "fmaxf"))
+        }
         Helper::MinMaxF64 => min_max(
             "F64",
             "double",
@@ -239,7 +240,6 @@ pub(crate) fn helper_source(h: Helper) -> String {
             "kf_max_f64",
             ("__double_as_longlong", "__longlong_as_double"),
             ("fmin", "fmax"),
-            "",
         ),
         Helper::BlockSum => block_reduce("sum", "v + o", "0.0"),
         Helper::BlockMax => block_reduce("max", "kf_max_f64(v, o)", "__longlong_as_double(0xfff0000000000000ll)"),
@@ -266,30 +266,11 @@ fn row_reduce(name: &str, combine: &str) -> String {
     render(ROW_REDUCE, &[("name", name), ("upper", &upper), ("combine", combine)])
 }
 
-/// `kf_fold_minf`/`kf_fold_maxf`: `kf_minf`/`kf_maxf` of a reduction's running value and the next
-/// value, as one `min.NaN.f32`/`max.NaN.f32` on sm_80 and later (NaN if either is NaN, +0 above
-/// -0: the same semantics; a NaN result is the canonical NaN, as `a + b` of a NaN gives on the
-/// GPU). Only folds use them: in elementwise code the inline assembly hides the operation from
-/// NVVM's optimizer, and a GIoU training step ran 3% slower with it.
-fn fold_min_max_f32(op: &str) -> String {
-    format!(
-        "__device__ __forceinline__ float kf_fold_{op}f(float a, float b) {{\n\
-         #if __CUDA_ARCH__ >= 800\n    \
-         float d;\n    \
-         asm(\"{op}.NaN.f32 %0, %1, %2;\" : \"=f\"(d) : \"f\"(a), \"f\"(b));\n    \
-         return d;\n\
-         #else\n    \
-         return kf_{op}f(a, b);\n\
-         #endif\n\
-         }}\n"
-    )
-}
-
-/// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fminf` alone would drop the NaN),
+/// NaN-propagating min/max (PyTorch's `minimum`/`maximum`; `fmin` alone would drop the NaN),
 /// with `-0 < +0` as the interpreter orders them. Branch-free: the hardware min/max, then the
-/// equal case (only zeros can differ in bits) merges sign bits, then NaN wins.
-/// `folds`: more helpers in the same guard (see [`fold_min_max_f32`]).
-fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str), folds: &str) -> String {
+/// equal case (only zeros can differ in bits) merges sign bits, then NaN wins. (f32 has its own
+/// template: one instruction on sm_80 and later.)
+fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&str, &str)) -> String {
     let ((as_bits, from_bits), (hw_min, hw_max)) = (bits, hw);
     render(
         MIN_MAX,
@@ -302,7 +283,6 @@ fn min_max(tag: &str, ty: &str, min: &str, max: &str, bits: (&str, &str), hw: (&
             ("from_bits", from_bits),
             ("hw_min", hw_min),
             ("hw_max", hw_max),
-            ("folds", folds),
         ],
     )
 }

@@ -1384,7 +1384,7 @@ impl<'a> Emitter<'a> {
         match op {
             ReduceOp::Max | ReduceOp::Min if float => {
                 self.uses.helpers.insert(Helper::MinMaxF32);
-                let f = if op == ReduceOp::Max { "kf_fold_maxf" } else { "kf_fold_minf" };
+                let f = if op == ReduceOp::Max { "kf_maxf" } else { "kf_minf" };
                 format!("{a} = {f}({a}, {v});")
             }
             ReduceOp::Count => format!("{a} += {v} ? 1.0 : 0.0;"),

@@ -3,10 +3,15 @@
 //! (`signature`) are emitted, and the translation unit is written: header, helpers, signature
 //! with one commented parameter per line, the shape's prelude and loop, and its tail (`tail`).
 //!
-//! Index type: always 64-bit (`long long i`). Sizes are run-time values, so a plan cannot know
-//! that a domain stays under 2^31 elements; the loop is memory-bound, and the 64-bit increment and
-//! compare cost nothing measurable there, while a 32-bit index over a 64-bit count would be a
-//! silent overflow. Coordinates are derived only when a broadcast operand needs them (never for
+//! Index type: a grid-stride kernel's flat index `i` is a `kf_index`, 32-bit in the source as
+//! built by default and 64-bit when built with [`crate::plan::WIDE_INDEX_OPTION`]. Sizes are run-time values,
+//! so a plan cannot know that a domain stays small: the executor launches the 32-bit build where
+//! the domain and every buffer the kernel indexes hold fewer than 2^30 elements
+//! ([`Kernel::narrow_fits`]; a step of the grid stride past that still fits in 31 bits), and the
+//! 64-bit build, compiled when first needed, otherwise. The 64-bit index held for every element of
+//! a batch took registers from bodies with many live values: on an H200 the CIoU loss's backward
+//! spilled, and its 32-bit build ran 18% faster, the box losses' other kernels 2-5%
+//! (bench/RESULTS.md). The other shapes index with 64 bits. Coordinates are derived only when a broadcast operand needs them (never for
 //! operands shaped like the domain, which use `i` directly), through `kf_div`/`kf_mod`: 32-bit
 //! division when the index and divisor fit in 32 bits (decided at run time, a warp-uniform branch
 //! in practice), 64-bit otherwise. In row mode (lengths masks, row-wise kernels, elementwise
@@ -250,8 +255,9 @@ pub(crate) fn emit_kernel(
         );
     }
     src.push('\n');
-    for h in &uses.helpers {
-        src.push_str(&cuda::helper_source(*h));
+    for &h in &uses.helpers {
+        let h = if h == Helper::MinMaxF32 && shape == KernelShape::Rows { Helper::MinMaxF32Bits } else { h };
+        src.push_str(&cuda::helper_source(h));
     }
     // Batched loops: at most 64 registers per thread (1024 threads per SM resident), and a grid of
     // exactly that many blocks per SM, so that every block is resident at once (one wave).
@@ -283,7 +289,8 @@ pub(crate) fn emit_kernel(
     }
     match shape {
         KernelShape::GridStride => {
-            let _ = writeln!(src, "    const long long n = {n_expr};");
+            src.push_str(NARROW_INDEX);
+            let _ = writeln!(src, "    const kf_index n = (kf_index)({n_expr});");
             src.push_str(&accumulators);
             grid_stride::write_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, &[]);
             src.push_str(&poison);
@@ -292,6 +299,7 @@ pub(crate) fn emit_kernel(
         KernelShape::Compacted => {
             let pass =
                 &compacted_pass.ok_or(CodegenError::Internal { node: 0, what: "compacted without one pass" })?.pass;
+            src.push_str("    typedef long long kf_index;\n");
             let _ = writeln!(src, "    const long long n = {n_expr};");
             src.push_str(&accumulators);
             compacted::write_compaction_state(&mut src, block, opts.elems_per_thread, pass.comps, &drain);
@@ -400,8 +408,18 @@ pub(crate) fn emit_kernel(
         launch: shape.launch(),
         register_rows,
         fold: None,
+        narrow_index: shape == KernelShape::GridStride,
     })
 }
+
+/// A grid-stride kernel's index type: 32-bit unless built with [`crate::plan::WIDE_INDEX_OPTION`] (the
+/// executor launches the narrow build only where [`Kernel::narrow_fits`]).
+const NARROW_INDEX: &str = "#ifdef KF_WIDE_INDEX
+    typedef long long kf_index;
+#else
+    typedef int kf_index; // every count this launch indexes is below 2^30
+#endif
+";
 
 /// The most threads a block of a row-wise kernel's entry for rows in registers takes: `block`
 /// doubled while it stays within `threads_per_sm` and 1024 (the same registers a thread as

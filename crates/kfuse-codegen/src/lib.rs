@@ -9,7 +9,9 @@
 //! - The graph is fused into as few kernels as its data dependencies allow: one per (reduction
 //!   level, domain). A full reduction whose result feeds element work again (`x / sum(x)`) ends a
 //!   level; its scalar crosses to the next kernel through a one-element Temp buffer.
-//! - Each kernel runs a grid-stride loop over its domain with a 64-bit flat index. When the body
+//! - Each kernel runs a grid-stride loop over its domain with a flat index: 32-bit in the default
+//!   build, which the executor launches where the domain and every buffer hold fewer than 2^30
+//!   elements, 64-bit in the build with `WIDE_INDEX_OPTION` (compiled when first needed). When the body
 //!   loads inputs at the flat index outside any branch, the loop is batched: each thread takes 4
 //!   elements per iteration (a block's elements at each stride step rotated by one warp per step,
 //!   so columns that a stride multiple of the row would pin to a few warps spread over all of
@@ -90,7 +92,7 @@ pub use error::CodegenError;
 pub use plan::{
     column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, FoldEntry, GridSpec, Kernel, Launch,
     LengthsGradient, Param, Plan, RegisterRows, SizeExpr, ViolationKind, COLUMN_BLOCKS_PER_SM, COLUMN_MIN_CHUNK_ROWS,
-    ERROR_RECORD_WORDS, ROW_COLS_PER_LANE, ROW_MIN_LANES,
+    ERROR_RECORD_WORDS, NARROW_INDEX_LIMIT, ROW_COLS_PER_LANE, ROW_MIN_LANES, WIDE_INDEX_OPTION,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 

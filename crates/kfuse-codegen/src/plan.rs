@@ -207,6 +207,37 @@ pub struct Kernel {
     /// A column kernel's second entry point, for launches where an earlier row kernel took its
     /// entry for rows in registers and summed this kernel's columns as it went.
     pub fold: Option<FoldEntry>,
+    /// Whether the source indexes its flat domain with 32 bits unless compiled with
+    /// [`WIDE_INDEX_OPTION`] (a grid-stride kernel): the executor launches the default build only
+    /// where [`Kernel::narrow_fits`], the wide build otherwise. Other kernels index with 64 bits
+    /// in every build.
+    pub narrow_index: bool,
+}
+
+/// The NVRTC option that builds a kernel whose [`Kernel::narrow_index`] holds with a 64-bit flat
+/// index (it defines `KF_WIDE_INDEX`): for launches where [`Kernel::narrow_fits`] does not hold.
+pub const WIDE_INDEX_OPTION: &str = "-DKF_WIDE_INDEX";
+
+/// A 32-bit flat index serves a launch whose domain and buffers all hold fewer elements than this:
+/// an index below it plus one step of any grid stride (at most 16 elements a thread of a
+/// resident grid) stays below 2^31.
+pub const NARROW_INDEX_LIMIT: u64 = 1 << 30;
+
+impl Kernel {
+    /// Whether the default build of a [`Kernel::narrow_index`] kernel serves a launch at `sizes`
+    /// whose buffer `b` (a [`Param::Buffer`] index) holds `elems(b)` elements: its domain and
+    /// every buffer it takes hold fewer than [`NARROW_INDEX_LIMIT`] (an unknown count does not).
+    /// False for every other kernel.
+    pub fn narrow_fits(&self, sizes: &[u64], elems: impl Fn(usize) -> Option<u64>) -> bool {
+        let GridSpec::Work { work, .. } = &self.grid else { return false };
+        let below = |n: Option<u64>| n.is_some_and(|n| n < NARROW_INDEX_LIMIT);
+        self.narrow_index
+            && below(work.eval(sizes))
+            && self.params.iter().all(|p| match p {
+                Param::Buffer(b) => below(elems(*b)),
+                _ => true,
+            })
+    }
 }
 
 /// A column kernel's entry point that folds the column partial sums an earlier row-wise kernel

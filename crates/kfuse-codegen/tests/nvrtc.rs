@@ -77,7 +77,7 @@ fn device_functions_compile_side_by_side() {
          long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n    if (i < n) p[i] = act_a(p[i]) + act_b(p[i]);\n}}\n"
     );
     compile_all("two device functions", &src);
-    // Before sm_80 there is no `max.NaN.f32`: the folds' min/max helpers take their portable form.
+    // Before sm_80 there is no `max.NaN.f32`: the f32 min/max helpers take their portable form.
     let turing = Arch::new(7, 5);
     if let Err(e) = compile(&src, &CompileOptions::for_arch(turing)) {
         panic!("two device functions do not compile for {}: {e}\n{src}", turing.sm_name());

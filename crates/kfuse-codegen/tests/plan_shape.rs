@@ -15,8 +15,10 @@ fn opts() -> CodegenOptions {
 
 /// The loop body of a kernel (from the grid-stride loop to the block reduction).
 fn body(src: &str) -> &str {
-    let start =
-        src.find("for (long long i =").or_else(|| src.find("for (long long kf_i0 =")).expect("grid-stride loop");
+    let start = ["for (kf_index i =", "for (kf_index kf_i0 =", "for (long long i =", "for (long long kf_i0 ="]
+        .iter()
+        .find_map(|l| src.find(l))
+        .expect("grid-stride loop");
     let end = src.find("// Each block reduces").unwrap_or(src.len());
     &src[start..end]
 }

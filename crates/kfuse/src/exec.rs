@@ -8,11 +8,11 @@
 //! (kfuse-runtime's `Gpu::load_kernel` does both).
 
 use std::borrow::Borrow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use half::slice::HalfFloatSliceExt;
-use kfuse_codegen::{BufferDecl, BufferKind, FoldEntry, Launch, Param, Plan};
+use kfuse_codegen::{BufferDecl, BufferKind, FoldEntry, Launch, Param, Plan, WIDE_INDEX_OPTION};
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, Stream};
 
@@ -125,6 +125,9 @@ pub struct CudaProgram {
     folds: Vec<Option<GpuFunction>>,
     /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
     resident: Vec<Option<u32>>,
+    /// Per kernel: its build with a 64-bit flat index, loaded by the first launch that needs it
+    /// (see [`kfuse_codegen::Kernel::narrow_index`]).
+    wide: Vec<OnceLock<GpuFunction>>,
     /// The tag a violation of an input's layout is recorded with (see `checks`).
     tag: u32,
 }
@@ -227,7 +230,8 @@ impl CudaProgram {
             })
             .collect::<Result<Vec<_>>>()?;
         let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
-        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, folds, resident, tag })
+        let wide = plan.kernels.iter().map(|_| OnceLock::new()).collect();
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, folds, resident, wide, tag })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -333,7 +337,12 @@ impl CudaProgram {
         // Which kernels took their entry point for rows in registers (it sums a later kernel's
         // columns as it goes, where the plan says so).
         let mut in_registers = vec![false; self.plan.kernels.len()];
-        for (i, (k, f)) in self.plan.kernels.iter().zip(&self.functions).enumerate() {
+        // The elements each buffer holds, for the choice of a kernel's index width.
+        let elems = |b: usize| {
+            let size = self.plan.buffers.get(b)?.elem.size_bytes();
+            buffers.get(b).map(|buf| buf.bytes() as u64 / size.max(1))
+        };
+        for (i, ((k, f), wide)) in self.plan.kernels.iter().zip(&self.functions).zip(&self.wide).enumerate() {
             // Rows that fit the lanes' registers take the kernel's entry point for them.
             let address = |p: usize| match k.params.get(p) {
                 Some(Param::Buffer(b)) => buffers.get(*b).map(|buf| buf.address()),
@@ -351,6 +360,10 @@ impl CudaProgram {
                         let blocks = FoldEntry::blocks(&k.grid, sizes, self.gpu.sm_count().max(1), parts)
                             .ok_or_else(|| Error::GridTooLarge { kernel: fold.entry.clone(), sizes: sizes.to_vec() })?;
                         (ff, &fold.params, blocks.min(grids[i]), k.block)
+                    }
+                    // Counts a 32-bit index would not cover: the kernel's 64-bit build.
+                    _ if k.narrow_index && !k.narrow_fits(sizes, elems) => {
+                        (self.wide_function(k, wide)?, &k.params, grids[i], k.block)
                     }
                     _ => (f, &k.params, grids[i], k.block),
                 };
@@ -376,6 +389,18 @@ impl CudaProgram {
             enqueue(&self.gpu, stream, f, launch, &args)?;
         }
         Ok(())
+    }
+
+    /// Kernel `k`'s build with a 64-bit flat index (`-DKF_WIDE_INDEX`), from `slot` or compiled
+    /// through the kernel cache and loaded into it now: with the options of every other build.
+    fn wide_function<'a>(&self, k: &kfuse_codegen::Kernel, slot: &'a OnceLock<GpuFunction>) -> Result<&'a GpuFunction> {
+        if let Some(f) = slot.get() {
+            return Ok(f);
+        }
+        let mut extra = self.gpu.kernel_options().extra;
+        extra.push(WIDE_INDEX_OPTION.to_string());
+        let f = self.gpu.load_kernel_with_options(&k.source, &k.name, &extra)?;
+        Ok(slot.get_or_init(|| f))
     }
 
     /// Fills every output buffer with `byte` (tests poison outputs to catch unwritten elements).

@@ -1,4 +1,5 @@
-//! The grid-stride shape: the kernel loops over its flat domain with a 64-bit index, its sinks
+//! The grid-stride shape: the kernel loops over its flat domain with a `kf_index` (32-bit by
+//! default, 64-bit with `WIDE_INDEX_OPTION`; the compacted shape's is always 64-bit), its sinks
 //! grouped under shared predicates. When the body loads inputs at the flat index outside any
 //! branch, the loop is batched (`elems_per_thread` elements per iteration, their loads issued
 //! first); otherwise it is a plain loop, unrolled 4 times.
@@ -77,7 +78,7 @@ pub(crate) fn write_loop(
 ) {
     if prefetch.is_empty() {
         src.push_str("    #pragma unroll 4 // lets the compiler keep several iterations' loads in flight\n");
-        src.push_str("    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {\n");
+        src.push_str("    for (kf_index i = (kf_index)blockIdx.x * (kf_index)blockDim.x + (kf_index)threadIdx.x; i < n; i += (kf_index)gridDim.x * (kf_index)blockDim.x) {\n");
         write_lines(src, body, "        ");
         src.push_str("    }\n");
     } else {

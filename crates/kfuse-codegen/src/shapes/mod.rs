@@ -18,7 +18,7 @@ use kfuse_ir::Dim;
 use crate::actions::Group;
 use crate::buffers::size_expr;
 use crate::onepass::OnePass;
-use crate::plan::{Launch, SizeExpr};
+use crate::plan::{Launch, SizeExpr, WIDE_INDEX_OPTION};
 use crate::{CodegenError, CodegenOptions};
 
 /// How a kernel's threads cover its domain.
@@ -106,7 +106,8 @@ impl KernelShape {
             KernelShape::Rows => format!("// domain: {dom} elements as rows of the last axis, in tiles of rows per block (see kfuse-codegen's rows plan); only the columns below the row's bound are computed, the others zero-filled"),
             KernelShape::RowGroups => format!("// domain: {dom} elements as rows of the last axis, a group of 32 down to {} lanes per row (grid-stride over rows); only the columns below the row's bound are computed", row_groups::MIN_ROW_LANES),
             KernelShape::WarpPerRow => format!("// domain: {dom} elements as rows of the last axis, one warp per row (grid-stride over rows); only the columns below the row's bound are computed"),
-            KernelShape::GridStride | KernelShape::Compacted | KernelShape::RowWise | KernelShape::Columns => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 64-bit flat index"),
+            KernelShape::GridStride => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 32-bit flat index (64-bit when built with {WIDE_INDEX_OPTION})"),
+            KernelShape::Compacted | KernelShape::RowWise | KernelShape::Columns => format!("// domain: {dom} elements, one per iteration of a grid-stride loop, 64-bit flat index"),
         }
     }
 

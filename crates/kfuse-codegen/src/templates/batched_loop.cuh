@@ -4,16 +4,16 @@
 //~ array per hoisted load), {{loads}} (the loads needed by every element), {{guarded_loads}}
 //~ (batched_loop_guarded.cuh, or nothing), {{body}} (element i, its loads from kf_pf) and
 //~ {{after_batch}} (the compacted shape's queue drain, or nothing).
-    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    const kf_index kf_stride = (kf_index)gridDim.x * (kf_index)blockDim.x;
     // {{batch}} elements per thread and iteration: their loads are all in flight before the first use.
     // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
     // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.
     unsigned kf_rot = 0u; // in [0, {{block}})
-    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += {{batch}}ll * kf_stride, kf_rot = (kf_rot + {{rot_step}}u) % {{block}}u) {
+    for (kf_index kf_i0 = (kf_index)blockIdx.x * (kf_index)blockDim.x; kf_i0 < n; kf_i0 += {{batch}} * kf_stride, kf_rot = (kf_rot + {{rot_step}}u) % {{block}}u) {
 {{prefetch_decls}}
         #pragma unroll
         for (int kf_u = 0; kf_u < {{batch}}; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {{block}}u);
+            const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % {{block}}u);
             if (i < n) {
 {{loads}}
             }
@@ -21,7 +21,7 @@
 {{guarded_loads}}
         #pragma unroll
         for (int kf_u = 0; kf_u < {{batch}}; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {{block}}u);
+            const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % {{block}}u);
             if (i >= n) break;
 {{body}}
         }

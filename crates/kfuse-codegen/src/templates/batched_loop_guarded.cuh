@@ -5,7 +5,7 @@
         // Loads needed only where the predicate holds: issued for all the elements before the first use.
         #pragma unroll
         for (int kf_u = 0; kf_u < {{batch}}; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % {{block}}u);
+            const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % {{block}}u);
             if (i < n) {
 {{prefix}}
 {{open}}

@@ -12,11 +12,11 @@
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }

@@ -8,29 +8,23 @@
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif
@@ -117,11 +111,11 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }
@@ -255,29 +249,23 @@ extern "C" __global__ void __launch_bounds__(256) kf_17e3d9adb37c91e8_0(
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif
@@ -364,11 +352,11 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }
@@ -449,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_17e3d9adb37c91e8_0_regs
             if (4 * (lane + (t2 / 4) * kf_g) >= kf_n) break;
             const int j2 = 4 * (lane + (t2 / 4) * kf_g) + t2 % 4;
             const float v27 = kf_c0[t2]; // logits f32
-            a26 = kf_fold_maxf(a26, v27);
+            a26 = kf_maxf(a26, v27);
         }
         a26 = kf_row_max(a26, kf_g, kf_rs); // over the row's lanes
         const float v28 = (float)a26; // n2 max along the row, once per row

@@ -9,29 +9,23 @@
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif

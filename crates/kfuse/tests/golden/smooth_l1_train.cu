@@ -36,6 +36,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_24a681dae3020c60_0(
     long long sz1 // size N
 )
 {
+    typedef long long kf_index;
     const long long n = sz0 * sz1;
     double acc0 = 0.0; // sum n15 where n16 (n17)
     double acc1 = 0.0; // count n5 (n19)
@@ -165,23 +166,23 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_24a681dae3020c60_0(
         if (threadIdx.x == 0) { kf_qn = kf_q0; kf_ln += kf_count; }
         __syncthreads();
     };
-    const long long kf_stride = (long long)gridDim.x * blockDim.x;
+    const kf_index kf_stride = (kf_index)gridDim.x * (kf_index)blockDim.x;
     // 4 elements per thread and iteration: their loads are all in flight before the first use.
     // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
     // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.
     unsigned kf_rot = 0u; // in [0, 256)
-    for (long long kf_i0 = (long long)blockIdx.x * blockDim.x; kf_i0 < n; kf_i0 += 4ll * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
+    for (kf_index kf_i0 = (kf_index)blockIdx.x * (kf_index)blockDim.x; kf_i0 < n; kf_i0 += 4 * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
         float4 kf_pf0[4]; // target 4 x f32 at once
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
+            const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
             }
         }
         #pragma unroll
         for (int kf_u = 0; kf_u < 4; ++kf_u) {
-            const long long i = kf_i0 + kf_u * kf_stride + (long long)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
+            const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i >= n) break;
             const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
             const bool v1 = v0.w != 0.0f; // n5

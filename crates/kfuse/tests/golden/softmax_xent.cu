@@ -8,29 +8,23 @@
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif
@@ -117,11 +111,11 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }
@@ -250,29 +244,23 @@ extern "C" __global__ void __launch_bounds__(256) kf_4bc96ebcc014a89f_0(
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif
@@ -359,11 +347,11 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }
@@ -450,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_4bc96ebcc014a89f_0_regs
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
             const float v1 = kf_c0[t0]; // logits f32
-            a0 = kf_fold_maxf(a0, v1);
+            a0 = kf_maxf(a0, v1);
         }
         a0 = kf_row_max(a0, kf_g, kf_rs); // over the row's lanes
         const float v2 = (float)a0; // n2 max along the row, once per row

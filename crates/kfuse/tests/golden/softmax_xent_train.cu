@@ -9,29 +9,23 @@
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif
@@ -118,11 +112,11 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }
@@ -310,29 +304,23 @@ extern "C" __global__ void __launch_bounds__(256) kf_962a89f82b737758_0(
 #define KF_HELPER_MINMAX_F32
 // NaN-propagating min/max ordering -0 below +0, like torch.minimum/maximum.
 __device__ __forceinline__ float kf_minf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_maxf(float a, float b) {
-    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
-    return (a != a || b != b) ? a + b : m;
-}
-__device__ __forceinline__ float kf_fold_minf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_minf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) | __float_as_int(b)) : fminf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
-__device__ __forceinline__ float kf_fold_maxf(float a, float b) {
+__device__ __forceinline__ float kf_maxf(float a, float b) {
 #if __CUDA_ARCH__ >= 800
     float d;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
     return d;
 #else
-    return kf_maxf(a, b);
+    const float m = (a == b) ? __int_as_float(__float_as_int(a) & __float_as_int(b)) : fmaxf(a, b);
+    return (a != a || b != b) ? a + b : m;
 #endif
 }
 #endif
@@ -419,11 +407,11 @@ __device__ double kf_row_max(double v, long long g, double* smem) {
 __device__ __forceinline__ void kf_online_add(float& m, float& s, float v) {
     const float d = (v == m && v == __int_as_float(0xff800000)) ? 1.0f : expf(-fabsf(v - m));
     s = (v > m) ? fmaf(s, d, (v - v) + 1.0f) : s + d;
-    m = kf_fold_maxf(m, v);
+    m = kf_maxf(m, v);
 }
 // Two pairs as one (commutative: both lanes of a shuffle get the same bits).
 __device__ __forceinline__ void kf_online_merge(float& m, float& s, float om, float os) {
-    const float n = kf_fold_maxf(m, om);
+    const float n = kf_maxf(m, om);
     s = (m == n ? s : s * expf(m - n)) + (om == n ? os : os * expf(om - n));
     m = n;
 }
@@ -516,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_962a89f82b737758_0_regs
             if (4 * (lane + (t0 / 4) * kf_g) >= kf_n) break;
             const int j0 = 4 * (lane + (t0 / 4) * kf_g) + t0 % 4;
             const float v3 = kf_c0[t0]; // logits f32
-            a0 = kf_fold_maxf(a0, v3);
+            a0 = kf_maxf(a0, v3);
             const float v8 = kf_c1[t0]; // targets f32
             const float v9 = v7 * v8; // n22
             const float v10 = -v9; // n23
