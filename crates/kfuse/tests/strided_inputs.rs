@@ -264,10 +264,11 @@ fn views_of_row_and_column_programs_match_the_interpreter() {
             let dtypes = float_inputs_as(base.interface(), dtype);
             let dtypes: Vec<(&str, DType)> = dtypes.iter().map(|(n, d)| (n.as_str(), *d)).collect();
             let p = base.with_input_dtypes(&dtypes).unwrap();
-            // (Rows of one or two columns make a norm's input gradient a cancellation, whose f32
-            // rounding no two evaluation orders share: RMSNorm's is eps / r^3 at one column, layer
-            // norm's normalised row is +-1 at two. Rows of 3 are the shortest.)
-            for (round, (b, d)) in [(1, 3), (3, 31), (33, 257), (1023, 33), (5, 4097)].into_iter().enumerate() {
+            // (Short rows make a norm's input gradient a cancellation, whose f32 rounding no two
+            // evaluation orders share: RMSNorm's is eps / r^3 at one column, layer norm's
+            // normalised row is +-1 at two, and at three one seed put layer norm's dx 2.2e-5 off
+            // on an H200. Rows of 7 are the shortest here; gpu_conformance bounds the short rows.)
+            for (round, (b, d)) in [(1, 7), (3, 31), (33, 257), (1023, 33), (5, 4097)].into_iter().enumerate() {
                 let inputs = row_inputs(&p, (b, d), &mut rng);
                 check_views(&gpu, &p, &inputs, (&LAYOUTS, round), &mut rng, &format!("{stem} {dtype} [{b}, {d}]"));
             }
