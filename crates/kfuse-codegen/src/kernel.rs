@@ -4,15 +4,16 @@
 //! with one commented parameter per line, the shape's prelude and loop, and its tail (`tail`).
 //!
 //! Index type: a grid-stride kernel's flat index `i` is a `kf_index`, 32-bit in the source as
-//! built by default and 64-bit when built with [`crate::plan::WIDE_INDEX_OPTION`]. Sizes are run-time values,
-//! so a plan cannot know that a domain stays small: the executor launches the 32-bit build where
-//! the domain and every buffer the kernel indexes hold fewer than 2^30 elements
-//! ([`Kernel::narrow_fits`]; a step of the grid stride past that still fits in 31 bits), and the
-//! 64-bit build, compiled when first needed, otherwise. The 64-bit index held for every element of
-//! a batch took registers from bodies with many live values: on an H200 the CIoU loss's backward
-//! spilled, and its 32-bit build ran 18% faster, the box losses' other kernels 2-5%
-//! (bench/RESULTS.md). The other shapes index with 64 bits. Coordinates are derived only when a broadcast operand needs them (never for
-//! operands shaped like the domain, which use `i` directly), through `kf_div`/`kf_mod`: 32-bit
+//! built by default and 64-bit when built with [`crate::plan::WIDE_INDEX_OPTION`]. Sizes are
+//! run-time values, so a plan cannot know that a domain stays small: the executor launches the
+//! 32-bit build where the domain and every buffer the kernel indexes hold fewer than 2^30
+//! elements ([`Kernel::narrow_fits`]; a step of the grid stride past that still fits in 31 bits),
+//! and the 64-bit build, compiled when first needed, otherwise. The 64-bit index held for every
+//! element of a batch took registers from bodies with many live values: on an H200 the CIoU
+//! loss's backward spilled, and its 32-bit build took 18% less time, the box losses' other kernels
+//! 2-5% less (bench/RESULTS.md). The other shapes index with 64 bits. Coordinates are derived only
+//! when a broadcast operand needs them (never for operands shaped like the domain, which use `i`
+//! directly), through `kf_div`/`kf_mod`: 32-bit
 //! division when the index and divisor fit in 32 bits (decided at run time, a warp-uniform branch
 //! in practice), 64-bit otherwise. In row mode (lengths masks, row-wise kernels, elementwise
 //! work over rows of a wide last axis) the row and column are loop variables and no division

@@ -243,7 +243,10 @@ fn row_inputs<'p>(p: &'p Program, (b, d): (usize, usize), rng: &mut StdRng) -> V
                 let v: Vec<f64> = t.to_f64().iter().map(|v| v.abs() + 1e-3).collect();
                 let rows: Vec<f64> = v
                     .chunks(d)
-                    .flat_map(|row| row.iter().map(|x| x / row.iter().sum::<f64>()).collect::<Vec<_>>())
+                    .flat_map(|row| {
+                        let sum: f64 = row.iter().sum();
+                        row.iter().map(move |x| x / sum)
+                    })
                     .collect();
                 HostTensor::from_f64(t.dtype(), shape, &rows)
             } else {
