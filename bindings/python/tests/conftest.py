@@ -2,6 +2,8 @@
 
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -33,9 +35,23 @@ def env_flag(name):
         raise pytest.UsageError(str(e)) from None
 
 
+_INDUCTOR_CACHE = None
+
+
 def pytest_configure(config):
     # Checked once before any test runs, so that a mistyped value is not a silent skip.
     env_flag("KFUSE_REQUIRE_GPU")
+    # The backend keeps its fused graphs in PyTorch's AOTAutograd cache, beside Inductor's: a
+    # folder of this run's own (unless one is given), so that no test reads what another run wrote.
+    global _INDUCTOR_CACHE
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="kfuse-tests-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
+
+
+def pytest_unconfigure(config):
+    if _INDUCTOR_CACHE is not None:
+        shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
 
 
 def example(name):

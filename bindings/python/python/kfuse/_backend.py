@@ -18,13 +18,13 @@ import threading
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.aot_autograd import SerializableAOTDispatchCompiler, make_boxed_func
 from torch._functorch.partitioners import default_partition
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
-from . import _lower
+from . import _compiled, _lower
 from ._decomp import decompositions
 from ._errors import Error
 from ._program import compile as _compile_kf
@@ -355,6 +355,7 @@ class _Region(torch.nn.Module):
     def __init__(self, prog, lowered, fallback):
         super().__init__()
         self.prog = prog
+        self.text = lowered.text
         self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
         self.inputs = lowered.inputs
         self.seeded = lowered.seeded
@@ -363,6 +364,12 @@ class _Region(torch.nn.Module):
         # 0), else made contiguous (no copy where only size-1 axes were left out: a leading-axis
         # sum with keepdim).
         self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
+
+    def __reduce__(self):
+        # Pickled (in a fused graph kept by PyTorch's AOTAutograd cache) as its program's text and
+        # its call details; loading compiles the text again (see `_compiled`).
+        details = (self.inputs, self.seeded, self.symbols, self.expand)
+        return _restore_region, (self.text, self.prog.name, details, self.fallback)
 
     def forward(self, *args):
         named = {name: args[i] for i, name in self.inputs}
@@ -380,6 +387,17 @@ class _Region(torch.nn.Module):
             size = [d if isinstance(d, int) else args[self.symbols[d][0]].shape[self.symbols[d][1]] for d in full]
             outs[i] = outs[i].expand(size) if view else outs[i].expand(size).contiguous()
         return tuple(outs)
+
+
+def _restore_region(text, name, details, fallback):
+    """A region loaded from PyTorch's AOTAutograd cache (see `_Region.__reduce__`)."""
+    region = _Region.__new__(_Region)
+    torch.nn.Module.__init__(region)
+    region.prog, _ = _program(text, name)
+    region.text = text
+    region.fallback = fallback
+    region.inputs, region.seeded, region.symbols, region.expand = details
+    return region
 
 
 def _fuse(gm, graph_name, report):
@@ -501,16 +519,21 @@ def _partition(joint, joint_inputs, **kwargs):
 def _aot(report, graphs=None):
     """AOTAutograd with kfuse's fusion of each graph; with `graphs` (the Dynamo graph's input
     count), each fused graph is also recorded in and replayed from CUDA graphs (see
-    :class:`_CudaGraphs`)."""
+    :class:`_CudaGraphs`). The plain backend's fused graphs (neither reported nor recorded) are
+    :class:`_compiled.FusedGraph`, which PyTorch's AOTAutograd cache keeps (see
+    :func:`backend`)."""
     cudagraphs = None if graphs is None else _CudaGraphs(graphs)
+    cached = report is None and cudagraphs is None
 
     def compiler(graph_name):
         def compile_graph(gm, example_inputs):
             fused = _fuse(gm, graph_name, report)
             if cudagraphs is not None:
                 return cudagraphs.wrap(fused, example_inputs, graph_name)
-            return make_boxed_func(fused)
+            return _compiled.FusedGraph(fused) if cached else make_boxed_func(fused)
 
+        if cached:
+            return SerializableAOTDispatchCompiler(_compiled.FusedGraph, compile_graph)
         return compile_graph
 
     return aot_autograd(
@@ -614,10 +637,10 @@ def backend(gm, example_inputs, mode=None, options=None, **kwargs):
     fusing the pointwise regions of the forward and backward aten graphs. ``mode="reduce-overhead"``
     (or ``options={"triton.cudagraphs": True}``, Inductor's spelling) also replays each graph from
     CUDA graphs; other modes and options change nothing."""
-    graphs = None
     if mode == "reduce-overhead" or (options or {}).get("triton.cudagraphs"):
-        graphs = len(example_inputs)
-    return _aot(None, graphs)(gm, example_inputs, **kwargs)
+        return _aot(None, len(example_inputs))(gm, example_inputs, **kwargs)
+    with _compiled.caching():
+        return _aot(None)(gm, example_inputs, **kwargs)
 
 
 def explain(fn, *example_inputs, arch=None):
