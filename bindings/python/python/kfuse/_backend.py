@@ -28,6 +28,7 @@ from . import _compiled, _lower
 from ._decomp import decompositions
 from ._errors import Error
 from ._program import compile as _compile_kf
+from ._types import _KD
 
 log = logging.getLogger("kfuse.backend")
 
@@ -350,20 +351,28 @@ def _draw_seed(args):
 
 
 class _Region(torch.nn.Module):
-    """A fused region: calls its kfuse program and expands outputs kfuse leaves broadcast."""
+    """A fused region: calls its kfuse program and expands outputs kfuse leaves broadcast. The
+    first call goes through the program's checked call (dtypes, devices, the variant for the
+    inputs' dtypes); the graph it is in has fixed dtypes and devices, so later calls pass the
+    tensors straight to that variant's kernels, in declaration order."""
 
     def __init__(self, prog, lowered, fallback):
         super().__init__()
-        self.prog = prog
-        self.text = lowered.text
-        self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
-        self.inputs = lowered.inputs
-        self.seeded = lowered.seeded
-        self.symbols = lowered.symbols
+        self._setup(prog, lowered.text, fallback, lowered.inputs, lowered.seeded, lowered.symbols)
         # Outputs kfuse leaves broadcast: expanded, as a view where torch's output is one (stride
         # 0), else made contiguous (no copy where only size-1 axes were left out: a leading-axis
         # sum with keepdim).
         self.expand = [(i, full, i in lowered.views) for i, (full, needs, _, _) in enumerate(lowered.outputs) if needs]
+
+    def _setup(self, prog, text, fallback, inputs, seeded, symbols):
+        self.prog = prog
+        self.text = text
+        self.fallback = fallback  # the region's aten ops, run if kfuse raises at run time
+        self.inputs = inputs
+        self.seeded = seeded
+        self.symbols = symbols
+        self._kernels = None  # the variant's kernels, once the first call has chosen it
+        self._order = None  # each declared input's argument position (-1: the seed)
 
     def __reduce__(self):
         # Pickled (in a fused graph kept by PyTorch's AOTAutograd cache) as its program's text and
@@ -372,11 +381,12 @@ class _Region(torch.nn.Module):
         return _restore_region, (self.text, self.prog.name, details, self.fallback)
 
     def forward(self, *args):
-        named = {name: args[i] for i, name in self.inputs}
-        if self.seeded:
-            named[_lower.SEED] = _draw_seed(args)
         try:
-            outs = self.prog(validate=False, **named)
+            if self._kernels is None:
+                outs = self._first_call(args)
+            else:
+                tensors = [args[i] if i >= 0 else _draw_seed(args) for i in self._order]
+                outs = self._kernels.run(tensors, 0)
         except Error as e:
             log.warning("kfuse backend: %s raised %s; the region runs in PyTorch", self.prog.name, e)
             return self.fallback(*args)
@@ -388,15 +398,25 @@ class _Region(torch.nn.Module):
             outs[i] = outs[i].expand(size) if view else outs[i].expand(size).contiguous()
         return tuple(outs)
 
+    def _first_call(self, args):
+        named = {name: args[i] for i, name in self.inputs}
+        if self.seeded:
+            named[_lower.SEED] = _draw_seed(args)
+        outs = self.prog(validate=False, **named)
+        position = {name: i for i, name in self.inputs}
+        names = [d.name for d in self.prog.inputs]
+        dtypes = tuple(_KD[named[n].dtype] for n in names)
+        self._order = [position.get(n, -1) for n in names]
+        self._kernels = self.prog._variant(dtypes).kernels
+        return outs
+
 
 def _restore_region(text, name, details, fallback):
     """A region loaded from PyTorch's AOTAutograd cache (see `_Region.__reduce__`)."""
     region = _Region.__new__(_Region)
     torch.nn.Module.__init__(region)
-    region.prog, _ = _program(text, name)
-    region.text = text
-    region.fallback = fallback
-    region.inputs, region.seeded, region.symbols, region.expand = details
+    inputs, seeded, symbols, region.expand = details
+    region._setup(_program(text, name)[0], text, fallback, inputs, seeded, symbols)
     return region
 
 
