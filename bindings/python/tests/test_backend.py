@@ -393,7 +393,8 @@ def test_explain_names_each_kernels_shape():
 
 def test_a_padded_box_loss_fuses_its_forward_and_backward_whole():
     # Counting bools (`valid.sum()`) and stacking the gradients of a box's four coordinates back
-    # into one tensor are fused: nothing is left to PyTorch.
+    # into one tensor are fused: nothing is left to PyTorch. A scalar loss whose backward kfuse
+    # lowers whole is computed with its gradient in the forward's region; the backward scales it.
     gen = torch.Generator().manual_seed(SEED)
 
     def padded_giou(pred, target):
@@ -413,7 +414,8 @@ def test_a_padded_box_loss_fuses_its_forward_and_backward_whole():
     target[:, 4:, 3] = 0
     report = kfuse.explain(padded_giou, pred, target)
     assert not report.fallbacks, str(report)
-    assert [k.graph for k in report.kernels] == ["forward", "backward"], str(report)
+    assert [k.graph for k in report.kernels] == ["forward"], str(report)
+    assert report.scaled_gradients == ["backward"], str(report)
     # And the results are eager's, in float64.
     compiled = torch.compile(padded_giou, backend="kfuse")
     p64 = pred.detach().double().requires_grad_()

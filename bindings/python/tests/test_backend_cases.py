@@ -438,7 +438,9 @@ def test_softmax_and_cross_entropy_leave_nothing_to_pytorch(name):
     inputs = [t.requires_grad_(i in wrt) for i, t in enumerate(make(torch.Generator().manual_seed(SEED)))]
     report = kfuse.explain(fn, *inputs)
     assert not report.fallbacks, str(report)
-    assert {"forward", "backward"} <= {k.graph for k in report.kernels}, str(report)
+    # The backward fused too: a region of its own, or (a scalar loss) the gradients computed with the
+    # loss in the forward's region and scaled in the backward.
+    assert {"forward", "backward"} <= {k.graph for k in report.kernels} | set(report.scaled_gradients), str(report)
 
 
 def test_a_view_that_regroups_leading_axes_only_is_left_to_pytorch_with_its_reason():
@@ -576,7 +578,9 @@ def test_batch_norm_in_training_mode_matches_eager_with_its_running_statistics(d
     inputs = [_randn(gen, *dims) * 2 + 1]
     report = kfuse.explain(copy.deepcopy(module), *[t.clone().requires_grad_() for t in inputs])
     assert not [f for f in report.fallbacks if "batch_norm" in str(f.op)], str(report)
-    assert {"forward", "backward"} <= {k.graph for k in report.kernels}, str(report)
+    # The backward fused too: a region of its own, or (a scalar loss) the gradients computed with the
+    # loss in the forward's region and scaled in the backward.
+    assert {"forward", "backward"} <= {k.graph for k in report.kernels} | set(report.scaled_gradients), str(report)
     compiled = torch.compile(compiled_module, backend=_backend.backend)
     for step in range(2):
         inputs = [_randn(gen, *dims) * 2 + 1]
@@ -771,7 +775,8 @@ def _saved(fn, inputs):
         partition_fn=_backend._partition,
     )
     torch._dynamo.reset()
-    torch.compile(fn, backend=backend)(*inputs).backward()
+    out = torch.compile(fn, backend=backend)(*inputs)
+    out.backward(torch.ones_like(out))
     return saved
 
 
@@ -782,14 +787,16 @@ def test_the_forward_stores_no_row_sized_value_the_backward_can_recompute():
     gen = torch.Generator().manual_seed(SEED)
     b, c = 37, 101
     logits, labels = _randn(gen, b, c).requires_grad_(), torch.randint(0, c, (b,), generator=gen)
-    saved = _saved(cross_entropy_ignore_smoothing, [logits, labels])
+    # Per-row losses (a tensor output, so the backward is not the scaled gradient of a scalar).
+    saved = _saved(lambda x, y: F.cross_entropy(x, y, reduction="none", ignore_index=5, label_smoothing=0.15),
+                   [logits, labels])
     big = [(name, shape) for name, shape in saved if math.prod(shape) >= b * c and not name.startswith("primals")]
     assert saved and not big, saved
     # The matmul of a Linear + GELU is stored (kfuse does not recompute it); GELU's input is the
     # matmul's output, so nothing else of its size is.
     lin = nn.Linear(64, 96)
     x = _randn(gen, 33, 64).requires_grad_()
-    saved = _saved(lambda x: F.gelu(lin(x)).sum(), [x])
+    saved = _saved(lambda x: F.gelu(lin(x)).sum(), [x])  # a matmul's backward: not kfuse's alone
     names = [name for name, shape in saved if shape == (33, 96)]
     assert len(names) == 1 and "addmm" in names[0], saved
 
@@ -911,3 +918,46 @@ def test_a_column_sum_of_a_masked_value_stays_a_sum_of_the_where():
     got = torch.compile(columns_and_rows, backend="kfuse")(x, y)
     for g, w in zip(got, columns_and_rows(x, y)):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scalar_loss_is_computed_with_its_gradient_in_the_forward():
+    # Cross-entropy's mean: the forward's region computes the loss and the logits' gradient at an
+    # upstream gradient of 1 (one read of the logits), saves the gradient alone, and the backward
+    # only scales it by the upstream gradient.
+    gen = torch.Generator().manual_seed(SEED)
+    b, c = 37, 101
+    logits, labels = _randn(gen, b, c).requires_grad_(), torch.randint(0, c, (b,), generator=gen)
+    saved = _saved(cross_entropy_ignore_smoothing, [logits, labels])
+    assert [shape for _, shape in saved if math.prod(shape) >= b * c] == [(b, c)], saved
+    report = kfuse.explain(cross_entropy_ignore_smoothing, logits, labels)
+    assert not report.fallbacks and report.scaled_gradients == ["backward"], str(report)
+    assert [k.graph for k in report.kernels] == ["forward"], str(report)
+
+
+@pytest.mark.parametrize("upstream", [1.0, 2.5, 0.0, -3.0])
+def test_the_fused_gradient_is_scaled_by_any_upstream_gradient(upstream):
+    gen = torch.Generator().manual_seed(SEED)
+    logits, labels = _randn(gen, 19, 23), torch.randint(0, 23, (19,), generator=gen)
+    ref = logits.double().requires_grad_()
+    want = torch.autograd.grad(cross_entropy_ignore_smoothing(ref, labels), ref, torch.tensor(upstream, dtype=torch.float64))[0]
+    torch._dynamo.reset()
+    x = logits.clone().requires_grad_()
+    out = torch.compile(cross_entropy_ignore_smoothing, backend="kfuse")(x, labels)
+    (got,) = torch.autograd.grad(out, x, torch.tensor(upstream))
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-7), (got - want).abs().max()
+
+
+def test_a_retained_graph_gives_the_same_gradient_twice():
+    # The first backward would scale the saved gradient in place; with the graph retained it scales
+    # a copy, so a second backward through the same graph reads the unscaled one again.
+    gen = torch.Generator().manual_seed(SEED)
+    logits, labels = _randn(gen, 11, 13), torch.randint(0, 13, (11,), generator=gen)
+    ref = logits.double().requires_grad_()
+    want = torch.autograd.grad(cross_entropy_ignore_smoothing(ref, labels), ref)[0]
+    torch._dynamo.reset()
+    x = logits.clone().requires_grad_()
+    out = torch.compile(cross_entropy_ignore_smoothing, backend="kfuse")(x, labels)
+    first = torch.autograd.grad(out, x, torch.tensor(3.0), retain_graph=True)[0].clone()
+    second = torch.autograd.grad(out, x, torch.tensor(0.5))[0]
+    assert torch.allclose(first.double(), 3 * want, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(second.double(), 0.5 * want, rtol=1e-5, atol=1e-7)

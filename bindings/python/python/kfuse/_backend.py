@@ -24,7 +24,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule, fuse_by_partitions
 
-from . import _compiled, _lower
+from . import _compiled, _loss_grad, _lower
 from ._decomp import decompositions
 from ._errors import Error
 from ._program import compile as _compile_kf
@@ -119,6 +119,9 @@ class Report:
         self.fallbacks = []
         self.graphs = []  # graph names in compile order
         self.arch = arch  # what CPU graphs' kernels are built for (None: not built)
+        # The graphs whose gradients kfuse computed with the loss in the forward (a scalar loss
+        # whose whole backward it lowers): they only scale them by the upstream gradient.
+        self.scaled_gradients = []
 
     def __str__(self):
         out = []
@@ -126,6 +129,9 @@ class Report:
             ks = [k for k in self.kernels if k.graph == g]
             fs = [f for f in self.fallbacks if f.graph == g]
             out.append(f"== {g} graph: {len(ks)} fused region(s), {len(fs)} op(s) left to PyTorch")
+            if g in self.scaled_gradients:
+                out.append("-- the loss's gradients, computed with it in the forward's region, scaled here by the"
+                           " upstream gradient (kfuse::scale_loss_grad: in place, nothing written when it is 1)")
             for i, k in enumerate(ks):
                 count = "?" if k.kernels is None else k.kernels
                 cached = ", program reused" if k.cached else ""
@@ -441,7 +447,7 @@ def _fuse(gm, graph_name, report):
             setattr(gm, node.target, _Region(prog, lowered, sub))
             shapes, builds = (_kernel_shapes(prog), _builds(prog, gm, report)) if report else (None, None)
             kernels.append(Kernel(graph_name, lowered.ops, lowered.text, shapes, cached, builds))
-        elif node.op == "call_function" and node.target is not operator.getitem:
+        elif node.op == "call_function" and node.target not in (operator.getitem, _loss_grad.SCALE):
             if node.name not in by_name and not _is_compute(node):
                 continue  # a view or copy outside every region, refused by nothing: no work kfuse left
             fallbacks.append((node.target, by_name.get(node.name, "a region of a single op is left to PyTorch")))
@@ -449,6 +455,8 @@ def _fuse(gm, graph_name, report):
     log.debug("kfuse backend, %s graph: %d region(s), %d op(s) left to PyTorch", graph_name, len(kernels), len(fallbacks))
     if report is not None:
         report.graphs.append(graph_name)
+        if any(n.op == "call_function" and n.target is _loss_grad.SCALE for n in gm.graph.nodes):
+            report.scaled_gradients.append(graph_name)
         report.kernels += kernels
         report.fallbacks += [Fallback(graph_name, str(op), reason) for op, reason in fallbacks]
     return gm
@@ -486,9 +494,7 @@ def _recomputable(node, backward):
     return size * SAVE_IF_SMALLER >= max(sizes, default=0)
 
 
-def _random(node):
-    """Whether fx node `node` draws random numbers (`rand_like`, `bernoulli`, ...)."""
-    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+_random = _loss_grad.random
 
 
 def _numel_hint(t):
@@ -504,14 +510,22 @@ def _numel_hint(t):
 
 
 def _partition(joint, joint_inputs, **kwargs):
-    """AOTAutograd's partition of the joint forward + backward graph, with every forward value
-    that kfuse can recompute (:func:`_recomputable`) recomputed in the backward instead of stored:
-    the default partitioner's activation-checkpointing tags, on the values that are not forward
-    outputs. A graph with mutations, or one the tagged partition fails on, is partitioned as
-    AOTAutograd does by default."""
+    """AOTAutograd's partition of the joint forward + backward graph. A scalar loss whose whole
+    backward kfuse lowers is computed with its gradient in the forward, the backward scaling it
+    (:mod:`_loss_grad`). Otherwise every forward value that kfuse can recompute
+    (:func:`_recomputable`) is recomputed in the backward instead of stored: the default
+    partitioner's activation-checkpointing tags, on the values that are not forward outputs. A
+    graph with mutations, or one the tagged partition fails on, is partitioned as AOTAutograd
+    does by default."""
     from torch._functorch._aot_autograd.functional_utils import _is_functional_graph
     from torch.utils.checkpoint import CheckpointPolicy
 
+    try:
+        if _loss_grad.rewrite(joint, kwargs.get("num_fwd_outputs", 0)):
+            # The forward computes the loss and its unscaled gradients; the backward only scales.
+            return default_partition(joint, joint_inputs, **kwargs)
+    except Exception as e:  # never a failure: the joint graph is partitioned as it came
+        log.warning("kfuse backend: fusing the loss with its gradient failed (%s: %s)", type(e).__name__, e)
     before = {n: n.meta.get("recompute") for n in joint.graph.nodes}
     try:
         if _is_functional_graph(joint.graph)[0] is None:

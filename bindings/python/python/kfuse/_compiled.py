@@ -69,7 +69,8 @@ class FusedGraph(OutputCode):
         from torch.fx._graph_pickler import GraphPickler, Options
 
         if self._gm is not None:
-            self._pickled = GraphPickler.dumps(self._gm, Options(node_metadata_key_filter=_no_metadata))
+            options = Options(ops_filter=_ops_filter, node_metadata_key_filter=_no_metadata)
+            self._pickled = GraphPickler.dumps(self._gm, options)
             self._gm = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs):
@@ -90,6 +91,12 @@ class FusedGraph(OutputCode):
 
 def _no_metadata(key):
     return False
+
+
+def _ops_filter(name):
+    """The ops a stored graph may call: PyTorch's own, and kfuse's (`kfuse::scale_loss_grad`, which
+    `import kfuse._backend` defines before an entry is loaded)."""
+    return name.startswith(("torch.ops.aten.", "torch.ops.prims.", "torch.ops.kfuse.scale_loss_grad"))
 
 
 class _KeyDetails:
