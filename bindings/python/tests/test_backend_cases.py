@@ -796,9 +796,14 @@ def test_the_forward_stores_no_row_sized_value_the_backward_can_recompute():
     # matmul's output, so nothing else of its size is.
     lin = nn.Linear(64, 96)
     x = _randn(gen, 33, 64).requires_grad_()
-    saved = _saved(lambda x: F.gelu(lin(x)).sum(), [x])  # a matmul's backward: not kfuse's alone
+    saved = _saved(lambda x: F.gelu(lin(x)), [x])
     names = [name for name, shape in saved if shape == (33, 96)]
     assert len(names) == 1 and "addmm" in names[0], saved
+    # Summed into a loss, the GELU's backward joins the forward (the gradient at the matmul's
+    # output, computed with the loss): that gradient is stored in the matmul's output's place.
+    saved = _saved(lambda x: F.gelu(lin(x)).sum(), [x])
+    names = [name for name, shape in saved if shape == (33, 96)]
+    assert len(names) == 1 and "addmm" not in names[0], saved
 
 
 def test_a_linear_block_on_3d_inputs_fuses_its_bias_gradients_and_copies_no_view():
