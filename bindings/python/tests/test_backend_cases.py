@@ -939,30 +939,51 @@ def test_a_scalar_loss_is_computed_with_its_gradient_in_the_forward():
     assert [k.graph for k in report.kernels] == ["forward"], str(report)
 
 
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("upstream", [1.0, 2.5, 0.0, -3.0])
-def test_the_fused_gradient_is_scaled_by_any_upstream_gradient(upstream):
+def test_the_fused_gradient_is_scaled_by_any_upstream_gradient(upstream, on_gpu, request):
+    # On CUDA the scaling is kfuse's kernel, in place, which writes nothing at an upstream of 1.
+    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
     gen = torch.Generator().manual_seed(SEED)
     logits, labels = _randn(gen, 19, 23), torch.randint(0, 23, (19,), generator=gen)
     ref = logits.double().requires_grad_()
     want = torch.autograd.grad(cross_entropy_ignore_smoothing(ref, labels), ref, torch.tensor(upstream, dtype=torch.float64))[0]
     torch._dynamo.reset()
-    x = logits.clone().requires_grad_()
-    out = torch.compile(cross_entropy_ignore_smoothing, backend="kfuse")(x, labels)
-    (got,) = torch.autograd.grad(out, x, torch.tensor(upstream))
-    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-7), (got - want).abs().max()
+    x = logits.to(device).requires_grad_()
+    out = torch.compile(cross_entropy_ignore_smoothing, backend="kfuse")(x, labels.to(device))
+    (got,) = torch.autograd.grad(out, x, torch.tensor(upstream, device=device))
+    assert torch.allclose(got.double().cpu(), want, rtol=1e-5, atol=1e-7), (got.double().cpu() - want).abs().max()
+    # A model's last layer below the loss: the loss's gradient joins the forward, the matmul's
+    # backward reads it scaled.
+    torch.manual_seed(SEED)
+    lin = nn.Linear(17, 23).to(device)
+    h = _randn(gen, 19, 17).to(device).requires_grad_()
+    step = lambda h, y: cross_entropy_ignore_smoothing(lin(h), y)  # noqa: E731
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(step, backend="kfuse")(h, labels.to(device)), [h, *lin.parameters()],
+                              torch.tensor(upstream, device=device))
+    lin64 = nn.Linear(17, 23).double()
+    lin64.load_state_dict({k: v.double().cpu() for k, v in lin.state_dict().items()})
+    h64 = h.detach().double().cpu().requires_grad_()
+    want = torch.autograd.grad(cross_entropy_ignore_smoothing(lin64(h64), labels), [h64, *lin64.parameters()],
+                               torch.tensor(upstream, dtype=torch.float64))
+    for g, w in zip(got, want):
+        assert torch.allclose(g.double().cpu(), w, rtol=1e-4, atol=1e-6), (g.double().cpu() - w).abs().max()
 
 
-def test_a_retained_graph_gives_the_same_gradient_twice():
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_a_retained_graph_gives_the_same_gradient_twice(on_gpu, request):
     # The first backward would scale the saved gradient in place; with the graph retained it scales
     # a copy, so a second backward through the same graph reads the unscaled one again.
+    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
     gen = torch.Generator().manual_seed(SEED)
     logits, labels = _randn(gen, 11, 13), torch.randint(0, 13, (11,), generator=gen)
     ref = logits.double().requires_grad_()
     want = torch.autograd.grad(cross_entropy_ignore_smoothing(ref, labels), ref)[0]
     torch._dynamo.reset()
-    x = logits.clone().requires_grad_()
-    out = torch.compile(cross_entropy_ignore_smoothing, backend="kfuse")(x, labels)
-    first = torch.autograd.grad(out, x, torch.tensor(3.0), retain_graph=True)[0].clone()
-    second = torch.autograd.grad(out, x, torch.tensor(0.5))[0]
-    assert torch.allclose(first.double(), 3 * want, rtol=1e-5, atol=1e-7)
-    assert torch.allclose(second.double(), 0.5 * want, rtol=1e-5, atol=1e-7)
+    x = logits.to(device).requires_grad_()
+    out = torch.compile(cross_entropy_ignore_smoothing, backend="kfuse")(x, labels.to(device))
+    first = torch.autograd.grad(out, x, torch.tensor(3.0, device=device), retain_graph=True)[0].clone()
+    second = torch.autograd.grad(out, x, torch.tensor(0.5, device=device))[0]
+    assert torch.allclose(first.double().cpu(), 3 * want, rtol=1e-5, atol=1e-7)
+    assert torch.allclose(second.double().cpu(), 0.5 * want, rtol=1e-5, atol=1e-7)
