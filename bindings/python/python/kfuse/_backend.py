@@ -510,9 +510,9 @@ def _numel_hint(t):
 
 
 def _partition(joint, joint_inputs, **kwargs):
-    """AOTAutograd's partition of the joint forward + backward graph. A scalar loss whose whole
-    backward kfuse lowers is computed with its gradient in the forward, the backward scaling it
-    (:mod:`_loss_grad`). Otherwise every forward value that kfuse can recompute
+    """AOTAutograd's partition of the joint forward + backward graph. A scalar loss is computed
+    with the top of its backward (what kfuse lowers) in the forward, the backward scaling what
+    that top hands on (:mod:`_loss_grad`). Otherwise every forward value that kfuse can recompute
     (:func:`_recomputable`) is recomputed in the backward instead of stored: the default
     partitioner's activation-checkpointing tags, on the values that are not forward outputs. A
     graph with mutations, or one the tagged partition fails on, is partitioned as AOTAutograd
