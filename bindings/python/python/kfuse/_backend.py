@@ -11,6 +11,7 @@ else, and every region kfuse refuses or fails to compile, runs as PyTorch runs i
 are kept for :func:`kfuse.explain`.
 """
 
+import functools
 import logging
 import operator
 import re
@@ -509,10 +510,12 @@ def _numel_hint(t):
     return n
 
 
-def _partition(joint, joint_inputs, **kwargs):
+def _partition(joint, joint_inputs, fuse_loss=True, **kwargs):
     """AOTAutograd's partition of the joint forward + backward graph. A scalar loss is computed
     with the top of its backward (what kfuse lowers) in the forward, the backward scaling what
-    that top hands on (:mod:`_loss_grad`). Otherwise every forward value that kfuse can recompute
+    that top hands on (:mod:`_loss_grad`; not with `fuse_loss` False: graphs replayed from CUDA
+    graphs, whose recordings would keep the in-place scaling of the first backward's kind).
+    Otherwise every forward value that kfuse can recompute
     (:func:`_recomputable`) is recomputed in the backward instead of stored: the default
     partitioner's activation-checkpointing tags, on the values that are not forward outputs. A
     graph with mutations, or one the tagged partition fails on, is partitioned as AOTAutograd
@@ -521,7 +524,7 @@ def _partition(joint, joint_inputs, **kwargs):
     from torch.utils.checkpoint import CheckpointPolicy
 
     try:
-        if _loss_grad.rewrite(joint, kwargs.get("num_fwd_outputs", 0)):
+        if fuse_loss and _loss_grad.rewrite(joint, kwargs.get("num_fwd_outputs", 0)):
             # The forward computes the loss and its unscaled gradients; the backward only scales.
             return default_partition(joint, joint_inputs, **kwargs)
     except Exception as e:  # never a failure: the joint graph is partitioned as it came
@@ -575,7 +578,7 @@ def _aot(report, graphs=None):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decompositions(),
-        partition_fn=_partition,
+        partition_fn=_partition if cudagraphs is None else functools.partial(_partition, fuse_loss=False),
     )
 
 
