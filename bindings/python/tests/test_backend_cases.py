@@ -137,6 +137,13 @@ def max_min_along_axes(x):
     return v.mean() + h.min(0).values.sum() + i.float().mean() + h.max(1, keepdim=True)[0].sum()
 
 
+def rows_with_any_hit(x, hits):
+    """The mean square of the rows where any element is a hit (`any` along an axis of a bool
+    mask, and over a whole tensor)."""
+    keep = hits.any(-1) & hits.any()
+    return torch.where(keep, x.square().mean(-1), torch.zeros(())).sum() / keep.sum().clamp(min=1)
+
+
 def roll_and_flip(x):
     """Cyclic shifts along one and two axes (a shifted window's roll) and flips: gathers at
     positions computed from iota; their backwards are the opposite roll and the same flip."""
@@ -346,6 +353,7 @@ CASES = {
     "nan_to_num_of_log": (nan_to_num_of_log, lambda g: [_randn(g, 11, 29)], (0,)),
     "max_min_along_axes": (max_min_along_axes, lambda g: [_randn(g, 9, 13)], (0,)),
     "roll_and_flip": (roll_and_flip, lambda g: [_randn(g, 5, 7)], (0,)),
+    "rows_with_any_hit": (rows_with_any_hit, lambda g: [_randn(g, 11, 9), torch.rand(11, 9, generator=g) < 0.08], (0,)),
     "hinge_embedding": (hinge_embedding, lambda g: [_randn(g, 13, 7), torch.randint(0, 2, (13, 7), generator=g) * 2.0 - 1], (0,)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
     "bce_with_logits_weighted": (
@@ -403,6 +411,8 @@ WHOLE = [
     "max_min_along_axes",
     # roll and flip: gathers at positions computed with iota.
     "roll_and_flip",
+    # any along an axis and over every element of a bool mask: a count that is not 0.
+    "rows_with_any_hit",
     "softmax_middle_axis",
     "log_softmax_last_axis",
     # Slices, selects and permutes on any axis, and their scatters back in the backward.

@@ -299,3 +299,22 @@ def test_torchvision_complete_box_iou_loss():
     report = kfuse.explain(loss, pred.requires_grad_(), target)
     assert report.kernels, str(report)
     assert all("a region of a single op" in f.reason for f in report.fallbacks), str(report)
+
+
+def test_an_embedding_below_a_layer_norm_leaves_only_its_own_ops_to_pytorch():
+    # The embedding's gradient is an index_put into zeros of the table's size, which no region
+    # input has: that region output alone is refused, and the norm's backward still fuses.
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.LayerNorm(16))
+    ids = torch.randint(0, 50, (4, 5))
+    report = kfuse.explain(model, ids)
+    left = sorted({f.op for f in report.fallbacks})
+    assert left == ["aten.embedding.default", "aten.full.default", "aten.index_put.default"], str(report)
+    assert {k.graph for k in report.kernels} == {"forward", "backward"}, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kfuse")
+    dy = torch.randn(4, 5, 16)
+    got = torch.autograd.grad(compiled(ids), list(model.parameters()), dy)
+    want = torch.autograd.grad(model(ids), list(model.parameters()), dy)
+    for g, w in zip(got, want):
+        assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (g - w).abs().max()

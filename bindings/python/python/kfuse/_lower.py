@@ -479,6 +479,14 @@ def _reduce(fn):
     return rule
 
 
+def _any(node, a, ctx):
+    """`any` of a bool tensor over axes (or every element): its count there is not 0."""
+    if fake(a["self"]).dtype != torch.bool:
+        raise Refused(f"any of a {fake(a['self']).dtype} tensor (kfuse's lowering takes bools)")
+    text, shape = _reduce("sum")(node, a, ctx)  # count(...) of a bool
+    return f"{text} > 0", shape
+
+
 # Python arithmetic on sizes that Dynamo records for dynamic shapes (batch norm's `n / (n - 1)`).
 _SIZE_ARITHMETIC = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/"}
 
@@ -1026,6 +1034,7 @@ RULES = {
     aten.mean: _reduce("mean"),
     aten.amax: _reduce("max"),
     aten.amin: _reduce("min"),
+    aten.any: _any,
     aten.prod: _prod,
     aten.view: _reshape_by_shapes,
     aten._unsafe_view: _reshape_by_shapes,
@@ -1255,7 +1264,11 @@ def _lower_region(gm):
             raise e
         lines.append(f"output o{i} = {v.text}")
         full = shape_tokens(fake(o))
-        outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
+        try:
+            outputs.append((named(full), v.shape != full, kf_dtype(fake(o).dtype), named(v.shape)))
+        except Refused as e:
+            e.node = getattr(o, "name", None)  # partition again without the op that makes it
+            raise
     views = frozenset(i for i, o in enumerate(outs) if any(isinstance(st, int) and st == 0 for st in fake(o).stride()))
     if draws:
         decls.append(f"input {SEED}: i64")
