@@ -318,3 +318,16 @@ def test_an_embedding_below_a_layer_norm_leaves_only_its_own_ops_to_pytorch():
     want = torch.autograd.grad(model(ids), list(model.parameters()), dy)
     for g, w in zip(got, want):
         assert torch.allclose(g, w, rtol=1e-5, atol=1e-6), (g - w).abs().max()
+
+
+def test_a_convolution_with_batch_norm_leaves_only_the_convolution_and_matmuls_to_pytorch():
+    # Training-mode batch norm reads the batch's element count (`sym_size`, metadata): not an op
+    # kfuse must take, nor one it reports as left over.
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    report = kfuse.explain(model, x)
+    left = {f.op.split(".")[1] for f in report.fallbacks}
+    assert left <= {"convolution", "convolution_backward", "mm", "addmm"}, str(report)
+    assert {k.graph for k in report.kernels} == {"forward", "backward"}, str(report)

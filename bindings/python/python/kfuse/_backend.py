@@ -247,6 +247,8 @@ class _Support(OperatorSupportBase):
 _TRIVIAL = {
     "view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "alias",
     "permute", "transpose", "t", "slice", "select",
+    # A tensor's size: metadata, no work (batch norm's `n / (n - 1)` reads it).
+    "sym_size", "sym_numel", "sym_stride",
 }
 
 
