@@ -132,25 +132,30 @@ def side_stream_warmup(torch, step, calls=3):
     torch.cuda.current_stream().wait_stream(side)
 
 
-def host_us(torch, fn, calls, cpu=False, warmup=20, blocks=1):
-    """Host time per call: time.perf_counter over `calls` calls, no synchronisation inside; with
-    `blocks` > 1, that many such blocks (the device synchronised before each) and the best one:
-    the host's own cost, without a block that the machine's other work or a garbage collection
-    interrupted (one such pause in a single block of 50 calls has made it read 8x)."""
+def host_blocks(torch, fn, calls, blocks, cpu=False, warmup=20):
+    """Host time per call of each of `blocks` blocks: time.perf_counter over `calls` calls with no
+    synchronisation inside (the device synchronised before each block), in µs."""
     for _ in range(warmup):
         fn()
-    best = None
+    out = []
     for _ in range(blocks):
         if not cpu:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        t1 = time.perf_counter()
-        best = min(best or t1 - t0, t1 - t0)
+        out.append((time.perf_counter() - t0) * 1e6 / calls)
     if not cpu:
         torch.cuda.synchronize()
-    return best * 1e6 / calls
+    return out
+
+
+def host_us(torch, fn, calls, cpu=False, warmup=20, blocks=1):
+    """Host time per call: time.perf_counter over `calls` calls, no synchronisation inside; with
+    `blocks` > 1, the best of that many such blocks: the host's own cost, without a block that the
+    machine's other work or a garbage collection interrupted (one such pause in a single block of
+    50 calls has made it read 8x)."""
+    return min(host_blocks(torch, fn, calls, blocks, cpu=cpu, warmup=warmup))
 
 
 def l2_flusher(torch, device):

@@ -18,29 +18,17 @@ import os
 import pstats
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
 import backend_suite as suite  # noqa: E402
+from benchlib import host_blocks  # noqa: E402
 
 
 def first_case(name):
     return next(c for c in suite.cases(smoke=False, full=False) if c["fn"] == name)
-
-
-def host_blocks(step, calls, rounds):
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            step()
-        out.append((time.perf_counter() - t0) * 1e6 / calls)
-    torch.cuda.synchronize()
-    return out
 
 
 def short(func):
@@ -83,7 +71,7 @@ def main():
             if args.after_graph:
                 times = suite.graph_times(torch, step, 10, 50)
                 print(f"   (captured in a CUDA graph first: {times.get('median_us', times.get('error'))} µs a replay)")
-            blocks = host_blocks(step, args.calls, args.rounds)
+            blocks = host_blocks(torch, step, args.calls, args.rounds, warmup=0)
             print(f"\n== {name} batch {case['batch']} {backend}: host µs per step best {min(blocks):.1f}, "
                   f"median {statistics.median(blocks):.1f} ({args.rounds} blocks of {args.calls})")
             prof = cProfile.Profile()

@@ -216,7 +216,7 @@ class _Support(OperatorSupportBase):
         if reason is not None:
             self.reasons[node] = reason
             return False
-        if _is_view(node) and not self._feeds_compute(node):
+        if _lower.is_view(node) and not self._feeds_compute(node):
             # A view that no fused op reads (a matmul's result transposed for the output) would
             # join regions that a matmul separates and then be taken out again (see
             # `_strip_output_views`): PyTorch applies it for free.
@@ -242,28 +242,8 @@ class _Support(OperatorSupportBase):
         return False
 
 
-# Views and copies: a region of nothing else computes nothing, and PyTorch runs its views for free
-# where a kernel would copy (a matmul's operand transposed in the backward).
-_TRIVIAL = {
-    "view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "alias",
-    "permute", "transpose", "t", "slice", "select",
-    # A tensor's size: metadata, no work (batch norm's `n / (n - 1)` reads it).
-    "sym_size", "sym_numel", "sym_stride",
-}
-
-
-def _op_name(node):
-    """The aten operation's name of an fx node (`permute`), or ""."""
-    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
-
-
 def _is_compute(node):
-    return _op_name(node) not in _TRIVIAL
-
-
-def _is_view(node):
-    """A view of `_TRIVIAL` (not a copy): PyTorch applies it for free."""
-    return _op_name(node) in _TRIVIAL and _op_name(node) != "clone"
+    return _lower.op_name(node) not in _lower.TRIVIAL
 
 
 def _strip_output_views(partition):
@@ -275,7 +255,7 @@ def _strip_output_views(partition):
     while changed:
         changed = False
         for node in list(partition.nodes):
-            if _is_view(node) and not any(u in partition.nodes for u in node.users):
+            if _lower.is_view(node) and not any(u in partition.nodes for u in node.users):
                 partition.remove_node(node)
                 changed = True
     return partition
@@ -481,9 +461,9 @@ def _recomputable(node, backward):
     activation's pre-image): one pass over memory fewer per recomputed tensor."""
     if node.op != "call_function" or node in backward or node.target is operator.getitem:
         return False
-    if _random(node):
+    if _lower.is_random(node):
         return False
-    if any(_random(x) for x in node.all_input_nodes):
+    if any(_lower.is_random(x) for x in node.all_input_nodes):
         # Computed from a random draw, which is not recomputed: storing this value (dropout's
         # bool mask) is smaller than storing the draw (a float per element) to recompute it.
         return False
@@ -496,8 +476,6 @@ def _recomputable(node, backward):
         return False
     return size * SAVE_IF_SMALLER >= max(sizes, default=0)
 
-
-_random = _loss_grad.random
 
 
 def _numel_hint(t):

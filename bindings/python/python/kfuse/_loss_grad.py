@@ -61,21 +61,6 @@ _LIB.impl("scale_loss_grad", _scale_loss_grad_fake, "Meta")
 SCALE = torch.ops.kfuse.scale_loss_grad.default
 
 
-def random(node):
-    """Whether fx node `node` draws random numbers (`rand_like`, `bernoulli`, ...)."""
-    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
-
-
-# Views: a gradient that is one (the `expand` of a sum's backward) costs nothing to form in the
-# backward, and its scaled copy would be a pass over memory.
-_VIEWS = {"expand", "view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "permute", "transpose", "t",
-          "slice", "select", "alias", "as_strided"}
-
-
-def _is_view(node):
-    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "") in _VIEWS
-
-
 def rewrite(joint, num_fwd_outputs):
     """Rewrites AOTAutograd's joint graph of a scalar loss, in place, as the module says; returns
     whether it did. The part of the backward moved into the forward is its top: the nodes that
@@ -112,7 +97,7 @@ def rewrite(joint, num_fwd_outputs):
     # Its top, in graph order.
     top = []
     for n in backward:
-        ok = not random(n) and isinstance(n.meta.get("val"), torch.Tensor) and _lower.supported(n) is None
+        ok = not _lower.is_random(n) and isinstance(n.meta.get("val"), torch.Tensor) and _lower.supported(n) is None
         if ok and all(x is tangent or x not in members or x in top for x in n.all_input_nodes):
             top.append(n)
     # Of the values the top computes without the upstream gradient, only those its gradients read:
@@ -133,7 +118,7 @@ def rewrite(joint, num_fwd_outputs):
     edge = {n for n in top if any(u is output or u not in moved for u in n.users)}
     views = set()
     for n in reversed(top):
-        if n in edge and n in linear and _is_view(n):
+        if n in edge and n in linear and _lower.is_view(n):
             views.add(n)
             edge.update(x for x in n.all_input_nodes if x in moved)
     scaled_edge = [n for n in top if n in edge and n in linear and n not in views]
@@ -161,8 +146,11 @@ def rewrite(joint, num_fwd_outputs):
     env, handed = {}, {}
 
     def copy(n, read):
-        env[n] = new.node_copy(n, lambda x: read(x))
+        env[n] = new.node_copy(n, read)
         return env[n]
+
+    def read_handed(x):  # what the backward reads: a value the top hands on, else the copy
+        return handed[x] if x in handed else env[x]
 
     for n in nodes:
         if n is at:
@@ -175,7 +163,7 @@ def rewrite(joint, num_fwd_outputs):
                 if m not in edge:
                     continue
                 if m in views:
-                    made = new.node_copy(m, lambda x: handed[x] if x in handed else env[x])
+                    made = new.node_copy(m, read_handed)
                 elif m in linear:
                     made = new.call_function(SCALE, (env[m], env[tangent]))
                     made.meta["val"] = m.meta["val"]
@@ -187,12 +175,12 @@ def rewrite(joint, num_fwd_outputs):
         if n in early:
             continue
         if n is output:
-            outs = [handed[g] if g in handed else env[g] if isinstance(g, torch.fx.Node) else g for g in grads]
+            outs = [read_handed(g) if isinstance(g, torch.fx.Node) else g for g in grads]
             fwd = [torch.fx.node.map_arg(o, env.__getitem__) for o in output.args[0][:num_fwd_outputs]]
             env[n] = new.output((*fwd, *outs))
             env[n].meta = dict(output.meta)
             continue
-        copy(n, lambda x: handed[x] if x in handed else env[x])
+        copy(n, read_handed)
     new.lint()
     joint.graph = new
     joint.recompile()

@@ -130,6 +130,32 @@ def constant_sizes(nodes):
         _CONSTANT_SIZES.reset(token)
 
 
+# Views and copies: a region of nothing else computes nothing, and PyTorch runs its views for free
+# where a kernel would copy (a matmul's operand transposed in the backward).
+TRIVIAL = {
+    "view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "expand", "clone", "alias",
+    "permute", "transpose", "t", "slice", "select", "as_strided",
+    # A tensor's size: metadata, no work (batch norm's `n / (n - 1)` reads it).
+    "sym_size", "sym_numel", "sym_stride",
+}
+
+
+def op_name(node):
+    """The aten operation's name of an fx node (`permute`), or ""."""
+    return getattr(getattr(node.target, "overloadpacket", None), "__name__", "")
+
+
+def is_view(node):
+    """An op of `TRIVIAL` other than a copy: PyTorch applies it for free."""
+    name = op_name(node)
+    return name in TRIVIAL and name != "clone"
+
+
+def is_random(node):
+    """Whether fx node `node` draws random numbers (`rand_like`, `bernoulli`, ...)."""
+    return node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
+
+
 class Refused(Exception):
     """What kfuse cannot express; the message is the reason shown by ``kfuse.explain``."""
 
