@@ -453,6 +453,60 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })));
 }
 
+/// A masked gradient as a traced backward writes it: the mask applied to the scale before the
+/// chain rule, `where(valid, s, 0)[.., None] * (pred - target)` (`affine`: `where(valid, s, 1)`;
+/// `unmasked`: plus `s * pred`, which reads the scale where `valid` fails).
+fn mask_inside(variant: &str) -> kfuse_ir::Graph {
+    let mut b = GraphBuilder::new();
+    let (bs, n) = (b.symbol("B"), b.symbol("N"));
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", DType::F32, shape.clone()).expect("input");
+    let target = b.input("target", DType::F32, shape).expect("input");
+    let zero = b.lit_float(0.0);
+    let y2 = b.component(target, 3).expect("component");
+    let valid = b.binary(BinaryOp::Ne, y2, zero).expect("ne");
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
+    let one_i = b.lit_int(1);
+    let denom = b.binary(BinaryOp::Max, count, one_i).expect("max");
+    let denom = b.cast(denom, DType::F32);
+    let one = b.lit_float(1.0);
+    let s = b.binary(BinaryOp::Div, one, denom).expect("div");
+    let other = if variant == "affine" { one } else { zero };
+    let w = b.select(valid, s, other).expect("select");
+    let h = b.binary(BinaryOp::Sub, pred, target).expect("sub");
+    let w1 = b.expand_last(w);
+    let mut out = b.binary(BinaryOp::Mul, w1, h).expect("mul");
+    if variant == "unmasked" {
+        let sp = b.binary(BinaryOp::Mul, pred, s).expect("mul");
+        out = b.binary(BinaryOp::Add, out, sp).expect("add");
+    }
+    b.output("grad", out).expect("output");
+    b.finish().expect("graph")
+}
+
+#[test]
+fn gradient_masked_inside_is_one_pass() {
+    // Where the mask fails the output does not depend on the scale: it is computed and stored in
+    // the loop (0 * h, NaN where h is not finite, as the graph says); where it holds, queued,
+    // listed unscaled and rescaled past the barrier.
+    let p = plan(&mask_inside("masked"), &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 1);
+    assert_eq!(p.kernels[0].launch, Launch::Cooperative);
+    let k0 = &p.kernels[0].source;
+    assert!(k0.contains("kf_q[atomicAdd(&kf_qn, 1)] = i;"), "the valid elements are queued:\n{k0}");
+    let b = body(k0);
+    let (_, otherwise) = b.split_once("} else {").expect("an else branch");
+    assert!(otherwise.contains("(in0)"), "pred is read where the mask fails:\n{b}");
+    assert!(!otherwise.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "not zeros:\n{b}");
+    assert!(k0.contains("kf_s * kf_h[0]"), "rescaled past the barrier:\n{k0}");
+    // Not homogeneous in the scale, or reading it where the mask fails: two kernels.
+    for variant in ["affine", "unmasked"] {
+        let p = plan(&mask_inside(variant), &opts()).expect("plan");
+        assert_eq!(p.kernels.len(), 2, "{variant}");
+        assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain), "{variant}");
+    }
+}
+
 #[test]
 fn masked_tensor_output_shares_the_count_branch() {
     let g = common::masked_delta().expect("graph");
