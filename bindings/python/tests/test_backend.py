@@ -232,6 +232,24 @@ def test_new_batch_size_compiles_no_program():
     assert _backend.stats["compiles"] == compiles
 
 
+def test_a_mean_at_a_new_batch_size_compiles_no_program():
+    # A mean's gradient divides by the element count: a literal in the first (static) graph, a
+    # size expression in Dynamo's dynamic one; both write it as the same size expression, so
+    # neither automatic dynamic shapes nor static graphs at other sizes compile a new program.
+    gen = torch.Generator().manual_seed(SEED)
+
+    def make(rows):
+        return [_randn(gen, rows, 21), (torch.rand(rows, 21, generator=gen) > 0.7).float()]
+
+    for dynamic in (None, False):
+        compiled = torch.compile(focal_loss, backend=_backend.backend, dynamic=dynamic)
+        _check(f"focal_loss dynamic={dynamic}, 37 rows", focal_loss, make(37), (0,), compiled)
+        compiles = _backend.stats["compiles"]
+        for rows in (45, 61):
+            _check(f"focal_loss dynamic={dynamic}, {rows} rows", focal_loss, make(rows), (0,), compiled)
+        assert _backend.stats["compiles"] == compiles, f"dynamic={dynamic}"
+
+
 def test_explain_lists_kernels_and_fallbacks():
     gen = torch.Generator().manual_seed(SEED)
     x, s, w = (t.requires_grad_() for t in CASES["matmul_mix"][1](gen))

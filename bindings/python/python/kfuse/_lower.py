@@ -294,7 +294,7 @@ def _rsub(node, a, ctx):
 
 
 def _div(node, a, ctx):
-    x, y = ctx.v(a["self"]), ctx.v(a["other"])
+    x, y = ctx.v(a["self"]), ctx.size_or_v(a["other"])
     mode = a.get("rounding_mode")
     xt, yt = _cast_to(x, ctx.out_dtype), _cast_to(y, ctx.out_dtype)
     shape = broadcast(x.shape, y.shape)
@@ -1138,6 +1138,12 @@ class _Ctx:
             return V(literal(x), (), None, scalar=True)
         raise Refused(f"the argument {x!r} is not a tensor or a number")
 
+    def size_or_v(self, x):
+        """`v(x)`, but an integer literal that is a product of static sizes as that size (see
+        :func:`static_size`)."""
+        size = static_size(x, self.names)
+        return V(size, (), "i64") if size is not None else self.v(x)
+
     def shape_of(self, node):
         t = fake(node)
         if t is None:
@@ -1164,6 +1170,58 @@ def size_value(d, names):
     if tok not in names:
         raise Refused(f"the size `{d}` is no axis of the region's inputs")
     return V(f"size({names[tok]})", (), "i32")
+
+
+def _size_product(symbols, coeff, names):
+    """The canonical text of the size `coeff * prod(symbols)` (symbols: names in the text, each
+    once per power), or None when it has no symbol: the constant is first divided by the static
+    sizes of the region's inputs it holds (each at most once, in the symbols' order: a static
+    size is a symbol too), then the factors are written in the symbols' order, what is left of
+    the constant last. A static graph and a dynamic one write a size they compute (a mean's
+    divisor, `numel`) with this text, so that they lower to one program."""
+    symbols = list(symbols)
+    for tok, name in names.items():
+        if isinstance(tok, str) and tok.startswith("D") and tok[1:].isdigit():
+            size = int(tok[1:])
+            if size > 1 and coeff % size == 0:
+                symbols.append(name)
+                coeff //= size
+    if not symbols:
+        return None
+    order = {n: i for i, n in enumerate(names.values())}
+    factors = [f"i64(size({n}))" for n in sorted(symbols, key=order.__getitem__)]
+    if coeff != 1:
+        factors.append(literal(int(coeff)))
+    return "(" + " * ".join(factors) + ")"
+
+
+def symbolic_size(value, names):
+    """The canonical text (see :func:`_size_product`) of a SymInt that is a product of sizes of
+    the region's inputs and a positive constant, or None."""
+    if not isinstance(value, torch.SymInt) or names is None:
+        return None
+    coeff, factors = value.node.expr.as_coeff_mul()
+    symbols = []
+    for f in factors:
+        base, exp = f.as_base_exp()
+        if not (base.is_Symbol and exp.is_Integer and int(exp) > 0):
+            return None
+        tok = "S_" + "".join(c if c.isalnum() else "_" for c in str(base))
+        if tok not in names:
+            return None
+        symbols += [names[tok]] * int(exp)
+    if not symbols or not coeff.is_Integer or int(coeff) < 1:
+        return None
+    return _size_product(symbols, int(coeff), names)
+
+
+def static_size(x, names):
+    """The canonical text (see :func:`_size_product`) of an integer literal that is a product of
+    static sizes of the region's inputs and a constant (a static graph's mean divisor), or None.
+    A static graph runs at its own sizes only (Dynamo guards them), where the two agree."""
+    if isinstance(x, bool) or not isinstance(x, int) or x < 2 or not names:
+        return None
+    return _size_product([], x, names)
 
 
 def supported(node):
@@ -1250,6 +1308,12 @@ def _lower_region(gm):
                 except Refused:
                     pass  # a rule that reads it says why
             sizes = []
+            size = symbolic_size(node.meta.get("val"), names)
+            if size is not None:
+                # A size the graph computes: written where it is used, in one canonical form.
+                values[node] = V(size, (), "i64")
+                ops.append(str(node.target))
+                continue
             try:
                 rule, a = rule_of(node)
                 t = fake(node)
@@ -1263,7 +1327,7 @@ def _lower_region(gm):
             except Refused as e:
                 e.node = node.name  # the op to partition again without
                 raise
-            name = f"t{len(ops)}"
+            name = f"t{len(lines)}"
             lines.append(f"let {name} = {dtype}({text})")
             values[node] = V(name, shape, dtype)
             ops.append(str(node.target))
