@@ -64,12 +64,6 @@ pub(crate) struct OnePass {
     /// accumulated per element nor folded, and the tail reads the block's count. Empty
     /// otherwise.
     pub counts: Vec<NodeId>,
-    /// The mask `m` (canonical, in the domain's context).
-    pub guard: (NodeId, Vec<Coord>),
-    /// Whether the output is `where(m, v, 0)` itself (its `else` stored as the zeros, with no
-    /// loads); otherwise the mask is applied inside (see [`masked_inside`]) and the output is
-    /// computed where `m` fails too.
-    pub masked_output: bool,
 }
 
 /// How a value depends on the crossing scalars.
@@ -106,21 +100,30 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, lengths: crate::LengthsGradient) 
         let v = value_at_unit_scale(g, t, scale)?;
         substitutions.push((t, crate::cuda::float_literal(v)));
     }
+    // The output must be where(m, v, 0) with one shared m, v linear, 0 literal.
     let em = Emitter::new(g, Some(an), Mode::Element { kernel: 1 }, k1.dims.clone(), 0);
     let dom: Vec<Coord> = (0..k1.dims.len() as u32).map(Coord::Dom).collect();
+    let mut guard = None;
     let mut degs: HashMap<NodeId, Option<Deg>> = HashMap::new();
-    let (guard, masked_output) = match masked_output(g, &em, out, comps, &dom, &crossing, &mut degs) {
-        Some(guard) => (guard, true),
-        None => (masked_inside(g, &em, out, (&k1.dims, &dom), &crossing, &mut degs)?, false),
-    };
+    for c in 0..u64::from(comps) {
+        let mut ctx = dom.clone();
+        ctx.push(Coord::Const(c));
+        let (gd, (a, _), (b, _)) = crate::actions::resolve_select(&em, g, out, ctx)?;
+        let gd = em.canonical(gd.0, gd.1);
+        if guard.as_ref().is_some_and(|x| *x != gd) {
+            return None;
+        }
+        guard = Some(gd);
+        if degree(g, b, &crossing, &mut degs)? != Deg::Zero || degree(g, a, &crossing, &mut degs)? == Deg::Free {
+            return None;
+        }
+    }
+    let guard = guard?;
     let m = guard.0;
     if degree(g, m, &crossing, &mut degs)? != Deg::Free {
         return None;
     }
     let rows = is_lengths_mask(g, m);
-    if rows && !masked_output {
-        return None;
-    }
     let mut counts = Vec::new();
     if rows {
         // Every crossing scalar must follow from counts of the mask alone (sums of the clamped
@@ -131,99 +134,7 @@ pub(crate) fn detect(g: &Graph, an: &Analysis, lengths: crate::LengthsGradient) 
         }
         substitutions = crossing.iter().map(|t| (*t, format!("kf_c{}", an.temps[t]))).collect();
     }
-    Some(OnePass { output: *index, comps, scale, substitutions, rows, counts, guard, masked_output })
-}
-
-/// The guard `m` of an output `where(m, v, 0)` (one shared `m` over its components, `v` linear
-/// in the crossing scalars, `0` literal).
-fn masked_output(
-    g: &Graph,
-    em: &Emitter,
-    out: NodeId,
-    comps: u32,
-    dom: &[Coord],
-    crossing: &[NodeId],
-    degs: &mut HashMap<NodeId, Option<Deg>>,
-) -> Option<(NodeId, Vec<Coord>)> {
-    let mut guard = None;
-    for c in 0..u64::from(comps) {
-        let mut ctx = dom.to_vec();
-        ctx.push(Coord::Const(c));
-        let (gd, (a, _), (b, _)) = crate::actions::resolve_select(em, g, out, ctx)?;
-        let gd = em.canonical(gd.0, gd.1);
-        if guard.as_ref().is_some_and(|x| *x != gd) {
-            return None;
-        }
-        guard = Some(gd);
-        if degree(g, b, crossing, degs)? != Deg::Zero || degree(g, a, crossing, degs)? == Deg::Free {
-            return None;
-        }
-    }
-    guard
-}
-
-/// The guard `m` of an output linear in the crossing scalars that reads them only through
-/// `where(m, x, y)` of one `m` over the domain, `y` free of them (a gradient that applies the
-/// mask before the chain rule, as a traced `where(m, s, 0) * h` does): where `m` fails the
-/// output does not depend on the scale, so it is stored as computed there (`0 * h`, NaN where
-/// `h` is not finite, as the graph says), and where `m` holds it is `s * v(1)`.
-fn masked_inside(
-    g: &Graph,
-    em: &Emitter,
-    out: NodeId,
-    (dims, dom): (&[kfuse_ir::Dim], &[Coord]),
-    crossing: &[NodeId],
-    degs: &mut HashMap<NodeId, Option<Deg>>,
-) -> Option<(NodeId, Vec<Coord>)> {
-    if degree(g, out, crossing, degs)? != Deg::Linear {
-        return None;
-    }
-    // Whether a node depends on the crossing scalars at all.
-    let reads = |n: NodeId| if crossing.contains(&n) { vec![] } else { g.operands(n) };
-    let mut deps: HashMap<NodeId, bool> = HashMap::new();
-    bottom_up(out, &mut deps, reads, |n, memo| {
-        crossing.contains(&n) || g.operands(n).iter().any(|x| memo.get(x).copied().unwrap_or(false))
-    });
-    // The candidate guards: selects over the domain whose `then` depends on the scalars and
-    // whose `else` does not.
-    let guard_of = |n: NodeId| -> Option<(NodeId, Vec<Coord>)> {
-        let node = g.node(n);
-        match node.op {
-            Op::Ternary(TernaryOp::Select, c, _, _) if node.shape.dims() == dims => {
-                let cc = em.operand_ctx(dims, dom, c);
-                Some(em.canonical(c, cc))
-            }
-            _ => None,
-        }
-    };
-    let mut candidates: Vec<(NodeId, Vec<Coord>)> = Vec::new();
-    let mut select_nodes: Vec<NodeId> = deps.keys().copied().collect();
-    select_nodes.sort_unstable();
-    for &n in &select_nodes {
-        if let Op::Ternary(TernaryOp::Select, _, a, b) = g.node(n).op {
-            if deps.get(&a) == Some(&true) && deps.get(&b) == Some(&false) {
-                if let Some(gd) = guard_of(n) {
-                    if !candidates.contains(&gd) {
-                        candidates.push(gd);
-                    }
-                }
-            }
-        }
-    }
-    // The guard: where it fails, nothing the output reads depends on the scalars.
-    candidates.into_iter().find(|gd| {
-        let mut masked: HashMap<NodeId, bool> = HashMap::new();
-        let reads = |n: NodeId| if crossing.contains(&n) { vec![] } else { g.operands(n) };
-        let dep = bottom_up(out, &mut masked, reads, |n, memo| {
-            let dep = |x: NodeId| memo.get(&x).copied().unwrap_or(false);
-            match g.node(n).op {
-                _ if crossing.contains(&n) => true,
-                Op::Ternary(TernaryOp::Select, _, _, b) if guard_of(n).as_ref() == Some(gd) => dep(b),
-                _ => g.operands(n).iter().any(|&x| dep(x)),
-            }
-        });
-        dep == Some(false)
-    })
+    Some(OnePass { output: *index, comps, scale, substitutions, rows, counts })
 }
 
 /// Kernel `k0`'s full reductions `count(x)` (no mask of their own, no component axis) whose

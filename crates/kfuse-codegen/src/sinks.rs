@@ -150,22 +150,17 @@ pub(crate) fn add_one_pass(
 ) -> Result<(), CodegenError> {
     em.substitutions = pass.substitutions.iter().cloned().collect();
     let out = g.outputs[pass.output].node;
-    let (mut then, mut otherwise) = (Vec::new(), Vec::new());
+    let (mut then, mut otherwise, mut guard) = (Vec::new(), Vec::new(), None);
     for c in 0..u64::from(pass.comps) {
         let mut ctx = dom.to_vec();
         ctx.push(Coord::Const(c));
-        if pass.masked_output {
-            let (_, a, b) = resolve_select(em, g, out, ctx)
-                .ok_or(CodegenError::Internal { node: out.0, what: "one-pass output is not a select" })?;
-            then.push(a);
-            otherwise.push(b);
-        } else {
-            // The mask is applied inside: the output as the graph computes it, on both sides.
-            then.push((out, ctx.clone()));
-            otherwise.push((out, ctx));
-        }
+        let (gd, a, b) = resolve_select(em, g, out, ctx)
+            .ok_or(CodegenError::Internal { node: out.0, what: "one-pass output is not a select" })?;
+        guard = Some(em.canonical(gd.0, gd.1));
+        then.push(a);
+        otherwise.push(b);
     }
-    let grp = group_for(groups, Some(pass.guard.clone()));
+    let grp = group_for(groups, guard);
     grp.then.push(match pass.rows {
         true => Action::Store { output: pass.output, values: then },
         false => Action::Append { values: then },
