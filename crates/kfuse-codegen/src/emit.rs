@@ -1134,8 +1134,16 @@ impl<'a> Emitter<'a> {
         };
         match &mut self.prefetch {
             Some(list) if off == "i" => {
-                let k = match list.iter().position(|p| p.load == load && p.guard == guard) {
-                    Some(k) => k,
+                // One register per load: a load under the branch and the same load outside it
+                // share one, issued for every element.
+                let same = |p: &Prefetch| p.load == load && (p.guard == guard || p.guard.is_none() || guard.is_none());
+                let k = match list.iter().position(same) {
+                    Some(k) => {
+                        if guard.is_none() {
+                            list[k].guard = None;
+                        }
+                        k
+                    }
                     None => {
                         list.push(Prefetch { ty: ty.to_string(), load, note: note.to_string(), guard });
                         list.len() - 1
