@@ -541,7 +541,7 @@ fn gather_programs_plan_and_run_on_the_interpreter() {
 
 /// A masked mean's gradient as a traced backward writes it (PyTorch's `torch.where(valid, s, 0)`
 /// before the chain rule): where `valid` fails the gradient is `0 * h`, NaN where `h` is not
-/// finite (a padded target of zeros divides 0 by 0 here), and the one-pass plan must keep that.
+/// finite (a padded target of zeros divides 0 by 0 here), and the kernels must keep that.
 const MASK_INSIDE: &str = "input pred: f32[B, N, 4]\ninput target: f32[B, N, 4]\n\
     let valid = target[.., 3] != 0\n\
     let d0 = pred[.., 0] - target[.., 0]\n\
@@ -554,8 +554,16 @@ const MASK_INSIDE: &str = "input pred: f32[B, N, 4]\ninput target: f32[B, N, 4]\
     output dpred = stack(2 * d0 * w, 2 * d1 * w, w / target[.., 2], w / (pred[.., 3] - pred[.., 1]))\n";
 
 #[test]
-fn a_gradient_masked_inside_plans_one_pass() {
-    plans_with_shape(&[("mask inside", MASK_INSIDE)], "One pass, compacted");
+fn a_gradient_masked_inside_sums_its_loss_in_the_gradient_kernel() {
+    // Pure tier: the first kernel counts the valid boxes, the second sums the loss beside the
+    // gradient (see `analysis::defer_full_reductions`); the program runs on the interpreter.
+    plans_with_shape(&[("mask inside", MASK_INSIDE)], "// sink: output dpred");
+    let engine = Engine::with_cache(Arc::new(kfuse::KernelCache::memory_only()));
+    let p = Program::compile(&engine, MASK_INSIDE, "mask inside").unwrap();
+    let kernels = &p.plan().kernels;
+    assert_eq!(kernels.len(), 2, "{}", p.cuda_source());
+    assert!(!kernels[0].source.contains("into partial slot 1"), "the count alone:\n{}", kernels[0].source);
+    assert!(kernels[1].source.contains("// sink: full reduction"), "the loss's sum:\n{}", kernels[1].source);
 }
 
 #[test]

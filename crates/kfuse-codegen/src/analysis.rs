@@ -134,9 +134,17 @@ pub(crate) fn has_row_results(g: &Graph, info: &KernelInfo) -> bool {
     })
 }
 
-/// Plans the kernels of a verified graph; `defer` moves row results into the kernels of their
-/// rows' elements (see [`defer_row_results`]).
-pub(crate) fn analyse(g: &Graph, defer: bool, strided: &[u32]) -> Result<Analysis, CodegenError> {
+/// What [`analyse`] moves into later kernels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Defer {
+    /// Row results, into the kernels of their rows' elements (see [`defer_row_results`]).
+    pub rows: bool,
+    /// Full reductions, into the element kernels after them (see [`defer_full_reductions`]).
+    pub full: bool,
+}
+
+/// Plans the kernels of a verified graph, moving into later kernels what `defer` says.
+pub(crate) fn analyse(g: &Graph, defer: Defer, strided: &[u32]) -> Result<Analysis, CodegenError> {
     let live = g.live_nodes();
     let mut level = vec![0u32; g.nodes.len()];
     for (i, n) in g.nodes.iter().enumerate() {
@@ -165,8 +173,11 @@ pub(crate) fn analyse(g: &Graph, defer: bool, strided: &[u32]) -> Result<Analysi
             keyed.push(((level[o.node.index()], dims), SinkKind::Output { index }, comps));
         }
     }
-    if defer {
+    if defer.rows {
         defer_row_results(g, &level, &mut keyed);
+    }
+    if defer.full {
+        defer_full_reductions(g, &mut keyed);
     }
     let mut keys: Vec<(u32, Vec<Dim>)> = Vec::new();
     for (k, _, _) in &keyed {
@@ -347,6 +358,87 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
             break;
         }
         moves = kept;
+    }
+    for (s, key) in moves {
+        keyed[s].0 = key;
+    }
+}
+
+/// Full reductions deferred to the element kernel after them. A full reduction of elementwise
+/// work that nothing up to a later kernel of the same domain reads (a loss summed beside the
+/// count that scales its gradient) is computed by that kernel, when that kernel's tensor outputs
+/// read every input the reduction reads: the inputs are read once instead of twice, and the
+/// first kernel keeps only what the later one needs (the count, from the mask's input alone).
+/// Work with row or column reductions is left where it is (their kernels have shapes of their
+/// own, see `shapes`).
+fn defer_full_reductions(g: &Graph, keyed: &mut [KeyedSink]) {
+    // The inputs element work from `roots` reads, or None where it reads a reduction along axes
+    // (computed where it is used) or a random draw.
+    let inputs_of = |roots: Vec<NodeId>| -> Option<BTreeSet<u32>> {
+        let mut seen = vec![false; g.nodes.len()];
+        let mut stack = roots;
+        let mut inputs = BTreeSet::new();
+        while let Some(n) = stack.pop() {
+            if std::mem::replace(&mut seen[n.index()], true) || full_reduce(g, n).is_some() {
+                continue;
+            }
+            match g.node(n).op {
+                Op::Input(id) => {
+                    inputs.insert(id.0);
+                }
+                Op::Reduce { .. } if !counts_every_element(g, n) => return None,
+                Op::Rand { .. } => return None,
+                _ => {}
+            }
+            g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+        }
+        Some(inputs)
+    };
+    let depends = |root: NodeId, target: NodeId| {
+        let mut seen = vec![false; g.nodes.len()];
+        let mut stack = vec![root];
+        while let Some(n) = stack.pop() {
+            if n == target {
+                return true;
+            }
+            if !std::mem::replace(&mut seen[n.index()], true) {
+                g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+            }
+        }
+        false
+    };
+    let operands = |kind: &SinkKind| -> Vec<NodeId> {
+        match *kind {
+            SinkKind::Reduce { node, .. } => {
+                full_reduce(g, node).map(|(_, x, m)| [Some(x), m].into_iter().flatten().collect()).unwrap_or_default()
+            }
+            SinkKind::Output { index } => vec![g.outputs[index].node],
+        }
+    };
+    let mut moves: Vec<(usize, (u32, Vec<Dim>))> = Vec::new();
+    for s in 0..keyed.len() {
+        let ((l, ref dims), SinkKind::Reduce { node, .. }, _) = keyed[s] else { continue };
+        let Some(reads) = inputs_of(operands(&keyed[s].1)) else { continue };
+        // The first later kernel of the domain with tensor outputs that read what it reads.
+        let mut levels: Vec<u32> = keyed
+            .iter()
+            .filter(|((lq, dq), kind, _)| *lq > l && dq == dims && matches!(kind, SinkKind::Output { .. }))
+            .map(|((lq, _), _, _)| *lq)
+            .collect();
+        levels.sort_unstable();
+        let Some(&lq) = levels.first() else { continue };
+        let outputs: Vec<NodeId> = keyed
+            .iter()
+            .filter(|(key, kind, _)| key.0 == lq && key.1 == *dims && matches!(kind, SinkKind::Output { .. }))
+            .flat_map(|(_, kind, _)| operands(kind))
+            .collect();
+        let Some(target_reads) = inputs_of(outputs) else { continue };
+        let needed = keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
+            t != s && *lt > l && *lt <= lq && operands(kind).into_iter().any(|r| depends(r, node))
+        });
+        if !needed && reads.is_subset(&target_reads) {
+            moves.push((s, (lq, dims.clone())));
+        }
     }
     for (s, key) in moves {
         keyed[s].0 = key;

@@ -157,7 +157,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         };
         return Err(CodegenError::StridedInput { input, why });
     }
-    let mut an = analysis::analyse(graph, true, &opts.strided_inputs)?;
+    let mut an = analysis::analyse(graph, analysis::Defer { rows: true, full: false }, &opts.strided_inputs)?;
 
     let mut buffers = Vec::new();
     for (i, inp) in graph.inputs.iter().enumerate() {
@@ -176,6 +176,11 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         buffers.push(BufferDecl { kind: BufferKind::Output(o), elem: ElemType::Tensor(node.dtype), elems });
     }
     let mut pass = onepass::detect(graph, &an, opts.lengths_gradient);
+    if pass.is_none() {
+        // No one-pass plan: a full reduction moves into the element kernel after it where that
+        // kernel reads its inputs anyway.
+        an = analysis::analyse(graph, analysis::Defer { rows: true, full: true }, &opts.strided_inputs)?;
+    }
     let mut rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
     // A row result deferred into a kernel that does not compute its rows once per row (the
     // one-pass plan took it, or an earlier kernel stores those rows' reductions) stays in a
@@ -184,7 +189,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
         r.plan.as_ref().is_some_and(|p| p.case == shapes::row_wise::RowCase::Elements)
     };
     if an.kernels.iter().zip(&rows).any(|(info, r)| analysis::has_row_results(graph, info) && !computes_rows(r)) {
-        an = analysis::analyse(graph, false, &opts.strided_inputs)?;
+        an = analysis::analyse(graph, analysis::Defer { rows: false, full: pass.is_none() }, &opts.strided_inputs)?;
         pass = onepass::detect(graph, &an, opts.lengths_gradient);
         rows = shapes::row_wise::plan_rows(graph, &mut an, pass.is_some());
     }

@@ -395,15 +395,17 @@ fn rows_plan_takes_the_count_from_the_arrival_word_with_no_partial_slot() {
                 && b.elems == SizeExpr::constant(1)),
         "host partials sized for one slot"
     );
-    // Two kernels: the count keeps its slot there, accumulated per element.
+    // Two kernels: the count keeps its slot there, accumulated per element; the loss's sum moves
+    // into the gradient's kernel, which reads the boxes anyway.
     let two = plan(&g, &CodegenOptions { lengths_gradient: LengthsGradient::TwoKernels, ..opts() }).expect("plan");
     assert_eq!(two.kernels.len(), 2);
     assert!(
-        two.kernels[0].source.contains("acc0 += 1.0;"),
-        "the count (slot 0 there, in node order):\n{}",
+        two.kernels[0].source.contains("acc0 += 1.0;") && !two.kernels[0].source.contains("acc1"),
+        "the count alone:\n{}",
         two.kernels[0].source
     );
-    assert!(two.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 2 }));
+    assert!(two.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 0, slots_per_block: 1 }));
+    assert!(two.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 1, slots_per_block: 1 }));
 }
 
 #[test]
@@ -453,9 +455,10 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
     assert!(!p.buffers.iter().any(|b| matches!(b.kind, BufferKind::Scratch { .. })));
 }
 
-/// A masked gradient as a traced backward writes it: the mask applied to the scale before the
-/// chain rule, `where(valid, s, 0)[.., None] * (pred - target)` (`affine`: `where(valid, s, 1)`;
-/// `unmasked`: plus `s * pred`, which reads the scale where `valid` fails).
+/// A masked mean and its gradient as a traced backward writes it: the mask applied to the scale
+/// before the chain rule, `where(valid, s, 0)[.., None] * (pred - target)`, with the loss
+/// `sum((pred - target)[.., 0]^2 where valid) * s` (`reads_sum`: the gradient scaled by the sum
+/// too).
 fn mask_inside(variant: &str) -> kfuse_ir::Graph {
     let mut b = GraphBuilder::new();
     let (bs, n) = (b.symbol("B"), b.symbol("N"));
@@ -471,40 +474,38 @@ fn mask_inside(variant: &str) -> kfuse_ir::Graph {
     let denom = b.cast(denom, DType::F32);
     let one = b.lit_float(1.0);
     let s = b.binary(BinaryOp::Div, one, denom).expect("div");
-    let other = if variant == "affine" { one } else { zero };
-    let w = b.select(valid, s, other).expect("select");
     let h = b.binary(BinaryOp::Sub, pred, target).expect("sub");
+    let h0 = b.component(h, 0).expect("component");
+    let per = b.binary(BinaryOp::Mul, h0, h0).expect("mul");
+    let total = b.reduce(ReduceOp::Sum, ReduceAxis::All, per, Some(valid)).expect("sum");
+    let loss = b.binary(BinaryOp::Mul, total, s).expect("mul");
+    b.output("loss", loss).expect("output");
+    let scale = if variant == "reads_sum" { b.binary(BinaryOp::Mul, s, total).expect("mul") } else { s };
+    let w = b.select(valid, scale, zero).expect("select");
     let w1 = b.expand_last(w);
-    let mut out = b.binary(BinaryOp::Mul, w1, h).expect("mul");
-    if variant == "unmasked" {
-        let sp = b.binary(BinaryOp::Mul, pred, s).expect("mul");
-        out = b.binary(BinaryOp::Add, out, sp).expect("add");
-    }
+    let out = b.binary(BinaryOp::Mul, w1, h).expect("mul");
     b.output("grad", out).expect("output");
     b.finish().expect("graph")
 }
 
 #[test]
-fn gradient_masked_inside_is_one_pass() {
-    // Where the mask fails the output does not depend on the scale: it is computed and stored in
-    // the loop (0 * h, NaN where h is not finite, as the graph says); where it holds, queued,
-    // listed unscaled and rescaled past the barrier.
+fn a_loss_summed_beside_its_gradient_moves_into_the_gradient_kernel() {
+    // The mask applied inside (`where(valid, s, 0) * h`) is not the one-pass form: two kernels.
+    // The first computes only the count the scale needs, reading the targets; the loss's sum
+    // moves into the second, which reads every box anyway, and each box is loaded once there.
     let p = plan(&mask_inside("masked"), &opts()).expect("plan");
-    assert_eq!(p.kernels.len(), 1);
-    assert_eq!(p.kernels[0].launch, Launch::Cooperative);
-    let k0 = &p.kernels[0].source;
-    assert!(k0.contains("kf_q[atomicAdd(&kf_qn, 1)] = i;"), "the valid elements are queued:\n{k0}");
-    let b = body(k0);
-    let (_, otherwise) = b.split_once("} else {").expect("an else branch");
-    assert!(otherwise.contains("(in0)"), "pred is read where the mask fails:\n{b}");
-    assert!(!otherwise.contains("make_float4(0.0f, 0.0f, 0.0f, 0.0f)"), "not zeros:\n{b}");
-    assert!(k0.contains("kf_s * kf_h[0]"), "rescaled past the barrier:\n{k0}");
-    // Not homogeneous in the scale, or reading it where the mask fails: two kernels.
-    for variant in ["affine", "unmasked"] {
-        let p = plan(&mask_inside(variant), &opts()).expect("plan");
-        assert_eq!(p.kernels.len(), 2, "{variant}");
-        assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain), "{variant}");
-    }
+    assert_eq!(p.kernels.len(), 2);
+    assert!(p.kernels.iter().all(|k| k.launch == Launch::Plain));
+    let (k0, k1) = (&p.kernels[0].source, &p.kernels[1].source);
+    assert!(k0.contains("acc0 += 1.0;") && !k0.contains("acc1"), "the count alone:\n{k0}");
+    assert!(!body(k0).contains("(in0)"), "no prediction is read for the count:\n{k0}");
+    assert!(k1.contains("double acc0 = 0.0; // sum"), "the loss's sum:\n{k1}");
+    assert_eq!(body(k1).matches("(in0)[i]").count(), 1, "pred loaded once:\n{k1}");
+    assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 1, slots_per_block: 1 }));
+    // A sum that the gradient reads stays where it is.
+    let p = plan(&mask_inside("reads_sum"), &opts()).expect("plan");
+    assert_eq!(p.kernels.len(), 2);
+    assert!(p.kernels[0].source.contains("acc1"), "the count and the sum:\n{}", p.kernels[0].source);
 }
 
 #[test]
