@@ -124,8 +124,15 @@ pub(crate) fn emit_kernel(
         (KernelShape::RowGroups, Some(bound), Some(last)) => {
             warp_per_row::emit_row_body(&mut em, g, &groups[0], bound, last, "kf_g", &mut unconditional)?;
         }
-        (KernelShape::GridStride | KernelShape::Compacted, _, _) => {
+        (KernelShape::Compacted, _, _) => {
             queued = grid_stride::emit_groups(&mut em, g, &groups, &mut unconditional, true)?;
+        }
+        (KernelShape::GridStride, _, _) => {
+            // Work under no predicate first, so that a predicate's branch (a masked loss summed
+            // beside its gradient) reuses the values it shares with it instead of computing
+            // them again.
+            groups.sort_by_key(|grp| grp.guard.is_some());
+            grid_stride::emit_groups(&mut em, g, &groups, &mut unconditional, true)?;
         }
         _ => return Err(CodegenError::Internal { node: 0, what: "row shape without a row bound" }),
     }
