@@ -255,6 +255,38 @@ pub(crate) fn analyse(g: &Graph, defer: Defer, strided: &[u32]) -> Result<Analys
 /// A sink keyed by its kernel's (level, domain), with its component count.
 type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
 
+/// Whether `root`'s value depends on node `target` (through operands).
+fn depends_on(g: &Graph, root: NodeId, target: NodeId) -> bool {
+    let mut seen = vec![false; g.nodes.len()];
+    let mut stack = vec![root];
+    while let Some(n) = stack.pop() {
+        if n == target {
+            return true;
+        }
+        if !std::mem::replace(&mut seen[n.index()], true) {
+            g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
+        }
+    }
+    false
+}
+
+/// The values a sink's kernel evaluates start from: a reduction's operand and mask, an output.
+fn sink_operands(g: &Graph, kind: &SinkKind) -> Vec<NodeId> {
+    match *kind {
+        SinkKind::Reduce { node, .. } => {
+            full_reduce(g, node).map(|(_, x, m)| [Some(x), m].into_iter().flatten().collect()).unwrap_or_default()
+        }
+        SinkKind::Output { index } => vec![g.outputs[index].node],
+    }
+}
+
+/// Whether a sink other than `keyed[s]` at a level in `(from, to]` reads `node`.
+fn read_between(g: &Graph, keyed: &[KeyedSink], s: usize, node: NodeId, (from, to): (u32, u32)) -> bool {
+    keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
+        t != s && *lt > from && *lt <= to && sink_operands(g, kind).into_iter().any(|r| depends_on(g, r, node))
+    })
+}
+
 /// Row results deferred to the kernel of their rows' elements. A full reduction of per-row values
 /// (a per-row loss summed into a mean: domain `[rows..]`), or an output with one value per row (a
 /// layer norm's mean and variance, saved for its backward), that reads a reduction along the last
@@ -266,20 +298,6 @@ type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
 /// once instead of twice, and the first kernel keeps only what the later one needs (the count) or
 /// disappears.
 fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
-    // Whether `root`'s value depends on node `target` (through operands).
-    let depends = |root: NodeId, target: NodeId| {
-        let mut seen = vec![false; g.nodes.len()];
-        let mut stack = vec![root];
-        while let Some(n) = stack.pop() {
-            if n == target {
-                return true;
-            }
-            if !std::mem::replace(&mut seen[n.index()], true) {
-                g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
-            }
-        }
-        false
-    };
     // Whether `root` reads a reduction along the last axis of a node shaped `dims`.
     let reads_rows = |root: NodeId, dims: &[Dim]| {
         let mut seen = vec![false; g.nodes.len()];
@@ -298,15 +316,6 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
             }
         }
         false
-    };
-    // The values a sink's kernel evaluates start from: a reduction's operand and mask, an output.
-    let operands = |kind: &SinkKind| -> Vec<NodeId> {
-        match *kind {
-            SinkKind::Reduce { node, .. } => {
-                full_reduce(g, node).map(|(_, x, m)| [Some(x), m].into_iter().flatten().collect()).unwrap_or_default()
-            }
-            SinkKind::Output { index } => vec![g.outputs[index].node],
-        }
     };
     let mut moves: Vec<(usize, (u32, Vec<Dim>))> = Vec::new();
     for s in 0..keyed.len() {
@@ -333,9 +342,7 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
         });
         let Some((lq, dq)) = target else { continue };
         // The reduction's own row values read those rows, and nothing up to that kernel reads it.
-        let needed = keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
-            t != s && *lt > l && *lt <= lq && operands(kind).into_iter().any(|r| depends(r, node))
-        });
+        let needed = read_between(g, keyed, s, node, (l, lq));
         if reads_rows(x, &dq) && !needed {
             moves.push((s, (lq, dq)));
         }
@@ -349,7 +356,7 @@ fn defer_row_results(g: &Graph, level: &[u32], keyed: &mut [KeyedSink]) {
                 kt.0 <= key.0
                     && kt != key
                     && !moves.iter().any(|m| m.0 == t)
-                    && operands(kind).into_iter().any(|r| reads_rows(r, &key.1))
+                    && sink_operands(g, kind).into_iter().any(|r| reads_rows(r, &key.1))
             })
         };
         let kept: Vec<(usize, (u32, Vec<Dim>))> =
@@ -394,31 +401,10 @@ fn defer_full_reductions(g: &Graph, keyed: &mut [KeyedSink]) {
         }
         Some(inputs)
     };
-    let depends = |root: NodeId, target: NodeId| {
-        let mut seen = vec![false; g.nodes.len()];
-        let mut stack = vec![root];
-        while let Some(n) = stack.pop() {
-            if n == target {
-                return true;
-            }
-            if !std::mem::replace(&mut seen[n.index()], true) {
-                g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
-            }
-        }
-        false
-    };
-    let operands = |kind: &SinkKind| -> Vec<NodeId> {
-        match *kind {
-            SinkKind::Reduce { node, .. } => {
-                full_reduce(g, node).map(|(_, x, m)| [Some(x), m].into_iter().flatten().collect()).unwrap_or_default()
-            }
-            SinkKind::Output { index } => vec![g.outputs[index].node],
-        }
-    };
     let mut moves: Vec<(usize, (u32, Vec<Dim>))> = Vec::new();
     for s in 0..keyed.len() {
         let ((l, ref dims), SinkKind::Reduce { node, .. }, _) = keyed[s] else { continue };
-        let Some(reads) = inputs_of(operands(&keyed[s].1)) else { continue };
+        let Some(reads) = inputs_of(sink_operands(g, &keyed[s].1)) else { continue };
         // The first later kernel of the domain with tensor outputs that read what it reads.
         let mut levels: Vec<u32> = keyed
             .iter()
@@ -430,12 +416,10 @@ fn defer_full_reductions(g: &Graph, keyed: &mut [KeyedSink]) {
         let outputs: Vec<NodeId> = keyed
             .iter()
             .filter(|(key, kind, _)| key.0 == lq && key.1 == *dims && matches!(kind, SinkKind::Output { .. }))
-            .flat_map(|(_, kind, _)| operands(kind))
+            .flat_map(|(_, kind, _)| sink_operands(g, kind))
             .collect();
         let Some(target_reads) = inputs_of(outputs) else { continue };
-        let needed = keyed.iter().enumerate().any(|(t, ((lt, _), kind, _))| {
-            t != s && *lt > l && *lt <= lq && operands(kind).into_iter().any(|r| depends(r, node))
-        });
+        let needed = read_between(g, keyed, s, node, (l, lq));
         if !needed && reads.is_subset(&target_reads) {
             moves.push((s, (lq, dims.clone())));
         }

@@ -255,6 +255,16 @@ fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
     assert_eq!(k.lazy_inputs, vec![InputId(0), InputId(1)]);
 }
 
+/// `1 / max(count(valid), 1)` in f32: a masked mean's scale.
+fn unit_over_count(b: &mut GraphBuilder, valid: kfuse_ir::NodeId) -> kfuse_ir::NodeId {
+    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
+    let one_i = b.lit_int(1);
+    let denom = b.binary(BinaryOp::Max, count, one_i).expect("max");
+    let denom = b.cast(denom, DType::F32);
+    let one = b.lit_float(1.0);
+    b.binary(BinaryOp::Div, one, denom).expect("div")
+}
+
 /// `where(valid[.., None], (pred - target) * s^factors, 0)` with `s = 1 / max(count(valid), 1)`.
 fn scaled_masked_delta(factors: u32) -> kfuse_ir::Graph {
     scaled_delta(factors, false)
@@ -278,12 +288,7 @@ fn scaled_delta(factors: u32, lengths: bool) -> kfuse_ir::Graph {
         let y2 = b.component(target, 3).expect("component");
         b.binary(BinaryOp::Ne, y2, zero).expect("ne")
     };
-    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
-    let one_i = b.lit_int(1);
-    let denom = b.binary(BinaryOp::Max, count, one_i).expect("max");
-    let denom = b.cast(denom, DType::F32);
-    let one = b.lit_float(1.0);
-    let s = b.binary(BinaryOp::Div, one, denom).expect("div");
+    let s = unit_over_count(&mut b, valid);
     let mut v = b.binary(BinaryOp::Sub, pred, target).expect("sub");
     for _ in 0..factors {
         v = b.binary(BinaryOp::Mul, v, s).expect("mul");
@@ -468,12 +473,7 @@ fn mask_inside(variant: &str) -> kfuse_ir::Graph {
     let zero = b.lit_float(0.0);
     let y2 = b.component(target, 3).expect("component");
     let valid = b.binary(BinaryOp::Ne, y2, zero).expect("ne");
-    let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
-    let one_i = b.lit_int(1);
-    let denom = b.binary(BinaryOp::Max, count, one_i).expect("max");
-    let denom = b.cast(denom, DType::F32);
-    let one = b.lit_float(1.0);
-    let s = b.binary(BinaryOp::Div, one, denom).expect("div");
+    let s = unit_over_count(&mut b, valid);
     let h = b.binary(BinaryOp::Sub, pred, target).expect("sub");
     let h0 = b.component(h, 0).expect("component");
     let per = b.binary(BinaryOp::Mul, h0, h0).expect("mul");
