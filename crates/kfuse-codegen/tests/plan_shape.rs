@@ -501,6 +501,12 @@ fn a_loss_summed_beside_its_gradient_moves_into_the_gradient_kernel() {
     assert!(!body(k0).contains("(in0)"), "no prediction is read for the count:\n{k0}");
     assert!(k1.contains("double acc0 = 0.0; // sum"), "the loss's sum:\n{k1}");
     assert_eq!(body(k1).matches("(in0)[i]").count(), 1, "pred loaded once:\n{k1}");
+    // The gradient (under no predicate) comes first; the loss's branch reuses its values.
+    let b1 = body(k1);
+    let (store, branch) = (b1.find("(out1)[i]").expect("the gradient's store"), b1.rfind("if (v").expect("the branch"));
+    assert!(store < branch, "the gradient before the loss's branch:\n{k1}");
+    let branch_body = &b1[branch..b1[branch..].find("acc0 +=").map_or(b1.len(), |e| branch + e)];
+    assert!(branch_body.matches("const float").count() <= 2, "the branch computes the loss again:\n{k1}");
     assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 1, slots_per_block: 1 }));
     // A sum that the gradient reads stays where it is.
     let p = plan(&mask_inside("reads_sum"), &opts()).expect("plan");
