@@ -406,13 +406,9 @@ fn defer_full_reductions(g: &Graph, keyed: &mut [KeyedSink]) {
         let ((l, ref dims), SinkKind::Reduce { node, .. }, _) = keyed[s] else { continue };
         let Some(reads) = inputs_of(sink_operands(g, &keyed[s].1)) else { continue };
         // The first later kernel of the domain with tensor outputs that read what it reads.
-        let mut levels: Vec<u32> = keyed
-            .iter()
-            .filter(|((lq, dq), kind, _)| *lq > l && dq == dims && matches!(kind, SinkKind::Output { .. }))
-            .map(|((lq, _), _, _)| *lq)
-            .collect();
-        levels.sort_unstable();
-        let Some(&lq) = levels.first() else { continue };
+        let later =
+            keyed.iter().filter(|((lq, dq), kind, _)| *lq > l && dq == dims && matches!(kind, SinkKind::Output { .. }));
+        let Some(lq) = later.map(|((lq, _), _, _)| *lq).min() else { continue };
         let outputs: Vec<NodeId> = keyed
             .iter()
             .filter(|(key, kind, _)| key.0 == lq && key.1 == *dims && matches!(kind, SinkKind::Output { .. }))

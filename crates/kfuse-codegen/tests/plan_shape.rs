@@ -255,6 +255,15 @@ fn lengths_mask_runs_one_warp_per_row_over_column_ranges() {
     assert_eq!(k.lazy_inputs, vec![InputId(0), InputId(1)]);
 }
 
+/// Symbols `B`, `N` and inputs `pred`, `target` of f32 boxes `[B, N, 4]`.
+fn padded_boxes(b: &mut GraphBuilder) -> (SymId, SymId, kfuse_ir::NodeId, kfuse_ir::NodeId) {
+    let (bs, n) = (b.symbol("B"), b.symbol("N"));
+    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
+    let pred = b.input("pred", DType::F32, shape.clone()).expect("input");
+    let target = b.input("target", DType::F32, shape).expect("input");
+    (bs, n, pred, target)
+}
+
 /// `1 / max(count(valid), 1)` in f32: a masked mean's scale.
 fn unit_over_count(b: &mut GraphBuilder, valid: kfuse_ir::NodeId) -> kfuse_ir::NodeId {
     let count = b.reduce(ReduceOp::Count, ReduceAxis::All, valid, None).expect("count");
@@ -274,10 +283,7 @@ fn scaled_masked_delta(factors: u32) -> kfuse_ir::Graph {
 /// `lengths`, else `valid = target[.., 3] != 0`.
 fn scaled_delta(factors: u32, lengths: bool) -> kfuse_ir::Graph {
     let mut b = GraphBuilder::new();
-    let (bs, n) = (b.symbol("B"), b.symbol("N"));
-    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
-    let pred = b.input("pred", DType::F32, shape.clone()).expect("input");
-    let target = b.input("target", DType::F32, shape).expect("input");
+    let (bs, n, pred, target) = padded_boxes(&mut b);
     let zero = b.lit_float(0.0);
     let valid = if lengths {
         let lengths = b.input("lengths", DType::I32, Shape(vec![Dim::Sym(bs)])).expect("input");
@@ -466,10 +472,7 @@ fn scaled_masked_gradient_is_listed_in_one_pass() {
 /// too).
 fn mask_inside(variant: &str) -> kfuse_ir::Graph {
     let mut b = GraphBuilder::new();
-    let (bs, n) = (b.symbol("B"), b.symbol("N"));
-    let shape = Shape(vec![Dim::Sym(bs), Dim::Sym(n), Dim::Const(4)]);
-    let pred = b.input("pred", DType::F32, shape.clone()).expect("input");
-    let target = b.input("target", DType::F32, shape).expect("input");
+    let (_, _, pred, target) = padded_boxes(&mut b);
     let zero = b.lit_float(0.0);
     let y2 = b.component(target, 3).expect("component");
     let valid = b.binary(BinaryOp::Ne, y2, zero).expect("ne");

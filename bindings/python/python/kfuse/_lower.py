@@ -183,7 +183,7 @@ def dim_token(d):
         if expr.is_Integer:
             d = int(expr)
         elif expr.is_Symbol:
-            return "S_" + "".join(c if c.isalnum() else "_" for c in str(expr))
+            return _symbol_token(expr)
         else:
             # A size computed from others (`s0*s1`, where a view merged two axes: the rows of a
             # linear layer's 3-D input) is a symbol of its own, read from the axis of an input
@@ -197,6 +197,11 @@ def dim_token(d):
     if not isinstance(d, int) or d < 0:
         raise Refused(f"the size {d!r} is not a size kfuse declares")
     return d if d <= MAX_CONST_DIM or d in _CONSTANT_SIZES.get() else f"D{d}"
+
+
+def _symbol_token(symbol):
+    """The ``.kf`` token of a size symbol of torch's shape environment (``s0`` -> ``S_s0``)."""
+    return "S_" + "".join(c if c.isalnum() else "_" for c in str(symbol))
 
 
 def shape_tokens(t):
@@ -1206,7 +1211,7 @@ def symbolic_size(value, names):
         base, exp = f.as_base_exp()
         if not (base.is_Symbol and exp.is_Integer and int(exp) > 0):
             return None
-        tok = "S_" + "".join(c if c.isalnum() else "_" for c in str(base))
+        tok = _symbol_token(base)
         if tok not in names:
             return None
         symbols += [names[tok]] * int(exp)
