@@ -51,7 +51,7 @@ struct Tuning {
     /// Threads per block of the generated kernels (a multiple of 32, 32..=1024).
     #[arg(long, default_value_t = 256)]
     block_size: u32,
-    /// Elements per thread and iteration of batched grid-stride loops (1..=16).
+    /// Elements per thread and iteration of batched grid-stride loops (1..=16), for loads of up to 4 registers an element; a kernel whose elements load more takes fewer (halved until the batch's loads hold at most 4 registers per element asked).
     #[arg(long, default_value_t = 4)]
     elems_per_thread: u32,
     /// Threads per multiprocessor promised by batched loops' launch bounds (registers per thread

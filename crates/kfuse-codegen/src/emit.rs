@@ -174,6 +174,8 @@ pub(crate) struct Prefetch {
     pub note: String,
     /// `Some(cond)`: issued only where `cond` (the body's first branch condition) holds.
     pub guard: Option<String>,
+    /// The 32-bit registers that one element's load holds until the body uses it.
+    pub regs: u32,
 }
 
 type R<T> = Result<T, CodegenError>;
@@ -990,7 +992,7 @@ impl<'a> Emitter<'a> {
                         let depth = self.target_depth(&prefix);
                         let e = format!("reinterpret_cast<const {vty}*>({name})[{off}]");
                         let note = format!("{} {c} x {dtype} at once", self.g.inputs[input as usize].name);
-                        let e = self.prefetched(depth, &off, vty, e, &note);
+                        let e = self.prefetched(depth, &off, (vty, dtype.size_bytes() * *c as usize), e, &note);
                         self.bind(depth, vkey, vty, e, &note)
                     }
                 };
@@ -1014,7 +1016,8 @@ impl<'a> Emitter<'a> {
         if let Some(e) = self.group_load(n, input, dtype, &off) {
             return Ok(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note));
         }
-        let raw = self.prefetched(depth, &off, cuda::storage_type(dtype), format!("{name}[{off}]"), &note);
+        let ty = (cuda::storage_type(dtype), dtype.size_bytes());
+        let raw = self.prefetched(depth, &off, ty, format!("{name}[{off}]"), &note);
         let e = cuda::load_conversion(dtype, &raw);
         let v = self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note);
         if let Some(bound) = lengths_bound {
@@ -1126,7 +1129,7 @@ impl<'a> Emitter<'a> {
     /// A load `load` of type `ty` placed in block `depth` at offset `off`: when it is one of the
     /// body's unconditional per-element loads and prefetching is on, it is recorded and the
     /// prefetched register (`kf_pf<k>[kf_u]`) is returned instead.
-    fn prefetched(&mut self, depth: usize, off: &str, ty: &str, load: String, note: &str) -> String {
+    fn prefetched(&mut self, depth: usize, off: &str, (ty, bytes): (&str, usize), load: String, note: &str) -> String {
         let guard = match depth {
             0 => None,
             1 if self.prefetch_guard.is_some() && self.blocks.len() == 2 => self.prefetch_guard.clone(),
@@ -1145,7 +1148,8 @@ impl<'a> Emitter<'a> {
                         k
                     }
                     None => {
-                        list.push(Prefetch { ty: ty.to_string(), load, note: note.to_string(), guard });
+                        let regs = bytes.div_ceil(4).max(1) as u32;
+                        list.push(Prefetch { ty: ty.to_string(), load, note: note.to_string(), guard, regs });
                         list.len() - 1
                     }
                 };

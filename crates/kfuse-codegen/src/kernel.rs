@@ -300,7 +300,8 @@ pub(crate) fn emit_kernel(
             src.push_str(NARROW_INDEX);
             let _ = writeln!(src, "    const kf_index n = (kf_index)({n_expr});");
             src.push_str(&accumulators);
-            grid_stride::write_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, &[]);
+            let batch = grid_stride::batch(&prefetch, opts.elems_per_thread);
+            grid_stride::write_loop(&mut src, &prefetch, &body, block, batch, &[]);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
         }
@@ -310,8 +311,9 @@ pub(crate) fn emit_kernel(
             src.push_str("    typedef long long kf_index;\n");
             let _ = writeln!(src, "    const long long n = {n_expr};");
             src.push_str(&accumulators);
-            compacted::write_compaction_state(&mut src, block, opts.elems_per_thread, pass.comps, &drain);
-            grid_stride::write_loop(&mut src, &prefetch, &body, block, opts.elems_per_thread, compacted::QUEUE_DRAIN);
+            let batch = grid_stride::batch(&prefetch, opts.elems_per_thread);
+            compacted::write_compaction_state(&mut src, block, batch, pass.comps, &drain);
+            grid_stride::write_loop(&mut src, &prefetch, &body, block, batch, compacted::QUEUE_DRAIN);
             if slots.is_empty() {
                 write_plain_tail(&mut src, &slots, &epilogue);
             } else {

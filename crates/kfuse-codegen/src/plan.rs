@@ -15,8 +15,10 @@ pub struct CodegenOptions {
     /// gradient at that block size).
     pub block_size: u32,
     /// Elements each thread takes per iteration of a batched grid-stride loop (their loads are
-    /// all issued before the first use): `1..=16`. Kernels without a batched loop (row mode, the
-    /// rows plan, which takes 2 valid elements per compute thread and step) do not use it.
+    /// all issued before the first use): `1..=16`, for loads of up to 4 registers an element; a
+    /// kernel whose elements load more takes fewer (see `shapes::grid_stride::batch`). Kernels
+    /// without a batched loop (row mode, the rows plan, which takes 2 valid elements per compute
+    /// thread and step) do not use it.
     pub elems_per_thread: u32,
     /// Threads per multiprocessor that a batched loop's launch bounds promise (and its grid
     /// fills): registers per thread are capped at 65536 / this. A multiple of `block_size` in

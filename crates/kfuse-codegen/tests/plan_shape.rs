@@ -511,6 +511,10 @@ fn a_loss_summed_beside_its_gradient_moves_into_the_gradient_kernel() {
     let branch_body = &b1[branch..b1[branch..].find("acc0 +=").map_or(b1.len(), |e| branch + e)];
     assert!(branch_body.matches("const float").count() <= 2, "the branch computes the loss again:\n{k1}");
     assert!(p.buffers.iter().any(|b| b.kind == BufferKind::Partials { kernel: 1, slots_per_block: 1 }));
+    // The count loads one float4 an element and takes the 4 elements a batch of the options; the
+    // gradient loads two and takes 2, so that a batch's loads hold 16 registers in both.
+    assert!(k0.contains("float4 kf_pf0[4]; // target"), "4 elements a batch:\n{k0}");
+    assert!(k1.contains("float4 kf_pf1[2];") && !k1.contains("[4];"), "2 elements a batch:\n{k1}");
     // A sum that the gradient reads stays where it is.
     let p = plan(&mask_inside("reads_sum"), &opts()).expect("plan");
     assert_eq!(p.kernels.len(), 2);
@@ -606,9 +610,10 @@ fn errors_are_values_that_say_what_is_wrong() {
     );
     let GridSpec::Work { max_blocks_per_sm, .. } = &k.grid else { panic!("a work grid: {:?}", k.grid) };
     assert_eq!(*max_blocks_per_sm, 3);
+    // Two float4 inputs an element: 8 elements requested are 4 (the batch's loads hold 32 registers).
     let eight = plan(&g, &with(256, 8)).expect("plan");
     assert!(
-        eight.kernels[0].source.contains("elems_per_thread=8") && eight.kernels[0].source.contains("kf_pf0[8]"),
+        eight.kernels[0].source.contains("elems_per_thread=8") && eight.kernels[0].source.contains("kf_pf0[4]"),
         "{}",
         eight.kernels[0].source
     );

@@ -66,6 +66,23 @@ pub(crate) fn emit_groups(
     Ok(compacted)
 }
 
+/// The elements a batched loop takes per iteration: `requested` (the elements per thread of the
+/// options) for loads of up to 4 registers an element, halved while the batch's loads would hold
+/// more than `4 * requested` registers. All of a batch's loads are live until the body uses them,
+/// so two float4 inputs at 4 elements held 32 registers of the 64 a thread has at 1024 threads a
+/// multiprocessor: on an H100 the backend's CIoU gradient kernel spilled 48 bytes and took
+/// 258 µs where 2 elements took 137 µs (`bench/ab/run`, bench/RESULTS.md). The loads in flight
+/// a multiprocessor stay at 64 KB, which the count of a box batch's valid boxes (one float4 an
+/// element, 4 elements) reads at 88% of copy bandwidth.
+pub(crate) fn batch(prefetch: &[Prefetch], requested: u32) -> u32 {
+    let per_element: u32 = prefetch.iter().map(|p| p.regs).sum();
+    let mut b = requested;
+    while b > 1 && b * per_element > 4 * requested {
+        b /= 2;
+    }
+    b
+}
+
 /// The loop over `[0, n)`: plain when nothing was prefetched, batched otherwise (`after_batch`
 /// runs after each batch: the compacted shape's queue drain).
 pub(crate) fn write_loop(

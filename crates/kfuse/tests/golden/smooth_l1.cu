@@ -42,15 +42,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_6174deb36f0fe3a6_0(
     double acc0 = 0.0; // sum n15 where n16 (n17)
     double acc1 = 0.0; // count n5 (n19)
     const kf_index kf_stride = (kf_index)gridDim.x * (kf_index)blockDim.x;
-    // 4 elements per thread and iteration: their loads are all in flight before the first use.
+    // 2 elements per thread and iteration: their loads are all in flight before the first use.
     // The block's elements at each step are rotated by one warp per step (kf_rot), so columns that a grid
     // stride multiple of the row length would pin to one warp (e.g. the valid first boxes) spread over all warps.
     unsigned kf_rot = 0u; // in [0, 256)
-    for (kf_index kf_i0 = (kf_index)blockIdx.x * (kf_index)blockDim.x; kf_i0 < n; kf_i0 += 4 * kf_stride, kf_rot = (kf_rot + 128u) % 256u) {
-        float4 kf_pf0[4]; // target 4 x f32 at once
-        float4 kf_pf1[4]; // pred 4 x f32 at once
+    for (kf_index kf_i0 = (kf_index)blockIdx.x * (kf_index)blockDim.x; kf_i0 < n; kf_i0 += 2 * kf_stride, kf_rot = (kf_rot + 64u) % 256u) {
+        float4 kf_pf0[2]; // target 4 x f32 at once
+        float4 kf_pf1[2]; // pred 4 x f32 at once
         #pragma unroll
-        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+        for (int kf_u = 0; kf_u < 2; ++kf_u) {
             const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 kf_pf0[kf_u] = reinterpret_cast<const float4*>(in1)[i];
@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_6174deb36f0fe3a6_0(
         }
         // Loads needed only where the predicate holds: issued for all the elements before the first use.
         #pragma unroll
-        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+        for (int kf_u = 0; kf_u < 2; ++kf_u) {
             const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i < n) {
                 const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_6174deb36f0fe3a6_0(
             }
         }
         #pragma unroll
-        for (int kf_u = 0; kf_u < 4; ++kf_u) {
+        for (int kf_u = 0; kf_u < 2; ++kf_u) {
             const kf_index i = kf_i0 + kf_u * kf_stride + (kf_index)((threadIdx.x + kf_rot + 32u * kf_u) % 256u);
             if (i >= n) break;
             const float4 v0 = kf_pf0[kf_u]; // target 4 x f32 at once
