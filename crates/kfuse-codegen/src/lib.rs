@@ -92,7 +92,7 @@ pub use error::CodegenError;
 pub use plan::{
     column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, FoldEntry, GridSpec, Kernel, Launch,
     LengthsGradient, Param, Plan, RegisterRows, SizeExpr, ViolationKind, COLUMN_BLOCKS_PER_SM, COLUMN_MIN_CHUNK_ROWS,
-    ERROR_RECORD_WORDS, FOLD_MIN_CHUNK_ROWS, NARROW_INDEX_LIMIT, ROW_COLS_PER_LANE, ROW_MIN_LANES, WIDE_INDEX_OPTION,
+    ERROR_RECORD_WORDS, NARROW_INDEX_LIMIT, ROW_COLS_PER_LANE, ROW_MIN_LANES, WIDE_INDEX_OPTION,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
 

@@ -263,19 +263,10 @@ impl FoldEntry {
     /// Its grid: the column kernel's (`grid`, a [`GridSpec::Columns`]) over the `parts` rows of
     /// partial sums instead of the rows, so at most the column kernel's own grid (`parts` is a
     /// grid of kernel `after` over those rows), whose partials and counter it uses.
-    /// Its chunks take at least [`FOLD_MIN_CHUNK_ROWS`] rows of partial sums, never more chunks
-    /// than the column kernel's own grid has.
     pub fn blocks(grid: &GridSpec, sizes: &[u64], sm_count: u32, parts: u32) -> Option<u32> {
-        let GridSpec::Columns { cols, rows, .. } = grid else { return None };
-        let (cols, rows) = (cols.eval(sizes)?, rows.eval(sizes)?);
-        if cols == 0 {
-            return Some(1); // it returns at once: no column to write
-        }
-        let tiles = cols.div_ceil(32).max(1);
-        let wanted = (COLUMN_BLOCKS_PER_SM * u64::from(sm_count)).div_ceil(tiles);
-        let chunks = wanted.min(u64::from(parts).div_ceil(FOLD_MIN_CHUNK_ROWS)).max(1);
-        let blocks = tiles.checked_mul(chunks.min(column_chunks(cols, rows, sm_count)))?;
-        u32::try_from(blocks).ok().filter(|&b| b <= i32::MAX as u32)
+        let GridSpec::Columns { cols, lanes, .. } = grid else { return None };
+        let rows = SizeExpr::constant(u64::from(parts));
+        GridSpec::Columns { cols: cols.clone(), rows, lanes: *lanes }.blocks(sizes, sm_count)
     }
 }
 
@@ -496,12 +487,6 @@ pub enum GridSpec {
 /// block's fold and ticket cost more than its rows (measured on an H200 against 64 rows, layer
 /// norm's gradient at [8192, 256]: 20% less time; at [8192, 1024] 2%; no row slower).
 pub const COLUMN_MIN_CHUNK_ROWS: u64 = 256;
-/// The fewest rows of partial sums a chunk of a fold entry ([`FoldEntry`]) takes. Those rows
-/// are few (one per block of a row-wise grid: 528 on an H100) and were just written, so they are
-/// read from L2: chunks of [`COLUMN_MIN_CHUNK_ROWS`] left 96 blocks of 22 loads a thread for
-/// RMSNorm's weight gradient at [8192, 1024], 7.9 µs on an H100 against 9.4 µs for Inductor's
-/// whole reduction (bench/RESULTS.md).
-pub const FOLD_MIN_CHUNK_ROWS: u64 = 32;
 /// The blocks a column kernel aims at per multiprocessor (two waves of eight).
 pub const COLUMN_BLOCKS_PER_SM: u64 = 16;
 
