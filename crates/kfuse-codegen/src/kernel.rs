@@ -295,12 +295,13 @@ pub(crate) fn emit_kernel(
     for (s, (_, init, what)) in slots.iter().enumerate() {
         let _ = writeln!(accumulators, "    double acc{s} = {init}; // {what}");
     }
+    // The elements a batched loop (grid-stride or compacted) takes per iteration.
+    let batch = grid_stride::batch(&prefetch, opts.elems_per_thread);
     match shape {
         KernelShape::GridStride => {
             src.push_str(NARROW_INDEX);
             let _ = writeln!(src, "    const kf_index n = (kf_index)({n_expr});");
             src.push_str(&accumulators);
-            let batch = grid_stride::batch(&prefetch, opts.elems_per_thread);
             grid_stride::write_loop(&mut src, &prefetch, &body, block, batch, &[]);
             src.push_str(&poison);
             write_plain_tail(&mut src, &slots, &epilogue);
@@ -311,7 +312,6 @@ pub(crate) fn emit_kernel(
             src.push_str("    typedef long long kf_index;\n");
             let _ = writeln!(src, "    const long long n = {n_expr};");
             src.push_str(&accumulators);
-            let batch = grid_stride::batch(&prefetch, opts.elems_per_thread);
             compacted::write_compaction_state(&mut src, block, batch, pass.comps, &drain);
             grid_stride::write_loop(&mut src, &prefetch, &body, block, batch, compacted::QUEUE_DRAIN);
             if slots.is_empty() {
