@@ -401,7 +401,16 @@ pub(crate) fn emit_kernel(
     };
 
     let grid = match (shape, &row_wise, column_wise) {
-        (KernelShape::RowWise, Some(plan), _) => row_wise::grid(plan, &info.dims, block, resident_blocks)?,
+        // An entry for rows in registers that sums columns as it goes writes a row of partial
+        // sums per block: its grid fills the `batched_threads_per_sm` threads a multiprocessor
+        // its bounds promise, one wave. The kernel's own residency (2048 threads) ran it in two
+        // waves and wrote twice the partials: RMSNorm's backward at [8192, 1024] f32 on an H100,
+        // 1056 blocks of which 4 a multiprocessor were resident (ncu), 4.3 MB of partials.
+        (KernelShape::RowWise, Some(plan), _) => {
+            let sums = register_rows.is_some() && cached.is_some_and(|c| c.sums > 0);
+            let resident = if sums { (opts.batched_threads_per_sm / block).max(1) } else { resident_blocks };
+            row_wise::grid(plan, &info.dims, block, resident)?
+        }
         (KernelShape::Columns, _, Some(plan)) => columns::grid(plan, &info.dims, block)?,
         _ => {
             let (work, per_block) = shape.grid_work(&info.dims, block)?;

@@ -125,6 +125,9 @@ fn layer_norm_weight_gradients_are_summed_by_the_row_kernel_and_folded_by_a_seco
     assert!(rows.params.contains(&kfuse_codegen::Param::Buffer(partials)));
     assert!(fold.params.contains(&kfuse_codegen::Param::Buffer(partials)));
     assert!(!columns.params.contains(&kfuse_codegen::Param::Buffer(partials)));
+    // The rows' grid is one wave of the entry's blocks (4 of 256 threads a multiprocessor, what
+    // its bounds promise): 528 on 132 multiprocessors, a row of partial sums each.
+    assert_eq!(p.plan().grids(&[8192, 1024], 132, |_, b| b), Ok(vec![528, 32 * 32]));
     // Two sums of D columns per block: 528 blocks of [8192, 1024] need 528 * 2048 floats.
     assert_eq!(p.plan().buffers[partials].elem_count(&[8192, 1024], 528), Some(528 * 2048));
     // The fold's grid splits the rows of partial sums (one per block of the rows' kernel), not the
