@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""The backend's RMSNorm forward region (bench/ab/rms_fwd_saved.kf) at [8192, 1024] f32: its entry
+for rows in registers as `kfuse emit` prints it, and the same entry with its row loads and output
+stores given other cache hints, each launched alone through bench/ab/kernel_ab.py (same grid,
+block and buffers), then Inductor's kernel and kfuse's region from PyTorch
+(bench/ab/rms_fwd_vs_inductor.py). What the loads' and stores' cache policy is worth.
+
+    python3 bench/ab/rms_fwd_variants.py KFUSE_BINARY OUT_DIR      (on a CUDA machine)"""
+import json, os, subprocess, sys
+
+kfuse, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+here = os.path.dirname(os.path.abspath(__file__))
+src = subprocess.run([kfuse, "emit", os.path.join(here, "rms_fwd_saved.kf")], check=True,
+                     capture_output=True, text=True).stdout
+entry = next(l.split("kf_")[1].split("(")[0] for l in src.splitlines() if "_regs(" in l and "__global__" in l)
+entry = "kf_" + entry
+load = "*reinterpret_cast<const float4*>(in0 + rowbase + kf_j)"
+store = "*reinterpret_cast<float4*>(out1 + rowbase + kf_j) = make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]);"
+assert load in src and store in src, "the emitted entry changed: update the patterns"
+variants = {
+    "generated": src,
+    "loads_cs": src.replace(load, "__ldcs(reinterpret_cast<const float4*>(in0 + rowbase + kf_j))"),
+    "loads_lu": src.replace(load, "__ldlu(reinterpret_cast<const float4*>(in0 + rowbase + kf_j))"),
+    "stores_cs": src.replace(store, "__stcs(reinterpret_cast<float4*>(out1 + rowbase + kf_j), make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]));"),
+}
+variants["both_cs"] = variants["loads_cs"].replace(store, "__stcs(reinterpret_cast<float4*>(out1 + rowbase + kf_j), make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]));")
+rows, cols = 8192, 1024
+args = [{"type": "ptr", "name": "x", "dtype": "float32", "shape": [rows, cols]},
+        {"type": "ptr", "name": "w", "dtype": "float32", "shape": [cols]},
+        {"type": "ptr", "name": "ms", "dtype": "float32", "shape": [rows], "kind": "zeros"},
+        {"type": "ptr", "name": "y", "dtype": "float32", "shape": [rows, cols], "kind": "zeros"},
+        {"type": "i64", "value": rows}, {"type": "i64", "value": cols}]
+moved = (2 * rows * cols + rows + cols) * 4
+spec = []
+for name, text in variants.items():
+    path = os.path.join(out, f"rms_fwd_{name}.cu")
+    open(path, "w").write(text)
+    for grid in (132, 264):
+        spec.append({"file": path, "entry": entry, "grid": grid, "block": 1024, "args": args, "bytes": moved,
+                     "check": ["y", "ms"], "reps": 60, "batch": 20})
+spec = spec + spec  # twice, interleaved, for the spread between two runs of one variant
+json.dump(spec, open(os.path.join(out, "spec.json"), "w"))
+subprocess.run([sys.executable, os.path.join(here, "kernel_ab.py"), os.path.join(out, "spec.json")], check=True)
+subprocess.run([sys.executable, os.path.join(here, "rms_fwd_vs_inductor.py")], check=True, cwd=os.path.dirname(os.path.dirname(here)))
