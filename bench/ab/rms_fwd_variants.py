@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The backend's RMSNorm forward region (bench/ab/rms_fwd_saved.kf) at [8192, 1024] f32: its entry
 for rows in registers as `kfuse emit` prints it, and the same entry with its row loads and output
-stores given other cache hints, each launched alone through bench/ab/kernel_ab.py (same grid,
-block and buffers), then Inductor's kernel and kfuse's region from PyTorch
+stores given other cache hints, each launched alone through bench/ab/kernel_ab.py (same buffers;
+the generated entry's grid and block, and Inductor's for a row per block of 256 threads), then Inductor's kernel and kfuse's region from PyTorch
 (bench/ab/rms_fwd_vs_inductor.py). What the loads' and stores' cache policy is worth.
 
     python3 bench/ab/rms_fwd_variants.py KFUSE_BINARY OUT_DIR      (on a CUDA machine)"""
@@ -24,6 +24,10 @@ variants = {
     "loads_lu": src.replace(load, "__ldlu(reinterpret_cast<const float4*>(in0 + rowbase + kf_j))"),
     "stores_cs": src.replace(store, "__stcs(reinterpret_cast<float4*>(out1 + rowbase + kf_j), make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]));"),
 }
+# Inductor's shape: a row per block of 256 threads, 4 columns a thread (8 warps fold the row).
+lanes = "while (kf_g < (int)blockDim.x && kf_g * 32 < cols) kf_g <<= 1;"
+assert lanes in src, "the emitted lane rule changed: update the patterns"
+variants["rows_of_256_lanes"] = src.replace(lanes, "while (kf_g < (int)blockDim.x && kf_g * 4 < cols) kf_g <<= 1;")
 variants["both_cs"] = variants["loads_cs"].replace(store, "__stcs(reinterpret_cast<float4*>(out1 + rowbase + kf_j), make_float4(kf_o1[0], kf_o1[1], kf_o1[2], kf_o1[3]));")
 rows, cols = 8192, 1024
 args = [{"type": "ptr", "name": "x", "dtype": "float32", "shape": [rows, cols]},
@@ -36,8 +40,9 @@ spec = []
 for name, text in variants.items():
     path = os.path.join(out, f"rms_fwd_{name}.cu")
     open(path, "w").write(text)
-    for grid in (132, 264):
-        spec.append({"file": path, "entry": entry, "grid": grid, "block": 1024, "args": args, "bytes": moved,
+    shapes = [(8192, 256), (1056, 256)] if name == "rows_of_256_lanes" else [(132, 1024), (264, 1024)]
+    for grid, block in shapes:
+        spec.append({"file": path, "entry": entry, "grid": grid, "block": block, "args": args, "bytes": moved,
                      "check": ["y", "ms"], "reps": 60, "batch": 20})
 spec = spec + spec  # twice, interleaved, for the spread between two runs of one variant
 json.dump(spec, open(os.path.join(out, "spec.json"), "w"))
