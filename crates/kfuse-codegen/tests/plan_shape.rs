@@ -688,7 +688,10 @@ fn a_row_reduction_used_again_in_its_row_is_computed_once_per_row() {
     assert_eq!(regs.matches("kf_row_max(").count(), 2, "the helper and one call in its own unit:\n{regs}");
     assert!(!src.contains("for (long long j0 = 0;"), "no serial loop over a row:\n{src}");
     assert!(src.contains("in0[rowbase + j"), "rows are read at rowbase + column:\n{src}");
-    assert!(regs.contains("__ldcs(reinterpret_cast<const float4*>(in0 + rowbase + kf_j))"), "or kept in registers:\n{regs}");
+    assert!(
+        regs.contains("__ldcs(reinterpret_cast<const float4*>(in0 + rowbase + kf_j))"),
+        "or kept in registers:\n{regs}"
+    );
     assert!(!src.contains("tmp0[row]"), "no row value goes to a later kernel:\n{src}");
     // Either entry: the sum of t * z adds a lane's columns in f32 and converts its partial once
     // for the f64 fold.
