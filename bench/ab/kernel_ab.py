@@ -8,8 +8,8 @@ would buy, measured before it is written.
 SPEC.json is a list of cases: {"file", "entry", "grid", "block", "args", "bytes"?, "check"?,
 "reps"?, "warmup"?, "opts"?, "batch"?} ("batch": launches back to back between two events, the
 time divided by them; 1, each launch alone, by default); each arg is {"type": "ptr", "name",
-"dtype", "shape", "kind"?: "zeros" | "labels" (with "high")} (one tensor per name, shared by
-the cases; random normal otherwise), {"type": "i64" | "u32", "value"} or {"type": "null"}.
+"dtype", "shape", "kind"?: "zeros" | "positive" (in [0.5, 1.5)) | "labels" (with "high")}
+(one tensor per name, shared by the cases; random normal otherwise), {"type": "i64" | "u32", "value"} or {"type": "null"}.
 Prints one JSON line a case: the median and fastest µs, GB/s over `bytes`, the sums of the
 `check` tensors (equal sums: the same results) and ptxas's register and spill line. Needs
 torch with CUDA and libnvrtc (the nvidia-cuda-nvrtc wheel or a CUDA toolkit)."""
@@ -53,6 +53,8 @@ def tensor(a):
             t = torch.randint(0, a["high"], a["shape"], device="cuda", dtype=dt)
         elif a.get("kind") == "zeros":
             t = torch.zeros(a["shape"], device="cuda", dtype=dt)
+        elif a.get("kind") == "positive":
+            t = (0.5 + torch.rand(a["shape"], device="cuda", dtype=torch.float32)).to(dt)
         else:
             t = torch.randn(a["shape"], device="cuda", dtype=torch.float32).to(dt)
         bufs[key] = t

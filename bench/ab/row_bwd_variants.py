@@ -50,7 +50,8 @@ def args_of(src, entry):
         else:
             dims = [SIZES.get(d.strip(), None) or int(d) for d in re.search(r"\[(.*)\]", note).group(1).split(",")]
             args.append({"type": "ptr", "name": f"{entry}:{name}", "dtype": "float32", "shape": dims,
-                         **({"kind": "zeros"} if name.startswith("out") else {})})
+                         # A row's statistic (a mean square, a variance) is positive: no NaN to compare.
+                         **({"kind": "zeros"} if name.startswith("out") else {"kind": "positive"} if dims[-1] == 1 else {})})
     return args
 
 
