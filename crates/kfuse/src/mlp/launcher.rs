@@ -175,6 +175,12 @@ pub fn prepare_tiered(
     Ok((PreparedMlp { body, in_dtype, out_dtype, started_at, prepare_ms }, prepare_ms))
 }
 
+/// Compiles (through the cache) and loads one form of the fused kernel on `gpu`, for its target
+/// and with its NVRTC options.
+fn load(gpu: &Gpu, kernel: &MlpKernel) -> Result<GpuFunction> {
+    Ok(gpu.load_kernel_for(&kernel.source, &kernel.name, kernel.target(gpu.compile_arch()), &kernel.nvrtc_options)?)
+}
+
 /// Loads the requested kernel, or (tiering applies and it is not cached) its fast form with the
 /// requested one compiling in the background.
 fn load_fused(
@@ -188,28 +194,13 @@ fn load_fused(
     let full_opts = CompileOptions { arch: kernel.target(gpu.compile_arch()), extra: kernel.nvrtc_options.clone() };
     let may_tier = tiering == Tiering::Background && opts.compile_effort == CompileEffort::Full && !cache.is_bypassed();
     if !may_tier || cache.get_cached(&kernel.source, &full_opts)?.is_some() {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_for(
-            &kernel.source,
-            &kernel.name,
-            kernel.target(gpu.compile_arch()),
-            &kernel.nvrtc_options,
-        )?));
+        return Ok(FusedFunctions::Single(load(gpu, kernel)?));
     }
     // The fast form shares `params` (checked by emit_fast_form); without one, no tiering.
     let Some(fast_kernel) = emit_fast_form(model, opts, kernel, kfuse_runtime::nvrtc_version()?) else {
-        return Ok(FusedFunctions::Single(gpu.load_kernel_for(
-            &kernel.source,
-            &kernel.name,
-            kernel.target(gpu.compile_arch()),
-            &kernel.nvrtc_options,
-        )?));
+        return Ok(FusedFunctions::Single(load(gpu, kernel)?));
     };
-    let fast = gpu.load_kernel_for(
-        &fast_kernel.source,
-        &fast_kernel.name,
-        fast_kernel.target(gpu.compile_arch()),
-        &fast_kernel.nvrtc_options,
-    )?;
+    let fast = load(gpu, &fast_kernel)?;
     // Started once the fast form is compiled: a concurrent optimised compile slows the fast one
     // on a machine with few cores, for an optimised kernel ready only a little sooner.
     let background = cache.compile_in_background(kernel.source.clone(), full_opts);
@@ -268,12 +259,7 @@ impl Tiered {
             arch: kernel.target(gpu.compile_arch()),
             message: failure.to_string(),
         })?;
-        let function = gpu.load_kernel_for(
-            &kernel.source,
-            &kernel.name,
-            kernel.target(gpu.compile_arch()),
-            &kernel.nvrtc_options,
-        )?;
+        let function = load(gpu, kernel)?;
         if self.log {
             eprintln!(
                 "kfuse: {}: switched to the optimised kernel (compiled in the background in {compile_ms:.0} ms)",
