@@ -3,7 +3,7 @@
 `torch.compile(fn)` (Inductor, default mode) on the same plain-PyTorch functions, each case and
 backend in fresh processes.
 
-    python3 bench/backend_suite.py --out DIR [--only CASE-PREFIX...] [--full]
+    python3 bench/backend_suite.py --out DIR [--only CASE-PREFIX...] [--full] [--shard K/N]
     python3 bench/backend_suite.py --smoke --out DIR     tiny sizes on the CPU: checks the logic
 
 Cases (a training step: the forward and `torch.autograd.grad` of every float input, f32 unless
@@ -478,6 +478,7 @@ def main():
     ap.add_argument("--only", nargs="+", metavar="PREFIX", help="cases whose name starts with one of these")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "kfuse-bench-backend"),
                     help="scratch folder: cache folders, child figures")
+    ap.add_argument("--shard", metavar="K/N", help="only every N-th case from the K-th (1-based): the suite in N runs")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--kernels", action="store_true", help="also list each CUDA-graph step's kernels (torch.profiler)")
     # A child process: one case, one backend.
@@ -495,6 +496,16 @@ def main():
         sys.stdout.flush()
         os._exit(0)
     selected = [c for c in cases(args.smoke, args.full) if not args.only or any(c["name"].startswith(p) for p in args.only)]
+    if args.shard:
+        try:
+            k, n = (int(v) for v in args.shard.split("/"))
+        except ValueError:
+            k = n = 0
+        if not 1 <= k <= n:
+            ap.error(f"--shard {args.shard}: expected K/N with 1 <= K <= N (e.g. 1/2)")
+        # Interleaved: each run gets a share of every function's sizes. A case's warm first call
+        # stays where `cases` put it (the first size of its function).
+        selected = selected[k - 1::n]
     if args.list:
         for c in selected:
             print(c["name"] + ("  (+ warm first call)" if c["warm"] else ""))
