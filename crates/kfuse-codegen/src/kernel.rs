@@ -410,7 +410,7 @@ pub(crate) fn emit_kernel(
         // kernel's other entry (rows that do not fit, unaligned buffers) strides over the rows of
         // the same grid.
         (KernelShape::RowWise, Some(plan), _) => {
-            let sums = register_rows.is_some() && cached.is_some_and(|c| c.sums > 0);
+            let sums = cached.is_some_and(|c| c.sums > 0);
             let resident = if sums { (opts.batched_threads_per_sm / block).max(1) } else { resident_blocks };
             row_wise::grid(plan, &info.dims, block, resident)?
         }
