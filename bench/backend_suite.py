@@ -3,7 +3,7 @@
 `torch.compile(fn)` (Inductor, default mode) on the same plain-PyTorch functions, each case and
 backend in fresh processes.
 
-    python3 bench/backend_suite.py --out DIR [--only CASE-PREFIX...] [--full] [--shard K/N]
+    python3 bench/backend_suite.py --out DIR [--only CASE-PREFIX...] [--full] [--shard K/N] [--backends kfuse]
     python3 bench/backend_suite.py --smoke --out DIR     tiny sizes on the CPU: checks the logic
 
 Cases (a training step: the forward and `torch.autograd.grad` of every float input, f32 unless
@@ -389,7 +389,7 @@ def run_child(args, case, backend, phase, caches, log):
 
 def run_case(args, case, meta, failures, rows, log):
     figures = {}
-    for backend in BACKENDS:
+    for backend in args.backends:
         caches = os.path.join(args.work, "caches", f"{case['name']}-{backend}")
         shutil.rmtree(caches, ignore_errors=True)
         os.makedirs(caches)
@@ -405,7 +405,7 @@ def run_case(args, case, meta, failures, rows, log):
                 failures.append(f"{case['name']} {backend} {out}: max rel err {err:.3g} > {tol:g}")
                 log(f"   WRONG: {backend} {out}: max rel err {err:.3g} > {tol:g}")
         figures[backend] = got
-    k, i = figures["kfuse"], figures["inductor"]
+    k, i = figures.get("kfuse", {}), figures.get("inductor", {})
 
     def ratio(key, sub="median_us"):
         a, b = k.get(key, {}), i.get(key, {})
@@ -434,7 +434,7 @@ def table(rows, meta):
             "inductor kernels", "kfuse err", "fallback"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for name, f in rows:
-        k, i = f["kfuse"], f["inductor"]
+        k, i = f.get("kfuse", {}), f.get("inductor", {})
 
         def g(d, key="cuda_graph"):
             v = d.get(key, {})
@@ -458,6 +458,8 @@ def kernel_table(rows):
     for name, f in rows:
         print(f"\n### {name}: GPU time per step, kernel by kernel (torch.profiler over graph replays)\n")
         for backend in BACKENDS:
+            if backend not in f:
+                continue
             graph = f[backend].get("cuda_graph", {})
             listed = graph.get("kernels") if isinstance(graph, dict) else None
             if not listed:
@@ -480,6 +482,8 @@ def main():
                     help="scratch folder: cache folders, child figures")
     ap.add_argument("--shard", metavar="K/N", help="only every N-th case from the K-th (1-based): the suite in N runs")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS),
+                    help="the backends to run (default both; one alone gives no ratios, e.g. to compare two kfuse builds)")
     ap.add_argument("--kernels", action="store_true", help="also list each CUDA-graph step's kernels (torch.profiler)")
     # A child process: one case, one backend.
     ap.add_argument("--child", help=argparse.SUPPRESS)
