@@ -248,25 +248,12 @@ impl RowCache {
         Some(vty)
     }
 
-    /// The loads of a group's elements of `ptr` (of `dtype`) at `at` into `slot(q)`; a vector of
-    /// a row-shaped input (`row`) is loaded evict-first (see [`row_load`]).
-    fn group_loads(
-        &mut self,
-        dtype: DType,
-        ptr: &str,
-        at: &str,
-        row: bool,
-        slot: impl Fn(u32) -> String,
-    ) -> Vec<String> {
+    /// The loads of a group's elements of `ptr` (of `dtype`) at `at` into `slot(q)`.
+    fn group_loads(&mut self, dtype: DType, ptr: &str, at: &str, slot: impl Fn(u32) -> String) -> Vec<String> {
         let w = self.width;
         match self.vector(ptr.to_string(), dtype) {
             Some(vty) => {
-                let load = if row {
-                    row_load(vty, &format!("{ptr} + {at}"))
-                } else {
-                    format!("*reinterpret_cast<const {vty}*>({ptr} + {at})")
-                };
-                let mut lines = vec![format!("const {vty} kf_w = {load};")];
+                let mut lines = vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>({ptr} + {at});")];
                 for q in 0..w {
                     let e = cuda::vector_extract("kf_w", dtype, u64::from(w), u64::from(q));
                     lines.push(format!("{} = {e};", slot(q)));
@@ -307,7 +294,7 @@ impl RowCache {
             match self.vector(format!("in{k}"), dtype) {
                 Some(vty) => {
                     prologue.push(format!("{vty} kf_p{k}[{groups}]; // {name}: the lane's vectors of its next row"));
-                    loads.push(format!("kf_p{k}[kf_v] = {};", row_load(vty, &format!("in{k} + {base} + kf_j"))));
+                    loads.push(format!("kf_p{k}[kf_v] = *reinterpret_cast<const {vty}*>(in{k} + {base} + kf_j);"));
                     body.push("#pragma unroll".to_string());
                     body.push(format!("for (int kf_v = 0; kf_v < {groups}; ++kf_v) {{"));
                     body.extend(
@@ -368,11 +355,11 @@ impl RowCache {
             let body = match self.packs(dtype).then(|| self.vector(format!("in{k}"), dtype)).flatten() {
                 Some(vty) => {
                     let mut body =
-                        vec![format!("const {vty} kf_w = {};", row_load(vty, &format!("in{k} + {base} + kf_j")))];
+                        vec![format!("const {vty} kf_w = *reinterpret_cast<const {vty}*>(in{k} + {base} + kf_j);")];
                     body.extend(self.unpack_group(k, dtype, "kf_w"));
                     body
                 }
-                None => self.group_loads(dtype, &format!("in{k}"), &format!("{base} + kf_j"), true, |q| {
+                None => self.group_loads(dtype, &format!("in{k}"), &format!("{base} + kf_j"), |q| {
                     format!("kf_c{k}[{w} * kf_v + {q}]")
                 }),
             };
@@ -417,7 +404,7 @@ impl RowCache {
         let ty = cuda::value_type(dtype);
         let mut lines = vec![format!("{ty} {name}[{}]; // {note} at the group's columns", self.width)];
         lines.push("{".to_string());
-        let loads = self.group_loads(dtype, &format!("in{k}"), "kf_j", false, |q| format!("{name}[{q}]"));
+        let loads = self.group_loads(dtype, &format!("in{k}"), "kf_j", |q| format!("{name}[{q}]"));
         lines.extend(loads.into_iter().map(|l| format!("    {l}")));
         lines.push("}".to_string());
         lines
@@ -441,12 +428,4 @@ impl RowCache {
                 .collect(),
         }
     }
-}
-
-/// A vector of a row-shaped input, loaded evict-first (`ld.global.cs`, `__ldcs`): the entry
-/// reads each element of its rows once, so its lines are the first that L2 gives up, before the
-/// outputs it writes. RMSNorm's forward region at [8192, 1024] f32 ran 7-8% faster on an H100
-/// (`bench/ab/rms_fwd_variants.py`: 26.1 against 28.6 µs at one block a multiprocessor).
-fn row_load(vty: &str, at: &str) -> String {
-    format!("__ldcs(reinterpret_cast<const {vty}*>({at}))")
 }

@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_fe17890dc8e1a591_0_regs
         for (int kf_v = 0; kf_v < 4; ++kf_v) {
             const int kf_j = 4 * (lane + kf_v * kf_g);
             if (kf_j >= kf_n1) break;
-            kf_p0[kf_v] = __ldcs(reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j));
+            kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j);
         }
     }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -155,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_fe17890dc8e1a591_0_regs
             for (int kf_v = 0; kf_v < 4; ++kf_v) {
                 const int kf_j = 4 * (lane + kf_v * kf_g);
                 if (kf_j >= kf_n1) break;
-                kf_p0[kf_v] = __ldcs(reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j));
+                kf_p0[kf_v] = *reinterpret_cast<const float4*>(in0 + kf_base1 + kf_j);
             }
         }
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns

@@ -98,7 +98,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_24d058b5ffa963ea_0_regs
         for (int kf_v = 0; kf_v < 4; ++kf_v) {
             const int kf_j = 4 * (lane + kf_v * kf_g);
             if (kf_j >= kf_n1) break;
-            kf_p3[kf_v] = __ldcs(reinterpret_cast<const uint4*>(in3 + kf_base1 + kf_j));
+            kf_p3[kf_v] = *reinterpret_cast<const uint4*>(in3 + kf_base1 + kf_j);
         }
     }
     // Every thread of the block runs every step (the folds wait for the whole block); a group past
@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(1024, 1) kf_24d058b5ffa963ea_0_regs
             for (int kf_v = 0; kf_v < 4; ++kf_v) {
                 const int kf_j = 4 * (lane + kf_v * kf_g);
                 if (kf_j >= kf_n1) break;
-                kf_p3[kf_v] = __ldcs(reinterpret_cast<const uint4*>(in3 + kf_base1 + kf_j));
+                kf_p3[kf_v] = *reinterpret_cast<const uint4*>(in3 + kf_base1 + kf_j);
             }
         }
         if (4 * (lane + 0 * kf_g) < kf_n) { // the lane's group 0 of 4 columns

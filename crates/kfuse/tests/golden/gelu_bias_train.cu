@@ -112,14 +112,14 @@ extern "C" __global__ void __launch_bounds__(256, 4) kf_47baba55a037a4ea_0_regs(
             const int kf_j = 4 * (lane + kf_v * kf_g);
             if (kf_j >= kf_n) break;
             {
-                const float4 kf_w = __ldcs(reinterpret_cast<const float4*>(in0 + rowbase + kf_j));
+                const float4 kf_w = *reinterpret_cast<const float4*>(in0 + rowbase + kf_j);
                 kf_c0[4 * kf_v + 0] = kf_w.x;
                 kf_c0[4 * kf_v + 1] = kf_w.y;
                 kf_c0[4 * kf_v + 2] = kf_w.z;
                 kf_c0[4 * kf_v + 3] = kf_w.w;
             }
             {
-                const float4 kf_w = __ldcs(reinterpret_cast<const float4*>(in2 + rowbase + kf_j));
+                const float4 kf_w = *reinterpret_cast<const float4*>(in2 + rowbase + kf_j);
                 kf_c2[4 * kf_v + 0] = kf_w.x;
                 kf_c2[4 * kf_v + 1] = kf_w.y;
                 kf_c2[4 * kf_v + 2] = kf_w.z;
