@@ -67,7 +67,7 @@ def main():
         print(f"{rows[-1]['program']:45s} {len(best)} kernels  slowest {best[slowest]:7.1f} ms  sum {rows[-1]['sum_ms']:7.1f} ms",
               flush=True)
     meta = {"arch": args.arch, "runs": args.runs, "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count(), "kfuse": args.kfuse}
+            "cores": os.cpu_count(), "kfuse": os.path.relpath(args.kfuse, REPO) if args.kfuse.startswith(REPO) else os.path.basename(args.kfuse)}
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "programs": rows}, f, indent=1)
