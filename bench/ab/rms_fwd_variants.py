@@ -39,6 +39,9 @@ assert bounds in src, "the emitted entry's launch bounds changed: update the pat
 for block in (128, 256, 512):
     variants[f"blocks_of_{block}"] = src.replace(bounds, f"__launch_bounds__({block}, {1024 // block})")
 if only:
+    unknown = [k for k in only if k not in variants]
+    if unknown:
+        sys.exit(f"rms_fwd_variants: no variant {', '.join(unknown)}; the variants: {', '.join(variants)}")
     variants = {k: v for k, v in variants.items() if k in only}
 rows, cols = 8192, 1024
 args = [{"type": "ptr", "name": "x", "dtype": "float32", "shape": [rows, cols]},
