@@ -548,6 +548,28 @@ impl GraphBuilder {
         Ok(self.push(Node { op: Op::Stack(list), dtype, shape }))
     }
 
+    /// `torch.stack(parts, dim=axis)`: the parts, broadcast to one shape, along a new axis at
+    /// position `axis` of the result (negative counts from the end of the result's axes, so -1 is
+    /// [`Builder::stack`]'s new last axis). Built as that stack with its last axis moved to
+    /// `axis`, so the interpreter, every kernel and the gradient need nothing new.
+    pub fn stack_at(&mut self, parts: &[NodeId], axis: i64) -> Result<NodeId, IrError> {
+        let stacked = self.stack(parts)?;
+        let rank = self.node(stacked).shape.rank();
+        let at = self.view_axis("stack", axis, &self.node(stacked).shape.clone())?;
+        if at + 1 == rank {
+            return Ok(stacked);
+        }
+        let last = (rank - 1) as i64;
+        let perm: Vec<i64> = (0..rank as i64)
+            .map(|k| match k.cmp(&(at as i64)) {
+                std::cmp::Ordering::Less => k,
+                std::cmp::Ordering::Equal => last,
+                std::cmp::Ordering::Greater => k - 1,
+            })
+            .collect();
+        self.permute(stacked, &perm)
+    }
+
     /// `x[.., None]`.
     pub fn expand_last(&mut self, x: NodeId) -> NodeId {
         let n = self.node(x);

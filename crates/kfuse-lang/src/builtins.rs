@@ -188,16 +188,7 @@ impl Lowerer<'_> {
             "softmax" | "log_softmax" => self.softmax(func, args, span),
             "cat" => self.cat(func, args, span),
             "argmax" | "argmin" => self.arg_extremum(func, args, span),
-            "stack" => {
-                // torch.stack(parts, dim=-1): the parts (broadcast to one shape) along a new last axis.
-                let a = split(func, args, &[])?;
-                if a.positional.is_empty() {
-                    return Err(Report::new(DiagnosticKind::Arguments, span, "`stack` needs at least one part")
-                        .expected("stack(a, b, ...), the parts along a new last axis"));
-                }
-                let parts = a.positional.iter().map(|e| self.expr(e)).collect::<Result<Vec<_>, _>>()?;
-                self.b.stack(&parts).map_err(|e| self.ir_report(e, span, &parts))
-            }
+            "stack" => self.stack(func, args, span),
             _ => Err(self.unknown_function(func)),
         }
     }
@@ -541,6 +532,32 @@ impl Lowerer<'_> {
             );
         }
         self.b.cat(&parts, axis).map_err(|e| self.ir_report(e, span, &parts))
+    }
+
+    /// `stack(a, b, ..)` or `stack([a, b, ..], axis: A)`: `torch.stack` of the parts, broadcast
+    /// to one shape, along a new axis at position `A` of the result (a new last axis when `axis:`
+    /// is left out, as `cat`'s default is the last axis).
+    fn stack(&mut self, func: &Ident, args: &[Arg], span: Span) -> Result<NodeId, Report> {
+        let expected = "stack(a, b, ...) or stack([a, b], axis: 0), the parts along a new axis (the last by default)";
+        let a = split(func, args, &["axis"])?;
+        let items: Vec<&Expr> = match a.positional.as_slice() {
+            [list] => match &list.kind {
+                ExprKind::List(items) => items.iter().collect(),
+                _ => vec![*list],
+            },
+            parts => parts.to_vec(),
+        };
+        if items.is_empty() {
+            return Err(
+                Report::new(DiagnosticKind::Arguments, span, "`stack` needs at least one part").expected(expected)
+            );
+        }
+        let (axis, at) = one_axis(&a, span, expected)?;
+        let parts = items.into_iter().map(|e| self.expr(e)).collect::<Result<Vec<_>, _>>()?;
+        self.b.stack_at(&parts, axis).map_err(|e| {
+            let place = if matches!(e, kfuse_ir::IrError::BadAxis { .. }) { at } else { span };
+            self.ir_report(e, place, &parts)
+        })
     }
 
     /// `gather(x, index, axis: A)`: `torch.gather(x, A, index)`, the elements of `x` at `index`

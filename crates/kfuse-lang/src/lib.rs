@@ -33,7 +33,7 @@
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
 //! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 i64 bool`,
 //! `grad(OF, INPUT)`, `stack(A, B, ...)` (the parts, broadcast to one shape, along a new last axis,
-//! as `torch.stack(..., dim=-1)`), `iota(X, axis: A)` (an `i32` of `X`'s shape: each element's index along axis
+//! as `torch.stack(..., dim=-1)`; `stack([A, B], axis: K)` along a new axis at position `K`), `iota(X, axis: A)` (an `i32` of `X`'s shape: each element's index along axis
 //! `A`, negative from the end, the last when left out), `gather(X, INDEX, axis: A)` (see below), and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!

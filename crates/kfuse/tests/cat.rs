@@ -1,4 +1,5 @@
-//! `cat([..], axis: A)` (torch.cat): values and gradients on the CPU against hand-computed ones,
+//! `cat([..], axis: A)` (torch.cat) and `stack([..], axis: A)` (torch.stack): values and gradients
+//! on the CPU against hand-computed ones,
 //! the errors of parts that do not fit, the kernels compiled by NVRTC (skips without libnvrtc),
 //! and the GPU against the interpreter at odd sizes (skips without a GPU).
 
@@ -21,6 +22,16 @@ output rows = cat([a, b], axis: 1)
 output last = cat([b, c, b * 2.0], axis: -1)
 output first = cat([d, d * 3.0], axis: 0)
 output da = grad(sum(cat([a, b], axis: 1) * cat([b, a], axis: 1)), a)
+";
+
+/// Parts stacked along a new first, middle and last axis, with a gradient.
+const STACKS: &str = "\
+input a: f32[B, 3]
+input b: f32[B, 3]
+output first = stack([a, b * 2.0], axis: 0)
+output mid = stack([a, b], axis: 1)
+output last = stack(a, b, axis: -1)
+output da = grad(sum(stack([a, b * 3.0], axis: 1) * stack([b, a], axis: 1)), a)
 ";
 
 /// Element `(i, j, k)` of a row-major `[_, n1, n2]` tensor.
@@ -84,6 +95,40 @@ fn cat_joins_the_parts_along_any_axis_and_its_gradient_splits_the_upstream_one()
 }
 
 #[test]
+fn stack_puts_the_parts_along_a_new_axis_anywhere_and_its_gradient_routes_back() {
+    let bsz = 3;
+    let av: Vec<f64> = (0..bsz * 3).map(|i| i as f64).collect();
+    let bv: Vec<f64> = (0..bsz * 3).map(|i| 100.0 + i as f64).collect();
+    let inputs = [
+        ("a", HostTensor::from_f64(DType::F32, vec![bsz, 3], &av)),
+        ("b", HostTensor::from_f64(DType::F32, vec![bsz, 3], &bv)),
+    ];
+    let named: Vec<(&str, &HostTensor)> = inputs.iter().map(|(n, t)| (*n, t)).collect();
+    let out = program(STACKS, "stack.kf").run_cpu(&named).expect("runs");
+    let (shape, first) = get(&out, "first");
+    assert_eq!(shape, vec![2, bsz, 3]);
+    let (shape, mid) = get(&out, "mid");
+    assert_eq!(shape, vec![bsz, 2, 3]);
+    let (shape, last) = get(&out, "last");
+    assert_eq!(shape, vec![bsz, 3, 2]);
+    let (shape, da) = get(&out, "da");
+    assert_eq!(shape, vec![bsz, 3]);
+    for i in 0..bsz {
+        for k in 0..3 {
+            let (x, y) = (av[i * 3 + k], bv[i * 3 + k]);
+            assert_eq!(at(&first, bsz, 3, 0, i, k), x, "first[0, {i}, {k}]");
+            assert_eq!(at(&first, bsz, 3, 1, i, k), 2.0 * y, "first[1, {i}, {k}]");
+            assert_eq!(at(&mid, 2, 3, i, 0, k), x, "mid[{i}, 0, {k}]");
+            assert_eq!(at(&mid, 2, 3, i, 1, k), y, "mid[{i}, 1, {k}]");
+            assert_eq!(at(&last, 3, 2, i, k, 0), x, "last[{i}, {k}, 0]");
+            assert_eq!(at(&last, 3, 2, i, k, 1), y, "last[{i}, {k}, 1]");
+            // sum(a * b + 3 b * a): da = 4 b.
+            assert_eq!(da[i * 3 + k], 4.0 * y, "da[{i}, {k}]");
+        }
+    }
+}
+
+#[test]
 fn parts_that_do_not_fit_are_clear_errors() {
     let engine = Engine::with_cache(Arc::new(KernelCache::memory_only()));
     let cases: &[(&str, &[&str])] = &[
@@ -92,6 +137,10 @@ fn parts_that_do_not_fit_are_clear_errors() {
         ("output o = cat([x, x], axis: 3)", &["axis 3"]),
         ("output o = cat(x, axis: 0)", &["as a list"]),
         ("output o = cat([], axis: 0)", &["at least one part"]),
+        ("output o = stack([x, x], axis: 3)", &["stack", "axis 3", "0 to 2"]),
+        ("output o = stack([x, y], axis: 0)", &["stack"]),
+        ("output o = stack([], axis: 0)", &["at least one part"]),
+        ("output o = stack([x, x], axis: 0.5)", &["integer literal"]),
     ];
     for (body, words) in cases {
         let src = format!("input x: f32[3, 4]\ninput y: f32[2, 4]\ninput s: f32[N, 4]\n{body}\n");
@@ -110,15 +159,17 @@ fn kernels_reading_cats_compile_for_sm80_and_sm90() {
     if nvrtc_or_skip("kernels_reading_cats_compile_for_sm80_and_sm90").is_none() {
         return;
     }
-    let p = program(CATS, "cat.kf");
-    for k in &p.plan().kernels {
-        kfuse_testing::assert_compiles_for_sm80_and_sm90("cat", &k.name, &k.source);
+    for (src, name) in [(CATS, "cat.kf"), (STACKS, "stack.kf")] {
+        let p = program(src, name);
+        for k in &p.plan().kernels {
+            kfuse_testing::assert_compiles_for_sm80_and_sm90(name, &k.name, &k.source);
+        }
     }
 }
 
 #[test]
-fn a_gpu_cat_matches_the_interpreter_at_odd_sizes() {
-    let Some(gpu) = gpu_or_skip("a_gpu_cat_matches_the_interpreter_at_odd_sizes") else { return };
+fn a_gpu_cat_and_stack_match_the_interpreter_at_odd_sizes() {
+    let Some(gpu) = gpu_or_skip("a_gpu_cat_and_stack_match_the_interpreter_at_odd_sizes") else { return };
     let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xca7);
     println!("seed {seed} (KFUSE_TEST_SEED replays it)");
     let p = program(CATS, "cat.kf");
@@ -137,6 +188,17 @@ fn a_gpu_cat_matches_the_interpreter_at_odd_sizes() {
             assert_eq!(g.shape, w.shape, "B={b} {name}");
             for (e, (x, y)) in g.to_f64().iter().zip(w.to_f64()).enumerate() {
                 assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "B={b} {name}[{e}]: gpu {x} vs {y}");
+            }
+        }
+        let (a, bb) = (random_tensor(DType::F32, &[b, 3], s + 4), random_tensor(DType::F32, &[b, 3], s + 5));
+        let stacks = program(STACKS, "stack.kf");
+        let inputs = [("a", &a), ("b", &bb)];
+        let want = stacks.run_cpu(&inputs).expect("the interpreter runs");
+        let got = stacks.run_gpu(gpu.ordinal(), &inputs).expect("the GPU runs");
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            assert_eq!(g.shape, w.shape, "stack B={b} {name}");
+            for (e, (x, y)) in g.to_f64().iter().zip(w.to_f64()).enumerate() {
+                assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "stack B={b} {name}[{e}]: gpu {x} vs {y}");
             }
         }
     }
