@@ -315,6 +315,16 @@ fn run(cli: Cli) -> Result<()> {
                         say!("    {note}");
                     }
                 }
+                for r in p.recomputed_reductions() {
+                    say!(
+                        "warning: v{} = {} is computed again at every element that reads it ({} elements each): \
+                         the work grows with the square of the tensor; only reductions along the last axis are \
+                         kept once per row",
+                        r.node.0,
+                        r.what,
+                        r.extent
+                    );
+                }
             }
             Ok(())
         }

@@ -52,3 +52,49 @@ fn a_bias_gradient_is_summed_by_the_kernel_that_stores_the_gradient_it_sums() {
     let sum_line = cuda.lines().find(|l| l.contains("kf_cg0[0] = ")).expect("a column sum in the rows' kernel");
     assert!(sum_line.contains("kf_bf16_to_f32(kf_f32_to_bf16("), "{sum_line}");
 }
+
+#[test]
+fn check_plan_warns_of_a_reduction_computed_again_at_every_element_that_reads_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases: &[(&str, &[&str])] = &[
+        // Along the leading axis, broadcast back: each element reduces its whole column.
+        (
+            "input x: f32[B, 16]\noutput y = x - mean(x, axis: 0, keepdim: true)\n",
+            &["warning: v1 = mean along axis 0 of f32[B, 16]", "(B elements each)"],
+        ),
+        // Along two trailing axes (a norm over [8, 1024]), through a view and a rsqrt.
+        (
+            "input x: f32[B, 8, 1024]\nlet v = mean(x * x, axis: [1, 2], keepdim: true)\n\
+             output y = x * rsqrt(reshape(v, [B, 1, 1]) + 1e-5)\n",
+            &["mean along axes [1, 2] of f32[B, 8, 1024]", "(8 x 1024 elements each)"],
+        ),
+    ];
+    let quiet = [
+        // Along the last axis: once per row.
+        "input x: f32[B, 1024]\noutput y = x - mean(x, axis: -1, keepdim: true)\n",
+        // A column sum that is an output, not read back: the columns shape.
+        "input x: f32[B, 1024]\noutput s = sum(x, axis: 0)\n",
+        // A full reduction: a scalar that crosses kernels once.
+        "input x: f32[B, 1024]\noutput y = x / sum(x)\n",
+        // A reduction of 8 elements: cheap to compute again.
+        "input x: f32[B, 8, 4]\noutput y = x - mean(x, axis: 1, keepdim: true)\n",
+    ];
+    let plan = |k: usize, src: &str| {
+        let file = dir.path().join(format!("p{k}.kf"));
+        std::fs::write(&file, src).expect("write");
+        let out = kfuse(&["check", "--plan", &file.to_string_lossy()]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        stdout(&out)
+    };
+    for (k, (src, needles)) in cases.iter().enumerate() {
+        let text = plan(k, src);
+        assert_eq!(text.matches("warning: ").count(), 1, "{src}\n{text}");
+        for n in *needles {
+            assert!(text.contains(n), "{src}: {n:?} not in\n{text}");
+        }
+    }
+    for (k, src) in quiet.iter().enumerate() {
+        let text = plan(cases.len() + k, src);
+        assert!(!text.contains("warning: "), "{src}\n{text}");
+    }
+}

@@ -467,3 +467,113 @@ fn collect_crossings(
     }
     Ok(())
 }
+
+/// A reduction that the kernels compute again at every element that reads it (see
+/// [`recomputed_reductions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecomputedReduction {
+    /// The reduction.
+    pub node: NodeId,
+    /// What it reduces, in the graph's words: `mean along axes [1, 2] of f32[B, 8, 1024]`.
+    pub what: String,
+    /// How many elements each evaluation reads: `8 x 1024`, `B`.
+    pub extent: String,
+}
+
+/// The reductions of `g` that the planned kernels compute where their result is used, again at
+/// every element that reads it, although that result is broadcast back over the elements it
+/// reduces (`x - mean(x, axis: 0, keepdim: true)`, a batch norm's statistics): each such element
+/// costs the whole reduced extent, so the work grows with the square of the tensor. Reductions of
+/// every element (a scalar that crosses kernels once), along the last axis alone (computed once
+/// per row), counts of every element (a product of sizes) and reductions of at most
+/// `small_extent` elements (all of constant size) are not listed.
+pub fn recomputed_reductions(g: &Graph, small_extent: u64) -> Vec<RecomputedReduction> {
+    let live = g.live_nodes();
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); g.nodes.len()];
+    for (i, n) in g.nodes.iter().enumerate() {
+        n.op.for_each_operand(&g.lists, |x| users[x.index()].push(NodeId(i as u32)));
+    }
+    let mut found = Vec::new();
+    for (i, node) in g.nodes.iter().enumerate() {
+        let id = NodeId(i as u32);
+        let Op::Reduce { op, axis, x, .. } = node.op else { continue };
+        if !live[i] || full_reduce(g, id).is_some() || counts_every_element(g, id) {
+            continue;
+        }
+        let xs = g.node(x).shape.dims();
+        let reduced: Vec<usize> = (0..xs.len()).filter(|&a| axis.reduces(a, xs.len())).collect();
+        if reduced.is_empty() || reduced == [xs.len() - 1] {
+            continue;
+        }
+        let constant: Option<u64> = reduced.iter().try_fold(1u64, |acc, &a| match xs[a] {
+            Dim::Const(c) => acc.checked_mul(c),
+            Dim::Sym(_) => None,
+        });
+        if constant.is_some_and(|c| c <= small_extent) {
+            continue;
+        }
+        // Used again: a value computed from it (through values of its own shape) has a larger
+        // shape, which reads it at every element it broadcasts over.
+        let own = node.shape.dims();
+        let mut seen = vec![false; g.nodes.len()];
+        let mut stack: Vec<NodeId> = users[i].clone();
+        let mut broadcast = false;
+        while let Some(u) = stack.pop() {
+            if std::mem::replace(&mut seen[u.index()], true) || !live[u.index()] {
+                continue;
+            }
+            let ud = g.node(u).shape.dims();
+            if ud.is_empty() {
+                continue; // a scalar: reduced once more, not read back per element
+            }
+            if holds_more(ud, own) {
+                broadcast = true;
+                break;
+            }
+            stack.extend(users[u.index()].iter().copied());
+        }
+        if !broadcast {
+            continue;
+        }
+        let axes = match reduced.as_slice() {
+            [a] => format!("axis {a}"),
+            many => format!("axes {many:?}"),
+        };
+        let shape = g.shape_str(&g.node(x).shape);
+        let extent = reduced.iter().map(|&a| g.dim_str(xs[a])).collect::<Vec<_>>().join(" x ");
+        found.push(RecomputedReduction {
+            node: id,
+            what: format!("{} along {axes} of {}{shape}", op.name(), g.node(x).dtype),
+            extent,
+        });
+    }
+    found
+}
+
+/// Whether a tensor of shape `a` holds more elements than one of shape `b`, counting a symbolic size
+/// as larger than any constant: its sizes' symbols include `b`'s (as a multiset) and it has more
+/// of them or a larger constant factor.
+fn holds_more(a: &[Dim], b: &[Dim]) -> bool {
+    let split = |dims: &[Dim]| {
+        let mut constant = 1u128;
+        let mut symbols = Vec::new();
+        for d in dims {
+            match *d {
+                Dim::Const(c) => constant = constant.saturating_mul(u128::from(c)),
+                Dim::Sym(s) => symbols.push(s.0),
+            }
+        }
+        symbols.sort_unstable();
+        (constant, symbols)
+    };
+    let ((ca, mut sa), (cb, sb)) = (split(a), split(b));
+    for s in &sb {
+        match sa.iter().position(|x| x == s) {
+            Some(i) => {
+                sa.remove(i);
+            }
+            None => return false,
+        }
+    }
+    !sa.is_empty() || ca > cb
+}

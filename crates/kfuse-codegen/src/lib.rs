@@ -61,8 +61,10 @@
 //!   `include_str!` and rendered by `text::render` (`{{name}}` placeholders; lines starting with
 //!   `//~` are notes for the reader and are not emitted).
 //!
-//! Not handled: gathers/indexing beyond component access, reductions over a middle axis, and
-//! warp-per-row scheduling of long rows (rows run one per thread).
+//! Not handled: a reduction along axes other than the last whose result is read back at the
+//! elements it reduces (`x - mean(x, axis: 0, keepdim: true)`, a batch norm's statistics) is
+//! computed where it is used, again at every element that reads it ([`recomputed_reductions`]
+//! lists them; `kfuse check --plan` warns of each).
 #![forbid(unsafe_code)]
 
 mod actions;
@@ -87,7 +89,7 @@ mod text;
 
 use kfuse_ir::{verify, Graph, Kind, NodeId, Op};
 
-pub use analysis::MAX_COMPONENTS;
+pub use analysis::{recomputed_reductions, RecomputedReduction, MAX_COMPONENTS};
 pub use error::CodegenError;
 pub use plan::{
     column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, FoldEntry, GridSpec, Kernel, Launch,

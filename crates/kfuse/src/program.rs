@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use kfuse_codegen::{CodegenOptions, Plan};
+use kfuse_codegen::{CodegenOptions, Plan, RecomputedReduction};
 use kfuse_ir::{DType, Graph, HostTensor, Interface};
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Stream};
 
@@ -14,6 +14,11 @@ use crate::exec::{
     byte_count, contiguous_strides, is_aligned, misaligned, span_bytes, CudaProgram, DeviceTensor, Io, Workspace,
 };
 use crate::{Engine, Error, Result, Validation};
+
+/// Reductions of at most this many elements (all of constant size) that the kernels compute again
+/// at each element that reads them are cheap enough not to warn of
+/// ([`Program::recomputed_reductions`]); the `torch.compile` backend leaves larger ones to PyTorch.
+pub const RECOMPUTED_EXTENT_LIMIT: u64 = 64;
 
 /// A type-checked computation and its fused kernel plan, ready to run on the CPU or any GPU of its
 /// [`Engine`]. Cheap to clone; clones share the plan and the kernels loaded on each device.
@@ -253,6 +258,14 @@ impl Program {
     /// The fused kernel plan.
     pub fn plan(&self) -> &Arc<Plan> {
         &self.plan
+    }
+
+    /// The reductions the plan's kernels compute again at every element that reads them (along
+    /// axes other than the last, of more than [`RECOMPUTED_EXTENT_LIMIT`] elements, their result
+    /// broadcast back: `x - mean(x, axis: 0, keepdim: true)`), whose cost grows with the square
+    /// of the tensor; `kfuse check --plan` warns of each.
+    pub fn recomputed_reductions(&self) -> Vec<RecomputedReduction> {
+        kfuse_codegen::recomputed_reductions(&self.graph, RECOMPUTED_EXTENT_LIMIT)
     }
 
     /// The code generation options the plan was made with.
