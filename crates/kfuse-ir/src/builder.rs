@@ -550,7 +550,7 @@ impl GraphBuilder {
 
     /// `torch.stack(parts, dim=axis)`: the parts, broadcast to one shape, along a new axis at
     /// position `axis` of the result (negative counts from the end of the result's axes, so -1 is
-    /// [`Builder::stack`]'s new last axis). Built as that stack with its last axis moved to
+    /// [`GraphBuilder::stack`]'s new last axis). Built as that stack with its last axis moved to
     /// `axis`, so the interpreter, every kernel and the gradient need nothing new.
     pub fn stack_at(&mut self, parts: &[NodeId], axis: i64) -> Result<NodeId, IrError> {
         let stacked = self.stack(parts)?;
