@@ -37,10 +37,12 @@ pub(crate) enum Coord {
     Const(u64),
     /// A value computed at run time: a gather's index (`name`, a `long long`) or a slice's position
     /// in its operand (`(2 + 3 * j0)`), computed at a
-    /// context that uses the row loops `loops`.
+    /// context that uses the row loops `loops`, and the domain's last coordinate (the column of a
+    /// row-wise kernel) when `column`.
     Value {
         name: String,
         loops: Vec<u32>,
+        column: bool,
     },
 }
 
@@ -91,6 +93,11 @@ pub(crate) struct Uses {
     pub helpers: BTreeSet<Helper>,
     /// Outputs stored by earlier kernels and read here (see `Emitter::stored_outputs`).
     pub outputs_read: BTreeSet<usize>,
+    /// The most operand elements one element's work reads through reductions computed where
+    /// they are used (the extents of nested inline reduction loops multiplied; `u64::MAX` for a
+    /// symbolic extent); 0 when it has none. Loops a row-wise kernel runs once per row count
+    /// once for the row's columns.
+    pub recompute: u64,
 }
 
 impl Uses {
@@ -101,6 +108,7 @@ impl Uses {
         self.syms.extend(other.syms);
         self.helpers.extend(other.helpers);
         self.outputs_read.extend(other.outputs_read);
+        self.recompute = self.recompute.max(other.recompute);
     }
 }
 
@@ -113,6 +121,8 @@ pub(crate) struct Emitter<'a> {
     blocks: Vec<Block>,
     next_var: u32,
     next_loop: u32,
+    /// The extent of each open inline reduction loop (`None`: symbolic), by loop number.
+    reduce_extents: HashMap<u32, Option<u64>>,
     pub uses: Uses,
     /// Epilogue mode: for each of this kernel's full reductions, the names of its final slots.
     pub slot_results: HashMap<NodeId, Vec<String>>,
@@ -191,6 +201,7 @@ impl<'a> Emitter<'a> {
             blocks: vec![root],
             next_var: first_var,
             next_loop: 0,
+            reduce_extents: HashMap::new(),
             uses: Uses::default(),
             slot_results: HashMap::new(),
             row_mode: false,
@@ -350,7 +361,8 @@ impl<'a> Emitter<'a> {
         // Row mode: a value that reads neither the column nor a run-time coordinate (a gather's
         // index, computed where it is used) is the same for the whole row.
         let column = Coord::Dom(self.dims.len().saturating_sub(1) as u32);
-        let per_row = self.row_mode && !ctx.iter().any(|c| *c == column || matches!(c, Coord::Value { .. }));
+        let per_row =
+            self.row_mode && !ctx.iter().any(|c| *c == column || matches!(c, Coord::Value { column: true, .. }));
         let outside = |kind: BlockKind| match kind {
             BlockKind::Loop(_) => true,
             BlockKind::Columns => per_row,
@@ -359,6 +371,45 @@ impl<'a> Emitter<'a> {
         match (dv + 1..self.blocks.len()).find(|&d| outside(self.blocks[d].kind)) {
             Some(d) => d - 1,
             None => self.blocks.len() - 1,
+        }
+    }
+
+    /// Records inline reduction loop `l` of extent `d` (just opened) in `uses.recompute`: the
+    /// product of the extents of the reduction loops open around it, per element (divided by a
+    /// constant row length in a row-wise kernel's per-row code, outside its columns).
+    fn note_reduce_loop(&mut self, l: u32, d: Dim) {
+        self.reduce_extents.insert(
+            l,
+            match d {
+                Dim::Const(c) => Some(c),
+                Dim::Sym(_) => None,
+            },
+        );
+        let work = self.blocks.iter().try_fold(1u64, |acc, b| match b.kind {
+            BlockKind::Loop(j) => match self.reduce_extents.get(&j) {
+                Some(Some(e)) => Some(acc.saturating_mul(*e)),
+                Some(None) => None,
+                None => Some(acc),
+            },
+            _ => Some(acc),
+        });
+        // A row-wise kernel's per-row code (outside its columns) runs once for a row's columns.
+        let per_row = self.row_mode && !self.blocks.iter().any(|b| b.kind == BlockKind::Columns);
+        let work = match (work, self.dims.last()) {
+            (Some(w), Some(Dim::Const(cols))) if per_row && *cols > 0 => w / cols,
+            (Some(w), _) => w,
+            (None, _) => u64::MAX,
+        };
+        self.uses.recompute = self.uses.recompute.max(work);
+    }
+
+    /// Whether coordinate `c` reads the domain's last coordinate (a row-wise kernel's column):
+    /// that coordinate itself, or a run-time value computed from it.
+    pub(crate) fn reads_column(&self, c: &Coord) -> bool {
+        match c {
+            Coord::Dom(a) => *a as usize + 1 == self.dims.len(),
+            Coord::Value { column, .. } => *column,
+            Coord::Loop(_) | Coord::Const(_) => false,
         }
     }
 
@@ -445,13 +496,14 @@ impl<'a> Emitter<'a> {
             Coord::Value { loops, .. } => loops.clone(),
             Coord::Dom(_) => Vec::new(),
         };
+        let column = self.reads_column(c);
         let e = self.coord(c);
         let name = match (start, step) {
             (s, 1) => format!("({e} + {s})"),
             (0, k) => format!("({k} * {e})"),
             (s, k) => format!("({s} + {k} * {e})"),
         };
-        Coord::Value { name, loops }
+        Coord::Value { name, loops, column }
     }
 
     /// The context of a reshape's operand `x` for the reshape `n` at `ctx`: each group of constant
@@ -474,13 +526,14 @@ impl<'a> Emitter<'a> {
             let sizes = from[grp.from.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
             let to_sizes = to[grp.to.clone()].iter().map(konst).collect::<R<Vec<u64>>>()?;
             let coords = ctx.get(grp.to.clone()).ok_or(internal("a reshape's context is short"))?;
+            let column = coords.iter().any(|c| self.reads_column(c));
             // The group's row-major position among the result's axes: a constant, or an expression
             // of the coordinates (and the loops they use).
             let (mut flat, mut text, mut loops) = (0u64, String::new(), Vec::new());
             let mut stride = 1u64;
             let mut names = Vec::with_capacity(coords.len());
             for c in coords {
-                if let Coord::Value { name, loops: ls } = c {
+                if let Coord::Value { name, loops: ls, .. } = c {
                     loops.extend(ls);
                     names.push(name.clone());
                 }
@@ -529,7 +582,7 @@ impl<'a> Emitter<'a> {
                             e = format!("({e} % {size})");
                         }
                         parts.push(e.clone());
-                        Coord::Value { name: e, loops: loops.clone() }
+                        Coord::Value { name: e, loops: loops.clone(), column }
                     }
                 };
                 out.push(coord);
@@ -1223,6 +1276,7 @@ impl<'a> Emitter<'a> {
             self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
             xctx.push(Coord::Loop(l));
             loops += 1;
+            self.note_reduce_loop(l, d);
         }
         let guard = self.reduce_guard(op, x, mask, &xctx);
         let r = Box::new(RowReduce { n, op, x, mask, ctx, xctx, depth, saved, accs, loops, guarded: guard.is_some() });

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use kfuse::{DType, Engine, KernelCache, Program};
+use kfuse::{DType, Engine, HostTensor, KernelCache, Program};
 use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
@@ -150,6 +150,20 @@ fn an_output_that_merges_heads_is_stored_by_the_kernel_of_the_heads_rows() {
     }
 }
 
+/// A group norm's scale: a per-row value (one per batch and group) times a reshape of a
+/// per-channel weight, broadcast over each row of a row-wise kernel. The reshape's coordinate of
+/// the weight reads no column, so the weight is read once per row, beside the value it multiplies
+/// (it was once read in the column loop while that product sat outside it: CUDA that NVRTC
+/// refused, "identifier is undefined").
+const ROW_SCALE: &str = "\
+input x: f32[B, 256, 40]
+input w: f32[256]
+input r: f32[B, 32, 1, 1]
+let g = reshape(w, [1, 32, 8])
+let s = rsqrt(r[:, :, 0, 0] + 1e-5)[.., None] * g
+output y = reshape(x, [B, 32, 8, 40]) * s[.., None]
+";
+
 /// Programs whose kernels read reshaped values in each planner shape: elementwise, row reductions
 /// of a reshaped tensor (row-wise kernels), a column reduction, and gradients.
 const KERNELS: &[&str] = &[
@@ -158,6 +172,7 @@ const KERNELS: &[&str] = &[
     MERGED_HEADS,
     "input x: f32[R, 48]\nlet h = reshape(x, [R, 3, 16])\noutput cs = sum(h, axis: 0)\n\
      output m = max(reshape(x, [R, 6, 8]), axis: -1)\noutput total = sum(reshape(x, [R, 2, 24]) * 0.5)\n",
+    ROW_SCALE,
 ];
 
 #[test]
@@ -199,5 +214,21 @@ fn a_gpu_reads_reshapes_like_the_interpreter_at_odd_sizes() {
     for (k, r) in [1, 3, 255, 4097].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[r, 48], seed + 200 + k as u64);
         compare(&rows, gpu.ordinal(), &[("x", &x)], &format!("rows [{r}, 48]"), 1e-4);
+    }
+    let scale = program(ROW_SCALE, "reshape.kf");
+    for (k, b) in [1, 3, 33].into_iter().enumerate() {
+        let x = random_tensor(DType::F32, &[b, 256, 40], seed + 300 + k as u64);
+        let w = random_tensor(DType::F32, &[256], seed + 350 + k as u64);
+        // Positive statistics: rsqrt of a variance.
+        let r = HostTensor::from_f64(
+            DType::F32,
+            vec![b, 32, 1, 1],
+            &random_tensor(DType::F32, &[b, 32, 1, 1], seed + 370 + k as u64)
+                .to_f64()
+                .iter()
+                .map(|v| v.abs() + 0.5)
+                .collect::<Vec<_>>(),
+        );
+        compare(&scale, gpu.ordinal(), &[("x", &x), ("w", &w), ("r", &r)], &format!("row scale [{b}, 256, 40]"), 1e-4);
     }
 }

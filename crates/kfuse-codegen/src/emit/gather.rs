@@ -76,8 +76,10 @@ impl Emitter<'_> {
                 Coord::Dom(_) | Coord::Const(_) => Vec::new(),
             })
             .collect();
+        // The index was read at `ctx`: a column of its own wherever `ctx` reads the column.
+        let column = ctx.iter().any(|c| self.reads_column(c));
         let mut xctx = ctx.clone();
-        xctx[a] = Coord::Value { name: at, loops };
+        xctx[a] = Coord::Value { name: at, loops, column };
         tasks.push(Task::GatherDone(Box::new(GatherRead { n, ctx, depth, saved, result })));
         tasks.push(Task::Eval(x, xctx));
         Ok(())
