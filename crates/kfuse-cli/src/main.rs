@@ -314,16 +314,17 @@ fn run(cli: Cli) -> Result<()> {
                     for note in kernel.plan_notes() {
                         say!("    {note}");
                     }
-                }
-                for r in p.recomputed_reductions() {
-                    say!(
-                        "warning: v{} = {} is computed again at every element that reads it ({} elements each): \
-                         the work grows with the square of the tensor; only reductions along the last axis are \
-                         kept once per row",
-                        r.node.0,
-                        r.what,
-                        r.extent
-                    );
+                    if kernel.recompute > kfuse::RECOMPUTED_EXTENT_LIMIT {
+                        let elements = match kernel.recompute {
+                            u64::MAX => "a number known at run time".to_string(),
+                            n => n.to_string(),
+                        };
+                        say!(
+                            "    warning: reductions computed where they are used read {elements} elements again for each \
+                             element of this kernel: its work grows with that times its elements (only reductions along \
+                             the last axis are kept once per row)"
+                        );
+                    }
                 }
             }
             Ok(())

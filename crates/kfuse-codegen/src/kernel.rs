@@ -431,6 +431,7 @@ pub(crate) fn emit_kernel(
         register_rows,
         fold: None,
         narrow_index: shape == KernelShape::GridStride,
+        recompute: uses.recompute,
     })
 }
 

@@ -63,8 +63,8 @@
 //!
 //! Not handled: a reduction along axes other than the last whose result is read back at the
 //! elements it reduces (`x - mean(x, axis: 0, keepdim: true)`, a batch norm's statistics) is
-//! computed where it is used, again at every element that reads it ([`recomputed_reductions`]
-//! lists them; `kfuse check --plan` warns of each).
+//! computed where it is used, again at every element that reads it ([`Kernel::recompute`] counts
+//! what that costs an element; `kfuse check --plan` warns of kernels where it is large).
 #![forbid(unsafe_code)]
 
 mod actions;
@@ -89,7 +89,7 @@ mod text;
 
 use kfuse_ir::{verify, Graph, Kind, NodeId, Op};
 
-pub use analysis::{recomputed_reductions, RecomputedReduction, MAX_COMPONENTS};
+pub use analysis::MAX_COMPONENTS;
 pub use error::CodegenError;
 pub use plan::{
     column_chunks, row_lanes, BufferDecl, BufferKind, CodegenOptions, ElemType, FoldEntry, GridSpec, Kernel, Launch,

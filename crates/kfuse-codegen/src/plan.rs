@@ -214,6 +214,12 @@ pub struct Kernel {
     /// where [`Kernel::narrow_fits`], the wide build otherwise. Other kernels index with 64 bits
     /// in every build.
     pub narrow_index: bool,
+    /// The most operand elements one element's work reads through reductions computed where
+    /// they are used, again at every element (the extents of nested inline reduction loops
+    /// multiplied; `u64::MAX` for a symbolic extent; 0 when it has none; a row-wise kernel's
+    /// reductions computed once per row count once for the row's constant number of columns):
+    /// above a few dozen, the kernel's work grows with the product of its domain and this.
+    pub recompute: u64,
 }
 
 /// The NVRTC option that builds a kernel whose [`Kernel::narrow_index`] holds with a 64-bit flat

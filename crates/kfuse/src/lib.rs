@@ -37,7 +37,7 @@ pub use exec::DeviceTensor;
 pub use program::{read_source, BuildTarget, DeviceBinding, KernelBuild, Program, RECOMPUTED_EXTENT_LIMIT};
 pub use scale::scale_by_upstream;
 
-pub use kfuse_codegen::{BufferKind, CodegenOptions, LengthsGradient, Param, Plan, RecomputedReduction};
+pub use kfuse_codegen::{BufferKind, CodegenOptions, LengthsGradient, Param, Plan};
 pub use kfuse_interp::{run as interpret, InterpError};
 pub use kfuse_ir::{
     BindError, Constraint, DType, Dim, Graph, HostTensor, InputId, Interface, Kind, LayoutConstraint, Shape,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use kfuse_codegen::{CodegenOptions, Plan, RecomputedReduction};
+use kfuse_codegen::{CodegenOptions, Plan};
 use kfuse_ir::{DType, Graph, HostTensor, Interface};
 use kfuse_runtime::{Arch, CacheOutcome, CompileOptions, Stream};
 
@@ -15,9 +15,9 @@ use crate::exec::{
 };
 use crate::{Engine, Error, Result, Validation};
 
-/// Reductions of at most this many elements (all of constant size) that the kernels compute again
-/// at each element that reads them are cheap enough not to warn of
-/// ([`Program::recomputed_reductions`]); the `torch.compile` backend leaves larger ones to PyTorch.
+/// A kernel whose elements each read at most this many elements again through reductions computed
+/// where they are used ([`kfuse_codegen::Kernel::recompute`]) is not warned of by `kfuse check
+/// --plan`; the `torch.compile` backend leaves larger such reductions to PyTorch.
 pub const RECOMPUTED_EXTENT_LIMIT: u64 = 64;
 
 /// A type-checked computation and its fused kernel plan, ready to run on the CPU or any GPU of its
@@ -258,14 +258,6 @@ impl Program {
     /// The fused kernel plan.
     pub fn plan(&self) -> &Arc<Plan> {
         &self.plan
-    }
-
-    /// The reductions the plan's kernels compute again at every element that reads them (along
-    /// axes other than the last, of more than [`RECOMPUTED_EXTENT_LIMIT`] elements, their result
-    /// broadcast back: `x - mean(x, axis: 0, keepdim: true)`), whose cost grows with the square
-    /// of the tensor; `kfuse check --plan` warns of each.
-    pub fn recomputed_reductions(&self) -> Vec<RecomputedReduction> {
-        kfuse_codegen::recomputed_reductions(&self.graph, RECOMPUTED_EXTENT_LIMIT)
     }
 
     /// The code generation options the plan was made with.
