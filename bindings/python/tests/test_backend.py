@@ -5,6 +5,7 @@ float64), the reuse of programs across sizes, ``kfuse.explain`` and the entry po
 import glob
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import shutil
 import subprocess
@@ -443,3 +444,28 @@ def test_a_padded_box_loss_fuses_its_forward_and_backward_whole():
     got.backward()
     assert abs(float(got.detach()) - float(want.detach())) <= 1e-5 * max(1.0, abs(float(want.detach())))
     assert torch.allclose(pred.grad.double(), p64.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_region_whose_kernels_raise_runs_in_pytorch_from_then_on(monkeypatch, caplog):
+    # A kernel that fails to compile would be compiled again on every call: the region gives up
+    # once, says so once, and gives eager's results.
+    attempts = []
+
+    def failing_first_call(self, args):
+        attempts.append(self.prog.name)
+        raise kfuse.Error("NVRTC compilation failed (a stand-in)")
+
+    monkeypatch.setattr(_backend._Region, "_first_call", failing_first_call)
+
+    def fn(x, y):
+        return torch.exp(x * y + 1).sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=_backend.backend)
+    gen = torch.Generator().manual_seed(SEED)
+    x, y = torch.randn(5, 7, generator=gen), torch.randn(5, 7, generator=gen)
+    with caplog.at_level(logging.WARNING, logger=_backend.log.name):
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x, y), fn(x, y))
+    assert len(attempts) == 1, attempts
+    assert sum("runs in PyTorch from now on" in r.getMessage() for r in caplog.records) == 1, caplog.text

@@ -362,6 +362,7 @@ class _Region(torch.nn.Module):
         self.symbols = symbols
         self._kernels = None  # the variant's kernels, once the first call has chosen it
         self._order = None  # each declared input's argument position (-1: the seed)
+        self._failed = False  # kfuse raised once: the region runs in PyTorch from then on
 
     def __reduce__(self):
         # Pickled (in a fused graph kept by PyTorch's AOTAutograd cache) as its program's text and
@@ -370,6 +371,8 @@ class _Region(torch.nn.Module):
         return _restore_region, (self.text, self.prog.name, details, self.fallback)
 
     def forward(self, *args):
+        if self._failed:
+            return self.fallback(*args)
         try:
             if self._kernels is None:
                 outs = self._first_call(args)
@@ -377,7 +380,9 @@ class _Region(torch.nn.Module):
                 tensors = [args[i] if i >= 0 else _draw_seed(args) for i in self._order]
                 outs = self._kernels.run(tensors, 0)
         except Error as e:
-            log.warning("kfuse backend: %s raised %s; the region runs in PyTorch", self.prog.name, e)
+            # Once: a kernel that failed to compile would otherwise be compiled again on every call.
+            log.warning("kfuse backend: %s raised %s; the region runs in PyTorch from now on", self.prog.name, e)
+            self._failed = True
             return self.fallback(*args)
         if not self.expand:
             return tuple(outs)
