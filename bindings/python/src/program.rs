@@ -161,6 +161,13 @@ impl Program {
         self.program.cuda_source()
     }
 
+    /// For each kernel of the plan, the most elements one of its elements reads again through
+    /// reductions computed where they are used (`Kernel::recompute`: 2^64 - 1 for a count known
+    /// only at run time, 0 for none).
+    fn recompute(&self) -> Vec<u64> {
+        self.program.plan().kernels.iter().map(|k| k.recompute).collect()
+    }
+
     /// Makes the program's kernels ready in the kernel cache, for GPU `ordinal` or for `arch`
     /// (such as `"sm_90"`; NVRTC only, no GPU), one after the other: `(kernel name, "compiled",
     /// "disk", "memory" or "repaired", seconds)` each. Releases the GIL while NVRTC works.

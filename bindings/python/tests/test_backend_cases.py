@@ -477,6 +477,22 @@ def test_a_reduction_used_again_along_other_axes_than_the_last_is_left_to_pytorc
         torch.testing.assert_close(got, fn(*x), rtol=1e-5, atol=1e-6)
 
 
+def test_a_region_whose_kernels_would_compute_reductions_again_runs_in_pytorch():
+    # No reduction here is over more than 64 elements, but the batch's mean of the rows' sums is
+    # read back at each element of a kernel over [16, 8] (8 components each): 16 x 8 elements
+    # again per element. The kernels' own count (`Kernel::recompute`) sends the region to PyTorch.
+    def fn(x):
+        r = x.sum(-1)
+        return x * r.mean(0, keepdim=True)[..., None]
+
+    x = _randn(torch.Generator().manual_seed(SEED), 16, 8, 8)
+    report = kfuse.explain(fn, x)
+    reasons = [f.reason for f in report.fallbacks]
+    assert reasons and all("again at every element (128 elements each)" in r for r in reasons), str(report)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend=_backend.backend)(x), fn(x), rtol=1e-5, atol=1e-6)
+
+
 def test_a_view_that_regroups_leading_axes_only_is_left_to_pytorch_with_its_reason():
     # pixel_shuffle's first view splits the channels and keeps each row of width as it is:
     # PyTorch gives it without a copy, and the region reads the rows it gives. Its second view
