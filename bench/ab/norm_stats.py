@@ -8,12 +8,16 @@ backend leaves those above 64 elements to PyTorch; this measures what the step c
     python3 bench/ab/norm_stats.py [--iters 50]      (on a CUDA machine)
 """
 import argparse
-import statistics
+import os
+import sys
 
-import torch
-import torch.nn as nn
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kfuse
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import kfuse  # noqa: E402
+from benchlib import cuda_times_us, max_rel_err  # noqa: E402
 
 CASES = {
     "batch_norm2d [32, 64, 56, 56]": (lambda: nn.BatchNorm2d(64), (32, 64, 56, 56)),
@@ -28,21 +32,6 @@ def step_of(module, x, dy):
         return torch.autograd.grad(y, [x, *module.parameters()], dy)
 
     return step
-
-
-def time_us(step, iters):
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
 
 
 def main():
@@ -65,8 +54,8 @@ def main():
             m = module if backend == "eager" else torch.compile(module, backend=backend)
             step = step_of(m, x, dy)
             got = step()
-            errs[backend] = max(((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item() for g, w in zip(got, want))
-            figures[backend] = time_us(step, args.iters)
+            errs[backend] = max(max_rel_err(g, w) for g, w in zip(got, want))
+            figures[backend] = cuda_times_us(torch, step, 5, args.iters)["median_us"]
         torch._dynamo.reset()
         report = kfuse.explain(module, x)
         left = sorted({f.op for f in report.fallbacks})

@@ -554,19 +554,13 @@ impl GraphBuilder {
     /// `axis`, so the interpreter, every kernel and the gradient need nothing new.
     pub fn stack_at(&mut self, parts: &[NodeId], axis: i64) -> Result<NodeId, IrError> {
         let stacked = self.stack(parts)?;
-        let rank = self.node(stacked).shape.rank();
-        let at = self.view_axis("stack", axis, &self.node(stacked).shape.clone())?;
-        if at + 1 == rank {
+        let shape = self.node(stacked).shape.clone();
+        let (at, last) = (self.view_axis("stack", axis, &shape)?, shape.rank() - 1);
+        if at == last {
             return Ok(stacked);
         }
-        let last = (rank - 1) as i64;
-        let perm: Vec<i64> = (0..rank as i64)
-            .map(|k| match k.cmp(&(at as i64)) {
-                std::cmp::Ordering::Less => k,
-                std::cmp::Ordering::Equal => last,
-                std::cmp::Ordering::Greater => k - 1,
-            })
-            .collect();
+        // Axis `at` of the result is the new last axis; those after it move up by one.
+        let perm: Vec<i64> = (0..=last).map(|k| if k < at { k } else if k == at { last } else { k - 1 } as i64).collect();
         self.permute(stacked, &perm)
     }
 

@@ -10,7 +10,7 @@ use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
 mod common;
-use common::{get, program};
+use common::{compare, get, program};
 
 /// Parts joined along the first, a middle and the last axis, of mixed dtypes, with a gradient.
 const CATS: &str = "\
@@ -191,15 +191,6 @@ fn a_gpu_cat_and_stack_match_the_interpreter_at_odd_sizes() {
             }
         }
         let (a, bb) = (random_tensor(DType::F32, &[b, 3], s + 4), random_tensor(DType::F32, &[b, 3], s + 5));
-        let stacks = program(STACKS, "stack.kf");
-        let inputs = [("a", &a), ("b", &bb)];
-        let want = stacks.run_cpu(&inputs).expect("the interpreter runs");
-        let got = stacks.run_gpu(gpu.ordinal(), &inputs).expect("the GPU runs");
-        for ((name, w), (_, g)) in want.iter().zip(&got) {
-            assert_eq!(g.shape, w.shape, "stack B={b} {name}");
-            for (e, (x, y)) in g.to_f64().iter().zip(w.to_f64()).enumerate() {
-                assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "stack B={b} {name}[{e}]: gpu {x} vs {y}");
-            }
-        }
+        compare(&program(STACKS, "stack.kf"), gpu.ordinal(), &[("a", &a), ("b", &bb)], &format!("stack B={b}"), 1e-5);
     }
 }

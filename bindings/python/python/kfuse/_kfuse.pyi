@@ -15,6 +15,7 @@ ShapeArg = tuple[str, str, list[int]]
 """A shape: ``(name, dtype, shape)``."""
 
 __version__: str
+_RECOMPUTED_EXTENT_LIMIT: int  # the count above which `kfuse check --plan` warns (`Kernel::recompute`)
 
 class Program:
     """A type-checked ``.kf`` program: its interface, generated CUDA, derived programs, shape

@@ -26,6 +26,7 @@ import operator
 
 import torch
 
+from . import _kfuse
 from ._types import KFUSE_DTYPES
 
 aten = torch.ops.aten
@@ -474,8 +475,8 @@ def _masked_operand(src, full, ctx):
 # statistics are) is left to PyTorch: kfuse's kernels keep the reductions along the last axis once
 # per row and cross kernels with full reductions, but compute any other reduction where it is
 # used, again at every element that reads it (a cost of the reduced extent per element, which
-# grows with the square of the tensor).
-REUSED_EXTENT_LIMIT = 64
+# grows with the square of the tensor). The limit is the one `kfuse check --plan` warns above.
+REUSED_EXTENT_LIMIT = _kfuse._RECOMPUTED_EXTENT_LIMIT
 
 
 def _hint(v):
