@@ -321,8 +321,9 @@ fn run(cli: Cli) -> Result<()> {
                         };
                         say!(
                             "    warning: reductions computed where they are used read {elements} elements again for each \
-                             element of this kernel: its work grows with that times its elements (only reductions along \
-                             the last axis are kept once per row)"
+                             element of this kernel: its work grows with that times its elements (a reduction along the \
+                             last axis is kept once per row where the kernel runs over its rows, and one along other \
+                             axes is stored once; this one is neither)"
                         );
                     }
                 }

@@ -174,7 +174,7 @@ fn append_lines(vals: &[String]) -> Vec<String> {
 
 /// Whether output `o` was split into a domain and a small component axis.
 pub(crate) fn has_component_axis(g: &Graph, o: usize) -> bool {
-    crate::analysis::split_domain(g.node(g.outputs[o].node).shape.dims()).1.is_some()
+    crate::analysis::output_domain(g, g.outputs[o].node).1.is_some()
 }
 
 /// The `where(c, a, b)` that decides a tensor output's value at `ctx`, looking through stacking

@@ -12,7 +12,8 @@
 //!
 //! A reduction over every axis (`ReduceAxis::All`, `Last` of a rank-1 tensor, `Axes` naming every
 //! axis without `keepdim`) is a full reduction and handled as one; any other is computed where its
-//! result is used (see `emit`).
+//! result is used (see `emit`), once per row where the kernel runs over its rows (see
+//! `shapes::row_wise`), or by an earlier stage when it must be stored (see `stages`).
 //! Not handled here: anything about CUDA text (see `emit` and `kernel`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,6 +64,17 @@ pub(crate) fn split_domain(dims: &[Dim]) -> (Vec<Dim>, Option<u32>) {
     match dims.split_last() {
         Some((Dim::Const(c), rest)) if *c <= MAX_COMPONENTS => (rest.to_vec(), Some(*c as u32)),
         _ => (dims.to_vec(), None),
+    }
+}
+
+/// The domain and components of output node `n`'s sink: its shape split as [`split_domain`]
+/// does, except for a reduction over the leading axis (see `shapes::columns`), whose columns all
+/// stay in the domain, so that its rows are split over blocks however few its columns are.
+pub(crate) fn output_domain(g: &Graph, n: NodeId) -> (Vec<Dim>, Option<u32>) {
+    let dims = g.node(n).shape.dims();
+    match g.node(n).op {
+        Op::Reduce { axis: ReduceAxis::Axes { mask: 1, keepdim: false }, .. } => (dims.to_vec(), None),
+        _ => split_domain(dims),
     }
 }
 
@@ -128,7 +140,9 @@ pub(crate) fn has_row_results(g: &Graph, info: &KernelInfo) -> bool {
     info.sinks.iter().any(|s| {
         let dims = match s.kind {
             SinkKind::Reduce { node, .. } => full_reduce(g, node).map(|(_, x, _)| g.node(x).shape.dims().to_vec()),
-            SinkKind::Output { index } => Some(g.node(g.outputs[index].node).shape.dims().to_vec()),
+            SinkKind::Output { index } => {
+                return output_domain(g, g.outputs[index].node).0.len() + 1 == info.dims.len()
+            }
         };
         dims.is_some_and(|d| split_domain(&d).0.len() + 1 == info.dims.len())
     })
@@ -167,9 +181,8 @@ pub(crate) fn analyse(g: &Graph, defer: Defer, strided: &[u32]) -> Result<Analys
         }
     }
     for (index, o) in g.outputs.iter().enumerate() {
-        let shape = &g.node(o.node).shape;
-        if !shape.is_scalar() {
-            let (dims, comps) = split_domain(shape.dims());
+        if !g.node(o.node).shape.is_scalar() {
+            let (dims, comps) = output_domain(g, o.node);
             keyed.push(((level[o.node.index()], dims), SinkKind::Output { index }, comps));
         }
     }

@@ -22,12 +22,5 @@ pub(crate) struct BufferIndex {
 
 /// The element count of `dims` as a [`crate::SizeExpr`].
 pub(crate) fn size_expr(dims: &[Dim]) -> Result<crate::SizeExpr, CodegenError> {
-    let mut e = crate::SizeExpr::constant(1);
-    for d in dims {
-        match *d {
-            Dim::Const(c) => e.constant = e.constant.checked_mul(c).ok_or(CodegenError::SizeOverflow { node: 0 })?,
-            Dim::Sym(s) => e.symbols.push(s),
-        }
-    }
-    Ok(e)
+    crate::SizeExpr::of(dims).ok_or(CodegenError::SizeOverflow { node: 0 })
 }

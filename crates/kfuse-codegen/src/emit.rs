@@ -121,8 +121,9 @@ pub(crate) struct Emitter<'a> {
     blocks: Vec<Block>,
     next_var: u32,
     next_loop: u32,
-    /// The extent of each open inline reduction loop (`None`: symbolic), by loop number.
-    reduce_extents: HashMap<u32, Option<u64>>,
+    /// Each open inline reduction loop's extent, and the extent it counts for in
+    /// [`Uses::recompute`] (1 for a reduction evaluated once per result element), by loop number.
+    reduce_extents: HashMap<u32, (Dim, Dim)>,
     pub uses: Uses,
     /// Epilogue mode: for each of this kernel's full reductions, the names of its final slots.
     pub slot_results: HashMap<NodeId, Vec<String>>,
@@ -376,19 +377,15 @@ impl<'a> Emitter<'a> {
 
     /// Records inline reduction loop `l` of extent `d` (just opened) in `uses.recompute`: the
     /// product of the extents of the reduction loops open around it, per element (divided by a
-    /// constant row length in a row-wise kernel's per-row code, outside its columns).
-    fn note_reduce_loop(&mut self, l: u32, d: Dim) {
-        self.reduce_extents.insert(
-            l,
-            match d {
-                Dim::Const(c) => Some(c),
-                Dim::Sym(_) => None,
-            },
-        );
+    /// constant row length in a row-wise kernel's per-row code, outside its columns). A loop of a
+    /// reduction evaluated once per element of its result (`own`) counts as 1: it reads its
+    /// operand once, which is its own work, not work again.
+    fn note_reduce_loop(&mut self, l: u32, d: Dim, own: bool) {
+        self.reduce_extents.insert(l, (d, if own { Dim::Const(1) } else { d }));
         let work = self.blocks.iter().try_fold(1u64, |acc, b| match b.kind {
             BlockKind::Loop(j) => match self.reduce_extents.get(&j) {
-                Some(Some(e)) => Some(acc.saturating_mul(*e)),
-                Some(None) => None,
+                Some((_, Dim::Const(e))) => Some(acc.saturating_mul(*e)),
+                Some((_, Dim::Sym(_))) => None,
                 None => Some(acc),
             },
             _ => Some(acc),
@@ -401,6 +398,24 @@ impl<'a> Emitter<'a> {
             (None, _) => u64::MAX,
         };
         self.uses.recompute = self.uses.recompute.max(work);
+    }
+
+    /// Whether inline reduction `n`, about to open its loops, is evaluated once per element of
+    /// its result: the domain's elements times the extents of the reduction loops open around it
+    /// are at most its result's elements (a reduction the kernel stores, or one inside it whose
+    /// every result element is read once).
+    fn evaluated_once(&self, n: NodeId) -> bool {
+        let mut evaluated = self.dims.clone();
+        for b in &self.blocks {
+            if let BlockKind::Loop(j) = b.kind {
+                if let Some((d, _)) = self.reduce_extents.get(&j) {
+                    evaluated.push(*d);
+                }
+            }
+        }
+        let evaluated = crate::SizeExpr::of(&evaluated);
+        let result = crate::SizeExpr::of(self.g.node(n).shape.dims());
+        matches!((evaluated, result), (Some(e), Some(r)) if e.at_most(&r))
     }
 
     /// Whether coordinate `c` reads the domain's last coordinate (a row-wise kernel's column):
@@ -1256,6 +1271,7 @@ impl<'a> Emitter<'a> {
         let accs = self.declare_accumulators(depth, op, xd);
         let xdims = self.g.node(x).shape.dims();
         let rank = xdims.len();
+        let own = self.evaluated_once(n);
         let mut xctx = Vec::with_capacity(rank);
         // The result's axis that the operand's next axis corresponds to.
         let mut next = 0;
@@ -1276,7 +1292,7 @@ impl<'a> Emitter<'a> {
             self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
             xctx.push(Coord::Loop(l));
             loops += 1;
-            self.note_reduce_loop(l, d);
+            self.note_reduce_loop(l, d, own);
         }
         let guard = self.reduce_guard(op, x, mask, &xctx);
         let r = Box::new(RowReduce { n, op, x, mask, ctx, xctx, depth, saved, accs, loops, guarded: guard.is_some() });

@@ -45,9 +45,13 @@
 //! - Index division for broadcast operands is 32-bit whenever the flat index and divisor fit.
 //! - Float arithmetic is f32 whatever the storage dtype; f16/bf16 are read and written directly
 //!   with inline-PTX conversions; `min`/`max` propagate NaN; i32 arithmetic wraps.
+//! - Stages: a reduction along axes other than the last whose result is read back at the
+//!   elements it reduces (`x - mean(x, axis: 0, keepdim: true)`, a batch norm's statistics) is
+//!   computed once by kernels of its own and stored (see `stages`); the kernels after it read it.
 //!
 //! # Where things live
-//! - `analysis` splits the graph into kernels and sinks; `onepass` recognises a loss and its
+//! - `stages` splits a graph with reductions to store into graphs planned one after another;
+//!   `analysis` splits a graph into kernels and sinks; `onepass` recognises a loss and its
 //!   scaled gradient that can be one launch.
 //! - `kernel` assembles one kernel: its sinks become grouped actions (`sinks`, `actions`), its
 //!   shape is chosen once (`shapes::KernelShape`: grid-stride, compacted, warp per row, row
@@ -61,10 +65,10 @@
 //!   `include_str!` and rendered by `text::render` (`{{name}}` placeholders; lines starting with
 //!   `//~` are notes for the reader and are not emitted).
 //!
-//! Not handled: a reduction along axes other than the last whose result is read back at the
-//! elements it reduces (`x - mean(x, axis: 0, keepdim: true)`, a batch norm's statistics) is
-//! computed where it is used, again at every element that reads it ([`Kernel::recompute`] counts
-//! what that costs an element; `kfuse check --plan` warns of kernels where it is large).
+//! Not handled: a reduction along the last axis read back in a kernel that does not run over its
+//! rows (`transpose(mean(transpose(x), axis: -1))`) is computed where it is used, again at every
+//! element that reads it ([`Kernel::recompute`] counts what that costs an element; `kfuse check
+//! --plan` warns of kernels where it is large).
 #![forbid(unsafe_code)]
 
 mod actions;
@@ -84,6 +88,7 @@ mod scale;
 mod shapes;
 mod signature;
 mod sinks;
+mod stages;
 mod tail;
 mod text;
 
@@ -97,6 +102,7 @@ pub use plan::{
     ERROR_RECORD_WORDS, NARROW_INDEX_LIMIT, ROW_COLS_PER_LANE, ROW_MIN_LANES, WIDE_INDEX_OPTION,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
+pub use stages::RECOMPUTED_EXTENT_LIMIT;
 
 use emit::{temp_dtype, Emitter, Mode};
 
@@ -145,6 +151,22 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }
+    match stages::split(graph) {
+        None => plan_stage(graph, opts),
+        Some(stages) => {
+            let early = stages
+                .early
+                .iter()
+                .map(|(g, outs)| Ok((plan_stage(g, opts)?, outs.clone())))
+                .collect::<Result<Vec<_>, CodegenError>>()?;
+            let last = plan_stage(&stages.last, opts)?;
+            Ok(stages::merge(graph, &stages, early, last))
+        }
+    }
+}
+
+/// Plans one stage (see `stages`): a graph with no reduction to store.
+fn plan_stage(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> {
     let (interface, hash) = (kfuse_ir::Interface::of(graph), graph.stable_hash());
     let stored = stores_through_reshapes(graph);
     let graph = stored.as_ref().unwrap_or(graph);

@@ -176,6 +176,30 @@ impl SizeExpr {
     pub fn constant(c: u64) -> SizeExpr {
         SizeExpr { constant: c, symbols: Vec::new() }
     }
+    /// The element count of `dims` (`None` on overflow).
+    pub(crate) fn of(dims: &[kfuse_ir::Dim]) -> Option<SizeExpr> {
+        let mut e = SizeExpr::constant(1);
+        for d in dims {
+            match *d {
+                kfuse_ir::Dim::Const(c) => e.constant = e.constant.checked_mul(c)?,
+                kfuse_ir::Dim::Sym(s) => e.symbols.push(s),
+            }
+        }
+        Some(e)
+    }
+    /// Whether this size is at most `other` for every value of the symbols (each at least 1):
+    /// its symbols are among `other`'s and its constant is no larger.
+    pub fn at_most(&self, other: &SizeExpr) -> bool {
+        let mut rest = other.symbols.clone();
+        let among = self.symbols.iter().all(|s| match rest.iter().position(|o| o == s) {
+            Some(p) => {
+                rest.swap_remove(p);
+                true
+            }
+            None => false,
+        });
+        among && self.constant <= other.constant
+    }
     /// The value for run-time `sizes` (indexed by [`SymId`]); `None` on overflow or a missing
     /// symbol.
     pub fn eval(&self, sizes: &[u64]) -> Option<u64> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use kfuse_ir::{Graph, NodeId, ReduceOp};
 
 use crate::actions::{group_for, resolve_select, Action, Combine, Group};
-use crate::analysis::{full_reduce, slots_of, split_domain, KernelInfo, SinkKind};
+use crate::analysis::{full_reduce, output_domain, slots_of, KernelInfo, SinkKind};
 use crate::emit::{reduce_identity, Coord, Emitter};
 use crate::onepass::OnePass;
 use crate::CodegenError;
@@ -101,7 +101,7 @@ pub(crate) fn collect(
                 let node = g.outputs[index].node;
                 // A row result deferred here (see `analysis::defer_row_results`): one value per
                 // row of the domain, stored once per row.
-                let per_row = split_domain(g.node(node).shape.dims()).0.len() + 1 == dom.len();
+                let per_row = output_domain(g, node).0.len() + 1 == dom.len();
                 sink_notes.push(format!(
                     "output {}{}{}",
                     g.outputs[index].name,

@@ -4,8 +4,9 @@
 //! column, a `[D]` weight), the operand's gradient is the result's gradient summed over the
 //! broadcast axes. [`reduce_to`] handles every pattern, preferring these forms:
 //! - an operand that is scalar-like (every dim 1 or absent): one sum over all axes;
-//! - broadcast axes at the end of `S` (`[B, 1]` in `[B, N]`): sums along the last axis, then the
-//!   size-1 axes are put back with `x[.., None]`;
+//! - broadcast axes at the end of `S` (`[B, 1]` in `[B, N]`): a sum along the last axis, then the
+//!   size-1 axis is put back with `x[.., None]`; several (`[B, 1, 1]` in `[B, H, W]`), one sum
+//!   over them that keeps them;
 //! - a kept last axis of small constant size (`[4]` in `[B, 4]`): the gradient is split into its
 //!   components, each is reduced recursively, and the results are stacked again;
 //! - anything else (`[D]` in `[B, D]`, `[1, D]` in `[A, B, D]`): one sum over the broadcast axes
@@ -72,6 +73,21 @@ fn reduce_exact(
     let (Some(fl), Some(tl)) = (full.last(), target.last()) else {
         return sum_broadcast_axes(em, x, full, target);
     };
+    // Several trailing axes broadcast from 1 (`[B, 1, 1]` in `[B, H, W]`): one sum over them,
+    // not a chain of last-axis sums (the planner stores such a sum once, reducing the merged
+    // axes by rows, where a chain would be summed again at each element it is read back at).
+    let rank = full.rank();
+    let run = (0..rank).rev().take_while(|&i| target_dim(full, target, i) == Some(Dim::Const(1))).collect::<Vec<_>>();
+    let summed: Vec<usize> = run.into_iter().filter(|&i| full.dims()[i] != Dim::Const(1)).collect();
+    if summed.len() >= 2 {
+        let mask = summed.iter().fold(0u32, |m, &i| m | 1 << i);
+        let y = em.reduce(ReduceOp::Sum, ReduceAxis::Axes { mask, keepdim: true }, x, None)?;
+        let mut dims = full.dims().to_vec();
+        for &i in &summed {
+            dims[i] = Dim::Const(1);
+        }
+        return reduce_exact(em, y, &Shape(dims), target, budget);
+    }
     let (full_rest, target_rest) = (full.without_last(), target.without_last());
     if fl == Dim::Const(1) || tl == Dim::Const(1) {
         // A size-1 axis in both is dropped; an axis broadcast from 1 is summed away. Either way

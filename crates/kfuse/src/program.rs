@@ -17,8 +17,9 @@ use crate::{Engine, Error, Result, Validation};
 
 /// A kernel whose elements each read at most this many elements again through reductions computed
 /// where they are used ([`kfuse_codegen::Kernel::recompute`]) is not warned of by `kfuse check
-/// --plan`; the `torch.compile` backend leaves larger such reductions to PyTorch.
-pub const RECOMPUTED_EXTENT_LIMIT: u64 = 64;
+/// --plan`; the `torch.compile` backend leaves a region with more to PyTorch. The planner stores a
+/// reduction along other axes than the last over more elements than this once.
+pub use kfuse_codegen::RECOMPUTED_EXTENT_LIMIT;
 
 /// A type-checked computation and its fused kernel plan, ready to run on the CPU or any GPU of its
 /// [`Engine`]. Cheap to clone; clones share the plan and the kernels loaded on each device.

@@ -1,0 +1,166 @@
+//! Reductions along axes other than the last, read back at the elements they reduce (a batch
+//! norm's statistics, a layer norm over several trailing axes, a centring over the batch), are
+//! stored once by a stage of their own and read back, instead of being computed again at every
+//! element: the plans (no kernel reads elements again, the stages' kernels in order), the
+//! kernels compiled by NVRTC (skips without libnvrtc), and the GPU against the interpreter at odd
+//! sizes, gradients included (skips without a GPU).
+
+use kfuse::{BufferKind, DType, RECOMPUTED_EXTENT_LIMIT};
+use kfuse_runtime::testing::nvrtc_or_skip;
+use kfuse_testing::{gpu_or_skip, random_tensor};
+
+mod common;
+use common::{compare, get, program, t};
+
+/// Centring over the batch, with and without `keepdim`, and a maximum read back.
+const CENTER: &str = "\
+input x: f32[B, C]
+output centered = x - mean(x, axis: 0, keepdim: true)
+output scaled = x / max(abs(x), axis: 0)
+";
+
+/// A batch norm's training step over constant spatial sizes: its statistics over the batch and
+/// the rows of each channel, in two parts (the rows' sums, then the batch's), and its gradients.
+const BATCH_NORM: &str = "\
+input x: f32[N, 12, 7, 9]
+input w: f32[12]
+input g: f32[N, 12, 7, 9]
+let m = mean(x, axis: [0, 2, 3], keepdim: true)
+let d = x - m
+let v = mean(d * d, axis: [0, 2, 3], keepdim: true)
+let y = d * rsqrt(v + 1e-5) * w[:, None, None]
+output out = y
+output loss = sum(y * g)
+output dx = grad(loss, x)
+output dw = grad(loss, w)
+";
+
+/// The same over symbolic spatial sizes: no reshape merges them, so the statistics reduce the
+/// axes as they are.
+const BATCH_NORM_SYMBOLIC: &str = "\
+input x: f32[N, C, H, W]
+input g: f32[N, C, H, W]
+let m = mean(x, axis: [0, 2, 3], keepdim: true)
+let d = x - m
+let y = d * rsqrt(mean(d * d, axis: [0, 2, 3], keepdim: true) + 1e-5)
+output loss = sum(y * g)
+output dx = grad(loss, x)
+";
+
+/// A layer norm over `(C, H, W)`: trailing axes alone, merged into rows.
+const LAYER_NORM_CHW: &str = "\
+input x: f32[N, 6, 11, 13]
+input g: f32[N, 6, 11, 13]
+let m = mean(x, axis: [1, 2, 3], keepdim: true)
+let d = x - m
+let y = d * rsqrt(mean(d * d, axis: [1, 2, 3], keepdim: true) + 1e-5)
+output out = y
+output loss = sum(y * g)
+output dx = grad(loss, x)
+";
+
+/// Half-precision operands (the first parts are kept in f32), a masked sum, a minimum in parts,
+/// middle axes, and a mean of rows' sums.
+const MIXED: &str = "\
+input h: bf16[B, 80]
+input x: f32[B, 8, 5, 16]
+input m: bool[B, 8, 5, 16]
+input r: f32[B, 8, 100]
+output hc = h - mean(h, axis: 0, keepdim: true)
+output parts = x - min(x, axis: [0, 2, 3], keepdim: true)
+output masked = x * sum(x, axis: [0, 2], keepdim: true, where: m)
+output middle = x - mean(x, axis: [1, 2], keepdim: true)
+output rows = r * mean(sum(r, axis: -1), axis: 0, keepdim: true)[.., None]
+";
+
+const ALL: [&str; 5] = [CENTER, BATCH_NORM, BATCH_NORM_SYMBOLIC, LAYER_NORM_CHW, MIXED];
+
+#[test]
+fn no_kernel_reads_a_reduction_again_at_every_element() {
+    for src in ALL {
+        let p = program(src, "stored.kf");
+        let plan = p.plan();
+        for k in &plan.kernels {
+            assert!(
+                k.recompute <= RECOMPUTED_EXTENT_LIMIT,
+                "{} reads {} again an element:\n{src}",
+                k.name,
+                k.recompute
+            );
+        }
+        let stored = plan.buffers.iter().filter(|b| b.kind == BufferKind::Temp).count();
+        assert!(stored > 0, "no value stored:\n{src}");
+    }
+    // The batch norm: the rows' sums, the batch's, for the mean and the variance, then the
+    // normalised output and the loss; its backward's two channel sums likewise.
+    let p = program(BATCH_NORM, "stored.kf");
+    let notes: Vec<String> = p.plan().kernels.iter().flat_map(|k| k.plan_notes()).map(str::to_string).collect();
+    let parts = notes.iter().filter(|n| n.starts_with("output part")).count();
+    let columns = notes.iter().filter(|n| n.contains("as columns")).count();
+    assert!(parts >= 2 && columns >= 2, "the statistics in two parts each:\n{notes:#?}");
+}
+
+#[test]
+fn stored_reductions_give_the_hand_values() {
+    let p = program(CENTER, "stored.kf");
+    let out = p.run_cpu(&[("x", &t(&[3, 2], &[0.0, -8.0, 2.0, 4.0, 4.0, 1.0]))]).expect("runs");
+    assert_eq!(get(&out, "centered"), (vec![3, 2], vec![-2.0, -7.0, 0.0, 5.0, 2.0, 2.0]));
+    assert_eq!(get(&out, "scaled"), (vec![3, 2], vec![0.0, -1.0, 0.5, 0.5, 1.0, 0.125]));
+}
+
+#[test]
+fn staged_kernels_compile_for_sm80_and_sm90() {
+    if nvrtc_or_skip("staged_kernels_compile_for_sm80_and_sm90").is_none() {
+        return;
+    }
+    for src in ALL {
+        let p = program(src, "stored.kf");
+        for k in &p.plan().kernels {
+            for (source, entry) in k.entries() {
+                kfuse_testing::assert_compiles_for_sm80_and_sm90("stored", entry, source);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_gpu_stores_reductions_like_the_interpreter_at_odd_sizes() {
+    let Some(gpu) = gpu_or_skip("a_gpu_stores_reductions_like_the_interpreter_at_odd_sizes") else { return };
+    let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    println!("seed {seed} (KFUSE_TEST_SEED replays it)");
+    let rand = |dtype, shape: &[usize], k: u64| random_tensor(dtype, shape, seed + k);
+    let center = program(CENTER, "stored.kf");
+    for (k, (b, c)) in [(1, 1), (3, 5), (1025, 3), (67, 1023), (4099, 96)].into_iter().enumerate() {
+        let x = rand(DType::F32, &[b, c], k as u64);
+        compare(&center, gpu.ordinal(), &[("x", &x)], &format!("center [{b}, {c}]"), 1e-4);
+    }
+    let bn = program(BATCH_NORM, "stored.kf");
+    for (k, n) in [1, 3, 37].into_iter().enumerate() {
+        let (x, g) = (rand(DType::F32, &[n, 12, 7, 9], 10 + k as u64), rand(DType::F32, &[n, 12, 7, 9], 20 + k as u64));
+        let w = rand(DType::F32, &[12], 30 + k as u64);
+        compare(&bn, gpu.ordinal(), &[("x", &x), ("w", &w), ("g", &g)], &format!("batch norm N={n}"), 1e-3);
+    }
+    let bns = program(BATCH_NORM_SYMBOLIC, "stored.kf");
+    for (k, shape) in [[2, 3, 5, 7], [5, 33, 3, 1], [1, 2, 65, 33]].into_iter().enumerate() {
+        let (x, g) = (rand(DType::F32, &shape, 40 + k as u64), rand(DType::F32, &shape, 50 + k as u64));
+        compare(&bns, gpu.ordinal(), &[("x", &x), ("g", &g)], &format!("batch norm {shape:?}"), 1e-3);
+    }
+    let ln = program(LAYER_NORM_CHW, "stored.kf");
+    for (k, n) in [1, 5, 67].into_iter().enumerate() {
+        let (x, g) =
+            (rand(DType::F32, &[n, 6, 11, 13], 60 + k as u64), rand(DType::F32, &[n, 6, 11, 13], 70 + k as u64));
+        compare(&ln, gpu.ordinal(), &[("x", &x), ("g", &g)], &format!("layer norm N={n}"), 1e-3);
+    }
+    let mixed = program(MIXED, "stored.kf");
+    for (k, b) in [1, 7, 131].into_iter().enumerate() {
+        let k = k as u64;
+        let inputs = [
+            ("h", rand(DType::BF16, &[b, 80], 80 + k)),
+            ("x", rand(DType::F32, &[b, 8, 5, 16], 90 + k)),
+            ("m", rand(DType::Bool, &[b, 8, 5, 16], 100 + k)),
+            ("r", rand(DType::F32, &[b, 8, 100], 110 + k)),
+        ];
+        let named: Vec<(&str, &kfuse::HostTensor)> = inputs.iter().map(|(n, v)| (*n, v)).collect();
+        compare(&mixed, gpu.ordinal(), &named, &format!("mixed B={b}"), 2e-2);
+    }
+}
