@@ -470,64 +470,11 @@ def _masked_operand(src, full, ctx):
     return _cast_to(v, kf_dtype(fake(src).dtype)), f"bool({c.text})"
 
 
-# A reduction along axes other than the last, over more elements than this, whose result is
-# used again at the elements it reduces (broadcast back, as batch norm's and group norm's
-# statistics are) is left to PyTorch: kfuse's kernels keep the reductions along the last axis once
-# per row and cross kernels with full reductions, but compute any other reduction where it is
-# used, again at every element that reads it (a cost of the reduced extent per element, which
-# grows with the square of the tensor). The limit is the one `kfuse check --plan` warns above.
+# A kernel that would compute reductions again at every element, over more elements than this,
+# leaves its region to PyTorch (see `_backend`): the limit `kfuse check --plan` warns above. kfuse
+# keeps a last axis's reductions once per row and stores a reduction along other axes once, so
+# only what neither covers is counted.
 REUSED_EXTENT_LIMIT = _kfuse._RECOMPUTED_EXTENT_LIMIT
-
-
-def _hint(v):
-    """An int of a size that may be symbolic (its hint; a size with none counts as large)."""
-    if isinstance(v, torch.SymInt):
-        hint = v.node.hint
-        return int(hint) if hint is not None else 1 << 30
-    return int(v)
-
-
-def _numel(t):
-    return math.prod(_hint(d) for d in t.shape)
-
-
-def _used_again_at_its_elements(node):
-    """Whether a value computed from fx node `node`'s result, through values no larger than it,
-    is larger than it: the result broadcast back over what it reduced."""
-    size = _numel(fake(node))
-    seen, stack = set(), list(node.users)
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        t = fake(u)
-        if t is None:
-            continue
-        if _numel(t) > size:
-            return True
-        stack.extend(u.users)
-    return False
-
-
-def _refuse_reused_reduction(node, what, shape, dims, inside=False):
-    """Refuses a reduction `what` along `dims` of a tensor of `shape` (torch sizes) that kfuse
-    would compute again at every element (see `REUSED_EXTENT_LIMIT`): axes other than the last
-    alone, a reduced extent above the limit, and its result broadcast back (`inside`: by the op
-    itself, as a softmax's statistics are)."""
-    n = len(shape)
-    if not dims or dims == [n - 1]:
-        return
-    # A symbolic size may be anything at run time: counted as large.
-    symbolic = any(isinstance(shape[d], torch.SymInt) for d in dims)
-    extent = math.prod(int(shape[d]) for d in dims) if not symbolic else None
-    if (symbolic or extent > REUSED_EXTENT_LIMIT) and (inside or _used_again_at_its_elements(node)):
-        axes = f"axis {dims[0]}" if len(dims) == 1 else f"axes {dims}"
-        count = "a number of elements known at run time" if symbolic else f"{extent} elements"
-        raise Refused(
-            f"a {what} along {axes} of {count}, used again at each of them (kfuse computes a "
-            "reduction along axes other than the last again at every element that reads it)"
-        )
 
 
 def _reduce(fn):
@@ -555,8 +502,6 @@ def _reduce(fn):
         keep = bool(a.get("keepdim"))
         if not dims:
             dims = list(range(n))
-        if keep or len(dims) < n:
-            _refuse_reused_reduction(node, fn, src.shape, dims)
         axis = str(dims[0]) if len(dims) == 1 else "[" + ", ".join(str(d) for d in dims) + "]"
         if dims == list(range(len(dims))):
             # Leading axes (a bias gradient's sum over the batch): the result without them, which
@@ -927,7 +872,6 @@ def _softmax(fn):
         if not full:
             raise Refused(f"a {fn} of a scalar")
         axis = a["dim"] % len(full)
-        _refuse_reused_reduction(node, fn, fake(a["self"]).shape, [axis], inside=True)
         return f"{fn}({_cast_to(x, ctx.out_dtype)}, axis: {axis})", x.shape
 
     return rule
