@@ -2,8 +2,8 @@
 """A training step (forward + backward) of modules whose statistics reduce along axes other than
 the last (`nn.BatchNorm2d`, `nn.GroupNorm`, a LayerNorm over (C, H, W)): eager PyTorch,
 `torch.compile` with Inductor and with kfuse, CUDA-event medians in µs, and what kfuse left to
-PyTorch. kfuse's kernels compute such a reduction again at every element that reads it, so the
-backend leaves those above 64 elements to PyTorch; this measures what the step costs then.
+PyTorch. kfuse stores such a reduction once, by kernels of its own (in parts: the rows' sums,
+then the columns'), and the kernels after it read it back.
 
     python3 bench/ab/norm_stats.py [--iters 50]      (on a CUDA machine)
 """
