@@ -68,12 +68,15 @@ pub(crate) fn split_domain(dims: &[Dim]) -> (Vec<Dim>, Option<u32>) {
 }
 
 /// The domain and components of output node `n`'s sink: its shape split as [`split_domain`]
-/// does, except for a reduction over the leading axis (see `shapes::columns`), whose columns all
-/// stay in the domain, so that its rows are split over blocks however few its columns are.
+/// does, except for a reduction over the leading axis (see `shapes::columns`) or the last (see
+/// `shapes::row_wise`), whose elements all stay in the domain, so that its rows are split over
+/// blocks (columns) or taken by groups of lanes (rows) however few its last axis has.
 pub(crate) fn output_domain(g: &Graph, n: NodeId) -> (Vec<Dim>, Option<u32>) {
     let dims = g.node(n).shape.dims();
     match g.node(n).op {
-        Op::Reduce { axis: ReduceAxis::Axes { mask: 1, keepdim: false }, .. } => (dims.to_vec(), None),
+        Op::Reduce { axis: ReduceAxis::Axes { mask: 1, keepdim: false } | ReduceAxis::Last, .. } => {
+            (dims.to_vec(), None)
+        }
         _ => split_domain(dims),
     }
 }

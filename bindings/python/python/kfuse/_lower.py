@@ -628,6 +628,25 @@ def _arange(node, a, ctx):
     )
 
 
+def _as_strided(node, a, ctx):
+    """`as_strided` that is a view of a contiguous tensor as another contiguous shape (what
+    decompositions write for a reshape, as group norm's statistics): a reshape. Any other
+    layout is refused."""
+    src = fake(a["self"])
+    size, stride, offset = list(a["size"]), list(a["stride"]), a.get("storage_offset") or 0
+    if not all(isinstance(v, int) for v in [*size, *stride, offset]):
+        raise Refused("an as_strided of sizes known only at run time")
+    expected, step = [], 1
+    for d in reversed(size):
+        expected.append(step)
+        step *= d
+    expected.reverse()
+    same = all(d == 1 or st == e for d, st, e in zip(size, stride, expected))
+    if not (same and offset == 0 and src.storage_offset() == 0 and src.is_contiguous() and src.numel() == step):
+        raise Refused(f"an as_strided of size {size}, stride {stride} and offset {offset} that is not a reshape")
+    return _reshape_by_shapes(node, a, ctx)
+
+
 def _reshape_by_shapes(node, a, ctx):
     """A view: size-1 axes added or removed where the text can follow it, else kfuse's `reshape`
     of axes of static size (split or merged) between axes that stay whole."""
@@ -1076,6 +1095,7 @@ RULES = {
     aten.any: _any,
     aten.prod: _prod,
     aten.view: _reshape_by_shapes,
+    aten.as_strided: _as_strided,
     aten._unsafe_view: _reshape_by_shapes,
     aten.reshape: _reshape_by_shapes,
     aten.squeeze: _reshape_by_shapes,
