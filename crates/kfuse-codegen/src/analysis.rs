@@ -272,7 +272,7 @@ pub(crate) fn analyse(g: &Graph, defer: Defer, strided: &[u32]) -> Result<Analys
 type KeyedSink = ((u32, Vec<Dim>), SinkKind, Option<u32>);
 
 /// Whether `root`'s value depends on node `target` (through operands).
-fn depends_on(g: &Graph, root: NodeId, target: NodeId) -> bool {
+pub(crate) fn depends_on(g: &Graph, root: NodeId, target: NodeId) -> bool {
     let mut seen = vec![false; g.nodes.len()];
     let mut stack = vec![root];
     while let Some(n) = stack.pop() {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use kfuse_ir::{DType, Dim, Graph, Input, InputId, Kind, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape};
 
-use crate::analysis::{counts_every_element, full_reduce};
+use crate::analysis::{counts_every_element, depends_on, full_reduce};
 use crate::{BufferDecl, BufferKind, ElemType, Param, Plan, SizeExpr};
 
 /// The most operand elements a reduction computed where it is used may read again per element:
@@ -55,7 +55,7 @@ pub(crate) fn split(g: &Graph) -> Option<Stages> {
         let ready: Vec<NodeId> = candidates
             .iter()
             .copied()
-            .filter(|&r| !candidates.iter().any(|&o| o != r && reads(&current, r, o)))
+            .filter(|&r| !candidates.iter().any(|&o| o != r && depends_on(&current, r, o)))
             .collect();
         let (mut first, mut second) = (current.clone(), current.clone());
         first.outputs.clear();
@@ -186,21 +186,6 @@ fn stored_form(g: &mut Graph, r: NodeId, part: Option<NodeId>) -> Option<NodeId>
         }
         _ => Some(r),
     }
-}
-
-/// Whether node `root` reads node `target` (through operands, `root` itself excluded).
-fn reads(g: &Graph, root: NodeId, target: NodeId) -> bool {
-    let mut seen = vec![false; g.nodes.len()];
-    let mut stack = g.operands(root);
-    while let Some(n) = stack.pop() {
-        if n == target {
-            return true;
-        }
-        if !std::mem::replace(&mut seen[n.index()], true) {
-            g.node(n).op.for_each_operand(&g.lists, |x| stack.push(x));
-        }
-    }
-    false
 }
 
 /// The reductions of `g` to store: along axes other than the last (and not every axis), over
