@@ -1,7 +1,7 @@
 //! Random well-typed `.kf` programs: inputs of every dtype over the padded (`B`, `N`, with an
 //! optional `lengths` input) or packed (`T`, with an `offsets` input) symbols, then `let`s drawn
 //! from elementwise arithmetic, comparisons, logic, `where`, `clamp`, `pow`, math functions,
-//! `atan2`, `remainder`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all or last axis, with or without
+//! `atan2`, `remainder`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all, last or leading axis, with or without
 //! `where:`, `prod` included), `argmax`/`argmin` (along the last axis or flat), `rand_like`,
 //! views (`transpose`, `permute`, slices of a constant last axis, `reshape` splitting and merging one), `cat` along a constant last
 //! axis, `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
@@ -344,9 +344,20 @@ impl Gen {
     }
 
     fn reduction(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
-        let last = !a.shape.is_empty() && self.rng.random_bool(0.4);
-        let shape = if last { a.shape[..a.shape.len() - 1].to_vec() } else { vec![] };
-        let axis = if last { ", axis: -1" } else { "" };
+        // Along the leading axis with keepdim (read back at a larger shape, such a reduction is
+        // stored once by a stage of its own), the last axis, or every axis.
+        let leading = a.shape.len() >= 2 && self.rng.random_bool(0.25);
+        let last = !leading && !a.shape.is_empty() && self.rng.random_bool(0.4);
+        let shape = match (leading, last) {
+            (true, _) => std::iter::once("1").chain(a.shape[1..].iter().copied()).collect(),
+            (_, true) => a.shape[..a.shape.len() - 1].to_vec(),
+            _ => vec![],
+        };
+        let axis = match (leading, last) {
+            (true, _) => ", axis: 0, keepdim: true",
+            (_, true) => ", axis: -1",
+            _ => "",
+        };
         let mask = if self.rng.random_bool(0.4) {
             self.val_where(|m| m.kind == Kind::Bool && broadcast(&a.shape, &m.shape).as_deref() == Some(&a.shape[..]))
         } else {
