@@ -159,7 +159,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
                 .iter()
                 .map(|(g, outs)| Ok((plan_stage(g, opts)?, outs.clone())))
                 .collect::<Result<Vec<_>, CodegenError>>()?;
-            let last = plan_stage(&stages.last, opts)?;
+            let last = stages.last.as_ref().map(|g| plan_stage(g, opts)).transpose()?;
             Ok(stages::merge(graph, &stages, early, last))
         }
     }

@@ -25,13 +25,19 @@ pub(crate) struct Stages {
     /// The stored values (a stored reduction, or the first part of one), in the order they are
     /// computed: their dtype and shape as the stages read them.
     pub stored: Vec<(DType, Shape)>,
+    /// Per stored value, the original graph's output that it is, if any: the stage that computes
+    /// it stores it there, and the last stage does not compute that output again.
+    pub stored_outputs: Vec<Option<usize>>,
     /// The earlier stages, in order: a graph whose outputs are stored values, and the indices
     /// into `stored` of its outputs. Its inputs are the original graph's, then the values stored
     /// by the stages before it, in `stored` order.
     pub early: Vec<(Graph, Vec<usize>)>,
     /// The last stage: the original graph with every stored reduction read from an input after
-    /// the original ones, in `stored` order (the first parts are inputs it does not read).
-    pub last: Graph,
+    /// the original ones, in `stored` order (the first parts are inputs it does not read), and
+    /// without the outputs that are stored values. `None` when every output is one.
+    pub last: Option<Graph>,
+    /// The original graph's output that each output of `last` is.
+    pub last_outputs: Vec<usize>,
 }
 
 /// The stages of `g` (verified), or `None` when it has no reduction to store.
@@ -44,6 +50,7 @@ pub(crate) struct Stages {
 /// part (in f32) in a stage of its own, and reduces it over the rest in the next.
 pub(crate) fn split(g: &Graph) -> Option<Stages> {
     let mut stored: Vec<(DType, Shape)> = Vec::new();
+    let mut stored_outputs: Vec<Option<usize>> = Vec::new();
     let mut early = Vec::new();
     let mut current = g.clone();
     loop {
@@ -69,6 +76,7 @@ pub(crate) fn split(g: &Graph) -> Option<Stages> {
                 first.outputs.push(Output { name: stored_name(r, "part"), node: part });
                 first_outs.push(stored.len());
                 stored.push((dtype, shape.clone()));
+                stored_outputs.push(None);
                 let decl = Input { name: stored_name(r, "part"), dtype, shape: shape.clone() };
                 for g in [&mut second, &mut current] {
                     g.inputs.push(decl.clone());
@@ -81,10 +89,14 @@ pub(crate) fn split(g: &Graph) -> Option<Stages> {
         let mut second_outs = Vec::new();
         for (&r, part) in ready.iter().zip(parts) {
             let out = stored_form(&mut second, r, part)?;
-            second.outputs.push(Output { name: stored_name(r, "stored"), node: out });
+            // Stored into an output of the graph when it is one (named so in the plan's notes).
+            let output = g.outputs.iter().position(|o| o.node == r);
+            let name = output.map_or_else(|| stored_name(r, "stored"), |o| g.outputs[o].name.clone());
+            second.outputs.push(Output { name, node: out });
             second_outs.push(stored.len());
             let node = current.node(r);
             stored.push((node.dtype, node.shape.clone()));
+            stored_outputs.push(output);
             // Later stages read it.
             current.inputs.push(Input { name: stored_name(r, "stored"), dtype: node.dtype, shape: node.shape.clone() });
             current.nodes[r.index()].op = Op::Input(InputId((current.inputs.len() - 1) as u32));
@@ -94,7 +106,13 @@ pub(crate) fn split(g: &Graph) -> Option<Stages> {
         }
         early.push((second, second_outs));
     }
-    (!stored.is_empty()).then_some(Stages { stored, early, last: current })
+    if stored.is_empty() {
+        return None;
+    }
+    let last_outputs: Vec<usize> = (0..g.outputs.len()).filter(|o| !stored_outputs.contains(&Some(*o))).collect();
+    current.outputs = last_outputs.iter().map(|&o| g.outputs[o].clone()).collect();
+    let last = (!current.outputs.is_empty()).then_some(current);
+    Some(Stages { stored, stored_outputs, early, last, last_outputs })
 }
 
 /// The name of an input (and stage output) that holds a stored value of reduction `r`: not an
@@ -243,23 +261,46 @@ fn read_at_larger_shape(g: &Graph, users: &[Vec<NodeId>], r: NodeId) -> bool {
 }
 
 /// One plan of the stages' plans, `early` (each with the indices into `stages.stored` of its
-/// outputs) then `last`, for original graph `g`: the original inputs and outputs keep their
-/// buffers, each stored reduction takes a [`BufferKind::Temp`] after them, and every other buffer
-/// of every stage follows, its kernels renumbered in launch order.
-pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, last: Plan) -> Plan {
-    let (n_in, n_out) = (g.inputs.len(), g.outputs.len());
-    let stored_base = n_in + n_out;
-    let mut buffers: Vec<BufferDecl> = last.buffers[..n_in].to_vec();
-    let last_in = n_in + stages.stored.len();
-    buffers.extend_from_slice(&last.buffers[last_in..last_in + n_out]);
-    for (dtype, shape) in &stages.stored {
-        let elems = SizeExpr::of(shape.dims()).unwrap_or(SizeExpr::constant(0));
-        buffers.push(BufferDecl { kind: BufferKind::Temp, elem: ElemType::Tensor(*dtype), elems });
+/// outputs) then `last` (when the stages have one), for original graph `g`: the original inputs
+/// and outputs keep their buffers, each stored value takes its output's buffer or a
+/// [`BufferKind::Temp`] after them, and every other buffer of every stage follows, its kernels
+/// renumbered in launch order.
+pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, last: Option<Plan>) -> Plan {
+    let decl = |kind, dtype, shape: &Shape| BufferDecl {
+        kind,
+        elem: ElemType::Tensor(dtype),
+        elems: SizeExpr::of(shape.dims()).unwrap_or(SizeExpr::constant(0)),
+    };
+    let n_in = g.inputs.len();
+    let mut buffers: Vec<BufferDecl> = g
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, inp)| decl(BufferKind::Input(InputId(i as u32)), inp.dtype, &inp.shape))
+        .collect();
+    for (o, out) in g.outputs.iter().enumerate() {
+        let node = g.node(out.node);
+        buffers.push(decl(BufferKind::Output(o), node.dtype, &node.shape));
     }
-    let strided_inputs = last.strided_inputs.clone();
+    let mut stored_buffers = Vec::with_capacity(stages.stored.len());
+    for ((dtype, shape), output) in stages.stored.iter().zip(&stages.stored_outputs) {
+        stored_buffers.push(match output {
+            Some(o) => n_in + o,
+            None => {
+                buffers.push(decl(BufferKind::Temp, *dtype, shape));
+                buffers.len() - 1
+            }
+        });
+    }
+    let strided_inputs =
+        last.as_ref().or(early.first().map(|e| &e.0)).map(|p| p.strided_inputs.clone()).unwrap_or_default();
     let mut kernels = Vec::new();
-    let stage_plans = early.into_iter().map(|(p, outs)| (p, Some(outs))).chain(std::iter::once((last, None)));
-    for (plan, outs) in stage_plans {
+    let last_outputs: Vec<usize> = stages.last_outputs.iter().map(|o| n_in + o).collect();
+    let early_plans = early.into_iter().map(|(p, outs)| {
+        let outs: Vec<usize> = outs.iter().map(|&s| stored_buffers[s]).collect();
+        (p, outs)
+    });
+    for (plan, outs) in early_plans.chain(last.map(|p| (p, last_outputs))) {
         let offset = kernels.len();
         let inputs = plan.buffers.iter().take_while(|b| matches!(b.kind, BufferKind::Input(_))).count();
         let outputs = plan.buffers[inputs..].iter().take_while(|b| matches!(b.kind, BufferKind::Output(_))).count();
@@ -268,12 +309,9 @@ pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, 
             let to = if b < n_in {
                 b
             } else if b < inputs {
-                stored_base + (b - n_in)
+                stored_buffers[b - n_in]
             } else if b < inputs + outputs {
-                match &outs {
-                    Some(outs) => stored_base + outs[b - inputs],
-                    None => n_in + (b - inputs),
-                }
+                outs[b - inputs]
             } else {
                 let kind = match decl.kind {
                     BufferKind::Partials { kernel, slots_per_block } => {

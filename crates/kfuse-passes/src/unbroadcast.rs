@@ -7,8 +7,8 @@
 //! - broadcast axes at the end of `S` (`[B, 1]` in `[B, N]`): a sum along the last axis, then the
 //!   size-1 axis is put back with `x[.., None]`; several (`[B, 1, 1]` in `[B, H, W]`), one sum
 //!   over them that keeps them;
-//! - a kept last axis of small constant size (`[4]` in `[B, 4]`): the gradient is split into its
-//!   components, each is reduced recursively, and the results are stacked again;
+//! - a kept last axis of small constant size, at most 8 (`[4]` in `[B, 4]`): the gradient is split
+//!   into its components, each is reduced recursively, and the results are stacked again;
 //! - anything else (`[D]` in `[B, D]`, `[1, D]` in `[A, B, D]`): one sum over the broadcast axes
 //!   (the leading axes the operand lacks dropped), the operand's inner size-1 axes put back.
 
@@ -18,6 +18,10 @@ use crate::emit::Emitter;
 
 /// The largest number of component slices the per-component fallback may create in total.
 const MAX_SLICES: u64 = 64;
+/// The widest kept last axis split into components (a box's 4 coordinates): the planner keeps
+/// such an axis in registers (its `MAX_COMPONENTS`); a wider one (a norm's channels) is summed over
+/// the other axes at once, which it plans as a split column reduction.
+const MAX_COMPONENT_AXIS: u64 = 8;
 
 /// Reduces `g` (shape broadcasting to `full`, the shape of the op's result) to a node whose shape
 /// broadcasts to `target` (the operand's shape, which broadcasts to `full`).
@@ -103,7 +107,7 @@ fn reduce_exact(
     // The last axis is kept while some earlier axis is broadcast: a small constant last axis is
     // split into components, each reduced on its own; any other is summed over the axes at once.
     let k = match fl {
-        Dim::Const(k) if k <= *budget => k,
+        Dim::Const(k) if k <= *budget && k <= MAX_COMPONENT_AXIS => k,
         _ => return sum_broadcast_axes(em, x, full, target),
     };
     *budget /= k;

@@ -29,6 +29,8 @@ let m = mean(x, axis: [0, 2, 3], keepdim: true)
 let d = x - m
 let v = mean(d * d, axis: [0, 2, 3], keepdim: true)
 let y = d * rsqrt(v + 1e-5) * w[:, None, None]
+output mean = m
+output var = v
 output out = y
 output loss = sum(y * g)
 output dx = grad(loss, x)
@@ -98,6 +100,12 @@ fn no_kernel_reads_a_reduction_again_at_every_element() {
     let parts = notes.iter().filter(|n| n.starts_with("output part")).count();
     let columns = notes.iter().filter(|n| n.contains("as columns")).count();
     assert!(parts >= 2 && columns >= 2, "the statistics in two parts each:\n{notes:#?}");
+    // The statistics that are outputs are stored there, not copied there again.
+    for name in ["mean", "var"] {
+        let writers = notes.iter().filter(|n| *n == &format!("output {name}")).count();
+        assert_eq!(writers, 1, "output {name} written once:\n{notes:#?}");
+    }
+    assert_eq!(p.plan().buffers.iter().filter(|b| b.kind == BufferKind::Temp).count(), 4, "{notes:#?}");
 }
 
 #[test]
