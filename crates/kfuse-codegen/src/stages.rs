@@ -40,14 +40,30 @@ pub(crate) struct Stages {
     pub last_outputs: Vec<usize>,
 }
 
+/// The longest row a stage reduces by merging constant trailing axes: longer rows are reduced
+/// in parts (a long row takes one group of lanes, so a few long rows would leave the GPU idle).
+const MERGED_ROW_LIMIT: u64 = 16384;
+
+/// A stored reduction as the stages reduce it: its operand (its own, then the last part stored)
+/// and the axes of that operand left to reduce (bit `a` = axis `a`).
+struct Work {
+    r: NodeId,
+    x: NodeId,
+    axes: u32,
+    parted: bool,
+}
+
 /// The stages of `g` (verified), or `None` when it has no reduction to store.
 ///
 /// A stored reduction is computed in the form that plans well. Its kept axes (`keepdim`) are
 /// left out: the same elements in the same order, and a reduction over the leading axis alone
-/// plans as a split column reduction. When it reduces trailing axes, they are reduced first, as
-/// one last-axis reduction (merged by a reshape when they are several, of constant sizes), by
-/// rows; an unmasked sum, mean, max or min of floats over other axes too then stores that first
-/// part (in f32) in a stage of its own, and reduces it over the rest in the next.
+/// plans as a split column reduction. An unmasked sum, mean, max or min of floats that reduces
+/// trailing axes is reduced in parts, each a stage storing its part in f32: the longest suffix of
+/// them that one row holds (the last axis, or constant axes merged by a reshape into a row of at
+/// most `MERGED_ROW_LIMIT`) by rows, again while reduced axes are left before it; the last part
+/// is reduced over what is left (by rows, or by columns over the leading axis). Any other
+/// reduction is computed as it is, its trailing axes merged into rows where their sizes are
+/// constant.
 pub(crate) fn split(g: &Graph) -> Option<Stages> {
     let mut stored: Vec<(DType, Shape)> = Vec::new();
     let mut stored_outputs: Vec<Option<usize>> = Vec::new();
@@ -59,41 +75,57 @@ pub(crate) fn split(g: &Graph) -> Option<Stages> {
             break;
         }
         // The candidates that read no other candidate are computed by this stage.
-        let ready: Vec<NodeId> = candidates
+        let mut work: Vec<Work> = candidates
             .iter()
             .copied()
             .filter(|&r| !candidates.iter().any(|&o| o != r && depends_on(&current, r, o)))
+            .filter_map(|r| match current.node(r).op {
+                Op::Reduce { axis, x, .. } => {
+                    let rank = current.node(x).shape.rank();
+                    Some(Work { r, x, axes: axis_bits(axis, rank), parted: false })
+                }
+                _ => None,
+            })
             .collect();
-        let (mut first, mut second) = (current.clone(), current.clone());
-        first.outputs.clear();
-        second.outputs.clear();
-        let mut first_outs = Vec::new();
-        // The first parts, computed by a stage before the one of the stored reductions.
-        let mut parts: Vec<Option<NodeId>> = Vec::new();
-        for &r in &ready {
-            parts.push(first_part(&mut first, r).map(|part| {
-                let (dtype, shape) = (first.node(part).dtype, first.node(part).shape.clone());
-                first.outputs.push(Output { name: stored_name(r, "part"), node: part });
-                first_outs.push(stored.len());
+        // Parts, a stage each, while some reduction has one to store.
+        loop {
+            let parts: Vec<(usize, usize)> =
+                work.iter().enumerate().filter_map(|(i, w)| next_part(&current, w).map(|k| (i, k))).collect();
+            if parts.is_empty() {
+                break;
+            }
+            let mut stage = current.clone();
+            stage.outputs.clear();
+            let mut outs = Vec::new();
+            for (i, k) in parts {
+                let w = &mut work[i];
+                let part = rows_reduction(&mut stage, w.r, w.x, k, DType::F32)?;
+                let (dtype, shape) = (DType::F32, stage.node(part).shape.clone());
+                let name = stored_name(w.r, &format!("part {}", stored.len()));
+                stage.outputs.push(Output { name: name.clone(), node: part });
+                outs.push(stored.len());
                 stored.push((dtype, shape.clone()));
                 stored_outputs.push(None);
-                let decl = Input { name: stored_name(r, "part"), dtype, shape: shape.clone() };
-                for g in [&mut second, &mut current] {
-                    g.inputs.push(decl.clone());
-                }
-                let id = InputId((second.inputs.len() - 1) as u32);
-                second.nodes.push(Node { op: Op::Input(id), dtype, shape });
-                NodeId((second.nodes.len() - 1) as u32)
-            }));
+                current.inputs.push(Input { name, dtype, shape: shape.clone() });
+                let id = InputId((current.inputs.len() - 1) as u32);
+                current.nodes.push(Node { op: Op::Input(id), dtype, shape });
+                w.x = NodeId((current.nodes.len() - 1) as u32);
+                w.axes &= (1u32 << k) - 1;
+                w.parted = true;
+            }
+            early.push((stage, outs));
         }
-        let mut second_outs = Vec::new();
-        for (&r, part) in ready.iter().zip(parts) {
-            let out = stored_form(&mut second, r, part)?;
+        let mut stage = current.clone();
+        stage.outputs.clear();
+        let mut outs = Vec::new();
+        for w in &work {
+            let r = w.r;
+            let out = if w.parted { rest_of(&mut stage, w)? } else { stored_form(&mut stage, r)? };
             // Stored into an output of the graph when it is one (named so in the plan's notes).
             let output = g.outputs.iter().position(|o| o.node == r);
             let name = output.map_or_else(|| stored_name(r, "stored"), |o| g.outputs[o].name.clone());
-            second.outputs.push(Output { name, node: out });
-            second_outs.push(stored.len());
+            stage.outputs.push(Output { name, node: out });
+            outs.push(stored.len());
             let node = current.node(r);
             stored.push((node.dtype, node.shape.clone()));
             stored_outputs.push(output);
@@ -101,10 +133,7 @@ pub(crate) fn split(g: &Graph) -> Option<Stages> {
             current.inputs.push(Input { name: stored_name(r, "stored"), dtype: node.dtype, shape: node.shape.clone() });
             current.nodes[r.index()].op = Op::Input(InputId((current.inputs.len() - 1) as u32));
         }
-        if !first.outputs.is_empty() {
-            early.push((first, first_outs));
-        }
-        early.push((second, second_outs));
+        early.push((stage, outs));
     }
     if stored.is_empty() {
         return None;
@@ -126,80 +155,106 @@ fn push(g: &mut Graph, op: Op, dtype: DType, shape: Shape) -> NodeId {
     NodeId((g.nodes.len() - 1) as u32)
 }
 
-/// The trailing reduced axes of reduction `r` as one last-axis reduction, appended to `g`: `x`
-/// reshaped to merge them, reduced along the last axis. `None` when it reduces no trailing axis,
-/// or several of which one has a symbolic size.
-fn trailing(g: &mut Graph, r: NodeId, x: NodeId, dtype: DType) -> Option<(NodeId, usize)> {
-    let Op::Reduce { op, axis, mask: None, .. } = g.node(r).op else { return None };
-    let dims = g.node(x).shape.dims().to_vec();
+/// The reduced axes of `axis` over an operand of rank `rank`, as bits.
+fn axis_bits(axis: ReduceAxis, rank: usize) -> u32 {
+    axis.axes(rank).iter().fold(0u32, |m, &a| m | 1 << a)
+}
+
+/// The first axis of the longest suffix of `dims` reduced under `axes` that one row holds: the
+/// last axis, with the constant axes before it while their product stays within
+/// [`MERGED_ROW_LIMIT`] (any product when `unlimited`). `None` when the last axis is not reduced.
+fn row_suffix(dims: &[Dim], axes: u32, unlimited: bool) -> Option<usize> {
     let rank = dims.len();
-    let k = (0..rank).rev().take_while(|&a| axis.reduces(a, rank)).last()?;
-    let rows = if rank - k > 1 {
+    if rank == 0 || axes >> (rank - 1) & 1 == 0 {
+        return None;
+    }
+    let mut k = rank - 1;
+    let mut row = match dims[k] {
+        Dim::Const(c) => Some(c),
+        Dim::Sym(_) => None,
+    };
+    while k > 0 && axes >> (k - 1) & 1 == 1 {
+        let (Some(r), Dim::Const(c)) = (row, dims[k - 1]) else { break };
+        let merged = r.saturating_mul(c);
+        if !unlimited && merged > MERGED_ROW_LIMIT {
+            break;
+        }
+        row = Some(merged);
+        k -= 1;
+    }
+    Some(k)
+}
+
+/// Where the next part of `w` starts (see [`split`]): the first axis of the row suffix, when
+/// `w`'s reduction reduces in parts and reduced axes are left before the suffix.
+fn next_part(g: &Graph, w: &Work) -> Option<usize> {
+    let Op::Reduce { op, mask: None, .. } = g.node(w.r).op else { return None };
+    let partable = matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min)
+        && g.node(w.r).dtype.kind() == Kind::Float;
+    let k = row_suffix(g.node(w.x).shape.dims(), w.axes, false)?;
+    (partable && w.axes & ((1u32 << k) - 1) != 0).then_some(k)
+}
+
+/// `x` reduced (by `r`'s op, unmasked) along its axes from `k` on as one last-axis reduction,
+/// appended to `g` with `dtype` (a cast of `x` first when it differs): `x` reshaped to merge them
+/// when they are several (of constant sizes).
+fn rows_reduction(g: &mut Graph, r: NodeId, x: NodeId, k: usize, dtype: DType) -> Option<NodeId> {
+    let Op::Reduce { op, .. } = g.node(r).op else { return None };
+    let dims = g.node(x).shape.dims().to_vec();
+    let x = if g.node(x).dtype == dtype { x } else { push(g, Op::Cast(x), dtype, g.node(x).shape.clone()) };
+    let rows = if dims.len() - k > 1 {
         let cols = dims[k..].iter().try_fold(1u64, |acc, d| match d {
             Dim::Const(c) => acc.checked_mul(*c),
             Dim::Sym(_) => None,
         })?;
         let mut to = dims[..k].to_vec();
         to.push(Dim::Const(cols));
-        push(g, Op::Reshape(x), g.node(x).dtype, Shape(to))
+        push(g, Op::Reshape(x), dtype, Shape(to))
     } else {
         x
     };
-    Some((push(g, Op::Reduce { op, axis: ReduceAxis::Last, x: rows, mask: None }, dtype, Shape(dims[..k].to_vec())), k))
+    Some(push(g, Op::Reduce { op, axis: ReduceAxis::Last, x: rows, mask: None }, dtype, Shape(dims[..k].to_vec())))
 }
 
-/// Whether reduction `r` is one that reduces in parts: an unmasked sum, mean, max or min of
-/// floats over trailing axes and others.
-fn in_parts(g: &Graph, r: NodeId) -> bool {
-    let Op::Reduce { op, axis, x, mask: None } = g.node(r).op else { return false };
-    let rank = g.node(x).shape.rank();
-    let run = (0..rank).rev().take_while(|&a| axis.reduces(a, rank)).count();
-    matches!(op, ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Max | ReduceOp::Min)
-        && g.node(r).dtype.kind() == Kind::Float
-        && run > 0
-        && (0..rank - run).any(|a| axis.reduces(a, rank))
-}
-
-/// The first part of reduction `r` (see [`split`]), appended to `g` (f32), or `None` when it is
-/// not reduced in parts.
-fn first_part(g: &mut Graph, r: NodeId) -> Option<NodeId> {
-    if !in_parts(g, r) {
-        return None;
-    }
-    let Op::Reduce { x, .. } = g.node(r).op else { return None };
-    let x32 = match g.node(x).dtype {
-        DType::F32 => x,
-        _ => push(g, Op::Cast(x), DType::F32, g.node(x).shape.clone()),
+/// The rest of a reduction reduced in parts: its last part (an input of `g`) reduced over the
+/// axes left, by rows when they are a suffix, as they are otherwise (a leading axis: by columns),
+/// cast to the reduction's dtype.
+fn rest_of(g: &mut Graph, w: &Work) -> Option<NodeId> {
+    let Op::Reduce { op, .. } = g.node(w.r).op else { return None };
+    let dims = g.node(w.x).shape.dims().to_vec();
+    let y = match row_suffix(&dims, w.axes, true) {
+        Some(k) if w.axes & ((1u32 << k) - 1) == 0 => rows_reduction(g, w.r, w.x, k, DType::F32)?,
+        _ if w.axes == 0 => w.x,
+        _ => {
+            let axis = ReduceAxis::Axes { mask: w.axes, keepdim: false };
+            let shape = axis.result_shape(&g.node(w.x).shape)?;
+            push(g, Op::Reduce { op, axis, x: w.x, mask: None }, DType::F32, shape)
+        }
     };
-    trailing(g, r, x32, DType::F32).map(|(part, _)| part)
+    let (dtype, shape) = (g.node(w.r).dtype, g.node(y).shape.clone());
+    Some(if dtype == DType::F32 { y } else { push(g, Op::Cast(y), dtype, shape) })
 }
 
-/// Reduction `r`'s elements without its kept axes, appended to `g`: from its first part (an
-/// input of `g`) when it has one, by rows when it reduces trailing axes alone, as it is
+/// Reduction `r`'s elements without its kept axes, appended to `g`: by rows when it reduces
+/// trailing axes alone (merged by a reshape where they are several, of constant sizes), as it is
 /// otherwise.
-fn stored_form(g: &mut Graph, r: NodeId, part: Option<NodeId>) -> Option<NodeId> {
+fn stored_form(g: &mut Graph, r: NodeId) -> Option<NodeId> {
     let node = g.node(r).clone();
-    let Op::Reduce { op, axis, x, mask } = node.op else { return None };
+    let Op::Reduce { axis, x, mask, .. } = node.op else { return None };
     let rank = g.node(x).shape.rank();
-    let rest = |k: usize| (0..k).filter(|&a| axis.reduces(a, rank)).fold(0u32, |m, a| m | 1 << a);
-    if let Some(part) = part {
-        // The rest of the axes, of the first part's leading axes.
-        let k = g.node(part).shape.rank();
-        let axis = ReduceAxis::Axes { mask: rest(k), keepdim: false };
-        let shape = axis.result_shape(&g.node(part).shape)?;
-        let y = push(g, Op::Reduce { op, axis, x: part, mask: None }, DType::F32, shape.clone());
-        return Some(if node.dtype == DType::F32 { y } else { push(g, Op::Cast(y), node.dtype, shape) });
-    }
-    let run = (0..rank).rev().take_while(|&a| axis.reduces(a, rank)).count();
-    if mask.is_none() && rest(rank - run) == 0 {
-        if let Some((y, _)) = trailing(g, r, x, node.dtype) {
-            return Some(y);
+    let axes = axis_bits(axis, rank);
+    if mask.is_none() {
+        if let Some(k) = row_suffix(g.node(x).shape.dims(), axes, true) {
+            if axes & ((1u32 << k) - 1) == 0 && rank - k > 1 {
+                return rows_reduction(g, r, x, k, node.dtype);
+            }
         }
     }
     match axis {
         ReduceAxis::Axes { mask: m, keepdim: true } => {
             let axis = ReduceAxis::Axes { mask: m, keepdim: false };
             let shape = axis.result_shape(&g.node(x).shape)?;
+            let Op::Reduce { op, .. } = node.op else { return None };
             Some(push(g, Op::Reduce { op, axis, x, mask }, node.dtype, shape))
         }
         _ => Some(r),

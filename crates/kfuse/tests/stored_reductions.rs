@@ -109,6 +109,26 @@ fn no_kernel_reads_a_reduction_again_at_every_element() {
 }
 
 #[test]
+fn long_or_symbolic_trailing_axes_are_reduced_in_parts_by_rows() {
+    let domains = |src: &str| -> Vec<String> {
+        let p = program(src, "stored.kf");
+        let notes: Vec<String> = p.plan().kernels.iter().flat_map(|k| k.plan_notes()).map(str::to_string).collect();
+        notes
+            .iter()
+            .filter(|n| n.contains("rows of the last reduced axis"))
+            .map(|n| n[..n.find(" elements").unwrap_or(0)].to_string())
+            .collect()
+    };
+    // A layer norm over (64, 28, 28): rows of 784 (the merged spatial axes), then of 64, for each
+    // statistic; not 50176-element rows, a group of lanes each.
+    let ln = "input x: f32[N, 64, 28, 28]\nlet d = x - mean(x, axis: [1, 2, 3], keepdim: true)\n\
+              output y = d * rsqrt(mean(d * d, axis: [1, 2, 3], keepdim: true) + 1e-5)\n";
+    assert_eq!(domains(ln), ["[N, 64]", "[N]", "[N, 64]", "[N]"]);
+    // Symbolic spatial axes: one row reduction per axis, then the batch's columns.
+    assert_eq!(domains(BATCH_NORM_SYMBOLIC)[..2], ["[N, C, H]", "[N, C]"]);
+}
+
+#[test]
 fn stored_reductions_give_the_hand_values() {
     let p = program(CENTER, "stored.kf");
     let out = p.run_cpu(&[("x", &t(&[3, 2], &[0.0, -8.0, 2.0, 4.0, 4.0, 1.0]))]).expect("runs");
