@@ -98,6 +98,10 @@ pub(crate) struct Uses {
     /// symbolic extent); 0 when it has none. Loops a row-wise kernel runs once per row count
     /// once for the row's columns.
     pub recompute: u64,
+    /// The reductions computed where they are used that read more than
+    /// [`crate::RECOMPUTED_EXTENT_LIMIT`] elements again per element (the planner stores them
+    /// once instead, see `stages`).
+    pub recomputed: BTreeSet<NodeId>,
 }
 
 impl Uses {
@@ -109,6 +113,7 @@ impl Uses {
         self.helpers.extend(other.helpers);
         self.outputs_read.extend(other.outputs_read);
         self.recompute = self.recompute.max(other.recompute);
+        self.recomputed.extend(other.recomputed);
     }
 }
 
@@ -380,7 +385,7 @@ impl<'a> Emitter<'a> {
     /// constant row length in a row-wise kernel's per-row code, outside its columns). A loop of a
     /// reduction evaluated once per element of its result (`own`) counts as 1: it reads its
     /// operand once, which is its own work, not work again.
-    fn note_reduce_loop(&mut self, l: u32, d: Dim, own: bool) {
+    fn note_reduce_loop(&mut self, n: NodeId, l: u32, d: Dim, own: bool) {
         self.reduce_extents.insert(l, (d, if own { Dim::Const(1) } else { d }));
         let work = self.blocks.iter().try_fold(1u64, |acc, b| match b.kind {
             BlockKind::Loop(j) => match self.reduce_extents.get(&j) {
@@ -398,6 +403,9 @@ impl<'a> Emitter<'a> {
             (None, _) => u64::MAX,
         };
         self.uses.recompute = self.uses.recompute.max(work);
+        if !own && work > crate::RECOMPUTED_EXTENT_LIMIT {
+            self.uses.recomputed.insert(n);
+        }
     }
 
     /// Whether inline reduction `n`, about to open its loops, is evaluated once per element of
@@ -1292,7 +1300,7 @@ impl<'a> Emitter<'a> {
             self.open(BlockKind::Loop(l), format!("for (long long j{l} = 0; j{l} < {extent}; ++j{l}) {{"));
             xctx.push(Coord::Loop(l));
             loops += 1;
-            self.note_reduce_loop(l, d, own);
+            self.note_reduce_loop(n, l, d, own);
         }
         let guard = self.reduce_guard(op, x, mask, &xctx);
         let r = Box::new(RowReduce { n, op, x, mask, ctx, xctx, depth, saved, accs, loops, guarded: guard.is_some() });

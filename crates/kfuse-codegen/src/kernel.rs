@@ -432,6 +432,7 @@ pub(crate) fn emit_kernel(
         fold: None,
         narrow_index: shape == KernelShape::GridStride,
         recompute: uses.recompute,
+        recomputed: uses.recomputed.iter().map(|n| n.0).collect(),
     })
 }
 

@@ -151,7 +151,34 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }
-    match stages::split(graph) {
+    // Reductions computed where they are used that a kernel reads again at every element are
+    // stored once (see `stages`): those `stages::split` finds in the graph, then any the
+    // emitted kernels report (a last-axis reduction read back in a kernel over other rows),
+    // planning again until none is left or none can be stored.
+    let mut forced = std::collections::BTreeSet::new();
+    loop {
+        let plan = plan_stages(graph, opts, &forced)?;
+        let more: Vec<kfuse_ir::NodeId> = plan
+            .kernels
+            .iter()
+            .flat_map(|k| k.recomputed.iter())
+            .map(|&n| kfuse_ir::NodeId(n))
+            .filter(|n| n.index() < graph.nodes.len() && stages::storable(graph, *n) && !forced.contains(n))
+            .collect();
+        if more.is_empty() {
+            return Ok(plan);
+        }
+        forced.extend(more);
+    }
+}
+
+/// Plans `graph` in stages (see `stages`), storing the reductions `split` finds and `forced`.
+fn plan_stages(
+    graph: &Graph,
+    opts: &CodegenOptions,
+    forced: &std::collections::BTreeSet<kfuse_ir::NodeId>,
+) -> Result<Plan, CodegenError> {
+    match stages::split(graph, forced) {
         None => plan_stage(graph, opts),
         Some(stages) => {
             let early = stages

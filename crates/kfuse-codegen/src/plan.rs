@@ -244,6 +244,10 @@ pub struct Kernel {
     /// reductions computed once per row count once for the row's constant number of columns):
     /// above a few dozen, the kernel's work grows with the product of its domain and this.
     pub recompute: u64,
+    /// The reductions (node numbers of the graph planned) that make [`Kernel::recompute`] exceed
+    /// [`crate::RECOMPUTED_EXTENT_LIMIT`]; the planner stores them once and plans again, so a
+    /// plan's kernels list one only where that could not be done.
+    pub recomputed: Vec<u32>,
 }
 
 /// The NVRTC option that builds a kernel whose [`Kernel::narrow_index`] holds with a 64-bit flat

@@ -292,15 +292,14 @@ def _lower_and_compile(sub, name, fresh):
     except Error as e:
         raise _lower.Refused(f"kfuse did not compile the region: {e}") from e
     _checked(prog, lowered)
-    # What the rules of `_lower` do not see (a reduction inside another, rows of another shape):
-    # a kernel that would compute reductions again at every element, over more than
-    # REUSED_EXTENT_LIMIT elements of constant sizes, leaves the region to PyTorch. (A count over
-    # sizes known only at run time, 2^64 - 1, is the rules' to judge: the region's sizes above
-    # MAX_CONST_DIM are symbols there.)
-    worst = max([r for r in prog._native.recompute() if r < 2**64 - 1], default=0)
+    # kfuse stores reductions read back at every element once; a kernel that would still compute
+    # one again at every element, over more than REUSED_EXTENT_LIMIT elements (or a count known
+    # only at run time), leaves the region to PyTorch.
+    worst = max(prog._native.recompute(), default=0)
     if worst > _lower.REUSED_EXTENT_LIMIT:
+        count = "a number known at run time of" if worst >= 2**64 - 1 else str(worst)
         raise _lower.Refused(
-            f"its kernels would compute reductions again at every element ({worst} elements each); "
+            f"its kernels would compute reductions again at every element ({count} elements each); "
             "the region runs in PyTorch"
         )
     return lowered, prog, cached
