@@ -62,7 +62,7 @@ output dx = grad(loss, x)
 ";
 
 /// Half-precision operands (the first parts are kept in f32), a masked sum, a minimum in parts,
-/// middle axes, and a mean of rows' sums.
+/// middle axes, a mean of rows' sums, and a last-axis mean of a transpose read back at the rows.
 const MIXED: &str = "\
 input h: bf16[B, 80]
 input x: f32[B, 8, 5, 16]
@@ -73,6 +73,7 @@ output parts = x - min(x, axis: [0, 2, 3], keepdim: true)
 output masked = x * sum(x, axis: [0, 2], keepdim: true, where: m)
 output middle = x - mean(x, axis: [1, 2], keepdim: true)
 output rows = r * mean(sum(r, axis: -1), axis: 0, keepdim: true)[.., None]
+output across = h - transpose(mean(transpose(h, 0, 1), axis: -1, keepdim: true), 0, 1)
 ";
 
 const ALL: [&str; 5] = [CENTER, BATCH_NORM, BATCH_NORM_SYMBOLIC, LAYER_NORM_CHW, MIXED];
