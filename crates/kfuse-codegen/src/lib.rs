@@ -65,10 +65,11 @@
 //!   `include_str!` and rendered by `text::render` (`{{name}}` placeholders; lines starting with
 //!   `//~` are notes for the reader and are not emitted).
 //!
-//! Not handled: a reduction along the last axis read back in a kernel that does not run over its
-//! rows (`transpose(mean(transpose(x), axis: -1))`) is computed where it is used, again at every
-//! element that reads it ([`Kernel::recompute`] counts what that costs an element; `kfuse check
-//! --plan` warns of kernels where it is large).
+//! A reduction along the last axis that an emitted kernel reads again at every element (read
+//! back in a kernel that does not run over its rows, `transpose(mean(transpose(x), axis: -1))`)
+//! is named by that kernel ([`Kernel::recomputed`]) and stored the same way, planning again.
+//! [`Kernel::recompute`] counts what is left (`kfuse check --plan` warns of kernels where it is
+//! large); no program is known to leave any.
 #![forbid(unsafe_code)]
 
 mod actions;
