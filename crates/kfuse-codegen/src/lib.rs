@@ -188,7 +188,7 @@ fn plan_stages(
                 .map(|(g, outs)| Ok((plan_stage(g, opts)?, outs.clone())))
                 .collect::<Result<Vec<_>, CodegenError>>()?;
             let last = stages.last.as_ref().map(|g| plan_stage(g, opts)).transpose()?;
-            Ok(stages::merge(graph, &stages, early, last))
+            Ok(stages::merge(graph, &stages, early, last, opts.strided_inputs.clone()))
         }
     }
 }

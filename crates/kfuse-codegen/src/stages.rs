@@ -2,12 +2,13 @@
 //! at the elements it reduces (`x - mean(x, axis: 0, keepdim: true)`, a batch norm's statistics)
 //! would be computed where it is used, again at every element that reads it. Such a reduction is
 //! computed by a stage of its own instead, a plan whose output is the reduction, stored into a
-//! [`crate::BufferKind::Temp`]; the later stages read it as an input. [`split`] finds them and the
+//! [`crate::BufferKind::Temp`] (or the graph's output, when it is one); the later stages read it
+//! as an input. [`split`] finds them and the
 //! graph of each stage; [`merge`] joins the stages' plans into one.
 //!
 //! Not handled here: how a stage is planned (see `analysis` and `shapes`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use kfuse_ir::{DType, Dim, Graph, Input, InputId, Kind, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape};
 
@@ -205,10 +206,7 @@ fn rows_reduction(g: &mut Graph, r: NodeId, x: NodeId, k: usize, dtype: DType) -
     let dims = g.node(x).shape.dims().to_vec();
     let x = if g.node(x).dtype == dtype { x } else { push(g, Op::Cast(x), dtype, g.node(x).shape.clone()) };
     let rows = if dims.len() - k > 1 {
-        let cols = dims[k..].iter().try_fold(1u64, |acc, d| match d {
-            Dim::Const(c) => acc.checked_mul(*c),
-            Dim::Sym(_) => None,
-        })?;
+        let cols = SizeExpr::of(&dims[k..]).filter(|e| e.symbols.is_empty())?.constant;
         let mut to = dims[..k].to_vec();
         to.push(Dim::Const(cols));
         push(g, Op::Reshape(x), dtype, Shape(to))
@@ -226,7 +224,6 @@ fn rest_of(g: &mut Graph, w: &Work) -> Option<NodeId> {
     let dims = g.node(w.x).shape.dims().to_vec();
     let y = match row_suffix(&dims, w.axes, true) {
         Some(k) if w.axes & ((1u32 << k) - 1) == 0 => rows_reduction(g, w.r, w.x, k, DType::F32)?,
-        _ if w.axes == 0 => w.x,
         _ => {
             let axis = ReduceAxis::Axes { mask: w.axes, keepdim: false };
             let shape = axis.result_shape(&g.node(w.x).shape)?;
@@ -287,10 +284,8 @@ fn stored_candidates(g: &Graph, forced: &BTreeSet<NodeId>) -> Vec<NodeId> {
             continue;
         }
         let xs = g.node(x).shape.dims();
-        let extent = axis.axes(xs.len()).iter().try_fold(1u64, |acc, &a| match xs[a] {
-            Dim::Const(c) => Some(acc.saturating_mul(c)),
-            Dim::Sym(_) => None,
-        });
+        let reduced: Vec<Dim> = axis.axes(xs.len()).iter().map(|&a| xs[a]).collect();
+        let extent = SizeExpr::of(&reduced).filter(|e| e.symbols.is_empty()).map(|e| e.constant);
         if extent.is_some_and(|e| e <= RECOMPUTED_EXTENT_LIMIT) {
             continue;
         }
@@ -332,7 +327,13 @@ fn read_at_larger_shape(g: &Graph, users: &[Vec<NodeId>], r: NodeId) -> bool {
 /// and outputs keep their buffers, each stored value takes its output's buffer or a
 /// [`BufferKind::Temp`] after them, and every other buffer of every stage follows, its kernels
 /// renumbered in launch order.
-pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, last: Option<Plan>) -> Plan {
+pub(crate) fn merge(
+    g: &Graph,
+    stages: &Stages,
+    early: Vec<(Plan, Vec<usize>)>,
+    last: Option<Plan>,
+    strided_inputs: Vec<u32>,
+) -> Plan {
     let decl = |kind, dtype, shape: &Shape| BufferDecl {
         kind,
         elem: ElemType::Tensor(dtype),
@@ -359,8 +360,6 @@ pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, 
             }
         });
     }
-    let strided_inputs =
-        last.as_ref().or(early.first().map(|e| &e.0)).map(|p| p.strided_inputs.clone()).unwrap_or_default();
     let mut kernels = Vec::new();
     let last_outputs: Vec<usize> = stages.last_outputs.iter().map(|o| n_in + o).collect();
     let early_plans = early.into_iter().map(|(p, outs)| {
@@ -371,7 +370,7 @@ pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, 
         let offset = kernels.len();
         let inputs = plan.buffers.iter().take_while(|b| matches!(b.kind, BufferKind::Input(_))).count();
         let outputs = plan.buffers[inputs..].iter().take_while(|b| matches!(b.kind, BufferKind::Output(_))).count();
-        let mut map: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut map: Vec<usize> = Vec::with_capacity(plan.buffers.len());
         for (b, decl) in plan.buffers.iter().enumerate() {
             let to = if b < n_in {
                 b
@@ -392,12 +391,12 @@ pub(crate) fn merge(g: &Graph, stages: &Stages, early: Vec<(Plan, Vec<usize>)>, 
                 buffers.push(BufferDecl { kind, ..decl.clone() });
                 buffers.len() - 1
             };
-            map.insert(b, to);
+            map.push(to);
         }
         let remap = |params: &mut Vec<Param>| {
             for p in params {
                 match p {
-                    Param::Buffer(b) => *b = map[b],
+                    Param::Buffer(b) => *b = map[*b],
                     Param::Grid(k) => *k += offset,
                     _ => {}
                 }
