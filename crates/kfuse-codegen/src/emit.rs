@@ -381,8 +381,8 @@ impl<'a> Emitter<'a> {
     }
 
     /// Records inline reduction loop `l` of extent `d` (just opened) in `uses.recompute`: the
-    /// product of the extents of the reduction loops open around it, per element (divided by a
-    /// constant row length in a row-wise kernel's per-row code, outside its columns). A loop of a
+    /// product of the extents of the reduction loops open around it, per element (divided by the
+    /// columns a lane takes in a row-wise kernel's per-row code, outside its columns). A loop of a
     /// reduction evaluated once per element of its result (`own`) counts as 1: it reads its
     /// operand once, which is its own work, not work again.
     fn note_reduce_loop(&mut self, n: NodeId, l: u32, d: Dim, own: bool) {
@@ -395,10 +395,14 @@ impl<'a> Emitter<'a> {
             },
             _ => Some(acc),
         });
-        // A row-wise kernel's per-row code (outside its columns) runs once for a row's columns.
+        // A row-wise kernel's per-row code (outside its columns) runs in every lane of the row's
+        // group: once for the columns a lane takes, about `ROW_COLS_PER_LANE` of them (the most
+        // lanes a row may get, blocks of up to 1024 threads, counted).
         let per_row = self.row_mode && !self.blocks.iter().any(|b| b.kind == BlockKind::Columns);
         let work = match (work, self.dims.last()) {
-            (Some(w), Some(Dim::Const(cols))) if per_row && *cols > 0 => w / cols,
+            (Some(w), Some(Dim::Const(cols))) if per_row && *cols > 0 => {
+                w / (cols / crate::row_lanes(*cols, 1024)).max(1)
+            }
             (Some(w), _) => w,
             (None, _) => u64::MAX,
         };

@@ -76,7 +76,23 @@ output rows = r * mean(sum(r, axis: -1), axis: 0, keepdim: true)[.., None]
 output across = h - transpose(mean(transpose(h, 0, 1), axis: -1, keepdim: true), 0, 1)
 ";
 
-const ALL: [&str; 5] = [CENTER, BATCH_NORM, BATCH_NORM_SYMBOLIC, LAYER_NORM_CHW, MIXED];
+/// A group norm's backward as the backend lowers it: the rows' sums of each channel, summed over
+/// the channels of a group, read back at every element of the group's rows. A row-wise kernel
+/// over those rows runs its per-row code in every lane of a row: the rows' sums are stored, not
+/// summed again by each lane of each row of the group.
+const GROUP_NORM: &str = "\
+input x: f32[N, 4, 3, 130]
+input g: f32[N, 4, 3, 130]
+input w: f32[4, 3]
+let s = sum(x * g, axis: -1)
+let t = sum(s * w, axis: -1)
+let m = mean(x, axis: [2, 3], keepdim: true)
+let d = x - m
+output dx = x * t[.., None, None] + g * sum(s, axis: -1)[.., None, None]
+output y = d * rsqrt(mean(d * d, axis: [2, 3], keepdim: true) + 1e-5) * w[.., None]
+";
+
+const ALL: [&str; 6] = [CENTER, BATCH_NORM, BATCH_NORM_SYMBOLIC, LAYER_NORM_CHW, MIXED, GROUP_NORM];
 
 #[test]
 fn no_kernel_reads_a_reduction_again_at_every_element() {
@@ -107,6 +123,18 @@ fn no_kernel_reads_a_reduction_again_at_every_element() {
         assert_eq!(writers, 1, "output {name} written once:\n{notes:#?}");
     }
     assert_eq!(p.plan().buffers.iter().filter(|b| b.kind == BufferKind::Temp).count(), 4, "{notes:#?}");
+    // The group norm: the rows' sums of each channel are stored by a kernel over the rows.
+    let p = program(GROUP_NORM, "stored.kf");
+    let rows_stored = p.plan().kernels.iter().any(|k| {
+        let notes = k.plan_notes();
+        notes.first().is_some_and(|n| n.starts_with("[N, 4, 3] elements"))
+            && notes.iter().any(|n| n.starts_with("output stored"))
+    });
+    assert!(
+        rows_stored,
+        "the rows' sums stored:\n{:#?}",
+        p.plan().kernels.iter().map(|k| k.plan_notes()).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -179,6 +207,13 @@ fn a_gpu_stores_reductions_like_the_interpreter_at_odd_sizes() {
         let (x, g) =
             (rand(DType::F32, &[n, 6, 11, 13], 60 + k as u64), rand(DType::F32, &[n, 6, 11, 13], 70 + k as u64));
         compare(&ln, gpu.ordinal(), &[("x", &x), ("g", &g)], &format!("layer norm N={n}"), 1e-3);
+    }
+    let gn = program(GROUP_NORM, "stored.kf");
+    for (k, n) in [1, 3, 33].into_iter().enumerate() {
+        let k = k as u64;
+        let (x, g) = (rand(DType::F32, &[n, 4, 3, 130], 120 + k), rand(DType::F32, &[n, 4, 3, 130], 130 + k));
+        let w = rand(DType::F32, &[4, 3], 140 + k);
+        compare(&gn, gpu.ordinal(), &[("x", &x), ("g", &g), ("w", &w)], &format!("group norm N={n}"), 1e-3);
     }
     let mixed = program(MIXED, "stored.kf");
     for (k, b) in [1, 7, 131].into_iter().enumerate() {
