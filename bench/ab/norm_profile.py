@@ -41,6 +41,8 @@ def main():
             torch.cuda.synchronize()
         print(f"== {name} on {torch.cuda.get_device_name()}: CUDA µs a step, by kernel")
         rows = [(e.device_time_total / args.steps, e.count // args.steps, e.key) for e in prof.key_averages()]
+        total = sum(us for us, _, _ in rows)
+        print(f"{total:10.1f} µs  in all, {sum(calls for _, calls, _ in rows)} kernels a step")
         for us, calls, key in sorted(rows, reverse=True)[:12]:
             print(f"{us:10.1f} µs  {calls:3d}x  {key[:110]}")
         torch._dynamo.reset()
