@@ -103,7 +103,7 @@ pub use plan::{
     ERROR_RECORD_WORDS, NARROW_INDEX_LIMIT, ROW_COLS_PER_LANE, ROW_MIN_LANES, WIDE_INDEX_OPTION,
 };
 pub use scale::{scale_by_upstream_source, SCALE_BLOCK};
-pub use stages::RECOMPUTED_EXTENT_LIMIT;
+pub use stages::{Stages, RECOMPUTED_EXTENT_LIMIT};
 
 use emit::{temp_dtype, Emitter, Mode};
 
@@ -138,6 +138,27 @@ fn stores_through_reshapes(graph: &Graph) -> Option<Graph> {
 ///
 /// The same graph and options always give the same plan, byte for byte.
 pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> {
+    Ok(plan_storing(graph, opts)?.0)
+}
+
+/// The stages [`plan`] plans `graph` in: its graph split into graphs, each computing values
+/// stored for the next (see [`Stages`]); `None` when it stores nothing. Run through the
+/// interpreter one after another, they give the graph's outputs (what the tests check).
+pub fn stage_graphs(graph: &Graph, opts: &CodegenOptions) -> Result<Option<Stages>, CodegenError> {
+    let forced = plan_storing(graph, opts)?.1;
+    Ok(stages::split(graph, &forced))
+}
+
+/// [`plan`] (its checks done) and the reductions it stores beyond those `stages::split` finds.
+///
+/// Reductions computed where they are used that a kernel reads again at every element are
+/// stored once (see `stages`): those `stages::split` finds in the graph, then any the emitted
+/// kernels report (a last-axis reduction read back in a kernel over other rows), planning again
+/// until none is left or none can be stored.
+fn plan_storing(
+    graph: &Graph,
+    opts: &CodegenOptions,
+) -> Result<(Plan, std::collections::BTreeSet<kfuse_ir::NodeId>), CodegenError> {
     verify(graph)?;
     if graph.outputs.is_empty() {
         return Err(CodegenError::NoOutputs);
@@ -152,10 +173,6 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
     if !(1..=16).contains(&opts.elems_per_thread) {
         return Err(CodegenError::BadElemsPerThread { elems_per_thread: opts.elems_per_thread });
     }
-    // Reductions computed where they are used that a kernel reads again at every element are
-    // stored once (see `stages`): those `stages::split` finds in the graph, then any the
-    // emitted kernels report (a last-axis reduction read back in a kernel over other rows),
-    // planning again until none is left or none can be stored.
     let mut forced = std::collections::BTreeSet::new();
     loop {
         let plan = plan_stages(graph, opts, &forced)?;
@@ -167,7 +184,7 @@ pub fn plan(graph: &Graph, opts: &CodegenOptions) -> Result<Plan, CodegenError> 
             .filter(|n| n.index() < graph.nodes.len() && stages::storable(graph, *n) && !forced.contains(n))
             .collect();
         if more.is_empty() {
-            return Ok(plan);
+            return Ok((plan, forced));
         }
         forced.extend(more);
     }

@@ -22,7 +22,7 @@ pub const RECOMPUTED_EXTENT_LIMIT: u64 = 64;
 
 /// A graph split into stages: each earlier stage computes some stored values; the last computes
 /// the graph's outputs.
-pub(crate) struct Stages {
+pub struct Stages {
     /// The stored values (a stored reduction, or the first part of one), in the order they are
     /// computed: their dtype and shape as the stages read them.
     pub stored: Vec<(DType, Shape)>,

@@ -110,3 +110,53 @@ pub fn assert_compiles_for_sm80_and_sm90(what: &str, name: &str, source: &str) {
         }
     }
 }
+
+/// The outputs of `graph` computed by the interpreter stage by stage, as its plan under `opts`
+/// computes them (see [`kfuse_codegen::stage_graphs`]): each stage's graph run on the original
+/// inputs and the values the stages before it stored, each stored value shaped as its readers
+/// declare it. `Ok(None)` when the plan stores nothing; `Err` says what failed.
+pub fn run_stages(
+    graph: &kfuse_ir::Graph,
+    opts: &kfuse_codegen::CodegenOptions,
+    inputs: &[(&str, &HostTensor)],
+) -> Result<Option<Vec<(String, HostTensor)>>, String> {
+    let Some(stages) = kfuse_codegen::stage_graphs(graph, opts).map_err(|e| format!("the plan: {e}"))? else {
+        return Ok(None);
+    };
+    let bindings = kfuse_ir::SymbolBindings::bind(graph, inputs).map_err(|e| format!("the inputs: {e}"))?;
+    let original = graph.inputs.len();
+    let run = |g: &kfuse_ir::Graph, stored: &[Option<HostTensor>]| {
+        let mut feed: Vec<(&str, &HostTensor)> = Vec::with_capacity(g.inputs.len());
+        for (j, input) in g.inputs.iter().enumerate() {
+            let t = match j.checked_sub(original) {
+                None => inputs.iter().find(|(n, _)| *n == input.name).map(|(_, t)| *t),
+                Some(i) => stored[i].as_ref(),
+            };
+            feed.push((input.name.as_str(), t.ok_or_else(|| format!("no value for stage input `{}`", input.name))?));
+        }
+        kfuse_interp::run(g, &feed).map_err(|e| format!("a stage: {e}"))
+    };
+    let mut stored: Vec<Option<HostTensor>> = vec![None; stages.stored.len()];
+    for (g, outs) in &stages.early {
+        for ((_, t), &i) in run(g, &stored)?.into_iter().zip(outs) {
+            let dims = bindings.resolve(graph, &stages.stored[i].1);
+            if dims.iter().product::<usize>() != t.data.len() {
+                return Err(format!("stored value {i}: {} elements, read as {dims:?}", t.data.len()));
+            }
+            stored[i] = Some(HostTensor::new(dims, t.data));
+        }
+    }
+    let mut last = match &stages.last {
+        Some(g) => run(g, &stored)?.into_iter(),
+        None => Vec::new().into_iter(),
+    };
+    let mut outputs = Vec::with_capacity(graph.outputs.len());
+    for (o, output) in graph.outputs.iter().enumerate() {
+        let value = match stages.stored_outputs.iter().position(|s| *s == Some(o)) {
+            Some(i) => stored[i].clone().map(|t| (output.name.clone(), t)),
+            None => last.next(),
+        };
+        outputs.push(value.ok_or_else(|| format!("no stage computes output `{}`", output.name))?);
+    }
+    Ok(Some(outputs))
+}

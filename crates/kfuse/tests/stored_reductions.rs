@@ -157,6 +157,50 @@ fn long_or_symbolic_trailing_axes_are_reduced_in_parts_by_rows() {
     assert_eq!(domains(BATCH_NORM_SYMBOLIC)[..2], ["[N, C, H]", "[N, C]"]);
 }
 
+/// Random inputs of `p` with its symbols at `sizes` (in the graph's symbol order).
+fn random_inputs(p: &kfuse::Program, sizes: &[usize], seed: u64) -> Vec<(String, kfuse::HostTensor)> {
+    let g = p.graph();
+    let sizes: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
+    g.inputs
+        .iter()
+        .enumerate()
+        .map(|(k, input)| {
+            let shape = g.resolve_shape(&input.shape, &sizes);
+            (input.name.clone(), random_tensor(input.dtype, &shape, seed + k as u64))
+        })
+        .collect()
+}
+
+#[test]
+fn the_stages_run_by_the_interpreter_give_the_graphs_outputs() {
+    let seed: u64 = std::env::var("KFUSE_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    println!("seed {seed} (KFUSE_TEST_SEED replays it)");
+    for src in ALL {
+        let p = program(src, "stored.kf");
+        for (k, sizes) in [[1, 2, 3, 4], [3, 5, 7, 2], [37, 3, 1, 66]].iter().enumerate() {
+            let inputs = random_inputs(&p, &sizes[..p.graph().symbols.len()], seed + 100 * k as u64);
+            let named: Vec<(&str, &kfuse::HostTensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            let want = p.run_cpu(&named).expect("the interpreter runs");
+            let got = kfuse_testing::run_stages(p.graph(), p.codegen(), &named)
+                .unwrap_or_else(|e| panic!("{e}:\n{src}"))
+                .expect("the plan stores values");
+            for ((name, w), (gname, g)) in want.iter().zip(&got) {
+                assert_eq!((gname, &g.shape), (name, &w.shape), "{sizes:?}:\n{src}");
+                // Values are stored in their dtype (parts in f32): its rounding, relative to the
+                // larger of the value and 1.
+                let tol = if w.dtype() == DType::F32 { 1e-4 } else { 2e-2 };
+                let err = g
+                    .to_f64()
+                    .iter()
+                    .zip(w.to_f64())
+                    .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+                    .fold(0.0, f64::max);
+                assert!(err <= tol, "{name} at sizes {sizes:?}: error {err}\n{src}");
+            }
+        }
+    }
+}
+
 #[test]
 fn stored_reductions_give_the_hand_values() {
     let p = program(CENTER, "stored.kf");

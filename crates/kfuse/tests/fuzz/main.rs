@@ -45,6 +45,8 @@ struct Stats {
     /// values near 2e9 on purpose): a documented refusal, not a failure.
     int_overflow: usize,
     compiled: usize,
+    /// Plans in stages whose stage graphs the interpreter ran, one after another.
+    staged: usize,
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -188,6 +190,27 @@ fn check_graph(g: &Graph, seed: u64, strict: bool, compile: bool, stats: &mut St
             ..CodegenOptions::default()
         },
     ];
+    // A plan in stages: its stage graphs, run one after another, give every output in its
+    // declared shape and dtype (the values are the GPU tests' to compare: a stored value is
+    // rounded to its dtype, which a random program may amplify).
+    let plans = kfuse_codegen::plan(g, &options[0]).is_ok();
+    if let Some(ev) = evaluated.as_ref().filter(|_| strict && plans) {
+        if let Some(staged) = kfuse_testing::run_stages(g, &options[0], &named).map_err(|e| format!("stages: {e}"))? {
+            for ((e, o), (name, t)) in ev.iter().zip(&g.outputs).zip(&staged) {
+                let dtype = g.node(o.node).dtype;
+                if *name != o.name || t.shape != e.shape || t.dtype() != dtype {
+                    return Err(format!(
+                        "stages: output `{name}` {} {:?}, declared `{}` {dtype} {:?}",
+                        t.dtype(),
+                        t.shape,
+                        o.name,
+                        e.shape
+                    ));
+                }
+            }
+            stats.staged += 1;
+        }
+    }
     for opts in &options {
         match kfuse_codegen::plan(g, opts) {
             Ok(plan) => {
