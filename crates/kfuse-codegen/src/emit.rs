@@ -800,10 +800,13 @@ impl<'a> Emitter<'a> {
                 c.swap(a as usize, b as usize);
                 tasks.push(Task::Eval(x, c));
             }
-            Op::Reshape(x) => {
-                let c = self.reshape_ctx(n, x, &ctx)?;
-                tasks.push(Task::Eval(x, c));
-            }
+            Op::Reshape(x) => match self.cached_reshape(n, x, &ctx) {
+                Some(v) => values.push(v),
+                None => {
+                    let c = self.reshape_ctx(n, x, &ctx)?;
+                    tasks.push(Task::Eval(x, c));
+                }
+            },
             Op::Stack(l) => self.start_stack(n, l, dims, ctx, tasks)?,
             Op::Input(id) => values.push(self.load_input(n, id.0, &ctx)?),
             Op::Iota { axis } => {
@@ -1125,6 +1128,25 @@ impl<'a> Emitter<'a> {
         } else {
             terms.join(" + ")
         }
+    }
+
+    /// Reshape `n` of input `x` read from the row cache at `ctx`, when `x` is contiguous (not
+    /// read through strides) and the reshape is shaped like the rows: a reshape keeps the
+    /// elements' order, so its rows are the input's memory as the cache loads it (a row of merged
+    /// trailing axes, kept in registers by a kernel that passes over it twice).
+    fn cached_reshape(&mut self, n: NodeId, x: NodeId, ctx: &[Coord]) -> Option<String> {
+        let Op::Input(id) = self.g.node(x).op else { return None };
+        if self.mode == Mode::DeviceFn || self.an.is_some_and(|an| an.strided.contains(&id.0)) {
+            return None;
+        }
+        let dims = self.g.node(n).shape.dims().to_vec();
+        let e = self.cached_load(id.0, &dims, ctx)?;
+        self.uses.inputs.insert(id.0);
+        let dtype = self.g.node(n).dtype;
+        self.note_conversion(dtype);
+        let depth = self.target_depth(ctx);
+        let note = format!("{} {dtype}, as rows of a reshape", self.g.inputs[id.0 as usize].name);
+        Some(self.bind(depth, Key::Node(n, ctx.to_vec()), cuda::value_type(dtype), e, &note))
     }
 
     /// The register of the row cache that holds input `input` (of shape `dims`) at `ctx`, when

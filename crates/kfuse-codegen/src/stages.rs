@@ -10,7 +10,9 @@
 
 use std::collections::BTreeSet;
 
-use kfuse_ir::{DType, Dim, Graph, Input, InputId, Kind, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape};
+use kfuse_ir::{
+    BinaryOp, DType, Dim, Graph, Input, InputId, Kind, Node, NodeId, Op, Output, ReduceAxis, ReduceOp, Shape,
+};
 
 use crate::analysis::{counts_every_element, depends_on, full_reduce};
 use crate::{BufferDecl, BufferKind, ElemType, Param, Plan, SizeExpr};
@@ -54,6 +56,9 @@ struct Work {
     x: NodeId,
     axes: u32,
     parted: bool,
+    /// The variance about `r` (a mean) that the same parts compute (see [`variance_of`]), and
+    /// the last part's variances, one per element of `x` (`None` before the first part).
+    var: Option<(NodeId, Option<NodeId>)>,
 }
 
 /// The stages of `g` (verified), or `None` when it has no reduction to store.
@@ -64,9 +69,11 @@ struct Work {
 /// trailing axes is reduced in parts, each a stage storing its part in f32: the longest suffix of
 /// them that one row holds (the last axis, or constant axes merged by a reshape into a row of at
 /// most `MERGED_ROW_LIMIT`) by rows, again while reduced axes are left before it; the last part
-/// is reduced over what is left (by rows, or by columns over the leading axis). Any other
-/// reduction is computed as it is, its trailing axes merged into rows where their sizes are
-/// constant.
+/// is reduced over what is left (by rows, or by columns over the leading axis). A mean reduced
+/// in parts whose variance is stored too (`mean((x - m) * (x - m))` over the same axes) has it
+/// computed by the same parts, in one pass over `x`: each part stores its rows' means and their
+/// variances, and the next part combines them (see [`moments`]). Any other reduction is computed
+/// as it is, its trailing axes merged into rows where their sizes are constant.
 pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
     let mut stored: Vec<(DType, Shape)> = Vec::new();
     let mut stored_outputs: Vec<Option<usize>> = Vec::new();
@@ -85,11 +92,16 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
             .filter_map(|r| match current.node(r).op {
                 Op::Reduce { axis, x, .. } => {
                     let rank = current.node(x).shape.rank();
-                    Some(Work { r, x, axes: axis_bits(axis, rank), parted: false })
+                    Some(Work { r, x, axes: axis_bits(axis, rank), parted: false, var: None })
                 }
                 _ => None,
             })
             .collect();
+        for w in &mut work {
+            if next_part(&current, w).is_some() {
+                w.var = variance_of(&current, w.r, &candidates).map(|v| (v, None));
+            }
+        }
         // Parts, a stage each, while some reduction has one to store.
         loop {
             let parts: Vec<(usize, usize)> =
@@ -102,17 +114,30 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
             let mut outs = Vec::new();
             for (i, k) in parts {
                 let w = &mut work[i];
-                let part = rows_reduction(&mut stage, w.r, w.x, k, DType::F32)?;
-                let (dtype, shape) = (DType::F32, stage.node(part).shape.clone());
-                let name = stored_name(w.r, &format!("part {}", stored.len()));
-                stage.outputs.push(Output { name: name.clone(), node: part });
-                outs.push(stored.len());
-                stored.push((dtype, shape.clone()));
-                stored_outputs.push(None);
-                current.inputs.push(Input { name, dtype, shape: shape.clone() });
-                let id = InputId((current.inputs.len() - 1) as u32);
-                current.nodes.push(Node { op: Op::Input(id), dtype, shape });
-                w.x = NodeId((current.nodes.len() - 1) as u32);
+                let values = match w.var {
+                    None => vec![(w.r, rows_reduction(&mut stage, w.r, w.x, k, DType::F32)?)],
+                    Some((v, q)) => {
+                        let (mean, var) = moments(&mut stage, w.x, q, k)?;
+                        vec![(w.r, mean), (v, var)]
+                    }
+                };
+                let mut ids = Vec::with_capacity(2);
+                for (of, part) in values {
+                    let (dtype, shape) = (DType::F32, stage.node(part).shape.clone());
+                    let name = stored_name(of, &format!("part {}", stored.len()));
+                    stage.outputs.push(Output { name: name.clone(), node: part });
+                    outs.push(stored.len());
+                    stored.push((dtype, shape.clone()));
+                    stored_outputs.push(None);
+                    current.inputs.push(Input { name, dtype, shape: shape.clone() });
+                    let id = InputId((current.inputs.len() - 1) as u32);
+                    current.nodes.push(Node { op: Op::Input(id), dtype, shape });
+                    ids.push(NodeId((current.nodes.len() - 1) as u32));
+                }
+                w.x = ids[0];
+                if let (Some((v, _)), Some(&q)) = (w.var, ids.get(1)) {
+                    w.var = Some((v, Some(q)));
+                }
                 w.axes &= (1u32 << k) - 1;
                 w.parted = true;
             }
@@ -121,22 +146,46 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
         let mut stage = current.clone();
         stage.outputs.clear();
         let mut outs = Vec::new();
+        // Variances whose means are reduced by columns: stored by a stage after the means'.
+        let mut deferred = Vec::new();
         for w in &work {
-            let r = w.r;
-            let out = if w.parted { rest_of(&mut stage, w)? } else { stored_form(&mut stage, r)? };
-            // Stored into an output of the graph when it is one (named so in the plan's notes).
-            let output = g.outputs.iter().position(|o| o.node == r);
-            let name = output.map_or_else(|| stored_name(r, "stored"), |o| g.outputs[o].name.clone());
-            stage.outputs.push(Output { name, node: out });
-            outs.push(stored.len());
-            let node = current.node(r);
-            stored.push((node.dtype, node.shape.clone()));
-            stored_outputs.push(output);
-            // Later stages read it.
-            current.inputs.push(Input { name: stored_name(r, "stored"), dtype: node.dtype, shape: node.shape.clone() });
-            current.nodes[r.index()].op = Op::Input(InputId((current.inputs.len() - 1) as u32));
+            let values = match w.var {
+                Some((v, q)) if w.parted => {
+                    let dims = stage.node(w.x).shape.dims().to_vec();
+                    match row_suffix(&dims, w.axes, true) {
+                        Some(k) if w.axes & ((1u32 << k) - 1) == 0 => {
+                            let (mean, var) = moments(&mut stage, w.x, q, k)?;
+                            vec![(w.r, cast_to(&mut stage, mean, w.r)), (v, cast_to(&mut stage, var, v))]
+                        }
+                        _ => {
+                            deferred.push((w.r, v, w.x, q?, w.axes));
+                            vec![(w.r, rest_of(&mut stage, w)?)]
+                        }
+                    }
+                }
+                _ if w.parted => vec![(w.r, rest_of(&mut stage, w)?)],
+                _ => vec![(w.r, stored_form(&mut stage, w.r)?)],
+            };
+            for (r, out) in values {
+                let mut to =
+                    Kept { g, current: &mut current, stored: &mut stored, stored_outputs: &mut stored_outputs };
+                to.keep(&mut stage, &mut outs, r, out);
+            }
         }
         early.push((stage, outs));
+        if !deferred.is_empty() {
+            let mut stage = current.clone();
+            stage.outputs.clear();
+            let mut outs = Vec::new();
+            for (m, v, means, q, axes) in deferred {
+                let var = variance_about(&mut stage, m, means, q, axes)?;
+                let var = cast_to(&mut stage, var, v);
+                let mut to =
+                    Kept { g, current: &mut current, stored: &mut stored, stored_outputs: &mut stored_outputs };
+                to.keep(&mut stage, &mut outs, v, var);
+            }
+            early.push((stage, outs));
+        }
     }
     if stored.is_empty() {
         return None;
@@ -145,6 +194,32 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
     current.outputs = last_outputs.iter().map(|&o| g.outputs[o].clone()).collect();
     let last = (!current.outputs.is_empty()).then_some(current);
     Some(Stages { stored, stored_outputs, early, last, last_outputs })
+}
+
+/// Where [`split`] keeps the values its stages store.
+struct Kept<'a> {
+    g: &'a Graph,
+    current: &'a mut Graph,
+    stored: &'a mut Vec<(DType, Shape)>,
+    stored_outputs: &'a mut Vec<Option<usize>>,
+}
+
+impl Kept<'_> {
+    /// Stores reduction `r` of the graph being split, computed by node `out` of `stage` (whose
+    /// stored values `outs` lists): into the original graph's output when `r` is one (named so
+    /// in the plan's notes), and read by the later stages as an input in its place.
+    fn keep(&mut self, stage: &mut Graph, outs: &mut Vec<usize>, r: NodeId, out: NodeId) {
+        let output = self.g.outputs.iter().position(|o| o.node == r);
+        let name = output.map_or_else(|| stored_name(r, "stored"), |o| self.g.outputs[o].name.clone());
+        stage.outputs.push(Output { name, node: out });
+        outs.push(self.stored.len());
+        let node = self.current.node(r);
+        let (dtype, shape) = (node.dtype, node.shape.clone());
+        self.stored.push((dtype, shape.clone()));
+        self.stored_outputs.push(output);
+        self.current.inputs.push(Input { name: stored_name(r, "stored"), dtype, shape });
+        self.current.nodes[r.index()].op = Op::Input(InputId((self.current.inputs.len() - 1) as u32));
+    }
 }
 
 /// The name of an input (and stage output) that holds a stored value of reduction `r`: not an
@@ -232,6 +307,110 @@ fn rest_of(g: &mut Graph, w: &Work) -> Option<NodeId> {
     };
     let (dtype, shape) = (g.node(w.r).dtype, g.node(y).shape.clone());
     Some(if dtype == DType::F32 { y } else { push(g, Op::Cast(y), dtype, shape) })
+}
+
+/// The variance about mean `m` among `candidates`: `mean(d * d)` over the same axes with
+/// `d = x - m`, `x` the mean's operand, both unmasked means of the same float dtype, `m` read
+/// back at the axes it reduces (its axes kept, or leading ones).
+fn variance_of(g: &Graph, m: NodeId, candidates: &[NodeId]) -> Option<NodeId> {
+    let Op::Reduce { op: ReduceOp::Mean, axis, x, mask: None } = g.node(m).op else { return None };
+    let rank = g.node(x).shape.rank();
+    let axes = axis_bits(axis, rank);
+    let aligned = axis.keepdim() || (axes + 1).is_power_of_two();
+    if g.node(m).dtype.kind() != Kind::Float || !aligned {
+        return None;
+    }
+    candidates.iter().copied().find(|&v| {
+        let Op::Reduce { op: ReduceOp::Mean, axis: va, x: sq, mask: None } = g.node(v).op else { return false };
+        let Op::Binary(BinaryOp::Mul, d, d2) = g.node(sq).op else { return false };
+        d == d2
+            && g.node(v).dtype == g.node(m).dtype
+            && g.node(d).shape == g.node(x).shape
+            && axis_bits(va, rank) == axes
+            && matches!(g.node(d).op, Op::Binary(BinaryOp::Sub, a, b) if a == x && b == m)
+    })
+}
+
+/// The means of `x`'s rows over its axes from `k` on (merged by a reshape when several, of
+/// constant sizes) and their variances, in f32, appended to `g`: `x`'s own when `q` is `None`
+/// (the first part, over the values themselves), otherwise over the means of the parts before
+/// (`x`), each part's variance `q` given. Parts of equal counts combine exactly: the variance of
+/// the union is the mean of the parts' variances plus the variance of their means, so no count
+/// is needed and every part is one pass over its operand (two over each row, kept in registers).
+fn moments(g: &mut Graph, x: NodeId, q: Option<NodeId>, k: usize) -> Option<(NodeId, NodeId)> {
+    // `x` as rows in f32: merged by a reshape (of what a reshape `x` reshapes: an input's rows
+    // are then its memory, see `Emitter::cached_reshape`), then cast.
+    let rows = |g: &mut Graph, x: NodeId| -> Option<NodeId> {
+        let (dims, dtype) = (g.node(x).shape.dims().to_vec(), g.node(x).dtype);
+        let x = if dims.len() - k > 1 {
+            let cols = SizeExpr::of(&dims[k..]).filter(|e| e.symbols.is_empty())?.constant;
+            let mut to = dims[..k].to_vec();
+            to.push(Dim::Const(cols));
+            let source = match g.node(x).op {
+                Op::Reshape(y) => y,
+                _ => x,
+            };
+            push(g, Op::Reshape(source), dtype, Shape(to))
+        } else {
+            x
+        };
+        Some(match dtype {
+            DType::F32 => x,
+            _ => push(g, Op::Cast(x), DType::F32, g.node(x).shape.clone()),
+        })
+    };
+    let xr = rows(g, x)?;
+    let dims = g.node(xr).shape.dims().to_vec();
+    let result = Shape(dims[..dims.len() - 1].to_vec());
+    let mut kept = dims.clone();
+    kept[dims.len() - 1] = Dim::Const(1);
+    let mean_of = |g: &mut Graph, v: NodeId| {
+        push(g, Op::Reduce { op: ReduceOp::Mean, axis: ReduceAxis::Last, x: v, mask: None }, DType::F32, result.clone())
+    };
+    let mean = mean_of(g, xr);
+    let spread = push(g, Op::Reshape(mean), DType::F32, Shape(kept));
+    let d = push(g, Op::Binary(BinaryOp::Sub, xr, spread), DType::F32, Shape(dims.clone()));
+    let dd = push(g, Op::Binary(BinaryOp::Mul, d, d), DType::F32, Shape(dims));
+    let between = mean_of(g, dd);
+    let var = match q {
+        None => between,
+        Some(q) => {
+            let qr = rows(g, q)?;
+            let within = mean_of(g, qr);
+            push(g, Op::Binary(BinaryOp::Add, within, between), DType::F32, result.clone())
+        }
+    };
+    Some((mean, var))
+}
+
+/// The variance about stored mean `m` (an input of `g` now) of the values whose parts' means
+/// are `means` and variances `q` (inputs, f32), over `axes` of them as they are (by columns),
+/// appended to `g` in f32: the mean of the parts' variances plus their means' squared deviations
+/// from `m`, one pass over the parts.
+fn variance_about(g: &mut Graph, m: NodeId, means: NodeId, q: NodeId, axes: u32) -> Option<NodeId> {
+    let dims = g.node(means).shape.dims().to_vec();
+    let kept =
+        Shape(dims.iter().enumerate().map(|(a, &d)| if axes >> a & 1 == 1 { Dim::Const(1) } else { d }).collect());
+    let m = match g.node(m).dtype {
+        DType::F32 => m,
+        _ => push(g, Op::Cast(m), DType::F32, g.node(m).shape.clone()),
+    };
+    let spread = push(g, Op::Reshape(m), DType::F32, kept);
+    let d = push(g, Op::Binary(BinaryOp::Sub, means, spread), DType::F32, Shape(dims.clone()));
+    let dd = push(g, Op::Binary(BinaryOp::Mul, d, d), DType::F32, Shape(dims.clone()));
+    let sum = push(g, Op::Binary(BinaryOp::Add, q, dd), DType::F32, Shape(dims));
+    let axis = ReduceAxis::Axes { mask: axes, keepdim: false };
+    let shape = axis.result_shape(&g.node(sum).shape)?;
+    Some(push(g, Op::Reduce { op: ReduceOp::Mean, axis, x: sum, mask: None }, DType::F32, shape))
+}
+
+/// `y` (f32) cast to reduction `r`'s dtype, appended to `g` when it differs.
+fn cast_to(g: &mut Graph, y: NodeId, r: NodeId) -> NodeId {
+    let dtype = g.node(r).dtype;
+    match dtype {
+        DType::F32 => y,
+        _ => push(g, Op::Cast(y), dtype, g.node(y).shape.clone()),
+    }
 }
 
 /// Reduction `r`'s elements without its kept axes, appended to `g`: by rows when it reduces

@@ -62,12 +62,16 @@ output dx = grad(loss, x)
 ";
 
 /// Half-precision operands (the first parts are kept in f32), a masked sum, a minimum in parts,
-/// middle axes, a mean of rows' sums, and a last-axis mean of a transpose read back at the rows.
+/// middle axes, a mean of rows' sums, a last-axis mean of a transpose read back at the rows, and
+/// a bf16 layer norm over a symbolic last axis (its variance reduced by the mean's parts).
 const MIXED: &str = "\
 input h: bf16[B, 80]
 input x: f32[B, 8, 5, 16]
 input m: bool[B, 8, 5, 16]
 input r: f32[B, 8, 100]
+input s: bf16[B, 6, W]
+let sd = s - mean(s, axis: [1, 2], keepdim: true)
+output snorm = sd * rsqrt(mean(sd * sd, axis: [1, 2], keepdim: true) + 1e-5)
 output hc = h - mean(h, axis: 0, keepdim: true)
 output parts = x - min(x, axis: [0, 2, 3], keepdim: true)
 output masked = x * sum(x, axis: [0, 2], keepdim: true, where: m)
@@ -148,13 +152,22 @@ fn long_or_symbolic_trailing_axes_are_reduced_in_parts_by_rows() {
             .map(|n| n[..n.find(" elements").unwrap_or(0)].to_string())
             .collect()
     };
-    // A layer norm over (64, 28, 28): rows of 784 (the merged spatial axes), then of 64, for each
-    // statistic; not 50176-element rows, a group of lanes each.
+    // A layer norm over (64, 28, 28): rows of 784 (the merged spatial axes), then of 64; not
+    // 50176-element rows, a group of lanes each. The variance is reduced by the mean's parts:
+    // each part's kernel computes both (two passes over its rows, kept in registers), so `x` is
+    // read once for the statistics.
     let ln = "input x: f32[N, 64, 28, 28]\nlet d = x - mean(x, axis: [1, 2, 3], keepdim: true)\n\
               output y = d * rsqrt(mean(d * d, axis: [1, 2, 3], keepdim: true) + 1e-5)\n";
-    assert_eq!(domains(ln), ["[N, 64]", "[N]", "[N, 64]", "[N]"]);
+    assert_eq!(domains(ln), ["[N, 64]", "[N]"]);
+    let p = program(ln, "stored.kf");
+    let first = p.plan().kernels[0].plan_notes().join("\n");
+    assert!(first.contains("rows kept in registers") && first.contains("2 row reduction phase"), "{first}");
     // Symbolic spatial axes: one row reduction per axis, then the batch's columns.
     assert_eq!(domains(BATCH_NORM_SYMBOLIC)[..2], ["[N, C, H]", "[N, C]"]);
+    // A variance about another value than the mean is reduced on its own.
+    let other = "input x: f32[N, 64, 28, 28]\nlet d = x - max(x, axis: [1, 2, 3], keepdim: true)\n\
+                 output y = d * rsqrt(mean(d * d, axis: [1, 2, 3], keepdim: true) + 1e-5)\n";
+    assert_eq!(domains(other), ["[N, 64]", "[N]", "[N, 64]", "[N]"]);
 }
 
 /// Random inputs of `p` with its symbols at `sizes` (in the graph's symbol order).
@@ -198,6 +211,28 @@ fn the_stages_run_by_the_interpreter_give_the_graphs_outputs() {
                 assert!(err <= tol, "{name} at sizes {sizes:?}: error {err}\n{src}");
             }
         }
+    }
+}
+
+/// The statistics in parts keep f32's precision where the values sit far from zero: each part's
+/// variance is about its own mean, not a difference of squares (which loses it at 1000 ± 1).
+#[test]
+fn variances_in_parts_hold_values_far_from_zero() {
+    let p = program(LAYER_NORM_CHW, "stored.kf");
+    let shape = [5, 6, 11, 13];
+    let x = random_tensor(DType::F32, &shape, 7);
+    let x = kfuse::HostTensor::from_f64(
+        DType::F32,
+        shape.to_vec(),
+        &x.to_f64().iter().map(|v| 1000.0 + v).collect::<Vec<_>>(),
+    );
+    let g = random_tensor(DType::F32, &shape, 8);
+    let inputs = [("x", &x), ("g", &g)];
+    let want = p.run_cpu(&inputs).expect("the interpreter runs");
+    let got = kfuse_testing::run_stages(p.graph(), p.codegen(), &inputs).expect("the stages run").expect("stored");
+    for ((name, w), (_, g)) in want.iter().zip(&got) {
+        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
+        assert!(err <= 1e-3, "{name}: error {err}");
     }
 }
 
@@ -267,6 +302,7 @@ fn a_gpu_stores_reductions_like_the_interpreter_at_odd_sizes() {
             ("x", rand(DType::F32, &[b, 8, 5, 16], 90 + k)),
             ("m", rand(DType::Bool, &[b, 8, 5, 16], 100 + k)),
             ("r", rand(DType::F32, &[b, 8, 100], 110 + k)),
+            ("s", rand(DType::BF16, &[b, 6, 2 * b + 1], 150 + k)),
         ];
         let named: Vec<(&str, &kfuse::HostTensor)> = inputs.iter().map(|(n, v)| (*n, v)).collect();
         compare(&mixed, gpu.ordinal(), &named, &format!("mixed B={b}"), 2e-2);
