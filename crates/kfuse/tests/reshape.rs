@@ -164,12 +164,32 @@ let s = rsqrt(r[:, :, 0, 0] + 1e-5)[.., None] * g
 output y = reshape(x, [B, 32, 8, 40]) * s[.., None]
 ";
 
+/// Rows merged from trailing axes of an input by a reshape, with two passes over each row (a
+/// softmax): the entry for rows in registers loads the input's memory as those rows.
+const MERGED_ROWS: &str = "\
+input x: f32[B, 7, 20]
+let r = reshape(x, [B, 140])
+let e = exp(r - max(r, axis: -1, keepdim: true))
+output y = e / sum(e, axis: -1, keepdim: true)
+";
+
+#[test]
+fn rows_merged_by_a_reshape_of_an_input_are_kept_in_registers() {
+    let p = program(MERGED_ROWS, "reshape.kf");
+    let notes = p.plan().kernels[0].plan_notes().join("\n");
+    assert!(notes.contains("rows kept in registers"), "{notes}");
+    // The register entry reads the row from the lane's registers, not `in0` at each pass.
+    let sources: Vec<&str> = p.plan().kernels[0].entries().map(|(source, _)| source).collect();
+    assert!(sources.iter().any(|s| s.contains("as rows of a reshape")), "{sources:#?}");
+}
+
 /// Programs whose kernels read reshaped values in each planner shape: elementwise, row reductions
 /// of a reshaped tensor (row-wise kernels), a column reduction, and gradients.
 const KERNELS: &[&str] = &[
     VALUES,
     HEADS,
     MERGED_HEADS,
+    MERGED_ROWS,
     "input x: f32[R, 48]\nlet h = reshape(x, [R, 3, 16])\noutput cs = sum(h, axis: 0)\n\
      output m = max(reshape(x, [R, 6, 8]), axis: -1)\noutput total = sum(reshape(x, [R, 2, 24]) * 0.5)\n",
     ROW_SCALE,
@@ -183,7 +203,9 @@ fn kernels_reading_reshapes_compile_for_sm80_and_sm90() {
     for src in KERNELS {
         let p = program(src, "reshape.kf");
         for k in &p.plan().kernels {
-            kfuse_testing::assert_compiles_for_sm80_and_sm90("reshape", &k.name, &k.source);
+            for (source, entry) in k.entries() {
+                kfuse_testing::assert_compiles_for_sm80_and_sm90("reshape", entry, source);
+            }
         }
     }
 }
@@ -210,10 +232,15 @@ fn a_gpu_reads_reshapes_like_the_interpreter_at_odd_sizes() {
         let x = random_tensor(DType::F32, &[b, n, 64], seed + 170 + k as u64);
         compare(&merged, gpu.ordinal(), &[("x", &x)], &format!("merged heads [{b}, {n}, 64]"), 1e-4);
     }
-    let rows = program(KERNELS[3], "reshape.kf");
+    let rows = program(KERNELS[4], "reshape.kf");
     for (k, r) in [1, 3, 255, 4097].into_iter().enumerate() {
         let x = random_tensor(DType::F32, &[r, 48], seed + 200 + k as u64);
         compare(&rows, gpu.ordinal(), &[("x", &x)], &format!("rows [{r}, 48]"), 1e-4);
+    }
+    let merged_rows = program(MERGED_ROWS, "reshape.kf");
+    for (k, b) in [1, 3, 33, 4099].into_iter().enumerate() {
+        let x = random_tensor(DType::F32, &[b, 7, 20], seed + 250 + k as u64);
+        compare(&merged_rows, gpu.ordinal(), &[("x", &x)], &format!("merged rows [{b}, 7, 20]"), 1e-5);
     }
     let scale = program(ROW_SCALE, "reshape.kf");
     for (k, b) in [1, 3, 33].into_iter().enumerate() {
