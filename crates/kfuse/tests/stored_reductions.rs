@@ -10,7 +10,7 @@ use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
 mod common;
-use common::{compare, get, program, t};
+use common::{compare, error, get, program, t};
 
 /// Centring over the batch, with and without `keepdim`, and a maximum read back.
 const CENTER: &str = "\
@@ -202,12 +202,7 @@ fn the_stages_run_by_the_interpreter_give_the_graphs_outputs() {
                 // Values are stored in their dtype (parts in f32): its rounding, relative to the
                 // larger of the value and 1.
                 let tol = if w.dtype() == DType::F32 { 1e-4 } else { 2e-2 };
-                let err = g
-                    .to_f64()
-                    .iter()
-                    .zip(w.to_f64())
-                    .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
-                    .fold(0.0, f64::max);
+                let err = error(g, w);
                 assert!(err <= tol, "{name} at sizes {sizes:?}: error {err}\n{src}");
             }
         }
@@ -231,7 +226,7 @@ fn variances_in_parts_hold_values_far_from_zero() {
     let want = p.run_cpu(&inputs).expect("the interpreter runs");
     let got = kfuse_testing::run_stages(p.graph(), p.codegen(), &inputs).expect("the stages run").expect("stored");
     for ((name, w), (_, g)) in want.iter().zip(&got) {
-        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
+        let err = error(g, w);
         assert!(err <= 1e-3, "{name}: error {err}");
     }
 }

@@ -31,14 +31,29 @@ pub fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
     out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
 }
 
+/// The largest error of `got` against `want`, relative to the larger of the value and 1; a NaN
+/// in one and not the other is an infinite error.
+pub fn error(got: &HostTensor, want: &HostTensor) -> f64 {
+    got.to_f64()
+        .iter()
+        .zip(want.to_f64())
+        .map(|(a, b)| match (a.is_nan(), b.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) => (a - b).abs() / b.abs().max(1.0),
+            _ => f64::INFINITY,
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Every output of `p` on the GPU `ordinal` against the interpreter's on the same `inputs`: the
-/// same shapes, and values within `tol` relative to the larger of the value and 1.
+/// same shapes, and values within `tol` relative to the larger of the value and 1 (a NaN where
+/// the other has none is an infinite error).
 pub fn compare(p: &Program, ordinal: usize, inputs: &[(&str, &HostTensor)], what: &str, tol: f64) {
     let want = p.run_cpu(inputs).expect("the interpreter runs");
     let got = p.run_gpu(ordinal, inputs).expect("the GPU runs");
     for ((name, w), (_, g)) in want.iter().zip(&got) {
         assert_eq!(g.shape, w.shape, "{what} {name}");
-        let err = g.to_f64().iter().zip(w.to_f64()).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0.0, f64::max);
+        let err = error(g, w);
         assert!(err <= tol, "{what} {name}: error {err} > {tol}\n gpu {:?}\n cpu {:?}", g.to_f64(), w.to_f64());
     }
 }
