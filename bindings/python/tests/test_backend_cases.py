@@ -479,6 +479,23 @@ def test_a_reduction_used_again_along_other_axes_than_the_last_is_fused(case):
         torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["batch_norm", "group_norm", "layer_norm_chw"])
+def test_the_norms_statistics_read_their_input_once(name):
+    # A mean's variance is reduced by the mean's own parts: the first part's kernel computes both
+    # (two passes over each row, kept in registers), so the forward reads its input once for its
+    # statistics, not once for the mean and again for the variance.
+    module = {
+        "batch_norm": lambda: nn.BatchNorm2d(24),
+        "group_norm": lambda: nn.GroupNorm(4, 24),
+        "layer_norm_chw": lambda: nn.LayerNorm((24, 18, 19)),
+    }[name]()
+    x = _randn(torch.Generator().manual_seed(SEED), 17, 24, 18, 19)
+    torch._dynamo.reset()
+    report = kfuse.explain(module, x)
+    forward = [s for k in report.kernels if k.graph == "forward" for s in k.shapes]
+    assert any("2 row reduction phase(s)" in s for s in forward), str(report)
+
+
 def test_an_as_strided_is_lowered_only_where_it_is_a_reshape():
     gen = torch.Generator().manual_seed(SEED)
     x = _randn(gen, 6, 12)
