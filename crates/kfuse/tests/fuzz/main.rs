@@ -383,6 +383,7 @@ fn the_generator_writes_every_form_of_the_language_it_covers() {
         ":1]",
         ":2]",
         "grad(",
+        "keepdim: true) + 1e-5)",
     ] {
         assert!(sources.iter().any(|s| s.contains(form)), "no generated program writes {form:?}");
     }

@@ -344,6 +344,20 @@ impl Gen {
     }
 
     fn reduction(&mut self, a: Val) -> Option<(String, Vec<&'static str>, Kind)> {
+        // A normalization: a mean and the variance about it over the same axes (a layer norm's
+        // trailing ones, a batch norm's all but the second), read back at every element; the
+        // stages reduce both by the mean's parts.
+        if a.kind == Kind::Float && a.shape.len() >= 2 && self.rng.random_bool(0.15) {
+            let rank = a.shape.len();
+            let axes: Vec<String> = match rank >= 3 && self.rng.random_bool(0.5) {
+                true => std::iter::once(0).chain(2..rank).map(|k| k.to_string()).collect(),
+                false => (1..rank).map(|k| k.to_string()).collect(),
+            };
+            let axes = axes.join(", ");
+            let d = format!("({} - mean({}, axis: [{axes}], keepdim: true))", a.name, a.name);
+            let norm = format!("{d} * rsqrt(mean({d} * {d}, axis: [{axes}], keepdim: true) + 1e-5)");
+            return Some((norm, a.shape, Kind::Float));
+        }
         // Along the leading axis with keepdim (read back at a larger shape, such a reduction is
         // stored once by a stage of its own), the last axis, or every axis.
         let leading = a.shape.len() >= 2 && self.rng.random_bool(0.25);
