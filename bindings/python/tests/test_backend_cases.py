@@ -709,6 +709,32 @@ def test_batch_norm_under_dynamic_shapes_computes_its_correction_in_the_kernel()
                                        msg=lambda m, n=name, b=batch: f"batch {b}, {n}: {m}")
 
 
+def test_group_norm_under_a_dynamic_batch_fuses_its_views_and_compiles_no_program_for_a_new_batch():
+    # Group norm's decomposition views [N, C, H, W] as [N, G, C / G, H * W] and its statistics
+    # through `as_strided`: with the batch a size known only at run time, the static axes around
+    # it still split and merge (written as constants), and each `as_strided` of a contiguous
+    # tensor is a reshape, so nothing is left to PyTorch and a new batch compiles nothing.
+    torch.manual_seed(SEED)
+    module = nn.GroupNorm(4, 24)
+    module.weight.data.uniform_(0.5, 1.5)
+    module.bias.data.uniform_(-0.5, 0.5)
+    gen = torch.Generator().manual_seed(SEED)
+    x = (_randn(gen, 17, 24, 18, 19) * 2 + 1).requires_grad_()
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    report = kfuse.explain(copy.deepcopy(module), x)
+    assert not report.fallbacks, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(module), backend=_backend.backend, dynamic=True)
+    compiles = None
+    for batch in (3, 5, 2):
+        x = _randn(gen, batch, 24, 18, 19) * 2 + 1
+        _check_module(f"group_norm batch {batch}", module, [x], compiled, rtol=1e-4, atol=1e-5)
+        if compiles is None:
+            compiles = _backend.stats["compiles"]
+    assert _backend.stats["compiles"] == compiles
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed's toy detector and its training step, scaled down: four conv blocks and two linear
 # layers predicting `SLOTS` boxes per image, trained on the padded GIoU loss.

@@ -42,7 +42,8 @@ _CONSTANT_SIZES = contextvars.ContextVar("kfuse_constant_sizes", default=frozens
 
 _SIZED_ALONG_AXIS = ("slice", "slice_scatter", "cat")
 
-_RESHAPES = ("view", "_unsafe_view", "reshape")
+# (`as_strided` of a contiguous tensor as another contiguous shape lowers as a reshape too.)
+_RESHAPES = ("view", "_unsafe_view", "reshape", "as_strided")
 
 
 def regroup(before, after):
@@ -89,9 +90,10 @@ def _regrouped_sizes(node):
     t, src = fake(node), fake(bind(node).get("self"))
     if t is None or src is None:
         return set()
-    before, after = tuple(src.shape), tuple(t.shape)
-    if not all(isinstance(d, int) for d in before + after):
-        return set()
+    # A size known only at run time (a dynamic batch) is a token of its own: it stays whole, and
+    # the static axes around it may still split or merge.
+    token = lambda d: d if isinstance(d, int) else str(d)  # noqa: E731
+    before, after = tuple(map(token, src.shape)), tuple(map(token, t.shape))
     groups = regroup(before, after) or []
     sizes = set()
     for f, to in groups:
@@ -99,7 +101,7 @@ def _regrouped_sizes(node):
             continue
         sizes.update(before[k] for k in f)
         sizes.update(after[k] for k in to)
-    return {d for d in sizes if d > MAX_CONST_DIM}
+    return {d for d in sizes if isinstance(d, int) and d > MAX_CONST_DIM}
 
 
 @contextlib.contextmanager
@@ -633,16 +635,20 @@ def _as_strided(node, a, ctx):
     decompositions write for a reshape, as group norm's statistics): a reshape. Any other
     layout is refused."""
     src = fake(a["self"])
-    size, stride, offset = list(a["size"]), list(a["stride"]), a.get("storage_offset") or 0
-    if not all(isinstance(v, int) for v in [*size, *stride, offset]):
-        raise Refused("an as_strided of sizes known only at run time")
+    # Sizes known only at run time (a dynamic batch) are the graph's size nodes: their values are
+    # expressions, compared without guards.
+    value = lambda v: v.meta.get("val") if isinstance(v, torch.fx.Node) else v  # noqa: E731
+    size, stride = [value(v) for v in a["size"]], [value(v) for v in a["stride"]]
+    offset = value(a.get("storage_offset") or 0)
+    known = torch.fx.experimental.symbolic_shapes.statically_known_true
     expected, step = [], 1
     for d in reversed(size):
         expected.append(step)
         step *= d
     expected.reverse()
-    same = all(d == 1 or st == e for d, st, e in zip(size, stride, expected))
-    if not (same and offset == 0 and src.storage_offset() == 0 and src.is_contiguous() and src.numel() == step):
+    same = all(known(d == 1) or known(st == e) for d, st, e in zip(size, stride, expected))
+    whole = known(src.numel() == step) and src.is_contiguous() and known(src.storage_offset() == 0)
+    if not (same and known(offset == 0) and whole):
         raise Refused(f"an as_strided of size {size}, stride {stride} and offset {offset} that is not a reshape")
     return _reshape_by_shapes(node, a, ctx)
 
