@@ -735,6 +735,38 @@ def test_group_norm_under_a_dynamic_batch_fuses_its_views_and_compiles_no_progra
     assert _backend.stats["compiles"] == compiles
 
 
+# Functions whose graphs change once the batch is a size known only at run time (what Dynamo's
+# automatic dynamic shapes make it after a second batch size): a mean's divisor computed in
+# float64 from the batch (mse, smooth L1), a slice of a whole batch axis and its gradient
+# (SwiGLU's halves), a sum over merged axes whose gradient views a broadcast value.
+DYNAMIC_BATCH = {
+    "mse_loss": (lambda a, b: F.mse_loss(a, b), lambda g, n: [_randn(g, n, 40), _randn(g, n, 40)]),
+    "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b), lambda g, n: [_randn(g, n, 4) * 2, _randn(g, n, 4)]),
+    "swiglu": (lambda x: F.silu(x[:, :20]) * x[:, 20:], lambda g, n: [_randn(g, n, 40)]),
+    "flatten_sum": (lambda x: (x * 2).flatten(1).sum(-1), lambda g, n: [_randn(g, n, 8, 5, 7)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC_BATCH))
+def test_a_dynamic_batch_leaves_nothing_to_pytorch_and_compiles_no_program_for_a_new_batch(name):
+    fn, make = DYNAMIC_BATCH[name]
+    gen = torch.Generator().manual_seed(SEED)
+    inputs = [t.requires_grad_(i == 0) for i, t in enumerate(make(gen, 37))]
+    for t in inputs:
+        torch._dynamo.mark_dynamic(t, 0)
+    torch._dynamo.reset()
+    report = kfuse.explain(fn, *inputs)
+    assert not report.fallbacks, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=_backend.backend, dynamic=True)
+    compiles = None
+    for n in (37, 5, 66):
+        _check(f"{name} batch {n}", fn, make(gen, n), (0,), compiled, rtol=1e-5, atol=1e-6)
+        if compiles is None:
+            compiles = _backend.stats["compiles"]
+    assert _backend.stats["compiles"] == compiles, f"{name}: a new batch compiled a program"
+
+
 # ---------------------------------------------------------------------------------------------
 # The seed's toy detector and its training step, scaled down: four conv blocks and two linear
 # layers predicting `SLOTS` boxes per image, trained on the padded GIoU loss.

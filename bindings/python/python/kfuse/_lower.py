@@ -119,7 +119,9 @@ def constant_sizes(nodes):
         if node.op != "call_function" or getattr(name, "__name__", "") not in _SIZED_ALONG_AXIS:
             continue
         a = bind(node)
-        tensors = list(a["tensors"]) + [node] if "tensors" in a else [node, a.get("src")]
+        # A cat's parts and result; a slice scatter's result and source; a slice and the tensor
+        # it slices.
+        tensors = list(a["tensors"]) + [node] if "tensors" in a else [node, a.get("src", a.get("self"))]
         for t in tensors:
             t = fake(t)
             if t is not None and t.dim():
@@ -216,6 +218,16 @@ def kf_dtype(dtype):
     if kd is None:
         raise Refused(f"dtype {dtype} is not a kfuse dtype (f32, f16, bf16, i32, i64, bool)")
     return kd
+
+
+def value_dtype(t):
+    """The kfuse dtype a region computes the value of fake tensor `t` in: its own, but a float64
+    scalar (0-dim: what decompositions compute a mean's divisor in from sizes known only at run
+    time, `2.0 / (40 * s0)`, before it scales an f32 tensor) in f32, one rounding apart from
+    torch's. A region's inputs and outputs keep their dtypes."""
+    if t.dtype == torch.float64 and t.dim() == 0:
+        return "f32"
+    return kf_dtype(t.dtype)
 
 
 def literal(x):
@@ -439,6 +451,9 @@ def _constant(node, a, ctx):
         value = 0
     elif node.target in (aten.ones_like.default,):
         value = 1
+    if isinstance(value, torch.fx.Node) and scalar_dtype(value) is not None:
+        # A size known only at run time made a tensor (`scalar_tensor(s0)`): the region's size.
+        return _cast_to(ctx.v(value), ctx.out_dtype), ()
     if not isinstance(value, (bool, int, float)):
         raise Refused("a fill value that is not a number")
     return literal(value), ()
@@ -690,16 +705,44 @@ def _reshape_by_shapes(node, a, ctx):
         # The rows stay as they are: PyTorch gives this view of a region's input or output without
         # a copy, and a kernel reading its rows unchanged keeps them in registers.
         raise Refused(f"a view from {list(before)} to {list(after)} regroups leading axes only (PyTorch's, as a view)")
+    names = ctx.names or {}
     if groups is not None:
-        names = ctx.names or {}
         written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in after)
         return f"reshape({x.text}, [{written}])", tuple(after)
+    broadcast_view = _broadcast_view(x, before, after)
+    if broadcast_view is not None:
+        if broadcast_view == tuple(x.shape):
+            return x.text, x.shape
+        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in broadcast_view)
+        return f"reshape({x.text}, [{written}])", broadcast_view
     if k != len(before):
         raise Refused(f"a view from {list(before)} to {list(after)} of a value broadcast along its leading axes")
     raise Refused(
         f"a view from {list(before)} to {list(after)} (kfuse reshapes axes of static size between whole axes; "
         "a symbolic size neither splits nor merges)"
     )
+
+
+def _broadcast_view(x, before, after):
+    """The shape of value `x` (broadcast: size 1, or missing leading axes, where the tensor of
+    shape `before` it stands for is not) viewed as `after`, when each group of the view (see
+    :func:`regroup`) is either broadcast in `x` along all its axes (1s in the result) or held
+    whole; None otherwise. The gradient of a sum over merged axes is such a value."""
+    xs = (1,) * (len(before) - len(x.shape)) + tuple(x.shape)
+    if len(xs) != len(before):
+        return None
+    groups = regroup(tuple(before), tuple(after))
+    if groups is None:
+        return None
+    shape = list(after)
+    for f, to in groups:
+        if all(xs[i] == 1 for i in f):
+            for j in to:
+                shape[j] = 1
+        elif any(xs[i] != before[i] for i in f):
+            return None
+    shape = tuple(shape)
+    return shape if regroup(tuple(x.shape), shape) is not None else None
 
 
 def _unsqueeze(node, a, ctx):
@@ -985,6 +1028,9 @@ def _slice_scatter(node, a, ctx):
     d = a["dim"] % len(full)
     src, sfull = _full(a, "src", ctx, "a slice_scatter")
     picked = _picked(a, full[d], "slice_scatter")
+    if picked is None and tuple(sfull) == tuple(full):
+        # The whole of an axis of symbolic size (the backward of `x[:, ...]`): the source.
+        return _cast_to(src, ctx.out_dtype), full
     if picked is None or len(sfull) != len(full) or sfull[d] != len(picked):
         raise Refused("a slice_scatter whose source is not the slice's shape")
     c = _positions(node, full, d, ctx, "a slice_scatter")
@@ -1054,6 +1100,7 @@ RULES = {
     aten.rsub: _rsub,
     aten.mul: _infix("*"),
     aten.div: _div,
+    aten.true_divide: _div,
     aten.pow: _pow,
     aten.remainder: _infix("%"),
     aten.floor_divide: _infix("//"),
@@ -1193,7 +1240,7 @@ class _Ctx:
 def check_tensor(t, what):
     if t is None:
         raise Refused(f"{what} is not a tensor with metadata")
-    kf_dtype(t.dtype)
+    value_dtype(t)
     shape_tokens(t)
 
 
@@ -1272,13 +1319,13 @@ def supported(node):
             out = scalar_dtype(node)
             if out is None:
                 check_tensor(fake(node), "its result")
-                out = kf_dtype(fake(node).dtype)
+                out = value_dtype(fake(node))
             values = {}
             for x in node.all_input_nodes:
                 t = fake(x)
                 if t is not None:
                     check_tensor(t, f"`{x.name}`")
-                    values[x] = V(x.name, shape_tokens(t), kf_dtype(t.dtype))
+                    values[x] = V(x.name, shape_tokens(t), value_dtype(t))
                 elif x.op == "placeholder" and isinstance(x.meta.get("val"), torch.SymInt):
                     values[x] = size_value(x.meta["val"], None)
                 elif x.op == "call_function" and scalar_dtype(x) is not None:
@@ -1359,7 +1406,7 @@ def _lower_region(gm):
                 dtype = scalar_dtype(node)
                 if dtype is None:
                     check_tensor(t, f"the result of `{node.name}`")
-                    dtype = kf_dtype(t.dtype)
+                    dtype = value_dtype(t)
                 text, shape = rule(node, a, _Ctx(values, dtype, draws=draws, names=names))
                 if t is not None and broadcast(shape, shape_tokens(t)) != shape_tokens(t):
                     raise Refused(f"the value would have shape {list(shape)} where torch has {list(shape_tokens(t))}")
