@@ -738,12 +738,15 @@ def test_group_norm_under_a_dynamic_batch_fuses_its_views_and_compiles_no_progra
 # Functions whose graphs change once the batch is a size known only at run time (what Dynamo's
 # automatic dynamic shapes make it after a second batch size): a mean's divisor computed in
 # float64 from the batch (mse, smooth L1), a slice of a whole batch axis and its gradient
-# (SwiGLU's halves), a sum over merged axes whose gradient views a broadcast value.
+# (SwiGLU's halves), a sum over merged axes whose gradient views a broadcast value, a variance's
+# correction from the batch as a float.
 DYNAMIC_BATCH = {
     "mse_loss": (lambda a, b: F.mse_loss(a, b), lambda g, n: [_randn(g, n, 40), _randn(g, n, 40)]),
     "smooth_l1_loss": (lambda a, b: F.smooth_l1_loss(a, b), lambda g, n: [_randn(g, n, 4) * 2, _randn(g, n, 4)]),
     "swiglu": (lambda x: F.silu(x[:, :20]) * x[:, 20:], lambda g, n: [_randn(g, n, 40)]),
     "flatten_sum": (lambda x: (x * 2).flatten(1).sum(-1), lambda g, n: [_randn(g, n, 8, 5, 7)]),
+    # The correction n / (n - 1) of a variance over the batch: the batch as a float.
+    "var_std": (lambda x: x.var(-1).mean() + x.std(0).sum(), lambda g, n: [_randn(g, n, 40)]),
 }
 
 

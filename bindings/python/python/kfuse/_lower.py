@@ -1186,6 +1186,10 @@ def rule_of(node):
         if scalar_dtype(node) is None:
             raise Refused("arithmetic on values that are not numbers")
         return _size_arithmetic, {"a": node.args[0], "b": node.args[1]}
+    if node.target is torch.sym_float and len(node.args) == 1 and not node.kwargs:
+        # A size as a float (a variance's correction `n / (n - 1)` over an axis of a size known
+        # only at run time): f32, as the arithmetic on it is.
+        return (lambda node, a, ctx: (_cast_to(ctx.v(a["a"]), "f32"), ())), {"a": node.args[0]}
     packet = getattr(node.target, "overloadpacket", None)
     rule = RULES.get(packet)
     if rule is None:
