@@ -735,6 +735,30 @@ def test_group_norm_under_a_dynamic_batch_fuses_its_views_and_compiles_no_progra
     assert _backend.stats["compiles"] == compiles
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_instance_norm_fuses_its_statistics_and_matches_eager(dynamic):
+    # nn.InstanceNorm2d: batch norm without running statistics over [1, N * C, H, W], its weight
+    # repeated N times; kfuse computes the statistics and the normalization, PyTorch the views.
+    torch.manual_seed(SEED)
+    module = nn.InstanceNorm2d(8, affine=True)
+    module.weight.data.uniform_(0.5, 1.5)
+    module.bias.data.uniform_(-0.5, 0.5)
+    gen = torch.Generator().manual_seed(SEED)
+    x = (_randn(gen, 37, 8, 5, 7) * 2 + 1).requires_grad_()
+    if dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    report = kfuse.explain(copy.deepcopy(module), x)
+    left = {f.op for f in report.fallbacks}
+    assert left <= {"aten.view.default", "<built-in function mul>"}, str(report)
+    assert {"forward", "backward"} <= {k.graph for k in report.kernels}, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(module), backend=_backend.backend, dynamic=dynamic or None)
+    for n in (37, 5) if dynamic else (37,):
+        x = _randn(gen, n, 8, 5, 7) * 2 + 1
+        _check_module(f"instance_norm batch {n}", module, [x], compiled, rtol=1e-4, atol=1e-4)
+
+
 # Functions whose graphs change once the batch is a size known only at run time (what Dynamo's
 # automatic dynamic shapes make it after a second batch size): a mean's divisor computed in
 # float64 from the batch (mse, smooth L1), a slice of a whole batch axis and its gradient

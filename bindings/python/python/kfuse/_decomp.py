@@ -197,6 +197,10 @@ def _build_table():
                 aten.native_dropout,
                 aten.linalg_vector_norm,
                 aten._native_batch_norm_legit_functional,
+                # Instance norm: batch norm without running statistics over [1, N * C, H, W],
+                # its weight repeated N times.
+                aten._native_batch_norm_legit.no_stats,
+                aten.repeat,
                 aten.elu,
                 aten.leaky_relu,
                 aten.hardtanh,
@@ -211,7 +215,8 @@ def _build_table():
 
 def decompositions():
     """The table the backend gives AOTAutograd: core aten's (less :data:`EXCLUDED`), layer
-    and group norm's forwards, dropout's, the vector norm's, training-mode batch norm's, the activations
+    and group norm's forwards, dropout's, the vector norm's, training-mode batch norm's (and
+    instance norm's: batch norm without statistics, `repeat`), the activations
     core aten keeps whole, the splits, the moments, the extrema along an axis. Built once, when the backend is imported (a few
     hundred milliseconds, as Inductor builds its own table on import), and shared by every
     compiled graph (AOTAutograd reads it; copying it cost 80 ms a graph)."""
