@@ -193,6 +193,21 @@ def test_matches_eager_with_gradients(name):
     assert _backend.stats["compiles"] + _backend.stats["reused"] > before, f"{name}: no region was fused"
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_eager_under_dynamic_shapes_at_two_batch_sizes(name):
+    # Every size a symbol (dynamic=True), then fewer rows of the inputs that share the first
+    # input's leading size: the same programs, eager's values.
+    fn, make, wrt = CASES[name]
+    inputs = make(torch.Generator().manual_seed(SEED))
+    lead = inputs[0].shape[0] if inputs[0].dim() else None
+    compiled = torch.compile(fn, backend=_backend.backend, dynamic=True)
+    for rows in (lead, None if lead is None else max(2, lead - 3)):
+        part = [t[:rows] if rows is not None and t.dim() and t.shape[0] == lead else t for t in inputs]
+        _check(f"{name} dynamic, {rows} rows", fn, part, wrt, compiled)
+        if lead is None:
+            break
+
+
 def test_module_linear_gelu_residual():
     torch.manual_seed(SEED)
     block = Block(19)

@@ -386,6 +386,22 @@ def test_matches_eager_with_gradients(name):
 
 @pytest.mark.filterwarnings("ignore:Error detected in IndexPutBackward0")
 @pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_eager_under_dynamic_shapes_at_two_batch_sizes(name):
+    # Every size a symbol (dynamic=True), then fewer rows of the inputs that share the first
+    # input's leading size: the same programs, eager's values.
+    if name.startswith("tv_") and tv_ops is None:
+        pytest.skip("torchvision is not installed")
+    fn, make, wrt = CASES[name]
+    inputs = make(torch.Generator().manual_seed(SEED))
+    lead = inputs[0].shape[0]
+    compiled = torch.compile(fn, backend=_backend.backend, dynamic=True)
+    for rows in (lead, max(2, lead - 3)):
+        part = [t[:rows] if t.dim() and t.shape[0] == lead else t for t in inputs]
+        _check(f"{name} dynamic, {rows} rows", fn, part, wrt, compiled)
+
+
+@pytest.mark.filterwarnings("ignore:Error detected in IndexPutBackward0")
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_matches_float64(gpu, name):
     # GPU tier: the CUDA kernels of every case against eager in float64 on the same inputs.
     if name.startswith("tv_") and tv_ops is None:
