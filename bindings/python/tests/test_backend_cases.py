@@ -775,6 +775,32 @@ def test_instance_norm_fuses_its_statistics_and_matches_eager(dynamic):
         _check_module(f"instance_norm batch {n}", module, [x], compiled, rtol=1e-4, atol=1e-4)
 
 
+PADS = {
+    "pad_last_axis": (lambda x: F.pad(x, (1, 2)) * 2, (5, 40)),
+    "pad_two_axes_with_a_value": (lambda x: F.pad(x * 3, (2, 1, 1, 0), value=-1.5).sigmoid(), (3, 7, 20)),
+    "pad_then_softmax": (lambda x: F.pad(x, (1, 1)).softmax(-1), (4, 17)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADS))
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_constant_pads_and_their_crops_fuse_and_match_eager(name, dynamic):
+    # F.pad in constant mode: a cat of columns of the value and the tensor; its backward pads by
+    # the negated amounts, a slice that crops.
+    fn, shape = PADS[name]
+    gen = torch.Generator().manual_seed(SEED)
+    x = _randn(gen, *shape).requires_grad_()
+    if dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.reset()
+    report = kfuse.explain(fn, x)
+    assert not report.fallbacks, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=_backend.backend, dynamic=dynamic or None)
+    for n in (shape[0], shape[0] + 4) if dynamic else (shape[0],):
+        _check(f"{name} batch {n}", fn, [_randn(gen, n, *shape[1:])], (0,), compiled)
+
+
 # Functions whose graphs change once the batch is a size known only at run time (what Dynamo's
 # automatic dynamic shapes make it after a second batch size): a mean's divisor computed in
 # float64 from the batch (mse, smooth L1), a slice of a whole batch axis and its gradient

@@ -116,6 +116,15 @@ def constant_sizes(nodes):
         if node.op == "call_function" and getattr(name, "__name__", "") in _RESHAPES:
             sizes |= _regrouped_sizes(node)
             continue
+        if node.op == "call_function" and getattr(name, "__name__", "") == "constant_pad_nd":
+            # The padded axes, before and after: constants, as a cat's are.
+            a, t = bind(node), fake(node)
+            src, pad = fake(a.get("self")), list(a.get("pad") or [])
+            for k in range(len(pad) // 2):
+                for u in (t, src):
+                    if u is not None and u.dim() > k and isinstance(u.shape[-1 - k], int) and u.shape[-1 - k] > MAX_CONST_DIM:
+                        sizes.add(u.shape[-1 - k])
+            continue
         if node.op != "call_function" or getattr(name, "__name__", "") not in _SIZED_ALONG_AXIS:
             continue
         a = bind(node)
@@ -394,6 +403,45 @@ def _cat(node, a, ctx):
     out = ctx.out_dtype
     texts = [_cast_to(V(f"{p.text}[.., 0]", p.shape[:-1], p.dtype), out) for p in parts]
     return "stack(" + ", ".join(texts) + ")", broadcast(*[p.shape[:-1] for p in parts]) + (len(parts),)
+
+
+def _constant_pad_nd(node, a, ctx):
+    """`constant_pad_nd(x, pad, value)` (`F.pad` in constant mode, and its backward, which pads
+    by the negated amounts): along each axis it pads (pad lists the last axis's before and after
+    first), a negative amount is a slice that crops, a positive one kfuse's `cat` of a block of
+    `value`, `x` and another block, each block a column of `value` (`where(true, value,
+    x[.., 0:1])`, copied) as many times as the pad; the axes' sizes constants."""
+    pad, value = list(a["pad"]), a.get("value", 0)
+    if not all(isinstance(p, int) for p in pad) or len(pad) % 2:
+        raise Refused(f"a pad of {pad} (kfuse pads by constants)")
+    if not isinstance(value, (bool, int, float)):
+        raise Refused("a pad value that is not a number")
+    x, full = _full(a, "self", ctx, "a pad")
+    out = ctx.out_dtype
+    text, shape = _cast_to(x, out), list(full)
+    for k in range(len(pad) // 2):
+        before, after = pad[2 * k], pad[2 * k + 1]
+        d = len(shape) - 1 - k
+        if d < 0:
+            raise Refused(f"a pad of {pad} of a tensor of {len(full)} axes")
+        if before + after == 0:
+            continue
+        if not isinstance(shape[d], int) or shape[d] < 1:
+            raise Refused(f"a pad along an axis of size {shape[d]} (kfuse pads axes of constant sizes from 1)")
+        at = lambda item: ", ".join([":"] * d + [item] + [":"] * (len(shape) - d - 1))  # noqa: E731
+        start, stop = max(-before, 0), shape[d] - max(-after, 0)
+        if stop - start < 1:
+            raise Refused(f"a pad of {pad} that crops axis {d} of size {shape[d]} to nothing")
+        if (start, stop) != (0, shape[d]):
+            text, shape[d] = f"{text}[{at(f'{start}:{stop}')}]", stop - start
+        before, after = max(before, 0), max(after, 0)
+        if max(before, after) > MAX_CONST_DIM:
+            raise Refused(f"a pad of {pad}: kfuse pads by at most {MAX_CONST_DIM} elements a side (a column each)")
+        if before + after:
+            column = f"where(true, {literal(value)}, {text}[{at('0:1')}])"
+            text = f"cat([{', '.join([column] * before + [text] + [column] * after)}], axis: {d})"
+            shape[d] += before + after
+    return text, tuple(shape)
 
 
 def _where(node, a, ctx):
@@ -1099,6 +1147,7 @@ RULES = {
     aten.sub: _infix("-"),
     aten.rsub: _rsub,
     aten.mul: _infix("*"),
+    aten.constant_pad_nd: _constant_pad_nd,
     aten.div: _div,
     aten.true_divide: _div,
     aten.pow: _pow,
