@@ -369,15 +369,21 @@ CASES = {
 }
 
 
+def _case(name):
+    """`CASES[name]`'s function, its inputs (seeded) and the indices of those it differentiates;
+    a torchvision case skips without torchvision."""
+    if name.startswith("tv_") and tv_ops is None:
+        pytest.skip("torchvision is not installed")
+    fn, make, wrt = CASES[name]
+    return fn, make(torch.Generator().manual_seed(SEED)), wrt
+
+
 # torchvision writes the boxes' intersection through a boolean mask; PyTorch's own backward of
 # that write warns so under torch.compile with every backend.
 @pytest.mark.filterwarnings("ignore:Error detected in IndexPutBackward0")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_eager_with_gradients(name):
-    if name.startswith("tv_") and tv_ops is None:
-        pytest.skip("torchvision is not installed")
-    fn, make, wrt = CASES[name]
-    inputs = make(torch.Generator().manual_seed(SEED))
+    fn, inputs, wrt = _case(name)
     before = _fused_count()
     _check(name, fn, inputs, wrt, torch.compile(fn, backend=_backend.backend))
     # Something of every case is fused (the programs come from kfuse, compiled or reused).
@@ -389,10 +395,7 @@ def test_matches_eager_with_gradients(name):
 def test_matches_eager_under_dynamic_shapes_at_two_batch_sizes(name):
     # Every size a symbol (dynamic=True), then fewer rows of the inputs that share the first
     # input's leading size: the same programs, eager's values.
-    if name.startswith("tv_") and tv_ops is None:
-        pytest.skip("torchvision is not installed")
-    fn, make, wrt = CASES[name]
-    inputs = make(torch.Generator().manual_seed(SEED))
+    fn, inputs, wrt = _case(name)
     lead = inputs[0].shape[0]
     compiled = torch.compile(fn, backend=_backend.backend, dynamic=True)
     for rows in (lead, max(2, lead - 3)):
@@ -404,10 +407,8 @@ def test_matches_eager_under_dynamic_shapes_at_two_batch_sizes(name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_matches_float64(gpu, name):
     # GPU tier: the CUDA kernels of every case against eager in float64 on the same inputs.
-    if name.startswith("tv_") and tv_ops is None:
-        pytest.skip("torchvision is not installed")
-    fn, make, wrt = CASES[name]
-    inputs = [t.to(gpu) for t in make(torch.Generator().manual_seed(SEED))]
+    fn, inputs, wrt = _case(name)
+    inputs = [t.to(gpu) for t in inputs]
     _check(name, fn, inputs, wrt, torch.compile(fn, backend=_backend.backend), rtol=1e-4, atol=1e-5,
            reference_dtype=torch.float64)
 
