@@ -155,7 +155,8 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
                     match row_suffix(&dims, w.axes, true) {
                         Some(k) if w.axes & ((1u32 << k) - 1) == 0 => {
                             let (mean, var) = moments(&mut stage, w.x, q, k)?;
-                            vec![(w.r, cast_to(&mut stage, mean, w.r)), (v, cast_to(&mut stage, var, v))]
+                            let (mean_dtype, var_dtype) = (stage.node(w.r).dtype, stage.node(v).dtype);
+                            vec![(w.r, cast(&mut stage, mean, mean_dtype)), (v, cast(&mut stage, var, var_dtype))]
                         }
                         _ => {
                             deferred.push((w.r, v, w.x, q?, w.axes));
@@ -179,7 +180,8 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
             let mut outs = Vec::new();
             for (m, v, means, q, axes) in deferred {
                 let var = variance_about(&mut stage, m, means, q, axes)?;
-                let var = cast_to(&mut stage, var, v);
+                let dtype = stage.node(v).dtype;
+                let var = cast(&mut stage, var, dtype);
                 let mut to =
                     Kept { g, current: &mut current, stored: &mut stored, stored_outputs: &mut stored_outputs };
                 to.keep(&mut stage, &mut outs, v, var);
@@ -278,17 +280,36 @@ fn next_part(g: &Graph, w: &Work) -> Option<usize> {
 /// when they are several (of constant sizes).
 fn rows_reduction(g: &mut Graph, r: NodeId, x: NodeId, k: usize, dtype: DType) -> Option<NodeId> {
     let Op::Reduce { op, .. } = g.node(r).op else { return None };
-    let dims = g.node(x).shape.dims().to_vec();
-    let x = if g.node(x).dtype == dtype { x } else { push(g, Op::Cast(x), dtype, g.node(x).shape.clone()) };
-    let rows = if dims.len() - k > 1 {
-        let cols = SizeExpr::of(&dims[k..]).filter(|e| e.symbols.is_empty())?.constant;
-        let mut to = dims[..k].to_vec();
-        to.push(Dim::Const(cols));
-        push(g, Op::Reshape(x), dtype, Shape(to))
-    } else {
-        x
+    let rows = as_rows(g, x, k)?;
+    let rows = cast(g, rows, dtype);
+    let shape = Shape(g.node(x).shape.dims()[..k].to_vec());
+    Some(push(g, Op::Reduce { op, axis: ReduceAxis::Last, x: rows, mask: None }, dtype, shape))
+}
+
+/// `x` with its axes from `k` on merged into one by a reshape (of constant sizes) when they are
+/// several, appended to `g`; a reshape `x` reshapes is reshaped instead (an input's rows are
+/// then its memory, see `Emitter::cached_reshape`).
+fn as_rows(g: &mut Graph, x: NodeId, k: usize) -> Option<NodeId> {
+    let (dims, dtype) = (g.node(x).shape.dims().to_vec(), g.node(x).dtype);
+    if dims.len() - k <= 1 {
+        return Some(x);
+    }
+    let cols = SizeExpr::of(&dims[k..]).filter(|e| e.symbols.is_empty())?.constant;
+    let mut to = dims[..k].to_vec();
+    to.push(Dim::Const(cols));
+    let source = match g.node(x).op {
+        Op::Reshape(y) => y,
+        _ => x,
     };
-    Some(push(g, Op::Reduce { op, axis: ReduceAxis::Last, x: rows, mask: None }, dtype, Shape(dims[..k].to_vec())))
+    Some(push(g, Op::Reshape(source), dtype, Shape(to)))
+}
+
+/// `x` cast to `dtype`, appended to `g` when its dtype differs.
+fn cast(g: &mut Graph, x: NodeId, dtype: DType) -> NodeId {
+    match g.node(x).dtype == dtype {
+        true => x,
+        false => push(g, Op::Cast(x), dtype, g.node(x).shape.clone()),
+    }
 }
 
 /// The rest of a reduction reduced in parts: its last part (an input of `g`) reduced over the
@@ -305,8 +326,7 @@ fn rest_of(g: &mut Graph, w: &Work) -> Option<NodeId> {
             push(g, Op::Reduce { op, axis, x: w.x, mask: None }, DType::F32, shape)
         }
     };
-    let (dtype, shape) = (g.node(w.r).dtype, g.node(y).shape.clone());
-    Some(if dtype == DType::F32 { y } else { push(g, Op::Cast(y), dtype, shape) })
+    Some(cast(g, y, g.node(w.r).dtype))
 }
 
 /// The variance about mean `m` among `candidates`: `mean(d * d)` over the same axes with
@@ -338,27 +358,8 @@ fn variance_of(g: &Graph, m: NodeId, candidates: &[NodeId]) -> Option<NodeId> {
 /// the union is the mean of the parts' variances plus the variance of their means, so no count
 /// is needed and every part is one pass over its operand (two over each row, kept in registers).
 fn moments(g: &mut Graph, x: NodeId, q: Option<NodeId>, k: usize) -> Option<(NodeId, NodeId)> {
-    // `x` as rows in f32: merged by a reshape (of what a reshape `x` reshapes: an input's rows
-    // are then its memory, see `Emitter::cached_reshape`), then cast.
-    let rows = |g: &mut Graph, x: NodeId| -> Option<NodeId> {
-        let (dims, dtype) = (g.node(x).shape.dims().to_vec(), g.node(x).dtype);
-        let x = if dims.len() - k > 1 {
-            let cols = SizeExpr::of(&dims[k..]).filter(|e| e.symbols.is_empty())?.constant;
-            let mut to = dims[..k].to_vec();
-            to.push(Dim::Const(cols));
-            let source = match g.node(x).op {
-                Op::Reshape(y) => y,
-                _ => x,
-            };
-            push(g, Op::Reshape(source), dtype, Shape(to))
-        } else {
-            x
-        };
-        Some(match dtype {
-            DType::F32 => x,
-            _ => push(g, Op::Cast(x), DType::F32, g.node(x).shape.clone()),
-        })
-    };
+    // `x` as rows in f32.
+    let rows = |g: &mut Graph, x: NodeId| as_rows(g, x, k).map(|r| cast(g, r, DType::F32));
     let xr = rows(g, x)?;
     let dims = g.node(xr).shape.dims().to_vec();
     let result = Shape(dims[..dims.len() - 1].to_vec());
@@ -391,10 +392,7 @@ fn variance_about(g: &mut Graph, m: NodeId, means: NodeId, q: NodeId, axes: u32)
     let dims = g.node(means).shape.dims().to_vec();
     let kept =
         Shape(dims.iter().enumerate().map(|(a, &d)| if axes >> a & 1 == 1 { Dim::Const(1) } else { d }).collect());
-    let m = match g.node(m).dtype {
-        DType::F32 => m,
-        _ => push(g, Op::Cast(m), DType::F32, g.node(m).shape.clone()),
-    };
+    let m = cast(g, m, DType::F32);
     let spread = push(g, Op::Reshape(m), DType::F32, kept);
     let d = push(g, Op::Binary(BinaryOp::Sub, means, spread), DType::F32, Shape(dims.clone()));
     let dd = push(g, Op::Binary(BinaryOp::Mul, d, d), DType::F32, Shape(dims.clone()));
@@ -402,15 +400,6 @@ fn variance_about(g: &mut Graph, m: NodeId, means: NodeId, q: NodeId, axes: u32)
     let axis = ReduceAxis::Axes { mask: axes, keepdim: false };
     let shape = axis.result_shape(&g.node(sum).shape)?;
     Some(push(g, Op::Reduce { op: ReduceOp::Mean, axis, x: sum, mask: None }, DType::F32, shape))
-}
-
-/// `y` (f32) cast to reduction `r`'s dtype, appended to `g` when it differs.
-fn cast_to(g: &mut Graph, y: NodeId, r: NodeId) -> NodeId {
-    let dtype = g.node(r).dtype;
-    match dtype {
-        DType::F32 => y,
-        _ => push(g, Op::Cast(y), dtype, g.node(y).shape.clone()),
-    }
 }
 
 /// Reduction `r`'s elements without its kept axes, appended to `g`: by rows when it reduces

@@ -7,10 +7,10 @@
 
 use kfuse::{DType, HostTensor, Program, RECOMPUTED_EXTENT_LIMIT};
 use kfuse_runtime::testing::nvrtc_or_skip;
-use kfuse_testing::{gpu_or_skip, random_tensor};
+use kfuse_testing::gpu_or_skip;
 
 mod common;
-use common::{compare, error, program};
+use common::{compare, error, program, random_inputs};
 
 const NORMS: [(&str, &str); 7] = [
     ("batch_norm_forward", include_str!("backend_norms/batch_norm_forward.kf")),
@@ -28,25 +28,15 @@ const SIZES: [[usize; 4]; 3] = [[1, 3, 5, 7], [3, 1, 9, 2], [5, 7, 3, 33]];
 /// Random inputs of `p` at `sizes` (its symbols in order), floats in [0.5, 1.5): positive, as a
 /// variance read by `rsqrt` is.
 fn inputs(p: &Program, sizes: &[usize], seed: u64) -> Vec<(String, HostTensor)> {
-    let g = p.graph();
-    let sizes: Vec<u64> = sizes.iter().take(g.symbols.len()).map(|&s| s as u64).collect();
-    g.inputs
-        .iter()
-        .enumerate()
-        .map(|(k, input)| {
-            let shape = g.resolve_shape(&input.shape, &sizes);
-            let t = random_tensor(input.dtype, &shape, seed + k as u64);
-            let t = match input.dtype {
-                DType::F32 => HostTensor::from_f64(
-                    DType::F32,
-                    shape,
-                    &t.to_f64().iter().map(|v| v.abs() + 0.5).collect::<Vec<_>>(),
-                ),
-                _ => t,
-            };
-            (input.name.clone(), t)
-        })
-        .collect()
+    let positive = |t: HostTensor| match t.dtype() {
+        DType::F32 => HostTensor::from_f64(
+            DType::F32,
+            t.shape.clone(),
+            &t.to_f64().iter().map(|v| v.abs() + 0.5).collect::<Vec<_>>(),
+        ),
+        _ => t,
+    };
+    random_inputs(p, sizes, seed).into_iter().map(|(name, t)| (name, positive(t))).collect()
 }
 
 fn seed() -> u64 {

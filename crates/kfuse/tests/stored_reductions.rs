@@ -10,7 +10,7 @@ use kfuse_runtime::testing::nvrtc_or_skip;
 use kfuse_testing::{gpu_or_skip, random_tensor};
 
 mod common;
-use common::{compare, error, get, program, t};
+use common::{compare, error, get, program, random_inputs, t};
 
 /// Centring over the batch, with and without `keepdim`, and a maximum read back.
 const CENTER: &str = "\
@@ -168,20 +168,6 @@ fn long_or_symbolic_trailing_axes_are_reduced_in_parts_by_rows() {
     let other = "input x: f32[N, 64, 28, 28]\nlet d = x - max(x, axis: [1, 2, 3], keepdim: true)\n\
                  output y = d * rsqrt(mean(d * d, axis: [1, 2, 3], keepdim: true) + 1e-5)\n";
     assert_eq!(domains(other), ["[N, 64]", "[N]", "[N, 64]", "[N]"]);
-}
-
-/// Random inputs of `p` with its symbols at `sizes` (in the graph's symbol order).
-fn random_inputs(p: &kfuse::Program, sizes: &[usize], seed: u64) -> Vec<(String, kfuse::HostTensor)> {
-    let g = p.graph();
-    let sizes: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
-    g.inputs
-        .iter()
-        .enumerate()
-        .map(|(k, input)| {
-            let shape = g.resolve_shape(&input.shape, &sizes);
-            (input.name.clone(), random_tensor(input.dtype, &shape, seed + k as u64))
-        })
-        .collect()
 }
 
 #[test]

@@ -754,15 +754,12 @@ def _reshape_by_shapes(node, a, ctx):
         # a copy, and a kernel reading its rows unchanged keeps them in registers.
         raise Refused(f"a view from {list(before)} to {list(after)} regroups leading axes only (PyTorch's, as a view)")
     names = ctx.names or {}
-    if groups is not None:
-        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in after)
-        return f"reshape({x.text}, [{written}])", tuple(after)
-    broadcast_view = _broadcast_view(x, before, after)
-    if broadcast_view is not None:
-        if broadcast_view == tuple(x.shape):
+    shape = tuple(after) if groups is not None else _broadcast_view(x, before, after)
+    if shape is not None:
+        if shape == tuple(x.shape):
             return x.text, x.shape
-        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in broadcast_view)
-        return f"reshape({x.text}, [{written}])", broadcast_view
+        written = ", ".join(str(names.get(d, d)) if isinstance(d, str) else str(d) for d in shape)
+        return f"reshape({x.text}, [{written}])", shape
     if k != len(before):
         raise Refused(f"a view from {list(before)} to {list(after)} of a value broadcast along its leading axes")
     raise Refused(

@@ -31,6 +31,21 @@ pub fn get(out: &[(String, HostTensor)], name: &str) -> (Vec<usize>, Vec<f64>) {
     out.iter().find(|(n, _)| n == name).map(|(_, v)| (v.shape.clone(), v.to_f64())).expect("an output of that name")
 }
 
+/// Random inputs of `p` with its symbols at `sizes` (in the graph's symbol order; extra sizes
+/// are ignored), input `k` drawn with seed `seed + k`.
+pub fn random_inputs(p: &Program, sizes: &[usize], seed: u64) -> Vec<(String, HostTensor)> {
+    let g = p.graph();
+    let sizes: Vec<u64> = sizes.iter().take(g.symbols.len()).map(|&s| s as u64).collect();
+    g.inputs
+        .iter()
+        .enumerate()
+        .map(|(k, input)| {
+            let shape = g.resolve_shape(&input.shape, &sizes);
+            (input.name.clone(), kfuse_testing::random_tensor(input.dtype, &shape, seed + k as u64))
+        })
+        .collect()
+}
+
 /// The largest error of `got` against `want`, relative to the larger of the value and 1; a NaN
 /// in one and not the other is an infinite error.
 pub fn error(got: &HostTensor, want: &HostTensor) -> f64 {
