@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Where a training step of `bench/ab/norm_stats.py`'s cases spends its GPU time under the kfuse
-backend: `torch.profiler` over a few warm steps, the kernels with the most CUDA time (µs a step)
-and the regions' plans (`kfuse.explain`).
+"""Where a training step of `bench/ab/norm_stats.py`'s cases spends its time under the kfuse
+backend (or `--backend inductor`): `torch.profiler` over a few warm steps, the kernels with the most CUDA time (µs a step)
+and the regions' plans (`kfuse.explain`); with `--host`, where the host's time goes instead: the
+aten ops the step runs (CPU µs a step, by op) and the Python functions with the most time of their
+own (`cProfile`).
 
-    python3 bench/ab/norm_profile.py [CASE substring] [--steps 10]      (on a CUDA machine)
+    python3 bench/ab/norm_profile.py [CASE substring] [--steps 10] [--host]      (on a CUDA machine)
 """
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -21,6 +26,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("case", nargs="?", default="group_norm")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--host", action="store_true", help="profile the host's time instead of the GPU's")
+    ap.add_argument("--backend", default="kfuse", help="the torch.compile backend to profile (default kfuse)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     for name, (make, shape) in CASES.items():
@@ -31,10 +38,13 @@ def main():
         x = torch.randn(shape, device=dev, requires_grad=True)
         dy = torch.randn(shape, device=dev)
         torch._dynamo.reset()
-        step = step_of(torch.compile(module, backend="kfuse"), x, dy)
+        step = step_of(torch.compile(module, backend=args.backend), x, dy)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
+        if args.host:
+            host_profile(name, step, args.steps)
+            continue
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(args.steps):
                 step()
@@ -46,7 +56,31 @@ def main():
         for us, calls, key in sorted(rows, reverse=True)[:12]:
             print(f"{us:10.1f} µs  {calls:3d}x  {key[:110]}")
         torch._dynamo.reset()
-        print(kfuse.explain(module, x))
+        if args.backend == "kfuse":
+            print(kfuse.explain(module, x))
+
+
+def host_profile(name, step, steps):
+    """The host's time of `steps` warm steps: aten ops by CPU time, then Python by own time."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    print(f"== {name} on {torch.cuda.get_device_name()}: host µs a step, by op (self CPU time)")
+    rows = [(e.self_cpu_time_total / steps, e.count / steps, e.key) for e in prof.key_averages()]
+    print(f"{sum(us for us, _, _ in rows):10.1f} µs  in all")
+    for us, calls, key in sorted(rows, reverse=True)[:25]:
+        print(f"{us:10.1f} µs  {calls:5.1f}x  {key[:100]}")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+    print(f"== {name}: Python functions by own time, {steps} steps")
+    print(out.getvalue())
 
 
 if __name__ == "__main__":
