@@ -150,6 +150,15 @@ def roll_and_flip(x):
     return (x.roll(3, -1) * x.flip(0) + x.roll((1, -2), (0, 1)) * 2 + x.flip((0, 1)).sin()).pow(2).mean()
 
 
+def index_select_and_embedding(x, rows, table, ids):
+    """Rows of `x` picked along its middle axis and an embedding lookup by 1-D ids, each scaled
+    and summed: gathers whose index is broadcast over the other axes (their backwards' index_put
+    and embedding_dense_backward stay PyTorch's)."""
+    picked = torch.index_select(x, 1, rows).sin() * 2
+    looked_up = F.embedding(ids, table) * 3
+    return picked.square().mean() + looked_up.tanh().sum()
+
+
 def hinge_embedding(x, y):
     """PyTorch's rule makes an `empty` tensor for its shape alone (`full_like(empty, 1.0)`)."""
     return F.hinge_embedding_loss(x, y, margin=0.7)
@@ -353,6 +362,16 @@ CASES = {
     "nan_to_num_of_log": (nan_to_num_of_log, lambda g: [_randn(g, 11, 29)], (0,)),
     "max_min_along_axes": (max_min_along_axes, lambda g: [_randn(g, 9, 13)], (0,)),
     "roll_and_flip": (roll_and_flip, lambda g: [_randn(g, 5, 7)], (0,)),
+    "index_select_and_embedding": (
+        index_select_and_embedding,
+        lambda g: [
+            _randn(g, 5, 9, 3),
+            torch.tensor([8, 0, 3, 3, 5]),
+            _randn(g, 11, 6),
+            torch.randint(0, 11, (7,), generator=g),
+        ],
+        (0, 2),
+    ),
     "rows_with_any_hit": (rows_with_any_hit, lambda g: [_randn(g, 11, 9), torch.rand(11, 9, generator=g) < 0.08], (0,)),
     "hinge_embedding": (hinge_embedding, lambda g: [_randn(g, 13, 7), torch.randint(0, 2, (13, 7), generator=g) * 2.0 - 1], (0,)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
@@ -468,6 +487,15 @@ def test_softmax_and_cross_entropy_leave_nothing_to_pytorch(name):
     # The backward fused too: a region of its own, or (a scalar loss) the gradients computed with the
     # loss in the forward's region and scaled in the backward.
     assert {"forward", "backward"} <= {k.graph for k in report.kernels} | set(report.scaled_gradients), str(report)
+
+
+def test_index_select_and_embedding_are_gathers_in_the_forward():
+    fn, inputs, wrt = _case("index_select_and_embedding")
+    inputs = [t.requires_grad_(i in wrt) for i, t in enumerate(inputs)]
+    report = kfuse.explain(fn, *inputs)
+    fused = {op for k in report.kernels if k.graph == "forward" for op in k.ops}
+    assert {"aten.index_select.default", "aten.embedding.default"} <= fused, str(report)
+    assert not [f for f in report.fallbacks if f.graph == "forward"], str(report)
 
 
 @pytest.mark.parametrize("case", ["centered", "softmax_dim0", "group_norm"])

@@ -1024,6 +1024,39 @@ def _gather(node, a, ctx):
     return f"gather({_cast_to(x, ctx.out_dtype)}, {i.text}, axis: {d})", ifull
 
 
+def _index_select(node, a, ctx):
+    """`index_select(self, dim, index)`: the rows of `self` along `dim` at a 1-D index, a gather
+    whose index is the 1-D one broadcast over the other axes (added to the zeros that `iota`
+    counts along a size-1 slice of `self`, so nothing is materialised)."""
+    full = ctx.shape_of(a["self"])
+    if not full:
+        raise Refused("an index_select of a scalar")
+    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "an index_select")
+    i, ifull = _full(a, "index", ctx, "an index_select")
+    if len(ifull) > 1:
+        raise Refused("an index_select by an index of more than one axis")
+    d = a["dim"] % len(full)
+    zeros = f"i64(iota({_index_text(x, d, '0:1')}, axis: {d}))"
+    at = f"i64({i.text})" + "[.., None]" * (len(full) - 1 - d)
+    shape = full[:d] + (ifull[0] if ifull else 1,) + full[d + 1 :]
+    return f"gather({_cast_to(x, ctx.out_dtype)}, {zeros} + {at}, axis: {d})", shape
+
+
+def _embedding(node, a, ctx):
+    """`embedding(weight, indices)`: the rows of the 2-D `weight` at `indices` of any shape, an
+    index_select along axis 0 (see :func:`_index_select`). `padding_idx` and the other arguments
+    concern only the gradient, which PyTorch computes."""
+    full = ctx.shape_of(a["weight"])
+    if len(full) != 2:
+        raise Refused("an embedding of a weight that is not 2-D")
+    w = _at_full_shape(node, ctx.v(a["weight"]), full, ctx, "an embedding")
+    i, ifull = _full(a, "indices", ctx, "an embedding")
+    if len(ifull) != 1:
+        raise Refused("an embedding by indices of other than one axis")
+    zeros = f"i64(iota({w.text}[0:1, ..], axis: 0))"
+    return f"gather({_cast_to(w, ctx.out_dtype)}, {zeros} + i64({i.text})[.., None], axis: 0)", (ifull[0], full[1])
+
+
 def _scatter_value(node, a, ctx):
     """`scatter(self, dim, index, value)` with one index along `dim` (what the backward of
     `gather`, and so of `nll_loss` and `cross_entropy`, gives): `value` where the position along
@@ -1205,6 +1238,8 @@ RULES = {
     aten._softmax: _softmax("softmax"),
     aten._log_softmax: _softmax("log_softmax"),
     aten.gather: _gather,
+    aten.index_select: _index_select,
+    aten.embedding: _embedding,
     aten.scatter: _scatter_value,
     aten.rand_like: _rand_like,
     aten.sym_numel: _sym_size,
