@@ -308,6 +308,13 @@ def split_sizes(x):
     return (a.exp() * b).sum(-1) + c.square().mean(-1)
 
 
+def fmod_hypot_copysign(x, y):
+    # torch.fmod (the dividend's sign), torch.hypot and torch.copysign, Tensor and Scalar overloads,
+    # with torch's gradients: fmod's divisor gets -trunc(a / b), copysign's sign operand none.
+    t = torch.fmod(x * 3, y + 2.5) + torch.fmod(y, -0.75) + torch.hypot(x, y) * torch.copysign(x, y)
+    return (t + torch.copysign(y, -1.0)).square().mean()
+
+
 def _zero_rows(t, *rows):
     t = t.clone()
     t[list(rows)] = 0
@@ -385,6 +392,7 @@ CASES = {
     "softmax_middle_axis": (softmax_middle_axis, lambda g: [_randn(g, 5, 13, 7) * 3], (0,)),
     "log_softmax_last_axis": (log_softmax_last_axis, lambda g: [_randn(g, 29, 37) * 3], (0,)),
     "padded_giou_loss": (padded_giou_loss, lambda g: list(_padded_boxes(g, 5, 13)), (0, 1)),
+    "fmod_hypot_copysign": (fmod_hypot_copysign, lambda g: [_randn(g, 13, 29), _randn(g, 13, 29)], (0, 1)),
 }
 
 
@@ -473,6 +481,8 @@ WHOLE = [
     "norms_of_every_order",
     "kl_div_distill",
     "logsumexp_with_infinities",
+    # fmod, hypot and copysign, and their backwards (a truncated quotient, a masked ratio).
+    "fmod_hypot_copysign",
 ]
 
 

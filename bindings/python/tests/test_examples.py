@@ -248,7 +248,7 @@ def wrap_i32(v):
 
 
 def int_div_or_zero(a, b, op):
-    """`op` (torch.remainder or torch.floor_divide, Python's signs) elementwise, 0 where b is 0."""
+    """`op` (torch.remainder, torch.fmod or torch.floor_divide) elementwise, 0 where b is 0."""
     safe = torch.where(b == 0, torch.ones_like(b), b)
     return torch.where(b == 0, torch.zeros_like(a), op(a, safe))
 
@@ -277,6 +277,7 @@ def elementwise_ops_ref(x, y, k):
         + torch.remainder(q, 1.5) * y
         + (x * y + x) * torch.round(y)
     )
+    signed = torch.fmod(x * 0.25 + 3.0, y * 0.125 + 2.0) * y + torch.hypot(x, y + 2.0) + torch.copysign(x, y) * y
     flag = lambda c, v: torch.where(c, v, 0)  # noqa: E731
     return {
         "smooth": torch.log1p(x.abs()) * torch.expm1(y) * torch.cosh(y),
@@ -285,8 +286,10 @@ def elementwise_ops_ref(x, y, k):
         * (torch.asin(x * 0.5) + torch.acos(y * 0.5))
         * torch.sinh(x + 2.0),
         "angle": torch.atan2(x, y),
+        "magnitude": torch.hypot(x, y) * torch.copysign(x + 2.0, y),
         "rounded": torch.round(q) + torch.trunc(y * 4.0) * 8.0 - torch.ceil(q) * torch.sign(y) * 64.0,
         "modular": torch.remainder(q, 1.5) + torch.floor(y * 4.0 / -0.75) * 8.0 + (x * y + 0.25),
+        "truncated": torch.fmod(q, 1.5) + torch.fmod(-q, y) * 4.0,
         "flags": flag(torch.isnan(torch.log(x)), 1)
         + flag(torch.isinf(torch.log(torch.round(q).abs())), 2)
         + flag(torch.isfinite(y / x), 4),
@@ -297,7 +300,8 @@ def elementwise_ops_ref(x, y, k):
             + int_div_or_zero(s * 100, d, torch.floor_divide) * 1024
             + (s * d + k) * 65536
         ),
-        "loss": (terms + more).mean(),
+        "int_fmod": int_div_or_zero(s * 7, d, torch.fmod) + int_div_or_zero(-1000 * s, k - 5, torch.fmod) * 1024,
+        "loss": (terms + more + signed).mean(),
     }
 
 
@@ -318,7 +322,7 @@ def test_elementwise_ops_match_torch(b, n):
     want["dx"], want["dy"] = torch.autograd.grad(want["loss"], [xd, yd])
     assert list(out.keys()) == [d.name for d in prog.outputs] == list(want)
     for name, w in want.items():
-        if name in ("flags", "bits"):
+        if name in ("flags", "bits", "int_fmod"):
             assert out[name].dtype == torch.int32, name
             assert torch.equal(out[name].long(), w), f"{name}: {out[name]} != {w}"
         else:

@@ -1,5 +1,5 @@
 //! GPU tier: `i64` programs against the CPU interpreter at odd sizes, bit for bit: wrapping at
-//! 2^63, floor division and remainder signs, shifts, casts, a one-hot from `iota`, row and full
+//! 2^63, floor division, remainder and fmod signs (fmod by 0 and -1 too), shifts, casts, a one-hot from `iota`, row and full
 //! sums within 2^53, and an `i64` scalar crossing kernels. Skips (printing why) without a GPU,
 //! fails instead with KFUSE_REQUIRE_GPU=1.
 
@@ -15,6 +15,7 @@ input f: f32[B, N]
 output wrapped = x * 3 + (x << 2) - k
 output q = x // (k + 7)
 output r = x % -5
+output t = fmod(x, i64(k) - 1)
 output shifted = (x >> 3) ^ ~x
 output clamped = clamp(abs(x), 0, 1 << 30)
 output truncated = i64(f)

@@ -197,9 +197,9 @@ pub(crate) enum Helper {
     RowOnline,
     DivMod,
     StoreStreaming,
-    /// `kf_rem_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
+    /// `kf_rem_i32`, `kf_fmod_i32`, `kf_floordiv_i32`, `kf_shl_i32`, `kf_shr_i32`.
     IntDivShift,
-    /// `kf_rem_i64`, `kf_floordiv_i64`, `kf_shl_i64`, `kf_shr_i64`.
+    /// `kf_rem_i64`, `kf_fmod_i64`, `kf_floordiv_i64`, `kf_shl_i64`, `kf_shr_i64`.
     Int64DivShift,
     /// `kf_remf`, `kf_floordivf`.
     FloatDiv,

@@ -923,7 +923,9 @@ impl<'a> Emitter<'a> {
                 if kind == Kind::Float && matches!(op, BinaryOp::Min | BinaryOp::Max) {
                     self.uses.helpers.insert(Helper::MinMaxF32);
                 }
-                if matches!(op, BinaryOp::Remainder | BinaryOp::FloorDiv | BinaryOp::Shl | BinaryOp::Shr) {
+                if matches!(op, BinaryOp::Remainder | BinaryOp::FloorDiv | BinaryOp::Shl | BinaryOp::Shr)
+                    || (op == BinaryOp::Fmod && kind == Kind::Int)
+                {
                     self.uses.helpers.insert(match dtype {
                         DType::I64 => Helper::Int64DivShift,
                         _ if kind == Kind::Float => Helper::FloatDiv,
@@ -1709,6 +1711,7 @@ fn binary(op: BinaryOp, dtype: DType, a: &str, b: &str) -> String {
     if dtype == DType::I64 {
         match op {
             Remainder => return format!("kf_rem_i64({a}, {b})"),
+            Fmod => return format!("kf_fmod_i64({a}, {b})"),
             FloorDiv => return format!("kf_floordiv_i64({a}, {b})"),
             Shl => return format!("kf_shl_i64({a}, {b})"),
             Shr => return format!("kf_shr_i64({a}, {b})"),
@@ -1735,6 +1738,10 @@ fn binary(op: BinaryOp, dtype: DType, a: &str, b: &str) -> String {
         Atan2 => return format!("atan2f({a}, {b})"),
         Remainder if kind == Kind::Float => return format!("kf_remf({a}, {b})"),
         Remainder => return format!("kf_rem_i32({a}, {b})"),
+        Fmod if kind == Kind::Float => return format!("fmodf({a}, {b})"),
+        Fmod => return format!("kf_fmod_i32({a}, {b})"),
+        Hypot => return format!("hypotf({a}, {b})"),
+        Copysign => return format!("copysignf({a}, {b})"),
         FloorDiv if kind == Kind::Float => return format!("kf_floordivf({a}, {b})"),
         FloorDiv => return format!("kf_floordiv_i32({a}, {b})"),
         Shl => return format!("kf_shl_i32({a}, {b})"),

@@ -7,8 +7,9 @@
 //! f64 ([`enc_i64`], [`dec_i64`]: every i64 is kept exactly, and moving values, as broadcasts,
 //! stacks, components and `where` do, copies bits); `bool` is 0.0 or 1.0. `i32` arithmetic is done
 //! in `i64` and wrapped to `i32` after every op, which is exactly two's-complement `i32` arithmetic
-//! (as on the GPU); `i64` arithmetic wraps at 64 bits. Division, `pow` and `atan2` never see integers: the builder casts them to `f32` first.
-//! Integer `remainder` and `floor_div` by zero give 0 (on the GPU too), rather than trapping.
+//! (as on the GPU); `i64` arithmetic wraps at 64 bits. Division, `pow`, `atan2`, `hypot` and
+//! `copysign` never see integers: the builder casts them to `f32` first. Integer `remainder`,
+//! `fmod` and `floor_div` by zero give 0 (on the GPU too), rather than trapping.
 //!
 //! Does not handle reductions or layout ops (see `reduce` and `layout`).
 
@@ -219,6 +220,24 @@ pub(crate) fn remainder_i64(a: i64, b: i64) -> i64 {
     }
 }
 
+/// `torch.fmod` of `i32`: the truncated remainder (the sign of the dividend); `x % 0` is 0 and
+/// `i32::MIN % -1` is 0.
+pub(crate) fn fmod_i(a: i32, b: i32) -> i32 {
+    if b == 0 {
+        return 0;
+    }
+    a.wrapping_rem(b)
+}
+
+/// `torch.fmod` of `i64`: the truncated remainder (the sign of the dividend); `x % 0` is 0 and
+/// `i64::MIN % -1` is 0.
+pub(crate) fn fmod_i64(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    a.wrapping_rem(b)
+}
+
 /// `torch.floor_divide` of `i64`; `x // 0` is 0 and `i64::MIN // -1` wraps to `i64::MIN`.
 pub(crate) fn floor_div_i64(a: i64, b: i64) -> i64 {
     if b == 0 {
@@ -407,6 +426,7 @@ pub(crate) fn binary(
             BinaryOp::Min => map2(out, a, b, long2(i64::min)),
             BinaryOp::Max => map2(out, a, b, long2(i64::max)),
             BinaryOp::Remainder => map2(out, a, b, long2(remainder_i64)),
+            BinaryOp::Fmod => map2(out, a, b, long2(fmod_i64)),
             BinaryOp::FloorDiv => map2(out, a, b, long2(floor_div_i64)),
             BinaryOp::BitAnd => map2(out, a, b, long2(|x, y| x & y)),
             BinaryOp::BitOr => map2(out, a, b, long2(|x, y| x | y)),
@@ -421,6 +441,7 @@ pub(crate) fn binary(
         (Kind::Int, BinaryOp::Min) => map2(out, a, b, f64::min),
         (Kind::Int, BinaryOp::Max) => map2(out, a, b, f64::max),
         (Kind::Int, BinaryOp::Remainder) => map2(out, a, b, int2(remainder_i)),
+        (Kind::Int, BinaryOp::Fmod) => map2(out, a, b, int2(fmod_i)),
         (Kind::Int, BinaryOp::FloorDiv) => map2(out, a, b, int2(floor_div_i)),
         (Kind::Int, BinaryOp::BitAnd) => map2(out, a, b, int2(|x, y| x & y)),
         (Kind::Int, BinaryOp::BitOr) => map2(out, a, b, int2(|x, y| x | y)),
@@ -437,6 +458,10 @@ pub(crate) fn binary(
         (Kind::Float, BinaryOp::Max) => map2(out, a, b, max_nan),
         (Kind::Float, BinaryOp::Atan2) => map2(out, a, b, f64::atan2),
         (Kind::Float, BinaryOp::Remainder) => map2(out, a, b, remainder_f),
+        // C's fmod (exact, the sign of the dividend; NaN for a zero divisor or an infinite dividend).
+        (Kind::Float, BinaryOp::Fmod) => map2(out, a, b, |x, y| x % y),
+        (Kind::Float, BinaryOp::Hypot) => map2(out, a, b, f64::hypot),
+        (Kind::Float, BinaryOp::Copysign) => map2(out, a, b, f64::copysign),
         (Kind::Float, BinaryOp::FloorDiv) => map2(out, a, b, floor_div_f),
         (Kind::Float, _) => return Err(unsupported()),
     }

@@ -1,5 +1,5 @@
 //! The elementwise ops that follow PyTorch's math library (log1p .. cosh, sign, rounding, tests
-//! for NaN and infinity, atan2, remainder, floor_div, bitwise ops, shifts, fma) against
+//! for NaN and infinity, atan2, remainder, fmod, hypot, copysign, floor_div, bitwise ops, shifts, fma) against
 //! hand-computed values and std's f64 functions, on edge values: signed zeros, infinities, NaN,
 //! halfway cases, negative operands, `i32::MIN / -1` and shift counts out of range. Expected values
 //! that are not from std are PyTorch's (float64 on the CPU) for the same operands.
@@ -171,6 +171,37 @@ fn float_remainder_has_the_sign_of_the_divisor() {
 }
 
 #[test]
+fn float_fmod_has_the_sign_of_the_dividend() {
+    let xs = [7.5, -7.5, 7.5, -7.5, -4.0, 4.0, 0.0, -0.0, -3.0, INF, 1.0, -1.0, 0.0, 3.0, -3.0, NAN, 5.0];
+    let ys = [2.0, 2.0, -2.0, -2.0, 2.0, -2.0, -3.0, 3.0, INF, 2.0, 0.0, 0.0, 0.0, INF, -INF, 1.0, NAN];
+    let want = [1.5, -1.5, 1.5, -1.5, -0.0, 0.0, 0.0, -0.0, -3.0, NAN, NAN, NAN, NAN, 3.0, -3.0, NAN, NAN];
+    assert_bits(&binary_on(BinaryOp::Fmod, DType::F32, &xs, &ys), &want);
+    // Exact, as C's fmod: the remainder of 0.1 (as f32) into 1 is not 1 - 9 * 0.1 rounded.
+    let tenth = 0.1f32 as f64;
+    assert_bits(&binary_on(BinaryOp::Fmod, DType::F32, &[1.0, -1.0], &[tenth, tenth]), &[1.0 % tenth, -(1.0 % tenth)]);
+}
+
+#[test]
+fn hypot_is_exact_on_pythagorean_triples_and_inf_beats_nan() {
+    let xs = [3.0, -3.0, 3.0, 0.0, -0.0, -0.0, INF, -INF, NAN, NAN, 2e38, 5.0];
+    let ys = [4.0, 4.0, -4.0, 0.0, -0.0, 7.0, NAN, 1.0, -INF, 1.0, 2e38, -12.0];
+    let got = binary_on(BinaryOp::Hypot, DType::F32, &xs, &ys);
+    let big = (2e38f32 as f64).hypot(2e38f32 as f64);
+    assert_bits(&got, &[5.0, 5.0, 5.0, 0.0, 0.0, 7.0, INF, INF, INF, NAN, big, 13.0]);
+    // No overflow in the squares: above f32's largest value only by the factor sqrt(2).
+    assert!(big > 2e38 && big < 3e38, "{big}");
+}
+
+#[test]
+fn copysign_takes_the_sign_bit_of_zeros_and_nans() {
+    let xs = [1.5, 1.5, -1.5, -1.5, 0.0, 0.0, -0.0, INF, NAN, 2.0, -2.0, -2.0];
+    let ys = [2.0, -2.0, 3.0, -0.0, -0.0, -1.0, 0.0, -1.0, -1.0, -INF, NAN, -NAN];
+    let got = binary_on(BinaryOp::Copysign, DType::F32, &xs, &ys);
+    assert_bits(&got, &[1.5, -1.5, 1.5, -1.5, -0.0, -0.0, 0.0, -INF, NAN, -2.0, 2.0, -2.0]);
+    assert!(got[8].is_nan() && got[8].is_sign_negative(), "copysign(nan, -1) is a negative NaN");
+}
+
+#[test]
 fn float_floor_div_rounds_toward_minus_infinity() {
     let xs = [7.5, -7.5, 7.5, -7.5, 0.0, -0.0, -3.0, INF, 1.0, -1.0, 0.0, 3.0, -3.0, NAN];
     let ys = [2.0, 2.0, -2.0, -2.0, -3.0, 3.0, INF, 2.0, 0.0, 0.0, 0.0, INF, INF, 1.0];
@@ -190,6 +221,18 @@ fn int_remainder_and_floor_div_wrap_and_define_division_by_zero() {
     assert_bits(
         &binary_on(BinaryOp::FloorDiv, i, &xs, &ys),
         &[1.0, -2.0, -2.0, 1.0, MIN, -715827883.0, -MAX, -306783379.0, -306783379.0, 0.0, 0.0, 0.0, 1.0],
+    );
+}
+
+#[test]
+fn int_fmod_truncates_and_defines_division_by_zero() {
+    let i = DType::I32;
+    let xs = [5.0, -5.0, 5.0, -5.0, MIN, MIN, MAX, MIN, MAX, 7.0, -7.0, 0.0, MIN, -6.0];
+    let ys = [3.0, 3.0, -3.0, -3.0, -1.0, 3.0, -1.0, 7.0, -7.0, 0.0, 0.0, 0.0, MIN, 3.0];
+    // C's `%` (the sign of the dividend; `-6 % 3` is 0, ints have no -0); by 0 gives 0, MIN by -1 gives 0.
+    assert_bits(
+        &binary_on(BinaryOp::Fmod, i, &xs, &ys),
+        &[2.0, -2.0, 2.0, -2.0, 0.0, -2.0, 0.0, -2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0],
     );
 }
 
@@ -272,13 +315,25 @@ fn floor_div_and_remainder_of_ints_stay_ints_and_atan2_of_ints_is_float() {
     let mut b = GraphBuilder::new();
     let x = b.input("x", DType::I32, shape(&[c(2)])).unwrap();
     let y = b.input("y", DType::I32, shape(&[c(2)])).unwrap();
-    for op in [BinaryOp::Remainder, BinaryOp::FloorDiv, BinaryOp::BitAnd, BinaryOp::Shl, BinaryOp::Shr] {
+    for op in [BinaryOp::Remainder, BinaryOp::Fmod, BinaryOp::FloorDiv, BinaryOp::BitAnd, BinaryOp::Shl, BinaryOp::Shr]
+    {
         let n = b.binary(op, x, y).unwrap();
         assert_eq!(b.node(n).dtype, DType::I32, "{}", op.name());
     }
-    let n = b.binary(BinaryOp::Atan2, x, y).unwrap();
-    assert_eq!(b.node(n).dtype, DType::F32);
+    for op in [BinaryOp::Atan2, BinaryOp::Hypot, BinaryOp::Copysign] {
+        let n = b.binary(op, x, y).unwrap();
+        assert_eq!(b.node(n).dtype, DType::F32, "{}", op.name());
+    }
     let h = b.input("h", DType::F16, shape(&[c(2)])).unwrap();
-    let n = b.binary(BinaryOp::FloorDiv, h, x).unwrap();
-    assert_eq!(b.node(n).dtype, DType::F16);
+    for op in [BinaryOp::FloorDiv, BinaryOp::Fmod, BinaryOp::Hypot, BinaryOp::Copysign] {
+        let n = b.binary(op, h, x).unwrap();
+        assert_eq!(b.node(n).dtype, DType::F16, "{}", op.name());
+    }
+}
+
+#[test]
+fn hypot_and_copysign_of_ints_compute_on_their_f32_casts() {
+    let (xs, ys) = ([3.0, -5.0, 0.0, 7.0], [-4.0, 12.0, -1.0, 0.0]);
+    assert_bits(&binary_on(BinaryOp::Hypot, DType::I32, &xs, &ys), &[5.0, 13.0, 1.0, 7.0]);
+    assert_bits(&binary_on(BinaryOp::Copysign, DType::I32, &xs, &ys), &[-3.0, 5.0, -0.0, 7.0]);
 }

@@ -190,6 +190,14 @@ pub enum BinaryOp {
     Atan2,
     /// `torch.remainder`: the result has the sign of the divisor. Integer division by zero gives 0.
     Remainder,
+    /// `torch.fmod`: C's `fmod`, the result has the sign of the dividend. Integer division by zero
+    /// gives 0; `i32::MIN` by -1 gives 0.
+    Fmod,
+    /// `torch.hypot`: `sqrt(a² + b²)` without overflow; floats only (ints are cast to `f32`).
+    Hypot,
+    /// `torch.copysign`: `|a|` with the sign bit of `b` (`-0.0` and NaNs' signs count); floats only
+    /// (ints are cast to `f32`).
+    Copysign,
     /// `torch.floor_divide`: the quotient rounded toward -inf. Integer division by zero gives 0;
     /// `i32::MIN / -1` wraps to `i32::MIN`.
     FloorDiv,
@@ -224,6 +232,9 @@ impl BinaryOp {
             BinaryOp::Or => "or",
             BinaryOp::Atan2 => "atan2",
             BinaryOp::Remainder => "remainder",
+            BinaryOp::Fmod => "fmod",
+            BinaryOp::Hypot => "hypot",
+            BinaryOp::Copysign => "copysign",
             BinaryOp::FloorDiv => "floor_div",
             BinaryOp::BitAnd => "bitwise_and",
             BinaryOp::BitOr => "bitwise_or",
@@ -242,9 +253,10 @@ impl BinaryOp {
     pub fn is_bitwise(self) -> bool {
         matches!(self, BinaryOp::BitAnd | BinaryOp::BitOr | BinaryOp::BitXor | BinaryOp::Shl | BinaryOp::Shr)
     }
-    /// Ops whose `i32` operands are cast to `f32` first (true division, `pow`, `atan2`).
+    /// Ops whose `i32` operands are cast to `f32` first (true division, `pow`, `atan2`, `hypot`,
+    /// `copysign`).
     pub fn is_float_only(self) -> bool {
-        matches!(self, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Atan2)
+        matches!(self, BinaryOp::Div | BinaryOp::Pow | BinaryOp::Atan2 | BinaryOp::Hypot | BinaryOp::Copysign)
     }
 }
 

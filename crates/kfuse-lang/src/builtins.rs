@@ -1,8 +1,8 @@
 //! Built-in functions: argument checking and lowering of calls.
 //!
 //! `where`, `clamp`, `pow`, `fma`, elementwise `min`/`max` (two arguments), the one-argument math
-//! functions, the two-argument ones (`atan2`, `remainder`, `floor_div`, the bitwise ops and
-//! shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
+//! functions, the two-argument ones (`atan2`, `remainder`, `fmod`, `hypot`, `copysign`,
+//! `floor_div`, the bitwise ops and shifts, named as in PyTorch), reductions `sum mean max min count` (with `where:`, `axis:` and `keepdim:`), the casts
 //! `f32 f16 bf16 i32 i64 bool`, `grad`, `stack(a, b, ...)` (along a new last axis), `iota(x, axis: A)` (the index along an axis, for one-hot
 //! comparisons with integer labels), `gather(x, index, axis: A)` (`torch.gather`), `softmax`/`log_softmax(x, axis: A)` (the axis's maximum detached), `detach(x)` (no gradient flows through), and the ragged-data helpers `mask(lengths)` and `size(D)`,
 //! which lower to existing ops (iota, comparisons, count). There are no user-defined functions.
@@ -24,6 +24,9 @@ fn binary_function(name: &str) -> Option<(BinaryOp, &'static str)> {
     Some(match name {
         "atan2" => (BinaryOp::Atan2, "atan2(y, x)"),
         "remainder" => (BinaryOp::Remainder, "remainder(a, b)"),
+        "fmod" => (BinaryOp::Fmod, "fmod(a, b)"),
+        "hypot" => (BinaryOp::Hypot, "hypot(a, b)"),
+        "copysign" => (BinaryOp::Copysign, "copysign(a, b)"),
         "floor_div" => (BinaryOp::FloorDiv, "floor_div(a, b)"),
         "bitwise_and" => (BinaryOp::BitAnd, "bitwise_and(a, b)"),
         "bitwise_or" => (BinaryOp::BitOr, "bitwise_or(a, b)"),

@@ -29,7 +29,7 @@
 //! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `fma(a, b, c)` (`a * b + c` rounded once),
 //! `abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor log1p expm1 atan tan asin acos sinh cosh asinh
 //! acosh atanh sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
-//! `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
+//! `fmod(a, b)`, `hypot(a, b)`, `copysign(a, b)`, `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
 //! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 i64 bool`,
 //! `grad(OF, INPUT)`, `stack(A, B, ...)` (the parts, broadcast to one shape, along a new last axis,
@@ -41,14 +41,17 @@
 //! holds for `i64` too, with 64 for 32): math functions of an `i32` give
 //! `f32` (but `round`, `trunc`, `ceil`, `floor` and `sign` of an `i32` stay `i32`); `round` takes halfway
 //! cases to even; `sign` of NaN is 0; `isnan isinf isfinite` give `bool`; `remainder` has the sign
-//! of the divisor and `floor_div` rounds toward -inf, for floats and `i32` alike. Two definitions
-//! where PyTorch raises or C++ leaves it undefined: an `i32` `remainder` or `floor_div` by 0 gives
-//! 0 (`i32::MIN` floor-divided by -1 wraps to `i32::MIN`), and a shift count outside `0..=31`
-//! gives 0 for a left shift and the sign fill (`a >> 31`: 0 or -1) for a right shift, as PyTorch
+//! of the divisor, `fmod` (C's) that of the dividend and `floor_div` rounds toward -inf, for floats
+//! and `i32` alike; `atan2`, `hypot` and `copysign` of `i32`s give `f32`. Two definitions where
+//! PyTorch raises or C++ leaves it undefined: an `i32` `remainder`, `fmod` or `floor_div` by 0
+//! gives 0 (`i32::MIN` floor-divided by -1 wraps to `i32::MIN`, its `fmod` by -1 is 0), and a
+//! shift count outside `0..=31` gives 0 for a left shift and the sign fill (`a >> 31`: 0 or -1) for a right shift, as PyTorch
 //! computes them. The bitwise functions take `i32` or `bool` (for bools they are `and`, `or` and
 //! `!=`); the shifts take `i32`. Gradients follow PyTorch's `derivatives.yaml`: `sign round trunc
 //! ceil floor floor_div` have none, `remainder(a, b)` gives `g` to `a` and `-g * floor_div(a, b)`
-//! to `b`.
+//! to `b`, `fmod(a, b)` gives `g` to `a` and `-g * trunc(a / b)` to `b`, `hypot(a, b)` gives
+//! `g * a / hypot(a, b)` and `g * b / hypot(a, b)` (NaN at the origin), and `copysign(a, b)` gives
+//! `g * copysign(a, b) / a` to `a` (0 where `a == 0`) and nothing to `b`.
 //!
 //! Reductions follow PyTorch's `dim=` and `keepdim=`: with no `axis:` over every element (a
 //! scalar); `axis: 0`, `axis: -2` (negative axes count from the end) or a list `axis: [0, 2]`

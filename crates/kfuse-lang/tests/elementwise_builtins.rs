@@ -1,6 +1,6 @@
 //! The elementwise builtins named as in PyTorch (log1p .. cosh, sign, rounding, NaN tests, atan2,
-//! remainder, floor_div, bitwise ops, shifts, fma): what they lower to, their result dtypes, and
-//! the diagnostics for wrong dtypes and arities.
+//! remainder, fmod, hypot, copysign, floor_div, bitwise ops, shifts, fma): what they lower to,
+//! their result dtypes, and the diagnostics for wrong dtypes and arities.
 
 use kfuse_ir::{BinaryOp, DType, Op, TernaryOp, UnaryOp};
 use kfuse_lang::{parse_program, Diagnostic, DiagnosticKind};
@@ -72,6 +72,15 @@ fn binary_builtins_lower_to_their_ops_with_pytorchs_dtypes() {
         ("atan2(k, k)", BinaryOp::Atan2, DType::F32),
         ("remainder(x, 3)", BinaryOp::Remainder, DType::F32),
         ("remainder(k, 3)", BinaryOp::Remainder, DType::I32),
+        ("fmod(x, -2.5)", BinaryOp::Fmod, DType::F32),
+        ("fmod(k, 3)", BinaryOp::Fmod, DType::I32),
+        ("fmod(k, x)", BinaryOp::Fmod, DType::F32),
+        ("hypot(x, 3.0)", BinaryOp::Hypot, DType::F32),
+        ("hypot(k, k)", BinaryOp::Hypot, DType::F32),
+        ("hypot(k, 4)", BinaryOp::Hypot, DType::F32),
+        ("copysign(x, -1.0)", BinaryOp::Copysign, DType::F32),
+        ("copysign(k, k)", BinaryOp::Copysign, DType::F32),
+        ("copysign(3, x)", BinaryOp::Copysign, DType::F32),
         ("floor_div(x, -2.5)", BinaryOp::FloorDiv, DType::F32),
         ("floor_div(k, k)", BinaryOp::FloorDiv, DType::I32),
         ("bitwise_and(k, 255)", BinaryOp::BitAnd, DType::I32),
@@ -115,6 +124,20 @@ fn wrong_dtypes_and_arities_are_reported_at_the_call() {
     assert_eq!(d.kind, Arguments, "{d}");
     assert!(d.message.contains("`atan2` takes 2 arguments, got 1"), "{d}");
     assert_eq!(d.expected.as_deref(), Some("atan2(y, x)"));
+    for (call, name) in
+        [("fmod(k, valid)", "fmod"), ("hypot(valid, x)", "hypot"), ("copysign(valid, valid)", "copysign")]
+    {
+        let d = error(&format!("output y = {call}\n"));
+        assert_eq!(d.kind, Type, "{call}: {d}");
+        assert!(d.message.contains(&format!("`{name}`")), "{call}: {d}");
+    }
+    for (call, signature) in
+        [("fmod(x)", "fmod(a, b)"), ("hypot(x, x, x)", "hypot(a, b)"), ("copysign()", "copysign(a, b)")]
+    {
+        let d = error(&format!("output y = {call}\n"));
+        assert_eq!(d.kind, Arguments, "{call}: {d}");
+        assert_eq!(d.expected.as_deref(), Some(signature), "{call}");
+    }
     let d = error("output y = fma(x, x)\n");
     assert!(d.kind == Arguments && d.message.contains("`fma` takes 3 arguments"), "{d}");
     let d = error("output y = floor_divide(x, 2)\n");
@@ -162,4 +185,51 @@ fn c_style_logical_operators_point_at_the_words() {
         assert_eq!(d.kind, DiagnosticKind::Syntax, "{d}");
         assert!(d.expected.as_deref().unwrap_or("").contains(hint), "{body:?}: {d}");
     }
+}
+
+#[test]
+fn fmod_hypot_and_copysign_of_ints_cast_to_f32_and_fmod_of_ints_stays_an_int() {
+    // The int operands of hypot and copysign become f32 casts (as torch promotes them); fmod keeps
+    // i32 (and i64) operands as they are.
+    for call in ["hypot(k, k)", "copysign(k, 2)"] {
+        let g = graph(&format!("output y = {call}\n"));
+        let out = g.node(g.output_by_name("y").unwrap().node);
+        let Op::Binary(_, a, _) = out.op else { panic!("{call} lowers to {:?}", out.op) };
+        assert!(matches!(g.node(a).op, Op::Cast(_)) && g.node(a).dtype == DType::F32, "{call}: {:?}", g.node(a));
+    }
+    let g = graph("output y = fmod(k, k)\n");
+    let out = g.node(g.output_by_name("y").unwrap().node);
+    assert!(matches!(out.op, Op::Binary(BinaryOp::Fmod, a, b) if matches!(g.node(a).op, Op::Input(_)) && a == b));
+    let src = "input a: i64[N]\ninput b: i32[N]\noutput y = fmod(a, b)\n";
+    let g = parse_program(src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+    assert_eq!(g.node(g.output_by_name("y").unwrap().node).dtype, DType::I64);
+    // f16 and bf16 operands keep their dtype (computed in f32, as every float op).
+    for dt in ["f16", "bf16"] {
+        let src =
+            format!("input h: {dt}[N]\noutput f = fmod(h, 2)\noutput n = hypot(h, h)\noutput c = copysign(h, -1.0)\n");
+        let g = parse_program(&src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+        for o in ["f", "n", "c"] {
+            assert_eq!(g.node(g.output_by_name(o).unwrap().node).dtype.to_string(), dt, "{o} of {dt}");
+        }
+    }
+}
+
+#[test]
+fn fmod_hypot_and_copysign_compute_torchs_values() {
+    let src = "input a: f32[N]\ninput b: f32[N]\ninput i: i32[N]\ninput j: i32[N]\n\
+               output f = fmod(a, b)\noutput h = hypot(a, b)\noutput c = copysign(a, b)\noutput fi = fmod(i, j)\n";
+    let g = parse_program(src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+    let f32s = |v: &[f32]| kfuse_ir::HostTensor::new(vec![v.len()], kfuse_ir::TensorData::F32(v.to_vec()));
+    let i32s = |v: &[i32]| kfuse_ir::HostTensor::new(vec![v.len()], kfuse_ir::TensorData::I32(v.to_vec()));
+    let (a, b) = (f32s(&[7.5, -7.5, 3.0, -0.0]), f32s(&[2.0, 2.0, -4.0, 1.0]));
+    let (i, j) = (i32s(&[7, -7, 7, i32::MIN]), i32s(&[-3, 3, 0, -1]));
+    let outs = kfuse_interp::run(&g, &[("a", &a), ("b", &b), ("i", &i), ("j", &j)]).unwrap_or_else(|e| panic!("{e}"));
+    let out = |name: &str| outs.iter().find(|(n, _)| n == name).unwrap().1.to_f64();
+    assert_eq!(out("f"), [1.5, -1.5, 3.0, -0.0]);
+    assert!(out("f")[3].is_sign_negative(), "fmod keeps the dividend's -0.0");
+    assert_eq!(out("h"), [7.5f64.hypot(2.0) as f32 as f64, 7.5f64.hypot(2.0) as f32 as f64, 5.0, 1.0]);
+    assert_eq!(out("c"), [7.5, 7.5, -3.0, 0.0]);
+    assert!(out("c")[3].is_sign_positive(), "copysign(-0.0, 1.0) is +0.0");
+    // C's truncated remainder; by 0 gives 0 and i32::MIN by -1 gives 0.
+    assert_eq!(out("fi"), [1.0, -1.0, 0.0, 0.0]);
 }

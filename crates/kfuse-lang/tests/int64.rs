@@ -1,5 +1,5 @@
 //! The `i64` dtype from source to the interpreter: declarations, casts, promotion, wrapping
-//! arithmetic at 2^63, floor division and remainder with PyTorch's signs, shifts, reductions, and
+//! arithmetic at 2^63, floor division, remainder and fmod with PyTorch's signs, shifts, reductions, and
 //! the diagnostics of what does not apply to it.
 
 use kfuse_ir::{DType, HostTensor, TensorData};
@@ -50,6 +50,15 @@ fn floor_division_and_remainder_take_the_signs_torch_gives() {
     // torch.floor_divide / torch.remainder; by 0 gives 0, i64::MIN // -1 wraps.
     assert_eq!(out_i64(&outs, "q"), [3, -4, -4, 3, i64::MIN, 0, (1 << 40) / 3]);
     assert_eq!(out_i64(&outs, "r"), [1, 1, -1, -1, 0, 0, (1 << 40) % 3]);
+}
+
+#[test]
+fn fmod_of_i64_takes_the_sign_of_the_dividend() {
+    let a = longs(&[7, -7, 7, -7, i64::MIN, 5, i64::MIN, 1 << 40]);
+    let b = longs(&[2, 2, -2, -2, -1, 0, i64::MAX, 3]);
+    let outs = run("input a: i64[N]\ninput b: i64[N]\noutput r = fmod(a, b)\n", &[("a", &a), ("b", &b)]);
+    // torch.fmod (C's truncated remainder); by 0 gives 0, i64::MIN by -1 gives 0.
+    assert_eq!(out_i64(&outs, "r"), [1, -1, 1, -1, 0, 0, -1, (1 << 40) % 3]);
 }
 
 #[test]

@@ -15,7 +15,9 @@
 //! share it evenly among tied elements; `where` sends it to the selected branch only; `sqrt` at 0
 //! gives inf; `floor`, `ceil`, `round`, `trunc`, `sign`, `floor_div` and the comparisons have none
 //! (zeros, as PyTorch's `derivatives.yaml` says); `remainder(a, b)` gives `g` to `a` and
-//! `-g * floor_div(a, b)` to `b`; masked-out elements get exactly 0.
+//! `-g * floor_div(a, b)` to `b`, `fmod(a, b)` gives `g` to `a` and `-g * trunc(a / b)` to `b`;
+//! `hypot` at the origin gives NaN (`0 / 0`); `copysign(a, b)` gives `a` 0 where `a == 0` and `b`
+//! none; masked-out elements get exactly 0.
 //!
 //! Not handled: gradients with respect to a non-input node, integer or bool inputs, or a
 //! non-scalar `of` (all reported as [`IrError::NotDifferentiable`]).
@@ -751,6 +753,42 @@ impl Step<'_, '_> {
                     let gq = self.em.mul(g, q)?;
                     let c = self.em.neg(gq)?;
                     self.send(b, c)?;
+                }
+                Ok(())
+            }
+            BinaryOp::Fmod => {
+                // a - trunc(a / b) * b: the quotient is piecewise constant (torch.fmod's gradient).
+                self.send(a, g)?;
+                if act_b {
+                    let ab = self.em.div(a, b)?;
+                    let q = self.em.unary(UnaryOp::Trunc, ab)?;
+                    let gq = self.em.mul(g, q)?;
+                    let c = self.em.neg(gq)?;
+                    self.send(b, c)?;
+                }
+                Ok(())
+            }
+            BinaryOp::Hypot => {
+                // torch.hypot's: a gets g * a / y, b gets g * b / y (NaN at the origin, as torch's).
+                for (x, act) in [(a, act_a), (b, act_b)] {
+                    if act {
+                        let gx = self.em.mul(g, x)?;
+                        let c = self.em.div(gx, y)?;
+                        self.send(x, c)?;
+                    }
+                }
+                Ok(())
+            }
+            BinaryOp::Copysign => {
+                // torch.copysign's: a gets g * (y / a), 0 where a == 0; b gets none (y is
+                // piecewise constant in b).
+                if act_a {
+                    let zero = self.em.lit(0.0);
+                    let r = self.em.div(y, a)?;
+                    let nonzero = self.em.compare(BinaryOp::Ne, a, zero)?;
+                    let ratio = self.em.select(nonzero, r, zero)?;
+                    let c = self.em.mul(g, ratio)?;
+                    self.send(a, c)?;
                 }
                 Ok(())
             }

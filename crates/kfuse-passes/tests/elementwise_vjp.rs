@@ -1,7 +1,9 @@
 //! Gradient checks for the elementwise ops that follow PyTorch's math library: autodiff agrees
 //! with central finite differences (f64, on the interpreter) on random inputs inside each op's
 //! domain and away from its kinks; the piecewise-constant ops (sign, round, trunc, ceil,
-//! floor_div) give zeros there, as PyTorch's `derivatives.yaml` says.
+//! floor_div) give zeros there, as PyTorch's `derivatives.yaml` says. Known values pin PyTorch's
+//! conventions where finite differences cannot: `hypot` at the origin, `copysign` at `a == 0` and
+//! its sign operand.
 
 mod common;
 
@@ -116,6 +118,40 @@ proptest! {
     }
 
     #[test]
+    fn fmod_away_from_whole_quotients((b, n, v) in matrices(3, -5.0..5.0)) {
+        prop_assume!(distance_to(&v[1], |y| y) > 0.3);
+        let q: Vec<f64> = v[0].iter().zip(&v[1]).map(|(x, y)| x / y).collect();
+        prop_assume!(distance_to(&q, |q| q - q.round()) > 1e-3);
+        check_binary(BinaryOp::Fmod, (b, n), &["B", "N"], &v)?;
+    }
+
+    #[test]
+    fn fmod_by_a_broadcast_divisor((b, n, v) in matrices(3, -5.0..5.0)) {
+        // y: [B, 1] (the first B values), summed back over N.
+        let mut v = v;
+        v[1].truncate(b);
+        prop_assume!(distance_to(&v[1], |y| y) > 0.3);
+        let q: Vec<f64> = v[0].iter().enumerate().map(|(i, x)| x / v[1][i / n]).collect();
+        prop_assume!(distance_to(&q, |q| q - q.round()) > 1e-3);
+        check_binary(BinaryOp::Fmod, (b, n), &["B", "1"], &v)?;
+    }
+
+    #[test]
+    fn hypot_away_from_the_origin((b, n, v) in matrices(3, -3.0..3.0)) {
+        let r2: Vec<f64> = v[0].iter().zip(&v[1]).map(|(x, y)| x * x + y * y).collect();
+        prop_assume!(distance_to(&r2, |r| r) > 0.1);
+        check_binary(BinaryOp::Hypot, (b, n), &["B", "N"], &v)?;
+    }
+
+    #[test]
+    fn copysign_away_from_zeros((b, n, v) in matrices(3, -3.0..3.0)) {
+        // Away from |a|'s kink at a == 0 and from the sign's jump at b == 0 (b's gradient is 0).
+        prop_assume!(distance_to(&v[0], |x| x) > 1e-3);
+        prop_assume!(distance_to(&v[1], |y| y) > 1e-3);
+        check_binary(BinaryOp::Copysign, (b, n), &["B", "N"], &v)?;
+    }
+
+    #[test]
     fn fma_sends_each_operand_its_partial((b, n, v) in matrices(4, -3.0..3.0)) {
         let mut p = Problem::new();
         let x = p.input("x", &["B", "N"], &[b, n], v[0].clone());
@@ -154,4 +190,54 @@ proptest! {
         let loss = weighted_sum(&mut p.b, w, z);
         p.check(loss, &["x"]).map_err(TestCaseError::fail)?;
     }
+}
+
+/// The gradients of `sum(w * op(x, y))` w.r.t. `x` and `y` (both `[N]`) at the given values.
+fn binary_gradients(op: BinaryOp, x: &[f64], y: &[f64], w: &[f64]) -> Vec<Vec<f64>> {
+    let n = x.len();
+    let mut p = Problem::new();
+    let xi = p.input("x", &["N"], &[n], x.to_vec());
+    let yi = p.input("y", &["N"], &[n], y.to_vec());
+    let wi = p.input("w", &["N"], &[n], w.to_vec());
+    let z = p.b.binary(op, xi, yi).unwrap();
+    let loss = weighted_sum(&mut p.b, wi, z);
+    p.gradients(loss, &["x", "y"])
+}
+
+/// Bit-exact equality, every NaN equal to every NaN.
+fn assert_bits(got: &[f64], want: &[f64], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}[{i}]: got {g:?}, want {w:?}");
+    }
+}
+
+#[test]
+fn fmod_sends_minus_the_truncated_quotient_to_the_divisor() {
+    // torch.fmod's: a gets g, b gets -g * trunc(a / b) (toward zero, unlike remainder's floor).
+    let x = [7.5, -7.5, 7.5, -7.5, 1.0];
+    let y = [2.0, 2.0, -2.0, -2.0, 4.0];
+    let w = [1.0, 1.0, 1.0, 1.0, 2.0];
+    let g = binary_gradients(BinaryOp::Fmod, &x, &y, &w);
+    assert_bits(&g[0], &w, "d/dx");
+    assert_bits(&g[1][..4], &[-3.0, 3.0, 3.0, -3.0], "d/dy");
+    assert_eq!(g[1][4], 0.0, "d/dy where the quotient truncates to 0");
+}
+
+#[test]
+fn hypot_gradient_is_the_unit_vector_and_nan_at_the_origin() {
+    let g = binary_gradients(BinaryOp::Hypot, &[3.0, -3.0, 0.0, 0.0], &[4.0, 4.0, -2.0, 0.0], &[1.0, 2.0, 1.0, 1.0]);
+    // torch.hypot's: g * a / hypot(a, b) and g * b / hypot(a, b); 0 / 0 at the origin.
+    assert_bits(&g[0], &[0.6, -1.2, 0.0, f64::NAN], "d/dx");
+    assert_bits(&g[1], &[0.8, 1.6, -1.0, f64::NAN], "d/dy");
+}
+
+#[test]
+fn copysign_gradient_is_zero_at_zero_and_none_to_the_sign() {
+    let x = [1.5, 1.5, -1.5, 0.0, -0.0, 2.0];
+    let y = [2.0, -2.0, -3.0, -1.0, 1.0, -0.0];
+    let g = binary_gradients(BinaryOp::Copysign, &x, &y, &[2.0; 6]);
+    // torch.copysign's: g * copysign(a, b) / a where a != 0, else 0; b gets zeros.
+    assert_bits(&g[0], &[2.0, -2.0, 2.0, 0.0, 0.0, -2.0], "d/dx");
+    assert!(g[1].iter().all(|v| *v == 0.0), "d/dy: {:?}", g[1]);
 }

@@ -1,4 +1,4 @@
-//~ Integer remainder, floor division and shifts (reviewed template, emitted as is by `cuda::helper_source`).
+//~ Integer remainder, fmod, floor division and shifts (reviewed template, emitted as is by `cuda::helper_source`).
 #ifndef KF_HELPER_INT_DIV_SHIFT
 #define KF_HELPER_INT_DIV_SHIFT
 // torch.remainder / torch.floor_divide of i32, as the interpreter computes them: a divisor of 0
@@ -14,6 +14,11 @@ __device__ __forceinline__ int kf_floordiv_i32(int a, int b) {
     const int q = a / b;
     const int r = a % b;
     return (r != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+// torch.fmod of i32: the truncated remainder (the sign of the dividend), with the same two
+// definitions: a divisor of 0 gives 0, and INT_MIN % -1 (undefined in C++) gives 0.
+__device__ __forceinline__ int kf_fmod_i32(int a, int b) {
+    return (b == 0 || b == -1) ? 0 : a % b;
 }
 // torch.bitwise_left_shift / bitwise_right_shift of i32: a count outside 0..31 gives 0 (left)
 // or the sign fill a >> 31 (right), where C++ would leave it undefined.

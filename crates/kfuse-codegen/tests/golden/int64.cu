@@ -50,6 +50,11 @@ __device__ __forceinline__ long long kf_floordiv_i64(long long a, long long b) {
     const long long r = a % b;
     return (r != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
+// torch.fmod of i64: the truncated remainder (the sign of the dividend), with the same two
+// definitions: a divisor of 0 gives 0, and LLONG_MIN % -1 (undefined in C++) gives 0.
+__device__ __forceinline__ long long kf_fmod_i64(long long a, long long b) {
+    return (b == 0 || b == -1) ? 0 : a % b;
+}
 // torch.bitwise_left_shift / bitwise_right_shift of i64: a count outside 0..63 gives 0 (left)
 // or the sign fill a >> 63 (right), where C++ would leave it undefined.
 __device__ __forceinline__ long long kf_shl_i64(long long a, long long n) {
@@ -187,6 +192,11 @@ __device__ __forceinline__ long long kf_floordiv_i64(long long a, long long b) {
     const long long r = a % b;
     return (r != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
+// torch.fmod of i64: the truncated remainder (the sign of the dividend), with the same two
+// definitions: a divisor of 0 gives 0, and LLONG_MIN % -1 (undefined in C++) gives 0.
+__device__ __forceinline__ long long kf_fmod_i64(long long a, long long b) {
+    return (b == 0 || b == -1) ? 0 : a % b;
+}
 // torch.bitwise_left_shift / bitwise_right_shift of i64: a count outside 0..63 gives 0 (left)
 // or the sign fill a >> 63 (right), where C++ would leave it undefined.
 __device__ __forceinline__ long long kf_shl_i64(long long a, long long n) {
@@ -291,6 +301,11 @@ __device__ __forceinline__ long long kf_floordiv_i64(long long a, long long b) {
     const long long q = a / b;
     const long long r = a % b;
     return (r != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+// torch.fmod of i64: the truncated remainder (the sign of the dividend), with the same two
+// definitions: a divisor of 0 gives 0, and LLONG_MIN % -1 (undefined in C++) gives 0.
+__device__ __forceinline__ long long kf_fmod_i64(long long a, long long b) {
+    return (b == 0 || b == -1) ? 0 : a % b;
 }
 // torch.bitwise_left_shift / bitwise_right_shift of i64: a count outside 0..63 gives 0 (left)
 // or the sign fill a >> 63 (right), where C++ would leave it undefined.

@@ -1,7 +1,7 @@
 //! Random well-typed `.kf` programs: inputs of every dtype over the padded (`B`, `N`, with an
 //! optional `lengths` input) or packed (`T`, with an `offsets` input) symbols, then `let`s drawn
 //! from elementwise arithmetic, comparisons, logic, `where`, `clamp`, `pow`, math functions,
-//! `atan2`, `remainder`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all, last or leading axis, with or without
+//! `atan2`, `remainder`, `fmod`, `hypot`, `copysign`, `floor_div`, `fma`, bitwise ops and shifts, casts, component access, `[.., None]`, reductions (all, last or leading axis, with or without
 //! `where:`, `prod` included), `argmax`/`argmin` (along the last axis or flat), `rand_like`,
 //! views (`transpose`, `permute`, slices of a constant last axis, `reshape` splitting and merging one), `cat` along a constant last
 //! axis, `mask(lengths)`, `size(DIM)`, and outputs that may include `grad(loss, input)`.
@@ -48,6 +48,8 @@ const MATH: [&str; 29] = [
     "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos", "sinh", "cosh", "asinh",
     "acosh", "atanh",
 ];
+/// Functions of two numeric operands (`fma` takes a third, a literal).
+const BINARY: [&str; 10] = ["min", "max", "pow", "atan2", "remainder", "fmod", "hypot", "copysign", "floor_div", "fma"];
 /// Functions of two operands of one kind: `i32` (both) or `bool` (both, except the shifts).
 const BITWISE: [&str; 5] = ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_left_shift", "bitwise_right_shift"];
 const ARITH: [&str; 4] = ["+", "-", "*", "/"];
@@ -193,8 +195,12 @@ impl Gen {
             4 if a.kind.numeric() => {
                 let b = self.val_where(|b| b.kind.numeric() && broadcast(&a.shape, &b.shape).is_some())?;
                 let shape = broadcast(&a.shape, &b.shape)?;
-                let f = *self.pick(&["min", "max", "pow", "atan2", "remainder", "floor_div", "fma"]);
-                let kind = if matches!(f, "pow" | "atan2") { Kind::Float } else { arith_kind("+", a.kind, b.kind) };
+                let f = *self.pick(&BINARY);
+                let kind = if matches!(f, "pow" | "atan2" | "hypot" | "copysign") {
+                    Kind::Float
+                } else {
+                    arith_kind("+", a.kind, b.kind)
+                };
                 if f == "fma" {
                     let lit = self.literal(Kind::Float);
                     return Some((format!("fma({}, {}, {lit})", a.name, b.name), shape, Kind::Float));
