@@ -551,6 +551,24 @@ def test_the_norms_statistics_read_their_input_once(name):
     assert any("2 row reduction phase(s)" in s for s in forward), str(report)
 
 
+def test_a_norm_over_trailing_static_axes_reduces_them_as_one_row():
+    # A layer norm over (C, H, W): H and W are written as constants, so kfuse reduces each
+    # sample's H x W positions as one row (then C), not one axis per kernel; the batch and C stay
+    # symbols (a new batch size compiles nothing).
+    module = nn.LayerNorm((24, 18, 19))
+    x = _randn(torch.Generator().manual_seed(SEED), 17, 24, 18, 19).requires_grad_()
+    torch._dynamo.reset()
+    report = kfuse.explain(module, x)
+    assert not report.fallbacks, str(report)
+    forward = [k for k in report.kernels if k.graph == "forward"]
+    assert len(forward) == 1 and "f32[N0, N1, 18, 19]" in forward[0].source, str(report)
+    # The statistics in two kernels (rows of 18 x 19, then of C), the normalised values in one.
+    assert len(forward[0].shapes) == 3, str(report)
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=_backend.backend)
+    _check_module("layer norm over (C, H, W)", module, [x.detach()], compiled)
+
+
 def test_an_as_strided_is_lowered_only_where_it_is_a_reshape():
     gen = torch.Generator().manual_seed(SEED)
     x = _randn(gen, 6, 12)

@@ -104,10 +104,42 @@ def _regrouped_sizes(node):
     return {d for d in sizes if isinstance(d, int) and d > MAX_CONST_DIM}
 
 
+# kfuse's planner merges the trailing reduced axes of a reduction over several axes into rows of at
+# most this many columns where their sizes are constants (`MERGED_ROW_LIMIT` of its stages).
+MERGED_ROW_LIMIT = 1024
+
+
+def _merged_row_sizes(node):
+    """The static sizes of the trailing axes a reduction over several axes reduces, from the last
+    while their product stays within :data:`MERGED_ROW_LIMIT`: as constants, kfuse reduces them
+    as one row (a layer norm over (C, H, W) of 64 x 28 x 28 in rows of 784, then 64), where as
+    symbols it reduces one axis per kernel. Not the size of the operand's first axis (a batch),
+    which stays a symbol so that a new batch size compiles nothing; the region's program is
+    otherwise for these sizes only, as Dynamo's graph is."""
+    a = bind(node)
+    x, dims = fake(a.get("self")), a.get("dim")
+    if x is None or not isinstance(dims, (list, tuple)) or len(dims) < 2 or x.dim() < 2:
+        return set()
+    n = x.dim()
+    reduced = {d % n for d in dims}
+    merged, product, k = [], 1, n - 1
+    while k >= 1 and k in reduced and isinstance(x.shape[k], int):
+        product *= x.shape[k]
+        if product > MERGED_ROW_LIMIT:
+            break
+        merged.append(x.shape[k])
+        k -= 1
+    if len(merged) < 2:  # one axis is a row as it is
+        return set()
+    return {d for d in merged if d > MAX_CONST_DIM and d != x.shape[0]}
+
+
 @contextlib.contextmanager
 def constant_sizes(nodes):
     """The static sizes that `nodes`' slices, slice scatters and cats have along their axis (a
-    slice of an axis, or the parts of a cat, are constant sizes in kfuse's typing), as a context
+    slice of an axis, or the parts of a cat, are constant sizes in kfuse's typing), that their
+    reshapes regroup, and that their reductions over several axes merge (see
+    :func:`_merged_row_sizes`), as a context
     in which :func:`dim_token` writes them as constants, so that the values of those sizes agree
     with the rest of the region (a gated MLP's `h.chunk(2, -1)` halves of 48 columns: 24)."""
     sizes = set()
@@ -115,6 +147,9 @@ def constant_sizes(nodes):
         name = getattr(getattr(node, "target", None), "overloadpacket", None)
         if node.op == "call_function" and getattr(name, "__name__", "") in _RESHAPES:
             sizes |= _regrouped_sizes(node)
+            continue
+        if node.op == "call_function" and name in (aten.sum, aten.mean, aten.amax, aten.amin):
+            sizes |= _merged_row_sizes(node)
             continue
         if node.op == "call_function" and getattr(name, "__name__", "") == "constant_pad_nd":
             # The padded axes, before and after: constants, as a cat's are.
