@@ -73,7 +73,9 @@ struct Work {
 /// in parts whose variance is stored too (`mean((x - m) * (x - m))` over the same axes) has it
 /// computed by the same parts, in one pass over `x`: each part stores its rows' means and their
 /// variances, and the next part combines them (see [`moments`]). Any other reduction is computed
-/// as it is, its trailing axes merged into rows where their sizes are constant.
+/// as it is, its trailing axes merged into rows where their sizes are constant. An output that
+/// is elementwise work on stored values, of the shape of a value an earlier stage stores, is
+/// computed by that stage (see [`output_with_its_stage`]).
 pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
     let mut stored: Vec<(DType, Shape)> = Vec::new();
     let mut stored_outputs: Vec<Option<usize>> = Vec::new();
@@ -192,10 +194,96 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
     if stored.is_empty() {
         return None;
     }
+    for o in 0..g.outputs.len() {
+        if !stored_outputs.contains(&Some(o)) {
+            if let Some(s) = output_with_its_stage(g, &current, &mut early, o) {
+                early[s].1.push(stored.len());
+                stored.push((g.node(g.outputs[o].node).dtype, g.node(g.outputs[o].node).shape.clone()));
+                stored_outputs.push(Some(o));
+            }
+        }
+    }
     let last_outputs: Vec<usize> = (0..g.outputs.len()).filter(|o| !stored_outputs.contains(&Some(*o))).collect();
     current.outputs = last_outputs.iter().map(|&o| g.outputs[o].clone()).collect();
     let last = (!current.outputs.is_empty()).then_some(current);
     Some(Stages { stored, stored_outputs, early, last, last_outputs })
+}
+
+/// Output `o` of `g` computed by the early stage that stores the last stored value it reads,
+/// where it is elementwise work on the original inputs and stored values (in `current`, the last
+/// stage's graph) of the shape of a value that stage stores: the stage's kernel of that shape
+/// computes it, where the last stage would launch a kernel for it alone (a batch norm's running
+/// statistics and weight gradient, per channel, from the channels' sums). Appends the output to
+/// that stage's graph and returns the stage; `None` leaves `o` to the last stage.
+fn output_with_its_stage(g: &Graph, current: &Graph, early: &mut [(Graph, Vec<usize>)], o: usize) -> Option<usize> {
+    let original = g.inputs.len();
+    let root = g.outputs[o].node;
+    // The output's work in the last stage, in node order, and the stored values it reads.
+    let mut cone = BTreeSet::new();
+    let mut stack = vec![root];
+    let mut reads = Vec::new();
+    while let Some(n) = stack.pop() {
+        if !cone.insert(n) {
+            continue;
+        }
+        match current.node(n).op {
+            Op::Input(id) => reads.extend((id.0 as usize).checked_sub(original)),
+            Op::Reduce { .. } | Op::Rand { .. } | Op::Stack(_) => return None,
+            ref op => op.for_each_operand(&current.lists, |x| stack.push(x)),
+        }
+    }
+    let stage_of = |j: usize| early.iter().position(|(_, outs)| outs.contains(&j));
+    let s = reads.iter().map(|&j| stage_of(j)).max()??;
+    let (sg, outs) = &mut early[s];
+    let shape = &current.node(root).shape;
+    if !sg.outputs.iter().any(|out| sg.node(out.node).shape == *shape) {
+        return None;
+    }
+    let mut to = std::collections::HashMap::new();
+    for &n in &cone {
+        let node = current.node(n);
+        let copy = match node.op {
+            Op::Input(id) => {
+                match (id.0 as usize).checked_sub(original).and_then(|j| outs.iter().position(|&k| k == j)) {
+                    // A value this stage computes: its node, in the shape later stages read it in.
+                    Some(k) => {
+                        let v = sg.outputs[k].node;
+                        match sg.node(v).shape == node.shape {
+                            true => v,
+                            false => push(sg, Op::Reshape(v), node.dtype, node.shape.clone()),
+                        }
+                    }
+                    // An original input, or one stored by a stage before (the same input here).
+                    None => push(sg, Op::Input(id), node.dtype, node.shape.clone()),
+                }
+            }
+            ref op => push(sg, remapped(op, |x| to[&x])?, node.dtype, node.shape.clone()),
+        };
+        to.insert(n, copy);
+    }
+    sg.outputs.push(Output { name: g.outputs[o].name.clone(), node: to[&root] });
+    Some(s)
+}
+
+/// `op` with each operand `x` replaced by `f(x)`; `None` for the ops [`output_with_its_stage`]
+/// does not move (reductions, random numbers, stacks).
+fn remapped(op: &Op, f: impl Fn(NodeId) -> NodeId) -> Option<Op> {
+    Some(match *op {
+        Op::Input(_) | Op::Const(_) | Op::Iota { .. } => *op,
+        Op::Cast(x) => Op::Cast(f(x)),
+        Op::Unary(u, x) => Op::Unary(u, f(x)),
+        Op::Binary(b, x, y) => Op::Binary(b, f(x), f(y)),
+        Op::Ternary(t, x, y, z) => Op::Ternary(t, f(x), f(y), f(z)),
+        Op::Component { x, index } => Op::Component { x: f(x), index },
+        Op::Select { x, axis, index } => Op::Select { x: f(x), axis, index },
+        Op::Slice { x, axis, start, step } => Op::Slice { x: f(x), axis, start, step },
+        Op::Transpose { x, a, b } => Op::Transpose { x: f(x), a, b },
+        Op::ExpandLast(x) => Op::ExpandLast(f(x)),
+        Op::Reshape(x) => Op::Reshape(f(x)),
+        Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: f(x), axes },
+        Op::Gather { x, index, axis } => Op::Gather { x: f(x), index: f(index), axis },
+        Op::Reduce { .. } | Op::Rand { .. } | Op::Stack(_) => return None,
+    })
 }
 
 /// Where [`split`] keeps the values its stages store.

@@ -68,6 +68,24 @@ fn no_norm_kernel_reads_a_reduction_again_at_every_element() {
 }
 
 #[test]
+fn a_batch_norms_per_channel_outputs_come_from_its_column_kernels() {
+    // The running statistics (forward) and the weight gradient (backward) are elementwise work on
+    // the channels' sums: the column kernels that fold those sums compute them too, where a kernel
+    // of their own would take a launch of its own.
+    for name in ["batch_norm_forward", "batch_norm_backward"] {
+        let p = program(NORMS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).unwrap_or_default(), name);
+        let notes: Vec<String> = p.plan().kernels.iter().map(|k| k.plan_notes().join("\n")).collect();
+        assert!(
+            !notes.iter().any(|n| n.contains("one per iteration of a grid-stride loop")),
+            "{name}: a per-channel kernel of its own:\n{}",
+            notes.join("\n")
+        );
+        let columns = notes.iter().filter(|n| n.contains("over the leading axis")).count();
+        assert!(columns >= 1, "{name}: no column kernel:\n{}", notes.join("\n"));
+    }
+}
+
+#[test]
 fn the_norms_stages_run_by_the_interpreter_give_the_graphs_outputs() {
     let seed = seed();
     for (name, src) in NORMS {
