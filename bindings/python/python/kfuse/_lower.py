@@ -131,7 +131,8 @@ def _merged_row_sizes(node):
         k -= 1
     if len(merged) < 2:  # one axis is a row as it is
         return set()
-    return {d for d in merged if d > MAX_CONST_DIM and d != x.shape[0]}
+    lead = x.shape[0] if isinstance(x.shape[0], int) else None  # a batch known at run time: no size
+    return {d for d in merged if d > MAX_CONST_DIM and d != lead}
 
 
 @contextlib.contextmanager
