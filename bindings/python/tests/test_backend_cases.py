@@ -315,6 +315,17 @@ def fmod_hypot_copysign(x, y):
     return (t + torch.copysign(y, -1.0)).square().mean()
 
 
+def special_functions(x):
+    # torch.lgamma, torch.digamma and torch.erfinv, and torch.special's names of them (which
+    # decompose to them), with torch's gradients: digamma's is polygamma(1, x), kfuse's trigamma.
+    # A polygamma(1, x) of a detached value is a trigamma of the forward alone. The arguments stay
+    # away from the poles (0 and the negative integers) and from erfinv's ±1.
+    t = torch.lgamma(x.abs() + 0.5) + torch.digamma(x.abs() + 0.7) * 0.3 + torch.erfinv(torch.tanh(x) * 0.8)
+    t = t + torch.special.gammaln(-0.3 - torch.tanh(x.abs()) * 0.4) * torch.special.psi(x * 0.1 + 2.0)
+    t = t * torch.special.polygamma(1, x.detach().abs() + 1.0) + torch.special.erfinv(x * 0.05)
+    return t.square().mean()
+
+
 def _zero_rows(t, *rows):
     t = t.clone()
     t[list(rows)] = 0
@@ -393,6 +404,7 @@ CASES = {
     "log_softmax_last_axis": (log_softmax_last_axis, lambda g: [_randn(g, 29, 37) * 3], (0,)),
     "padded_giou_loss": (padded_giou_loss, lambda g: list(_padded_boxes(g, 5, 13)), (0, 1)),
     "fmod_hypot_copysign": (fmod_hypot_copysign, lambda g: [_randn(g, 13, 29), _randn(g, 13, 29)], (0, 1)),
+    "special_functions": (special_functions, lambda g: [_randn(g, 13, 29)], (0,)),
 }
 
 
@@ -483,6 +495,8 @@ WHOLE = [
     "logsumexp_with_infinities",
     # fmod, hypot and copysign, and their backwards (a truncated quotient, a masked ratio).
     "fmod_hypot_copysign",
+    # lgamma, digamma, erfinv and polygamma(1, x) (trigamma), and the backwards that call them.
+    "special_functions",
 ]
 
 
@@ -625,6 +639,18 @@ def test_scatter_of_several_indices_falls_back_with_reason():
     assert reasons and all("more than one index" in r for r in reasons), str(report)
     assert report.kernels, str(report)  # the rest is fused
     torch.testing.assert_close(torch.compile(top2_mask, backend="kfuse")(x, idx), top2_mask(x, idx), rtol=1e-5, atol=1e-6)
+
+
+def test_polygamma_of_another_order_than_one_is_left_to_pytorch_with_its_reason():
+    def fn(x):
+        return torch.special.polygamma(2, x.abs() + 1.0) * x.exp() + torch.special.polygamma(1, x.abs() + 1.0)
+
+    x = _randn(torch.Generator().manual_seed(SEED), 7, 13)
+    report = kfuse.explain(fn, x)
+    reasons = [f.reason for f in report.fallbacks if "polygamma" in f.op]
+    assert reasons and all("order 2" in r for r in reasons), str(report)
+    assert any("trigamma(" in k.source for k in report.kernels), str(report)  # order 1 is fused
+    torch.testing.assert_close(torch.compile(fn, backend="kfuse")(x), fn(x), rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

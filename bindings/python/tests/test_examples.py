@@ -278,6 +278,14 @@ def elementwise_ops_ref(x, y, k):
         + (x * y + x) * torch.round(y)
     )
     signed = torch.fmod(x * 0.25 + 3.0, y * 0.125 + 2.0) * y + torch.hypot(x, y + 2.0) + torch.copysign(x, y) * y
+    lgamma, digamma, erfinv = torch.lgamma, torch.digamma, torch.erfinv
+    trigamma = lambda v: torch.special.polygamma(1, v)  # noqa: E731
+    special = (
+        lgamma(x.abs() + 0.5) * y
+        + digamma(y.abs() + 0.7) * x
+        + lgamma(x * 0.25 - 0.5) * digamma(-0.1 - y.abs() * 0.2)
+        + erfinv(torch.tanh(x) * 0.8) * y
+    )
     flag = lambda c, v: torch.where(c, v, 0)  # noqa: E731
     return {
         "smooth": torch.log1p(x.abs()) * torch.expm1(y) * torch.cosh(y),
@@ -287,6 +295,9 @@ def elementwise_ops_ref(x, y, k):
         * torch.sinh(x + 2.0),
         "angle": torch.atan2(x, y),
         "magnitude": torch.hypot(x, y) * torch.copysign(x + 2.0, y),
+        "gamma": (lgamma(x.abs() + 0.5) + 2.0) * (digamma(y.abs() + 0.5) + 4.0) * (lgamma(x * 0.25 - 0.5) + 1.0),
+        "polygamma": digamma(-0.1 - x.abs() * 0.2) * trigamma(y.abs() + 0.25) + trigamma(-0.1 - y.abs() * 0.2),
+        "inverse_erf": erfinv(torch.tanh(y) * 0.9) * (erfinv(x * 0.5) + 2.0),
         "rounded": torch.round(q) + torch.trunc(y * 4.0) * 8.0 - torch.ceil(q) * torch.sign(y) * 64.0,
         "modular": torch.remainder(q, 1.5) + torch.floor(y * 4.0 / -0.75) * 8.0 + (x * y + 0.25),
         "truncated": torch.fmod(q, 1.5) + torch.fmod(-q, y) * 4.0,
@@ -301,7 +312,7 @@ def elementwise_ops_ref(x, y, k):
             + (s * d + k) * 65536
         ),
         "int_fmod": int_div_or_zero(s * 7, d, torch.fmod) + int_div_or_zero(-1000 * s, k - 5, torch.fmod) * 1024,
-        "loss": (terms + more + signed).mean(),
+        "loss": (terms + more + signed + special).mean(),
     }
 
 

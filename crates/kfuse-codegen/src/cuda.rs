@@ -203,6 +203,8 @@ pub(crate) enum Helper {
     Int64DivShift,
     /// `kf_remf`, `kf_floordivf`.
     FloatDiv,
+    /// `kf_digammaf`, `kf_trigammaf` (`torch.digamma`, `torch.special.polygamma(1, x)`).
+    Polygamma,
     /// `kf_report`: the record of a failed check of a lengths/offsets value.
     Report,
     /// `kf_philox_uniform`: the value of `rand_like` at a flat index (see `kfuse_ir::philox`).
@@ -221,6 +223,7 @@ const ROW_ONLINE: &str = include_str!("templates/helper_row_online.cuh");
 const INT_DIV_SHIFT: &str = include_str!("templates/helper_int_div_shift.cuh");
 const INT64_DIV_SHIFT: &str = include_str!("templates/helper_int64_div_shift.cuh");
 const FLOAT_DIV: &str = include_str!("templates/helper_float_div.cuh");
+const POLYGAMMA: &str = include_str!("templates/helper_polygamma.cuh");
 const REPORT: &str = include_str!("templates/helper_report.cuh");
 const PHILOX: &str = include_str!("templates/helper_philox.cuh");
 
@@ -255,6 +258,7 @@ pub(crate) fn helper_source(h: Helper) -> String {
         Helper::IntDivShift => render(INT_DIV_SHIFT, &[]),
         Helper::Int64DivShift => render(INT64_DIV_SHIFT, &[]),
         Helper::FloatDiv => render(FLOAT_DIV, &[]),
+        Helper::Polygamma => render(POLYGAMMA, &[]),
         Helper::Report => render(REPORT, &[]),
         Helper::Philox => render(PHILOX, &[]),
     }

@@ -901,6 +901,9 @@ impl<'a> Emitter<'a> {
             }
             Op::Unary(op, _) => {
                 let [v] = pop_array(values, n)?;
+                if matches!(op, UnaryOp::Digamma | UnaryOp::Trigamma) {
+                    self.uses.helpers.insert(Helper::Polygamma);
+                }
                 unary(op, node.dtype, &v)
             }
             Op::Binary(op, a, _) => {
@@ -1699,6 +1702,10 @@ fn unary(op: UnaryOp, dtype: DType, v: &str) -> String {
         (UnaryOp::Asinh, _) => format!("asinhf({v})"),
         (UnaryOp::Acosh, _) => format!("acoshf({v})"),
         (UnaryOp::Atanh, _) => format!("atanhf({v})"),
+        (UnaryOp::Lgamma, _) => format!("lgammaf({v})"),
+        (UnaryOp::Digamma, _) => format!("kf_digammaf({v})"),
+        (UnaryOp::Trigamma, _) => format!("kf_trigammaf({v})"),
+        (UnaryOp::Erfinv, _) => format!("erfinvf({v})"),
         (UnaryOp::Cosh, _) => format!("coshf({v})"),
         (UnaryOp::BitNot, _) => format!("~{v}"),
         (UnaryOp::Detach, _) => v.to_string(),

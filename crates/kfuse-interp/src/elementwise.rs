@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use kfuse_ir::{BinaryOp, DType, Kind, UnaryOp};
 
 use crate::broadcast::BroadcastView;
+use crate::special;
 use crate::InterpError;
 
 /// Output elements per parallel task. Fixed, so that chunking never depends on the thread count.
@@ -371,6 +372,10 @@ pub(crate) fn unary(
             UnaryOp::Asinh => map1(out, x, f64::asinh),
             UnaryOp::Acosh => map1(out, x, f64::acosh),
             UnaryOp::Atanh => map1(out, x, f64::atanh),
+            UnaryOp::Lgamma => map1(out, x, libm::lgamma),
+            UnaryOp::Digamma => map1(out, x, special::digamma),
+            UnaryOp::Trigamma => map1(out, x, special::trigamma),
+            UnaryOp::Erfinv => map1(out, x, special::erfinv),
             UnaryOp::Cosh => map1(out, x, f64::cosh),
             UnaryOp::Detach => map1(out, x, |v| v),
             UnaryOp::Not | UnaryOp::BitNot => return Err(unsupported()),

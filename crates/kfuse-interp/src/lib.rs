@@ -35,6 +35,7 @@ mod eval;
 mod layout;
 mod pool;
 mod reduce;
+mod special;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -1,8 +1,11 @@
-//! The elementwise ops that follow PyTorch's math library (log1p .. cosh, sign, rounding, tests
-//! for NaN and infinity, atan2, remainder, fmod, hypot, copysign, floor_div, bitwise ops, shifts, fma) against
-//! hand-computed values and std's f64 functions, on edge values: signed zeros, infinities, NaN,
-//! halfway cases, negative operands, `i32::MIN / -1` and shift counts out of range. Expected values
-//! that are not from std are PyTorch's (float64 on the CPU) for the same operands.
+//! The elementwise ops that follow PyTorch's math library (log1p .. cosh, lgamma, digamma,
+//! trigamma, erfinv, sign, rounding, tests for NaN and infinity, atan2, remainder, fmod, hypot,
+//! copysign, floor_div, bitwise ops, shifts, fma) against hand-computed values and std's f64
+//! functions, on edge values: signed zeros, infinities, NaN, halfway cases, negative operands,
+//! poles, `i32::MIN / -1` and shift counts out of range. Expected values that are not from std are
+//! PyTorch's (float64 on the CPU) for the same operands; those of the special functions are
+//! SciPy's (`gammaln`, `digamma`, `polygamma(1, x)`, `erfinv`), where PyTorch's trigamma is only
+//! accurate to about 1e-9.
 
 mod common;
 
@@ -336,4 +339,127 @@ fn hypot_and_copysign_of_ints_compute_on_their_f32_casts() {
     let (xs, ys) = ([3.0, -5.0, 0.0, 7.0], [-4.0, 12.0, -1.0, 0.0]);
     assert_bits(&binary_on(BinaryOp::Hypot, DType::I32, &xs, &ys), &[5.0, 13.0, 1.0, 7.0]);
     assert_bits(&binary_on(BinaryOp::Copysign, DType::I32, &xs, &ys), &[-3.0, 5.0, -0.0, 7.0]);
+}
+
+/// `got` within `ulps` f64 epsilons of `want`, relative to `|want| + 1` (so that values near a
+/// root are held to an absolute bound); infinities, zeros' signs and NaN exactly.
+fn assert_ulps(got: &[f64], want: &[f64], ulps: f64) {
+    assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = if w.is_finite() {
+            (g - w).abs() <= ulps * f64::EPSILON * (w.abs() + 1.0)
+        } else {
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+        };
+        assert!(ok, "element {i}: got {g:?}, want {w:?}");
+    }
+}
+
+/// 2^-100 and 2^100: f32 holds them exactly.
+const TINY: f64 = 7.888609052210118e-31;
+const HUGE: f64 = 1.2676506002282294e30;
+
+#[test]
+fn lgamma_is_the_log_of_the_absolute_gamma_with_poles_at_the_non_positive_integers() {
+    let xs = [1.0, 2.0, 3.0, 0.5, -0.5, -2.5, 10.0, 100.0, TINY, HUGE];
+    let want = [
+        0.0,
+        0.0,
+        std::f64::consts::LN_2,
+        0.5723649429247001, // ln √π
+        1.2655121234846454, // ln 2√π
+        -0.05624371649767405,
+        12.801827480081469, // ln 9!
+        359.1342053695754,
+        69.31471805599453, // -ln 2^-100, to f64's precision
+        8.659919334810373e31,
+    ];
+    assert_ulps(&unary_f(UnaryOp::Lgamma, &xs), &want, 4.0);
+    // +inf at 0, -0 and the negative integers (C's and PyTorch's), +inf at ±inf.
+    assert_bits(&unary_f(UnaryOp::Lgamma, &[0.0, -0.0, -1.0, -2.0, -1e30f32 as f64]), &[INF; 5]);
+    assert_bits(&unary_f(UnaryOp::Lgamma, &[INF, -INF, NAN]), &[INF, INF, NAN]);
+}
+
+#[test]
+fn digamma_has_torchs_signed_infinities_at_zero_and_nan_at_the_negative_integers() {
+    let xs = [1.0, 0.5, 10.0, -0.5, -2.5, 3.0, -3.75, TINY, 1.152921504606847e18];
+    let want = [
+        -0.5772156649015329, // -γ
+        -1.9635100260214235, // -γ - 2 ln 2
+        2.251752589066721,
+        0.03648997397857652,
+        1.103156640645243,
+        0.9227843350984671,
+        -1.6923885983113303,
+        -HUGE,
+        41.58883083359672, // ln 2^60, less 2^-61
+    ];
+    assert_ulps(&unary_f(UnaryOp::Digamma, &xs), &want, 8.0);
+    // torch.digamma: +0 gives -inf, -0 +inf (the sign of the side approached), the negative
+    // integers and -inf NaN, +inf +inf.
+    assert_bits(&unary_f(UnaryOp::Digamma, &[0.0, -0.0, INF]), &[-INF, INF, INF]);
+    assert_bits(&unary_f(UnaryOp::Digamma, &[-1.0, -2.0, -1e30f32 as f64, -INF, NAN]), &[NAN; 5]);
+    // Just beside a pole the reflection keeps full precision (ψ(-1 + 2^-20) ≈ -2^20 + ψ(2)).
+    assert_ulps(&unary_f(UnaryOp::Digamma, &[-1.0 + 2f64.powi(-20)]), &[-1048575.5772131425], 8.0);
+}
+
+#[test]
+fn trigamma_is_polygamma_of_order_one_and_infinite_at_its_poles() {
+    let pi2 = std::f64::consts::PI * std::f64::consts::PI;
+    let xs = [1.0, 2.0, 0.5, -0.5, -2.5, -3.75, 10.0, TINY, 1.152921504606847e18];
+    let want = [
+        pi2 / 6.0,
+        pi2 / 6.0 - 1.0,
+        pi2 / 2.0,
+        pi2 / 2.0 + 4.0,
+        9.539246644989124,
+        19.504980060599575,
+        0.10516633568168575,
+        1.6069380442589903e60, // 2^200
+        8.673617379884035e-19, // 2^-60
+    ];
+    assert_ulps(&unary_f(UnaryOp::Trigamma, &xs), &want, 8.0);
+    // +inf at the poles (0, -0 and the negative integers), 0 at +inf, NaN at -inf.
+    assert_bits(&unary_f(UnaryOp::Trigamma, &[0.0, -0.0, -1.0, -3.0, -1e30f32 as f64]), &[INF; 5]);
+    assert_bits(&unary_f(UnaryOp::Trigamma, &[INF, -INF, NAN]), &[0.0, NAN, NAN]);
+}
+
+#[test]
+fn erfinv_inverts_erf_to_infinities_at_plus_minus_one_and_nan_beyond() {
+    let (p9, p1) = (0.9f32 as f64, 0.1f32 as f64);
+    let xs = [0.5, p9, -p9, p1, 0.25, 1.0 - 2f64.powi(-24), TINY];
+    let want = [
+        0.4769362762044699,
+        1.1630870719457722,
+        -1.1630870719457722,
+        0.08885599182530649,
+        0.2253120550121781,
+        3.832506856900711,     // the largest f32 below 1
+        6.991097746438969e-31, // √π / 2 · 2^-100
+    ];
+    assert_ulps(&unary_f(UnaryOp::Erfinv, &xs), &want, 4.0);
+    assert_bits(&unary_f(UnaryOp::Erfinv, &[0.0, -0.0, 1.0, -1.0]), &[0.0, -0.0, INF, -INF]);
+    assert_bits(&unary_f(UnaryOp::Erfinv, &[1.5, -2.0, INF, -INF, NAN]), &[NAN; 5]);
+}
+
+#[test]
+fn special_functions_of_ints_compute_on_their_f32_casts() {
+    let xs = [1.0, 4.0, 0.0, -2.0];
+    let (dtype, v) = unary_on(UnaryOp::Lgamma, DType::I32, &xs);
+    assert_eq!(dtype, DType::F32);
+    assert_ulps(&v, &[0.0, 6f64.ln(), INF, INF], 4.0);
+    let (_, v) = unary_on(UnaryOp::Digamma, DType::I32, &xs);
+    assert_ulps(&v, &[-0.5772156649015329, 1.2561176684318005, -INF, NAN], 8.0);
+    let (_, v) = unary_on(UnaryOp::Trigamma, DType::I32, &xs);
+    assert_ulps(&v, &[1.6449340668482264, 0.2838229557371153, INF, INF], 8.0);
+    let (_, v) = unary_on(UnaryOp::Erfinv, DType::I32, &[0.0, 1.0, -1.0, 2.0]);
+    assert_bits(&v, &[0.0, INF, -INF, NAN]);
+    // f16 and bf16 keep their dtype (computed in f64 here, in f32 on the GPU).
+    for dtype in [DType::F16, DType::BF16] {
+        for op in [UnaryOp::Lgamma, UnaryOp::Digamma, UnaryOp::Trigamma, UnaryOp::Erfinv] {
+            let (out, v) = unary_on(op, dtype, &[0.5]);
+            assert_eq!(out, dtype, "{}", op.name());
+            assert!(v[0].is_finite(), "{}: {v:?}", op.name());
+        }
+    }
 }

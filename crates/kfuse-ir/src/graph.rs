@@ -78,6 +78,15 @@ pub enum UnaryOp {
     Asinh,
     Acosh,
     Atanh,
+    /// `torch.lgamma`: `ln |Γ(x)|`, +inf at 0 and the negative integers.
+    Lgamma,
+    /// `torch.digamma`: `Γ'(x) / Γ(x)`; at `±0` it is `∓inf`, at the negative integers NaN.
+    Digamma,
+    /// `torch.special.polygamma(1, x)`, digamma's derivative: +inf at 0 and the negative integers
+    /// (its poles). `grad` through it is an error (PyTorch's gradient is `polygamma(2, x)`).
+    Trigamma,
+    /// `torch.erfinv`: the inverse of `erf` on `[-1, 1]`, `±inf` at `±1`, NaN outside.
+    Erfinv,
     /// `~x` of an `i32` (the builder turns `bitwise_not` of a bool into `not`).
     BitNot,
     /// `x` itself, through which no gradient flows (`torch.Tensor.detach`): the builder keeps
@@ -86,7 +95,7 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 33] = [
+    pub const ALL: [UnaryOp; 37] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -118,6 +127,10 @@ impl UnaryOp {
         UnaryOp::Asinh,
         UnaryOp::Acosh,
         UnaryOp::Atanh,
+        UnaryOp::Lgamma,
+        UnaryOp::Digamma,
+        UnaryOp::Trigamma,
+        UnaryOp::Erfinv,
         UnaryOp::BitNot,
         UnaryOp::Detach,
     ];
@@ -154,6 +167,10 @@ impl UnaryOp {
             UnaryOp::Asinh => "asinh",
             UnaryOp::Acosh => "acosh",
             UnaryOp::Atanh => "atanh",
+            UnaryOp::Lgamma => "lgamma",
+            UnaryOp::Digamma => "digamma",
+            UnaryOp::Trigamma => "trigamma",
+            UnaryOp::Erfinv => "erfinv",
             UnaryOp::BitNot => "bitwise_not",
             UnaryOp::Detach => "detach",
         }

@@ -1,6 +1,7 @@
-//! The elementwise builtins named as in PyTorch (log1p .. cosh, sign, rounding, NaN tests, atan2,
-//! remainder, fmod, hypot, copysign, floor_div, bitwise ops, shifts, fma): what they lower to,
-//! their result dtypes, and the diagnostics for wrong dtypes and arities.
+//! The elementwise builtins named as in PyTorch (log1p .. cosh, lgamma, digamma, trigamma, erfinv,
+//! sign, rounding, NaN tests, atan2, remainder, fmod, hypot, copysign, floor_div, bitwise ops,
+//! shifts, fma): what they lower to, their result dtypes, and the diagnostics for wrong dtypes and
+//! arities.
 
 use kfuse_ir::{BinaryOp, DType, Op, TernaryOp, UnaryOp};
 use kfuse_lang::{parse_program, Diagnostic, DiagnosticKind};
@@ -41,6 +42,10 @@ fn unary_builtins_lower_to_their_ops_with_pytorchs_dtypes() {
         ("acosh", UnaryOp::Acosh),
         ("atanh", UnaryOp::Atanh),
         ("cosh", UnaryOp::Cosh),
+        ("lgamma", UnaryOp::Lgamma),
+        ("digamma", UnaryOp::Digamma),
+        ("trigamma", UnaryOp::Trigamma),
+        ("erfinv", UnaryOp::Erfinv),
         ("sign", UnaryOp::Sign),
         ("round", UnaryOp::Round),
         ("trunc", UnaryOp::Trunc),
@@ -232,4 +237,63 @@ fn fmod_hypot_and_copysign_compute_torchs_values() {
     assert!(out("c")[3].is_sign_positive(), "copysign(-0.0, 1.0) is +0.0");
     // C's truncated remainder; by 0 gives 0 and i32::MIN by -1 gives 0.
     assert_eq!(out("fi"), [1.0, -1.0, 0.0, 0.0]);
+}
+
+#[test]
+fn special_functions_of_ints_cast_to_f32_and_half_floats_keep_their_dtype() {
+    // As torch.lgamma/digamma/polygamma/erfinv promote integer tensors to the default float.
+    for name in ["lgamma", "digamma", "trigamma", "erfinv"] {
+        let g = graph(&format!("output y = {name}(k)\n"));
+        let out = g.node(g.output_by_name("y").unwrap().node);
+        assert_eq!(out.dtype, DType::F32, "{name} of an i32");
+        let Op::Unary(_, a) = out.op else { panic!("{name} lowers to {:?}", out.op) };
+        assert!(matches!(g.node(a).op, Op::Cast(_)) && g.node(a).dtype == DType::F32, "{name}: {:?}", g.node(a));
+        let src = format!("input n: i64[N]\noutput y = {name}(n)\n");
+        let g = parse_program(&src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+        assert_eq!(g.node(g.output_by_name("y").unwrap().node).dtype, DType::F32, "{name} of an i64");
+        for dt in ["f16", "bf16"] {
+            let src = format!("input h: {dt}[N]\noutput y = {name}(h)\n");
+            let g = parse_program(&src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+            assert_eq!(g.node(g.output_by_name("y").unwrap().node).dtype.to_string(), dt, "{name} of {dt}");
+        }
+        let d = error(&format!("output y = {name}(valid)\n"));
+        assert!(d.kind == DiagnosticKind::Type && d.message.contains(&format!("`{name}` does not accept bool")), "{d}");
+        let d = error(&format!("output y = {name}(x, x)\n"));
+        assert_eq!(d.kind, DiagnosticKind::Arguments, "{name}: {d}");
+    }
+    for (typo, name) in [("lgama", "lgamma"), ("digama", "digamma"), ("erf_inv", "erfinv")] {
+        let d = error(&format!("output y = {typo}(x)\n"));
+        assert!(d.expected.as_deref().unwrap_or("").contains(name), "{typo}: {d}");
+    }
+}
+
+#[test]
+fn special_functions_compute_torchs_values_and_grad_through_trigamma_is_refused() {
+    let src = "input x: f32[N]\ninput k: i32[N]\ninput u: f32[N]\n\
+               output l = lgamma(x)\noutput d = digamma(x)\noutput t = trigamma(x)\noutput e = erfinv(u)\n\
+               output lk = lgamma(k)\n";
+    let g = parse_program(src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+    let f32s = |v: &[f32]| kfuse_ir::HostTensor::new(vec![v.len()], kfuse_ir::TensorData::F32(v.to_vec()));
+    let x = f32s(&[1.0, 0.5, 0.0, -1.0]);
+    let u = f32s(&[0.5, -1.0, 1.5, 0.0]);
+    let k = kfuse_ir::HostTensor::new(vec![4], kfuse_ir::TensorData::I32(vec![1, 4, 0, -2]));
+    let outs = kfuse_interp::run(&g, &[("x", &x), ("k", &k), ("u", &u)]).unwrap_or_else(|e| panic!("{e}"));
+    let out = |name: &str| outs.iter().find(|(n, _)| n == name).unwrap().1.to_f64();
+    let (inf, r) = (f64::INFINITY, |v: f64| v as f32 as f64);
+    // ln Γ(1) = 0, ln Γ(1/2) = ln √π; Γ has poles at 0 and the negative integers.
+    assert_eq!(out("l"), [0.0, r(std::f64::consts::PI.sqrt().ln()), inf, inf]);
+    assert_eq!(out("lk"), [0.0, r(6f64.ln()), inf, inf]);
+    let d = out("d");
+    assert_eq!(d[..3], [r(-0.5772156649015329), r(-1.9635100260214235), -inf]);
+    assert!(d[3].is_nan(), "digamma at a negative integer is NaN: {d:?}");
+    let pi2 = std::f64::consts::PI * std::f64::consts::PI;
+    assert_eq!(out("t"), [r(pi2 / 6.0), r(pi2 / 2.0), inf, inf]);
+    let e = out("e");
+    assert_eq!(e[..2], [r(0.4769362762044699), -inf]);
+    assert!(e[2].is_nan() && e[3] == 0.0, "erfinv outside [-1, 1] is NaN, of 0 is 0: {e:?}");
+    // PyTorch's gradient of polygamma(1, x) is polygamma(2, x), which kfuse lacks: an error, not a wrong value.
+    let d = error("output y = grad(sum(trigamma(x)), x)\n");
+    assert_eq!(d.kind, DiagnosticKind::Grad, "{d}");
+    assert!(d.message.contains("trigamma"), "{d}");
+    graph("output y = grad(sum(lgamma(x) + digamma(x) + erfinv(x)), x)\n");
 }

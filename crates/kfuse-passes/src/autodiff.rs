@@ -17,10 +17,12 @@
 //! (zeros, as PyTorch's `derivatives.yaml` says); `remainder(a, b)` gives `g` to `a` and
 //! `-g * floor_div(a, b)` to `b`, `fmod(a, b)` gives `g` to `a` and `-g * trunc(a / b)` to `b`;
 //! `hypot` at the origin gives NaN (`0 / 0`); `copysign(a, b)` gives `a` 0 where `a == 0` and `b`
-//! none; masked-out elements get exactly 0.
+//! none; `lgamma` gives `g * digamma(x)`, `digamma` `g * trigamma(x)` and `erfinv`
+//! `g * sqrt(pi) / 2 * exp(erfinv(x)^2)`; masked-out elements get exactly 0.
 //!
-//! Not handled: gradients with respect to a non-input node, integer or bool inputs, or a
-//! non-scalar `of` (all reported as [`IrError::NotDifferentiable`]).
+//! Not handled: gradients with respect to a non-input node, integer or bool inputs, a
+//! non-scalar `of`, or through `trigamma` (PyTorch's would be `polygamma(2, x)`), all reported as
+//! [`IrError::NotDifferentiable`].
 
 use std::collections::BTreeMap;
 
@@ -627,6 +629,28 @@ impl Step<'_, '_> {
                 let x2 = em.mul(x, x)?;
                 let d = em.sub(one, x2)?;
                 em.div(g, d)?
+            }
+            UnaryOp::Lgamma => {
+                let d = em.unary(UnaryOp::Digamma, x)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Digamma => {
+                let d = em.unary(UnaryOp::Trigamma, x)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Trigamma => {
+                return Err(IrError::NotDifferentiable {
+                    what: format!("v{} (`trigamma`)", y.0),
+                    why: "its gradient would be polygamma(2, x) (PyTorch's), which kfuse does not compute".into(),
+                })
+            }
+            UnaryOp::Erfinv => {
+                // g * sqrt(pi) / 2 * exp(erfinv(x)^2), as PyTorch.
+                let y2 = em.mul(y, y)?;
+                let e = em.unary(UnaryOp::Exp, y2)?;
+                let k = em.lit(std::f64::consts::PI.sqrt() / 2.0);
+                let d = em.mul(e, k)?;
+                em.mul(g, d)?
             }
             UnaryOp::Neg => em.neg(g)?,
             UnaryOp::Abs => {

@@ -1,9 +1,10 @@
 //! Gradient checks for the elementwise ops that follow PyTorch's math library: autodiff agrees
 //! with central finite differences (f64, on the interpreter) on random inputs inside each op's
-//! domain and away from its kinks; the piecewise-constant ops (sign, round, trunc, ceil,
+//! domain and away from its kinks and poles; the piecewise-constant ops (sign, round, trunc, ceil,
 //! floor_div) give zeros there, as PyTorch's `derivatives.yaml` says. Known values pin PyTorch's
 //! conventions where finite differences cannot: `hypot` at the origin, `copysign` at `a == 0` and
-//! its sign operand.
+//! its sign operand, and the closed forms of `lgamma`'s, `digamma`'s and `erfinv`'s gradients;
+//! `grad` through `trigamma` (whose gradient would be `polygamma(2, x)`) is an error.
 
 mod common;
 
@@ -76,6 +77,26 @@ proptest! {
         for op in [UnaryOp::Asin, UnaryOp::Acos, UnaryOp::Atanh] {
             check_unary(op, b, n, &v[0], &v[1])?;
         }
+    }
+
+    #[test]
+    fn lgamma_and_digamma_of_positive_values((b, n, v) in matrices(2, 0.2..6.0)) {
+        for op in [UnaryOp::Lgamma, UnaryOp::Digamma] {
+            check_unary(op, b, n, &v[0], &v[1])?;
+        }
+    }
+
+    #[test]
+    fn lgamma_and_digamma_of_negative_values_between_the_poles((b, n, v) in matrices(2, -4.0..0.0)) {
+        prop_assume!(distance_to(&v[0], |x| x - x.round()) > 0.1);
+        for op in [UnaryOp::Lgamma, UnaryOp::Digamma] {
+            check_unary(op, b, n, &v[0], &v[1])?;
+        }
+    }
+
+    #[test]
+    fn erfinv_inside_the_unit_interval((b, n, v) in matrices(2, -0.95..0.95)) {
+        check_unary(UnaryOp::Erfinv, b, n, &v[0], &v[1])?;
     }
 
     #[test]
@@ -240,4 +261,65 @@ fn copysign_gradient_is_zero_at_zero_and_none_to_the_sign() {
     // torch.copysign's: g * copysign(a, b) / a where a != 0, else 0; b gets zeros.
     assert_bits(&g[0], &[2.0, -2.0, 2.0, 0.0, 0.0, -2.0], "d/dx");
     assert!(g[1].iter().all(|v| *v == 0.0), "d/dy: {:?}", g[1]);
+}
+
+/// The gradient of `sum(w * op(x))` w.r.t. `x` (`[N]`) at the given values.
+fn unary_gradient(op: UnaryOp, x: &[f64], w: &[f64]) -> Vec<f64> {
+    let n = x.len();
+    let mut p = Problem::new();
+    let xi = p.input("x", &["N"], &[n], x.to_vec());
+    let wi = p.input("w", &["N"], &[n], w.to_vec());
+    let y = p.b.unary(op, xi).unwrap();
+    let loss = weighted_sum(&mut p.b, wi, y);
+    p.gradients(loss, &["x"]).remove(0)
+}
+
+/// Within `rel` of `want`, relative to `|want| + 1`.
+fn assert_near(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= rel * (w.abs() + 1.0), "{what}[{i}]: got {g:?}, want {w:?}");
+    }
+}
+
+#[test]
+fn lgamma_digamma_and_erfinv_gradients_take_their_closed_forms() {
+    use std::f64::consts::PI;
+    let euler = 0.5772156649015329;
+    // torch.lgamma's: g * digamma(x); digamma(1) = -γ, digamma(2) = 1 - γ, digamma(1/2) = -γ - 2 ln 2.
+    let g = unary_gradient(UnaryOp::Lgamma, &[1.0, 2.0, 0.5], &[1.0, 2.0, -1.0]);
+    assert_near(&g, &[-euler, 2.0 * (1.0 - euler), euler + 2.0 * 2f64.ln()], 1e-14, "d lgamma");
+    // torch.digamma's: g * polygamma(1, x); π²/6 at 1, π²/2 at 1/2, π²/2 + 4 at -1/2.
+    let g = unary_gradient(UnaryOp::Digamma, &[1.0, 0.5, -0.5], &[1.0, 1.0, 3.0]);
+    assert_near(&g, &[PI * PI / 6.0, PI * PI / 2.0, 3.0 * (PI * PI / 2.0 + 4.0)], 1e-14, "d digamma");
+    // torch.erfinv's: g * √π / 2 * exp(erfinv(x)²); √π / 2 at 0, +inf at ±1.
+    let y: f64 = 0.4769362762044699; // erfinv(1/2)
+    let g = unary_gradient(UnaryOp::Erfinv, &[0.0, 0.5, -0.5, 1.0], &[1.0, 1.0, 2.0, 1.0]);
+    let half_sqrt_pi = PI.sqrt() / 2.0;
+    let want = [half_sqrt_pi, half_sqrt_pi * (y * y).exp(), 2.0 * half_sqrt_pi * (y * y).exp()];
+    assert_near(&g[..3], &want, 1e-14, "d erfinv");
+    assert_eq!(g[3], f64::INFINITY, "d erfinv at 1");
+}
+
+#[test]
+fn grad_through_trigamma_is_refused_by_name() {
+    let mut p = Problem::new();
+    let x = p.input("x", &["N"], &[2], vec![1.0, 2.0]);
+    let t = p.b.unary(UnaryOp::Trigamma, x).unwrap();
+    let s = p.b.reduce(kfuse_ir::ReduceOp::Sum, kfuse_ir::ReduceAxis::All, t, None).unwrap();
+    match kfuse_passes::grad(&mut p.b, s, x) {
+        Err(kfuse_ir::IrError::NotDifferentiable { what, why }) => {
+            assert!(what.contains("`trigamma`"), "{what}");
+            assert!(why.contains("polygamma(2, x)"), "{why}");
+        }
+        other => panic!("expected NotDifferentiable, got {other:?}"),
+    }
+    // A trigamma the loss does not depend on through x is no obstacle.
+    let mut p = Problem::new();
+    let x = p.input("x", &["N"], &[2], vec![1.0, 2.0]);
+    let c = p.input("c", &["N"], &[2], vec![1.0, 2.0]);
+    let t = p.b.unary(UnaryOp::Trigamma, c).unwrap();
+    let y = p.b.binary(BinaryOp::Mul, x, t).unwrap();
+    let s = p.b.reduce(kfuse_ir::ReduceOp::Sum, kfuse_ir::ReduceAxis::All, y, None).unwrap();
+    assert!(kfuse_passes::grad(&mut p.b, s, x).is_ok());
 }

@@ -1287,7 +1287,7 @@ RULES = {
 _REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin, aten.prod)
 for _name in (
     "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
-    "sinh cosh asinh acosh atanh round"
+    "sinh cosh asinh acosh atanh round lgamma digamma erfinv"
 ).split():
     RULES[getattr(aten, _name)] = _unary(_name + "({x})")
 # Powers of 2 and logarithms of bases 2 and 10, through e (within an ulp or two of torch's).
@@ -1296,6 +1296,16 @@ RULES[aten.log2] = _unary("log({x}) * 1.4426950408889634")
 RULES[aten.log10] = _unary("log({x}) * 0.4342944819032518")
 for _name in ("isnan", "isinf", "isfinite"):
     RULES[getattr(aten, _name)] = _unary(_name + "({x})", cast=False)
+
+
+def _polygamma(node, a, ctx):
+    """torch.special.polygamma of order 1 (digamma's backward) is kfuse's trigamma."""
+    if a["n"] != 1:
+        raise Refused(f"polygamma of order {a['n']} (kfuse computes order 1, trigamma)")
+    return _unary("trigamma({x})")(node, a, ctx)
+
+
+RULES[aten.polygamma] = _polygamma
 
 
 def rule_of(node):
