@@ -257,33 +257,13 @@ fn output_with_its_stage(g: &Graph, current: &Graph, early: &mut [(Graph, Vec<us
                     None => push(sg, Op::Input(id), node.dtype, node.shape.clone()),
                 }
             }
-            ref op => push(sg, remapped(op, |x| to[&x])?, node.dtype, node.shape.clone()),
+            // Elementwise work (the cone holds no reduction, random numbers or stack).
+            op => push(sg, op.map_operands(|x| to[&x]), node.dtype, node.shape.clone()),
         };
         to.insert(n, copy);
     }
     sg.outputs.push(Output { name: g.outputs[o].name.clone(), node: to[&root] });
     Some(s)
-}
-
-/// `op` with each operand `x` replaced by `f(x)`; `None` for the ops [`output_with_its_stage`]
-/// does not move (reductions, random numbers, stacks).
-fn remapped(op: &Op, f: impl Fn(NodeId) -> NodeId) -> Option<Op> {
-    Some(match *op {
-        Op::Input(_) | Op::Const(_) | Op::Iota { .. } => *op,
-        Op::Cast(x) => Op::Cast(f(x)),
-        Op::Unary(u, x) => Op::Unary(u, f(x)),
-        Op::Binary(b, x, y) => Op::Binary(b, f(x), f(y)),
-        Op::Ternary(t, x, y, z) => Op::Ternary(t, f(x), f(y), f(z)),
-        Op::Component { x, index } => Op::Component { x: f(x), index },
-        Op::Select { x, axis, index } => Op::Select { x: f(x), axis, index },
-        Op::Slice { x, axis, start, step } => Op::Slice { x: f(x), axis, start, step },
-        Op::Transpose { x, a, b } => Op::Transpose { x: f(x), a, b },
-        Op::ExpandLast(x) => Op::ExpandLast(f(x)),
-        Op::Reshape(x) => Op::Reshape(f(x)),
-        Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: f(x), axes },
-        Op::Gather { x, index, axis } => Op::Gather { x: f(x), index: f(index), axis },
-        Op::Reduce { .. } | Op::Rand { .. } | Op::Stack(_) => return None,
-    })
 }
 
 /// Where [`split`] keeps the values its stages store.

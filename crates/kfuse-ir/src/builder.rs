@@ -1141,21 +1141,6 @@ fn prune_dead(g: Graph) -> Graph {
         }
         let r = |x: NodeId| remap[x.index()];
         let op = match n.op {
-            op @ (Op::Input(_) | Op::Const(_) | Op::Iota { .. }) => op,
-            Op::Cast(x) => Op::Cast(r(x)),
-            Op::Unary(u, x) => Op::Unary(u, r(x)),
-            Op::Binary(b, x, y) => Op::Binary(b, r(x), r(y)),
-            Op::Ternary(t, a, b, c) => Op::Ternary(t, r(a), r(b), r(c)),
-            Op::Component { x, index } => Op::Component { x: r(x), index },
-            Op::Select { x, axis, index } => Op::Select { x: r(x), axis, index },
-            Op::Slice { x, axis, start, step } => Op::Slice { x: r(x), axis, start, step },
-            Op::Transpose { x, a, b } => Op::Transpose { x: r(x), a, b },
-            Op::ExpandLast(x) => Op::ExpandLast(r(x)),
-            Op::Reshape(x) => Op::Reshape(r(x)),
-            Op::Rand { seed } => Op::Rand { seed: r(seed) },
-            Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: r(x), axes },
-            Op::Gather { x, index, axis } => Op::Gather { x: r(x), index: r(index), axis },
-            Op::Reduce { op, axis, x, mask } => Op::Reduce { op, axis, x: r(x), mask: mask.map(r) },
             Op::Stack(l) => {
                 let parts: Vec<NodeId> = g.list(l).iter().map(|&p| r(p)).collect();
                 let next = ListId(lists.len() as u32);
@@ -1165,6 +1150,7 @@ fn prune_dead(g: Graph) -> Graph {
                 });
                 Op::Stack(id)
             }
+            op => op.map_operands(r),
         };
         out.nodes.push(Node { op, dtype: n.dtype, shape: n.shape.clone() });
         remap[i] = NodeId(out.nodes.len() as u32 - 1);

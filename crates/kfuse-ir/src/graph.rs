@@ -460,6 +460,28 @@ pub enum Op {
 }
 
 impl Op {
+    /// This op with each operand `x` replaced by `f(x)`. A stack keeps its list: its operands are
+    /// in [`Graph::lists`], where the caller maps them.
+    pub fn map_operands(self, mut f: impl FnMut(NodeId) -> NodeId) -> Op {
+        match self {
+            Op::Input(_) | Op::Const(_) | Op::Iota { .. } | Op::Stack(_) => self,
+            Op::Cast(x) => Op::Cast(f(x)),
+            Op::Unary(u, x) => Op::Unary(u, f(x)),
+            Op::Binary(b, x, y) => Op::Binary(b, f(x), f(y)),
+            Op::Ternary(t, a, b, c) => Op::Ternary(t, f(a), f(b), f(c)),
+            Op::Component { x, index } => Op::Component { x: f(x), index },
+            Op::Select { x, axis, index } => Op::Select { x: f(x), axis, index },
+            Op::Slice { x, axis, start, step } => Op::Slice { x: f(x), axis, start, step },
+            Op::Transpose { x, a, b } => Op::Transpose { x: f(x), a, b },
+            Op::ExpandLast(x) => Op::ExpandLast(f(x)),
+            Op::Reshape(x) => Op::Reshape(f(x)),
+            Op::Rand { seed } => Op::Rand { seed: f(seed) },
+            Op::Unsqueeze { x, axes } => Op::Unsqueeze { x: f(x), axes },
+            Op::Gather { x, index, axis } => Op::Gather { x: f(x), index: f(index), axis },
+            Op::Reduce { op, axis, x, mask } => Op::Reduce { op, axis, x: f(x), mask: mask.map(f) },
+        }
+    }
+
     /// The operands of this op, in order (for a stack, call [`Graph::operands`]).
     pub fn for_each_operand(&self, lists: &[Vec<NodeId>], mut f: impl FnMut(NodeId)) {
         match *self {
