@@ -151,12 +151,14 @@ def roll_and_flip(x):
 
 
 def index_select_and_embedding(x, rows, table, ids):
-    """Rows of `x` picked along its middle axis and an embedding lookup by 1-D ids, each scaled
-    and summed: gathers whose index is broadcast over the other axes (their backwards' index_put
-    and embedding_dense_backward stay PyTorch's)."""
+    """Rows of `x` picked along its middle axis (`index_select`, and `x[:, idx]` with negative
+    indices counting from the end) and an embedding lookup by 1-D ids, each scaled and summed:
+    gathers whose index is broadcast over the other axes (their backwards' index_put and
+    embedding_dense_backward stay PyTorch's)."""
     picked = torch.index_select(x, 1, rows).sin() * 2
+    indexed = x[:, rows - 9].cos()  # the same rows, counted from the end
     looked_up = F.embedding(ids, table) * 3
-    return picked.square().mean() + looked_up.tanh().sum()
+    return picked.square().mean() + (indexed * picked).mean() + looked_up.tanh().sum()
 
 
 def hinge_embedding(x, y):
@@ -518,7 +520,7 @@ def test_index_select_and_embedding_are_gathers_in_the_forward():
     inputs = [t.requires_grad_(i in wrt) for i, t in enumerate(inputs)]
     report = kfuse.explain(fn, *inputs)
     fused = {op for k in report.kernels if k.graph == "forward" for op in k.ops}
-    assert {"aten.index_select.default", "aten.embedding.default"} <= fused, str(report)
+    assert {"aten.index_select.default", "aten.index.Tensor", "aten.embedding.default"} <= fused, str(report)
     assert not [f for f in report.fallbacks if f.graph == "forward"], str(report)
 
 

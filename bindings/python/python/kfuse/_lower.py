@@ -1061,17 +1061,45 @@ def _gather(node, a, ctx):
 
 
 def _index_select(node, a, ctx):
-    """`index_select(self, dim, index)`: the rows of `self` along `dim` at a 1-D index, a gather
-    whose index is the 1-D one broadcast over the other axes (added to the zeros that `iota`
-    counts along a size-1 slice of `self`, so nothing is materialised)."""
+    """`index_select(self, dim, index)`: the rows of `self` along `dim` at a 1-D index (see
+    :func:`_rows_at`)."""
     full = ctx.shape_of(a["self"])
     if not full:
         raise Refused("an index_select of a scalar")
-    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "an index_select")
     i, ifull = _full(a, "index", ctx, "an index_select")
+    return _rows_at(node, a, ctx, a["dim"] % len(full), i, ifull, "an index_select")
+
+
+def _index_tensor(node, a, ctx):
+    """`x[..., idx, ...]` (`index.Tensor`) with one 1-D integer index on one axis and every other
+    axis whole: the rows of `x` along that axis at `idx`, a negative index counting from the end
+    as in PyTorch (see :func:`_rows_at`). Boolean masks (a result whose size depends on values)
+    and indices on several axes stay in PyTorch."""
+    full = ctx.shape_of(a["self"])
+    indices = list(a["indices"] or [])
+    given = [d for d, t in enumerate(indices) if t is not None]
+    if len(given) != 1 or not full or given[0] >= len(full):
+        raise Refused("advanced indexing on other than one axis")
+    d = given[0]
+    t = fake(indices[d])
+    if t is None or t.dtype not in (torch.int32, torch.int64):
+        raise Refused("advanced indexing by a mask or a tensor that is not of integers")
+    i, ifull = ctx.v(indices[d]), ctx.shape_of(indices[d])
+    if i.shape != ifull:
+        raise Refused("advanced indexing by a broadcast (expanded) index")
+    size = _size_i64(ctx, full[d])
+    wrapped = V(f"where(i64({i.text}) < 0, i64({i.text}) + {size}, i64({i.text}))", ifull, "i64", i.scalar)
+    return _rows_at(node, a, ctx, d, wrapped, ifull, "an indexing")
+
+
+def _rows_at(node, a, ctx, d, i, ifull, what):
+    """The rows of argument `self` along axis `d` at the 1-D index value `i` (torch shape
+    `ifull`): a gather whose index is `i` broadcast over the other axes (added to the zeros that
+    `iota` counts along a size-1 slice of `self`, so nothing is materialised)."""
+    full = ctx.shape_of(a["self"])
     if len(ifull) > 1:
-        raise Refused("an index_select by an index of more than one axis")
-    d = a["dim"] % len(full)
+        raise Refused(f"{what} by an index of more than one axis")
+    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, what)
     zeros = f"i64(iota({_index_text(x, d, '0:1')}, axis: {d}))"
     at = f"i64({i.text})" + "[.., None]" * (len(full) - 1 - d)
     shape = full[:d] + (ifull[0] if ifull else 1,) + full[d + 1 :]
@@ -1278,6 +1306,7 @@ RULES = {
     aten._log_softmax: _softmax("log_softmax"),
     aten.gather: _gather,
     aten.index_select: _index_select,
+    aten.index: _index_tensor,
     aten.embedding: _embedding,
     aten.scatter: _scatter_value,
     aten.rand_like: _rand_like,
