@@ -161,6 +161,16 @@ def index_select_and_embedding(x, rows, table, ids):
     return picked.square().mean() + (indexed * picked).mean() + looked_up.tanh().sum()
 
 
+def nan_ignoring_and_sign_ops(x, y, k):
+    """fmax/fmin (a NaN operand gives the other), signbit (of -0.0 too), square, clip, shifts of
+    integers and unary plus, in one loss."""
+    holes = torch.where(y > 1.0, torch.full_like(y, float("nan")), y)
+    picked = torch.fmax(x, holes) + torch.fmin(x * 0.5, holes) * 0.25
+    signed = torch.where(torch.signbit(x * 0), -1.0, 1.0)  # x * 0 is -0.0 where x < 0
+    shifted = ((k << 2) >> 1).to(x.dtype)
+    return (picked.square() * signed + torch.clip(+x, -0.5, 0.75) * shifted).mean()
+
+
 def hinge_embedding(x, y):
     """PyTorch's rule makes an `empty` tensor for its shape alone (`full_like(empty, 1.0)`)."""
     return F.hinge_embedding_loss(x, y, margin=0.7)
@@ -393,6 +403,11 @@ CASES = {
         (0, 2),
     ),
     "rows_with_any_hit": (rows_with_any_hit, lambda g: [_randn(g, 11, 9), torch.rand(11, 9, generator=g) < 0.08], (0,)),
+    "nan_ignoring_and_sign_ops": (
+        nan_ignoring_and_sign_ops,
+        lambda g: [_randn(g, 13, 29), _randn(g, 13, 29), torch.randint(-5, 6, (13, 29), generator=g)],
+        (0, 1),
+    ),
     "hinge_embedding": (hinge_embedding, lambda g: [_randn(g, 13, 7), torch.randint(0, 2, (13, 7), generator=g) * 2.0 - 1], (0,)),
     "bce_with_logits": (bce_with_logits, lambda g: [_randn(g, 13, 37) * 3, torch.rand(13, 37, generator=g)], (0, 1)),
     "bce_with_logits_weighted": (
@@ -465,6 +480,7 @@ WHOLE = [
     "layer_norm_summed",
     "nan_to_num_of_log",
     "hinge_embedding",
+    "nan_ignoring_and_sign_ops",
     # max and min along an axis (values and indices), their gradients scattered to the indices.
     "max_min_along_axes",
     # roll and flip: gathers at positions computed with iota.

@@ -389,6 +389,29 @@ def _unary(template, cast=True):
     return rule
 
 
+def _signbit(node, a, ctx):
+    """`signbit`: a float's sign bit (of -0.0 and NaNs too, through `copysign`), an integer's sign."""
+    x = ctx.v(a["self"])
+    if x.dtype in ("f32", "f16", "bf16"):
+        return f"copysign(1.0, {x.text}) < 0", x.shape
+    return f"{x.text} < 0", x.shape
+
+
+def _nan_ignoring(fn):
+    """`fmax` / `fmin`: `max` / `min`, but a NaN operand gives the other one (NaN only where
+    both are)."""
+
+    def rule(node, a, ctx):
+        x, y = ctx.v(a["self"]), ctx.v(a["other"])
+        xt, yt = _cast_to(x, ctx.out_dtype), _cast_to(y, ctx.out_dtype)
+        shape = broadcast(x.shape, y.shape)
+        if ctx.out_dtype not in ("f32", "f16", "bf16"):
+            return f"{fn}({xt}, {yt})", shape
+        return f"where(isnan({xt}), {yt}, where(isnan({yt}), {xt}, {fn}({xt}, {yt})))", shape
+
+    return rule
+
+
 def _pow(node, a, ctx):
     x, e = ctx.v(a["self"]), ctx.v(a["exponent"])
     xt, et = _cast_to(x, ctx.out_dtype), _cast_to(e, ctx.out_dtype)
@@ -1253,6 +1276,15 @@ RULES = {
     aten.fmod: _call("fmod", "self", "other"),
     aten.hypot: _call("hypot", "self", "other"),
     aten.copysign: _call("copysign", "self", "other"),
+    aten.fmax: _nan_ignoring("max"),
+    aten.fmin: _nan_ignoring("min"),
+    aten.signbit: _signbit,
+    aten.bitwise_left_shift: _call("bitwise_left_shift", "self", "other"),
+    aten.bitwise_right_shift: _call("bitwise_right_shift", "self", "other"),
+    aten.__lshift__: _call("bitwise_left_shift", "self", "other"),
+    aten.__rshift__: _call("bitwise_right_shift", "self", "other"),
+    aten.square: _unary("{x} * {x}"),
+    aten.positive: _unary("{x}"),
     aten.eq: _compare("=="),
     aten.ne: _compare("!="),
     aten.lt: _compare("<"),
@@ -1269,6 +1301,7 @@ RULES = {
     aten.bitwise_not: _unary("~{x}"),
     aten.where: _where,
     aten.clamp: _clamp,
+    aten.clip: _clamp,
     aten.clamp_min: lambda n, a, c: _clamp(n, {"self": a["self"], "min": a["min"], "max": None}, c),
     aten.clamp_max: lambda n, a, c: _clamp(n, {"self": a["self"], "min": None, "max": a["max"]}, c),
     aten.neg: _unary("-{x}"),
