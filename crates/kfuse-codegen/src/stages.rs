@@ -197,8 +197,9 @@ pub(crate) fn split(g: &Graph, forced: &BTreeSet<NodeId>) -> Option<Stages> {
     for o in 0..g.outputs.len() {
         if !stored_outputs.contains(&Some(o)) {
             if let Some(s) = output_with_its_stage(g, &current, &mut early, o) {
+                let node = g.node(g.outputs[o].node);
                 early[s].1.push(stored.len());
-                stored.push((g.node(g.outputs[o].node).dtype, g.node(g.outputs[o].node).shape.clone()));
+                stored.push((node.dtype, node.shape.clone()));
                 stored_outputs.push(Some(o));
             }
         }

@@ -221,24 +221,6 @@ pub(crate) fn remainder_i64(a: i64, b: i64) -> i64 {
     }
 }
 
-/// `torch.fmod` of `i32`: the truncated remainder (the sign of the dividend); `x % 0` is 0 and
-/// `i32::MIN % -1` is 0.
-pub(crate) fn fmod_i(a: i32, b: i32) -> i32 {
-    if b == 0 {
-        return 0;
-    }
-    a.wrapping_rem(b)
-}
-
-/// `torch.fmod` of `i64`: the truncated remainder (the sign of the dividend); `x % 0` is 0 and
-/// `i64::MIN % -1` is 0.
-pub(crate) fn fmod_i64(a: i64, b: i64) -> i64 {
-    if b == 0 {
-        return 0;
-    }
-    a.wrapping_rem(b)
-}
-
 /// `torch.floor_divide` of `i64`; `x // 0` is 0 and `i64::MIN // -1` wraps to `i64::MIN`.
 pub(crate) fn floor_div_i64(a: i64, b: i64) -> i64 {
     if b == 0 {
@@ -431,7 +413,8 @@ pub(crate) fn binary(
             BinaryOp::Min => map2(out, a, b, long2(i64::min)),
             BinaryOp::Max => map2(out, a, b, long2(i64::max)),
             BinaryOp::Remainder => map2(out, a, b, long2(remainder_i64)),
-            BinaryOp::Fmod => map2(out, a, b, long2(fmod_i64)),
+            // torch.fmod: the truncated remainder; `x % 0` and `MIN % -1` are 0.
+            BinaryOp::Fmod => map2(out, a, b, long2(|x, y| x.checked_rem(y).unwrap_or(0))),
             BinaryOp::FloorDiv => map2(out, a, b, long2(floor_div_i64)),
             BinaryOp::BitAnd => map2(out, a, b, long2(|x, y| x & y)),
             BinaryOp::BitOr => map2(out, a, b, long2(|x, y| x | y)),
@@ -446,7 +429,7 @@ pub(crate) fn binary(
         (Kind::Int, BinaryOp::Min) => map2(out, a, b, f64::min),
         (Kind::Int, BinaryOp::Max) => map2(out, a, b, f64::max),
         (Kind::Int, BinaryOp::Remainder) => map2(out, a, b, int2(remainder_i)),
-        (Kind::Int, BinaryOp::Fmod) => map2(out, a, b, int2(fmod_i)),
+        (Kind::Int, BinaryOp::Fmod) => map2(out, a, b, int2(|x, y| x.checked_rem(y).unwrap_or(0))),
         (Kind::Int, BinaryOp::FloorDiv) => map2(out, a, b, int2(floor_div_i)),
         (Kind::Int, BinaryOp::BitAnd) => map2(out, a, b, int2(|x, y| x & y)),
         (Kind::Int, BinaryOp::BitOr) => map2(out, a, b, int2(|x, y| x | y)),

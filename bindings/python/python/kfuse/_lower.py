@@ -1130,18 +1130,15 @@ def _rows_at(node, a, ctx, d, i, ifull, what):
 
 
 def _embedding(node, a, ctx):
-    """`embedding(weight, indices)`: the rows of the 2-D `weight` at `indices` of any shape, an
-    index_select along axis 0 (see :func:`_index_select`). `padding_idx` and the other arguments
-    concern only the gradient, which PyTorch computes."""
-    full = ctx.shape_of(a["weight"])
-    if len(full) != 2:
+    """`embedding(weight, indices)` by 1-D indices: the rows of the 2-D `weight` at them (see
+    :func:`_rows_at`). `padding_idx` and the other arguments concern only the gradient, which
+    PyTorch computes."""
+    if len(ctx.shape_of(a["weight"])) != 2:
         raise Refused("an embedding of a weight that is not 2-D")
-    w = _at_full_shape(node, ctx.v(a["weight"]), full, ctx, "an embedding")
     i, ifull = _full(a, "indices", ctx, "an embedding")
     if len(ifull) != 1:
         raise Refused("an embedding by indices of other than one axis")
-    zeros = f"i64(iota({w.text}[0:1, ..], axis: 0))"
-    return f"gather({_cast_to(w, ctx.out_dtype)}, {zeros} + i64({i.text})[.., None], axis: 0)", (ifull[0], full[1])
+    return _rows_at(node, {"self": a["weight"]}, ctx, 0, i, ifull, "an embedding")
 
 
 def _scatter_value(node, a, ctx):
@@ -1360,11 +1357,14 @@ for _name in ("isnan", "isinf", "isfinite"):
     RULES[getattr(aten, _name)] = _unary(_name + "({x})", cast=False)
 
 
+_TRIGAMMA = _unary("trigamma({x})")
+
+
 def _polygamma(node, a, ctx):
     """torch.special.polygamma of order 1 (digamma's backward) is kfuse's trigamma."""
     if a["n"] != 1:
         raise Refused(f"polygamma of order {a['n']} (kfuse computes order 1, trigamma)")
-    return _unary("trigamma({x})")(node, a, ctx)
+    return _TRIGAMMA(node, a, ctx)
 
 
 RULES[aten.polygamma] = _polygamma
