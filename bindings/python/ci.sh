@@ -13,9 +13,25 @@ fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check "$@"; }
 
 start=$(date +%s)
-# torch from PyPI (the version on the GPU machine); the tests here use its CPU side.
-pip install --quiet torch==2.11.0
+echo "python ci: disk before torch: $(df -h --output=avail . | tail -1 | tr -d ' ') free"
+# torch from PyPI (the version on the GPU machine); the tests here use its CPU side. One pip call
+# keeps every wheel it downloads on disk until it has installed them all (about 3 GB more than
+# torch's 4 GB installed), so torch goes in first without its requirements, then each of those
+# in its own call. triton is left out: it compiles GPU kernels, and the CPU tier never loads it.
+pip install --quiet --no-deps torch==2.11.0
+.venv/bin/python - <<'PY' > .venv/torch-requirements.txt
+import importlib.metadata as metadata
+for requirement in metadata.requires("torch"):
+    name, _, marker = requirement.partition(";")
+    if "extra ==" in marker or name.startswith("triton"):
+        continue
+    print(name.replace(" ", ""))  # the other markers are Linux's: this is a Linux machine
+PY
+while read -r requirement; do
+    pip install --quiet "$requirement"
+done < .venv/torch-requirements.txt
 pip install --quiet maturin pytest
+echo "python ci: disk after torch: $(df -h --output=avail . | tail -1 | tr -d ' ') free"
 echo "python ci: torch and test tools installed in $(( $(date +%s) - start )) s"
 
 start=$(date +%s)
@@ -30,7 +46,9 @@ pytest test_install.py
 # examples/ddp_giou.py (the multi-GPU test) uses NumPy; the backend tests compare with
 # torchvision.ops' box losses and focal loss (the release paired with torch 2.11; it brings
 # NumPy and Pillow).
-pip install --quiet numpy torchvision==0.26.0
+# (--no-deps: torchvision's requirement on torch would otherwise bring triton back.)
+pip install --quiet numpy pillow
+pip install --quiet --no-deps torchvision==0.26.0
 pytest --ignore=test_install.py .
 
 (cd bindings/python && cargo fmt --check && cargo clippy --all-targets -- -D warnings)
