@@ -338,6 +338,15 @@ def special_functions(x):
     return t.square().mean()
 
 
+def erfc_and_its_tail(x):
+    # torch.erfc and torch.special.erfc (which decomposes to it), with torch's gradient
+    # -2/sqrt(pi) exp(-x^2). The second term reaches erfc's tail (arguments from 3 on), where
+    # 1 - erf(x) is 0 in float32 but erfc is not (erfc(4.5) is about 2e-10): scaled into view, each
+    # element held to the tolerance.
+    t = torch.erfc(x) * (torch.special.erfc(-x * 0.5) + 1.0)
+    return t + torch.special.erfc(x.abs() + 3.0) * 1e8
+
+
 def _zero_rows(t, *rows):
     t = t.clone()
     t[list(rows)] = 0
@@ -422,6 +431,7 @@ CASES = {
     "padded_giou_loss": (padded_giou_loss, lambda g: list(_padded_boxes(g, 5, 13)), (0, 1)),
     "fmod_hypot_copysign": (fmod_hypot_copysign, lambda g: [_randn(g, 13, 29), _randn(g, 13, 29)], (0, 1)),
     "special_functions": (special_functions, lambda g: [_randn(g, 13, 29)], (0,)),
+    "erfc_and_its_tail": (erfc_and_its_tail, lambda g: [_randn(g, 13, 29)], (0,)),
 }
 
 
@@ -515,6 +525,8 @@ WHOLE = [
     "fmod_hypot_copysign",
     # lgamma, digamma, erfinv and polygamma(1, x) (trigamma), and the backwards that call them.
     "special_functions",
+    # erfc (torch.special's name too) and its backward.
+    "erfc_and_its_tail",
 ]
 
 
@@ -657,6 +669,23 @@ def test_scatter_of_several_indices_falls_back_with_reason():
     assert reasons and all("more than one index" in r for r in reasons), str(report)
     assert report.kernels, str(report)  # the rest is fused
     torch.testing.assert_close(torch.compile(top2_mask, backend="kfuse")(x, idx), top2_mask(x, idx), rtol=1e-5, atol=1e-6)
+
+
+def test_erfc_keeps_its_tail_where_one_minus_erf_is_zero():
+    def fn(x):
+        return torch.special.erfc(x) * 2.0
+
+    x = torch.tensor([0.0, 1.0, -2.0, 4.5, 5.0, 9.0])
+    assert torch.equal((1 - torch.erf(x))[3:], torch.zeros(3))  # the cancellation erfc avoids
+    report = kfuse.explain(fn, x)
+    assert not report.fallbacks and any("erfc(" in k.source for k in report.kernels), str(report)
+    got = torch.compile(fn, backend="kfuse")(x)
+    # torch.erfc in float64: erfc(0), erfc(1), erfc(-2), erfc(4.5), erfc(5), erfc(9), times 2.
+    want = 2.0 * torch.tensor(
+        [1.0, 0.15729920705028513, 1.9953222650189528, 1.9661604415428876e-10, 1.537459794428035e-12, 4.13703174651381e-37],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)
 
 
 def test_polygamma_of_another_order_than_one_is_left_to_pytorch_with_its_reason():

@@ -285,6 +285,7 @@ def elementwise_ops_ref(x, y, k):
         + digamma(y.abs() + 0.7) * x
         + lgamma(x * 0.25 - 0.5) * digamma(-0.1 - y.abs() * 0.2)
         + erfinv(torch.tanh(x) * 0.8) * y
+        + torch.erfc(x * 2.0) * y
     )
     flag = lambda c, v: torch.where(c, v, 0)  # noqa: E731
     return {
@@ -298,6 +299,8 @@ def elementwise_ops_ref(x, y, k):
         "gamma": (lgamma(x.abs() + 0.5) + 2.0) * (digamma(y.abs() + 0.5) + 4.0) * (lgamma(x * 0.25 - 0.5) + 1.0),
         "polygamma": digamma(-0.1 - x.abs() * 0.2) * trigamma(y.abs() + 0.25) + trigamma(-0.1 - y.abs() * 0.2),
         "inverse_erf": erfinv(torch.tanh(y) * 0.9) * (erfinv(x * 0.5) + 2.0),
+        "complementary_erf": torch.erfc(x * 2.0) * (torch.erfc(-y) + 1.0),
+        "erfc_tail": torch.erfc(y.abs() + 3.0) * 1e8,
         "rounded": torch.round(q) + torch.trunc(y * 4.0) * 8.0 - torch.ceil(q) * torch.sign(y) * 64.0,
         "modular": torch.remainder(q, 1.5) + torch.floor(y * 4.0 / -0.75) * 8.0 + (x * y + 0.25),
         "truncated": torch.fmod(q, 1.5) + torch.fmod(-q, y) * 4.0,

@@ -1706,6 +1706,7 @@ fn unary(op: UnaryOp, dtype: DType, v: &str) -> String {
         (UnaryOp::Digamma, _) => format!("kf_digammaf({v})"),
         (UnaryOp::Trigamma, _) => format!("kf_trigammaf({v})"),
         (UnaryOp::Erfinv, _) => format!("erfinvf({v})"),
+        (UnaryOp::Erfc, _) => format!("erfcf({v})"),
         (UnaryOp::Cosh, _) => format!("coshf({v})"),
         (UnaryOp::BitNot, _) => format!("~{v}"),
         (UnaryOp::Detach, _) => v.to_string(),

@@ -358,6 +358,7 @@ pub(crate) fn unary(
             UnaryOp::Digamma => map1(out, x, special::digamma),
             UnaryOp::Trigamma => map1(out, x, special::trigamma),
             UnaryOp::Erfinv => map1(out, x, special::erfinv),
+            UnaryOp::Erfc => map1(out, x, libm::erfc),
             UnaryOp::Cosh => map1(out, x, f64::cosh),
             UnaryOp::Detach => map1(out, x, |v| v),
             UnaryOp::Not | UnaryOp::BitNot => return Err(unsupported()),

@@ -1,11 +1,11 @@
 //! The elementwise ops that follow PyTorch's math library (log1p .. cosh, lgamma, digamma,
-//! trigamma, erfinv, sign, rounding, tests for NaN and infinity, atan2, remainder, fmod, hypot,
-//! copysign, floor_div, bitwise ops, shifts, fma) against hand-computed values and std's f64
-//! functions, on edge values: signed zeros, infinities, NaN, halfway cases, negative operands,
+//! trigamma, erfinv, erfc, sign, rounding, tests for NaN and infinity, atan2, remainder, fmod,
+//! hypot, copysign, floor_div, bitwise ops, shifts, fma) against hand-computed values and std's
+//! f64 functions, on edge values: signed zeros, infinities, NaN, halfway cases, negative operands,
 //! poles, `i32::MIN / -1` and shift counts out of range. Expected values that are not from std are
 //! PyTorch's (float64 on the CPU) for the same operands; those of the special functions are
-//! SciPy's (`gammaln`, `digamma`, `polygamma(1, x)`, `erfinv`), where PyTorch's trigamma is only
-//! accurate to about 1e-9.
+//! SciPy's (`gammaln`, `digamma`, `polygamma(1, x)`, `erfinv`, `erfc`), where PyTorch's trigamma
+//! is only accurate to about 1e-9.
 
 mod common;
 
@@ -443,6 +443,36 @@ fn erfinv_inverts_erf_to_infinities_at_plus_minus_one_and_nan_beyond() {
 }
 
 #[test]
+fn erfc_keeps_full_relative_precision_in_the_tail_where_one_minus_erf_is_zero() {
+    let xs = [0.5, 1.0, 2.0, 5.0, 10.0, 26.0, -0.5, -1.0, -3.0, TINY];
+    let want = [
+        0.4795001221869535,
+        0.15729920705028513,
+        0.004677734981047266,
+        1.537459794428035e-12,
+        2.088487583762545e-45,  // 1 - erf(10) is 0 in f64
+        5.663192408856143e-296, // near the bottom of f64's normal range
+        1.5204998778130465,
+        1.8427007929497148,
+        1.9999779095030015,
+        1.0, // 1 - 2/√π · 2^-100 rounds to 1
+    ];
+    let got = unary_f(UnaryOp::Erfc, &xs);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        // Relative to the value itself: the tail's tiny values are held to f64's precision too.
+        assert!((g - w).abs() <= 4.0 * f64::EPSILON * w.abs(), "element {i} (x = {}): got {g:?}, want {w:?}", xs[i]);
+    }
+    // The cancellation that erfc avoids: erf(10) is 1 in f64.
+    assert_bits(&unary_f(UnaryOp::Erf, &[10.0]), &[1.0]);
+    // 1 at ±0, 2 at -inf and where erf(x) rounds to -1, 0 at +inf and beyond f64's subnormals.
+    assert_bits(
+        &unary_f(UnaryOp::Erfc, &[0.0, -0.0, -6.0, -INF, INF, 30.0, NAN]),
+        &[1.0, 1.0, 2.0, 2.0, 0.0, 0.0, NAN],
+    );
+}
+
+#[test]
 fn special_functions_of_ints_compute_on_their_f32_casts() {
     let xs = [1.0, 4.0, 0.0, -2.0];
     let (dtype, v) = unary_on(UnaryOp::Lgamma, DType::I32, &xs);
@@ -454,9 +484,13 @@ fn special_functions_of_ints_compute_on_their_f32_casts() {
     assert_ulps(&v, &[1.6449340668482264, 0.2838229557371153, INF, INF], 8.0);
     let (_, v) = unary_on(UnaryOp::Erfinv, DType::I32, &[0.0, 1.0, -1.0, 2.0]);
     assert_bits(&v, &[0.0, INF, -INF, NAN]);
+    let (dtype, v) = unary_on(UnaryOp::Erfc, DType::I32, &[0.0, 1.0, -1.0, 10.0]);
+    assert_eq!(dtype, DType::F32);
+    assert_ulps(&v, &[1.0, 0.15729920705028513, 1.8427007929497148, 2.088487583762545e-45], 4.0);
+    assert!((v[3] / 2.088487583762545e-45 - 1.0).abs() < 1e-14, "erfc(10) of an i32: {v:?}");
     // f16 and bf16 keep their dtype (computed in f64 here, in f32 on the GPU).
     for dtype in [DType::F16, DType::BF16] {
-        for op in [UnaryOp::Lgamma, UnaryOp::Digamma, UnaryOp::Trigamma, UnaryOp::Erfinv] {
+        for op in [UnaryOp::Lgamma, UnaryOp::Digamma, UnaryOp::Trigamma, UnaryOp::Erfinv, UnaryOp::Erfc] {
             let (out, v) = unary_on(op, dtype, &[0.5]);
             assert_eq!(out, dtype, "{}", op.name());
             assert!(v[0].is_finite(), "{}: {v:?}", op.name());

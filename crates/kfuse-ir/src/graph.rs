@@ -87,6 +87,9 @@ pub enum UnaryOp {
     Trigamma,
     /// `torch.erfinv`: the inverse of `erf` on `[-1, 1]`, `±inf` at `±1`, NaN outside.
     Erfinv,
+    /// `torch.erfc`: `1 - erf(x)`, computed without the cancellation (so `erfc(10)` is about
+    /// `2.1e-45`, not 0); 2 at -inf, 0 at +inf.
+    Erfc,
     /// `~x` of an `i32` (the builder turns `bitwise_not` of a bool into `not`).
     BitNot,
     /// `x` itself, through which no gradient flows (`torch.Tensor.detach`): the builder keeps
@@ -95,7 +98,7 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 37] = [
+    pub const ALL: [UnaryOp; 38] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -131,6 +134,7 @@ impl UnaryOp {
         UnaryOp::Digamma,
         UnaryOp::Trigamma,
         UnaryOp::Erfinv,
+        UnaryOp::Erfc,
         UnaryOp::BitNot,
         UnaryOp::Detach,
     ];
@@ -171,6 +175,7 @@ impl UnaryOp {
             UnaryOp::Digamma => "digamma",
             UnaryOp::Trigamma => "trigamma",
             UnaryOp::Erfinv => "erfinv",
+            UnaryOp::Erfc => "erfc",
             UnaryOp::BitNot => "bitwise_not",
             UnaryOp::Detach => "detach",
         }

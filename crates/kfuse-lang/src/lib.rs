@@ -28,7 +28,7 @@
 //! is a mask, and the comparison needs its brackets, as in PyTorch). Functions: `where(c, a, b)`, `min(a, b)`,
 //! `max(a, b)`, `clamp(x, lo, hi)`, `pow(a, b)`, `fma(a, b, c)` (`a * b + c` rounded once),
 //! `abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor log1p expm1 atan tan asin acos sinh cosh asinh
-//! acosh atanh lgamma digamma trigamma erfinv sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
+//! acosh atanh lgamma digamma trigamma erfinv erfc sign round trunc ceil isnan isinf isfinite`, `atan2(y, x)`, `remainder(a, b)`,
 //! `fmod(a, b)`, `hypot(a, b)`, `copysign(a, b)`, `floor_div(a, b)`, `bitwise_and bitwise_or bitwise_xor (a, b)`, `bitwise_not(x)`,
 //! `bitwise_left_shift bitwise_right_shift (a, n)`, reductions `sum mean max min count` (one
 //! positional argument, optional `where: MASK`, `axis:` and `keepdim: true`), casts `f32 f16 bf16 i32 i64 bool`,
@@ -45,7 +45,8 @@
 //! and `i32` alike; `atan2`, `hypot` and `copysign` of `i32`s give `f32`. `lgamma` is `ln |Γ(x)|`
 //! (+inf at 0 and the negative integers), `digamma` is `torch.digamma` (`∓inf` at `±0`, NaN at the
 //! negative integers), `trigamma` is `torch.special.polygamma(1, x)` (+inf at its poles, 0 and the
-//! negative integers) and `erfinv` is `torch.erfinv` (`±inf` at `±1`, NaN outside `[-1, 1]`).
+//! negative integers), `erfinv` is `torch.erfinv` (`±inf` at `±1`, NaN outside `[-1, 1]`) and
+//! `erfc` is `torch.erfc` (`1 - erf(x)` without the cancellation: `erfc(10)` is about `2.1e-45`).
 //! Two definitions where PyTorch raises or C++ leaves it undefined: an `i32` `remainder`, `fmod` or `floor_div` by 0
 //! gives 0 (`i32::MIN` floor-divided by -1 wraps to `i32::MIN`, its `fmod` by -1 is 0), and a
 //! shift count outside `0..=31` gives 0 for a left shift and the sign fill (`a >> 31`: 0 or -1) for a right shift, as PyTorch
@@ -56,7 +57,8 @@
 //! `g * a / hypot(a, b)` and `g * b / hypot(a, b)` (NaN at the origin), `copysign(a, b)` gives
 //! `g * copysign(a, b) / a` to `a` (0 where `a == 0`) and nothing to `b`, `lgamma` gives
 //! `g * digamma(x)`, `digamma` `g * trigamma(x)`, `erfinv` `g * sqrt(pi) / 2 * exp(erfinv(x)^2)`,
-//! and `grad` through `trigamma` is an error (PyTorch's gradient is `polygamma(2, x)`).
+//! `erfc` `-g * 2/sqrt(pi) * exp(-x^2)`, and `grad` through `trigamma` is an error (PyTorch's
+//! gradient is `polygamma(2, x)`).
 //!
 //! Reductions follow PyTorch's `dim=` and `keepdim=`: with no `axis:` over every element (a
 //! scalar); `axis: 0`, `axis: -2` (negative axes count from the end) or a list `axis: [0, 2]`

@@ -1,7 +1,7 @@
 //! The elementwise builtins named as in PyTorch (log1p .. cosh, lgamma, digamma, trigamma, erfinv,
-//! sign, rounding, NaN tests, atan2, remainder, fmod, hypot, copysign, floor_div, bitwise ops,
-//! shifts, fma): what they lower to, their result dtypes, and the diagnostics for wrong dtypes and
-//! arities.
+//! erfc, sign, rounding, NaN tests, atan2, remainder, fmod, hypot, copysign, floor_div, bitwise
+//! ops, shifts, fma): what they lower to, their result dtypes, and the diagnostics for wrong dtypes
+//! and arities.
 
 use kfuse_ir::{BinaryOp, DType, Op, TernaryOp, UnaryOp};
 use kfuse_lang::{parse_program, Diagnostic, DiagnosticKind};
@@ -46,6 +46,7 @@ fn unary_builtins_lower_to_their_ops_with_pytorchs_dtypes() {
         ("digamma", UnaryOp::Digamma),
         ("trigamma", UnaryOp::Trigamma),
         ("erfinv", UnaryOp::Erfinv),
+        ("erfc", UnaryOp::Erfc),
         ("sign", UnaryOp::Sign),
         ("round", UnaryOp::Round),
         ("trunc", UnaryOp::Trunc),
@@ -241,8 +242,8 @@ fn fmod_hypot_and_copysign_compute_torchs_values() {
 
 #[test]
 fn special_functions_of_ints_cast_to_f32_and_half_floats_keep_their_dtype() {
-    // As torch.lgamma/digamma/polygamma/erfinv promote integer tensors to the default float.
-    for name in ["lgamma", "digamma", "trigamma", "erfinv"] {
+    // As torch.lgamma/digamma/polygamma/erfinv/erfc promote integer tensors to the default float.
+    for name in ["lgamma", "digamma", "trigamma", "erfinv", "erfc"] {
         let g = graph(&format!("output y = {name}(k)\n"));
         let out = g.node(g.output_by_name("y").unwrap().node);
         assert_eq!(out.dtype, DType::F32, "{name} of an i32");
@@ -261,7 +262,7 @@ fn special_functions_of_ints_cast_to_f32_and_half_floats_keep_their_dtype() {
         let d = error(&format!("output y = {name}(x, x)\n"));
         assert_eq!(d.kind, DiagnosticKind::Arguments, "{name}: {d}");
     }
-    for (typo, name) in [("lgama", "lgamma"), ("digama", "digamma"), ("erf_inv", "erfinv")] {
+    for (typo, name) in [("lgama", "lgamma"), ("digama", "digamma"), ("erf_inv", "erfinv"), ("erfcc", "erfc")] {
         let d = error(&format!("output y = {typo}(x)\n"));
         assert!(d.expected.as_deref().unwrap_or("").contains(name), "{typo}: {d}");
     }
@@ -296,4 +297,34 @@ fn special_functions_compute_torchs_values_and_grad_through_trigamma_is_refused(
     assert_eq!(d.kind, DiagnosticKind::Grad, "{d}");
     assert!(d.message.contains("trigamma"), "{d}");
     graph("output y = grad(sum(lgamma(x) + digamma(x) + erfinv(x)), x)\n");
+}
+
+#[test]
+fn erfc_computes_torchs_values_where_one_minus_erf_cancels() {
+    let src = "input x: f32[N]\ninput k: i32[N]\n\
+               output c = erfc(x)\noutput d = 1.0 - erf(x)\noutput ck = erfc(k)\n";
+    let g = parse_program(src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+    let x =
+        kfuse_ir::HostTensor::new(vec![6], kfuse_ir::TensorData::F32(vec![0.0, 0.5, 5.0, 10.0, -1.0, f32::INFINITY]));
+    let k = kfuse_ir::HostTensor::new(vec![6], kfuse_ir::TensorData::I32(vec![0, 1, 5, 10, -1, -6]));
+    let outs = kfuse_interp::run(&g, &[("x", &x), ("k", &k)]).unwrap_or_else(|e| panic!("{e}"));
+    let out = |name: &str| outs.iter().find(|(n, _)| n == name).unwrap().1.to_f64();
+    let r = |v: f64| v as f32 as f64;
+    // torch.erfc in float64 (SciPy's erfc agrees), rounded to f32: erfc(10), about 2.09e-45,
+    // rounds to the smallest f32 subnormal, where 1 - erf(10) is 0 (erf(10) is 1 even in f64).
+    let c = out("c");
+    assert_eq!(
+        c,
+        [1.0, r(0.4795001221869535), r(1.537459794428035e-12), r(2.088487583762545e-45), r(1.8427007929497148), 0.0]
+    );
+    assert_eq!(c[3], f32::from_bits(1) as f64, "erfc(10) in f32 is the smallest subnormal, not 0");
+    let d = out("d");
+    assert_eq!(d[3], 0.0, "1 - erf(10) cancels to 0: {d:?}");
+    let ck = out("ck");
+    assert_eq!(
+        ck[..5],
+        [1.0, r(0.15729920705028513), r(1.537459794428035e-12), r(2.088487583762545e-45), r(1.8427007929497148)]
+    );
+    assert_eq!(ck[5], 2.0, "erfc(-6) rounds to 2");
+    graph("output y = grad(sum(erfc(x) * x), x)\n");
 }

@@ -17,8 +17,9 @@
 //! (zeros, as PyTorch's `derivatives.yaml` says); `remainder(a, b)` gives `g` to `a` and
 //! `-g * floor_div(a, b)` to `b`, `fmod(a, b)` gives `g` to `a` and `-g * trunc(a / b)` to `b`;
 //! `hypot` at the origin gives NaN (`0 / 0`); `copysign(a, b)` gives `a` 0 where `a == 0` and `b`
-//! none; `lgamma` gives `g * digamma(x)`, `digamma` `g * trigamma(x)` and `erfinv`
-//! `g * sqrt(pi) / 2 * exp(erfinv(x)^2)`; masked-out elements get exactly 0.
+//! none; `lgamma` gives `g * digamma(x)`, `digamma` `g * trigamma(x)`, `erfinv`
+//! `g * sqrt(pi) / 2 * exp(erfinv(x)^2)` and `erfc` `-g * 2/sqrt(pi) * exp(-x^2)`; masked-out
+//! elements get exactly 0.
 //!
 //! Not handled: gradients with respect to a non-input node, integer or bool inputs, a
 //! non-scalar `of`, or through `trigamma` (PyTorch's would be `polygamma(2, x)`), all reported as
@@ -694,6 +695,15 @@ impl Step<'_, '_> {
                 let nx2 = em.neg(x2)?;
                 let e = em.unary(UnaryOp::Exp, nx2)?;
                 let k = em.lit(std::f64::consts::FRAC_2_SQRT_PI);
+                let d = em.mul(e, k)?;
+                em.mul(g, d)?
+            }
+            UnaryOp::Erfc => {
+                // -g * 2/sqrt(pi) * exp(-x^2), as PyTorch: erf's with the sign turned.
+                let x2 = em.mul(x, x)?;
+                let nx2 = em.neg(x2)?;
+                let e = em.unary(UnaryOp::Exp, nx2)?;
+                let k = em.lit(-std::f64::consts::FRAC_2_SQRT_PI);
                 let d = em.mul(e, k)?;
                 em.mul(g, d)?
             }

@@ -3,8 +3,8 @@
 //! domain and away from its kinks and poles; the piecewise-constant ops (sign, round, trunc, ceil,
 //! floor_div) give zeros there, as PyTorch's `derivatives.yaml` says. Known values pin PyTorch's
 //! conventions where finite differences cannot: `hypot` at the origin, `copysign` at `a == 0` and
-//! its sign operand, and the closed forms of `lgamma`'s, `digamma`'s and `erfinv`'s gradients;
-//! `grad` through `trigamma` (whose gradient would be `polygamma(2, x)`) is an error.
+//! its sign operand, and the closed forms of `lgamma`'s, `digamma`'s, `erfinv`'s and `erfc`'s
+//! gradients; `grad` through `trigamma` (whose gradient would be `polygamma(2, x)`) is an error.
 
 mod common;
 
@@ -97,6 +97,11 @@ proptest! {
     #[test]
     fn erfinv_inside_the_unit_interval((b, n, v) in matrices(2, -0.95..0.95)) {
         check_unary(UnaryOp::Erfinv, b, n, &v[0], &v[1])?;
+    }
+
+    #[test]
+    fn erfc_across_its_transition((b, n, v) in matrices(2, -3.0..4.0)) {
+        check_unary(UnaryOp::Erfc, b, n, &v[0], &v[1])?;
     }
 
     #[test]
@@ -299,6 +304,29 @@ fn lgamma_digamma_and_erfinv_gradients_take_their_closed_forms() {
     let want = [half_sqrt_pi, half_sqrt_pi * (y * y).exp(), 2.0 * half_sqrt_pi * (y * y).exp()];
     assert_near(&g[..3], &want, 1e-14, "d erfinv");
     assert_eq!(g[3], f64::INFINITY, "d erfinv at 1");
+}
+
+#[test]
+fn erfc_gradient_is_erfs_negated_and_keeps_its_tail() {
+    use std::f64::consts::FRAC_2_SQRT_PI;
+    // torch.erfc's: -g * 2/sqrt(pi) * exp(-x^2); -2/√π at 0, even in x.
+    let xs = [0.0, 1.0, -1.0, 5.0, 10.0];
+    let ws = [1.0, 1.0, 2.0, 1.0, -3.0];
+    let g = unary_gradient(UnaryOp::Erfc, &xs, &ws);
+    let want: Vec<f64> = xs.iter().zip(&ws).map(|(x, w)| -w * FRAC_2_SQRT_PI * (-x * x).exp()).collect();
+    assert_eq!(g[0], -FRAC_2_SQRT_PI, "d erfc at 0");
+    assert_near(&g[..3], &want[..3], 1e-15, "d erfc");
+    // In the tail, relative to the value: -2/√π e^-25 ≈ -1.57e-11 at 5, and at 10 (g = -3)
+    // torch.erfc's float64 gradient, 1.259296869406325e-43.
+    for i in 3..5 {
+        assert!((g[i] / want[i] - 1.0).abs() < 1e-14, "d erfc at {}: got {:?}, want {:?}", xs[i], g[i], want[i]);
+    }
+    assert!((g[4] / 1.259296869406325e-43 - 1.0).abs() < 1e-14, "d erfc at 10: {:?}", g[4]);
+    // Exactly erf's gradient with the sign turned.
+    let e = unary_gradient(UnaryOp::Erf, &xs, &ws);
+    for (i, (a, b)) in g.iter().zip(&e).enumerate() {
+        assert_eq!(a.to_bits(), (-b).to_bits(), "element {i}: d erfc {a:?}, d erf {b:?}");
+    }
 }
 
 #[test]

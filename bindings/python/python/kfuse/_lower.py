@@ -1346,7 +1346,7 @@ RULES = {
 _REDUCTIONS = (aten.sum, aten.mean, aten.amax, aten.amin, aten.prod)
 for _name in (
     "abs exp log sqrt rsqrt sigmoid tanh erf sin cos floor ceil trunc sign log1p expm1 atan tan asin acos "
-    "sinh cosh asinh acosh atanh round lgamma digamma erfinv"
+    "sinh cosh asinh acosh atanh round lgamma digamma erfinv erfc"
 ).split():
     RULES[getattr(aten, _name)] = _unary(_name + "({x})")
 # Powers of 2 and logarithms of bases 2 and 10, through e (within an ulp or two of torch's).
