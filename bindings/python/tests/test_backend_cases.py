@@ -144,6 +144,23 @@ def rows_with_any_hit(x, hits):
     return torch.where(keep, x.square().mean(-1), torch.zeros(())).sum() / keep.sum().clamp(min=1)
 
 
+def reductions_of_expands(x):
+    """Sums, means, maxima and counts of values PyTorch expands (a repeat's sum, a mean loss's
+    gradient summed into a bias): computed on the value itself, the sum times the axis's size."""
+    n, m = x.shape
+    wide = x[:, None, :].expand(n, 5, m)
+    counts = (x > 0)[None].expand(3, n, m).sum(0)
+    return (x.expand(3, n, m).sum(0) * wide.amax(1) + wide.mean((0, 1), keepdim=True) * counts + wide.sum((1, 2))[:, None]).pow(2).mean()
+
+
+def crops_and_rolls_of_expands(x):
+    """A pad whose gradient crops a broadcast value (the sum's upstream gradient), and a roll and
+    a flip of an expanded row statistic: along the axes it is broadcast on, nothing moves."""
+    n, m = x.shape
+    s = x.sum(-1, keepdim=True).expand(n, m)
+    return F.pad(x, (1, 2)).sum(-1).pow(2).sum() + (s.roll(2, -1).flip(0) * x).sin().mean() + F.pad(x, (1, -1)).cos().sum()
+
+
 def roll_and_flip(x):
     """Cyclic shifts along one and two axes (a shifted window's roll) and flips: gathers at
     positions computed from iota; their backwards are the opposite roll and the same flip."""
@@ -401,6 +418,8 @@ CASES = {
     "nan_to_num_of_log": (nan_to_num_of_log, lambda g: [_randn(g, 11, 29)], (0,)),
     "max_min_along_axes": (max_min_along_axes, lambda g: [_randn(g, 9, 13)], (0,)),
     "roll_and_flip": (roll_and_flip, lambda g: [_randn(g, 5, 7)], (0,)),
+    "reductions_of_expands": (reductions_of_expands, lambda g: [_randn(g, 7, 11)], (0,)),
+    "crops_and_rolls_of_expands": (crops_and_rolls_of_expands, lambda g: [_randn(g, 7, 11)], (0,)),
     "index_select_and_embedding": (
         index_select_and_embedding,
         lambda g: [
@@ -495,6 +514,9 @@ WHOLE = [
     "max_min_along_axes",
     # roll and flip: gathers at positions computed with iota.
     "roll_and_flip",
+    # Reductions, crops, rolls and flips of values PyTorch expands, without their copies.
+    "reductions_of_expands",
+    "crops_and_rolls_of_expands",
     # any along an axis and over every element of a bool mask: a count that is not 0.
     "rows_with_any_hit",
     "softmax_middle_axis",
@@ -909,6 +931,8 @@ PADS = {
     "pad_last_axis": (lambda x: F.pad(x, (1, 2)) * 2, (5, 40)),
     "pad_two_axes_with_a_value": (lambda x: F.pad(x * 3, (2, 1, 1, 0), value=-1.5).sigmoid(), (3, 7, 20)),
     "pad_then_softmax": (lambda x: F.pad(x, (1, 1)).softmax(-1), (4, 17)),
+    # A shift: one side padded, the other cropped by as much (the amounts sum to 0).
+    "pad_one_side_crop_the_other": (lambda x: F.pad(x, (1, -1)) * 2 + F.pad(x, (-2, 2)), (5, 9)),
 }
 
 

@@ -475,16 +475,25 @@ def _constant_pad_nd(node, a, ctx):
         raise Refused(f"a pad of {pad} (kfuse pads by constants)")
     if not isinstance(value, (bool, int, float)):
         raise Refused("a pad value that is not a number")
-    x, full = _full(a, "self", ctx, "a pad")
+    x, full = ctx.v(a["self"]), ctx.shape_of(a["self"])
+    if not _broadcasts(x.shape, full):
+        raise Refused("a pad of a value that does not broadcast to its expanded shape")
     out = ctx.out_dtype
-    text, shape = _cast_to(x, out), list(full)
+    # A broadcast `x` (PyTorch's expand of a smaller value, as a sum's gradient) keeps its shape:
+    # cropping an axis along which it does not vary leaves it as it is.
+    text, shape, still, lead = _cast_to(x, out), list(x.shape), _broadcast_axes(x, full), len(full) - len(x.shape)
     for k in range(len(pad) // 2):
         before, after = pad[2 * k], pad[2 * k + 1]
-        d = len(shape) - 1 - k
+        d = len(full) - 1 - k
         if d < 0:
             raise Refused(f"a pad of {pad} of a tensor of {len(full)} axes")
-        if before + after == 0:
+        if before == 0 and after == 0:
             continue
+        if d in still:
+            if before > 0 or after > 0:
+                raise Refused("a pad of a broadcast (expanded) value along an axis it is broadcast on")
+            continue
+        d -= lead
         if not isinstance(shape[d], int) or shape[d] < 1:
             raise Refused(f"a pad along an axis of size {shape[d]} (kfuse pads axes of constant sizes from 1)")
         at = lambda item: ", ".join([":"] * d + [item] + [":"] * (len(shape) - d - 1))  # noqa: E731
@@ -600,16 +609,61 @@ def _masked_operand(src, full, ctx):
 # only what neither covers is counted.
 REUSED_EXTENT_LIMIT = _kfuse._RECOMPUTED_EXTENT_LIMIT
 
+# The dtypes whose reductions of a broadcast value `_reduce_broadcast` computes without its copies.
+_REDUCIBLE_BROADCAST = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+
+
+def _broadcast_axes(x, full):
+    """The axes of torch shape `full` along which `x` (kfuse keeps it broadcast: PyTorch's expand
+    of a smaller value) does not vary: those it lacks (leading) and those of size 1 in it that are
+    larger in `full`."""
+    lead = len(full) - len(x.shape)
+    return {d for d in range(len(full)) if d < lead or (x.shape[d - lead] == 1 and full[d] != 1)}
+
+
+def _reduce_broadcast(fn, x, full, dims, keep, a, ctx):
+    """`fn` (sum, mean, max or min) over axes `dims` of `x`, a value kfuse keeps broadcast to
+    torch shape `full`, without the expanded copies: along an axis where `x` does not vary, the
+    maximum, minimum and mean are `x` itself and the sum is `x` times the axis's size; the axes `x`
+    has are reduced in it (one element along those of size 1). Returns a value that broadcasts
+    to the reduction's torch shape."""
+    lead = len(full) - len(x.shape)
+    spread = [full[d] for d in dims if d in _broadcast_axes(x, full)]
+    own = [d - lead for d in dims if d >= lead]  # reduced axes of `x` itself
+    text = x.text if a.get("dtype") is None else f"{kf_dtype(a['dtype'])}({x.text})"
+    if fn == "sum" and x.dtype == "bool" and a.get("dtype") is None:
+        fn = "count"  # torch sums bools as integers; kfuse counts them
+        if not own:
+            text = f"i64({text})"
+    shape = tuple(x.shape)
+    if own:
+        axis = str(own[0]) if len(own) == 1 else "[" + ", ".join(str(d) for d in own) + "]"
+        text = f"{fn}({text}, axis: {axis}{', keepdim: true' if keep else ''})"
+        shape = tuple(1 if i in own else s for i, s in enumerate(shape)) if keep else tuple(
+            s for i, s in enumerate(shape) if i not in own
+        )
+    if fn in ("sum", "count") and spread:
+        count = " * ".join(_size_i64(ctx, s) for s in spread)
+        out = ctx.out_dtype
+        text = f"i64({text}) * {count}" if out == "i64" else f"{out}(f32({text}) * f32({count}))"
+    return text, shape
+
 
 def _reduce(fn):
     def rule(node, a, ctx):
         src = fake(a["self"])
         full = ctx.shape_of(a["self"])
-        x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a reduction")
         n = src.dim()
         dims = a.get("dim")
         dims = [dims] if isinstance(dims, int) else list(dims or [])
         dims = sorted({d % n for d in dims}) if n else []
+        x = ctx.v(a["self"])
+        dtype = a.get("dtype") or src.dtype
+        reducible = dtype in _REDUCIBLE_BROADCAST or (dtype == torch.bool and fn == "sum")
+        if x.shape != full and not x.scalar and fn in ("sum", "mean", "max", "min") and reducible:
+            if _broadcasts(x.shape, full):
+                return _reduce_broadcast(fn, x, full, dims or list(range(n)), bool(a.get("keepdim")), a, ctx)
+        x = _at_full_shape(node, x, full, ctx, "a reduction")
         text, where = x.text, ""
         # Not for sums over leading axes alone (column sums): a row kernel sums unmasked operands
         # as it goes (see `columns::fuse`), which it would not do for a masked one.
@@ -948,31 +1002,43 @@ def _size_i64(ctx, size):
 
 def _roll(node, a, ctx):
     """`roll(x, shifts, dims)`: along each axis, the element `shift` places back, cyclically: a
-    gather at `(position - shift) mod size`, positions counted with `iota` of `x` itself."""
+    gather at `(position - shift) mod size`, positions counted with `iota` of `x` itself. Along an
+    axis where a broadcast `x` does not vary, nothing moves."""
     full = ctx.shape_of(a["self"])
     shifts, dims = list(a["shifts"]), list(a.get("dims") or [])
     if not dims or len(dims) != len(shifts):
         raise Refused("a roll of the flattened tensor (kfuse rolls along given axes)")
-    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a roll")
+    x = ctx.v(a["self"])
+    if not _broadcasts(x.shape, full):
+        raise Refused("a roll of a value that does not broadcast to its expanded shape")
+    lead, still = len(full) - len(x.shape), _broadcast_axes(x, full)
     text = x.text
     for shift, d in zip(shifts, dims):
         if not isinstance(shift, int):
             raise Refused("a roll by a shift that is not a constant")
         d %= len(full)
-        at = f"remainder(i64(iota({text}, axis: {d})) - {shift}, {_size_i64(ctx, full[d])})"
-        text = f"gather({text}, {at}, axis: {d})"
-    return text, full
+        if d in still:
+            continue
+        at = f"remainder(i64(iota({text}, axis: {d - lead})) - {shift}, {_size_i64(ctx, full[d])})"
+        text = f"gather({text}, {at}, axis: {d - lead})"
+    return text, tuple(x.shape)
 
 
 def _flip(node, a, ctx):
-    """`flip(x, dims)`: along each axis, the element at `size - 1 - position` (a gather)."""
+    """`flip(x, dims)`: along each axis, the element at `size - 1 - position` (a gather); along an
+    axis where a broadcast `x` does not vary, `x` itself."""
     full = ctx.shape_of(a["self"])
-    x = _at_full_shape(node, ctx.v(a["self"]), full, ctx, "a flip")
+    x = ctx.v(a["self"])
+    if not _broadcasts(x.shape, full):
+        raise Refused("a flip of a value that does not broadcast to its expanded shape")
+    lead, still = len(full) - len(x.shape), _broadcast_axes(x, full)
     text = x.text
     for d in sorted({d % len(full) for d in a["dims"]}) if full else []:
-        at = f"{_size_i64(ctx, full[d])} - 1 - i64(iota({text}, axis: {d}))"
-        text = f"gather({text}, {at}, axis: {d})"
-    return text, full
+        if d in still:
+            continue
+        at = f"{_size_i64(ctx, full[d])} - 1 - i64(iota({text}, axis: {d - lead}))"
+        text = f"gather({text}, {at}, axis: {d - lead})"
+    return text, tuple(x.shape)
 
 
 def _permute_to(x, n, dims, what):
