@@ -255,13 +255,16 @@ impl Program {
     }
 
     /// Runs the CPU reference interpreter: `(name, bytes, dtype, shape)` in, the outputs the same
-    /// way out, in declaration order. Releases the GIL while it computes.
+    /// way out, in declaration order. Releases the GIL while it computes. Every float value is
+    /// rounded to f32 as the kernels compute it (`Program::run_cpu_f32`), not kept in f64: a value
+    /// that one program stores and another computes again (the maximum a backward compares its
+    /// operand with, to find the elements that attain it) is then the same in both.
     fn run_cpu<'py>(&self, py: Python<'py>, inputs: Vec<HostArg<'py>>) -> PyResult<Vec<HostOut<'py>>> {
         let tensors = Program::host_tensors(&inputs)?;
         let program = &self.program;
         let result = py.detach(|| {
             let refs: Vec<(&str, &HostTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-            program.run_cpu(&refs)
+            program.run_cpu_f32(&refs)
         });
         let outs = result.map_err(errors::kfuse)?;
         Ok(outs

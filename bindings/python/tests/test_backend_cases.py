@@ -1355,3 +1355,33 @@ def test_a_retained_graph_gives_the_same_gradient_twice(on_gpu, request):
     second = torch.autograd.grad(out, x, torch.tensor(0.5, device=device))[0]
     assert torch.allclose(first.double().cpu(), 3 * want, rtol=1e-5, atol=1e-7)
     assert torch.allclose(second.double().cpu(), 0.5 * want, rtol=1e-5, atol=1e-7)
+
+
+# A maximum's backward finds the elements that attain it by comparing its operand, which the
+# backward may compute again, with the maximum the forward saved; both must be the same values
+# (f32 as the kernels compute, f16 and bf16 compared rounded to their dtype), or no element
+# attains it and the gradient is 0 / 0.
+RECOMPUTED_MAXIMA = {
+    "scaled_amax": lambda x: (x * 1.1 + 0.3).amax(-1),
+    "amax_after_a_column_sum": lambda x: (x.sum(0, keepdim=True) * 0.5 + x).amax(0, keepdim=True) * x,
+    "shifted_by_its_row_maximum": lambda x: (x * 1.7).amax(-1, keepdim=True) - x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECOMPUTED_MAXIMA))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_a_maximums_gradient_reaches_the_elements_that_attain_it(name, dtype, on_gpu, request):
+    fn = RECOMPUTED_MAXIMA[name]
+    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
+    gen = torch.Generator().manual_seed(SEED)
+    x = _randn(gen, 6, 33).to(device, dtype).requires_grad_()
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=_backend.backend)(x)
+    upstream = torch.randn(got.shape, generator=gen).to(device, dtype)
+    (grad,) = torch.autograd.grad(got, x, upstream)
+    (want,) = torch.autograd.grad(fn(x), x, upstream)
+    assert not grad.isnan().any(), f"{name} {dtype} (seed {SEED}): NaN in the gradient"
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
+    scale = want.float().abs().max().item()
+    torch.testing.assert_close(grad.float(), want.float(), rtol=tol, atol=tol * scale, msg=lambda m: f"{name} {dtype}: {m}")

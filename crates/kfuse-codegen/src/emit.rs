@@ -18,7 +18,9 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use kfuse_ir::{BinaryOp, DType, Dim, Graph, Kind, NodeId, Op, ReduceAxis, ReduceOp, SymId, TernaryOp, UnaryOp};
+use kfuse_ir::{
+    BinaryOp, DType, Dim, Graph, Kind, Literal, NodeId, Op, ReduceAxis, ReduceOp, SymId, TernaryOp, UnaryOp,
+};
 
 use crate::analysis::{counts_every_element, full_reduce, Analysis};
 use crate::cuda::{self, Helper};
@@ -906,7 +908,7 @@ impl<'a> Emitter<'a> {
                 }
                 unary(op, node.dtype, &v)
             }
-            Op::Binary(op, a, _) => {
+            Op::Binary(op, a, b) => {
                 let [va, vb] = pop_array(values, n)?;
                 if let Some((k, _)) = widened_i32(g, n) {
                     // `(long long)i == w` as `w` fits in 32 bits and equals `i` there: the test of
@@ -935,7 +937,21 @@ impl<'a> Emitter<'a> {
                         _ => Helper::IntDivShift,
                     });
                 }
-                binary(op, dtype, &va, &vb)
+                if op.is_comparison() && matches!(dtype, DType::F16 | DType::BF16) {
+                    // Compared as stored, rounded to their dtype, as the interpreter and PyTorch
+                    // compare them (a loaded input already is).
+                    self.uses.helpers.insert(if dtype == DType::F16 { Helper::F16 } else { Helper::BF16 });
+                    let stored = |x: NodeId, v: &str| {
+                        if holds_its_dtype(g, x, dtype) {
+                            v.to_string()
+                        } else {
+                            cuda::load_conversion(dtype, &cuda::store_conversion(dtype, v))
+                        }
+                    };
+                    binary(op, dtype, &stored(a, &va), &stored(b, &vb))
+                } else {
+                    binary(op, dtype, &va, &vb)
+                }
             }
             Op::Ternary(op, ..) => {
                 let [va, vb, vc] = pop_array(values, n)?;
@@ -1633,6 +1649,27 @@ pub(crate) fn finish_reduce(op: ReduceOp, xd: DType, accs: &[String]) -> String 
         (ReduceOp::Sum, Kind::Int) => format!("(int)fmin(fmax({a}, -2147483648.0), 2147483647.0)"),
         (_, Kind::Int) => format!("(int){a}"),
         _ => format!("(float){a}"),
+    }
+}
+
+/// Whether node `x`, compared as `dtype` (f16 or bf16), holds a value of that dtype exactly: an
+/// input of it, read through views, or a literal that it represents. Other values are computed in
+/// f32.
+fn holds_its_dtype(g: &Graph, mut x: NodeId, dtype: DType) -> bool {
+    loop {
+        match g.node(x).op {
+            Op::Input(_) => return g.node(x).dtype == dtype,
+            Op::Const(literal @ (Literal::Float(_) | Literal::Int(_))) => {
+                let v = literal.as_f64() as f32;
+                let stored = match dtype {
+                    DType::F16 => f32::from(half::f16::from_f32(v)),
+                    _ => f32::from(half::bf16::from_f32(v)),
+                };
+                return stored == v || v.is_nan();
+            }
+            Op::Component { x: y, .. } | Op::Reshape(y) | Op::ExpandLast(y) => x = y,
+            _ => return false,
+        }
     }
 }
 

@@ -391,6 +391,26 @@ pub(crate) fn binary(
         }
         return Ok(());
     }
+    // f16 and bf16 values are compared as stored, rounded to their dtype (as PyTorch compares
+    // them): a value computed (unrounded) in one program then equals the same value that another
+    // program stored (a backward's operand against the maximum the forward saved).
+    if op.is_comparison() && matches!(operand_dtype, DType::F16 | DType::BF16) {
+        let round = if operand_dtype == DType::F16 {
+            |v: f64| half::f16::from_f64(v).to_f64()
+        } else {
+            |v: f64| half::bf16::from_f64(v).to_f64()
+        };
+        let cmp: fn(f64, f64) -> bool = match op {
+            BinaryOp::Eq => |x, y| x == y,
+            BinaryOp::Ne => |x, y| x != y,
+            BinaryOp::Lt => |x, y| x < y,
+            BinaryOp::Le => |x, y| x <= y,
+            BinaryOp::Gt => |x, y| x > y,
+            _ => |x, y| x >= y,
+        };
+        map2(out, a, b, |x, y| b2(cmp(round(x), round(y))));
+        return Ok(());
+    }
     match op {
         BinaryOp::Eq => map2(out, a, b, |x, y| b2(x == y)),
         BinaryOp::Ne => map2(out, a, b, |x, y| b2(x != y)),

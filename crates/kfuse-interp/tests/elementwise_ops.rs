@@ -497,3 +497,30 @@ fn special_functions_of_ints_compute_on_their_f32_casts() {
         }
     }
 }
+
+/// Comparisons of f16 and bf16 values compare them rounded to their dtype, as PyTorch does: `x *
+/// 1.1` of an f16 `x = 1` is 1.1 unrounded inside the graph, but compares equal to f16's 1.1
+/// (1.099609375), the value a program that stored it would read back.
+#[test]
+fn half_comparisons_compare_values_rounded_to_their_dtype() {
+    for (dtype, stored) in [(DType::F16, 1.099609375), (DType::BF16, 1.1015625)] {
+        let compare = |op: BinaryOp| {
+            let g = graph1(|b| {
+                let n = sym(b, "N");
+                let x = b.input("x", dtype, shape(&[n])).unwrap();
+                let c = b.input("c", dtype, shape(&[n])).unwrap();
+                let k = b.constant(kfuse_ir::Literal::float(1.1), dtype);
+                let y = b.binary(BinaryOp::Mul, x, k).unwrap();
+                b.binary(op, y, c).unwrap()
+            });
+            let (x, c) = (t(dtype, &[2], &[1.0, 1.0]), t(dtype, &[2], &[stored, 1.0]));
+            eval1(&g, &[("x", &x), ("c", &c)]).values
+        };
+        assert_eq!(compare(BinaryOp::Eq), [1.0, 0.0], "{dtype:?} ==");
+        assert_eq!(compare(BinaryOp::Ne), [0.0, 1.0], "{dtype:?} !=");
+        assert_eq!(compare(BinaryOp::Gt), [0.0, 1.0], "{dtype:?} >");
+        assert_eq!(compare(BinaryOp::Le), [1.0, 0.0], "{dtype:?} <=");
+    }
+    // f32 values are compared as computed.
+    assert_eq!(binary_on(BinaryOp::Eq, DType::F32, &[1.1, 2.0], &[1.1, 2.0]), [1.0, 1.0]);
+}

@@ -37,6 +37,10 @@
 //! `A`, negative from the end, the last when left out), `gather(X, INDEX, axis: A)` (see below), and for ragged data `mask(LENGTHS)` and `size(DIM)`. `as`, `lengths` and
 //! `offsets` are words only after an input's type, so they remain usable as names.
 //!
+//! Values of `f16` and `bf16` are computed in f32 and rounded to their dtype only where stored; a
+//! comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`) of two of them compares them rounded to their
+//! dtype, as PyTorch does, so that a value computed again equals the one stored before.
+//!
 //! The elementwise functions follow PyTorch's names and results (what this paragraph says of `i32`
 //! holds for `i64` too, with 64 for 32): math functions of an `i32` give
 //! `f32` (but `round`, `trunc`, `ceil`, `floor` and `sign` of an `i32` stay `i32`); `round` takes halfway
