@@ -1,5 +1,6 @@
 """Random chains of the ops the backend lowers (pads that crop, rolls, flips, reductions kept or
-broadcast back, softmaxes, cats, slices with steps, transposes, selects, maxima and their ties)
+broadcast back, softmaxes, norms, cats, slices with steps, transposes, selects, gathers, maxima
+and their ties) and of some it leaves to PyTorch (cumsum, cummax, topk) between them
 on tensors of one to three axes of odd sizes, compiled with ``backend="kfuse"``: the output and
 the input's gradient against eager PyTorch. Each case is a seed (it names the chain when it
 fails); ``KFUSE_FUZZ_SEEDS=N`` runs N seeds instead of the default, ``KFUSE_FUZZ_START`` moves
@@ -61,14 +62,33 @@ def _ops(r, x):
         (f"narrow {d} to {half}", lambda x: x.narrow(d, 0, half)),
         (f"every second along {d}", lambda x: x[(slice(None),) * d + (slice(None, None, 2),)]),
         (f"{copies} copies along {d} summed", lambda x: x.unsqueeze(d).expand(*x.shape[:d], copies, *x.shape[d:]).sum(d)),
-        (f"var along {d}", lambda x: x.var(d, keepdim=True) + x),
-        (f"std along {d}", lambda x: x.std(d, keepdim=True) * x),
+        (f"var along {d}", lambda x: x.var(d, keepdim=True, correction=int(size > 1)) + x),
+        (f"std along {d}", lambda x: x.std(d, keepdim=True, correction=int(size > 1)) * x),
         (f"argmax along {d}", lambda x: x.argmax(d, keepdim=True).float() + x),
         (f"max along {d}", lambda x: x.max(d, keepdim=True)[0] + x),
         (f"norm along {d}", lambda x: x.norm(dim=d, keepdim=True) + x),
         (f"index_select along {d}", lambda x: x.index_select(d, torch.tensor([0, size - 1, 0], device=x.device))),
         (f"sum along {d}", lambda x: x.sum(d)),
         (f"outer along {d}", lambda x: x.unsqueeze(d) * x.unsqueeze(d)),
+        (f"logsumexp along {d}", lambda x: torch.logsumexp(x, d, keepdim=True) - x),
+        (f"normalize along {d}", lambda x: F.normalize(x, dim=d)),
+        ("layer_norm", lambda x: F.layer_norm(x, x.shape[-1:])),
+        (f"maximum with its flip along {d}", lambda x: torch.maximum(x, x.flip(d))),
+        ("masked_fill", lambda x: x.masked_fill(x > 0.5, -1.0)),
+        ("clamp", lambda x: x.clamp(-0.5, 0.7)),
+        ("integer remainder", lambda x: ((x * 3).long() % 5).float() + x),
+        (f"gather of the argmax along {d}", lambda x: x.gather(d, x.argmax(d, keepdim=True)) + x),
+        (f"cummax along {d}", lambda x: x.cummax(d)[0]),
+        (f"cumsum along {d}", lambda x: x.cumsum(d)),
+        (f"topk along {d}", lambda x: x.topk(1, d)[0] * x),
+        ("centred on the mean", lambda x: x - x.mean()),
+        (f"min along {d}", lambda x: x.min(d, keepdim=True)[0] * x),
+        (f"prod along {d}", lambda x: (x.tanh() * 0.5 + 1).prod(d, keepdim=True) + x),
+        ("bce with logits", lambda x: F.binary_cross_entropy_with_logits(x, (x > 0).float(), reduction="none")),
+        ("silu times x", lambda x: F.silu(x) * x),
+        (f"where equal to the amax along {d}", lambda x: torch.where(x == x.amax(d, keepdim=True), x, 0.0)),
+        (f"minus the amin along {d}", lambda x: x - x.amin(d, keepdim=True)),
+        (f"repeat along {d}", lambda x: x.repeat(*([1] * d + [2] + [1] * (x.dim() - d - 1)))),
     ]
     if n >= 2:
         e = (d + 1) % n
