@@ -301,6 +301,7 @@ def elementwise_ops_ref(x, y, k):
         "inverse_erf": erfinv(torch.tanh(y) * 0.9) * (erfinv(x * 0.5) + 2.0),
         "complementary_erf": torch.erfc(x * 2.0) * (torch.erfc(-y) + 1.0),
         "erfc_tail": torch.erfc(y.abs() + 3.0) * 1e8,
+        "rounded_product": torch.zeros_like(x),  # f32 values: rounded(v) is v
         "rounded": torch.round(q) + torch.trunc(y * 4.0) * 8.0 - torch.ceil(q) * torch.sign(y) * 64.0,
         "modular": torch.remainder(q, 1.5) + torch.floor(y * 4.0 / -0.75) * 8.0 + (x * y + 0.25),
         "truncated": torch.fmod(q, 1.5) + torch.fmod(-q, y) * 4.0,

@@ -906,6 +906,11 @@ impl<'a> Emitter<'a> {
                 if matches!(op, UnaryOp::Digamma | UnaryOp::Trigamma) {
                     self.uses.helpers.insert(Helper::Polygamma);
                 }
+                match (op, node.dtype) {
+                    (UnaryOp::Rounded, DType::F16) => _ = self.uses.helpers.insert(Helper::F16),
+                    (UnaryOp::Rounded, DType::BF16) => _ = self.uses.helpers.insert(Helper::BF16),
+                    _ => {}
+                }
                 unary(op, node.dtype, &v)
             }
             Op::Binary(op, a, b) => {
@@ -1747,6 +1752,10 @@ fn unary(op: UnaryOp, dtype: DType, v: &str) -> String {
         (UnaryOp::Cosh, _) => format!("coshf({v})"),
         (UnaryOp::BitNot, _) => format!("~{v}"),
         (UnaryOp::Detach, _) => v.to_string(),
+        (UnaryOp::Rounded, _) => match dtype {
+            DType::F16 | DType::BF16 => cuda::load_conversion(dtype, &cuda::store_conversion(dtype, v)),
+            _ => v.to_string(),
+        },
     }
 }
 

@@ -361,6 +361,11 @@ pub(crate) fn unary(
             UnaryOp::Erfc => map1(out, x, libm::erfc),
             UnaryOp::Cosh => map1(out, x, f64::cosh),
             UnaryOp::Detach => map1(out, x, |v| v),
+            UnaryOp::Rounded => match dtype {
+                DType::F16 => map1(out, x, |v| half::f16::from_f64(v).to_f64()),
+                DType::BF16 => map1(out, x, |v| half::bf16::from_f64(v).to_f64()),
+                _ => map1(out, x, |v| v),
+            },
             UnaryOp::Not | UnaryOp::BitNot => return Err(unsupported()),
         },
     }

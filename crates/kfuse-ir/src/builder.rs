@@ -157,6 +157,20 @@ impl GraphBuilder {
         let x = match (op, d.kind()) {
             (UnaryOp::Detach, Kind::Float) => x,
             (UnaryOp::Detach, _) => return Ok(x),
+            (UnaryOp::Rounded, _) if !matches!(d, DType::F16 | DType::BF16) => return Ok(x),
+            // Values of the dtype already: an input, a rounded value, a literal (rounded here).
+            (UnaryOp::Rounded, _) => match self.node(x).op {
+                Op::Input(_) | Op::Unary(UnaryOp::Rounded, _) => return Ok(x),
+                Op::Const(literal @ (Literal::Float(_) | Literal::Int(_))) => {
+                    let v = literal.as_f64();
+                    let r = match d {
+                        DType::F16 => half::f16::from_f64(v).to_f64(),
+                        _ => half::bf16::from_f64(v).to_f64(),
+                    };
+                    return Ok(self.constant(Literal::float(r), d));
+                }
+                _ => x,
+            },
             (UnaryOp::Not, Kind::Bool) => x,
             (UnaryOp::Not, _) => return Err(IrError::BadDType { op: "not", dtype: d, hint: " (it takes bool)" }),
             // `torch.bitwise_not` of a bool is the logical not.

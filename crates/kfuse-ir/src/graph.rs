@@ -95,10 +95,15 @@ pub enum UnaryOp {
     /// `x` itself, through which no gradient flows (`torch.Tensor.detach`): the builder keeps
     /// it for floats only (an int or bool carries no gradient anyway).
     Detach,
+    /// `x` rounded to its dtype (to nearest, ties to even) where that is f16 or bf16, as PyTorch
+    /// rounds the result of every op of that dtype; values of f16 and bf16 are otherwise computed
+    /// in f32 and rounded only where stored. The builder keeps it for f16 and bf16 only. Its
+    /// gradient is the upstream gradient itself, as a cast's is.
+    Rounded,
 }
 
 impl UnaryOp {
-    pub const ALL: [UnaryOp; 38] = [
+    pub const ALL: [UnaryOp; 39] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -137,6 +142,7 @@ impl UnaryOp {
         UnaryOp::Erfc,
         UnaryOp::BitNot,
         UnaryOp::Detach,
+        UnaryOp::Rounded,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -178,12 +184,22 @@ impl UnaryOp {
             UnaryOp::Erfc => "erfc",
             UnaryOp::BitNot => "bitwise_not",
             UnaryOp::Detach => "detach",
+            UnaryOp::Rounded => "rounded",
         }
     }
     /// Math functions take floats only (an int operand is cast to `f32` by the builder, except
     /// that `round`, `trunc` and `ceil` of an int are the int itself, as in PyTorch).
     pub fn is_float_math(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::BitNot | UnaryOp::Detach)
+        !matches!(
+            self,
+            UnaryOp::Neg
+                | UnaryOp::Not
+                | UnaryOp::Abs
+                | UnaryOp::Sign
+                | UnaryOp::BitNot
+                | UnaryOp::Detach
+                | UnaryOp::Rounded
+        )
     }
     /// `isnan`, `isinf`, `isfinite`: the result is `bool`, not the operand's dtype.
     pub fn is_predicate(self) -> bool {

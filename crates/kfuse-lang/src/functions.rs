@@ -10,7 +10,7 @@ pub(crate) const FUNCTIONS: &[&str] = &[
     "floor", "pow", "sum", "mean", "count", "f32", "f16", "bf16", "i32", "i64", "bool", "grad", "mask", "size",
     "log1p", "expm1", "sign", "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos",
     "sinh", "cosh", "asinh", "acosh", "atanh", "atan2", "remainder", "floor_div", "fma", "bitwise_and", "bitwise_or", "bitwise_xor",
-    "fmod", "hypot", "copysign", "lgamma", "digamma", "trigamma", "erfinv", "erfc",
+    "fmod", "hypot", "copysign", "lgamma", "digamma", "trigamma", "erfinv", "erfc", "rounded",
     "bitwise_not", "bitwise_left_shift", "bitwise_right_shift", "iota", "stack", "gather",
     "detach", "softmax", "log_softmax", "rand_like", "transpose", "permute", "reshape", "cat", "argmax", "argmin", "prod",
 ];

@@ -40,6 +40,9 @@
 //! Values of `f16` and `bf16` are computed in f32 and rounded to their dtype only where stored; a
 //! comparison (`==`, `!=`, `<`, `<=`, `>`, `>=`) of two of them compares them rounded to their
 //! dtype, as PyTorch does, so that a value computed again equals the one stored before.
+//! `rounded(x)` rounds an `f16` or `bf16` value to its dtype there and then (to nearest, ties to
+//! even), as PyTorch rounds the result of every op of that dtype; it is `x` itself for other
+//! dtypes, and its gradient is the upstream gradient.
 //!
 //! The elementwise functions follow PyTorch's names and results (what this paragraph says of `i32`
 //! holds for `i64` too, with 64 for 32): math functions of an `i32` give

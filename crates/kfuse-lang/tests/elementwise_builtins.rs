@@ -328,3 +328,30 @@ fn erfc_computes_torchs_values_where_one_minus_erf_cancels() {
     assert_eq!(ck[5], 2.0, "erfc(-6) rounds to 2");
     graph("output y = grad(sum(erfc(x) * x), x)\n");
 }
+
+#[test]
+fn rounded_rounds_half_floats_to_their_dtype_and_leaves_other_dtypes_alone() {
+    let src = "input h: f16[N]\ninput b: bf16[N]\ninput x: f32[N]\ninput k: i32[N]\n\
+               output rh = rounded(h * 1.1)\noutput uh = h * 1.1\noutput rb = rounded(b * 1.1)\n\
+               output rx = rounded(x * 1.1)\noutput rk = rounded(k)\noutput c = rounded(b * 0.0 + 0.1)\n\
+               output g = grad(sum(rounded(b * 3.0) * b), b)\n";
+    let g = parse_program(src, "t.kf").unwrap_or_else(|d| panic!("{d}"));
+    // `rounded` stays only where it rounds: of f16 and bf16 values computed in the graph.
+    let kept = g.nodes.iter().filter(|n| matches!(n.op, Op::Unary(UnaryOp::Rounded, _))).count();
+    assert_eq!(kept, 4, "rh, rb, c and g's rounded(b * 3.0)");
+    let t = |dtype: DType, v: Vec<f64>| kfuse_ir::HostTensor::from_f64(dtype, vec![v.len()], &v);
+    let (h, b) = (t(DType::F16, vec![1.0, 3.0]), t(DType::BF16, vec![1.0, 3.0]));
+    let (x, k) = (t(DType::F32, vec![1.0, 3.0]), t(DType::I32, vec![-2.0, 7.0]));
+    let outs = kfuse_interp::run(&g, &[("h", &h), ("b", &b), ("x", &x), ("k", &k)]).unwrap_or_else(|e| panic!("{e}"));
+    let out = |name: &str| outs.iter().find(|(n, _)| n == name).unwrap().1.to_f64();
+    // f16's and bf16's nearest values to 1.1 and 3.3 (ties to even), as torch rounds `h * 1.1`.
+    assert_eq!(out("rh"), [1.099609375, 3.30078125]);
+    assert_eq!(out("rb"), [1.1015625, 3.296875]);
+    assert_eq!(out("rx"), [1.1f32 as f64, (3.0f64 * 1.1) as f32 as f64]);
+    assert_eq!(out("rk"), [-2.0, 7.0]);
+    assert_eq!(out("c"), [0.10009765625, 0.10009765625], "bf16's 0.1");
+    // The gradient passes through unchanged: d/db sum(rounded(3b) * b) = rounded(3b) + 3b.
+    assert_eq!(out("g"), [6.0, 18.0]);
+    // Of a bool, as of an int or an f32, the value itself.
+    assert!(matches!(lowered("output y = rounded(valid)\n"), (DType::Bool, Op::Input(_))));
+}

@@ -574,6 +574,8 @@ impl Step<'_, '_> {
             | UnaryOp::BitNot
             // No gradient flows through by definition.
             | UnaryOp::Detach => return Ok(None),
+            // A rounding to the value's own dtype passes the gradient on, as a cast does.
+            UnaryOp::Rounded => g,
             UnaryOp::Log1p => {
                 let one = em.lit(1.0);
                 let xp = em.add(x, one)?;

@@ -43,10 +43,10 @@ pub struct Generated {
 }
 
 const FLOATS: [&str; 3] = ["f32", "f16", "bf16"];
-const MATH: [&str; 34] = [
+const MATH: [&str; 35] = [
     "abs", "exp", "log", "sqrt", "rsqrt", "sigmoid", "tanh", "erf", "sin", "cos", "floor", "log1p", "expm1", "sign",
     "round", "trunc", "ceil", "isnan", "isinf", "isfinite", "atan", "tan", "asin", "acos", "sinh", "cosh", "asinh",
-    "acosh", "atanh", "lgamma", "digamma", "trigamma", "erfinv", "erfc",
+    "acosh", "atanh", "lgamma", "digamma", "trigamma", "erfinv", "erfc", "rounded",
 ];
 /// Functions of two numeric operands (`fma` takes a third, a literal).
 const BINARY: [&str; 10] = ["min", "max", "pow", "atan2", "remainder", "fmod", "hypot", "copysign", "floor_div", "fma"];
