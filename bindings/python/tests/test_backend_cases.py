@@ -1385,3 +1385,45 @@ def test_a_maximums_gradient_reaches_the_elements_that_attain_it(name, dtype, on
     tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
     scale = want.float().abs().max().item()
     torch.testing.assert_close(grad.float(), want.float(), rtol=tol, atol=tol * scale, msg=lambda m: f"{name} {dtype}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_half_precision_ops_round_their_results_as_eager_does(dtype, on_gpu, request):
+    # Every op of an f16/bf16 region rounds its result to the dtype, as eager PyTorch does: where
+    # each step is exact in f32 before that rounding (products and sums of half values), kfuse
+    # gives eager's bits. Without the rounding, `x * y + z` would keep the product's low bits.
+    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
+    gen = torch.Generator().manual_seed(SEED)
+    x, y, z, w = (_randn(gen, 13, 29).to(device, dtype) for _ in range(4))
+
+    def fn(x, y, z, w):
+        return ((x * y + z) * w - x).abs()
+
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend=_backend.backend)(x, y, z, w)
+    assert torch.equal(got, fn(x, y, z, w)), f"{dtype} (seed {SEED}): {(got.float() - fn(x, y, z, w).float()).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_a_half_precision_minimums_gradient_survives_a_region_split(dtype, on_gpu, request):
+    # topk (left to PyTorch) splits the forward, and the backward computes the minimum's operand
+    # again from values another region stored: each op's result rounded as eager rounds it, that
+    # operand equals the one the forward reduced, and the minimum is found (no 0 / 0).
+    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
+
+    def fn(x):
+        x = torch.cat([x, x * 2], 0)
+        x = (x.topk(1, 0)[0] * x).pow(2)
+        x = x - x.amin(0, keepdim=True)
+        return x.index_select(0, torch.tensor([0, 9, 0], device=x.device)).exp().clamp(max=5)
+
+    gen = torch.Generator().manual_seed(142)
+    x = torch.randn(5, generator=gen).to(device, dtype).requires_grad_()
+    upstream = torch.randn(3, generator=gen).to(device, dtype)
+    torch._dynamo.reset()
+    (grad,) = torch.autograd.grad(torch.compile(fn, backend=_backend.backend)(x), x, upstream)
+    (want,) = torch.autograd.grad(fn(x), x, upstream)
+    assert not grad.isnan().any(), f"{dtype}: NaN in the gradient: {grad}"
+    torch.testing.assert_close(grad.float(), want.float(), rtol=2e-2, atol=2e-2 * want.float().abs().max().item())

@@ -23,6 +23,7 @@ import contextvars
 import hashlib
 import math
 import operator
+import re
 
 import torch
 
@@ -1613,6 +1614,11 @@ class Lowered:
         self.views, self.seeded = views, seeded
 
 
+# A value's text that names another value (a view or copy of it: already rounded when the two
+# share a dtype).
+_IDENTITY = re.compile(r"[at]\d+")
+
+
 def lower_region(gm):
     """The ``.kf`` program of an fx graph module whose nodes are all supported ops. Symbols are
     named ``N0, N1, ...`` in order of appearance, so that the same region at other static sizes
@@ -1676,7 +1682,13 @@ def _lower_region(gm):
                 e.node = node.name  # the op to partition again without
                 raise
             name = f"t{len(lines)}"
-            lines.append(f"let {name} = {dtype}({text})")
+            same = _IDENTITY.fullmatch(text) and any(v.text == text and v.dtype == dtype for v in values.values())
+            if dtype in ("f16", "bf16") and not same:
+                # Rounded to its dtype as PyTorch rounds every op's result: a value that one
+                # program stores and another computes again is then the same (see `rounded`).
+                lines.append(f"let {name} = rounded({dtype}({text}))")
+            else:
+                lines.append(f"let {name} = {dtype}({text})")
             values[node] = V(name, shape, dtype)
             ops.append(str(node.target))
         elif node.op == "output":
