@@ -1619,6 +1619,23 @@ class Lowered:
 _IDENTITY = re.compile(r"[at]\d+")
 
 
+def _stored_unrounded(lines):
+    """`lines` without the `rounded` of values that only outputs read: storing an f16/bf16 value
+    rounds it the same way, so the kernel need not round it first."""
+    read = {}
+    for line in lines:
+        if line.startswith("let "):
+            for name in set(re.findall(r"\bt\d+\b", line.split(" = ", 1)[1])):
+                read[name] = read.get(name, 0) + 1
+    out = []
+    for line in lines:
+        name, _, text = line[len("let "):].partition(" = ") if line.startswith("let ") else ("", "", "")
+        if text.startswith("rounded(") and text.endswith(")") and not read.get(name):
+            line = f"let {name} = {text[len('rounded('):-1]}"
+        out.append(line)
+    return out
+
+
 def lower_region(gm):
     """The ``.kf`` program of an fx graph module whose nodes are all supported ops. Symbols are
     named ``N0, N1, ...`` in order of appearance, so that the same region at other static sizes
@@ -1719,6 +1736,7 @@ def _lower_region(gm):
         except Refused as e:
             e.node = getattr(o, "name", None)  # partition again without the op that makes it
             raise
+    lines = _stored_unrounded(lines)
     views = frozenset(i for i, o in enumerate(outs) if any(isinstance(st, int) and st == 0 for st in fake(o).stride()))
     if draws:
         decls.append(f"input {SEED}: i64")
