@@ -2,9 +2,10 @@
 broadcast back, softmaxes, norms, cats, slices with steps, transposes, selects, gathers, maxima
 and their ties) and of some it leaves to PyTorch (cumsum, cummax, topk) between them
 on tensors of one to three axes of odd sizes, compiled with ``backend="kfuse"``: the output and
-the input's gradient against eager PyTorch. Each case is a seed (it names the chain when it
-fails); ``KFUSE_FUZZ_SEEDS=N`` runs N seeds instead of the default, ``KFUSE_FUZZ_START`` moves
-the first. CPU tier: the regions run in kfuse's interpreter; GPU tier: in its kernels."""
+the input's gradient against eager PyTorch, and a third of the seeds again with every size a
+symbol (``dynamic=True``). Each case is a seed (it names the chain when it fails);
+``KFUSE_FUZZ_SEEDS=N`` runs N seeds instead of the default, ``KFUSE_FUZZ_START`` moves the
+first. CPU tier: the regions run in kfuse's interpreter; GPU tier: in its kernels."""
 
 import os
 import random
@@ -123,18 +124,29 @@ def _chain(seed, x):
 @pytest.mark.parametrize("seed", range(START, START + SEEDS))
 @pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
 def test_random_chains_match_eager_with_gradients(seed, on_gpu, request):
-    device = request.getfixturevalue("gpu") if on_gpu else torch.device("cpu")
+    _check_chain(seed, request.getfixturevalue("gpu") if on_gpu else torch.device("cpu"), dynamic=None)
+
+
+@pytest.mark.parametrize("seed", range(START, START + SEEDS // 3))
+@pytest.mark.parametrize("on_gpu", [False, True], ids=["cpu", "gpu"])
+def test_random_chains_match_eager_with_every_size_a_symbol(seed, on_gpu, request):
+    # dynamic=True: the sizes are symbols of the programs, constants only where a slice, a cat or
+    # a merged row needs them.
+    _check_chain(seed, request.getfixturevalue("gpu") if on_gpu else torch.device("cpu"), dynamic=True)
+
+
+def _check_chain(seed, device, dynamic):
     torch._dynamo.config.cache_size_limit = 64
     r = random.Random(seed * 7 + 1)
     shape = [r.randint(1, 9) for _ in range(r.randint(1, 3))]
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
     fn, names = _chain(seed, x)
-    what = f"seed {seed}, shape {shape}, ops {names}"
+    what = f"seed {seed}, shape {shape}, ops {names}{', dynamic' if dynamic else ''}"
     x.requires_grad_()
     want = fn(x)
     upstream = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed + 1)).to(device)
     (want_grad,) = torch.autograd.grad(want, x, upstream)
-    got = torch.compile(fn, backend=_backend.backend)(x)
+    got = torch.compile(fn, backend=_backend.backend, dynamic=dynamic)(x)
     (got_grad,) = torch.autograd.grad(got, x, upstream)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True, msg=lambda m: f"{what}, output: {m}")
     torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-4, equal_nan=True, msg=lambda m: f"{what}, gradient: {m}")
