@@ -906,10 +906,8 @@ impl<'a> Emitter<'a> {
                 if matches!(op, UnaryOp::Digamma | UnaryOp::Trigamma) {
                     self.uses.helpers.insert(Helper::Polygamma);
                 }
-                match (op, node.dtype) {
-                    (UnaryOp::Rounded, DType::F16) => _ = self.uses.helpers.insert(Helper::F16),
-                    (UnaryOp::Rounded, DType::BF16) => _ = self.uses.helpers.insert(Helper::BF16),
-                    _ => {}
+                if op == UnaryOp::Rounded {
+                    self.note_conversion(node.dtype);
                 }
                 unary(op, node.dtype, &v)
             }
@@ -945,12 +943,12 @@ impl<'a> Emitter<'a> {
                 if op.is_comparison() && matches!(dtype, DType::F16 | DType::BF16) {
                     // Compared as stored, rounded to their dtype, as the interpreter and PyTorch
                     // compare them (a loaded input already is).
-                    self.uses.helpers.insert(if dtype == DType::F16 { Helper::F16 } else { Helper::BF16 });
+                    self.note_conversion(dtype);
                     let stored = |x: NodeId, v: &str| {
                         if holds_its_dtype(g, x, dtype) {
                             v.to_string()
                         } else {
-                            cuda::load_conversion(dtype, &cuda::store_conversion(dtype, v))
+                            unary(UnaryOp::Rounded, dtype, v)
                         }
                     };
                     binary(op, dtype, &stored(a, &va), &stored(b, &vb))
@@ -1665,12 +1663,8 @@ fn holds_its_dtype(g: &Graph, mut x: NodeId, dtype: DType) -> bool {
         match g.node(x).op {
             Op::Input(_) => return g.node(x).dtype == dtype,
             Op::Const(literal @ (Literal::Float(_) | Literal::Int(_))) => {
-                let v = literal.as_f64() as f32;
-                let stored = match dtype {
-                    DType::F16 => f32::from(half::f16::from_f32(v)),
-                    _ => f32::from(half::bf16::from_f32(v)),
-                };
-                return stored == v || v.is_nan();
+                let v = f64::from(literal.as_f64() as f32); // as the kernel holds it
+                return dtype.round(v) == v || v.is_nan();
             }
             Op::Component { x: y, .. } | Op::Reshape(y) | Op::ExpandLast(y) => x = y,
             _ => return false,

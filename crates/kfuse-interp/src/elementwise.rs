@@ -361,11 +361,7 @@ pub(crate) fn unary(
             UnaryOp::Erfc => map1(out, x, libm::erfc),
             UnaryOp::Cosh => map1(out, x, f64::cosh),
             UnaryOp::Detach => map1(out, x, |v| v),
-            UnaryOp::Rounded => match dtype {
-                DType::F16 => map1(out, x, |v| half::f16::from_f64(v).to_f64()),
-                DType::BF16 => map1(out, x, |v| half::bf16::from_f64(v).to_f64()),
-                _ => map1(out, x, |v| v),
-            },
+            UnaryOp::Rounded => map1(out, x, |v| dtype.round(v)),
             UnaryOp::Not | UnaryOp::BitNot => return Err(unsupported()),
         },
     }
@@ -399,30 +395,14 @@ pub(crate) fn binary(
     // f16 and bf16 values are compared as stored, rounded to their dtype (as PyTorch compares
     // them): a value computed (unrounded) in one program then equals the same value that another
     // program stored (a backward's operand against the maximum the forward saved).
-    if op.is_comparison() && matches!(operand_dtype, DType::F16 | DType::BF16) {
-        let round = if operand_dtype == DType::F16 {
-            |v: f64| half::f16::from_f64(v).to_f64()
-        } else {
-            |v: f64| half::bf16::from_f64(v).to_f64()
-        };
-        let cmp: fn(f64, f64) -> bool = match op {
-            BinaryOp::Eq => |x, y| x == y,
-            BinaryOp::Ne => |x, y| x != y,
-            BinaryOp::Lt => |x, y| x < y,
-            BinaryOp::Le => |x, y| x <= y,
-            BinaryOp::Gt => |x, y| x > y,
-            _ => |x, y| x >= y,
-        };
-        map2(out, a, b, |x, y| b2(cmp(round(x), round(y))));
-        return Ok(());
-    }
+    let r = |v: f64| operand_dtype.round(v);
     match op {
-        BinaryOp::Eq => map2(out, a, b, |x, y| b2(x == y)),
-        BinaryOp::Ne => map2(out, a, b, |x, y| b2(x != y)),
-        BinaryOp::Lt => map2(out, a, b, |x, y| b2(x < y)),
-        BinaryOp::Le => map2(out, a, b, |x, y| b2(x <= y)),
-        BinaryOp::Gt => map2(out, a, b, |x, y| b2(x > y)),
-        BinaryOp::Ge => map2(out, a, b, |x, y| b2(x >= y)),
+        BinaryOp::Eq => map2(out, a, b, |x, y| b2(r(x) == r(y))),
+        BinaryOp::Ne => map2(out, a, b, |x, y| b2(r(x) != r(y))),
+        BinaryOp::Lt => map2(out, a, b, |x, y| b2(r(x) < r(y))),
+        BinaryOp::Le => map2(out, a, b, |x, y| b2(r(x) <= r(y))),
+        BinaryOp::Gt => map2(out, a, b, |x, y| b2(r(x) > r(y))),
+        BinaryOp::Ge => map2(out, a, b, |x, y| b2(r(x) >= r(y))),
         _ => {}
     }
     if op.is_comparison() {

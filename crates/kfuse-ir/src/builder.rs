@@ -162,12 +162,7 @@ impl GraphBuilder {
             (UnaryOp::Rounded, _) => match self.node(x).op {
                 Op::Input(_) | Op::Unary(UnaryOp::Rounded, _) => return Ok(x),
                 Op::Const(literal @ (Literal::Float(_) | Literal::Int(_))) => {
-                    let v = literal.as_f64();
-                    let r = match d {
-                        DType::F16 => half::f16::from_f64(v).to_f64(),
-                        _ => half::bf16::from_f64(v).to_f64(),
-                    };
-                    return Ok(self.constant(Literal::float(r), d));
+                    return Ok(self.constant(Literal::float(d.round(literal.as_f64())), d));
                 }
                 _ => x,
             },

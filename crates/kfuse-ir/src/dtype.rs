@@ -38,6 +38,16 @@ impl DType {
         self.kind() == Kind::Float
     }
 
+    /// `v` rounded to the nearest value of this dtype (ties to even) where it is f16 or bf16, as
+    /// a store of it rounds; `v` itself for the other dtypes.
+    pub fn round(self, v: f64) -> f64 {
+        match self {
+            DType::F16 => half::f16::from_f64(v).to_f64(),
+            DType::BF16 => half::bf16::from_f64(v).to_f64(),
+            _ => v,
+        }
+    }
+
     /// Bytes per element in memory (`bool` is one byte).
     pub fn size_bytes(self) -> usize {
         match self {

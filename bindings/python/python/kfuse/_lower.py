@@ -1614,11 +1614,6 @@ class Lowered:
         self.views, self.seeded = views, seeded
 
 
-# A value's text that names another value (a view or copy of it: already rounded when the two
-# share a dtype).
-_IDENTITY = re.compile(r"[at]\d+")
-
-
 def _stored_unrounded(lines):
     """`lines` without the `rounded` of values that only outputs read: storing an f16/bf16 value
     rounds it the same way, so the kernel need not round it first."""
@@ -1699,10 +1694,10 @@ def _lower_region(gm):
                 e.node = node.name  # the op to partition again without
                 raise
             name = f"t{len(lines)}"
-            same = _IDENTITY.fullmatch(text) and any(v.text == text and v.dtype == dtype for v in values.values())
-            if dtype in ("f16", "bf16") and not same:
+            if dtype in ("f16", "bf16"):
                 # Rounded to its dtype as PyTorch rounds every op's result: a value that one
-                # program stores and another computes again is then the same (see `rounded`).
+                # program stores and another computes again is then the same (see `rounded`;
+                # kfuse drops it where the value already is: an input, a rounded value).
                 lines.append(f"let {name} = rounded({dtype}({text}))")
             else:
                 lines.append(f"let {name} = {dtype}({text})")
