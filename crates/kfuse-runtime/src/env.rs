@@ -1,5 +1,5 @@
 //! kfuse's environment switches, read one way everywhere: [`flag`] for on/off variables
-//! (`KFUSE_NO_CACHE`, `KFUSE_LOG_COMPILES`, `KFUSE_LOG_TIMING`, `KFUSE_REQUIRE_NVRTC`, ...) and
+//! (`KFUSE_NO_CACHE`, `KFUSE_LOG_COMPILES`, `KFUSE_LOG_TIMING`, `KFUSE_NO_TIERING`, `KFUSE_REQUIRE_NVRTC`, ...) and
 //! [`size`] for byte counts (`KFUSE_CACHE_MAX_BYTES`).
 //!
 //! A flag accepts `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off` (any case, surrounding

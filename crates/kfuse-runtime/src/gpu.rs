@@ -448,14 +448,14 @@ impl Gpu {
     /// fast hash of the source, one map probe and one comparison of the source (see
     /// [`crate::lookup`]). Compiles with [`Gpu::kernel_options`].
     pub fn load_kernel(&self, source: &str, fn_name: &str) -> Result<GpuFunction, RuntimeError> {
-        self.load_kernel_with_options(source, fn_name, fast_compile_options())
+        self.load_kernel_with_options(source, fn_name, crate::nvrtc::kernel_extras())
     }
 
-    /// The options [`Gpu::load_kernel`] compiles with: this device's arch and no extra options but
-    /// NVRTC's `--Ofast-compile` level when `KFUSE_FAST_COMPILE` asks for one. Compiling ahead
-    /// through the cache with them makes `load_kernel`'s later lookups hit.
+    /// The options [`Gpu::load_kernel`] compiles with: [`CompileOptions::for_kernels`] of this
+    /// device's arch. Compiling ahead through the cache with them makes `load_kernel`'s later
+    /// lookups hit.
     pub fn kernel_options(&self) -> CompileOptions {
-        CompileOptions { arch: self.arch, extra: fast_compile_options().to_vec() }
+        CompileOptions::for_kernels(self.arch)
     }
 
     /// [`Gpu::load_kernel`] with extra NVRTC options (e.g. `--use_fast_math`), appended after
@@ -923,20 +923,6 @@ impl Gpu {
             Err(RuntimeError::ForeignHandle { what, owner_ordinal: ordinal, ordinal: self.ordinal })
         }
     }
-}
-
-/// The extra NVRTC options `KFUSE_FAST_COMPILE` asks for (read once per process; an invalid value
-/// is an error of [`crate::CacheConfig::from_env`], so of `Engine::new` and the command-line tool;
-/// here it is warned about once and off).
-fn fast_compile_options() -> &'static [String] {
-    static OPTIONS: OnceLock<Vec<String>> = OnceLock::new();
-    OPTIONS.get_or_init(|| match crate::env::fast_compile() {
-        Ok(level) => level.map(|l| vec![format!("--Ofast-compile={l}")]).unwrap_or_default(),
-        Err(e) => {
-            eprintln!("kfuse: warning: {e}; kernels compile at NVRTC's default optimisation");
-            Vec::new()
-        }
-    })
 }
 
 /// Opens device 0, or the ordinal in `KFUSE_DEVICE`.

@@ -30,6 +30,27 @@ impl CompileOptions {
         CompileOptions { arch, extra: Vec::new() }
     }
 
+    /// The options kfuse compiles the kernels of programs with for `arch` ([`crate::Gpu::load_kernel`]'s):
+    /// `--fmad=false`, and NVRTC's `--Ofast-compile` level when `KFUSE_FAST_COMPILE` asks for
+    /// one. Without contraction of a multiply and an add into one FMA, a kernel's arithmetic is
+    /// IEEE operations that every optimisation level must round alike, so its quickly compiled
+    /// build ([`CompileOptions::quick`]) gives the same bits as its optimised one.
+    pub fn for_kernels(arch: Arch) -> CompileOptions {
+        CompileOptions { arch, extra: kernel_extras().to_vec() }
+    }
+
+    /// These options with NVRTC's `--Ofast-compile=max`: a build that compiles in about half the
+    /// time and runs slower, the stand-in of a tiered compile while the optimised build compiles
+    /// in the background. `None` when the options already hold an `--Ofast-compile` level.
+    pub fn quick(&self) -> Option<CompileOptions> {
+        if self.extra.iter().any(|o| o.starts_with("--Ofast-compile")) {
+            return None;
+        }
+        let mut extra = self.extra.clone();
+        extra.push("--Ofast-compile=max".to_string());
+        Some(CompileOptions { arch: self.arch, extra })
+    }
+
     /// The option list of the target asked for: `--gpu-architecture=sm_XY` (`sm_XYa` for an `a`
     /// target), `--std=c++17 -default-device` and then `extra`. Deterministic; part of the cache
     /// key. NVRTC gets the same list, with an older arch when it does not know `arch` (see
@@ -60,6 +81,21 @@ impl CompileOptions {
         options.extend(self.extra.iter().cloned());
         options
     }
+}
+
+/// The extra options of [`CompileOptions::for_kernels`] (read once per process; an invalid
+/// `KFUSE_FAST_COMPILE` is an error of [`crate::CacheConfig::from_env`], so of `Engine::new` and
+/// the command-line tool; here it is warned about once and off).
+pub(crate) fn kernel_extras() -> &'static [String] {
+    static OPTIONS: OnceLock<Vec<String>> = OnceLock::new();
+    OPTIONS.get_or_init(|| {
+        let mut options = vec!["--fmad=false".to_string()];
+        match crate::env::fast_compile() {
+            Ok(level) => options.extend(level.map(|l| format!("--Ofast-compile={l}"))),
+            Err(e) => eprintln!("kfuse: warning: {e}; kernels compile at NVRTC's default optimisation"),
+        }
+        options
+    })
 }
 
 /// The result of one NVRTC compilation.
@@ -332,5 +368,19 @@ mod tests {
         assert!(!keyed.contains(&"--minimal".to_string()), "the key's options: {keyed:?}");
         let older = opts.compile_options(Arch::new(8, 6), (13, 0));
         assert_eq!(older[0], "--gpu-architecture=sm_86", "a stand-in arch keeps the rest: {older:?}");
+    }
+
+    #[test]
+    fn kernels_compile_without_contraction_and_their_quick_build_adds_the_fast_level() {
+        let full = CompileOptions::for_kernels(Arch::new(9, 0));
+        assert_eq!(full.extra.first().map(String::as_str), Some("--fmad=false"), "{full:?}");
+        let quick = full.quick().expect("a quick build");
+        assert_eq!(quick.arch, full.arch);
+        assert_eq!(quick.extra[..full.extra.len()], full.extra[..], "the quick build keeps every option");
+        assert_eq!(quick.extra.last().map(String::as_str), Some("--Ofast-compile=max"));
+        assert_ne!(cache_key("k", &quick), cache_key("k", &full), "the two builds are cached apart");
+        assert_eq!(quick.quick(), None, "a build with a fast-compile level has no quicker one");
+        let mid = CompileOptions { arch: Arch::new(9, 0), extra: vec!["--Ofast-compile=mid".to_string()] };
+        assert_eq!(mid.quick(), None);
     }
 }

@@ -28,6 +28,17 @@ impl Stream {
         })
     }
 
+    /// Whether work queued on the stream is being captured into a CUDA graph now (the launches
+    /// are recorded, not run).
+    pub fn is_capturing(&self) -> Result<bool, RuntimeError> {
+        let status = self.stream.capture_status().map_err(|error| RuntimeError::Driver {
+            call: "cuStreamIsCapturing",
+            ordinal: self.ordinal,
+            error,
+        })?;
+        Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// The ordinal of the device the stream belongs to.
     pub fn ordinal(&self) -> usize {
         self.ordinal

@@ -8,6 +8,10 @@
 //! [`BackgroundCompile::wait`]; it never panics the caller. Does not handle: cancelling a compile
 //! (a dropped handle lets the thread finish; the module still lands in the cache), more than one
 //! module per thread.
+//!
+//! The cache counts the compiles it runs in the background, so that whoever needs the optimised
+//! kernels (a benchmark, before it times anything) can wait for all of them:
+//! [`KernelCache::wait_for_background`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -24,7 +28,63 @@ impl KernelCache {
     /// (`get_or_compile` then hits).
     pub fn compile_in_background(self: &Arc<Self>, source: String, opts: CompileOptions) -> BackgroundCompile {
         let cache = Arc::clone(self);
-        BackgroundCompile::spawn(move || cache.get_or_compile(&source, &opts).map(|_| ()))
+        self.in_background(move || cache.get_or_compile(&source, &opts).map(|_| ()))
+    }
+
+    /// Runs `job` (a compile through this cache and whatever goes with it, such as loading the
+    /// module on a device) on a new thread, counted among this cache's background compiles until
+    /// it ends ([`KernelCache::wait_for_background`]).
+    pub fn in_background<F>(&self, job: F) -> BackgroundCompile
+    where
+        F: FnOnce() -> Result<(), RuntimeError> + Send + 'static,
+    {
+        let in_flight = InFlightGuard::enter(Arc::clone(&self.background));
+        BackgroundCompile::spawn(move || {
+            let _in_flight = in_flight; // left when the job ends, by any path
+            job()
+        })
+    }
+
+    /// How many compiles [`KernelCache::compile_in_background`] started that have not ended.
+    pub fn background_compiles(&self) -> usize {
+        *self.background.count.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks until every compile this cache runs in the background has ended (at once when
+    /// none runs). What they compiled is then in the cache; failures are reported by their
+    /// handles.
+    pub fn wait_for_background(&self) {
+        let mut count = self.background.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = self.background.idle.wait(count).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The count of a cache's background compiles that have not ended.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+/// One compile counted in [`InFlight`] from its start until the guard drops.
+struct InFlightGuard(Arc<InFlight>);
+
+impl InFlightGuard {
+    fn enter(in_flight: Arc<InFlight>) -> InFlightGuard {
+        *in_flight.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        InFlightGuard(in_flight)
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let mut count = self.0.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
     }
 }
 
@@ -197,6 +257,19 @@ mod tests {
         let job = BackgroundCompile::spawn(|| panic!("a deliberate panic inside the job"));
         assert!(matches!(job.wait().result, Err(BackgroundFailure::Panicked)));
         assert!(job.is_finished());
+    }
+
+    #[test]
+    fn the_cache_waits_for_its_background_compiles() {
+        let cache = Arc::new(KernelCache::memory_only());
+        cache.wait_for_background(); // none: returns at once
+        let (go, gate) = mpsc::channel::<()>();
+        let job = cache.in_background(move || gate.recv().map_err(|_| RuntimeError::NoCacheDir));
+        assert_eq!(cache.background_compiles(), 1);
+        go.send(()).expect("send");
+        cache.wait_for_background();
+        assert_eq!(cache.background_compiles(), 0);
+        assert!(job.wait().result.is_ok());
     }
 
     #[test]

@@ -205,8 +205,9 @@ pub struct CacheConfig {
 
 impl CacheConfig {
     /// The configuration the environment asks for (see the module docs). An invalid value of
-    /// `KFUSE_NO_CACHE`, `KFUSE_LOG_COMPILES`, `KFUSE_LOG_TIMING` (the runtime's timing log, checked
-    /// here so that it fails as early) or `KFUSE_CACHE_MAX_BYTES` is an error.
+    /// `KFUSE_NO_CACHE`, `KFUSE_LOG_COMPILES`, `KFUSE_LOG_TIMING` or `KFUSE_NO_TIERING` (the runtime's
+    /// timing log and the facade's tiered loads, checked here so that they fail as early) or
+    /// `KFUSE_CACHE_MAX_BYTES` is an error.
     pub fn from_env() -> Result<CacheConfig, RuntimeError> {
         CacheConfig::read_env().map_err(RuntimeError::from)
     }
@@ -215,6 +216,7 @@ impl CacheConfig {
         let bypassed = env::flag("KFUSE_NO_CACHE")?;
         let log_compiles = env::flag("KFUSE_LOG_COMPILES")?;
         env::flag("KFUSE_LOG_TIMING")?;
+        env::flag("KFUSE_NO_TIERING")?;
         env::fast_compile()?;
         let max_bytes = env::size("KFUSE_CACHE_MAX_BYTES")?.unwrap_or(DEFAULT_MAX_BYTES);
         let dir = match std::env::var_os("KFUSE_CACHE_DIR") {
@@ -295,14 +297,18 @@ pub struct KernelCache {
     warned_lock: AtomicBool,
     warned_stats: AtomicBool,
     warned_folder: AtomicBool,
+    /// The compiles running in the background (see [`KernelCache::wait_for_background`]).
+    background: Arc<background::InFlight>,
 }
+
+/// The process-wide cache ([`KernelCache::global`]).
+static GLOBAL: OnceLock<Arc<KernelCache>> = OnceLock::new();
 
 impl KernelCache {
     /// The process-wide cache, configured from the environment on first use. When the
     /// environment holds an invalid setting, the cache keeps the error and returns it from every
     /// lookup and maintenance call; [`KernelCache::try_global`] returns it at once.
     pub fn global() -> Arc<KernelCache> {
-        static GLOBAL: OnceLock<Arc<KernelCache>> = OnceLock::new();
         GLOBAL
             .get_or_init(|| {
                 Arc::new(match CacheConfig::read_env() {
@@ -317,6 +323,15 @@ impl KernelCache {
                 })
             })
             .clone()
+    }
+
+    /// Waits for the background compiles of the process-wide cache, if it was made
+    /// ([`KernelCache::wait_for_background`]): what a process runs before it exits, so that no
+    /// compile is cut off and the optimised kernels are on disk for the next process.
+    pub fn wait_for_global_background() {
+        if let Some(cache) = GLOBAL.get() {
+            cache.wait_for_background();
+        }
     }
 
     /// The process-wide cache ([`KernelCache::global`]), or the error of an invalid setting in
@@ -411,6 +426,7 @@ impl KernelCache {
             warned_lock: AtomicBool::new(false),
             warned_stats: AtomicBool::new(false),
             warned_folder: AtomicBool::new(false),
+            background: Arc::default(),
         }
     }
 
