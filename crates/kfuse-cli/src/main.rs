@@ -287,7 +287,11 @@ enum GenCommand {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let result = run(Cli::parse());
+    // Kernels a first call left compiling in the background finish (and reach the disk cache)
+    // before the process exits.
+    kfuse::KernelCache::wait_for_global_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Diagnostics from the language come fully rendered; everything else gets a prefix.

@@ -197,6 +197,8 @@ fn a_new_batch_size_never_recompiles() {
     let src = std::fs::read_to_string(common::examples_dir().join("giou_train.kf")).unwrap();
     let p = Program::compile(&engine_of(&gpu), &src, "examples/giou_train.kf").unwrap();
     let prog = CudaProgram::prepare(&gpu, &p).unwrap();
+    // A cold load compiles the optimised builds in the background (see `tiered`): done first.
+    prog.wait_for_optimised();
     let compiles = gpu.cache().stats().session.compiles;
     for (batch, n) in [(1, 1), (7, 300), (1024, 256), (5000, 3)] {
         let b = kfuse_cli::boxes::generate(batch, n, fresh_seed()).unwrap();

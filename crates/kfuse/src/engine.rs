@@ -75,6 +75,13 @@ impl Engine {
     pub fn cache(&self) -> &Arc<KernelCache> {
         &self.inner.cache
     }
+
+    /// Blocks until the optimised builds that first calls left compiling in the background are
+    /// compiled (at once when none is); each program's next launch then switches to them. For
+    /// benchmarks, before they time anything.
+    pub fn wait_for_background_compiles(&self) {
+        self.inner.cache.wait_for_background();
+    }
 }
 
 impl std::fmt::Debug for Engine {

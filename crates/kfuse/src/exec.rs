@@ -4,7 +4,8 @@
 //! (launch on its stream into its output tensors, with a workspace for the plan's other buffers).
 //!
 //! Loading a plan compiles the kernels the cache does not hold in parallel, one thread each, then
-//! loads them all ([`compile_missing`]). Not here: compilation and caching themselves
+//! loads them all; a first call that must compile launches quick builds while the optimised ones
+//! compile in the background (see `tiered`). Not here: compilation and caching themselves
 //! (kfuse-runtime's `Gpu::load_kernel` does both).
 
 use std::borrow::Borrow;
@@ -16,6 +17,7 @@ use kfuse_codegen::{BufferDecl, BufferKind, FoldEntry, Launch, Param, Plan, WIDE
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, Stream};
 
+use crate::tiered::{self, Build, Builds};
 use crate::{Error, Result, Validation};
 
 /// A tensor in device memory: a buffer (usually borrowed from a framework with
@@ -116,15 +118,15 @@ pub fn span_bytes(dtype: DType, shape: &[usize], strides: &[usize]) -> Option<u6
 pub struct CudaProgram {
     gpu: Arc<Gpu>,
     plan: Arc<Plan>,
-    functions: Vec<GpuFunction>,
+    /// Per kernel: its loaded build (with, for a cooperative launch, the most blocks the device
+    /// holds at once).
+    functions: Vec<Build>,
     /// Per kernel: the entry point for rows kept in registers, where it has one (see
     /// [`kfuse_codegen::RegisterRows`]).
-    register_rows: Vec<Option<GpuFunction>>,
+    register_rows: Vec<Option<Build>>,
     /// Per kernel: the entry point that folds column sums an earlier kernel took, where it has
     /// one (see [`kfuse_codegen::FoldEntry`]).
-    folds: Vec<Option<GpuFunction>>,
-    /// Per kernel: for a cooperative launch, the most blocks the device holds at once.
-    resident: Vec<Option<u32>>,
+    folds: Vec<Option<Build>>,
     /// Per kernel: its build with a 64-bit flat index, loaded by the first launch that needs it
     /// (see [`kfuse_codegen::Kernel::narrow_index`]).
     wide: Vec<OnceLock<GpuFunction>>,
@@ -184,6 +186,14 @@ impl CudaProgram {
         CudaProgram::with_companions(gpu, plan, &[], &origin)
     }
 
+    /// Loads the quick builds of a plan's kernels only (NVRTC's `--Ofast-compile=max`), compiling
+    /// nothing in the background: slower kernels that give the optimised builds' bits, for
+    /// comparing the two (see `tiered`).
+    pub fn quick_builds(gpu: &Arc<Gpu>, plan: Arc<Plan>) -> Result<CudaProgram> {
+        let origin: Arc<str> = format!("kernels {}", plan.graph_hash.short()).into();
+        CudaProgram::load(gpu, plan, &[], &origin, Builds::Quick)
+    }
+
     /// Loads the kernels of a plan and `companions` (source, name), kernels that later calls will
     /// want on this device (the gradient-scaling kernel of a backward): those the cache does not
     /// hold compile in parallel with the plan's. The companions stay loaded on `gpu` (its
@@ -195,47 +205,69 @@ impl CudaProgram {
         companions: &[(&str, &str)],
         origin: &Arc<str>,
     ) -> Result<CudaProgram> {
-        let sources: Vec<&str> = plan
+        CudaProgram::load(gpu, plan, companions, origin, Builds::Tiered)
+    }
+
+    fn load(
+        gpu: &Arc<Gpu>,
+        plan: Arc<Plan>,
+        companions: &[(&str, &str)],
+        origin: &Arc<str>,
+        builds: Builds,
+    ) -> Result<CudaProgram> {
+        let n = plan.kernels.len();
+        let cooperative = |k: &kfuse_codegen::Kernel| (k.launch == Launch::Cooperative).then_some(k.block);
+        let entries: Vec<tiered::Entry<'_>> = plan
             .kernels
             .iter()
-            .flat_map(|k| k.entries().map(|e| e.0))
-            .chain(companions.iter().map(|(s, _)| *s))
+            .map(|k| (k.source.as_str(), k.name.as_str(), cooperative(k)))
+            .chain(
+                plan.kernels
+                    .iter()
+                    .filter_map(|k| k.register_rows.as_ref().map(|r| (r.source.as_str(), r.entry.as_str(), None))),
+            )
+            .chain(
+                plan.kernels
+                    .iter()
+                    .filter_map(|k| k.fold.as_ref().map(|f| (f.source.as_str(), f.entry.as_str(), None))),
+            )
             .collect();
-        compile_missing(gpu, &sources)?;
-        let functions =
-            plan.kernels.iter().map(|k| gpu.load_kernel(&k.source, &k.name)).collect::<Result<Vec<_>, _>>()?;
-        let register_rows = plan
-            .kernels
-            .iter()
-            .map(|k| k.register_rows.as_ref().map(|r| gpu.load_kernel(&r.source, &r.entry)).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
-        let folds = plan
-            .kernels
-            .iter()
-            .map(|k| k.fold.as_ref().map(|f| gpu.load_kernel(&f.source, &f.entry)).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
-        for (source, name) in companions {
-            gpu.load_kernel(source, name)?;
-        }
-        let resident = plan
-            .kernels
-            .iter()
-            .zip(&functions)
-            .map(|(k, f)| match k.launch {
-                Launch::Plain => Ok(None),
-                Launch::Cooperative => match gpu.max_resident_blocks(f, k.block, 0)? {
-                    0 => Err(Error::NotResident { kernel: k.name.clone(), block: k.block, ordinal: gpu.ordinal() }),
-                    n => Ok(Some(n)),
-                },
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut builds = tiered::load(gpu, &entries, companions, builds)?.into_iter();
+        let functions: Vec<Build> = builds.by_ref().take(n).collect();
+        let register_rows = plan.kernels.iter().map(|k| k.register_rows.as_ref().and_then(|_| builds.next())).collect();
+        let folds = plan.kernels.iter().map(|k| k.fold.as_ref().and_then(|_| builds.next())).collect();
         let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
         let wide = plan.kernels.iter().map(|_| OnceLock::new()).collect();
-        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, folds, resident, wide, tag })
+        Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, folds, wide, tag })
     }
 
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    fn builds(&self) -> impl Iterator<Item = &Build> + Clone {
+        self.functions.iter().chain(self.register_rows.iter().flatten()).chain(self.folds.iter().flatten())
+    }
+
+    /// Switches kernels whose optimised builds finished compiling in the background to them (see
+    /// `tiered`); on a `stream` being captured into a CUDA graph, waits for them all first.
+    pub(crate) fn settle(&self, stream: Option<&Stream>) -> Result<()> {
+        tiered::settle(&self.gpu, self.builds(), stream)
+    }
+
+    /// Whether every kernel launches its optimised build: `false` while a first load's quick
+    /// builds serve and the optimised ones compile in the background (see `tiered`).
+    pub fn is_optimised(&self) -> bool {
+        self.builds().all(Build::is_optimised)
+    }
+
+    /// Waits until the optimised builds of every kernel have compiled and switches to them (at
+    /// once when nothing compiles in the background). A failed compile is warned about and leaves
+    /// its quick build serving.
+    pub fn wait_for_optimised(&self) {
+        for b in self.builds() {
+            b.settle(&self.gpu, true);
+        }
     }
 
     pub fn gpu(&self) -> &Arc<Gpu> {
@@ -246,7 +278,8 @@ impl CudaProgram {
     pub(crate) fn grids(&self, sizes: &[u64]) -> Result<Vec<u32>> {
         let sm = self.gpu.sm_count().max(1);
         // A cooperative kernel's grid-stride loop covers any grid: cap it at one resident wave.
-        let cap = |k: usize, blocks: u32| self.resident.get(k).copied().flatten().map_or(blocks, |r| blocks.min(r));
+        let cap =
+            |k: usize, blocks: u32| self.functions.get(k).and_then(Build::resident).map_or(blocks, |r| blocks.min(r));
         self.plan.grids(sizes, sm, cap).map_err(|k| Error::GridTooLarge {
             kernel: self.plan.kernels.get(k).map_or_else(String::new, |kernel| kernel.name.clone()),
             sizes: sizes.to_vec(),
@@ -271,6 +304,7 @@ impl CudaProgram {
         let step = Instant::now();
         let sizes = SymbolBindings::bind_interface(&self.plan.interface, inputs)?.sizes;
         timing::log("bind: symbol bindings", step);
+        self.settle(None)?;
         let grids = self.grids(&sizes)?;
         let mut buffers = Vec::with_capacity(self.plan.buffers.len());
         for decl in &self.plan.buffers {
@@ -352,20 +386,20 @@ impl CudaProgram {
                 match (&k.register_rows, self.register_rows.get(i), &k.fold, self.folds.get(i)) {
                     (Some(r), Some(Some(rf)), _, _) if r.applies(&k.grid, sizes, address, strides) => {
                         in_registers[i] = true;
-                        (rf, &k.params, grids[i], k.launch_block(sizes))
+                        (rf.function(), &k.params, grids[i], k.launch_block(sizes))
                     }
                     // The column sums were taken by the rows' kernel: fold them, over its grid's rows.
                     (_, _, Some(fold), Some(Some(ff))) if in_registers.get(fold.after) == Some(&true) => {
                         let parts = grids[fold.after];
                         let blocks = FoldEntry::blocks(&k.grid, sizes, self.gpu.sm_count().max(1), parts)
                             .ok_or_else(|| Error::GridTooLarge { kernel: fold.entry.clone(), sizes: sizes.to_vec() })?;
-                        (ff, &fold.params, blocks.min(grids[i]), k.block)
+                        (ff.function(), &fold.params, blocks.min(grids[i]), k.block)
                     }
                     // Counts a 32-bit index would not cover: the kernel's 64-bit build.
                     _ if k.narrow_index && !k.narrow_fits(sizes, elems) => {
                         (self.wide_function(k, wide)?, &k.params, grids[i], k.block)
                     }
-                    _ => (f, &k.params, grids[i], k.block),
+                    _ => (f.for_grid(grids[i]), &k.params, grids[i], k.block),
                 };
             let args = params
                 .iter()
@@ -523,6 +557,7 @@ impl CudaProgram {
                 });
             }
         }
+        self.settle(Some(stream))?;
         let grids = self.grids(&sizes)?;
         self.reserve(workspace, &sizes, &grids)?;
         let position = |id: kfuse_ir::InputId| {
@@ -562,6 +597,7 @@ impl CudaProgram {
         B: Borrow<DeviceBuffer>,
     {
         let Io { position, inputs, outputs, strides } = io;
+        self.settle(Some(stream))?;
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
             let buf = match (decl.kind, slot) {
@@ -663,40 +699,6 @@ pub(crate) fn enqueue(
         timing::log(&format!("launch {} (grid {grid}, block {block}, {shared_bytes} B shared)", f.name()), step);
     }
     Ok(())
-}
-
-/// Compiles, through `gpu`'s cache and for its arch, those of `sources` that the cache holds
-/// neither in memory nor on disk, one thread each (NVRTC is thread-safe, and the cache compiles
-/// each key once). Nothing happens on other threads when at most one is missing (it is compiled
-/// when loaded) or the cache is bypassed (every load compiles). A found module stays in memory,
-/// so loading it next costs a lookup.
-pub fn compile_missing(gpu: &Gpu, sources: &[&str]) -> Result<()> {
-    let cache = gpu.cache();
-    if cache.is_bypassed() {
-        return Ok(());
-    }
-    let opts = gpu.kernel_options();
-    let mut missing: Vec<&str> = Vec::new();
-    for &source in sources {
-        if !missing.contains(&source) && cache.get_cached(source, &opts)?.is_none() {
-            missing.push(source);
-        }
-    }
-    if missing.len() < 2 {
-        return Ok(());
-    }
-    let step = Instant::now();
-    let compiled: Vec<Result<()>> = std::thread::scope(|scope| {
-        let threads: Vec<_> = missing
-            .iter()
-            .map(|&source| scope.spawn(|| cache.get_or_compile(source, &opts).map(|_| ()).map_err(Error::from)))
-            .collect();
-        threads.into_iter().map(|t| t.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
-    });
-    if timing::enabled() {
-        timing::log(&format!("load: {} kernels compiled in parallel", missing.len()), step);
-    }
-    compiled.into_iter().collect()
 }
 
 /// The bytes a contiguous tensor of `dtype` and `shape` holds; `None` when that overflows.

@@ -29,6 +29,7 @@ pub mod exec;
 pub mod mlp;
 mod program;
 mod scale;
+mod tiered;
 
 pub use checks::{violation_error, Validation};
 pub use engine::Engine;

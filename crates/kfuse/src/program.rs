@@ -145,7 +145,7 @@ impl Program {
                 let gpu = self.engine.device(ordinal)?;
                 (gpu.kernel_options(), gpu.cache().clone())
             }
-            BuildTarget::Arch(arch) => (CompileOptions::for_arch(arch), self.engine.cache().clone()),
+            BuildTarget::Arch(arch) => (CompileOptions::for_kernels(arch), self.engine.cache().clone()),
         };
         self.device_kernels()
             .into_iter()
@@ -469,6 +469,13 @@ impl Program {
                 inputs: inputs.len(),
             })
         })
+    }
+
+    /// Whether launches on device `ordinal` use the optimised build of every kernel: `Some(false)`
+    /// while a first load's quick builds serve and the optimised ones compile in the background,
+    /// `None` when nothing is loaded there.
+    pub fn is_optimised(&self, ordinal: usize) -> Option<bool> {
+        self.devices.lock().unwrap_or_else(|e| e.into_inner()).get(&ordinal).map(|on| on.exec.is_optimised())
     }
 
     /// Whether the kernels are loaded on device `ordinal` already, so that a launch there only
