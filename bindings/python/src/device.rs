@@ -85,7 +85,8 @@ pub fn borrow(gpu: &Gpu, stream: u64, memory: &[(u64, u64)]) -> PyResult<(Stream
 }
 
 /// `kfuse.cache_info()`: this process's kernel-cache counters (compiles, disk hits, memory
-/// hits), the cache folder, and the kernel functions loaded on each device opened so far.
+/// hits), the cache folder, the compiles running in the background, and the kernel functions
+/// loaded on each device opened so far.
 #[pyfunction]
 pub fn cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let engine = engine()?;
@@ -96,6 +97,7 @@ pub fn cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("disk_hits", counters.disk_hits)?;
     info.set_item("memory_hits", counters.memory_hits)?;
     info.set_item("cache_dir", cache.dir().map(|d| d.display().to_string()))?;
+    info.set_item("background_compiles", cache.background_compiles())?;
     let loaded = PyDict::new(py);
     let opened = OPENED.load(Ordering::Relaxed);
     for ordinal in (0..64).filter(|o| opened & (1 << o) != 0) {
@@ -104,6 +106,14 @@ pub fn cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     }
     info.set_item("loaded_functions", loaded)?;
     Ok(info)
+}
+
+/// `kfuse.wait_for_compiles()`: blocks (without the GIL) until the optimised kernels that first
+/// calls left compiling in the background are compiled; later calls launch them. Makes no engine
+/// (the package also runs it at exit, so that no compile is cut off).
+#[pyfunction]
+pub fn wait_for_compiles(py: Python<'_>) {
+    py.detach(kfuse::KernelCache::wait_for_global_background);
 }
 
 /// Waits for every device this module opened and raises the violation of a lengths/offsets

@@ -37,6 +37,7 @@ fn _kfuse(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(binding::scale_by_upstream, m)?)?;
     m.add_function(wrap_pyfunction!(device::check_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(device::wait_for_compiles, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("_RECOMPUTED_EXTENT_LIMIT", kfuse::RECOMPUTED_EXTENT_LIMIT)?;
     Ok(())

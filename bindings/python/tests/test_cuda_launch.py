@@ -45,11 +45,18 @@ def test_a_device_that_cannot_be_opened_is_a_device_error():
 
 def test_cache_info_reports_the_cache():
     info = kfuse.cache_info()
-    assert set(info) == {"compiles", "disk_hits", "memory_hits", "cache_dir", "loaded_functions"}
-    assert all(isinstance(info[k], int) and info[k] >= 0 for k in ("compiles", "disk_hits", "memory_hits"))
+    assert set(info) == {"compiles", "disk_hits", "memory_hits", "cache_dir", "background_compiles", "loaded_functions"}
+    counts = ("compiles", "disk_hits", "memory_hits", "background_compiles")
+    assert all(isinstance(info[k], int) and info[k] >= 0 for k in counts)
     assert info["cache_dir"] is None or isinstance(info["cache_dir"], str)
     if not torch.cuda.is_available():
         assert info["loaded_functions"] == {}
+
+
+def test_waiting_for_compiles_with_none_running_returns_at_once():
+    kfuse.wait_for_compiles()
+    if not torch.cuda.is_available():
+        assert kfuse.cache_info()["background_compiles"] == 0
 
 
 # -- GPU tier -------------------------------------------------------------------------------------
@@ -89,9 +96,11 @@ def fresh_program():
     return kfuse.compile(source, name=f"giou_eps_{eps}")
 
 
-def test_kernels_are_loaded_once_per_device(gpu):
+def test_kernels_are_loaded_once_per_device(gpu, monkeypatch):
     if env_flag("KFUSE_NO_CACHE"):
         pytest.skip("KFUSE_NO_CACHE is on: loaded kernels are not kept, so none are counted")
+    # The optimised kernels only (a cold first call would launch quick builds first, and load both).
+    monkeypatch.setenv("KFUSE_NO_TIERING", "1")
     prog = fresh_program()
     kernels = prog.cuda_source().count("__global__")
     assert kernels >= 1
@@ -110,6 +119,47 @@ def test_kernels_are_loaded_once_per_device(gpu):
     again = kfuse.cache_info()
     assert again["loaded_functions"] == after
     assert again["compiles"] + again["disk_hits"] + again["memory_hits"] >= kernels
+
+
+def test_a_cold_first_call_launches_quick_kernels_then_the_optimised_ones_with_the_same_bits(gpu):
+    if env_flag("KFUSE_NO_CACHE") or env_flag("KFUSE_NO_TIERING"):
+        pytest.skip("no tiered compile: the cache is bypassed or tiering is off")
+    prog = fresh_program()
+    kernels = prog.cuda_source().count("__global__")
+    gen = torch.Generator().manual_seed(13)
+    inputs = lengths_batch(gen, 257, 9, gpu)
+    before = kfuse.cache_info()["loaded_functions"].get(gpu.index, 0)
+    first = prog(**inputs).loss
+    kfuse.wait_for_compiles()
+    assert kfuse.cache_info()["background_compiles"] == 0
+    second = prog(**inputs).loss
+    torch.cuda.synchronize(gpu)
+    # The quick build and the optimised build of each kernel were loaded, and agree bit for bit.
+    assert kfuse.cache_info()["loaded_functions"][gpu.index] - before == 2 * kernels
+    assert torch.equal(first, second), (first.item(), second.item())
+    want = prog(**to_cpu(inputs)).loss
+    torch.testing.assert_close(second.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_cuda_graph_captures_the_optimised_kernels(gpu):
+    """A capture right after a cold first call waits for the optimised kernels: none is still
+    compiling once it ends, and the graph replays the loss of the eager call."""
+    kfuse.wait_for_compiles()
+    prog = fresh_program()
+    gen = torch.Generator().manual_seed(17)
+    inputs = lengths_batch(gen, 65, 5, gpu)
+    s = torch.cuda.Stream(gpu)
+    s.wait_stream(torch.cuda.current_stream(gpu))
+    with torch.cuda.stream(s):
+        eager = prog(**inputs, validate=False).loss
+    torch.cuda.current_stream(gpu).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = prog(**inputs, validate=False).loss
+    assert kfuse.cache_info()["background_compiles"] == 0
+    graph.replay()
+    torch.cuda.synchronize(gpu)
+    assert torch.equal(captured, eager), (captured.item(), eager.item())
 
 
 def test_launch_on_a_non_default_current_stream(gpu):
