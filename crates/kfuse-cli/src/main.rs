@@ -411,7 +411,7 @@ fn run(cli: Cli) -> Result<()> {
             cache.check_folder()?;
             for (source, entry) in p.plan().kernels.iter().flat_map(|k| k.entries()) {
                 let t0 = Instant::now();
-                let (m, outcome) = cache.get_or_compile(source, &CompileOptions::for_arch(arch))?;
+                let (m, outcome) = cache.get_or_compile(source, &CompileOptions::for_kernels(arch))?;
                 say!(
                     "{} {arch} key {} {} ({:.1} ms, cubin {} bytes)",
                     entry,
@@ -578,7 +578,7 @@ fn cache_command(what: CacheCommand) -> Result<()> {
                 bar.set_message(f.display().to_string());
                 let result = load(f).and_then(|p| {
                     for (source, _) in p.plan().kernels.iter().flat_map(|k| k.entries()) {
-                        match cache.get_or_compile(source, &CompileOptions::for_arch(arch))?.1 {
+                        match cache.get_or_compile(source, &CompileOptions::for_kernels(arch))?.1 {
                             CacheOutcome::Compiled | CacheOutcome::Repaired => compiled += 1,
                             _ => hits += 1,
                         }
