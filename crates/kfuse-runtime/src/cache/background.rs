@@ -11,11 +11,13 @@
 //!
 //! The cache counts the compiles it runs in the background, so that whoever needs the optimised
 //! kernels (a benchmark, before it times anything) can wait for all of them:
-//! [`KernelCache::wait_for_background`].
+//! [`KernelCache::wait_for_background`]. The process counts them too, and waits for them when it
+//! exits (an `atexit` hook registered with the first one): a job cut off by the exit would run
+//! NVRTC or the driver while their libraries are torn down, which crashes the process.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Condvar, Mutex, Once};
+use std::time::{Duration, Instant};
 
 use crate::nvrtc::CompileOptions;
 use crate::RuntimeError;
@@ -54,39 +56,101 @@ impl KernelCache {
     /// none runs). What they compiled is then in the cache; failures are reported by their
     /// handles.
     pub fn wait_for_background(&self) {
-        let mut count = self.background.count.lock().unwrap_or_else(|e| e.into_inner());
-        while *count > 0 {
-            count = self.background.idle.wait(count).unwrap_or_else(|e| e.into_inner());
-        }
+        self.background.wait(None);
     }
 }
 
-/// The count of a cache's background compiles that have not ended.
+/// The count of background compiles that have not ended (of one cache, or of the process).
 #[derive(Default)]
 pub(crate) struct InFlight {
     count: Mutex<usize>,
     idle: Condvar,
 }
 
-/// One compile counted in [`InFlight`] from its start until the guard drops.
+impl InFlight {
+    const fn new() -> InFlight {
+        InFlight { count: Mutex::new(0), idle: Condvar::new() }
+    }
+
+    fn enter(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn leave(&self) {
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            self.idle.notify_all();
+        }
+    }
+
+    /// Waits until the count is 0 or `limit` has passed.
+    fn wait(&self, limit: Option<Duration>) {
+        let deadline = limit.map(|l| Instant::now() + l);
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        while *count > 0 {
+            count = match deadline {
+                None => self.idle.wait(count).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let Some(left) = d.checked_duration_since(Instant::now()) else { return };
+                    self.idle.wait_timeout(count, left).unwrap_or_else(|e| e.into_inner()).0
+                }
+            };
+        }
+    }
+}
+
+/// Every background compile of the process, of any cache: what the exit hook waits for.
+static PROCESS: InFlight = InFlight::new();
+
+/// The longest the exit hook waits (a compile takes well under a second; NVRTC never hangs, but an
+/// exit must not depend on it).
+const EXIT_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits for the process's background compiles; run by `exit` (see the module docs). Returns at
+/// once on a compile thread itself (an exit from there must not wait for its own job), and never
+/// unwinds into the C caller.
+extern "C" fn wait_at_exit() {
+    if std::thread::current().name() == Some(THREAD_NAME) {
+        return;
+    }
+    let _ = std::panic::catch_unwind(|| PROCESS.wait(Some(EXIT_WAIT)));
+}
+
+fn register_exit_wait() {
+    static REGISTERED: Once = Once::new();
+    REGISTERED.call_once(|| {
+        // SAFETY: `wait_at_exit` is a plain `extern "C" fn()` that never unwinds and touches only
+        // `PROCESS`, a static that outlives every exit handler. A failed registration (the
+        // handler table is full) leaves exits as they were.
+        unsafe {
+            libc::atexit(wait_at_exit);
+        }
+    });
+}
+
+/// One compile counted in its cache's [`InFlight`] and the process's from its start until the
+/// guard drops.
 struct InFlightGuard(Arc<InFlight>);
 
 impl InFlightGuard {
     fn enter(in_flight: Arc<InFlight>) -> InFlightGuard {
-        *in_flight.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        register_exit_wait();
+        PROCESS.enter();
+        in_flight.enter();
         InFlightGuard(in_flight)
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        let mut count = self.0.count.lock().unwrap_or_else(|e| e.into_inner());
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            self.0.idle.notify_all();
-        }
+        self.0.leave();
+        PROCESS.leave();
     }
 }
+
+/// The name of the threads background compiles run on.
+const THREAD_NAME: &str = "kfuse-compile";
 
 /// Why a background compile produced no kernel.
 #[derive(Clone, Debug)]
@@ -164,7 +228,7 @@ impl BackgroundCompile {
             Arc::new(Shared { finished: AtomicBool::new(false), outcome: Mutex::new(None), done: Condvar::new() });
         let started_at = Instant::now();
         let for_thread = shared.clone();
-        let spawned = std::thread::Builder::new().name("kfuse-compile".to_string()).spawn(move || {
+        let spawned = std::thread::Builder::new().name(THREAD_NAME.to_string()).spawn(move || {
             let guard = FinishOnUnwind(for_thread);
             let started = Instant::now();
             let result = job()
