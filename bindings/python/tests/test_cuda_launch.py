@@ -99,8 +99,10 @@ def fresh_program():
 def test_kernels_are_loaded_once_per_device(gpu, monkeypatch):
     if env_flag("KFUSE_NO_CACHE"):
         pytest.skip("KFUSE_NO_CACHE is on: loaded kernels are not kept, so none are counted")
-    # The optimised kernels only (a cold first call would launch quick builds first, and load both).
+    # The optimised kernels only (a cold first call would launch quick builds first, and load both),
+    # and none of other tests' loading in the background while this one counts.
     monkeypatch.setenv("KFUSE_NO_TIERING", "1")
+    kfuse.wait_for_compiles()
     prog = fresh_program()
     kernels = prog.cuda_source().count("__global__")
     assert kernels >= 1
@@ -128,6 +130,7 @@ def test_a_cold_first_call_launches_quick_kernels_then_the_optimised_ones_with_t
     kernels = prog.cuda_source().count("__global__")
     gen = torch.Generator().manual_seed(13)
     inputs = lengths_batch(gen, 257, 9, gpu)
+    kfuse.wait_for_compiles()  # none of other tests' loading in the background while this one counts
     before = kfuse.cache_info()["loaded_functions"].get(gpu.index, 0)
     first = prog(**inputs).loss
     kfuse.wait_for_compiles()
