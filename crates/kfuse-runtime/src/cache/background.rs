@@ -15,7 +15,7 @@
 //! exits (an `atexit` hook registered with the first one): a job cut off by the exit would run
 //! NVRTC or the driver while their libraries are torn down, which crashes the process.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -65,15 +65,20 @@ impl KernelCache {
 pub(crate) struct InFlight {
     count: Mutex<usize>,
     idle: Condvar,
+    /// The process that counted them: a child forked meanwhile inherits the count but not the
+    /// threads, and does not wait for them.
+    owner: AtomicU32,
 }
 
 impl InFlight {
     const fn new() -> InFlight {
-        InFlight { count: Mutex::new(0), idle: Condvar::new() }
+        InFlight { count: Mutex::new(0), idle: Condvar::new(), owner: AtomicU32::new(0) }
     }
 
     fn enter(&self) {
-        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *count += 1;
+        self.owner.store(std::process::id(), Ordering::Relaxed);
     }
 
     fn leave(&self) {
@@ -84,8 +89,11 @@ impl InFlight {
         }
     }
 
-    /// Waits until the count is 0 or `limit` has passed.
+    /// Waits until the count is 0 or `limit` has passed (at once in a forked child).
     fn wait(&self, limit: Option<Duration>) {
+        if self.owner.load(Ordering::Relaxed) != std::process::id() {
+            return;
+        }
         let deadline = limit.map(|l| Instant::now() + l);
         let mut count = self.count.lock().unwrap_or_else(|e| e.into_inner());
         while *count > 0 {
