@@ -363,7 +363,8 @@ fn run(cli: Cli) -> Result<()> {
             let outputs = match open_device(device)? {
                 // The interpreter needs no kernel plan.
                 None => kfuse::interpret(&graph, &named)?,
-                Some(gpu) => exec::CudaProgram::prepare(&gpu, &load(&file)?)?.run(&named)?,
+                // One run: the optimised kernels at once (quick builds would only add their compile).
+                Some(gpu) => exec::CudaProgram::prepare_optimised(&gpu, &load(&file)?)?.run(&named)?,
             };
             write_outputs(&outputs, &output)
         }

@@ -17,7 +17,8 @@ use kfuse_codegen::{BufferDecl, BufferKind, FoldEntry, Launch, Param, Plan, WIDE
 use kfuse_ir::{DType, HostTensor, SymbolBindings, TensorData};
 use kfuse_runtime::{timing, DeviceBuffer, Gpu, GpuFunction, KernelArg, KernelLaunch, Stream};
 
-use crate::tiered::{self, Build, Builds};
+pub(crate) use crate::tiered::Builds;
+use crate::tiered::{self, Build};
 use crate::{Error, Result, Validation};
 
 /// A tensor in device memory: a buffer (usually borrowed from a framework with
@@ -208,7 +209,7 @@ impl CudaProgram {
         CudaProgram::load(gpu, plan, companions, origin, Builds::Tiered)
     }
 
-    fn load(
+    pub(crate) fn load(
         gpu: &Arc<Gpu>,
         plan: Arc<Plan>,
         companions: &[(&str, &str)],

@@ -611,6 +611,13 @@ impl CudaProgram {
     pub fn prepare(gpu: &Arc<kfuse_runtime::Gpu>, program: &Program) -> Result<CudaProgram> {
         CudaProgram::with_companions(gpu, program.plan().clone(), &[], &program.origin)
     }
+
+    /// [`CudaProgram::prepare`] with the optimised builds of the kernels the cache lacks compiled
+    /// before it returns, no quick builds first: for a one-shot run, which gains nothing from them
+    /// (it would wait for the optimised builds at exit).
+    pub fn prepare_optimised(gpu: &Arc<kfuse_runtime::Gpu>, program: &Program) -> Result<CudaProgram> {
+        CudaProgram::load(gpu, program.plan().clone(), &[], &program.origin, crate::exec::Builds::Optimised)
+    }
 }
 
 /// What [`Program::build_kernels`] builds for.

@@ -74,6 +74,9 @@ pub(crate) enum Builds {
     Tiered,
     /// The quick builds only (for comparisons: they give the optimised builds' bits).
     Quick,
+    /// The optimised builds, compiled before the load returns (a one-shot run, which would
+    /// otherwise wait for them at exit after its quick builds).
+    Optimised,
 }
 
 /// The entry points to load, each as (source, name, threads per block of a cooperative launch).
@@ -108,7 +111,8 @@ pub(crate) fn load(
             })
             .collect();
     }
-    let quick = if cache.is_bypassed() || !tiering_enabled()? { None } else { full.quick() };
+    let quick =
+        if builds == Builds::Optimised || cache.is_bypassed() || !tiering_enabled()? { None } else { full.quick() };
     // The sources the cache does not hold, once each: (source, options to compile it with now).
     let mut missing: Vec<(&str, &CompileOptions)> = Vec::new();
     let mut tiered: Vec<&str> = Vec::new();
