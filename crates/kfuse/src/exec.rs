@@ -216,27 +216,26 @@ impl CudaProgram {
         origin: &Arc<str>,
         builds: Builds,
     ) -> Result<CudaProgram> {
-        let n = plan.kernels.len();
-        let cooperative = |k: &kfuse_codegen::Kernel| (k.launch == Launch::Cooperative).then_some(k.block);
+        // Each kernel's entry points, in `Kernel::entries` order: the kernel (with the block of a
+        // cooperative launch, whose residency bounds its grid), its rows in registers, its fold.
         let entries: Vec<tiered::Entry<'_>> = plan
             .kernels
             .iter()
-            .map(|k| (k.source.as_str(), k.name.as_str(), cooperative(k)))
-            .chain(
-                plan.kernels
-                    .iter()
-                    .filter_map(|k| k.register_rows.as_ref().map(|r| (r.source.as_str(), r.entry.as_str(), None))),
-            )
-            .chain(
-                plan.kernels
-                    .iter()
-                    .filter_map(|k| k.fold.as_ref().map(|f| (f.source.as_str(), f.entry.as_str(), None))),
-            )
+            .flat_map(|k| {
+                let cooperative = (k.launch == Launch::Cooperative).then_some(k.block);
+                k.entries().enumerate().map(move |(e, (source, name))| (source, name, cooperative.filter(|_| e == 0)))
+            })
             .collect();
         let mut builds = tiered::load(gpu, &entries, companions, builds)?.into_iter();
-        let functions: Vec<Build> = builds.by_ref().take(n).collect();
-        let register_rows = plan.kernels.iter().map(|k| k.register_rows.as_ref().and_then(|_| builds.next())).collect();
-        let folds = plan.kernels.iter().map(|k| k.fold.as_ref().and_then(|_| builds.next())).collect();
+        let n = plan.kernels.len();
+        let (mut functions, mut register_rows, mut folds) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for k in &plan.kernels {
+            let Some(kernel) = builds.next() else { break }; // one build per entry point
+            functions.push(kernel);
+            register_rows.push(k.register_rows.as_ref().and_then(|_| builds.next()));
+            folds.push(k.fold.as_ref().and_then(|_| builds.next()));
+        }
         let tag = crate::checks::register(origin, &plan.graph_hash, &plan.interface);
         let wide = plan.kernels.iter().map(|_| OnceLock::new()).collect();
         Ok(CudaProgram { gpu: gpu.clone(), plan, functions, register_rows, folds, wide, tag })
@@ -583,7 +582,8 @@ impl CudaProgram {
 
     /// Launches every kernel on `stream` with the caller's buffers (`io`), the plan's other
     /// buffers from `workspace`, which [`CudaProgram::reserve`] made large enough for `sizes` and
-    /// `grids`; the kernels check lengths/offsets values as `validation` says.
+    /// `grids`; the kernels check lengths/offsets values as `validation` says. The caller settles
+    /// the builds first ([`CudaProgram::settle`]).
     pub(crate) fn launch_reserved<P, B>(
         &self,
         stream: &Stream,
@@ -598,7 +598,6 @@ impl CudaProgram {
         B: Borrow<DeviceBuffer>,
     {
         let Io { position, inputs, outputs, strides } = io;
-        self.settle(Some(stream))?;
         let mut buffers: Vec<&DeviceBuffer> = Vec::with_capacity(self.plan.buffers.len());
         for (decl, slot) in self.plan.buffers.iter().zip(&workspace.buffers) {
             let buf = match (decl.kind, slot) {

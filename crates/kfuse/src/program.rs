@@ -579,6 +579,7 @@ impl DeviceBinding {
         kfuse_runtime::preserving_thread_context(|| {
             let mut workspace = self.on.workspace.lock().unwrap_or_else(|e| e.into_inner());
             let io = Io { position, inputs: ins, outputs: outs, strides: &self.strides };
+            self.on.exec.settle(Some(stream))?;
             self.on.exec.launch_reserved(stream, &self.sizes, &self.grids, &mut workspace, io, validation)
         })
     }

@@ -98,57 +98,53 @@ pub(crate) fn load(
 ) -> Result<Vec<Build>> {
     let cache = gpu.cache();
     let full = gpu.kernel_options();
-    if builds == Builds::Quick {
-        let quick = full.quick().unwrap_or(full);
-        let missing: Vec<(&str, &CompileOptions)> = entries.iter().map(|e| (e.0, &quick)).collect();
-        compile_in_parallel(gpu, &missing)?;
-        return entries
-            .iter()
-            .map(|&(source, name, cooperative_block)| {
-                let function = gpu.load_kernel_with_options(source, name, &quick.extra)?;
-                let resident = residency(gpu, &function, cooperative_block)?;
-                Ok(Build { first: Loaded { function, resident }, pending: None })
-            })
-            .collect();
-    }
-    let quick =
-        if builds == Builds::Optimised || cache.is_bypassed() || !tiering_enabled()? { None } else { full.quick() };
-    // The sources the cache does not hold, once each: (source, options to compile it with now).
+    let quick = match builds {
+        Builds::Quick => Some(full.quick().unwrap_or_else(|| full.clone())),
+        Builds::Tiered if !cache.is_bypassed() && tiering_enabled()? => full.quick(),
+        _ => None,
+    };
+    // The sources to compile now, once each, with their options; those of entries that launch
+    // their quick builds (every one for `Builds::Quick`, those the cache lacks when tiering).
     let mut missing: Vec<(&str, &CompileOptions)> = Vec::new();
     let mut tiered: Vec<&str> = Vec::new();
-    if !cache.is_bypassed() {
-        let sources = entries.iter().map(|e| (e.0, true)).chain(companions.iter().map(|c| (c.0, false)));
-        for (source, may_tier) in sources {
-            if missing.iter().any(|(s, _)| *s == source) || cache.get_cached(source, &full)?.is_some() {
-                continue;
+    let sources = entries.iter().map(|e| (e.0, true)).chain(companions.iter().map(|c| (c.0, false)));
+    for (source, is_entry) in sources {
+        if missing.iter().any(|(s, _)| *s == source) {
+            continue;
+        }
+        let cached = builds != Builds::Quick && (cache.is_bypassed() || cache.get_cached(source, &full)?.is_some());
+        if cached {
+            continue;
+        }
+        match quick.as_ref().filter(|_| is_entry) {
+            Some(quick) => {
+                tiered.push(source);
+                missing.push((source, quick));
             }
-            match quick.as_ref().filter(|_| may_tier) {
-                Some(quick) => {
-                    tiered.push(source);
-                    missing.push((source, quick));
-                }
-                None => missing.push((source, &full)),
-            }
+            None => missing.push((source, &full)),
         }
     }
     compile_in_parallel(gpu, &missing)?;
-    let mut builds = Vec::with_capacity(entries.len());
+    let mut loaded = Vec::with_capacity(entries.len());
     for &(source, name, cooperative_block) in entries {
         let function = match (tiered.contains(&source), &quick) {
             (true, Some(quick)) => gpu.load_kernel_with_options(source, name, &quick.extra)?,
             _ => gpu.load_kernel(source, name)?,
         };
         let resident = residency(gpu, &function, cooperative_block)?;
-        builds.push(Build { first: Loaded { function, resident }, pending: None });
+        loaded.push(Build { first: Loaded { function, resident }, pending: None });
     }
     for (source, name) in companions {
         gpu.load_kernel(source, name)?;
+    }
+    if builds != Builds::Tiered {
+        return Ok(loaded);
     }
     // The optimised builds compile from now on, one thread per source, and load on the device
     // there too: a switch then loads nothing (it may happen while a CUDA graph is captured).
     let log = cache.config().log_compiles;
     let mut jobs: HashMap<&str, Arc<BackgroundCompile>> = HashMap::new();
-    for (build, &(source, name, cooperative_block)) in builds.iter_mut().zip(entries) {
+    for (build, &(source, name, cooperative_block)) in loaded.iter_mut().zip(entries) {
         if !tiered.contains(&source) {
             continue;
         }
@@ -178,7 +174,7 @@ pub(crate) fn load(
             log,
         });
     }
-    Ok(builds)
+    Ok(loaded)
 }
 
 /// Compiles each (source, options) of `missing` through `gpu`'s cache, one thread each when
